@@ -1,0 +1,16 @@
+# Finds cuDNN (header cudnn.h, library libcudnn) and defines CUDNN::CUDNN.
+find_path(CUDNN_INCLUDE_DIR cudnn.h
+  HINTS ${CUDNN_ROOT} $ENV{CUDNN_ROOT} ${CUDAToolkit_INCLUDE_DIRS}
+  PATH_SUFFIXES include)
+find_library(CUDNN_LIBRARY NAMES cudnn
+  HINTS ${CUDNN_ROOT} $ENV{CUDNN_ROOT} ${CUDAToolkit_LIBRARY_DIR} ${CUDAToolkit_LIBRARY_ROOT}
+  PATH_SUFFIXES lib lib64)
+include(FindPackageHandleStandardArgs)
+find_package_handle_standard_args(CUDNN REQUIRED_VARS CUDNN_LIBRARY CUDNN_INCLUDE_DIR)
+if(CUDNN_FOUND AND NOT TARGET CUDNN::CUDNN)
+  add_library(CUDNN::CUDNN UNKNOWN IMPORTED)
+  set_target_properties(CUDNN::CUDNN PROPERTIES
+    IMPORTED_LOCATION "${CUDNN_LIBRARY}"
+    INTERFACE_INCLUDE_DIRECTORIES "${CUDNN_INCLUDE_DIR}")
+endif()
+mark_as_advanced(CUDNN_INCLUDE_DIR CUDNN_LIBRARY)

@@ -1,0 +1,32 @@
+#pragma once
+// Where tensors live and kernels run: the CPU or CUDA device i.
+#include <cstdint>
+#include <string>
+
+namespace conveyor {
+
+enum class DeviceKind : uint8_t { CPU, CUDA };
+
+struct Device {
+  DeviceKind kind = DeviceKind::CPU;
+  int index = 0;
+
+  static Device cpu() { return {DeviceKind::CPU, 0}; }
+  static Device cuda(int index) { return {DeviceKind::CUDA, index}; }
+  bool is_cpu() const { return kind == DeviceKind::CPU; }
+  bool is_cuda() const { return kind == DeviceKind::CUDA; }
+  std::string to_string() const;  // "cpu" or "cuda:0"
+  friend bool operator==(const Device&, const Device&) = default;
+};
+
+// Parses "cpu", "cuda", "cuda:N"; throws std::invalid_argument otherwise.
+Device parse_device(const std::string& text);
+
+// Number of usable CUDA devices: 0 when built without CUDA, without a driver or without a
+// device. Never throws.
+int cuda_device_count();
+
+// True when this binary was built with the CUDA backend.
+bool built_with_cuda();
+
+}  // namespace conveyor

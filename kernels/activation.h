@@ -1,0 +1,26 @@
+#pragma once
+// Element-wise activations over n floats: GELU (tanh approximation) and ReLU.
+// Backward writes dx with `=` (activations are not accumulated) and may alias dy.
+#include <cstdint>
+
+#include "kernels/cuda_context.h"
+
+namespace conveyor::kernels::cpu {
+
+void gelu_forward(float* y, const float* x, int64_t n);
+void gelu_backward(float* dx, const float* dy, const float* x, int64_t n);
+void relu_forward(float* y, const float* x, int64_t n);
+void relu_backward(float* dx, const float* dy, const float* x, int64_t n);
+
+}  // namespace conveyor::kernels::cpu
+
+#ifdef CONVEYOR_WITH_CUDA
+namespace conveyor::kernels::cuda {
+
+void gelu_forward(const CudaContext& ctx, float* y, const float* x, int64_t n);
+void gelu_backward(const CudaContext& ctx, float* dx, const float* dy, const float* x, int64_t n);
+void relu_forward(const CudaContext& ctx, float* y, const float* x, int64_t n);
+void relu_backward(const CudaContext& ctx, float* dx, const float* dy, const float* x, int64_t n);
+
+}  // namespace conveyor::kernels::cuda
+#endif
