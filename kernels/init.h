@@ -4,6 +4,15 @@
 // produce bit-identical weights, and any stage layout produces the same model.
 // Only exactly-rounded float operations are used after the integer generator (no
 // transcendental functions, no FMA contraction), which is what makes the bits match.
+//
+// The exact recipe, shared by both backends, for element i:
+//   words = philox4x32_10(c0 = low32(i / 4), c1 = high32(i / 4),
+//                         c2 = low32(seed),  c3 = high32(seed),
+//                         k0 = low32(key),   k1 = high32(key))
+//   w = words.v[i % 4];  u = float(w >> 8) * 2^-24          (exact, in [0, 1))
+//   out[i] = low + (high - low) * u   rounded as: range = high - low (one rounding),
+//            t = range * u (one rounding), out = low + t (one rounding); no FMA
+//            (CUDA: __fsub_rn / __fmul_rn / __fadd_rn).
 #include <cstdint>
 #include <string_view>
 

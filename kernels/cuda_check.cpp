@@ -1,0 +1,20 @@
+#ifdef CONVEYOR_WITH_CUDA
+#include "kernels/cuda_check.h"
+
+#include <string>
+
+namespace conveyor::kernels::cuda {
+
+void throw_cuda_error(cudaError_t err, const char* call, const char* file, int line) {
+  throw std::runtime_error(std::string("CUDA error ") + cudaGetErrorName(err) + " (" +
+                           cudaGetErrorString(err) + ") in " + call + " at " + file + ":" +
+                           std::to_string(line));
+}
+
+void throw_cublas_error(cublasStatus_t status, const char* call, const char* file, int line) {
+  throw std::runtime_error(std::string("cuBLAS error ") + std::to_string(static_cast<int>(status)) +
+                           " in " + call + " at " + file + ":" + std::to_string(line));
+}
+
+}  // namespace conveyor::kernels::cuda
+#endif
