@@ -1,9 +1,180 @@
+// `conveyor train`: builds a TrainConfig from a preset and flags, trains, prints one line per
+// logged step and a summary, and optionally writes one JSON object per step.
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "engine/trainer.h"
 #include "tools/cli_common.h"
 #include "tools/commands.h"
 
 namespace conveyor::cli {
-// Replaced by the trainer's command (issue 2).
-void register_train_command(CLI::App& app) {
-  app.add_subcommand("train", "Train a model (not wired yet)");
+namespace {
+
+struct TrainFlags {
+  std::string preset = "tiny";
+  int64_t d_model = 0, layers = 0, vocab = 0, hidden = 0;
+  std::string activation;
+  TrainConfig config;
+  std::string log_json;
+  int64_t log_every = 10;
+  double memory_limit_mb = 0.0;
+  bool quiet = false;
+};
+
+std::string human_bytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (bytes >= 1024.0 && u < 4) bytes /= 1024.0, ++u;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f %s", bytes, units[u]);
+  return buf;
 }
+
+std::string human_rate(double per_second) {
+  char buf[32];
+  if (per_second >= 1e6) std::snprintf(buf, sizeof buf, "%.2fM", per_second / 1e6);
+  else if (per_second >= 1e3) std::snprintf(buf, sizeof buf, "%.1fk", per_second / 1e3);
+  else std::snprintf(buf, sizeof buf, "%.0f", per_second);
+  return buf;
+}
+
+TrainConfig resolve_config(TrainFlags& f, const CLI::App& cmd) {
+  TrainConfig config = f.config;
+  try {
+    config.model = model_preset(f.preset);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
+  if (cmd.count("--d-model")) config.model.d_model = f.d_model;
+  if (cmd.count("--layers")) config.model.n_layers = f.layers;
+  if (cmd.count("--hidden")) config.model.hidden = f.hidden;
+  else if (cmd.count("--d-model")) config.model.hidden = 4 * f.d_model;
+  if (cmd.count("--vocab")) config.model.vocab = f.vocab;
+  else if (!config.data_path.empty() && config.model.vocab < 256) config.model.vocab = 256;
+  if (cmd.count("--activation")) config.model.activation = ops::parse_activation(f.activation);
+  if (f.memory_limit_mb < 0) throw UsageError("--memory-limit-mb must be >= 0");
+  config.memory_limit_bytes = static_cast<size_t>(f.memory_limit_mb * 1024.0 * 1024.0);
+  if (f.log_every < 1) throw UsageError("--log-every must be at least 1");
+  try {
+    config.validate();
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
+  return config;
+}
+
+void run_train(TrainFlags& f, const CLI::App& cmd) {
+  const TrainConfig config = resolve_config(f, cmd);
+  std::string note;
+  Device device;
+  try {
+    device = resolve_device(config.device, &note);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
+  if (!note.empty()) std::printf("conveyor: %s\n", note.c_str());
+
+  std::unique_ptr<Trainer> trainer;
+  try {
+    trainer = std::make_unique<Trainer>(config, device);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
+  std::ofstream json_log;
+  if (!f.log_json.empty()) {
+    json_log.open(f.log_json);
+    if (!json_log) throw UsageError("cannot write --log-json file '" + f.log_json + "'");
+  }
+  const auto entropy = trainer->source().entropy();
+  std::printf("model  %s\n", config.model.to_string().c_str());
+  std::printf("data   %s\n", trainer->source().describe().c_str());
+  std::printf("device %s | %lld steps x %lld tokens in %lld micro-batches | %s lr %.2g\n",
+              device.to_string().c_str(), static_cast<long long>(config.steps),
+              static_cast<long long>(config.batch_tokens),
+              static_cast<long long>(config.microbatches), config.optimizer.kind.c_str(),
+              config.optimizer.lr);
+  std::fflush(stdout);
+
+  double total_seconds = 0.0, tail_loss = 0.0, last_loss = 0.0;
+  size_t peak = 0;
+  const int64_t tail = std::min<int64_t>(10, config.steps);
+  for (int64_t s = 1; s <= config.steps; ++s) {
+    const StepStats st = trainer->step();
+    total_seconds += st.seconds;
+    peak = std::max(peak, st.peak_bytes);
+    last_loss = st.loss;
+    if (s > config.steps - tail) tail_loss += st.loss / static_cast<double>(tail);
+    if (json_log.is_open()) {
+      nlohmann::json row = {{"step", st.step},           {"loss", st.loss},
+                            {"tokens", st.tokens},       {"seconds", st.seconds},
+                            {"lr", st.lr},               {"grad_norm", st.grad_norm},
+                            {"peak_bytes", st.peak_bytes}};
+      json_log << row.dump() << '\n';
+    }
+    if (!f.quiet && (s % f.log_every == 0 || s == 1 || s == config.steps)) {
+      const double rate = st.tokens / st.seconds;
+      const double eta = total_seconds / s * static_cast<double>(config.steps - s);
+      std::printf("step %5lld/%lld | loss %.4f | %s tok/s | lr %.2e | mem %s | eta %.0fs\n",
+                  static_cast<long long>(s), static_cast<long long>(config.steps), st.loss,
+                  human_rate(rate).c_str(), st.lr, human_bytes(st.peak_bytes).c_str(), eta);
+      std::fflush(stdout);
+    }
+  }
+  const double tokens = static_cast<double>(config.steps * config.batch_tokens);
+  std::printf("done   %lld steps, %.0f tokens in %.1f s (%s tok/s), peak memory %s\n",
+              static_cast<long long>(config.steps), tokens, total_seconds,
+              human_rate(tokens / total_seconds).c_str(), human_bytes(peak).c_str());
+  std::printf("loss   final %.4f, mean of last %lld steps %.4f", last_loss,
+              static_cast<long long>(tail), tail_loss);
+  if (entropy)
+    std::printf(" | source entropy %.4f, gap %+.1f%%", *entropy,
+                100.0 * (tail_loss - *entropy) / *entropy);
+  std::printf("\n");
+}
+
+}  // namespace
+
+void register_train_command(CLI::App& app) {
+  auto flags = std::make_shared<TrainFlags>();
+  TrainConfig& c = flags->config;
+  CLI::App* cmd = app.add_subcommand("train", "Train the reference model");
+  cmd->add_option("--preset", flags->preset, "Model preset: tiny, small, medium")
+      ->capture_default_str();
+  cmd->add_option("--d-model", flags->d_model, "Model width (overrides the preset)");
+  cmd->add_option("--layers", flags->layers, "Number of MLP blocks (overrides the preset)");
+  cmd->add_option("--vocab", flags->vocab, "Vocabulary size (overrides the preset)");
+  cmd->add_option("--hidden", flags->hidden, "MLP hidden width (default 4 x d-model)");
+  cmd->add_option("--activation", flags->activation, "gelu or relu");
+  cmd->add_option("--steps", c.steps, "Optimizer steps")->capture_default_str();
+  cmd->add_option("--batch-tokens", c.batch_tokens, "Tokens per optimizer step")
+      ->capture_default_str();
+  cmd->add_option("--microbatches", c.microbatches, "Micro-batches per step")
+      ->capture_default_str();
+  cmd->add_option("--optimizer", c.optimizer.kind, "adamw or sgd")->capture_default_str();
+  cmd->add_option("--lr", c.optimizer.lr, "Peak learning rate")->capture_default_str();
+  cmd->add_option("--min-lr", c.optimizer.min_lr, "Final learning rate of the cosine decay")
+      ->capture_default_str();
+  cmd->add_option("--warmup", c.optimizer.warmup_steps, "Linear warm-up steps")
+      ->capture_default_str();
+  cmd->add_option("--weight-decay", c.optimizer.weight_decay, "Decoupled weight decay")
+      ->capture_default_str();
+  cmd->add_option("--clip", c.optimizer.clip_norm, "Clip the global gradient norm (0: off)")
+      ->capture_default_str();
+  cmd->add_option("--seed", c.seed, "Seed of the weights and of the Markov source")
+      ->capture_default_str();
+  cmd->add_option("--data", c.data_path, "Train on the bytes of FILE instead of the Markov source");
+  cmd->add_option("--device", c.device, "auto, cpu, cuda or cuda:N")->capture_default_str();
+  cmd->add_flag("--tf32", c.allow_tf32, "Let fp32 GEMMs use TF32 tensor cores");
+  cmd->add_option("--memory-limit-mb", flags->memory_limit_mb,
+                  "Cap the device allocator (emulates a smaller device)");
+  cmd->add_option("--log-json", flags->log_json, "Write one JSON object per step to FILE");
+  cmd->add_option("--log-every", flags->log_every, "Print every N steps")->capture_default_str();
+  cmd->add_flag("--quiet", flags->quiet, "Only print the summary");
+  cmd->callback([flags, cmd] { run_train(*flags, *cmd); });
+}
+
 }  // namespace conveyor::cli

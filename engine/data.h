@@ -1,0 +1,76 @@
+#pragma once
+// Token sources for training: next-token prediction pairs (input x_t, target x_{t+1}) read in
+// order, so batch k is always the k-th consecutive block of n tokens: runs are reproducible
+// and comparable with other tools, and a source can be repositioned to resume.
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace conveyor {
+
+class TokenSource {
+ public:
+  virtual ~TokenSource() = default;
+  // Tokens lie in [0, vocab()).
+  virtual int64_t vocab() const = 0;
+  // Next n (input, target) pairs; advances the position by n.
+  virtual void next(int32_t* inputs, int32_t* targets, int64_t n) = 0;
+  // Tokens consumed so far, and moving there (for resuming).
+  virtual uint64_t position() const = 0;
+  virtual void seek(uint64_t position) = 0;
+  virtual std::string describe() const = 0;
+  // The best achievable mean loss (nats/token) of a model that sees one token, when known.
+  virtual std::optional<double> entropy() const { return std::nullopt; }
+};
+
+// A stationary Markov chain over `vocab` states generated from `seed`: each state moves to
+// `fanout` successors (one of them state+1, which keeps the chain irreducible) with random
+// probabilities. Successive tokens are drawn with a counter-based generator, so token t
+// depends only on (seed, t, token t-1). Its exact conditional entropy
+// H = Σ_i π_i Σ_j -P_ij log P_ij (π the stationary distribution) is the loss floor.
+class MarkovSource : public TokenSource {
+ public:
+  MarkovSource(int64_t vocab, uint64_t seed, int fanout = 4);
+  int64_t vocab() const override { return vocab_; }
+  void next(int32_t* inputs, int32_t* targets, int64_t n) override;
+  uint64_t position() const override { return position_; }
+  void seek(uint64_t position) override;  // replays the chain from the start
+  std::string describe() const override;
+  std::optional<double> entropy() const override { return entropy_; }
+
+  // Successors of `state` and their probabilities (duplicates merged).
+  const std::vector<std::pair<int32_t, double>>& row(int32_t state) const { return rows_[state]; }
+
+ private:
+  int32_t step_from(int32_t state, uint64_t t) const;
+  void compute_entropy();
+
+  int64_t vocab_;
+  uint64_t seed_;
+  int fanout_;
+  std::vector<std::vector<std::pair<int32_t, double>>> rows_;
+  std::vector<std::vector<float>> cdf_;  // per row, cumulative probabilities in row order
+  double entropy_ = 0.0;
+  uint64_t position_ = 0;
+  int32_t current_ = 0;
+};
+
+// Byte-level tokens (vocab 256) of a file, read in order and wrapping at the end.
+class FileSource : public TokenSource {
+ public:
+  explicit FileSource(const std::string& path);  // throws std::invalid_argument if unusable
+  int64_t vocab() const override { return 256; }
+  void next(int32_t* inputs, int32_t* targets, int64_t n) override;
+  uint64_t position() const override { return position_; }
+  void seek(uint64_t position) override { position_ = position; }
+  std::string describe() const override;
+
+ private:
+  std::string path_;
+  std::vector<uint8_t> bytes_;
+  uint64_t position_ = 0;
+};
+
+}  // namespace conveyor

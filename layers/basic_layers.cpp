@@ -1,0 +1,131 @@
+#include "layers/basic_layers.h"
+
+#include <cmath>
+
+namespace conveyor {
+namespace {
+
+Parameter make_parameter(const std::string& name, Shape shape, InitSpec init, bool decay) {
+  Parameter p;
+  p.name = name;
+  p.shape = std::move(shape);
+  p.init = init;
+  p.weight_decay = decay;
+  return p;
+}
+
+// Slots in SavedTensors.
+enum Slot : size_t { kInput = 0, kOutputGrad = 1, kMean = 2, kRstd = 3 };
+
+}  // namespace
+
+Linear::Linear(std::string name, int64_t in, int64_t out, bool bias)
+    : name_(std::move(name)), in_(in), out_(out), has_bias_(bias) {
+  const float bound = 1.0f / std::sqrt(static_cast<float>(in));
+  weight_ = make_parameter(name_ + ".weight", {out, in}, InitSpec::uniform(bound), true);
+  if (has_bias_) bias_ = make_parameter(name_ + ".bias", {out}, InitSpec::uniform(bound), false);
+}
+
+std::vector<Parameter*> Linear::parameters() {
+  if (has_bias_) return {&weight_, &bias_};
+  return {&weight_};
+}
+
+Tensor Linear::forward(DeviceContext& ctx, const Tensor& x, const MicroBatchInputs&,
+                       SavedTensors& saved) {
+  Tensor y = ctx.empty({x.dim(0), out_});
+  ops::linear_forward(ctx, y, x, weight_.value, has_bias_ ? bias_.value : Tensor());
+  saved[kInput] = x;
+  return y;
+}
+
+Tensor Linear::backward_input(DeviceContext& ctx, const Tensor& dy, SavedTensors& saved) {
+  Tensor dx = ctx.empty({dy.dim(0), in_});
+  ops::linear_backward_input(ctx, dx, dy, weight_.value);
+  saved[kOutputGrad] = dy;
+  return dx;
+}
+
+void Linear::backward_weight(DeviceContext& ctx, SavedTensors& saved) {
+  ops::linear_backward_weight(ctx, weight_.grad, has_bias_ ? bias_.grad : Tensor(),
+                              saved[kOutputGrad], saved[kInput]);
+  saved.clear();
+}
+
+Activation::Activation(std::string name, ops::ActivationKind kind)
+    : name_(std::move(name)), kind_(kind) {}
+
+Tensor Activation::forward(DeviceContext& ctx, const Tensor& x, const MicroBatchInputs&,
+                           SavedTensors& saved) {
+  Tensor y = ctx.empty(x.shape());
+  ops::activation_forward(ctx, kind_, y, x);
+  saved[kInput] = x;
+  return y;
+}
+
+Tensor Activation::backward_input(DeviceContext& ctx, const Tensor& dy, SavedTensors& saved) {
+  Tensor dx = ctx.empty(dy.shape());
+  ops::activation_backward(ctx, kind_, dx, dy, saved[kInput]);
+  saved.clear();  // nothing left for the weight half
+  return dx;
+}
+
+LayerNorm::LayerNorm(std::string name, int64_t width, float eps)
+    : name_(std::move(name)), width_(width), eps_(eps) {
+  gamma_ = make_parameter(name_ + ".weight", {width}, InitSpec::constant(1.0f), false);
+  beta_ = make_parameter(name_ + ".bias", {width}, InitSpec::constant(0.0f), false);
+}
+
+Tensor LayerNorm::forward(DeviceContext& ctx, const Tensor& x, const MicroBatchInputs&,
+                          SavedTensors& saved) {
+  const int64_t n = x.dim(0);
+  Tensor y = ctx.empty({n, width_});
+  Tensor mean = ctx.empty({n});
+  Tensor rstd = ctx.empty({n});
+  ops::layernorm_forward(ctx, y, mean, rstd, x, gamma_.value, beta_.value, eps_);
+  saved[kInput] = x;
+  saved[kMean] = mean;
+  saved[kRstd] = rstd;
+  return y;
+}
+
+Tensor LayerNorm::backward_input(DeviceContext& ctx, const Tensor& dy, SavedTensors& saved) {
+  Tensor dx = ctx.empty(dy.shape());
+  ops::layernorm_backward_input(ctx, dx, dy, saved[kInput], saved[kMean], saved[kRstd],
+                                gamma_.value);
+  saved[kOutputGrad] = dy;
+  return dx;
+}
+
+void LayerNorm::backward_weight(DeviceContext& ctx, SavedTensors& saved) {
+  ops::layernorm_backward_weight(ctx, gamma_.grad, beta_.grad, saved[kOutputGrad], saved[kInput],
+                                 saved[kMean], saved[kRstd]);
+  saved.clear();
+}
+
+Embedding::Embedding(std::string name, int64_t vocab, int64_t width)
+    : name_(std::move(name)), vocab_(vocab), width_(width) {
+  // U(-a, a) has standard deviation a/√3: a = 0.02·√3 gives std 0.02.
+  table_ = make_parameter(name_ + ".weight", {vocab, width},
+                          InitSpec::uniform(0.02f * std::sqrt(3.0f)), true);
+}
+
+Tensor Embedding::forward(DeviceContext& ctx, const Tensor& tokens, const MicroBatchInputs&,
+                          SavedTensors& saved) {
+  Tensor y = ctx.empty({tokens.numel(), width_});
+  ops::embedding_forward(ctx, y, tokens, table_.value);
+  saved[kInput] = tokens;
+  return y;
+}
+
+Tensor Embedding::backward_input(DeviceContext&, const Tensor& dy, SavedTensors& saved) {
+  saved[kOutputGrad] = dy;
+  return Tensor();
+}
+
+void Embedding::backward_weight(DeviceContext& ctx, SavedTensors& saved) {
+  ops::embedding_backward(ctx, table_.grad, saved[kOutputGrad], saved[kInput]);
+  saved.clear();
+}
+
+}  // namespace conveyor

@@ -1,0 +1,366 @@
+#include "layers/ops.h"
+
+#include <stdexcept>
+#include <string>
+
+#include "kernels/activation.h"
+#include "kernels/cross_entropy.h"
+#include "kernels/elementwise.h"
+#include "kernels/embedding.h"
+#include "kernels/init.h"
+#include "kernels/layernorm.h"
+#include "kernels/linear.h"
+#include "kernels/optimizer.h"
+#include "kernels/reduce.h"
+#ifdef CONVEYOR_WITH_CUDA
+#include "kernels/cuda_check.h"
+#endif
+
+namespace conveyor::ops {
+namespace {
+
+// Every tensor an op touches must live on the context's device and hold the expected dtype.
+void check_operand(DeviceContext& ctx, const Tensor& t, DType dtype, std::string_view what) {
+  check_defined(t, what);
+  check_dtype(t, dtype, what);
+  check_device(t, ctx.device(), what);
+}
+
+float* f32(const Tensor& t) { return t.data<float>(); }
+const int32_t* i32(const Tensor& t) { return t.data<int32_t>(); }
+
+// Runs `cpu()` or `gpu()` depending on where the context lives. Without the CUDA backend a
+// CUDA context cannot exist, so the second branch never runs.
+template <class Cpu, class Gpu>
+void dispatch(DeviceContext& ctx, Cpu cpu, Gpu gpu) {
+  if (ctx.is_cuda()) {
+#ifdef CONVEYOR_WITH_CUDA
+    gpu(ctx.cuda());
+#else
+    throw std::logic_error("CUDA context in a build without the CUDA backend");
+#endif
+  } else {
+    cpu();
+  }
+}
+
+#ifndef CONVEYOR_WITH_CUDA
+// Placeholder type so the CUDA lambdas below still compile (and are never called).
+struct NoCuda {};
+#define CONVEYOR_CUDA_LAMBDA(body) [&](const NoCuda&) {}
+#else
+#define CONVEYOR_CUDA_LAMBDA(body) [&](const kernels::cuda::CudaContext& cu) { body; }
+#endif
+
+}  // namespace
+
+void linear_forward(DeviceContext& ctx, const Tensor& y, const Tensor& x, const Tensor& weight,
+                    const Tensor& bias) {
+  check_operand(ctx, x, DType::F32, "linear input");
+  check_operand(ctx, weight, DType::F32, "linear weight");
+  if (x.rank() != 2 || weight.rank() != 2)
+    throw std::invalid_argument("linear: expected a 2-d input and weight, got " + x.describe() +
+                                " and " + weight.describe());
+  const int64_t n = x.dim(0), in = x.dim(1), out = weight.dim(0);
+  check_shape(weight, {out, in}, "linear weight");
+  check_operand(ctx, y, DType::F32, "linear output");
+  check_shape(y, {n, out}, "linear output");
+  const float* b = nullptr;
+  if (bias.defined()) {
+    check_operand(ctx, bias, DType::F32, "linear bias");
+    check_shape(bias, {out}, "linear bias");
+    b = f32(bias);
+  }
+  dispatch(
+      ctx, [&] { kernels::cpu::linear_forward(f32(y), f32(x), f32(weight), b, n, in, out); },
+      CONVEYOR_CUDA_LAMBDA(
+          kernels::cuda::linear_forward(cu, f32(y), f32(x), f32(weight), b, n, in, out)));
+}
+
+void linear_backward_input(DeviceContext& ctx, const Tensor& dx, const Tensor& dy,
+                           const Tensor& weight) {
+  check_operand(ctx, weight, DType::F32, "linear weight");
+  const int64_t out = weight.dim(0), in = weight.dim(1);
+  check_operand(ctx, dy, DType::F32, "linear output gradient");
+  const int64_t n = dy.dim(0);
+  check_shape(dy, {n, out}, "linear output gradient");
+  check_operand(ctx, dx, DType::F32, "linear input gradient");
+  check_shape(dx, {n, in}, "linear input gradient");
+  dispatch(
+      ctx, [&] { kernels::cpu::linear_backward_input(f32(dx), f32(dy), f32(weight), n, in, out); },
+      CONVEYOR_CUDA_LAMBDA(
+          kernels::cuda::linear_backward_input(cu, f32(dx), f32(dy), f32(weight), n, in, out)));
+}
+
+void linear_backward_weight(DeviceContext& ctx, const Tensor& dweight, const Tensor& dbias,
+                            const Tensor& dy, const Tensor& x) {
+  check_operand(ctx, dweight, DType::F32, "linear weight gradient");
+  const int64_t out = dweight.dim(0), in = dweight.dim(1);
+  check_operand(ctx, x, DType::F32, "linear input");
+  const int64_t n = x.dim(0);
+  check_shape(x, {n, in}, "linear input");
+  check_operand(ctx, dy, DType::F32, "linear output gradient");
+  check_shape(dy, {n, out}, "linear output gradient");
+  float* db = nullptr;
+  if (dbias.defined()) {
+    check_operand(ctx, dbias, DType::F32, "linear bias gradient");
+    check_shape(dbias, {out}, "linear bias gradient");
+    db = f32(dbias);
+  }
+  dispatch(
+      ctx,
+      [&] {
+        kernels::cpu::linear_backward_weight(f32(dweight), db, f32(dy), f32(x), n, in, out);
+      },
+      CONVEYOR_CUDA_LAMBDA(kernels::cuda::linear_backward_weight(cu, f32(dweight), db, f32(dy),
+                                                                 f32(x), n, in, out)));
+}
+
+ActivationKind parse_activation(std::string_view name) {
+  if (name == "gelu") return ActivationKind::GELU;
+  if (name == "relu") return ActivationKind::ReLU;
+  throw std::invalid_argument("unknown activation '" + std::string(name) +
+                              "', expected gelu or relu");
+}
+
+const char* activation_name(ActivationKind kind) {
+  return kind == ActivationKind::GELU ? "gelu" : "relu";
+}
+
+void activation_forward(DeviceContext& ctx, ActivationKind kind, const Tensor& y,
+                        const Tensor& x) {
+  check_operand(ctx, x, DType::F32, "activation input");
+  check_operand(ctx, y, DType::F32, "activation output");
+  check_shape(y, x.shape(), "activation output");
+  const int64_t n = x.numel();
+  dispatch(
+      ctx,
+      [&] {
+        if (kind == ActivationKind::GELU) kernels::cpu::gelu_forward(f32(y), f32(x), n);
+        else kernels::cpu::relu_forward(f32(y), f32(x), n);
+      },
+      CONVEYOR_CUDA_LAMBDA(if (kind == ActivationKind::GELU)
+                               kernels::cuda::gelu_forward(cu, f32(y), f32(x), n);
+                           else kernels::cuda::relu_forward(cu, f32(y), f32(x), n)));
+}
+
+void activation_backward(DeviceContext& ctx, ActivationKind kind, const Tensor& dx,
+                         const Tensor& dy, const Tensor& x) {
+  check_operand(ctx, x, DType::F32, "activation input");
+  check_operand(ctx, dy, DType::F32, "activation output gradient");
+  check_operand(ctx, dx, DType::F32, "activation input gradient");
+  check_shape(dy, x.shape(), "activation output gradient");
+  check_shape(dx, x.shape(), "activation input gradient");
+  const int64_t n = x.numel();
+  dispatch(
+      ctx,
+      [&] {
+        if (kind == ActivationKind::GELU) kernels::cpu::gelu_backward(f32(dx), f32(dy), f32(x), n);
+        else kernels::cpu::relu_backward(f32(dx), f32(dy), f32(x), n);
+      },
+      CONVEYOR_CUDA_LAMBDA(if (kind == ActivationKind::GELU)
+                               kernels::cuda::gelu_backward(cu, f32(dx), f32(dy), f32(x), n);
+                           else kernels::cuda::relu_backward(cu, f32(dx), f32(dy), f32(x), n)));
+}
+
+void layernorm_forward(DeviceContext& ctx, const Tensor& y, const Tensor& mean, const Tensor& rstd,
+                       const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps) {
+  check_operand(ctx, x, DType::F32, "layernorm input");
+  if (x.rank() != 2)
+    throw std::invalid_argument("layernorm: expected a 2-d input, got " + x.describe());
+  const int64_t n = x.dim(0), c = x.dim(1);
+  check_operand(ctx, y, DType::F32, "layernorm output");
+  check_shape(y, {n, c}, "layernorm output");
+  check_operand(ctx, mean, DType::F32, "layernorm mean");
+  check_shape(mean, {n}, "layernorm mean");
+  check_operand(ctx, rstd, DType::F32, "layernorm rstd");
+  check_shape(rstd, {n}, "layernorm rstd");
+  check_operand(ctx, gamma, DType::F32, "layernorm weight");
+  check_shape(gamma, {c}, "layernorm weight");
+  check_operand(ctx, beta, DType::F32, "layernorm bias");
+  check_shape(beta, {c}, "layernorm bias");
+  dispatch(
+      ctx,
+      [&] {
+        kernels::cpu::layernorm_forward(f32(y), f32(mean), f32(rstd), f32(x), f32(gamma),
+                                        f32(beta), n, c, eps);
+      },
+      CONVEYOR_CUDA_LAMBDA(kernels::cuda::layernorm_forward(cu, f32(y), f32(mean), f32(rstd),
+                                                            f32(x), f32(gamma), f32(beta), n, c,
+                                                            eps)));
+}
+
+void layernorm_backward_input(DeviceContext& ctx, const Tensor& dx, const Tensor& dy,
+                              const Tensor& x, const Tensor& mean, const Tensor& rstd,
+                              const Tensor& gamma) {
+  check_operand(ctx, x, DType::F32, "layernorm input");
+  const int64_t n = x.dim(0), c = x.dim(1);
+  check_operand(ctx, dy, DType::F32, "layernorm output gradient");
+  check_shape(dy, {n, c}, "layernorm output gradient");
+  check_operand(ctx, dx, DType::F32, "layernorm input gradient");
+  check_shape(dx, {n, c}, "layernorm input gradient");
+  check_shape(gamma, {c}, "layernorm weight");
+  check_shape(mean, {n}, "layernorm mean");
+  check_shape(rstd, {n}, "layernorm rstd");
+  dispatch(
+      ctx,
+      [&] {
+        kernels::cpu::layernorm_backward_input(f32(dx), f32(dy), f32(x), f32(mean), f32(rstd),
+                                               f32(gamma), n, c);
+      },
+      CONVEYOR_CUDA_LAMBDA(kernels::cuda::layernorm_backward_input(
+          cu, f32(dx), f32(dy), f32(x), f32(mean), f32(rstd), f32(gamma), n, c)));
+}
+
+void layernorm_backward_weight(DeviceContext& ctx, const Tensor& dgamma, const Tensor& dbeta,
+                               const Tensor& dy, const Tensor& x, const Tensor& mean,
+                               const Tensor& rstd) {
+  check_operand(ctx, x, DType::F32, "layernorm input");
+  const int64_t n = x.dim(0), c = x.dim(1);
+  check_operand(ctx, dy, DType::F32, "layernorm output gradient");
+  check_shape(dy, {n, c}, "layernorm output gradient");
+  check_operand(ctx, dgamma, DType::F32, "layernorm weight gradient");
+  check_shape(dgamma, {c}, "layernorm weight gradient");
+  check_operand(ctx, dbeta, DType::F32, "layernorm bias gradient");
+  check_shape(dbeta, {c}, "layernorm bias gradient");
+  dispatch(
+      ctx,
+      [&] {
+        kernels::cpu::layernorm_backward_weight(f32(dgamma), f32(dbeta), f32(dy), f32(x),
+                                                f32(mean), f32(rstd), n, c);
+      },
+      CONVEYOR_CUDA_LAMBDA(kernels::cuda::layernorm_backward_weight(
+          cu, f32(dgamma), f32(dbeta), f32(dy), f32(x), f32(mean), f32(rstd), n, c)));
+}
+
+void embedding_forward(DeviceContext& ctx, const Tensor& y, const Tensor& tokens,
+                       const Tensor& table) {
+  check_operand(ctx, tokens, DType::I32, "embedding tokens");
+  check_operand(ctx, table, DType::F32, "embedding table");
+  const int64_t n = tokens.numel(), vocab = table.dim(0), c = table.dim(1);
+  check_operand(ctx, y, DType::F32, "embedding output");
+  check_shape(y, {n, c}, "embedding output");
+  dispatch(
+      ctx, [&] { kernels::cpu::embedding_forward(f32(y), i32(tokens), f32(table), n, c, vocab); },
+      CONVEYOR_CUDA_LAMBDA(
+          kernels::cuda::embedding_forward(cu, f32(y), i32(tokens), f32(table), n, c, vocab)));
+}
+
+void embedding_backward(DeviceContext& ctx, const Tensor& dtable, const Tensor& dy,
+                        const Tensor& tokens) {
+  check_operand(ctx, tokens, DType::I32, "embedding tokens");
+  check_operand(ctx, dtable, DType::F32, "embedding table gradient");
+  const int64_t n = tokens.numel(), vocab = dtable.dim(0), c = dtable.dim(1);
+  check_operand(ctx, dy, DType::F32, "embedding output gradient");
+  check_shape(dy, {n, c}, "embedding output gradient");
+  dispatch(
+      ctx,
+      [&] { kernels::cpu::embedding_backward(f32(dtable), f32(dy), i32(tokens), n, c, vocab); },
+      CONVEYOR_CUDA_LAMBDA({
+        void* scratch = ctx.scratch(kernels::cuda::embedding_backward_scratch_bytes(n));
+        kernels::cuda::embedding_backward(cu, f32(dtable), f32(dy), i32(tokens), n, c, vocab,
+                                          scratch);
+      }));
+}
+
+void softmax_cross_entropy(DeviceContext& ctx, const Tensor& losses, const Tensor& dlogits,
+                           const Tensor& logits, const Tensor& targets, int32_t ignore_index,
+                           float grad_scale) {
+  check_operand(ctx, logits, DType::F32, "cross-entropy logits");
+  if (logits.rank() != 2)
+    throw std::invalid_argument("cross-entropy: expected 2-d logits, got " + logits.describe());
+  const int64_t n = logits.dim(0), vocab = logits.dim(1);
+  check_operand(ctx, targets, DType::I32, "cross-entropy targets");
+  check_shape(targets, {n}, "cross-entropy targets");
+  check_operand(ctx, losses, DType::F32, "cross-entropy losses");
+  check_shape(losses, {n}, "cross-entropy losses");
+  check_operand(ctx, dlogits, DType::F32, "cross-entropy logit gradient");
+  check_shape(dlogits, {n, vocab}, "cross-entropy logit gradient");
+  dispatch(
+      ctx,
+      [&] {
+        kernels::cpu::softmax_cross_entropy(f32(losses), f32(dlogits), f32(logits), i32(targets),
+                                            n, vocab, ignore_index, grad_scale);
+      },
+      CONVEYOR_CUDA_LAMBDA(kernels::cuda::softmax_cross_entropy(
+          cu, f32(losses), f32(dlogits), f32(logits), i32(targets), n, vocab, ignore_index,
+          grad_scale)));
+}
+
+namespace {
+enum class Reduction { Sum, SumSquares };
+
+double reduce_to_double(DeviceContext& ctx, const Tensor& x, Reduction reduction) {
+  check_operand(ctx, x, DType::F32, reduction == Reduction::Sum ? "sum input" : "norm input");
+  const int64_t n = x.numel();
+  double result = 0.0;
+  dispatch(
+      ctx,
+      [&] {
+        result = reduction == Reduction::Sum ? kernels::cpu::sum(f32(x), n)
+                                             : kernels::cpu::sum_squares(f32(x), n);
+      },
+      CONVEYOR_CUDA_LAMBDA({
+        Tensor out = ctx.empty({2}, DType::F32);  // 8 bytes: room for one double
+        auto* out_ptr = reinterpret_cast<double*>(out.raw());
+        void* scratch = ctx.scratch(kernels::cuda::reduce_scratch_bytes(n));
+        if (reduction == Reduction::Sum) kernels::cuda::sum(cu, out_ptr, f32(x), n, scratch);
+        else kernels::cuda::sum_squares(cu, out_ptr, f32(x), n, scratch);
+        CONVEYOR_CUDA_CHECK(cudaMemcpyAsync(&result, out_ptr, sizeof(double),
+                                            cudaMemcpyDeviceToHost, cu.stream));
+        CONVEYOR_CUDA_CHECK(cudaStreamSynchronize(cu.stream));
+      }));
+  return result;
+}
+}  // namespace
+
+double sum(DeviceContext& ctx, const Tensor& x) {
+  return reduce_to_double(ctx, x, Reduction::Sum);
+}
+
+double sum_squares(DeviceContext& ctx, const Tensor& x) {
+  return reduce_to_double(ctx, x, Reduction::SumSquares);
+}
+
+void add_(DeviceContext& ctx, const Tensor& y, const Tensor& x) {
+  check_operand(ctx, y, DType::F32, "add destination");
+  check_operand(ctx, x, DType::F32, "add source");
+  check_shape(x, y.shape(), "add source");
+  dispatch(
+      ctx, [&] { kernels::cpu::add_inplace(f32(y), f32(x), y.numel()); },
+      CONVEYOR_CUDA_LAMBDA(kernels::cuda::add_inplace(cu, f32(y), f32(x), y.numel())));
+}
+
+void adamw_update(DeviceContext& ctx, const std::vector<kernels::OptimizerTensor>& tensors,
+                  const kernels::AdamWParams& params) {
+  const auto count = static_cast<int64_t>(tensors.size());
+  dispatch(
+      ctx, [&] { kernels::cpu::adamw_update(tensors.data(), count, params); },
+      CONVEYOR_CUDA_LAMBDA(kernels::cuda::adamw_update(cu, tensors.data(), count, params)));
+}
+
+void sgd_update(DeviceContext& ctx, const std::vector<kernels::OptimizerTensor>& tensors,
+                const kernels::SgdParams& params) {
+  const auto count = static_cast<int64_t>(tensors.size());
+  dispatch(
+      ctx, [&] { kernels::cpu::sgd_update(tensors.data(), count, params); },
+      CONVEYOR_CUDA_LAMBDA(kernels::cuda::sgd_update(cu, tensors.data(), count, params)));
+}
+
+void init_uniform(DeviceContext& ctx, const Tensor& out, uint64_t seed, uint64_t key, float low,
+                  float high) {
+  check_operand(ctx, out, DType::F32, "initialised tensor");
+  dispatch(
+      ctx, [&] { kernels::cpu::init_uniform(f32(out), out.numel(), seed, key, low, high); },
+      CONVEYOR_CUDA_LAMBDA(
+          kernels::cuda::init_uniform(cu, f32(out), out.numel(), seed, key, low, high)));
+}
+
+void fill(DeviceContext& ctx, const Tensor& out, float value) {
+  check_operand(ctx, out, DType::F32, "filled tensor");
+  dispatch(
+      ctx, [&] { kernels::cpu::fill(f32(out), out.numel(), value); },
+      CONVEYOR_CUDA_LAMBDA(kernels::cuda::fill(cu, f32(out), out.numel(), value)));
+}
+
+}  // namespace conveyor::ops

@@ -1,0 +1,38 @@
+#pragma once
+// A trainable tensor with its global name (e.g. "blocks.3.fc1.weight"), its gradient and how
+// it is initialised. Global names make a parameter the same object whichever stage holds it:
+// initial values depend only on (seed, name), and checkpoints key tensors by name.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/device_context.h"
+#include "engine/tensor.h"
+
+namespace conveyor {
+
+struct InitSpec {
+  enum class Kind { Uniform, Constant } kind = Kind::Constant;
+  float low = 0.0f;   // Uniform: [low, high); Constant: the value is `low`
+  float high = 0.0f;
+
+  static InitSpec uniform(float bound) { return {Kind::Uniform, -bound, bound}; }
+  static InitSpec constant(float value) { return {Kind::Constant, value, value}; }
+};
+
+struct Parameter {
+  std::string name;
+  Shape shape;
+  InitSpec init;
+  bool weight_decay = true;  // matrices decay; biases and norm gains do not
+  Tensor value;
+  Tensor grad;               // accumulates (+=) over the micro-batches of a step
+
+  // Allocates value and grad on `ctx`, initialises value from (seed, name) and zeroes grad.
+  void materialize(DeviceContext& ctx, uint64_t seed);
+};
+
+// Zeroes every gradient (start of a step).
+void zero_grads(DeviceContext& ctx, const std::vector<Parameter*>& params);
+
+}  // namespace conveyor
