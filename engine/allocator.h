@@ -57,6 +57,10 @@ class AllocatorBackend {
   virtual void* record_event(void* stream) = 0;  // may return null (CPU: nothing to wait for)
   virtual bool event_done(void* event) = 0;
   virtual void destroy_event(void* event) = 0;
+  // Blocks the host until `event` has completed. Used only when memory runs out (so that
+  // blocks waiting for other streams can be reused) and on destruction. The default does
+  // nothing; such blocks then stay pending.
+  virtual void synchronize_event(void* event) {}
 };
 
 class CachingAllocator {
@@ -96,6 +100,10 @@ class CachingAllocator {
   void process_pending();
   void* try_take_cached(size_t size, void* stream);
   void release_cache_locked();
+  // Waits for every pending block's events, then caches those blocks.
+  void synchronize_pending();
+  void* allocate_from_system(size_t bytes, size_t size);
+  [[noreturn]] void throw_out_of_memory(size_t bytes, size_t size, const char* reason) const;
 
   std::unique_ptr<AllocatorBackend> backend_;
   mutable std::mutex mutex_;

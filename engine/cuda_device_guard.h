@@ -1,0 +1,30 @@
+#pragma once
+// Internal to the engine: makes CUDA device `index` current for a scope and restores the
+// caller's device afterwards, so that allocating or copying on another GPU does not silently
+// move the calling thread (a rank) off its own device.
+#ifdef CONVEYOR_WITH_CUDA
+#include <cuda_runtime_api.h>
+
+#include "kernels/cuda_check.h"
+
+namespace conveyor::detail {
+
+class CudaDeviceGuard {
+ public:
+  explicit CudaDeviceGuard(int index) {
+    CONVEYOR_CUDA_CHECK(cudaGetDevice(&previous_));
+    if (previous_ != index) CONVEYOR_CUDA_CHECK(cudaSetDevice(index));
+    else previous_ = -1;  // nothing to restore
+  }
+  ~CudaDeviceGuard() {
+    if (previous_ >= 0) (void)cudaSetDevice(previous_);  // destructors must not throw
+  }
+  CudaDeviceGuard(const CudaDeviceGuard&) = delete;
+  CudaDeviceGuard& operator=(const CudaDeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
+}  // namespace conveyor::detail
+#endif
