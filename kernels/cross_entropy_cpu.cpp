@@ -1,0 +1,46 @@
+// CPU fused softmax + cross-entropy. Per row: the max, Σ exp(x - max) accumulated in double,
+// the loss logsumexp - x[target], then a second pass that overwrites each logit with its
+// gradient (reading it first), so dlogits may alias logits and no probabilities are stored.
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/cross_entropy.h"
+
+namespace conveyor::kernels::cpu {
+
+void softmax_cross_entropy(float* losses, float* dlogits, const float* logits,
+                           const int32_t* targets, int64_t n, int64_t vocab, int32_t ignore_index,
+                           float grad_scale) {
+  // Validate first so that a bad target leaves every output untouched.
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t t = targets[i];
+    if (t != ignore_index && (t < 0 || t >= vocab))
+      throw std::out_of_range("softmax_cross_entropy: target " + std::to_string(t) + " at row " +
+                              std::to_string(i) + " is outside [0, " + std::to_string(vocab) +
+                              ") and is not the ignore_index " + std::to_string(ignore_index));
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    const float* row = logits + i * vocab;
+    float* drow = dlogits + i * vocab;
+    const int32_t t = targets[i];
+    if (t == ignore_index) {
+      losses[i] = 0.0f;
+      for (int64_t j = 0; j < vocab; ++j) drow[j] = 0.0f;
+      continue;
+    }
+    float mx = row[0];
+    for (int64_t j = 1; j < vocab; ++j) mx = row[j] > mx ? row[j] : mx;
+    double s = 0.0;
+    for (int64_t j = 0; j < vocab; ++j) s += std::exp(row[j] - mx);
+    const double log_s = std::log(s);
+    losses[i] = static_cast<float>(log_s + mx - static_cast<double>(row[t]));
+    const float inv_s = static_cast<float>(1.0 / s);
+    for (int64_t j = 0; j < vocab; ++j) {
+      const float p = std::exp(row[j] - mx) * inv_s;
+      drow[j] = (p - (j == t ? 1.0f : 0.0f)) * grad_scale;
+    }
+  }
+}
+
+}  // namespace conveyor::kernels::cpu
