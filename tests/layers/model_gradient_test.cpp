@@ -60,9 +60,14 @@ TEST(ModelGradient, MatchesFiniteDifferencesOfTheLoss) {
   stage.forward(0, b.tokens, b.in);
   stage.backward(0, Tensor());
 
+  // Read every gradient first: the finite differences below run backward again.
+  const std::vector<Parameter*> params = stage.parameters();
+  std::vector<std::vector<float>> grads;
+  for (Parameter* p : params) grads.push_back(to_vector_f32(p->grad));
   int checked = 0;
-  for (Parameter* p : stage.parameters()) {
-    const std::vector<float> grad = to_vector_f32(p->grad);
+  for (size_t pi = 0; pi < params.size(); ++pi) {
+    Parameter* p = params[pi];
+    const std::vector<float>& grad = grads[pi];
     // A few entries of every parameter, spread over the tensor.
     for (int64_t k = 0; k < 3; ++k) {
       const int64_t i = (k * 7919) % p->value.numel();
