@@ -1,0 +1,161 @@
+#include "comm/in_process.h"
+
+#include <cstring>
+
+namespace conveyor::comm {
+namespace {
+
+class InProcessTransport : public Transport {
+ public:
+  InProcessTransport(std::shared_ptr<InProcessHub> hub, int rank)
+      : hub_(std::move(hub)), rank_(rank) {}
+
+  int rank() const override { return rank_; }
+  int size() const override { return hub_->size(); }
+
+  void send(const Tensor& tensor, int peer, const Stream& stream) override {
+    check_peer(peer, "send to");
+    InProcessHub::Message message;
+    message.bytes = tensor.nbytes();
+    if (tensor.device().is_cpu()) {
+      message.host_bytes.resize(message.bytes);
+      std::memcpy(message.host_bytes.data(), tensor.raw(), message.bytes);
+    } else {
+      message.device_tensor = tensor;
+      message.ready = std::make_shared<Event>(tensor.device(), /*timing=*/false);
+      message.ready->record(stream);
+    }
+    hub_->push(rank_, peer, std::move(message));
+  }
+
+  void recv(const Tensor& tensor, int peer, const Stream& stream) override {
+    check_peer(peer, "receive from");
+    InProcessHub::Message message = hub_->pop(peer, rank_, rank_);
+    if (message.bytes != tensor.nbytes())
+      throw TransportError("rank " + std::to_string(rank_) + ": message from rank " +
+                           std::to_string(peer) + " has " + std::to_string(message.bytes) +
+                           " bytes, the receiving tensor " + tensor.describe() + " has " +
+                           std::to_string(tensor.nbytes()));
+    if (!message.device_tensor.defined()) {
+      copy_from_host(tensor, message.host_bytes.data(), message.bytes);
+      return;
+    }
+    // Device data: order the copy after the producer, on the receiver's stream, and keep the
+    // sender's block from being reused until that stream has passed the copy.
+    message.ready->wait(stream);
+    copy_tensor(tensor, message.device_tensor, stream.native());
+    const auto& storage = message.device_tensor.storage();
+    storage->allocator().record_stream(storage->data(), stream.native());
+  }
+
+  void all_reduce_sum(std::vector<double>& values) override { hub_->all_reduce(rank_, values); }
+  void abort(const std::string& reason) override { hub_->abort(reason); }
+
+ private:
+  void check_peer(int peer, const char* what) const {
+    if (peer < 0 || peer >= hub_->size() || peer == rank_)
+      throw TransportError("rank " + std::to_string(rank_) + ": cannot " + what + " rank " +
+                           std::to_string(peer) + " (ranks are 0.." +
+                           std::to_string(hub_->size() - 1) + ")");
+  }
+
+  std::shared_ptr<InProcessHub> hub_;
+  int rank_;
+};
+
+}  // namespace
+
+std::shared_ptr<InProcessHub> InProcessHub::create(int size, std::chrono::milliseconds timeout) {
+  if (size < 1) throw std::invalid_argument("in-process transport needs at least one rank");
+  return std::shared_ptr<InProcessHub>(new InProcessHub(size, timeout));
+}
+
+InProcessHub::InProcessHub(int size, std::chrono::milliseconds timeout)
+    : size_(size), timeout_(timeout), links_(static_cast<size_t>(size) * size),
+      contributions_(size) {}
+
+std::unique_ptr<Transport> InProcessHub::endpoint(int rank) {
+  if (rank < 0 || rank >= size_)
+    throw std::invalid_argument("rank " + std::to_string(rank) + " out of range for " +
+                                std::to_string(size_) + " ranks");
+  return std::make_unique<InProcessTransport>(shared_from_this(), rank);
+}
+
+void InProcessHub::throw_if_aborted(int rank) const {
+  if (aborted_)
+    throw TransportError("rank " + std::to_string(rank) + ": pipeline aborted: " + abort_reason_);
+}
+
+void InProcessHub::push(int src, int dst, Message message) {
+  {
+    std::lock_guard lock(mutex_);
+    throw_if_aborted(src);
+    links_[static_cast<size_t>(src) * size_ + dst].push_back(std::move(message));
+  }
+  changed_.notify_all();
+}
+
+InProcessHub::Message InProcessHub::pop(int src, int dst, int waiting_rank) {
+  std::unique_lock lock(mutex_);
+  auto& queue = links_[static_cast<size_t>(src) * size_ + dst];
+  const bool ready =
+      changed_.wait_for(lock, timeout_, [&] { return aborted_ || !queue.empty(); });
+  throw_if_aborted(waiting_rank);
+  if (!ready) fail_locked(waiting_rank, "nothing arrived from rank " + std::to_string(src) +
+                                            " within " + std::to_string(timeout_.count()) + " ms");
+  Message message = std::move(queue.front());
+  queue.pop_front();
+  return message;
+}
+
+void InProcessHub::all_reduce(int rank, std::vector<double>& values) {
+  std::unique_lock lock(mutex_);
+  throw_if_aborted(rank);
+  const uint64_t round = round_;
+  contributions_[rank] = values;
+  if (++arrived_ == size_) {
+    result_.assign(values.size(), 0.0);
+    for (int r = 0; r < size_; ++r) {
+      if (contributions_[r].size() != values.size())
+        fail_locked(rank, "all-reduce of " + std::to_string(values.size()) +
+                              " values, but rank " + std::to_string(r) + " gave " +
+                              std::to_string(contributions_[r].size()));
+      for (size_t i = 0; i < values.size(); ++i) result_[i] += contributions_[r][i];
+    }
+    arrived_ = 0;
+    ++round_;
+    changed_.notify_all();
+  } else {
+    const bool done =
+        changed_.wait_for(lock, timeout_, [&] { return aborted_ || round_ != round; });
+    throw_if_aborted(rank);
+    if (!done)
+      fail_locked(rank, "all-reduce waited " + std::to_string(timeout_.count()) +
+                            " ms for the other ranks");
+  }
+  values = result_;
+}
+
+void InProcessHub::fail_locked(int rank, const std::string& what) {
+  // A rank that gives up takes the others down with it, so none waits for it in vain.
+  const std::string reason = "rank " + std::to_string(rank) + ": " + what;
+  if (!aborted_) {
+    aborted_ = true;
+    abort_reason_ = reason;
+  }
+  changed_.notify_all();
+  throw TransportError(reason);
+}
+
+void InProcessHub::abort(const std::string& reason) {
+  {
+    std::lock_guard lock(mutex_);
+    if (!aborted_) {
+      aborted_ = true;
+      abort_reason_ = reason;
+    }
+  }
+  changed_.notify_all();
+}
+
+}  // namespace conveyor::comm

@@ -1,0 +1,59 @@
+#pragma once
+// Transport between the ranks of one process (one thread per rank). On the CPU a send copies
+// the tensor into the link's queue, so the sender may reuse its memory at once. On CUDA the
+// message carries the sender's tensor and an event recorded after it was produced; the
+// receiver's stream waits for that event and copies device to device (or peer to peer), and
+// the sender's block is tagged with the receiver's stream so that the caching allocator does
+// not reuse it before the copy has run. The host never waits for a transfer.
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "comm/transport.h"
+
+namespace conveyor::comm {
+
+class InProcessHub : public std::enable_shared_from_this<InProcessHub> {
+ public:
+  // `timeout`: how long a receive or an all-reduce waits before it fails.
+  static std::shared_ptr<InProcessHub> create(int size, std::chrono::milliseconds timeout);
+  std::unique_ptr<Transport> endpoint(int rank);
+  int size() const { return size_; }
+
+  struct Message {
+    std::vector<std::byte> host_bytes;  // CPU senders: a copy of the data
+    Tensor device_tensor;               // CUDA senders: the tensor itself ...
+    std::shared_ptr<Event> ready;       // ... and when it is ready
+    size_t bytes = 0;
+  };
+
+  // Used by the endpoints.
+  void push(int src, int dst, Message message);
+  Message pop(int src, int dst, int waiting_rank);
+  void all_reduce(int rank, std::vector<double>& values);
+  void abort(const std::string& reason);
+
+ private:
+  InProcessHub(int size, std::chrono::milliseconds timeout);
+  void throw_if_aborted(int rank) const;
+  [[noreturn]] void fail_locked(int rank, const std::string& what);
+
+  int size_;
+  std::chrono::milliseconds timeout_;
+  mutable std::mutex mutex_;
+  std::condition_variable changed_;
+  std::vector<std::deque<Message>> links_;  // src * size + dst
+  bool aborted_ = false;
+  std::string abort_reason_;
+  // All-reduce rendezvous: contributions of the current round, by rank.
+  std::vector<std::vector<double>> contributions_;
+  int arrived_ = 0;
+  uint64_t round_ = 0;
+  std::vector<double> result_;
+};
+
+}  // namespace conveyor::comm

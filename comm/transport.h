@@ -1,0 +1,43 @@
+#pragma once
+// How pipeline ranks exchange tensors: point-to-point sends and receives whose order on each
+// (source, destination) link is kept (FIFO), plus the small host-side all-reduce the optimizer
+// step needs (squared gradient norms, losses). Implementations: in-process (threads of one
+// process, CPU or CUDA) and NCCL.
+//
+// Nothing may hang: every wait has a deadline, and when one rank fails it aborts the
+// transport, which makes every pending and later call on every rank throw TransportError.
+#include <chrono>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "engine/stream.h"
+#include "engine/tensor.h"
+
+namespace conveyor::comm {
+
+class TransportError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // Enqueues `tensor` for `peer` on `stream`: the stream's earlier work (which produced the
+  // tensor) is ordered before the transfer. The caller may drop its reference right away.
+  virtual void send(const Tensor& tensor, int peer, const Stream& stream) = 0;
+  // Receives the next message from `peer` into `tensor` (same dtype and element count as
+  // sent), ordered on `stream`: work enqueued on it afterwards sees the data.
+  virtual void recv(const Tensor& tensor, int peer, const Stream& stream) = 0;
+  // Element-wise sum of `values` over all ranks, added in rank order (deterministic); every
+  // rank gets the result. Blocks the host.
+  virtual void all_reduce_sum(std::vector<double>& values) = 0;
+  // Fails the transport for every rank, with `reason` in the errors they see.
+  virtual void abort(const std::string& reason) = 0;
+};
+
+}  // namespace conveyor::comm

@@ -1,0 +1,105 @@
+// The in-process transport: FIFO per link, copies on send, all-reduce in rank order, and
+// failure instead of a hang (timeouts, aborts, mismatched messages).
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "comm/in_process.h"
+#include "common/test_util.h"
+#include "engine/device_context.h"
+
+namespace conveyor::comm {
+namespace {
+
+using namespace std::chrono_literals;
+
+Tensor filled(DeviceContext& ctx, const std::vector<float>& values) {
+  Tensor t = ctx.empty({static_cast<int64_t>(values.size())});
+  copy_from_host(t, values.data(), values.size() * sizeof(float));
+  return t;
+}
+
+TEST(InProcessTransport, MessagesArriveInOrderAndAreCopies) {
+  auto hub = InProcessHub::create(2, 5000ms);
+  auto a = hub->endpoint(0), b = hub->endpoint(1);
+  DeviceContext ctx(Device::cpu());
+  Stream& s = ctx.compute_stream();
+  Tensor first = filled(ctx, {1, 2, 3});
+  a->send(first, 1, s);
+  first.data<float>()[0] = 99;  // the sender may reuse its memory at once
+  a->send(filled(ctx, {4, 5, 6}), 1, s);
+  Tensor got = ctx.empty({3});
+  b->recv(got, 0, s);
+  EXPECT_EQ(to_vector_f32(got), (std::vector<float>{1, 2, 3}));
+  b->recv(got, 0, s);
+  EXPECT_EQ(to_vector_f32(got), (std::vector<float>{4, 5, 6}));
+}
+
+TEST(InProcessTransport, AllReduceSumsInRankOrderOnEveryRank) {
+  constexpr int kRanks = 4;
+  auto hub = InProcessHub::create(kRanks, 5000ms);
+  std::vector<std::vector<double>> results(kRanks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r)
+    threads.emplace_back([&, r] {
+      auto t = hub->endpoint(r);
+      for (int round = 0; round < 50; ++round) {  // many rounds: no round overtakes another
+        std::vector<double> v = {1.0 * r, 0.1 * round, r == 2 ? 1e16 : 1.0};
+        t->all_reduce_sum(v);
+        if (round == 49) results[r] = v;
+      }
+    });
+  for (auto& t : threads) t.join();
+  // Rank order: ((1 + 1) + 1e16) + 1 — the same bits everywhere.
+  const double expected_last = ((1.0 + 1.0) + 1e16) + 1.0;
+  for (int r = 0; r < kRanks; ++r) {
+    EXPECT_EQ(results[r][0], 6.0);
+    EXPECT_EQ(results[r][2], expected_last);
+  }
+}
+
+TEST(InProcessTransport, ReceiveTimesOutInsteadOfHanging) {
+  auto hub = InProcessHub::create(2, 50ms);
+  auto b = hub->endpoint(1);
+  DeviceContext ctx(Device::cpu());
+  Tensor got = ctx.empty({3});
+  try {
+    b->recv(got, 0, ctx.compute_stream());
+    FAIL() << "receive with no sender returned";
+  } catch (const TransportError& e) {
+    EXPECT_NE(std::string(e.what()).find("nothing arrived from rank 0"), std::string::npos);
+  }
+}
+
+TEST(InProcessTransport, AbortWakesWaitingRanks) {
+  auto hub = InProcessHub::create(3, 60000ms);
+  std::string error;
+  std::thread waiter([&] {
+    DeviceContext ctx(Device::cpu());
+    Tensor got = ctx.empty({1});
+    try {
+      hub->endpoint(2)->recv(got, 0, ctx.compute_stream());
+    } catch (const TransportError& e) {
+      error = e.what();
+    }
+  });
+  std::this_thread::sleep_for(20ms);
+  hub->endpoint(0)->abort("rank 0 failed in F0.3");
+  waiter.join();  // would take a minute without the abort
+  EXPECT_NE(error.find("rank 0 failed in F0.3"), std::string::npos) << error;
+}
+
+TEST(InProcessTransport, SizeMismatchAndBadPeersAreErrors) {
+  auto hub = InProcessHub::create(2, 1000ms);
+  auto a = hub->endpoint(0), b = hub->endpoint(1);
+  DeviceContext ctx(Device::cpu());
+  a->send(filled(ctx, {1, 2}), 1, ctx.compute_stream());
+  Tensor wrong = ctx.empty({3});
+  EXPECT_THROW(b->recv(wrong, 0, ctx.compute_stream()), TransportError);
+  EXPECT_THROW(a->send(wrong, 0, ctx.compute_stream()), TransportError);  // to itself
+  EXPECT_THROW(a->send(wrong, 5, ctx.compute_stream()), TransportError);
+  EXPECT_THROW(hub->endpoint(2), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace conveyor::comm
