@@ -1,0 +1,89 @@
+#include "engine/schedule/ascii.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace conveyor::schedule {
+namespace {
+std::string pad(std::string s, size_t width) {
+  if (s.size() < width) s.append(width - s.size(), ' ');
+  return s;
+}
+}  // namespace
+
+std::string compute_label(const Schedule& schedule, const Action& a) {
+  std::string label = kind_name(a.kind);
+  if (schedule.placement.chunks > 1) label += std::to_string(a.stage) + ".";
+  return label + std::to_string(a.microbatch);
+}
+
+std::string format_step_grid(const Schedule& schedule, int mark_rank, int mark_index,
+                             int max_columns) {
+  size_t steps = 0;
+  for (const auto& list : schedule.ranks) steps = std::max(steps, list.size());
+  size_t first = 0, last = steps;  // columns [first, last)
+  if (mark_index >= 0 && steps > static_cast<size_t>(max_columns)) {
+    const size_t half = max_columns / 2;
+    first = static_cast<size_t>(mark_index) > half ? mark_index - half : 0;
+    last = std::min(steps, first + max_columns);
+    first = last > static_cast<size_t>(max_columns) ? last - max_columns : 0;
+  }
+  auto cell = [&](size_t r, size_t i) -> std::string {
+    if (i >= schedule.ranks[r].size()) return "";
+    const std::string t = to_string(schedule.ranks[r][i]);
+    return (static_cast<int>(r) == mark_rank && static_cast<int>(i) == mark_index) ? ">>" + t + "<<" : t;
+  };
+  size_t width = 4;
+  for (size_t r = 0; r < schedule.ranks.size(); ++r)
+    for (size_t i = first; i < last; ++i) width = std::max(width, cell(r, i).size());
+  std::string out = "step  ";
+  if (first > 0) out += "... ";
+  for (size_t i = first; i < last; ++i) out += pad(std::to_string(i), width) + " ";
+  out += "\n";
+  for (size_t r = 0; r < schedule.ranks.size(); ++r) {
+    std::string row = pad("r" + std::to_string(r) + ":", 6);
+    if (first > 0) row += "... ";
+    for (size_t i = first; i < last; ++i) row += pad(cell(r, i), width) + " ";
+    if (last < schedule.ranks[r].size()) row += "...";
+    while (!row.empty() && row.back() == ' ') row.pop_back();
+    out += row + "\n";
+  }
+  return out;
+}
+
+std::string format_timeline(const Schedule& schedule, const SimResult& sim, int max_columns) {
+  double unit = 0;
+  for (size_t r = 0; r < schedule.ranks.size(); ++r)
+    for (size_t i = 0; i < schedule.ranks[r].size(); ++i) {
+      const double d = sim.timing[r][i].end - sim.timing[r][i].start;
+      if (is_compute(schedule.ranks[r][i].kind) && d > 0 && (unit == 0 || d < unit)) unit = d;
+    }
+  if (unit == 0 || sim.makespan <= 0) return "(empty timeline)\n";
+  if (sim.makespan / unit > max_columns) unit = sim.makespan / max_columns;
+  const int columns = static_cast<int>(std::ceil(sim.makespan / unit - 1e-9));
+  std::vector<std::vector<std::string>> grid(schedule.ranks.size(),
+                                             std::vector<std::string>(columns, "."));
+  size_t width = 1;
+  for (size_t r = 0; r < schedule.ranks.size(); ++r)
+    for (size_t i = 0; i < schedule.ranks[r].size(); ++i) {
+      const Action& a = schedule.ranks[r][i];
+      if (!is_compute(a.kind)) continue;
+      const auto& t = sim.timing[r][i];
+      const int c0 = std::clamp(static_cast<int>(std::floor(t.start / unit + 1e-9)), 0, columns - 1);
+      const int c1 = std::clamp(static_cast<int>(std::ceil(t.end / unit - 1e-9)), c0 + 1, columns);
+      const std::string label = compute_label(schedule, a);
+      width = std::max(width, label.size());
+      grid[r][c0] = label;
+      for (int c = c0 + 1; c < c1; ++c) grid[r][c] = "~";
+    }
+  std::string out;
+  for (size_t r = 0; r < grid.size(); ++r) {
+    out += pad("r" + std::to_string(r) + ":", 6);
+    for (const auto& c : grid[r]) out += pad(c, width) + " ";
+    while (!out.empty() && out.back() == ' ') out.pop_back();
+    out += "\n";
+  }
+  return out;
+}
+
+}  // namespace conveyor::schedule

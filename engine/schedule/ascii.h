@@ -1,0 +1,25 @@
+#pragma once
+// Text pictures of a schedule: the rank x step grid (list positions) that validation errors
+// show, and the rank x time timeline that `conveyor schedule` prints.
+#include <string>
+
+#include "engine/schedule/schedule.h"
+#include "engine/schedule/simulator.h"
+
+namespace conveyor::schedule {
+
+// One row per rank, one column per list position, every action shown (transfers too).
+// With a mark, the marked action is drawn as >>TOKEN<< and only the columns around it shown.
+std::string format_step_grid(const Schedule& schedule, int mark_rank = -1, int mark_index = -1,
+                             int max_columns = 16);
+
+// One row per rank, one column per time unit (the shortest compute action, widened so at most
+// max_columns columns); compute actions only, labelled kind + micro-batch (kind + stage.mb
+// with several chunks per rank), continuation cells '~', idle '.'.
+std::string format_timeline(const Schedule& schedule, const SimResult& sim,
+                            int max_columns = 160);
+
+// "F3" or "F5.3": a compute action's label in pictures.
+std::string compute_label(const Schedule& schedule, const Action& action);
+
+}  // namespace conveyor::schedule

@@ -1,0 +1,260 @@
+#include "engine/schedule/generators.h"
+
+#include <algorithm>
+#include <deque>
+#include <map>
+#include <tuple>
+
+namespace conveyor::schedule {
+namespace {
+
+void check_common(const char* kind, int p, int m) {
+  if (p < 1)
+    throw ScheduleError(std::string(kind) + " needs at least 1 stage, got p=" + std::to_string(p));
+  if (m < 1)
+    throw ScheduleError(std::string(kind) + " needs at least 1 micro-batch, got m=" + std::to_string(m));
+}
+
+Schedule empty_schedule(const char* name, int p, int m, int v, Layout layout) {
+  Schedule s;
+  s.name = name;
+  s.placement = {p, v, layout};
+  s.num_microbatches = m;
+  s.ranks.assign(p, {});
+  return s;
+}
+
+// Identity of a message on a link, the same on both ends: (is grad, producing stage, mb).
+using MessageId = std::tuple<bool, int, int>;
+
+MessageId message_of(const Action& a) {
+  switch (a.kind) {
+    case ActionKind::kSendAct: return {false, a.stage, a.microbatch};
+    case ActionKind::kRecvAct: return {false, a.stage - 1, a.microbatch};
+    case ActionKind::kSendGrad: return {true, a.stage, a.microbatch};
+    default: return {true, a.stage + 1, a.microbatch};  // kRecvGrad
+  }
+}
+
+}  // namespace
+
+const char* schedule_kind_name(ScheduleKind kind) {
+  switch (kind) {
+    case ScheduleKind::kGPipe: return "gpipe";
+    case ScheduleKind::k1F1B: return "1f1b";
+    case ScheduleKind::kInterleaved: return "interleaved";
+    case ScheduleKind::kZBH1: return "zbh1";
+  }
+  return "?";
+}
+
+std::optional<ScheduleKind> parse_schedule_kind(std::string_view name) {
+  for (auto k : {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved,
+                 ScheduleKind::kZBH1})
+    if (name == schedule_kind_name(k)) return k;
+  return std::nullopt;
+}
+
+std::string schedule_kind_choices() { return "gpipe|1f1b|interleaved|zbh1"; }
+
+Schedule generate(ScheduleKind kind, int p, int m, int v) {
+  if (kind != ScheduleKind::kInterleaved && v != 1)
+    throw ScheduleError(std::string(schedule_kind_name(kind)) +
+                        " has one chunk per rank; --chunks " + std::to_string(v) +
+                        " is only for 'interleaved' (use chunks=1)");
+  switch (kind) {
+    case ScheduleKind::kGPipe: return generate_gpipe(p, m);
+    case ScheduleKind::k1F1B: return generate_1f1b(p, m);
+    case ScheduleKind::kInterleaved: return generate_interleaved(p, m, v);
+    case ScheduleKind::kZBH1: return generate_zbh1(p, m);
+  }
+  throw ScheduleError("unknown schedule kind");
+}
+
+Schedule generate_gpipe(int p, int m) {
+  check_common("gpipe", p, m);
+  Schedule s = empty_schedule("gpipe", p, m, 1, Layout::kLooped);
+  for (int r = 0; r < p; ++r) {
+    for (int k = 0; k < m; ++k) s.ranks[r].push_back(forward(r, k));
+    for (int k = 0; k < m; ++k) s.ranks[r].push_back(backward(r, k));
+  }
+  insert_transfers(&s);
+  return s;
+}
+
+Schedule generate_1f1b(int p, int m) {
+  check_common("1f1b", p, m);
+  Schedule s = empty_schedule("1f1b", p, m, 1, Layout::kLooped);
+  for (int r = 0; r < p; ++r) {
+    auto& list = s.ranks[r];
+    const int warmup = std::min(p - 1 - r, m);
+    for (int k = 0; k < warmup; ++k) list.push_back(forward(r, k));
+    for (int i = 0; i < m - warmup; ++i) {
+      list.push_back(forward(r, warmup + i));
+      list.push_back(backward(r, i));
+    }
+    for (int k = m - warmup; k < m; ++k) list.push_back(backward(r, k));
+  }
+  insert_transfers(&s);
+  return s;
+}
+
+Schedule generate_interleaved(int p, int m, int v) {
+  check_common("interleaved", p, m);
+  if (v < 1)
+    throw ScheduleError("interleaved needs at least 1 chunk per rank, got v=" + std::to_string(v));
+  if (v == 1) {
+    Schedule s = generate_1f1b(p, m);
+    s.name = "interleaved";
+    return s;
+  }
+  if (m % p != 0) {
+    const int lower = (m / p) * p, upper = lower + p;
+    throw ScheduleError("interleaved 1F1B needs the micro-batch count to be a multiple of p=" +
+                        std::to_string(p) + "; m=" + std::to_string(m) + " is not (try m=" +
+                        (lower > 0 ? std::to_string(lower) + " or m=" : std::string()) +
+                        std::to_string(upper) + ")");
+  }
+  Schedule s = empty_schedule("interleaved", p, m, v, Layout::kLooped);
+  const int total = m * v;
+  // Megatron-LM: the k-th forward (backward) of every rank works on the same virtual
+  // micro-batch; groups of p micro-batches run through chunk 0, then chunk 1, ...
+  auto chunk_of = [&](int k, bool fwd) {
+    const int c = (k % (p * v)) / p;
+    return fwd ? c : v - 1 - c;
+  };
+  auto mb_of = [&](int k) { return (k / (p * v)) * p + k % p; };
+  for (int r = 0; r < p; ++r) {
+    auto& list = s.ranks[r];
+    auto F = [&](int k) { list.push_back(forward(s.placement.stage_of(r, chunk_of(k, true)), mb_of(k))); };
+    auto B = [&](int k) { list.push_back(backward(s.placement.stage_of(r, chunk_of(k, false)), mb_of(k))); };
+    const int warmup = std::min((p - r - 1) * 2 + (v - 1) * p, total);
+    for (int k = 0; k < warmup; ++k) F(k);
+    for (int i = 0; i < total - warmup; ++i) {
+      F(warmup + i);
+      B(i);
+    }
+    for (int k = total - warmup; k < total; ++k) B(k);
+  }
+  insert_transfers(&s);
+  return s;
+}
+
+Schedule generate_zbh1(int p, int m) {
+  check_common("zbh1", p, m);
+  Schedule s = empty_schedule("zbh1", p, m, 1, Layout::kLooped);
+  // List scheduling in unit time steps (F = I = W = 1, free transfers). A rank prefers I
+  // (it unblocks the upstream rank), then F within the memory limits, then a deferred W.
+  constexpr int kNotYet = -1;
+  std::vector<std::vector<int>> f_end(p, std::vector<int>(m, kNotYet));
+  std::vector<std::vector<int>> i_end(p, std::vector<int>(m, kNotYet));
+  std::vector<int> next_f(p, 0), next_i(p, 0), next_w(p, 0);
+  int remaining = 3 * p * m;
+  auto done_by = [](int end, int t) { return end != kNotYet && end <= t; };
+  for (int t = 0; remaining > 0; ++t) {
+    for (int r = 0; r < p; ++r) {
+      auto& list = s.ranks[r];
+      // Micro-batches between F and W. The smallest cap found (p <= 16, m <= 64) that still
+      // reaches the closed-form bubble; the deferred W's hold only the part of the
+      // activations the weight gradient needs.
+      const int held_cap = p + (p - r + 1) / 2;
+      const int nf = next_f[r], ni = next_i[r], nw = next_w[r];
+      const bool can_i = ni < nf && done_by(f_end[r][ni], t) &&
+                         (r == p - 1 || done_by(i_end[r + 1][ni], t));
+      const bool can_f = nf < m && (r == 0 || done_by(f_end[r - 1][nf], t)) &&
+                         nf - ni < p - r && nf - nw < held_cap;
+      const bool can_w = nw < ni && done_by(i_end[r][nw], t);
+      if (can_i) {
+        list.push_back(backward_input(r, ni));
+        i_end[r][ni] = t + 1;
+        ++next_i[r];
+      } else if (can_f) {
+        list.push_back(forward(r, nf));
+        f_end[r][nf] = t + 1;
+        ++next_f[r];
+      } else if (can_w) {
+        list.push_back(backward_weight(r, nw));
+        ++next_w[r];
+      } else {
+        continue;
+      }
+      --remaining;
+    }
+    if (t > 8 * (p + m) * 3) throw ScheduleError("internal error: zbh1 list scheduling did not finish");
+  }
+  insert_transfers(&s);
+  return s;
+}
+
+void insert_transfers(Schedule* schedule) {
+  const Placement& pl = schedule->placement;
+  const int S = pl.num_stages();
+  const int R = static_cast<int>(schedule->ranks.size());
+  for (int r = 0; r < R; ++r) {
+    std::vector<Action> out;
+    for (const auto& a : schedule->ranks[r]) {
+      if (!is_compute(a.kind)) continue;  // regenerate all transfers
+      const int s = a.stage, k = a.microbatch;
+      const bool has_prev = s > 0 && pl.rank_of(s - 1) != r;
+      const bool has_next = s + 1 < S && pl.rank_of(s + 1) != r;
+      if (a.kind == ActionKind::kForward) {
+        if (has_prev) out.push_back({ActionKind::kRecvAct, s, k, pl.rank_of(s - 1)});
+        out.push_back(a);
+        if (has_next) out.push_back({ActionKind::kSendAct, s, k, pl.rank_of(s + 1)});
+      } else if (a.kind == ActionKind::kBackward || a.kind == ActionKind::kBackwardInput) {
+        if (has_next) out.push_back({ActionKind::kRecvGrad, s, k, pl.rank_of(s + 1)});
+        out.push_back(a);
+        if (has_prev) out.push_back({ActionKind::kSendGrad, s, k, pl.rank_of(s - 1)});
+      } else {
+        out.push_back(a);
+      }
+    }
+    schedule->ranks[r] = std::move(out);
+  }
+  // FIFO per link: reorder each rank's receives from one peer into the peer's send order,
+  // moving a receive earlier (never later than its consumer).
+  for (int dst = 0; dst < R; ++dst) {
+    for (int src = 0; src < R; ++src) {
+      if (src == dst) continue;
+      std::vector<MessageId> sent;
+      for (const auto& a : schedule->ranks[src])
+        if (is_send(a.kind) && a.peer == dst) sent.push_back(message_of(a));
+      if (sent.empty()) continue;
+      std::map<MessageId, size_t> order;
+      for (size_t i = 0; i < sent.size(); ++i) order[sent[i]] = i;
+      // Drop this link's receives; remember where each was (its deadline) in the reduced list.
+      std::vector<Action> rest;
+      std::vector<Action> recvs(sent.size());
+      std::vector<size_t> deadline(sent.size(), 0);
+      std::vector<bool> present(sent.size(), false);
+      for (const auto& a : schedule->ranks[dst]) {
+        if (is_recv(a.kind) && a.peer == src) {
+          const auto it = order.find(message_of(a));
+          if (it != order.end()) {
+            recvs[it->second] = a;
+            deadline[it->second] = rest.size();
+            present[it->second] = true;
+            continue;
+          }
+        }
+        rest.push_back(a);
+      }
+      size_t limit = rest.size();
+      for (size_t i = sent.size(); i-- > 0;) {
+        if (!present[i]) continue;
+        deadline[i] = std::min(deadline[i], limit);
+        limit = deadline[i];
+      }
+      std::vector<Action> merged;
+      size_t next = 0;
+      for (size_t pos = 0; pos <= rest.size(); ++pos) {
+        for (; next < sent.size() && (!present[next] || deadline[next] == pos); ++next)
+          if (present[next]) merged.push_back(recvs[next]);
+        if (pos < rest.size()) merged.push_back(rest[pos]);
+      }
+      schedule->ranks[dst] = std::move(merged);
+    }
+  }
+}
+
+}  // namespace conveyor::schedule

@@ -1,0 +1,43 @@
+#pragma once
+// Schedule generators. Each builds the compute order per rank, then insert_transfers() adds
+// the sends and receives. Within a stage, every generator applies weight gradients (B or W)
+// in ascending micro-batch order, so pipeline runs can match the one-stage run bit for bit.
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "engine/schedule/schedule.h"
+
+namespace conveyor::schedule {
+
+enum class ScheduleKind : uint8_t { kGPipe, k1F1B, kInterleaved, kZBH1 };
+
+const char* schedule_kind_name(ScheduleKind kind);  // "gpipe", "1f1b", "interleaved", "zbh1"
+std::optional<ScheduleKind> parse_schedule_kind(std::string_view name);
+// "gpipe|1f1b|interleaved|zbh1"
+std::string schedule_kind_choices();
+
+// p pipeline ranks, m micro-batches, v chunks per rank (interleaved only; others need v=1).
+// Throws ScheduleError when the schedule is not defined for these values, saying which
+// values would work.
+Schedule generate(ScheduleKind kind, int p, int m, int v = 1);
+
+// GPipe (fill-drain): all forwards, then all backwards in ascending micro-batch order.
+Schedule generate_gpipe(int p, int m);
+// 1F1B (PipeDream-flush): rank r runs min(p-1-r, m) warm-up forwards, then alternates one
+// forward and one backward, then drains the remaining backwards.
+Schedule generate_1f1b(int p, int m);
+// Interleaved 1F1B (Megatron-LM, Narayanan et al. 2021): v chunks per rank, looped layout,
+// stage c*p + r on rank r; needs m to be a multiple of p. v = 1 gives 1F1B.
+Schedule generate_interleaved(int p, int m, int v);
+// ZB-H1 (Qi et al. 2023): backward split into I and W; I as early as 1F1B's B, at most p-r
+// micro-batches between F and I on rank r and at most p + ceil((p-r)/2) between F and W, W deferred to fill
+// the bubbles. Order found by list scheduling under unit costs F = I = W.
+Schedule generate_zbh1(int p, int m);
+
+// Adds SEND/RECV actions to compute-only rank lists: each send right after the compute that
+// produces the data; each receive right before the compute that consumes it, moved earlier
+// where needed so that on every link the receives come in the order of the sends (FIFO).
+void insert_transfers(Schedule* schedule);
+
+}  // namespace conveyor::schedule

@@ -1,0 +1,216 @@
+#include "engine/schedule/schedule.h"
+
+#include <algorithm>
+#include <charconv>
+#include <map>
+
+namespace conveyor::schedule {
+
+bool is_compute(ActionKind kind) { return static_cast<int>(kind) <= 3; }
+bool is_transfer(ActionKind kind) { return !is_compute(kind); }
+bool is_send(ActionKind kind) {
+  return kind == ActionKind::kSendAct || kind == ActionKind::kSendGrad;
+}
+bool is_recv(ActionKind kind) {
+  return kind == ActionKind::kRecvAct || kind == ActionKind::kRecvGrad;
+}
+
+const char* kind_name(ActionKind kind) {
+  switch (kind) {
+    case ActionKind::kForward: return "F";
+    case ActionKind::kBackward: return "B";
+    case ActionKind::kBackwardInput: return "I";
+    case ActionKind::kBackwardWeight: return "W";
+    case ActionKind::kSendAct: return "SEND_ACT";
+    case ActionKind::kRecvAct: return "RECV_ACT";
+    case ActionKind::kSendGrad: return "SEND_GRAD";
+    case ActionKind::kRecvGrad: return "RECV_GRAD";
+  }
+  return "?";
+}
+
+Action forward(int stage, int mb) { return {ActionKind::kForward, stage, mb, -1}; }
+Action backward(int stage, int mb) { return {ActionKind::kBackward, stage, mb, -1}; }
+Action backward_input(int stage, int mb) { return {ActionKind::kBackwardInput, stage, mb, -1}; }
+Action backward_weight(int stage, int mb) { return {ActionKind::kBackwardWeight, stage, mb, -1}; }
+
+namespace {
+const char* short_name(ActionKind kind) {
+  switch (kind) {
+    case ActionKind::kSendAct: return "SA";
+    case ActionKind::kRecvAct: return "RA";
+    case ActionKind::kSendGrad: return "SG";
+    case ActionKind::kRecvGrad: return "RG";
+    default: return kind_name(kind);
+  }
+}
+
+bool parse_int(std::string_view text, int* out) {
+  if (text.empty()) return false;
+  const auto* end = text.data() + text.size();
+  auto [ptr, ec] = std::from_chars(text.data(), end, *out);
+  return ec == std::errc() && ptr == end && *out >= 0;
+}
+}  // namespace
+
+std::string to_string(const Action& a) {
+  std::string out = short_name(a.kind);
+  out += std::to_string(a.stage) + "." + std::to_string(a.microbatch);
+  if (is_send(a.kind)) out += ">" + std::to_string(a.peer);
+  if (is_recv(a.kind)) out += "<" + std::to_string(a.peer);
+  return out;
+}
+
+Action parse_action(std::string_view token) {
+  auto fail = [&](const char* why) {
+    return ScheduleError("malformed action '" + std::string(token) + "': " + why +
+                         " (expected e.g. F0.3, B0.3, I0.3, W0.3, SA0.3>1, RA1.3<0, SG1.3>0, "
+                         "RG0.3<1)");
+  };
+  static const std::pair<const char*, ActionKind> kPrefixes[] = {
+      {"SA", ActionKind::kSendAct},        {"RA", ActionKind::kRecvAct},
+      {"SG", ActionKind::kSendGrad},       {"RG", ActionKind::kRecvGrad},
+      {"F", ActionKind::kForward},         {"B", ActionKind::kBackward},
+      {"I", ActionKind::kBackwardInput},   {"W", ActionKind::kBackwardWeight}};
+  Action a;
+  std::string_view rest;
+  bool matched = false;
+  for (const auto& [prefix, kind] : kPrefixes) {
+    std::string_view p(prefix);
+    if (token.substr(0, p.size()) == p) {
+      a.kind = kind;
+      rest = token.substr(p.size());
+      matched = true;
+      break;
+    }
+  }
+  if (!matched) throw fail("unknown kind");
+  if (is_transfer(a.kind)) {
+    const char sep = is_send(a.kind) ? '>' : '<';
+    const auto at = rest.find(sep);
+    if (at == std::string_view::npos)
+      throw fail(is_send(a.kind) ? "a send needs '>peer'" : "a receive needs '<peer'");
+    if (!parse_int(rest.substr(at + 1), &a.peer)) throw fail("bad peer rank");
+    rest = rest.substr(0, at);
+  }
+  const auto dot = rest.find('.');
+  if (dot == std::string_view::npos) throw fail("missing '.' between stage and micro-batch");
+  if (!parse_int(rest.substr(0, dot), &a.stage)) throw fail("bad stage");
+  if (!parse_int(rest.substr(dot + 1), &a.microbatch)) throw fail("bad micro-batch");
+  return a;
+}
+
+const char* layout_name(Layout layout) {
+  return layout == Layout::kLooped ? "looped" : "v";
+}
+
+int Placement::rank_of(int stage) const {
+  const int chunk = stage / num_ranks;
+  const int offset = stage % num_ranks;
+  return (layout == Layout::kVShape && chunk % 2 == 1) ? num_ranks - 1 - offset : offset;
+}
+
+int Placement::stage_of(int rank, int chunk) const {
+  const bool reversed = layout == Layout::kVShape && chunk % 2 == 1;
+  return chunk * num_ranks + (reversed ? num_ranks - 1 - rank : rank);
+}
+
+std::vector<int> Placement::stages_of(int rank) const {
+  std::vector<int> out;
+  for (int c = 0; c < chunks; ++c) out.push_back(stage_of(rank, c));
+  return out;
+}
+
+bool Schedule::splits_backward() const {
+  for (const auto& list : ranks)
+    for (const auto& a : list)
+      if (a.kind == ActionKind::kBackwardInput || a.kind == ActionKind::kBackwardWeight)
+        return true;
+  return false;
+}
+
+ActionRef find_action(const Schedule& schedule, ActionKind kind, int stage, int mb) {
+  for (int r = 0; r < static_cast<int>(schedule.ranks.size()); ++r) {
+    const auto& list = schedule.ranks[r];
+    for (int i = 0; i < static_cast<int>(list.size()); ++i)
+      if (list[i].kind == kind && list[i].stage == stage && list[i].microbatch == mb)
+        return {r, i};
+  }
+  return {};
+}
+
+int last_activation_use(const Schedule& schedule, int stage, int mb) {
+  const int rank = schedule.placement.rank_of(stage);
+  if (rank >= static_cast<int>(schedule.ranks.size())) return -1;
+  const auto& list = schedule.ranks[rank];
+  int last = -1;
+  for (int i = 0; i < static_cast<int>(list.size()); ++i) {
+    const auto& a = list[i];
+    if (a.stage == stage && a.microbatch == mb &&
+        (a.kind == ActionKind::kBackward || a.kind == ActionKind::kBackwardInput ||
+         a.kind == ActionKind::kBackwardWeight))
+      last = i;
+  }
+  return last;
+}
+
+std::vector<InFlight> in_flight_per_rank(const Schedule& schedule,
+                                         const std::vector<double>& activation_bytes) {
+  auto bytes_of = [&](int stage) {
+    if (activation_bytes.empty()) return 0.0;
+    if (activation_bytes.size() == 1) return activation_bytes[0];
+    return stage < static_cast<int>(activation_bytes.size()) ? activation_bytes[stage] : 0.0;
+  };
+  std::vector<InFlight> out(schedule.ranks.size());
+  for (size_t r = 0; r < schedule.ranks.size(); ++r) {
+    const auto& list = schedule.ranks[r];
+    // Index of the last use of each (stage, mb) held on this rank: B or W.
+    std::map<std::pair<int, int>, int> last_use;
+    for (int i = 0; i < static_cast<int>(list.size()); ++i) {
+      const auto k = list[i].kind;
+      if (k == ActionKind::kBackward || k == ActionKind::kBackwardWeight ||
+          (k == ActionKind::kBackwardInput && !last_use.count({list[i].stage, list[i].microbatch})))
+        last_use[{list[i].stage, list[i].microbatch}] = i;
+    }
+    int in_flight = 0, held = 0;
+    double in_flight_bytes = 0, held_bytes = 0;
+    InFlight& o = out[r];
+    for (int i = 0; i < static_cast<int>(list.size()); ++i) {
+      const auto& a = list[i];
+      const double b = bytes_of(a.stage);
+      if (a.kind == ActionKind::kForward) {
+        ++in_flight, ++held, in_flight_bytes += b, held_bytes += b;
+        o.peak_in_flight = std::max(o.peak_in_flight, in_flight);
+        o.peak_held = std::max(o.peak_held, held);
+        o.peak_in_flight_bytes = std::max(o.peak_in_flight_bytes, in_flight_bytes);
+        o.peak_held_bytes = std::max(o.peak_held_bytes, held_bytes);
+      }
+      if (a.kind == ActionKind::kBackward || a.kind == ActionKind::kBackwardInput)
+        --in_flight, in_flight_bytes -= b;
+      const auto it = last_use.find({a.stage, a.microbatch});
+      if (is_compute(a.kind) && a.kind != ActionKind::kForward && it != last_use.end() &&
+          it->second == i)
+        --held, held_bytes -= b;
+    }
+  }
+  return out;
+}
+
+bool weight_grads_ascending(const Schedule& schedule, std::string* why) {
+  std::map<int, int> last_mb;  // stage -> last micro-batch whose weight gradient was applied
+  for (size_t r = 0; r < schedule.ranks.size(); ++r)
+    for (const auto& a : schedule.ranks[r]) {
+      if (a.kind != ActionKind::kBackward && a.kind != ActionKind::kBackwardWeight) continue;
+      auto it = last_mb.find(a.stage);
+      if (it != last_mb.end() && a.microbatch < it->second) {
+        if (why)
+          *why = "rank " + std::to_string(r) + ": " + to_string(a) + " comes after micro-batch " +
+                 std::to_string(it->second) + " of stage " + std::to_string(a.stage);
+        return false;
+      }
+      last_mb[a.stage] = a.microbatch;
+    }
+  return true;
+}
+
+}  // namespace conveyor::schedule

@@ -1,0 +1,128 @@
+#pragma once
+// Pipeline schedule IR: for each rank, the ordered list of actions it runs.
+//
+// Stages are virtual: a model cut into num_stages = num_ranks * chunks stages. Stage s
+// consumes the activation of stage s-1 and produces the input gradient of stage s-1.
+// Transfer actions name the stage on the local side of the link:
+//   SEND_ACT(s, mb, peer)  on rank_of(s):   output of F(s) to stage s+1 on `peer`
+//   RECV_ACT(s, mb, peer)  on rank_of(s):   input of F(s) from stage s-1 on `peer`
+//   SEND_GRAD(s, mb, peer) on rank_of(s):   input gradient of stage s to stage s-1 on `peer`
+//   RECV_GRAD(s, mb, peer) on rank_of(s):   output gradient of stage s from stage s+1 on `peer`
+// Neighbouring stages on the same rank hand data over locally, without transfer actions.
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace conveyor::schedule {
+
+enum class ActionKind : uint8_t {
+  kForward,         // F
+  kBackward,        // B: full backward (input and weight gradients)
+  kBackwardInput,   // I: input-gradient backward
+  kBackwardWeight,  // W: weight-gradient backward
+  kSendAct,
+  kRecvAct,
+  kSendGrad,
+  kRecvGrad,
+};
+
+bool is_compute(ActionKind kind);
+bool is_transfer(ActionKind kind);
+bool is_send(ActionKind kind);
+bool is_recv(ActionKind kind);
+// "F", "B", "I", "W", "SEND_ACT", ...
+const char* kind_name(ActionKind kind);
+
+struct Action {
+  ActionKind kind = ActionKind::kForward;
+  int stage = 0;
+  int microbatch = 0;
+  int peer = -1;  // the other rank of a transfer; -1 for compute
+
+  bool operator==(const Action&) const = default;
+};
+
+Action forward(int stage, int mb);
+Action backward(int stage, int mb);
+Action backward_input(int stage, int mb);
+Action backward_weight(int stage, int mb);
+
+// Compact token: F0.3, B0.3, I0.3, W0.3 (stage.microbatch); transfers carry the peer:
+// SA0.3>1 (send act to rank 1), RA1.3<0 (recv act from rank 0), SG1.3>0, RG0.3<1.
+std::string to_string(const Action& action);
+// Parses one token; throws ScheduleError naming the token on malformed input.
+Action parse_action(std::string_view token);
+
+// Errors in a schedule or its text form: the message says what is wrong and where.
+class ScheduleError : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+enum class Layout : uint8_t {
+  kLooped,  // rank r owns stages r, r+p, r+2p, ...
+  kVShape,  // chunk c on rank r: stage c*p + r for even c, c*p + (p-1-r) for odd c
+};
+const char* layout_name(Layout layout);
+
+struct Placement {
+  int num_ranks = 1;
+  int chunks = 1;  // stages per rank (v)
+  Layout layout = Layout::kLooped;
+
+  int num_stages() const { return num_ranks * chunks; }
+  int rank_of(int stage) const;
+  int chunk_of(int stage) const { return stage / num_ranks; }
+  int stage_of(int rank, int chunk) const;
+  std::vector<int> stages_of(int rank) const;  // ascending chunk order
+  bool operator==(const Placement&) const = default;
+};
+
+// The whole schedule: placement, micro-batch count and one action list per rank.
+struct Schedule {
+  std::string name;  // e.g. "1f1b"; informational
+  Placement placement;
+  int num_microbatches = 1;
+  std::vector<std::vector<Action>> ranks;  // ranks[r] is rank r's ordered list
+
+  int num_ranks() const { return placement.num_ranks; }
+  int num_stages() const { return placement.num_stages(); }
+  // Whether the backward is split into I and W (any I or W action present).
+  bool splits_backward() const;
+  bool operator==(const Schedule& o) const {
+    return placement == o.placement && num_microbatches == o.num_microbatches && ranks == o.ranks;
+  }
+};
+
+// Position of an action in its rank's list; {-1, -1} when absent.
+struct ActionRef {
+  int rank = -1;
+  int index = -1;
+  bool found() const { return index >= 0; }
+};
+ActionRef find_action(const Schedule& schedule, ActionKind kind, int stage, int mb);
+
+// The last action on `rank` that reads the activations saved by F(stage, mb): its B, or W
+// when the backward is split. Index into schedule.ranks[rank_of(stage)], -1 if absent.
+int last_activation_use(const Schedule& schedule, int stage, int mb);
+
+// Micro-batch activations held over a rank's list, counted in list order. "in flight": from
+// F to the end of its B or I (the full activations). "held": from F to its last use (B or W).
+struct InFlight {
+  int peak_in_flight = 0;
+  int peak_held = 0;
+  double peak_in_flight_bytes = 0;
+  double peak_held_bytes = 0;
+};
+// activation_bytes[s] per stage (size 1 = same for all stages; empty = 0 bytes).
+std::vector<InFlight> in_flight_per_rank(const Schedule& schedule,
+                                         const std::vector<double>& activation_bytes = {});
+
+// True when, within every stage, weight gradients (B or W) are applied in ascending
+// micro-batch order; otherwise fills *why with the first out-of-order pair.
+bool weight_grads_ascending(const Schedule& schedule, std::string* why = nullptr);
+
+}  // namespace conveyor::schedule

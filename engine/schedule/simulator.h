@@ -1,0 +1,73 @@
+#pragma once
+// Simulates a schedule under a cost model, the way the executor runs it: each rank has a
+// compute stream, a send stream and a receive stream, each running that rank's actions of
+// its kind in list order. A compute starts when the previous compute ended and its inputs
+// are there; a transfer starts when its data is produced and both the sender's send stream
+// and the receiver's receive stream are free and at this message (rendezvous, as NCCL
+// point-to-point), and takes latency + bytes / bandwidth. With zero communication cost the
+// transfers take no time and the results are those of the pure dependency graph.
+#include <string>
+#include <vector>
+
+#include "engine/schedule/schedule.h"
+
+namespace conveyor::schedule {
+
+// Per-stage vectors: size 1 applies to every stage; otherwise one entry per stage.
+struct CostModel {
+  std::vector<double> forward{1.0};
+  std::vector<double> backward_input{1.0};
+  std::vector<double> backward_weight{1.0};
+  std::vector<double> backward;          // full backward B; empty = I + W
+  double latency = 0.0;                  // per transfer
+  double bandwidth = 0.0;                // bytes per time unit; 0 = infinite
+  std::vector<double> message_bytes;     // stage s output tensor (also its input gradient)
+  std::vector<double> activation_bytes;  // saved by F(s, mb) until its last use
+
+  // F, I, W per micro-batch and stage; B = I + W; each transfer costs `comm`.
+  static CostModel uniform(double f, double i, double w, double comm = 0.0);
+  double cost(const Action& action) const;
+};
+
+struct ActionTiming {
+  double start = 0;
+  double end = 0;
+};
+
+struct RankStats {
+  double busy = 0;  // total compute time
+  double idle = 0;  // makespan - busy
+  double end = 0;   // end of the rank's last action
+  InFlight memory;  // peak micro-batches and bytes (see schedule.h)
+};
+
+struct SimResult {
+  std::vector<std::vector<ActionTiming>> timing;  // parallel to Schedule::ranks
+  double makespan = 0;
+  double bubble_fraction = 0;  // total idle / (ranks * makespan)
+  std::vector<RankStats> ranks;
+};
+
+// An action no stream can start: the head of some stream waits forever.
+struct StuckAction {
+  int rank = -1;
+  int index = -1;
+  std::string waiting_for;
+};
+
+class DeadlockError : public ScheduleError {
+ public:
+  DeadlockError(const std::string& message, std::vector<StuckAction> stuck)
+      : ScheduleError(message), stuck_(std::move(stuck)) {}
+  const std::vector<StuckAction>& stuck() const { return stuck_; }
+
+ private:
+  std::vector<StuckAction> stuck_;
+};
+
+// Expects a schedule that passed the structural checks of validate() (validate() runs this
+// with zero costs to prove progress). Throws DeadlockError when the run cannot finish and
+// ScheduleError when an action's input is missing.
+SimResult simulate(const Schedule& schedule, const CostModel& costs = {});
+
+}  // namespace conveyor::schedule

@@ -1,0 +1,246 @@
+#include "engine/schedule/text_format.h"
+
+#include <algorithm>
+#include <charconv>
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+namespace conveyor::schedule {
+namespace {
+
+constexpr std::string_view kHeader = "# conveyor schedule:";
+
+std::string header_line(const Schedule& s) {
+  std::string out(kHeader);
+  if (!s.name.empty()) out += " name=" + s.name;
+  out += " ranks=" + std::to_string(s.placement.num_ranks);
+  out += " chunks=" + std::to_string(s.placement.chunks);
+  out += std::string(" layout=") + layout_name(s.placement.layout);
+  out += " microbatches=" + std::to_string(s.num_microbatches) + "\n";
+  return out;
+}
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t' || s.front() == '\r')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r')) s.remove_suffix(1);
+  return s;
+}
+
+std::vector<std::string_view> split(std::string_view s, char sep) {
+  std::vector<std::string_view> out;
+  size_t start = 0;
+  for (size_t i = 0; i <= s.size(); ++i)
+    if (i == s.size() || s[i] == sep) {
+      out.push_back(s.substr(start, i - start));
+      start = i + 1;
+    }
+  return out;
+}
+
+std::vector<std::string_view> lines_of(std::string_view text) { return split(text, '\n'); }
+
+ScheduleError line_error(int line, const std::string& what) {
+  return ScheduleError("line " + std::to_string(line) + ": " + what);
+}
+
+int to_int(std::string_view v, int line, const std::string& field) {
+  int out = 0;
+  v = trim(v);
+  auto [ptr, ec] = std::from_chars(v.data(), v.data() + v.size(), out);
+  if (v.empty() || ec != std::errc() || ptr != v.data() + v.size() || out < 0)
+    throw line_error(line, field + " must be a non-negative integer, got '" + std::string(v) + "'");
+  return out;
+}
+
+// Header values; -1 means "not given, infer".
+struct Header {
+  std::string name;
+  int ranks = -1, chunks = -1, microbatches = -1;
+  Layout layout = Layout::kLooped;
+};
+
+void parse_header(std::string_view line, int line_no, Header* h) {
+  line.remove_prefix(kHeader.size());
+  std::istringstream in{std::string(line)};
+  std::string kv;
+  while (in >> kv) {
+    const auto eq = kv.find('=');
+    if (eq == std::string::npos) throw line_error(line_no, "header entry '" + kv + "' is not key=value");
+    const std::string key = kv.substr(0, eq), value = kv.substr(eq + 1);
+    if (key == "name") h->name = value;
+    else if (key == "ranks") h->ranks = to_int(value, line_no, "ranks");
+    else if (key == "chunks") h->chunks = to_int(value, line_no, "chunks");
+    else if (key == "microbatches") h->microbatches = to_int(value, line_no, "microbatches");
+    else if (key == "layout") {
+      if (value == "looped") h->layout = Layout::kLooped;
+      else if (value == "v") h->layout = Layout::kVShape;
+      else throw line_error(line_no, "layout must be 'looped' or 'v', got '" + value + "'");
+    } else {
+      throw line_error(line_no, "unknown header key '" + key +
+                                    "' (expected name, ranks, chunks, layout, microbatches)");
+    }
+  }
+}
+
+Schedule finish(const Header& h, std::vector<std::vector<Action>> ranks) {
+  int max_stage = -1, max_mb = -1;
+  for (const auto& list : ranks)
+    for (const auto& a : list) max_stage = std::max(max_stage, a.stage), max_mb = std::max(max_mb, a.microbatch);
+  Schedule s;
+  s.name = h.name;
+  s.placement.num_ranks = h.ranks >= 0 ? h.ranks : static_cast<int>(ranks.size());
+  if (s.placement.num_ranks < 1) throw ScheduleError("the schedule has no ranks (expected lines 'r0: ...')");
+  if (static_cast<int>(ranks.size()) > s.placement.num_ranks)
+    throw ScheduleError("the schedule has a line for rank " + std::to_string(ranks.size() - 1) +
+                        " but the header says ranks=" + std::to_string(s.placement.num_ranks));
+  ranks.resize(s.placement.num_ranks);
+  const int inferred_chunks = std::max(1, (max_stage + s.placement.num_ranks) / s.placement.num_ranks);
+  s.placement.chunks = h.chunks >= 0 ? h.chunks : inferred_chunks;
+  if (s.placement.chunks < 1) throw ScheduleError("chunks must be at least 1");
+  s.placement.layout = h.layout;
+  s.num_microbatches = h.microbatches >= 0 ? h.microbatches : std::max(1, max_mb + 1);
+  if (s.num_microbatches < 1) throw ScheduleError("microbatches must be at least 1");
+  s.ranks = std::move(ranks);
+  return s;
+}
+
+void put(std::vector<std::vector<Action>>* ranks, int rank, int line, Action a) {
+  if (rank > 100000) throw line_error(line, "rank " + std::to_string(rank) + " is implausibly large");
+  if (static_cast<int>(ranks->size()) <= rank) ranks->resize(rank + 1);
+  (*ranks)[rank].push_back(a);
+}
+
+}  // namespace
+
+std::string dump_text(const Schedule& s) {
+  std::string out = header_line(s);
+  for (size_t r = 0; r < s.ranks.size(); ++r) {
+    out += "r" + std::to_string(r) + ":";
+    for (const auto& a : s.ranks[r]) out += " " + to_string(a);
+    out += "\n";
+  }
+  return out;
+}
+
+std::string dump_csv(const Schedule& s) {
+  std::string out = header_line(s);
+  out += "rank,step,kind,stage,microbatch,peer\n";
+  for (size_t r = 0; r < s.ranks.size(); ++r)
+    for (size_t i = 0; i < s.ranks[r].size(); ++i) {
+      const auto& a = s.ranks[r][i];
+      out += std::to_string(r) + "," + std::to_string(i) + "," + kind_name(a.kind) + "," +
+             std::to_string(a.stage) + "," + std::to_string(a.microbatch) + "," +
+             (is_transfer(a.kind) ? std::to_string(a.peer) : "") + "\n";
+    }
+  return out;
+}
+
+Schedule parse_text(std::string_view text) {
+  Header h;
+  std::vector<std::vector<Action>> ranks;
+  std::vector<bool> seen;
+  int line_no = 0;
+  for (auto raw : lines_of(text)) {
+    ++line_no;
+    auto line = trim(raw);
+    if (line.empty()) continue;
+    if (line.substr(0, kHeader.size()) == kHeader) { parse_header(line, line_no, &h); continue; }
+    if (line.front() == '#') continue;
+    const auto colon = line.find(':');
+    if (line.front() != 'r' || colon == std::string_view::npos)
+      throw line_error(line_no, "expected 'r<rank>: <actions>', got '" + std::string(line.substr(0, 40)) + "'");
+    const int rank = to_int(line.substr(1, colon - 1), line_no, "rank");
+    if (rank < static_cast<int>(seen.size()) && seen[rank])
+      throw line_error(line_no, "rank " + std::to_string(rank) + " appears twice");
+    if (static_cast<int>(seen.size()) <= rank) seen.resize(rank + 1);
+    seen[rank] = true;
+    if (static_cast<int>(ranks.size()) <= rank) ranks.resize(rank + 1);
+    std::istringstream tokens{std::string(line.substr(colon + 1))};
+    std::string token;
+    while (tokens >> token) {
+      try {
+        put(&ranks, rank, line_no, parse_action(token));
+      } catch (const ScheduleError& e) {
+        throw line_error(line_no, e.what());
+      }
+    }
+  }
+  return finish(h, std::move(ranks));
+}
+
+Schedule parse_csv(std::string_view text) {
+  Header h;
+  std::vector<std::vector<Action>> ranks;
+  std::vector<int> next_step;
+  int line_no = 0;
+  bool saw_columns = false;
+  for (auto raw : lines_of(text)) {
+    ++line_no;
+    auto line = trim(raw);
+    if (line.empty()) continue;
+    if (line.substr(0, kHeader.size()) == kHeader) { parse_header(line, line_no, &h); continue; }
+    if (line.front() == '#') continue;
+    if (!saw_columns) {
+      if (line != "rank,step,kind,stage,microbatch,peer")
+        throw line_error(line_no, "expected the column line 'rank,step,kind,stage,microbatch,peer'");
+      saw_columns = true;
+      continue;
+    }
+    const auto f = split(line, ',');
+    if (f.size() != 6) throw line_error(line_no, "expected 6 comma-separated fields, got " + std::to_string(f.size()));
+    const int rank = to_int(f[0], line_no, "rank");
+    const int step = to_int(f[1], line_no, "step");
+    if (static_cast<int>(next_step.size()) <= rank) next_step.resize(rank + 1, 0);
+    if (step != next_step[rank])
+      throw line_error(line_no, "rank " + std::to_string(rank) + " expected step " +
+                                    std::to_string(next_step[rank]) + ", got " + std::to_string(step) +
+                                    " (rows of a rank must be in step order)");
+    ++next_step[rank];
+    Action a;
+    const auto kind = trim(f[2]);
+    bool known = false;
+    for (int k = 0; k <= static_cast<int>(ActionKind::kRecvGrad); ++k)
+      if (kind == kind_name(static_cast<ActionKind>(k))) a.kind = static_cast<ActionKind>(k), known = true;
+    if (!known)
+      throw line_error(line_no, "unknown kind '" + std::string(kind) +
+                                    "' (expected F, B, I, W, SEND_ACT, RECV_ACT, SEND_GRAD, RECV_GRAD)");
+    a.stage = to_int(f[3], line_no, "stage");
+    a.microbatch = to_int(f[4], line_no, "microbatch");
+    if (is_transfer(a.kind)) a.peer = to_int(f[5], line_no, "peer");
+    else if (!trim(f[5]).empty()) throw line_error(line_no, "a compute action has no peer");
+    put(&ranks, rank, line_no, a);
+  }
+  return finish(h, std::move(ranks));
+}
+
+Schedule parse_schedule(std::string_view text) {
+  for (auto raw : lines_of(text)) {
+    auto line = trim(raw);
+    if (line.empty() || line.front() == '#') continue;
+    return line.substr(0, 5) == "rank," ? parse_csv(text) : parse_text(text);
+  }
+  throw ScheduleError("the schedule is empty (expected lines 'r0: F0.0 ...' or CSV rows)");
+}
+
+void save_schedule(const std::string& path, const Schedule& schedule) {
+  const bool csv = path.size() >= 4 && path.substr(path.size() - 4) == ".csv";
+  std::ofstream out(path);
+  if (!out) throw ScheduleError("cannot open '" + path + "' for writing");
+  out << (csv ? dump_csv(schedule) : dump_text(schedule));
+  if (!out) throw ScheduleError("cannot write '" + path + "'");
+}
+
+Schedule load_schedule(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw ScheduleError("cannot open schedule file '" + path + "'");
+  std::ostringstream text;
+  text << in.rdbuf();
+  try {
+    return parse_schedule(text.str());
+  } catch (const ScheduleError& e) {
+    throw ScheduleError(path + ": " + e.what());
+  }
+}
+
+}  // namespace conveyor::schedule

@@ -1,0 +1,31 @@
+#pragma once
+// Text and CSV forms of a schedule, so a user can write or edit one by hand and run it.
+//
+// Text: a header comment, then one line per rank:
+//   # conveyor schedule: name=1f1b ranks=2 chunks=1 layout=looped microbatches=2
+//   r0: F0.0 SA0.0>1 F0.1 SA0.1>1 RG0.0<1 B0.0 RG0.1<1 B0.1
+//   r1: RA1.0<0 F1.0 B1.0 SG1.0>0 RA1.1<0 F1.1 B1.1 SG1.1>0
+// CSV: the same header comment, then `rank,step,kind,stage,microbatch,peer` rows with kind
+// one of F, B, I, W, SEND_ACT, RECV_ACT, SEND_GRAD, RECV_GRAD and peer empty for compute.
+// Without a header, ranks = number of rank lines, stages = largest stage + 1,
+// micro-batches = largest micro-batch + 1, layout looped.
+#include <string>
+#include <string_view>
+
+#include "engine/schedule/schedule.h"
+
+namespace conveyor::schedule {
+
+std::string dump_text(const Schedule& schedule);
+std::string dump_csv(const Schedule& schedule);
+// Both throw ScheduleError naming the line and what was expected.
+Schedule parse_text(std::string_view text);
+Schedule parse_csv(std::string_view text);
+// Picks CSV when the first non-comment line starts with "rank,", text otherwise.
+Schedule parse_schedule(std::string_view text);
+
+// Files: CSV when the path ends in ".csv", text otherwise. Throw ScheduleError on I/O errors.
+void save_schedule(const std::string& path, const Schedule& schedule);
+Schedule load_schedule(const std::string& path);
+
+}  // namespace conveyor::schedule
