@@ -232,6 +232,7 @@ TEST(DeviceContextGpu, CopyRoundTripsAreBitExact) {
   // CPU to device with a side stream.
   Stream side(Device::cuda(0));
   Tensor d3 = ctx.empty({3000});
+  record_stream(d3, side.native());  // made for the compute stream, written on `side`
   copy_tensor(d3, c1, side.native());
   EXPECT_EQ(to_vector_f32(d3), host);
 
