@@ -11,12 +11,14 @@
 #endif
 
 namespace conveyor {
+#ifdef CONVEYOR_WITH_CUDA
 namespace {
 
 // A tensor of at least `bytes` bytes (f32 elements, the unit our dtypes share).
 Shape bytes_shape(size_t bytes) { return {static_cast<int64_t>((bytes + 3) / 4)}; }
 
 }  // namespace
+#endif
 
 DeviceContext::DeviceContext(Device device, DeviceContextOptions options) : device_(device) {
   if (device.is_cpu()) {

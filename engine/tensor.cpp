@@ -295,6 +295,11 @@ std::vector<int32_t> to_vector_i32(const Tensor& t) {
   return out;
 }
 
+void record_stream(const Tensor& t, void* stream) {
+  check_defined(t, "record_stream");
+  t.storage()->allocator().record_stream(t.storage()->data(), stream);
+}
+
 // --------------------------------------------------------------------------------- bf16
 
 uint16_t float_to_bf16(float value) {

@@ -106,6 +106,11 @@ std::vector<int32_t> to_vector_i32(const Tensor& t);
 void copy_from_host(const Tensor& dst, const void* src, size_t bytes);
 void copy_to_host(void* dst, const Tensor& src, size_t bytes);
 
+// Marks that `stream` (native handle) also uses t's storage, so that its memory is not handed
+// out again until that stream has passed the point where the storage is freed (see
+// CachingAllocator::record_stream). Needed when a tensor made for one stream is used on another.
+void record_stream(const Tensor& t, void* stream);
+
 // Round-to-nearest-even fp32 -> bf16 and exact bf16 -> fp32.
 uint16_t float_to_bf16(float value);
 float bf16_to_float(uint16_t bits);

@@ -195,6 +195,13 @@ TEST(Storage, ReturnsMemoryWhenTheLastViewIsGone) {
   EXPECT_THROW(Storage(nullptr, 16, nullptr), std::invalid_argument);
 }
 
+TEST(Storage, RecordStreamOnAViewMarksTheWholeBlock) {
+  auto alloc = make_cpu_allocator();
+  Tensor t = Tensor::empty({64}, DType::F32, alloc);
+  EXPECT_NO_THROW(record_stream(t.slice_rows(8, 8), nullptr));  // CPU: its own stream
+  EXPECT_THROW(record_stream(Tensor(), nullptr), std::invalid_argument);
+}
+
 uint32_t bits_of(float f) { return std::bit_cast<uint32_t>(f); }
 float float_of(uint32_t bits) { return std::bit_cast<float>(bits); }
 
