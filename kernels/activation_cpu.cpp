@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "kernels/activation.h"
+#include "kernels/cpu_check.h"
 
 namespace conveyor::kernels::cpu {
 namespace {
@@ -34,12 +35,14 @@ inline GeluTerms gelu_terms(float v) {
 }  // namespace
 
 void gelu_forward(float* y, const float* x, int64_t n) {
+  detail::require_at_least("gelu_forward", "n", n, 0);
   for (int64_t i = 0; i < n; ++i) y[i] = x[i] * gelu_terms(x[i]).s;
 }
 
 // d/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) u'(x) with t = tanh u, u' = sqrt(2/pi) (1 + 3 * 0.044715
 // x^2); in sigmoid form 0.5 (1 + t) = s and 0.5 (1 - t^2) = 2 s (1 - s).
 void gelu_backward(float* dx, const float* dy, const float* x, int64_t n) {
+  detail::require_at_least("gelu_backward", "n", n, 0);
   for (int64_t i = 0; i < n; ++i) {
     const float v = x[i];
     const GeluTerms g = gelu_terms(v);
@@ -49,11 +52,13 @@ void gelu_backward(float* dx, const float* dy, const float* x, int64_t n) {
 }
 
 void relu_forward(float* y, const float* x, int64_t n) {
+  detail::require_at_least("relu_forward", "n", n, 0);
   for (int64_t i = 0; i < n; ++i) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
 }
 
 // The subgradient at 0 is taken as 0.
 void relu_backward(float* dx, const float* dy, const float* x, int64_t n) {
+  detail::require_at_least("relu_backward", "n", n, 0);
   for (int64_t i = 0; i < n; ++i) dx[i] = x[i] > 0.0f ? dy[i] : 0.0f;
 }
 

@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels/cpu_check.h"
 #include "kernels/cross_entropy.h"
 
 namespace conveyor::kernels::cpu {
@@ -14,6 +15,8 @@ namespace conveyor::kernels::cpu {
 void softmax_cross_entropy(float* losses, float* dlogits, const float* logits,
                            const int32_t* targets, int64_t n, int64_t vocab, int32_t ignore_index,
                            float grad_scale) {
+  detail::require_at_least("softmax_cross_entropy", "n", n, 0);
+  detail::require_at_least("softmax_cross_entropy", "vocab", vocab, 1);
   // Validate first so that a bad target leaves every output untouched.
   for (int64_t i = 0; i < n; ++i) {
     const int32_t t = targets[i];

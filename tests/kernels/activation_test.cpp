@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <stdexcept>
 #include <vector>
 
 #include "common/test_util.h"
@@ -110,6 +111,12 @@ TEST(Gelu, FiniteAndAccurateInTheTails) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Sizes, ActivationTest, ::testing::Values(1, 3, 17, 33, 127, 1001));
+
+TEST(Activation, RejectsNegativeSize) {
+  std::vector<float> buf(4, 1.0f);
+  EXPECT_THROW(k::gelu_forward(buf.data(), buf.data(), -1), std::invalid_argument);
+  EXPECT_THROW(k::relu_backward(buf.data(), buf.data(), buf.data(), -4), std::invalid_argument);
+}
 
 }  // namespace
 }  // namespace conveyor::testing
