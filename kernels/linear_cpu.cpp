@@ -1,7 +1,8 @@
-// CPU linear layer through Eigen GEMMs on row-major maps. Single-threaded (Eigen is built
-// without OpenMP here) and deterministic: Eigen's blocking depends only on the shapes and
-// the cache sizes of the machine, so the same inputs give the same bits on every run.
+// CPU linear layer through Eigen GEMMs on row-major maps. Single-threaded, even if a build
+// enables OpenMP, and deterministic: Eigen's blocking depends only on the shapes and the
+// cache sizes of the machine, so the same inputs give the same bits on every run.
 // Gradient convention: y and dx are written (`=`), dW and db accumulate (`+=`).
+#define EIGEN_DONT_PARALLELIZE
 #include <Eigen/Core>
 #include <vector>
 

@@ -34,7 +34,7 @@ std::vector<double> ref_forward(const std::vector<double>& x, const std::vector<
 
 // Float sums of length `in` of values in [-1, 1]: relative 1e-5 plus an absolute slack
 // that grows with the reduction length.
-double atol_for(int64_t len) { return 2e-6 * static_cast<double>(len); }
+double atol_for(int64_t len) { return 2e-7 * static_cast<double>(len); }
 
 class LinearTest : public ::testing::TestWithParam<Shape> {};
 
