@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels/cpu_check.h"
 #include "kernels/embedding.h"
 
 namespace conveyor::kernels::cpu {
@@ -23,6 +24,9 @@ void check_tokens(const char* who, const int32_t* tokens, int64_t n, int64_t voc
 
 void embedding_forward(float* y, const int32_t* tokens, const float* table, int64_t n, int64_t c,
                        int64_t vocab) {
+  detail::require_at_least("embedding_forward", "n", n, 0);
+  detail::require_at_least("embedding_forward", "c", c, 0);
+  detail::require_at_least("embedding_forward", "vocab", vocab, 0);
   check_tokens("embedding_forward", tokens, n, vocab);
   for (int64_t i = 0; i < n; ++i)
     std::memcpy(y + i * c, table + static_cast<int64_t>(tokens[i]) * c,
@@ -31,6 +35,9 @@ void embedding_forward(float* y, const int32_t* tokens, const float* table, int6
 
 void embedding_backward(float* dtable, const float* dy, const int32_t* tokens, int64_t n, int64_t c,
                         int64_t vocab) {
+  detail::require_at_least("embedding_backward", "n", n, 0);
+  detail::require_at_least("embedding_backward", "c", c, 0);
+  detail::require_at_least("embedding_backward", "vocab", vocab, 0);
   check_tokens("embedding_backward", tokens, n, vocab);
   for (int64_t i = 0; i < n; ++i) {
     float* row = dtable + static_cast<int64_t>(tokens[i]) * c;

@@ -4,12 +4,15 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/cpu_check.h"
 #include "kernels/layernorm.h"
 
 namespace conveyor::kernels::cpu {
 
 void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const float* gamma,
                        const float* beta, int64_t n, int64_t c, float eps) {
+  detail::require_at_least("layernorm_forward", "n", n, 0);
+  detail::require_at_least("layernorm_forward", "c", c, 1);
   for (int64_t i = 0; i < n; ++i) {
     const float* xr = x + i * c;
     float* yr = y + i * c;
@@ -34,6 +37,8 @@ void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const
 // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), with g = dy * gamma.
 void layernorm_backward_input(float* dx, const float* dy, const float* x, const float* mean,
                               const float* rstd, const float* gamma, int64_t n, int64_t c) {
+  detail::require_at_least("layernorm_backward_input", "n", n, 0);
+  detail::require_at_least("layernorm_backward_input", "c", c, 1);
   for (int64_t i = 0; i < n; ++i) {
     const float* xr = x + i * c;
     const float* dyr = dy + i * c;
@@ -61,6 +66,8 @@ void layernorm_backward_input(float* dx, const float* dy, const float* x, const 
 
 void layernorm_backward_weight(float* dgamma, float* dbeta, const float* dy, const float* x,
                                const float* mean, const float* rstd, int64_t n, int64_t c) {
+  detail::require_at_least("layernorm_backward_weight", "n", n, 0);
+  detail::require_at_least("layernorm_backward_weight", "c", c, 1);
   std::vector<double> acc_gamma(static_cast<size_t>(c), 0.0);
   std::vector<double> acc_beta(static_cast<size_t>(c), 0.0);
   for (int64_t i = 0; i < n; ++i) {

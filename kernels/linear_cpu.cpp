@@ -1,10 +1,12 @@
-// CPU linear layer through Eigen GEMMs on row-major maps. Single-threaded (Eigen is built
-// without OpenMP here) and deterministic: Eigen's blocking depends only on the shapes and
-// the cache sizes of the machine, so the same inputs give the same bits on every run.
+// CPU linear layer through Eigen GEMMs on row-major maps. Single-threaded, even if a build
+// enables OpenMP, and deterministic: Eigen's blocking depends only on the shapes and the
+// cache sizes of the machine, so the same inputs give the same bits on every run.
 // Gradient convention: y and dx are written (`=`), dW and db accumulate (`+=`).
+#define EIGEN_DONT_PARALLELIZE
 #include <Eigen/Core>
 #include <vector>
 
+#include "kernels/cpu_check.h"
 #include "kernels/linear.h"
 
 namespace conveyor::kernels::cpu {
@@ -19,6 +21,9 @@ using ConstRowVectorMap = Eigen::Map<const Eigen::RowVectorXf>;
 
 void linear_forward(float* y, const float* x, const float* weight, const float* bias, int64_t n,
                     int64_t in, int64_t out) {
+  detail::require_at_least("linear_forward", "n", n, 0);
+  detail::require_at_least("linear_forward", "in", in, 0);
+  detail::require_at_least("linear_forward", "out", out, 0);
   ConstMatrixMap X(x, n, in);
   ConstMatrixMap W(weight, out, in);
   MatrixMap Y(y, n, out);
@@ -28,6 +33,9 @@ void linear_forward(float* y, const float* x, const float* weight, const float* 
 
 void linear_backward_input(float* dx, const float* dy, const float* weight, int64_t n, int64_t in,
                            int64_t out) {
+  detail::require_at_least("linear_backward_input", "n", n, 0);
+  detail::require_at_least("linear_backward_input", "in", in, 0);
+  detail::require_at_least("linear_backward_input", "out", out, 0);
   ConstMatrixMap dY(dy, n, out);
   ConstMatrixMap W(weight, out, in);
   MatrixMap dX(dx, n, in);
@@ -36,6 +44,9 @@ void linear_backward_input(float* dx, const float* dy, const float* weight, int6
 
 void linear_backward_weight(float* dweight, float* dbias, const float* dy, const float* x,
                             int64_t n, int64_t in, int64_t out) {
+  detail::require_at_least("linear_backward_weight", "n", n, 0);
+  detail::require_at_least("linear_backward_weight", "in", in, 0);
+  detail::require_at_least("linear_backward_weight", "out", out, 0);
   ConstMatrixMap dY(dy, n, out);
   ConstMatrixMap X(x, n, in);
   MatrixMap dW(dweight, out, in);

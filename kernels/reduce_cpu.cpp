@@ -1,5 +1,6 @@
 // CPU reductions in double with a fixed blocking: eight interleaved partial sums (lane
 // i % 8), combined pairwise in a fixed order, so the bits never depend on the run.
+#include "kernels/cpu_check.h"
 #include "kernels/reduce.h"
 
 namespace conveyor::kernels::cpu {
@@ -20,14 +21,17 @@ double lane_sum(const float* x, int64_t n, F term) {
 }  // namespace
 
 double sum(const float* x, int64_t n) {
+  detail::require_at_least("sum", "n", n, 0);
   return lane_sum(x, n, [](double v) { return v; });
 }
 
 double sum_squares(const float* x, int64_t n) {
+  detail::require_at_least("sum_squares", "n", n, 0);
   return lane_sum(x, n, [](double v) { return v * v; });
 }
 
 void scale(float* x, float scale, int64_t n) {
+  detail::require_at_least("scale", "n", n, 0);
   for (int64_t i = 0; i < n; ++i) x[i] *= scale;
 }
 

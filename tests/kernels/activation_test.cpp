@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <stdexcept>
 #include <vector>
 
 #include "common/test_util.h"
@@ -91,7 +92,31 @@ TEST_P(ActivationTest, Deterministic) {
   EXPECT_TRUE(same_bits(d1, d2));
 }
 
+// Far tails: finite, and close to the reference (x for large x, 0 for very negative x).
+TEST(Gelu, FiniteAndAccurateInTheTails) {
+  const std::vector<float> x = {-1e4f, -300.0f, -50.0f, -12.0f, -7.5f, 7.5f, 12.0f, 300.0f, 1e4f};
+  const int64_t n = static_cast<int64_t>(x.size());
+  const auto dy = random_floats(n, 900);
+  std::vector<float> y(n), dx(n);
+  k::gelu_forward(y.data(), x.data(), n);
+  k::gelu_backward(dx.data(), dy.data(), x.data(), n);
+  std::vector<double> y_ref(n), dx_ref(n);
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_TRUE(std::isfinite(y[i]) && std::isfinite(dx[i])) << "x " << x[i];
+    y_ref[i] = gelu_ref(x[i]);
+    dx_ref[i] = dy[i] * gelu_grad_ref(x[i]);
+  }
+  EXPECT_TRUE(all_close(y, y_ref, 1e-6, 1e-7));
+  EXPECT_TRUE(all_close(dx, dx_ref, 1e-6, 1e-7));
+}
+
 INSTANTIATE_TEST_SUITE_P(Sizes, ActivationTest, ::testing::Values(1, 3, 17, 33, 127, 1001));
+
+TEST(Activation, RejectsNegativeSize) {
+  std::vector<float> buf(4, 1.0f);
+  EXPECT_THROW(k::gelu_forward(buf.data(), buf.data(), -1), std::invalid_argument);
+  EXPECT_THROW(k::relu_backward(buf.data(), buf.data(), buf.data(), -4), std::invalid_argument);
+}
 
 }  // namespace
 }  // namespace conveyor::testing

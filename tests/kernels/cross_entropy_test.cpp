@@ -166,5 +166,16 @@ TEST(CrossEntropy, TargetOutsideVocabularyThrowsAndWritesNothing) {
   }
 }
 
+TEST(CrossEntropy, RejectsEmptyVocabularyAndNegativeRows) {
+  std::vector<float> buf(16, 1.0f);
+  std::vector<int32_t> targets(4, kIgnore);
+  EXPECT_THROW(k::softmax_cross_entropy(buf.data(), buf.data(), buf.data(), targets.data(), 4, 0,
+                                        kIgnore, 1.0f),
+               std::invalid_argument);
+  EXPECT_THROW(k::softmax_cross_entropy(buf.data(), buf.data(), buf.data(), targets.data(), -1, 4,
+                                        kIgnore, 1.0f),
+               std::invalid_argument);
+}
+
 }  // namespace
 }  // namespace conveyor::testing

@@ -104,5 +104,14 @@ TEST(Embedding, TokenOutsideVocabularyThrowsAndWritesNothing) {
   }
 }
 
+TEST(Embedding, RejectsNegativeSizes) {
+  std::vector<float> buf(16, 1.0f);
+  std::vector<int32_t> tokens(4, 0);
+  EXPECT_THROW(k::embedding_forward(buf.data(), tokens.data(), buf.data(), -1, 4, 4),
+               std::invalid_argument);
+  EXPECT_THROW(k::embedding_backward(buf.data(), buf.data(), tokens.data(), 4, -4, 4),
+               std::invalid_argument);
+}
+
 }  // namespace
 }  // namespace conveyor::testing

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "common/test_util.h"
@@ -89,7 +91,25 @@ TEST(InitUniform, DependsOnlyOnSeedNameAndIndex) {
   EXPECT_LE(same_seed, 1);
 }
 
-TEST(InitUniform, RangeMeanAndVarianceArePlausible) {
+// Symmetric [-a, a) and one-sided [0, a) bounds (what layers use) are strict; the
+// recipe's last rounding could reach `high` only for other bounds (see init.h).
+TEST(InitUniform, StaysInsideSymmetricAndOneSidedBounds) {
+  const int64_t n = 100003;
+  std::vector<float> out(n);
+  for (int fan_in : {1, 3, 17, 768, 3072}) {
+    const float a = 1.0f / std::sqrt(static_cast<float>(fan_in));
+    for (float low : {-a, 0.0f}) {
+      k::cpu::init_uniform(out.data(), n, 11, k::parameter_key("w" + std::to_string(fan_in)), low,
+                           a);
+      for (float v : out) {
+        ASSERT_GE(v, low);
+        ASSERT_LT(v, a);
+      }
+    }
+  }
+}
+
+TEST(InitUniform, MeanAndVarianceArePlausible) {
   const int64_t n = 200003;
   const float low = -0.25f, high = 0.75f;
   std::vector<float> out(n);
@@ -97,7 +117,7 @@ TEST(InitUniform, RangeMeanAndVarianceArePlausible) {
   double s = 0.0, ss = 0.0;
   for (float v : out) {
     ASSERT_GE(v, low);
-    ASSERT_LT(v, high);
+    ASSERT_LE(v, high);
     s += v;
     ss += double(v) * v;
   }
@@ -106,6 +126,12 @@ TEST(InitUniform, RangeMeanAndVarianceArePlausible) {
   // Uniform: mean (low+high)/2 with standard error width/sqrt(12 n); variance width²/12.
   EXPECT_NEAR(mean, 0.25, 5.0 * width / std::sqrt(12.0 * n));
   EXPECT_NEAR(var, width * width / 12.0, 0.01 * width * width / 12.0);
+}
+
+TEST(InitUniform, RejectsEmptyRangeAndNegativeCount) {
+  std::vector<float> out(4);
+  EXPECT_THROW(k::cpu::init_uniform(out.data(), 4, 1, 2, 1.0f, 1.0f), std::invalid_argument);
+  EXPECT_THROW(k::cpu::init_uniform(out.data(), -1, 1, 2, 0.0f, 1.0f), std::invalid_argument);
 }
 
 TEST(Fill, WritesTheValueEverywhere) {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <stdexcept>
 #include <vector>
 
 #include "common/test_util.h"
@@ -145,6 +146,19 @@ TEST(LayerNormGradient, MicroBatchesAccumulate) {
   EXPECT_TRUE(all_close(dg_parts, dg_whole, 1e-5, 1e-6));
   EXPECT_TRUE(all_close(db_parts, db_whole, 1e-5, 1e-6));
   EXPECT_FALSE(all_close(dg_parts, dg0, 1e-3, 1e-3));
+}
+
+TEST(LayerNorm, RejectsEmptyRowsAndNegativeSizes) {
+  std::vector<float> buf(16, 1.0f);
+  EXPECT_THROW(k::layernorm_forward(buf.data(), buf.data(), buf.data(), buf.data(), buf.data(),
+                                    buf.data(), 2, 0, kEps),
+               std::invalid_argument);
+  EXPECT_THROW(k::layernorm_backward_input(buf.data(), buf.data(), buf.data(), buf.data(),
+                                           buf.data(), buf.data(), -1, 4),
+               std::invalid_argument);
+  EXPECT_THROW(k::layernorm_backward_weight(buf.data(), buf.data(), buf.data(), buf.data(),
+                                            buf.data(), buf.data(), 2, -4),
+               std::invalid_argument);
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <stdexcept>
 #include <tuple>
 #include <vector>
 
@@ -33,7 +34,7 @@ std::vector<double> ref_forward(const std::vector<double>& x, const std::vector<
 
 // Float sums of length `in` of values in [-1, 1]: relative 1e-5 plus an absolute slack
 // that grows with the reduction length.
-double atol_for(int64_t len) { return 2e-6 * static_cast<double>(len); }
+double atol_for(int64_t len) { return 2e-7 * static_cast<double>(len); }
 
 class LinearTest : public ::testing::TestWithParam<Shape> {};
 
@@ -162,6 +163,16 @@ TEST(LinearGradient, MicroBatchesAccumulate) {
   // And the accumulated gradient moved away from its start (the calls did add something).
   EXPECT_FALSE(all_close(dw_parts, dw0, 1e-3, 1e-3));
   EXPECT_FALSE(all_close(db_parts, db0, 1e-3, 1e-3));
+}
+
+TEST(Linear, RejectsNegativeSizes) {
+  std::vector<float> buf(16, 1.0f);
+  EXPECT_THROW(k::linear_forward(buf.data(), buf.data(), buf.data(), nullptr, -1, 2, 2),
+               std::invalid_argument);
+  EXPECT_THROW(k::linear_backward_input(buf.data(), buf.data(), buf.data(), 2, -2, 2),
+               std::invalid_argument);
+  EXPECT_THROW(k::linear_backward_weight(buf.data(), nullptr, buf.data(), buf.data(), 2, 2, -3),
+               std::invalid_argument);
 }
 
 }  // namespace

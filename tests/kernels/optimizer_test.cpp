@@ -152,5 +152,31 @@ TEST(Sgd, WeightDecayOnlyWhereDecaySet) {
   EXPECT_FALSE(same_bits(run(true, 0.5f), run(true, 0.0f)));
 }
 
+TEST(Optimizer, DeterministicAcrossRuns) {
+  const int64_t n = 127;
+  const auto p0 = random_floats(n, 61), g = random_floats(n, 62);
+  auto adamw = [&] {
+    std::vector<float> p = p0, m(n, 0.01f), v(n, 0.02f);
+    k::OptimizerTensor t{p.data(), g.data(), m.data(), v.data(), n, true};
+    k::AdamWParams params;
+    params.weight_decay = 0.1f;
+    for (params.step = 1; params.step <= 3; ++params.step) k::cpu::adamw_update(&t, 1, params);
+    p.insert(p.end(), m.begin(), m.end());
+    p.insert(p.end(), v.begin(), v.end());
+    return p;
+  };
+  auto sgd = [&] {
+    std::vector<float> p = p0, buf(n, 0.1f);
+    k::OptimizerTensor t{p.data(), g.data(), buf.data(), nullptr, n, true};
+    k::SgdParams params;
+    params.weight_decay = 0.1f;
+    for (int step = 0; step < 3; ++step) k::cpu::sgd_update(&t, 1, params);
+    p.insert(p.end(), buf.begin(), buf.end());
+    return p;
+  };
+  EXPECT_TRUE(same_bits(adamw(), adamw()));
+  EXPECT_TRUE(same_bits(sgd(), sgd()));
+}
+
 }  // namespace
 }  // namespace conveyor::testing

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <stdexcept>
 #include <vector>
 
 #include "common/test_util.h"
@@ -49,6 +50,13 @@ INSTANTIATE_TEST_SUITE_P(Sizes, ReduceTest, ::testing::Values(1, 3, 7, 8, 9, 17,
 TEST(Reduce, EmptyInputSumsToZero) {
   EXPECT_EQ(k::sum(nullptr, 0), 0.0);
   EXPECT_EQ(k::sum_squares(nullptr, 0), 0.0);
+}
+
+TEST(Reduce, RejectsNegativeSize) {
+  std::vector<float> buf(4, 1.0f);
+  EXPECT_THROW(k::sum(buf.data(), -1), std::invalid_argument);
+  EXPECT_THROW(k::sum_squares(buf.data(), -1), std::invalid_argument);
+  EXPECT_THROW(k::scale(buf.data(), 2.0f, -1), std::invalid_argument);
 }
 
 }  // namespace
