@@ -142,11 +142,10 @@ void CachingAllocator::throw_out_of_memory(size_t bytes, size_t size, const char
   std::string message = "out of memory on " + backend_->device().to_string() +
                         ": cannot allocate " + format_bytes(bytes) + " (request of " +
                         std::to_string(bytes) + " bytes, " + std::to_string(size) +
-                        " bytes after rounding): " + reason + ". Allocator stats: " +
-                        stats_.to_string();
+                        " bytes after rounding): " + reason +
+                        ". Allocator stats: " + stats_.to_string();
   if (pending_bytes > 0)
-    message += "; " + format_bytes(pending_bytes) +
-               " of freed blocks still wait for other streams";
+    message += "; " + format_bytes(pending_bytes) + " of freed blocks still wait for other streams";
   throw OutOfMemoryError(message);
 }
 

@@ -13,8 +13,10 @@ class CudaDeviceGuard {
  public:
   explicit CudaDeviceGuard(int index) {
     CONVEYOR_CUDA_CHECK(cudaGetDevice(&previous_));
-    if (previous_ != index) CONVEYOR_CUDA_CHECK(cudaSetDevice(index));
-    else previous_ = -1;  // nothing to restore
+    if (previous_ != index)
+      CONVEYOR_CUDA_CHECK(cudaSetDevice(index));
+    else
+      previous_ = -1;  // nothing to restore
   }
   ~CudaDeviceGuard() {
     if (previous_ >= 0) (void)cudaSetDevice(previous_);  // destructors must not throw

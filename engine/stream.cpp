@@ -77,7 +77,8 @@ Stream& Stream::operator=(Stream&& other) noexcept {
 
 void Stream::synchronize() const {
 #ifdef CONVEYOR_WITH_CUDA
-  if (handle_ != nullptr) CONVEYOR_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(handle_)));
+  if (handle_ != nullptr)
+    CONVEYOR_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(handle_)));
 #endif
 }
 
@@ -147,7 +148,8 @@ void Event::wait(const Stream& stream) const {
 
 void Event::synchronize() const {
 #ifdef CONVEYOR_WITH_CUDA
-  if (handle_ != nullptr) CONVEYOR_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(handle_)));
+  if (handle_ != nullptr)
+    CONVEYOR_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(handle_)));
 #endif
 }
 

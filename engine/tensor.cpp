@@ -16,18 +16,24 @@ namespace conveyor {
 
 size_t dtype_size(DType dtype) {
   switch (dtype) {
-    case DType::F32: return 4;
-    case DType::BF16: return 2;
-    case DType::I32: return 4;
+    case DType::F32:
+      return 4;
+    case DType::BF16:
+      return 2;
+    case DType::I32:
+      return 4;
   }
   throw std::invalid_argument("unknown dtype " + std::to_string(static_cast<int>(dtype)));
 }
 
 const char* dtype_name(DType dtype) {
   switch (dtype) {
-    case DType::F32: return "f32";
-    case DType::BF16: return "bf16";
-    case DType::I32: return "i32";
+    case DType::F32:
+      return "f32";
+    case DType::BF16:
+      return "bf16";
+    case DType::I32:
+      return "i32";
   }
   return "unknown";
 }
@@ -45,8 +51,7 @@ int64_t shape_numel(const Shape& shape) {
   int64_t numel = 1;
   for (int64_t d : shape) {
     if (d < 0)
-      throw std::invalid_argument("shape " + shape_to_string(shape) +
-                                  " has a negative dimension");
+      throw std::invalid_argument("shape " + shape_to_string(shape) + " has a negative dimension");
     if (d != 0 && numel > std::numeric_limits<int64_t>::max() / d)
       throw std::invalid_argument("shape " + shape_to_string(shape) + " has too many elements");
     numel *= d;
@@ -102,10 +107,9 @@ Tensor Tensor::view(int64_t offset, const Shape& shape) const {
   check_defined(*this, "view");
   const int64_t n = shape_numel(shape);
   if (offset < 0 || offset > numel_ || n > numel_ - offset)
-    throw std::out_of_range("view of shape " + shape_to_string(shape) + " (" +
-                            std::to_string(n) + " elements) at offset " + std::to_string(offset) +
-                            " does not fit in " + describe() + " (" + std::to_string(numel_) +
-                            " elements)");
+    throw std::out_of_range("view of shape " + shape_to_string(shape) + " (" + std::to_string(n) +
+                            " elements) at offset " + std::to_string(offset) + " does not fit in " +
+                            describe() + " (" + std::to_string(numel_) + " elements)");
   Tensor t = *this;
   t.offset_ = offset_ + offset;
   t.shape_ = shape;
@@ -119,8 +123,8 @@ Tensor Tensor::slice_rows(int64_t begin, int64_t count) const {
     throw std::invalid_argument("slice_rows: " + describe() + " is a scalar and has no rows");
   const int64_t rows = shape_[0];
   if (begin < 0 || count < 0 || begin > rows || count > rows - begin)
-    throw std::out_of_range("slice_rows(" + std::to_string(begin) + ", " +
-                            std::to_string(count) + "): rows [" + std::to_string(begin) + ", " +
+    throw std::out_of_range("slice_rows(" + std::to_string(begin) + ", " + std::to_string(count) +
+                            "): rows [" + std::to_string(begin) + ", " +
                             std::to_string(begin + count) + ") are not within the " +
                             std::to_string(rows) + " rows of " + describe());
   Shape shape = shape_;
@@ -149,8 +153,8 @@ Tensor Tensor::reshape(const Shape& shape) const {
   if (infer >= 0) {
     if (known == 0 || numel_ % known != 0)
       throw std::invalid_argument("reshape of " + describe() + " to " + shape_to_string(shape) +
-                                  ": cannot infer the -1 dimension from " +
-                                  std::to_string(numel_) + " elements");
+                                  ": cannot infer the -1 dimension from " + std::to_string(numel_) +
+                                  " elements");
     resolved[infer] = numel_ / known;
   }
   if (shape_numel(resolved) != numel_)
@@ -162,8 +166,7 @@ Tensor Tensor::reshape(const Shape& shape) const {
 
 std::string Tensor::describe() const {
   if (!storage_) return "undefined tensor";
-  return std::string(dtype_name(dtype_)) + shape_to_string(shape_) + " on " +
-         device().to_string();
+  return std::string(dtype_name(dtype_)) + shape_to_string(shape_) + " on " + device().to_string();
 }
 
 void Tensor::check_dtype_is(DType expected) const {
@@ -184,8 +187,7 @@ void check_shape(const Tensor& t, const Shape& expected, std::string_view what) 
   check_defined(t, what);
   if (t.shape() != expected)
     throw std::invalid_argument(std::string(what) + ": expected shape " +
-                                shape_to_string(expected) + ", got " +
-                                shape_to_string(t.shape()));
+                                shape_to_string(expected) + ", got " + shape_to_string(t.shape()));
 }
 
 void check_dtype(const Tensor& t, DType expected, std::string_view what) {
@@ -315,6 +317,8 @@ uint16_t float_to_bf16(float value) {
   return static_cast<uint16_t>((bits + rounding) >> 16);
 }
 
-float bf16_to_float(uint16_t bits) { return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16); }
+float bf16_to_float(uint16_t bits) {
+  return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16);
+}
 
 }  // namespace conveyor

@@ -86,14 +86,13 @@ class FakeBackend final : public AllocatorBackend {
 struct FakeAllocator {
   std::shared_ptr<FakeState> state = std::make_shared<FakeState>();
   CachingAllocator alloc;
-  explicit FakeAllocator(size_t limit = 0)
-      : alloc(std::make_unique<FakeBackend>(state), limit) {}
+  explicit FakeAllocator(size_t limit = 0) : alloc(std::make_unique<FakeBackend>(state), limit) {}
 };
 
 // Compares every counter, so that any wrong one fails with its name.
-void expect_stats(const AllocatorStats& s, size_t allocated, size_t peak_allocated,
-                  size_t reserved, size_t peak_reserved, uint64_t system_allocations,
-                  uint64_t requests, uint64_t cache_hits) {
+void expect_stats(const AllocatorStats& s, size_t allocated, size_t peak_allocated, size_t reserved,
+                  size_t peak_reserved, uint64_t system_allocations, uint64_t requests,
+                  uint64_t cache_hits) {
   EXPECT_EQ(s.allocated_bytes, allocated);
   EXPECT_EQ(s.peak_allocated_bytes, peak_allocated);
   EXPECT_EQ(s.reserved_bytes, reserved);
@@ -212,7 +211,7 @@ TEST(CachingAllocator, CapThrowsOutOfMemoryNamingRequestDeviceAndStats) {
 TEST(CachingAllocator, CapReleasesTheCacheAndRetries) {
   FakeAllocator f(4 * MiB);
   void* a = f.alloc.allocate(2 * MiB);
-  f.alloc.deallocate(a);  // cached: 2 MiB reserved, 0 allocated
+  f.alloc.deallocate(a);                // cached: 2 MiB reserved, 0 allocated
   void* b = f.alloc.allocate(4 * MiB);  // fits only once the cache is given back
   EXPECT_EQ(f.state->system_frees, 1);
   expect_stats(f.alloc.stats(), 4 * MiB, 4 * MiB, 4 * MiB, 4 * MiB, 2, 2, 0);

@@ -138,15 +138,16 @@ TEST(Tensor, ReshapeKeepsElementsAndInfersOneDimension) {
 
 TEST(Checks, MessagesNameWhatExpectedAndSeen) {
   Tensor t = cpu_tensor({8, 15});
-  EXPECT_EQ(message_of<std::invalid_argument>([&] { check_shape(t, {8, 16}, "linear input"); }),
+  EXPECT_EQ(message_of<std::invalid_argument>([&] {
+              check_shape(t, {8, 16}, "linear input");
+            }),
             "linear input: expected shape [8, 16], got [8, 15]");
   EXPECT_NO_THROW(check_shape(t, {8, 15}, "linear input"));
   EXPECT_EQ(message_of<std::invalid_argument>([&] { check_dtype(t, DType::BF16, "weight"); }),
             "weight: expected dtype bf16, got f32 (f32[8, 15] on cpu)");
   EXPECT_NO_THROW(check_dtype(t, DType::F32, "weight"));
-  EXPECT_EQ(
-      message_of<std::invalid_argument>([&] { check_device(t, Device::cuda(1), "grad"); }),
-      "grad: expected a tensor on cuda:1, got one on cpu (f32[8, 15] on cpu)");
+  EXPECT_EQ(message_of<std::invalid_argument>([&] { check_device(t, Device::cuda(1), "grad"); }),
+            "grad: expected a tensor on cuda:1, got one on cpu (f32[8, 15] on cpu)");
   EXPECT_NO_THROW(check_device(t, Device::cpu(), "grad"));
   EXPECT_EQ(message_of<std::invalid_argument>([&] { check_defined(Tensor(), "bias"); }),
             "bias: expected a defined tensor, got an undefined one");
@@ -256,9 +257,12 @@ TEST(BFloat16, RandomFloatsRoundToTheNearestWithTiesToEven) {
   for (float x : values) {
     const uint32_t down = bits_of(x) >> 16;  // truncation: toward zero
     const uint32_t up = down + 1;            // away from zero
-    const double d_down = std::abs(static_cast<double>(x) - bf16_to_float(static_cast<uint16_t>(down)));
+    const double d_down =
+        std::abs(static_cast<double>(x) - bf16_to_float(static_cast<uint16_t>(down)));
     const double d_up = std::abs(static_cast<double>(x) - bf16_to_float(static_cast<uint16_t>(up)));
-    const uint32_t expected = d_down < d_up ? down : d_up < d_down ? up : (down % 2 == 0 ? down : up);
+    const uint32_t expected = d_down < d_up   ? down
+                              : d_up < d_down ? up
+                                              : (down % 2 == 0 ? down : up);
     ASSERT_EQ(float_to_bf16(x), expected) << "x = " << x;
   }
 }
