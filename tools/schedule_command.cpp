@@ -185,6 +185,8 @@ void run(const ScheduleOptions& o) {
                   v > 1 ? (", v=" + std::to_string(v)).c_str() : "", fmt(costs.f).c_str(), fmt(costs.i).c_str(),
                   fmt(costs.w).c_str(), sim.bubble_fraction);
     svg.title = title;
+    // A fixed 30 px per time unit keeps pictures of different schedules comparable.
+    if (sim.makespan * 30 <= 1600) svg.px_per_unit = 30;
     write_file(o.svg, sc::render_svg(schedule, sim, svg), "SVG");
     std::printf("wrote %s\n", o.svg.c_str());
   }

@@ -46,10 +46,11 @@ std::string render_svg(const Schedule& schedule, const SimResult& sim, const Svg
   const double left = 56, right = 16, top = opt.title.empty() ? 12 : 36, row = opt.row_height_px;
   const int R = static_cast<int>(schedule.ranks.size());
   const double span = sim.makespan > 0 ? sim.makespan : 1;
-  const double scale = opt.width_px / span;  // px per time unit
+  const double scale = opt.px_per_unit > 0 ? opt.px_per_unit : opt.width_px / span;  // px per unit
+  const double axis = span * scale;
   const double rows_bottom = top + R * row;
   const double height = rows_bottom + 64;
-  const double width = left + opt.width_px + right;
+  const double width = std::max(left + axis + right, 800.0);  // room for the legend
   std::string out;
   out += "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + num(width) + "\" height=\"" + num(height) +
          "\" viewBox=\"0 0 " + num(width) + " " + num(height) +
@@ -63,7 +64,7 @@ std::string render_svg(const Schedule& schedule, const SimResult& sim, const Svg
     const double y = top + r * row;
     out += "<text x=\"" + num(left - 8) + "\" y=\"" + num(y + row * 0.62) +
            "\" font-size=\"12\" text-anchor=\"end\">rank " + std::to_string(r) + "</text>\n";
-    out += "<rect x=\"" + num(left) + "\" y=\"" + num(y + 2) + "\" width=\"" + num(opt.width_px) +
+    out += "<rect x=\"" + num(left) + "\" y=\"" + num(y + 2) + "\" width=\"" + num(axis) +
            "\" height=\"" + num(row - 4) + "\" fill=\"#eeeeee\"/>\n";
   }
   // Compute boxes.
@@ -86,7 +87,7 @@ std::string render_svg(const Schedule& schedule, const SimResult& sim, const Svg
       out += "</g>\n";
     }
   // Time axis and legend.
-  out += "<line x1=\"" + num(left) + "\" y1=\"" + num(rows_bottom + 4) + "\" x2=\"" + num(left + opt.width_px) +
+  out += "<line x1=\"" + num(left) + "\" y1=\"" + num(rows_bottom + 4) + "\" x2=\"" + num(left + axis) +
          "\" y2=\"" + num(rows_bottom + 4) + "\" stroke=\"#555\"/>\n";
   const double step = std::max(1.0, std::pow(10.0, std::floor(std::log10(span / 4))));
   for (double t = 0; t <= span + 1e-9; t += step * (span / step > 20 ? 5 : 1)) {
