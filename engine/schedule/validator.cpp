@@ -167,8 +167,17 @@ void validate(const Schedule& s) {
   try {
     simulate(s, CostModel::uniform(0, 0, 0, 0));
   } catch (const DeadlockError& e) {
-    const auto& st = e.stuck();
-    fail(s, st.empty() ? -1 : st.front().rank, st.empty() ? -1 : st.front().index, "deadlock", e.what());
+    // Mark the earliest stuck receive: the head of a receive stream waiting on a message that
+    // cannot come is usually the cause; compute heads merely wait on it.
+    StuckAction mark;
+    for (const auto& st : e.stuck()) {
+      const bool recv = is_recv(s.ranks[st.rank][st.index].kind);
+      const bool mark_recv = mark.rank >= 0 && is_recv(s.ranks[mark.rank][mark.index].kind);
+      if (mark.rank < 0 || (recv && !mark_recv) ||
+          (recv == mark_recv && std::tie(st.index, st.rank) < std::tie(mark.index, mark.rank)))
+        mark = st;
+    }
+    fail(s, mark.rank, mark.index, "deadlock", e.what());
   }
 }
 
