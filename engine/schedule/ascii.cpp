@@ -39,6 +39,7 @@ std::string format_step_grid(const Schedule& schedule, int mark_rank, int mark_i
   std::string out = "step  ";
   if (first > 0) out += "... ";
   for (size_t i = first; i < last; ++i) out += pad(std::to_string(i), width) + " ";
+  while (out.back() == ' ') out.pop_back();
   out += "\n";
   for (size_t r = 0; r < schedule.ranks.size(); ++r) {
     std::string row = pad("r" + std::to_string(r) + ":", 6);

@@ -213,13 +213,14 @@ void insert_transfers(Schedule* schedule) {
   }
   // FIFO per link: reorder each rank's receives from one peer into the peer's send order,
   // moving a receive earlier (never later than its consumer).
+  std::vector<std::vector<std::vector<MessageId>>> sent_on(R, std::vector<std::vector<MessageId>>(R));
+  for (int src = 0; src < R; ++src)
+    for (const auto& a : schedule->ranks[src])
+      if (is_send(a.kind)) sent_on[src][a.peer].push_back(message_of(a));
   for (int dst = 0; dst < R; ++dst) {
     for (int src = 0; src < R; ++src) {
-      if (src == dst) continue;
-      std::vector<MessageId> sent;
-      for (const auto& a : schedule->ranks[src])
-        if (is_send(a.kind) && a.peer == dst) sent.push_back(message_of(a));
-      if (sent.empty()) continue;
+      const auto& sent = sent_on[src][dst];
+      if (src == dst || sent.empty()) continue;
       std::map<MessageId, size_t> order;
       for (size_t i = 0; i < sent.size(); ++i) order[sent[i]] = i;
       // Drop this link's receives; remember where each was (its deadline) in the reduced list.

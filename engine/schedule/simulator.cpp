@@ -16,7 +16,9 @@ double per_stage(const std::vector<double>& v, int stage, double fallback = 0.0)
 // Position of every action, by (kind, stage, mb), in the list of the rank that owns it.
 class ActionIndex {
  public:
-  ActionIndex(const Schedule& s) : stages_(s.num_stages()), mbs_(s.num_microbatches) {
+  explicit ActionIndex(const Schedule& s) : stages_(s.num_stages()), mbs_(s.num_microbatches) {
+    if (static_cast<size_t>(stages_) * static_cast<size_t>(mbs_) > (size_t{1} << 25))
+      throw ScheduleError("stages x micro-batches is larger than supported (33554432)");
     index_.assign(static_cast<size_t>(8) * stages_ * mbs_, -1);
     for (const auto& list : s.ranks)
       for (int i = 0; i < static_cast<int>(list.size()); ++i) {

@@ -1,6 +1,5 @@
 #include "engine/schedule/validator.h"
 
-#include <map>
 #include <tuple>
 
 #include "engine/schedule/ascii.h"
@@ -49,7 +48,15 @@ void validate(const Schedule& s) {
                                  std::to_string(s.ranks.size()));
 
   // Position of each action; per-action placement, range and peer checks; duplicates.
-  std::map<std::tuple<ActionKind, int, int>, int> pos;
+  // Position of each action in its rank's list, by (kind, stage, mb); a flat table because
+  // the validator runs before every execution.
+  const size_t table = static_cast<size_t>(S) * static_cast<size_t>(M);
+  if (table > (size_t{1} << 25))
+    fail(s, -1, -1, "shape", "stages x micro-batches = " + std::to_string(table) + " is larger than supported (33554432)");
+  std::vector<int> pos(8 * table, -1);
+  auto key = [&](ActionKind k, int stage, int mb) {
+    return (static_cast<size_t>(k) * S + stage) * M + mb;
+  };
   for (int r = 0; r < R; ++r)
     for (int i = 0; i < static_cast<int>(s.ranks[r].size()); ++i) {
       const Action& a = s.ranks[r][i];
@@ -77,16 +84,13 @@ void validate(const Schedule& s) {
           fail(s, r, i, "peer", "the peer must be rank " + std::to_string(pl.rank_of(other)) +
                                     " (owner of stage " + std::to_string(other) + "), not " + std::to_string(a.peer));
       }
-      const auto key = std::make_tuple(a.kind, a.stage, a.microbatch);
-      if (const auto it = pos.find(key); it != pos.end())
+      int& slot = pos[key(a.kind, a.stage, a.microbatch)];
+      if (slot >= 0)
         fail(s, r, i, "duplicate", std::string(kind_name(a.kind)) + " of " + sm(a.stage, a.microbatch) +
-                                       " appears twice (first at position " + std::to_string(it->second) + ")");
-      pos[key] = i;
+                                       " appears twice (first at position " + std::to_string(slot) + ")");
+      slot = i;
     }
-  auto at = [&](ActionKind k, int stage, int mb) {
-    const auto it = pos.find({k, stage, mb});
-    return it == pos.end() ? -1 : it->second;
-  };
+  auto at = [&](ActionKind k, int stage, int mb) { return pos[key(k, stage, mb)]; };
 
   // Completeness and order within a rank.
   for (int st = 0; st < S; ++st) {
@@ -141,22 +145,26 @@ void validate(const Schedule& s) {
   }
 
   // FIFO per link: the k-th receive on (src -> dst) is the k-th send's message.
+  std::vector<std::vector<std::vector<int>>> sends(R, std::vector<std::vector<int>>(R));
+  std::vector<std::vector<std::vector<int>>> recvs(R, std::vector<std::vector<int>>(R));
+  for (int r = 0; r < R; ++r)
+    for (int i = 0; i < static_cast<int>(s.ranks[r].size()); ++i) {
+      const Action& a = s.ranks[r][i];
+      if (is_send(a.kind)) sends[r][a.peer].push_back(i);
+      if (is_recv(a.kind)) recvs[r][a.peer].push_back(i);
+    }
   for (int src = 0; src < R; ++src)
     for (int dst = 0; dst < R; ++dst) {
-      if (src == dst) continue;
-      std::vector<int> sends, recvs;
-      for (int i = 0; i < static_cast<int>(s.ranks[src].size()); ++i)
-        if (is_send(s.ranks[src][i].kind) && s.ranks[src][i].peer == dst) sends.push_back(i);
-      for (int i = 0; i < static_cast<int>(s.ranks[dst].size()); ++i)
-        if (is_recv(s.ranks[dst][i].kind) && s.ranks[dst][i].peer == src) recvs.push_back(i);
-      for (size_t n = 0; n < sends.size() && n < recvs.size(); ++n) {
-        const Action& sa = s.ranks[src][sends[n]];
-        const Action& ra = s.ranks[dst][recvs[n]];
+      const auto& out = sends[src][dst];
+      const auto& in = recvs[dst][src];
+      for (size_t n = 0; n < out.size() && n < in.size(); ++n) {
+        const Action& sa = s.ranks[src][out[n]];
+        const Action& ra = s.ranks[dst][in[n]];
         if (message_of(sa) != message_of(ra))
-          fail(s, dst, recvs[n], "fifo",
+          fail(s, dst, in[n], "fifo",
                "on link rank " + std::to_string(src) + " -> rank " + std::to_string(dst) + " message #" +
                    std::to_string(n) + " is sent by " + to_string(sa) + " (rank " + std::to_string(src) +
-                   ", position " + std::to_string(sends[n]) +
+                   ", position " + std::to_string(out[n]) +
                    ") but this receive expects another one; an in-order transport (NCCL) would "
                    "mismatch or deadlock: receives must follow the order of the sends");
       }
@@ -167,8 +175,17 @@ void validate(const Schedule& s) {
   try {
     simulate(s, CostModel::uniform(0, 0, 0, 0));
   } catch (const DeadlockError& e) {
-    const auto& st = e.stuck();
-    fail(s, st.empty() ? -1 : st.front().rank, st.empty() ? -1 : st.front().index, "deadlock", e.what());
+    // Mark the earliest stuck receive: the head of a receive stream waiting on a message that
+    // cannot come is usually the cause; compute heads merely wait on it.
+    StuckAction mark;
+    for (const auto& st : e.stuck()) {
+      const bool recv = is_recv(s.ranks[st.rank][st.index].kind);
+      const bool mark_recv = mark.rank >= 0 && is_recv(s.ranks[mark.rank][mark.index].kind);
+      if (mark.rank < 0 || (recv && !mark_recv) ||
+          (recv == mark_recv && std::tie(st.index, st.rank) < std::tie(mark.index, mark.rank)))
+        mark = st;
+    }
+    fail(s, mark.rank, mark.index, "deadlock", e.what());
   }
 }
 

@@ -1,0 +1,101 @@
+// Simulator with communication costs and per-stage costs; SVG and Chrome-trace output.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/schedule/chrome_trace.h"
+#include "engine/schedule/generators.h"
+#include "engine/schedule/simulator.h"
+#include "engine/schedule/svg.h"
+
+namespace conveyor::schedule {
+namespace {
+
+TEST(Simulator, TransfersAddLatencyOnTheCriticalPath) {
+  // One micro-batch through p stages: p forwards, p-1 activation transfers, p backwards,
+  // p-1 gradient transfers, all in sequence.
+  for (int p = 1; p <= 6; ++p) {
+    const double f = 1.5, i = 2, w = 0.5, c = 0.25;
+    const SimResult sim = simulate(generate_1f1b(p, 1), CostModel::uniform(f, i, w, c));
+    EXPECT_DOUBLE_EQ(sim.makespan, p * (f + i + w) + 2 * (p - 1) * c) << "p=" << p;
+  }
+}
+
+TEST(Simulator, BandwidthAndMessageBytes) {
+  CostModel costs = CostModel::uniform(1, 1, 1);
+  costs.latency = 0.5;
+  costs.bandwidth = 100;
+  costs.message_bytes = {200};  // 2 time units per message
+  const SimResult sim = simulate(generate_gpipe(2, 1), costs);
+  EXPECT_DOUBLE_EQ(sim.makespan, 2 * 3 + 2 * 2.5);
+}
+
+TEST(Simulator, PerStageCostsBottleneck) {
+  // The slowest stage sets the steady-state pace of 1F1B: makespan >= m * its F + B.
+  CostModel costs;
+  costs.forward = {1, 3, 1};
+  costs.backward_input = {1, 3, 1};
+  costs.backward_weight = {1, 1, 1};
+  const int m = 10;
+  const SimResult sim = simulate(generate_1f1b(3, m), costs);
+  EXPECT_GE(sim.makespan, m * 7.0);
+  EXPECT_DOUBLE_EQ(sim.ranks[1].busy, m * 7.0);
+  EXPECT_DOUBLE_EQ(sim.ranks[0].busy, m * 3.0);
+  for (const auto& r : sim.ranks) EXPECT_DOUBLE_EQ(r.busy + r.idle, sim.makespan);
+}
+
+TEST(Simulator, TimingsRespectDependencies) {
+  const Schedule s = generate_interleaved(3, 6, 2);
+  const SimResult sim = simulate(s, CostModel::uniform(1, 2, 1, 0.5));
+  for (size_t r = 0; r < s.ranks.size(); ++r) {
+    double compute_end = 0;
+    for (size_t i = 0; i < s.ranks[r].size(); ++i) {
+      const auto& t = sim.timing[r][i];
+      EXPECT_LE(t.start, t.end);
+      if (is_compute(s.ranks[r][i].kind)) {
+        EXPECT_GE(t.start, compute_end) << "rank " << r << " position " << i;  // one compute at a time
+        compute_end = t.end;
+      }
+    }
+  }
+  // F of stage s+1 starts after F of stage s ends (plus the transfer).
+  for (int st = 0; st + 1 < s.num_stages(); ++st) {
+    const ActionRef a = find_action(s, ActionKind::kForward, st, 2);
+    const ActionRef b = find_action(s, ActionKind::kForward, st + 1, 2);
+    EXPECT_GE(sim.timing[b.rank][b.index].start, sim.timing[a.rank][a.index].end + 0.5);
+  }
+}
+
+TEST(Output, ChromeTraceHasSlicesAndFlows) {
+  const Schedule s = generate_1f1b(3, 4);
+  const SimResult sim = simulate(s, CostModel::uniform(1, 1, 1, 0.1));
+  const auto doc = nlohmann::json::parse(chrome_trace_json(s, sim));
+  int slices = 0, flow_starts = 0, flow_ends = 0, transfers = 0;
+  for (const auto& list : s.ranks)
+    for (const auto& a : list) transfers += is_transfer(a.kind);
+  for (const auto& ev : doc["traceEvents"]) {
+    const std::string ph = ev["ph"];
+    slices += ph == "X";
+    flow_starts += ph == "s";
+    flow_ends += ph == "f";
+  }
+  EXPECT_EQ(slices, transfers + 3 * 4 * 2);
+  EXPECT_EQ(flow_starts, transfers / 2);
+  EXPECT_EQ(flow_ends, transfers / 2);
+}
+
+TEST(Output, SvgDrawsOneBoxPerComputeAction) {
+  const Schedule s = generate_zbh1(4, 8);
+  const SimResult sim = simulate(s, CostModel::uniform(1, 1, 1));
+  SvgOptions options;
+  options.title = "zbh1 <p=4>";
+  const std::string svg = render_svg(s, sim, options);
+  size_t boxes = 0;
+  for (size_t at = svg.find("<g><title>"); at != std::string::npos; at = svg.find("<g><title>", at + 1)) ++boxes;
+  EXPECT_EQ(boxes, 3u * 4 * 8);
+  EXPECT_NE(svg.find("zbh1 &lt;p=4&gt;"), std::string::npos);
+  EXPECT_EQ(svg.rfind("</svg>"), svg.size() - 7);
+}
+
+}  // namespace
+}  // namespace conveyor::schedule

@@ -1,0 +1,103 @@
+// Dump and load: every generated schedule round-trips unchanged through text and CSV.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+
+#include "engine/schedule/generators.h"
+#include "engine/schedule/text_format.h"
+#include "engine/schedule/validator.h"
+
+namespace conveyor::schedule {
+namespace {
+
+std::vector<Schedule> sample_schedules() {
+  std::vector<Schedule> out;
+  for (int p : {1, 2, 3, 4, 7})
+    for (int m : {1, 2, 5, 8, 12}) {
+      out.push_back(generate_gpipe(p, m));
+      out.push_back(generate_1f1b(p, m));
+      out.push_back(generate_zbh1(p, m));
+      if (m % p == 0)
+        for (int v : {2, 3}) out.push_back(generate_interleaved(p, m, v));
+    }
+  return out;
+}
+
+TEST(TextFormat, ActionTokensRoundTrip) {
+  for (auto kind : {ActionKind::kForward, ActionKind::kBackward, ActionKind::kBackwardInput,
+                    ActionKind::kBackwardWeight, ActionKind::kSendAct, ActionKind::kRecvAct,
+                    ActionKind::kSendGrad, ActionKind::kRecvGrad}) {
+    const Action a{kind, 12, 345, is_transfer(kind) ? 7 : -1};
+    EXPECT_EQ(parse_action(to_string(a)), a) << to_string(a);
+  }
+  EXPECT_EQ(to_string(forward(0, 3)), "F0.3");
+  EXPECT_EQ(to_string(Action{ActionKind::kSendAct, 0, 3, 1}), "SA0.3>1");
+  EXPECT_EQ(to_string(Action{ActionKind::kRecvGrad, 0, 3, 1}), "RG0.3<1");
+}
+
+TEST(TextFormat, MalformedTokensAreRejected) {
+  for (const char* bad : {"X0.1", "F0", "F.1", "F0.", "F-1.0", "SA0.1", "SA0.1>", "RA1.0>0", "F0.1x", "B0.1.2"})
+    EXPECT_THROW(parse_action(bad), ScheduleError) << bad;
+}
+
+TEST(TextFormat, EveryGeneratedScheduleRoundTrips) {
+  for (const Schedule& s : sample_schedules()) {
+    const Schedule from_text = parse_text(dump_text(s));
+    EXPECT_EQ(from_text, s) << s.name << "\n" << dump_text(s);
+    EXPECT_EQ(from_text.name, s.name);
+    EXPECT_EQ(dump_text(from_text), dump_text(s));
+    const Schedule from_csv = parse_csv(dump_csv(s));
+    EXPECT_EQ(from_csv, s) << s.name;
+    EXPECT_EQ(parse_schedule(dump_csv(s)), s);
+    EXPECT_EQ(parse_schedule(dump_text(s)), s);
+  }
+}
+
+TEST(TextFormat, FilesRoundTrip) {
+  const auto dir = std::filesystem::temp_directory_path();
+  const Schedule s = generate_interleaved(2, 4, 2);
+  for (const char* name : {"conveyor_sched_test.txt", "conveyor_sched_test.csv"}) {
+    const std::string path = (dir / name).string();
+    save_schedule(path, s);
+    EXPECT_EQ(load_schedule(path), s) << path;
+    std::remove(path.c_str());
+  }
+  EXPECT_THROW(load_schedule((dir / "conveyor_no_such_schedule.txt").string()), ScheduleError);
+}
+
+TEST(TextFormat, HandWrittenWithoutHeaderIsInferred) {
+  const Schedule s = parse_text(
+      "# two stages, hand-written\n"
+      "r0: F0.0 SA0.0>1 F0.1 SA0.1>1 RG0.0<1 B0.0 RG0.1<1 B0.1\n"
+      "r1: RA1.0<0 F1.0 B1.0 SG1.0>0 RA1.1<0 F1.1 B1.1 SG1.1>0\n");
+  EXPECT_EQ(s.num_ranks(), 2);
+  EXPECT_EQ(s.placement.chunks, 1);
+  EXPECT_EQ(s.num_microbatches, 2);
+  EXPECT_NO_THROW(validate(s));
+}
+
+TEST(TextFormat, ErrorsNameTheLine) {
+  auto message_of = [](const std::string& text) {
+    try {
+      parse_schedule(text);
+    } catch (const ScheduleError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message_of("r0: F0.0\nr1: F1.0 Q1.0\n").find("line 2"), std::string::npos);
+  EXPECT_NE(message_of("# conveyor schedule: ranks=two\nr0: F0.0\n").find("ranks"), std::string::npos);
+  EXPECT_NE(message_of("# conveyor schedule: layout=zigzag\nr0: F0.0\n").find("layout"), std::string::npos);
+  EXPECT_NE(message_of("hello\n").find("line 1"), std::string::npos);
+  EXPECT_NE(message_of("r0: F0.0\nr0: B0.0\n").find("twice"), std::string::npos);
+  EXPECT_NE(message_of("# conveyor schedule: ranks=1\nr0: F0.0\nr1: F1.0\n").find("ranks=1"), std::string::npos);
+  EXPECT_NE(message_of("").find("empty"), std::string::npos);
+  EXPECT_NE(message_of("rank,step,kind,stage,microbatch,peer\n0,1,F,0,0,\n").find("step"), std::string::npos);
+  EXPECT_NE(message_of("rank,step,kind,stage,microbatch,peer\n0,0,FWD,0,0,\n").find("unknown kind"), std::string::npos);
+  EXPECT_NE(message_of("rank,step,kind,stage,microbatch,peer\n0,0,F,0,0\n").find("6"), std::string::npos);
+  EXPECT_NE(message_of("rank,step,kind,stage,microbatch,peer\n0,0,SEND_ACT,0,0,\n").find("peer"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace conveyor::schedule

@@ -1,0 +1,138 @@
+// The validator accepts every generated schedule and rejects hand-made broken ones, naming
+// rank, position, action and rule, with the offending action marked in the grid.
+#include <gtest/gtest.h>
+
+#include "engine/schedule/generators.h"
+#include "engine/schedule/text_format.h"
+#include "engine/schedule/validator.h"
+
+namespace conveyor::schedule {
+namespace {
+
+// 2 ranks, 2 micro-batches, 1F1B with transfers; the base of the broken variants.
+constexpr const char* kGood =
+    "# conveyor schedule: ranks=2 chunks=1 layout=looped microbatches=2\n"
+    "r0: F0.0 SA0.0>1 F0.1 SA0.1>1 RG0.0<1 B0.0 RG0.1<1 B0.1\n"
+    "r1: RA1.0<0 F1.0 B1.0 SG1.0>0 RA1.1<0 F1.1 B1.1 SG1.1>0\n";
+
+ValidationError rejection(const std::string& text) {
+  try {
+    validate(parse_text(text));
+  } catch (const ValidationError& e) {
+    return e;
+  }
+  ADD_FAILURE() << "accepted:\n" << text;
+  return ValidationError("accepted", -1, -1, "none");
+}
+
+std::string replace(std::string text, const std::string& from, const std::string& to) {
+  const auto at = text.find(from);
+  EXPECT_NE(at, std::string::npos) << from;
+  return text.replace(at, from.size(), to);
+}
+
+TEST(Validator, AcceptsEveryGeneratedSchedule) {
+  EXPECT_NO_THROW(validate(parse_text(kGood)));
+  for (int p = 1; p <= 6; ++p)
+    for (int m = 1; m <= 12; ++m)
+      for (auto kind : {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kZBH1}) {
+        EXPECT_NO_THROW(validate(generate(kind, p, m))) << schedule_kind_name(kind) << " p=" << p << " m=" << m;
+        if (m % p == 0)
+          for (int v : {2, 3}) EXPECT_NO_THROW(validate(generate_interleaved(p, m, v))) << "p=" << p << " m=" << m;
+      }
+}
+
+TEST(Validator, MissingBackward) {
+  const auto e = rejection(replace(kGood, " B1.1", ""));
+  EXPECT_EQ(e.rule(), "missing");
+  EXPECT_EQ(e.rank(), 1);
+  EXPECT_EQ(e.index(), 5);  // marks F1.1, whose backward is missing
+  const std::string msg = e.what();
+  EXPECT_NE(msg.find("rank 1, position 5, F1.1"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("backward of stage 1 micro-batch 1 is missing"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(">>F1.1<<"), std::string::npos) << msg;  // the grid marks it
+}
+
+TEST(Validator, WBeforeI) {
+  std::string text = replace(kGood, "B1.0", "W1.0 I1.0");
+  text = replace(text, "B1.1", "I1.1 W1.1");
+  const auto e = rejection(text);
+  EXPECT_EQ(e.rule(), "order");
+  EXPECT_EQ(e.rank(), 1);
+  EXPECT_NE(std::string(e.what()).find("W of stage 1 micro-batch 0 comes before its I"), std::string::npos) << e.what();
+}
+
+TEST(Validator, IWithoutW) {
+  const auto e = rejection(replace(kGood, "B1.0", "I1.0"));
+  EXPECT_EQ(e.rule(), "missing");
+}
+
+TEST(Validator, BackwardBeforeForward) {
+  const auto e = rejection(replace(kGood, "F1.0 B1.0", "B1.0 F1.0"));
+  EXPECT_EQ(e.rule(), "order");
+}
+
+TEST(Validator, SwappedSendsWouldDeadlockNccl) {
+  // Rank 0 sends micro-batch 1 before 0; rank 1 receives 0 first: an in-order transport
+  // would hand micro-batch 1's activation to F1.0.
+  const auto e = rejection(replace(kGood, "F0.0 SA0.0>1 F0.1 SA0.1>1", "F0.0 F0.1 SA0.1>1 SA0.0>1"));
+  EXPECT_EQ(e.rule(), "fifo");
+  EXPECT_EQ(e.rank(), 1);
+  EXPECT_EQ(e.index(), 0);
+  EXPECT_NE(std::string(e.what()).find("link rank 0 -> rank 1"), std::string::npos) << e.what();
+}
+
+TEST(Validator, StageOnTwoRanks) {
+  const auto e = rejection(replace(kGood, "RG0.1<1 B0.1", "RG0.1<1 B0.1 F1.1"));
+  EXPECT_EQ(e.rule(), "placement");
+  EXPECT_EQ(e.rank(), 0);
+  EXPECT_NE(std::string(e.what()).find("stage 1 belongs to rank 1"), std::string::npos) << e.what();
+}
+
+TEST(Validator, DuplicateForward) {
+  const auto e = rejection(replace(kGood, "F0.1 SA0.1>1", "F0.1 F0.1 SA0.1>1"));
+  EXPECT_EQ(e.rule(), "duplicate");
+}
+
+TEST(Validator, MissingReceive) {
+  const auto e = rejection(replace(kGood, "RA1.1<0 ", ""));
+  EXPECT_EQ(e.rule(), "missing");
+  EXPECT_NE(std::string(e.what()).find("RECV_ACT"), std::string::npos);
+}
+
+TEST(Validator, WrongPeer) {
+  const Schedule s = generate_1f1b(3, 2);
+  std::string text = replace(dump_text(s), "SA0.0>1", "SA0.0>2");
+  EXPECT_EQ(rejection(text).rule(), "peer");
+}
+
+TEST(Validator, ReceiveAfterItsConsumer) {
+  const auto e = rejection(replace(kGood, "RA1.0<0 F1.0", "F1.0 RA1.0<0"));
+  EXPECT_EQ(e.rule(), "order");
+}
+
+TEST(Validator, DeadlockIsFoundBySimulation) {
+  // FIFO holds on every link, but rank 1's receive stream first waits for the gradient from
+  // rank 2, which needs the activation that rank 1 can only receive after it.
+  const auto e = rejection(
+      "r0: F0.0 SA0.0>1 RG0.0<1 B0.0\n"
+      "r1: RG1.0<2 RA1.0<0 F1.0 SA1.0>2 B1.0 SG1.0>0\n"
+      "r2: RA2.0<1 F2.0 B2.0 SG2.0>1\n");
+  EXPECT_EQ(e.rank(), 1);
+  EXPECT_EQ(e.rule(), "deadlock");
+  EXPECT_NE(std::string(e.what()).find("deadlock"), std::string::npos);
+}
+
+TEST(Validator, WrongRankCount) {
+  Schedule s = generate_1f1b(2, 2);
+  s.ranks.pop_back();
+  try {
+    validate(s);
+    FAIL() << "accepted";
+  } catch (const ValidationError& e) {
+    EXPECT_EQ(e.rule(), "shape");
+  }
+}
+
+}  // namespace
+}  // namespace conveyor::schedule
