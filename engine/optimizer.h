@@ -42,6 +42,7 @@ class Optimizer {
   void step(int64_t step, double lr, float grad_scale);
 
   const std::vector<Parameter*>& parameters() const { return params_; }
+  const OptimizerConfig& config() const { return config_; }
   // Optimizer state in parameter order: AdamW (m, v) per parameter, SGD (momentum).
   std::vector<Tensor>& state() { return state_; }
   int64_t steps_taken() const { return steps_taken_; }

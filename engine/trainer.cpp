@@ -4,6 +4,8 @@
 #include <sstream>
 #include <vector>
 
+#include "engine/schedule/generators.h"
+#include "engine/schedule/text_format.h"
 #include "layers/ops.h"
 
 namespace conveyor {
@@ -19,6 +21,26 @@ void TrainConfig::validate() const {
   if (batch_tokens % microbatches != 0)
     fail("batch of " + std::to_string(batch_tokens) + " tokens cannot be split into " +
          std::to_string(microbatches) + " equal micro-batches; choose a divisor of the batch");
+  if (stages < 1) fail("stages must be at least 1, got " + std::to_string(stages));
+  if (chunks < 1) fail("chunks must be at least 1, got " + std::to_string(chunks));
+  if (placement != "auto" && placement != "shared")
+    fail("placement must be auto or shared, got '" + placement + "'");
+  if (schedule_file.empty() && !schedule::parse_schedule_kind(schedule))
+    fail("unknown schedule '" + schedule + "', expected " + schedule::schedule_kind_choices());
+}
+
+schedule::Schedule make_schedule(const TrainConfig& config) {
+  const int m = static_cast<int>(config.microbatches);
+  if (config.schedule_file.empty())
+    return schedule::generate(*schedule::parse_schedule_kind(config.schedule), config.stages, m,
+                              config.chunks);
+  schedule::Schedule loaded = schedule::load_schedule(config.schedule_file);
+  if (loaded.num_microbatches != m)
+    throw std::invalid_argument("schedule file '" + config.schedule_file + "' has " +
+                                std::to_string(loaded.num_microbatches) +
+                                " micro-batches but the run uses " + std::to_string(m) +
+                                " (--microbatches)");
+  return loaded;
 }
 
 Device resolve_device(const std::string& spec, std::string* note) {
@@ -48,62 +70,55 @@ std::unique_ptr<TokenSource> make_token_source(const TrainConfig& config) {
 
 Trainer::Trainer(TrainConfig config, Device device) : config_(std::move(config)) {
   config_.validate();
-  DeviceContextOptions options;
-  options.memory_limit_bytes = config_.memory_limit_bytes;
-  options.allow_tf32 = config_.allow_tf32;
-  ctx_ = std::make_unique<DeviceContext>(device, options);
   source_ = make_token_source(config_);
-  stage_ = std::make_unique<Stage>(config_.model, 0, config_.model.num_units(), *ctx_,
-                                   config_.seed);
-  optimizer_ = std::make_unique<Optimizer>(*ctx_, stage_->parameters(), config_.optimizer);
+  schedule::Schedule sched = make_schedule(config_);
+  ranges_ = conveyor::stage_ranges(
+      config_.model, partition_blocks(config_.model, sched.num_stages(), config_.partition));
+  const int p = sched.num_ranks();
+  const bool spread =
+      device.is_cuda() && config_.placement == "auto" && cuda_device_count() >= device.index + p;
+  for (int r = 0; r < p; ++r)
+    devices_.push_back(spread ? Device::cuda(device.index + r) : device);
+  ExecutorOptions options;
+  options.transport_timeout = config_.transport_timeout;
+  options.device_options.memory_limit_bytes = config_.memory_limit_bytes;
+  options.device_options.allow_tf32 = config_.allow_tf32;
+  executor_ = std::make_unique<PipelineExecutor>(config_.model, std::move(sched), ranges_,
+                                                 devices_, config_.optimizer, config_.seed,
+                                                 options);
 }
 
 StepStats Trainer::step() {
-  const auto start = std::chrono::steady_clock::now();
   const int64_t step = steps_done_ + 1;
-  ctx_->allocator().reset_peak();
-  zero_grads(*ctx_, stage_->parameters());
-
   const int64_t n = config_.batch_tokens / config_.microbatches;
-  std::vector<int32_t> inputs(n), targets(n);
-  std::vector<Tensor> losses;
-  for (int64_t mb = 0; mb < config_.microbatches; ++mb) {
-    source_->next(inputs.data(), targets.data(), n);
-    Tensor tokens = ctx_->empty({n}, DType::I32);
-    MicroBatchInputs in;
-    in.targets = ctx_->empty({n}, DType::I32);
-    copy_from_host(tokens, inputs.data(), n * sizeof(int32_t));
-    copy_from_host(in.targets, targets.data(), n * sizeof(int32_t));
-    in.loss_scale = 1.0f / static_cast<float>(config_.batch_tokens);
-    losses.push_back(stage_->forward(mb, tokens, in));
-    stage_->backward(mb, Tensor());
+  std::vector<MicroBatchData> microbatches(config_.microbatches);
+  for (auto& mb : microbatches) {
+    mb.tokens.resize(n);
+    mb.targets.resize(n);
+    source_->next(mb.tokens.data(), mb.targets.data(), n);
   }
-  double loss_sum = 0.0;
-  for (const Tensor& l : losses) loss_sum += ops::sum(*ctx_, l);
-  const double loss = loss_sum / static_cast<double>(config_.batch_tokens);
-  if (!std::isfinite(loss)) {
+  for (int r = 0; r < executor_->num_ranks(); ++r) executor_->context(r).allocator().reset_peak();
+  const double lr = learning_rate(config_.optimizer, step, config_.steps);
+  PipelineStepResult result = executor_->run_step(
+      microbatches, 1.0f / static_cast<float>(config_.batch_tokens), step, lr);
+  const double loss = result.loss_sum / static_cast<double>(config_.batch_tokens);
+  if (result.diverged) {
     std::ostringstream msg;
-    msg << "loss became " << loss << " at step " << step
-        << "; lower the learning rate (--lr) or enable clipping (--clip)";
+    msg << "loss became " << loss << " (gradient norm " << result.grad_norm << ") at step "
+        << step << "; lower the learning rate (--lr) or enable clipping (--clip)";
     throw TrainingDiverged(msg.str());
   }
-  const double norm = std::sqrt(optimizer_->grad_squared_norm());
-  if (!std::isfinite(norm))
-    throw TrainingDiverged("gradient norm became " + std::to_string(norm) + " at step " +
-                           std::to_string(step));
-  const double lr = learning_rate(config_.optimizer, step, config_.steps);
-  optimizer_->step(step, lr, clip_scale(config_.optimizer, norm));
-  ctx_->synchronize();
   steps_done_ = step;
 
   StepStats stats;
   stats.step = step;
   stats.loss = loss;
   stats.tokens = config_.batch_tokens;
-  stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  stats.seconds = result.seconds;
   stats.lr = lr;
-  stats.grad_norm = norm;
-  stats.peak_bytes = ctx_->allocator().stats().peak_allocated_bytes;
+  stats.grad_norm = result.grad_norm;
+  for (size_t bytes : result.peak_allocated_bytes) stats.peak_bytes = std::max(stats.peak_bytes, bytes);
+  stats.pipeline = std::move(result);
   return stats;
 }
 

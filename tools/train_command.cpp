@@ -7,6 +7,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "engine/schedule/chrome_trace.h"
+#include "engine/schedule/simulator.h"
 #include "engine/trainer.h"
 #include "tools/cli_common.h"
 #include "tools/commands.h"
@@ -22,6 +24,8 @@ struct TrainFlags {
   std::string log_json;
   int64_t log_every = 10;
   double memory_limit_mb = 0.0;
+  double timeout_s = 120.0;
+  std::string trace;
   bool quiet = false;
 };
 
@@ -42,6 +46,43 @@ std::string human_rate(double per_second) {
   return buf;
 }
 
+void print_pipeline(Trainer& trainer) {
+  const auto& sched = trainer.executor().schedule();
+  std::printf("pipeline %d rank(s) x %d chunk(s), schedule %s, stages (units):", sched.num_ranks(),
+              sched.placement.chunks, sched.name.c_str());
+  const auto& ranges = trainer.stage_ranges();
+  for (size_t s = 0; s < ranges.size(); ++s)
+    std::printf(" %zu:[%lld,%lld)@%s", s, static_cast<long long>(ranges[s].begin),
+                static_cast<long long>(ranges[s].end),
+                trainer.rank_devices()[sched.placement.rank_of(static_cast<int>(s))]
+                    .to_string()
+                    .c_str());
+  std::printf("\n");
+}
+
+// Measured bubble of the last step per rank, next to the simulator's prediction for the
+// costs measured in that step; optionally the measured timeline as a Chrome trace.
+void report_bubble(Trainer& trainer, const PipelineStepResult& last, const std::string& trace) {
+  const auto& sched = trainer.executor().schedule();
+  const schedule::SimResult measured = summarize_timing(sched, last.timing);
+  const schedule::SimResult predicted = schedule::simulate(sched, measured_costs(sched, last.timing));
+  std::printf("bubble last step: measured %.3f, simulated %.3f |", measured.bubble_fraction,
+              predicted.bubble_fraction);
+  for (int r = 0; r < sched.num_ranks(); ++r) {
+    const double m_idle = measured.makespan > 0 ? measured.ranks[r].idle / measured.makespan : 0;
+    const double p_idle =
+        predicted.makespan > 0 ? predicted.ranks[r].idle / predicted.makespan : 0;
+    std::printf(" r%d %.3f (%.3f)", r, m_idle, p_idle);
+  }
+  std::printf("\n");
+  if (!trace.empty()) {
+    std::ofstream out(trace);
+    if (!out) throw UsageError("cannot write --trace file '" + trace + "'");
+    out << schedule::chrome_trace_json(sched, measured, /*us_per_unit=*/1.0);
+    std::printf("trace  %s (measured timeline of the last step, microseconds)\n", trace.c_str());
+  }
+}
+
 TrainConfig resolve_config(TrainFlags& f, const CLI::App& cmd) {
   TrainConfig config = f.config;
   try {
@@ -59,6 +100,8 @@ TrainConfig resolve_config(TrainFlags& f, const CLI::App& cmd) {
   if (f.memory_limit_mb < 0) throw UsageError("--memory-limit-mb must be >= 0");
   config.memory_limit_bytes = static_cast<size_t>(f.memory_limit_mb * 1024.0 * 1024.0);
   if (f.log_every < 1) throw UsageError("--log-every must be at least 1");
+  if (!(f.timeout_s > 0)) throw UsageError("--timeout must be positive");
+  config.transport_timeout = std::chrono::milliseconds(static_cast<int64_t>(f.timeout_s * 1000));
   try {
     config.validate();
   } catch (const std::invalid_argument& e) {
@@ -81,7 +124,7 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
   std::unique_ptr<Trainer> trainer;
   try {
     trainer = std::make_unique<Trainer>(config, device);
-  } catch (const std::invalid_argument& e) {
+  } catch (const std::invalid_argument& e) {  // schedule, partition, placement errors too
     throw UsageError(e.what());
   }
   std::ofstream json_log;
@@ -97,13 +140,15 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
               static_cast<long long>(config.batch_tokens),
               static_cast<long long>(config.microbatches), config.optimizer.kind.c_str(),
               config.optimizer.lr);
+  print_pipeline(*trainer);
   std::fflush(stdout);
 
+  PipelineStepResult last_step;
   double total_seconds = 0.0, tail_loss = 0.0, last_loss = 0.0;
   size_t peak = 0;
   const int64_t tail = std::min<int64_t>(10, config.steps);
   for (int64_t s = 1; s <= config.steps; ++s) {
-    const StepStats st = trainer->step();
+    StepStats st = trainer->step();
     total_seconds += st.seconds;
     peak = std::max(peak, st.peak_bytes);
     last_loss = st.loss;
@@ -123,6 +168,7 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
                   human_rate(rate).c_str(), st.lr, human_bytes(st.peak_bytes).c_str(), eta);
       std::fflush(stdout);
     }
+    if (s == config.steps) last_step = std::move(st.pipeline);
   }
   const double tokens = static_cast<double>(config.steps * config.batch_tokens);
   std::printf("done   %lld steps, %.0f tokens in %.1f s (%s tok/s), peak memory %s\n",
@@ -134,6 +180,7 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
     std::printf(" | source entropy %.4f, gap %+.1f%%", *entropy,
                 100.0 * (tail_loss - *entropy) / *entropy);
   std::printf("\n");
+  report_bubble(*trainer, last_step, f.trace);
 }
 
 }  // namespace
@@ -174,6 +221,22 @@ void register_train_command(CLI::App& app) {
   cmd->add_option("--log-json", flags->log_json, "Write one JSON object per step to FILE");
   cmd->add_option("--log-every", flags->log_every, "Print every N steps")->capture_default_str();
   cmd->add_flag("--quiet", flags->quiet, "Only print the summary");
+  cmd->add_option("--stages", c.stages, "Pipeline ranks (p)")->capture_default_str();
+  cmd->add_option("--chunks", c.chunks, "Virtual stages per rank (interleaved)")
+      ->capture_default_str();
+  cmd->add_option("--schedule", c.schedule, "gpipe, 1f1b, interleaved or zbh1")
+      ->capture_default_str();
+  cmd->add_option("--schedule-file", c.schedule_file,
+                  "Run the schedule in FILE (text or CSV, see `conveyor schedule --dump`)");
+  cmd->add_option("--partition", c.partition,
+                  "Blocks per stage: uniform, params, or counts such as 3,5,5,3")
+      ->capture_default_str();
+  cmd->add_option("--placement", c.placement,
+                  "auto (one rank per GPU when there are enough) or shared (all on one GPU)")
+      ->capture_default_str();
+  cmd->add_option("--timeout", flags->timeout_s, "Seconds a rank waits for a peer before failing")
+      ->capture_default_str();
+  cmd->add_option("--trace", flags->trace, "Write the last step's measured timeline (Chrome trace)");
   cmd->callback([flags, cmd] { run_train(*flags, *cmd); });
 }
 

@@ -38,7 +38,7 @@ TEST(Trainer, LossApproachesTheSourceEntropy) {
 TEST(Trainer, SameConfigGivesTheSameBits) {
   Trainer a(quick_config(), Device::cpu()), b(quick_config(), Device::cpu());
   for (int s = 0; s < 5; ++s) EXPECT_EQ(a.step().loss, b.step().loss);
-  auto pa = a.stage().parameters(), pb = b.stage().parameters();
+  auto pa = a.executor().parameters(), pb = b.executor().parameters();
   for (size_t i = 0; i < pa.size(); ++i)
     EXPECT_EQ(to_vector_f32(pa[i]->value), to_vector_f32(pb[i]->value)) << pa[i]->name;
 }
