@@ -13,6 +13,10 @@
 //   out[i] = low + (high - low) * u   rounded as: range = high - low (one rounding),
 //            t = range * u (one rounding), out = low + t (one rounding); no FMA
 //            (CUDA: __fsub_rn / __fmul_rn / __fadd_rn).
+// Range: for [-a, a) and [0, a) the result is always < high (t < range, and -a + t is exact
+// by Sterbenz when t >= a). For other bounds the last rounding can give exactly `high`, with
+// probability about 2^-24 per element; callers that need a strict bound use such bounds.
+// kernels/philox.h holds this recipe as inline __host__ __device__ code for both backends.
 #include <cstdint>
 #include <string_view>
 

@@ -1,0 +1,65 @@
+// CPU element-wise activations. Backward writes dx (`=`); dx may alias dy because each
+// element is read before it is written.
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/activation.h"
+#include "kernels/cpu_check.h"
+
+namespace conveyor::kernels::cpu {
+namespace {
+
+constexpr float kSqrt2OverPi = 0.7978845608028654f;
+constexpr float kGeluCubic = 0.044715f;
+
+}  // namespace
+
+// GELU, tanh approximation: 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3).
+// Evaluated through the exact identity 0.5 (1 + tanh(u)) = sigmoid(2u) = 1 / (1 + e^(-2u)):
+// one expf instead of tanhf (five times faster with glibc) and no cancellation in 1 + tanh
+// for negative x. The exponent is clamped so that e^(-2u) stays finite (no inf * 0 below).
+namespace {
+
+struct GeluTerms {
+  float s;    // sigmoid(2u) = 0.5 (1 + tanh u)
+  float e_s;  // 1 - s = e^(-2u) s, without cancellation
+};
+
+inline GeluTerms gelu_terms(float v) {
+  const float u = kSqrt2OverPi * (v + kGeluCubic * v * v * v);
+  const float e = std::exp(std::min(-2.0f * u, 80.0f));
+  const float s = 1.0f / (1.0f + e);
+  return {s, e * s};
+}
+
+}  // namespace
+
+void gelu_forward(float* y, const float* x, int64_t n) {
+  detail::require_at_least("gelu_forward", "n", n, 0);
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] * gelu_terms(x[i]).s;
+}
+
+// d/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) u'(x) with t = tanh u, u' = sqrt(2/pi) (1 + 3 * 0.044715
+// x^2); in sigmoid form 0.5 (1 + t) = s and 0.5 (1 - t^2) = 2 s (1 - s).
+void gelu_backward(float* dx, const float* dy, const float* x, int64_t n) {
+  detail::require_at_least("gelu_backward", "n", n, 0);
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = x[i];
+    const GeluTerms g = gelu_terms(v);
+    const float du = kSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * v * v);
+    dx[i] = dy[i] * (g.s + 2.0f * v * g.s * g.e_s * du);
+  }
+}
+
+void relu_forward(float* y, const float* x, int64_t n) {
+  detail::require_at_least("relu_forward", "n", n, 0);
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+}
+
+// The subgradient at 0 is taken as 0.
+void relu_backward(float* dx, const float* dy, const float* x, int64_t n) {
+  detail::require_at_least("relu_backward", "n", n, 0);
+  for (int64_t i = 0; i < n; ++i) dx[i] = x[i] > 0.0f ? dy[i] : 0.0f;
+}
+
+}  // namespace conveyor::kernels::cpu
