@@ -11,19 +11,27 @@ constexpr int kBlock = 256;
 constexpr float kSqrt2OverPi = 0.7978845608028654f;
 constexpr float kGeluCoeff = 0.044715f;
 
-struct GeluForward {
-  __device__ float operator()(float x) const {
-    const float inner = kSqrt2OverPi * (x + kGeluCoeff * x * x * x);
-    return 0.5f * x * (1.0f + tanhf(inner));
-  }
+// GELU(tanh) through 0.5 (1 + tanh u) = sigmoid(2u) = 1 / (1 + e^(-2u)), as on the CPU: no
+// cancellation in 1 + tanh u for negative x; the exponent is clamped so e^(-2u) stays finite.
+struct GeluTerms {
+  float s;    // sigmoid(2u)
+  float e_s;  // 1 - s, computed as e^(-2u) s
 };
+__device__ __forceinline__ GeluTerms gelu_terms(float x) {
+  const float u = kSqrt2OverPi * (x + kGeluCoeff * x * x * x);
+  const float e = expf(fminf(-2.0f * u, 80.0f));
+  const float s = 1.0f / (1.0f + e);
+  return {s, e * s};
+}
+struct GeluForward {
+  __device__ float operator()(float x) const { return x * gelu_terms(x).s; }
+};
+// d/dx = 0.5 (1 + t) + 0.5 x (1 - t²) u' = s + 2 x s (1 - s) u'.
 struct GeluBackward {
   __device__ float operator()(float dy, float x) const {
-    const float x2 = x * x;
-    const float inner = kSqrt2OverPi * (x + kGeluCoeff * x2 * x);
-    const float t = tanhf(inner);
-    const float dinner = kSqrt2OverPi * (1.0f + 3.0f * kGeluCoeff * x2);
-    return dy * (0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * dinner);
+    const GeluTerms g = gelu_terms(x);
+    const float du = kSqrt2OverPi * (1.0f + 3.0f * kGeluCoeff * x * x);
+    return dy * (g.s + 2.0f * x * g.s * g.e_s * du);
   }
 };
 struct ReluForward {
@@ -79,7 +87,8 @@ __global__ void binary_kernel(float* dx, const float* dy, const float* __restric
 
 template <class Op>
 void launch_unary(const CudaContext& ctx, float* y, const float* x, int64_t n, Op op) {
-  if (n <= 0) return;
+  detail::require_nonnegative("activation forward", "n", n);
+  if (n == 0) return;
   const bool vec = detail::aligned16(y) && detail::aligned16(x);
   const unsigned grid = detail::grid_for(vec ? (n + 3) / 4 : n, kBlock);
   if (vec)
@@ -92,7 +101,8 @@ void launch_unary(const CudaContext& ctx, float* y, const float* x, int64_t n, O
 template <class Op>
 void launch_binary(const CudaContext& ctx, float* dx, const float* dy, const float* x, int64_t n,
                    Op op) {
-  if (n <= 0) return;
+  detail::require_nonnegative("activation backward", "n", n);
+  if (n == 0) return;
   const bool vec = detail::aligned16(dx) && detail::aligned16(dy) && detail::aligned16(x);
   const unsigned grid = detail::grid_for(vec ? (n + 3) / 4 : n, kBlock);
   if (vec)

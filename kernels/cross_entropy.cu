@@ -126,9 +126,9 @@ __global__ void __launch_bounds__(kBlock)
 void softmax_cross_entropy(const CudaContext& ctx, float* losses, float* dlogits,
                            const float* logits, const int32_t* targets, int64_t n, int64_t vocab,
                            int32_t ignore_index, float grad_scale) {
-  if (n <= 0) return;
-  detail::require(vocab > 0, "softmax_cross_entropy: vocab must be positive, got " +
-                                 std::to_string(vocab));
+  detail::require_nonnegative("softmax_cross_entropy", "n", n);
+  detail::require_at_least("softmax_cross_entropy", "vocab", vocab, 1);
+  if (n == 0) return;
   const bool vec = vocab % 4 == 0 && detail::aligned16(logits) && detail::aligned16(dlogits);
   // Narrow rows do not need 16 warps; keep at least one full warp.
   const int64_t per_thread_items = vec ? vocab / 4 : vocab;

@@ -84,4 +84,14 @@ inline void require(bool ok, const std::string& what) {
   if (!ok) throw std::invalid_argument(what);
 }
 
+// Same message shape as the CPU kernels' checks.
+inline void require_at_least(const char* kernel, const char* name, int64_t value, int64_t min) {
+  if (value < min)
+    throw std::invalid_argument(std::string(kernel) + ": " + name + " must be >= " +
+                                std::to_string(min) + ", got " + std::to_string(value));
+}
+inline void require_nonnegative(const char* kernel, const char* name, int64_t value) {
+  require_at_least(kernel, name, value, 0);
+}
+
 }  // namespace conveyor::kernels::cuda::detail

@@ -88,7 +88,10 @@ void check_rows(int64_t n) {
 
 void embedding_forward(const CudaContext& ctx, float* y, const int32_t* tokens, const float* table,
                        int64_t n, int64_t c, int64_t vocab) {
-  if (n <= 0 || c <= 0) return;
+  detail::require_nonnegative("embedding_forward", "n", n);
+  detail::require_nonnegative("embedding_forward", "c", c);
+  detail::require_nonnegative("embedding_forward", "vocab", vocab);
+  if (n == 0 || c == 0) return;
   const unsigned grid = detail::grid_for(n, 1);
   const bool vec = c % 4 == 0 && detail::aligned16(y) && detail::aligned16(table);
   const int block = static_cast<int>(std::min<int64_t>(kBlock, ((vec ? c / 4 : c) + 31) / 32 * 32));
@@ -100,7 +103,8 @@ void embedding_forward(const CudaContext& ctx, float* y, const int32_t* tokens, 
 }
 
 size_t embedding_backward_scratch_bytes(int64_t n) {
-  if (n <= 0) return 0;
+  detail::require_nonnegative("embedding_backward_scratch_bytes", "n", n);
+  if (n == 0) return 0;
   check_rows(n);
   const size_t items = static_cast<size_t>(n);
   return 3 * align_up(items * sizeof(int32_t)) + align_up(sort_temp_bytes(static_cast<int>(n), 32));
@@ -109,7 +113,10 @@ size_t embedding_backward_scratch_bytes(int64_t n) {
 void embedding_backward(const CudaContext& ctx, float* dtable, const float* dy,
                         const int32_t* tokens, int64_t n, int64_t c, int64_t vocab,
                         void* scratch) {
-  if (n <= 0 || c <= 0) return;
+  detail::require_nonnegative("embedding_backward", "n", n);
+  detail::require_nonnegative("embedding_backward", "c", c);
+  detail::require_nonnegative("embedding_backward", "vocab", vocab);
+  if (n == 0 || c == 0) return;
   check_rows(n);
   detail::require(scratch != nullptr, "embedding_backward: scratch is null; allocate "
                                       "embedding_backward_scratch_bytes(n) bytes");

@@ -58,7 +58,10 @@ __global__ void fill_kernel(float* __restrict__ out, int64_t n, float value) {
 
 void init_uniform(const CudaContext& ctx, float* out, int64_t n, uint64_t seed, uint64_t key,
                   float low, float high) {
-  if (n <= 0) return;
+  detail::require_nonnegative("init_uniform", "n", n);
+  detail::require(low < high, "init_uniform: need low < high, got low " + std::to_string(low) +
+                                  ", high " + std::to_string(high));
+  if (n == 0) return;
   const bool vec = detail::aligned16(out);
   init_uniform_kernel<<<detail::grid_for((n + 3) / 4, kBlock), kBlock, 0, ctx.stream>>>(
       out, n, static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32),
@@ -67,7 +70,8 @@ void init_uniform(const CudaContext& ctx, float* out, int64_t n, uint64_t seed, 
 }
 
 void fill(const CudaContext& ctx, float* out, int64_t n, float value) {
-  if (n <= 0) return;
+  detail::require_nonnegative("fill", "n", n);
+  if (n == 0) return;
   const bool vec = detail::aligned16(out);
   const unsigned grid = detail::grid_for(vec ? (n + 3) / 4 : n, kBlock);
   if (vec)

@@ -194,17 +194,19 @@ __global__ void layernorm_weight_final_kernel(float* __restrict__ dgamma,
   dbeta[col] += b;
 }
 
-void check_width(int64_t c) {
-  detail::require(c > 0 && c <= (int64_t{1} << 30),
-                  "layernorm: row width c must be in [1, 2^30], got " + std::to_string(c));
+void check_shape(const char* kernel, int64_t n, int64_t c) {
+  detail::require_nonnegative(kernel, "n", n);
+  detail::require_at_least(kernel, "c", c, 1);
+  detail::require(c <= (int64_t{1} << 30),
+                  std::string(kernel) + ": row width c must be <= 2^30, got " + std::to_string(c));
 }
 
 }  // namespace
 
 void layernorm_forward(const CudaContext& ctx, float* y, float* mean, float* rstd, const float* x,
                        const float* gamma, const float* beta, int64_t n, int64_t c, float eps) {
-  if (n <= 0) return;
-  check_width(c);
+  check_shape("layernorm_forward", n, c);
+  if (n == 0) return;
   const unsigned grid = detail::grid_for(n, kWarpsPerBlock);
   const bool vec = c % 4 == 0 && detail::aligned16(y) && detail::aligned16(x) &&
                    detail::aligned16(gamma) && detail::aligned16(beta);
@@ -220,8 +222,8 @@ void layernorm_forward(const CudaContext& ctx, float* y, float* mean, float* rst
 void layernorm_backward_input(const CudaContext& ctx, float* dx, const float* dy, const float* x,
                               const float* mean, const float* rstd, const float* gamma, int64_t n,
                               int64_t c) {
-  if (n <= 0) return;
-  check_width(c);
+  check_shape("layernorm_backward_input", n, c);
+  if (n == 0) return;
   const unsigned grid = detail::grid_for(n, kWarpsPerBlock);
   const bool vec = c % 4 == 0 && detail::aligned16(dx) && detail::aligned16(dy) &&
                    detail::aligned16(x) && detail::aligned16(gamma);
@@ -237,8 +239,8 @@ void layernorm_backward_input(const CudaContext& ctx, float* dx, const float* dy
 void layernorm_backward_weight(const CudaContext& ctx, float* dgamma, float* dbeta,
                                const float* dy, const float* x, const float* mean,
                                const float* rstd, int64_t n, int64_t c) {
-  if (n <= 0) return;
-  check_width(c);
+  check_shape("layernorm_backward_weight", n, c);
+  if (n == 0) return;
   // Chunks fill about four waves of an H200; a chunk keeps at least 8 rows per thread row.
   const int64_t col_tiles = (c + kTileCols - 1) / kTileCols;
   int64_t chunks = (4 * 132 + col_tiles - 1) / col_tiles;

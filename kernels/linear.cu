@@ -204,8 +204,11 @@ void accumulate_column_sums(const CudaContext& ctx, float* db, const float* dy, 
 
 void linear_forward(const CudaContext& ctx, float* y, const float* x, const float* weight,
                     const float* bias, int64_t n, int64_t in, int64_t out) {
-  if (n <= 0 || out <= 0) return;
-  if (in <= 0) {  // empty product: y = bias (or 0)
+  detail::require_nonnegative("linear_forward", "n", n);
+  detail::require_nonnegative("linear_forward", "in", in);
+  detail::require_nonnegative("linear_forward", "out", out);
+  if (n == 0 || out == 0) return;
+  if (in == 0) {  // empty product: y = bias (or 0)
     launch_bias_rows(ctx, y, bias, n, out, false);
     return;
   }
@@ -219,7 +222,10 @@ void linear_forward(const CudaContext& ctx, float* y, const float* x, const floa
 
 void linear_backward_input(const CudaContext& ctx, float* dx, const float* dy, const float* weight,
                            int64_t n, int64_t in, int64_t out) {
-  if (n <= 0 || in <= 0) return;
+  detail::require_nonnegative("linear_backward_input", "n", n);
+  detail::require_nonnegative("linear_backward_input", "in", in);
+  detail::require_nonnegative("linear_backward_input", "out", out);
+  if (n == 0 || in == 0) return;
   if (out <= 0) {  // empty product: dx = 0
     launch_bias_rows(ctx, dx, nullptr, n, in, false);
     return;
@@ -230,7 +236,10 @@ void linear_backward_input(const CudaContext& ctx, float* dx, const float* dy, c
 
 void linear_backward_weight(const CudaContext& ctx, float* dweight, float* dbias, const float* dy,
                             const float* x, int64_t n, int64_t in, int64_t out) {
-  if (n <= 0 || out <= 0) return;  // nothing to add
+  detail::require_nonnegative("linear_backward_weight", "n", n);
+  detail::require_nonnegative("linear_backward_weight", "in", in);
+  detail::require_nonnegative("linear_backward_weight", "out", out);
+  if (n == 0 || out == 0) return;  // nothing to add
   if (in > 0) {
     const Gemm g{CUBLAS_OP_N, CUBLAS_OP_T, in, out, n, x, in, dy, out, dweight, in, 1.0f, nullptr};
     run_gemm(ctx, g);

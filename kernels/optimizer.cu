@@ -61,11 +61,14 @@ struct SgdOp {
   SgdArgs a;
   __device__ void operator()(const TensorTable& t, int k, int64_t i, bool decay) const {
     const float g = t.grad[k][i] * a.grad_scale;
-    const float buf = a.momentum * t.state0[k][i] + g;
-    float p = t.param[k][i];
+    float buf = g;
+    if (t.state0[k] != nullptr) {
+      buf = a.momentum * t.state0[k][i] + g;
+      t.state0[k][i] = buf;
+    }
+    const float p = t.param[k][i];
     float update = buf;
     if (decay) update += a.weight_decay * p;
-    t.state0[k][i] = buf;
     t.param[k][i] = p - a.lr * update;
   }
 };
@@ -99,16 +102,20 @@ __global__ void __launch_bounds__(kBlock) multi_tensor_kernel(const __grid_const
 }
 
 template <class Op>
-void apply(const CudaContext& ctx, const OptimizerTensor* tensors, int64_t count, Op op,
-           bool needs_state1) {
+void apply(const char* who, const CudaContext& ctx, const OptimizerTensor* tensors,
+           int64_t count, Op op, bool needs_state0, bool needs_state1) {
   std::vector<const OptimizerTensor*> live;
   for (int64_t i = 0; i < count; ++i) {
     const OptimizerTensor& t = tensors[i];
-    if (t.n <= 0) continue;
-    detail::require(t.param != nullptr && t.grad != nullptr && t.state0 != nullptr &&
-                        (!needs_state1 || t.state1 != nullptr),
-                    "optimizer update: tensor " + std::to_string(i) +
-                        " has a null param, grad or state pointer");
+    const std::string where = std::string(who) + ": tensor " + std::to_string(i);
+    detail::require(t.n >= 0, where + " has n = " + std::to_string(t.n) + " < 0");
+    if (t.n == 0) continue;
+    detail::require(t.param != nullptr && t.grad != nullptr,
+                    where + " has a null param or grad pointer");
+    detail::require(!needs_state0 || t.state0 != nullptr,
+                    where + " has a null state0 (AdamW m / SGD momentum buffer)");
+    detail::require(!needs_state1 || t.state1 != nullptr,
+                    where + " has a null state1 (AdamW second moment v)");
     live.push_back(&t);
   }
   for (size_t first = 0; first < live.size(); first += kMaxTensors) {
@@ -137,9 +144,9 @@ void apply(const CudaContext& ctx, const OptimizerTensor* tensors, int64_t count
 
 void adamw_update(const CudaContext& ctx, const OptimizerTensor* tensors, int64_t count,
                   const AdamWParams& params) {
-  if (count <= 0) return;
   detail::require(params.step >= 1,
-                  "adamw_update: step must be >= 1 (1-based), got " + std::to_string(params.step));
+                  "adamw_update: step is 1-based, got " + std::to_string(params.step));
+  if (count <= 0) return;
   AdamWArgs a{};
   a.lr = params.lr;
   a.beta1 = params.beta1;
@@ -152,14 +159,15 @@ void adamw_update(const CudaContext& ctx, const OptimizerTensor* tensors, int64_
   a.bias_correction1 = static_cast<float>(1.0 - std::pow(static_cast<double>(params.beta1), t));
   a.bias_correction2 = static_cast<float>(1.0 - std::pow(static_cast<double>(params.beta2), t));
   a.grad_scale = params.grad_scale;
-  apply(ctx, tensors, count, AdamWOp{a}, true);
+  apply("adamw_update", ctx, tensors, count, AdamWOp{a}, true, true);
 }
 
 void sgd_update(const CudaContext& ctx, const OptimizerTensor* tensors, int64_t count,
                 const SgdParams& params) {
   if (count <= 0) return;
   SgdArgs a{params.lr, params.momentum, params.weight_decay, params.grad_scale};
-  apply(ctx, tensors, count, SgdOp{a}, false);
+  // With zero momentum the buffer equals the gradient and may be absent (as on the CPU).
+  apply("sgd_update", ctx, tensors, count, SgdOp{a}, params.momentum != 0.0f, false);
 }
 
 }  // namespace conveyor::kernels::cuda

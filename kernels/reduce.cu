@@ -52,6 +52,7 @@ __global__ void reduce_final_kernel(double* __restrict__ out, const double* __re
 
 template <bool kSquare>
 void reduce(const CudaContext& ctx, double* out, const float* x, int64_t n, void* scratch) {
+  detail::require_nonnegative(kSquare ? "sum_squares" : "sum", "n", n);
   const int64_t partials = partial_count(n);
   auto* partial = static_cast<double*>(scratch);
   if (partials > 0) {
@@ -90,6 +91,7 @@ __global__ void scale_kernel(float* x, float s, int64_t n) {
 }  // namespace
 
 size_t reduce_scratch_bytes(int64_t n) {
+  detail::require_nonnegative("reduce_scratch_bytes", "n", n);
   return static_cast<size_t>(partial_count(n)) * sizeof(double);
 }
 
@@ -102,7 +104,8 @@ void sum_squares(const CudaContext& ctx, double* out, const float* x, int64_t n,
 }
 
 void scale(const CudaContext& ctx, float* x, float s, int64_t n) {
-  if (n <= 0) return;
+  detail::require_nonnegative("scale", "n", n);
+  if (n == 0) return;
   const bool vec = detail::aligned16(x);
   const unsigned grid = detail::grid_for(vec ? (n + 3) / 4 : n, kBlock);
   if (vec)
