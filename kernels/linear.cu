@@ -55,8 +55,8 @@ uint32_t alignment_of(const void* p) {
   return a;
 }
 
-// D[m,n] = op(A)·op(B) + beta·D (+ bias[m] per row), column-major. Returns false only when a
-// bias epilogue was asked for and no algorithm supports it; the caller then adds the bias.
+// D[m,n] = op(A)·op(B) + beta·D (+ bias[m] per row), column-major. run_gemm returns false only
+// when a bias epilogue was asked for and no algorithm supports it; the caller adds the bias.
 struct Gemm {
   cublasOperation_t trans_a, trans_b;
   int64_t m, n, k;
@@ -70,10 +70,8 @@ struct Gemm {
   const float* bias;  // may be null
 };
 
-bool run_gemm(const CudaContext& ctx, const Gemm& g) {
-  detail::require(ctx.cublaslt != nullptr, "linear: CudaContext has no cuBLASLt handle");
-  const cublasComputeType_t compute =
-      ctx.allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+// One attempt with one compute type; false when cuBLASLt has no algorithm for it.
+bool try_gemm(const CudaContext& ctx, const Gemm& g, cublasComputeType_t compute) {
   MatmulDesc desc(compute);
   CONVEYOR_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.h, CUBLASLT_MATMUL_DESC_TRANSA,
                                                        &g.trans_a, sizeof(g.trans_a)));
@@ -112,20 +110,28 @@ bool run_gemm(const CudaContext& ctx, const Gemm& g) {
   const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
       ctx.cublaslt, desc.h, a_layout.h, b_layout.h, d_layout.h, d_layout.h, pref.h, 1, &result,
       &found);
-  if (status != CUBLAS_STATUS_SUCCESS || found == 0) {
-    if (g.bias != nullptr) return false;
-    CONVEYOR_CUBLAS_CHECK(status);
-    throw std::runtime_error("linear: cuBLASLt found no algorithm for a " + std::to_string(g.m) +
-                             "x" + std::to_string(g.n) + "x" + std::to_string(g.k) +
-                             " fp32 GEMM (workspace " + std::to_string(workspace_bytes) +
-                             " bytes, alignments " + std::to_string(align_a) + "/" +
-                             std::to_string(align_b) + "/" + std::to_string(align_d) + ")");
-  }
+  if (status == CUBLAS_STATUS_NOT_SUPPORTED || (status == CUBLAS_STATUS_SUCCESS && found == 0))
+    return false;
+  CONVEYOR_CUBLAS_CHECK(status);
   const float alpha = 1.0f;
   CONVEYOR_CUBLAS_CHECK(cublasLtMatmul(ctx.cublaslt, desc.h, &alpha, g.a, a_layout.h, g.b,
                                        b_layout.h, &g.beta, g.d, d_layout.h, g.d, d_layout.h,
                                        &result.algo, ctx.workspace, workspace_bytes, ctx.stream));
   return true;
+}
+
+// TF32 first when allowed; plain fp32 if no TF32 kernel fits (e.g. 4-byte aligned operands).
+bool run_gemm(const CudaContext& ctx, const Gemm& g) {
+  detail::require(ctx.cublaslt != nullptr, "linear: CudaContext has no cuBLASLt handle");
+  if (ctx.allow_tf32 && try_gemm(ctx, g, CUBLAS_COMPUTE_32F_FAST_TF32)) return true;
+  if (try_gemm(ctx, g, CUBLAS_COMPUTE_32F)) return true;
+  if (g.bias != nullptr) return false;
+  throw std::runtime_error(
+      "linear: cuBLASLt found no algorithm for a " + std::to_string(g.m) + "x" +
+      std::to_string(g.n) + "x" + std::to_string(g.k) + " fp32 GEMM (workspace " +
+      std::to_string(ctx.workspace != nullptr ? ctx.workspace_bytes : 0) +
+      " bytes, operand alignments " + std::to_string(alignment_of(g.a)) + "/" +
+      std::to_string(alignment_of(g.b)) + "/" + std::to_string(alignment_of(g.d)) + " bytes)");
 }
 
 // y[r, j] = (add ? y[r, j] : 0) + (bias ? bias[j] : 0) over [n, out].
