@@ -1,0 +1,146 @@
+// Fused softmax + cross-entropy on CUDA: one block per row.
+// Pass 1 keeps an online (max, sum of exp) per thread and combines them in a fixed order
+// (warp butterflies, then warp 0), so the row statistics are reproducible. Pass 2 writes
+// dlogits = (softmax - onehot) * grad_scale; it may overwrite the logits in place, which is
+// safe because the target logit is read before the barrier that precedes pass 2 and every
+// other element is read and written by the same thread. Probabilities are never stored.
+// A target outside [0, vocab) that is not ignore_index gives a NaN loss (the CPU throws).
+#include <cmath>
+
+#include "kernels/cross_entropy.h"
+#include "kernels/cuda_util.cuh"
+
+namespace conveyor::kernels::cuda {
+namespace {
+
+constexpr int kBlock = 512;
+
+struct MaxSum {
+  float m;
+  float s;
+};
+
+// Sum of exp(x - m) over two partial states; an empty state has m = -inf, s = 0.
+__device__ __forceinline__ MaxSum combine(MaxSum a, MaxSum b) {
+  const float m = fmaxf(a.m, b.m);
+  if (m == -INFINITY) return {m, 0.0f};
+  const float sa = a.m == -INFINITY ? 0.0f : a.s * expf(a.m - m);
+  const float sb = b.m == -INFINITY ? 0.0f : b.s * expf(b.m - m);
+  return {m, sa + sb};
+}
+
+__device__ __forceinline__ void accumulate(MaxSum& st, float x) {
+  if (x > st.m) {
+    st.s = st.s * expf(st.m - x) + 1.0f;  // expf(-inf) = 0 for the first element
+    st.m = x;
+  } else if (x != -INFINITY) {
+    st.s += expf(x - st.m);  // NaN logits propagate
+  }
+}
+
+__device__ __forceinline__ MaxSum warp_combine(MaxSum st) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    MaxSum other{__shfl_xor_sync(0xffffffffu, st.m, offset),
+                 __shfl_xor_sync(0xffffffffu, st.s, offset)};
+    st = combine(st, other);
+  }
+  return st;
+}
+
+// No __restrict__ on logits/dlogits: they may alias.
+template <bool kVec>
+__global__ void __launch_bounds__(kBlock)
+    softmax_cross_entropy_kernel(float* __restrict__ losses, float* dlogits, const float* logits,
+                                 const int32_t* __restrict__ targets, int64_t n, int64_t vocab,
+                                 int32_t ignore_index, float grad_scale) {
+  __shared__ float shared_m[32];
+  __shared__ float shared_s[32];
+  __shared__ float shared_target_logit;
+  const int tid = threadIdx.x;
+  const int lane = tid & 31, warp = tid >> 5, warps = blockDim.x >> 5;
+  for (int64_t row = blockIdx.x; row < n; row += gridDim.x) {
+    const float* xr = logits + row * vocab;
+    float* dr = dlogits + row * vocab;
+    const int32_t target = targets[row];
+    if (target == ignore_index) {
+      if (tid == 0) losses[row] = 0.0f;
+      for (int64_t j = tid; j < vocab; j += blockDim.x) dr[j] = 0.0f;
+      continue;  // block-uniform
+    }
+    const bool target_ok = target >= 0 && target < vocab;
+    if (tid == 0) shared_target_logit = target_ok ? xr[target] : NAN;
+
+    MaxSum st{-INFINITY, 0.0f};
+    if constexpr (kVec) {
+      const float4* x4 = reinterpret_cast<const float4*>(xr);
+      for (int64_t j = tid; j < vocab / 4; j += blockDim.x) {
+        const float4 v = x4[j];
+        accumulate(st, v.x);
+        accumulate(st, v.y);
+        accumulate(st, v.z);
+        accumulate(st, v.w);
+      }
+    } else {
+      for (int64_t j = tid; j < vocab; j += blockDim.x) accumulate(st, xr[j]);
+    }
+    st = warp_combine(st);
+    if (lane == 0) {
+      shared_m[warp] = st.m;
+      shared_s[warp] = st.s;
+    }
+    __syncthreads();  // also publishes shared_target_logit before anything is overwritten
+    MaxSum total{-INFINITY, 0.0f};
+    if (lane < warps) total = MaxSum{shared_m[lane], shared_s[lane]};
+    total = warp_combine(total);  // every warp computes the same total in the same order
+    const float row_max = total.m;
+    const float log_sum = logf(total.s);
+    if (tid == 0) losses[row] = log_sum + row_max - shared_target_logit;
+    const float inv_sum = 1.0f / total.s;
+
+    if constexpr (kVec) {
+      const float4* x4 = reinterpret_cast<const float4*>(xr);
+      float4* d4 = reinterpret_cast<float4*>(dr);
+      for (int64_t j = tid; j < vocab / 4; j += blockDim.x) {
+        const float4 v = x4[j];
+        const int64_t base = 4 * j;
+        float4 g;
+        g.x = (expf(v.x - row_max) * inv_sum - (base + 0 == target ? 1.0f : 0.0f)) * grad_scale;
+        g.y = (expf(v.y - row_max) * inv_sum - (base + 1 == target ? 1.0f : 0.0f)) * grad_scale;
+        g.z = (expf(v.z - row_max) * inv_sum - (base + 2 == target ? 1.0f : 0.0f)) * grad_scale;
+        g.w = (expf(v.w - row_max) * inv_sum - (base + 3 == target ? 1.0f : 0.0f)) * grad_scale;
+        d4[j] = g;
+      }
+    } else {
+      for (int64_t j = tid; j < vocab; j += blockDim.x) {
+        const float p = expf(xr[j] - row_max) * inv_sum;
+        dr[j] = (p - (j == target ? 1.0f : 0.0f)) * grad_scale;
+      }
+    }
+    __syncthreads();  // shared state is reused by the next row
+  }
+}
+
+}  // namespace
+
+void softmax_cross_entropy(const CudaContext& ctx, float* losses, float* dlogits,
+                           const float* logits, const int32_t* targets, int64_t n, int64_t vocab,
+                           int32_t ignore_index, float grad_scale) {
+  detail::require_nonnegative("softmax_cross_entropy", "n", n);
+  detail::require_at_least("softmax_cross_entropy", "vocab", vocab, 1);
+  if (n == 0) return;
+  const bool vec = vocab % 4 == 0 && detail::aligned16(logits) && detail::aligned16(dlogits);
+  // Narrow rows do not need 16 warps; keep at least one full warp.
+  const int64_t per_thread_items = vec ? vocab / 4 : vocab;
+  const int block = static_cast<int>(std::min<int64_t>(kBlock, (per_thread_items + 31) / 32 * 32));
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(n, 132 * 64));
+  if (vec)
+    softmax_cross_entropy_kernel<true><<<grid, block, 0, ctx.stream>>>(
+        losses, dlogits, logits, targets, n, vocab, ignore_index, grad_scale);
+  else
+    softmax_cross_entropy_kernel<false><<<grid, block, 0, ctx.stream>>>(
+        losses, dlogits, logits, targets, n, vocab, ignore_index, grad_scale);
+  CONVEYOR_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace conveyor::kernels::cuda

@@ -1,0 +1,103 @@
+// Fused softmax-cross-entropy on CUDA against the CPU: losses, dlogits, in-place dlogits,
+// ignore_index, grad_scale, unaligned rows, determinism.
+#include <gtest/gtest.h>
+
+#include "common/test_util.h"
+#include "kernels/cross_entropy.h"
+#include "tests/kernels/gpu_buffer.h"
+
+namespace conveyor {
+namespace {
+
+using testing::all_close;
+using testing::bitwise_equal;
+using testing::DeviceBuffer;
+using testing::GpuContext;
+using testing::random_floats;
+using testing::random_ints;
+
+constexpr int32_t kIgnore = -100;
+
+struct Shape {
+  int64_t n, vocab;
+};
+constexpr Shape kShapes[] = {{1, 1},    {3, 3},    {17, 17},  {5, 33},    {4, 127},
+                             {8, 1000}, {3, 4097}, {6, 32768}, {2, 50257}, {300, 64}};
+
+TEST(CrossEntropyGpu, MatchesCpuOutOfPlaceAndInPlace) {
+  CONVEYOR_REQUIRE_GPU();
+  GpuContext gpu;
+  uint64_t seed = 900;
+  for (const Shape& s : kShapes) {
+    for (size_t pad : {size_t{0}, size_t{1}}) {
+      SCOPED_TRACE("n=" + std::to_string(s.n) + " vocab=" + std::to_string(s.vocab) +
+                   " pad=" + std::to_string(pad));
+      const size_t total = static_cast<size_t>(s.n * s.vocab);
+      const auto logits = random_floats(total, seed++, -6.0f, 6.0f);
+      auto targets = random_ints(static_cast<size_t>(s.n), seed++, 0,
+                                 static_cast<int32_t>(s.vocab - 1));
+      int valid = 0;
+      for (size_t i = 0; i < targets.size(); ++i) {
+        if (i % 3 == 1) targets[i] = kIgnore;  // every third row is padding
+        valid += targets[i] != kIgnore;
+      }
+      const float grad_scale = 1.0f / static_cast<float>(std::max(valid, 1) * 2);
+
+      std::vector<float> loss_ref(static_cast<size_t>(s.n)), dlogits_ref(total);
+      kernels::cpu::softmax_cross_entropy(loss_ref.data(), dlogits_ref.data(), logits.data(),
+                                          targets.data(), s.n, s.vocab, kIgnore, grad_scale);
+
+      DeviceBuffer<float> d_logits(logits, pad), d_dlogits(total, pad), d_loss(s.n);
+      DeviceBuffer<int32_t> d_targets(targets);
+      kernels::cuda::softmax_cross_entropy(gpu.ctx(), d_loss.data(), d_dlogits.data(),
+                                           d_logits.data(), d_targets.data(), s.n, s.vocab,
+                                           kIgnore, grad_scale);
+      const auto loss = d_loss.download();
+      const auto dlogits = d_dlogits.download();
+      EXPECT_TRUE(all_close(loss, loss_ref, 1e-5, 1e-5));
+      EXPECT_TRUE(all_close(dlogits, dlogits_ref, 1e-4, 1e-7));
+      for (size_t i = 0; i < targets.size(); ++i) {
+        if (targets[i] != kIgnore) continue;
+        EXPECT_EQ(loss[i], 0.0f);
+        for (int64_t j = 0; j < s.vocab; ++j)
+          ASSERT_EQ(dlogits[i * static_cast<size_t>(s.vocab) + static_cast<size_t>(j)], 0.0f);
+      }
+
+      // In place over the logits: the same bits as out of place.
+      kernels::cuda::softmax_cross_entropy(gpu.ctx(), d_loss.data(), d_logits.data(),
+                                           d_logits.data(), d_targets.data(), s.n, s.vocab,
+                                           kIgnore, grad_scale);
+      EXPECT_TRUE(bitwise_equal(d_logits.download(), dlogits));
+      EXPECT_TRUE(bitwise_equal(d_loss.download(), loss));
+    }
+  }
+}
+
+TEST(CrossEntropyGpu, LargeLogitsStayFinite) {
+  CONVEYOR_REQUIRE_GPU();
+  GpuContext gpu;
+  const int64_t n = 4, vocab = 4097;
+  auto logits = random_floats(static_cast<size_t>(n * vocab), 31, -1.0f, 1.0f);
+  for (size_t i = 0; i < logits.size(); i += 97) logits[i] = 80.0f;  // exp would overflow
+  const auto targets = random_ints(static_cast<size_t>(n), 32, 0, static_cast<int32_t>(vocab - 1));
+  std::vector<float> loss_ref(n), dl_ref(logits.size());
+  kernels::cpu::softmax_cross_entropy(loss_ref.data(), dl_ref.data(), logits.data(),
+                                      targets.data(), n, vocab, kIgnore, 1.0f);
+  DeviceBuffer<float> d_logits(logits), d_loss(n);
+  DeviceBuffer<int32_t> d_targets(targets);
+  kernels::cuda::softmax_cross_entropy(gpu.ctx(), d_loss.data(), d_logits.data(), d_logits.data(),
+                                       d_targets.data(), n, vocab, kIgnore, 1.0f);
+  EXPECT_TRUE(all_close(d_loss.download(), loss_ref, 1e-5, 1e-5));
+  EXPECT_TRUE(all_close(d_logits.download(), dl_ref, 1e-4, 1e-7));
+}
+
+TEST(CrossEntropyGpu, EmptyBatchIsANoOp) {
+  CONVEYOR_REQUIRE_GPU();
+  GpuContext gpu;
+  kernels::cuda::softmax_cross_entropy(gpu.ctx(), nullptr, nullptr, nullptr, nullptr, 0, 10,
+                                       kIgnore, 1.0f);
+  gpu.sync();
+}
+
+}  // namespace
+}  // namespace conveyor
