@@ -15,6 +15,12 @@ if(NOT _conveyor_cuda_mode STREQUAL "OFF")
   find_package(CUDAToolkit QUIET)
   if(CMAKE_CUDA_COMPILER AND CUDAToolkit_FOUND)
     enable_language(CUDA)
+    # CMake 3.25 knows no C++20 flag for nvcc, so C++20 targets with .cu sources fail to
+    # configure; nvcc 12+ accepts -std=c++20.
+    if(NOT CMAKE_CUDA20_STANDARD_COMPILE_OPTION)
+      set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+      set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+    endif()
     find_package(NCCL)
     find_package(CUDNN)
     if(NCCL_FOUND)
