@@ -76,7 +76,7 @@ std::string closed_form(const std::string& kind, int p, int m, int v, const Cost
     return std::string(buf);
   };
   if (kind == "gpipe" || kind == "1f1b") return "(p-1)/(m+p-1) = " + ratio(p - 1, m + p - 1);
-  if (kind == "interleaved" && c.f == c.i && c.i == c.w && m % p == 0)
+  if (kind == "interleaved" && m % p == 0)
     return "(p-1)/(v*m+p-1) = " + ratio(p - 1, static_cast<long>(v) * m + p - 1);
   if (kind == "zbh1" && c.f == c.i && c.i == c.w && m >= p)
     return "(p-1)/(3m+p-1) at F=I=W = " + ratio(p - 1, 3L * m + p - 1);
@@ -88,6 +88,13 @@ std::string closed_form(const std::string& kind, int p, int m, int v, const Cost
 sc::CostModel cost_model(const Costs& c, int chunks) {
   const double v = chunks > 0 ? chunks : 1;
   return sc::CostModel::uniform(c.f / v, c.i / v, c.w / v, c.comm);
+}
+
+// ZB-H1 places its W passes by list scheduling; give it the costs it will run under.
+sc::Schedule make_schedule(sc::ScheduleKind kind, int p, int m, int v, const Costs& c) {
+  if (kind == sc::ScheduleKind::kZBH1 && v == 1 && c.f > 0 && c.i > 0 && c.w > 0)
+    return sc::generate_zbh1(p, m, c.f, c.i, c.w);
+  return sc::generate(kind, p, m, v);
 }
 
 void write_file(const std::string& path, const std::string& content, const char* what) {
@@ -117,7 +124,7 @@ void run_compare(const ScheduleOptions& o, const Costs& costs) {
     std::string name = sc::schedule_kind_name(kind);
     if (inter) name += " v=" + std::to_string(v);
     try {
-      const sc::Schedule s = sc::generate(kind, p, m, inter ? v : 1);
+      const sc::Schedule s = make_schedule(kind, p, m, inter ? v : 1, costs);
       sc::validate(s);
       const sc::SimResult sim = sc::simulate(s, cost_model(costs, s.placement.chunks));
       int in_flight = 0, held = 0;
@@ -144,7 +151,7 @@ void run(const ScheduleOptions& o) {
         throw UsageError("unknown schedule kind '" + o.kind + "' (expected " + sc::schedule_kind_choices() + ")");
       check_pm(o);
       const int v = o.chunks > 0 ? o.chunks : (*kind == sc::ScheduleKind::kInterleaved ? 2 : 1);
-      schedule = sc::generate(*kind, o.stages, o.microbatches, v);
+      schedule = make_schedule(*kind, o.stages, o.microbatches, v, costs);
     }
     sc::validate(schedule);
   } catch (const sc::ScheduleError& e) {

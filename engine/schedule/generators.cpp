@@ -140,19 +140,30 @@ Schedule generate_interleaved(int p, int m, int v) {
   return s;
 }
 
-Schedule generate_zbh1(int p, int m) {
+Schedule generate_zbh1(int p, int m, double f, double i, double w) {
   check_common("zbh1", p, m);
+  if (!(f > 0 && i > 0 && w > 0))
+    throw ScheduleError("zbh1 needs positive F, I and W costs to order the passes");
   Schedule s = empty_schedule("zbh1", p, m, 1, Layout::kLooped);
-  // List scheduling in unit time steps (F = I = W = 1, free transfers). A rank prefers I
-  // (it unblocks the upstream rank), then F within the memory limits, then a deferred W.
-  constexpr int kNotYet = -1;
-  std::vector<std::vector<int>> f_end(p, std::vector<int>(m, kNotYet));
-  std::vector<std::vector<int>> i_end(p, std::vector<int>(m, kNotYet));
+  // Event-driven list scheduling under the given costs (free transfers). A free rank prefers
+  // I (it unblocks the upstream rank), then F within the memory limits, then a deferred W;
+  // with nothing available it waits for the next completion anywhere.
+  constexpr double kNotYet = -1;
+  std::vector<std::vector<double>> f_end(p, std::vector<double>(m, kNotYet));
+  std::vector<std::vector<double>> i_end(p, std::vector<double>(m, kNotYet));
   std::vector<int> next_f(p, 0), next_i(p, 0), next_w(p, 0);
-  int remaining = 3 * p * m;
-  auto done_by = [](int end, int t) { return end != kNotYet && end <= t; };
-  for (int t = 0; remaining > 0; ++t) {
+  std::vector<double> free_at(p, 0);
+  std::vector<double> ends;  // completion times, for waiting
+  std::vector<int> waiting;
+  auto done_by = [](double end, double t) { return end != kNotYet && end <= t; };
+  auto finished = [&](int r) { return next_w[r] == m; };
+  for (;;) {
+    double t = -1;
+    for (int r = 0; r < p; ++r)
+      if (!finished(r) && (t < 0 || free_at[r] < t)) t = free_at[r];
+    if (t < 0) break;
     for (int r = 0; r < p; ++r) {
+      if (finished(r) || free_at[r] > t) continue;
       auto& list = s.ranks[r];
       // Micro-batches between F and W. The smallest cap found (p <= 16, m <= 64) that still
       // reaches the closed-form bubble; the deferred W's hold only the part of the
@@ -166,21 +177,33 @@ Schedule generate_zbh1(int p, int m) {
       const bool can_w = nw < ni && done_by(i_end[r][nw], t);
       if (can_i) {
         list.push_back(backward_input(r, ni));
-        i_end[r][ni] = t + 1;
+        i_end[r][ni] = free_at[r] = t + i;
         ++next_i[r];
       } else if (can_f) {
         list.push_back(forward(r, nf));
-        f_end[r][nf] = t + 1;
+        f_end[r][nf] = free_at[r] = t + f;
         ++next_f[r];
       } else if (can_w) {
         list.push_back(backward_weight(r, nw));
+        free_at[r] = t + w;
         ++next_w[r];
       } else {
+        waiting.push_back(r);
         continue;
       }
-      --remaining;
+      ends.push_back(free_at[r]);
     }
-    if (t > 8 * (p + m) * 3) throw ScheduleError("internal error: zbh1 list scheduling did not finish");
+    // Ranks with nothing to do wait for the next completion anywhere.
+    if (!waiting.empty()) {
+      double next = -1;
+      for (double e : ends)
+        if (e > t && (next < 0 || e < next)) next = e;
+      if (next < 0) throw ScheduleError("internal error: zbh1 list scheduling is stuck");
+      for (int r : waiting) free_at[r] = next;
+      waiting.clear();
+    }
+    // Keep only completions that can still wake a rank.
+    std::erase_if(ends, [&](double e) { return e <= t; });
   }
   insert_transfers(&s);
   return s;

@@ -58,8 +58,10 @@ TEST(ClosedForms, InterleavedBubble) {
         if (m > 64) continue;
         const Schedule s = generate_interleaved(p, m, v);
         ASSERT_NO_THROW(validate(s)) << "p=" << p << " m=" << m << " v=" << v;
-        const SimResult sim = simulate(s, CostModel::uniform(1, 1, 1));
-        EXPECT_EQ(sim.bubble_fraction, ratio(p - 1, v * m + p - 1)) << "p=" << p << " m=" << m << " v=" << v;
+        for (const auto& costs : {CostModel::uniform(1, 1, 1), CostModel::uniform(2, 3, 1)}) {
+          const SimResult sim = simulate(s, costs);
+          EXPECT_EQ(sim.bubble_fraction, ratio(p - 1, v * m + p - 1)) << "p=" << p << " m=" << m << " v=" << v;
+        }
       }
 }
 
@@ -80,6 +82,27 @@ TEST(ClosedForms, ZBH1IdlePerRank) {
       EXPECT_EQ(3 * zb.ranks[0].idle, one.ranks[0].idle);
       EXPECT_DOUBLE_EQ(zb.bubble_fraction, ratio(p - 1, 3 * m + p - 1));
     }
+}
+
+TEST(ClosedForms, ZBH1WithCheaperWeightGradients) {
+  // The paper's (p-1)(F+I-W) assumes W <= F; with W dividing F and I the cost-aware order
+  // is at least that good.
+  const double costs[][3] = {{2, 2, 1}, {1, 2, 1}, {3, 2, 1}, {1, 1, 0.5}};
+  for (const auto& c : costs)
+    for (int p = 1; p <= 8; ++p)
+      for (int m = p; m <= 32; m += 3) {
+        const Schedule s = generate_zbh1(p, m, c[0], c[1], c[2]);
+        ASSERT_NO_THROW(validate(s));
+        const SimResult sim = simulate(s, CostModel::uniform(c[0], c[1], c[2]));
+        for (int r = 0; r < p; ++r)
+          EXPECT_LE(sim.ranks[r].idle, (p - 1) * (c[0] + c[1] - c[2]))
+              << "F=" << c[0] << " I=" << c[1] << " W=" << c[2] << " p=" << p << " m=" << m;
+      }
+}
+
+TEST(ClosedForms, ZBH1UnitOrderIsTheDefault) {
+  EXPECT_EQ(generate_zbh1(5, 11, 1, 1, 1), generate(ScheduleKind::kZBH1, 5, 11));
+  EXPECT_EQ(generate_zbh1(5, 11, 2, 2, 2), generate(ScheduleKind::kZBH1, 5, 11));
 }
 
 }  // namespace
