@@ -12,7 +12,8 @@ void check_common(const char* kind, int p, int m) {
   if (p < 1)
     throw ScheduleError(std::string(kind) + " needs at least 1 stage, got p=" + std::to_string(p));
   if (m < 1)
-    throw ScheduleError(std::string(kind) + " needs at least 1 micro-batch, got m=" + std::to_string(m));
+    throw ScheduleError(std::string(kind) +
+                        " needs at least 1 micro-batch, got m=" + std::to_string(m));
 }
 
 Schedule empty_schedule(const char* name, int p, int m, int v, Layout layout) {
@@ -29,10 +30,14 @@ using MessageId = std::tuple<bool, int, int>;
 
 MessageId message_of(const Action& a) {
   switch (a.kind) {
-    case ActionKind::kSendAct: return {false, a.stage, a.microbatch};
-    case ActionKind::kRecvAct: return {false, a.stage - 1, a.microbatch};
-    case ActionKind::kSendGrad: return {true, a.stage, a.microbatch};
-    default: return {true, a.stage + 1, a.microbatch};  // kRecvGrad
+    case ActionKind::kSendAct:
+      return {false, a.stage, a.microbatch};
+    case ActionKind::kRecvAct:
+      return {false, a.stage - 1, a.microbatch};
+    case ActionKind::kSendGrad:
+      return {true, a.stage, a.microbatch};
+    default:
+      return {true, a.stage + 1, a.microbatch};  // kRecvGrad
   }
 }
 
@@ -40,17 +45,21 @@ MessageId message_of(const Action& a) {
 
 const char* schedule_kind_name(ScheduleKind kind) {
   switch (kind) {
-    case ScheduleKind::kGPipe: return "gpipe";
-    case ScheduleKind::k1F1B: return "1f1b";
-    case ScheduleKind::kInterleaved: return "interleaved";
-    case ScheduleKind::kZBH1: return "zbh1";
+    case ScheduleKind::kGPipe:
+      return "gpipe";
+    case ScheduleKind::k1F1B:
+      return "1f1b";
+    case ScheduleKind::kInterleaved:
+      return "interleaved";
+    case ScheduleKind::kZBH1:
+      return "zbh1";
   }
   return "?";
 }
 
 std::optional<ScheduleKind> parse_schedule_kind(std::string_view name) {
-  for (auto k : {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved,
-                 ScheduleKind::kZBH1})
+  for (auto k :
+       {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved, ScheduleKind::kZBH1})
     if (name == schedule_kind_name(k)) return k;
   return std::nullopt;
 }
@@ -63,10 +72,14 @@ Schedule generate(ScheduleKind kind, int p, int m, int v) {
                         " has one chunk per rank; --chunks " + std::to_string(v) +
                         " is only for 'interleaved' (use chunks=1)");
   switch (kind) {
-    case ScheduleKind::kGPipe: return generate_gpipe(p, m);
-    case ScheduleKind::k1F1B: return generate_1f1b(p, m);
-    case ScheduleKind::kInterleaved: return generate_interleaved(p, m, v);
-    case ScheduleKind::kZBH1: return generate_zbh1(p, m);
+    case ScheduleKind::kGPipe:
+      return generate_gpipe(p, m);
+    case ScheduleKind::k1F1B:
+      return generate_1f1b(p, m);
+    case ScheduleKind::kInterleaved:
+      return generate_interleaved(p, m, v);
+    case ScheduleKind::kZBH1:
+      return generate_zbh1(p, m);
   }
   throw ScheduleError("unknown schedule kind");
 }
@@ -126,8 +139,12 @@ Schedule generate_interleaved(int p, int m, int v) {
   auto mb_of = [&](int k) { return (k / (p * v)) * p + k % p; };
   for (int r = 0; r < p; ++r) {
     auto& list = s.ranks[r];
-    auto F = [&](int k) { list.push_back(forward(s.placement.stage_of(r, chunk_of(k, true)), mb_of(k))); };
-    auto B = [&](int k) { list.push_back(backward(s.placement.stage_of(r, chunk_of(k, false)), mb_of(k))); };
+    auto F = [&](int k) {
+      list.push_back(forward(s.placement.stage_of(r, chunk_of(k, true)), mb_of(k)));
+    };
+    auto B = [&](int k) {
+      list.push_back(backward(s.placement.stage_of(r, chunk_of(k, false)), mb_of(k)));
+    };
     const int warmup = std::min((p - r - 1) * 2 + (v - 1) * p, total);
     for (int k = 0; k < warmup; ++k) F(k);
     for (int i = 0; i < total - warmup; ++i) {
@@ -170,10 +187,10 @@ Schedule generate_zbh1(int p, int m, double f, double i, double w) {
       // activations the weight gradient needs.
       const int held_cap = p + (p - r + 1) / 2;
       const int nf = next_f[r], ni = next_i[r], nw = next_w[r];
-      const bool can_i = ni < nf && done_by(f_end[r][ni], t) &&
-                         (r == p - 1 || done_by(i_end[r + 1][ni], t));
-      const bool can_f = nf < m && (r == 0 || done_by(f_end[r - 1][nf], t)) &&
-                         nf - ni < p - r && nf - nw < held_cap;
+      const bool can_i =
+          ni < nf && done_by(f_end[r][ni], t) && (r == p - 1 || done_by(i_end[r + 1][ni], t));
+      const bool can_f = nf < m && (r == 0 || done_by(f_end[r - 1][nf], t)) && nf - ni < p - r &&
+                         nf - nw < held_cap;
       const bool can_w = nw < ni && done_by(i_end[r][nw], t);
       if (can_i) {
         list.push_back(backward_input(r, ni));
@@ -236,7 +253,8 @@ void insert_transfers(Schedule* schedule) {
   }
   // FIFO per link: reorder each rank's receives from one peer into the peer's send order,
   // moving a receive earlier (never later than its consumer).
-  std::vector<std::vector<std::vector<MessageId>>> sent_on(R, std::vector<std::vector<MessageId>>(R));
+  std::vector<std::vector<std::vector<MessageId>>> sent_on(R,
+                                                           std::vector<std::vector<MessageId>>(R));
   for (int src = 0; src < R; ++src)
     for (const auto& a : schedule->ranks[src])
       if (is_send(a.kind)) sent_on[src][a.peer].push_back(message_of(a));

@@ -17,14 +17,22 @@ bool is_recv(ActionKind kind) {
 
 const char* kind_name(ActionKind kind) {
   switch (kind) {
-    case ActionKind::kForward: return "F";
-    case ActionKind::kBackward: return "B";
-    case ActionKind::kBackwardInput: return "I";
-    case ActionKind::kBackwardWeight: return "W";
-    case ActionKind::kSendAct: return "SEND_ACT";
-    case ActionKind::kRecvAct: return "RECV_ACT";
-    case ActionKind::kSendGrad: return "SEND_GRAD";
-    case ActionKind::kRecvGrad: return "RECV_GRAD";
+    case ActionKind::kForward:
+      return "F";
+    case ActionKind::kBackward:
+      return "B";
+    case ActionKind::kBackwardInput:
+      return "I";
+    case ActionKind::kBackwardWeight:
+      return "W";
+    case ActionKind::kSendAct:
+      return "SEND_ACT";
+    case ActionKind::kRecvAct:
+      return "RECV_ACT";
+    case ActionKind::kSendGrad:
+      return "SEND_GRAD";
+    case ActionKind::kRecvGrad:
+      return "RECV_GRAD";
   }
   return "?";
 }
@@ -37,11 +45,16 @@ Action backward_weight(int stage, int mb) { return {ActionKind::kBackwardWeight,
 namespace {
 const char* short_name(ActionKind kind) {
   switch (kind) {
-    case ActionKind::kSendAct: return "SA";
-    case ActionKind::kRecvAct: return "RA";
-    case ActionKind::kSendGrad: return "SG";
-    case ActionKind::kRecvGrad: return "RG";
-    default: return kind_name(kind);
+    case ActionKind::kSendAct:
+      return "SA";
+    case ActionKind::kRecvAct:
+      return "RA";
+    case ActionKind::kSendGrad:
+      return "SG";
+    case ActionKind::kRecvGrad:
+      return "RG";
+    default:
+      return kind_name(kind);
   }
 }
 
@@ -68,10 +81,10 @@ Action parse_action(std::string_view token) {
                          "RG0.3<1)");
   };
   static const std::pair<const char*, ActionKind> kPrefixes[] = {
-      {"SA", ActionKind::kSendAct},        {"RA", ActionKind::kRecvAct},
-      {"SG", ActionKind::kSendGrad},       {"RG", ActionKind::kRecvGrad},
-      {"F", ActionKind::kForward},         {"B", ActionKind::kBackward},
-      {"I", ActionKind::kBackwardInput},   {"W", ActionKind::kBackwardWeight}};
+      {"SA", ActionKind::kSendAct},      {"RA", ActionKind::kRecvAct},
+      {"SG", ActionKind::kSendGrad},     {"RG", ActionKind::kRecvGrad},
+      {"F", ActionKind::kForward},       {"B", ActionKind::kBackward},
+      {"I", ActionKind::kBackwardInput}, {"W", ActionKind::kBackwardWeight}};
   Action a;
   std::string_view rest;
   bool matched = false;
@@ -100,9 +113,7 @@ Action parse_action(std::string_view token) {
   return a;
 }
 
-const char* layout_name(Layout layout) {
-  return layout == Layout::kLooped ? "looped" : "v";
-}
+const char* layout_name(Layout layout) { return layout == Layout::kLooped ? "looped" : "v"; }
 
 int Placement::rank_of(int stage) const {
   const int chunk = stage / num_ranks;
@@ -133,8 +144,7 @@ ActionRef find_action(const Schedule& schedule, ActionKind kind, int stage, int 
   for (int r = 0; r < static_cast<int>(schedule.ranks.size()); ++r) {
     const auto& list = schedule.ranks[r];
     for (int i = 0; i < static_cast<int>(list.size()); ++i)
-      if (list[i].kind == kind && list[i].stage == stage && list[i].microbatch == mb)
-        return {r, i};
+      if (list[i].kind == kind && list[i].stage == stage && list[i].microbatch == mb) return {r, i};
   }
   return {};
 }

@@ -21,7 +21,8 @@ TEST(ClosedForms, GPipeAnd1F1BBubble) {
         for (const auto& costs : {CostModel::uniform(1, 1, 1), CostModel::uniform(2, 3, 1)}) {
           const SimResult sim = simulate(s, costs);
           const double fb = costs.forward[0] + costs.backward_input[0] + costs.backward_weight[0];
-          EXPECT_EQ(sim.makespan, (m + p - 1) * fb) << schedule_kind_name(kind) << " p=" << p << " m=" << m;
+          EXPECT_EQ(sim.makespan, (m + p - 1) * fb)
+              << schedule_kind_name(kind) << " p=" << p << " m=" << m;
           EXPECT_EQ(sim.bubble_fraction, ratio(p - 1, m + p - 1))
               << schedule_kind_name(kind) << " p=" << p << " m=" << m;
         }
@@ -35,7 +36,8 @@ TEST(ClosedForms, PeakInFlight) {
       const SimResult one = simulate(generate_1f1b(p, m));
       const SimResult gpipe = simulate(generate_gpipe(p, m));
       for (int s = 0; s < p; ++s) {
-        EXPECT_EQ(one.ranks[s].memory.peak_in_flight, std::min(p - s, m)) << "p=" << p << " m=" << m << " s=" << s;
+        EXPECT_EQ(one.ranks[s].memory.peak_in_flight, std::min(p - s, m))
+            << "p=" << p << " m=" << m << " s=" << s;
         EXPECT_EQ(one.ranks[s].memory.peak_held, std::min(p - s, m));
         EXPECT_EQ(gpipe.ranks[s].memory.peak_in_flight, m);
       }
@@ -60,7 +62,8 @@ TEST(ClosedForms, InterleavedBubble) {
         ASSERT_NO_THROW(validate(s)) << "p=" << p << " m=" << m << " v=" << v;
         for (const auto& costs : {CostModel::uniform(1, 1, 1), CostModel::uniform(2, 3, 1)}) {
           const SimResult sim = simulate(s, costs);
-          EXPECT_EQ(sim.bubble_fraction, ratio(p - 1, v * m + p - 1)) << "p=" << p << " m=" << m << " v=" << v;
+          EXPECT_EQ(sim.bubble_fraction, ratio(p - 1, v * m + p - 1))
+              << "p=" << p << " m=" << m << " v=" << v;
         }
       }
 }

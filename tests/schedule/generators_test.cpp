@@ -1,10 +1,11 @@
 // Generators: defined for every p, m where the schedule exists, clear errors elsewhere,
 // weight gradients in ascending micro-batch order, placement queries.
+#include "engine/schedule/generators.h"
+
 #include <gtest/gtest.h>
 
 #include <set>
 
-#include "engine/schedule/generators.h"
 #include "engine/schedule/simulator.h"
 #include "engine/schedule/validator.h"
 
@@ -24,10 +25,12 @@ TEST(Generators, WeightGradientsAscendInEveryStage) {
   for (int p = 1; p <= 8; ++p)
     for (int m = 1; m <= 24; ++m) {
       std::vector<Schedule> all = {generate_gpipe(p, m), generate_1f1b(p, m), generate_zbh1(p, m)};
-      if (m % p == 0) all.push_back(generate_interleaved(p, m, 2)), all.push_back(generate_interleaved(p, m, 4));
+      if (m % p == 0)
+        all.push_back(generate_interleaved(p, m, 2)), all.push_back(generate_interleaved(p, m, 4));
       for (const auto& s : all) {
         std::string why;
-        EXPECT_TRUE(weight_grads_ascending(s, &why)) << s.name << " p=" << p << " m=" << m << ": " << why;
+        EXPECT_TRUE(weight_grads_ascending(s, &why))
+            << s.name << " p=" << p << " m=" << m << ": " << why;
       }
     }
 }
@@ -48,7 +51,8 @@ TEST(Generators, EveryActionExactlyOnce) {
     for (const auto& a : list)
       if (is_compute(a.kind)) {
         ++compute;
-        EXPECT_TRUE(seen.insert({static_cast<int>(a.kind), a.stage, a.microbatch}).second) << to_string(a);
+        EXPECT_TRUE(seen.insert({static_cast<int>(a.kind), a.stage, a.microbatch}).second)
+            << to_string(a);
       }
   EXPECT_EQ(compute, 3u * 4 * 6);
   EXPECT_TRUE(s.splits_backward());
@@ -56,12 +60,15 @@ TEST(Generators, EveryActionExactlyOnce) {
 }
 
 TEST(Generators, ErrorsSayWhichValuesWork) {
-  EXPECT_NE(error_of(ScheduleKind::kInterleaved, 4, 6, 2).find("try m=4 or m=8"), std::string::npos);
+  EXPECT_NE(error_of(ScheduleKind::kInterleaved, 4, 6, 2).find("try m=4 or m=8"),
+            std::string::npos);
   EXPECT_NE(error_of(ScheduleKind::kInterleaved, 4, 3, 2).find("try m=4"), std::string::npos);
   EXPECT_NE(error_of(ScheduleKind::k1F1B, 0, 4).find("at least 1 stage"), std::string::npos);
   EXPECT_NE(error_of(ScheduleKind::kGPipe, 2, 0).find("at least 1 micro-batch"), std::string::npos);
-  EXPECT_NE(error_of(ScheduleKind::kZBH1, 2, 4, 2).find("only for 'interleaved'"), std::string::npos);
-  EXPECT_NE(error_of(ScheduleKind::kInterleaved, 2, 4, 0).find("at least 1 chunk"), std::string::npos);
+  EXPECT_NE(error_of(ScheduleKind::kZBH1, 2, 4, 2).find("only for 'interleaved'"),
+            std::string::npos);
+  EXPECT_NE(error_of(ScheduleKind::kInterleaved, 2, 4, 0).find("at least 1 chunk"),
+            std::string::npos);
   EXPECT_EQ(parse_schedule_kind("zbh1"), ScheduleKind::kZBH1);
   EXPECT_EQ(parse_schedule_kind("ZB"), std::nullopt);
 }
@@ -103,7 +110,8 @@ TEST(Placement, VShapeScheduleValidatesAndSimulates) {
       for (int st : s.placement.stages_of(r)) s.ranks[r].push_back(forward(st, k));
     for (int k = 0; k < 3; ++k) {
       auto stages = s.placement.stages_of(r);
-      for (auto it = stages.rbegin(); it != stages.rend(); ++it) s.ranks[r].push_back(backward(*it, k));
+      for (auto it = stages.rbegin(); it != stages.rend(); ++it)
+        s.ranks[r].push_back(backward(*it, k));
     }
   }
   insert_transfers(&s);
