@@ -14,6 +14,11 @@ void check_common(const char* kind, int p, int m) {
   if (m < 1)
     throw ScheduleError(std::string(kind) +
                         " needs at least 1 micro-batch, got m=" + std::to_string(m));
+  // Far beyond any real pipeline; keeps a typo from allocating gigabytes.
+  if (p > 4096 || m > 1048576 || static_cast<long long>(p) * m > (1LL << 24))
+    throw ScheduleError(
+        std::string(kind) + " with p=" + std::to_string(p) + " and m=" + std::to_string(m) +
+        " is too large (p <= 4096, m <= 1048576, p*m <= " + std::to_string(1 << 24) + ")");
 }
 
 Schedule empty_schedule(const char* name, int p, int m, int v, Layout layout) {
@@ -116,6 +121,10 @@ Schedule generate_interleaved(int p, int m, int v) {
   check_common("interleaved", p, m);
   if (v < 1)
     throw ScheduleError("interleaved needs at least 1 chunk per rank, got v=" + std::to_string(v));
+  if (static_cast<long long>(p) * m * v > (1LL << 24))
+    throw ScheduleError(
+        "interleaved with p*m*v = " + std::to_string(static_cast<long long>(p) * m * v) +
+        " is too large (at most " + std::to_string(1 << 24) + ")");
   if (v == 1) {
     Schedule s = generate_1f1b(p, m);
     s.name = "interleaved";

@@ -55,6 +55,13 @@ int to_int(std::string_view v, int line, const std::string& field) {
   return out;
 }
 
+int to_rank(std::string_view v, int line) {
+  const int rank = to_int(v, line, "rank");
+  if (rank >= 65536)
+    throw line_error(line, "rank " + std::to_string(rank) + " is larger than supported (65535)");
+  return rank;
+}
+
 // Header values; -1 means "not given, infer".
 struct Header {
   std::string name;
@@ -98,6 +105,9 @@ Schedule finish(const Header& h, std::vector<std::vector<Action>> ranks) {
   for (const auto& list : ranks)
     for (const auto& a : list)
       max_stage = std::max(max_stage, a.stage), max_mb = std::max(max_mb, a.microbatch);
+  if (h.ranks > 65536 || h.chunks > 65536 || h.microbatches > 1048576 ||
+      static_cast<long long>(std::max(h.ranks, 1)) * std::max(h.chunks, 1) > 65536)
+    throw ScheduleError("the header asks for more than 65536 stages or 1048576 micro-batches");
   Schedule s;
   s.name = h.name;
   s.placement.num_ranks = h.ranks >= 0 ? h.ranks : static_cast<int>(ranks.size());
@@ -119,8 +129,6 @@ Schedule finish(const Header& h, std::vector<std::vector<Action>> ranks) {
 }
 
 void put(std::vector<std::vector<Action>>* ranks, int rank, int line, Action a) {
-  if (rank > 100000)
-    throw line_error(line, "rank " + std::to_string(rank) + " is implausibly large");
   if (static_cast<int>(ranks->size()) <= rank) ranks->resize(rank + 1);
   (*ranks)[rank].push_back(a);
 }
@@ -168,7 +176,7 @@ Schedule parse_text(std::string_view text) {
     if (line.front() != 'r' || colon == std::string_view::npos)
       throw line_error(
           line_no, "expected 'r<rank>: <actions>', got '" + std::string(line.substr(0, 40)) + "'");
-    const int rank = to_int(line.substr(1, colon - 1), line_no, "rank");
+    const int rank = to_rank(line.substr(1, colon - 1), line_no);
     if (rank < static_cast<int>(seen.size()) && seen[rank])
       throw line_error(line_no, "rank " + std::to_string(rank) + " appears twice");
     if (static_cast<int>(seen.size()) <= rank) seen.resize(rank + 1);
@@ -213,7 +221,7 @@ Schedule parse_csv(std::string_view text) {
     if (f.size() != 6)
       throw line_error(line_no,
                        "expected 6 comma-separated fields, got " + std::to_string(f.size()));
-    const int rank = to_int(f[0], line_no, "rank");
+    const int rank = to_rank(f[0], line_no);
     const int step = to_int(f[1], line_no, "step");
     if (static_cast<int>(next_step.size()) <= rank) next_step.resize(rank + 1, 0);
     if (step != next_step[rank])

@@ -69,6 +69,8 @@ TEST(Generators, ErrorsSayWhichValuesWork) {
             std::string::npos);
   EXPECT_NE(error_of(ScheduleKind::kInterleaved, 2, 4, 0).find("at least 1 chunk"),
             std::string::npos);
+  EXPECT_NE(error_of(ScheduleKind::k1F1B, 5000, 4).find("too large"), std::string::npos);
+  EXPECT_NE(error_of(ScheduleKind::kGPipe, 4096, 8192).find("too large"), std::string::npos);
   EXPECT_EQ(parse_schedule_kind("zbh1"), ScheduleKind::kZBH1);
   EXPECT_EQ(parse_schedule_kind("ZB"), std::nullopt);
 }
