@@ -27,15 +27,9 @@ std::string chrome_trace_json(const Schedule& schedule, const SimResult& sim, do
                         {"args", {{"name", thread_names[t]}}}});
   }
   // Flow ids: one per message (gradient?, producing stage, micro-batch).
-  std::map<std::tuple<bool, int, int>, int> flow_id;
+  std::map<MessageKey, int> flow_id;
   auto message_id = [&](const Action& a) {
-    const bool grad = a.kind == ActionKind::kSendGrad || a.kind == ActionKind::kRecvGrad;
-    const int producer = a.kind == ActionKind::kRecvAct    ? a.stage - 1
-                         : a.kind == ActionKind::kRecvGrad ? a.stage + 1
-                                                           : a.stage;
-    const auto key = std::make_tuple(grad, producer, a.microbatch);
-    const auto it = flow_id.try_emplace(key, static_cast<int>(flow_id.size()) + 1).first;
-    return it->second;
+    return flow_id.try_emplace(message_key(a), static_cast<int>(flow_id.size()) + 1).first->second;
   };
   for (int r = 0; r < R; ++r)
     for (size_t i = 0; i < schedule.ranks[r].size(); ++i) {

@@ -30,22 +30,6 @@ Schedule empty_schedule(const char* name, int p, int m, int v, Layout layout) {
   return s;
 }
 
-// Identity of a message on a link, the same on both ends: (is grad, producing stage, mb).
-using MessageId = std::tuple<bool, int, int>;
-
-MessageId message_of(const Action& a) {
-  switch (a.kind) {
-    case ActionKind::kSendAct:
-      return {false, a.stage, a.microbatch};
-    case ActionKind::kRecvAct:
-      return {false, a.stage - 1, a.microbatch};
-    case ActionKind::kSendGrad:
-      return {true, a.stage, a.microbatch};
-    default:
-      return {true, a.stage + 1, a.microbatch};  // kRecvGrad
-  }
-}
-
 }  // namespace
 
 const char* schedule_kind_name(ScheduleKind kind) {
@@ -262,16 +246,16 @@ void insert_transfers(Schedule* schedule) {
   }
   // FIFO per link: reorder each rank's receives from one peer into the peer's send order,
   // moving a receive earlier (never later than its consumer).
-  std::vector<std::vector<std::vector<MessageId>>> sent_on(R,
-                                                           std::vector<std::vector<MessageId>>(R));
+  std::vector<std::vector<std::vector<MessageKey>>> sent_on(
+      R, std::vector<std::vector<MessageKey>>(R));
   for (int src = 0; src < R; ++src)
     for (const auto& a : schedule->ranks[src])
-      if (is_send(a.kind)) sent_on[src][a.peer].push_back(message_of(a));
+      if (is_send(a.kind)) sent_on[src][a.peer].push_back(message_key(a));
   for (int dst = 0; dst < R; ++dst) {
     for (int src = 0; src < R; ++src) {
       const auto& sent = sent_on[src][dst];
       if (src == dst || sent.empty()) continue;
-      std::map<MessageId, size_t> order;
+      std::map<MessageKey, size_t> order;
       for (size_t i = 0; i < sent.size(); ++i) order[sent[i]] = i;
       // Drop this link's receives; remember where each was (its deadline) in the reduced list.
       std::vector<Action> rest;
@@ -280,7 +264,7 @@ void insert_transfers(Schedule* schedule) {
       std::vector<bool> present(sent.size(), false);
       for (const auto& a : schedule->ranks[dst]) {
         if (is_recv(a.kind) && a.peer == src) {
-          const auto it = order.find(message_of(a));
+          const auto it = order.find(message_key(a));
           if (it != order.end()) {
             recvs[it->second] = a;
             deadline[it->second] = rest.size();

@@ -42,6 +42,21 @@ Action backward(int stage, int mb) { return {ActionKind::kBackward, stage, mb, -
 Action backward_input(int stage, int mb) { return {ActionKind::kBackwardInput, stage, mb, -1}; }
 Action backward_weight(int stage, int mb) { return {ActionKind::kBackwardWeight, stage, mb, -1}; }
 
+MessageKey message_key(const Action& a) {
+  switch (a.kind) {
+    case ActionKind::kSendAct:
+      return {false, a.stage, a.microbatch};
+    case ActionKind::kRecvAct:
+      return {false, a.stage - 1, a.microbatch};
+    case ActionKind::kSendGrad:
+      return {true, a.stage, a.microbatch};
+    case ActionKind::kRecvGrad:
+      return {true, a.stage + 1, a.microbatch};
+    default:
+      throw ScheduleError(to_string(a) + " is not a transfer; it carries no message");
+  }
+}
+
 namespace {
 const char* short_name(ActionKind kind) {
   switch (kind) {

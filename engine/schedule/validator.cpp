@@ -24,20 +24,6 @@ std::string sm(int stage, int mb) {
   return "stage " + std::to_string(stage) + " micro-batch " + std::to_string(mb);
 }
 
-using MessageId = std::tuple<bool, int, int>;  // (gradient?, producing stage, mb)
-MessageId message_of(const Action& a) {
-  switch (a.kind) {
-    case ActionKind::kSendAct:
-      return {false, a.stage, a.microbatch};
-    case ActionKind::kRecvAct:
-      return {false, a.stage - 1, a.microbatch};
-    case ActionKind::kSendGrad:
-      return {true, a.stage, a.microbatch};
-    default:
-      return {true, a.stage + 1, a.microbatch};
-  }
-}
-
 }  // namespace
 
 void validate(const Schedule& s) {
@@ -203,7 +189,7 @@ void validate(const Schedule& s) {
       for (size_t n = 0; n < out.size() && n < in.size(); ++n) {
         const Action& sa = s.ranks[src][out[n]];
         const Action& ra = s.ranks[dst][in[n]];
-        if (message_of(sa) != message_of(ra))
+        if (message_key(sa) != message_key(ra))
           fail(s, dst, in[n], "fifo",
                "on link rank " + std::to_string(src) + " -> rank " + std::to_string(dst) +
                    " message #" + std::to_string(n) + " is sent by " + to_string(sa) + " (rank " +

@@ -124,6 +124,26 @@ TEST(Placement, VShapeScheduleValidatesAndSimulates) {
   EXPECT_GE(sim.makespan, 12);
 }
 
+TEST(Queries, MessageKeyIsTheSameAtBothEnds) {
+  const Schedule s = generate_interleaved(3, 3, 2);
+  size_t matched = 0;
+  for (const auto& list : s.ranks)
+    for (const auto& a : list) {
+      if (!is_send(a.kind)) continue;
+      const MessageKey key = message_key(a);
+      const ActionKind recv =
+          a.kind == ActionKind::kSendAct ? ActionKind::kRecvAct : ActionKind::kRecvGrad;
+      const int stage = a.kind == ActionKind::kSendAct ? a.stage + 1 : a.stage - 1;
+      const ActionRef r = find_action(s, recv, stage, a.microbatch);
+      ASSERT_TRUE(r.found()) << to_string(a);
+      EXPECT_EQ(r.rank, a.peer);
+      EXPECT_EQ(message_key(s.ranks[r.rank][r.index]), key) << to_string(a);
+      ++matched;
+    }
+  EXPECT_EQ(matched, 2u * (6 - 1) * 3);  // every stage boundary crosses ranks, both directions
+  EXPECT_THROW(message_key(forward(0, 0)), ScheduleError);
+}
+
 TEST(Queries, LastActivationUse) {
   const Schedule one = generate_1f1b(2, 2);
   const Schedule zb = generate_zbh1(2, 2);
