@@ -83,6 +83,8 @@ std::string closed_form(const std::string& kind, int p, int m, int v, const Cost
     return "(p-1)/(v*m+p-1) = " + ratio(p - 1, static_cast<long>(v) * m + p - 1);
   if (kind == "zbh1" && c.f == c.i && c.i == c.w && m >= p)
     return "(p-1)/(3m+p-1) at F=I=W = " + ratio(p - 1, 3L * m + p - 1);
+  if (kind == "zbv" && c.f == c.i && c.i == c.w && m >= 2 * p - 1)
+    return "(p-1)/(6m+p-1) at F=I=W = " + ratio(p - 1, 6L * m + p - 1);
   return "";
 }
 
@@ -126,8 +128,9 @@ void run_compare(const ScheduleOptions& o, const Costs& costs) {
               fmt(costs.comm).c_str());
   std::printf("%-16s %10s %8s %13s %10s  %s\n", "schedule", "makespan", "bubble", "peak in-flight",
               "peak held", "closed-form bubble");
-  for (auto kind : {sc::ScheduleKind::kGPipe, sc::ScheduleKind::k1F1B,
-                    sc::ScheduleKind::kInterleaved, sc::ScheduleKind::kZBH1}) {
+  for (auto kind :
+       {sc::ScheduleKind::kGPipe, sc::ScheduleKind::k1F1B, sc::ScheduleKind::kInterleaved,
+        sc::ScheduleKind::kZBH1, sc::ScheduleKind::kZBV}) {
     const bool inter = kind == sc::ScheduleKind::kInterleaved;
     std::string name = sc::schedule_kind_name(kind);
     if (inter) name += " v=" + std::to_string(v);
@@ -146,6 +149,9 @@ void run_compare(const ScheduleOptions& o, const Costs& costs) {
       std::printf("%-16s n/a: %s\n", name.c_str(), e.what());
     }
   }
+  std::printf(
+      "(with several chunks per rank, in-flight and held count micro-batch x chunk, each "
+      "1/v of a rank's activations)\n");
 }
 
 void run(const ScheduleOptions& o) {
@@ -229,7 +235,7 @@ void register_schedule_command(CLI::App& app) {
   cmd->add_option("--stages,-p", opts->stages, "Pipeline ranks p (stages when --chunks is 1)");
   cmd->add_option("--microbatches,-m", opts->microbatches, "Micro-batches m per step");
   cmd->add_option("--chunks,-v", opts->chunks,
-                  "Chunks (virtual stages) per rank, interleaved only (default 2)");
+                  "Chunks (virtual stages) per rank: interleaved (default 2); zbv always has 2");
   cmd->add_option("--costs", opts->costs,
                   "F,I,W[,comm]: time of forward, input-grad, weight-grad per micro-batch "
                   "and stage, and of one transfer (default 1,1,1,0)");

@@ -42,21 +42,29 @@ const char* schedule_kind_name(ScheduleKind kind) {
       return "interleaved";
     case ScheduleKind::kZBH1:
       return "zbh1";
+    case ScheduleKind::kZBV:
+      return "zbv";
   }
   return "?";
 }
 
 std::optional<ScheduleKind> parse_schedule_kind(std::string_view name) {
-  for (auto k :
-       {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved, ScheduleKind::kZBH1})
+  for (auto k : kAllKinds)
     if (name == schedule_kind_name(k)) return k;
   return std::nullopt;
 }
 
-std::string schedule_kind_choices() { return "gpipe|1f1b|interleaved|zbh1"; }
+std::string schedule_kind_choices() {
+  std::string out;
+  for (auto k : kAllKinds) out += (out.empty() ? "" : "|") + std::string(schedule_kind_name(k));
+  return out;
+}
 
 Schedule generate(ScheduleKind kind, int p, int m, int v) {
-  if (kind != ScheduleKind::kInterleaved && v != 1)
+  if (kind == ScheduleKind::kZBV && v != 1 && v != 2)
+    throw ScheduleError("zbv always has 2 chunks per rank in a V; --chunks " + std::to_string(v) +
+                        " does not apply (leave it out or use 2)");
+  if (kind != ScheduleKind::kInterleaved && kind != ScheduleKind::kZBV && v != 1)
     throw ScheduleError(std::string(schedule_kind_name(kind)) +
                         " has one chunk per rank; --chunks " + std::to_string(v) +
                         " is only for 'interleaved' (use chunks=1)");
@@ -69,6 +77,8 @@ Schedule generate(ScheduleKind kind, int p, int m, int v) {
       return generate_interleaved(p, m, v);
     case ScheduleKind::kZBH1:
       return generate_zbh1(p, m);
+    case ScheduleKind::kZBV:
+      return generate_zbv(p, m);
   }
   throw ScheduleError("unknown schedule kind");
 }
@@ -214,6 +224,47 @@ Schedule generate_zbh1(int p, int m, double f, double i, double w) {
     }
     // Keep only completions that can still wake a rank.
     std::erase_if(ends, [&](double e) { return e <= t; });
+  }
+  insert_transfers(&s);
+  return s;
+}
+
+Schedule generate_zbv(int p, int m) {
+  check_common("zbv", p, m);
+  Schedule s = empty_schedule("zbv", p, m, 2, Layout::kVShape);
+  // ZB-V (Qi et al. 2023, section 6), in the formulation of PyTorch's ScheduleZBVZeroBubble:
+  // rank r holds stage r (chunk 0) and stage 2p-1-r (chunk 1). It is laid out for
+  // max(m, 2p-1) micro-batches and the ones beyond m are dropped, which keeps every
+  // dependency order intact.
+  const int n = std::max(m, 2 * p - 1);
+  for (int r = 0; r < p; ++r) {
+    auto& list = s.ranks[r];
+    const int s0 = s.placement.stage_of(r, 0), s1 = s.placement.stage_of(r, 1);
+    int f0 = 0, f1 = 0, b0 = 0, b1 = 0;  // next F and I per chunk
+    auto add = [&](Action a) {
+      if (a.microbatch < m) list.push_back(a);
+    };
+    auto F0 = [&] { add(forward(s0, f0++)); };
+    auto F1 = [&] { add(forward(s1, f1++)); };
+    auto IW0 = [&] { add(backward_input(s0, b0)), add(backward_weight(s0, b0)), ++b0; };
+    auto IW1 = [&] { add(backward_input(s1, b1)), add(backward_weight(s1, b1)), ++b1; };
+    // Warm-up: chunk-0 forwards, then alternate chunks, then chunk 1 runs F, I, W.
+    for (int k = 0; k < 2 * (p - r) - 1; ++k) F0();
+    for (int k = 0; k < r; ++k) F1(), F0();
+    for (int k = 0; k < p - r; ++k) F1(), IW1();
+    // Steady state: F0 I0 W0 F1 I1 W1 until every forward is done.
+    while (f1 < f0 || f0 < n) {
+      if (f0 < n) F0();
+      IW0();
+      F1();
+      IW1();
+    }
+    // Cool-down: the remaining I's, with W's filling the gaps, W's in ascending order.
+    int w0 = b0, w1 = b1;
+    for (int k = 0; k < r; ++k) add(backward_input(s0, b0++)), add(backward_input(s1, b1++));
+    for (int k = 0; k < p - r; ++k) add(backward_input(s0, b0++)), add(backward_weight(s0, w0++));
+    while (w1 < b1) add(backward_weight(s1, w1++));
+    while (w0 < b0) add(backward_weight(s0, w0++));
   }
   insert_transfers(&s);
   return s;

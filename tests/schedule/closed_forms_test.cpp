@@ -87,6 +87,23 @@ TEST(ClosedForms, ZBH1IdlePerRank) {
     }
 }
 
+TEST(ClosedForms, ZBVIdleIsOnlyTheStartUp) {
+  // With F = I = W = 1 per chunk and m >= 2p-1, every rank idles (p-1) chunk-forwards: the
+  // wait of the last rank for its first input, which no schedule can avoid. As a fraction:
+  // (p-1)/(6m+p-1). Memory: at most 2p chunk-micro-batches, 1F1B's p full micro-batches.
+  for (int p = 1; p <= 16; ++p)
+    for (int m = 2 * p - 1; m <= 64; m += (m < 24 ? 1 : 7)) {
+      const Schedule s = generate_zbv(p, m);
+      ASSERT_NO_THROW(validate(s)) << "p=" << p << " m=" << m;
+      const SimResult sim = simulate(s, CostModel::uniform(1, 1, 1));
+      for (int r = 0; r < p; ++r) {
+        EXPECT_EQ(sim.ranks[r].idle, p - 1) << "p=" << p << " m=" << m << " r=" << r;
+        EXPECT_LE(sim.ranks[r].memory.peak_held, 2 * p);
+      }
+      EXPECT_EQ(sim.bubble_fraction, ratio(p - 1, 6 * m + p - 1));
+    }
+}
+
 TEST(ClosedForms, ZBH1WithCheaperWeightGradients) {
   // The paper's (p-1)(F+I-W) assumes W <= F; with W dividing F and I the cost-aware order
   // is at least that good.

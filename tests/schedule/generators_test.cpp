@@ -24,7 +24,8 @@ std::string error_of(ScheduleKind kind, int p, int m, int v = 1) {
 TEST(Generators, WeightGradientsAscendInEveryStage) {
   for (int p = 1; p <= 8; ++p)
     for (int m = 1; m <= 24; ++m) {
-      std::vector<Schedule> all = {generate_gpipe(p, m), generate_1f1b(p, m), generate_zbh1(p, m)};
+      std::vector<Schedule> all = {generate_gpipe(p, m), generate_1f1b(p, m), generate_zbh1(p, m),
+                                   generate_zbv(p, m)};
       if (m % p == 0)
         all.push_back(generate_interleaved(p, m, 2)), all.push_back(generate_interleaved(p, m, 4));
       for (const auto& s : all) {
@@ -71,8 +72,21 @@ TEST(Generators, ErrorsSayWhichValuesWork) {
             std::string::npos);
   EXPECT_NE(error_of(ScheduleKind::k1F1B, 5000, 4).find("too large"), std::string::npos);
   EXPECT_NE(error_of(ScheduleKind::kGPipe, 4096, 8192).find("too large"), std::string::npos);
-  EXPECT_EQ(parse_schedule_kind("zbh1"), ScheduleKind::kZBH1);
+  for (auto kind : kAllKinds) {
+    EXPECT_EQ(parse_schedule_kind(schedule_kind_name(kind)), kind);
+    EXPECT_NE(schedule_kind_choices().find(schedule_kind_name(kind)), std::string::npos);
+  }
   EXPECT_EQ(parse_schedule_kind("ZB"), std::nullopt);
+}
+
+TEST(Generators, ZBVIsDefinedForSmallM) {
+  // Fewer micro-batches than the V needs to fill: still complete, valid and deadlock-free.
+  for (int p = 1; p <= 6; ++p)
+    for (int m = 1; m < 2 * p; ++m) {
+      const Schedule s = generate_zbv(p, m);
+      EXPECT_EQ(s.placement.layout, Layout::kVShape);
+      EXPECT_NO_THROW(validate(s)) << "p=" << p << " m=" << m;
+    }
 }
 
 TEST(Generators, InterleavedWithOneChunkIs1F1B) {

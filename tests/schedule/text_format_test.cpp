@@ -19,6 +19,7 @@ std::vector<Schedule> sample_schedules() {
       out.push_back(generate_gpipe(p, m));
       out.push_back(generate_1f1b(p, m));
       out.push_back(generate_zbh1(p, m));
+      out.push_back(generate_zbv(p, m));
       if (m % p == 0)
         for (int v : {2, 3}) out.push_back(generate_interleaved(p, m, v));
     }

@@ -36,7 +36,8 @@ TEST(Validator, AcceptsEveryGeneratedSchedule) {
   EXPECT_NO_THROW(validate(parse_text(kGood)));
   for (int p = 1; p <= 6; ++p)
     for (int m = 1; m <= 12; ++m)
-      for (auto kind : {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kZBH1}) {
+      for (auto kind :
+           {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kZBH1, ScheduleKind::kZBV}) {
         EXPECT_NO_THROW(validate(generate(kind, p, m)))
             << schedule_kind_name(kind) << " p=" << p << " m=" << m;
         if (m % p == 0)
