@@ -66,7 +66,8 @@ void sizes(benchmark::internal::Benchmark* b) {
   BENCHMARK_CAPTURE(fn, gpipe, sc::ScheduleKind::kGPipe)->Apply(sizes);                \
   BENCHMARK_CAPTURE(fn, one_f_one_b, sc::ScheduleKind::k1F1B)->Apply(sizes);           \
   BENCHMARK_CAPTURE(fn, interleaved_v2, sc::ScheduleKind::kInterleaved)->Apply(sizes); \
-  BENCHMARK_CAPTURE(fn, zbh1, sc::ScheduleKind::kZBH1)->Apply(sizes)
+  BENCHMARK_CAPTURE(fn, zbh1, sc::ScheduleKind::kZBH1)->Apply(sizes);                  \
+  BENCHMARK_CAPTURE(fn, zbv, sc::ScheduleKind::kZBV)->Apply(sizes)
 
 CONVEYOR_SCHEDULE_BENCH(BM_Generate);
 CONVEYOR_SCHEDULE_BENCH(BM_Validate);

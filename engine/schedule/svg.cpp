@@ -60,7 +60,7 @@ std::string render_svg(const Schedule& schedule, const SimResult& sim, const Svg
   const double axis = span * scale;
   const double rows_bottom = top + R * row;
   const double height = rows_bottom + 64;
-  const double width = std::max(left + axis + right, 800.0);  // room for the legend
+  const double width = std::max(left + axis + right, 940.0);  // room for the legend
   std::string out;
   out += "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + num(width) + "\" height=\"" +
          num(height) + "\" viewBox=\"0 0 " + num(width) + " " + num(height) +
@@ -127,6 +127,12 @@ std::string render_svg(const Schedule& schedule, const SimResult& sim, const Svg
     legend(fill_of(ActionKind::kBackward), "B backward");
   }
   legend("#eeeeee", "idle");
+  if (schedule.placement.chunks > 1) {
+    out += "<rect x=\"" + num(lx) + "\" y=\"" + num(ly) + "\" width=\"14\" height=\"14\" fill=\"" +
+           fill_of(ActionKind::kForward) + "\" fill-opacity=\"0.6\"/><text x=\"" + num(lx + 18) +
+           "\" y=\"" + num(ly + 11) + "\" font-size=\"12\">odd chunks lighter</text>\n";
+    lx += 30 + 7.0 * 18;
+  }
   char stats[128];
   std::snprintf(stats, sizeof stats, "makespan %s, bubble %.4f; numbers are micro-batches",
                 num(sim.makespan).c_str(), sim.bubble_fraction);
