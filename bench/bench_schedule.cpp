@@ -30,14 +30,15 @@ void BM_Generate(benchmark::State& state, sc::ScheduleKind kind) {
     benchmark::DoNotOptimize(s);
   }
   state.counters["actions"] = static_cast<double>(actions);
-  state.counters["actions/s"] = benchmark::Counter(static_cast<double>(actions), benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["actions/s"] = benchmark::Counter(static_cast<double>(actions),
+                                                   benchmark::Counter::kIsIterationInvariantRate);
 }
 
 void BM_Validate(benchmark::State& state, sc::ScheduleKind kind) {
   const auto s = make(kind, static_cast<int>(state.range(0)), static_cast<int>(state.range(1)));
   for (auto _ : state) sc::validate(s);
-  state.counters["actions/s"] =
-      benchmark::Counter(static_cast<double>(count_actions(s)), benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["actions/s"] = benchmark::Counter(static_cast<double>(count_actions(s)),
+                                                   benchmark::Counter::kIsIterationInvariantRate);
 }
 
 void BM_Simulate(benchmark::State& state, sc::ScheduleKind kind) {
@@ -49,19 +50,24 @@ void BM_Simulate(benchmark::State& state, sc::ScheduleKind kind) {
     makespan = sim.makespan;
     benchmark::DoNotOptimize(makespan);
   }
-  state.counters["actions/s"] =
-      benchmark::Counter(static_cast<double>(count_actions(s)), benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["actions/s"] = benchmark::Counter(static_cast<double>(count_actions(s)),
+                                                   benchmark::Counter::kIsIterationInvariantRate);
 }
 
 void sizes(benchmark::internal::Benchmark* b) {
-  b->Args({8, 64})->Args({16, 256})->Args({32, 1024})->Args({64, 1024})->Unit(benchmark::kMillisecond);
+  b->Args({8, 64})
+      ->Args({16, 256})
+      ->Args({32, 1024})
+      ->Args({64, 1024})
+      ->Unit(benchmark::kMillisecond);
 }
 
-#define CONVEYOR_SCHEDULE_BENCH(fn)                                                      \
-  BENCHMARK_CAPTURE(fn, gpipe, sc::ScheduleKind::kGPipe)->Apply(sizes);                  \
-  BENCHMARK_CAPTURE(fn, one_f_one_b, sc::ScheduleKind::k1F1B)->Apply(sizes);             \
-  BENCHMARK_CAPTURE(fn, interleaved_v2, sc::ScheduleKind::kInterleaved)->Apply(sizes);   \
-  BENCHMARK_CAPTURE(fn, zbh1, sc::ScheduleKind::kZBH1)->Apply(sizes)
+#define CONVEYOR_SCHEDULE_BENCH(fn)                                                    \
+  BENCHMARK_CAPTURE(fn, gpipe, sc::ScheduleKind::kGPipe)->Apply(sizes);                \
+  BENCHMARK_CAPTURE(fn, one_f_one_b, sc::ScheduleKind::k1F1B)->Apply(sizes);           \
+  BENCHMARK_CAPTURE(fn, interleaved_v2, sc::ScheduleKind::kInterleaved)->Apply(sizes); \
+  BENCHMARK_CAPTURE(fn, zbh1, sc::ScheduleKind::kZBH1)->Apply(sizes);                  \
+  BENCHMARK_CAPTURE(fn, zbv, sc::ScheduleKind::kZBV)->Apply(sizes)
 
 CONVEYOR_SCHEDULE_BENCH(BM_Generate);
 CONVEYOR_SCHEDULE_BENCH(BM_Validate);

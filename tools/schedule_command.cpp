@@ -53,9 +53,12 @@ Costs parse_costs(const std::string& text) {
     }
   }
   if (values.size() != 3 && values.size() != 4)
-    throw UsageError("--costs expects 3 or 4 numbers F,I,W[,comm] (forward, input-gradient and "
-                     "weight-gradient time per micro-batch and stage, transfer time), got '" + text + "'");
-  if (values[0] + values[1] + values[2] <= 0) throw UsageError("--costs: F + I + W must be positive");
+    throw UsageError(
+        "--costs expects 3 or 4 numbers F,I,W[,comm] (forward, input-gradient and "
+        "weight-gradient time per micro-batch and stage, transfer time), got '" +
+        text + "'");
+  if (values[0] + values[1] + values[2] <= 0)
+    throw UsageError("--costs: F + I + W must be positive");
   return {values[0], values[1], values[2], values.size() == 4 ? values[3] : 0.0};
 }
 
@@ -76,10 +79,12 @@ std::string closed_form(const std::string& kind, int p, int m, int v, const Cost
     return std::string(buf);
   };
   if (kind == "gpipe" || kind == "1f1b") return "(p-1)/(m+p-1) = " + ratio(p - 1, m + p - 1);
-  if (kind == "interleaved" && c.f == c.i && c.i == c.w && m % p == 0)
+  if (kind == "interleaved" && m % p == 0)
     return "(p-1)/(v*m+p-1) = " + ratio(p - 1, static_cast<long>(v) * m + p - 1);
   if (kind == "zbh1" && c.f == c.i && c.i == c.w && m >= p)
     return "(p-1)/(3m+p-1) at F=I=W = " + ratio(p - 1, 3L * m + p - 1);
+  if (kind == "zbv" && c.f == c.i && c.i == c.w && m >= 2 * p - 1)
+    return "(p-1)/(6m+p-1) at F=I=W = " + ratio(p - 1, 6L * m + p - 1);
   return "";
 }
 
@@ -90,45 +95,63 @@ sc::CostModel cost_model(const Costs& c, int chunks) {
   return sc::CostModel::uniform(c.f / v, c.i / v, c.w / v, c.comm);
 }
 
+// ZB-H1 places its W passes by list scheduling; give it the costs it will run under.
+sc::Schedule make_schedule(sc::ScheduleKind kind, int p, int m, int v, const Costs& c) {
+  if (kind == sc::ScheduleKind::kZBH1 && v == 1 && c.f > 0 && c.i > 0 && c.w > 0)
+    return sc::generate_zbh1(p, m, c.f, c.i, c.w);
+  return sc::generate(kind, p, m, v);
+}
+
 void write_file(const std::string& path, const std::string& content, const char* what) {
   std::ofstream out(path);
-  if (!out) throw UsageError(std::string("cannot open ") + what + " file '" + path + "' for writing");
+  if (!out)
+    throw UsageError(std::string("cannot open ") + what + " file '" + path + "' for writing");
   out << content;
   if (!out) throw UsageError(std::string("cannot write ") + what + " file '" + path + "'");
 }
 
 void check_pm(const ScheduleOptions& o) {
-  if (o.stages < 1) throw UsageError("--stages must be at least 1, got " + std::to_string(o.stages));
-  if (o.microbatches < 1) throw UsageError("--microbatches must be at least 1, got " + std::to_string(o.microbatches));
-  if (o.chunks < 0) throw UsageError("--chunks must be at least 1, got " + std::to_string(o.chunks));
+  if (o.stages < 1)
+    throw UsageError("--stages must be at least 1, got " + std::to_string(o.stages));
+  if (o.microbatches < 1)
+    throw UsageError("--microbatches must be at least 1, got " + std::to_string(o.microbatches));
+  if (o.chunks < 0)
+    throw UsageError("--chunks must be at least 1, got " + std::to_string(o.chunks));
 }
 
 void run_compare(const ScheduleOptions& o, const Costs& costs) {
   check_pm(o);
   const int p = o.stages, m = o.microbatches;
   const int v = o.chunks > 1 ? o.chunks : 2;
-  std::printf("p=%d ranks, m=%d micro-batches, costs F=%s I=%s W=%s comm=%s\n", p, m, fmt(costs.f).c_str(),
-              fmt(costs.i).c_str(), fmt(costs.w).c_str(), fmt(costs.comm).c_str());
-  std::printf("%-16s %10s %8s %13s %10s  %s\n", "schedule", "makespan", "bubble", "peak in-flight", "peak held",
-              "closed-form bubble");
-  for (auto kind : {sc::ScheduleKind::kGPipe, sc::ScheduleKind::k1F1B, sc::ScheduleKind::kInterleaved,
-                    sc::ScheduleKind::kZBH1}) {
+  std::printf("p=%d ranks, m=%d micro-batches, costs F=%s I=%s W=%s comm=%s\n", p, m,
+              fmt(costs.f).c_str(), fmt(costs.i).c_str(), fmt(costs.w).c_str(),
+              fmt(costs.comm).c_str());
+  std::printf("%-16s %10s %8s %13s %10s  %s\n", "schedule", "makespan", "bubble", "peak in-flight",
+              "peak held", "closed-form bubble");
+  for (auto kind :
+       {sc::ScheduleKind::kGPipe, sc::ScheduleKind::k1F1B, sc::ScheduleKind::kInterleaved,
+        sc::ScheduleKind::kZBH1, sc::ScheduleKind::kZBV}) {
     const bool inter = kind == sc::ScheduleKind::kInterleaved;
     std::string name = sc::schedule_kind_name(kind);
     if (inter) name += " v=" + std::to_string(v);
     try {
-      const sc::Schedule s = sc::generate(kind, p, m, inter ? v : 1);
+      const sc::Schedule s = make_schedule(kind, p, m, inter ? v : 1, costs);
       sc::validate(s);
       const sc::SimResult sim = sc::simulate(s, cost_model(costs, s.placement.chunks));
       int in_flight = 0, held = 0;
       for (const auto& r : sim.ranks)
-        in_flight = std::max(in_flight, r.memory.peak_in_flight), held = std::max(held, r.memory.peak_held);
-      std::printf("%-16s %10s %8.4f %13d %10d  %s\n", name.c_str(), fmt(sim.makespan).c_str(), sim.bubble_fraction,
-                  in_flight, held, closed_form(sc::schedule_kind_name(kind), p, m, inter ? v : 1, costs).c_str());
+        in_flight = std::max(in_flight, r.memory.peak_in_flight),
+        held = std::max(held, r.memory.peak_held);
+      std::printf("%-16s %10s %8.4f %13d %10d  %s\n", name.c_str(), fmt(sim.makespan).c_str(),
+                  sim.bubble_fraction, in_flight, held,
+                  closed_form(sc::schedule_kind_name(kind), p, m, inter ? v : 1, costs).c_str());
     } catch (const sc::ScheduleError& e) {
       std::printf("%-16s n/a: %s\n", name.c_str(), e.what());
     }
   }
+  std::printf(
+      "(with several chunks per rank, in-flight and held count micro-batch x chunk, each "
+      "1/v of a rank's activations)\n");
 }
 
 void run(const ScheduleOptions& o) {
@@ -141,10 +164,11 @@ void run(const ScheduleOptions& o) {
     } else {
       const auto kind = sc::parse_schedule_kind(o.kind);
       if (!kind)
-        throw UsageError("unknown schedule kind '" + o.kind + "' (expected " + sc::schedule_kind_choices() + ")");
+        throw UsageError("unknown schedule kind '" + o.kind + "' (expected " +
+                         sc::schedule_kind_choices() + ")");
       check_pm(o);
       const int v = o.chunks > 0 ? o.chunks : (*kind == sc::ScheduleKind::kInterleaved ? 2 : 1);
-      schedule = sc::generate(*kind, o.stages, o.microbatches, v);
+      schedule = make_schedule(*kind, o.stages, o.microbatches, v, costs);
     }
     sc::validate(schedule);
   } catch (const sc::ScheduleError& e) {
@@ -155,20 +179,24 @@ void run(const ScheduleOptions& o) {
   std::printf("schedule %s: p=%d ranks, v=%d chunk%s per rank (%s), m=%d micro-batches\n",
               schedule.name.empty() ? "(loaded)" : schedule.name.c_str(), p, v, v == 1 ? "" : "s",
               sc::layout_name(schedule.placement.layout), m);
-  std::printf("costs: F=%s I=%s W=%s (B=I+W=%s) per rank%s, transfer=%s\n\n", fmt(costs.f).c_str(), fmt(costs.i).c_str(),
-              fmt(costs.w).c_str(), fmt(costs.i + costs.w).c_str(), v > 1 ? ", each chunk 1/v of it" : "",
-              fmt(costs.comm).c_str());
+  std::printf("costs: F=%s I=%s W=%s (B=I+W=%s) per rank%s, transfer=%s\n\n", fmt(costs.f).c_str(),
+              fmt(costs.i).c_str(), fmt(costs.w).c_str(), fmt(costs.i + costs.w).c_str(),
+              v > 1 ? ", each chunk 1/v of it" : "", fmt(costs.comm).c_str());
   std::printf("%s\n", sc::format_timeline(schedule, sim).c_str());
   std::printf("makespan: %s\n", fmt(sim.makespan).c_str());
   const std::string form = closed_form(schedule.name, p, m, v, costs);
-  std::printf("bubble: %.4f%s\n", sim.bubble_fraction, form.empty() ? "" : ("  (closed form " + form + ")").c_str());
-  std::printf("\n%-6s %10s %10s %16s %16s\n", "rank", "busy", "idle", "peak in-flight", "peak held (W)");
+  std::printf("bubble: %.4f%s\n", sim.bubble_fraction,
+              form.empty() ? "" : ("  (closed form " + form + ")").c_str());
+  std::printf("\n%-6s %10s %10s %16s %16s\n", "rank", "busy", "idle", "peak in-flight",
+              "peak held (W)");
   for (int r = 0; r < p; ++r) {
     const auto& st = sim.ranks[r];
-    std::printf("%-6d %10s %10s %16d %16d\n", r, fmt(st.busy).c_str(), fmt(st.idle).c_str(), st.memory.peak_in_flight,
-                st.memory.peak_held);
+    std::printf("%-6d %10s %10s %16d %16d\n", r, fmt(st.busy).c_str(), fmt(st.idle).c_str(),
+                st.memory.peak_in_flight, st.memory.peak_held);
   }
-  std::printf("(peak in-flight: micro-batches between F and the end of its B or I; held: until its last use)\n");
+  std::printf(
+      "(peak in-flight: micro-batches between F and the end of its B or I; held: until its last "
+      "use)\n");
   if (!o.dump.empty()) {
     try {
       sc::save_schedule(o.dump, schedule);
@@ -182,8 +210,8 @@ void run(const ScheduleOptions& o) {
     char title[160];
     std::snprintf(title, sizeof title, "%s: p=%d, m=%d%s, costs F=%s I=%s W=%s; bubble %.4f",
                   schedule.name.empty() ? "schedule" : schedule.name.c_str(), p, m,
-                  v > 1 ? (", v=" + std::to_string(v)).c_str() : "", fmt(costs.f).c_str(), fmt(costs.i).c_str(),
-                  fmt(costs.w).c_str(), sim.bubble_fraction);
+                  v > 1 ? (", v=" + std::to_string(v)).c_str() : "", fmt(costs.f).c_str(),
+                  fmt(costs.i).c_str(), fmt(costs.w).c_str(), sim.bubble_fraction);
     svg.title = title;
     // A fixed 30 px per time unit keeps pictures of different schedules comparable.
     if (sim.makespan * 30 <= 1600) svg.px_per_unit = 30;
@@ -202,17 +230,22 @@ void register_schedule_command(CLI::App& app) {
   auto opts = std::make_shared<ScheduleOptions>();
   CLI::App* cmd = app.add_subcommand(
       "schedule", "Generate or load a pipeline schedule, validate, simulate and draw it");
-  cmd->add_option("--kind", opts->kind, "Schedule: " + schedule::schedule_kind_choices() + " (default 1f1b)");
+  cmd->add_option("--kind", opts->kind,
+                  "Schedule: " + schedule::schedule_kind_choices() + " (default 1f1b)");
   cmd->add_option("--stages,-p", opts->stages, "Pipeline ranks p (stages when --chunks is 1)");
   cmd->add_option("--microbatches,-m", opts->microbatches, "Micro-batches m per step");
-  cmd->add_option("--chunks,-v", opts->chunks, "Chunks (virtual stages) per rank, interleaved only (default 2)");
-  cmd->add_option("--costs", opts->costs, "F,I,W[,comm]: time of forward, input-grad, weight-grad per micro-batch "
-                                          "and stage, and of one transfer (default 1,1,1,0)");
+  cmd->add_option("--chunks,-v", opts->chunks,
+                  "Chunks (virtual stages) per rank: interleaved (default 2); zbv always has 2");
+  cmd->add_option("--costs", opts->costs,
+                  "F,I,W[,comm]: time of forward, input-grad, weight-grad per micro-batch "
+                  "and stage, and of one transfer (default 1,1,1,0)");
   cmd->add_option("--svg", opts->svg, "Write an SVG timeline to this file");
   cmd->add_option("--trace", opts->trace, "Write Chrome-trace JSON (Perfetto) to this file");
-  cmd->add_option("--dump", opts->dump, "Write the schedule as text (or CSV if the name ends in .csv)");
+  cmd->add_option("--dump", opts->dump,
+                  "Write the schedule as text (or CSV if the name ends in .csv)");
   cmd->add_option("--load", opts->load, "Read a schedule (text or CSV) instead of generating one");
-  cmd->add_flag("--compare", opts->compare, "Print a table of all schedules for these p, m and costs");
+  cmd->add_flag("--compare", opts->compare,
+                "Print a table of all schedules for these p, m and costs");
   cmd->callback([opts] { run(*opts); });
 }
 

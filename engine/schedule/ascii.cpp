@@ -31,7 +31,8 @@ std::string format_step_grid(const Schedule& schedule, int mark_rank, int mark_i
   auto cell = [&](size_t r, size_t i) -> std::string {
     if (i >= schedule.ranks[r].size()) return "";
     const std::string t = to_string(schedule.ranks[r][i]);
-    return (static_cast<int>(r) == mark_rank && static_cast<int>(i) == mark_index) ? ">>" + t + "<<" : t;
+    return (static_cast<int>(r) == mark_rank && static_cast<int>(i) == mark_index) ? ">>" + t + "<<"
+                                                                                   : t;
   };
   size_t width = 4;
   for (size_t r = 0; r < schedule.ranks.size(); ++r)
@@ -70,7 +71,8 @@ std::string format_timeline(const Schedule& schedule, const SimResult& sim, int 
       const Action& a = schedule.ranks[r][i];
       if (!is_compute(a.kind)) continue;
       const auto& t = sim.timing[r][i];
-      const int c0 = std::clamp(static_cast<int>(std::floor(t.start / unit + 1e-9)), 0, columns - 1);
+      const int c0 =
+          std::clamp(static_cast<int>(std::floor(t.start / unit + 1e-9)), 0, columns - 1);
       const int c1 = std::clamp(static_cast<int>(std::ceil(t.end / unit - 1e-9)), c0 + 1, columns);
       const std::string label = compute_label(schedule, a);
       width = std::max(width, label.size());

@@ -16,8 +16,7 @@ std::string format_step_grid(const Schedule& schedule, int mark_rank = -1, int m
 // One row per rank, one column per time unit (the shortest compute action, widened so at most
 // max_columns columns); compute actions only, labelled kind + micro-batch (kind + stage.mb
 // with several chunks per rank), continuation cells '~', idle '.'.
-std::string format_timeline(const Schedule& schedule, const SimResult& sim,
-                            int max_columns = 160);
+std::string format_timeline(const Schedule& schedule, const SimResult& sim, int max_columns = 160);
 
 // "F3" or "F5.3": a compute action's label in pictures.
 std::string compute_label(const Schedule& schedule, const Action& action);

@@ -13,19 +13,23 @@ std::string chrome_trace_json(const Schedule& schedule, const SimResult& sim, do
   const char* thread_names[] = {"compute", "send", "recv"};
   const int R = static_cast<int>(schedule.ranks.size());
   for (int r = 0; r < R; ++r) {
-    events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", r}, {"args", {{"name", "rank " + std::to_string(r)}}}});
-    events.push_back({{"ph", "M"}, {"name", "process_sort_index"}, {"pid", r}, {"args", {{"sort_index", r}}}});
+    events.push_back({{"ph", "M"},
+                      {"name", "process_name"},
+                      {"pid", r},
+                      {"args", {{"name", "rank " + std::to_string(r)}}}});
+    events.push_back(
+        {{"ph", "M"}, {"name", "process_sort_index"}, {"pid", r}, {"args", {{"sort_index", r}}}});
     for (int t = 0; t < 3; ++t)
-      events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", r}, {"tid", t}, {"args", {{"name", thread_names[t]}}}});
+      events.push_back({{"ph", "M"},
+                        {"name", "thread_name"},
+                        {"pid", r},
+                        {"tid", t},
+                        {"args", {{"name", thread_names[t]}}}});
   }
   // Flow ids: one per message (gradient?, producing stage, micro-batch).
-  std::map<std::tuple<bool, int, int>, int> flow_id;
+  std::map<MessageKey, int> flow_id;
   auto message_id = [&](const Action& a) {
-    const bool grad = a.kind == ActionKind::kSendGrad || a.kind == ActionKind::kRecvGrad;
-    const int producer = a.kind == ActionKind::kRecvAct ? a.stage - 1 : a.kind == ActionKind::kRecvGrad ? a.stage + 1 : a.stage;
-    const auto key = std::make_tuple(grad, producer, a.microbatch);
-    const auto it = flow_id.try_emplace(key, static_cast<int>(flow_id.size()) + 1).first;
-    return it->second;
+    return flow_id.try_emplace(message_key(a), static_cast<int>(flow_id.size()) + 1).first->second;
   };
   for (int r = 0; r < R; ++r)
     for (size_t i = 0; i < schedule.ranks[r].size(); ++i) {
@@ -33,21 +37,34 @@ std::string chrome_trace_json(const Schedule& schedule, const SimResult& sim, do
       const auto& t = sim.timing[r][i];
       const int tid = is_compute(a.kind) ? kCompute : is_send(a.kind) ? kSend : kRecv;
       const double ts = t.start * us_per_unit, dur = (t.end - t.start) * us_per_unit;
-      json ev = {{"ph", "X"}, {"name", to_string(a)}, {"cat", kind_name(a.kind)}, {"pid", r}, {"tid", tid},
-                 {"ts", ts}, {"dur", dur},
+      json ev = {{"ph", "X"},
+                 {"name", to_string(a)},
+                 {"cat", kind_name(a.kind)},
+                 {"pid", r},
+                 {"tid", tid},
+                 {"ts", ts},
+                 {"dur", dur},
                  {"args", {{"stage", a.stage}, {"microbatch", a.microbatch}, {"position", i}}}};
       if (is_transfer(a.kind)) ev["args"]["peer"] = a.peer;
       events.push_back(ev);
       if (is_transfer(a.kind)) {
         const bool grad = a.kind == ActionKind::kSendGrad || a.kind == ActionKind::kRecvGrad;
-        json flow = {{"ph", is_send(a.kind) ? "s" : "f"}, {"name", grad ? "grad" : "act"}, {"cat", "transfer"},
-                     {"id", message_id(a)}, {"pid", r}, {"tid", tid}, {"ts", ts}};
+        json flow = {{"ph", is_send(a.kind) ? "s" : "f"},
+                     {"name", grad ? "grad" : "act"},
+                     {"cat", "transfer"},
+                     {"id", message_id(a)},
+                     {"pid", r},
+                     {"tid", tid},
+                     {"ts", ts}};
         if (!is_send(a.kind)) flow["bp"] = "e";
         events.push_back(flow);
       }
     }
-  json doc = {{"traceEvents", events}, {"displayTimeUnit", "ms"},
-              {"otherData", {{"schedule", schedule.name}, {"makespan", sim.makespan}, {"bubble", sim.bubble_fraction}}}};
+  json doc = {
+      {"traceEvents", events},
+      {"displayTimeUnit", "ms"},
+      {"otherData",
+       {{"schedule", schedule.name}, {"makespan", sim.makespan}, {"bubble", sim.bubble_fraction}}}};
   return doc.dump(1) + "\n";
 }
 

@@ -10,6 +10,7 @@
 namespace conveyor::schedule {
 
 // us_per_unit: microseconds drawn for one simulator time unit.
-std::string chrome_trace_json(const Schedule& schedule, const SimResult& sim, double us_per_unit = 1000.0);
+std::string chrome_trace_json(const Schedule& schedule, const SimResult& sim,
+                              double us_per_unit = 1000.0);
 
 }  // namespace conveyor::schedule

@@ -12,7 +12,13 @@ void check_common(const char* kind, int p, int m) {
   if (p < 1)
     throw ScheduleError(std::string(kind) + " needs at least 1 stage, got p=" + std::to_string(p));
   if (m < 1)
-    throw ScheduleError(std::string(kind) + " needs at least 1 micro-batch, got m=" + std::to_string(m));
+    throw ScheduleError(std::string(kind) +
+                        " needs at least 1 micro-batch, got m=" + std::to_string(m));
+  // Far beyond any real pipeline; keeps a typo from allocating gigabytes.
+  if (p > 4096 || m > 1048576 || static_cast<long long>(p) * m > (1LL << 24))
+    throw ScheduleError(
+        std::string(kind) + " with p=" + std::to_string(p) + " and m=" + std::to_string(m) +
+        " is too large (p <= 4096, m <= 1048576, p*m <= " + std::to_string(1 << 24) + ")");
 }
 
 Schedule empty_schedule(const char* name, int p, int m, int v, Layout layout) {
@@ -24,49 +30,55 @@ Schedule empty_schedule(const char* name, int p, int m, int v, Layout layout) {
   return s;
 }
 
-// Identity of a message on a link, the same on both ends: (is grad, producing stage, mb).
-using MessageId = std::tuple<bool, int, int>;
-
-MessageId message_of(const Action& a) {
-  switch (a.kind) {
-    case ActionKind::kSendAct: return {false, a.stage, a.microbatch};
-    case ActionKind::kRecvAct: return {false, a.stage - 1, a.microbatch};
-    case ActionKind::kSendGrad: return {true, a.stage, a.microbatch};
-    default: return {true, a.stage + 1, a.microbatch};  // kRecvGrad
-  }
-}
-
 }  // namespace
 
 const char* schedule_kind_name(ScheduleKind kind) {
   switch (kind) {
-    case ScheduleKind::kGPipe: return "gpipe";
-    case ScheduleKind::k1F1B: return "1f1b";
-    case ScheduleKind::kInterleaved: return "interleaved";
-    case ScheduleKind::kZBH1: return "zbh1";
+    case ScheduleKind::kGPipe:
+      return "gpipe";
+    case ScheduleKind::k1F1B:
+      return "1f1b";
+    case ScheduleKind::kInterleaved:
+      return "interleaved";
+    case ScheduleKind::kZBH1:
+      return "zbh1";
+    case ScheduleKind::kZBV:
+      return "zbv";
   }
   return "?";
 }
 
 std::optional<ScheduleKind> parse_schedule_kind(std::string_view name) {
-  for (auto k : {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved,
-                 ScheduleKind::kZBH1})
+  for (auto k : kAllKinds)
     if (name == schedule_kind_name(k)) return k;
   return std::nullopt;
 }
 
-std::string schedule_kind_choices() { return "gpipe|1f1b|interleaved|zbh1"; }
+std::string schedule_kind_choices() {
+  std::string out;
+  for (auto k : kAllKinds) out += (out.empty() ? "" : "|") + std::string(schedule_kind_name(k));
+  return out;
+}
 
 Schedule generate(ScheduleKind kind, int p, int m, int v) {
-  if (kind != ScheduleKind::kInterleaved && v != 1)
+  if (kind == ScheduleKind::kZBV && v != 1 && v != 2)
+    throw ScheduleError("zbv always has 2 chunks per rank in a V; --chunks " + std::to_string(v) +
+                        " does not apply (leave it out or use 2)");
+  if (kind != ScheduleKind::kInterleaved && kind != ScheduleKind::kZBV && v != 1)
     throw ScheduleError(std::string(schedule_kind_name(kind)) +
                         " has one chunk per rank; --chunks " + std::to_string(v) +
                         " is only for 'interleaved' (use chunks=1)");
   switch (kind) {
-    case ScheduleKind::kGPipe: return generate_gpipe(p, m);
-    case ScheduleKind::k1F1B: return generate_1f1b(p, m);
-    case ScheduleKind::kInterleaved: return generate_interleaved(p, m, v);
-    case ScheduleKind::kZBH1: return generate_zbh1(p, m);
+    case ScheduleKind::kGPipe:
+      return generate_gpipe(p, m);
+    case ScheduleKind::k1F1B:
+      return generate_1f1b(p, m);
+    case ScheduleKind::kInterleaved:
+      return generate_interleaved(p, m, v);
+    case ScheduleKind::kZBH1:
+      return generate_zbh1(p, m);
+    case ScheduleKind::kZBV:
+      return generate_zbv(p, m);
   }
   throw ScheduleError("unknown schedule kind");
 }
@@ -103,6 +115,10 @@ Schedule generate_interleaved(int p, int m, int v) {
   check_common("interleaved", p, m);
   if (v < 1)
     throw ScheduleError("interleaved needs at least 1 chunk per rank, got v=" + std::to_string(v));
+  if (static_cast<long long>(p) * m * v > (1LL << 24))
+    throw ScheduleError(
+        "interleaved with p*m*v = " + std::to_string(static_cast<long long>(p) * m * v) +
+        " is too large (at most " + std::to_string(1 << 24) + ")");
   if (v == 1) {
     Schedule s = generate_1f1b(p, m);
     s.name = "interleaved";
@@ -126,8 +142,12 @@ Schedule generate_interleaved(int p, int m, int v) {
   auto mb_of = [&](int k) { return (k / (p * v)) * p + k % p; };
   for (int r = 0; r < p; ++r) {
     auto& list = s.ranks[r];
-    auto F = [&](int k) { list.push_back(forward(s.placement.stage_of(r, chunk_of(k, true)), mb_of(k))); };
-    auto B = [&](int k) { list.push_back(backward(s.placement.stage_of(r, chunk_of(k, false)), mb_of(k))); };
+    auto F = [&](int k) {
+      list.push_back(forward(s.placement.stage_of(r, chunk_of(k, true)), mb_of(k)));
+    };
+    auto B = [&](int k) {
+      list.push_back(backward(s.placement.stage_of(r, chunk_of(k, false)), mb_of(k)));
+    };
     const int warmup = std::min((p - r - 1) * 2 + (v - 1) * p, total);
     for (int k = 0; k < warmup; ++k) F(k);
     for (int i = 0; i < total - warmup; ++i) {
@@ -140,47 +160,111 @@ Schedule generate_interleaved(int p, int m, int v) {
   return s;
 }
 
-Schedule generate_zbh1(int p, int m) {
+Schedule generate_zbh1(int p, int m, double f, double i, double w) {
   check_common("zbh1", p, m);
+  if (!(f > 0 && i > 0 && w > 0))
+    throw ScheduleError("zbh1 needs positive F, I and W costs to order the passes");
   Schedule s = empty_schedule("zbh1", p, m, 1, Layout::kLooped);
-  // List scheduling in unit time steps (F = I = W = 1, free transfers). A rank prefers I
-  // (it unblocks the upstream rank), then F within the memory limits, then a deferred W.
-  constexpr int kNotYet = -1;
-  std::vector<std::vector<int>> f_end(p, std::vector<int>(m, kNotYet));
-  std::vector<std::vector<int>> i_end(p, std::vector<int>(m, kNotYet));
+  // Event-driven list scheduling under the given costs (free transfers). A free rank prefers
+  // I (it unblocks the upstream rank), then F within the memory limits, then a deferred W;
+  // with nothing available it waits for the next completion anywhere.
+  constexpr double kNotYet = -1;
+  std::vector<std::vector<double>> f_end(p, std::vector<double>(m, kNotYet));
+  std::vector<std::vector<double>> i_end(p, std::vector<double>(m, kNotYet));
   std::vector<int> next_f(p, 0), next_i(p, 0), next_w(p, 0);
-  int remaining = 3 * p * m;
-  auto done_by = [](int end, int t) { return end != kNotYet && end <= t; };
-  for (int t = 0; remaining > 0; ++t) {
+  std::vector<double> free_at(p, 0);
+  std::vector<double> ends;  // completion times, for waiting
+  std::vector<int> waiting;
+  auto done_by = [](double end, double t) { return end != kNotYet && end <= t; };
+  auto finished = [&](int r) { return next_w[r] == m; };
+  for (;;) {
+    double t = -1;
+    for (int r = 0; r < p; ++r)
+      if (!finished(r) && (t < 0 || free_at[r] < t)) t = free_at[r];
+    if (t < 0) break;
     for (int r = 0; r < p; ++r) {
+      if (finished(r) || free_at[r] > t) continue;
       auto& list = s.ranks[r];
       // Micro-batches between F and W. The smallest cap found (p <= 16, m <= 64) that still
       // reaches the closed-form bubble; the deferred W's hold only the part of the
       // activations the weight gradient needs.
       const int held_cap = p + (p - r + 1) / 2;
       const int nf = next_f[r], ni = next_i[r], nw = next_w[r];
-      const bool can_i = ni < nf && done_by(f_end[r][ni], t) &&
-                         (r == p - 1 || done_by(i_end[r + 1][ni], t));
-      const bool can_f = nf < m && (r == 0 || done_by(f_end[r - 1][nf], t)) &&
-                         nf - ni < p - r && nf - nw < held_cap;
+      const bool can_i =
+          ni < nf && done_by(f_end[r][ni], t) && (r == p - 1 || done_by(i_end[r + 1][ni], t));
+      const bool can_f = nf < m && (r == 0 || done_by(f_end[r - 1][nf], t)) && nf - ni < p - r &&
+                         nf - nw < held_cap;
       const bool can_w = nw < ni && done_by(i_end[r][nw], t);
       if (can_i) {
         list.push_back(backward_input(r, ni));
-        i_end[r][ni] = t + 1;
+        i_end[r][ni] = free_at[r] = t + i;
         ++next_i[r];
       } else if (can_f) {
         list.push_back(forward(r, nf));
-        f_end[r][nf] = t + 1;
+        f_end[r][nf] = free_at[r] = t + f;
         ++next_f[r];
       } else if (can_w) {
         list.push_back(backward_weight(r, nw));
+        free_at[r] = t + w;
         ++next_w[r];
       } else {
+        waiting.push_back(r);
         continue;
       }
-      --remaining;
+      ends.push_back(free_at[r]);
     }
-    if (t > 8 * (p + m) * 3) throw ScheduleError("internal error: zbh1 list scheduling did not finish");
+    // Ranks with nothing to do wait for the next completion anywhere.
+    if (!waiting.empty()) {
+      double next = -1;
+      for (double e : ends)
+        if (e > t && (next < 0 || e < next)) next = e;
+      if (next < 0) throw ScheduleError("internal error: zbh1 list scheduling is stuck");
+      for (int r : waiting) free_at[r] = next;
+      waiting.clear();
+    }
+    // Keep only completions that can still wake a rank.
+    std::erase_if(ends, [&](double e) { return e <= t; });
+  }
+  insert_transfers(&s);
+  return s;
+}
+
+Schedule generate_zbv(int p, int m) {
+  check_common("zbv", p, m);
+  Schedule s = empty_schedule("zbv", p, m, 2, Layout::kVShape);
+  // ZB-V (Qi et al. 2023, section 6), in the formulation of PyTorch's ScheduleZBVZeroBubble:
+  // rank r holds stage r (chunk 0) and stage 2p-1-r (chunk 1). It is laid out for
+  // max(m, 2p-1) micro-batches and the ones beyond m are dropped, which keeps every
+  // dependency order intact.
+  const int n = std::max(m, 2 * p - 1);
+  for (int r = 0; r < p; ++r) {
+    auto& list = s.ranks[r];
+    const int s0 = s.placement.stage_of(r, 0), s1 = s.placement.stage_of(r, 1);
+    int f0 = 0, f1 = 0, b0 = 0, b1 = 0;  // next F and I per chunk
+    auto add = [&](Action a) {
+      if (a.microbatch < m) list.push_back(a);
+    };
+    auto F0 = [&] { add(forward(s0, f0++)); };
+    auto F1 = [&] { add(forward(s1, f1++)); };
+    auto IW0 = [&] { add(backward_input(s0, b0)), add(backward_weight(s0, b0)), ++b0; };
+    auto IW1 = [&] { add(backward_input(s1, b1)), add(backward_weight(s1, b1)), ++b1; };
+    // Warm-up: chunk-0 forwards, then alternate chunks, then chunk 1 runs F, I, W.
+    for (int k = 0; k < 2 * (p - r) - 1; ++k) F0();
+    for (int k = 0; k < r; ++k) F1(), F0();
+    for (int k = 0; k < p - r; ++k) F1(), IW1();
+    // Steady state: F0 I0 W0 F1 I1 W1 until every forward is done.
+    while (f1 < f0 || f0 < n) {
+      if (f0 < n) F0();
+      IW0();
+      F1();
+      IW1();
+    }
+    // Cool-down: the remaining I's, with W's filling the gaps, W's in ascending order.
+    int w0 = b0, w1 = b1;
+    for (int k = 0; k < r; ++k) add(backward_input(s0, b0++)), add(backward_input(s1, b1++));
+    for (int k = 0; k < p - r; ++k) add(backward_input(s0, b0++)), add(backward_weight(s0, w0++));
+    while (w1 < b1) add(backward_weight(s1, w1++));
+    while (w0 < b0) add(backward_weight(s0, w0++));
   }
   insert_transfers(&s);
   return s;
@@ -213,15 +297,16 @@ void insert_transfers(Schedule* schedule) {
   }
   // FIFO per link: reorder each rank's receives from one peer into the peer's send order,
   // moving a receive earlier (never later than its consumer).
-  std::vector<std::vector<std::vector<MessageId>>> sent_on(R, std::vector<std::vector<MessageId>>(R));
+  std::vector<std::vector<std::vector<MessageKey>>> sent_on(
+      R, std::vector<std::vector<MessageKey>>(R));
   for (int src = 0; src < R; ++src)
     for (const auto& a : schedule->ranks[src])
-      if (is_send(a.kind)) sent_on[src][a.peer].push_back(message_of(a));
+      if (is_send(a.kind)) sent_on[src][a.peer].push_back(message_key(a));
   for (int dst = 0; dst < R; ++dst) {
     for (int src = 0; src < R; ++src) {
       const auto& sent = sent_on[src][dst];
       if (src == dst || sent.empty()) continue;
-      std::map<MessageId, size_t> order;
+      std::map<MessageKey, size_t> order;
       for (size_t i = 0; i < sent.size(); ++i) order[sent[i]] = i;
       // Drop this link's receives; remember where each was (its deadline) in the reduced list.
       std::vector<Action> rest;
@@ -230,7 +315,7 @@ void insert_transfers(Schedule* schedule) {
       std::vector<bool> present(sent.size(), false);
       for (const auto& a : schedule->ranks[dst]) {
         if (is_recv(a.kind) && a.peer == src) {
-          const auto it = order.find(message_of(a));
+          const auto it = order.find(message_key(a));
           if (it != order.end()) {
             recvs[it->second] = a;
             deadline[it->second] = rest.size();

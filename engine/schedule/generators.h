@@ -10,14 +10,18 @@
 
 namespace conveyor::schedule {
 
-enum class ScheduleKind : uint8_t { kGPipe, k1F1B, kInterleaved, kZBH1 };
+enum class ScheduleKind : uint8_t { kGPipe, k1F1B, kInterleaved, kZBH1, kZBV };
+inline constexpr ScheduleKind kAllKinds[] = {ScheduleKind::kGPipe, ScheduleKind::k1F1B,
+                                             ScheduleKind::kInterleaved, ScheduleKind::kZBH1,
+                                             ScheduleKind::kZBV};
 
-const char* schedule_kind_name(ScheduleKind kind);  // "gpipe", "1f1b", "interleaved", "zbh1"
+const char* schedule_kind_name(ScheduleKind kind);  // "gpipe", "1f1b", "interleaved", "zbh1", "zbv"
 std::optional<ScheduleKind> parse_schedule_kind(std::string_view name);
-// "gpipe|1f1b|interleaved|zbh1"
+// "gpipe|1f1b|interleaved|zbh1|zbv"
 std::string schedule_kind_choices();
 
-// p pipeline ranks, m micro-batches, v chunks per rank (interleaved only; others need v=1).
+// p pipeline ranks, m micro-batches, v chunks per rank (interleaved; zbv accepts 1 or 2 and
+// always uses 2; the others need v=1).
 // Throws ScheduleError when the schedule is not defined for these values, saying which
 // values would work.
 Schedule generate(ScheduleKind kind, int p, int m, int v = 1);
@@ -31,9 +35,14 @@ Schedule generate_1f1b(int p, int m);
 // stage c*p + r on rank r; needs m to be a multiple of p. v = 1 gives 1F1B.
 Schedule generate_interleaved(int p, int m, int v);
 // ZB-H1 (Qi et al. 2023): backward split into I and W; I as early as 1F1B's B, at most p-r
-// micro-batches between F and I on rank r and at most p + ceil((p-r)/2) between F and W, W deferred to fill
-// the bubbles. Order found by list scheduling under unit costs F = I = W.
-Schedule generate_zbh1(int p, int m);
+// micro-batches between F and I on rank r and at most p + ceil((p-r)/2) between F and W, W deferred
+// to fill the bubbles. Order found by list scheduling under the given per-micro-batch costs (unit
+// costs by default; generate() uses those).
+Schedule generate_zbh1(int p, int m, double f = 1, double i = 1, double w = 1);
+
+// ZB-V (Qi et al. 2023, section 6): two chunks per rank in a V (rank r holds stages r and
+// 2p-1-r), backward split into I and W; zero bubble after warm-up when F = I = W.
+Schedule generate_zbv(int p, int m);
 
 // Adds SEND/RECV actions to compute-only rank lists: each send right after the compute that
 // produces the data; each receive right before the compute that consumes it, moved earlier

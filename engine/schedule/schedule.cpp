@@ -17,14 +17,22 @@ bool is_recv(ActionKind kind) {
 
 const char* kind_name(ActionKind kind) {
   switch (kind) {
-    case ActionKind::kForward: return "F";
-    case ActionKind::kBackward: return "B";
-    case ActionKind::kBackwardInput: return "I";
-    case ActionKind::kBackwardWeight: return "W";
-    case ActionKind::kSendAct: return "SEND_ACT";
-    case ActionKind::kRecvAct: return "RECV_ACT";
-    case ActionKind::kSendGrad: return "SEND_GRAD";
-    case ActionKind::kRecvGrad: return "RECV_GRAD";
+    case ActionKind::kForward:
+      return "F";
+    case ActionKind::kBackward:
+      return "B";
+    case ActionKind::kBackwardInput:
+      return "I";
+    case ActionKind::kBackwardWeight:
+      return "W";
+    case ActionKind::kSendAct:
+      return "SEND_ACT";
+    case ActionKind::kRecvAct:
+      return "RECV_ACT";
+    case ActionKind::kSendGrad:
+      return "SEND_GRAD";
+    case ActionKind::kRecvGrad:
+      return "RECV_GRAD";
   }
   return "?";
 }
@@ -34,14 +42,34 @@ Action backward(int stage, int mb) { return {ActionKind::kBackward, stage, mb, -
 Action backward_input(int stage, int mb) { return {ActionKind::kBackwardInput, stage, mb, -1}; }
 Action backward_weight(int stage, int mb) { return {ActionKind::kBackwardWeight, stage, mb, -1}; }
 
+MessageKey message_key(const Action& a) {
+  switch (a.kind) {
+    case ActionKind::kSendAct:
+      return {false, a.stage, a.microbatch};
+    case ActionKind::kRecvAct:
+      return {false, a.stage - 1, a.microbatch};
+    case ActionKind::kSendGrad:
+      return {true, a.stage, a.microbatch};
+    case ActionKind::kRecvGrad:
+      return {true, a.stage + 1, a.microbatch};
+    default:
+      throw ScheduleError(to_string(a) + " is not a transfer; it carries no message");
+  }
+}
+
 namespace {
 const char* short_name(ActionKind kind) {
   switch (kind) {
-    case ActionKind::kSendAct: return "SA";
-    case ActionKind::kRecvAct: return "RA";
-    case ActionKind::kSendGrad: return "SG";
-    case ActionKind::kRecvGrad: return "RG";
-    default: return kind_name(kind);
+    case ActionKind::kSendAct:
+      return "SA";
+    case ActionKind::kRecvAct:
+      return "RA";
+    case ActionKind::kSendGrad:
+      return "SG";
+    case ActionKind::kRecvGrad:
+      return "RG";
+    default:
+      return kind_name(kind);
   }
 }
 
@@ -68,10 +96,10 @@ Action parse_action(std::string_view token) {
                          "RG0.3<1)");
   };
   static const std::pair<const char*, ActionKind> kPrefixes[] = {
-      {"SA", ActionKind::kSendAct},        {"RA", ActionKind::kRecvAct},
-      {"SG", ActionKind::kSendGrad},       {"RG", ActionKind::kRecvGrad},
-      {"F", ActionKind::kForward},         {"B", ActionKind::kBackward},
-      {"I", ActionKind::kBackwardInput},   {"W", ActionKind::kBackwardWeight}};
+      {"SA", ActionKind::kSendAct},      {"RA", ActionKind::kRecvAct},
+      {"SG", ActionKind::kSendGrad},     {"RG", ActionKind::kRecvGrad},
+      {"F", ActionKind::kForward},       {"B", ActionKind::kBackward},
+      {"I", ActionKind::kBackwardInput}, {"W", ActionKind::kBackwardWeight}};
   Action a;
   std::string_view rest;
   bool matched = false;
@@ -100,9 +128,7 @@ Action parse_action(std::string_view token) {
   return a;
 }
 
-const char* layout_name(Layout layout) {
-  return layout == Layout::kLooped ? "looped" : "v";
-}
+const char* layout_name(Layout layout) { return layout == Layout::kLooped ? "looped" : "v"; }
 
 int Placement::rank_of(int stage) const {
   const int chunk = stage / num_ranks;
@@ -133,8 +159,7 @@ ActionRef find_action(const Schedule& schedule, ActionKind kind, int stage, int 
   for (int r = 0; r < static_cast<int>(schedule.ranks.size()); ++r) {
     const auto& list = schedule.ranks[r];
     for (int i = 0; i < static_cast<int>(list.size()); ++i)
-      if (list[i].kind == kind && list[i].stage == stage && list[i].microbatch == mb)
-        return {r, i};
+      if (list[i].kind == kind && list[i].stage == stage && list[i].microbatch == mb) return {r, i};
   }
   return {};
 }

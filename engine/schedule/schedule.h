@@ -9,6 +9,7 @@
 //   SEND_GRAD(s, mb, peer) on rank_of(s):   input gradient of stage s to stage s-1 on `peer`
 //   RECV_GRAD(s, mb, peer) on rank_of(s):   output gradient of stage s from stage s+1 on `peer`
 // Neighbouring stages on the same rank hand data over locally, without transfer actions.
+#include <compare>
 #include <cstdint>
 #include <optional>
 #include <stdexcept>
@@ -49,6 +50,17 @@ Action forward(int stage, int mb);
 Action backward(int stage, int mb);
 Action backward_input(int stage, int mb);
 Action backward_weight(int stage, int mb);
+
+// The message a transfer carries, the same at both ends of the link: activation or
+// gradient, the stage that produced it, and the micro-batch. SEND_ACT(s) and RECV_ACT(s+1)
+// carry {false, s, mb}; SEND_GRAD(s) and RECV_GRAD(s-1) carry {true, s, mb}.
+struct MessageKey {
+  bool gradient = false;
+  int producer_stage = 0;
+  int microbatch = 0;
+  auto operator<=>(const MessageKey&) const = default;
+};
+MessageKey message_key(const Action& transfer);
 
 // Compact token: F0.3, B0.3, I0.3, W0.3 (stage.microbatch); transfers carry the peer:
 // SA0.3>1 (send act to rank 1), RA1.3<0 (recv act from rank 0), SG1.3>0, RG0.3<1.

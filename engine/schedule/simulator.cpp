@@ -23,7 +23,8 @@ class ActionIndex {
     for (const auto& list : s.ranks)
       for (int i = 0; i < static_cast<int>(list.size()); ++i) {
         const auto& a = list[i];
-        if (a.stage < stages_ && a.microbatch < mbs_) index_[key(a.kind, a.stage, a.microbatch)] = i;
+        if (a.stage < stages_ && a.microbatch < mbs_)
+          index_[key(a.kind, a.stage, a.microbatch)] = i;
       }
   }
   int at(ActionKind kind, int stage, int mb) const {
@@ -53,16 +54,19 @@ CostModel CostModel::uniform(double f, double i, double w, double comm) {
 double CostModel::cost(const Action& a) const {
   const int s = a.stage;
   switch (a.kind) {
-    case ActionKind::kForward: return per_stage(forward, s);
+    case ActionKind::kForward:
+      return per_stage(forward, s);
     case ActionKind::kBackward:
       return backward.empty() ? per_stage(backward_input, s) + per_stage(backward_weight, s)
                               : per_stage(backward, s);
-    case ActionKind::kBackwardInput: return per_stage(backward_input, s);
-    case ActionKind::kBackwardWeight: return per_stage(backward_weight, s);
+    case ActionKind::kBackwardInput:
+      return per_stage(backward_input, s);
+    case ActionKind::kBackwardWeight:
+      return per_stage(backward_weight, s);
     default: {
       // The boundary tensor between stage b and b+1 (activation one way, gradient the other).
-      const int boundary = (a.kind == ActionKind::kSendAct)   ? s
-                           : (a.kind == ActionKind::kRecvAct) ? s - 1
+      const int boundary = (a.kind == ActionKind::kSendAct)    ? s
+                           : (a.kind == ActionKind::kRecvAct)  ? s - 1
                            : (a.kind == ActionKind::kSendGrad) ? s - 1
                                                                : s;
       const double bytes = per_stage(message_bytes, boundary);
@@ -122,13 +126,15 @@ SimResult simulate(const Schedule& schedule, const CostModel& costs) {
     }
   };
   auto producer_of_send = [&](const Action& a) {
-    if (a.kind == ActionKind::kSendAct) return index.at(ActionKind::kForward, a.stage, a.microbatch);
+    if (a.kind == ActionKind::kSendAct)
+      return index.at(ActionKind::kForward, a.stage, a.microbatch);
     const int b = index.at(ActionKind::kBackward, a.stage, a.microbatch);
     return b >= 0 ? b : index.at(ActionKind::kBackwardInput, a.stage, a.microbatch);
   };
   auto matching_recv = [&](const Action& a) {
-    return a.kind == ActionKind::kSendAct ? index.at(ActionKind::kRecvAct, a.stage + 1, a.microbatch)
-                                          : index.at(ActionKind::kRecvGrad, a.stage - 1, a.microbatch);
+    return a.kind == ActionKind::kSendAct
+               ? index.at(ActionKind::kRecvAct, a.stage + 1, a.microbatch)
+               : index.at(ActionKind::kRecvGrad, a.stage - 1, a.microbatch);
   };
 
   bool progress = true;
@@ -148,7 +154,10 @@ SimResult simulate(const Schedule& schedule, const CostModel& costs) {
         for (int d : deps) {
           if (d == -2) continue;
           if (d < 0) throw missing(r, i, "an input of this action");
-          if (!done[r][d]) { blocked = true; break; }
+          if (!done[r][d]) {
+            blocked = true;
+            break;
+          }
           ready = std::max(ready, result.timing[r][d].end);
         }
         if (blocked) break;
@@ -173,7 +182,8 @@ SimResult simulate(const Schedule& schedule, const CostModel& costs) {
         if (j < 0) throw missing(r, i, "the matching receive");
         skip_to(dst, &recv_head[dst], is_recv);
         if (recv_head[dst] != j) break;
-        const double start = std::max({result.timing[r][producer].end, send_free[r], recv_free[dst]});
+        const double start =
+            std::max({result.timing[r][producer].end, send_free[r], recv_free[dst]});
         const double end = start + costs.cost(a);
         result.timing[r][i] = {start, end};
         result.timing[dst][j] = {start, end};
@@ -194,9 +204,11 @@ SimResult simulate(const Schedule& schedule, const CostModel& costs) {
         if (head == &recv_head[r]) skip_to(r, head, is_recv);
         if (*head >= static_cast<int>(list.size())) continue;
         const Action& a = list[*head];
-        std::string why = is_compute(a.kind) ? "waits for its input"
-                          : is_send(a.kind)  ? "waits for rank " + std::to_string(a.peer) + " to post the matching receive"
-                                             : "waits for rank " + std::to_string(a.peer) + " to send";
+        std::string why =
+            is_compute(a.kind) ? "waits for its input"
+            : is_send(a.kind)
+                ? "waits for rank " + std::to_string(a.peer) + " to post the matching receive"
+                : "waits for rank " + std::to_string(a.peer) + " to send";
         stuck.push_back({r, *head, why});
       }
     }
@@ -209,8 +221,9 @@ SimResult simulate(const Schedule& schedule, const CostModel& costs) {
                             }),
                 stuck.end());
     for (size_t n = 0; n < stuck.size() && n < 6; ++n)
-      msg += " rank " + std::to_string(stuck[n].rank) + " position " + std::to_string(stuck[n].index) +
-             " " + to_string(schedule.ranks[stuck[n].rank][stuck[n].index]) + " " + stuck[n].waiting_for +
+      msg += " rank " + std::to_string(stuck[n].rank) + " position " +
+             std::to_string(stuck[n].index) + " " +
+             to_string(schedule.ranks[stuck[n].rank][stuck[n].index]) + " " + stuck[n].waiting_for +
              (n + 1 < stuck.size() && n < 5 ? ";" : "");
     throw DeadlockError(msg, std::move(stuck));
   }

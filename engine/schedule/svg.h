@@ -9,12 +9,13 @@
 namespace conveyor::schedule {
 
 struct SvgOptions {
-  std::string title;           // drawn above the rows; empty = none
-  double width_px = 960;       // width of the time axis when px_per_unit is 0
-  double px_per_unit = 0;      // fixed scale (same scale for pictures that are compared)
+  std::string title;       // drawn above the rows; empty = none
+  double width_px = 960;   // width of the time axis when px_per_unit is 0
+  double px_per_unit = 0;  // fixed scale (same scale for pictures that are compared)
   double row_height_px = 30;
 };
 
-std::string render_svg(const Schedule& schedule, const SimResult& sim, const SvgOptions& options = {});
+std::string render_svg(const Schedule& schedule, const SimResult& sim,
+                       const SvgOptions& options = {});
 
 }  // namespace conveyor::schedule

@@ -22,8 +22,10 @@ std::string header_line(const Schedule& s) {
 }
 
 std::string_view trim(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t' || s.front() == '\r')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r')) s.remove_suffix(1);
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t' || s.front() == '\r'))
+    s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r'))
+    s.remove_suffix(1);
   return s;
 }
 
@@ -53,6 +55,13 @@ int to_int(std::string_view v, int line, const std::string& field) {
   return out;
 }
 
+int to_rank(std::string_view v, int line) {
+  const int rank = to_int(v, line, "rank");
+  if (rank >= 65536)
+    throw line_error(line, "rank " + std::to_string(rank) + " is larger than supported (65535)");
+  return rank;
+}
+
 // Header values; -1 means "not given, infer".
 struct Header {
   std::string name;
@@ -66,16 +75,24 @@ void parse_header(std::string_view line, int line_no, Header* h) {
   std::string kv;
   while (in >> kv) {
     const auto eq = kv.find('=');
-    if (eq == std::string::npos) throw line_error(line_no, "header entry '" + kv + "' is not key=value");
+    if (eq == std::string::npos)
+      throw line_error(line_no, "header entry '" + kv + "' is not key=value");
     const std::string key = kv.substr(0, eq), value = kv.substr(eq + 1);
-    if (key == "name") h->name = value;
-    else if (key == "ranks") h->ranks = to_int(value, line_no, "ranks");
-    else if (key == "chunks") h->chunks = to_int(value, line_no, "chunks");
-    else if (key == "microbatches") h->microbatches = to_int(value, line_no, "microbatches");
+    if (key == "name")
+      h->name = value;
+    else if (key == "ranks")
+      h->ranks = to_int(value, line_no, "ranks");
+    else if (key == "chunks")
+      h->chunks = to_int(value, line_no, "chunks");
+    else if (key == "microbatches")
+      h->microbatches = to_int(value, line_no, "microbatches");
     else if (key == "layout") {
-      if (value == "looped") h->layout = Layout::kLooped;
-      else if (value == "v") h->layout = Layout::kVShape;
-      else throw line_error(line_no, "layout must be 'looped' or 'v', got '" + value + "'");
+      if (value == "looped")
+        h->layout = Layout::kLooped;
+      else if (value == "v")
+        h->layout = Layout::kVShape;
+      else
+        throw line_error(line_no, "layout must be 'looped' or 'v', got '" + value + "'");
     } else {
       throw line_error(line_no, "unknown header key '" + key +
                                     "' (expected name, ranks, chunks, layout, microbatches)");
@@ -86,16 +103,22 @@ void parse_header(std::string_view line, int line_no, Header* h) {
 Schedule finish(const Header& h, std::vector<std::vector<Action>> ranks) {
   int max_stage = -1, max_mb = -1;
   for (const auto& list : ranks)
-    for (const auto& a : list) max_stage = std::max(max_stage, a.stage), max_mb = std::max(max_mb, a.microbatch);
+    for (const auto& a : list)
+      max_stage = std::max(max_stage, a.stage), max_mb = std::max(max_mb, a.microbatch);
+  if (h.ranks > 65536 || h.chunks > 65536 || h.microbatches > 1048576 ||
+      static_cast<long long>(std::max(h.ranks, 1)) * std::max(h.chunks, 1) > 65536)
+    throw ScheduleError("the header asks for more than 65536 stages or 1048576 micro-batches");
   Schedule s;
   s.name = h.name;
   s.placement.num_ranks = h.ranks >= 0 ? h.ranks : static_cast<int>(ranks.size());
-  if (s.placement.num_ranks < 1) throw ScheduleError("the schedule has no ranks (expected lines 'r0: ...')");
+  if (s.placement.num_ranks < 1)
+    throw ScheduleError("the schedule has no ranks (expected lines 'r0: ...')");
   if (static_cast<int>(ranks.size()) > s.placement.num_ranks)
     throw ScheduleError("the schedule has a line for rank " + std::to_string(ranks.size() - 1) +
                         " but the header says ranks=" + std::to_string(s.placement.num_ranks));
   ranks.resize(s.placement.num_ranks);
-  const int inferred_chunks = std::max(1, (max_stage + s.placement.num_ranks) / s.placement.num_ranks);
+  const int inferred_chunks =
+      std::max(1, (max_stage + s.placement.num_ranks) / s.placement.num_ranks);
   s.placement.chunks = h.chunks >= 0 ? h.chunks : inferred_chunks;
   if (s.placement.chunks < 1) throw ScheduleError("chunks must be at least 1");
   s.placement.layout = h.layout;
@@ -106,7 +129,6 @@ Schedule finish(const Header& h, std::vector<std::vector<Action>> ranks) {
 }
 
 void put(std::vector<std::vector<Action>>* ranks, int rank, int line, Action a) {
-  if (rank > 100000) throw line_error(line, "rank " + std::to_string(rank) + " is implausibly large");
   if (static_cast<int>(ranks->size()) <= rank) ranks->resize(rank + 1);
   (*ranks)[rank].push_back(a);
 }
@@ -145,12 +167,16 @@ Schedule parse_text(std::string_view text) {
     ++line_no;
     auto line = trim(raw);
     if (line.empty()) continue;
-    if (line.substr(0, kHeader.size()) == kHeader) { parse_header(line, line_no, &h); continue; }
+    if (line.substr(0, kHeader.size()) == kHeader) {
+      parse_header(line, line_no, &h);
+      continue;
+    }
     if (line.front() == '#') continue;
     const auto colon = line.find(':');
     if (line.front() != 'r' || colon == std::string_view::npos)
-      throw line_error(line_no, "expected 'r<rank>: <actions>', got '" + std::string(line.substr(0, 40)) + "'");
-    const int rank = to_int(line.substr(1, colon - 1), line_no, "rank");
+      throw line_error(
+          line_no, "expected 'r<rank>: <actions>', got '" + std::string(line.substr(0, 40)) + "'");
+    const int rank = to_rank(line.substr(1, colon - 1), line_no);
     if (rank < static_cast<int>(seen.size()) && seen[rank])
       throw line_error(line_no, "rank " + std::to_string(rank) + " appears twice");
     if (static_cast<int>(seen.size()) <= rank) seen.resize(rank + 1);
@@ -179,36 +205,47 @@ Schedule parse_csv(std::string_view text) {
     ++line_no;
     auto line = trim(raw);
     if (line.empty()) continue;
-    if (line.substr(0, kHeader.size()) == kHeader) { parse_header(line, line_no, &h); continue; }
+    if (line.substr(0, kHeader.size()) == kHeader) {
+      parse_header(line, line_no, &h);
+      continue;
+    }
     if (line.front() == '#') continue;
     if (!saw_columns) {
       if (line != "rank,step,kind,stage,microbatch,peer")
-        throw line_error(line_no, "expected the column line 'rank,step,kind,stage,microbatch,peer'");
+        throw line_error(line_no,
+                         "expected the column line 'rank,step,kind,stage,microbatch,peer'");
       saw_columns = true;
       continue;
     }
     const auto f = split(line, ',');
-    if (f.size() != 6) throw line_error(line_no, "expected 6 comma-separated fields, got " + std::to_string(f.size()));
-    const int rank = to_int(f[0], line_no, "rank");
+    if (f.size() != 6)
+      throw line_error(line_no,
+                       "expected 6 comma-separated fields, got " + std::to_string(f.size()));
+    const int rank = to_rank(f[0], line_no);
     const int step = to_int(f[1], line_no, "step");
     if (static_cast<int>(next_step.size()) <= rank) next_step.resize(rank + 1, 0);
     if (step != next_step[rank])
       throw line_error(line_no, "rank " + std::to_string(rank) + " expected step " +
-                                    std::to_string(next_step[rank]) + ", got " + std::to_string(step) +
+                                    std::to_string(next_step[rank]) + ", got " +
+                                    std::to_string(step) +
                                     " (rows of a rank must be in step order)");
     ++next_step[rank];
     Action a;
     const auto kind = trim(f[2]);
     bool known = false;
     for (int k = 0; k <= static_cast<int>(ActionKind::kRecvGrad); ++k)
-      if (kind == kind_name(static_cast<ActionKind>(k))) a.kind = static_cast<ActionKind>(k), known = true;
+      if (kind == kind_name(static_cast<ActionKind>(k)))
+        a.kind = static_cast<ActionKind>(k), known = true;
     if (!known)
-      throw line_error(line_no, "unknown kind '" + std::string(kind) +
-                                    "' (expected F, B, I, W, SEND_ACT, RECV_ACT, SEND_GRAD, RECV_GRAD)");
+      throw line_error(line_no,
+                       "unknown kind '" + std::string(kind) +
+                           "' (expected F, B, I, W, SEND_ACT, RECV_ACT, SEND_GRAD, RECV_GRAD)");
     a.stage = to_int(f[3], line_no, "stage");
     a.microbatch = to_int(f[4], line_no, "microbatch");
-    if (is_transfer(a.kind)) a.peer = to_int(f[5], line_no, "peer");
-    else if (!trim(f[5]).empty()) throw line_error(line_no, "a compute action has no peer");
+    if (is_transfer(a.kind))
+      a.peer = to_int(f[5], line_no, "peer");
+    else if (!trim(f[5]).empty())
+      throw line_error(line_no, "a compute action has no peer");
     put(&ranks, rank, line_no, a);
   }
   return finish(h, std::move(ranks));

@@ -1,10 +1,11 @@
 // Generators: defined for every p, m where the schedule exists, clear errors elsewhere,
 // weight gradients in ascending micro-batch order, placement queries.
+#include "engine/schedule/generators.h"
+
 #include <gtest/gtest.h>
 
 #include <set>
 
-#include "engine/schedule/generators.h"
 #include "engine/schedule/simulator.h"
 #include "engine/schedule/validator.h"
 
@@ -23,11 +24,14 @@ std::string error_of(ScheduleKind kind, int p, int m, int v = 1) {
 TEST(Generators, WeightGradientsAscendInEveryStage) {
   for (int p = 1; p <= 8; ++p)
     for (int m = 1; m <= 24; ++m) {
-      std::vector<Schedule> all = {generate_gpipe(p, m), generate_1f1b(p, m), generate_zbh1(p, m)};
-      if (m % p == 0) all.push_back(generate_interleaved(p, m, 2)), all.push_back(generate_interleaved(p, m, 4));
+      std::vector<Schedule> all = {generate_gpipe(p, m), generate_1f1b(p, m), generate_zbh1(p, m),
+                                   generate_zbv(p, m)};
+      if (m % p == 0)
+        all.push_back(generate_interleaved(p, m, 2)), all.push_back(generate_interleaved(p, m, 4));
       for (const auto& s : all) {
         std::string why;
-        EXPECT_TRUE(weight_grads_ascending(s, &why)) << s.name << " p=" << p << " m=" << m << ": " << why;
+        EXPECT_TRUE(weight_grads_ascending(s, &why))
+            << s.name << " p=" << p << " m=" << m << ": " << why;
       }
     }
 }
@@ -48,7 +52,8 @@ TEST(Generators, EveryActionExactlyOnce) {
     for (const auto& a : list)
       if (is_compute(a.kind)) {
         ++compute;
-        EXPECT_TRUE(seen.insert({static_cast<int>(a.kind), a.stage, a.microbatch}).second) << to_string(a);
+        EXPECT_TRUE(seen.insert({static_cast<int>(a.kind), a.stage, a.microbatch}).second)
+            << to_string(a);
       }
   EXPECT_EQ(compute, 3u * 4 * 6);
   EXPECT_TRUE(s.splits_backward());
@@ -56,14 +61,32 @@ TEST(Generators, EveryActionExactlyOnce) {
 }
 
 TEST(Generators, ErrorsSayWhichValuesWork) {
-  EXPECT_NE(error_of(ScheduleKind::kInterleaved, 4, 6, 2).find("try m=4 or m=8"), std::string::npos);
+  EXPECT_NE(error_of(ScheduleKind::kInterleaved, 4, 6, 2).find("try m=4 or m=8"),
+            std::string::npos);
   EXPECT_NE(error_of(ScheduleKind::kInterleaved, 4, 3, 2).find("try m=4"), std::string::npos);
   EXPECT_NE(error_of(ScheduleKind::k1F1B, 0, 4).find("at least 1 stage"), std::string::npos);
   EXPECT_NE(error_of(ScheduleKind::kGPipe, 2, 0).find("at least 1 micro-batch"), std::string::npos);
-  EXPECT_NE(error_of(ScheduleKind::kZBH1, 2, 4, 2).find("only for 'interleaved'"), std::string::npos);
-  EXPECT_NE(error_of(ScheduleKind::kInterleaved, 2, 4, 0).find("at least 1 chunk"), std::string::npos);
-  EXPECT_EQ(parse_schedule_kind("zbh1"), ScheduleKind::kZBH1);
+  EXPECT_NE(error_of(ScheduleKind::kZBH1, 2, 4, 2).find("only for 'interleaved'"),
+            std::string::npos);
+  EXPECT_NE(error_of(ScheduleKind::kInterleaved, 2, 4, 0).find("at least 1 chunk"),
+            std::string::npos);
+  EXPECT_NE(error_of(ScheduleKind::k1F1B, 5000, 4).find("too large"), std::string::npos);
+  EXPECT_NE(error_of(ScheduleKind::kGPipe, 4096, 8192).find("too large"), std::string::npos);
+  for (auto kind : kAllKinds) {
+    EXPECT_EQ(parse_schedule_kind(schedule_kind_name(kind)), kind);
+    EXPECT_NE(schedule_kind_choices().find(schedule_kind_name(kind)), std::string::npos);
+  }
   EXPECT_EQ(parse_schedule_kind("ZB"), std::nullopt);
+}
+
+TEST(Generators, ZBVIsDefinedForSmallM) {
+  // Fewer micro-batches than the V needs to fill: still complete, valid and deadlock-free.
+  for (int p = 1; p <= 6; ++p)
+    for (int m = 1; m < 2 * p; ++m) {
+      const Schedule s = generate_zbv(p, m);
+      EXPECT_EQ(s.placement.layout, Layout::kVShape);
+      EXPECT_NO_THROW(validate(s)) << "p=" << p << " m=" << m;
+    }
 }
 
 TEST(Generators, InterleavedWithOneChunkIs1F1B) {
@@ -103,7 +126,8 @@ TEST(Placement, VShapeScheduleValidatesAndSimulates) {
       for (int st : s.placement.stages_of(r)) s.ranks[r].push_back(forward(st, k));
     for (int k = 0; k < 3; ++k) {
       auto stages = s.placement.stages_of(r);
-      for (auto it = stages.rbegin(); it != stages.rend(); ++it) s.ranks[r].push_back(backward(*it, k));
+      for (auto it = stages.rbegin(); it != stages.rend(); ++it)
+        s.ranks[r].push_back(backward(*it, k));
     }
   }
   insert_transfers(&s);
@@ -112,6 +136,26 @@ TEST(Placement, VShapeScheduleValidatesAndSimulates) {
   const SimResult sim = simulate(s, CostModel::uniform(1, 1, 1));
   // Critical path of micro-batch 0 alone: 4 forwards + 4 backwards (1 + 2) = 12.
   EXPECT_GE(sim.makespan, 12);
+}
+
+TEST(Queries, MessageKeyIsTheSameAtBothEnds) {
+  const Schedule s = generate_interleaved(3, 3, 2);
+  size_t matched = 0;
+  for (const auto& list : s.ranks)
+    for (const auto& a : list) {
+      if (!is_send(a.kind)) continue;
+      const MessageKey key = message_key(a);
+      const ActionKind recv =
+          a.kind == ActionKind::kSendAct ? ActionKind::kRecvAct : ActionKind::kRecvGrad;
+      const int stage = a.kind == ActionKind::kSendAct ? a.stage + 1 : a.stage - 1;
+      const ActionRef r = find_action(s, recv, stage, a.microbatch);
+      ASSERT_TRUE(r.found()) << to_string(a);
+      EXPECT_EQ(r.rank, a.peer);
+      EXPECT_EQ(message_key(s.ranks[r.rank][r.index]), key) << to_string(a);
+      ++matched;
+    }
+  EXPECT_EQ(matched, 2u * (6 - 1) * 3);  // every stage boundary crosses ranks, both directions
+  EXPECT_THROW(message_key(forward(0, 0)), ScheduleError);
 }
 
 TEST(Queries, LastActivationUse) {

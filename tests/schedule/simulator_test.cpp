@@ -1,11 +1,12 @@
 // Simulator with communication costs and per-stage costs; SVG and Chrome-trace output.
+#include "engine/schedule/simulator.h"
+
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 
 #include "engine/schedule/chrome_trace.h"
 #include "engine/schedule/generators.h"
-#include "engine/schedule/simulator.h"
 #include "engine/schedule/svg.h"
 
 namespace conveyor::schedule {
@@ -53,7 +54,8 @@ TEST(Simulator, TimingsRespectDependencies) {
       const auto& t = sim.timing[r][i];
       EXPECT_LE(t.start, t.end);
       if (is_compute(s.ranks[r][i].kind)) {
-        EXPECT_GE(t.start, compute_end) << "rank " << r << " position " << i;  // one compute at a time
+        EXPECT_GE(t.start, compute_end)
+            << "rank " << r << " position " << i;  // one compute at a time
         compute_end = t.end;
       }
     }
@@ -91,7 +93,9 @@ TEST(Output, SvgDrawsOneBoxPerComputeAction) {
   options.title = "zbh1 <p=4>";
   const std::string svg = render_svg(s, sim, options);
   size_t boxes = 0;
-  for (size_t at = svg.find("<g><title>"); at != std::string::npos; at = svg.find("<g><title>", at + 1)) ++boxes;
+  for (size_t at = svg.find("<g><title>"); at != std::string::npos;
+       at = svg.find("<g><title>", at + 1))
+    ++boxes;
   EXPECT_EQ(boxes, 3u * 4 * 8);
   EXPECT_NE(svg.find("zbh1 &lt;p=4&gt;"), std::string::npos);
   EXPECT_EQ(svg.rfind("</svg>"), svg.size() - 7);

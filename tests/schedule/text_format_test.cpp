@@ -1,11 +1,12 @@
 // Dump and load: every generated schedule round-trips unchanged through text and CSV.
+#include "engine/schedule/text_format.h"
+
 #include <gtest/gtest.h>
 
 #include <cstdio>
 #include <filesystem>
 
 #include "engine/schedule/generators.h"
-#include "engine/schedule/text_format.h"
 #include "engine/schedule/validator.h"
 
 namespace conveyor::schedule {
@@ -18,6 +19,7 @@ std::vector<Schedule> sample_schedules() {
       out.push_back(generate_gpipe(p, m));
       out.push_back(generate_1f1b(p, m));
       out.push_back(generate_zbh1(p, m));
+      out.push_back(generate_zbv(p, m));
       if (m % p == 0)
         for (int v : {2, 3}) out.push_back(generate_interleaved(p, m, v));
     }
@@ -37,7 +39,8 @@ TEST(TextFormat, ActionTokensRoundTrip) {
 }
 
 TEST(TextFormat, MalformedTokensAreRejected) {
-  for (const char* bad : {"X0.1", "F0", "F.1", "F0.", "F-1.0", "SA0.1", "SA0.1>", "RA1.0>0", "F0.1x", "B0.1.2"})
+  for (const char* bad :
+       {"X0.1", "F0", "F.1", "F0.", "F-1.0", "SA0.1", "SA0.1>", "RA1.0>0", "F0.1x", "B0.1.2"})
     EXPECT_THROW(parse_action(bad), ScheduleError) << bad;
 }
 
@@ -87,16 +90,23 @@ TEST(TextFormat, ErrorsNameTheLine) {
     return std::string("no error");
   };
   EXPECT_NE(message_of("r0: F0.0\nr1: F1.0 Q1.0\n").find("line 2"), std::string::npos);
-  EXPECT_NE(message_of("# conveyor schedule: ranks=two\nr0: F0.0\n").find("ranks"), std::string::npos);
-  EXPECT_NE(message_of("# conveyor schedule: layout=zigzag\nr0: F0.0\n").find("layout"), std::string::npos);
+  EXPECT_NE(message_of("# conveyor schedule: ranks=two\nr0: F0.0\n").find("ranks"),
+            std::string::npos);
+  EXPECT_NE(message_of("# conveyor schedule: layout=zigzag\nr0: F0.0\n").find("layout"),
+            std::string::npos);
   EXPECT_NE(message_of("hello\n").find("line 1"), std::string::npos);
   EXPECT_NE(message_of("r0: F0.0\nr0: B0.0\n").find("twice"), std::string::npos);
-  EXPECT_NE(message_of("# conveyor schedule: ranks=1\nr0: F0.0\nr1: F1.0\n").find("ranks=1"), std::string::npos);
+  EXPECT_NE(message_of("# conveyor schedule: ranks=1\nr0: F0.0\nr1: F1.0\n").find("ranks=1"),
+            std::string::npos);
   EXPECT_NE(message_of("").find("empty"), std::string::npos);
-  EXPECT_NE(message_of("rank,step,kind,stage,microbatch,peer\n0,1,F,0,0,\n").find("step"), std::string::npos);
-  EXPECT_NE(message_of("rank,step,kind,stage,microbatch,peer\n0,0,FWD,0,0,\n").find("unknown kind"), std::string::npos);
-  EXPECT_NE(message_of("rank,step,kind,stage,microbatch,peer\n0,0,F,0,0\n").find("6"), std::string::npos);
-  EXPECT_NE(message_of("rank,step,kind,stage,microbatch,peer\n0,0,SEND_ACT,0,0,\n").find("peer"), std::string::npos);
+  EXPECT_NE(message_of("rank,step,kind,stage,microbatch,peer\n0,1,F,0,0,\n").find("step"),
+            std::string::npos);
+  EXPECT_NE(message_of("rank,step,kind,stage,microbatch,peer\n0,0,FWD,0,0,\n").find("unknown kind"),
+            std::string::npos);
+  EXPECT_NE(message_of("rank,step,kind,stage,microbatch,peer\n0,0,F,0,0\n").find("6"),
+            std::string::npos);
+  EXPECT_NE(message_of("rank,step,kind,stage,microbatch,peer\n0,0,SEND_ACT,0,0,\n").find("peer"),
+            std::string::npos);
 }
 
 }  // namespace

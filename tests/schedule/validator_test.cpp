@@ -1,10 +1,11 @@
 // The validator accepts every generated schedule and rejects hand-made broken ones, naming
 // rank, position, action and rule, with the offending action marked in the grid.
+#include "engine/schedule/validator.h"
+
 #include <gtest/gtest.h>
 
 #include "engine/schedule/generators.h"
 #include "engine/schedule/text_format.h"
-#include "engine/schedule/validator.h"
 
 namespace conveyor::schedule {
 namespace {
@@ -35,10 +36,13 @@ TEST(Validator, AcceptsEveryGeneratedSchedule) {
   EXPECT_NO_THROW(validate(parse_text(kGood)));
   for (int p = 1; p <= 6; ++p)
     for (int m = 1; m <= 12; ++m)
-      for (auto kind : {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kZBH1}) {
-        EXPECT_NO_THROW(validate(generate(kind, p, m))) << schedule_kind_name(kind) << " p=" << p << " m=" << m;
+      for (auto kind :
+           {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kZBH1, ScheduleKind::kZBV}) {
+        EXPECT_NO_THROW(validate(generate(kind, p, m)))
+            << schedule_kind_name(kind) << " p=" << p << " m=" << m;
         if (m % p == 0)
-          for (int v : {2, 3}) EXPECT_NO_THROW(validate(generate_interleaved(p, m, v))) << "p=" << p << " m=" << m;
+          for (int v : {2, 3})
+            EXPECT_NO_THROW(validate(generate_interleaved(p, m, v))) << "p=" << p << " m=" << m;
       }
 }
 
@@ -59,7 +63,9 @@ TEST(Validator, WBeforeI) {
   const auto e = rejection(text);
   EXPECT_EQ(e.rule(), "order");
   EXPECT_EQ(e.rank(), 1);
-  EXPECT_NE(std::string(e.what()).find("W of stage 1 micro-batch 0 comes before its I"), std::string::npos) << e.what();
+  EXPECT_NE(std::string(e.what()).find("W of stage 1 micro-batch 0 comes before its I"),
+            std::string::npos)
+      << e.what();
 }
 
 TEST(Validator, IWithoutW) {
@@ -75,7 +81,8 @@ TEST(Validator, BackwardBeforeForward) {
 TEST(Validator, SwappedSendsWouldDeadlockNccl) {
   // Rank 0 sends micro-batch 1 before 0; rank 1 receives 0 first: an in-order transport
   // would hand micro-batch 1's activation to F1.0.
-  const auto e = rejection(replace(kGood, "F0.0 SA0.0>1 F0.1 SA0.1>1", "F0.0 F0.1 SA0.1>1 SA0.0>1"));
+  const auto e =
+      rejection(replace(kGood, "F0.0 SA0.0>1 F0.1 SA0.1>1", "F0.0 F0.1 SA0.1>1 SA0.0>1"));
   EXPECT_EQ(e.rule(), "fifo");
   EXPECT_EQ(e.rank(), 1);
   EXPECT_EQ(e.index(), 0);
