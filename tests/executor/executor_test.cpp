@@ -83,10 +83,10 @@ TEST(Executor, EveryScheduleMatchesTheOneStageRunBitwise) {
   }
   int configurations = 0;
   for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kZBH1,
-                            ScheduleKind::kInterleaved})
+                            ScheduleKind::kInterleaved, ScheduleKind::kZBV})
     for (int p = 1; p <= 4; ++p)
       for (int m = 1; m <= 8; ++m) {
-        const int v = kind == ScheduleKind::kInterleaved ? 2 : 1;
+        const int v = kind == ScheduleKind::kInterleaved || kind == ScheduleKind::kZBV ? 2 : 1;
         schedule::Schedule sched;
         try {
           sched = schedule::generate(kind, p, m, v);
