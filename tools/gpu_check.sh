@@ -62,7 +62,7 @@ allow() {
   echo "$cap"
 }
 
-export PATH="/usr/local/cuda-13.0/bin:$PATH"
+export PATH="/usr/local/cuda-13.0/bin:/usr/local/cuda-13.0/compute-sanitizer:$PATH"
 export LD_LIBRARY_PATH="$cuda_lib:/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 # --- the build ------------------------------------------------------------------------
