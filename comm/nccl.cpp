@@ -114,16 +114,16 @@ class NcclClique {
   }
 
   ~NcclClique() {
-    // ncclCommInitAll's communicators are destroyed one after the other from one thread, as
-    // NCCL's examples do. After an abort (or a failed set-up) nothing is waited for.
-    const bool aborted = aborted_.load();
+    // Every communicator is aborted, never destroyed: ncclCommDestroy finalizes with its
+    // peers, which hangs when a peer is gone or, from one thread, waits on the next comm.
+    // Abort is local and frees any kernel still waiting; work still pending is dropped, so
+    // ranks synchronise their streams before they let the transports go.
     int previous = 0;
     const bool restore = cudaGetDevice(&previous) == cudaSuccess;
     for (NcclComm* comm : all_comms()) {
       if (comm->dead || !comm->handle) continue;
       (void)cudaSetDevice(comm->device);
-      if (aborted) (void)ncclCommAbort(comm->handle);
-      else (void)ncclCommDestroy(comm->handle);
+      (void)ncclCommAbort(comm->handle);
       comm->dead = true;
     }
     if (restore) (void)cudaSetDevice(previous);
@@ -167,8 +167,9 @@ class NcclClique {
   }
 
   // Polls `stream` until done; gives up (aborting everything) when the clique was aborted,
-  // NCCL reports an asynchronous error on `comm`, or the deadline passes.
-  void wait(int rank, cudaStream_t stream, NcclComm* comm, const std::string& what) {
+  // NCCL reports an asynchronous error on one of `rank`'s communicators, or the deadline
+  // passes.
+  void wait(int rank, cudaStream_t stream, const std::string& what) {
     const auto deadline = Clock::now() + timeout_;
     auto pause = std::chrono::microseconds(20);
     for (;;) {
@@ -182,7 +183,7 @@ class NcclClique {
                   ": " + cudaGetErrorString(status));
         kernels::cuda::throw_cuda_error(status, "cudaStreamQuery", __FILE__, __LINE__);
       }
-      if (comm) check_async_error(rank, *comm, what);
+      for (NcclComm* comm : comms_of(rank)) check_async_error(rank, *comm, what);
       if (Clock::now() > deadline) {
         const std::string reason = "rank " + std::to_string(rank) + ": " + what +
                                    " did not finish within " +
@@ -198,6 +199,18 @@ class NcclClique {
  private:
   size_t link_index(int src, int dst, int side) const {
     return (static_cast<size_t>(src) * size() + dst) * 2 + side;
+  }
+
+  // The communicators rank `rank` takes part in: the all-rank one and its links.
+  std::vector<NcclComm*> comms_of(int rank) {
+    std::vector<NcclComm*> out;
+    if (world_[rank]) out.push_back(world_[rank].get());
+    for (int peer = 0; peer < size(); ++peer) {
+      if (peer == rank) continue;
+      if (auto& c = links_[link_index(rank, peer, 0)]) out.push_back(c.get());
+      if (auto& c = links_[link_index(peer, rank, 1)]) out.push_back(c.get());
+    }
+    return out;
   }
 
   std::vector<NcclComm*> all_comms() {
@@ -262,7 +275,7 @@ class NcclClique {
       CONVEYOR_NCCL_CHECK(ncclGroupEnd());
       for (int r = 0; r < p; ++r) {
         CONVEYOR_CUDA_CHECK(cudaSetDevice(devices_[r]));
-        wait(r, streams[r], world_[r].get(), "the NCCL set-up exchange");
+        wait(r, streams[r], "the NCCL set-up exchange");
       }
     } catch (...) {
       abort_all("set-up exchange failed");
@@ -300,11 +313,15 @@ NcclTransport::~NcclTransport() {
   int previous = 0;
   const bool restore = cudaGetDevice(&previous) == cudaSuccess;
   (void)cudaSetDevice(device_);
-  // Destroying a stream does not wait for it; the buffers are only freed once nothing can
-  // still be running on it (completed, or its communicator aborted).
+  auto stream = static_cast<cudaStream_t>(reduce_stream_);
+  // Freeing waits for the device: first make sure no all-reduce kernel can still be waiting
+  // for a peer (only after an error: every successful call waited for its stream).
+  if (stream && cudaStreamQuery(stream) == cudaErrorNotReady)
+    clique_->abort_all("rank " + std::to_string(rank_) +
+                       ": transport destroyed during an all-reduce");
   if (reduce_device_) (void)cudaFree(reduce_device_);
   if (reduce_host_) (void)cudaFreeHost(reduce_host_);
-  if (reduce_stream_) (void)cudaStreamDestroy(static_cast<cudaStream_t>(reduce_stream_));
+  if (stream) (void)cudaStreamDestroy(stream);
   if (restore) (void)cudaSetDevice(previous);
 }
 
@@ -421,14 +438,14 @@ void NcclTransport::all_reduce_sum(std::vector<double>& values) {
     CONVEYOR_CUDA_CHECK(cudaMemcpyAsync(reduce_host_, reduce_device_, n * sizeof(double),
                                         cudaMemcpyDeviceToHost, stream));
   });
-  clique_->wait(rank_, stream, &world, "the all-reduce of " + std::to_string(n) + " values");
+  clique_->wait(rank_, stream, "the all-reduce of " + std::to_string(n) + " values");
   std::memcpy(values.data(), reduce_host_, n * sizeof(double));
 }
 
 void NcclTransport::synchronize(const Stream& stream) {
   throw_if_aborted();
   conveyor::detail::CudaDeviceGuard guard(device_);
-  clique_->wait(rank_, static_cast<cudaStream_t>(stream.native()), &clique_->world(rank_),
+  clique_->wait(rank_, static_cast<cudaStream_t>(stream.native()),
                 "stream " + std::to_string(stream.id()));
 }
 

@@ -28,6 +28,10 @@
 // asynchronous error, or the timeout passes; then they abort every communicator of the clique
 // (which frees kernels waiting on a dead peer) and throw TransportError naming the rank.
 //
+// Teardown: when the last transport of a clique goes, every communicator is aborted (never
+// ncclCommDestroy, which finalizes with peers and can hang); NCCL work still pending on the
+// ranks' streams is dropped, so synchronise them first.
+//
 // Messages are not checked for size on the wire: sender and receiver must agree on the byte
 // count (the executor's validated schedule and fixed activation shape guarantee it).
 #include <chrono>
