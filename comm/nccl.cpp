@@ -58,6 +58,25 @@ class RestoreDevice {
   int previous_ = 0;
 };
 
+// ncclGroupStart ... ncclGroupEnd, where the end also comes when a call in between throws
+// (an unclosed group would swallow every later NCCL call of this thread).
+class NcclGroup {
+ public:
+  NcclGroup() { CONVEYOR_NCCL_CHECK(ncclGroupStart()); }
+  ~NcclGroup() {
+    if (open_) (void)ncclGroupEnd();
+  }
+  void end() {
+    open_ = false;
+    CONVEYOR_NCCL_CHECK(ncclGroupEnd());
+  }
+  NcclGroup(const NcclGroup&) = delete;
+  NcclGroup& operator=(const NcclGroup&) = delete;
+
+ private:
+  bool open_ = true;
+};
+
 }  // namespace
 
 ncclDataType_t nccl_type(DType dtype) {
@@ -236,7 +255,9 @@ class NcclClique {
   }
 
   // One exchange on every link and one all-reduce, issued from this thread in NCCL groups,
-  // so that every connection is made now rather than inside a rank's first call.
+  // so that every connection is made now rather than inside a rank's first call. Each link
+  // is its own group, waited for before the next, so no two communicators' kernels ever
+  // queue on one stream behind each other.
   void warm_up() {
     const int p = size();
     if (p < 2) return;
@@ -249,8 +270,8 @@ class NcclClique {
         if (streams[r]) (void)cudaStreamDestroy(streams[r]);
       }
     };
-    // Layout per device: 8 bytes (one double for the all-reduce), then one byte per source.
-    const size_t bytes = 8 + static_cast<size_t>(p);
+    // Per device: one double for the all-reduce, then one byte per source.
+    const size_t bytes = sizeof(double) + static_cast<size_t>(p);
     try {
       for (int r = 0; r < p; ++r) {
         CONVEYOR_CUDA_CHECK(cudaSetDevice(devices_[r]));
@@ -258,25 +279,33 @@ class NcclClique {
         CONVEYOR_CUDA_CHECK(cudaMalloc(&buffers[r], bytes));
         CONVEYOR_CUDA_CHECK(cudaMemsetAsync(buffers[r], 0, bytes, streams[r]));
       }
-      CONVEYOR_NCCL_CHECK(ncclGroupStart());
       for (int src = 0; src < p; ++src)
         for (int dst = 0; dst < p; ++dst) {
           if (src == dst) continue;
-          CONVEYOR_NCCL_CHECK(ncclSend(buffers[src], 1, ncclChar, 1,
+          NcclGroup group;
+          CONVEYOR_CUDA_CHECK(cudaSetDevice(devices_[src]));
+          CONVEYOR_NCCL_CHECK(ncclSend(buffers[src], 1, ncclChar, /*peer=*/1,
                                        link_sender(src, dst).handle, streams[src]));
-          CONVEYOR_NCCL_CHECK(ncclRecv(buffers[dst] + 8 + src, 1, ncclChar, 0,
-                                       link_receiver(src, dst).handle, streams[dst]));
+          CONVEYOR_CUDA_CHECK(cudaSetDevice(devices_[dst]));
+          CONVEYOR_NCCL_CHECK(ncclRecv(buffers[dst] + sizeof(double) + src, 1, ncclChar,
+                                       /*peer=*/0, link_receiver(src, dst).handle,
+                                       streams[dst]));
+          group.end();
+          const std::string what = "the NCCL set-up exchange on link " + std::to_string(src) +
+                                   " -> " + std::to_string(dst);
+          wait(src, streams[src], what);
+          wait(dst, streams[dst], what);
         }
-      CONVEYOR_NCCL_CHECK(ncclGroupEnd());
-      CONVEYOR_NCCL_CHECK(ncclGroupStart());
-      for (int r = 0; r < p; ++r)
-        CONVEYOR_NCCL_CHECK(ncclAllReduce(buffers[r], buffers[r], 1, ncclFloat64, ncclSum,
-                                          world_[r]->handle, streams[r]));
-      CONVEYOR_NCCL_CHECK(ncclGroupEnd());
-      for (int r = 0; r < p; ++r) {
-        CONVEYOR_CUDA_CHECK(cudaSetDevice(devices_[r]));
-        wait(r, streams[r], "the NCCL set-up exchange");
+      {
+        NcclGroup group;
+        for (int r = 0; r < p; ++r) {
+          CONVEYOR_CUDA_CHECK(cudaSetDevice(devices_[r]));
+          CONVEYOR_NCCL_CHECK(ncclAllReduce(buffers[r], buffers[r], 1, ncclFloat64, ncclSum,
+                                            world_[r]->handle, streams[r]));
+        }
+        group.end();
       }
+      for (int r = 0; r < p; ++r) wait(r, streams[r], "the NCCL set-up all-reduce");
     } catch (...) {
       abort_all("set-up exchange failed");
       release();
@@ -397,15 +426,10 @@ void NcclTransport::send_recv_self(const Tensor& src, const Tensor& dst, const S
                          ": the byte counts differ");
   auto s = static_cast<cudaStream_t>(stream.native());
   with_comm(clique_->world(rank_), rank_, *clique_, [&](ncclComm_t comm) {
-    CONVEYOR_NCCL_CHECK(ncclGroupStart());
-    // The group must be closed even when one of its calls fails.
-    ncclResult_t sent = ncclSend(src.raw(), src.nbytes(), ncclChar, rank_, comm, s);
-    ncclResult_t received =
-        sent == ncclSuccess ? ncclRecv(dst.raw(), dst.nbytes(), ncclChar, rank_, comm, s)
-                            : ncclSuccess;
-    CONVEYOR_NCCL_CHECK(ncclGroupEnd());
-    CONVEYOR_NCCL_CHECK(sent);
-    CONVEYOR_NCCL_CHECK(received);
+    detail::NcclGroup group;
+    CONVEYOR_NCCL_CHECK(ncclSend(src.raw(), src.nbytes(), ncclChar, rank_, comm, s));
+    CONVEYOR_NCCL_CHECK(ncclRecv(dst.raw(), dst.nbytes(), ncclChar, rank_, comm, s));
+    group.end();
   });
   record_stream(src, stream.native());
   record_stream(dst, stream.native());
