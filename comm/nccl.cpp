@@ -81,9 +81,12 @@ class NcclGroup {
 
 ncclDataType_t nccl_type(DType dtype) {
   switch (dtype) {
-    case DType::F32: return ncclFloat;
-    case DType::I32: return ncclInt32;
-    default: return ncclChar;
+    case DType::F32:
+      return ncclFloat;
+    case DType::I32:
+      return ncclInt32;
+    default:
+      return ncclChar;
   }
 }
 
@@ -198,15 +201,15 @@ class NcclClique {
       const cudaError_t status = cudaStreamQuery(stream);
       if (status == cudaSuccess) return;
       if (status != cudaErrorNotReady) {
-        abort_all("rank " + std::to_string(rank) + ": CUDA error while waiting for " + what +
-                  ": " + cudaGetErrorString(status));
+        abort_all("rank " + std::to_string(rank) + ": CUDA error while waiting for " + what + ": " +
+                  cudaGetErrorString(status));
         kernels::cuda::throw_cuda_error(status, "cudaStreamQuery", __FILE__, __LINE__);
       }
       for (NcclComm* comm : comms_of(rank)) check_async_error(rank, *comm, what);
       if (Clock::now() > deadline) {
         const std::string reason = "rank " + std::to_string(rank) + ": " + what +
-                                   " did not finish within " +
-                                   std::to_string(timeout_.count()) + " ms";
+                                   " did not finish within " + std::to_string(timeout_.count()) +
+                                   " ms";
         abort_all(reason);
         throw TransportError(reason);
       }
@@ -288,8 +291,7 @@ class NcclClique {
                                        link_sender(src, dst).handle, streams[src]));
           CONVEYOR_CUDA_CHECK(cudaSetDevice(devices_[dst]));
           CONVEYOR_NCCL_CHECK(ncclRecv(buffers[dst] + sizeof(double) + src, 1, ncclChar,
-                                       /*peer=*/0, link_receiver(src, dst).handle,
-                                       streams[dst]));
+                                       /*peer=*/0, link_receiver(src, dst).handle, streams[dst]));
           group.end();
           const std::string what = "the NCCL set-up exchange on link " + std::to_string(src) +
                                    " -> " + std::to_string(dst);
@@ -316,8 +318,8 @@ class NcclClique {
 
   std::vector<int> devices_;
   std::chrono::milliseconds timeout_;
-  std::vector<std::unique_ptr<NcclComm>> world_;
-  std::vector<std::unique_ptr<NcclComm>> links_;  // (src * p + dst) * 2 + side
+  std::vector<std::unique_ptr<NcclComm> > world_;
+  std::vector<std::unique_ptr<NcclComm> > links_;  // (src * p + dst) * 2 + side
   std::atomic<bool> aborted_{false};
   mutable std::mutex reason_mutex_;
   std::string reason_;
@@ -325,10 +327,10 @@ class NcclClique {
 
 }  // namespace detail
 
-using detail::NcclClique;
-using detail::NcclComm;
 using detail::nccl_count;
 using detail::nccl_type;
+using detail::NcclClique;
+using detail::NcclComm;
 
 NcclTransport::NcclTransport(std::shared_ptr<NcclClique> clique, int rank)
     : clique_(std::move(clique)), rank_(rank), device_(clique_->device(rank)) {
@@ -364,10 +366,10 @@ void NcclTransport::throw_if_aborted() const {
 
 void NcclTransport::check_tensor(const Tensor& tensor, const char* what) const {
   if (!tensor.defined() || !tensor.device().is_cuda() || tensor.device().index != device_)
-    throw TransportError("rank " + std::to_string(rank_) + ": cannot " + what + " " +
-                         (tensor.defined() ? tensor.describe() : std::string("an undefined tensor")) +
-                         ": the NCCL transport of this rank needs tensors on cuda:" +
-                         std::to_string(device_));
+    throw TransportError(
+        "rank " + std::to_string(rank_) + ": cannot " + what + " " +
+        (tensor.defined() ? tensor.describe() : std::string("an undefined tensor")) +
+        ": the NCCL transport of this rank needs tensors on cuda:" + std::to_string(device_));
 }
 
 void NcclTransport::check_peer(int peer, const char* what) const {
@@ -421,9 +423,8 @@ void NcclTransport::send_recv_self(const Tensor& src, const Tensor& dst, const S
   check_tensor(src, "send");
   check_tensor(dst, "receive into");
   if (src.nbytes() != dst.nbytes())
-    throw TransportError("rank " + std::to_string(rank_) + ": send to self of " +
-                         src.describe() + " into " + dst.describe() +
-                         ": the byte counts differ");
+    throw TransportError("rank " + std::to_string(rank_) + ": send to self of " + src.describe() +
+                         " into " + dst.describe() + ": the byte counts differ");
   auto s = static_cast<cudaStream_t>(stream.native());
   with_comm(clique_->world(rank_), rank_, *clique_, [&](ncclComm_t comm) {
     detail::NcclGroup group;
@@ -457,8 +458,8 @@ void NcclTransport::all_reduce_sum(std::vector<double>& values) {
   with_comm(world, rank_, *clique_, [&](ncclComm_t comm) {
     CONVEYOR_CUDA_CHECK(cudaMemcpyAsync(reduce_device_, reduce_host_, n * sizeof(double),
                                         cudaMemcpyHostToDevice, stream));
-    CONVEYOR_NCCL_CHECK(ncclAllReduce(reduce_device_, reduce_device_, n, ncclFloat64, ncclSum,
-                                      comm, stream));
+    CONVEYOR_NCCL_CHECK(
+        ncclAllReduce(reduce_device_, reduce_device_, n, ncclFloat64, ncclSum, comm, stream));
     CONVEYOR_CUDA_CHECK(cudaMemcpyAsync(reduce_host_, reduce_device_, n * sizeof(double),
                                         cudaMemcpyDeviceToHost, stream));
   });
@@ -475,7 +476,7 @@ void NcclTransport::synchronize(const Stream& stream) {
 
 void NcclTransport::abort(const std::string& reason) { clique_->abort_all(reason); }
 
-std::vector<std::unique_ptr<Transport>> make_nccl_transports(
+std::vector<std::unique_ptr<Transport> > make_nccl_transports(
     const std::vector<int>& cuda_device_per_rank, std::chrono::milliseconds timeout) {
   if (cuda_device_per_rank.empty())
     throw std::invalid_argument("the NCCL transport needs at least one rank");
@@ -487,18 +488,19 @@ std::vector<std::unique_ptr<Transport>> make_nccl_transports(
   for (size_t r = 0; r < cuda_device_per_rank.size(); ++r) {
     const int d = cuda_device_per_rank[r];
     if (d < 0 || d >= available)
-      throw std::invalid_argument("rank " + std::to_string(r) + " asks for cuda:" +
-                                  std::to_string(d) + ", but " + std::to_string(available) +
-                                  " CUDA device(s) are usable");
+      throw std::invalid_argument("rank " + std::to_string(r) +
+                                  " asks for cuda:" + std::to_string(d) + ", but " +
+                                  std::to_string(available) + " CUDA device(s) are usable");
     if (!seen.insert(d).second)
-      throw std::invalid_argument("rank " + std::to_string(r) + " asks for cuda:" +
-                                  std::to_string(d) +
+      throw std::invalid_argument("rank " + std::to_string(r) +
+                                  " asks for cuda:" + std::to_string(d) +
                                   ", which another rank already has: NCCL needs one GPU per "
                                   "rank (use the in-process transport to share a GPU)");
   }
   auto clique = std::make_shared<NcclClique>(cuda_device_per_rank, timeout);
-  std::vector<std::unique_ptr<Transport>> out;
-  for (int r = 0; r < clique->size(); ++r) out.push_back(std::make_unique<NcclTransport>(clique, r));
+  std::vector<std::unique_ptr<Transport> > out;
+  for (int r = 0; r < clique->size(); ++r)
+    out.push_back(std::make_unique<NcclTransport>(clique, r));
   return out;
 }
 

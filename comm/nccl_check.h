@@ -11,10 +11,10 @@ namespace conveyor::comm {
 
 }  // namespace conveyor::comm
 
-#define CONVEYOR_NCCL_CHECK(call)                                                         \
-  do {                                                                                    \
-    ncclResult_t conveyor_nccl_result_ = (call);                                          \
-    if (conveyor_nccl_result_ != ncclSuccess)                                             \
+#define CONVEYOR_NCCL_CHECK(call)                                                           \
+  do {                                                                                      \
+    ncclResult_t conveyor_nccl_result_ = (call);                                            \
+    if (conveyor_nccl_result_ != ncclSuccess)                                               \
       ::conveyor::comm::throw_nccl_error(conveyor_nccl_result_, #call, __FILE__, __LINE__); \
   } while (0)
 #endif

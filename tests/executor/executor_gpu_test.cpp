@@ -70,8 +70,8 @@ RunRecord run_two_steps(PipelineExecutor& ex, int m) {
   constexpr int kTokens = 5;
   RunRecord rec;
   for (int step = 1; step <= 2; ++step) {
-    auto result = ex.run_step(make_microbatches(m, kTokens, step), 1.0f / (m * kTokens), step,
-                              1e-2);
+    auto result =
+        ex.run_step(make_microbatches(m, kTokens, step), 1.0f / (m * kTokens), step, 1e-2);
     rec.losses.push_back(result.loss_sum);
     rec.norms.push_back(result.grad_norm);
   }
@@ -91,8 +91,8 @@ void expect_matches(const RunRecord& got, const RunRecord& want, double rtol, do
 TEST(ExecutorGpu, EveryScheduleOnOneGpuMatchesTheOneStageRun) {
   CONVEYOR_REQUIRE_GPU();
   const Device gpu = Device::cuda(0);
-  constexpr double kRtol = 1e-6;   // fp32; the same kernels run in the same order
-  constexpr double kAtol = 1e-7;   // for weights that pass near zero
+  constexpr double kRtol = 1e-6;  // fp32; the same kernels run in the same order
+  constexpr double kAtol = 1e-7;  // for weights that pass near zero
   const std::vector<int> ms = {1, 4, 8};
   std::map<int, RunRecord> reference;
   for (int m : ms) {
@@ -100,8 +100,8 @@ TEST(ExecutorGpu, EveryScheduleOnOneGpuMatchesTheOneStageRun) {
     reference[m] = run_two_steps(*one, m);
   }
   int configurations = 0;
-  for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kZBH1,
-                            ScheduleKind::kInterleaved})
+  for (ScheduleKind kind :
+       {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kZBH1, ScheduleKind::kInterleaved})
     for (int p : {1, 2, 4})
       for (int m : ms) {
         const int v = kind == ScheduleKind::kInterleaved ? 2 : 1;
@@ -111,8 +111,8 @@ TEST(ExecutorGpu, EveryScheduleOnOneGpuMatchesTheOneStageRun) {
         } catch (const schedule::ScheduleError&) {
           continue;  // not defined for these values (interleaved needs m % p == 0)
         }
-        SCOPED_TRACE(std::string(schedule::schedule_kind_name(kind)) + " p=" +
-                     std::to_string(p) + " m=" + std::to_string(m));
+        SCOPED_TRACE(std::string(schedule::schedule_kind_name(kind)) + " p=" + std::to_string(p) +
+                     " m=" + std::to_string(m));
         auto ex = make_executor(std::move(sched), gpu);
         const RunRecord got = run_two_steps(*ex, m);
         expect_matches(got, reference[m], kRtol, kAtol);
@@ -164,8 +164,8 @@ TEST(ExecutorGpu, NcclTransportAcrossGpusMatchesTheOneStageRun) {
   const int m = 4;
   auto one = make_executor(schedule::generate(ScheduleKind::k1F1B, 1, m), Device::cuda(0));
   const RunRecord want = run_two_steps(*one, m);
-  for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kZBH1,
-                            ScheduleKind::kInterleaved})
+  for (ScheduleKind kind :
+       {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kZBH1, ScheduleKind::kInterleaved})
     for (int p : {2, 4}) {
       if (p > gpus) continue;
       const int v = kind == ScheduleKind::kInterleaved ? 2 : 1;
