@@ -1,0 +1,509 @@
+#include "comm/nccl.h"
+
+#include "engine/device.h"
+
+#ifdef CONVEYOR_WITH_CUDA
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <mutex>
+#include <set>
+#include <stdexcept>
+#include <thread>
+
+#include "comm/nccl_check.h"
+#include "engine/cuda_device_guard.h"
+#include "kernels/cuda_check.h"
+#endif
+
+namespace conveyor::comm {
+
+#ifndef CONVEYOR_WITH_CUDA
+
+bool nccl_available() { return false; }
+
+#else
+
+bool nccl_available() {
+  int version = 0;
+  return cuda_device_count() > 0 && ncclGetVersion(&version) == ncclSuccess;
+}
+
+void throw_nccl_error(ncclResult_t result, const char* call, const char* file, int line) {
+  std::string message = std::string("NCCL error: ") + call + " failed at " + file + ":" +
+                        std::to_string(line) + ": " + ncclGetErrorString(result);
+  const char* last = ncclGetLastError(nullptr);
+  if (last && *last) message += " (" + std::string(last) + ")";
+  throw TransportError(message);
+}
+
+namespace detail {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Makes a device current for a scope and restores the caller's device afterwards, also when
+// the caller's device was the same one (ncclCommInitAll moves the calling thread around).
+class RestoreDevice {
+ public:
+  RestoreDevice() { CONVEYOR_CUDA_CHECK(cudaGetDevice(&previous_)); }
+  ~RestoreDevice() { (void)cudaSetDevice(previous_); }
+  RestoreDevice(const RestoreDevice&) = delete;
+  RestoreDevice& operator=(const RestoreDevice&) = delete;
+
+ private:
+  int previous_ = 0;
+};
+
+// ncclGroupStart ... ncclGroupEnd, where the end also comes when a call in between throws
+// (an unclosed group would swallow every later NCCL call of this thread).
+class NcclGroup {
+ public:
+  NcclGroup() { CONVEYOR_NCCL_CHECK(ncclGroupStart()); }
+  ~NcclGroup() {
+    if (open_) (void)ncclGroupEnd();
+  }
+  void end() {
+    open_ = false;
+    CONVEYOR_NCCL_CHECK(ncclGroupEnd());
+  }
+  NcclGroup(const NcclGroup&) = delete;
+  NcclGroup& operator=(const NcclGroup&) = delete;
+
+ private:
+  bool open_ = true;
+};
+
+}  // namespace
+
+ncclDataType_t nccl_type(DType dtype) {
+  switch (dtype) {
+    case DType::F32:
+      return ncclFloat;
+    case DType::I32:
+      return ncclInt32;
+    default:
+      return ncclChar;
+  }
+}
+
+size_t nccl_count(const Tensor& t) {
+  return nccl_type(t.dtype()) == ncclChar ? t.nbytes() : static_cast<size_t>(t.numel());
+}
+
+// One communicator handle and the lock that keeps it to one thread at a time.
+struct NcclComm {
+  ncclComm_t handle = nullptr;
+  int device = 0;
+  std::timed_mutex mutex;
+  bool dead = false;  // aborted or destroyed
+};
+
+class NcclClique {
+ public:
+  NcclClique(std::vector<int> devices, std::chrono::milliseconds timeout)
+      : devices_(std::move(devices)), timeout_(timeout) {
+    const int p = size();
+    world_.reserve(p);
+    for (int r = 0; r < p; ++r) world_.push_back(std::make_unique<NcclComm>());
+    links_.resize(static_cast<size_t>(p) * p * 2);
+    try {
+      RestoreDevice restore;
+      std::vector<ncclComm_t> handles(p);
+      CONVEYOR_NCCL_CHECK(ncclCommInitAll(handles.data(), p, devices_.data()));
+      for (int r = 0; r < p; ++r) world_[r]->handle = handles[r], world_[r]->device = devices_[r];
+      for (int src = 0; src < p; ++src)
+        for (int dst = 0; dst < p; ++dst) {
+          if (src == dst) continue;
+          ncclComm_t pair[2] = {nullptr, nullptr};
+          const int pair_devices[2] = {devices_[src], devices_[dst]};
+          CONVEYOR_NCCL_CHECK(ncclCommInitAll(pair, 2, pair_devices));
+          for (int side = 0; side < 2; ++side) {
+            auto comm = std::make_unique<NcclComm>();
+            comm->handle = pair[side];
+            comm->device = pair_devices[side];
+            links_[link_index(src, dst, side)] = std::move(comm);
+          }
+        }
+      warm_up();
+    } catch (...) {
+      abort_all("set-up failed");
+      throw;
+    }
+  }
+
+  ~NcclClique() {
+    // Every communicator is aborted, never destroyed: ncclCommDestroy finalizes with its
+    // peers, which hangs when a peer is gone or, from one thread, waits on the next comm.
+    // Abort is local and frees any kernel still waiting; work still pending is dropped, so
+    // ranks synchronise their streams before they let the transports go.
+    int previous = 0;
+    const bool restore = cudaGetDevice(&previous) == cudaSuccess;
+    for (NcclComm* comm : all_comms()) {
+      if (comm->dead || !comm->handle) continue;
+      (void)cudaSetDevice(comm->device);
+      (void)ncclCommAbort(comm->handle);
+      comm->dead = true;
+    }
+    if (restore) (void)cudaSetDevice(previous);
+  }
+
+  int size() const { return static_cast<int>(devices_.size()); }
+  int device(int rank) const { return devices_.at(rank); }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+  NcclComm& world(int rank) { return *world_.at(rank); }
+  // The communicator of link src -> dst on the sender's side (its peer is rank 1) or on
+  // the receiver's side (its peer is rank 0).
+  NcclComm& link_sender(int src, int dst) { return *links_.at(link_index(src, dst, 0)); }
+  NcclComm& link_receiver(int src, int dst) { return *links_.at(link_index(src, dst, 1)); }
+
+  bool aborted() const { return aborted_.load(); }
+  std::string abort_reason() const {
+    std::lock_guard lock(reason_mutex_);
+    return reason_;
+  }
+
+  // Records the first reason, then aborts every communicator. A communicator whose lock is
+  // held longer than the timeout (a thread stuck inside NCCL) is left for its owner, which
+  // sees the abort at its next call or wait.
+  void abort_all(const std::string& reason) {
+    {
+      std::lock_guard lock(reason_mutex_);
+      if (!aborted_.load()) reason_ = reason;
+      aborted_.store(true);
+    }
+    for (NcclComm* comm : all_comms()) {
+      std::unique_lock lock(comm->mutex, std::defer_lock);
+      if (!lock.try_lock_for(timeout_)) continue;
+      if (comm->dead || !comm->handle) continue;
+      int previous = 0;
+      const bool restore = cudaGetDevice(&previous) == cudaSuccess;
+      (void)cudaSetDevice(comm->device);
+      (void)ncclCommAbort(comm->handle);  // never throws: abort is on error paths
+      comm->dead = true;
+      if (restore) (void)cudaSetDevice(previous);
+    }
+  }
+
+  // Polls `stream` until done; gives up (aborting everything) when the clique was aborted,
+  // NCCL reports an asynchronous error on one of `rank`'s communicators, or the deadline
+  // passes.
+  void wait(int rank, cudaStream_t stream, const std::string& what) {
+    const auto deadline = Clock::now() + timeout_;
+    auto pause = std::chrono::microseconds(20);
+    for (;;) {
+      if (aborted())
+        throw TransportError("rank " + std::to_string(rank) +
+                             ": pipeline aborted: " + abort_reason());
+      const cudaError_t status = cudaStreamQuery(stream);
+      if (status == cudaSuccess) return;
+      if (status != cudaErrorNotReady) {
+        abort_all("rank " + std::to_string(rank) + ": CUDA error while waiting for " + what + ": " +
+                  cudaGetErrorString(status));
+        kernels::cuda::throw_cuda_error(status, "cudaStreamQuery", __FILE__, __LINE__);
+      }
+      for (NcclComm* comm : comms_of(rank)) check_async_error(rank, *comm, what);
+      if (Clock::now() > deadline) {
+        const std::string reason = "rank " + std::to_string(rank) + ": " + what +
+                                   " did not finish within " + std::to_string(timeout_.count()) +
+                                   " ms";
+        abort_all(reason);
+        throw TransportError(reason);
+      }
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::microseconds(1000));
+    }
+  }
+
+ private:
+  size_t link_index(int src, int dst, int side) const {
+    return (static_cast<size_t>(src) * size() + dst) * 2 + side;
+  }
+
+  // The communicators rank `rank` takes part in: the all-rank one and its links.
+  std::vector<NcclComm*> comms_of(int rank) {
+    std::vector<NcclComm*> out;
+    if (world_[rank]) out.push_back(world_[rank].get());
+    for (int peer = 0; peer < size(); ++peer) {
+      if (peer == rank) continue;
+      if (auto& c = links_[link_index(rank, peer, 0)]) out.push_back(c.get());
+      if (auto& c = links_[link_index(peer, rank, 1)]) out.push_back(c.get());
+    }
+    return out;
+  }
+
+  std::vector<NcclComm*> all_comms() {
+    std::vector<NcclComm*> out;
+    for (auto& c : world_)
+      if (c) out.push_back(c.get());
+    for (auto& c : links_)
+      if (c) out.push_back(c.get());
+    return out;
+  }
+
+  void check_async_error(int rank, NcclComm& comm, const std::string& what) {
+    std::unique_lock lock(comm.mutex, std::try_to_lock);
+    if (!lock.owns_lock() || comm.dead) return;
+    ncclResult_t async = ncclSuccess;
+    if (ncclCommGetAsyncError(comm.handle, &async) != ncclSuccess) return;
+    if (async == ncclSuccess || async == ncclInProgress) return;
+    lock.unlock();
+    const std::string reason = "rank " + std::to_string(rank) + ": NCCL error while waiting for " +
+                               what + ": " + ncclGetErrorString(async);
+    abort_all(reason);
+    throw TransportError(reason);
+  }
+
+  // One exchange on every link and one all-reduce, issued from this thread in NCCL groups,
+  // so that every connection is made now rather than inside a rank's first call. Each link
+  // is its own group, waited for before the next, so no two communicators' kernels ever
+  // queue on one stream behind each other.
+  void warm_up() {
+    const int p = size();
+    if (p < 2) return;
+    std::vector<cudaStream_t> streams(p, nullptr);
+    std::vector<char*> buffers(p, nullptr);
+    auto release = [&] {
+      for (int r = 0; r < p; ++r) {
+        (void)cudaSetDevice(devices_[r]);
+        if (buffers[r]) (void)cudaFree(buffers[r]);
+        if (streams[r]) (void)cudaStreamDestroy(streams[r]);
+      }
+    };
+    // Per device: one double for the all-reduce, then one byte per source.
+    const size_t bytes = sizeof(double) + static_cast<size_t>(p);
+    try {
+      for (int r = 0; r < p; ++r) {
+        CONVEYOR_CUDA_CHECK(cudaSetDevice(devices_[r]));
+        CONVEYOR_CUDA_CHECK(cudaStreamCreateWithFlags(&streams[r], cudaStreamNonBlocking));
+        CONVEYOR_CUDA_CHECK(cudaMalloc(&buffers[r], bytes));
+        CONVEYOR_CUDA_CHECK(cudaMemsetAsync(buffers[r], 0, bytes, streams[r]));
+      }
+      for (int src = 0; src < p; ++src)
+        for (int dst = 0; dst < p; ++dst) {
+          if (src == dst) continue;
+          NcclGroup group;
+          CONVEYOR_CUDA_CHECK(cudaSetDevice(devices_[src]));
+          CONVEYOR_NCCL_CHECK(ncclSend(buffers[src], 1, ncclChar, /*peer=*/1,
+                                       link_sender(src, dst).handle, streams[src]));
+          CONVEYOR_CUDA_CHECK(cudaSetDevice(devices_[dst]));
+          CONVEYOR_NCCL_CHECK(ncclRecv(buffers[dst] + sizeof(double) + src, 1, ncclChar,
+                                       /*peer=*/0, link_receiver(src, dst).handle, streams[dst]));
+          group.end();
+          const std::string what = "the NCCL set-up exchange on link " + std::to_string(src) +
+                                   " -> " + std::to_string(dst);
+          wait(src, streams[src], what);
+          wait(dst, streams[dst], what);
+        }
+      {
+        NcclGroup group;
+        for (int r = 0; r < p; ++r) {
+          CONVEYOR_CUDA_CHECK(cudaSetDevice(devices_[r]));
+          CONVEYOR_NCCL_CHECK(ncclAllReduce(buffers[r], buffers[r], 1, ncclFloat64, ncclSum,
+                                            world_[r]->handle, streams[r]));
+        }
+        group.end();
+      }
+      for (int r = 0; r < p; ++r) wait(r, streams[r], "the NCCL set-up all-reduce");
+    } catch (...) {
+      abort_all("set-up exchange failed");
+      release();
+      throw;
+    }
+    release();
+  }
+
+  std::vector<int> devices_;
+  std::chrono::milliseconds timeout_;
+  std::vector<std::unique_ptr<NcclComm> > world_;
+  std::vector<std::unique_ptr<NcclComm> > links_;  // (src * p + dst) * 2 + side
+  std::atomic<bool> aborted_{false};
+  mutable std::mutex reason_mutex_;
+  std::string reason_;
+};
+
+}  // namespace detail
+
+using detail::nccl_count;
+using detail::nccl_type;
+using detail::NcclClique;
+using detail::NcclComm;
+
+NcclTransport::NcclTransport(std::shared_ptr<NcclClique> clique, int rank)
+    : clique_(std::move(clique)), rank_(rank), device_(clique_->device(rank)) {
+  conveyor::detail::CudaDeviceGuard guard(device_);
+  cudaStream_t stream = nullptr;
+  CONVEYOR_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  reduce_stream_ = stream;
+}
+
+NcclTransport::~NcclTransport() {
+  int previous = 0;
+  const bool restore = cudaGetDevice(&previous) == cudaSuccess;
+  (void)cudaSetDevice(device_);
+  auto stream = static_cast<cudaStream_t>(reduce_stream_);
+  // Freeing waits for the device: first make sure no all-reduce kernel can still be waiting
+  // for a peer (only after an error: every successful call waited for its stream).
+  if (stream && cudaStreamQuery(stream) == cudaErrorNotReady)
+    clique_->abort_all("rank " + std::to_string(rank_) +
+                       ": transport destroyed during an all-reduce");
+  if (reduce_device_) (void)cudaFree(reduce_device_);
+  if (reduce_host_) (void)cudaFreeHost(reduce_host_);
+  if (stream) (void)cudaStreamDestroy(stream);
+  if (restore) (void)cudaSetDevice(previous);
+}
+
+int NcclTransport::size() const { return clique_->size(); }
+
+void NcclTransport::throw_if_aborted() const {
+  if (clique_->aborted())
+    throw TransportError("rank " + std::to_string(rank_) +
+                         ": pipeline aborted: " + clique_->abort_reason());
+}
+
+void NcclTransport::check_tensor(const Tensor& tensor, const char* what) const {
+  if (!tensor.defined() || !tensor.device().is_cuda() || tensor.device().index != device_)
+    throw TransportError(
+        "rank " + std::to_string(rank_) + ": cannot " + what + " " +
+        (tensor.defined() ? tensor.describe() : std::string("an undefined tensor")) +
+        ": the NCCL transport of this rank needs tensors on cuda:" + std::to_string(device_));
+}
+
+void NcclTransport::check_peer(int peer, const char* what) const {
+  if (peer < 0 || peer >= size() || peer == rank_)
+    throw TransportError("rank " + std::to_string(rank_) + ": cannot " + what + " rank " +
+                         std::to_string(peer) + " (ranks are 0.." + std::to_string(size() - 1) +
+                         ")");
+}
+
+namespace {
+
+// Runs `issue` on `comm` under its lock, with its device current; throws when aborted.
+template <class F>
+void with_comm(NcclComm& comm, int rank, const NcclClique& clique, F&& issue) {
+  std::unique_lock lock(comm.mutex);
+  if (comm.dead || clique.aborted())
+    throw TransportError("rank " + std::to_string(rank) +
+                         ": pipeline aborted: " + clique.abort_reason());
+  conveyor::detail::CudaDeviceGuard guard(comm.device);
+  issue(comm.handle);
+}
+
+}  // namespace
+
+void NcclTransport::send(const Tensor& tensor, int peer, const Stream& stream) {
+  throw_if_aborted();
+  check_peer(peer, "send to");
+  check_tensor(tensor, "send");
+  auto s = static_cast<cudaStream_t>(stream.native());
+  with_comm(clique_->link_sender(rank_, peer), rank_, *clique_, [&](ncclComm_t comm) {
+    CONVEYOR_NCCL_CHECK(ncclSend(tensor.raw(), nccl_count(tensor), nccl_type(tensor.dtype()),
+                                 /*peer=*/1, comm, s));
+  });
+  record_stream(tensor, stream.native());
+}
+
+void NcclTransport::recv(const Tensor& tensor, int peer, const Stream& stream) {
+  throw_if_aborted();
+  check_peer(peer, "receive from");
+  check_tensor(tensor, "receive into");
+  auto s = static_cast<cudaStream_t>(stream.native());
+  with_comm(clique_->link_receiver(peer, rank_), rank_, *clique_, [&](ncclComm_t comm) {
+    CONVEYOR_NCCL_CHECK(ncclRecv(tensor.raw(), nccl_count(tensor), nccl_type(tensor.dtype()),
+                                 /*peer=*/0, comm, s));
+  });
+  record_stream(tensor, stream.native());
+}
+
+void NcclTransport::send_recv_self(const Tensor& src, const Tensor& dst, const Stream& stream) {
+  throw_if_aborted();
+  check_tensor(src, "send");
+  check_tensor(dst, "receive into");
+  if (src.nbytes() != dst.nbytes())
+    throw TransportError("rank " + std::to_string(rank_) + ": send to self of " + src.describe() +
+                         " into " + dst.describe() + ": the byte counts differ");
+  auto s = static_cast<cudaStream_t>(stream.native());
+  with_comm(clique_->world(rank_), rank_, *clique_, [&](ncclComm_t comm) {
+    detail::NcclGroup group;
+    CONVEYOR_NCCL_CHECK(ncclSend(src.raw(), src.nbytes(), ncclChar, rank_, comm, s));
+    CONVEYOR_NCCL_CHECK(ncclRecv(dst.raw(), dst.nbytes(), ncclChar, rank_, comm, s));
+    group.end();
+  });
+  record_stream(src, stream.native());
+  record_stream(dst, stream.native());
+}
+
+void NcclTransport::all_reduce_sum(std::vector<double>& values) {
+  throw_if_aborted();
+  if (values.empty()) return;
+  conveyor::detail::CudaDeviceGuard guard(device_);
+  const size_t n = values.size();
+  auto stream = static_cast<cudaStream_t>(reduce_stream_);
+  if (n > reduce_capacity_) {
+    // Nothing is in flight on the stream between calls (each call waits for it).
+    if (reduce_device_) CONVEYOR_CUDA_CHECK(cudaFree(reduce_device_));
+    if (reduce_host_) CONVEYOR_CUDA_CHECK(cudaFreeHost(reduce_host_));
+    reduce_device_ = nullptr;
+    reduce_host_ = nullptr;
+    reduce_capacity_ = 0;
+    CONVEYOR_CUDA_CHECK(cudaMalloc(&reduce_device_, n * sizeof(double)));
+    CONVEYOR_CUDA_CHECK(cudaMallocHost(&reduce_host_, n * sizeof(double)));
+    reduce_capacity_ = n;
+  }
+  std::memcpy(reduce_host_, values.data(), n * sizeof(double));
+  NcclComm& world = clique_->world(rank_);
+  with_comm(world, rank_, *clique_, [&](ncclComm_t comm) {
+    CONVEYOR_CUDA_CHECK(cudaMemcpyAsync(reduce_device_, reduce_host_, n * sizeof(double),
+                                        cudaMemcpyHostToDevice, stream));
+    CONVEYOR_NCCL_CHECK(
+        ncclAllReduce(reduce_device_, reduce_device_, n, ncclFloat64, ncclSum, comm, stream));
+    CONVEYOR_CUDA_CHECK(cudaMemcpyAsync(reduce_host_, reduce_device_, n * sizeof(double),
+                                        cudaMemcpyDeviceToHost, stream));
+  });
+  clique_->wait(rank_, stream, "the all-reduce of " + std::to_string(n) + " values");
+  std::memcpy(values.data(), reduce_host_, n * sizeof(double));
+}
+
+void NcclTransport::synchronize(const Stream& stream) {
+  throw_if_aborted();
+  conveyor::detail::CudaDeviceGuard guard(device_);
+  clique_->wait(rank_, static_cast<cudaStream_t>(stream.native()),
+                "stream " + std::to_string(stream.id()));
+}
+
+void NcclTransport::abort(const std::string& reason) { clique_->abort_all(reason); }
+
+std::vector<std::unique_ptr<Transport> > make_nccl_transports(
+    const std::vector<int>& cuda_device_per_rank, std::chrono::milliseconds timeout) {
+  if (cuda_device_per_rank.empty())
+    throw std::invalid_argument("the NCCL transport needs at least one rank");
+  if (timeout.count() <= 0)
+    throw std::invalid_argument("the NCCL transport timeout must be positive, got " +
+                                std::to_string(timeout.count()) + " ms");
+  const int available = cuda_device_count();
+  std::set<int> seen;
+  for (size_t r = 0; r < cuda_device_per_rank.size(); ++r) {
+    const int d = cuda_device_per_rank[r];
+    if (d < 0 || d >= available)
+      throw std::invalid_argument("rank " + std::to_string(r) +
+                                  " asks for cuda:" + std::to_string(d) + ", but " +
+                                  std::to_string(available) + " CUDA device(s) are usable");
+    if (!seen.insert(d).second)
+      throw std::invalid_argument("rank " + std::to_string(r) +
+                                  " asks for cuda:" + std::to_string(d) +
+                                  ", which another rank already has: NCCL needs one GPU per "
+                                  "rank (use the in-process transport to share a GPU)");
+  }
+  auto clique = std::make_shared<NcclClique>(cuda_device_per_rank, timeout);
+  std::vector<std::unique_ptr<Transport> > out;
+  for (int r = 0; r < clique->size(); ++r)
+    out.push_back(std::make_unique<NcclTransport>(clique, r));
+  return out;
+}
+
+#endif  // CONVEYOR_WITH_CUDA
+
+}  // namespace conveyor::comm
