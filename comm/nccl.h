@@ -79,7 +79,7 @@ class NcclTransport : public Transport {
   void send_recv_self(const Tensor& src, const Tensor& dst, const Stream& stream);
   // Waits for `stream` with the transport's deadline (see above). Use instead of
   // Stream::synchronize for streams that carry NCCL work.
-  void synchronize(const Stream& stream);
+  void synchronize(const Stream& stream) override;
 
  private:
   void throw_if_aborted() const;

@@ -38,6 +38,8 @@ class Transport {
   virtual void all_reduce_sum(std::vector<double>& values) = 0;
   // Fails the transport for every rank, with `reason` in the errors they see.
   virtual void abort(const std::string& reason) = 0;
+  // Waits for `stream`; transports whose transfers can wait on a peer bound the wait.
+  virtual void synchronize(const Stream& stream) { stream.synchronize(); }
 };
 
 }  // namespace conveyor::comm

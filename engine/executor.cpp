@@ -4,9 +4,11 @@
 #include <cmath>
 #include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "comm/in_process.h"
+#include "comm/nccl.h"
 #include "engine/schedule/validator.h"
 #include "layers/ops.h"
 #ifdef CONVEYOR_WITH_CUDA
@@ -63,6 +65,13 @@ void set_current_device(Device device) {
 #endif
 }
 
+bool one_gpu_per_rank(const std::vector<Device>& devices) {
+  std::set<int> seen;
+  for (const Device& d : devices)
+    if (!d.is_cuda() || !seen.insert(d.index).second) return false;
+  return true;
+}
+
 const Stream& stream_for(const Action& a, Stream& compute, Stream& send, Stream& recv) {
   if (schedule::is_send(a.kind)) return send;
   if (schedule::is_recv(a.kind)) return recv;
@@ -90,6 +99,12 @@ PipelineExecutor::PipelineExecutor(const ModelConfig& model, schedule::Schedule 
   for (const auto& unit : make_model_units(model_, 0, model_.num_units()))
     for (Parameter* prm : unit->parameters()) global.emplace(prm->name, total_parameters_++);
 
+  const bool distinct_gpus = one_gpu_per_rank(devices);
+  uses_nccl_ = options.transport == TransportKind::kNccl ||
+               (options.transport == TransportKind::kAuto && p > 1 && distinct_gpus &&
+                comm::nccl_available());
+  if (uses_nccl_ && !distinct_gpus)
+    throw std::invalid_argument("the NCCL transport needs one CUDA device per rank");
   auto hub = comm::InProcessHub::create(p, options.transport_timeout);
   for (int r = 0; r < p; ++r) {
     auto rank = std::make_unique<Rank>();
@@ -103,7 +118,7 @@ PipelineExecutor::PipelineExecutor(const ModelConfig& model, schedule::Schedule 
                                                 *rank->ctx, seed);
     for (Parameter* prm : rank->parameters()) rank->global_index.push_back(global.at(prm->name));
     rank->optimizer = std::make_unique<Optimizer>(*rank->ctx, rank->parameters(), optimizer);
-    rank->transport = hub->endpoint(r);
+    if (!uses_nccl_) rank->transport = hub->endpoint(r);
     if (devices[r].is_cuda()) {
       const size_t n = schedule_.ranks[r].size();
       for (size_t i = 0; i < n; ++i) {
@@ -114,6 +129,15 @@ PipelineExecutor::PipelineExecutor(const ModelConfig& model, schedule::Schedule 
       rank->reference = std::make_unique<Event>(devices[r], true);
     }
     ranks_.push_back(std::move(rank));
+  }
+  if (uses_nccl_) {
+#ifdef CONVEYOR_WITH_CUDA
+    std::vector<int> ids;
+    for (const Device& d : devices) ids.push_back(d.index);
+    set_transports(comm::make_nccl_transports(ids, options.transport_timeout));
+#else
+    throw std::invalid_argument("this build has no NCCL; use the in-process transport");
+#endif
   }
 }
 
@@ -338,9 +362,10 @@ void PipelineExecutor::run_rank(Rank& rank, const std::vector<MicroBatchData>& m
     peak_activations = std::max(peak_activations, held);
   }
 
-  compute.synchronize();
-  send.synchronize();
-  recv.synchronize();
+  // Bounded waits: a dead peer must not hang the end of the step.
+  rank.transport->synchronize(send);
+  rank.transport->synchronize(recv);
+  rank.transport->synchronize(compute);
   if (cuda) {
     for (size_t i = 0; i < actions.size(); ++i) {
       timing[i].start = reference_us + 1000.0 * Event::elapsed_ms(*rank.reference, rank.starts[i]);

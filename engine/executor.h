@@ -27,7 +27,12 @@
 
 namespace conveyor {
 
+// How ranks exchange tensors. kAuto: NCCL when every rank has a GPU of its own, in-process
+// otherwise (CPU ranks, or ranks sharing a GPU on their own streams).
+enum class TransportKind { kAuto, kInProcess, kNccl };
+
 struct ExecutorOptions {
+  TransportKind transport = TransportKind::kAuto;
   // How long a rank waits for a peer (transfer or all-reduce) before the run fails.
   std::chrono::milliseconds transport_timeout{120000};
   DeviceContextOptions device_options;
@@ -83,6 +88,7 @@ class PipelineExecutor {
   std::vector<Parameter*> rank_parameters(int rank);
   Optimizer& optimizer(int rank);
 
+  bool uses_nccl() const { return uses_nccl_; }
   // Replaces the transport of every rank (tests inject faults through this).
   void set_transports(std::vector<std::unique_ptr<comm::Transport>> transports);
 
@@ -94,6 +100,7 @@ class PipelineExecutor {
 
   ModelConfig model_;
   schedule::Schedule schedule_;
+  bool uses_nccl_ = false;
   std::vector<StageRange> ranges_;
   int total_parameters_ = 0;
   std::vector<std::unique_ptr<Rank>> ranks_;
