@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -36,18 +37,30 @@ std::map<std::string, double>& one_stage_rates() {
 
 void run_training(benchmark::State& state, const conveyor::TrainConfig& config,
                   conveyor::Device device, int warmup) {
-  conveyor::Trainer trainer(config, device);
-  for (int i = 0; i < warmup; ++i) trainer.step();
+  // A failure (out of memory, divergence) marks this case and lets the others run.
+  std::unique_ptr<conveyor::Trainer> trainer;
+  try {
+    trainer = std::make_unique<conveyor::Trainer>(config, device);
+    for (int i = 0; i < warmup; ++i) trainer->step();
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+    return;
+  }
   std::vector<double> seconds;
   conveyor::StepStats last;
   for (auto _ : state) {
-    const auto t0 = Clock::now();
-    last = trainer.step();
-    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
-    state.SetIterationTime(s);
-    seconds.push_back(s);
+    try {
+      const auto t0 = Clock::now();
+      last = trainer->step();
+      const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+      state.SetIterationTime(s);
+      seconds.push_back(s);
+    } catch (const std::exception& e) {
+      state.SkipWithError(e.what());
+      break;
+    }
   }
-  if (seconds.empty()) return;
+  if (seconds.empty() || state.error_occurred()) return;
   std::sort(seconds.begin(), seconds.end());
   const double median = seconds[seconds.size() / 2];
   const double tokens = static_cast<double>(config.batch_tokens);
@@ -64,7 +77,7 @@ void run_training(benchmark::State& state, const conveyor::TrainConfig& config,
   if (config.stages == 1) {
     one_stage_rates()[key] = rate;
   } else {
-    const auto sim = conveyor::summarize_timing(trainer.executor().schedule(),
+    const auto sim = conveyor::summarize_timing(trainer->executor().schedule(),
                                                 last.pipeline.timing);
     state.counters["bubble"] = sim.bubble_fraction;
     const auto it = one_stage_rates().find(key);
