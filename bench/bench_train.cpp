@@ -77,8 +77,8 @@ void run_training(benchmark::State& state, const conveyor::TrainConfig& config,
   if (config.stages == 1) {
     one_stage_rates()[key] = rate;
   } else {
-    const auto sim = conveyor::summarize_timing(trainer->executor().schedule(),
-                                                last.pipeline.timing);
+    const auto sim =
+        conveyor::summarize_timing(trainer->executor().schedule(), last.pipeline.timing);
     state.counters["bubble"] = sim.bubble_fraction;
     const auto it = one_stage_rates().find(key);
     if (it != one_stage_rates().end()) state.counters["vs_1stage"] = rate / it->second;
