@@ -71,7 +71,10 @@ std::shared_ptr<InProcessHub> InProcessHub::create(int size, std::chrono::millis
 }
 
 InProcessHub::InProcessHub(int size, std::chrono::milliseconds timeout)
-    : size_(size), timeout_(timeout), links_(static_cast<size_t>(size) * size),
+    : size_(size),
+      timeout_(timeout),
+      arrived_for_(size),
+      links_(static_cast<size_t>(size) * size),
       contributions_(size) {}
 
 std::unique_ptr<Transport> InProcessHub::endpoint(int rank) {
@@ -92,14 +95,14 @@ void InProcessHub::push(int src, int dst, Message message) {
     throw_if_aborted(src);
     links_[static_cast<size_t>(src) * size_ + dst].push_back(std::move(message));
   }
-  changed_.notify_all();
+  arrived_for_[dst].notify_all();  // only the receiver waits on it
 }
 
 InProcessHub::Message InProcessHub::pop(int src, int dst, int waiting_rank) {
   std::unique_lock lock(mutex_);
   auto& queue = links_[static_cast<size_t>(src) * size_ + dst];
-  const bool ready =
-      changed_.wait_for(lock, timeout_, [&] { return aborted_ || !queue.empty(); });
+  const bool ready = arrived_for_[dst].wait_for(lock, timeout_,
+                                                [&] { return aborted_ || !queue.empty(); });
   throw_if_aborted(waiting_rank);
   if (!ready) fail_locked(waiting_rank, "nothing arrived from rank " + std::to_string(src) +
                                             " within " + std::to_string(timeout_.count()) + " ms");
@@ -124,10 +127,10 @@ void InProcessHub::all_reduce(int rank, std::vector<double>& values) {
     }
     arrived_ = 0;
     ++round_;
-    changed_.notify_all();
+    reduced_.notify_all();
   } else {
     const bool done =
-        changed_.wait_for(lock, timeout_, [&] { return aborted_ || round_ != round; });
+        reduced_.wait_for(lock, timeout_, [&] { return aborted_ || round_ != round; });
     throw_if_aborted(rank);
     if (!done)
       fail_locked(rank, "all-reduce waited " + std::to_string(timeout_.count()) +
@@ -143,7 +146,7 @@ void InProcessHub::fail_locked(int rank, const std::string& what) {
     aborted_ = true;
     abort_reason_ = reason;
   }
-  changed_.notify_all();
+  wake_everyone();
   throw TransportError(reason);
 }
 
@@ -155,7 +158,12 @@ void InProcessHub::abort(const std::string& reason) {
       abort_reason_ = reason;
     }
   }
-  changed_.notify_all();
+  wake_everyone();
+}
+
+void InProcessHub::wake_everyone() {
+  for (auto& cv : arrived_for_) cv.notify_all();
+  reduced_.notify_all();
 }
 
 }  // namespace conveyor::comm

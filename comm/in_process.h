@@ -41,11 +41,15 @@ class InProcessHub : public std::enable_shared_from_this<InProcessHub> {
   InProcessHub(int size, std::chrono::milliseconds timeout);
   void throw_if_aborted(int rank) const;
   [[noreturn]] void fail_locked(int rank, const std::string& what);
+  void wake_everyone();
 
   int size_;
   std::chrono::milliseconds timeout_;
   mutable std::mutex mutex_;
-  std::condition_variable changed_;
+  // One condition variable per receiving rank, so a message wakes only its receiver; the
+  // all-reduce has its own.
+  std::vector<std::condition_variable> arrived_for_;
+  std::condition_variable reduced_;
   std::vector<std::deque<Message>> links_;  // src * size + dst
   bool aborted_ = false;
   std::string abort_reason_;
