@@ -126,6 +126,26 @@ TEST(CudaAllocatorGpu, SameStreamReuseDoesNotWaitForTheStream) {
   alloc->deallocate(q);
 }
 
+// The in-process transport marks a sender's block as read by the receiver's stream, which
+// lives on the receiver's GPU. The free-time event must be made on that stream's device, or
+// recording it fails and the block is never freed.
+TEST(CudaAllocatorGpu, BlockReadByAStreamOfAnotherDeviceIsFreedAndReused) {
+  CONVEYOR_REQUIRE_GPU();
+  if (cuda_device_count() < 2) GTEST_SKIP() << "needs two CUDA devices";
+  auto alloc = make_cuda_allocator(0);
+  Stream a(Device::cuda(0)), peer(Device::cuda(1));
+  void* block = alloc->allocate(MiB, a.native());
+  alloc->record_stream(block, peer.native());
+  EXPECT_NO_THROW(alloc->deallocate(block));
+  EXPECT_EQ(alloc->stats().allocated_bytes, 0u);
+  peer.synchronize();
+  EXPECT_EQ(alloc->allocate(MiB, a.native()), block);  // the peer has passed its event
+  int current = -1;
+  CONVEYOR_CUDA_CHECK(cudaGetDevice(&current));
+  EXPECT_EQ(current, 0) << "recording on the peer's device must not move this thread";
+  alloc->deallocate(block);
+}
+
 TEST(CudaAllocatorGpu, CapAndDeviceOutOfMemory) {
   CONVEYOR_REQUIRE_GPU();
   auto alloc = make_cuda_allocator(0, 8 * MiB);
