@@ -40,10 +40,16 @@ class CudaAllocatorBackend final : public AllocatorBackend {
   }
 
   void* record_event(void* stream) override {
-    detail::CudaDeviceGuard guard(index_);
+    // The event must live on the stream's device, which is not this allocator's device when
+    // a peer rank's stream read the block (in-process transport between GPUs): recording on
+    // a stream of another device fails, and the block would never be freed.
+    auto s = static_cast<cudaStream_t>(stream);
+    int stream_device = index_;
+    if (s != nullptr) CONVEYOR_CUDA_CHECK(cudaStreamGetDevice(s, &stream_device));
+    detail::CudaDeviceGuard guard(stream_device);
     cudaEvent_t event = nullptr;
     CONVEYOR_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
-    const cudaError_t err = cudaEventRecord(event, static_cast<cudaStream_t>(stream));
+    const cudaError_t err = cudaEventRecord(event, s);
     if (err != cudaSuccess) {
       (void)cudaEventDestroy(event);
       CONVEYOR_CUDA_CHECK(err);

@@ -44,10 +44,20 @@ __global__ void embedding_forward_kernel(float* __restrict__ y, const int32_t* _
   }
 }
 
-__global__ void iota_kernel(int32_t* out, int64_t n) {
+// Sort keys and positions: a token outside [0, vocab) becomes `invalid_key`, a value no
+// valid token has. The sort looks only at the low end_bit bits, so a raw bad id (e.g. -1 or
+// vocab + 1) could share its low bits with a valid id and land inside that id's run, cutting
+// it in two: two blocks would then read-modify-write the same dtable row (a race).
+__global__ void prepare_sort_kernel(uint32_t* __restrict__ keys, int32_t* __restrict__ positions,
+                                    const int32_t* __restrict__ tokens, int64_t n, int64_t vocab,
+                                    uint32_t invalid_key) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
-    out[i] = static_cast<int32_t>(i);
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    const int32_t token = tokens[i];
+    keys[i] = token >= 0 && token < vocab ? static_cast<uint32_t>(token) : invalid_key;
+    positions[i] = static_cast<int32_t>(i);
+  }
 }
 
 // Block b handles sorted index i = b, b + grid, ... when i starts a run of equal tokens.
@@ -55,11 +65,11 @@ __global__ void embedding_segment_sum_kernel(float* __restrict__ dtable,
                                              const float* __restrict__ dy,
                                              const uint32_t* __restrict__ keys,
                                              const int32_t* __restrict__ positions, int64_t n,
-                                             int64_t c, int64_t vocab) {
+                                             int64_t c, int64_t vocab, uint32_t invalid_key) {
   for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
     const uint32_t key = keys[i];
     if (i > 0 && keys[i - 1] == key) continue;  // not the start of a run (block-uniform)
-    if (key >= static_cast<uint64_t>(vocab)) continue;
+    if (key == invalid_key || key >= static_cast<uint64_t>(vocab)) continue;
     int64_t end = i + 1;
     while (end < n && keys[end] == key) ++end;
     float* row = dtable + static_cast<int64_t>(key) * c;
@@ -107,7 +117,7 @@ size_t embedding_backward_scratch_bytes(int64_t n) {
   if (n == 0) return 0;
   check_rows(n);
   const size_t items = static_cast<size_t>(n);
-  return 3 * align_up(items * sizeof(int32_t)) + align_up(sort_temp_bytes(static_cast<int>(n), 32));
+  return 4 * align_up(items * sizeof(int32_t)) + align_up(sort_temp_bytes(static_cast<int>(n), 32));
 }
 
 void embedding_backward(const CudaContext& ctx, float* dtable, const float* dy,
@@ -123,26 +133,31 @@ void embedding_backward(const CudaContext& ctx, float* dtable, const float* dy,
   const int items = static_cast<int>(n);
   const size_t array_bytes = align_up(static_cast<size_t>(n) * sizeof(int32_t));
   char* base = static_cast<char*>(scratch);
-  auto* keys_out = reinterpret_cast<uint32_t*>(base);
-  auto* positions_in = reinterpret_cast<int32_t*>(base + array_bytes);
-  auto* positions_out = reinterpret_cast<int32_t*>(base + 2 * array_bytes);
-  void* temp = base + 3 * array_bytes;
+  auto* keys_in = reinterpret_cast<uint32_t*>(base);
+  auto* keys_out = reinterpret_cast<uint32_t*>(base + array_bytes);
+  auto* positions_in = reinterpret_cast<int32_t*>(base + 2 * array_bytes);
+  auto* positions_out = reinterpret_cast<int32_t*>(base + 3 * array_bytes);
+  void* temp = base + 4 * array_bytes;
   size_t temp_bytes = sort_temp_bytes(items, 32);  // what the scratch was sized for
 
-  // Sort only the bits a token id in [0, vocab) can have (fewer radix passes).
+  // Sort only the bits that ids in [0, vocab] need (fewer radix passes): `vocab` itself is
+  // the key of bad ids, so it must fit in end_bit bits too.
   int end_bit = 1;
-  while (end_bit < 32 && (uint64_t{1} << end_bit) < static_cast<uint64_t>(vocab)) ++end_bit;
+  while (end_bit < 32 && (uint64_t{1} << end_bit) <= static_cast<uint64_t>(vocab)) ++end_bit;
   if (end_bit < 32 && sort_temp_bytes(items, end_bit) > temp_bytes) end_bit = 32;
+  const uint32_t invalid_key =
+      end_bit < 32 ? static_cast<uint32_t>(vocab) : 0xffffffffu;  // no valid int32 id has it
 
-  iota_kernel<<<detail::grid_for(n, kBlock), kBlock, 0, ctx.stream>>>(positions_in, n);
+  prepare_sort_kernel<<<detail::grid_for(n, kBlock), kBlock, 0, ctx.stream>>>(
+      keys_in, positions_in, tokens, n, vocab, invalid_key);
   CONVEYOR_CUDA_CHECK_LAUNCH();
-  CONVEYOR_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
-      temp, temp_bytes, reinterpret_cast<const uint32_t*>(tokens), keys_out, positions_in,
-      positions_out, items, 0, end_bit, ctx.stream));
+  CONVEYOR_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, keys_in, keys_out,
+                                                      positions_in, positions_out, items, 0,
+                                                      end_bit, ctx.stream));
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(n, 132 * 16));
   const int block = static_cast<int>(std::min<int64_t>(kBlock, (c + 31) / 32 * 32));
-  embedding_segment_sum_kernel<<<grid, block, 0, ctx.stream>>>(dtable, dy, keys_out,
-                                                               positions_out, n, c, vocab);
+  embedding_segment_sum_kernel<<<grid, block, 0, ctx.stream>>>(
+      dtable, dy, keys_out, positions_out, n, c, vocab, invalid_key);
   CONVEYOR_CUDA_CHECK_LAUNCH();
 }
 

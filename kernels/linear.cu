@@ -123,6 +123,10 @@ bool try_gemm(const CudaContext& ctx, const Gemm& g, cublasComputeType_t compute
 // TF32 first when allowed; plain fp32 if no TF32 kernel fits (e.g. 4-byte aligned operands).
 bool run_gemm(const CudaContext& ctx, const Gemm& g) {
   detail::require(ctx.cublaslt != nullptr, "linear: CudaContext has no cuBLASLt handle");
+  // The heuristic has no preference for the bias pointer's alignment, and the BIAS epilogue
+  // kernels load it with vector loads: a bias view at a 4-byte offset passes the heuristic
+  // and then fails (or faults) in cublasLtMatmul. Such a bias is added by our own kernel.
+  if (g.bias != nullptr && !detail::aligned16(g.bias)) return false;
   if (ctx.allow_tf32 && try_gemm(ctx, g, CUBLAS_COMPUTE_32F_FAST_TF32)) return true;
   if (try_gemm(ctx, g, CUBLAS_COMPUTE_32F)) return true;
   if (g.bias != nullptr) return false;
