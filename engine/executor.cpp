@@ -5,7 +5,7 @@
 #include <map>
 #include <mutex>
 #include <set>
-#include <thread>
+#include <utility>
 
 #include "comm/in_process.h"
 #include "comm/nccl.h"
@@ -28,6 +28,7 @@ using Clock = std::chrono::steady_clock;
 struct PipelineExecutor::Rank {
   int index = 0;
   std::unique_ptr<DeviceContext> ctx;
+  std::shared_ptr<CachingAllocator> host_allocator = make_cpu_allocator();  // staging
   std::unique_ptr<Stream> send_stream, recv_stream;
   std::map<int, std::unique_ptr<Stage>> stages;
   std::unique_ptr<Optimizer> optimizer;
@@ -57,12 +58,66 @@ struct Handoff {
 
 std::string action_label(const Action& a) { return schedule::to_string(a); }
 
+// Tensors between the actions of one rank, per kind and (stage, micro-batch): stage outputs
+// and input gradients waiting to be sent or used locally, received ones waiting to be used.
+// Keeps the bytes they hold (rounded as the allocator counts them), so the per-action memory
+// sample costs O(1).
+class Handoffs {
+ public:
+  enum Kind { kOutAct, kOutGrad, kInAct, kInGrad, kKinds };
+
+  Handoffs(int stages, int microbatches) : m_(microbatches) {
+    for (auto& slots : slots_) slots.resize(static_cast<size_t>(stages) * microbatches);
+  }
+  void put(Kind kind, int stage, int mb, Tensor tensor, Event* ready = nullptr) {
+    Handoff& h = slots_[kind][index(stage, mb)];
+    if (h.tensor.defined())
+      throw std::logic_error("a second tensor for stage " + std::to_string(stage) +
+                             ", micro-batch " + std::to_string(mb));
+    bytes_ += CachingAllocator::round_size(tensor.nbytes());
+    h = {std::move(tensor), ready};
+  }
+  // The tensor, or throws naming the action that needed it.
+  Handoff take(Kind kind, int stage, int mb, const Action& needed_by) {
+    Handoff& h = slots_[kind][index(stage, mb)];
+    if (!h.tensor.defined()) throw std::logic_error("no input ready for " + action_label(needed_by));
+    bytes_ -= CachingAllocator::round_size(h.tensor.nbytes());
+    return std::exchange(h, Handoff{});
+  }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  size_t index(int stage, int mb) const { return static_cast<size_t>(stage) * m_ + mb; }
+  int m_;
+  std::vector<Handoff> slots_[kKinds];
+  size_t bytes_ = 0;
+};
+
 void set_current_device(Device device) {
 #ifdef CONVEYOR_WITH_CUDA
   if (device.is_cuda()) CONVEYOR_CUDA_CHECK(cudaSetDevice(device.index));
 #else
   (void)device;
 #endif
+}
+
+// [m, n] i32 ids of every micro-batch on the rank's device. A CUDA rank stages them in host
+// memory and copies on its compute stream, so it never synchronises the whole GPU that other
+// ranks may share.
+Tensor upload_ids(DeviceContext& ctx, const std::shared_ptr<CachingAllocator>& host,
+                  const std::vector<MicroBatchData>& microbatches,
+                  std::vector<int32_t> MicroBatchData::*field) {
+  const auto m = static_cast<int64_t>(microbatches.size());
+  const auto n = static_cast<int64_t>((microbatches[0].*field).size());
+  Tensor staging = ctx.is_cuda() ? Tensor::empty({m, n}, DType::I32, host)
+                                 : ctx.empty({m, n}, DType::I32);
+  for (int64_t mb = 0; mb < m; ++mb)
+    std::copy((microbatches[mb].*field).begin(), (microbatches[mb].*field).end(),
+              staging.data<int32_t>() + mb * n);
+  if (!ctx.is_cuda()) return staging;
+  Tensor ids = ctx.empty({m, n}, DType::I32);
+  copy_tensor(ids, staging, ctx.compute_stream().native());
+  return ids;
 }
 
 bool one_gpu_per_rank(const std::vector<Device>& devices) {
@@ -139,6 +194,7 @@ PipelineExecutor::PipelineExecutor(const ModelConfig& model, schedule::Schedule 
     throw std::invalid_argument("this build has no NCCL; use the in-process transport");
 #endif
   }
+  threads_ = std::make_unique<RankThreads>(p);
 }
 
 PipelineExecutor::~PipelineExecutor() = default;
@@ -184,21 +240,18 @@ PipelineStepResult PipelineExecutor::run_step(const std::vector<MicroBatchData>&
   std::vector<bool> secondary(p, false);
   const auto start = Clock::now();
   std::mutex result_mutex;
-  std::vector<std::thread> threads;
-  for (int r = 0; r < p; ++r)
-    threads.emplace_back([&, r] {
-      Rank& rank = *ranks_[r];
-      try {
-        run_rank(rank, microbatches, loss_scale, step, lr, update, result, start);
-      } catch (const std::exception& e) {
-        const std::string what = e.what();
-        rank.transport->abort(what);
-        std::lock_guard lock(result_mutex);
-        errors[r] = what;
-        secondary[r] = what.find("pipeline aborted") != std::string::npos;
-      }
-    });
-  for (auto& t : threads) t.join();
+  threads_->run([&](int r) {
+    Rank& rank = *ranks_[r];
+    try {
+      run_rank(rank, microbatches, loss_scale, step, lr, update, result, start);
+    } catch (const std::exception& e) {
+      const std::string what = e.what();
+      rank.transport->abort(what);
+      std::lock_guard lock(result_mutex);
+      errors[r] = what;
+      secondary[r] = what.find("pipeline aborted") != std::string::npos;
+    }
+  });
   result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   // Report the failure that started it, not the ranks that were stopped because of it.
   for (int pass = 0; pass < 2; ++pass)
@@ -228,43 +281,20 @@ void PipelineExecutor::run_rank(Rank& rank, const std::vector<MicroBatchData>& m
   // The step's token ids, uploaded once: tokens where the first stage lives, targets where
   // the last one does.
   Tensor tokens, targets;
-  if (rank.stages.count(0)) {
-    tokens = ctx.empty({m, n}, DType::I32);
-    std::vector<int32_t> all;
-    for (const auto& mb : microbatches) all.insert(all.end(), mb.tokens.begin(), mb.tokens.end());
-    copy_from_host(tokens, all.data(), all.size() * sizeof(int32_t));
-  }
-  if (rank.stages.count(last_stage)) {
-    targets = ctx.empty({m, n}, DType::I32);
-    std::vector<int32_t> all;
-    for (const auto& mb : microbatches)
-      all.insert(all.end(), mb.targets.begin(), mb.targets.end());
-    copy_from_host(targets, all.data(), all.size() * sizeof(int32_t));
-  }
+  if (rank.stages.count(0))
+    tokens = upload_ids(ctx, rank.host_allocator, microbatches, &MicroBatchData::tokens);
+  if (rank.stages.count(last_stage))
+    targets = upload_ids(ctx, rank.host_allocator, microbatches, &MicroBatchData::targets);
   if (cuda) rank.reference->record(compute);
   const double reference_us =
       std::chrono::duration<double, std::micro>(Clock::now() - step_start).count();
 
-  // Tensors between actions, keyed by (stage, micro-batch): stage outputs and input
-  // gradients waiting to be sent or used locally, and received ones waiting to be used.
-  auto key = [m](int stage, int mb) { return static_cast<int64_t>(stage) * m + mb; };
-  std::map<int64_t, Handoff> out_act, out_grad, in_act, in_grad;
+  Handoffs handoffs(schedule_.num_stages(), m);
   std::vector<Tensor> losses(m);
+  size_t loss_bytes = 0;
   const size_t baseline = ctx.allocator().stats().allocated_bytes;
-  auto in_transit_bytes = [&] {
-    size_t total = 0;
-    for (const auto* map : {&out_act, &out_grad, &in_act, &in_grad})
-      for (const auto& [k, h] : *map) total += CachingAllocator::round_size(h.tensor.nbytes());
-    for (const Tensor& l : losses)
-      if (l.defined()) total += CachingAllocator::round_size(l.nbytes());
-    return total;
-  };
-  auto take = [&](std::map<int64_t, Handoff>& map, int64_t k, const Action& a) {
-    auto it = map.find(k);
-    if (it == map.end())
-      throw std::logic_error("no input ready for " + action_label(a));
-    Handoff h = std::move(it->second);
-    map.erase(it);
+  auto take = [&](Handoffs::Kind kind, int stage, int mb, const Action& a) {
+    Handoff h = handoffs.take(kind, stage, mb, a);
     // Received on another stream: the consumer's stream waits for it, and the allocator
     // keeps the block until the consumer's stream is done with it.
     if (cuda && h.ready) {
@@ -283,33 +313,41 @@ void PipelineExecutor::run_rank(Rank& rank, const std::vector<MicroBatchData>& m
     const auto host_start = Clock::now();
     if (cuda) rank.starts[i].record(stream);
     try {
-      Stage* stage = rank.stages.count(a.stage) ? rank.stages[a.stage].get() : nullptr;
-      if (!stage) throw std::logic_error("rank does not hold stage " + std::to_string(a.stage));
+      const auto found = rank.stages.find(a.stage);
+      if (found == rank.stages.end())
+        throw std::logic_error("rank does not hold stage " + std::to_string(a.stage));
+      Stage* stage = found->second.get();
       const int mb = a.microbatch;
       switch (a.kind) {
         case ActionKind::kForward: {
           Tensor input;
           if (a.stage == 0) input = tokens.slice_rows(mb, 1).reshape({n});
-          else if (placement.rank_of(a.stage - 1) == r) input = take(out_act, key(a.stage - 1, mb), a);
-          else input = take(in_act, key(a.stage, mb), a);
+          else if (placement.rank_of(a.stage - 1) == r)
+            input = take(Handoffs::kOutAct, a.stage - 1, mb, a);
+          else input = take(Handoffs::kInAct, a.stage, mb, a);
           MicroBatchInputs in;
           in.loss_scale = loss_scale;
           if (a.stage == last_stage) in.targets = targets.slice_rows(mb, 1).reshape({n});
           Tensor out = stage->forward(mb, input, in);
-          if (a.stage == last_stage) losses[mb] = out;
-          else out_act[key(a.stage, mb)] = {out, nullptr};
+          if (a.stage == last_stage) {
+            loss_bytes += CachingAllocator::round_size(out.nbytes());
+            losses[mb] = out;
+          } else {
+            handoffs.put(Handoffs::kOutAct, a.stage, mb, out);
+          }
           break;
         }
         case ActionKind::kBackward:
         case ActionKind::kBackwardInput: {
           Tensor dy;
           if (a.stage != last_stage) {
-            if (placement.rank_of(a.stage + 1) == r) dy = take(out_grad, key(a.stage + 1, mb), a);
-            else dy = take(in_grad, key(a.stage, mb), a);
+            if (placement.rank_of(a.stage + 1) == r)
+              dy = take(Handoffs::kOutGrad, a.stage + 1, mb, a);
+            else dy = take(Handoffs::kInGrad, a.stage, mb, a);
           }
           Tensor dx = a.kind == ActionKind::kBackward ? stage->backward(mb, dy)
                                                       : stage->backward_input(mb, dy);
-          if (a.stage > 0) out_grad[key(a.stage, mb)] = {dx, nullptr};
+          if (a.stage > 0) handoffs.put(Handoffs::kOutGrad, a.stage, mb, dx);
           break;
         }
         case ActionKind::kBackwardWeight:
@@ -317,11 +355,11 @@ void PipelineExecutor::run_rank(Rank& rank, const std::vector<MicroBatchData>& m
           break;
         case ActionKind::kSendAct:
         case ActionKind::kSendGrad: {
-          auto& map = a.kind == ActionKind::kSendAct ? out_act : out_grad;
-          auto it = map.find(key(a.stage, mb));
-          if (it == map.end()) throw std::logic_error("nothing to send for " + action_label(a));
-          Tensor t = std::move(it->second.tensor);
-          map.erase(it);
+          Tensor t = handoffs
+                         .take(a.kind == ActionKind::kSendAct ? Handoffs::kOutAct
+                                                              : Handoffs::kOutGrad,
+                               a.stage, mb, a)
+                         .tensor;
           if (cuda) {
             rank.order[i].record(compute);  // the send waits for the compute that made it
             rank.order[i].wait(send);
@@ -340,8 +378,8 @@ void PipelineExecutor::run_rank(Rank& rank, const std::vector<MicroBatchData>& m
             rank.order[i].record(recv);
             ready = &rank.order[i];
           }
-          auto& map = a.kind == ActionKind::kRecvAct ? in_act : in_grad;
-          map[key(a.stage, mb)] = {t, ready};
+          handoffs.put(a.kind == ActionKind::kRecvAct ? Handoffs::kInAct : Handoffs::kInGrad,
+                       a.stage, mb, t, ready);
           break;
         }
       }
@@ -358,7 +396,7 @@ void PipelineExecutor::run_rank(Rank& rank, const std::vector<MicroBatchData>& m
           std::chrono::duration<double, std::micro>(Clock::now() - step_start).count();
     }
     const size_t live = ctx.allocator().stats().allocated_bytes;
-    const size_t held = live - std::min(live, baseline + in_transit_bytes());
+    const size_t held = live - std::min(live, baseline + handoffs.bytes() + loss_bytes);
     peak_activations = std::max(peak_activations, held);
   }
 

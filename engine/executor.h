@@ -20,6 +20,7 @@
 #include "engine/device_context.h"
 #include "engine/optimizer.h"
 #include "engine/partition.h"
+#include "engine/rank_threads.h"
 #include "engine/schedule/schedule.h"
 #include "engine/schedule/simulator.h"
 #include "engine/stage.h"
@@ -104,6 +105,7 @@ class PipelineExecutor {
   std::vector<StageRange> ranges_;
   int total_parameters_ = 0;
   std::vector<std::unique_ptr<Rank>> ranks_;
+  std::unique_ptr<RankThreads> threads_;  // last: joined before the ranks go
 };
 
 // Mean measured cost of each action kind per stage, as a cost model for the simulator, so

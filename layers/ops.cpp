@@ -190,6 +190,19 @@ void layernorm_forward(DeviceContext& ctx, const Tensor& y, const Tensor& mean, 
                                                             eps)));
 }
 
+namespace {
+// What the layernorm backward reads besides the gradients: γ and the forward's statistics.
+void check_saved_statistics(DeviceContext& ctx, const Tensor& gamma, const Tensor& mean,
+                            const Tensor& rstd, int64_t n, int64_t c) {
+  check_operand(ctx, gamma, DType::F32, "layernorm weight");
+  check_shape(gamma, {c}, "layernorm weight");
+  check_operand(ctx, mean, DType::F32, "layernorm mean");
+  check_shape(mean, {n}, "layernorm mean");
+  check_operand(ctx, rstd, DType::F32, "layernorm rstd");
+  check_shape(rstd, {n}, "layernorm rstd");
+}
+}  // namespace
+
 void layernorm_backward_input(DeviceContext& ctx, const Tensor& dx, const Tensor& dy,
                               const Tensor& x, const Tensor& mean, const Tensor& rstd,
                               const Tensor& gamma) {
@@ -199,9 +212,7 @@ void layernorm_backward_input(DeviceContext& ctx, const Tensor& dx, const Tensor
   check_shape(dy, {n, c}, "layernorm output gradient");
   check_operand(ctx, dx, DType::F32, "layernorm input gradient");
   check_shape(dx, {n, c}, "layernorm input gradient");
-  check_shape(gamma, {c}, "layernorm weight");
-  check_shape(mean, {n}, "layernorm mean");
-  check_shape(rstd, {n}, "layernorm rstd");
+  check_saved_statistics(ctx, gamma, mean, rstd, n, c);
   dispatch(
       ctx,
       [&] {
@@ -223,6 +234,10 @@ void layernorm_backward_weight(DeviceContext& ctx, const Tensor& dgamma, const T
   check_shape(dgamma, {c}, "layernorm weight gradient");
   check_operand(ctx, dbeta, DType::F32, "layernorm bias gradient");
   check_shape(dbeta, {c}, "layernorm bias gradient");
+  check_operand(ctx, mean, DType::F32, "layernorm mean");
+  check_shape(mean, {n}, "layernorm mean");
+  check_operand(ctx, rstd, DType::F32, "layernorm rstd");
+  check_shape(rstd, {n}, "layernorm rstd");
   dispatch(
       ctx,
       [&] {
