@@ -2,8 +2,8 @@
 
 namespace conveyor {
 
-RankThreads::RankThreads(int count) {
-  for (int r = 0; r < count; ++r) threads_.emplace_back([this, r] { loop(r); });
+RankThreads::RankThreads(int ranks) {
+  for (int r = 1; r < ranks; ++r) threads_.emplace_back([this, r] { loop(r); });
 }
 
 RankThreads::~RankThreads() {
@@ -16,11 +16,15 @@ RankThreads::~RankThreads() {
 }
 
 void RankThreads::run(const std::function<void(int)>& job) {
-  std::unique_lock lock(mutex_);
-  job_ = &job;
-  remaining_ = static_cast<int>(threads_.size());
-  ++generation_;
+  {
+    std::lock_guard lock(mutex_);
+    job_ = &job;
+    remaining_ = static_cast<int>(threads_.size());
+    ++generation_;
+  }
   start_.notify_all();
+  job(0);
+  std::unique_lock lock(mutex_);
   done_.wait(lock, [this] { return remaining_ == 0; });
   job_ = nullptr;
 }

@@ -1,6 +1,7 @@
 #pragma once
-// One long-lived thread per rank that runs one job per call of run(). The executor reuses
-// them across steps: starting threads every step cost about 20 µs each (docs/PERF.md).
+// Runs one job per rank per call of run(): rank 0 on the calling thread, the others on
+// long-lived threads reused across steps (starting threads every step cost about 20 µs
+// each, and waking one costs about as much, so rank 0 needs neither; docs/PERF.md).
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -12,12 +13,12 @@ namespace conveyor {
 
 class RankThreads {
  public:
-  explicit RankThreads(int count);
+  explicit RankThreads(int ranks);
   ~RankThreads();  // joins the threads
   RankThreads(const RankThreads&) = delete;
   RankThreads& operator=(const RankThreads&) = delete;
 
-  // Runs job(rank) on every thread and returns when all have finished. The job must catch
+  // Runs job(rank) for every rank and returns when all have finished. The job must catch
   // its own exceptions.
   void run(const std::function<void(int)>& job);
 
