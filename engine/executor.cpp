@@ -414,10 +414,14 @@ void PipelineExecutor::run_rank(Rank& rank, const std::vector<MicroBatchData>& m
   // One all-reduce: per-micro-batch loss sums, then per-parameter squared norms, each rank
   // filling only its own slots so every sum below runs in the one-stage order.
   std::vector<double> reduced(static_cast<size_t>(m) + total_parameters_, 0.0);
-  for (int mb = 0; mb < m; ++mb)
-    if (losses[mb].defined()) reduced[mb] = ops::sum(ctx, losses[mb]);
-  for (size_t i = 0; i < parameters.size(); ++i)
-    reduced[m + rank.global_index[i]] = ops::sum_squares(ctx, parameters[i]->grad);
+  if (rank.stages.count(last_stage)) {
+    const std::vector<double> loss_sums = ops::sum_each(ctx, losses);
+    std::copy(loss_sums.begin(), loss_sums.end(), reduced.begin());
+  }
+  std::vector<Tensor> grads;
+  for (Parameter* prm : parameters) grads.push_back(prm->grad);
+  const std::vector<double> squares = ops::sum_squares_each(ctx, grads);
+  for (size_t i = 0; i < parameters.size(); ++i) reduced[m + rank.global_index[i]] = squares[i];
   rank.transport->all_reduce_sum(reduced);
   double loss_sum = 0.0, squared_norm = 0.0;
   for (int mb = 0; mb < m; ++mb) loss_sum += reduced[mb];

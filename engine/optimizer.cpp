@@ -45,8 +45,10 @@ Optimizer::Optimizer(DeviceContext& ctx, std::vector<Parameter*> params, Optimiz
 }
 
 double Optimizer::grad_squared_norm() {
+  std::vector<Tensor> grads;
+  for (Parameter* p : params_) grads.push_back(p->grad);
   double total = 0.0;
-  for (Parameter* p : params_) total += ops::sum_squares(ctx_, p->grad);
+  for (double s : ops::sum_squares_each(ctx_, grads)) total += s;
   return total;
 }
 

@@ -1,5 +1,6 @@
 #include "layers/ops.h"
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
@@ -305,36 +306,55 @@ void softmax_cross_entropy(DeviceContext& ctx, const Tensor& losses, const Tenso
 namespace {
 enum class Reduction { Sum, SumSquares };
 
-double reduce_to_double(DeviceContext& ctx, const Tensor& x, Reduction reduction) {
-  check_operand(ctx, x, DType::F32, reduction == Reduction::Sum ? "sum input" : "norm input");
-  const int64_t n = x.numel();
-  double result = 0.0;
+std::vector<double> reduce_each(DeviceContext& ctx, const std::vector<Tensor>& xs,
+                                Reduction reduction) {
+  const char* what = reduction == Reduction::Sum ? "sum input" : "norm input";
+  int64_t largest = 0;
+  for (const Tensor& x : xs) {
+    check_operand(ctx, x, DType::F32, what);
+    largest = std::max(largest, x.numel());
+  }
+  std::vector<double> results(xs.size(), 0.0);
+  if (xs.empty()) return results;
   dispatch(
       ctx,
       [&] {
-        result = reduction == Reduction::Sum ? kernels::cpu::sum(f32(x), n)
-                                             : kernels::cpu::sum_squares(f32(x), n);
+        for (size_t i = 0; i < xs.size(); ++i)
+          results[i] = reduction == Reduction::Sum ? kernels::cpu::sum(f32(xs[i]), xs[i].numel())
+                                                   : kernels::cpu::sum_squares(f32(xs[i]),
+                                                                               xs[i].numel());
       },
       CONVEYOR_CUDA_LAMBDA({
-        Tensor out = ctx.empty({2}, DType::F32);  // 8 bytes: room for one double
+        // One double per tensor; the launches share one scratch, which the stream orders.
+        Tensor out = ctx.empty({static_cast<int64_t>(2 * xs.size())}, DType::F32);
         auto* out_ptr = reinterpret_cast<double*>(out.raw());
-        void* scratch = ctx.scratch(kernels::cuda::reduce_scratch_bytes(n));
-        if (reduction == Reduction::Sum) kernels::cuda::sum(cu, out_ptr, f32(x), n, scratch);
-        else kernels::cuda::sum_squares(cu, out_ptr, f32(x), n, scratch);
-        CONVEYOR_CUDA_CHECK(cudaMemcpyAsync(&result, out_ptr, sizeof(double),
+        void* scratch = ctx.scratch(kernels::cuda::reduce_scratch_bytes(largest));
+        for (size_t i = 0; i < xs.size(); ++i) {
+          if (reduction == Reduction::Sum)
+            kernels::cuda::sum(cu, out_ptr + i, f32(xs[i]), xs[i].numel(), scratch);
+          else
+            kernels::cuda::sum_squares(cu, out_ptr + i, f32(xs[i]), xs[i].numel(), scratch);
+        }
+        CONVEYOR_CUDA_CHECK(cudaMemcpyAsync(results.data(), out_ptr, xs.size() * sizeof(double),
                                             cudaMemcpyDeviceToHost, cu.stream));
         CONVEYOR_CUDA_CHECK(cudaStreamSynchronize(cu.stream));
       }));
-  return result;
+  return results;
 }
 }  // namespace
 
-double sum(DeviceContext& ctx, const Tensor& x) {
-  return reduce_to_double(ctx, x, Reduction::Sum);
-}
+double sum(DeviceContext& ctx, const Tensor& x) { return reduce_each(ctx, {x}, Reduction::Sum)[0]; }
 
 double sum_squares(DeviceContext& ctx, const Tensor& x) {
-  return reduce_to_double(ctx, x, Reduction::SumSquares);
+  return reduce_each(ctx, {x}, Reduction::SumSquares)[0];
+}
+
+std::vector<double> sum_each(DeviceContext& ctx, const std::vector<Tensor>& xs) {
+  return reduce_each(ctx, xs, Reduction::Sum);
+}
+
+std::vector<double> sum_squares_each(DeviceContext& ctx, const std::vector<Tensor>& xs) {
+  return reduce_each(ctx, xs, Reduction::SumSquares);
 }
 
 void add_(DeviceContext& ctx, const Tensor& y, const Tensor& x) {

@@ -52,6 +52,10 @@ void softmax_cross_entropy(DeviceContext& ctx, const Tensor& losses, const Tenso
 // Σ x and Σ x² over a float tensor, in double, deterministic. These synchronise.
 double sum(DeviceContext& ctx, const Tensor& x);
 double sum_squares(DeviceContext& ctx, const Tensor& x);
+// The same over many tensors, with one synchronisation for all (on CUDA the results gather
+// in one device buffer and come back in one copy). Each result equals the one-tensor call.
+std::vector<double> sum_each(DeviceContext& ctx, const std::vector<Tensor>& xs);
+std::vector<double> sum_squares_each(DeviceContext& ctx, const std::vector<Tensor>& xs);
 void add_(DeviceContext& ctx, const Tensor& y, const Tensor& x);  // y += x (same shape)
 
 void adamw_update(DeviceContext& ctx, const std::vector<kernels::OptimizerTensor>& tensors,
