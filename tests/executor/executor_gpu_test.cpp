@@ -11,73 +11,13 @@
 #include "common/test_util.h"
 #include "engine/executor.h"
 #include "engine/schedule/generators.h"
+#include "tests/executor/executor_fixture.h"
 
 namespace conveyor {
 namespace {
 
 using schedule::ScheduleKind;
-
-// The helpers below are those of executor_test.cpp (same model, optimizer and data).
-ModelConfig test_model() {
-  ModelConfig c;
-  c.preset = "test";
-  c.d_model = 16;
-  c.n_layers = 6;  // up to 8 stages: embedding + 6 blocks + head
-  c.vocab = 19;
-  c.hidden = 24;
-  return c;
-}
-
-OptimizerConfig test_optimizer() {
-  OptimizerConfig o;
-  o.lr = 1e-2;
-  o.clip_norm = 0.5;  // active: the clipping factor must match too
-  return o;
-}
-
-std::vector<MicroBatchData> make_microbatches(int m, int n, int step) {
-  std::vector<MicroBatchData> out(m);
-  for (int mb = 0; mb < m; ++mb) {
-    out[mb].tokens = testing::random_ints(n, 1000 * step + mb, 0, 18);
-    out[mb].targets = testing::random_ints(n, 5000 * step + mb, 0, 18);
-  }
-  return out;
-}
-
-// Rank r on `devices[r]`.
-std::unique_ptr<PipelineExecutor> make_executor(schedule::Schedule sched,
-                                                std::vector<Device> devices) {
-  const ModelConfig model = test_model();
-  auto ranges = stage_ranges(model, partition_blocks(model, sched.num_stages(), "uniform"));
-  ExecutorOptions options;
-  options.transport_timeout = std::chrono::milliseconds(60000);
-  return std::make_unique<PipelineExecutor>(model, std::move(sched), std::move(ranges), devices,
-                                            test_optimizer(), /*seed=*/17, options);
-}
-
-// Every rank on `device`.
-std::unique_ptr<PipelineExecutor> make_executor(schedule::Schedule sched, Device device) {
-  std::vector<Device> devices(sched.num_ranks(), device);
-  return make_executor(std::move(sched), std::move(devices));
-}
-
-struct RunRecord {
-  std::vector<double> losses, norms;
-  std::vector<std::vector<float>> values;
-};
-
-RunRecord run_two_steps(PipelineExecutor& ex, int m) {
-  constexpr int kTokens = 5;
-  RunRecord rec;
-  for (int step = 1; step <= 2; ++step) {
-    auto result =
-        ex.run_step(make_microbatches(m, kTokens, step), 1.0f / (m * kTokens), step, 1e-2);
-    rec.losses.push_back(result.loss_sum);
-    rec.norms.push_back(result.grad_norm);
-  }
-  for (Parameter* p : ex.parameters()) rec.values.push_back(to_vector_f32(p->value));
-  return rec;
-}
+using namespace conveyor::testing;
 
 void expect_matches(const RunRecord& got, const RunRecord& want, double rtol, double atol) {
   EXPECT_TRUE(testing::all_close(got.losses, want.losses, rtol, 0.0));
@@ -139,8 +79,8 @@ TEST(ExecutorGpu, OneStageCudaRunAgreesWithTheCpuRun) {
 }
 
 #ifdef CONVEYOR_WITH_CUDA
-// The NCCL transport under the executor (through set_transports until ExecutorOptions can
-// select it). One GPU: a one-rank clique, whose all-reduce must be the identity.
+// The NCCL transport under the executor, set through set_transports (on one GPU the
+// automatic choice is the in-process transport). One GPU: a one-rank clique, whose all-reduce must be the identity.
 TEST(ExecutorGpu, NcclTransportOnOneRankGivesTheInProcessResultBitwise) {
   CONVEYOR_REQUIRE_GPU();
   for (int m : {1, 4}) {

@@ -7,73 +7,16 @@
 #include <chrono>
 
 #include "comm/in_process.h"
-#include "common/test_util.h"
 #include "engine/executor.h"
 #include "engine/schedule/generators.h"
 #include "engine/schedule/validator.h"
+#include "tests/executor/executor_fixture.h"
 
 namespace conveyor {
 namespace {
 
 using schedule::ScheduleKind;
-
-ModelConfig test_model() {
-  ModelConfig c;
-  c.preset = "test";
-  c.d_model = 16;
-  c.n_layers = 6;  // up to 8 stages: embedding + 6 blocks + head
-  c.vocab = 19;
-  c.hidden = 24;
-  return c;
-}
-
-OptimizerConfig test_optimizer() {
-  OptimizerConfig o;
-  o.lr = 1e-2;
-  o.clip_norm = 0.5;  // active: the clipping factor must match too
-  return o;
-}
-
-std::vector<MicroBatchData> make_microbatches(int m, int n, int step) {
-  std::vector<MicroBatchData> out(m);
-  for (int mb = 0; mb < m; ++mb) {
-    out[mb].tokens = testing::random_ints(n, 1000 * step + mb, 0, 18);
-    out[mb].targets = testing::random_ints(n, 5000 * step + mb, 0, 18);
-  }
-  return out;
-}
-
-std::unique_ptr<PipelineExecutor> make_executor(schedule::Schedule sched,
-                                                const std::string& partition = "uniform") {
-  const ModelConfig model = test_model();
-  auto ranges = stage_ranges(model, partition_blocks(model, sched.num_stages(), partition));
-  std::vector<Device> devices(sched.num_ranks(), Device::cpu());
-  ExecutorOptions options;
-  options.transport_timeout = std::chrono::milliseconds(20000);
-  return std::make_unique<PipelineExecutor>(model, std::move(sched), std::move(ranges), devices,
-                                            test_optimizer(), /*seed=*/17, options);
-}
-
-struct RunRecord {
-  std::vector<double> losses, norms;
-  std::vector<std::vector<float>> grads, values;
-};
-
-RunRecord run_two_steps(PipelineExecutor& ex, int m) {
-  constexpr int kTokens = 5;
-  RunRecord rec;
-  for (int step = 1; step <= 2; ++step) {
-    auto result = ex.run_step(make_microbatches(m, kTokens, step), 1.0f / (m * kTokens), step,
-                              1e-2);
-    rec.losses.push_back(result.loss_sum);
-    rec.norms.push_back(result.grad_norm);
-  }
-  for (Parameter* p : ex.parameters()) {
-    rec.grads.push_back(to_vector_f32(p->grad));
-    rec.values.push_back(to_vector_f32(p->value));
-  }
-  return rec;
-}
+using namespace conveyor::testing;
 
 TEST(Executor, EveryScheduleMatchesTheOneStageRunBitwise) {
   std::vector<RunRecord> reference(9);
