@@ -25,6 +25,8 @@ void TrainConfig::validate() const {
   if (chunks < 1) fail("chunks must be at least 1, got " + std::to_string(chunks));
   if (placement != "auto" && placement != "shared")
     fail("placement must be auto or shared, got '" + placement + "'");
+  if (transport != "auto" && transport != "inproc" && transport != "nccl")
+    fail("transport must be auto, inproc or nccl, got '" + transport + "'");
   if (schedule_file.empty() && !schedule::parse_schedule_kind(schedule))
     fail("unknown schedule '" + schedule + "', expected " + schedule::schedule_kind_choices());
 }
@@ -81,6 +83,9 @@ Trainer::Trainer(TrainConfig config, Device device) : config_(std::move(config))
     devices_.push_back(spread ? Device::cuda(device.index + r) : device);
   ExecutorOptions options;
   options.transport_timeout = config_.transport_timeout;
+  options.transport = config_.transport == "nccl"     ? TransportKind::kNccl
+                      : config_.transport == "inproc" ? TransportKind::kInProcess
+                                                      : TransportKind::kAuto;
   options.device_options.memory_limit_bytes = config_.memory_limit_bytes;
   options.device_options.allow_tf32 = config_.allow_tf32;
   executor_ = std::make_unique<PipelineExecutor>(config_.model, std::move(sched), ranges_,

@@ -41,6 +41,9 @@ struct TrainConfig {
   // CUDA placement: one rank per GPU when there are enough GPUs, else all ranks share the
   // chosen GPU (each with its own streams). "shared" forces sharing.
   std::string placement = "auto";
+  // How ranks exchange tensors: auto (NCCL when every rank has its own GPU, in-process
+  // otherwise), inproc, or nccl.
+  std::string transport = "auto";
   std::chrono::milliseconds transport_timeout{120000};
 
   // Throws std::invalid_argument naming the first impossible setting.

@@ -48,8 +48,9 @@ std::string human_rate(double per_second) {
 
 void print_pipeline(Trainer& trainer) {
   const auto& sched = trainer.executor().schedule();
-  std::printf("pipeline %d rank(s) x %d chunk(s), schedule %s, stages (units):", sched.num_ranks(),
-              sched.placement.chunks, sched.name.c_str());
+  std::printf("pipeline %d rank(s) x %d chunk(s), schedule %s, transport %s, stages (units):",
+              sched.num_ranks(), sched.placement.chunks, sched.name.c_str(),
+              trainer.executor().uses_nccl() ? "nccl" : "in-process");
   const auto& ranges = trainer.stage_ranges();
   for (size_t s = 0; s < ranges.size(); ++s)
     std::printf(" %zu:[%lld,%lld)@%s", s, static_cast<long long>(ranges[s].begin),
@@ -233,6 +234,9 @@ void register_train_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--placement", c.placement,
                   "auto (one rank per GPU when there are enough) or shared (all on one GPU)")
+      ->capture_default_str();
+  cmd->add_option("--transport", c.transport,
+                  "auto (NCCL when every rank has its own GPU), inproc or nccl")
       ->capture_default_str();
   cmd->add_option("--timeout", flags->timeout_s, "Seconds a rank waits for a peer before failing")
       ->capture_default_str();
