@@ -146,7 +146,8 @@ void gemm_args(B* bm) {
   }
   bm->ArgNames({"n", "in", "out", "op", "tf32"});
 }
-BENCHMARK(BM_Linear)->Apply(gemm_args)->UseManualTime()->Iterations(10)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Linear)->Apply(gemm_args)->UseManualTime()->Iterations(10)->Unit(
+    benchmark::kMillisecond);
 
 // LayerNorm fwd + bwd (input and weight); bytes counted as 5·N·C·4 like the PyTorch figure.
 void BM_LayerNormFwdBwd(benchmark::State& state) {
@@ -210,8 +211,8 @@ void BM_SoftmaxCrossEntropy(benchmark::State& state) {
   int32_t* targets = b.alloc<int32_t>(static_cast<size_t>(n));
   std::vector<int32_t> host(static_cast<size_t>(n));
   for (size_t i = 0; i < host.size(); ++i) host[i] = static_cast<int32_t>((i * 7919) % vocab);
-  CONVEYOR_CUDA_CHECK(cudaMemcpy(targets, host.data(), host.size() * sizeof(int32_t),
-                                 cudaMemcpyHostToDevice));
+  CONVEYOR_CUDA_CHECK(
+      cudaMemcpy(targets, host.data(), host.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
   namespace k = conveyor::kernels::cuda;
   // In place over the same logits each iteration: the values change, the work does not.
   const double s = b.time(state, [&] {
@@ -265,12 +266,15 @@ void BM_SumSquares(benchmark::State& state) {
   float* x = b.random(static_cast<size_t>(n), 40);
   double* out = b.alloc<double>(1);
   void* scratch = b.alloc<char>(conveyor::kernels::cuda::reduce_scratch_bytes(n));
-  const double s = b.time(state, [&] {
-    conveyor::kernels::cuda::sum_squares(b.ctx(), out, x, n, scratch);
-  });
+  const double s =
+      b.time(state, [&] { conveyor::kernels::cuda::sum_squares(b.ctx(), out, x, n, scratch); });
   report_bandwidth(state, 4.0 * n, s);
 }
-BENCHMARK(BM_SumSquares)->Arg(400'000'000)->UseManualTime()->Iterations(30)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_SumSquares)
+    ->Arg(400'000'000)
+    ->UseManualTime()
+    ->Iterations(30)
+    ->Unit(benchmark::kMillisecond);
 
 }  // namespace
 

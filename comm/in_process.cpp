@@ -101,11 +101,12 @@ void InProcessHub::push(int src, int dst, Message message) {
 InProcessHub::Message InProcessHub::pop(int src, int dst, int waiting_rank) {
   std::unique_lock lock(mutex_);
   auto& queue = links_[static_cast<size_t>(src) * size_ + dst];
-  const bool ready = arrived_for_[dst].wait_for(lock, timeout_,
-                                                [&] { return aborted_ || !queue.empty(); });
+  const bool ready =
+      arrived_for_[dst].wait_for(lock, timeout_, [&] { return aborted_ || !queue.empty(); });
   throw_if_aborted(waiting_rank);
-  if (!ready) fail_locked(waiting_rank, "nothing arrived from rank " + std::to_string(src) +
-                                            " within " + std::to_string(timeout_.count()) + " ms");
+  if (!ready)
+    fail_locked(waiting_rank, "nothing arrived from rank " + std::to_string(src) + " within " +
+                                  std::to_string(timeout_.count()) + " ms");
   Message message = std::move(queue.front());
   queue.pop_front();
   return message;
@@ -120,8 +121,8 @@ void InProcessHub::all_reduce(int rank, std::vector<double>& values) {
     result_.assign(values.size(), 0.0);
     for (int r = 0; r < size_; ++r) {
       if (contributions_[r].size() != values.size())
-        fail_locked(rank, "all-reduce of " + std::to_string(values.size()) +
-                              " values, but rank " + std::to_string(r) + " gave " +
+        fail_locked(rank, "all-reduce of " + std::to_string(values.size()) + " values, but rank " +
+                              std::to_string(r) + " gave " +
                               std::to_string(contributions_[r].size()));
       for (size_t i = 0; i < values.size(); ++i) result_[i] += contributions_[r][i];
     }

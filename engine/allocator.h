@@ -28,9 +28,9 @@
 namespace conveyor {
 
 struct AllocatorStats {
-  size_t allocated_bytes = 0;       // live blocks (rounded sizes)
+  size_t allocated_bytes = 0;  // live blocks (rounded sizes)
   size_t peak_allocated_bytes = 0;
-  size_t reserved_bytes = 0;        // live + cached, i.e. held from the system
+  size_t reserved_bytes = 0;  // live + cached, i.e. held from the system
   size_t peak_reserved_bytes = 0;
   size_t limit_bytes = 0;           // 0 = no cap
   uint64_t system_allocations = 0;  // calls to malloc / cudaMalloc

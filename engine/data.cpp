@@ -17,8 +17,8 @@ namespace {
 float uniform01(uint64_t seed, uint64_t stream, uint64_t counter) {
   const kernels::Philox4 words = kernels::philox4x32_10(
       static_cast<uint32_t>(counter / 4), static_cast<uint32_t>((counter / 4) >> 32),
-      static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32),
-      static_cast<uint32_t>(stream), static_cast<uint32_t>(stream >> 32));
+      static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32), static_cast<uint32_t>(stream),
+      static_cast<uint32_t>(stream >> 32));
   return static_cast<float>(words.v[counter % 4] >> 8) * (1.0f / 16777216.0f);
 }
 

@@ -80,7 +80,8 @@ class Handoffs {
   // The tensor, or throws naming the action that needed it.
   Handoff take(Kind kind, int stage, int mb, const Action& needed_by) {
     Handoff& h = slots_[kind][index(stage, mb)];
-    if (!h.tensor.defined()) throw std::logic_error("no input ready for " + action_label(needed_by));
+    if (!h.tensor.defined())
+      throw std::logic_error("no input ready for " + action_label(needed_by));
     bytes_ -= CachingAllocator::round_size(h.tensor.nbytes());
     return std::exchange(h, Handoff{});
   }
@@ -109,8 +110,8 @@ Tensor upload_ids(DeviceContext& ctx, const std::shared_ptr<CachingAllocator>& h
                   std::vector<int32_t> MicroBatchData::*field) {
   const auto m = static_cast<int64_t>(microbatches.size());
   const auto n = static_cast<int64_t>((microbatches[0].*field).size());
-  Tensor staging = ctx.is_cuda() ? Tensor::empty({m, n}, DType::I32, host)
-                                 : ctx.empty({m, n}, DType::I32);
+  Tensor staging =
+      ctx.is_cuda() ? Tensor::empty({m, n}, DType::I32, host) : ctx.empty({m, n}, DType::I32);
   for (int64_t mb = 0; mb < m; ++mb)
     std::copy((microbatches[mb].*field).begin(), (microbatches[mb].*field).end(),
               staging.data<int32_t>() + mb * n);
@@ -144,8 +145,7 @@ PipelineExecutor::PipelineExecutor(const ModelConfig& model, schedule::Schedule 
   const int p = schedule_.num_ranks();
   if (static_cast<int>(ranges_.size()) != schedule_.num_stages())
     throw std::invalid_argument("the schedule has " + std::to_string(schedule_.num_stages()) +
-                                " stages but the partition has " +
-                                std::to_string(ranges_.size()));
+                                " stages but the partition has " + std::to_string(ranges_.size()));
   if (static_cast<int>(devices.size()) != p)
     throw std::invalid_argument("the schedule has " + std::to_string(p) + " ranks but " +
                                 std::to_string(devices.size()) + " devices were given");
@@ -169,8 +169,8 @@ PipelineExecutor::PipelineExecutor(const ModelConfig& model, schedule::Schedule 
     rank->send_stream = std::make_unique<Stream>(devices[r]);
     rank->recv_stream = std::make_unique<Stream>(devices[r]);
     for (int s : schedule_.placement.stages_of(r))
-      rank->stages[s] = std::make_unique<Stage>(model_, ranges_[s].begin, ranges_[s].end,
-                                                *rank->ctx, seed);
+      rank->stages[s] =
+          std::make_unique<Stage>(model_, ranges_[s].begin, ranges_[s].end, *rank->ctx, seed);
     for (Parameter* prm : rank->parameters()) rank->global_index.push_back(global.at(prm->name));
     rank->optimizer = std::make_unique<Optimizer>(*rank->ctx, rank->parameters(), optimizer);
     if (!uses_nccl_) rank->transport = hub->endpoint(r);
@@ -321,10 +321,12 @@ void PipelineExecutor::run_rank(Rank& rank, const std::vector<MicroBatchData>& m
       switch (a.kind) {
         case ActionKind::kForward: {
           Tensor input;
-          if (a.stage == 0) input = tokens.slice_rows(mb, 1).reshape({n});
+          if (a.stage == 0)
+            input = tokens.slice_rows(mb, 1).reshape({n});
           else if (placement.rank_of(a.stage - 1) == r)
             input = take(Handoffs::kOutAct, a.stage - 1, mb, a);
-          else input = take(Handoffs::kInAct, a.stage, mb, a);
+          else
+            input = take(Handoffs::kInAct, a.stage, mb, a);
           MicroBatchInputs in;
           in.loss_scale = loss_scale;
           if (a.stage == last_stage) in.targets = targets.slice_rows(mb, 1).reshape({n});
@@ -343,7 +345,8 @@ void PipelineExecutor::run_rank(Rank& rank, const std::vector<MicroBatchData>& m
           if (a.stage != last_stage) {
             if (placement.rank_of(a.stage + 1) == r)
               dy = take(Handoffs::kOutGrad, a.stage + 1, mb, a);
-            else dy = take(Handoffs::kInGrad, a.stage, mb, a);
+            else
+              dy = take(Handoffs::kInGrad, a.stage, mb, a);
           }
           Tensor dx = a.kind == ActionKind::kBackward ? stage->backward(mb, dy)
                                                       : stage->backward_input(mb, dy);
@@ -355,11 +358,11 @@ void PipelineExecutor::run_rank(Rank& rank, const std::vector<MicroBatchData>& m
           break;
         case ActionKind::kSendAct:
         case ActionKind::kSendGrad: {
-          Tensor t = handoffs
-                         .take(a.kind == ActionKind::kSendAct ? Handoffs::kOutAct
-                                                              : Handoffs::kOutGrad,
-                               a.stage, mb, a)
-                         .tensor;
+          Tensor t =
+              handoffs
+                  .take(a.kind == ActionKind::kSendAct ? Handoffs::kOutAct : Handoffs::kOutGrad,
+                        a.stage, mb, a)
+                  .tensor;
           if (cuda) {
             rank.order[i].record(compute);  // the send waits for the compute that made it
             rank.order[i].wait(send);
@@ -370,8 +373,8 @@ void PipelineExecutor::run_rank(Rank& rank, const std::vector<MicroBatchData>& m
         }
         case ActionKind::kRecvAct:
         case ActionKind::kRecvGrad: {
-          Tensor t = Tensor::empty({n, model_.d_model}, DType::F32, ctx.allocator_ptr(),
-                                   recv.native());
+          Tensor t =
+              Tensor::empty({n, model_.d_model}, DType::F32, ctx.allocator_ptr(), recv.native());
           rank.transport->recv(t, a.peer, recv);
           Event* ready = nullptr;
           if (cuda) {
@@ -390,10 +393,8 @@ void PipelineExecutor::run_rank(Rank& rank, const std::vector<MicroBatchData>& m
     if (cuda) {
       rank.ends[i].record(stream);
     } else {
-      timing[i].start =
-          std::chrono::duration<double, std::micro>(host_start - step_start).count();
-      timing[i].end =
-          std::chrono::duration<double, std::micro>(Clock::now() - step_start).count();
+      timing[i].start = std::chrono::duration<double, std::micro>(host_start - step_start).count();
+      timing[i].end = std::chrono::duration<double, std::micro>(Clock::now() - step_start).count();
     }
     const size_t live = ctx.allocator().stats().allocated_bytes;
     const size_t held = live - std::min(live, baseline + handoffs.bytes() + loss_bytes);
@@ -454,11 +455,21 @@ schedule::CostModel measured_costs(const schedule::Schedule& sched,
       const Action& a = sched.ranks[r][k];
       const double d = timing[r][k].end - timing[r][k].start;
       switch (a.kind) {
-        case ActionKind::kForward: f[a.stage] += d, ++nf[a.stage]; break;
-        case ActionKind::kBackward: b[a.stage] += d, ++nb[a.stage]; break;
-        case ActionKind::kBackwardInput: i[a.stage] += d, ++ni[a.stage]; break;
-        case ActionKind::kBackwardWeight: w[a.stage] += d, ++nw[a.stage]; break;
-        default: comm += d, ++ncomm; break;
+        case ActionKind::kForward:
+          f[a.stage] += d, ++nf[a.stage];
+          break;
+        case ActionKind::kBackward:
+          b[a.stage] += d, ++nb[a.stage];
+          break;
+        case ActionKind::kBackwardInput:
+          i[a.stage] += d, ++ni[a.stage];
+          break;
+        case ActionKind::kBackwardWeight:
+          w[a.stage] += d, ++nw[a.stage];
+          break;
+        default:
+          comm += d, ++ncomm;
+          break;
       }
     }
   schedule::CostModel costs;

@@ -69,8 +69,7 @@ class PipelineExecutor {
   // `ranges[s]` are the units of virtual stage s; `devices[r]` the device of rank r.
   PipelineExecutor(const ModelConfig& model, schedule::Schedule schedule,
                    std::vector<StageRange> ranges, std::vector<Device> devices,
-                   const OptimizerConfig& optimizer, uint64_t seed,
-                   ExecutorOptions options = {});
+                   const OptimizerConfig& optimizer, uint64_t seed, ExecutorOptions options = {});
   ~PipelineExecutor();
   PipelineExecutor(const PipelineExecutor&) = delete;
   PipelineExecutor& operator=(const PipelineExecutor&) = delete;

@@ -20,7 +20,7 @@ struct OptimizerConfig {
   double beta2 = 0.95;
   double eps = 1e-8;
   double weight_decay = 0.0;
-  double momentum = 0.9;  // sgd
+  double momentum = 0.9;   // sgd
   double clip_norm = 1.0;  // <= 0 disables clipping
 
   void validate() const;  // throws std::invalid_argument naming the bad field

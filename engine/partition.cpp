@@ -28,8 +28,9 @@ std::vector<int64_t> parse_counts(const std::string& spec) {
       used = 0;
     }
     if (used == 0 || used != item.size() || value < 0)
-      throw std::invalid_argument("partition '" + spec +
-                                  "' is not uniform, params or a list of block counts such as 3,5,5,3");
+      throw std::invalid_argument(
+          "partition '" + spec +
+          "' is not uniform, params or a list of block counts such as 3,5,5,3");
     counts.push_back(value);
   }
   return counts;
@@ -72,8 +73,8 @@ std::vector<int64_t> partition_blocks(const ModelConfig& model, int num_stages,
   const int64_t max_stages = blocks + 2;
   if (num_stages > max_stages)
     throw std::invalid_argument("cannot cut a model of " + std::to_string(blocks) +
-                                " blocks into " + std::to_string(num_stages) +
-                                " stages: at most " + std::to_string(max_stages) +
+                                " blocks into " + std::to_string(num_stages) + " stages: at most " +
+                                std::to_string(max_stages) +
                                 " (embedding + blocks + head, one unit each)");
   std::vector<int64_t> counts(num_stages, 0);
   if (spec == "uniform") {

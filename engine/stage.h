@@ -16,8 +16,7 @@ class Stage {
  public:
   // Builds units [begin, end) of `config` on `ctx` and initialises their parameters from
   // (seed, global name), so any cut of the model gives the same weights.
-  Stage(const ModelConfig& config, int64_t begin, int64_t end, DeviceContext& ctx,
-        uint64_t seed);
+  Stage(const ModelConfig& config, int64_t begin, int64_t end, DeviceContext& ctx, uint64_t seed);
 
   bool is_first() const { return begin_ == 0; }
   bool is_last() const { return end_ == num_units_; }

@@ -18,10 +18,20 @@ enum class DType : uint8_t { F32, BF16, I32 };
 size_t dtype_size(DType dtype);
 const char* dtype_name(DType dtype);
 // C++ type of each dtype for data<T>(): float, uint16_t (bf16 bits), int32_t.
-template <class T> constexpr DType dtype_of();
-template <> constexpr DType dtype_of<float>() { return DType::F32; }
-template <> constexpr DType dtype_of<uint16_t>() { return DType::BF16; }
-template <> constexpr DType dtype_of<int32_t>() { return DType::I32; }
+template <class T>
+constexpr DType dtype_of();
+template <>
+constexpr DType dtype_of<float>() {
+  return DType::F32;
+}
+template <>
+constexpr DType dtype_of<uint16_t>() {
+  return DType::BF16;
+}
+template <>
+constexpr DType dtype_of<int32_t>() {
+  return DType::I32;
+}
 
 using Shape = std::vector<int64_t>;
 std::string shape_to_string(const Shape& shape);  // "[4, 8]"
@@ -65,7 +75,8 @@ class Tensor {
 
   void* raw() const;
   // Typed pointer; throws when T does not match the dtype.
-  template <class T> T* data() const {
+  template <class T>
+  T* data() const {
     check_dtype_is(dtype_of<T>());
     return static_cast<T*>(raw());
   }

@@ -15,7 +15,8 @@ void TrainConfig::validate() const {
   optimizer.validate();
   auto fail = [](const std::string& what) { throw std::invalid_argument(what); };
   if (steps < 1) fail("steps must be at least 1, got " + std::to_string(steps));
-  if (batch_tokens < 1) fail("batch tokens must be at least 1, got " + std::to_string(batch_tokens));
+  if (batch_tokens < 1)
+    fail("batch tokens must be at least 1, got " + std::to_string(batch_tokens));
   if (microbatches < 1)
     fail("micro-batches must be at least 1, got " + std::to_string(microbatches));
   if (batch_tokens % microbatches != 0)
@@ -79,8 +80,7 @@ Trainer::Trainer(TrainConfig config, Device device) : config_(std::move(config))
   const int p = sched.num_ranks();
   const bool spread =
       device.is_cuda() && config_.placement == "auto" && cuda_device_count() >= device.index + p;
-  for (int r = 0; r < p; ++r)
-    devices_.push_back(spread ? Device::cuda(device.index + r) : device);
+  for (int r = 0; r < p; ++r) devices_.push_back(spread ? Device::cuda(device.index + r) : device);
   ExecutorOptions options;
   options.transport_timeout = config_.transport_timeout;
   options.transport = config_.transport == "nccl"     ? TransportKind::kNccl
@@ -88,9 +88,8 @@ Trainer::Trainer(TrainConfig config, Device device) : config_(std::move(config))
                                                       : TransportKind::kAuto;
   options.device_options.memory_limit_bytes = config_.memory_limit_bytes;
   options.device_options.allow_tf32 = config_.allow_tf32;
-  executor_ = std::make_unique<PipelineExecutor>(config_.model, std::move(sched), ranges_,
-                                                 devices_, config_.optimizer, config_.seed,
-                                                 options);
+  executor_ = std::make_unique<PipelineExecutor>(config_.model, std::move(sched), ranges_, devices_,
+                                                 config_.optimizer, config_.seed, options);
 }
 
 StepStats Trainer::step() {
@@ -104,13 +103,13 @@ StepStats Trainer::step() {
   }
   for (int r = 0; r < executor_->num_ranks(); ++r) executor_->context(r).allocator().reset_peak();
   const double lr = learning_rate(config_.optimizer, step, config_.steps);
-  PipelineStepResult result = executor_->run_step(
-      microbatches, 1.0f / static_cast<float>(config_.batch_tokens), step, lr);
+  PipelineStepResult result =
+      executor_->run_step(microbatches, 1.0f / static_cast<float>(config_.batch_tokens), step, lr);
   const double loss = result.loss_sum / static_cast<double>(config_.batch_tokens);
   if (result.diverged) {
     std::ostringstream msg;
-    msg << "loss became " << loss << " (gradient norm " << result.grad_norm << ") at step "
-        << step << "; lower the learning rate (--lr) or enable clipping (--clip)";
+    msg << "loss became " << loss << " (gradient norm " << result.grad_norm << ") at step " << step
+        << "; lower the learning rate (--lr) or enable clipping (--clip)";
     throw TrainingDiverged(msg.str());
   }
   steps_done_ = step;
@@ -122,7 +121,8 @@ StepStats Trainer::step() {
   stats.seconds = result.seconds;
   stats.lr = lr;
   stats.grad_norm = result.grad_norm;
-  for (size_t bytes : result.peak_allocated_bytes) stats.peak_bytes = std::max(stats.peak_bytes, bytes);
+  for (size_t bytes : result.peak_allocated_bytes)
+    stats.peak_bytes = std::max(stats.peak_bytes, bytes);
   stats.pipeline = std::move(result);
   return stats;
 }

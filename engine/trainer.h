@@ -63,7 +63,7 @@ struct StepStats {
   double seconds = 0.0;
   double lr = 0.0;
   double grad_norm = 0.0;
-  size_t peak_bytes = 0;  // largest peak of live allocations over the ranks' devices
+  size_t peak_bytes = 0;        // largest peak of live allocations over the ranks' devices
   PipelineStepResult pipeline;  // measured timeline, per-rank memory
 };
 

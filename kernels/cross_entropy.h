@@ -12,8 +12,8 @@
 namespace conveyor::kernels::cpu {
 
 void softmax_cross_entropy(float* losses, float* dlogits, const float* logits,
-                           const int32_t* targets, int64_t n, int64_t vocab,
-                           int32_t ignore_index, float grad_scale);
+                           const int32_t* targets, int64_t n, int64_t vocab, int32_t ignore_index,
+                           float grad_scale);
 
 }  // namespace conveyor::kernels::cpu
 

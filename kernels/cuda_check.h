@@ -15,17 +15,17 @@ namespace conveyor::kernels::cuda {
 
 }  // namespace conveyor::kernels::cuda
 
-#define CONVEYOR_CUDA_CHECK(call)                                                        \
-  do {                                                                                   \
-    cudaError_t conveyor_err_ = (call);                                                  \
-    if (conveyor_err_ != cudaSuccess)                                                    \
+#define CONVEYOR_CUDA_CHECK(call)                                                            \
+  do {                                                                                       \
+    cudaError_t conveyor_err_ = (call);                                                      \
+    if (conveyor_err_ != cudaSuccess)                                                        \
       ::conveyor::kernels::cuda::throw_cuda_error(conveyor_err_, #call, __FILE__, __LINE__); \
   } while (0)
 
-#define CONVEYOR_CUBLAS_CHECK(call)                                                        \
-  do {                                                                                     \
-    cublasStatus_t conveyor_status_ = (call);                                              \
-    if (conveyor_status_ != CUBLAS_STATUS_SUCCESS)                                         \
+#define CONVEYOR_CUBLAS_CHECK(call)                                                               \
+  do {                                                                                            \
+    cublasStatus_t conveyor_status_ = (call);                                                     \
+    if (conveyor_status_ != CUBLAS_STATUS_SUCCESS)                                                \
       ::conveyor::kernels::cuda::throw_cublas_error(conveyor_status_, #call, __FILE__, __LINE__); \
   } while (0)
 

@@ -13,9 +13,9 @@ namespace conveyor::kernels::cuda {
 struct CudaContext {
   cudaStream_t stream = nullptr;
   cublasLtHandle_t cublaslt = nullptr;
-  void* workspace = nullptr;        // device memory for cuBLASLt, may be null
+  void* workspace = nullptr;  // device memory for cuBLASLt, may be null
   size_t workspace_bytes = 0;
-  bool allow_tf32 = false;          // fp32 GEMMs may use TF32 tensor cores
+  bool allow_tf32 = false;  // fp32 GEMMs may use TF32 tensor cores
 };
 
 }  // namespace conveyor::kernels::cuda

@@ -7,9 +7,8 @@
 // agree bit for bit when each addition is exactly rounded.
 // Token ids must lie in [0, vocab) (callers validate); the kernels never read or write out of
 // bounds for bad ids: forward writes NaN rows, backward skips them.
-#include <cub/device/device_radix_sort.cuh>
-
 #include <climits>
+#include <cub/device/device_radix_sort.cuh>
 
 #include "kernels/cuda_util.cuh"
 #include "kernels/embedding.h"
@@ -90,8 +89,8 @@ size_t sort_temp_bytes(int n, int end_bit) {
 }
 
 void check_rows(int64_t n) {
-  detail::require(n <= INT_MAX, "embedding_backward: at most 2^31-1 tokens per call, got " +
-                                    std::to_string(n));
+  detail::require(n <= INT_MAX,
+                  "embedding_backward: at most 2^31-1 tokens per call, got " + std::to_string(n));
 }
 
 }  // namespace
@@ -121,15 +120,15 @@ size_t embedding_backward_scratch_bytes(int64_t n) {
 }
 
 void embedding_backward(const CudaContext& ctx, float* dtable, const float* dy,
-                        const int32_t* tokens, int64_t n, int64_t c, int64_t vocab,
-                        void* scratch) {
+                        const int32_t* tokens, int64_t n, int64_t c, int64_t vocab, void* scratch) {
   detail::require_nonnegative("embedding_backward", "n", n);
   detail::require_nonnegative("embedding_backward", "c", c);
   detail::require_nonnegative("embedding_backward", "vocab", vocab);
   if (n == 0 || c == 0) return;
   check_rows(n);
-  detail::require(scratch != nullptr, "embedding_backward: scratch is null; allocate "
-                                      "embedding_backward_scratch_bytes(n) bytes");
+  detail::require(scratch != nullptr,
+                  "embedding_backward: scratch is null; allocate "
+                  "embedding_backward_scratch_bytes(n) bytes");
   const int items = static_cast<int>(n);
   const size_t array_bytes = align_up(static_cast<size_t>(n) * sizeof(int32_t));
   char* base = static_cast<char*>(scratch);
@@ -156,8 +155,8 @@ void embedding_backward(const CudaContext& ctx, float* dtable, const float* dy,
                                                       end_bit, ctx.stream));
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(n, 132 * 16));
   const int block = static_cast<int>(std::min<int64_t>(kBlock, (c + 31) / 32 * 32));
-  embedding_segment_sum_kernel<<<grid, block, 0, ctx.stream>>>(
-      dtable, dy, keys_out, positions_out, n, c, vocab, invalid_key);
+  embedding_segment_sum_kernel<<<grid, block, 0, ctx.stream>>>(dtable, dy, keys_out, positions_out,
+                                                               n, c, vocab, invalid_key);
   CONVEYOR_CUDA_CHECK_LAUNCH();
 }
 

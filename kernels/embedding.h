@@ -11,8 +11,8 @@ namespace conveyor::kernels::cpu {
 
 void embedding_forward(float* y, const int32_t* tokens, const float* table, int64_t n, int64_t c,
                        int64_t vocab);
-void embedding_backward(float* dtable, const float* dy, const int32_t* tokens, int64_t n,
-                        int64_t c, int64_t vocab);
+void embedding_backward(float* dtable, const float* dy, const int32_t* tokens, int64_t n, int64_t c,
+                        int64_t vocab);
 
 }  // namespace conveyor::kernels::cpu
 

@@ -18,8 +18,8 @@ __device__ __forceinline__ float uniform_value(uint32_t word, float low, float r
 
 // Thread g produces elements 4g .. 4g+3 from the Philox block with counter g.
 __global__ void init_uniform_kernel(float* __restrict__ out, int64_t n, uint32_t seed_lo,
-                                    uint32_t seed_hi, uint32_t key_lo, uint32_t key_hi,
-                                    float low, float high, bool vec) {
+                                    uint32_t seed_hi, uint32_t key_lo, uint32_t key_hi, float low,
+                                    float high, bool vec) {
   const float range = __fsub_rn(high, low);
   const int64_t groups = (n + 3) / 4;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;

@@ -31,8 +31,7 @@ uint64_t parameter_key(std::string_view name);
 struct Philox4 {
   uint32_t v[4];
 };
-Philox4 philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0,
-                      uint32_t k1);
+Philox4 philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0, uint32_t k1);
 
 }  // namespace conveyor::kernels
 

@@ -83,8 +83,7 @@ __global__ void layernorm_backward_input_kernel(float* dx, const float* dy,
                                                 const float* __restrict__ x,
                                                 const float* __restrict__ mean,
                                                 const float* __restrict__ rstd,
-                                                const float* __restrict__ gamma, int64_t n,
-                                                int c) {
+                                                const float* __restrict__ gamma, int64_t n, int c) {
   const int lane = threadIdx.x & 31;
   const int64_t warps_total = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
@@ -140,13 +139,10 @@ constexpr int kTileCols = 32;
 constexpr int kTileRows = 8;
 
 // Stage 1: block (32, 8) covers columns [32·bx, 32·bx + 32) of row chunk `by`.
-__global__ void layernorm_weight_partials_kernel(float* __restrict__ partial_g,
-                                                 float* __restrict__ partial_b,
-                                                 const float* __restrict__ dy,
-                                                 const float* __restrict__ x,
-                                                 const float* __restrict__ mean,
-                                                 const float* __restrict__ rstd, int64_t n,
-                                                 int c, int64_t rows_per_chunk) {
+__global__ void layernorm_weight_partials_kernel(
+    float* __restrict__ partial_g, float* __restrict__ partial_b, const float* __restrict__ dy,
+    const float* __restrict__ x, const float* __restrict__ mean, const float* __restrict__ rstd,
+    int64_t n, int c, int64_t rows_per_chunk) {
   __shared__ float sg[kTileRows][kTileCols + 1];
   __shared__ float sb[kTileRows][kTileCols + 1];
   const int tx = threadIdx.x, ty = threadIdx.y;
@@ -178,8 +174,7 @@ __global__ void layernorm_weight_partials_kernel(float* __restrict__ partial_g,
 }
 
 // Stage 2: one thread per column sums the chunk partials in chunk order.
-__global__ void layernorm_weight_final_kernel(float* __restrict__ dgamma,
-                                              float* __restrict__ dbeta,
+__global__ void layernorm_weight_final_kernel(float* __restrict__ dgamma, float* __restrict__ dbeta,
                                               const float* __restrict__ partial_g,
                                               const float* __restrict__ partial_b, int c,
                                               int chunks) {
@@ -228,17 +223,17 @@ void layernorm_backward_input(const CudaContext& ctx, float* dx, const float* dy
   const bool vec = c % 4 == 0 && detail::aligned16(dx) && detail::aligned16(dy) &&
                    detail::aligned16(x) && detail::aligned16(gamma);
   if (vec)
-    layernorm_backward_input_kernel<true><<<grid, kRowBlock, 0, ctx.stream>>>(
-        dx, dy, x, mean, rstd, gamma, n, static_cast<int>(c));
+    layernorm_backward_input_kernel<true>
+        <<<grid, kRowBlock, 0, ctx.stream>>>(dx, dy, x, mean, rstd, gamma, n, static_cast<int>(c));
   else
-    layernorm_backward_input_kernel<false><<<grid, kRowBlock, 0, ctx.stream>>>(
-        dx, dy, x, mean, rstd, gamma, n, static_cast<int>(c));
+    layernorm_backward_input_kernel<false>
+        <<<grid, kRowBlock, 0, ctx.stream>>>(dx, dy, x, mean, rstd, gamma, n, static_cast<int>(c));
   CONVEYOR_CUDA_CHECK_LAUNCH();
 }
 
-void layernorm_backward_weight(const CudaContext& ctx, float* dgamma, float* dbeta,
-                               const float* dy, const float* x, const float* mean,
-                               const float* rstd, int64_t n, int64_t c) {
+void layernorm_backward_weight(const CudaContext& ctx, float* dgamma, float* dbeta, const float* dy,
+                               const float* x, const float* mean, const float* rstd, int64_t n,
+                               int64_t c) {
   check_shape("layernorm_backward_weight", n, c);
   if (n == 0) return;
   // Chunks fill about four waves of an H200; a chunk keeps at least 8 rows per thread row.

@@ -25,9 +25,9 @@ void layernorm_forward(const CudaContext& ctx, float* y, float* mean, float* rst
 void layernorm_backward_input(const CudaContext& ctx, float* dx, const float* dy, const float* x,
                               const float* mean, const float* rstd, const float* gamma, int64_t n,
                               int64_t c);
-void layernorm_backward_weight(const CudaContext& ctx, float* dgamma, float* dbeta,
-                               const float* dy, const float* x, const float* mean,
-                               const float* rstd, int64_t n, int64_t c);
+void layernorm_backward_weight(const CudaContext& ctx, float* dgamma, float* dbeta, const float* dy,
+                               const float* x, const float* mean, const float* rstd, int64_t n,
+                               int64_t c);
 
 }  // namespace conveyor::kernels::cuda
 #endif

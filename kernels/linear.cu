@@ -81,8 +81,8 @@ bool try_gemm(const CudaContext& ctx, const Gemm& g, cublasComputeType_t compute
     const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
     CONVEYOR_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.h, CUBLASLT_MATMUL_DESC_EPILOGUE,
                                                          &epilogue, sizeof(epilogue)));
-    CONVEYOR_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
-        desc.h, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof(g.bias)));
+    CONVEYOR_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.h, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                         &g.bias, sizeof(g.bias)));
   }
   const bool ta = g.trans_a == CUBLAS_OP_T, tb = g.trans_b == CUBLAS_OP_T;
   Layout a_layout(ta ? g.k : g.m, ta ? g.m : g.k, g.lda);
@@ -92,8 +92,7 @@ bool try_gemm(const CudaContext& ctx, const Gemm& g, cublasComputeType_t compute
   Preference pref;
   const uint64_t workspace_bytes = ctx.workspace != nullptr ? ctx.workspace_bytes : 0;
   CONVEYOR_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-      pref.h, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
-      sizeof(workspace_bytes)));
+      pref.h, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes, sizeof(workspace_bytes)));
   const uint32_t align_a = alignment_of(g.a), align_b = alignment_of(g.b),
                  align_d = alignment_of(g.d);
   CONVEYOR_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
@@ -107,9 +106,9 @@ bool try_gemm(const CudaContext& ctx, const Gemm& g, cublasComputeType_t compute
 
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
-      ctx.cublaslt, desc.h, a_layout.h, b_layout.h, d_layout.h, d_layout.h, pref.h, 1, &result,
-      &found);
+  const cublasStatus_t status =
+      cublasLtMatmulAlgoGetHeuristic(ctx.cublaslt, desc.h, a_layout.h, b_layout.h, d_layout.h,
+                                     d_layout.h, pref.h, 1, &result, &found);
   if (status == CUBLAS_STATUS_NOT_SUPPORTED || (status == CUBLAS_STATUS_SUCCESS && found == 0))
     return false;
   CONVEYOR_CUBLAS_CHECK(status);
@@ -202,8 +201,8 @@ void accumulate_column_sums(const CudaContext& ctx, float* db, const float* dy, 
   detail::StreamScratch scratch(ctx, static_cast<size_t>(chunks * out) * sizeof(float));
   float* partial = scratch.as<float>();
   const dim3 grid1(static_cast<unsigned>(col_tiles), static_cast<unsigned>(chunks));
-  column_partials_kernel<<<grid1, dim3(kTileCols, kTileRows), 0, ctx.stream>>>(partial, dy, n,
-                                                                               out, rows_per_chunk);
+  column_partials_kernel<<<grid1, dim3(kTileCols, kTileRows), 0, ctx.stream>>>(partial, dy, n, out,
+                                                                               rows_per_chunk);
   CONVEYOR_CUDA_CHECK_LAUNCH();
   column_final_kernel<<<static_cast<unsigned>((out + 255) / 256), 256, 0, ctx.stream>>>(
       db, partial, out, static_cast<int>(chunks));

@@ -74,8 +74,8 @@ struct SgdOp {
 };
 
 template <class Op>
-__global__ void __launch_bounds__(kBlock) multi_tensor_kernel(const __grid_constant__ TensorTable t,
-                                                              Op op) {
+__global__ void __launch_bounds__(kBlock)
+    multi_tensor_kernel(const __grid_constant__ TensorTable t, Op op) {
   const int64_t total = t.start[t.count];
   const int64_t chunks = (total + kChunk - 1) / kChunk;
   for (int64_t chunk = blockIdx.x; chunk < chunks; chunk += gridDim.x) {
@@ -102,8 +102,8 @@ __global__ void __launch_bounds__(kBlock) multi_tensor_kernel(const __grid_const
 }
 
 template <class Op>
-void apply(const char* who, const CudaContext& ctx, const OptimizerTensor* tensors,
-           int64_t count, Op op, bool needs_state0, bool needs_state1) {
+void apply(const char* who, const CudaContext& ctx, const OptimizerTensor* tensors, int64_t count,
+           Op op, bool needs_state0, bool needs_state1) {
   std::vector<const OptimizerTensor*> live;
   for (int64_t i = 0; i < count; ++i) {
     const OptimizerTensor& t = tensors[i];

@@ -27,8 +27,8 @@ struct AdamWParams {
   float beta2 = 0.95f;
   float eps = 1e-8f;
   float weight_decay = 0.0f;
-  int64_t step = 1;          // 1-based step count t, for bias correction
-  float grad_scale = 1.0f;   // clipping factor applied to gradients
+  int64_t step = 1;         // 1-based step count t, for bias correction
+  float grad_scale = 1.0f;  // clipping factor applied to gradients
 };
 
 struct SgdParams {

@@ -17,9 +17,9 @@ __host__ __device__ __forceinline__ uint32_t mulhi32(uint32_t a, uint32_t b) {
 #endif
 }
 
-__host__ __device__ __forceinline__ PhiloxWords philox4x32_10(uint32_t c0, uint32_t c1,
-                                                             uint32_t c2, uint32_t c3,
-                                                             uint32_t k0, uint32_t k1) {
+__host__ __device__ __forceinline__ PhiloxWords philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2,
+                                                              uint32_t c3, uint32_t k0,
+                                                              uint32_t k1) {
   constexpr uint32_t kMul0 = 0xD2511F53u, kMul1 = 0xCD9E8D57u;
   constexpr uint32_t kWeyl0 = 0x9E3779B9u, kWeyl1 = 0xBB67AE85u;
 #ifdef __CUDA_ARCH__

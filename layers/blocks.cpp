@@ -16,8 +16,8 @@ enum HeadSlot : size_t { kLogitGrad = 0 };
 
 }  // namespace
 
-MlpBlock::MlpBlock(std::string name, int64_t width, int64_t hidden,
-                   ops::ActivationKind activation, float eps)
+MlpBlock::MlpBlock(std::string name, int64_t width, int64_t hidden, ops::ActivationKind activation,
+                   float eps)
     : name_(std::move(name)),
       ln_(name_ + ".ln", width, eps),
       fc1_(name_ + ".fc1", width, hidden),

@@ -38,8 +38,8 @@ struct SavedTensors {
 
 // Per micro-batch inputs that only some layers read (the loss head reads the targets).
 struct MicroBatchInputs {
-  Tensor targets;            // i32 [n]
-  float loss_scale = 1.0f;   // d(step loss)/d(token loss): 1 / valid tokens of the step
+  Tensor targets;           // i32 [n]
+  float loss_scale = 1.0f;  // d(step loss)/d(token loss): 1 / valid tokens of the step
   int32_t ignore_index = -1;
 };
 

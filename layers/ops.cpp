@@ -110,9 +110,7 @@ void linear_backward_weight(DeviceContext& ctx, const Tensor& dweight, const Ten
   }
   dispatch(
       ctx,
-      [&] {
-        kernels::cpu::linear_backward_weight(f32(dweight), db, f32(dy), f32(x), n, in, out);
-      },
+      [&] { kernels::cpu::linear_backward_weight(f32(dweight), db, f32(dy), f32(x), n, in, out); },
       CONVEYOR_CUDA_LAMBDA(kernels::cuda::linear_backward_weight(cu, f32(dweight), db, f32(dy),
                                                                  f32(x), n, in, out)));
 }
@@ -128,8 +126,7 @@ const char* activation_name(ActivationKind kind) {
   return kind == ActivationKind::GELU ? "gelu" : "relu";
 }
 
-void activation_forward(DeviceContext& ctx, ActivationKind kind, const Tensor& y,
-                        const Tensor& x) {
+void activation_forward(DeviceContext& ctx, ActivationKind kind, const Tensor& y, const Tensor& x) {
   check_operand(ctx, x, DType::F32, "activation input");
   check_operand(ctx, y, DType::F32, "activation output");
   check_shape(y, x.shape(), "activation output");
@@ -137,8 +134,10 @@ void activation_forward(DeviceContext& ctx, ActivationKind kind, const Tensor& y
   dispatch(
       ctx,
       [&] {
-        if (kind == ActivationKind::GELU) kernels::cpu::gelu_forward(f32(y), f32(x), n);
-        else kernels::cpu::relu_forward(f32(y), f32(x), n);
+        if (kind == ActivationKind::GELU)
+          kernels::cpu::gelu_forward(f32(y), f32(x), n);
+        else
+          kernels::cpu::relu_forward(f32(y), f32(x), n);
       },
       CONVEYOR_CUDA_LAMBDA(if (kind == ActivationKind::GELU)
                                kernels::cuda::gelu_forward(cu, f32(y), f32(x), n);
@@ -156,8 +155,10 @@ void activation_backward(DeviceContext& ctx, ActivationKind kind, const Tensor& 
   dispatch(
       ctx,
       [&] {
-        if (kind == ActivationKind::GELU) kernels::cpu::gelu_backward(f32(dx), f32(dy), f32(x), n);
-        else kernels::cpu::relu_backward(f32(dx), f32(dy), f32(x), n);
+        if (kind == ActivationKind::GELU)
+          kernels::cpu::gelu_backward(f32(dx), f32(dy), f32(x), n);
+        else
+          kernels::cpu::relu_backward(f32(dx), f32(dy), f32(x), n);
       },
       CONVEYOR_CUDA_LAMBDA(if (kind == ActivationKind::GELU)
                                kernels::cuda::gelu_backward(cu, f32(dx), f32(dy), f32(x), n);
@@ -183,12 +184,11 @@ void layernorm_forward(DeviceContext& ctx, const Tensor& y, const Tensor& mean, 
   dispatch(
       ctx,
       [&] {
-        kernels::cpu::layernorm_forward(f32(y), f32(mean), f32(rstd), f32(x), f32(gamma),
-                                        f32(beta), n, c, eps);
+        kernels::cpu::layernorm_forward(f32(y), f32(mean), f32(rstd), f32(x), f32(gamma), f32(beta),
+                                        n, c, eps);
       },
-      CONVEYOR_CUDA_LAMBDA(kernels::cuda::layernorm_forward(cu, f32(y), f32(mean), f32(rstd),
-                                                            f32(x), f32(gamma), f32(beta), n, c,
-                                                            eps)));
+      CONVEYOR_CUDA_LAMBDA(kernels::cuda::layernorm_forward(
+          cu, f32(y), f32(mean), f32(rstd), f32(x), f32(gamma), f32(beta), n, c, eps)));
 }
 
 namespace {
@@ -242,8 +242,8 @@ void layernorm_backward_weight(DeviceContext& ctx, const Tensor& dgamma, const T
   dispatch(
       ctx,
       [&] {
-        kernels::cpu::layernorm_backward_weight(f32(dgamma), f32(dbeta), f32(dy), f32(x),
-                                                f32(mean), f32(rstd), n, c);
+        kernels::cpu::layernorm_backward_weight(f32(dgamma), f32(dbeta), f32(dy), f32(x), f32(mean),
+                                                f32(rstd), n, c);
       },
       CONVEYOR_CUDA_LAMBDA(kernels::cuda::layernorm_backward_weight(
           cu, f32(dgamma), f32(dbeta), f32(dy), f32(x), f32(mean), f32(rstd), n, c)));
@@ -295,12 +295,12 @@ void softmax_cross_entropy(DeviceContext& ctx, const Tensor& losses, const Tenso
   dispatch(
       ctx,
       [&] {
-        kernels::cpu::softmax_cross_entropy(f32(losses), f32(dlogits), f32(logits), i32(targets),
-                                            n, vocab, ignore_index, grad_scale);
+        kernels::cpu::softmax_cross_entropy(f32(losses), f32(dlogits), f32(logits), i32(targets), n,
+                                            vocab, ignore_index, grad_scale);
       },
-      CONVEYOR_CUDA_LAMBDA(kernels::cuda::softmax_cross_entropy(
-          cu, f32(losses), f32(dlogits), f32(logits), i32(targets), n, vocab, ignore_index,
-          grad_scale)));
+      CONVEYOR_CUDA_LAMBDA(kernels::cuda::softmax_cross_entropy(cu, f32(losses), f32(dlogits),
+                                                                f32(logits), i32(targets), n, vocab,
+                                                                ignore_index, grad_scale)));
 }
 
 namespace {
@@ -320,9 +320,9 @@ std::vector<double> reduce_each(DeviceContext& ctx, const std::vector<Tensor>& x
       ctx,
       [&] {
         for (size_t i = 0; i < xs.size(); ++i)
-          results[i] = reduction == Reduction::Sum ? kernels::cpu::sum(f32(xs[i]), xs[i].numel())
-                                                   : kernels::cpu::sum_squares(f32(xs[i]),
-                                                                               xs[i].numel());
+          results[i] = reduction == Reduction::Sum
+                           ? kernels::cpu::sum(f32(xs[i]), xs[i].numel())
+                           : kernels::cpu::sum_squares(f32(xs[i]), xs[i].numel());
       },
       CONVEYOR_CUDA_LAMBDA({
         // One double per tensor; the launches share one scratch, which the stream orders.

@@ -13,7 +13,7 @@ namespace conveyor {
 
 struct InitSpec {
   enum class Kind { Uniform, Constant } kind = Kind::Constant;
-  float low = 0.0f;   // Uniform: [low, high); Constant: the value is `low`
+  float low = 0.0f;  // Uniform: [low, high); Constant: the value is `low`
   float high = 0.0f;
 
   static InitSpec uniform(float bound) { return {Kind::Uniform, -bound, bound}; }
@@ -26,7 +26,7 @@ struct Parameter {
   InitSpec init;
   bool weight_decay = true;  // matrices decay; biases and norm gains do not
   Tensor value;
-  Tensor grad;               // accumulates (+=) over the micro-batches of a step
+  Tensor grad;  // accumulates (+=) over the micro-batches of a step
 
   // Allocates value and grad on `ctx`, initialises value from (seed, name) and zeroes grad.
   void materialize(DeviceContext& ctx, uint64_t seed);

@@ -1,7 +1,6 @@
 // The `conveyor` command line: `train`, `schedule`, ... Each subcommand registers itself with
 // CLI11 and runs from its callback; errors end here as one line and a non-zero exit.
 #include <CLI/CLI.hpp>
-
 #include <cstdio>
 #include <exception>
 

@@ -40,9 +40,12 @@ std::string human_bytes(double bytes) {
 
 std::string human_rate(double per_second) {
   char buf[32];
-  if (per_second >= 1e6) std::snprintf(buf, sizeof buf, "%.2fM", per_second / 1e6);
-  else if (per_second >= 1e3) std::snprintf(buf, sizeof buf, "%.1fk", per_second / 1e3);
-  else std::snprintf(buf, sizeof buf, "%.0f", per_second);
+  if (per_second >= 1e6)
+    std::snprintf(buf, sizeof buf, "%.2fM", per_second / 1e6);
+  else if (per_second >= 1e3)
+    std::snprintf(buf, sizeof buf, "%.1fk", per_second / 1e3);
+  else
+    std::snprintf(buf, sizeof buf, "%.0f", per_second);
   return buf;
 }
 
@@ -53,11 +56,10 @@ void print_pipeline(Trainer& trainer) {
               trainer.executor().uses_nccl() ? "nccl" : "in-process");
   const auto& ranges = trainer.stage_ranges();
   for (size_t s = 0; s < ranges.size(); ++s)
-    std::printf(" %zu:[%lld,%lld)@%s", s, static_cast<long long>(ranges[s].begin),
-                static_cast<long long>(ranges[s].end),
-                trainer.rank_devices()[sched.placement.rank_of(static_cast<int>(s))]
-                    .to_string()
-                    .c_str());
+    std::printf(
+        " %zu:[%lld,%lld)@%s", s, static_cast<long long>(ranges[s].begin),
+        static_cast<long long>(ranges[s].end),
+        trainer.rank_devices()[sched.placement.rank_of(static_cast<int>(s))].to_string().c_str());
   std::printf("\n");
 }
 
@@ -66,13 +68,13 @@ void print_pipeline(Trainer& trainer) {
 void report_bubble(Trainer& trainer, const PipelineStepResult& last, const std::string& trace) {
   const auto& sched = trainer.executor().schedule();
   const schedule::SimResult measured = summarize_timing(sched, last.timing);
-  const schedule::SimResult predicted = schedule::simulate(sched, measured_costs(sched, last.timing));
+  const schedule::SimResult predicted =
+      schedule::simulate(sched, measured_costs(sched, last.timing));
   std::printf("bubble last step: measured %.3f, simulated %.3f |", measured.bubble_fraction,
               predicted.bubble_fraction);
   for (int r = 0; r < sched.num_ranks(); ++r) {
     const double m_idle = measured.makespan > 0 ? measured.ranks[r].idle / measured.makespan : 0;
-    const double p_idle =
-        predicted.makespan > 0 ? predicted.ranks[r].idle / predicted.makespan : 0;
+    const double p_idle = predicted.makespan > 0 ? predicted.ranks[r].idle / predicted.makespan : 0;
     std::printf(" r%d %.3f (%.3f)", r, m_idle, p_idle);
   }
   std::printf("\n");
@@ -93,10 +95,14 @@ TrainConfig resolve_config(TrainFlags& f, const CLI::App& cmd) {
   }
   if (cmd.count("--d-model")) config.model.d_model = f.d_model;
   if (cmd.count("--layers")) config.model.n_layers = f.layers;
-  if (cmd.count("--hidden")) config.model.hidden = f.hidden;
-  else if (cmd.count("--d-model")) config.model.hidden = 4 * f.d_model;
-  if (cmd.count("--vocab")) config.model.vocab = f.vocab;
-  else if (!config.data_path.empty() && config.model.vocab < 256) config.model.vocab = 256;
+  if (cmd.count("--hidden"))
+    config.model.hidden = f.hidden;
+  else if (cmd.count("--d-model"))
+    config.model.hidden = 4 * f.d_model;
+  if (cmd.count("--vocab"))
+    config.model.vocab = f.vocab;
+  else if (!config.data_path.empty() && config.model.vocab < 256)
+    config.model.vocab = 256;
   if (cmd.count("--activation")) config.model.activation = ops::parse_activation(f.activation);
   if (f.memory_limit_mb < 0) throw UsageError("--memory-limit-mb must be >= 0");
   config.memory_limit_bytes = static_cast<size_t>(f.memory_limit_mb * 1024.0 * 1024.0);
@@ -155,9 +161,12 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
     last_loss = st.loss;
     if (s > config.steps - tail) tail_loss += st.loss / static_cast<double>(tail);
     if (json_log.is_open()) {
-      nlohmann::json row = {{"step", st.step},           {"loss", st.loss},
-                            {"tokens", st.tokens},       {"seconds", st.seconds},
-                            {"lr", st.lr},               {"grad_norm", st.grad_norm},
+      nlohmann::json row = {{"step", st.step},
+                            {"loss", st.loss},
+                            {"tokens", st.tokens},
+                            {"seconds", st.seconds},
+                            {"lr", st.lr},
+                            {"grad_norm", st.grad_norm},
                             {"peak_bytes", st.peak_bytes}};
       json_log << row.dump() << '\n';
     }
@@ -240,7 +249,8 @@ void register_train_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--timeout", flags->timeout_s, "Seconds a rank waits for a peer before failing")
       ->capture_default_str();
-  cmd->add_option("--trace", flags->trace, "Write the last step's measured timeline (Chrome trace)");
+  cmd->add_option("--trace", flags->trace,
+                  "Write the last step's measured timeline (Chrome trace)");
   cmd->callback([flags, cmd] { run_train(*flags, *cmd); });
 }
 

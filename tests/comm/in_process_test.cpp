@@ -1,10 +1,11 @@
 // The in-process transport: FIFO per link, copies on send, all-reduce in rank order, and
 // failure instead of a hang (timeouts, aborts, mismatched messages).
+#include "comm/in_process.h"
+
 #include <gtest/gtest.h>
 
 #include <thread>
 
-#include "comm/in_process.h"
 #include "common/test_util.h"
 #include "engine/device_context.h"
 

@@ -31,8 +31,7 @@ inline std::vector<int32_t> random_ints(size_t n, uint64_t seed, int32_t low, in
 
 // |actual - expected| <= atol + rtol * |expected| for every element; reports the worst one.
 template <class A, class E>
-::testing::AssertionResult all_close(const A& actual, const E& expected, double rtol,
-                                     double atol) {
+::testing::AssertionResult all_close(const A& actual, const E& expected, double rtol, double atol) {
   if (actual.size() != expected.size())
     return ::testing::AssertionFailure()
            << "size " << actual.size() << " != expected " << expected.size();
@@ -49,16 +48,15 @@ template <class A, class E>
   }
   if (worst_excess > 0.0)
     return ::testing::AssertionFailure()
-           << "element " << worst << ": got " << static_cast<double>(actual[worst])
-           << ", expected " << static_cast<double>(expected[worst]) << " (rtol " << rtol
-           << ", atol " << atol << ")";
+           << "element " << worst << ": got " << static_cast<double>(actual[worst]) << ", expected "
+           << static_cast<double>(expected[worst]) << " (rtol " << rtol << ", atol " << atol << ")";
   return ::testing::AssertionSuccess();
 }
 
 }  // namespace conveyor::testing
 
 // Skips (reported as skipped by ctest) when no CUDA device is present.
-#define CONVEYOR_REQUIRE_GPU()                                             \
-  do {                                                                     \
+#define CONVEYOR_REQUIRE_GPU()                                                  \
+  do {                                                                          \
     if (::conveyor::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device"; \
   } while (0)

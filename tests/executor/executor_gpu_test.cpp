@@ -80,7 +80,8 @@ TEST(ExecutorGpu, OneStageCudaRunAgreesWithTheCpuRun) {
 
 #ifdef CONVEYOR_WITH_CUDA
 // The NCCL transport under the executor, set through set_transports (on one GPU the
-// automatic choice is the in-process transport). One GPU: a one-rank clique, whose all-reduce must be the identity.
+// automatic choice is the in-process transport). One GPU: a one-rank clique, whose all-reduce must
+// be the identity.
 TEST(ExecutorGpu, NcclTransportOnOneRankGivesTheInProcessResultBitwise) {
   CONVEYOR_REQUIRE_GPU();
   for (int m : {1, 4}) {

@@ -1,13 +1,14 @@
 // The executor on the CPU backend: every generated schedule gives bitwise the losses,
 // gradients and weights of the one-stage run; activation memory follows the IR's
 // in-flight prediction; broken schedules and failing ranks end in errors, never hangs.
+#include "engine/executor.h"
+
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <chrono>
 
 #include "comm/in_process.h"
-#include "engine/executor.h"
 #include "engine/schedule/generators.h"
 #include "engine/schedule/validator.h"
 #include "tests/executor/executor_fixture.h"
@@ -36,8 +37,8 @@ TEST(Executor, EveryScheduleMatchesTheOneStageRunBitwise) {
         } catch (const schedule::ScheduleError&) {
           continue;  // not defined for these values (interleaved needs m % p == 0)
         }
-        SCOPED_TRACE(std::string(schedule::schedule_kind_name(kind)) + " p=" +
-                     std::to_string(p) + " m=" + std::to_string(m));
+        SCOPED_TRACE(std::string(schedule::schedule_kind_name(kind)) + " p=" + std::to_string(p) +
+                     " m=" + std::to_string(m));
         auto ex = make_executor(std::move(sched));
         const RunRecord got = run_two_steps(*ex, m);
         const RunRecord& want = reference[m];

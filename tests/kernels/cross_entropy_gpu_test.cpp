@@ -21,7 +21,7 @@ constexpr int32_t kIgnore = -100;
 struct Shape {
   int64_t n, vocab;
 };
-constexpr Shape kShapes[] = {{1, 1},    {3, 3},    {17, 17},  {5, 33},    {4, 127},
+constexpr Shape kShapes[] = {{1, 1},    {3, 3},    {17, 17},   {5, 33},    {4, 127},
                              {8, 1000}, {3, 4097}, {6, 32768}, {2, 50257}, {300, 64}};
 
 TEST(CrossEntropyGpu, MatchesCpuOutOfPlaceAndInPlace) {
@@ -34,8 +34,8 @@ TEST(CrossEntropyGpu, MatchesCpuOutOfPlaceAndInPlace) {
                    " pad=" + std::to_string(pad));
       const size_t total = static_cast<size_t>(s.n * s.vocab);
       const auto logits = random_floats(total, seed++, -6.0f, 6.0f);
-      auto targets = random_ints(static_cast<size_t>(s.n), seed++, 0,
-                                 static_cast<int32_t>(s.vocab - 1));
+      auto targets =
+          random_ints(static_cast<size_t>(s.n), seed++, 0, static_cast<int32_t>(s.vocab - 1));
       int valid = 0;
       for (size_t i = 0; i < targets.size(); ++i) {
         if (i % 3 == 1) targets[i] = kIgnore;  // every third row is padding
@@ -50,8 +50,8 @@ TEST(CrossEntropyGpu, MatchesCpuOutOfPlaceAndInPlace) {
       DeviceBuffer<float> d_logits(logits, pad), d_dlogits(total, pad), d_loss(s.n);
       DeviceBuffer<int32_t> d_targets(targets);
       kernels::cuda::softmax_cross_entropy(gpu.ctx(), d_loss.data(), d_dlogits.data(),
-                                           d_logits.data(), d_targets.data(), s.n, s.vocab,
-                                           kIgnore, grad_scale);
+                                           d_logits.data(), d_targets.data(), s.n, s.vocab, kIgnore,
+                                           grad_scale);
       const auto loss = d_loss.download();
       const auto dlogits = d_dlogits.download();
       EXPECT_TRUE(all_close(loss, loss_ref, 1e-5, 1e-5));
@@ -65,8 +65,8 @@ TEST(CrossEntropyGpu, MatchesCpuOutOfPlaceAndInPlace) {
 
       // In place over the logits: the same bits as out of place.
       kernels::cuda::softmax_cross_entropy(gpu.ctx(), d_loss.data(), d_logits.data(),
-                                           d_logits.data(), d_targets.data(), s.n, s.vocab,
-                                           kIgnore, grad_scale);
+                                           d_logits.data(), d_targets.data(), s.n, s.vocab, kIgnore,
+                                           grad_scale);
       EXPECT_TRUE(bitwise_equal(d_logits.download(), dlogits));
       EXPECT_TRUE(bitwise_equal(d_loss.download(), loss));
     }
@@ -81,8 +81,8 @@ TEST(CrossEntropyGpu, LargeLogitsStayFinite) {
   for (size_t i = 0; i < logits.size(); i += 97) logits[i] = 80.0f;  // exp would overflow
   const auto targets = random_ints(static_cast<size_t>(n), 32, 0, static_cast<int32_t>(vocab - 1));
   std::vector<float> loss_ref(n), dl_ref(logits.size());
-  kernels::cpu::softmax_cross_entropy(loss_ref.data(), dl_ref.data(), logits.data(),
-                                      targets.data(), n, vocab, kIgnore, 1.0f);
+  kernels::cpu::softmax_cross_entropy(loss_ref.data(), dl_ref.data(), logits.data(), targets.data(),
+                                      n, vocab, kIgnore, 1.0f);
   DeviceBuffer<float> d_logits(logits), d_loss(n);
   DeviceBuffer<int32_t> d_targets(targets);
   kernels::cuda::softmax_cross_entropy(gpu.ctx(), d_loss.data(), d_logits.data(), d_logits.data(),

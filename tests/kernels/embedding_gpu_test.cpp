@@ -21,9 +21,9 @@ struct Shape {
   int64_t n, c, vocab;
 };
 // Small vocabularies give long runs of repeated tokens; c covers odd and vector widths.
-constexpr Shape kShapes[] = {{1, 1, 1},      {3, 3, 2},      {17, 17, 5},    {33, 33, 1000},
-                             {127, 4, 7},    {1000, 128, 50}, {300, 4097, 3}, {4096, 64, 32768},
-                             {20000, 8, 100000}};
+constexpr Shape kShapes[] = {{1, 1, 1},      {3, 3, 2},         {17, 17, 5},
+                             {33, 33, 1000}, {127, 4, 7},       {1000, 128, 50},
+                             {300, 4097, 3}, {4096, 64, 32768}, {20000, 8, 100000}};
 
 TEST(EmbeddingGpu, ForwardMatchesCpuExactly) {
   CONVEYOR_REQUIRE_GPU();
@@ -33,16 +33,16 @@ TEST(EmbeddingGpu, ForwardMatchesCpuExactly) {
     for (size_t pad : {size_t{0}, size_t{1}}) {
       SCOPED_TRACE("n=" + std::to_string(s.n) + " c=" + std::to_string(s.c));
       const auto table = random_floats(static_cast<size_t>(s.vocab * s.c), seed++);
-      const auto tokens = random_ints(static_cast<size_t>(s.n), seed++, 0,
-                                      static_cast<int32_t>(s.vocab - 1));
+      const auto tokens =
+          random_ints(static_cast<size_t>(s.n), seed++, 0, static_cast<int32_t>(s.vocab - 1));
       std::vector<float> ref(static_cast<size_t>(s.n * s.c));
       kernels::cpu::embedding_forward(ref.data(), tokens.data(), table.data(), s.n, s.c, s.vocab);
       // pad also puts the token ids at an odd 4-byte offset, as slice_rows of the [m, n]
       // token tensor does for odd n.
       DeviceBuffer<float> d_table(table, pad), d_y(ref.size(), pad);
       DeviceBuffer<int32_t> d_tokens(tokens, pad);
-      kernels::cuda::embedding_forward(gpu.ctx(), d_y.data(), d_tokens.data(), d_table.data(),
-                                       s.n, s.c, s.vocab);
+      kernels::cuda::embedding_forward(gpu.ctx(), d_y.data(), d_tokens.data(), d_table.data(), s.n,
+                                       s.c, s.vocab);
       EXPECT_TRUE(bitwise_equal(d_y.download(), ref));
     }
   }
@@ -61,8 +61,8 @@ TEST(EmbeddingGpu, BackwardAccumulatesLikeCpuAndIsDeterministic) {
     DeviceBuffer<char> scratch(kernels::cuda::embedding_backward_scratch_bytes(s.n));
     for (int micro = 0; micro < 3; ++micro) {  // gradients accumulate (+=)
       const auto dy = random_floats(static_cast<size_t>(s.n * s.c), seed++);
-      const auto tokens = random_ints(static_cast<size_t>(s.n), seed++, 0,
-                                      static_cast<int32_t>(s.vocab - 1));
+      const auto tokens =
+          random_ints(static_cast<size_t>(s.n), seed++, 0, static_cast<int32_t>(s.vocab - 1));
       kernels::cpu::embedding_backward(ref.data(), dy.data(), tokens.data(), s.n, s.c, s.vocab);
       DeviceBuffer<float> d_dy(dy);
       DeviceBuffer<int32_t> d_tokens(tokens);
@@ -91,8 +91,8 @@ TEST(EmbeddingGpu, BackwardSkipsBadIdsWithoutSplittingRuns) {
                  " vocab=" + std::to_string(s.vocab));
     const auto dtable0 = random_floats(static_cast<size_t>(s.vocab * s.c), seed++);
     const auto dy = random_floats(static_cast<size_t>(s.n * s.c), seed++);
-    const auto tokens = random_ints(static_cast<size_t>(s.n), seed++, -9,
-                                    static_cast<int32_t>(3 * s.vocab + 9));
+    const auto tokens =
+        random_ints(static_cast<size_t>(s.n), seed++, -9, static_cast<int32_t>(3 * s.vocab + 9));
     // Reference: the CPU loop over positions, skipping bad ids (the CPU kernel throws on them).
     std::vector<float> ref = dtable0;
     int64_t bad = 0;
@@ -110,8 +110,8 @@ TEST(EmbeddingGpu, BackwardSkipsBadIdsWithoutSplittingRuns) {
     DeviceBuffer<float> d_dtable(dtable0), d_dtable2(dtable0), d_dy(dy);
     DeviceBuffer<int32_t> d_tokens(tokens, /*pad=*/1);
     DeviceBuffer<char> scratch(kernels::cuda::embedding_backward_scratch_bytes(s.n));
-    kernels::cuda::embedding_backward(gpu.ctx(), d_dtable.data(), d_dy.data(), d_tokens.data(),
-                                      s.n, s.c, s.vocab, scratch.data());
+    kernels::cuda::embedding_backward(gpu.ctx(), d_dtable.data(), d_dy.data(), d_tokens.data(), s.n,
+                                      s.c, s.vocab, scratch.data());
     kernels::cuda::embedding_backward(gpu.ctx(), d_dtable2.data(), d_dy.data(), d_tokens.data(),
                                       s.n, s.c, s.vocab, scratch.data());
     const auto got = d_dtable.download();

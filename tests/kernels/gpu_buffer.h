@@ -52,13 +52,15 @@ class DeviceBuffer {
     if (host.size() != size_) throw std::invalid_argument("DeviceBuffer::upload: size mismatch");
     CONVEYOR_CUDA_CHECK(cudaDeviceSynchronize());
     if (size_ > 0)
-      CONVEYOR_CUDA_CHECK(cudaMemcpy(data(), host.data(), size_ * sizeof(T), cudaMemcpyHostToDevice));
+      CONVEYOR_CUDA_CHECK(
+          cudaMemcpy(data(), host.data(), size_ * sizeof(T), cudaMemcpyHostToDevice));
   }
   std::vector<T> download() const {
     std::vector<T> host(size_);
     CONVEYOR_CUDA_CHECK(cudaDeviceSynchronize());
     if (size_ > 0)
-      CONVEYOR_CUDA_CHECK(cudaMemcpy(host.data(), data(), size_ * sizeof(T), cudaMemcpyDeviceToHost));
+      CONVEYOR_CUDA_CHECK(
+          cudaMemcpy(host.data(), data(), size_ * sizeof(T), cudaMemcpyDeviceToHost));
     return host;
   }
 

@@ -28,8 +28,7 @@ TEST(InitGpu, UniformIsBitIdenticalToCpu) {
       {17, 7, 0xffffffffffffffffull, -3.0f, 2.5f},
       {1000, 123456789, kernels::parameter_key("head.weight"), -0.02f, 0.02f},
       {4097, 99, 1ull << 40, 1.0f, 1.5f},
-      {(size_t{1} << 20) + 3, 2024, kernels::parameter_key("blocks.7.fc2.weight"), -0.01f,
-       0.01f},
+      {(size_t{1} << 20) + 3, 2024, kernels::parameter_key("blocks.7.fc2.weight"), -0.01f, 0.01f},
   };
   for (const Case& c : cases) {
     for (size_t pad : {size_t{0}, size_t{1}}) {

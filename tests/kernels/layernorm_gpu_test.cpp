@@ -18,7 +18,7 @@ using testing::random_floats;
 struct Shape {
   int64_t n, c;
 };
-constexpr Shape kShapes[] = {{1, 1},    {3, 3},     {17, 17},   {33, 33},  {5, 127},
+constexpr Shape kShapes[] = {{1, 1},     {3, 3},    {17, 17},    {33, 33},   {5, 127},
                              {64, 1000}, {7, 4097}, {300, 1024}, {2000, 64}, {1, 8192}};
 constexpr float kEps = 1e-5f;
 
@@ -52,14 +52,14 @@ TEST(LayerNormGpu, ForwardAndBackwardInputMatchCpu) {
       // Backward from the CPU's saved statistics isolates the backward kernel.
       DeviceBuffer<float> d_mean_ref(mean_ref), d_rstd_ref(rstd_ref);
       kernels::cuda::layernorm_backward_input(gpu.ctx(), d_dx.data(), d_dy.data(), d_x.data(),
-                                              d_mean_ref.data(), d_rstd_ref.data(),
-                                              d_gamma.data(), s.n, s.c);
+                                              d_mean_ref.data(), d_rstd_ref.data(), d_gamma.data(),
+                                              s.n, s.c);
       const auto dx = d_dx.download();
       EXPECT_TRUE(all_close(dx, dx_ref, 1e-4, 1e-5));
       // In place over dy: same bits.
       kernels::cuda::layernorm_backward_input(gpu.ctx(), d_dy.data(), d_dy.data(), d_x.data(),
-                                              d_mean_ref.data(), d_rstd_ref.data(),
-                                              d_gamma.data(), s.n, s.c);
+                                              d_mean_ref.data(), d_rstd_ref.data(), d_gamma.data(),
+                                              s.n, s.c);
       EXPECT_TRUE(bitwise_equal(d_dy.download(), dx));
     }
   }
@@ -106,8 +106,8 @@ TEST(LayerNormGpu, BackwardWeightAccumulatesAndIsDeterministic) {
 TEST(LayerNormGpu, EmptyBatchIsANoOp) {
   CONVEYOR_REQUIRE_GPU();
   GpuContext gpu;
-  kernels::cuda::layernorm_forward(gpu.ctx(), nullptr, nullptr, nullptr, nullptr, nullptr,
-                                   nullptr, 0, 16, kEps);
+  kernels::cuda::layernorm_forward(gpu.ctx(), nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+                                   0, 16, kEps);
   kernels::cuda::layernorm_backward_input(gpu.ctx(), nullptr, nullptr, nullptr, nullptr, nullptr,
                                           nullptr, 0, 16);
   kernels::cuda::layernorm_backward_weight(gpu.ctx(), nullptr, nullptr, nullptr, nullptr, nullptr,

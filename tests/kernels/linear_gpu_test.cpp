@@ -21,7 +21,7 @@ using testing::random_floats;
 struct Shape {
   int64_t n, in, out;
 };
-constexpr Shape kShapes[] = {{1, 1, 1},      {3, 17, 5},     {33, 127, 65},  {100, 1000, 33},
+constexpr Shape kShapes[] = {{1, 1, 1},       {3, 17, 5},    {33, 127, 65},    {100, 1000, 33},
                              {257, 64, 4097}, {64, 4097, 3}, {512, 256, 1024}, {17, 3, 1}};
 
 // Tolerances for a k-term dot product of inputs in [-1, 1]: fp32 differs from the CPU only in
@@ -53,8 +53,8 @@ void check_linear(bool tf32) {
       // Forward with bias (fused epilogue) and without.
       std::vector<float> y_ref(ny);
       kernels::cpu::linear_forward(y_ref.data(), x.data(), w.data(), b.data(), s.n, s.in, s.out);
-      kernels::cuda::linear_forward(gpu.ctx(), d_y.data(), d_x.data(), d_w.data(), d_b.data(),
-                                    s.n, s.in, s.out);
+      kernels::cuda::linear_forward(gpu.ctx(), d_y.data(), d_x.data(), d_w.data(), d_b.data(), s.n,
+                                    s.in, s.out);
       EXPECT_TRUE(all_close(d_y.download(), y_ref, rtol_for(tf32), atol_for(tf32, s.in)));
       kernels::cpu::linear_forward(y_ref.data(), x.data(), w.data(), nullptr, s.n, s.in, s.out);
       kernels::cuda::linear_forward(gpu.ctx(), d_y.data(), d_x.data(), d_w.data(), nullptr, s.n,
@@ -81,8 +81,8 @@ void check_linear(bool tf32) {
         DeviceBuffer<float> d_mx(mx, pad), d_mdy(mdy, pad);
         kernels::cuda::linear_backward_weight(gpu.ctx(), d_dw.data(), d_db.data(), d_mdy.data(),
                                               d_mx.data(), s.n, s.in, s.out);
-        kernels::cuda::linear_backward_weight(gpu.ctx(), d_dw2.data(), d_db2.data(),
-                                              d_mdy.data(), d_mx.data(), s.n, s.in, s.out);
+        kernels::cuda::linear_backward_weight(gpu.ctx(), d_dw2.data(), d_db2.data(), d_mdy.data(),
+                                              d_mx.data(), s.n, s.in, s.out);
       }
       const auto dw = d_dw.download();
       const auto db = d_db.download();

@@ -68,8 +68,8 @@ void check_adamw(const std::vector<size_t>& sizes) {
       s->d_grad.upload(s->grad);
       const int64_t n = static_cast<int64_t>(s->param.size());
       host.push_back({s->param.data(), s->grad.data(), s->m.data(), s->v.data(), n, s->decay});
-      dev.push_back({s->d_param.data(), s->d_grad.data(), s->d_m.data(), s->d_v.data(), n,
-                     s->decay});
+      dev.push_back(
+          {s->d_param.data(), s->d_grad.data(), s->d_m.data(), s->d_v.data(), n, s->decay});
     }
     kernels::cpu::adamw_update(host.data(), static_cast<int64_t>(host.size()), p);
     kernels::cuda::adamw_update(gpu.ctx(), dev.data(), static_cast<int64_t>(dev.size()), p);

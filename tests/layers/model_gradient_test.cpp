@@ -81,8 +81,7 @@ TEST(ModelGradient, MatchesFiniteDifferencesOfTheLoss) {
       const double down = mean_loss(stage, ctx, b, 1);
       *w = saved;
       const double numeric = (up - down) / (2.0 * h);
-      EXPECT_NEAR(grad[i], numeric, 2e-3 + 3e-2 * std::abs(numeric))
-          << p->name << "[" << i << "]";
+      EXPECT_NEAR(grad[i], numeric, 2e-3 + 3e-2 * std::abs(numeric)) << p->name << "[" << i << "]";
       ++checked;
     }
   }
@@ -127,8 +126,8 @@ TEST(ModelGradient, MicroBatchesAccumulateIntoTheStepGradient) {
   }
   auto pw = whole.parameters(), pp = parts.parameters();
   for (size_t i = 0; i < pw.size(); ++i)
-    EXPECT_TRUE(testing::all_close(to_vector_f32(pp[i]->grad), to_vector_f32(pw[i]->grad), 1e-4,
-                                   1e-6))
+    EXPECT_TRUE(
+        testing::all_close(to_vector_f32(pp[i]->grad), to_vector_f32(pw[i]->grad), 1e-4, 1e-6))
         << pw[i]->name;
 }
 

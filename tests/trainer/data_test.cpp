@@ -1,5 +1,7 @@
 // Token sources: the Markov chain's printed entropy is the real loss floor, positions are
 // reproducible and resumable, and file tokens are read in order with wrap-around.
+#include "engine/data.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -7,8 +9,6 @@
 #include <fstream>
 #include <map>
 #include <vector>
-
-#include "engine/data.h"
 
 namespace conveyor {
 namespace {

@@ -1,10 +1,10 @@
 // The single-device trainer: it learns, it is deterministic, it reports divergence with the
 // step, and it rejects impossible configurations.
+#include "engine/trainer.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
-
-#include "engine/trainer.h"
 
 namespace conveyor {
 namespace {
