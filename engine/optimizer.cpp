@@ -44,14 +44,6 @@ Optimizer::Optimizer(DeviceContext& ctx, std::vector<Parameter*> params, Optimiz
     for (int k = 0; k < per_param; ++k) state_.push_back(ctx_.zeros(p->shape));
 }
 
-double Optimizer::grad_squared_norm() {
-  std::vector<Tensor> grads;
-  for (Parameter* p : params_) grads.push_back(p->grad);
-  double total = 0.0;
-  for (double s : ops::sum_squares_each(ctx_, grads)) total += s;
-  return total;
-}
-
 void Optimizer::step(int64_t step, double lr, float grad_scale) {
   std::vector<kernels::OptimizerTensor> tensors;
   const bool adamw = config_.kind == "adamw";

@@ -1,7 +1,8 @@
 #pragma once
 // The optimizer of one rank: AdamW (or SGD with momentum) over that rank's parameters, with
 // the learning-rate schedule (linear warm-up, then cosine decay to min_lr) and gradient
-// clipping by a global norm that the caller computes (across ranks when pipelined).
+// clipping by a global norm that the caller computes across ranks (the executor does, in
+// the one-stage order).
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -36,8 +37,6 @@ class Optimizer {
  public:
   Optimizer(DeviceContext& ctx, std::vector<Parameter*> params, OptimizerConfig config);
 
-  // Σ ‖grad‖² over this rank's parameters, in double, in parameter order (deterministic).
-  double grad_squared_norm();
   // One update at 1-based `step` with learning rate `lr`, gradients scaled by `grad_scale`.
   void step(int64_t step, double lr, float grad_scale);
 
