@@ -197,7 +197,15 @@ PipelineExecutor::PipelineExecutor(const ModelConfig& model, schedule::Schedule 
   threads_ = std::make_unique<RankThreads>(p);
 }
 
-PipelineExecutor::~PipelineExecutor() = default;
+PipelineExecutor::~PipelineExecutor() {
+  // Transports go first, while every rank's streams still exist. After a failed step the
+  // in-process hub may still hold messages whose tensors were marked for the sender's send
+  // stream and receivers' streams: freeing them records events on those streams, so it must
+  // not happen after an earlier rank's streams were destroyed. An NCCL clique aborts its
+  // communicators here, which also frees any of its kernels still queued on those streams
+  // before ~Stream waits for them.
+  for (auto& rank : ranks_) rank->transport.reset();
+}
 
 DeviceContext& PipelineExecutor::context(int rank) { return *ranks_.at(rank)->ctx; }
 Optimizer& PipelineExecutor::optimizer(int rank) { return *ranks_.at(rank)->optimizer; }
