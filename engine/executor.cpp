@@ -319,7 +319,10 @@ void PipelineExecutor::run_rank(Rank& rank, const std::vector<MicroBatchData>& m
     const Action& a = actions[i];
     const Stream& stream = stream_for(a, compute, send, recv);
     const auto host_start = Clock::now();
-    if (cuda) rank.starts[i].record(stream);
+    // A send starts once its tensor is ready (recorded below, after the send stream waits for
+    // the compute stream); timed from here it would span the compute that makes the tensor,
+    // since the idle send stream passes the event as soon as the host enqueues it.
+    if (cuda && !schedule::is_send(a.kind)) rank.starts[i].record(stream);
     try {
       const auto found = rank.stages.find(a.stage);
       if (found == rank.stages.end())
@@ -374,6 +377,7 @@ void PipelineExecutor::run_rank(Rank& rank, const std::vector<MicroBatchData>& m
           if (cuda) {
             rank.order[i].record(compute);  // the send waits for the compute that made it
             rank.order[i].wait(send);
+            rank.starts[i].record(send);
             record_stream(t, send.native());
           }
           rank.transport->send(t, a.peer, send);
