@@ -140,15 +140,7 @@ class NcclClique {
     // peers, which hangs when a peer is gone or, from one thread, waits on the next comm.
     // Abort is local and frees any kernel still waiting; work still pending is dropped, so
     // ranks synchronise their streams before they let the transports go.
-    int previous = 0;
-    const bool restore = cudaGetDevice(&previous) == cudaSuccess;
-    for (NcclComm* comm : all_comms()) {
-      if (comm->dead || !comm->handle) continue;
-      (void)cudaSetDevice(comm->device);
-      (void)ncclCommAbort(comm->handle);
-      comm->dead = true;
-    }
-    if (restore) (void)cudaSetDevice(previous);
+    abort_comms(all_comms());
   }
 
   int size() const { return static_cast<int>(devices_.size()); }
@@ -175,17 +167,7 @@ class NcclClique {
       if (!aborted_.load()) reason_ = reason;
       aborted_.store(true);
     }
-    for (NcclComm* comm : all_comms()) {
-      std::unique_lock lock(comm->mutex, std::defer_lock);
-      if (!lock.try_lock_for(timeout_)) continue;
-      if (comm->dead || !comm->handle) continue;
-      int previous = 0;
-      const bool restore = cudaGetDevice(&previous) == cudaSuccess;
-      (void)cudaSetDevice(comm->device);
-      (void)ncclCommAbort(comm->handle);  // never throws: abort is on error paths
-      comm->dead = true;
-      if (restore) (void)cudaSetDevice(previous);
-    }
+    abort_comms(all_comms());
   }
 
   // Polls `stream` until done; gives up (aborting everything) when the clique was aborted,
@@ -233,6 +215,42 @@ class NcclClique {
       if (auto& c = links_[link_index(peer, rank, 1)]) out.push_back(c.get());
     }
     return out;
+  }
+
+  // Aborts `comms` all at once, one thread each. ncclCommAbort frees device memory, and a
+  // free can synchronise the device: one after another, the first abort's free would wait for
+  // a kernel of a communicator not yet aborted (on the same GPU, waiting for a peer that
+  // will not come), and that kernel only exits once its own communicator is aborted - a
+  // deadlock NCCL warns of when several communicators are aborted (NVIDIA/nccl PR 564,
+  // issue 1013). Started together, every abort raises its communicator's abort flag without
+  // waiting for the others, so every kernel a free waits for does exit. The lock waits run
+  // side by side too, so the whole abort takes one timeout at most, not one per comm.
+  void abort_comms(const std::vector<NcclComm*>& comms) noexcept {
+    std::vector<std::thread> threads;
+    for (NcclComm* comm : comms) {
+      if (!comm->handle) continue;
+      try {
+        threads.emplace_back([this, comm] { abort_comm(*comm); });
+      } catch (...) {
+        abort_comm(*comm);  // no thread to be had: abort here, in order
+      }
+    }
+    for (auto& t : threads) t.join();
+  }
+
+  void abort_comm(NcclComm& comm) noexcept {
+    try {
+      std::unique_lock lock(comm.mutex, std::defer_lock);
+      if (!lock.try_lock_for(timeout_) || comm.dead || !comm.handle) return;
+      int previous = 0;
+      const bool restore = cudaGetDevice(&previous) == cudaSuccess;
+      (void)cudaSetDevice(comm.device);
+      (void)ncclCommAbort(comm.handle);  // never throws: abort is on error paths
+      comm.dead = true;
+      if (restore) (void)cudaSetDevice(previous);
+    } catch (...) {
+      // Locking failed (system error): leave the communicator to the destructor.
+    }
   }
 
   std::vector<NcclComm*> all_comms() {

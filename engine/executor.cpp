@@ -197,7 +197,15 @@ PipelineExecutor::PipelineExecutor(const ModelConfig& model, schedule::Schedule 
   threads_ = std::make_unique<RankThreads>(p);
 }
 
-PipelineExecutor::~PipelineExecutor() = default;
+PipelineExecutor::~PipelineExecutor() {
+  // Transports go first, while every rank's streams still exist. After a failed step the
+  // in-process hub may still hold messages whose tensors were marked for the sender's send
+  // stream and receivers' streams: freeing them records events on those streams, so it must
+  // not happen after an earlier rank's streams were destroyed. An NCCL clique aborts its
+  // communicators here, which also frees any of its kernels still queued on those streams
+  // before ~Stream waits for them.
+  for (auto& rank : ranks_) rank->transport.reset();
+}
 
 DeviceContext& PipelineExecutor::context(int rank) { return *ranks_.at(rank)->ctx; }
 Optimizer& PipelineExecutor::optimizer(int rank) { return *ranks_.at(rank)->optimizer; }
@@ -311,7 +319,10 @@ void PipelineExecutor::run_rank(Rank& rank, const std::vector<MicroBatchData>& m
     const Action& a = actions[i];
     const Stream& stream = stream_for(a, compute, send, recv);
     const auto host_start = Clock::now();
-    if (cuda) rank.starts[i].record(stream);
+    // A send starts once its tensor is ready (recorded below, after the send stream waits for
+    // the compute stream); timed from here it would span the compute that makes the tensor,
+    // since the idle send stream passes the event as soon as the host enqueues it.
+    if (cuda && !schedule::is_send(a.kind)) rank.starts[i].record(stream);
     try {
       const auto found = rank.stages.find(a.stage);
       if (found == rank.stages.end())
@@ -366,6 +377,7 @@ void PipelineExecutor::run_rank(Rank& rank, const std::vector<MicroBatchData>& m
           if (cuda) {
             rank.order[i].record(compute);  // the send waits for the compute that made it
             rank.order[i].wait(send);
+            rank.starts[i].record(send);
             record_stream(t, send.native());
           }
           rank.transport->send(t, a.peer, send);
