@@ -38,16 +38,15 @@ inline std::vector<MicroBatchData> make_microbatches(int m, int n, int step) {
 }
 
 // Rank r on devices[r]; blocks per stage from `partition`.
-inline std::unique_ptr<PipelineExecutor> make_executor(schedule::Schedule sched,
-                                                       std::vector<Device> devices,
-                                                       const std::string& partition = "uniform") {
+inline std::unique_ptr<PipelineExecutor> make_executor(
+    schedule::Schedule sched, std::vector<Device> devices, const std::string& partition = "uniform",
+    const OptimizerConfig& optimizer = test_optimizer()) {
   const ModelConfig model = test_model();
   auto ranges = stage_ranges(model, partition_blocks(model, sched.num_stages(), partition));
   ExecutorOptions options;
   options.transport_timeout = std::chrono::milliseconds(60000);
   return std::make_unique<PipelineExecutor>(model, std::move(sched), std::move(ranges),
-                                            std::move(devices), test_optimizer(), /*seed=*/17,
-                                            options);
+                                            std::move(devices), optimizer, /*seed=*/17, options);
 }
 
 // Every rank on `device`.
@@ -62,13 +61,13 @@ struct RunRecord {
   std::vector<std::vector<float>> grads, values;  // after the second step
 };
 
-// Two optimizer steps over seeded micro-batches of 5 tokens.
-inline RunRecord run_two_steps(PipelineExecutor& ex, int m) {
+// Two optimizer steps at rate `lr` over seeded micro-batches of 5 tokens (an odd count, so
+// every micro-batch's rows sit at an odd 4-byte offset in the step's [m, 5] id tensors).
+inline RunRecord run_two_steps(PipelineExecutor& ex, int m, double lr = 1e-2) {
   constexpr int kTokens = 5;
   RunRecord rec;
   for (int step = 1; step <= 2; ++step) {
-    auto result =
-        ex.run_step(make_microbatches(m, kTokens, step), 1.0f / (m * kTokens), step, 1e-2);
+    auto result = ex.run_step(make_microbatches(m, kTokens, step), 1.0f / (m * kTokens), step, lr);
     rec.losses.push_back(result.loss_sum);
     rec.norms.push_back(result.grad_norm);
   }

@@ -78,6 +78,37 @@ TEST(ExecutorGpu, OneStageCudaRunAgreesWithTheCpuRun) {
   }
 }
 
+// Gradients and weights, not only losses and norms: a layout slip in a CUDA backward (dW
+// transposed, dx from the wrong operand) can keep the norm and still train wrongly. SGD is
+// linear in the gradients, so GPU-vs-CPU differences stay at rounding size (AdamW would turn
+// a rounding-size gradient into a full-size update).
+TEST(ExecutorGpu, OneStageGradientsAndWeightsMatchTheCpu) {
+  CONVEYOR_REQUIRE_GPU();
+  constexpr int m = 4;
+  OptimizerConfig sgd;
+  sgd.kind = "sgd";
+  sgd.lr = 5e-2;
+  sgd.clip_norm = 0.5;
+  auto on = [&](Device device) {
+    auto ex =
+        make_executor(schedule::generate(ScheduleKind::k1F1B, 1, m), {device}, "uniform", sgd);
+    return run_two_steps(*ex, m, sgd.lr);
+  };
+  const RunRecord cpu = on(Device::cpu());
+  const RunRecord gpu = on(Device::cuda(0));
+  ASSERT_EQ(gpu.grads.size(), cpu.grads.size());
+  for (size_t s = 0; s < cpu.losses.size(); ++s) {
+    EXPECT_NEAR(gpu.losses[s], cpu.losses[s], 1e-4 * std::abs(cpu.losses[s])) << "step " << s;
+    EXPECT_NEAR(gpu.norms[s], cpu.norms[s], 1e-3 * std::abs(cpu.norms[s])) << "step " << s;
+  }
+  for (size_t i = 0; i < cpu.grads.size(); ++i) {
+    EXPECT_TRUE(testing::all_close(gpu.grads[i], cpu.grads[i], 1e-3, 1e-6))
+        << "gradient of parameter " << i;
+    EXPECT_TRUE(testing::all_close(gpu.values[i], cpu.values[i], 1e-4, 1e-6))
+        << "value of parameter " << i;
+  }
+}
+
 #ifdef CONVEYOR_WITH_CUDA
 // The NCCL transport under the executor, set through set_transports (on one GPU the
 // automatic choice is the in-process transport). One GPU: a one-rank clique, whose all-reduce must
