@@ -27,6 +27,18 @@ void check_operand(DeviceContext& ctx, const Tensor& t, DType dtype, std::string
   check_device(t, ctx.device(), what);
 }
 
+// The common case: a float operand of a known shape.
+void check_f32(DeviceContext& ctx, const Tensor& t, const Shape& shape, std::string_view what) {
+  check_operand(ctx, t, DType::F32, what);
+  check_shape(t, shape, what);
+}
+
+// The per-row statistics a layernorm forward saves and its backward reads.
+void check_statistics(DeviceContext& ctx, const Tensor& mean, const Tensor& rstd, int64_t n) {
+  check_f32(ctx, mean, {n}, "layernorm mean");
+  check_f32(ctx, rstd, {n}, "layernorm rstd");
+}
+
 float* f32(const Tensor& t) { return t.data<float>(); }
 const int32_t* i32(const Tensor& t) { return t.data<int32_t>(); }
 
@@ -64,12 +76,10 @@ void linear_forward(DeviceContext& ctx, const Tensor& y, const Tensor& x, const 
                                 " and " + weight.describe());
   const int64_t n = x.dim(0), in = x.dim(1), out = weight.dim(0);
   check_shape(weight, {out, in}, "linear weight");
-  check_operand(ctx, y, DType::F32, "linear output");
-  check_shape(y, {n, out}, "linear output");
+  check_f32(ctx, y, {n, out}, "linear output");
   const float* b = nullptr;
   if (bias.defined()) {
-    check_operand(ctx, bias, DType::F32, "linear bias");
-    check_shape(bias, {out}, "linear bias");
+    check_f32(ctx, bias, {out}, "linear bias");
     b = f32(bias);
   }
   dispatch(
@@ -85,8 +95,7 @@ void linear_backward_input(DeviceContext& ctx, const Tensor& dx, const Tensor& d
   check_operand(ctx, dy, DType::F32, "linear output gradient");
   const int64_t n = dy.dim(0);
   check_shape(dy, {n, out}, "linear output gradient");
-  check_operand(ctx, dx, DType::F32, "linear input gradient");
-  check_shape(dx, {n, in}, "linear input gradient");
+  check_f32(ctx, dx, {n, in}, "linear input gradient");
   dispatch(
       ctx, [&] { kernels::cpu::linear_backward_input(f32(dx), f32(dy), f32(weight), n, in, out); },
       CONVEYOR_CUDA_LAMBDA(
@@ -100,12 +109,10 @@ void linear_backward_weight(DeviceContext& ctx, const Tensor& dweight, const Ten
   check_operand(ctx, x, DType::F32, "linear input");
   const int64_t n = x.dim(0);
   check_shape(x, {n, in}, "linear input");
-  check_operand(ctx, dy, DType::F32, "linear output gradient");
-  check_shape(dy, {n, out}, "linear output gradient");
+  check_f32(ctx, dy, {n, out}, "linear output gradient");
   float* db = nullptr;
   if (dbias.defined()) {
-    check_operand(ctx, dbias, DType::F32, "linear bias gradient");
-    check_shape(dbias, {out}, "linear bias gradient");
+    check_f32(ctx, dbias, {out}, "linear bias gradient");
     db = f32(dbias);
   }
   dispatch(
@@ -128,8 +135,7 @@ const char* activation_name(ActivationKind kind) {
 
 void activation_forward(DeviceContext& ctx, ActivationKind kind, const Tensor& y, const Tensor& x) {
   check_operand(ctx, x, DType::F32, "activation input");
-  check_operand(ctx, y, DType::F32, "activation output");
-  check_shape(y, x.shape(), "activation output");
+  check_f32(ctx, y, x.shape(), "activation output");
   const int64_t n = x.numel();
   dispatch(
       ctx,
@@ -171,16 +177,10 @@ void layernorm_forward(DeviceContext& ctx, const Tensor& y, const Tensor& mean, 
   if (x.rank() != 2)
     throw std::invalid_argument("layernorm: expected a 2-d input, got " + x.describe());
   const int64_t n = x.dim(0), c = x.dim(1);
-  check_operand(ctx, y, DType::F32, "layernorm output");
-  check_shape(y, {n, c}, "layernorm output");
-  check_operand(ctx, mean, DType::F32, "layernorm mean");
-  check_shape(mean, {n}, "layernorm mean");
-  check_operand(ctx, rstd, DType::F32, "layernorm rstd");
-  check_shape(rstd, {n}, "layernorm rstd");
-  check_operand(ctx, gamma, DType::F32, "layernorm weight");
-  check_shape(gamma, {c}, "layernorm weight");
-  check_operand(ctx, beta, DType::F32, "layernorm bias");
-  check_shape(beta, {c}, "layernorm bias");
+  check_f32(ctx, y, {n, c}, "layernorm output");
+  check_statistics(ctx, mean, rstd, n);
+  check_f32(ctx, gamma, {c}, "layernorm weight");
+  check_f32(ctx, beta, {c}, "layernorm bias");
   dispatch(
       ctx,
       [&] {
@@ -191,29 +191,15 @@ void layernorm_forward(DeviceContext& ctx, const Tensor& y, const Tensor& mean, 
           cu, f32(y), f32(mean), f32(rstd), f32(x), f32(gamma), f32(beta), n, c, eps)));
 }
 
-namespace {
-// What the layernorm backward reads besides the gradients: γ and the forward's statistics.
-void check_saved_statistics(DeviceContext& ctx, const Tensor& gamma, const Tensor& mean,
-                            const Tensor& rstd, int64_t n, int64_t c) {
-  check_operand(ctx, gamma, DType::F32, "layernorm weight");
-  check_shape(gamma, {c}, "layernorm weight");
-  check_operand(ctx, mean, DType::F32, "layernorm mean");
-  check_shape(mean, {n}, "layernorm mean");
-  check_operand(ctx, rstd, DType::F32, "layernorm rstd");
-  check_shape(rstd, {n}, "layernorm rstd");
-}
-}  // namespace
-
 void layernorm_backward_input(DeviceContext& ctx, const Tensor& dx, const Tensor& dy,
                               const Tensor& x, const Tensor& mean, const Tensor& rstd,
                               const Tensor& gamma) {
   check_operand(ctx, x, DType::F32, "layernorm input");
   const int64_t n = x.dim(0), c = x.dim(1);
-  check_operand(ctx, dy, DType::F32, "layernorm output gradient");
-  check_shape(dy, {n, c}, "layernorm output gradient");
-  check_operand(ctx, dx, DType::F32, "layernorm input gradient");
-  check_shape(dx, {n, c}, "layernorm input gradient");
-  check_saved_statistics(ctx, gamma, mean, rstd, n, c);
+  check_f32(ctx, dy, {n, c}, "layernorm output gradient");
+  check_f32(ctx, dx, {n, c}, "layernorm input gradient");
+  check_f32(ctx, gamma, {c}, "layernorm weight");
+  check_statistics(ctx, mean, rstd, n);
   dispatch(
       ctx,
       [&] {
@@ -229,16 +215,10 @@ void layernorm_backward_weight(DeviceContext& ctx, const Tensor& dgamma, const T
                                const Tensor& rstd) {
   check_operand(ctx, x, DType::F32, "layernorm input");
   const int64_t n = x.dim(0), c = x.dim(1);
-  check_operand(ctx, dy, DType::F32, "layernorm output gradient");
-  check_shape(dy, {n, c}, "layernorm output gradient");
-  check_operand(ctx, dgamma, DType::F32, "layernorm weight gradient");
-  check_shape(dgamma, {c}, "layernorm weight gradient");
-  check_operand(ctx, dbeta, DType::F32, "layernorm bias gradient");
-  check_shape(dbeta, {c}, "layernorm bias gradient");
-  check_operand(ctx, mean, DType::F32, "layernorm mean");
-  check_shape(mean, {n}, "layernorm mean");
-  check_operand(ctx, rstd, DType::F32, "layernorm rstd");
-  check_shape(rstd, {n}, "layernorm rstd");
+  check_f32(ctx, dy, {n, c}, "layernorm output gradient");
+  check_f32(ctx, dgamma, {c}, "layernorm weight gradient");
+  check_f32(ctx, dbeta, {c}, "layernorm bias gradient");
+  check_statistics(ctx, mean, rstd, n);
   dispatch(
       ctx,
       [&] {
@@ -254,8 +234,7 @@ void embedding_forward(DeviceContext& ctx, const Tensor& y, const Tensor& tokens
   check_operand(ctx, tokens, DType::I32, "embedding tokens");
   check_operand(ctx, table, DType::F32, "embedding table");
   const int64_t n = tokens.numel(), vocab = table.dim(0), c = table.dim(1);
-  check_operand(ctx, y, DType::F32, "embedding output");
-  check_shape(y, {n, c}, "embedding output");
+  check_f32(ctx, y, {n, c}, "embedding output");
   dispatch(
       ctx, [&] { kernels::cpu::embedding_forward(f32(y), i32(tokens), f32(table), n, c, vocab); },
       CONVEYOR_CUDA_LAMBDA(
@@ -267,8 +246,7 @@ void embedding_backward(DeviceContext& ctx, const Tensor& dtable, const Tensor& 
   check_operand(ctx, tokens, DType::I32, "embedding tokens");
   check_operand(ctx, dtable, DType::F32, "embedding table gradient");
   const int64_t n = tokens.numel(), vocab = dtable.dim(0), c = dtable.dim(1);
-  check_operand(ctx, dy, DType::F32, "embedding output gradient");
-  check_shape(dy, {n, c}, "embedding output gradient");
+  check_f32(ctx, dy, {n, c}, "embedding output gradient");
   dispatch(
       ctx,
       [&] { kernels::cpu::embedding_backward(f32(dtable), f32(dy), i32(tokens), n, c, vocab); },
@@ -288,10 +266,8 @@ void softmax_cross_entropy(DeviceContext& ctx, const Tensor& losses, const Tenso
   const int64_t n = logits.dim(0), vocab = logits.dim(1);
   check_operand(ctx, targets, DType::I32, "cross-entropy targets");
   check_shape(targets, {n}, "cross-entropy targets");
-  check_operand(ctx, losses, DType::F32, "cross-entropy losses");
-  check_shape(losses, {n}, "cross-entropy losses");
-  check_operand(ctx, dlogits, DType::F32, "cross-entropy logit gradient");
-  check_shape(dlogits, {n, vocab}, "cross-entropy logit gradient");
+  check_f32(ctx, losses, {n}, "cross-entropy losses");
+  check_f32(ctx, dlogits, {n, vocab}, "cross-entropy logit gradient");
   dispatch(
       ctx,
       [&] {
@@ -359,8 +335,7 @@ std::vector<double> sum_squares_each(DeviceContext& ctx, const std::vector<Tenso
 
 void add_(DeviceContext& ctx, const Tensor& y, const Tensor& x) {
   check_operand(ctx, y, DType::F32, "add destination");
-  check_operand(ctx, x, DType::F32, "add source");
-  check_shape(x, y.shape(), "add source");
+  check_f32(ctx, x, y.shape(), "add source");
   dispatch(
       ctx, [&] { kernels::cpu::add_inplace(f32(y), f32(x), y.numel()); },
       CONVEYOR_CUDA_LAMBDA(kernels::cuda::add_inplace(cu, f32(y), f32(x), y.numel())));
