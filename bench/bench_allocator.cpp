@@ -5,8 +5,8 @@
 #include <cstdlib>
 #include <vector>
 
-#include "engine/allocator.h"
-#include "engine/tensor.h"
+#include "engine/core/allocator.h"
+#include "engine/core/tensor.h"
 
 namespace {
 

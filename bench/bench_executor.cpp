@@ -23,8 +23,8 @@
 #include <chrono>
 #include <vector>
 
-#include "engine/executor.h"
-#include "engine/partition.h"
+#include "engine/pipeline/executor.h"
+#include "engine/pipeline/partition.h"
 #include "engine/schedule/generators.h"
 
 namespace {

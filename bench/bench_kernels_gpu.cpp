@@ -13,7 +13,7 @@
 #include <functional>
 #include <vector>
 
-#include "engine/device.h"
+#include "engine/core/device.h"
 #include "kernels/activation.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/cuda_check.h"

@@ -22,8 +22,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/device.h"
-#include "engine/trainer.h"
+#include "engine/core/device.h"
+#include "engine/train/trainer.h"
 
 namespace {
 

@@ -22,7 +22,6 @@ if(NOT _conveyor_cuda_mode STREQUAL "OFF")
       set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
     endif()
     find_package(NCCL)
-    find_package(CUDNN)
     if(NCCL_FOUND)
       set(CONVEYOR_WITH_CUDA ON)
     elseif(_conveyor_cuda_mode STREQUAL "ON")
@@ -36,19 +35,20 @@ if(NOT _conveyor_cuda_mode STREQUAL "OFF")
 endif()
 message(STATUS "Conveyor: CUDA backend ${CONVEYOR_WITH_CUDA}")
 
+# Wires the CUDA backend into one layer's target: the definition every layer above sees, the
+# static runtime (binaries built here stay runnable on the GPU machine), and nvcc's flags for
+# the layer's own .cu files. Libraries beyond the runtime (cuBLASLt, NCCL) are linked by the
+# layer that calls them.
 function(conveyor_enable_cuda target)
   if(NOT CONVEYOR_WITH_CUDA)
     return()
   endif()
   target_compile_definitions(${target} PUBLIC CONVEYOR_WITH_CUDA=1)
-  set_target_properties(${target} PROPERTIES CUDA_SEPARABLE_COMPILATION OFF
-                                             CUDA_RESOLVE_DEVICE_SYMBOLS ON)
-  target_compile_options(${target} PRIVATE
-    $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr -lineinfo -Xcompiler=-Wall>)
-  # The static runtime keeps binaries built here runnable on the GPU machine.
-  target_link_libraries(${target} PUBLIC CUDA::cudart_static CUDA::cublasLt CUDA::cublas NCCL::NCCL)
-  if(CUDNN_FOUND)
-    target_link_libraries(${target} PUBLIC CUDNN::CUDNN)
-    target_compile_definitions(${target} PUBLIC CONVEYOR_WITH_CUDNN=1)
+  target_link_libraries(${target} PUBLIC CUDA::cudart_static)
+  if(ARGN)
+    set_target_properties(${target} PROPERTIES CUDA_SEPARABLE_COMPILATION OFF
+                                               CUDA_RESOLVE_DEVICE_SYMBOLS ON)
+    target_compile_options(${target} PRIVATE
+      $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr -lineinfo -Xcompiler=-Wall>)
   endif()
 endfunction()

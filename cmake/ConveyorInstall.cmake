@@ -7,7 +7,8 @@ foreach(_dir engine layers kernels comm)
   install(DIRECTORY ${PROJECT_SOURCE_DIR}/${_dir}/ DESTINATION include/conveyor/${_dir}
           FILES_MATCHING PATTERN "*.h")
 endforeach()
-install(TARGETS conveyor EXPORT conveyorTargets ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
+get_property(_layers GLOBAL PROPERTY CONVEYOR_LAYER_TARGETS)
+install(TARGETS conveyor ${_layers} EXPORT conveyorTargets ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
 install(EXPORT conveyorTargets NAMESPACE conveyor:: FILE conveyorTargets.cmake
         DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/conveyor)
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/conveyorConfig.cmake.in
@@ -18,5 +19,4 @@ write_basic_package_version_file(${PROJECT_BINARY_DIR}/conveyorConfigVersion.cma
 install(FILES ${PROJECT_BINARY_DIR}/conveyorConfig.cmake
               ${PROJECT_BINARY_DIR}/conveyorConfigVersion.cmake
               ${PROJECT_SOURCE_DIR}/cmake/FindNCCL.cmake
-              ${PROJECT_SOURCE_DIR}/cmake/FindCUDNN.cmake
         DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/conveyor)

@@ -1,6 +1,6 @@
 #include "comm/nccl.h"
 
-#include "engine/device.h"
+#include "engine/core/device.h"
 
 #ifdef CONVEYOR_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -15,7 +15,7 @@
 #include <thread>
 
 #include "comm/nccl_check.h"
-#include "engine/cuda_device_guard.h"
+#include "engine/core/cuda_device_guard.h"
 #include "kernels/cuda_check.h"
 #endif
 

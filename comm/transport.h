@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/stream.h"
-#include "engine/tensor.h"
+#include "engine/core/stream.h"
+#include "engine/core/tensor.h"
 
 namespace conveyor::comm {
 

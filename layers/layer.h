@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/device_context.h"
-#include "engine/tensor.h"
+#include "engine/core/device_context.h"
+#include "engine/core/tensor.h"
 #include "layers/parameter.h"
 
 namespace conveyor {

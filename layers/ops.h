@@ -7,8 +7,8 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/device_context.h"
-#include "engine/tensor.h"
+#include "engine/core/device_context.h"
+#include "engine/core/tensor.h"
 #include "kernels/optimizer.h"
 
 namespace conveyor::ops {

@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/device_context.h"
-#include "engine/tensor.h"
+#include "engine/core/device_context.h"
+#include "engine/core/tensor.h"
 
 namespace conveyor {
 

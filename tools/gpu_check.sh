@@ -23,7 +23,7 @@ set -u
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cuda_lib=/usr/local/cuda-13.0/targets/x86_64-linux/lib
-gpu_targets=(kernels_gpu_tests engine_gpu_tests executor_gpu_tests comm_gpu_tests
+gpu_targets=(kernels_gpu_tests core_gpu_tests pipeline_gpu_tests comm_gpu_tests
              bench_kernels_gpu bench_train)
 
 if [[ "${1:-}" == "--prepare" ]]; then
@@ -146,7 +146,7 @@ sanitize() {  # name binary filter
 }
 sanitize kernels kernels_gpu_tests \
   'LayerNormGpu.*:ActivationGpu.*:CrossEntropyGpu.*:EmbeddingGpu.*:ReduceGpu.*:OptimizerGpu.SgdMatchesCpu'
-sanitize executor executor_gpu_tests 'ExecutorGpu.OneStageCudaRunAgreesWithTheCpuRun'
+sanitize pipeline pipeline_gpu_tests 'ExecutorGpu.OneStageCudaRunAgreesWithTheCpuRun'
 
 # --- benchmarks -----------------------------------------------------------------------
 : >"$out/bench.log"

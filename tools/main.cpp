@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <exception>
 
-#include "engine/version.h"
+#include "engine/core/version.h"
 #include "tools/cli_common.h"
 #include "tools/commands.h"
 

@@ -9,7 +9,7 @@
 
 #include "engine/schedule/chrome_trace.h"
 #include "engine/schedule/simulator.h"
-#include "engine/trainer.h"
+#include "engine/train/trainer.h"
 #include "tools/cli_common.h"
 #include "tools/commands.h"
 

@@ -2,7 +2,7 @@
 // Markov source and compare the loss with the best achievable one.
 #include <cstdio>
 
-#include "engine/trainer.h"
+#include "engine/train/trainer.h"
 
 int main() {
   conveyor::TrainConfig config;

@@ -6,8 +6,8 @@
 
 #include <thread>
 
-#include "common/test_util.h"
-#include "engine/device_context.h"
+#include "support/test_util.h"
+#include "engine/core/device_context.h"
 
 namespace conveyor::comm {
 namespace {

@@ -10,8 +10,8 @@
 #include <thread>
 
 #include "comm/nccl.h"
-#include "common/test_util.h"
-#include "engine/device_context.h"
+#include "support/test_util.h"
+#include "engine/core/device_context.h"
 
 #ifdef CONVEYOR_WITH_CUDA
 #include <cuda_runtime_api.h>

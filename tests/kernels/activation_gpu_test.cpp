@@ -1,9 +1,9 @@
 // CUDA activations against the CPU kernels: awkward sizes, unaligned pointers, in-place dx.
 #include <gtest/gtest.h>
 
-#include "common/test_util.h"
+#include "support/test_util.h"
 #include "kernels/activation.h"
-#include "tests/kernels/gpu_buffer.h"
+#include "support/gpu_buffer.h"
 
 namespace conveyor {
 namespace {

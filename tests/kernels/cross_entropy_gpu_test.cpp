@@ -2,9 +2,9 @@
 // ignore_index, grad_scale, unaligned rows, determinism.
 #include <gtest/gtest.h>
 
-#include "common/test_util.h"
+#include "support/test_util.h"
 #include "kernels/cross_entropy.h"
-#include "tests/kernels/gpu_buffer.h"
+#include "support/gpu_buffer.h"
 
 namespace conveyor {
 namespace {

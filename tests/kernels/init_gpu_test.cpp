@@ -1,9 +1,9 @@
 // CUDA init_uniform must reproduce the CPU bits exactly (the recipe in init.h); fill is exact.
 #include <gtest/gtest.h>
 
-#include "common/test_util.h"
+#include "support/test_util.h"
 #include "kernels/init.h"
-#include "tests/kernels/gpu_buffer.h"
+#include "support/gpu_buffer.h"
 
 namespace conveyor {
 namespace {

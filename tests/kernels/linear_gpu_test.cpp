@@ -5,9 +5,9 @@
 
 #include <cmath>
 
-#include "common/test_util.h"
+#include "support/test_util.h"
 #include "kernels/linear.h"
-#include "tests/kernels/gpu_buffer.h"
+#include "support/gpu_buffer.h"
 
 namespace conveyor {
 namespace {

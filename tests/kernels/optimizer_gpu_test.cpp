@@ -5,9 +5,9 @@
 
 #include <memory>
 
-#include "common/test_util.h"
+#include "support/test_util.h"
 #include "kernels/optimizer.h"
-#include "tests/kernels/gpu_buffer.h"
+#include "support/gpu_buffer.h"
 
 namespace conveyor {
 namespace {

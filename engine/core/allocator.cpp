@@ -1,0 +1,278 @@
+// Caching allocator: size-bucketed, stream-ordered reuse with counters. The device-specific
+// parts (system allocation and events) sit behind AllocatorBackend; see allocator.h.
+#include "engine/core/allocator.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+
+namespace conveyor {
+namespace {
+
+constexpr size_t kSmallGranularity = 512;
+constexpr size_t kLargeThreshold = size_t{1} << 20;  // above 1 MiB a block is "large"
+constexpr size_t kLargeGranularity = size_t{2} << 20;
+// Anything above this cannot be a real request (and rounding it would overflow).
+constexpr size_t kMaxRequest = size_t{1} << 62;
+
+std::string format_bytes(size_t bytes) {
+  if (bytes < 1024) return std::to_string(bytes) + " B";
+  const char* units[] = {"KiB", "MiB", "GiB", "TiB"};
+  double value = static_cast<double>(bytes) / 1024.0;
+  int unit = 0;
+  while (value >= 1024.0 && unit < 3) {
+    value /= 1024.0;
+    ++unit;
+  }
+  char text[64];
+  std::snprintf(text, sizeof(text), "%.2f %s (%zu B)", value, units[unit], bytes);
+  return text;
+}
+
+// Host memory from the C library, 64-byte aligned (a cache line; enough for any vector load).
+class CpuAllocatorBackend final : public AllocatorBackend {
+ public:
+  Device device() const override { return Device::cpu(); }
+  void* system_allocate(size_t bytes) override {
+    // Rounded sizes are multiples of 512, as aligned_alloc requires a multiple of 64.
+    return std::aligned_alloc(64, bytes);
+  }
+  void system_free(void* ptr) override { std::free(ptr); }
+  // CPU work is synchronous: once freed, a block is no longer used by anyone.
+  void* record_event(void*) override { return nullptr; }
+  bool event_done(void*) override { return true; }
+  void destroy_event(void*) override {}
+};
+
+}  // namespace
+
+std::string AllocatorStats::to_string() const {
+  return "allocated " + format_bytes(allocated_bytes) + ", peak allocated " +
+         format_bytes(peak_allocated_bytes) + ", reserved " + format_bytes(reserved_bytes) +
+         ", peak reserved " + format_bytes(peak_reserved_bytes) + ", limit " +
+         (limit_bytes == 0 ? std::string("none") : format_bytes(limit_bytes)) +
+         ", system allocations " + std::to_string(system_allocations) + ", requests " +
+         std::to_string(requests) + ", cache hits " + std::to_string(cache_hits);
+}
+
+CachingAllocator::CachingAllocator(std::unique_ptr<AllocatorBackend> backend, size_t limit_bytes)
+    : backend_(std::move(backend)) {
+  if (!backend_) throw std::invalid_argument("CachingAllocator: backend is null");
+  stats_.limit_bytes = limit_bytes;
+}
+
+CachingAllocator::~CachingAllocator() {
+  try {
+    std::lock_guard<std::mutex> lock(mutex_);
+    synchronize_pending();
+    // Blocks still pending belong to a backend that cannot wait for its events, i.e. one
+    // without asynchronous users: nothing can still be using them.
+    for (Pending& p : pending_) {
+      for (void* event : p.events) backend_->destroy_event(event);
+      backend_->system_free(p.ptr);
+    }
+    pending_.clear();
+    release_cache_locked();
+    // Live blocks (raw allocate() without deallocate()) are the caller's and are left alone:
+    // freeing them could turn a leak into a use after free.
+  } catch (...) {
+    // A destructor must not throw; the process is likely failing already.
+  }
+}
+
+size_t CachingAllocator::round_size(size_t bytes) {
+  if (bytes > kMaxRequest)
+    throw std::length_error("CachingAllocator: request of " + std::to_string(bytes) +
+                            " bytes is too large to round");
+  if (bytes <= kLargeThreshold) {
+    const size_t size = (bytes + kSmallGranularity - 1) / kSmallGranularity * kSmallGranularity;
+    return std::max(size, kSmallGranularity);  // bytes == 0 still gets a unique block
+  }
+  return (bytes + kLargeGranularity - 1) / kLargeGranularity * kLargeGranularity;
+}
+
+void* CachingAllocator::allocate(size_t bytes, void* stream) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++stats_.requests;
+  if (bytes > kMaxRequest) throw_out_of_memory(bytes, bytes, "no device has that much memory");
+  const size_t size = round_size(bytes);
+  process_pending();
+  void* ptr = try_take_cached(size, stream);
+  if (ptr != nullptr) {
+    ++stats_.cache_hits;
+  } else {
+    ptr = allocate_from_system(bytes, size);
+  }
+  live_.emplace(ptr, Block{size, stream, {}});
+  stats_.allocated_bytes += size;
+  stats_.peak_allocated_bytes = std::max(stats_.peak_allocated_bytes, stats_.allocated_bytes);
+  return ptr;
+}
+
+void* CachingAllocator::allocate_from_system(size_t bytes, size_t size) {
+  const auto fits = [&] {
+    return stats_.limit_bytes == 0 || stats_.reserved_bytes + size <= stats_.limit_bytes;
+  };
+  // Over the cap: give back what is cached, then what waits for other streams, and retry.
+  if (!fits()) release_cache_locked();
+  if (!fits() && !pending_.empty()) {
+    synchronize_pending();
+    release_cache_locked();
+  }
+  if (!fits()) throw_out_of_memory(bytes, size, "the memory limit would be exceeded");
+
+  void* ptr = backend_->system_allocate(size);
+  if (ptr == nullptr) {
+    release_cache_locked();
+    synchronize_pending();
+    release_cache_locked();
+    ptr = backend_->system_allocate(size);
+  }
+  if (ptr == nullptr) throw_out_of_memory(bytes, size, "the system has no free memory left");
+  ++stats_.system_allocations;
+  stats_.reserved_bytes += size;
+  stats_.peak_reserved_bytes = std::max(stats_.peak_reserved_bytes, stats_.reserved_bytes);
+  return ptr;
+}
+
+void CachingAllocator::throw_out_of_memory(size_t bytes, size_t size, const char* reason) const {
+  size_t pending_bytes = 0;
+  for (const Pending& p : pending_) pending_bytes += p.block.size;
+  std::string message = "out of memory on " + backend_->device().to_string() +
+                        ": cannot allocate " + format_bytes(bytes) + " (request of " +
+                        std::to_string(bytes) + " bytes, " + std::to_string(size) +
+                        " bytes after rounding): " + reason +
+                        ". Allocator stats: " + stats_.to_string();
+  if (pending_bytes > 0)
+    message += "; " + format_bytes(pending_bytes) + " of freed blocks still wait for other streams";
+  throw OutOfMemoryError(message);
+}
+
+void CachingAllocator::deallocate(void* ptr) {
+  if (ptr == nullptr) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = live_.find(ptr);
+  if (it == live_.end())
+    throw std::invalid_argument(
+        "CachingAllocator::deallocate: pointer was not allocated by this allocator or was "
+        "already freed");
+  // Record the events before touching any state, so that a failure leaves the block live.
+  std::vector<void*> events;
+  try {
+    for (void* other : it->second.other_streams)
+      if (void* event = backend_->record_event(other)) events.push_back(event);
+  } catch (...) {
+    for (void* event : events) backend_->destroy_event(event);
+    throw;
+  }
+  Block block = std::move(it->second);
+  live_.erase(it);
+  stats_.allocated_bytes -= block.size;
+  if (events.empty()) {
+    // Only the allocating stream used it (or the backend is synchronous): the stream orders
+    // the old use before any new one, so the block is reusable at once on that stream.
+    cache_[{block.stream, block.size}].push_back(ptr);
+  } else {
+    pending_.push_back(Pending{ptr, std::move(block), std::move(events)});
+  }
+}
+
+void CachingAllocator::record_stream(void* ptr, void* stream) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = live_.find(ptr);
+  if (it == live_.end())
+    throw std::invalid_argument(
+        "CachingAllocator::record_stream: pointer is not a live block of this allocator");
+  Block& block = it->second;
+  if (stream == block.stream) return;
+  if (std::find(block.other_streams.begin(), block.other_streams.end(), stream) ==
+      block.other_streams.end())
+    block.other_streams.push_back(stream);
+}
+
+size_t CachingAllocator::block_size(void* ptr) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = live_.find(ptr);
+  if (it == live_.end())
+    throw std::invalid_argument(
+        "CachingAllocator::block_size: pointer is not a live block of this allocator");
+  return it->second.size;
+}
+
+void CachingAllocator::process_pending() {
+  size_t kept = 0;
+  for (size_t i = 0; i < pending_.size(); ++i) {
+    Pending& p = pending_[i];
+    std::erase_if(p.events, [&](void* event) {
+      if (!backend_->event_done(event)) return false;
+      backend_->destroy_event(event);
+      return true;
+    });
+    if (p.events.empty()) {
+      cache_[{p.block.stream, p.block.size}].push_back(p.ptr);
+    } else {
+      if (kept != i) pending_[kept] = std::move(p);
+      ++kept;
+    }
+  }
+  pending_.resize(kept);
+}
+
+void CachingAllocator::synchronize_pending() {
+  for (Pending& p : pending_)
+    for (void* event : p.events) backend_->synchronize_event(event);
+  process_pending();
+}
+
+void* CachingAllocator::try_take_cached(size_t size, void* stream) {
+  auto it = cache_.find({stream, size});
+  if (it == cache_.end()) return nullptr;
+  void* ptr = it->second.back();  // most recently freed: likeliest to be warm in cache
+  it->second.pop_back();
+  if (it->second.empty()) cache_.erase(it);
+  return ptr;
+}
+
+void CachingAllocator::release_cache_locked() {
+  // Detach the cache first: if a free fails midway, the rest leak rather than being freed
+  // twice later.
+  auto cache = std::move(cache_);
+  cache_.clear();
+  for (auto& [key, ptrs] : cache) {
+    for (void* ptr : ptrs) {
+      stats_.reserved_bytes -= key.second;
+      backend_->system_free(ptr);
+    }
+  }
+}
+
+AllocatorStats CachingAllocator::stats() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return stats_;
+}
+
+void CachingAllocator::reset_peak() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  stats_.peak_allocated_bytes = stats_.allocated_bytes;
+  stats_.peak_reserved_bytes = stats_.reserved_bytes;
+}
+
+void CachingAllocator::set_limit(size_t limit_bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  stats_.limit_bytes = limit_bytes;
+}
+
+void CachingAllocator::release_cache() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  process_pending();
+  release_cache_locked();
+}
+
+Device CachingAllocator::device() const { return backend_->device(); }
+
+std::shared_ptr<CachingAllocator> make_cpu_allocator(size_t limit_bytes) {
+  return std::make_shared<CachingAllocator>(std::make_unique<CpuAllocatorBackend>(), limit_bytes);
+}
+
+}  // namespace conveyor

@@ -1,0 +1,58 @@
+#include "engine/core/device.h"
+
+#include <charconv>
+#include <stdexcept>
+
+#ifdef CONVEYOR_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace conveyor {
+
+std::string Device::to_string() const {
+  return is_cpu() ? std::string("cpu") : "cuda:" + std::to_string(index);
+}
+
+Device parse_device(const std::string& text) {
+  if (text == "cpu") return Device::cpu();
+  if (text == "cuda") return Device::cuda(0);
+  const std::string prefix = "cuda:";
+  if (text.rfind(prefix, 0) == 0 && text.size() > prefix.size()) {
+    const char* first = text.data() + prefix.size();
+    const char* last = text.data() + text.size();
+    int index = -1;
+    const auto [end, err] = std::from_chars(first, last, index);
+    if (err == std::errc() && end == last && index >= 0) return Device::cuda(index);
+  }
+  throw std::invalid_argument("unknown device '" + text +
+                              "': expected 'cpu', 'cuda' or 'cuda:N' with N >= 0");
+}
+
+int cuda_device_count() {
+#ifdef CONVEYOR_WITH_CUDA
+  // Computed once: the set of visible devices does not change during a run. A missing driver
+  // or device is an answer (0), not an error.
+  static const int count = [] {
+    int n = 0;
+    const cudaError_t err = cudaGetDeviceCount(&n);
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();  // clear it so that later calls do not see it
+      return 0;
+    }
+    return n;
+  }();
+  return count;
+#else
+  return 0;
+#endif
+}
+
+bool built_with_cuda() {
+#ifdef CONVEYOR_WITH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+}  // namespace conveyor

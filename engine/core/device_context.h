@@ -1,0 +1,58 @@
+#pragma once
+// Everything one rank needs to run kernels on its device: the caching allocator, the compute
+// stream and, on CUDA, the cuBLASLt handle and workspace. One per rank (several ranks may
+// share a GPU, each with its own context and streams). Not thread-safe: one rank, one thread.
+#include <memory>
+
+#include "engine/core/allocator.h"
+#include "engine/core/device.h"
+#include "engine/core/stream.h"
+#include "engine/core/tensor.h"
+#include "kernels/cuda_context.h"
+
+namespace conveyor {
+
+struct DeviceContextOptions {
+  size_t memory_limit_bytes = 0;  // 0 = no cap
+  bool allow_tf32 = false;
+  size_t cublas_workspace_bytes = 32u << 20;
+};
+
+class DeviceContext {
+ public:
+  explicit DeviceContext(Device device, DeviceContextOptions options = {});
+  ~DeviceContext();
+  DeviceContext(const DeviceContext&) = delete;
+  DeviceContext& operator=(const DeviceContext&) = delete;
+
+  Device device() const { return device_; }
+  bool is_cuda() const { return device_.is_cuda(); }
+  CachingAllocator& allocator() { return *allocator_; }
+  const std::shared_ptr<CachingAllocator>& allocator_ptr() const { return allocator_; }
+  Stream& compute_stream() { return *compute_stream_; }
+
+  // Tensors on this device for use on the compute stream.
+  Tensor empty(const Shape& shape, DType dtype = DType::F32);
+  Tensor zeros(const Shape& shape, DType dtype = DType::F32);
+  void fill_zero(const Tensor& t);  // on the compute stream
+  void synchronize();               // waits for the compute stream
+
+#ifdef CONVEYOR_WITH_CUDA
+  const kernels::cuda::CudaContext& cuda() const { return cuda_; }
+  // Scratch device memory of at least `bytes` for kernels that need it (grows, never shrinks;
+  // valid until the next call).
+  void* scratch(size_t bytes);
+#endif
+
+ private:
+  Device device_;
+  std::shared_ptr<CachingAllocator> allocator_;
+  std::unique_ptr<Stream> compute_stream_;
+#ifdef CONVEYOR_WITH_CUDA
+  kernels::cuda::CudaContext cuda_{};
+  Tensor workspace_;
+  Tensor scratch_;
+#endif
+};
+
+}  // namespace conveyor

@@ -1,0 +1,5 @@
+#include "engine/core/version.h"
+
+namespace conveyor {
+const char* version() { return CONVEYOR_VERSION; }
+}  // namespace conveyor

@@ -1,0 +1,120 @@
+#pragma once
+// The pipeline executor: runs a validated schedule IR for real. Each rank is a thread with
+// its own device context (CPU, or a CUDA device possibly shared with other ranks), its
+// stages, its optimizer and its transport endpoint. A rank walks its action list in order:
+// compute (F, B, I, W) goes on its compute stream, sends on its send stream, receives on
+// its receive stream; CUDA events order them, so the host never waits for a transfer, only
+// at the end of the step. Activations are released as soon as the last action that needs
+// them is done; the caching allocator's stream-ordered reuse makes that safe.
+//
+// After the last action, each rank contributes its per-micro-batch losses and per-parameter
+// squared gradient norms to one all-reduce (slots indexed by global parameter order), so
+// every rank sums them in the same order as the one-stage run: the clipping factor and the
+// loss are bitwise those of a single device. Each rank then steps its own parameters.
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/transport.h"
+#include "engine/core/device_context.h"
+#include "engine/pipeline/optimizer.h"
+#include "engine/pipeline/partition.h"
+#include "engine/pipeline/rank_threads.h"
+#include "engine/schedule/schedule.h"
+#include "engine/schedule/simulator.h"
+#include "engine/pipeline/stage.h"
+#include "layers/model.h"
+
+namespace conveyor {
+
+// How ranks exchange tensors. kAuto: NCCL when every rank has a GPU of its own, in-process
+// otherwise (CPU ranks, or ranks sharing a GPU on their own streams).
+enum class TransportKind { kAuto, kInProcess, kNccl };
+
+struct ExecutorOptions {
+  TransportKind transport = TransportKind::kAuto;
+  // How long a rank waits for a peer (transfer or all-reduce) before the run fails.
+  std::chrono::milliseconds transport_timeout{120000};
+  DeviceContextOptions device_options;
+};
+
+// One micro-batch of the step, on the host.
+struct MicroBatchData {
+  std::vector<int32_t> tokens;
+  std::vector<int32_t> targets;
+};
+
+struct PipelineStepResult {
+  double loss_sum = 0.0;   // Σ of token losses over the step
+  double grad_norm = 0.0;  // global, before clipping
+  bool diverged = false;   // loss or norm not finite: no update was applied
+  double seconds = 0.0;
+  // Measured timeline, parallel to Schedule::ranks, in microseconds from the step start.
+  std::vector<std::vector<schedule::ActionTiming>> timing;
+  // Per rank: peak bytes of activations held by its stages (allocator-measured, excluding
+  // tensors in transit), and peak of all live allocations.
+  std::vector<size_t> peak_activation_bytes;
+  std::vector<size_t> peak_allocated_bytes;
+};
+
+// A rank failed: names the rank, the action and the cause.
+class PipelineError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+class PipelineExecutor {
+ public:
+  // `ranges[s]` are the units of virtual stage s; `devices[r]` the device of rank r.
+  PipelineExecutor(const ModelConfig& model, schedule::Schedule schedule,
+                   std::vector<StageRange> ranges, std::vector<Device> devices,
+                   const OptimizerConfig& optimizer, uint64_t seed, ExecutorOptions options = {});
+  ~PipelineExecutor();
+  PipelineExecutor(const PipelineExecutor&) = delete;
+  PipelineExecutor& operator=(const PipelineExecutor&) = delete;
+
+  // Runs the schedule over `microbatches` (all of the same size), with per-token loss
+  // gradient `loss_scale`; then, when `update`, the optimizer step `step` at rate `lr`.
+  PipelineStepResult run_step(const std::vector<MicroBatchData>& microbatches, float loss_scale,
+                              int64_t step, double lr, bool update = true);
+
+  const schedule::Schedule& schedule() const { return schedule_; }
+  int num_ranks() const { return schedule_.num_ranks(); }
+  DeviceContext& context(int rank);
+  // Every parameter of the model in global order (from whichever rank holds it).
+  std::vector<Parameter*> parameters();
+  // Parameters and optimizers per rank (checkpoints).
+  std::vector<Parameter*> rank_parameters(int rank);
+  Optimizer& optimizer(int rank);
+
+  bool uses_nccl() const { return uses_nccl_; }
+  // Replaces the transport of every rank (tests inject faults through this).
+  void set_transports(std::vector<std::unique_ptr<comm::Transport>> transports);
+
+ private:
+  struct Rank;
+  void run_rank(Rank& rank, const std::vector<MicroBatchData>& microbatches, float loss_scale,
+                int64_t step, double lr, bool update, PipelineStepResult& result,
+                std::chrono::steady_clock::time_point step_start);
+
+  ModelConfig model_;
+  schedule::Schedule schedule_;
+  bool uses_nccl_ = false;
+  std::vector<StageRange> ranges_;
+  int total_parameters_ = 0;
+  std::vector<std::unique_ptr<Rank>> ranks_;
+  std::unique_ptr<RankThreads> threads_;  // last: joined before the ranks go
+};
+
+// Mean measured cost of each action kind per stage, as a cost model for the simulator, so
+// that a measured run can be compared with its prediction.
+schedule::CostModel measured_costs(const schedule::Schedule& schedule,
+                                   const std::vector<std::vector<schedule::ActionTiming>>& timing);
+
+// Busy time, idle time and bubble fraction per rank of a measured timeline (compute actions
+// count as busy), in the simulator's terms.
+schedule::SimResult summarize_timing(const schedule::Schedule& schedule,
+                                     std::vector<std::vector<schedule::ActionTiming>> timing);
+
+}  // namespace conveyor

@@ -1,0 +1,82 @@
+#include "engine/pipeline/optimizer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+#include <stdexcept>
+
+#include "layers/ops.h"
+
+namespace conveyor {
+
+void OptimizerConfig::validate() const {
+  auto fail = [](const std::string& what) { throw std::invalid_argument("optimizer: " + what); };
+  if (kind != "adamw" && kind != "sgd") fail("kind must be adamw or sgd, got '" + kind + "'");
+  if (!(lr > 0.0)) fail("lr must be positive, got " + std::to_string(lr));
+  if (!(min_lr >= 0.0) || min_lr > lr)
+    fail("min_lr must be in [0, lr], got " + std::to_string(min_lr));
+  if (warmup_steps < 0) fail("warmup steps must be >= 0");
+  if (!(beta1 >= 0.0 && beta1 < 1.0) || !(beta2 >= 0.0 && beta2 < 1.0))
+    fail("beta1 and beta2 must be in [0, 1)");
+  if (!(eps > 0.0)) fail("eps must be positive");
+  if (!(weight_decay >= 0.0)) fail("weight decay must be >= 0");
+}
+
+double learning_rate(const OptimizerConfig& c, int64_t step, int64_t total_steps) {
+  if (c.warmup_steps > 0 && step <= c.warmup_steps)
+    return c.lr * static_cast<double>(step) / static_cast<double>(c.warmup_steps);
+  const int64_t decay_steps = std::max<int64_t>(1, total_steps - c.warmup_steps);
+  const double progress =
+      std::clamp(static_cast<double>(step - c.warmup_steps) / decay_steps, 0.0, 1.0);
+  return c.min_lr + 0.5 * (c.lr - c.min_lr) * (1.0 + std::cos(std::numbers::pi * progress));
+}
+
+float clip_scale(const OptimizerConfig& c, double norm) {
+  if (c.clip_norm <= 0.0 || !(norm > c.clip_norm)) return 1.0f;
+  return static_cast<float>(c.clip_norm / norm);
+}
+
+Optimizer::Optimizer(DeviceContext& ctx, std::vector<Parameter*> params, OptimizerConfig config)
+    : ctx_(ctx), params_(std::move(params)), config_(std::move(config)) {
+  config_.validate();
+  const int per_param = config_.kind == "adamw" ? 2 : 1;
+  for (Parameter* p : params_)
+    for (int k = 0; k < per_param; ++k) state_.push_back(ctx_.zeros(p->shape));
+}
+
+void Optimizer::step(int64_t step, double lr, float grad_scale) {
+  std::vector<kernels::OptimizerTensor> tensors;
+  const bool adamw = config_.kind == "adamw";
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Parameter* p = params_[i];
+    kernels::OptimizerTensor t;
+    t.param = p->value.data<float>();
+    t.grad = p->grad.data<float>();
+    t.state0 = state_[adamw ? 2 * i : i].data<float>();
+    t.state1 = adamw ? state_[2 * i + 1].data<float>() : nullptr;
+    t.n = p->value.numel();
+    t.decay = p->weight_decay;
+    tensors.push_back(t);
+  }
+  if (adamw) {
+    kernels::AdamWParams h;
+    h.lr = static_cast<float>(lr);
+    h.beta1 = static_cast<float>(config_.beta1);
+    h.beta2 = static_cast<float>(config_.beta2);
+    h.eps = static_cast<float>(config_.eps);
+    h.weight_decay = static_cast<float>(config_.weight_decay);
+    h.step = step;
+    h.grad_scale = grad_scale;
+    ops::adamw_update(ctx_, tensors, h);
+  } else {
+    kernels::SgdParams h;
+    h.lr = static_cast<float>(lr);
+    h.momentum = static_cast<float>(config_.momentum);
+    h.weight_decay = static_cast<float>(config_.weight_decay);
+    h.grad_scale = grad_scale;
+    ops::sgd_update(ctx_, tensors, h);
+  }
+  steps_taken_ = step;
+}
+
+}  // namespace conveyor

@@ -1,0 +1,58 @@
+#pragma once
+// The optimizer of one rank: AdamW (or SGD with momentum) over that rank's parameters, with
+// the learning-rate schedule (linear warm-up, then cosine decay to min_lr) and gradient
+// clipping by a global norm that the caller computes across ranks (the executor does, in
+// the one-stage order).
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/core/device_context.h"
+#include "layers/parameter.h"
+
+namespace conveyor {
+
+struct OptimizerConfig {
+  std::string kind = "adamw";  // adamw | sgd
+  double lr = 3e-3;
+  double min_lr = 3e-4;
+  int64_t warmup_steps = 20;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  double momentum = 0.9;   // sgd
+  double clip_norm = 1.0;  // <= 0 disables clipping
+
+  void validate() const;  // throws std::invalid_argument naming the bad field
+};
+
+// Learning rate at 1-based `step` of `total_steps`.
+double learning_rate(const OptimizerConfig& config, int64_t step, int64_t total_steps);
+
+// Clipping factor for a gradient of global norm `norm`: min(1, clip / norm).
+float clip_scale(const OptimizerConfig& config, double norm);
+
+class Optimizer {
+ public:
+  Optimizer(DeviceContext& ctx, std::vector<Parameter*> params, OptimizerConfig config);
+
+  // One update at 1-based `step` with learning rate `lr`, gradients scaled by `grad_scale`.
+  void step(int64_t step, double lr, float grad_scale);
+
+  const std::vector<Parameter*>& parameters() const { return params_; }
+  const OptimizerConfig& config() const { return config_; }
+  // Optimizer state in parameter order: AdamW (m, v) per parameter, SGD (momentum).
+  std::vector<Tensor>& state() { return state_; }
+  int64_t steps_taken() const { return steps_taken_; }
+  void set_steps_taken(int64_t steps) { steps_taken_ = steps; }
+
+ private:
+  DeviceContext& ctx_;
+  std::vector<Parameter*> params_;
+  OptimizerConfig config_;
+  std::vector<Tensor> state_;
+  int64_t steps_taken_ = 0;
+};
+
+}  // namespace conveyor

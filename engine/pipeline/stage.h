@@ -1,0 +1,51 @@
+#pragma once
+// A stage: a contiguous range of model units [begin, end) placed on one device, with the
+// activations it keeps per in-flight micro-batch. The executor drives it action by action
+// (F, B, or I then W); the single-device trainer is the one-stage case.
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "engine/core/device_context.h"
+#include "layers/layer.h"
+#include "layers/model.h"
+
+namespace conveyor {
+
+class Stage {
+ public:
+  // Builds units [begin, end) of `config` on `ctx` and initialises their parameters from
+  // (seed, global name), so any cut of the model gives the same weights.
+  Stage(const ModelConfig& config, int64_t begin, int64_t end, DeviceContext& ctx, uint64_t seed);
+
+  bool is_first() const { return begin_ == 0; }
+  bool is_last() const { return end_ == num_units_; }
+  int64_t unit_begin() const { return begin_; }
+  int64_t unit_end() const { return end_; }
+
+  // Input: i32 tokens on the first stage, activations otherwise. Output: activations, or
+  // per-token losses [n] on the last stage.
+  Tensor forward(int64_t microbatch, const Tensor& input, const MicroBatchInputs& in);
+  // Gradient w.r.t. the stage input (undefined on the first stage); `dy` is ignored on the
+  // last stage. Keeps what backward_weight needs.
+  Tensor backward_input(int64_t microbatch, const Tensor& dy);
+  // Accumulates parameter gradients of `microbatch` and releases its activations.
+  void backward_weight(int64_t microbatch);
+  Tensor backward(int64_t microbatch, const Tensor& dy);
+
+  std::vector<Parameter*> parameters();
+  DeviceContext& context() { return ctx_; }
+  // Micro-batches whose activations are held (forward done, weight half not yet).
+  size_t in_flight() const { return saved_.size(); }
+
+ private:
+  std::vector<SavedTensors>& saved_for(int64_t microbatch, const char* action);
+
+  DeviceContext& ctx_;
+  int64_t begin_, end_, num_units_;
+  std::vector<std::unique_ptr<Layer>> units_;
+  std::map<int64_t, std::vector<SavedTensors>> saved_;  // micro-batch -> per unit
+  std::map<int64_t, bool> input_grad_done_;
+};
+
+}  // namespace conveyor

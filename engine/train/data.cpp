@@ -1,0 +1,141 @@
+#include "engine/train/data.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <sstream>
+#include <stdexcept>
+
+#include "kernels/init.h"
+
+namespace conveyor {
+namespace {
+
+// Uniform in [0, 1) from the counter-based generator: 24 random bits.
+float uniform01(uint64_t seed, uint64_t stream, uint64_t counter) {
+  const kernels::Philox4 words = kernels::philox4x32_10(
+      static_cast<uint32_t>(counter / 4), static_cast<uint32_t>((counter / 4) >> 32),
+      static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32), static_cast<uint32_t>(stream),
+      static_cast<uint32_t>(stream >> 32));
+  return static_cast<float>(words.v[counter % 4] >> 8) * (1.0f / 16777216.0f);
+}
+
+constexpr uint64_t kTableStream = 0x7461626c65ULL;  // draws that build the transition table
+constexpr uint64_t kChainStream = 0x636861696eULL;  // draws that walk the chain
+
+}  // namespace
+
+MarkovSource::MarkovSource(int64_t vocab, uint64_t seed, int fanout)
+    : vocab_(vocab), seed_(seed), fanout_(fanout) {
+  if (vocab < 2 || vocab > (int64_t{1} << 30))
+    throw std::invalid_argument("Markov source vocab must be in [2, 2^30], got " +
+                                std::to_string(vocab));
+  if (fanout < 1) throw std::invalid_argument("Markov source fanout must be at least 1");
+  rows_.resize(vocab);
+  cdf_.resize(vocab);
+  uint64_t draw = 0;
+  for (int64_t i = 0; i < vocab; ++i) {
+    std::map<int32_t, double> weights;
+    for (int j = 0; j < fanout; ++j) {
+      const int32_t successor =
+          j == 0 ? static_cast<int32_t>((i + 1) % vocab)
+                 : static_cast<int32_t>(uniform01(seed, kTableStream, draw++) * vocab) %
+                       static_cast<int32_t>(vocab);
+      // Weights in [0.25, 4.25) give rows of clearly different probabilities.
+      weights[successor] += 0.25 + 4.0 * uniform01(seed, kTableStream, draw++);
+    }
+    double total = 0.0;
+    for (const auto& [s, w] : weights) total += w;
+    float cumulative = 0.0f;
+    for (const auto& [s, w] : weights) {
+      rows_[i].emplace_back(s, w / total);
+      cumulative += static_cast<float>(w / total);
+      cdf_[i].push_back(cumulative);
+    }
+    cdf_[i].back() = 1.0f;  // guard against rounding: the last successor takes the rest
+  }
+  compute_entropy();
+}
+
+void MarkovSource::compute_entropy() {
+  // Stationary distribution by power iteration on the sparse rows, damped by averaging with
+  // the previous iterate so that periodic chains converge too (same fixed point).
+  std::vector<double> pi(vocab_, 1.0 / static_cast<double>(vocab_)), next(vocab_);
+  for (int iter = 0; iter < 100000; ++iter) {
+    std::fill(next.begin(), next.end(), 0.0);
+    for (int64_t i = 0; i < vocab_; ++i)
+      for (const auto& [s, p] : rows_[i]) next[s] += pi[i] * p;
+    double change = 0.0;
+    for (int64_t i = 0; i < vocab_; ++i) {
+      const double updated = 0.5 * (pi[i] + next[i]);
+      change += std::abs(updated - pi[i]);
+      pi[i] = updated;
+    }
+    if (change < 1e-13) break;
+  }
+  double h = 0.0;
+  for (int64_t i = 0; i < vocab_; ++i) {
+    double row_entropy = 0.0;
+    for (const auto& [s, p] : rows_[i]) row_entropy -= p * std::log(p);
+    h += pi[i] * row_entropy;
+  }
+  entropy_ = h;
+}
+
+int32_t MarkovSource::step_from(int32_t state, uint64_t t) const {
+  const float u = uniform01(seed_, kChainStream, t);
+  const auto& cdf = cdf_[state];
+  const size_t k = std::upper_bound(cdf.begin(), cdf.end(), u) - cdf.begin();
+  return rows_[state][std::min(k, cdf.size() - 1)].first;
+}
+
+void MarkovSource::next(int32_t* inputs, int32_t* targets, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t following = step_from(current_, position_);
+    inputs[i] = current_;
+    targets[i] = following;
+    current_ = following;
+    ++position_;
+  }
+}
+
+void MarkovSource::seek(uint64_t position) {
+  position_ = 0;
+  current_ = 0;
+  for (uint64_t t = 0; t < position; ++t) current_ = step_from(current_, t);
+  position_ = position;
+}
+
+std::string MarkovSource::describe() const {
+  std::ostringstream out;
+  out << "Markov chain (vocab " << vocab_ << ", fanout " << fanout_ << ", seed " << seed_
+      << "), entropy " << entropy_ << " nats/token";
+  return out.str();
+}
+
+FileSource::FileSource(const std::string& path) : path_(path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::invalid_argument("cannot open data file '" + path + "'");
+  bytes_.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  if (bytes_.size() < 2)
+    throw std::invalid_argument("data file '" + path + "' has " + std::to_string(bytes_.size()) +
+                                " bytes; at least 2 are needed to form an (input, target) pair");
+}
+
+void FileSource::next(int32_t* inputs, int32_t* targets, int64_t n) {
+  const uint64_t size = bytes_.size();
+  for (int64_t i = 0; i < n; ++i) {
+    const uint64_t at = (position_ + static_cast<uint64_t>(i)) % size;
+    inputs[i] = bytes_[at];
+    targets[i] = bytes_[(at + 1) % size];
+  }
+  position_ += static_cast<uint64_t>(n);
+}
+
+std::string FileSource::describe() const {
+  return "bytes of '" + path_ + "' (" + std::to_string(bytes_.size()) + " tokens, vocab 256)";
+}
+
+}  // namespace conveyor

@@ -1,0 +1,130 @@
+#include "engine/train/trainer.h"
+
+#include <cmath>
+#include <sstream>
+#include <vector>
+
+#include "engine/schedule/generators.h"
+#include "engine/schedule/text_format.h"
+#include "layers/ops.h"
+
+namespace conveyor {
+
+void TrainConfig::validate() const {
+  model.validate();
+  optimizer.validate();
+  auto fail = [](const std::string& what) { throw std::invalid_argument(what); };
+  if (steps < 1) fail("steps must be at least 1, got " + std::to_string(steps));
+  if (batch_tokens < 1)
+    fail("batch tokens must be at least 1, got " + std::to_string(batch_tokens));
+  if (microbatches < 1)
+    fail("micro-batches must be at least 1, got " + std::to_string(microbatches));
+  if (batch_tokens % microbatches != 0)
+    fail("batch of " + std::to_string(batch_tokens) + " tokens cannot be split into " +
+         std::to_string(microbatches) + " equal micro-batches; choose a divisor of the batch");
+  if (stages < 1) fail("stages must be at least 1, got " + std::to_string(stages));
+  if (chunks < 1) fail("chunks must be at least 1, got " + std::to_string(chunks));
+  if (placement != "auto" && placement != "shared")
+    fail("placement must be auto or shared, got '" + placement + "'");
+  if (transport != "auto" && transport != "inproc" && transport != "nccl")
+    fail("transport must be auto, inproc or nccl, got '" + transport + "'");
+  if (schedule_file.empty() && !schedule::parse_schedule_kind(schedule))
+    fail("unknown schedule '" + schedule + "', expected " + schedule::schedule_kind_choices());
+}
+
+schedule::Schedule make_schedule(const TrainConfig& config) {
+  const int m = static_cast<int>(config.microbatches);
+  if (config.schedule_file.empty())
+    return schedule::generate(*schedule::parse_schedule_kind(config.schedule), config.stages, m,
+                              config.chunks);
+  schedule::Schedule loaded = schedule::load_schedule(config.schedule_file);
+  if (loaded.num_microbatches != m)
+    throw std::invalid_argument("schedule file '" + config.schedule_file + "' has " +
+                                std::to_string(loaded.num_microbatches) +
+                                " micro-batches but the run uses " + std::to_string(m) +
+                                " (--microbatches)");
+  return loaded;
+}
+
+Device resolve_device(const std::string& spec, std::string* note) {
+  if (spec != "auto") {
+    const Device device = parse_device(spec);
+    if (device.is_cuda() && device.index >= cuda_device_count())
+      throw std::invalid_argument("device " + device.to_string() + " requested but " +
+                                  std::to_string(cuda_device_count()) +
+                                  " CUDA device(s) are usable");
+    return device;
+  }
+  if (cuda_device_count() > 0) return Device::cuda(0);
+  if (note && built_with_cuda()) *note = "no CUDA device found; running on the CPU backend";
+  return Device::cpu();
+}
+
+std::unique_ptr<TokenSource> make_token_source(const TrainConfig& config) {
+  if (!config.data_path.empty()) {
+    auto source = std::make_unique<FileSource>(config.data_path);
+    if (config.model.vocab < source->vocab())
+      throw std::invalid_argument("data file tokens are bytes (vocab 256) but the model vocab is " +
+                                  std::to_string(config.model.vocab) + "; use --vocab 256 or more");
+    return source;
+  }
+  return std::make_unique<MarkovSource>(config.model.vocab, config.seed);
+}
+
+Trainer::Trainer(TrainConfig config, Device device) : config_(std::move(config)) {
+  config_.validate();
+  source_ = make_token_source(config_);
+  schedule::Schedule sched = make_schedule(config_);
+  ranges_ = conveyor::stage_ranges(
+      config_.model, partition_blocks(config_.model, sched.num_stages(), config_.partition));
+  const int p = sched.num_ranks();
+  const bool spread =
+      device.is_cuda() && config_.placement == "auto" && cuda_device_count() >= device.index + p;
+  for (int r = 0; r < p; ++r) devices_.push_back(spread ? Device::cuda(device.index + r) : device);
+  ExecutorOptions options;
+  options.transport_timeout = config_.transport_timeout;
+  options.transport = config_.transport == "nccl"     ? TransportKind::kNccl
+                      : config_.transport == "inproc" ? TransportKind::kInProcess
+                                                      : TransportKind::kAuto;
+  options.device_options.memory_limit_bytes = config_.memory_limit_bytes;
+  options.device_options.allow_tf32 = config_.allow_tf32;
+  executor_ = std::make_unique<PipelineExecutor>(config_.model, std::move(sched), ranges_, devices_,
+                                                 config_.optimizer, config_.seed, options);
+}
+
+StepStats Trainer::step() {
+  const int64_t step = steps_done_ + 1;
+  const int64_t n = config_.batch_tokens / config_.microbatches;
+  std::vector<MicroBatchData> microbatches(config_.microbatches);
+  for (auto& mb : microbatches) {
+    mb.tokens.resize(n);
+    mb.targets.resize(n);
+    source_->next(mb.tokens.data(), mb.targets.data(), n);
+  }
+  for (int r = 0; r < executor_->num_ranks(); ++r) executor_->context(r).allocator().reset_peak();
+  const double lr = learning_rate(config_.optimizer, step, config_.steps);
+  PipelineStepResult result =
+      executor_->run_step(microbatches, 1.0f / static_cast<float>(config_.batch_tokens), step, lr);
+  const double loss = result.loss_sum / static_cast<double>(config_.batch_tokens);
+  if (result.diverged) {
+    std::ostringstream msg;
+    msg << "loss became " << loss << " (gradient norm " << result.grad_norm << ") at step " << step
+        << "; lower the learning rate (--lr) or enable clipping (--clip)";
+    throw TrainingDiverged(msg.str());
+  }
+  steps_done_ = step;
+
+  StepStats stats;
+  stats.step = step;
+  stats.loss = loss;
+  stats.tokens = config_.batch_tokens;
+  stats.seconds = result.seconds;
+  stats.lr = lr;
+  stats.grad_norm = result.grad_norm;
+  for (size_t bytes : result.peak_allocated_bytes)
+    stats.peak_bytes = std::max(stats.peak_bytes, bytes);
+  stats.pipeline = std::move(result);
+  return stats;
+}
+
+}  // namespace conveyor

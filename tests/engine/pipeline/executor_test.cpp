@@ -1,0 +1,165 @@
+// The executor on the CPU backend: every generated schedule gives bitwise the losses,
+// gradients and weights of the one-stage run; activation memory follows the IR's
+// in-flight prediction; broken schedules and failing ranks end in errors, never hangs.
+#include "engine/pipeline/executor.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+
+#include "comm/in_process.h"
+#include "engine/schedule/generators.h"
+#include "engine/schedule/validator.h"
+#include "support/executor_fixture.h"
+
+namespace conveyor {
+namespace {
+
+using schedule::ScheduleKind;
+using namespace conveyor::testing;
+
+TEST(Executor, EveryScheduleMatchesTheOneStageRunBitwise) {
+  std::vector<RunRecord> reference(9);
+  for (int m = 1; m <= 8; ++m) {
+    auto one = make_executor(schedule::generate(ScheduleKind::k1F1B, 1, m));
+    reference[m] = run_two_steps(*one, m);
+  }
+  int configurations = 0;
+  for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kZBH1,
+                            ScheduleKind::kInterleaved, ScheduleKind::kZBV})
+    for (int p = 1; p <= 4; ++p)
+      for (int m = 1; m <= 8; ++m) {
+        const int v = kind == ScheduleKind::kInterleaved || kind == ScheduleKind::kZBV ? 2 : 1;
+        schedule::Schedule sched;
+        try {
+          sched = schedule::generate(kind, p, m, v);
+        } catch (const schedule::ScheduleError&) {
+          continue;  // not defined for these values (interleaved needs m % p == 0)
+        }
+        SCOPED_TRACE(std::string(schedule::schedule_kind_name(kind)) + " p=" + std::to_string(p) +
+                     " m=" + std::to_string(m));
+        auto ex = make_executor(std::move(sched));
+        const RunRecord got = run_two_steps(*ex, m);
+        const RunRecord& want = reference[m];
+        EXPECT_EQ(got.losses, want.losses);
+        EXPECT_EQ(got.norms, want.norms);
+        ASSERT_EQ(got.grads.size(), want.grads.size());
+        for (size_t i = 0; i < got.grads.size(); ++i) {
+          EXPECT_EQ(got.grads[i], want.grads[i]) << "gradient of parameter " << i;
+          EXPECT_EQ(got.values[i], want.values[i]) << "value of parameter " << i;
+        }
+        ++configurations;
+      }
+  EXPECT_GE(configurations, 100);
+}
+
+TEST(Executor, PeakActivationsFollowTheScheduleInFlightCount) {
+  const int p = 4;
+  // Bytes one micro-batch keeps on each rank: a run that only ever holds one.
+  auto single = make_executor(schedule::generate(ScheduleKind::kGPipe, p, 1));
+  const auto one = single->run_step(make_microbatches(1, 6, 1), 1.0f / 6, 1, 1e-2);
+  for (int m : {1, 3, 8}) {
+    for (ScheduleKind kind : {ScheduleKind::k1F1B, ScheduleKind::kGPipe}) {
+      SCOPED_TRACE(std::string(schedule::schedule_kind_name(kind)) + " m=" + std::to_string(m));
+      auto ex = make_executor(schedule::generate(kind, p, m));
+      const auto result = ex->run_step(make_microbatches(m, 6, 1), 1.0f / (6 * m), 1, 1e-2);
+      const auto predicted = schedule::in_flight_per_rank(ex->schedule());
+      for (int r = 0; r < p; ++r) {
+        const int in_flight = kind == ScheduleKind::k1F1B ? std::min(p - r, m) : m;
+        EXPECT_EQ(predicted[r].peak_in_flight, in_flight) << "rank " << r;
+        EXPECT_GT(one.peak_activation_bytes[r], 0u);
+        EXPECT_EQ(result.peak_activation_bytes[r],
+                  static_cast<size_t>(in_flight) * one.peak_activation_bytes[r])
+            << "rank " << r;
+      }
+    }
+  }
+}
+
+TEST(Executor, SwappedSendsAreRejectedBeforeRunning) {
+  schedule::Schedule sched = schedule::generate(ScheduleKind::k1F1B, 2, 2);
+  // Swap the two activation sends of rank 0: rank 1 would receive micro-batch 1 first.
+  auto& r0 = sched.ranks[0];
+  std::vector<size_t> sends;
+  for (size_t i = 0; i < r0.size(); ++i)
+    if (r0[i].kind == schedule::ActionKind::kSendAct) sends.push_back(i);
+  ASSERT_EQ(sends.size(), 2u);
+  std::swap(r0[sends[0]].microbatch, r0[sends[1]].microbatch);
+  EXPECT_THROW(make_executor(sched), schedule::ValidationError);
+}
+
+// A transport whose rank fails on its n-th send, like a peer thread that throws.
+class FailingTransport : public comm::Transport {
+ public:
+  FailingTransport(std::unique_ptr<comm::Transport> inner, int fail_at)
+      : inner_(std::move(inner)), fail_at_(fail_at) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  void send(const Tensor& t, int peer, const Stream& s) override {
+    if (++sends_ == fail_at_) throw std::runtime_error("injected link failure");
+    inner_->send(t, peer, s);
+  }
+  void recv(const Tensor& t, int peer, const Stream& s) override { inner_->recv(t, peer, s); }
+  void all_reduce_sum(std::vector<double>& v) override { inner_->all_reduce_sum(v); }
+  void abort(const std::string& reason) override { inner_->abort(reason); }
+
+ private:
+  std::unique_ptr<comm::Transport> inner_;
+  int fail_at_;
+  int sends_ = 0;
+};
+
+TEST(Executor, AFailingRankEndsTheRunWithAnErrorNamingIt) {
+  auto ex = make_executor(schedule::generate(ScheduleKind::k1F1B, 3, 4));
+  auto hub = comm::InProcessHub::create(3, std::chrono::milliseconds(60000));
+  std::vector<std::unique_ptr<comm::Transport>> transports;
+  for (int r = 0; r < 3; ++r) {
+    auto endpoint = hub->endpoint(r);
+    transports.push_back(r == 1 ? std::make_unique<FailingTransport>(std::move(endpoint), 2)
+                                : std::move(endpoint));
+  }
+  ex->set_transports(std::move(transports));
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    ex->run_step(make_microbatches(4, 5, 1), 0.05f, 1, 1e-2);
+    FAIL() << "the run succeeded despite the failing rank";
+  } catch (const PipelineError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("rank 1, action"), std::string::npos) << what;
+    EXPECT_NE(what.find("injected link failure"), std::string::npos) << what;
+    EXPECT_NE(what.find("SA1."), std::string::npos) << what;  // the action, by name
+  }
+  // The other ranks were woken by the abort, not by the 60 s timeout.
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+}
+
+TEST(Executor, MismatchedInputsAreClearErrors) {
+  auto ex = make_executor(schedule::generate(ScheduleKind::k1F1B, 2, 2));
+  EXPECT_THROW(ex->run_step(make_microbatches(3, 5, 1), 0.1f, 1, 1e-2), std::invalid_argument);
+  const ModelConfig model = test_model();
+  EXPECT_THROW(partition_blocks(model, 9, "uniform"), std::invalid_argument);
+  EXPECT_THROW(partition_blocks(model, 3, "1,2"), std::invalid_argument);
+  EXPECT_THROW(partition_blocks(model, 3, "2,0,4"), std::invalid_argument);  // empty middle
+  EXPECT_THROW(partition_blocks(model, 3, "a,b,c"), std::invalid_argument);
+  EXPECT_EQ(partition_blocks(model, 3, "2,3,1"), (std::vector<int64_t>{2, 3, 1}));
+}
+
+TEST(Partition, UniformAndParameterBalanced) {
+  ModelConfig model = test_model();
+  EXPECT_EQ(partition_blocks(model, 1, "uniform"), (std::vector<int64_t>{6}));
+  EXPECT_EQ(partition_blocks(model, 4, "uniform"), (std::vector<int64_t>{1, 2, 2, 1}));
+  EXPECT_EQ(partition_blocks(model, 8, "uniform"), (std::vector<int64_t>{0, 1, 1, 1, 1, 1, 1, 0}));
+  const auto ranges = stage_ranges(model, {1, 2, 2, 1});
+  EXPECT_EQ(ranges.front(), (StageRange{0, 2}));
+  EXPECT_EQ(ranges.back(), (StageRange{6, 8}));
+  // With a huge vocabulary the head alone outweighs blocks: the balanced cut isolates it.
+  model.vocab = 5000;
+  const auto balanced = partition_blocks(model, 3, "params");
+  EXPECT_EQ(balanced.back(), 0);
+  const auto w = unit_parameter_counts(model);
+  EXPECT_EQ(static_cast<int64_t>(w.size()), model.num_units());
+}
+
+}  // namespace
+}  // namespace conveyor
