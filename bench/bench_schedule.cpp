@@ -69,6 +69,25 @@ void sizes(benchmark::internal::Benchmark* b) {
   BENCHMARK_CAPTURE(fn, zbh1, sc::ScheduleKind::kZBH1)->Apply(sizes);                  \
   BENCHMARK_CAPTURE(fn, zbv, sc::ScheduleKind::kZBV)->Apply(sizes)
 
+// The scale a large cluster would ask for: p = 1024 ranks, m = 4096 micro-batches of 1F1B
+// (about 16.8M actions): generate, validate and simulate once each.
+void BM_ValidateAndSimulateAtScale(benchmark::State& state) {
+  const int p = static_cast<int>(state.range(0)), m = static_cast<int>(state.range(1));
+  const auto s = make(sc::ScheduleKind::k1F1B, p, m);
+  const auto costs = sc::CostModel::uniform(1, 1, 1, 0.1);
+  for (auto _ : state) {
+    sc::validate(s);
+    const auto sim = sc::simulate(s, costs);
+    benchmark::DoNotOptimize(sim.makespan);
+  }
+  state.counters["actions"] = static_cast<double>(count_actions(s));
+}
+BENCHMARK(BM_ValidateAndSimulateAtScale)
+    ->Args({1024, 4096})
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(1)
+    ->MeasureProcessCPUTime();
+
 CONVEYOR_SCHEDULE_BENCH(BM_Generate);
 CONVEYOR_SCHEDULE_BENCH(BM_Validate);
 CONVEYOR_SCHEDULE_BENCH(BM_Simulate);

@@ -6,15 +6,6 @@
 
 namespace conveyor::schedule {
 
-bool is_compute(ActionKind kind) { return static_cast<int>(kind) <= 3; }
-bool is_transfer(ActionKind kind) { return !is_compute(kind); }
-bool is_send(ActionKind kind) {
-  return kind == ActionKind::kSendAct || kind == ActionKind::kSendGrad;
-}
-bool is_recv(ActionKind kind) {
-  return kind == ActionKind::kRecvAct || kind == ActionKind::kRecvGrad;
-}
-
 const char* kind_name(ActionKind kind) {
   switch (kind) {
     case ActionKind::kForward:
@@ -186,16 +177,26 @@ std::vector<InFlight> in_flight_per_rank(const Schedule& schedule,
     if (activation_bytes.size() == 1) return activation_bytes[0];
     return stage < static_cast<int>(activation_bytes.size()) ? activation_bytes[stage] : 0.0;
   };
+  const Placement& pl = schedule.placement;
+  const int chunks = std::max(pl.chunks, 1), mbs = std::max(schedule.num_microbatches, 1);
   std::vector<InFlight> out(schedule.ranks.size());
+  std::vector<int> last_use;  // per (chunk, mb) of the rank: position of its B or W
   for (size_t r = 0; r < schedule.ranks.size(); ++r) {
     const auto& list = schedule.ranks[r];
-    // Index of the last use of each (stage, mb) held on this rank: B or W.
-    std::map<std::pair<int, int>, int> last_use;
+    auto slot = [&](const Action& a) -> int* {
+      const int chunk = a.stage / std::max(pl.num_ranks, 1);
+      if (a.stage < 0 || chunk >= chunks || a.microbatch < 0 || a.microbatch >= mbs) return nullptr;
+      return &last_use[static_cast<size_t>(chunk) * mbs + a.microbatch];
+    };
+    // Index of the last use of each (stage, mb) held on this rank: B or W (I when no W).
+    last_use.assign(static_cast<size_t>(chunks) * mbs, -1);
     for (int i = 0; i < static_cast<int>(list.size()); ++i) {
       const auto k = list[i].kind;
+      int* last = slot(list[i]);
+      if (!last) continue;
       if (k == ActionKind::kBackward || k == ActionKind::kBackwardWeight ||
-          (k == ActionKind::kBackwardInput && !last_use.count({list[i].stage, list[i].microbatch})))
-        last_use[{list[i].stage, list[i].microbatch}] = i;
+          (k == ActionKind::kBackwardInput && *last < 0))
+        *last = i;
     }
     int in_flight = 0, held = 0;
     double in_flight_bytes = 0, held_bytes = 0;
@@ -212,9 +213,8 @@ std::vector<InFlight> in_flight_per_rank(const Schedule& schedule,
       }
       if (a.kind == ActionKind::kBackward || a.kind == ActionKind::kBackwardInput)
         --in_flight, in_flight_bytes -= b;
-      const auto it = last_use.find({a.stage, a.microbatch});
-      if (is_compute(a.kind) && a.kind != ActionKind::kForward && it != last_use.end() &&
-          it->second == i)
+      const int* last = slot(a);
+      if (is_compute(a.kind) && a.kind != ActionKind::kForward && last && *last == i)
         --held, held_bytes -= b;
     }
   }

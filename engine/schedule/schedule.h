@@ -30,10 +30,15 @@ enum class ActionKind : uint8_t {
   kRecvGrad,
 };
 
-bool is_compute(ActionKind kind);
-bool is_transfer(ActionKind kind);
-bool is_send(ActionKind kind);
-bool is_recv(ActionKind kind);
+// Inline: the validator and the simulator ask these of every action, millions of times.
+constexpr bool is_compute(ActionKind kind) { return static_cast<int>(kind) <= 3; }
+constexpr bool is_transfer(ActionKind kind) { return !is_compute(kind); }
+constexpr bool is_send(ActionKind kind) {
+  return kind == ActionKind::kSendAct || kind == ActionKind::kSendGrad;
+}
+constexpr bool is_recv(ActionKind kind) {
+  return kind == ActionKind::kRecvAct || kind == ActionKind::kRecvGrad;
+}
 // "F", "B", "I", "W", "SEND_ACT", ...
 const char* kind_name(ActionKind kind);
 

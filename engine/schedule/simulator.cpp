@@ -1,6 +1,7 @@
 #include "engine/schedule/simulator.h"
 
 #include <algorithm>
+#include <deque>
 #include <limits>
 #include <tuple>
 
@@ -12,33 +13,6 @@ double per_stage(const std::vector<double>& v, int stage, double fallback = 0.0)
   if (v.size() == 1) return v[0];
   return stage < static_cast<int>(v.size()) ? v[stage] : fallback;
 }
-
-// Position of every action, by (kind, stage, mb), in the list of the rank that owns it.
-class ActionIndex {
- public:
-  explicit ActionIndex(const Schedule& s) : stages_(s.num_stages()), mbs_(s.num_microbatches) {
-    if (static_cast<size_t>(stages_) * static_cast<size_t>(mbs_) > (size_t{1} << 25))
-      throw ScheduleError("stages x micro-batches is larger than supported (33554432)");
-    index_.assign(static_cast<size_t>(8) * stages_ * mbs_, -1);
-    for (const auto& list : s.ranks)
-      for (int i = 0; i < static_cast<int>(list.size()); ++i) {
-        const auto& a = list[i];
-        if (a.stage < stages_ && a.microbatch < mbs_)
-          index_[key(a.kind, a.stage, a.microbatch)] = i;
-      }
-  }
-  int at(ActionKind kind, int stage, int mb) const {
-    if (stage < 0 || stage >= stages_ || mb < 0 || mb >= mbs_) return -1;
-    return index_[key(kind, stage, mb)];
-  }
-
- private:
-  size_t key(ActionKind k, int s, int mb) const {
-    return (static_cast<size_t>(k) * stages_ + s) * mbs_ + mb;
-  }
-  int stages_, mbs_;
-  std::vector<int> index_;
-};
 
 }  // namespace
 
@@ -75,143 +49,202 @@ double CostModel::cost(const Action& a) const {
   }
 }
 
-SimResult simulate(const Schedule& schedule, const CostModel& costs) {
-  const Placement& pl = schedule.placement;
-  const int R = static_cast<int>(schedule.ranks.size());
-  const ActionIndex index(schedule);
-  constexpr double kUnset = -1.0;
+namespace {
 
-  SimResult result;
-  result.timing.resize(R);
-  std::vector<std::vector<bool>> done(R);
-  // Stream heads: positions in each rank's list of the next compute / send / receive.
-  std::vector<int> compute_head(R, 0), send_head(R, 0), recv_head(R, 0);
-  std::vector<double> compute_free(R, 0), send_free(R, 0), recv_free(R, 0);
-  size_t remaining = 0;
-  for (int r = 0; r < R; ++r) {
-    result.timing[r].assign(schedule.ranks[r].size(), {kUnset, kUnset});
-    done[r].assign(schedule.ranks[r].size(), false);
-    remaining += schedule.ranks[r].size();
+// The execution model (docs/execution-model.md): every rank runs three in-order streams —
+// compute, send, receive — over its list. A compute waits for its inputs; a send waits for
+// the compute that produced its tensor; a transfer happens when the send is at the head of
+// its sender's send stream and the matching receive at the head of the receiver's receive
+// stream (rendezvous). Nothing else orders actions.
+//
+// Ranks are visited from a work list: a rank runs until none of its streams can move, and a
+// rank is put back on the list only when a transfer may have unblocked it. Each visit thus
+// makes progress, so the cost is linear in the number of actions, where sweeping all ranks
+// until nothing moves costs ranks x sweeps. Times follow from the stream order and the data
+// dependencies alone, so the visiting order changes no result.
+template <bool kTimed>
+class StreamRun {
+ public:
+  StreamRun(const Schedule& s, const ActionIndex& index, const CostModel* costs,
+            std::vector<std::vector<ActionTiming>>* timing)
+      : s_(s), index_(index), costs_(costs), timing_(timing), ranks_(s.ranks.size()) {
+    const size_t R = ranks_;
+    compute_head_.assign(R, 0), send_head_.assign(R, 0), recv_head_.assign(R, 0);
+    if constexpr (kTimed) {
+      compute_free_.assign(R, 0), send_free_.assign(R, 0), recv_free_.assign(R, 0);
+      timing_->resize(R);
+    }
+    queued_.assign(R, 1);
+    for (size_t r = 0; r < R; ++r) {
+      remaining_ += s.ranks[r].size();
+      if constexpr (kTimed) (*timing_)[r].assign(s.ranks[r].size(), {kUnset, kUnset});
+      work_.push_back(static_cast<int>(r));
+    }
   }
-  auto skip_to = [&](int r, int* head, auto pred) {
-    const auto& list = schedule.ranks[r];
-    while (*head < static_cast<int>(list.size()) && !pred(list[*head].kind)) ++*head;
-  };
-  auto missing = [&](int r, int i, const std::string& what) {
+
+  void run() {
+    while (!work_.empty()) {
+      const int r = work_.back();
+      work_.pop_back();
+      queued_[r] = 0;
+      visit(r);
+    }
+    if (remaining_ > 0) throw deadlock();
+  }
+
+ private:
+  static constexpr double kUnset = -1.0;
+
+  int size(int r) const { return static_cast<int>(s_.ranks[r].size()); }
+  const Action& action(int r, int i) const { return s_.ranks[r][i]; }
+
+  template <class Pred>
+  int& head(std::vector<int>& heads, int r, Pred pred) {
+    int& h = heads[r];
+    while (h < size(r) && !pred(action(r, h).kind)) ++h;
+    return h;
+  }
+  int& compute_head(int r) { return head(compute_head_, r, is_compute); }
+  int& send_head(int r) { return head(send_head_, r, is_send); }
+  int& recv_head(int r) { return head(recv_head_, r, is_recv); }
+
+  // An action has run when the head of its stream is past it: each stream runs its kind in
+  // list order.
+  double end_of(int r, int i) const {
+    if constexpr (kTimed) return (*timing_)[r][i].end;
+    return 0.0;
+  }
+
+  ScheduleError missing(int r, int i, const std::string& what) const {
     return ScheduleError("rank " + std::to_string(r) + ", position " + std::to_string(i) + ", " +
-                         to_string(schedule.ranks[r][i]) + ": " + what +
+                         to_string(action(r, i)) + ": " + what +
                          " is missing (validate the schedule first)");
-  };
-  // Data inputs of a compute action, as positions in the same rank's list.
-  auto inputs = [&](int r, int i, int deps[2]) {
-    const Action& a = schedule.ranks[r][i];
-    const int s = a.stage, k = a.microbatch;
-    deps[0] = deps[1] = -2;  // -2: no dependency
+  }
+
+  // Data inputs of a compute action, as positions in the same rank's list (-2: none), and
+  // whether each is a receive (else a compute), so that checking them reads no action.
+  void inputs(int r, const Action& a, int deps[2], bool received[2]) const {
+    const Placement& pl = s_.placement;
+    const int st = a.stage, k = a.microbatch;
+    deps[0] = deps[1] = -2;
+    received[0] = received[1] = false;
     if (a.kind == ActionKind::kForward) {
-      if (s > 0)
-        deps[0] = pl.rank_of(s - 1) == r ? index.at(ActionKind::kForward, s - 1, k)
-                                         : index.at(ActionKind::kRecvAct, s, k);
+      if (st > 0) {
+        received[0] = pl.rank_of(st - 1) != r;
+        deps[0] = received[0] ? index_.at(ActionKind::kRecvAct, st, k)
+                              : index_.at(ActionKind::kForward, st - 1, k);
+      }
     } else if (a.kind == ActionKind::kBackwardWeight) {
-      deps[0] = index.at(ActionKind::kBackwardInput, s, k);
+      deps[0] = index_.at(ActionKind::kBackwardInput, st, k);
     } else {
-      deps[0] = index.at(ActionKind::kForward, s, k);
-      if (s + 1 < pl.num_stages()) {
-        if (pl.rank_of(s + 1) == r) {
-          const int b = index.at(ActionKind::kBackward, s + 1, k);
-          deps[1] = b >= 0 ? b : index.at(ActionKind::kBackwardInput, s + 1, k);
+      deps[0] = index_.at(ActionKind::kForward, st, k);
+      if (st + 1 < pl.num_stages()) {
+        if (pl.rank_of(st + 1) == r) {
+          const int b = index_.at(ActionKind::kBackward, st + 1, k);
+          deps[1] = b >= 0 ? b : index_.at(ActionKind::kBackwardInput, st + 1, k);
         } else {
-          deps[1] = index.at(ActionKind::kRecvGrad, s, k);
+          deps[1] = index_.at(ActionKind::kRecvGrad, st, k);
+          received[1] = true;
         }
       }
     }
-  };
-  auto producer_of_send = [&](const Action& a) {
+  }
+  int producer_of_send(const Action& a) const {
     if (a.kind == ActionKind::kSendAct)
-      return index.at(ActionKind::kForward, a.stage, a.microbatch);
-    const int b = index.at(ActionKind::kBackward, a.stage, a.microbatch);
-    return b >= 0 ? b : index.at(ActionKind::kBackwardInput, a.stage, a.microbatch);
-  };
-  auto matching_recv = [&](const Action& a) {
+      return index_.at(ActionKind::kForward, a.stage, a.microbatch);
+    const int b = index_.at(ActionKind::kBackward, a.stage, a.microbatch);
+    return b >= 0 ? b : index_.at(ActionKind::kBackwardInput, a.stage, a.microbatch);
+  }
+  int matching_recv(const Action& a) const {
     return a.kind == ActionKind::kSendAct
-               ? index.at(ActionKind::kRecvAct, a.stage + 1, a.microbatch)
-               : index.at(ActionKind::kRecvGrad, a.stage - 1, a.microbatch);
-  };
+               ? index_.at(ActionKind::kRecvAct, a.stage + 1, a.microbatch)
+               : index_.at(ActionKind::kRecvGrad, a.stage - 1, a.microbatch);
+  }
 
-  bool progress = true;
-  while (remaining > 0 && progress) {
-    progress = false;
-    for (int r = 0; r < R; ++r) {
-      const auto& list = schedule.ranks[r];
-      // Compute stream.
-      for (;;) {
-        skip_to(r, &compute_head[r], is_compute);
-        const int i = compute_head[r];
-        if (i >= static_cast<int>(list.size())) break;
+  void wake(int r) {
+    if (r < 0 || r >= static_cast<int>(ranks_) || queued_[r]) return;
+    queued_[r] = 1;
+    work_.push_back(r);
+  }
+
+  // Runs rank r's streams until none can move.
+  void visit(int r) {
+    for (bool progress = true; progress;) {
+      progress = false;
+      for (;;) {  // compute stream
+        const int i = compute_head(r);
+        if (i >= size(r)) break;
         int deps[2];
-        inputs(r, i, deps);
-        double ready = compute_free[r];
+        bool received[2];
+        inputs(r, action(r, i), deps, received);
+        double ready = 0;
+        if constexpr (kTimed) ready = compute_free_[r];
         bool blocked = false;
-        for (int d : deps) {
+        for (int n = 0; n < 2; ++n) {
+          const int d = deps[n];
           if (d == -2) continue;
           if (d < 0) throw missing(r, i, "an input of this action");
-          if (!done[r][d]) {
+          if ((received[n] ? recv_head_[r] : compute_head_[r]) <= d) {
             blocked = true;
             break;
           }
-          ready = std::max(ready, result.timing[r][d].end);
+          if constexpr (kTimed) ready = std::max(ready, end_of(r, d));
         }
         if (blocked) break;
-        result.timing[r][i] = {ready, ready + costs.cost(list[i])};
-        compute_free[r] = result.timing[r][i].end;
-        done[r][i] = true;
-        --remaining, ++compute_head[r], progress = true;
+        if constexpr (kTimed) {
+          (*timing_)[r][i] = {ready, ready + costs_->cost(action(r, i))};
+          compute_free_[r] = (*timing_)[r][i].end;
+        }
+        ++compute_head_[r], --remaining_, progress = true;
       }
-      // Send stream: a send starts with its matching receive at the head of the peer's
-      // receive stream.
-      for (;;) {
-        skip_to(r, &send_head[r], is_send);
-        const int i = send_head[r];
-        if (i >= static_cast<int>(list.size())) break;
-        const Action& a = list[i];
+      for (;;) {  // send stream, rendezvous with the receiver's receive stream
+        const int i = send_head(r);
+        if (i >= size(r)) break;
+        const Action& a = action(r, i);
         const int producer = producer_of_send(a);
         if (producer < 0) throw missing(r, i, "the compute producing this message");
-        if (!done[r][producer]) break;
+        if (compute_head_[r] <= producer) break;
         const int dst = a.peer;
-        if (dst < 0 || dst >= R) throw missing(r, i, "the peer rank");
+        if (dst < 0 || dst >= static_cast<int>(ranks_)) throw missing(r, i, "the peer rank");
         const int j = matching_recv(a);
         if (j < 0) throw missing(r, i, "the matching receive");
-        skip_to(dst, &recv_head[dst], is_recv);
-        if (recv_head[dst] != j) break;
-        const double start =
-            std::max({result.timing[r][producer].end, send_free[r], recv_free[dst]});
-        const double end = start + costs.cost(a);
-        result.timing[r][i] = {start, end};
-        result.timing[dst][j] = {start, end};
-        send_free[r] = recv_free[dst] = end;
-        done[r][i] = done[dst][j] = true;
-        remaining -= 2, ++send_head[r], ++recv_head[dst], progress = true;
+        if (recv_head(dst) != j) break;
+        if constexpr (kTimed) {
+          const double start = std::max({end_of(r, producer), send_free_[r], recv_free_[dst]});
+          const double end = start + costs_->cost(a);
+          (*timing_)[r][i] = (*timing_)[dst][j] = {start, end};
+          send_free_[r] = recv_free_[dst] = end;
+        }
+        ++send_head_[r], ++recv_head_[dst], remaining_ -= 2, progress = true;
+        // The receiver's computes may now run, and the sender of its next receive may be
+        // waiting for that receive to reach the head.
+        if (dst != r) wake(dst);
+        const int next = recv_head(dst);
+        if (next < size(dst)) {
+          const int sender = action(dst, next).peer;
+          if (sender >= 0 && sender < static_cast<int>(ranks_) && sender != r) {
+            const int h = send_head(sender);
+            if (h < size(sender) && matching_recv(action(sender, h)) == next) wake(sender);
+          }
+        }
       }
     }
   }
-  if (remaining > 0) {
+
+  DeadlockError deadlock() {
     std::vector<StuckAction> stuck;
     std::string msg = "deadlock: the run cannot finish;";
-    for (int r = 0; r < R; ++r) {
-      const auto& list = schedule.ranks[r];
-      for (int* head : {&compute_head[r], &send_head[r], &recv_head[r]}) {
-        if (head == &compute_head[r]) skip_to(r, head, is_compute);
-        if (head == &send_head[r]) skip_to(r, head, is_send);
-        if (head == &recv_head[r]) skip_to(r, head, is_recv);
-        if (*head >= static_cast<int>(list.size())) continue;
-        const Action& a = list[*head];
+    for (int r = 0; r < static_cast<int>(ranks_); ++r)
+      for (int h : {compute_head(r), send_head(r), recv_head(r)}) {
+        if (h >= size(r)) continue;
+        const Action& a = action(r, h);
         std::string why =
             is_compute(a.kind) ? "waits for its input"
             : is_send(a.kind)
                 ? "waits for rank " + std::to_string(a.peer) + " to post the matching receive"
                 : "waits for rank " + std::to_string(a.peer) + " to send";
-        stuck.push_back({r, *head, why});
+        stuck.push_back({r, h, why});
       }
-    }
     std::sort(stuck.begin(), stuck.end(), [](const StuckAction& x, const StuckAction& y) {
       return std::tie(x.rank, x.index) < std::tie(y.rank, y.index);
     });
@@ -223,9 +256,39 @@ SimResult simulate(const Schedule& schedule, const CostModel& costs) {
     for (size_t n = 0; n < stuck.size() && n < 6; ++n)
       msg += " rank " + std::to_string(stuck[n].rank) + " position " +
              std::to_string(stuck[n].index) + " " +
-             to_string(schedule.ranks[stuck[n].rank][stuck[n].index]) + " " + stuck[n].waiting_for +
+             to_string(action(stuck[n].rank, stuck[n].index)) + " " + stuck[n].waiting_for +
              (n + 1 < stuck.size() && n < 5 ? ";" : "");
-    throw DeadlockError(msg, std::move(stuck));
+    return DeadlockError(msg, std::move(stuck));
+  }
+
+  const Schedule& s_;
+  const ActionIndex& index_;
+  const CostModel* costs_;
+  std::vector<std::vector<ActionTiming>>* timing_;
+  size_t ranks_;
+  std::vector<int> compute_head_, send_head_, recv_head_;
+  std::vector<double> compute_free_, send_free_, recv_free_;
+  size_t remaining_ = 0;
+  std::deque<int> work_;
+  std::vector<char> queued_;
+};
+
+// The kinds the model looks up: inputs of computes, producers of sends, matching receives.
+constexpr ActionIndex::KindSet kLookedUpKinds = {true, true, true, false, false, true, false, true};
+
+}  // namespace
+
+void check_progress(const Schedule& schedule, const ActionIndex& index) {
+  StreamRun<false>(schedule, index, nullptr, nullptr).run();
+}
+
+SimResult simulate(const Schedule& schedule, const CostModel& costs) {
+  const int R = static_cast<int>(schedule.ranks.size());
+  SimResult result;
+  {
+    ActionIndex index(schedule.num_stages(), schedule.num_microbatches, kLookedUpKinds);
+    index.insert_all(schedule);
+    StreamRun<true>(schedule, index, &costs, &result.timing).run();
   }
 
   // Summary.

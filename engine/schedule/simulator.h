@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/schedule/action_index.h"
 #include "engine/schedule/schedule.h"
 
 namespace conveyor::schedule {
@@ -69,5 +70,9 @@ class DeadlockError : public ScheduleError {
 // with zero costs to prove progress). Throws DeadlockError when the run cannot finish and
 // ScheduleError when an action's input is missing.
 SimResult simulate(const Schedule& schedule, const CostModel& costs = {});
+
+// The same run without times: proves that every stream reaches the end of its list (what
+// validate() checks). `index` must hold every kind of action of `schedule`.
+void check_progress(const Schedule& schedule, const ActionIndex& index);
 
 }  // namespace conveyor::schedule

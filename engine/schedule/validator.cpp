@@ -2,6 +2,7 @@
 
 #include <tuple>
 
+#include "engine/schedule/action_index.h"
 #include "engine/schedule/ascii.h"
 #include "engine/schedule/simulator.h"
 
@@ -38,18 +39,9 @@ void validate(const Schedule& s) {
          "the placement has " + std::to_string(R) + " ranks but the schedule lists " +
              std::to_string(s.ranks.size()));
 
-  // Position of each action; per-action placement, range and peer checks; duplicates.
-  // Position of each action in its rank's list, by (kind, stage, mb); a flat table because
-  // the validator runs before every execution.
-  const size_t table = static_cast<size_t>(S) * static_cast<size_t>(M);
-  if (table > (size_t{1} << 25))
-    fail(s, -1, -1, "shape",
-         "stages x micro-batches = " + std::to_string(table) +
-             " is larger than supported (33554432)");
-  std::vector<int> pos(8 * table, -1);
-  auto key = [&](ActionKind k, int stage, int mb) {
-    return (static_cast<size_t>(k) * S + stage) * M + mb;
-  };
+  // Position of each action in its rank's list, by (kind, stage, mb); per-action placement,
+  // range and peer checks; duplicates.
+  ActionIndex index(S, M);
   for (int r = 0; r < R; ++r)
     for (int i = 0; i < static_cast<int>(s.ranks[r].size()); ++i) {
       const Action& a = s.ranks[r][i];
@@ -85,14 +77,13 @@ void validate(const Schedule& s) {
                "the peer must be rank " + std::to_string(pl.rank_of(other)) + " (owner of stage " +
                    std::to_string(other) + "), not " + std::to_string(a.peer));
       }
-      int& slot = pos[key(a.kind, a.stage, a.microbatch)];
-      if (slot >= 0)
+      const int first = index.insert(a, i);
+      if (first >= 0)
         fail(s, r, i, "duplicate",
              std::string(kind_name(a.kind)) + " of " + sm(a.stage, a.microbatch) +
-                 " appears twice (first at position " + std::to_string(slot) + ")");
-      slot = i;
+                 " appears twice (first at position " + std::to_string(first) + ")");
     }
-  auto at = [&](ActionKind k, int stage, int mb) { return pos[key(k, stage, mb)]; };
+  auto at = [&](ActionKind k, int stage, int mb) { return index.at(k, stage, mb); };
 
   // Completeness and order within a rank.
   for (int st = 0; st < S; ++st) {
@@ -173,36 +164,48 @@ void validate(const Schedule& s) {
     }
   }
 
-  // FIFO per link: the k-th receive on (src -> dst) is the k-th send's message.
-  std::vector<std::vector<std::vector<int>>> sends(R, std::vector<std::vector<int>>(R));
-  std::vector<std::vector<std::vector<int>>> recvs(R, std::vector<std::vector<int>>(R));
-  for (int r = 0; r < R; ++r)
-    for (int i = 0; i < static_cast<int>(s.ranks[r].size()); ++i) {
-      const Action& a = s.ranks[r][i];
-      if (is_send(a.kind)) sends[r][a.peer].push_back(i);
-      if (is_recv(a.kind)) recvs[r][a.peer].push_back(i);
+  // FIFO per link: the n-th receive on (src -> dst) is the n-th send's message. Every message
+  // is sent and received once (checked above), so this holds exactly when, on each link, the
+  // receives find their sends in increasing position. That needs one number per peer, not
+  // tables per pair of ranks; the message names the first mismatch of the broken link.
+  auto fail_fifo = [&](int src, int dst) {
+    std::vector<int> out, in;
+    for (int i = 0; i < static_cast<int>(s.ranks[src].size()); ++i)
+      if (is_send(s.ranks[src][i].kind) && s.ranks[src][i].peer == dst) out.push_back(i);
+    for (int i = 0; i < static_cast<int>(s.ranks[dst].size()); ++i)
+      if (is_recv(s.ranks[dst][i].kind) && s.ranks[dst][i].peer == src) in.push_back(i);
+    for (size_t n = 0; n < out.size() && n < in.size(); ++n) {
+      const Action& sa = s.ranks[src][out[n]];
+      if (message_key(sa) != message_key(s.ranks[dst][in[n]]))
+        fail(s, dst, in[n], "fifo",
+             "on link rank " + std::to_string(src) + " -> rank " + std::to_string(dst) +
+                 " message #" + std::to_string(n) + " is sent by " + to_string(sa) + " (rank " +
+                 std::to_string(src) + ", position " + std::to_string(out[n]) +
+                 ") but this receive expects another one; an in-order transport (NCCL) would "
+                 "mismatch or deadlock: receives must follow the order of the sends");
     }
-  for (int src = 0; src < R; ++src)
+  };
+  {
+    std::vector<int> last_send(R, -1), touched;
     for (int dst = 0; dst < R; ++dst) {
-      const auto& out = sends[src][dst];
-      const auto& in = recvs[dst][src];
-      for (size_t n = 0; n < out.size() && n < in.size(); ++n) {
-        const Action& sa = s.ranks[src][out[n]];
-        const Action& ra = s.ranks[dst][in[n]];
-        if (message_key(sa) != message_key(ra))
-          fail(s, dst, in[n], "fifo",
-               "on link rank " + std::to_string(src) + " -> rank " + std::to_string(dst) +
-                   " message #" + std::to_string(n) + " is sent by " + to_string(sa) + " (rank " +
-                   std::to_string(src) + ", position " + std::to_string(out[n]) +
-                   ") but this receive expects another one; an in-order transport (NCCL) would "
-                   "mismatch or deadlock: receives must follow the order of the sends");
+      for (int p : touched) last_send[p] = -1;
+      touched.clear();
+      for (const Action& a : s.ranks[dst]) {
+        if (!is_recv(a.kind)) continue;
+        const int send = a.kind == ActionKind::kRecvAct
+                             ? at(ActionKind::kSendAct, a.stage - 1, a.microbatch)
+                             : at(ActionKind::kSendGrad, a.stage + 1, a.microbatch);
+        int& last = last_send[a.peer];
+        if (last < 0) touched.push_back(a.peer);
+        if (send < last) fail_fifo(a.peer, dst);
+        last = send;
       }
-      // Counts match because every send and receive is present exactly once (checked above).
     }
+  }
 
   // Progress: a zero-cost run must reach the end.
   try {
-    simulate(s, CostModel::uniform(0, 0, 0, 0));
+    check_progress(s, index);
   } catch (const DeadlockError& e) {
     // Mark the earliest stuck receive: the head of a receive stream waiting on a message that
     // cannot come is usually the cause; compute heads merely wait on it.

@@ -141,5 +141,25 @@ TEST(Validator, WrongRankCount) {
   }
 }
 
+TEST(Validator, TablesGrowWithTheLinksNotWithPairsOfRanks) {
+  // 30000 ranks: tables per pair of ranks would need 9e8 entries (tens of GB); the links that
+  // exist are 2 per rank.
+  const int R = 30000;
+  Schedule s;
+  s.placement.num_ranks = R;
+  s.num_microbatches = 1;
+  s.ranks.resize(R);
+  for (int r = 0; r < R; ++r) {
+    auto& list = s.ranks[r];
+    if (r > 0) list.push_back({ActionKind::kRecvAct, r, 0, r - 1});
+    list.push_back(forward(r, 0));
+    if (r + 1 < R) list.push_back({ActionKind::kSendAct, r, 0, r + 1});
+    if (r + 1 < R) list.push_back({ActionKind::kRecvGrad, r, 0, r + 1});
+    list.push_back(backward(r, 0));
+    if (r > 0) list.push_back({ActionKind::kSendGrad, r, 0, r - 1});
+  }
+  EXPECT_NO_THROW(validate(s));
+}
+
 }  // namespace
 }  // namespace conveyor::schedule
