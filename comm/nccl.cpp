@@ -177,9 +177,7 @@ class NcclClique {
     const auto deadline = Clock::now() + timeout_;
     auto pause = std::chrono::microseconds(20);
     for (;;) {
-      if (aborted())
-        throw TransportError("rank " + std::to_string(rank) +
-                             ": pipeline aborted: " + abort_reason());
+      if (aborted()) throw TransportAborted(rank, abort_reason());
       const cudaError_t status = cudaStreamQuery(stream);
       if (status == cudaSuccess) return;
       if (status != cudaErrorNotReady) {
@@ -377,9 +375,7 @@ NcclTransport::~NcclTransport() {
 int NcclTransport::size() const { return clique_->size(); }
 
 void NcclTransport::throw_if_aborted() const {
-  if (clique_->aborted())
-    throw TransportError("rank " + std::to_string(rank_) +
-                         ": pipeline aborted: " + clique_->abort_reason());
+  if (clique_->aborted()) throw TransportAborted(rank_, clique_->abort_reason());
 }
 
 void NcclTransport::check_tensor(const Tensor& tensor, const char* what) const {
@@ -390,22 +386,13 @@ void NcclTransport::check_tensor(const Tensor& tensor, const char* what) const {
         ": the NCCL transport of this rank needs tensors on cuda:" + std::to_string(device_));
 }
 
-void NcclTransport::check_peer(int peer, const char* what) const {
-  if (peer < 0 || peer >= size() || peer == rank_)
-    throw TransportError("rank " + std::to_string(rank_) + ": cannot " + what + " rank " +
-                         std::to_string(peer) + " (ranks are 0.." + std::to_string(size() - 1) +
-                         ")");
-}
-
 namespace {
 
 // Runs `issue` on `comm` under its lock, with its device current; throws when aborted.
 template <class F>
 void with_comm(NcclComm& comm, int rank, const NcclClique& clique, F&& issue) {
   std::unique_lock lock(comm.mutex);
-  if (comm.dead || clique.aborted())
-    throw TransportError("rank " + std::to_string(rank) +
-                         ": pipeline aborted: " + clique.abort_reason());
+  if (comm.dead || clique.aborted()) throw TransportAborted(rank, clique.abort_reason());
   conveyor::detail::CudaDeviceGuard guard(comm.device);
   issue(comm.handle);
 }

@@ -10,8 +10,8 @@
 #include <thread>
 
 #include "comm/nccl.h"
-#include "support/test_util.h"
 #include "engine/core/device_context.h"
+#include "support/test_util.h"
 
 #ifdef CONVEYOR_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -154,6 +154,9 @@ TEST(NcclGpu, AbortIsIdempotentAndNamesTheReason) {
   } catch (const TransportError& e) {
     const std::string what = e.what();
     EXPECT_NE(what.find("pipeline aborted: rank 3 ran out of memory"), std::string::npos) << what;
+    const auto* aborted = dynamic_cast<const TransportAborted*>(&e);
+    ASSERT_NE(aborted, nullptr) << "not a TransportAborted: " << what;
+    EXPECT_EQ(aborted->reason(), "rank 3 ran out of memory");  // the first reason stays
   }
   // An abort from another thread is fine too.
   std::thread([&] { transports[0]->abort("from another thread"); }).join();
@@ -243,6 +246,7 @@ TEST(NcclGpu, ARankThatNeverJoinsTheAllReduceFailsInsteadOfHanging) {
     ADD_FAILURE() << "rank 1's all-reduce succeeded after rank 0 aborted";
   } catch (const TransportError& e) {
     EXPECT_NE(std::string(e.what()).find("pipeline aborted"), std::string::npos) << e.what();
+    EXPECT_NE(dynamic_cast<const TransportAborted*>(&e), nullptr) << e.what();
   }
   CONVEYOR_CUDA_CHECK(cudaSetDevice(0));
 }
