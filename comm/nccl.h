@@ -90,7 +90,7 @@ class NcclTransport : public Transport {
   std::shared_ptr<detail::NcclClique> clique_;
   int rank_;
   int device_;
-  void* reduce_stream_ = nullptr;  // cudaStream_t for the all-reduce
+  std::unique_ptr<Stream> reduce_stream_;  // for the all-reduce
   double* reduce_device_ = nullptr;
   double* reduce_host_ = nullptr;  // pinned, so the copy back never blocks the host
   size_t reduce_capacity_ = 0;
