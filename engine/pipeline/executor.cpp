@@ -4,11 +4,8 @@
 #include <cmath>
 #include <map>
 #include <mutex>
-#include <set>
 #include <utility>
 
-#include "comm/in_process.h"
-#include "comm/nccl.h"
 #include "engine/schedule/validator.h"
 #include "layers/ops.h"
 #ifdef CONVEYOR_WITH_CUDA
@@ -121,13 +118,6 @@ Tensor upload_ids(DeviceContext& ctx, const std::shared_ptr<CachingAllocator>& h
   return ids;
 }
 
-bool one_gpu_per_rank(const std::vector<Device>& devices) {
-  std::set<int> seen;
-  for (const Device& d : devices)
-    if (!d.is_cuda() || !seen.insert(d.index).second) return false;
-  return true;
-}
-
 const Stream& stream_for(const Action& a, Stream& compute, Stream& send, Stream& recv) {
   if (schedule::is_send(a.kind)) return send;
   if (schedule::is_recv(a.kind)) return recv;
@@ -149,18 +139,13 @@ PipelineExecutor::PipelineExecutor(const ModelConfig& model, schedule::Schedule 
   if (static_cast<int>(devices.size()) != p)
     throw std::invalid_argument("the schedule has " + std::to_string(p) + " ranks but " +
                                 std::to_string(devices.size()) + " devices were given");
+  // Before any rank is built, so that an impossible request fails at once.
+  transport_kind_ = comm::choose_transport(options.transport, devices);
   // Global parameter order: unit order, then each unit's own order.
   std::map<std::string, int> global;
   for (const auto& unit : make_model_units(model_, 0, model_.num_units()))
     for (Parameter* prm : unit->parameters()) global.emplace(prm->name, total_parameters_++);
 
-  const bool distinct_gpus = one_gpu_per_rank(devices);
-  uses_nccl_ = options.transport == TransportKind::kNccl ||
-               (options.transport == TransportKind::kAuto && p > 1 && distinct_gpus &&
-                comm::nccl_available());
-  if (uses_nccl_ && !distinct_gpus)
-    throw std::invalid_argument("the NCCL transport needs one CUDA device per rank");
-  auto hub = comm::InProcessHub::create(p, options.transport_timeout);
   for (int r = 0; r < p; ++r) {
     auto rank = std::make_unique<Rank>();
     rank->index = r;
@@ -173,7 +158,6 @@ PipelineExecutor::PipelineExecutor(const ModelConfig& model, schedule::Schedule 
           std::make_unique<Stage>(model_, ranges_[s].begin, ranges_[s].end, *rank->ctx, seed);
     for (Parameter* prm : rank->parameters()) rank->global_index.push_back(global.at(prm->name));
     rank->optimizer = std::make_unique<Optimizer>(*rank->ctx, rank->parameters(), optimizer);
-    if (!uses_nccl_) rank->transport = hub->endpoint(r);
     if (devices[r].is_cuda()) {
       const size_t n = schedule_.ranks[r].size();
       for (size_t i = 0; i < n; ++i) {
@@ -185,15 +169,8 @@ PipelineExecutor::PipelineExecutor(const ModelConfig& model, schedule::Schedule 
     }
     ranks_.push_back(std::move(rank));
   }
-  if (uses_nccl_) {
-#ifdef CONVEYOR_WITH_CUDA
-    std::vector<int> ids;
-    for (const Device& d : devices) ids.push_back(d.index);
-    set_transports(comm::make_nccl_transports(ids, options.transport_timeout));
-#else
-    throw std::invalid_argument("this build has no NCCL; use the in-process transport");
-#endif
-  }
+  set_transports(
+      comm::make_transports(transport_kind_, devices, options.transport_timeout).per_rank);
   threads_ = std::make_unique<RankThreads>(p);
 }
 

@@ -17,20 +17,20 @@
 #include <vector>
 
 #include "comm/transport.h"
+#include "comm/transport_factory.h"
 #include "engine/core/device_context.h"
 #include "engine/pipeline/optimizer.h"
 #include "engine/pipeline/partition.h"
 #include "engine/pipeline/rank_threads.h"
+#include "engine/pipeline/stage.h"
 #include "engine/schedule/schedule.h"
 #include "engine/schedule/simulator.h"
-#include "engine/pipeline/stage.h"
 #include "layers/model.h"
 
 namespace conveyor {
 
-// How ranks exchange tensors. kAuto: NCCL when every rank has a GPU of its own, in-process
-// otherwise (CPU ranks, or ranks sharing a GPU on their own streams).
-enum class TransportKind { kAuto, kInProcess, kNccl };
+// How ranks exchange tensors (comm/transport_factory.h says how kAuto chooses).
+using TransportKind = comm::TransportKind;
 
 struct ExecutorOptions {
   TransportKind transport = TransportKind::kAuto;
@@ -88,7 +88,9 @@ class PipelineExecutor {
   std::vector<Parameter*> rank_parameters(int rank);
   Optimizer& optimizer(int rank);
 
-  bool uses_nccl() const { return uses_nccl_; }
+  // The transport chosen at construction (kAuto resolved).
+  TransportKind transport_kind() const { return transport_kind_; }
+  bool uses_nccl() const { return transport_kind_ == TransportKind::kNccl; }
   // Replaces the transport of every rank (tests inject faults through this).
   void set_transports(std::vector<std::unique_ptr<comm::Transport>> transports);
 
@@ -100,7 +102,7 @@ class PipelineExecutor {
 
   ModelConfig model_;
   schedule::Schedule schedule_;
-  bool uses_nccl_ = false;
+  TransportKind transport_kind_ = TransportKind::kInProcess;
   std::vector<StageRange> ranges_;
   int total_parameters_ = 0;
   std::vector<std::unique_ptr<Rank>> ranks_;
