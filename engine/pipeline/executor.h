@@ -11,6 +11,7 @@
 // squared gradient norms to one all-reduce (slots indexed by global parameter order), so
 // every rank sums them in the same order as the one-stage run: the clipping factor and the
 // loss are bitwise those of a single device. Each rank then steps its own parameters.
+// engine/schedule/measured_timing.h turns the measured timeline into the simulator's terms.
 #include <chrono>
 #include <memory>
 #include <string>
@@ -108,15 +109,5 @@ class PipelineExecutor {
   std::vector<std::unique_ptr<Rank>> ranks_;
   std::unique_ptr<RankThreads> threads_;  // last: joined before the ranks go
 };
-
-// Mean measured cost of each action kind per stage, as a cost model for the simulator, so
-// that a measured run can be compared with its prediction.
-schedule::CostModel measured_costs(const schedule::Schedule& schedule,
-                                   const std::vector<std::vector<schedule::ActionTiming>>& timing);
-
-// Busy time, idle time and bubble fraction per rank of a measured timeline (compute actions
-// count as busy), in the simulator's terms.
-schedule::SimResult summarize_timing(const schedule::Schedule& schedule,
-                                     std::vector<std::vector<schedule::ActionTiming>> timing);
 
 }  // namespace conveyor
