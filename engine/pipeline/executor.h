@@ -11,7 +11,10 @@
 // squared gradient norms to one all-reduce (slots indexed by global parameter order), so
 // every rank sums them in the same order as the one-stage run: the clipping factor and the
 // loss are bitwise those of a single device. Each rank then steps its own parameters.
-// engine/schedule/measured_timing.h turns the measured timeline into the simulator's terms.
+//
+// The pieces: comm/transport_factory.h chooses and builds the transports, rank_step.h runs
+// one rank's step action by action, engine/schedule/measured_timing.h turns the measured
+// timeline into the simulator's terms.
 #include <chrono>
 #include <memory>
 #include <string>
@@ -59,6 +62,8 @@ struct PipelineStepResult {
   std::vector<size_t> peak_allocated_bytes;
 };
 
+struct PipelineRank;  // what one rank owns (rank_step.h)
+
 // A rank failed: names the rank, the action and the cause.
 class PipelineError : public std::runtime_error {
  public:
@@ -96,17 +101,12 @@ class PipelineExecutor {
   void set_transports(std::vector<std::unique_ptr<comm::Transport>> transports);
 
  private:
-  struct Rank;
-  void run_rank(Rank& rank, const std::vector<MicroBatchData>& microbatches, float loss_scale,
-                int64_t step, double lr, bool update, PipelineStepResult& result,
-                std::chrono::steady_clock::time_point step_start);
-
   ModelConfig model_;
   schedule::Schedule schedule_;
   TransportKind transport_kind_ = TransportKind::kInProcess;
   std::vector<StageRange> ranges_;
   int total_parameters_ = 0;
-  std::vector<std::unique_ptr<Rank>> ranks_;
+  std::vector<std::unique_ptr<PipelineRank>> ranks_;
   std::unique_ptr<RankThreads> threads_;  // last: joined before the ranks go
 };
 
