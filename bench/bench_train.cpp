@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "engine/core/device.h"
+#include "engine/schedule/measured_timing.h"
 #include "engine/train/trainer.h"
 
 namespace {
@@ -78,7 +79,7 @@ void run_training(benchmark::State& state, const conveyor::TrainConfig& config,
     one_stage_rates()[key] = rate;
   } else {
     const auto sim =
-        conveyor::summarize_timing(trainer->executor().schedule(), last.pipeline.timing);
+        conveyor::schedule::summarize_timing(trainer->executor().schedule(), last.pipeline.timing);
     state.counters["bubble"] = sim.bubble_fraction;
     const auto it = one_stage_rates().find(key);
     if (it != one_stage_rates().end()) state.counters["vs_1stage"] = rate / it->second;

@@ -52,13 +52,6 @@ class InProcessTransport : public Transport {
   void abort(const std::string& reason) override { hub_->abort(reason); }
 
  private:
-  void check_peer(int peer, const char* what) const {
-    if (peer < 0 || peer >= hub_->size() || peer == rank_)
-      throw TransportError("rank " + std::to_string(rank_) + ": cannot " + what + " rank " +
-                           std::to_string(peer) + " (ranks are 0.." +
-                           std::to_string(hub_->size() - 1) + ")");
-  }
-
   std::shared_ptr<InProcessHub> hub_;
   int rank_;
 };
@@ -85,8 +78,7 @@ std::unique_ptr<Transport> InProcessHub::endpoint(int rank) {
 }
 
 void InProcessHub::throw_if_aborted(int rank) const {
-  if (aborted_)
-    throw TransportError("rank " + std::to_string(rank) + ": pipeline aborted: " + abort_reason_);
+  if (aborted_) throw TransportAborted(rank, abort_reason_);
 }
 
 void InProcessHub::push(int src, int dst, Message message) {

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <thread>
@@ -44,19 +45,32 @@ namespace detail {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using conveyor::detail::CudaDeviceGuard;
 
-// Makes a device current for a scope and restores the caller's device afterwards, also when
-// the caller's device was the same one (ncclCommInitAll moves the calling thread around).
-class RestoreDevice {
- public:
-  RestoreDevice() { CONVEYOR_CUDA_CHECK(cudaGetDevice(&previous_)); }
-  ~RestoreDevice() { (void)cudaSetDevice(previous_); }
-  RestoreDevice(const RestoreDevice&) = delete;
-  RestoreDevice& operator=(const RestoreDevice&) = delete;
+cudaStream_t cuda_stream(const Stream& stream) {
+  return static_cast<cudaStream_t>(stream.native());
+}
 
- private:
-  int previous_ = 0;
-};
+// Where nothing may throw (aborts, teardown): makes `device` current when it can; when it
+// cannot (a broken context), the caller goes on, on the current device.
+void make_current_if_possible(std::optional<CudaDeviceGuard>& guard, int device) noexcept {
+  try {
+    guard.emplace(device);
+  } catch (...) {
+  }
+}
+
+// The device to enter NCCL's set-up from. ncclCommInitAll makes the devices of a clique
+// current in turn and may leave the thread on any of them; entering from a clique device
+// other than the caller's makes the guard take the thread back to the caller's device. When
+// the clique is the caller's device alone, NCCL has nowhere else to go.
+int set_up_entry_device(const std::vector<int>& clique_devices) {
+  int current = 0;
+  CONVEYOR_CUDA_CHECK(cudaGetDevice(&current));
+  for (int device : clique_devices)
+    if (device != current) return device;
+  return current;
+}
 
 // ncclGroupStart ... ncclGroupEnd, where the end also comes when a call in between throws
 // (an unclosed group would swallow every later NCCL call of this thread).
@@ -111,7 +125,7 @@ class NcclClique {
     for (int r = 0; r < p; ++r) world_.push_back(std::make_unique<NcclComm>());
     links_.resize(static_cast<size_t>(p) * p * 2);
     try {
-      RestoreDevice restore;
+      CudaDeviceGuard restore(set_up_entry_device(devices_));
       std::vector<ncclComm_t> handles(p);
       CONVEYOR_NCCL_CHECK(ncclCommInitAll(handles.data(), p, devices_.data()));
       for (int r = 0; r < p; ++r) world_[r]->handle = handles[r], world_[r]->device = devices_[r];
@@ -173,20 +187,20 @@ class NcclClique {
   // Polls `stream` until done; gives up (aborting everything) when the clique was aborted,
   // NCCL reports an asynchronous error on one of `rank`'s communicators, or the deadline
   // passes.
-  void wait(int rank, cudaStream_t stream, const std::string& what) {
+  void wait(int rank, const Stream& stream, const std::string& what) {
     const auto deadline = Clock::now() + timeout_;
     auto pause = std::chrono::microseconds(20);
     for (;;) {
-      if (aborted())
-        throw TransportError("rank " + std::to_string(rank) +
-                             ": pipeline aborted: " + abort_reason());
-      const cudaError_t status = cudaStreamQuery(stream);
-      if (status == cudaSuccess) return;
-      if (status != cudaErrorNotReady) {
+      if (aborted()) throw TransportAborted(rank, abort_reason());
+      bool done = false;
+      try {
+        done = stream.query();
+      } catch (const std::exception& e) {
         abort_all("rank " + std::to_string(rank) + ": CUDA error while waiting for " + what + ": " +
-                  cudaGetErrorString(status));
-        kernels::cuda::throw_cuda_error(status, "cudaStreamQuery", __FILE__, __LINE__);
+                  e.what());
+        throw;
       }
+      if (done) return;
       for (NcclComm* comm : comms_of(rank)) check_async_error(rank, *comm, what);
       if (Clock::now() > deadline) {
         const std::string reason = "rank " + std::to_string(rank) + ": " + what +
@@ -242,12 +256,10 @@ class NcclClique {
     try {
       std::unique_lock lock(comm.mutex, std::defer_lock);
       if (!lock.try_lock_for(timeout_) || comm.dead || !comm.handle) return;
-      int previous = 0;
-      const bool restore = cudaGetDevice(&previous) == cudaSuccess;
-      (void)cudaSetDevice(comm.device);
+      std::optional<CudaDeviceGuard> guard;
+      make_current_if_possible(guard, comm.device);
       (void)ncclCommAbort(comm.handle);  // never throws: abort is on error paths
       comm.dead = true;
-      if (restore) (void)cudaSetDevice(previous);
     } catch (...) {
       // Locking failed (system error): leave the communicator to the destructor.
     }
@@ -282,34 +294,42 @@ class NcclClique {
   void warm_up() {
     const int p = size();
     if (p < 2) return;
-    std::vector<cudaStream_t> streams(p, nullptr);
+    std::vector<Stream> streams;
     std::vector<char*> buffers(p, nullptr);
     auto release = [&] {
       for (int r = 0; r < p; ++r) {
-        (void)cudaSetDevice(devices_[r]);
-        if (buffers[r]) (void)cudaFree(buffers[r]);
-        if (streams[r]) (void)cudaStreamDestroy(streams[r]);
+        if (!buffers[r]) continue;
+        std::optional<CudaDeviceGuard> guard;
+        make_current_if_possible(guard, devices_[r]);
+        (void)cudaFree(buffers[r]);
       }
+      streams.clear();
     };
     // Per device: one double for the all-reduce, then one byte per source.
     const size_t bytes = sizeof(double) + static_cast<size_t>(p);
     try {
+      streams.reserve(p);
       for (int r = 0; r < p; ++r) {
-        CONVEYOR_CUDA_CHECK(cudaSetDevice(devices_[r]));
-        CONVEYOR_CUDA_CHECK(cudaStreamCreateWithFlags(&streams[r], cudaStreamNonBlocking));
+        streams.emplace_back(Device::cuda(devices_[r]));
+        CudaDeviceGuard guard(devices_[r]);
         CONVEYOR_CUDA_CHECK(cudaMalloc(&buffers[r], bytes));
-        CONVEYOR_CUDA_CHECK(cudaMemsetAsync(buffers[r], 0, bytes, streams[r]));
+        CONVEYOR_CUDA_CHECK(cudaMemsetAsync(buffers[r], 0, bytes, cuda_stream(streams[r])));
       }
       for (int src = 0; src < p; ++src)
         for (int dst = 0; dst < p; ++dst) {
           if (src == dst) continue;
           NcclGroup group;
-          CONVEYOR_CUDA_CHECK(cudaSetDevice(devices_[src]));
-          CONVEYOR_NCCL_CHECK(ncclSend(buffers[src], 1, ncclChar, /*peer=*/1,
-                                       link_sender(src, dst).handle, streams[src]));
-          CONVEYOR_CUDA_CHECK(cudaSetDevice(devices_[dst]));
-          CONVEYOR_NCCL_CHECK(ncclRecv(buffers[dst] + sizeof(double) + src, 1, ncclChar,
-                                       /*peer=*/0, link_receiver(src, dst).handle, streams[dst]));
+          {
+            CudaDeviceGuard guard(devices_[src]);
+            CONVEYOR_NCCL_CHECK(ncclSend(buffers[src], 1, ncclChar, /*peer=*/1,
+                                         link_sender(src, dst).handle, cuda_stream(streams[src])));
+          }
+          {
+            CudaDeviceGuard guard(devices_[dst]);
+            CONVEYOR_NCCL_CHECK(ncclRecv(buffers[dst] + sizeof(double) + src, 1, ncclChar,
+                                         /*peer=*/0, link_receiver(src, dst).handle,
+                                         cuda_stream(streams[dst])));
+          }
           group.end();
           const std::string what = "the NCCL set-up exchange on link " + std::to_string(src) +
                                    " -> " + std::to_string(dst);
@@ -319,9 +339,9 @@ class NcclClique {
       {
         NcclGroup group;
         for (int r = 0; r < p; ++r) {
-          CONVEYOR_CUDA_CHECK(cudaSetDevice(devices_[r]));
+          CudaDeviceGuard guard(devices_[r]);
           CONVEYOR_NCCL_CHECK(ncclAllReduce(buffers[r], buffers[r], 1, ncclFloat64, ncclSum,
-                                            world_[r]->handle, streams[r]));
+                                            world_[r]->handle, cuda_stream(streams[r])));
         }
         group.end();
       }
@@ -345,6 +365,9 @@ class NcclClique {
 
 }  // namespace detail
 
+using conveyor::detail::CudaDeviceGuard;
+using detail::cuda_stream;
+using detail::make_current_if_possible;
 using detail::nccl_count;
 using detail::nccl_type;
 using detail::NcclClique;
@@ -352,34 +375,33 @@ using detail::NcclComm;
 
 NcclTransport::NcclTransport(std::shared_ptr<NcclClique> clique, int rank)
     : clique_(std::move(clique)), rank_(rank), device_(clique_->device(rank)) {
-  conveyor::detail::CudaDeviceGuard guard(device_);
-  cudaStream_t stream = nullptr;
-  CONVEYOR_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  reduce_stream_ = stream;
+  reduce_stream_ = std::make_unique<Stream>(Device::cuda(device_));
 }
 
 NcclTransport::~NcclTransport() {
-  int previous = 0;
-  const bool restore = cudaGetDevice(&previous) == cudaSuccess;
-  (void)cudaSetDevice(device_);
-  auto stream = static_cast<cudaStream_t>(reduce_stream_);
+  std::optional<CudaDeviceGuard> guard;
+  make_current_if_possible(guard, device_);
   // Freeing waits for the device: first make sure no all-reduce kernel can still be waiting
-  // for a peer (only after an error: every successful call waited for its stream).
-  if (stream && cudaStreamQuery(stream) == cudaErrorNotReady)
+  // for a peer (only after an error: every successful call waited for its stream). A stream
+  // that cannot even be asked is treated as busy.
+  bool reduce_done = true;
+  try {
+    reduce_done = reduce_stream_->query();
+  } catch (...) {
+    reduce_done = false;
+  }
+  if (!reduce_done)
     clique_->abort_all("rank " + std::to_string(rank_) +
                        ": transport destroyed during an all-reduce");
   if (reduce_device_) (void)cudaFree(reduce_device_);
   if (reduce_host_) (void)cudaFreeHost(reduce_host_);
-  if (stream) (void)cudaStreamDestroy(stream);
-  if (restore) (void)cudaSetDevice(previous);
+  reduce_stream_.reset();
 }
 
 int NcclTransport::size() const { return clique_->size(); }
 
 void NcclTransport::throw_if_aborted() const {
-  if (clique_->aborted())
-    throw TransportError("rank " + std::to_string(rank_) +
-                         ": pipeline aborted: " + clique_->abort_reason());
+  if (clique_->aborted()) throw TransportAborted(rank_, clique_->abort_reason());
 }
 
 void NcclTransport::check_tensor(const Tensor& tensor, const char* what) const {
@@ -390,23 +412,14 @@ void NcclTransport::check_tensor(const Tensor& tensor, const char* what) const {
         ": the NCCL transport of this rank needs tensors on cuda:" + std::to_string(device_));
 }
 
-void NcclTransport::check_peer(int peer, const char* what) const {
-  if (peer < 0 || peer >= size() || peer == rank_)
-    throw TransportError("rank " + std::to_string(rank_) + ": cannot " + what + " rank " +
-                         std::to_string(peer) + " (ranks are 0.." + std::to_string(size() - 1) +
-                         ")");
-}
-
 namespace {
 
 // Runs `issue` on `comm` under its lock, with its device current; throws when aborted.
 template <class F>
 void with_comm(NcclComm& comm, int rank, const NcclClique& clique, F&& issue) {
   std::unique_lock lock(comm.mutex);
-  if (comm.dead || clique.aborted())
-    throw TransportError("rank " + std::to_string(rank) +
-                         ": pipeline aborted: " + clique.abort_reason());
-  conveyor::detail::CudaDeviceGuard guard(comm.device);
+  if (comm.dead || clique.aborted()) throw TransportAborted(rank, clique.abort_reason());
+  CudaDeviceGuard guard(comm.device);
   issue(comm.handle);
 }
 
@@ -416,7 +429,7 @@ void NcclTransport::send(const Tensor& tensor, int peer, const Stream& stream) {
   throw_if_aborted();
   check_peer(peer, "send to");
   check_tensor(tensor, "send");
-  auto s = static_cast<cudaStream_t>(stream.native());
+  auto s = cuda_stream(stream);
   with_comm(clique_->link_sender(rank_, peer), rank_, *clique_, [&](ncclComm_t comm) {
     CONVEYOR_NCCL_CHECK(ncclSend(tensor.raw(), nccl_count(tensor), nccl_type(tensor.dtype()),
                                  /*peer=*/1, comm, s));
@@ -428,7 +441,7 @@ void NcclTransport::recv(const Tensor& tensor, int peer, const Stream& stream) {
   throw_if_aborted();
   check_peer(peer, "receive from");
   check_tensor(tensor, "receive into");
-  auto s = static_cast<cudaStream_t>(stream.native());
+  auto s = cuda_stream(stream);
   with_comm(clique_->link_receiver(peer, rank_), rank_, *clique_, [&](ncclComm_t comm) {
     CONVEYOR_NCCL_CHECK(ncclRecv(tensor.raw(), nccl_count(tensor), nccl_type(tensor.dtype()),
                                  /*peer=*/0, comm, s));
@@ -443,7 +456,7 @@ void NcclTransport::send_recv_self(const Tensor& src, const Tensor& dst, const S
   if (src.nbytes() != dst.nbytes())
     throw TransportError("rank " + std::to_string(rank_) + ": send to self of " + src.describe() +
                          " into " + dst.describe() + ": the byte counts differ");
-  auto s = static_cast<cudaStream_t>(stream.native());
+  auto s = cuda_stream(stream);
   with_comm(clique_->world(rank_), rank_, *clique_, [&](ncclComm_t comm) {
     detail::NcclGroup group;
     CONVEYOR_NCCL_CHECK(ncclSend(src.raw(), src.nbytes(), ncclChar, rank_, comm, s));
@@ -457,9 +470,9 @@ void NcclTransport::send_recv_self(const Tensor& src, const Tensor& dst, const S
 void NcclTransport::all_reduce_sum(std::vector<double>& values) {
   throw_if_aborted();
   if (values.empty()) return;
-  conveyor::detail::CudaDeviceGuard guard(device_);
+  CudaDeviceGuard guard(device_);
   const size_t n = values.size();
-  auto stream = static_cast<cudaStream_t>(reduce_stream_);
+  auto stream = cuda_stream(*reduce_stream_);
   if (n > reduce_capacity_) {
     // Nothing is in flight on the stream between calls (each call waits for it).
     if (reduce_device_) CONVEYOR_CUDA_CHECK(cudaFree(reduce_device_));
@@ -481,15 +494,14 @@ void NcclTransport::all_reduce_sum(std::vector<double>& values) {
     CONVEYOR_CUDA_CHECK(cudaMemcpyAsync(reduce_host_, reduce_device_, n * sizeof(double),
                                         cudaMemcpyDeviceToHost, stream));
   });
-  clique_->wait(rank_, stream, "the all-reduce of " + std::to_string(n) + " values");
+  clique_->wait(rank_, *reduce_stream_, "the all-reduce of " + std::to_string(n) + " values");
   std::memcpy(values.data(), reduce_host_, n * sizeof(double));
 }
 
 void NcclTransport::synchronize(const Stream& stream) {
   throw_if_aborted();
-  conveyor::detail::CudaDeviceGuard guard(device_);
-  clique_->wait(rank_, static_cast<cudaStream_t>(stream.native()),
-                "stream " + std::to_string(stream.id()));
+  CudaDeviceGuard guard(device_);
+  clique_->wait(rank_, stream, "stream " + std::to_string(stream.id()));
 }
 
 void NcclTransport::abort(const std::string& reason) { clique_->abort_all(reason); }

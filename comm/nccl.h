@@ -26,7 +26,8 @@
 // Deadlines: send and recv only enqueue work and never block the host. all_reduce_sum and
 // synchronize() poll the stream until it is done, the transport is aborted, NCCL reports an
 // asynchronous error, or the timeout passes; then they abort every communicator of the clique
-// (which frees kernels waiting on a dead peer) and throw TransportError naming the rank.
+// (which frees kernels waiting on a dead peer) and throw TransportError naming the rank
+// (TransportAborted when the clique had been aborted already).
 //
 // Teardown: when the last transport of a clique goes, every communicator is aborted (never
 // ncclCommDestroy, which finalizes with peers and can hang); NCCL work still pending on the
@@ -71,7 +72,7 @@ class NcclTransport : public Transport {
   // when every slot has at most one non-zero contribution, as the executor arranges.
   void all_reduce_sum(std::vector<double>& values) override;
   // Aborts every communicator of the clique (thread-safe, idempotent); every later call on
-  // every rank throws TransportError with `reason`.
+  // every rank throws TransportAborted with `reason`.
   void abort(const std::string& reason) override;
 
   // Copies `src` into `dst` (same byte count, both on this GPU) with a send to self and a
@@ -85,12 +86,11 @@ class NcclTransport : public Transport {
   void throw_if_aborted() const;
   void wait_with_deadline(void* stream, const std::string& what);
   void check_tensor(const Tensor& tensor, const char* what) const;
-  void check_peer(int peer, const char* what) const;
 
   std::shared_ptr<detail::NcclClique> clique_;
   int rank_;
   int device_;
-  void* reduce_stream_ = nullptr;  // cudaStream_t for the all-reduce
+  std::unique_ptr<Stream> reduce_stream_;  // for the all-reduce
   double* reduce_device_ = nullptr;
   double* reduce_host_ = nullptr;  // pinned, so the copy back never blocks the host
   size_t reduce_capacity_ = 0;

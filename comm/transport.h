@@ -5,7 +5,7 @@
 // process, CPU or CUDA) and NCCL.
 //
 // Nothing may hang: every wait has a deadline, and when one rank fails it aborts the
-// transport, which makes every pending and later call on every rank throw TransportError.
+// transport, which makes every pending and later call on every rank throw TransportAborted.
 #include <chrono>
 #include <stdexcept>
 #include <string>
@@ -19,6 +19,18 @@ namespace conveyor::comm {
 class TransportError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
+};
+
+// A call on a transport that was aborted, by any rank or by a wait that gave up. Its own
+// type tells a rank stopped because of another's failure from the failure that started it.
+class TransportAborted : public TransportError {
+ public:
+  // `rank`: the rank whose call failed; `reason`: what the abort was given.
+  TransportAborted(int rank, const std::string& reason);
+  const std::string& reason() const { return reason_; }
+
+ private:
+  std::string reason_;
 };
 
 class Transport {
@@ -40,6 +52,11 @@ class Transport {
   virtual void abort(const std::string& reason) = 0;
   // Waits for `stream`; transports whose transfers can wait on a peer bound the wait.
   virtual void synchronize(const Stream& stream) { stream.synchronize(); }
+
+ protected:
+  // Throws TransportError unless `peer` is another rank of this transport; `action` says
+  // what was asked ("send to", "receive from").
+  void check_peer(int peer, const char* action) const;
 };
 
 }  // namespace conveyor::comm

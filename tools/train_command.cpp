@@ -8,6 +8,7 @@
 #include <string>
 
 #include "engine/schedule/chrome_trace.h"
+#include "engine/schedule/measured_timing.h"
 #include "engine/schedule/simulator.h"
 #include "engine/train/trainer.h"
 #include "tools/cli_common.h"

@@ -25,6 +25,20 @@ uint64_t next_stream_id() {
                            ": this binary was built without the CUDA backend");
 }
 
+#ifdef CONVEYOR_WITH_CUDA
+// The answer of cudaStreamQuery / cudaEventQuery: done, or not yet. The runtime keeps "not
+// ready" as the thread's last error, and the next kernel-launch check on this thread would
+// throw it, so it is cleared here; any other error throws, naming `call`.
+bool finished(cudaError_t status, const char* call) {
+  if (status == cudaErrorNotReady) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  if (status != cudaSuccess) kernels::cuda::throw_cuda_error(status, call, __FILE__, __LINE__);
+  return true;
+}
+#endif
+
 void check_same_device(Device a, Device b, const char* what) {
   if (!(a == b))
     throw std::invalid_argument(std::string(what) + ": event is on " + a.to_string() +
@@ -80,6 +94,14 @@ void Stream::synchronize() const {
   if (handle_ != nullptr)
     CONVEYOR_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(handle_)));
 #endif
+}
+
+bool Stream::query() const {
+#ifdef CONVEYOR_WITH_CUDA
+  if (handle_ != nullptr)
+    return finished(cudaStreamQuery(static_cast<cudaStream_t>(handle_)), "cudaStreamQuery");
+#endif
+  return true;
 }
 
 // ----------------------------------------------------------------------------------- Event
@@ -155,14 +177,8 @@ void Event::synchronize() const {
 
 bool Event::query() const {
 #ifdef CONVEYOR_WITH_CUDA
-  if (handle_ != nullptr) {
-    const cudaError_t err = cudaEventQuery(static_cast<cudaEvent_t>(handle_));
-    if (err == cudaErrorNotReady) {
-      (void)cudaGetLastError();  // "not ready" is an answer, not an error to keep around
-      return false;
-    }
-    CONVEYOR_CUDA_CHECK(err);
-  }
+  if (handle_ != nullptr)
+    return finished(cudaEventQuery(static_cast<cudaEvent_t>(handle_)), "cudaEventQuery");
 #endif
   return true;
 }

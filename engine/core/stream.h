@@ -26,6 +26,9 @@ class Stream {
   // Unique id of this stream among live streams (used by the allocator to tag blocks).
   uint64_t id() const { return id_; }
   void synchronize() const;
+  // True when all work enqueued so far is done (always on the CPU). Never blocks; a busy
+  // stream is an answer, not an error, and leaves no error behind for later CUDA checks.
+  bool query() const;
 
  private:
   Device device_;

@@ -11,26 +11,30 @@
 // squared gradient norms to one all-reduce (slots indexed by global parameter order), so
 // every rank sums them in the same order as the one-stage run: the clipping factor and the
 // loss are bitwise those of a single device. Each rank then steps its own parameters.
+//
+// The pieces: comm/transport_factory.h chooses and builds the transports, rank_step.h runs
+// one rank's step action by action, engine/schedule/measured_timing.h turns the measured
+// timeline into the simulator's terms.
 #include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "comm/transport.h"
+#include "comm/transport_factory.h"
 #include "engine/core/device_context.h"
 #include "engine/pipeline/optimizer.h"
 #include "engine/pipeline/partition.h"
 #include "engine/pipeline/rank_threads.h"
+#include "engine/pipeline/stage.h"
 #include "engine/schedule/schedule.h"
 #include "engine/schedule/simulator.h"
-#include "engine/pipeline/stage.h"
 #include "layers/model.h"
 
 namespace conveyor {
 
-// How ranks exchange tensors. kAuto: NCCL when every rank has a GPU of its own, in-process
-// otherwise (CPU ranks, or ranks sharing a GPU on their own streams).
-enum class TransportKind { kAuto, kInProcess, kNccl };
+// How ranks exchange tensors (comm/transport_factory.h says how kAuto chooses).
+using TransportKind = comm::TransportKind;
 
 struct ExecutorOptions {
   TransportKind transport = TransportKind::kAuto;
@@ -57,6 +61,8 @@ struct PipelineStepResult {
   std::vector<size_t> peak_activation_bytes;
   std::vector<size_t> peak_allocated_bytes;
 };
+
+struct PipelineRank;  // what one rank owns (rank_step.h)
 
 // A rank failed: names the rank, the action and the cause.
 class PipelineError : public std::runtime_error {
@@ -88,33 +94,20 @@ class PipelineExecutor {
   std::vector<Parameter*> rank_parameters(int rank);
   Optimizer& optimizer(int rank);
 
-  bool uses_nccl() const { return uses_nccl_; }
+  // The transport chosen at construction (kAuto resolved).
+  TransportKind transport_kind() const { return transport_kind_; }
+  bool uses_nccl() const { return transport_kind_ == TransportKind::kNccl; }
   // Replaces the transport of every rank (tests inject faults through this).
   void set_transports(std::vector<std::unique_ptr<comm::Transport>> transports);
 
  private:
-  struct Rank;
-  void run_rank(Rank& rank, const std::vector<MicroBatchData>& microbatches, float loss_scale,
-                int64_t step, double lr, bool update, PipelineStepResult& result,
-                std::chrono::steady_clock::time_point step_start);
-
   ModelConfig model_;
   schedule::Schedule schedule_;
-  bool uses_nccl_ = false;
+  TransportKind transport_kind_ = TransportKind::kInProcess;
   std::vector<StageRange> ranges_;
   int total_parameters_ = 0;
-  std::vector<std::unique_ptr<Rank>> ranks_;
+  std::vector<std::unique_ptr<PipelineRank>> ranks_;
   std::unique_ptr<RankThreads> threads_;  // last: joined before the ranks go
 };
-
-// Mean measured cost of each action kind per stage, as a cost model for the simulator, so
-// that a measured run can be compared with its prediction.
-schedule::CostModel measured_costs(const schedule::Schedule& schedule,
-                                   const std::vector<std::vector<schedule::ActionTiming>>& timing);
-
-// Busy time, idle time and bubble fraction per rank of a measured timeline (compute actions
-// count as busy), in the simulator's terms.
-schedule::SimResult summarize_timing(const schedule::Schedule& schedule,
-                                     std::vector<std::vector<schedule::ActionTiming>> timing);
 
 }  // namespace conveyor

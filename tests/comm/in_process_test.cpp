@@ -6,8 +6,8 @@
 
 #include <thread>
 
-#include "support/test_util.h"
 #include "engine/core/device_context.h"
+#include "support/test_util.h"
 
 namespace conveyor::comm {
 namespace {
@@ -90,6 +90,52 @@ TEST(InProcessTransport, AbortWakesWaitingRanks) {
   EXPECT_NE(error.find("rank 0 failed in F0.3"), std::string::npos) << error;
 }
 
+TEST(InProcessTransport, AfterAnAbortEveryCallThrowsTheTypedErrorWithTheFirstReason) {
+  auto hub = InProcessHub::create(2, 60000ms);
+  auto a = hub->endpoint(0), b = hub->endpoint(1);
+  DeviceContext ctx(Device::cpu());
+  b->abort("rank 1 failed in B1.0");
+  a->abort("a second reason");  // ignored: the first one stands
+  Tensor t = filled(ctx, {1, 2});
+  std::vector<double> values = {1.0};
+  for (int call = 0; call < 3; ++call) {
+    SCOPED_TRACE("call " + std::to_string(call));
+    try {
+      if (call == 0) a->send(t, 1, ctx.compute_stream());
+      if (call == 1) b->recv(t, 0, ctx.compute_stream());
+      if (call == 2) a->all_reduce_sum(values);
+      ADD_FAILURE() << "the call succeeded after the abort";
+    } catch (const TransportAborted& e) {
+      EXPECT_EQ(e.reason(), "rank 1 failed in B1.0");
+      const std::string rank = call == 1 ? "rank 1" : "rank 0";
+      EXPECT_EQ(std::string(e.what()), rank + ": pipeline aborted: rank 1 failed in B1.0");
+    }
+  }
+}
+
+TEST(InProcessTransport, ATimeoutIsTheRootFailureAndTheOthersSeeAnAbort) {
+  auto hub = InProcessHub::create(2, 50ms);
+  auto a = hub->endpoint(0), b = hub->endpoint(1);
+  DeviceContext ctx(Device::cpu());
+  Tensor got = ctx.empty({3});
+  try {
+    b->recv(got, 0, ctx.compute_stream());
+    FAIL() << "receive with no sender returned";
+  } catch (const TransportAborted& e) {
+    FAIL() << "the rank that timed out started the failure: " << e.what();
+  } catch (const TransportError& e) {
+    EXPECT_NE(std::string(e.what()).find("within 50 ms"), std::string::npos) << e.what();
+  }
+  // The timeout aborted the hub for rank 0 too, naming rank 1's failure.
+  try {
+    a->send(got, 1, ctx.compute_stream());
+    FAIL() << "send succeeded after rank 1 gave up";
+  } catch (const TransportAborted& e) {
+    EXPECT_NE(e.reason().find("rank 1: nothing arrived from rank 0"), std::string::npos)
+        << e.reason();
+  }
+}
+
 TEST(InProcessTransport, SizeMismatchAndBadPeersAreErrors) {
   auto hub = InProcessHub::create(2, 1000ms);
   auto a = hub->endpoint(0), b = hub->endpoint(1);
@@ -99,6 +145,13 @@ TEST(InProcessTransport, SizeMismatchAndBadPeersAreErrors) {
   EXPECT_THROW(b->recv(wrong, 0, ctx.compute_stream()), TransportError);
   EXPECT_THROW(a->send(wrong, 0, ctx.compute_stream()), TransportError);  // to itself
   EXPECT_THROW(a->send(wrong, 5, ctx.compute_stream()), TransportError);
+  EXPECT_THROW(b->recv(wrong, -1, ctx.compute_stream()), TransportError);
+  try {
+    b->recv(wrong, 2, ctx.compute_stream());
+    FAIL() << "a receive from a rank that does not exist was accepted";
+  } catch (const TransportError& e) {
+    EXPECT_EQ(std::string(e.what()), "rank 1: cannot receive from rank 2 (ranks are 0..1)");
+  }
   EXPECT_THROW(hub->endpoint(2), std::invalid_argument);
 }
 

@@ -10,8 +10,8 @@
 #include <thread>
 
 #include "comm/nccl.h"
-#include "support/test_util.h"
 #include "engine/core/device_context.h"
+#include "support/test_util.h"
 
 #ifdef CONVEYOR_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -116,30 +116,64 @@ void CUDART_CB hold_stream(void* flag) {
 
 TEST(NcclGpu, AStuckStreamTimesOutAbortsAndLaterCallsThrow) {
   CONVEYOR_REQUIRE_GPU();
-  auto transports = make_nccl_transports({0}, 300ms);
+  constexpr auto kTimeout = 300ms;
+  auto transports = make_nccl_transports({0}, kTimeout);
   NcclTransport& t = nccl(transports[0]);
   Stream stream(Device::cuda(0));
   std::atomic<bool> release{false};
   CONVEYOR_CUDA_CHECK(cudaSetDevice(0));
   CONVEYOR_CUDA_CHECK(
       cudaLaunchHostFunc(static_cast<cudaStream_t>(stream.native()), hold_stream, &release));
+  // The stream is let go a second after the deadline: ncclCommAbort may synchronise the
+  // device, and then the failed wait can only return once the held stream moves on.
   const auto start = Clock::now();
+  std::jthread releaser([&] {
+    std::this_thread::sleep_until(start + kTimeout + 1s);
+    release = true;
+  });
   try {
     t.synchronize(stream);
     ADD_FAILURE() << "synchronize returned while the stream was held";
+  } catch (const TransportAborted& e) {
+    ADD_FAILURE() << "the timeout itself is the failure, not a follow-on abort: " << e.what();
   } catch (const TransportError& e) {
     const std::string what = e.what();
     EXPECT_NE(what.find("rank 0"), std::string::npos) << what;
     EXPECT_NE(what.find("300 ms"), std::string::npos) << what;
   }
+  EXPECT_GE(Clock::now() - start, kTimeout);
   EXPECT_LT(Clock::now() - start, 5s);
-  release = true;
+  releaser.join();
   stream.synchronize();
   // The transport is now aborted for good.
   std::vector<double> values = {1.0};
   EXPECT_THROW(t.all_reduce_sum(values), TransportError);
   DeviceContext ctx(Device::cuda(0));
   EXPECT_THROW(t.send_recv_self(ctx.empty({4}), ctx.empty({4}), stream), TransportError);
+  // ... of the type that says so.
+  EXPECT_THROW(t.all_reduce_sum(values), TransportAborted);
+  EXPECT_THROW(t.synchronize(stream), TransportAborted);
+}
+
+// Waiting polls the stream; a busy stream's "not ready" must not stay behind as the thread's
+// last CUDA error, where the next kernel-launch check would throw it.
+TEST(NcclGpu, WaitingForABusyStreamLeavesNoErrorForTheNextLaunchCheck) {
+  CONVEYOR_REQUIRE_GPU();
+  auto transports = make_nccl_transports({0}, 20000ms);
+  Stream stream(Device::cuda(0));
+  std::atomic<bool> release{false};
+  CONVEYOR_CUDA_CHECK(cudaSetDevice(0));
+  CONVEYOR_CUDA_CHECK(
+      cudaLaunchHostFunc(static_cast<cudaStream_t>(stream.native()), hold_stream, &release));
+  EXPECT_FALSE(stream.query());
+  EXPECT_EQ(cudaPeekAtLastError(), cudaSuccess);
+  std::jthread releaser([&] {
+    std::this_thread::sleep_for(100ms);  // long enough for many polls
+    release = true;
+  });
+  transports[0]->synchronize(stream);
+  EXPECT_TRUE(stream.query());
+  EXPECT_EQ(cudaPeekAtLastError(), cudaSuccess);
 }
 
 TEST(NcclGpu, AbortIsIdempotentAndNamesTheReason) {
@@ -154,6 +188,9 @@ TEST(NcclGpu, AbortIsIdempotentAndNamesTheReason) {
   } catch (const TransportError& e) {
     const std::string what = e.what();
     EXPECT_NE(what.find("pipeline aborted: rank 3 ran out of memory"), std::string::npos) << what;
+    const auto* aborted = dynamic_cast<const TransportAborted*>(&e);
+    ASSERT_NE(aborted, nullptr) << "not a TransportAborted: " << what;
+    EXPECT_EQ(aborted->reason(), "rank 3 ran out of memory");  // the first reason stays
   }
   // An abort from another thread is fine too.
   std::thread([&] { transports[0]->abort("from another thread"); }).join();
@@ -243,6 +280,7 @@ TEST(NcclGpu, ARankThatNeverJoinsTheAllReduceFailsInsteadOfHanging) {
     ADD_FAILURE() << "rank 1's all-reduce succeeded after rank 0 aborted";
   } catch (const TransportError& e) {
     EXPECT_NE(std::string(e.what()).find("pipeline aborted"), std::string::npos) << e.what();
+    EXPECT_NE(dynamic_cast<const TransportAborted*>(&e), nullptr) << e.what();
   }
   CONVEYOR_CUDA_CHECK(cudaSetDevice(0));
 }

@@ -1,0 +1,57 @@
+#pragma once
+// Tensors handed between the actions of one executor rank, per kind and (stage, micro-batch):
+// stage outputs and input gradients waiting to be sent or used locally, received ones waiting
+// to be used. Keeps the bytes they hold (rounded as the allocator counts them), so the
+// executor's per-action memory sample costs O(1).
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/core/allocator.h"
+#include "engine/core/stream.h"
+#include "engine/core/tensor.h"
+#include "engine/schedule/schedule.h"
+
+namespace conveyor {
+
+// A tensor and the event after which it is ready on the stream that produced it (received
+// tensors on CUDA; null otherwise).
+struct Handoff {
+  Tensor tensor;
+  Event* ready = nullptr;
+};
+
+class Handoffs {
+ public:
+  enum Kind { kOutAct, kOutGrad, kInAct, kInGrad, kKinds };
+
+  Handoffs(int stages, int microbatches) : m_(microbatches) {
+    for (auto& slots : slots_) slots.resize(static_cast<size_t>(stages) * microbatches);
+  }
+  void put(Kind kind, int stage, int mb, Tensor tensor, Event* ready = nullptr) {
+    Handoff& h = slots_[kind][index(stage, mb)];
+    if (h.tensor.defined())
+      throw std::logic_error("a second tensor for stage " + std::to_string(stage) +
+                             ", micro-batch " + std::to_string(mb));
+    bytes_ += CachingAllocator::round_size(tensor.nbytes());
+    h = {std::move(tensor), ready};
+  }
+  // The tensor, or throws naming the action that needed it.
+  Handoff take(Kind kind, int stage, int mb, const schedule::Action& needed_by) {
+    Handoff& h = slots_[kind][index(stage, mb)];
+    if (!h.tensor.defined())
+      throw std::logic_error("no input ready for " + schedule::to_string(needed_by));
+    bytes_ -= CachingAllocator::round_size(h.tensor.nbytes());
+    return std::exchange(h, Handoff{});
+  }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  size_t index(int stage, int mb) const { return static_cast<size_t>(stage) * m_ + mb; }
+  int m_;
+  std::vector<Handoff> slots_[kKinds];
+  size_t bytes_ = 0;
+};
+
+}  // namespace conveyor

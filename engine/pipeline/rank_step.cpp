@@ -1,0 +1,278 @@
+#include "engine/pipeline/rank_step.h"
+
+#include <algorithm>
+#include <cmath>
+#include <exception>
+#include <string>
+
+#include "layers/ops.h"
+
+namespace conveyor {
+
+using schedule::ActionKind;
+using Clock = std::chrono::steady_clock;
+
+std::vector<Parameter*> PipelineRank::parameters() {
+  std::vector<Parameter*> out;
+  for (auto& [id, stage] : stages)
+    for (Parameter* p : stage->parameters()) out.push_back(p);
+  return out;
+}
+
+namespace {
+
+// [m, n] i32 ids of every micro-batch on the rank's device. A CUDA rank stages them in host
+// memory and copies on its compute stream, so it never synchronises the whole GPU that other
+// ranks may share.
+Tensor upload_ids(DeviceContext& ctx, const std::shared_ptr<CachingAllocator>& host,
+                  const std::vector<MicroBatchData>& microbatches,
+                  std::vector<int32_t> MicroBatchData::*field) {
+  const auto m = static_cast<int64_t>(microbatches.size());
+  const auto n = static_cast<int64_t>((microbatches[0].*field).size());
+  Tensor staging =
+      ctx.is_cuda() ? Tensor::empty({m, n}, DType::I32, host) : ctx.empty({m, n}, DType::I32);
+  for (int64_t mb = 0; mb < m; ++mb)
+    std::copy((microbatches[mb].*field).begin(), (microbatches[mb].*field).end(),
+              staging.data<int32_t>() + mb * n);
+  if (!ctx.is_cuda()) return staging;
+  Tensor ids = ctx.empty({m, n}, DType::I32);
+  copy_tensor(ids, staging, ctx.compute_stream().native());
+  return ids;
+}
+
+double microseconds_since(Clock::time_point start, Clock::time_point t) {
+  return std::chrono::duration<double, std::micro>(t - start).count();
+}
+
+}  // namespace
+
+RankStep::RankStep(PipelineRank& rank, const StepInputs& in)
+    : rank_(rank),
+      in_(in),
+      ctx_(*rank.ctx),
+      cuda_(ctx_.is_cuda()),
+      compute_(ctx_.compute_stream()),
+      send_(*rank.send_stream),
+      recv_(*rank.recv_stream),
+      actions_(in.schedule.ranks[rank.index]),
+      last_stage_(in.schedule.num_stages() - 1),
+      m_(in.schedule.num_microbatches),
+      n_(static_cast<int64_t>(in.microbatches[0].tokens.size())),
+      handoffs_(in.schedule.num_stages(), m_),
+      losses_(m_) {}
+
+void RankStep::run(PipelineStepResult& result) {
+  OnDevice on_device(ctx_.device());
+  begin();
+  run_actions();
+  finish_transfers();
+  end_of_step(result);
+}
+
+void RankStep::begin() {
+  zero_grads(ctx_, rank_.parameters());
+  // The step's token ids, uploaded once: tokens where the first stage lives, targets where
+  // the last one does.
+  if (rank_.stages.count(0))
+    tokens_ = upload_ids(ctx_, rank_.host_allocator, in_.microbatches, &MicroBatchData::tokens);
+  if (rank_.stages.count(last_stage_))
+    targets_ = upload_ids(ctx_, rank_.host_allocator, in_.microbatches, &MicroBatchData::targets);
+  if (cuda_) rank_.reference->record(compute_);
+  reference_us_ = microseconds_since(in_.start, Clock::now());
+  baseline_bytes_ = ctx_.allocator().stats().allocated_bytes;
+  timing_.assign(actions_.size(), {});
+}
+
+void RankStep::run_actions() {
+  for (size_t i = 0; i < actions_.size(); ++i) {
+    const Action& a = actions_[i];
+    const Stream& stream = stream_for(a);
+    const auto host_start = Clock::now();
+    // A send starts once its tensor is ready (recorded in send(), after the send stream waits
+    // for the compute stream); timed from here it would span the compute that makes the
+    // tensor, since the idle send stream passes the event as soon as the host enqueues it.
+    if (cuda_ && !schedule::is_send(a.kind)) rank_.starts[i].record(stream);
+    try {
+      Stage& stage = stage_of(a);
+      switch (a.kind) {
+        case ActionKind::kForward:
+          forward(a, stage);
+          break;
+        case ActionKind::kBackward:
+        case ActionKind::kBackwardInput:
+          backward(a, stage);
+          break;
+        case ActionKind::kBackwardWeight:
+          backward_weight(a, stage);
+          break;
+        case ActionKind::kSendAct:
+        case ActionKind::kSendGrad:
+          send(i, a);
+          break;
+        case ActionKind::kRecvAct:
+        case ActionKind::kRecvGrad:
+          recv(i, a);
+          break;
+      }
+    } catch (const std::exception& e) {
+      // The cause stays nested: the executor tells a rank stopped by another's failure (the
+      // transport aborted) from the failure that started it.
+      std::throw_with_nested(PipelineError("rank " + std::to_string(rank_.index) + ", action " +
+                                           std::to_string(i) + " (" + schedule::to_string(a) +
+                                           "): " + e.what()));
+    }
+    if (cuda_) {
+      rank_.ends[i].record(stream);
+    } else {
+      timing_[i].start = microseconds_since(in_.start, host_start);
+      timing_[i].end = microseconds_since(in_.start, Clock::now());
+    }
+    sample_memory();
+  }
+}
+
+const Stream& RankStep::stream_for(const Action& a) const {
+  if (schedule::is_send(a.kind)) return send_;
+  if (schedule::is_recv(a.kind)) return recv_;
+  return compute_;
+}
+
+Stage& RankStep::stage_of(const Action& a) {
+  // Every action, transfers too, belongs to a stage of this rank.
+  const auto found = rank_.stages.find(a.stage);
+  if (found == rank_.stages.end())
+    throw std::logic_error("rank does not hold stage " + std::to_string(a.stage));
+  return *found->second;
+}
+
+Tensor RankStep::take_for_compute(Handoffs::Kind kind, int stage, int mb, const Action& a) {
+  Handoff h = handoffs_.take(kind, stage, mb, a);
+  // Received on another stream: the compute stream waits for it, and the allocator keeps the
+  // block until the compute stream is done with it.
+  if (cuda_ && h.ready) {
+    h.ready->wait(compute_);
+    record_stream(h.tensor, compute_.native());
+  }
+  return h.tensor;
+}
+
+void RankStep::forward(const Action& a, Stage& stage) {
+  const int mb = a.microbatch;
+  const auto& placement = in_.schedule.placement;
+  Tensor input;
+  if (a.stage == 0)
+    input = tokens_.slice_rows(mb, 1).reshape({n_});
+  else if (placement.rank_of(a.stage - 1) == rank_.index)
+    input = take_for_compute(Handoffs::kOutAct, a.stage - 1, mb, a);
+  else
+    input = take_for_compute(Handoffs::kInAct, a.stage, mb, a);
+  MicroBatchInputs inputs;
+  inputs.loss_scale = in_.loss_scale;
+  if (a.stage == last_stage_) inputs.targets = targets_.slice_rows(mb, 1).reshape({n_});
+  Tensor out = stage.forward(mb, input, inputs);
+  if (a.stage == last_stage_) {
+    loss_bytes_ += CachingAllocator::round_size(out.nbytes());
+    losses_[mb] = out;
+  } else {
+    handoffs_.put(Handoffs::kOutAct, a.stage, mb, out);
+  }
+}
+
+void RankStep::backward(const Action& a, Stage& stage) {
+  const int mb = a.microbatch;
+  Tensor dy;  // none on the last stage: the loss head makes its own
+  if (a.stage != last_stage_) {
+    if (in_.schedule.placement.rank_of(a.stage + 1) == rank_.index)
+      dy = take_for_compute(Handoffs::kOutGrad, a.stage + 1, mb, a);
+    else
+      dy = take_for_compute(Handoffs::kInGrad, a.stage, mb, a);
+  }
+  Tensor dx =
+      a.kind == ActionKind::kBackward ? stage.backward(mb, dy) : stage.backward_input(mb, dy);
+  if (a.stage > 0) handoffs_.put(Handoffs::kOutGrad, a.stage, mb, dx);
+}
+
+void RankStep::backward_weight(const Action& a, Stage& stage) {
+  stage.backward_weight(a.microbatch);
+}
+
+void RankStep::send(size_t i, const Action& a) {
+  const auto kind = a.kind == ActionKind::kSendAct ? Handoffs::kOutAct : Handoffs::kOutGrad;
+  Tensor t = handoffs_.take(kind, a.stage, a.microbatch, a).tensor;
+  if (cuda_) {
+    rank_.order[i].record(compute_);  // the send waits for the compute that made it
+    rank_.order[i].wait(send_);
+    rank_.starts[i].record(send_);
+    record_stream(t, send_.native());
+  }
+  rank_.transport->send(t, a.peer, send_);
+}
+
+void RankStep::recv(size_t i, const Action& a) {
+  Tensor t = Tensor::empty({n_, in_.d_model}, DType::F32, ctx_.allocator_ptr(), recv_.native());
+  rank_.transport->recv(t, a.peer, recv_);
+  Event* ready = nullptr;
+  if (cuda_) {
+    rank_.order[i].record(recv_);
+    ready = &rank_.order[i];
+  }
+  const auto kind = a.kind == ActionKind::kRecvAct ? Handoffs::kInAct : Handoffs::kInGrad;
+  handoffs_.put(kind, a.stage, a.microbatch, t, ready);
+}
+
+void RankStep::sample_memory() {
+  // What the stages hold: live bytes less the step's baseline, the tensors in transit and
+  // the losses.
+  const size_t live = ctx_.allocator().stats().allocated_bytes;
+  const size_t held = live - std::min(live, baseline_bytes_ + handoffs_.bytes() + loss_bytes_);
+  peak_activations_ = std::max(peak_activations_, held);
+}
+
+void RankStep::finish_transfers() {
+  // Bounded waits: a dead peer must not hang the end of the step.
+  rank_.transport->synchronize(send_);
+  rank_.transport->synchronize(recv_);
+  rank_.transport->synchronize(compute_);
+  if (!cuda_) return;
+  for (size_t i = 0; i < actions_.size(); ++i) {
+    timing_[i].start =
+        reference_us_ + 1000.0 * Event::elapsed_ms(*rank_.reference, rank_.starts[i]);
+    timing_[i].end = reference_us_ + 1000.0 * Event::elapsed_ms(*rank_.reference, rank_.ends[i]);
+  }
+}
+
+void RankStep::end_of_step(PipelineStepResult& result) {
+  // One all-reduce: per-micro-batch loss sums, then per-parameter squared norms, each rank
+  // filling only its own slots so every sum below runs in the one-stage order.
+  const auto parameters = rank_.parameters();
+  std::vector<double> reduced(static_cast<size_t>(m_) + in_.total_parameters, 0.0);
+  if (rank_.stages.count(last_stage_)) {
+    const std::vector<double> loss_sums = ops::sum_each(ctx_, losses_);
+    std::copy(loss_sums.begin(), loss_sums.end(), reduced.begin());
+  }
+  std::vector<Tensor> grads;
+  for (Parameter* prm : parameters) grads.push_back(prm->grad);
+  const std::vector<double> squares = ops::sum_squares_each(ctx_, grads);
+  for (size_t i = 0; i < parameters.size(); ++i) reduced[m_ + rank_.global_index[i]] = squares[i];
+  rank_.transport->all_reduce_sum(reduced);
+  double loss_sum = 0.0, squared_norm = 0.0;
+  for (int mb = 0; mb < m_; ++mb) loss_sum += reduced[mb];
+  for (int i = 0; i < in_.total_parameters; ++i) squared_norm += reduced[m_ + i];
+  const double norm = std::sqrt(squared_norm);
+  const bool finite = std::isfinite(loss_sum) && std::isfinite(norm);
+  if (in_.update && finite) {
+    rank_.optimizer->step(in_.step, in_.lr, clip_scale(rank_.optimizer->config(), norm));
+    ctx_.synchronize();
+  }
+  const int r = rank_.index;
+  if (r == 0) {
+    result.loss_sum = loss_sum;
+    result.grad_norm = norm;
+    result.diverged = !finite;
+  }
+  result.timing[r] = std::move(timing_);
+  result.peak_activation_bytes[r] = peak_activations_;
+  result.peak_allocated_bytes[r] = ctx_.allocator().stats().peak_allocated_bytes;
+}
+
+}  // namespace conveyor

@@ -1,0 +1,124 @@
+#pragma once
+// Internal to the executor: what one rank owns (PipelineRank), and one training step of one
+// rank (RankStep), action by action. executor.h is the public surface.
+#include <chrono>
+#include <map>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "comm/transport.h"
+#include "engine/core/device_context.h"
+#include "engine/pipeline/executor.h"
+#include "engine/pipeline/handoffs.h"
+#include "engine/pipeline/optimizer.h"
+#include "engine/pipeline/stage.h"
+#include "engine/schedule/schedule.h"
+#include "engine/schedule/simulator.h"
+#ifdef CONVEYOR_WITH_CUDA
+#include "engine/core/cuda_device_guard.h"
+#endif
+
+namespace conveyor {
+
+// Makes a CUDA rank's device current for a scope (kernels launch on the current device) and
+// gives the thread its previous device back afterwards; nothing to do for a CPU rank.
+class OnDevice {
+ public:
+  explicit OnDevice(Device device) {
+#ifdef CONVEYOR_WITH_CUDA
+    if (device.is_cuda()) guard_.emplace(device.index);
+#else
+    (void)device;
+#endif
+  }
+
+ private:
+#ifdef CONVEYOR_WITH_CUDA
+  std::optional<detail::CudaDeviceGuard> guard_;
+#endif
+};
+
+// What one rank owns: its device context, streams, stages (by virtual stage id), optimizer,
+// transport endpoint, and the events that time and order its actions.
+struct PipelineRank {
+  int index = 0;
+  std::unique_ptr<DeviceContext> ctx;
+  std::shared_ptr<CachingAllocator> host_allocator = make_cpu_allocator();  // staging
+  std::unique_ptr<Stream> send_stream, recv_stream;
+  std::map<int, std::unique_ptr<Stage>> stages;
+  std::unique_ptr<Optimizer> optimizer;
+  std::unique_ptr<comm::Transport> transport;
+  std::vector<int> global_index;  // of each of this rank's parameters, in rank order
+  // CUDA: start/end timing events per action, one ordering event per action, and the
+  // step's reference event.
+  std::vector<Event> starts, ends, order;
+  std::unique_ptr<Event> reference;
+
+  std::vector<Parameter*> parameters();
+};
+
+// What every rank of one step reads.
+struct StepInputs {
+  const schedule::Schedule& schedule;
+  const std::vector<MicroBatchData>& microbatches;
+  float loss_scale = 1.0f;
+  int64_t d_model = 0;       // width of the tensors sent between stages
+  int total_parameters = 0;  // of the whole model: the all-reduce's parameter slots
+  int64_t step = 0;          // optimizer step, 1-based
+  double lr = 0.0;
+  bool update = true;  // false: gradients and norms only, no optimizer step
+  std::chrono::steady_clock::time_point start;  // of the step, for the timeline
+};
+
+// One step of one rank. Throws what an action threw, wrapped (std::throw_with_nested) in a
+// PipelineError naming the rank, the action index and the action.
+class RankStep {
+ public:
+  RankStep(PipelineRank& rank, const StepInputs& in);
+  // Zeroes the gradients, uploads the ids, runs every action of the rank in order, then the
+  // end of the step; fills the rank's entries of `result` (rank 0 also the step's totals).
+  void run(PipelineStepResult& result);
+
+ private:
+  using Action = schedule::Action;
+
+  void begin();
+  void run_actions();
+  void forward(const Action& a, Stage& stage);
+  void backward(const Action& a, Stage& stage);  // B, or I when the backward is split
+  void backward_weight(const Action& a, Stage& stage);
+  void send(size_t i, const Action& a);
+  void recv(size_t i, const Action& a);
+  void finish_transfers();
+  void end_of_step(PipelineStepResult& result);
+
+  const Stream& stream_for(const Action& a) const;
+  Stage& stage_of(const Action& a);
+  // A handoff for the compute stream: a tensor received on another stream is waited for.
+  Tensor take_for_compute(Handoffs::Kind kind, int stage, int mb, const Action& a);
+  void sample_memory();
+
+  PipelineRank& rank_;
+  const StepInputs& in_;
+  DeviceContext& ctx_;
+  const bool cuda_;
+  Stream& compute_;
+  Stream& send_;
+  Stream& recv_;
+  const std::vector<Action>& actions_;
+  const int last_stage_;
+  const int m_;
+  const int64_t n_;  // tokens per micro-batch
+
+  Tensor tokens_, targets_;  // [m, n] ids, where the first / last stage lives
+  Handoffs handoffs_;
+  std::vector<Tensor> losses_;  // per micro-batch, on the last stage
+  size_t loss_bytes_ = 0;
+  size_t baseline_bytes_ = 0;  // allocated before the first action
+  size_t peak_activations_ = 0;
+  double reference_us_ = 0;  // host time of the reference event, from the step start
+  std::vector<schedule::ActionTiming> timing_;
+};
+
+}  // namespace conveyor

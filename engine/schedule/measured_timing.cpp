@@ -1,0 +1,100 @@
+#include "engine/schedule/measured_timing.h"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+namespace conveyor::schedule {
+namespace {
+
+void check_parallel(const Schedule& schedule,
+                    const std::vector<std::vector<ActionTiming>>& timing) {
+  if (static_cast<int>(timing.size()) != schedule.num_ranks())
+    throw std::invalid_argument("the measured timeline has " + std::to_string(timing.size()) +
+                                " ranks, the schedule " + std::to_string(schedule.num_ranks()));
+  for (int r = 0; r < schedule.num_ranks(); ++r)
+    if (timing[r].size() != schedule.ranks[r].size())
+      throw std::invalid_argument("the measured timeline of rank " + std::to_string(r) + " has " +
+                                  std::to_string(timing[r].size()) + " actions, the schedule " +
+                                  std::to_string(schedule.ranks[r].size()));
+}
+
+}  // namespace
+
+CostModel measured_costs(const Schedule& sched,
+                         const std::vector<std::vector<ActionTiming>>& timing) {
+  check_parallel(sched, timing);
+  const int stages = sched.num_stages();
+  std::vector<double> f(stages, 0), b(stages, 0), i(stages, 0), w(stages, 0);
+  std::vector<int> nf(stages, 0), nb(stages, 0), ni(stages, 0), nw(stages, 0);
+  double comm = 0;
+  int ncomm = 0;
+  for (int r = 0; r < sched.num_ranks(); ++r)
+    for (size_t k = 0; k < sched.ranks[r].size(); ++k) {
+      const Action& a = sched.ranks[r][k];
+      const double d = timing[r][k].end - timing[r][k].start;
+      switch (a.kind) {
+        case ActionKind::kForward:
+          f[a.stage] += d, ++nf[a.stage];
+          break;
+        case ActionKind::kBackward:
+          b[a.stage] += d, ++nb[a.stage];
+          break;
+        case ActionKind::kBackwardInput:
+          i[a.stage] += d, ++ni[a.stage];
+          break;
+        case ActionKind::kBackwardWeight:
+          w[a.stage] += d, ++nw[a.stage];
+          break;
+        default:
+          comm += d, ++ncomm;
+          break;
+      }
+    }
+  CostModel costs;
+  costs.forward.assign(stages, 0);
+  costs.backward_input.assign(stages, 0);
+  costs.backward_weight.assign(stages, 0);
+  const bool split = sched.splits_backward();
+  if (!split) costs.backward.assign(stages, 0);
+  for (int s = 0; s < stages; ++s) {
+    costs.forward[s] = nf[s] ? f[s] / nf[s] : 0;
+    if (split) {
+      costs.backward_input[s] = ni[s] ? i[s] / ni[s] : 0;
+      costs.backward_weight[s] = nw[s] ? w[s] / nw[s] : 0;
+    } else {
+      costs.backward[s] = nb[s] ? b[s] / nb[s] : 0;
+    }
+  }
+  costs.latency = ncomm ? comm / ncomm : 0;
+  return costs;
+}
+
+SimResult summarize_timing(const Schedule& sched, std::vector<std::vector<ActionTiming>> timing) {
+  check_parallel(sched, timing);
+  SimResult out;
+  double first = INFINITY, last = 0;
+  for (const auto& rank : timing)
+    for (const auto& t : rank) first = std::min(first, t.start), last = std::max(last, t.end);
+  if (!std::isfinite(first)) first = 0;
+  for (auto& rank : timing)
+    for (auto& t : rank) t.start -= first, t.end -= first;
+  out.makespan = last - first;
+  double idle = 0;
+  for (int r = 0; r < sched.num_ranks(); ++r) {
+    RankStats stats;
+    for (size_t k = 0; k < sched.ranks[r].size(); ++k) {
+      if (is_compute(sched.ranks[r][k].kind)) stats.busy += timing[r][k].end - timing[r][k].start;
+      stats.end = std::max(stats.end, timing[r][k].end);
+    }
+    stats.idle = out.makespan - stats.busy;
+    idle += stats.idle;
+    out.ranks.push_back(stats);
+  }
+  out.bubble_fraction = out.makespan > 0 ? idle / (sched.num_ranks() * out.makespan) : 0;
+  out.timing = std::move(timing);
+  return out;
+}
+
+}  // namespace conveyor::schedule

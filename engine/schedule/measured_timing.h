@@ -1,0 +1,22 @@
+#pragma once
+// A measured run in the simulator's terms: the timeline an executor recorded (one timing per
+// action, parallel to Schedule::ranks) turned into a cost model, so that the run can be
+// compared with its prediction, and into the busy / idle / bubble figures of a SimResult.
+#include <vector>
+
+#include "engine/schedule/schedule.h"
+#include "engine/schedule/simulator.h"
+
+namespace conveyor::schedule {
+
+// Mean measured duration of each compute kind per stage (F, and B or I and W as the schedule
+// has them), and of all transfers as the latency. Throws std::invalid_argument when `timing`
+// does not hold one entry per action of `schedule`.
+CostModel measured_costs(const Schedule& schedule,
+                         const std::vector<std::vector<ActionTiming>>& timing);
+
+// Busy time (compute actions), idle time and bubble fraction per rank of a measured
+// timeline, with the timeline shifted to start at 0. Same precondition as measured_costs.
+SimResult summarize_timing(const Schedule& schedule, std::vector<std::vector<ActionTiming>> timing);
+
+}  // namespace conveyor::schedule

@@ -1,0 +1,76 @@
+// Choosing and building transports: the in-process transport for CPU ranks and for ranks
+// sharing a GPU, NCCL only for one GPU per rank, and clear errors for impossible requests.
+#include "comm/transport_factory.h"
+
+#include <gtest/gtest.h>
+
+#include <stdexcept>
+
+#include "comm/in_process.h"
+#include "comm/nccl.h"
+#include "engine/core/device_context.h"
+#include "support/test_util.h"
+
+namespace conveyor::comm {
+namespace {
+
+using namespace std::chrono_literals;
+
+TEST(TransportFactory, AutoChoosesInProcessUnlessEveryRankHasAGpuOfItsOwn) {
+  const Device cpu = Device::cpu();
+  EXPECT_EQ(choose_transport(TransportKind::kAuto, {cpu}), TransportKind::kInProcess);
+  EXPECT_EQ(choose_transport(TransportKind::kAuto, {cpu, cpu, cpu}), TransportKind::kInProcess);
+  // Ranks sharing a GPU, or a CPU rank among GPU ranks.
+  const Device gpu0 = Device::cuda(0), gpu1 = Device::cuda(1);
+  EXPECT_EQ(choose_transport(TransportKind::kAuto, {gpu0, gpu0}), TransportKind::kInProcess);
+  EXPECT_EQ(choose_transport(TransportKind::kAuto, {gpu0, cpu}), TransportKind::kInProcess);
+  // One rank needs no transfers: no NCCL communicators for it.
+  EXPECT_EQ(choose_transport(TransportKind::kAuto, {gpu0}), TransportKind::kInProcess);
+  EXPECT_EQ(choose_transport(TransportKind::kAuto, {gpu0, gpu1}),
+            nccl_available() ? TransportKind::kNccl : TransportKind::kInProcess);
+  EXPECT_EQ(choose_transport(TransportKind::kInProcess, {gpu0, gpu1}), TransportKind::kInProcess);
+}
+
+TEST(TransportFactory, NcclWithoutOneGpuPerRankIsAClearError) {
+  const Device cpu = Device::cpu(), gpu0 = Device::cuda(0);
+  for (const auto& devices : {std::vector<Device>{cpu, cpu}, std::vector<Device>{gpu0, gpu0},
+                              std::vector<Device>{gpu0, cpu}}) {
+    try {
+      choose_transport(TransportKind::kNccl, devices);
+      FAIL() << "NCCL accepted for " << devices.size() << " ranks without a GPU each";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("needs one CUDA device per rank"), std::string::npos)
+          << e.what();
+    }
+    EXPECT_THROW(make_transports(TransportKind::kNccl, devices, 1000ms), std::invalid_argument);
+  }
+}
+
+TEST(TransportFactory, InProcessTransportsAreWiredRankByRankWithTheTimeout) {
+  const std::vector<Device> devices(3, Device::cpu());
+  Transports made = make_transports(TransportKind::kAuto, devices, 50ms);
+  EXPECT_EQ(made.kind, TransportKind::kInProcess);
+  ASSERT_EQ(made.per_rank.size(), 3u);
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(made.per_rank[r]->rank(), r);
+    EXPECT_EQ(made.per_rank[r]->size(), 3);
+  }
+  DeviceContext ctx(Device::cpu());
+  const auto values = testing::random_floats(7, 21);
+  Tensor sent = ctx.empty({7});
+  copy_from_host(sent, values.data(), values.size() * sizeof(float));
+  made.per_rank[2]->send(sent, 0, ctx.compute_stream());
+  Tensor got = ctx.empty({7});
+  made.per_rank[0]->recv(got, 2, ctx.compute_stream());
+  EXPECT_EQ(to_vector_f32(got), values);
+  // The timeout reaches the hub: a receive with no sender fails after 50 ms.
+  try {
+    made.per_rank[1]->recv(got, 0, ctx.compute_stream());
+    FAIL() << "receive with no sender returned";
+  } catch (const TransportError& e) {
+    EXPECT_NE(std::string(e.what()).find("within 50 ms"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace conveyor::comm

@@ -1,0 +1,88 @@
+// Which failure a failed step reports: the one that started it, told from the ranks it
+// stopped by the transport's typed abort error, never by the text of a message.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <stdexcept>
+#include <string>
+
+#include "comm/in_process.h"
+#include "engine/pipeline/executor.h"
+#include "engine/schedule/generators.h"
+#include "support/executor_fixture.h"
+
+namespace conveyor {
+namespace {
+
+using namespace conveyor::testing;
+
+// An in-process endpoint that throws `message` on its n-th send or on its all-reduce.
+class FaultyTransport : public comm::Transport {
+ public:
+  FaultyTransport(std::unique_ptr<comm::Transport> inner, int fail_at_send, bool fail_reduce,
+                  std::string message)
+      : inner_(std::move(inner)),
+        fail_at_send_(fail_at_send),
+        fail_reduce_(fail_reduce),
+        message_(std::move(message)) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  void send(const Tensor& t, int peer, const Stream& s) override {
+    if (++sends_ == fail_at_send_) throw std::runtime_error(message_);
+    inner_->send(t, peer, s);
+  }
+  void recv(const Tensor& t, int peer, const Stream& s) override { inner_->recv(t, peer, s); }
+  void all_reduce_sum(std::vector<double>& v) override {
+    if (fail_reduce_) throw std::runtime_error(message_);
+    inner_->all_reduce_sum(v);
+  }
+  void abort(const std::string& reason) override { inner_->abort(reason); }
+
+ private:
+  std::unique_ptr<comm::Transport> inner_;
+  int fail_at_send_;
+  bool fail_reduce_;
+  std::string message_;
+  int sends_ = 0;
+};
+
+// Runs one step of 1F1B over 3 ranks where rank `faulty` fails as told; returns the error.
+std::string failed_step(int faulty, int fail_at_send, bool fail_reduce,
+                        const std::string& message) {
+  auto ex = make_executor(schedule::generate(schedule::ScheduleKind::k1F1B, 3, 4));
+  auto hub = comm::InProcessHub::create(3, std::chrono::milliseconds(60000));
+  std::vector<std::unique_ptr<comm::Transport>> transports;
+  for (int r = 0; r < 3; ++r) {
+    auto endpoint = hub->endpoint(r);
+    if (r == faulty)
+      endpoint = std::make_unique<FaultyTransport>(std::move(endpoint), fail_at_send, fail_reduce,
+                                                   message);
+    transports.push_back(std::move(endpoint));
+  }
+  ex->set_transports(std::move(transports));
+  try {
+    ex->run_step(make_microbatches(4, 5, 1), 0.05f, 1, 1e-2);
+  } catch (const PipelineError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "the step succeeded despite the failing rank";
+  return "";
+}
+
+TEST(ExecutorFailure, TheRootFailureIsReportedEvenWhenItsTextMentionsAnAbort) {
+  // The last rank fails on its first gradient send; ranks 0 and 1, stopped by the abort,
+  // come first in rank order but are not what started it.
+  const std::string what = failed_step(2, 1, false, "link lost: pipeline aborted by the peer");
+  EXPECT_EQ(what.rfind("rank 2, action ", 0), 0u) << what;
+  EXPECT_NE(what.find("(SG2."), std::string::npos) << what;
+  EXPECT_NE(what.find("link lost: pipeline aborted by the peer"), std::string::npos) << what;
+}
+
+TEST(ExecutorFailure, AFailureOutsideAnyActionIsTheRootToo) {
+  // Rank 1 fails in the end-of-step all-reduce; the others, waiting in it, are aborted.
+  const std::string what = failed_step(1, 0, true, "injected all-reduce failure");
+  EXPECT_EQ(what, "injected all-reduce failure");
+}
+
+}  // namespace
+}  // namespace conveyor

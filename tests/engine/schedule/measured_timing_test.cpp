@@ -1,0 +1,109 @@
+// A measured timeline in the simulator's terms: the mean cost of each action kind per stage,
+// and the busy / idle / bubble figures, checked on timelines whose answers are known (the
+// simulator's own, and hand-made ones).
+#include "engine/schedule/measured_timing.h"
+
+#include <gtest/gtest.h>
+
+#include <stdexcept>
+
+#include "engine/schedule/generators.h"
+#include "support/test_util.h"
+
+namespace conveyor::schedule {
+namespace {
+
+// Seeded per-stage costs in [0.5, 2), a different draw for each kind.
+CostModel random_costs(int stages, bool split, uint64_t seed) {
+  auto draw = [&](uint64_t k) {
+    const auto v = testing::random_floats(stages, seed + k, 0.5f, 2.0f);
+    return std::vector<double>(v.begin(), v.end());
+  };
+  CostModel costs;
+  costs.forward = draw(1);
+  costs.backward_input = draw(2);
+  costs.backward_weight = draw(3);
+  if (!split) costs.backward = draw(4);
+  costs.latency = draw(5)[0];
+  return costs;
+}
+
+void expect_near(const std::vector<double>& got, const std::vector<double>& want,
+                 const char* what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t s = 0; s < want.size(); ++s)
+    EXPECT_NEAR(got[s], want[s], 1e-12 * want[s]) << what << " of stage " << s;
+}
+
+TEST(MeasuredTiming, TheSimulatorsOwnTimelineGivesBackItsCostsAndBubble) {
+  for (ScheduleKind kind : {ScheduleKind::k1F1B, ScheduleKind::kGPipe, ScheduleKind::kZBH1})
+    for (int p : {1, 2, 4}) {
+      SCOPED_TRACE(std::string(schedule_kind_name(kind)) + " p=" + std::to_string(p));
+      const Schedule sched = generate(kind, p, 6);
+      const CostModel want = random_costs(sched.num_stages(), sched.splits_backward(), 40 + p);
+      const SimResult sim = simulate(sched, want);
+
+      const CostModel got = measured_costs(sched, sim.timing);
+      expect_near(got.forward, want.forward, "forward");
+      if (sched.splits_backward()) {
+        expect_near(got.backward_input, want.backward_input, "backward_input");
+        expect_near(got.backward_weight, want.backward_weight, "backward_weight");
+        EXPECT_TRUE(got.backward.empty());
+      } else {
+        expect_near(got.backward, want.backward, "backward");
+      }
+      if (p > 1)
+        EXPECT_NEAR(got.latency, want.latency, 1e-12 * want.latency);
+      else
+        EXPECT_EQ(got.latency, 0.0);  // no transfers at all
+
+      const SimResult summary = summarize_timing(sched, sim.timing);
+      EXPECT_NEAR(summary.makespan, sim.makespan, 1e-12 * sim.makespan);
+      EXPECT_NEAR(summary.bubble_fraction, sim.bubble_fraction, 1e-12);
+      ASSERT_EQ(summary.ranks.size(), sim.ranks.size());
+      for (size_t r = 0; r < sim.ranks.size(); ++r) {
+        EXPECT_NEAR(summary.ranks[r].busy, sim.ranks[r].busy, 1e-12 * sim.makespan);
+        EXPECT_NEAR(summary.ranks[r].idle, sim.ranks[r].idle, 1e-12 * sim.makespan);
+      }
+    }
+}
+
+TEST(MeasuredTiming, MeansPerStageAndATimelineShiftedToStartAtZero) {
+  // One rank, one stage, two micro-batches: F F B B, measured from 100 µs on. The two
+  // forwards take 1 and 3 (mean 2), the backwards 4 and 6 (mean 5), with a gap of 2.
+  const Schedule sched = generate(ScheduleKind::kGPipe, 1, 2);
+  ASSERT_EQ(sched.ranks[0].size(), 4u);
+  std::vector<std::vector<ActionTiming>> timing = {
+      {{100, 101}, {101, 104}, {106, 110}, {110, 116}}};
+  const CostModel costs = measured_costs(sched, timing);
+  EXPECT_EQ(costs.forward, (std::vector<double>{2.0}));
+  EXPECT_EQ(costs.backward, (std::vector<double>{5.0}));
+  EXPECT_EQ(costs.latency, 0.0);
+
+  const SimResult summary = summarize_timing(sched, timing);
+  EXPECT_EQ(summary.makespan, 16.0);
+  EXPECT_EQ(summary.ranks[0].busy, 14.0);
+  EXPECT_EQ(summary.ranks[0].idle, 2.0);
+  EXPECT_EQ(summary.ranks[0].end, 16.0);
+  EXPECT_EQ(summary.bubble_fraction, 2.0 / 16.0);
+  EXPECT_EQ(summary.timing[0][0].start, 0.0);
+  EXPECT_EQ(summary.timing[0][3].end, 16.0);
+}
+
+TEST(MeasuredTiming, ATimelineThatDoesNotFitTheScheduleIsAClearError) {
+  const Schedule sched = generate(ScheduleKind::k1F1B, 2, 2);
+  std::vector<std::vector<ActionTiming>> timing(1);  // one rank short
+  EXPECT_THROW(measured_costs(sched, timing), std::invalid_argument);
+  timing.assign(2, {});
+  for (int r = 0; r < 2; ++r) timing[r].resize(sched.ranks[r].size());
+  timing[1].pop_back();  // one action short
+  try {
+    summarize_timing(sched, timing);
+    FAIL() << "a short timeline was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 1"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace conveyor::schedule
