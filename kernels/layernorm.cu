@@ -238,7 +238,7 @@ void layernorm_backward_weight(const CudaContext& ctx, float* dgamma, float* dbe
   if (n == 0) return;
   // Chunks fill about four waves of an H200; a chunk keeps at least 8 rows per thread row.
   const int64_t col_tiles = (c + kTileCols - 1) / kTileCols;
-  int64_t chunks = (4 * 132 + col_tiles - 1) / col_tiles;
+  int64_t chunks = (4 * detail::kFixedSmCount + col_tiles - 1) / col_tiles;
   chunks = std::min<int64_t>(chunks, (n + 8 * kTileRows - 1) / (8 * kTileRows));
   chunks = std::max<int64_t>(chunks, 1);
   const int64_t rows_per_chunk = (n + chunks - 1) / chunks;

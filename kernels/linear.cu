@@ -192,7 +192,7 @@ void accumulate_column_sums(const CudaContext& ctx, float* db, const float* dy, 
                             int64_t out) {
   // The chunking depends only on (n, out): reproducible bits for a given shape.
   const int64_t col_tiles = (out + kTileCols - 1) / kTileCols;
-  int64_t chunks = (4 * 132 + col_tiles - 1) / col_tiles;
+  int64_t chunks = (4 * detail::kFixedSmCount + col_tiles - 1) / col_tiles;
   chunks = std::min<int64_t>(chunks, (n + 8 * kTileRows - 1) / (8 * kTileRows));
   chunks = std::max<int64_t>(chunks, 1);
   const int64_t rows_per_chunk = (n + chunks - 1) / chunks;
