@@ -89,8 +89,8 @@ __global__ void column_final_kernel(ColumnOutputs<K> outputs, const float* __res
 }
 
 // outputs.out[k][col] += Σ_rows (term k of (row, col)) for the K sums of `term` over [n, c].
-// `kernel` and `width` name the caller and its column count in errors. Uses ctx's workspace
-// for the partials when it is large enough, so call it after any GEMM that uses the workspace.
+// `kernel` and `width` name the caller and its column count in errors. The partials may take
+// ctx's workspace, which stream order makes safe after a GEMM on the same stream.
 template <int K, class Term>
 void accumulate_column_sums(const CudaContext& ctx, const char* kernel, const char* width,
                             ColumnOutputs<K> outputs, int64_t n, int64_t c, Term term) {
