@@ -63,6 +63,17 @@ class Bench {
     conveyor::kernels::cuda::init_uniform(ctx_, p, static_cast<int64_t>(n), 1234, key, low, high);
     return p;
   }
+  // Device copy of `host`, on the stream the kernels run on (a pageable cudaMemcpy would go
+  // to the legacy default stream, which our non-blocking stream does not wait for), complete
+  // when this returns.
+  template <class T>
+  T* upload(const std::vector<T>& host) {
+    T* p = alloc<T>(host.size());
+    CONVEYOR_CUDA_CHECK(cudaMemcpyAsync(p, host.data(), host.size() * sizeof(T),
+                                        cudaMemcpyHostToDevice, ctx_.stream));
+    CONVEYOR_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));
+    return p;
+  }
   template <class T>
   T* alloc(size_t n) {
     void* p = nullptr;
@@ -208,11 +219,9 @@ void BM_SoftmaxCrossEntropy(benchmark::State& state) {
   const size_t nv = static_cast<size_t>(n * vocab);
   float* logits = b.random(nv, 30, -5.0f, 5.0f);
   float* losses = b.alloc<float>(static_cast<size_t>(n));
-  int32_t* targets = b.alloc<int32_t>(static_cast<size_t>(n));
   std::vector<int32_t> host(static_cast<size_t>(n));
   for (size_t i = 0; i < host.size(); ++i) host[i] = static_cast<int32_t>((i * 7919) % vocab);
-  CONVEYOR_CUDA_CHECK(
-      cudaMemcpy(targets, host.data(), host.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+  const int32_t* targets = b.upload(host);
   namespace k = conveyor::kernels::cuda;
   // In place over the same logits each iteration: the values change, the work does not.
   const double s = b.time(state, [&] {

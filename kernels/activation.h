@@ -1,6 +1,7 @@
 #pragma once
 // Element-wise activations over n floats: GELU (tanh approximation) and ReLU.
 // Backward writes dx with `=` (activations are not accumulated) and may alias dy.
+// CPU: activation_cpu.cpp; CUDA: elementwise.cu, with the other element-wise kernels.
 #include <cstdint>
 
 #include "kernels/cuda_context.h"

@@ -133,7 +133,7 @@ void softmax_cross_entropy(const CudaContext& ctx, float* losses, float* dlogits
   // Narrow rows do not need 16 warps; keep at least one full warp.
   const int64_t per_thread_items = vec ? vocab / 4 : vocab;
   const int block = static_cast<int>(std::min<int64_t>(kBlock, (per_thread_items + 31) / 32 * 32));
-  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(n, 132 * 64));
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(n, detail::kFixedSmCount * 64));
   if (vec)
     softmax_cross_entropy_kernel<true><<<grid, block, 0, ctx.stream>>>(
         losses, dlogits, logits, targets, n, vocab, ignore_index, grad_scale);

@@ -14,10 +14,15 @@
 
 namespace conveyor::kernels::cuda::detail {
 
+// The multiprocessor count that grids and reduction partitions are sized for: an H200's 132,
+// fixed rather than queried from the device. A reduction's partition decides the order of
+// its additions, and the bits of a reduction must not depend on which GPU runs it.
+constexpr int64_t kFixedSmCount = 132;
+
 // Grid-stride launches: enough blocks to fill an H200 several times over, never more than
 // the work needs. Results never depend on the grid size for element-wise kernels.
 inline unsigned int grid_for(int64_t work_items, int block) {
-  constexpr int64_t kMaxBlocks = 132 * 32;
+  constexpr int64_t kMaxBlocks = kFixedSmCount * 32;
   int64_t blocks = (work_items + block - 1) / block;
   if (blocks < 1) blocks = 1;
   if (blocks > kMaxBlocks) blocks = kMaxBlocks;

@@ -1,5 +1,7 @@
 #pragma once
 // Element-wise arithmetic the layers need around the kernels (residual connections).
+// elementwise.cu also holds the CUDA side of the other element-wise kernels (activations,
+// scale, fill), which are declared with their families.
 #include <cstdint>
 
 #include "kernels/cuda_context.h"

@@ -153,7 +153,7 @@ void embedding_backward(const CudaContext& ctx, float* dtable, const float* dy,
   CONVEYOR_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, keys_in, keys_out,
                                                       positions_in, positions_out, items, 0,
                                                       end_bit, ctx.stream));
-  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(n, 132 * 16));
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(n, detail::kFixedSmCount * 16));
   const int block = static_cast<int>(std::min<int64_t>(kBlock, (c + 31) / 32 * 32));
   embedding_segment_sum_kernel<<<grid, block, 0, ctx.stream>>>(dtable, dy, keys_out, positions_out,
                                                                n, c, vocab, invalid_key);

@@ -40,20 +40,6 @@ __global__ void init_uniform_kernel(float* __restrict__ out, int64_t n, uint32_t
   }
 }
 
-template <bool kVec>
-__global__ void fill_kernel(float* __restrict__ out, int64_t n, float value) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  int64_t done = 0;
-  if constexpr (kVec) {
-    const int64_t n4 = n / 4;
-    float4* out4 = reinterpret_cast<float4*>(out);
-    for (int64_t i = tid; i < n4; i += stride) out4[i] = make_float4(value, value, value, value);
-    done = n4 * 4;
-  }
-  for (int64_t i = done + tid; i < n; i += stride) out[i] = value;
-}
-
 }  // namespace
 
 void init_uniform(const CudaContext& ctx, float* out, int64_t n, uint64_t seed, uint64_t key,
@@ -66,18 +52,6 @@ void init_uniform(const CudaContext& ctx, float* out, int64_t n, uint64_t seed, 
   init_uniform_kernel<<<detail::grid_for((n + 3) / 4, kBlock), kBlock, 0, ctx.stream>>>(
       out, n, static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32),
       static_cast<uint32_t>(key), static_cast<uint32_t>(key >> 32), low, high, vec);
-  CONVEYOR_CUDA_CHECK_LAUNCH();
-}
-
-void fill(const CudaContext& ctx, float* out, int64_t n, float value) {
-  detail::require_nonnegative("fill", "n", n);
-  if (n == 0) return;
-  const bool vec = detail::aligned16(out);
-  const unsigned grid = detail::grid_for(vec ? (n + 3) / 4 : n, kBlock);
-  if (vec)
-    fill_kernel<true><<<grid, kBlock, 0, ctx.stream>>>(out, n, value);
-  else
-    fill_kernel<false><<<grid, kBlock, 0, ctx.stream>>>(out, n, value);
   CONVEYOR_CUDA_CHECK_LAUNCH();
 }
 

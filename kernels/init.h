@@ -48,7 +48,7 @@ namespace conveyor::kernels::cuda {
 
 void init_uniform(const CudaContext& ctx, float* out, int64_t n, uint64_t seed, uint64_t key,
                   float low, float high);
-void fill(const CudaContext& ctx, float* out, int64_t n, float value);
+void fill(const CudaContext& ctx, float* out, int64_t n, float value);  // in elementwise.cu
 
 }  // namespace conveyor::kernels::cuda
 #endif

@@ -2,10 +2,9 @@
 //
 // Forward and backward_input: one warp per row; the row is read once for the mean, once for
 // the variance (two-pass, no cancellation) and once to write, the re-reads hit L1/L2.
-// backward_weight: a two-stage column reduction with no atomics. Stage 1 gives each block a
-// 32-column tile of a fixed chunk of rows and writes one partial per (chunk, column); stage 2
-// sums the partials of each column in chunk order and adds them to dgamma/dbeta. The chunking
-// depends only on (n, c), so results are bitwise reproducible.
+// backward_weight: the deterministic two-stage column sums of column_sum.cuh (no atomics; the
+// partition depends only on (n, c)), so results are bitwise reproducible.
+#include "kernels/column_sum.cuh"
 #include "kernels/cuda_util.cuh"
 #include "kernels/layernorm.h"
 
@@ -135,59 +134,20 @@ __global__ void layernorm_backward_input_kernel(float* dx, const float* dy,
   }
 }
 
-constexpr int kTileCols = 32;
-constexpr int kTileRows = 8;
-
-// Stage 1: block (32, 8) covers columns [32·bx, 32·bx + 32) of row chunk `by`.
-__global__ void layernorm_weight_partials_kernel(
-    float* __restrict__ partial_g, float* __restrict__ partial_b, const float* __restrict__ dy,
-    const float* __restrict__ x, const float* __restrict__ mean, const float* __restrict__ rstd,
-    int64_t n, int c, int64_t rows_per_chunk) {
-  __shared__ float sg[kTileRows][kTileCols + 1];
-  __shared__ float sb[kTileRows][kTileCols + 1];
-  const int tx = threadIdx.x, ty = threadIdx.y;
-  const int col = blockIdx.x * kTileCols + tx;
-  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * rows_per_chunk;
-  const int64_t r1 = min(n, r0 + rows_per_chunk);
-  float g = 0.0f, b = 0.0f;
-  if (col < c) {
-    for (int64_t row = r0 + ty; row < r1; row += kTileRows) {
-      const float d = dy[row * c + col];
-      const float xhat = (x[row * c + col] - mean[row]) * rstd[row];
-      g += d * xhat;
-      b += d;
-    }
+// dgamma += Σ_rows dy · x̂ and dbeta += Σ_rows dy. Read-only loads, as __restrict__ would allow.
+struct WeightGradTerms {
+  const float* dy;
+  const float* x;
+  const float* mean;
+  const float* rstd;
+  int64_t c;
+  __device__ void operator()(float (&acc)[2], int64_t row, int64_t col) const {
+    const float d = __ldg(dy + row * c + col);
+    const float xhat = (__ldg(x + row * c + col) - __ldg(mean + row)) * __ldg(rstd + row);
+    acc[0] += d * xhat;
+    acc[1] += d;
   }
-  sg[ty][tx] = g;
-  sb[ty][tx] = b;
-  __syncthreads();
-  if (col < c && ty < 2) {
-    float acc = 0.0f;
-    if (ty == 0) {
-      for (int k = 0; k < kTileRows; ++k) acc += sg[k][tx];
-      partial_g[static_cast<int64_t>(blockIdx.y) * c + col] = acc;
-    } else {
-      for (int k = 0; k < kTileRows; ++k) acc += sb[k][tx];
-      partial_b[static_cast<int64_t>(blockIdx.y) * c + col] = acc;
-    }
-  }
-}
-
-// Stage 2: one thread per column sums the chunk partials in chunk order.
-__global__ void layernorm_weight_final_kernel(float* __restrict__ dgamma, float* __restrict__ dbeta,
-                                              const float* __restrict__ partial_g,
-                                              const float* __restrict__ partial_b, int c,
-                                              int chunks) {
-  const int col = blockIdx.x * blockDim.x + threadIdx.x;
-  if (col >= c) return;
-  float g = 0.0f, b = 0.0f;
-  for (int k = 0; k < chunks; ++k) {
-    g += partial_g[static_cast<int64_t>(k) * c + col];
-    b += partial_b[static_cast<int64_t>(k) * c + col];
-  }
-  dgamma[col] += g;
-  dbeta[col] += b;
-}
+};
 
 void check_shape(const char* kernel, int64_t n, int64_t c) {
   detail::require_nonnegative(kernel, "n", n);
@@ -236,25 +196,8 @@ void layernorm_backward_weight(const CudaContext& ctx, float* dgamma, float* dbe
                                int64_t c) {
   check_shape("layernorm_backward_weight", n, c);
   if (n == 0) return;
-  // Chunks fill about four waves of an H200; a chunk keeps at least 8 rows per thread row.
-  const int64_t col_tiles = (c + kTileCols - 1) / kTileCols;
-  int64_t chunks = (4 * 132 + col_tiles - 1) / col_tiles;
-  chunks = std::min<int64_t>(chunks, (n + 8 * kTileRows - 1) / (8 * kTileRows));
-  chunks = std::max<int64_t>(chunks, 1);
-  const int64_t rows_per_chunk = (n + chunks - 1) / chunks;
-  chunks = (n + rows_per_chunk - 1) / rows_per_chunk;  // no empty trailing chunk
-  detail::require(col_tiles <= 0x7fffffff, "layernorm_backward_weight: c too large");
-  detail::StreamScratch scratch(ctx, static_cast<size_t>(2 * chunks * c) * sizeof(float));
-  float* partial_g = scratch.as<float>();
-  float* partial_b = partial_g + chunks * c;
-  const dim3 grid1(static_cast<unsigned>(col_tiles), static_cast<unsigned>(chunks));
-  layernorm_weight_partials_kernel<<<grid1, dim3(kTileCols, kTileRows), 0, ctx.stream>>>(
-      partial_g, partial_b, dy, x, mean, rstd, n, static_cast<int>(c), rows_per_chunk);
-  CONVEYOR_CUDA_CHECK_LAUNCH();
-  const unsigned grid2 = static_cast<unsigned>((c + 255) / 256);
-  layernorm_weight_final_kernel<<<grid2, 256, 0, ctx.stream>>>(
-      dgamma, dbeta, partial_g, partial_b, static_cast<int>(c), static_cast<int>(chunks));
-  CONVEYOR_CUDA_CHECK_LAUNCH();
+  detail::accumulate_column_sums<2>(ctx, "layernorm_backward_weight", "c", {{dgamma, dbeta}}, n, c,
+                                    WeightGradTerms{dy, x, mean, rstd, c});
 }
 
 }  // namespace conveyor::kernels::cuda

@@ -6,13 +6,14 @@
 //   forward          yᵀ[out,n]  = W[in,out]ᵀ · xᵀ[in,n]      (+ bias per row of yᵀ: epilogue)
 //   backward_input   dxᵀ[in,n]  = W[in,out]  · dyᵀ[out,n]
 //   backward_weight  dWᵀ[in,out] += xᵀ[in,n] · (dyᵀ[out,n])ᵀ  (beta = 1)
-// db += column sums of dy uses a deterministic two-stage reduction (no atomics), because the
-// BGRADB epilogue writes instead of accumulating.
+// db += column sums of dy uses the deterministic two-stage reduction of column_sum.cuh (no
+// atomics), because the BGRADB epilogue writes instead of accumulating.
 // fp32 storage; CUBLAS_COMPUTE_32F, or CUBLAS_COMPUTE_32F_FAST_TF32 when ctx.allow_tf32.
 // Descriptors are created per call (cheap); the heuristic query is per call too, since a
 // cache would need a home in CudaContext (see the report of this change).
 #include <string>
 
+#include "kernels/column_sum.cuh"
 #include "kernels/cuda_util.cuh"
 #include "kernels/linear.h"
 
@@ -155,59 +156,14 @@ void launch_bias_rows(const CudaContext& ctx, float* y, const float* bias, int64
   CONVEYOR_CUDA_CHECK_LAUNCH();
 }
 
-constexpr int kTileCols = 32;
-constexpr int kTileRows = 8;
-
-// Stage 1 of db += Σ_rows dy: block (32, 8) sums columns [32·bx, 32·bx + 32) over row chunk by.
-__global__ void column_partials_kernel(float* __restrict__ partial, const float* __restrict__ dy,
-                                       int64_t n, int64_t out, int64_t rows_per_chunk) {
-  __shared__ float tile[kTileRows][kTileCols + 1];
-  const int tx = threadIdx.x, ty = threadIdx.y;
-  const int64_t col = static_cast<int64_t>(blockIdx.x) * kTileCols + tx;
-  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * rows_per_chunk;
-  const int64_t r1 = min(n, r0 + rows_per_chunk);
-  float acc = 0.0f;
-  if (col < out)
-    for (int64_t row = r0 + ty; row < r1; row += kTileRows) acc += dy[row * out + col];
-  tile[ty][tx] = acc;
-  __syncthreads();
-  if (ty == 0 && col < out) {
-    float s = 0.0f;
-    for (int k = 0; k < kTileRows; ++k) s += tile[k][tx];
-    partial[static_cast<int64_t>(blockIdx.y) * out + col] = s;
+// db += Σ_rows dy. Read-only loads, as __restrict__ would allow.
+struct BiasGradTerm {
+  const float* dy;
+  int64_t out;
+  __device__ void operator()(float (&acc)[1], int64_t row, int64_t col) const {
+    acc[0] += __ldg(dy + row * out + col);
   }
-}
-
-// Stage 2: db[col] += Σ_chunks partial[chunk, col], in chunk order.
-__global__ void column_final_kernel(float* __restrict__ db, const float* __restrict__ partial,
-                                    int64_t out, int chunks) {
-  const int64_t col = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (col >= out) return;
-  float s = 0.0f;
-  for (int k = 0; k < chunks; ++k) s += partial[static_cast<int64_t>(k) * out + col];
-  db[col] += s;
-}
-
-void accumulate_column_sums(const CudaContext& ctx, float* db, const float* dy, int64_t n,
-                            int64_t out) {
-  // The chunking depends only on (n, out): reproducible bits for a given shape.
-  const int64_t col_tiles = (out + kTileCols - 1) / kTileCols;
-  int64_t chunks = (4 * 132 + col_tiles - 1) / col_tiles;
-  chunks = std::min<int64_t>(chunks, (n + 8 * kTileRows - 1) / (8 * kTileRows));
-  chunks = std::max<int64_t>(chunks, 1);
-  const int64_t rows_per_chunk = (n + chunks - 1) / chunks;
-  chunks = (n + rows_per_chunk - 1) / rows_per_chunk;
-  detail::require(col_tiles <= 0x7fffffff, "linear: out too large");
-  detail::StreamScratch scratch(ctx, static_cast<size_t>(chunks * out) * sizeof(float));
-  float* partial = scratch.as<float>();
-  const dim3 grid1(static_cast<unsigned>(col_tiles), static_cast<unsigned>(chunks));
-  column_partials_kernel<<<grid1, dim3(kTileCols, kTileRows), 0, ctx.stream>>>(partial, dy, n, out,
-                                                                               rows_per_chunk);
-  CONVEYOR_CUDA_CHECK_LAUNCH();
-  column_final_kernel<<<static_cast<unsigned>((out + 255) / 256), 256, 0, ctx.stream>>>(
-      db, partial, out, static_cast<int>(chunks));
-  CONVEYOR_CUDA_CHECK_LAUNCH();
-}
+};
 
 }  // namespace
 
@@ -254,7 +210,9 @@ void linear_backward_weight(const CudaContext& ctx, float* dweight, float* dbias
     run_gemm(ctx, g);
   }
   // Runs after the GEMM on the same stream, so it may reuse the cuBLASLt workspace.
-  if (dbias != nullptr) accumulate_column_sums(ctx, dbias, dy, n, out);
+  if (dbias != nullptr)
+    detail::accumulate_column_sums<1>(ctx, "linear", "out", {{dbias}}, n, out,
+                                      BiasGradTerm{dy, out});
 }
 
 }  // namespace conveyor::kernels::cuda

@@ -134,7 +134,8 @@ void apply(const char* who, const CudaContext& ctx, const OptimizerTensor* tenso
     }
     table.start[table.count] = offset;
     const int64_t chunks = (offset + kChunk - 1) / kChunk;
-    const unsigned grid = static_cast<unsigned>(std::min<int64_t>(chunks, 132 * 8));
+    const unsigned grid =
+        static_cast<unsigned>(std::min<int64_t>(chunks, detail::kFixedSmCount * 8));
     multi_tensor_kernel<<<grid, kBlock, 0, ctx.stream>>>(table, op);
     CONVEYOR_CUDA_CHECK_LAUNCH();
   }

@@ -67,27 +67,6 @@ void reduce(const CudaContext& ctx, double* out, const float* x, int64_t n, void
   CONVEYOR_CUDA_CHECK_LAUNCH();
 }
 
-template <bool kVec>
-__global__ void scale_kernel(float* x, float s, int64_t n) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  int64_t done = 0;
-  if constexpr (kVec) {
-    float4* x4 = reinterpret_cast<float4*>(x);
-    const int64_t n4 = n / 4;
-    for (int64_t i = tid; i < n4; i += stride) {
-      float4 v = x4[i];
-      v.x *= s;
-      v.y *= s;
-      v.z *= s;
-      v.w *= s;
-      x4[i] = v;
-    }
-    done = n4 * 4;
-  }
-  for (int64_t i = done + tid; i < n; i += stride) x[i] *= s;
-}
-
 }  // namespace
 
 size_t reduce_scratch_bytes(int64_t n) {
@@ -101,18 +80,6 @@ void sum(const CudaContext& ctx, double* out, const float* x, int64_t n, void* s
 
 void sum_squares(const CudaContext& ctx, double* out, const float* x, int64_t n, void* scratch) {
   reduce<true>(ctx, out, x, n, scratch);
-}
-
-void scale(const CudaContext& ctx, float* x, float s, int64_t n) {
-  detail::require_nonnegative("scale", "n", n);
-  if (n == 0) return;
-  const bool vec = detail::aligned16(x);
-  const unsigned grid = detail::grid_for(vec ? (n + 3) / 4 : n, kBlock);
-  if (vec)
-    scale_kernel<true><<<grid, kBlock, 0, ctx.stream>>>(x, s, n);
-  else
-    scale_kernel<false><<<grid, kBlock, 0, ctx.stream>>>(x, s, n);
-  CONVEYOR_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace conveyor::kernels::cuda

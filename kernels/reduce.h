@@ -25,7 +25,7 @@ size_t reduce_scratch_bytes(int64_t n);
 void sum(const CudaContext& ctx, double* out, const float* x, int64_t n, void* scratch);
 // *out (device memory, one double) = Σ x[i]²
 void sum_squares(const CudaContext& ctx, double* out, const float* x, int64_t n, void* scratch);
-void scale(const CudaContext& ctx, float* x, float scale, int64_t n);
+void scale(const CudaContext& ctx, float* x, float scale, int64_t n);  // in elementwise.cu
 
 }  // namespace conveyor::kernels::cuda
 #endif

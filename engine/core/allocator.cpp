@@ -114,6 +114,20 @@ void* CachingAllocator::allocate_from_system(size_t bytes, size_t size) {
   const auto fits = [&] {
     return stats_.limit_bytes == 0 || stats_.reserved_bytes + size <= stats_.limit_bytes;
   };
+  // Returning cached blocks to the system (cudaFree synchronises the device) or waiting for
+  // other streams could wait for a communication kernel, which may wait for this rank: while
+  // such kernels may run, a retry that would do either fails instead.
+  const auto must_keep_the_cache = [&] {
+    return communication_kernels_ && (!cache_.empty() || !pending_.empty());
+  };
+  const auto kept = [&](const char* reason) {
+    return std::string(reason) + "; the " + format_bytes(cached_bytes_locked()) +
+           " of cached blocks were not returned to the system because communication kernels "
+           "may run on this device, and returning them would synchronise it, which can "
+           "deadlock the ranks. Call release_cache() between steps, or use less memory per step";
+  };
+  if (!fits() && must_keep_the_cache())
+    throw_out_of_memory(bytes, size, kept("the memory limit would be exceeded"));
   // Over the cap: give back what is cached, then what waits for other streams, and retry.
   if (!fits()) release_cache_locked();
   if (!fits() && !pending_.empty()) {
@@ -123,6 +137,8 @@ void* CachingAllocator::allocate_from_system(size_t bytes, size_t size) {
   if (!fits()) throw_out_of_memory(bytes, size, "the memory limit would be exceeded");
 
   void* ptr = backend_->system_allocate(size);
+  if (ptr == nullptr && must_keep_the_cache())
+    throw_out_of_memory(bytes, size, kept("the system has no free memory left"));
   if (ptr == nullptr) {
     release_cache_locked();
     synchronize_pending();
@@ -136,7 +152,8 @@ void* CachingAllocator::allocate_from_system(size_t bytes, size_t size) {
   return ptr;
 }
 
-void CachingAllocator::throw_out_of_memory(size_t bytes, size_t size, const char* reason) const {
+void CachingAllocator::throw_out_of_memory(size_t bytes, size_t size,
+                                           const std::string& reason) const {
   size_t pending_bytes = 0;
   for (const Pending& p : pending_) pending_bytes += p.block.size;
   std::string message = "out of memory on " + backend_->device().to_string() +
@@ -270,6 +287,22 @@ void CachingAllocator::release_cache() {
 }
 
 Device CachingAllocator::device() const { return backend_->device(); }
+
+void CachingAllocator::set_device_may_run_communication_kernels(bool value) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  communication_kernels_ = value;
+}
+
+bool CachingAllocator::device_may_run_communication_kernels() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return communication_kernels_;
+}
+
+size_t CachingAllocator::cached_bytes_locked() const {
+  size_t bytes = 0;
+  for (const auto& [key, ptrs] : cache_) bytes += key.second * ptrs.size();
+  return bytes;
+}
 
 std::shared_ptr<CachingAllocator> make_cpu_allocator(size_t limit_bytes) {
   return std::make_shared<CachingAllocator>(std::make_unique<CpuAllocatorBackend>(), limit_bytes);

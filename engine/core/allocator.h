@@ -11,6 +11,9 @@
 //   the system (live + cached), its peak, number of system allocations, requests, cache hits.
 // - An optional cap on reserved bytes emulates a smaller device; when a request does not fit
 //   the cache is released and retried, then OutOfMemoryError prints the request and stats.
+// - While communication kernels may run on the device (NCCL), a request that does not fit
+//   throws at once instead of releasing the cache: cudaFree synchronises the whole device, and
+//   a communication kernel that waits for a peer which waits for this rank never finishes.
 // The same class serves the CPU (malloc, no events) and CUDA (cudaMalloc, cudaEvent) through
 // a small backend interface, so the caching logic is tested on CI without a GPU.
 #include <cstddef>
@@ -50,7 +53,7 @@ class AllocatorBackend {
   virtual ~AllocatorBackend() = default;
   virtual Device device() const = 0;
   // Returns null when the system is out of memory (the allocator then frees its cache and
-  // retries once, then throws OutOfMemoryError).
+  // retries once, unless communication kernels may run, then throws OutOfMemoryError).
   virtual void* system_allocate(size_t bytes) = 0;
   virtual void system_free(void* ptr) = 0;
   // Events for stream-ordered reuse. `stream` is the native stream handle.
@@ -81,8 +84,18 @@ class CachingAllocator {
   AllocatorStats stats() const;
   void reset_peak();  // peaks := current values
   void set_limit(size_t limit_bytes);
-  void release_cache();  // frees cached (unused) blocks back to the system
+  // Frees cached (unused) blocks back to the system. On CUDA this synchronises the device:
+  // call it at a point where no communication kernel can be waiting for a peer.
+  void release_cache();
   Device device() const;
+
+  // Says whether kernels that wait on other ranks (NCCL) may be running on this device; set
+  // by whoever creates communicators for it, on every allocator of that device. While true, a
+  // request that does not fit (the cap or the device) fails with OutOfMemoryError without
+  // releasing the cache or waiting for other streams, since either could wait for such a
+  // kernel and deadlock the ranks.
+  void set_device_may_run_communication_kernels(bool value);
+  bool device_may_run_communication_kernels() const;
 
   static size_t round_size(size_t bytes);
 
@@ -100,10 +113,11 @@ class CachingAllocator {
   void process_pending();
   void* try_take_cached(size_t size, void* stream);
   void release_cache_locked();
+  size_t cached_bytes_locked() const;  // bytes of blocks in the cache (not pending)
   // Waits for every pending block's events, then caches those blocks.
   void synchronize_pending();
   void* allocate_from_system(size_t bytes, size_t size);
-  [[noreturn]] void throw_out_of_memory(size_t bytes, size_t size, const char* reason) const;
+  [[noreturn]] void throw_out_of_memory(size_t bytes, size_t size, const std::string& reason) const;
 
   std::unique_ptr<AllocatorBackend> backend_;
   mutable std::mutex mutex_;
@@ -112,6 +126,7 @@ class CachingAllocator {
   // Cached free blocks per (stream, rounded size).
   std::map<std::pair<void*, size_t>, std::vector<void*>> cache_;
   std::vector<Pending> pending_;
+  bool communication_kernels_ = false;
 };
 
 // Allocators for the CPU (malloc) and CUDA device `index` (cudaMalloc).

@@ -1,7 +1,10 @@
 #pragma once
 // Internal to the engine: makes CUDA device `index` current for a scope and restores the
 // caller's device afterwards, so that allocating or copying on another GPU does not silently
-// move the calling thread (a rank) off its own device.
+// move the calling thread (a rank) off its own device. The one way engine code switches the
+// device for a scope; only binding a rank's thread to its device (DeviceContext, the rank
+// threads) makes a device current for good. Kernels never switch: they launch on the
+// current device, which is the rank's.
 #ifdef CONVEYOR_WITH_CUDA
 #include <cuda_runtime_api.h>
 

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <stdexcept>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -15,6 +16,18 @@
 #include "kernels/cuda_context.h"
 
 namespace conveyor::testing {
+
+// A copy between device memory and pageable host memory that is complete, and ordered after
+// all earlier device work, when it returns. The kernels of a test run on a non-blocking
+// stream, which the legacy default stream of cudaMemcpy neither waits for nor orders: so wait
+// for the device before the copy (kernels still reading or writing the buffer), and after it,
+// since a pageable host-to-device cudaMemcpy may return before its data has landed.
+inline void copy_and_wait(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+  if (bytes == 0) return;
+  CONVEYOR_CUDA_CHECK(cudaDeviceSynchronize());
+  CONVEYOR_CUDA_CHECK(cudaMemcpy(dst, src, bytes, kind));
+  CONVEYOR_CUDA_CHECK(cudaDeviceSynchronize());
+}
 
 template <class T>
 class DeviceBuffer {
@@ -49,18 +62,15 @@ class DeviceBuffer {
   size_t size() const { return size_; }
 
   void upload(const std::vector<T>& host) {
-    if (host.size() != size_) throw std::invalid_argument("DeviceBuffer::upload: size mismatch");
-    CONVEYOR_CUDA_CHECK(cudaDeviceSynchronize());
-    if (size_ > 0)
-      CONVEYOR_CUDA_CHECK(
-          cudaMemcpy(data(), host.data(), size_ * sizeof(T), cudaMemcpyHostToDevice));
+    if (host.size() != size_)
+      throw std::invalid_argument("DeviceBuffer::upload: the buffer holds " +
+                                  std::to_string(size_) + " elements, the host vector " +
+                                  std::to_string(host.size()));
+    copy_and_wait(data(), host.data(), size_ * sizeof(T), cudaMemcpyHostToDevice);
   }
   std::vector<T> download() const {
     std::vector<T> host(size_);
-    CONVEYOR_CUDA_CHECK(cudaDeviceSynchronize());
-    if (size_ > 0)
-      CONVEYOR_CUDA_CHECK(
-          cudaMemcpy(host.data(), data(), size_ * sizeof(T), cudaMemcpyDeviceToHost));
+    copy_and_wait(host.data(), data(), size_ * sizeof(T), cudaMemcpyDeviceToHost);
     return host;
   }
 

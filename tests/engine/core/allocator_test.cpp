@@ -30,6 +30,7 @@ struct FakeState {
   size_t system_bytes = 0;
   int system_frees = 0;
   bool synchronize_completes = false;  // whether synchronize_event waits (marks done)
+  int synchronize_calls = 0;           // host waits for an event
   std::map<void*, size_t> blocks;
   std::vector<FakeEvent*> events;  // live events
   int events_created = 0;
@@ -76,6 +77,7 @@ class FakeBackend final : public AllocatorBackend {
     delete e;
   }
   void synchronize_event(void* event) override {
+    ++s_->synchronize_calls;
     if (s_->synchronize_completes) static_cast<FakeEvent*>(event)->done = true;
   }
 
@@ -236,6 +238,78 @@ TEST(CachingAllocator, SystemOutOfMemoryReleasesTheCacheRetriesThenThrows) {
     EXPECT_NE(msg.find("limit none"), std::string::npos) << msg;
   }
   f.alloc.deallocate(b);
+}
+
+// With communication kernels on the device, freeing the cache (a device-wide synchronisation
+// on CUDA) could deadlock the ranks: the allocator fails the request and keeps its cache.
+TEST(CachingAllocator, SystemOutOfMemoryKeepsTheCacheWhileCommunicationKernelsMayRun) {
+  FakeAllocator f;
+  f.state->capacity = 4 * MiB;
+  void* a = f.alloc.allocate(2 * MiB);
+  void* b = f.alloc.allocate(2 * MiB);
+  f.alloc.deallocate(a);  // cached; the device is full
+  EXPECT_FALSE(f.alloc.device_may_run_communication_kernels());
+  f.alloc.set_device_may_run_communication_kernels(true);
+  EXPECT_TRUE(f.alloc.device_may_run_communication_kernels());
+  try {
+    f.alloc.allocate(4 * MiB);
+    FAIL() << "expected OutOfMemoryError";
+  } catch (const OutOfMemoryError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("request of 4194304 bytes"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("no free memory left"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("2.00 MiB (2097152 B) of cached blocks were not returned"),
+              std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find("communication kernels"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("release_cache()"), std::string::npos) << msg;
+  }
+  EXPECT_EQ(f.state->system_frees, 0);
+  EXPECT_EQ(f.state->system_bytes, 4 * MiB);
+  EXPECT_EQ(f.alloc.allocate(2 * MiB), a) << "the cache must survive the failed request";
+  f.alloc.deallocate(a);
+
+  // Without communication kernels the same request frees the cache and succeeds.
+  f.alloc.set_device_may_run_communication_kernels(false);
+  f.alloc.deallocate(b);
+  void* c = f.alloc.allocate(4 * MiB);
+  EXPECT_EQ(f.state->system_frees, 2);
+  f.alloc.deallocate(c);
+}
+
+TEST(CachingAllocator, CapNeitherFreesNorWaitsWhileCommunicationKernelsMayRun) {
+  FakeAllocator f(2 * KiB);
+  f.state->synchronize_completes = true;
+  void* a = f.alloc.allocate(1000, kStreamA);
+  void* b = f.alloc.allocate(1000, kStreamA);
+  f.alloc.record_stream(a, kStreamB);
+  f.alloc.deallocate(a);  // waits for B
+  f.alloc.deallocate(b);  // cached
+  f.alloc.set_device_may_run_communication_kernels(true);
+  try {
+    f.alloc.allocate(2000, kStreamC);
+    FAIL() << "expected OutOfMemoryError";
+  } catch (const OutOfMemoryError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("limit would be exceeded"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("(1024 B) of cached blocks were not returned"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("(1024 B) of freed blocks still wait for other streams"), std::string::npos)
+        << msg;
+  }
+  EXPECT_EQ(f.state->system_frees, 0);
+  EXPECT_EQ(f.state->synchronize_calls, 0) << "the host must not wait for another stream";
+  EXPECT_EQ(f.state->events.size(), 1u);
+  expect_stats(f.alloc.stats(), 0, 2 * KiB, 2 * KiB, 2 * KiB, 2, 3, 0);
+
+  // A request that fits without releasing anything still succeeds.
+  EXPECT_EQ(f.alloc.allocate(1000, kStreamA), b);
+  f.alloc.deallocate(b);
+  // Once the flag is cleared the cap path waits for B and frees both blocks.
+  f.alloc.set_device_may_run_communication_kernels(false);
+  void* c = f.alloc.allocate(2000, kStreamC);
+  EXPECT_EQ(f.state->system_frees, 2);
+  EXPECT_EQ(f.state->synchronize_calls, 1);
+  f.alloc.deallocate(c);
 }
 
 TEST(CachingAllocator, SameStreamReuseIsImmediate) {

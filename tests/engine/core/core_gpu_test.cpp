@@ -8,15 +8,16 @@
 #include <cstring>
 #include <thread>
 
-#include "support/test_util.h"
 #include "engine/core/allocator.h"
 #include "engine/core/device_context.h"
 #include "engine/core/stream.h"
 #include "engine/core/tensor.h"
+#include "support/test_util.h"
 
 #ifdef CONVEYOR_WITH_CUDA
 #include <cuda_runtime_api.h>
 
+#include "engine/core/cuda_device_guard.h"
 #include "kernels/cuda_check.h"
 
 namespace conveyor {
@@ -52,6 +53,39 @@ struct OpenOnExit {
 };
 
 cudaStream_t native(const Stream& s) { return static_cast<cudaStream_t>(s.native()); }
+
+int current_device() {
+  int device = -1;
+  CONVEYOR_CUDA_CHECK(cudaGetDevice(&device));
+  return device;
+}
+
+TEST(CudaDeviceGuardGpu, RestoresTheCallersDeviceThroughNestedScopes) {
+  CONVEYOR_REQUIRE_GPU();
+  if (cuda_device_count() < 2) GTEST_SKIP() << "needs two CUDA devices";
+  CONVEYOR_CUDA_CHECK(cudaSetDevice(1));
+  {
+    detail::CudaDeviceGuard outer(0);
+    EXPECT_EQ(current_device(), 0);
+    {
+      detail::CudaDeviceGuard inner(1);
+      EXPECT_EQ(current_device(), 1);
+    }
+    EXPECT_EQ(current_device(), 0);
+    {
+      detail::CudaDeviceGuard same(0);  // already current: nothing to switch or restore
+      EXPECT_EQ(current_device(), 0);
+    }
+    EXPECT_EQ(current_device(), 0);
+  }
+  EXPECT_EQ(current_device(), 1);
+  // Objects made on another device switch only for their creation.
+  Stream peer(Device::cuda(0));
+  Event event(Device::cuda(0));
+  event.record(peer);
+  EXPECT_EQ(current_device(), 1);
+  CONVEYOR_CUDA_CHECK(cudaSetDevice(0));
+}
 
 TEST(CudaAllocatorGpu, BlockReadByAnotherStreamIsNotReusedUntilThatStreamPasses) {
   CONVEYOR_REQUIRE_GPU();
