@@ -234,7 +234,7 @@ void register_train_command(CLI::App& app) {
   cmd->add_option("--stages", c.stages, "Pipeline ranks (p)")->capture_default_str();
   cmd->add_option("--chunks", c.chunks, "Virtual stages per rank (interleaved)")
       ->capture_default_str();
-  cmd->add_option("--schedule", c.schedule, "gpipe, 1f1b, interleaved or zbh1")
+  cmd->add_option("--schedule", c.schedule, "Schedule: " + schedule_choices_text())
       ->capture_default_str();
   cmd->add_option("--schedule-file", c.schedule_file,
                   "Run the schedule in FILE (text or CSV, see `conveyor schedule --dump`)");
