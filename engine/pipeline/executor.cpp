@@ -136,7 +136,7 @@ const Stream& stream_for(const Action& a, Stream& compute, Stream& send, Stream&
 
 }  // namespace
 
-PipelineExecutor::PipelineExecutor(const ModelConfig& model, schedule::Schedule schedule,
+PipelineExecutor::PipelineExecutor(const ModelDescription& model, schedule::Schedule schedule,
                                    std::vector<StageRange> ranges, std::vector<Device> devices,
                                    const OptimizerConfig& optimizer, uint64_t seed,
                                    ExecutorOptions options)
@@ -151,7 +151,7 @@ PipelineExecutor::PipelineExecutor(const ModelConfig& model, schedule::Schedule 
                                 std::to_string(devices.size()) + " devices were given");
   // Global parameter order: unit order, then each unit's own order.
   std::map<std::string, int> global;
-  for (const auto& unit : make_model_units(model_, 0, model_.num_units()))
+  for (const auto& unit : model_.units(0, model_.num_units))
     for (Parameter* prm : unit->parameters()) global.emplace(prm->name, total_parameters_++);
 
   const bool distinct_gpus = one_gpu_per_rank(devices);
@@ -385,8 +385,10 @@ void PipelineExecutor::run_rank(Rank& rank, const std::vector<MicroBatchData>& m
         }
         case ActionKind::kRecvAct:
         case ActionKind::kRecvGrad: {
-          Tensor t =
-              Tensor::empty({n, model_.d_model}, DType::F32, ctx.allocator_ptr(), recv.native());
+          // An activation enters the stage's first unit; a gradient leaves its last one.
+          const ActivationSpec spec = model_.activation_at(
+              a.kind == ActionKind::kRecvAct ? ranges_[a.stage].begin : ranges_[a.stage].end, n);
+          Tensor t = Tensor::empty(spec.shape, spec.dtype, ctx.allocator_ptr(), recv.native());
           rank.transport->recv(t, a.peer, recv);
           Event* ready = nullptr;
           if (cuda) {

@@ -67,7 +67,7 @@ class PipelineError : public std::runtime_error {
 class PipelineExecutor {
  public:
   // `ranges[s]` are the units of virtual stage s; `devices[r]` the device of rank r.
-  PipelineExecutor(const ModelConfig& model, schedule::Schedule schedule,
+  PipelineExecutor(const ModelDescription& model, schedule::Schedule schedule,
                    std::vector<StageRange> ranges, std::vector<Device> devices,
                    const OptimizerConfig& optimizer, uint64_t seed, ExecutorOptions options = {});
   ~PipelineExecutor();
@@ -98,7 +98,7 @@ class PipelineExecutor {
                 int64_t step, double lr, bool update, PipelineStepResult& result,
                 std::chrono::steady_clock::time_point step_start);
 
-  ModelConfig model_;
+  ModelDescription model_;
   schedule::Schedule schedule_;
   bool uses_nccl_ = false;
   std::vector<StageRange> ranges_;

@@ -14,9 +14,10 @@ namespace conveyor {
 
 class Stage {
  public:
-  // Builds units [begin, end) of `config` on `ctx` and initialises their parameters from
+  // Builds units [begin, end) of `model` on `ctx` and initialises their parameters from
   // (seed, global name), so any cut of the model gives the same weights.
-  Stage(const ModelConfig& config, int64_t begin, int64_t end, DeviceContext& ctx, uint64_t seed);
+  Stage(const ModelDescription& model, int64_t begin, int64_t end, DeviceContext& ctx,
+        uint64_t seed);
 
   bool is_first() const { return begin_ == 0; }
   bool is_last() const { return end_ == num_units_; }
@@ -32,7 +33,6 @@ class Stage {
   // Accumulates parameter gradients of `microbatch` and releases its activations.
   void backward_weight(int64_t microbatch);
   Tensor backward(int64_t microbatch, const Tensor& dy);
-
   std::vector<Parameter*> parameters();
   DeviceContext& context() { return ctx_; }
   // Micro-batches whose activations are held (forward done, weight half not yet).
