@@ -209,6 +209,9 @@ PipelineExecutor::~PipelineExecutor() {
 
 DeviceContext& PipelineExecutor::context(int rank) { return *ranks_.at(rank)->ctx; }
 Optimizer& PipelineExecutor::optimizer(int rank) { return *ranks_.at(rank)->optimizer; }
+Stage& PipelineExecutor::stage(int stage) {
+  return *ranks_.at(schedule_.placement.rank_of(stage))->stages.at(stage);
+}
 std::vector<Parameter*> PipelineExecutor::rank_parameters(int rank) {
   return ranks_.at(rank)->parameters();
 }

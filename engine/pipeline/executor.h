@@ -87,6 +87,8 @@ class PipelineExecutor {
   // Parameters and optimizers per rank (checkpoints).
   std::vector<Parameter*> rank_parameters(int rank);
   Optimizer& optimizer(int rank);
+  // Virtual stage `stage`, on the rank the schedule places it (forward-only evaluation).
+  Stage& stage(int stage);
 
   bool uses_nccl() const { return uses_nccl_; }
   // Replaces the transport of every rank (tests inject faults through this).

@@ -44,6 +44,16 @@ Tensor Stage::forward(int64_t microbatch, const Tensor& input, const MicroBatchI
   return x;
 }
 
+Tensor Stage::forward_only(const Tensor& input, const MicroBatchInputs& in) {
+  SavedTensors discarded;
+  Tensor x = input;
+  for (auto& unit : units_) {
+    x = unit->forward(ctx_, x, in, discarded);
+    discarded.clear();
+  }
+  return x;
+}
+
 Tensor Stage::backward_input(int64_t microbatch, const Tensor& dy) {
   auto& saved = saved_for(microbatch, "backward");
   if (input_grad_done_[microbatch])

@@ -7,6 +7,9 @@
 
 #include "engine/schedule/text_format.h"
 #include "layers/ops.h"
+#ifdef CONVEYOR_WITH_CUDA
+#include "engine/core/cuda_device_guard.h"
+#endif
 
 namespace conveyor {
 
@@ -146,6 +149,88 @@ StepStats Trainer::step() {
     stats.peak_bytes = std::max(stats.peak_bytes, bytes);
   stats.pipeline = std::move(result);
   return stats;
+}
+
+double Trainer::evaluate(TokenSource& source, int64_t batches) {
+  if (batches < 1)
+    throw std::invalid_argument("evaluation needs at least 1 batch, got " +
+                                std::to_string(batches));
+  if (model_.vocab > 0 && source.vocab() > model_.vocab)
+    throw std::invalid_argument("the evaluation source has token ids up to " +
+                                std::to_string(source.vocab() - 1) +
+                                " but the model takes ids below " + std::to_string(model_.vocab));
+  std::vector<MicroBatchData> microbatches;
+  for (int64_t b = 0; b < batches; ++b)
+    for (MicroBatchData& mb : draw_batch(source)) microbatches.push_back(std::move(mb));
+  return evaluate(microbatches);
+}
+
+namespace {
+
+#ifdef CONVEYOR_WITH_CUDA
+using DeviceScope = detail::CudaDeviceGuard;
+#endif
+
+// i32 ids on the context's device.
+Tensor upload(DeviceContext& ctx, const std::vector<int32_t>& ids) {
+  Tensor t = ctx.empty({static_cast<int64_t>(ids.size())}, DType::I32);
+  copy_from_host(t, ids.data(), ids.size() * sizeof(int32_t));
+  return t;
+}
+
+}  // namespace
+
+double Trainer::evaluate(const std::vector<MicroBatchData>& microbatches) {
+  if (microbatches.empty()) throw std::invalid_argument("evaluation needs at least 1 micro-batch");
+  const schedule::Schedule& sched = executor_->schedule();
+  const int last = sched.num_stages() - 1;
+  int64_t tokens = 0;
+  for (const MicroBatchData& mb : microbatches) {
+    if (mb.tokens.empty() || mb.targets.size() != mb.tokens.size())
+      throw std::invalid_argument(
+          "an evaluation micro-batch needs as many targets as tokens, and at least one token");
+    tokens += static_cast<int64_t>(mb.tokens.size());
+  }
+  // The loss head's gradient scale, as in a training step; evaluation discards the gradient.
+  const float loss_scale = 1.0f / static_cast<float>(config_.batch_tokens);
+  DeviceContext& last_ctx = executor_->stage(last).context();
+  std::vector<Tensor> losses;
+  for (const MicroBatchData& mb : microbatches) {
+    Tensor x;
+    for (int s = 0; s <= last; ++s) {
+      Stage& stage = executor_->stage(s);
+      DeviceContext& ctx = stage.context();
+#ifdef CONVEYOR_WITH_CUDA
+      std::optional<DeviceScope> scope;
+      if (ctx.is_cuda()) scope.emplace(ctx.device().index);
+#endif
+      if (s == 0) {
+        x = upload(ctx, mb.tokens);
+      } else if (&executor_->stage(s - 1).context() != &ctx) {
+        // Another rank: its compute stream made `x`; a copy without a stream waits for it.
+        Tensor moved = ctx.empty(x.shape(), x.dtype());
+        copy_tensor(moved, x);
+        x = moved;
+      }
+      MicroBatchInputs in;
+      in.loss_scale = loss_scale;
+      if (s == last) in.targets = upload(ctx, mb.targets);
+      x = stage.forward_only(x, in);
+    }
+    losses.push_back(x);
+  }
+  std::vector<double> sums;
+  {
+#ifdef CONVEYOR_WITH_CUDA
+    std::optional<DeviceScope> scope;
+    if (last_ctx.is_cuda()) scope.emplace(last_ctx.device().index);
+#endif
+    sums = ops::sum_each(last_ctx, losses);
+  }
+  // Micro-batch order, as the training step adds them.
+  double loss_sum = 0.0;
+  for (double s : sums) loss_sum += s;
+  return loss_sum / static_cast<double>(tokens);
 }
 
 }  // namespace conveyor

@@ -100,6 +100,16 @@ class Trainer {
 
   StepStats step();  // runs the next step
 
+  // Mean loss per token over `batches` global batches drawn from `source` (held-out data),
+  // each split into the config's micro-batches. Forward only: no backward, no update,
+  // gradients and optimizer state untouched. Each micro-batch runs through the stages one
+  // after another from the calling thread (a forward pass has no backward to overlap, so no
+  // schedule is needed); on the CPU its loss is bitwise the loss that step() would report
+  // for the same batch.
+  double evaluate(TokenSource& source, int64_t batches = 1);
+  // The same over given micro-batches (any number, any sizes).
+  double evaluate(const std::vector<MicroBatchData>& microbatches);
+
   int64_t steps_done() const { return steps_done_; }
   const TrainConfig& config() const { return config_; }
   const ModelDescription& model() const { return model_; }

@@ -177,6 +177,26 @@ TEST(ModelGradient, ParametersHaveGlobalNames) {
   }());
 }
 
+TEST(ModelGradient, ForwardOnlyGivesTheForwardLossesAndKeepsNothing) {
+  const ModelConfig c = small_config();
+  DeviceContext ctx(Device::cpu());
+  Stage first(reference_model(c), 0, 2, ctx, 4), second(reference_model(c), 2, 4, ctx, 4);
+  const Batch b = make_batch(ctx, c, 11, 31, 1.0f / 11);
+  const auto eval = to_vector_f32(second.forward_only(first.forward_only(b.tokens, b.in), b.in));
+  EXPECT_EQ(first.in_flight(), 0u);
+  EXPECT_EQ(second.in_flight(), 0u);
+  std::vector<Parameter*> params = first.parameters();
+  for (Parameter* p : second.parameters()) params.push_back(p);
+  for (Parameter* p : params)
+    EXPECT_EQ(to_vector_f32(p->grad), std::vector<float>(p->grad.numel(), 0.0f)) << p->name;
+  const auto trained = to_vector_f32(second.forward(0, first.forward(0, b.tokens, b.in), b.in));
+  EXPECT_EQ(eval, trained);
+  // A forward-only pass between a forward and its backward leaves that micro-batch alone.
+  second.forward_only(first.forward_only(b.tokens, b.in), b.in);
+  EXPECT_EQ(second.in_flight(), 1u);
+  EXPECT_NO_THROW(first.backward(0, second.backward(0, Tensor())));
+}
+
 TEST(ModelGradient, BackwardBeforeForwardIsAnError) {
   const ModelConfig c = small_config();
   DeviceContext ctx(Device::cpu());

@@ -66,7 +66,7 @@ TEST(TrainerSource, TheCallersSourceIsTheOneDrawnFrom) {
   for (int s = 1; s < 30; ++s) last = trainer.step().loss;
   EXPECT_EQ(source->position(), 30u * 256u);
   EXPECT_GT(first, 0.5 * std::log(16.0));  // untrained
-  EXPECT_LT(last, 0.5 * first);  // a deterministic sequence is learnt far below uniform
+  EXPECT_LT(last, 0.5 * first);            // a deterministic sequence is learnt far below uniform
 }
 
 TEST(TrainerSource, ASourceBeyondTheVocabularyIsRejected) {
