@@ -9,11 +9,12 @@
 //   built-in layers     Linear, Activation, LayerNorm, Embedding, MlpBlock, LossHead
 //   data                TokenSource and the built-in MarkovSource, FileSource
 //   train               TrainConfig, Trainer (step, evaluate), PartitionSpec, ScheduleKind
-//   devices             Device, resolve_device, cuda_device_count
+//   devices             Device, resolve_device, cuda_device_count; version()
 // Only the headers this one includes (and theirs) are installed.
 #include "engine/core/device.h"
 #include "engine/core/device_context.h"
 #include "engine/core/tensor.h"
+#include "engine/core/version.h"
 #include "engine/pipeline/executor.h"
 #include "engine/pipeline/optimizer.h"
 #include "engine/pipeline/partition.h"
