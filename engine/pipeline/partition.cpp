@@ -91,18 +91,6 @@ std::vector<int64_t> parameter_balanced_blocks(const ModelDescription& model, in
 
 }  // namespace
 
-std::string PartitionSpec::to_string() const {
-  switch (kind) {
-    case Kind::kUniform:
-      return "uniform";
-    case Kind::kParameters:
-      return "params";
-    case Kind::kBlocks:
-      return join(blocks);
-  }
-  return "?";
-}
-
 std::vector<int64_t> partition_blocks(const ModelDescription& model, int num_stages,
                                       const PartitionSpec& spec) {
   model.validate();

@@ -10,7 +10,6 @@
 //               to the model's blocks.
 // Every stage must hold at least one unit.
 #include <cstdint>
-#include <string>
 #include <utility>
 #include <vector>
 
@@ -34,8 +33,6 @@ struct PartitionSpec {
   static PartitionSpec explicit_blocks(std::vector<int64_t> per_stage) {
     return {Kind::kBlocks, std::move(per_stage)};
   }
-  // "uniform", "params" or the counts "3,5,5,3" (the command line's spelling).
-  std::string to_string() const;
 };
 
 // Blocks per stage for `num_stages` stages. Throws std::invalid_argument with what would work.
