@@ -44,15 +44,15 @@ conveyor::ModelConfig minimal_model(int stages) {
 
 void BM_ExecutorStep(benchmark::State& state, sc::ScheduleKind kind) {
   const int p = static_cast<int>(state.range(0)), m = static_cast<int>(state.range(1));
-  const auto model = minimal_model(p);
+  const auto model = conveyor::reference_model(minimal_model(p));
   sc::Schedule schedule = sc::generate(kind, p, m);
   size_t actions = 0, busiest = 0;
   for (const auto& list : schedule.ranks) {
     actions += list.size();
     busiest = std::max(busiest, list.size());
   }
-  const auto ranges =
-      conveyor::stage_ranges(model, conveyor::partition_blocks(model, p, "uniform"));
+  const auto ranges = conveyor::stage_ranges(
+      model, conveyor::partition_blocks(model, p, conveyor::PartitionSpec::uniform()));
   conveyor::PipelineExecutor executor(model, std::move(schedule), ranges,
                                       std::vector<conveyor::Device>(p, conveyor::Device::cpu()),
                                       conveyor::OptimizerConfig{}, /*seed=*/1);

@@ -41,7 +41,9 @@ void run_training(benchmark::State& state, const conveyor::TrainConfig& config,
   // A failure (out of memory, divergence) marks this case and lets the others run.
   std::unique_ptr<conveyor::Trainer> trainer;
   try {
-    trainer = std::make_unique<conveyor::Trainer>(config, device);
+    conveyor::TrainConfig on_device = config;
+    on_device.device = device;
+    trainer = std::make_unique<conveyor::Trainer>(on_device);
     for (int i = 0; i < warmup; ++i) trainer->step();
   } catch (const std::exception& e) {
     state.SkipWithError(e.what());
@@ -93,10 +95,11 @@ conveyor::TrainConfig make_config(const std::string& preset, int64_t batch_token
   config.batch_tokens = batch_tokens;
   config.microbatches = microbatches;
   config.stages = stages;
-  config.schedule = "1f1b";
+  config.schedule = conveyor::schedule::ScheduleKind::k1F1B;
   config.allow_tf32 = tf32;
-  config.placement = "shared";  // several ranks on one GPU (no effect on the CPU)
-  config.steps = 1000000;       // keeps the learning-rate schedule out of its tail
+  config.placement =
+      conveyor::RankPlacement::kShared;  // several ranks on one GPU (no effect on the CPU)
+  config.steps = 1000000;                // keeps the learning-rate schedule out of its tail
   return config;
 }
 

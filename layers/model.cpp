@@ -7,6 +7,89 @@
 #include "layers/blocks.h"
 
 namespace conveyor {
+namespace {
+
+std::string label_of(const ModelDescription& model) {
+  return model.name.empty() ? "the model description" : "model '" + model.name + "'";
+}
+
+}  // namespace
+
+void ModelDescription::validate() const {
+  const std::string label = label_of(*this);
+  if (num_units < 2)
+    throw std::invalid_argument(label + " has " + std::to_string(num_units) +
+                                " units; at least 2 are needed (the first takes token ids, the "
+                                "last returns the loss)");
+  if (vocab < 0)
+    throw std::invalid_argument(label + " has vocab " + std::to_string(vocab) +
+                                "; expected the number of token ids, or 0 when unknown");
+  if (!make_unit) throw std::invalid_argument(label + " has no unit factory (make_unit is empty)");
+  if (!activation)
+    throw std::invalid_argument(label +
+                                " has no activation shape (activation is empty); for rows of "
+                                "width d use activation_rows(d)");
+  for (int64_t boundary = 1; boundary < num_units; ++boundary) {
+    const ActivationSpec spec = activation(boundary, 1);
+    bool positive = !spec.shape.empty();
+    for (int64_t d : spec.shape) positive = positive && d > 0;
+    if (!positive)
+      throw std::invalid_argument(label + " gives the activation entering unit " +
+                                  std::to_string(boundary) + " the shape " +
+                                  shape_to_string(spec.shape) +
+                                  " for one token; expected positive dimensions");
+  }
+}
+
+std::unique_ptr<Layer> ModelDescription::unit(int64_t index) const {
+  if (index < 0 || index >= num_units)
+    throw std::out_of_range("model unit " + std::to_string(index) + " out of range [0, " +
+                            std::to_string(num_units) + ")");
+  if (!make_unit) throw std::invalid_argument(label_of(*this) + " has no unit factory");
+  std::unique_ptr<Layer> layer = make_unit(index);
+  if (!layer)
+    throw std::invalid_argument("the unit factory of " + label_of(*this) +
+                                " returned no layer for unit " + std::to_string(index));
+  return layer;
+}
+
+std::vector<std::unique_ptr<Layer>> ModelDescription::units(int64_t begin, int64_t end) const {
+  std::vector<std::unique_ptr<Layer>> out;
+  for (int64_t i = begin; i < end; ++i) out.push_back(unit(i));
+  return out;
+}
+
+ActivationSpec ModelDescription::activation_at(int64_t boundary, int64_t tokens) const {
+  if (boundary < 1 || boundary >= num_units)
+    throw std::out_of_range("activation boundary " + std::to_string(boundary) +
+                            " out of range [1, " + std::to_string(num_units) + ")");
+  if (!activation) throw std::invalid_argument(label_of(*this) + " has no activation shape");
+  return activation(boundary, tokens);
+}
+
+std::vector<int64_t> ModelDescription::unit_parameter_counts() const {
+  std::vector<int64_t> counts;
+  for (int64_t i = 0; i < num_units; ++i) {
+    const std::unique_ptr<Layer> layer = unit(i);  // outlives the pointers to its parameters
+    int64_t n = 0;
+    for (Parameter* p : layer->parameters()) n += shape_numel(p->shape);
+    counts.push_back(n);
+  }
+  return counts;
+}
+
+int64_t ModelDescription::count_parameters() const {
+  int64_t total = 0;
+  for (int64_t n : unit_parameter_counts()) total += n;
+  return total;
+}
+
+std::function<ActivationSpec(int64_t, int64_t)> activation_rows(int64_t width, DType dtype) {
+  if (width < 1)
+    throw std::invalid_argument("activation width must be at least 1, got " +
+                                std::to_string(width));
+  return [width, dtype](int64_t, int64_t tokens) { return ActivationSpec{{tokens, width}, dtype}; };
+}
 
 void ModelConfig::validate() const {
   auto positive = [](int64_t value, const char* field) {
@@ -48,6 +131,17 @@ ModelConfig model_preset(std::string_view name) {
   }
   c.hidden = 4 * c.d_model;
   return c;
+}
+
+ModelDescription reference_model(const ModelConfig& config) {
+  config.validate();
+  ModelDescription model;
+  model.name = config.to_string();
+  model.num_units = config.num_units();
+  model.vocab = config.vocab;
+  model.make_unit = [config](int64_t index) { return make_model_unit(config, index); };
+  model.activation = activation_rows(config.d_model);
+  return model;
 }
 
 std::unique_ptr<Layer> make_model_unit(const ModelConfig& config, int64_t index) {

@@ -1,17 +1,63 @@
 #pragma once
-// The reference model and its presets:
+// A model is a description: an ordered list of units (a factory from unit index to a Layer
+// whose parameters carry global names such as "blocks.3.fc1.weight") and the shape of the
+// activation that flows between units, so that a pipeline can cut any model into contiguous
+// ranges of units and allocate the tensors it receives. Unit 0 takes i32 token ids [n]; the
+// last unit is a loss head returning per-token losses [n] (see Layer and MicroBatchInputs).
+//
+// The reference model is one such description:
 //   token embedding -> L × MlpBlock -> LossHead
-// as an ordered list of units (unit 0 the embedding, units 1..L the blocks, unit L+1 the
-// head) so that a pipeline can cut it into contiguous ranges of units.
+// (unit 0 the embedding, units 1..L the blocks, unit L+1 the head), configured by ModelConfig.
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "engine/core/tensor.h"
 #include "layers/layer.h"
 #include "layers/ops.h"
 
 namespace conveyor {
+
+// The tensor passed from one unit to the next for a micro-batch; its gradient, flowing back,
+// has the same shape and dtype.
+struct ActivationSpec {
+  Shape shape;
+  DType dtype = DType::F32;
+};
+
+struct ModelDescription {
+  std::string name;       // shown in logs
+  int64_t num_units = 0;  // at least 2: the first takes token ids, the last returns the loss
+  // Token ids the first unit accepts are [0, vocab); 0 when the description does not say
+  // (the trainer then needs a data source of the caller's).
+  int64_t vocab = 0;
+  // A new instance of unit `index` in [0, num_units), parameters not yet materialised. Each
+  // stage builds its own units, and the parameter counts come from built units, so it must
+  // build the same layer (same names, shapes and initialisation) on every call.
+  std::function<std::unique_ptr<Layer>(int64_t index)> make_unit;
+  // The activation entering unit `boundary` (leaving unit boundary - 1), boundary in
+  // [1, num_units), for a micro-batch of `tokens` tokens. A pipeline allocates the
+  // activations and gradients it receives from this.
+  std::function<ActivationSpec(int64_t boundary, int64_t tokens)> activation;
+
+  // Throws std::invalid_argument naming the first missing or impossible field.
+  void validate() const;
+  // Unit `index`, checked: the index is in range and the factory returned a layer.
+  std::unique_ptr<Layer> unit(int64_t index) const;
+  // Units [begin, end).
+  std::vector<std::unique_ptr<Layer>> units(int64_t begin, int64_t end) const;
+  // The activation at `boundary` for `tokens` tokens, checked against the range.
+  ActivationSpec activation_at(int64_t boundary, int64_t tokens) const;
+  // Parameters (elements) of each unit, and of the whole model.
+  std::vector<int64_t> unit_parameter_counts() const;
+  int64_t count_parameters() const;
+};
+
+// The activation function of a model whose units all pass f32 rows [tokens, width].
+std::function<ActivationSpec(int64_t boundary, int64_t tokens)> activation_rows(
+    int64_t width, DType dtype = DType::F32);
 
 struct ModelConfig {
   std::string preset = "tiny";
@@ -33,12 +79,15 @@ struct ModelConfig {
 ModelConfig model_preset(std::string_view name);
 std::vector<std::string> model_preset_names();
 
-// Unit `index` of the model (see above), with parameters not yet materialised.
+// The reference model of `config` as a description (validates the config first).
+ModelDescription reference_model(const ModelConfig& config);
+
+// Unit `index` of the reference model (see above), with parameters not yet materialised.
 std::unique_ptr<Layer> make_model_unit(const ModelConfig& config, int64_t index);
 // Units [begin, end).
 std::vector<std::unique_ptr<Layer>> make_model_units(const ModelConfig& config, int64_t begin,
                                                      int64_t end);
-// Number of parameters of the whole model.
+// Number of parameters of the whole reference model.
 int64_t count_parameters(const ModelConfig& config);
 
 }  // namespace conveyor

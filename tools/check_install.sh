@@ -1,14 +1,50 @@
 #!/usr/bin/env bash
-# Installs a built Conveyor into a scratch prefix, then builds and runs the example program
-# against it through find_package(conveyor), as an application would.
+# Installs a built Conveyor into a scratch prefix and checks it as an application sees it:
+#   - only public headers are installed (no *_check.h, *_guard.h or *.cuh);
+#   - every installed header compiles on its own against the installed tree;
+#   - each example under examples/ builds through find_package(conveyor) and runs.
 # Usage: tools/check_install.sh BUILD_DIR WORK_DIR
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=$1
 work=$2
 rm -rf "$work"
-cmake --install "$build" --prefix "$work/prefix" >/dev/null
-cmake -S "$root/examples/minimal_train" -B "$work/example" -DCMAKE_BUILD_TYPE=Release \
-      -DCMAKE_PREFIX_PATH="$work/prefix" >/dev/null
-cmake --build "$work/example" -j2 >/dev/null
-"$work/example/minimal_train"
+prefix=$work/prefix
+cmake --install "$build" --prefix "$prefix" >/dev/null
+include=$prefix/include/conveyor
+
+internal=$(cd "$include" && find . -name '*_check.h' -o -name '*_guard.h' -o -name '*.cuh')
+if [[ -n "$internal" ]]; then
+  echo "check_install: internal headers were installed:" $internal >&2
+  exit 1
+fi
+[[ -f "$include/engine/conveyor.h" ]] || { echo "check_install: engine/conveyor.h missing" >&2; exit 1; }
+
+# One object per installed header, each including that header alone.
+headers_project=$work/headers
+mkdir -p "$headers_project"
+{
+  echo "cmake_minimum_required(VERSION 3.25)"
+  echo "project(conveyor_headers LANGUAGES CXX)"
+  echo "find_package(conveyor REQUIRED)"
+  echo "add_library(headers OBJECT"
+  (cd "$include" && find . -name '*.h' | sort) | while read -r header; do
+    header=${header#./}
+    source=$headers_project/${header//\//_}.cpp
+    echo "#include \"$header\"" >"$source"
+    echo "  $source"
+  done
+  echo ")"
+  echo "target_link_libraries(headers PRIVATE conveyor::conveyor)"
+} >"$headers_project/CMakeLists.txt"
+cmake -S "$headers_project" -B "$work/headers-build" -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
+cmake --build "$work/headers-build" -j2 >/dev/null
+echo "check_install: $(cd "$include" && find . -name '*.h' | wc -l) installed headers compile on their own"
+
+for example in minimal_train custom_model; do
+  cmake -S "$root/examples/$example" -B "$work/$example" -DCMAKE_BUILD_TYPE=Release \
+        -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
+  cmake --build "$work/$example" -j2 >/dev/null
+  echo "check_install: running $example"
+  "$work/$example/$example"
+done

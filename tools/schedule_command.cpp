@@ -128,11 +128,9 @@ void run_compare(const ScheduleOptions& o, const Costs& costs) {
               fmt(costs.comm).c_str());
   std::printf("%-16s %10s %8s %13s %10s  %s\n", "schedule", "makespan", "bubble", "peak in-flight",
               "peak held", "closed-form bubble");
-  for (auto kind :
-       {sc::ScheduleKind::kGPipe, sc::ScheduleKind::k1F1B, sc::ScheduleKind::kInterleaved,
-        sc::ScheduleKind::kZBH1, sc::ScheduleKind::kZBV}) {
+  for (const auto& [kind, kind_name] : sc::schedule_kinds()) {
     const bool inter = kind == sc::ScheduleKind::kInterleaved;
-    std::string name = sc::schedule_kind_name(kind);
+    std::string name = kind_name;
     if (inter) name += " v=" + std::to_string(v);
     try {
       const sc::Schedule s = make_schedule(kind, p, m, inter ? v : 1, costs);
@@ -144,7 +142,7 @@ void run_compare(const ScheduleOptions& o, const Costs& costs) {
         held = std::max(held, r.memory.peak_held);
       std::printf("%-16s %10s %8.4f %13d %10d  %s\n", name.c_str(), fmt(sim.makespan).c_str(),
                   sim.bubble_fraction, in_flight, held,
-                  closed_form(sc::schedule_kind_name(kind), p, m, inter ? v : 1, costs).c_str());
+                  closed_form(kind_name, p, m, inter ? v : 1, costs).c_str());
     } catch (const sc::ScheduleError& e) {
       std::printf("%-16s n/a: %s\n", name.c_str(), e.what());
     }
@@ -230,8 +228,7 @@ void register_schedule_command(CLI::App& app) {
   auto opts = std::make_shared<ScheduleOptions>();
   CLI::App* cmd = app.add_subcommand(
       "schedule", "Generate or load a pipeline schedule, validate, simulate and draw it");
-  cmd->add_option("--kind", opts->kind,
-                  "Schedule: " + schedule::schedule_kind_choices() + " (default 1f1b)");
+  cmd->add_option("--kind", opts->kind, "Schedule: " + schedule_choices_text() + " (default 1f1b)");
   cmd->add_option("--stages,-p", opts->stages, "Pipeline ranks p (stages when --chunks is 1)");
   cmd->add_option("--microbatches,-m", opts->microbatches, "Micro-batches m per step");
   cmd->add_option("--chunks,-v", opts->chunks,

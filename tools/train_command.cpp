@@ -5,9 +5,13 @@
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "engine/schedule/chrome_trace.h"
+#include "engine/schedule/generators.h"
 #include "engine/schedule/measured_timing.h"
 #include "engine/schedule/simulator.h"
 #include "engine/train/trainer.h"
@@ -17,10 +21,16 @@
 namespace conveyor::cli {
 namespace {
 
+// Typed settings are spelled as words on the command line and parsed here.
 struct TrainFlags {
   std::string preset = "tiny";
   int64_t d_model = 0, layers = 0, vocab = 0, hidden = 0;
   std::string activation;
+  std::string device = "auto";
+  std::string schedule = "1f1b";
+  std::string partition = "uniform";
+  std::string placement = "auto";
+  std::string transport = "auto";
   TrainConfig config;
   std::string log_json;
   int64_t log_every = 10;
@@ -87,6 +97,60 @@ void report_bubble(Trainer& trainer, const PipelineStepResult& last, const std::
   }
 }
 
+schedule::ScheduleKind parse_schedule(const std::string& name) {
+  if (const auto kind = schedule::parse_schedule_kind(name)) return *kind;
+  throw UsageError("unknown schedule '" + name + "', expected " +
+                   schedule::schedule_kind_choices());
+}
+
+// "uniform", "params", or blocks per stage such as "3,5,5,3".
+PartitionSpec parse_partition(const std::string& text) {
+  if (text == "uniform") return PartitionSpec::uniform();
+  if (text == "params") return PartitionSpec::by_parameters();
+  std::vector<int64_t> counts;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    size_t used = 0;
+    int64_t value = -1;
+    try {
+      value = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != item.size() || value < 0)
+      throw UsageError("partition '" + text +
+                       "' is not uniform, params or a list of block counts such as 3,5,5,3");
+    counts.push_back(value);
+  }
+  if (counts.empty())
+    throw UsageError("partition '" + text +
+                     "' is not uniform, params or a list of block counts such as 3,5,5,3");
+  return PartitionSpec::explicit_blocks(std::move(counts));
+}
+
+RankPlacement parse_placement(const std::string& name) {
+  if (name == "auto") return RankPlacement::kAuto;
+  if (name == "shared") return RankPlacement::kShared;
+  throw UsageError("placement must be auto or shared, got '" + name + "'");
+}
+
+TransportKind parse_transport(const std::string& name) {
+  if (name == "auto") return TransportKind::kAuto;
+  if (name == "inproc") return TransportKind::kInProcess;
+  if (name == "nccl") return TransportKind::kNccl;
+  throw UsageError("transport must be auto, inproc or nccl, got '" + name + "'");
+}
+
+std::optional<Device> parse_device_choice(const std::string& text) {
+  if (text == "auto") return std::nullopt;
+  try {
+    return parse_device(text);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
+}
+
 TrainConfig resolve_config(TrainFlags& f, const CLI::App& cmd) {
   TrainConfig config = f.config;
   try {
@@ -94,6 +158,11 @@ TrainConfig resolve_config(TrainFlags& f, const CLI::App& cmd) {
   } catch (const std::invalid_argument& e) {
     throw UsageError(e.what());
   }
+  config.device = parse_device_choice(f.device);
+  config.schedule = parse_schedule(f.schedule);
+  config.partition = parse_partition(f.partition);
+  config.placement = parse_placement(f.placement);
+  config.transport = parse_transport(f.transport);
   if (cmd.count("--d-model")) config.model.d_model = f.d_model;
   if (cmd.count("--layers")) config.model.n_layers = f.layers;
   if (cmd.count("--hidden"))
@@ -111,6 +180,7 @@ TrainConfig resolve_config(TrainFlags& f, const CLI::App& cmd) {
   if (!(f.timeout_s > 0)) throw UsageError("--timeout must be positive");
   config.transport_timeout = std::chrono::milliseconds(static_cast<int64_t>(f.timeout_s * 1000));
   try {
+    config.model.validate();
     config.validate();
   } catch (const std::invalid_argument& e) {
     throw UsageError(e.what());
@@ -119,7 +189,7 @@ TrainConfig resolve_config(TrainFlags& f, const CLI::App& cmd) {
 }
 
 void run_train(TrainFlags& f, const CLI::App& cmd) {
-  const TrainConfig config = resolve_config(f, cmd);
+  TrainConfig config = resolve_config(f, cmd);
   std::string note;
   Device device;
   try {
@@ -128,10 +198,11 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
     throw UsageError(e.what());
   }
   if (!note.empty()) std::printf("conveyor: %s\n", note.c_str());
+  config.device = device;
 
   std::unique_ptr<Trainer> trainer;
   try {
-    trainer = std::make_unique<Trainer>(config, device);
+    trainer = std::make_unique<Trainer>(config);
   } catch (const std::invalid_argument& e) {  // schedule, partition, placement errors too
     throw UsageError(e.what());
   }
@@ -141,7 +212,7 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
     if (!json_log) throw UsageError("cannot write --log-json file '" + f.log_json + "'");
   }
   const auto entropy = trainer->source().entropy();
-  std::printf("model  %s\n", config.model.to_string().c_str());
+  std::printf("model  %s\n", trainer->model().name.c_str());
   std::printf("data   %s\n", trainer->source().describe().c_str());
   std::printf("device %s | %lld steps x %lld tokens in %lld micro-batches | %s lr %.2g\n",
               device.to_string().c_str(), static_cast<long long>(config.steps),
@@ -225,7 +296,7 @@ void register_train_command(CLI::App& app) {
   cmd->add_option("--seed", c.seed, "Seed of the weights and of the Markov source")
       ->capture_default_str();
   cmd->add_option("--data", c.data_path, "Train on the bytes of FILE instead of the Markov source");
-  cmd->add_option("--device", c.device, "auto, cpu, cuda or cuda:N")->capture_default_str();
+  cmd->add_option("--device", flags->device, "auto, cpu, cuda or cuda:N")->capture_default_str();
   cmd->add_flag("--tf32", c.allow_tf32, "Let fp32 GEMMs use TF32 tensor cores");
   cmd->add_option("--memory-limit-mb", flags->memory_limit_mb,
                   "Cap the device allocator (emulates a smaller device)");
@@ -235,17 +306,17 @@ void register_train_command(CLI::App& app) {
   cmd->add_option("--stages", c.stages, "Pipeline ranks (p)")->capture_default_str();
   cmd->add_option("--chunks", c.chunks, "Virtual stages per rank (interleaved)")
       ->capture_default_str();
-  cmd->add_option("--schedule", c.schedule, "gpipe, 1f1b, interleaved or zbh1")
+  cmd->add_option("--schedule", flags->schedule, "Schedule: " + schedule_choices_text())
       ->capture_default_str();
   cmd->add_option("--schedule-file", c.schedule_file,
                   "Run the schedule in FILE (text or CSV, see `conveyor schedule --dump`)");
-  cmd->add_option("--partition", c.partition,
+  cmd->add_option("--partition", flags->partition,
                   "Blocks per stage: uniform, params, or counts such as 3,5,5,3")
       ->capture_default_str();
-  cmd->add_option("--placement", c.placement,
+  cmd->add_option("--placement", flags->placement,
                   "auto (one rank per GPU when there are enough) or shared (all on one GPU)")
       ->capture_default_str();
-  cmd->add_option("--transport", c.transport,
+  cmd->add_option("--transport", flags->transport,
                   "auto (NCCL when every rank has its own GPU), inproc or nccl")
       ->capture_default_str();
   cmd->add_option("--timeout", flags->timeout_s, "Seconds a rank waits for a peer before failing")

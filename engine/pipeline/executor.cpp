@@ -28,7 +28,7 @@ bool stopped_by_abort(const std::exception& error) {
 
 }  // namespace
 
-PipelineExecutor::PipelineExecutor(const ModelConfig& model, schedule::Schedule schedule,
+PipelineExecutor::PipelineExecutor(const ModelDescription& model, schedule::Schedule schedule,
                                    std::vector<StageRange> ranges, std::vector<Device> devices,
                                    const OptimizerConfig& optimizer, uint64_t seed,
                                    ExecutorOptions options)
@@ -45,7 +45,7 @@ PipelineExecutor::PipelineExecutor(const ModelConfig& model, schedule::Schedule 
   transport_kind_ = comm::choose_transport(options.transport, devices);
   // Global parameter order: unit order, then each unit's own order.
   std::map<std::string, int> global;
-  for (const auto& unit : make_model_units(model_, 0, model_.num_units()))
+  for (const auto& unit : model_.units(0, model_.num_units))
     for (Parameter* prm : unit->parameters()) global.emplace(prm->name, total_parameters_++);
 
   for (int r = 0; r < p; ++r) {
@@ -88,6 +88,9 @@ PipelineExecutor::~PipelineExecutor() {
 
 DeviceContext& PipelineExecutor::context(int rank) { return *ranks_.at(rank)->ctx; }
 Optimizer& PipelineExecutor::optimizer(int rank) { return *ranks_.at(rank)->optimizer; }
+Stage& PipelineExecutor::stage(int stage) {
+  return *ranks_.at(schedule_.placement.rank_of(stage))->stages.at(stage);
+}
 std::vector<Parameter*> PipelineExecutor::rank_parameters(int rank) {
   return ranks_.at(rank)->parameters();
 }
@@ -126,7 +129,8 @@ PipelineStepResult PipelineExecutor::run_step(const std::vector<MicroBatchData>&
   const StepInputs inputs{.schedule = schedule_,
                           .microbatches = microbatches,
                           .loss_scale = loss_scale,
-                          .d_model = model_.d_model,
+                          .model = model_,
+                          .ranges = ranges_,
                           .total_parameters = total_parameters_,
                           .step = step,
                           .lr = lr,

@@ -73,7 +73,7 @@ class PipelineError : public std::runtime_error {
 class PipelineExecutor {
  public:
   // `ranges[s]` are the units of virtual stage s; `devices[r]` the device of rank r.
-  PipelineExecutor(const ModelConfig& model, schedule::Schedule schedule,
+  PipelineExecutor(const ModelDescription& model, schedule::Schedule schedule,
                    std::vector<StageRange> ranges, std::vector<Device> devices,
                    const OptimizerConfig& optimizer, uint64_t seed, ExecutorOptions options = {});
   ~PipelineExecutor();
@@ -93,6 +93,8 @@ class PipelineExecutor {
   // Parameters and optimizers per rank (checkpoints).
   std::vector<Parameter*> rank_parameters(int rank);
   Optimizer& optimizer(int rank);
+  // Virtual stage `stage`, on the rank the schedule places it (forward-only evaluation).
+  Stage& stage(int stage);
 
   // The transport chosen at construction (kAuto resolved).
   TransportKind transport_kind() const { return transport_kind_; }
@@ -101,7 +103,7 @@ class PipelineExecutor {
   void set_transports(std::vector<std::unique_ptr<comm::Transport>> transports);
 
  private:
-  ModelConfig model_;
+  ModelDescription model_;
   schedule::Schedule schedule_;
   TransportKind transport_kind_ = TransportKind::kInProcess;
   std::vector<StageRange> ranges_;

@@ -15,34 +15,20 @@ std::string join(const std::vector<int64_t>& values) {
   return out.str();
 }
 
-std::vector<int64_t> parse_counts(const std::string& spec) {
-  std::vector<int64_t> counts;
-  std::stringstream in(spec);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    size_t used = 0;
-    int64_t value = -1;
-    try {
-      value = std::stoll(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used == 0 || used != item.size() || value < 0)
-      throw std::invalid_argument(
-          "partition '" + spec +
-          "' is not uniform, params or a list of block counts such as 3,5,5,3");
-    counts.push_back(value);
-  }
-  return counts;
-}
+int64_t num_blocks(const ModelDescription& model) { return model.num_units - 2; }
 
 // Stages s in [1, S-2] hold only blocks, so they need one each.
-void check_counts(const ModelConfig& model, int num_stages, const std::vector<int64_t>& counts) {
-  const int64_t blocks = model.n_layers;
+void check_counts(const ModelDescription& model, int num_stages,
+                  const std::vector<int64_t>& counts) {
+  const int64_t blocks = num_blocks(model);
   if (static_cast<int>(counts.size()) != num_stages)
     throw std::invalid_argument("partition " + join(counts) + " has " +
                                 std::to_string(counts.size()) + " stages, the pipeline has " +
                                 std::to_string(num_stages));
+  for (int64_t c : counts)
+    if (c < 0)
+      throw std::invalid_argument("partition " + join(counts) +
+                                  " has a negative block count; expected counts >= 0");
   const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
   if (total != blocks)
     throw std::invalid_argument("partition " + join(counts) + " places " + std::to_string(total) +
@@ -54,78 +40,85 @@ void check_counts(const ModelConfig& model, int num_stages, const std::vector<in
                                   " empty; every middle stage needs at least one block");
 }
 
-}  // namespace
+std::vector<int64_t> uniform_blocks(int64_t blocks, int num_stages) {
+  if (num_stages == 1) return {blocks};
+  // Middle stages first get one block each (they must not be empty), then the rest is dealt
+  // round-robin starting from the middle, since the ends carry the first and last units.
+  std::vector<int64_t> counts(num_stages, 0);
+  const int middle = std::max(0, num_stages - 2);
+  int64_t left = blocks;
+  for (int s = 1; s <= middle; ++s) counts[s] = 1, --left;
+  std::vector<int> order;
+  for (int s = 1; s <= middle; ++s) order.push_back(s);
+  order.push_back(0);
+  order.push_back(num_stages - 1);
+  for (size_t k = 0; left > 0; k = (k + 1) % order.size()) ++counts[order[k]], --left;
+  return counts;
+}
 
-std::vector<int64_t> unit_parameter_counts(const ModelConfig& model) {
-  std::vector<int64_t> counts;
-  for (const auto& unit : make_model_units(model, 0, model.num_units())) {
-    int64_t n = 0;
-    for (Parameter* p : unit->parameters()) n += shape_numel(p->shape);
-    counts.push_back(n);
+// Minimise the largest stage (in parameters) over contiguous cuts of the units, each stage
+// non-empty: dynamic programming over (stages, units), O(S·U²) on small sizes.
+std::vector<int64_t> parameter_balanced_blocks(const ModelDescription& model, int num_stages) {
+  const std::vector<int64_t> w = model.unit_parameter_counts();
+  const int units = static_cast<int>(w.size());
+  std::vector<int64_t> prefix(units + 1, 0);
+  for (int u = 0; u < units; ++u) prefix[u + 1] = prefix[u] + w[u];
+  constexpr int64_t kInf = std::numeric_limits<int64_t>::max();
+  // best[s][u]: minimal max-stage cost putting units [0, u) into s stages; cut[s][u] the start.
+  std::vector<std::vector<int64_t>> best(num_stages + 1, std::vector<int64_t>(units + 1, kInf));
+  std::vector<std::vector<int>> cut(num_stages + 1, std::vector<int>(units + 1, 0));
+  best[0][0] = 0;
+  for (int s = 1; s <= num_stages; ++s)
+    for (int u = s; u <= units; ++u)
+      for (int start = s - 1; start < u; ++start) {
+        if (best[s - 1][start] == kInf) continue;
+        const int64_t cost = std::max(best[s - 1][start], prefix[u] - prefix[start]);
+        if (cost < best[s][u]) best[s][u] = cost, cut[s][u] = start;
+      }
+  std::vector<StageRange> ranges(num_stages);
+  for (int s = num_stages, u = units; s >= 1; --s) {
+    ranges[s - 1] = {cut[s][u], u};
+    u = cut[s][u];
+  }
+  std::vector<int64_t> counts(num_stages, 0);
+  for (int s = 0; s < num_stages; ++s) {
+    const int64_t begin = std::max<int64_t>(ranges[s].begin, 1);
+    const int64_t end = std::min<int64_t>(ranges[s].end, model.num_units - 1);
+    counts[s] = std::max<int64_t>(0, end - begin);
   }
   return counts;
 }
 
-std::vector<int64_t> partition_blocks(const ModelConfig& model, int num_stages,
-                                      const std::string& spec) {
+}  // namespace
+
+std::vector<int64_t> partition_blocks(const ModelDescription& model, int num_stages,
+                                      const PartitionSpec& spec) {
+  model.validate();
   if (num_stages < 1) throw std::invalid_argument("a pipeline needs at least one stage");
-  const int64_t blocks = model.n_layers;
-  const int64_t max_stages = blocks + 2;
+  const int64_t blocks = num_blocks(model);
+  const int64_t max_stages = model.num_units;
   if (num_stages > max_stages)
     throw std::invalid_argument("cannot cut a model of " + std::to_string(blocks) +
                                 " blocks into " + std::to_string(num_stages) + " stages: at most " +
                                 std::to_string(max_stages) +
-                                " (embedding + blocks + head, one unit each)");
-  std::vector<int64_t> counts(num_stages, 0);
-  if (spec == "uniform") {
-    if (num_stages == 1) return {blocks};
-    // Middle stages first get one block each (they must not be empty), then the rest is
-    // dealt round-robin starting from the middle, since the ends carry embedding and head.
-    const int middle = std::max(0, num_stages - 2);
-    int64_t left = blocks;
-    for (int s = 1; s <= middle; ++s) counts[s] = 1, --left;
-    std::vector<int> order;
-    for (int s = 1; s <= middle; ++s) order.push_back(s);
-    order.push_back(0);
-    order.push_back(num_stages - 1);
-    for (size_t k = 0; left > 0; k = (k + 1) % order.size()) ++counts[order[k]], --left;
-  } else if (spec == "params") {
-    // Minimise the largest stage (in parameters) over contiguous cuts of the units, each
-    // stage non-empty: dynamic programming over (stages, units), O(S·U²) on small sizes.
-    const std::vector<int64_t> w = unit_parameter_counts(model);
-    const int units = static_cast<int>(w.size());
-    std::vector<int64_t> prefix(units + 1, 0);
-    for (int u = 0; u < units; ++u) prefix[u + 1] = prefix[u] + w[u];
-    constexpr int64_t kInf = std::numeric_limits<int64_t>::max();
-    // best[s][u]: minimal max-stage cost putting units [0, u) into s stages; cut[s][u] the start.
-    std::vector<std::vector<int64_t>> best(num_stages + 1, std::vector<int64_t>(units + 1, kInf));
-    std::vector<std::vector<int>> cut(num_stages + 1, std::vector<int>(units + 1, 0));
-    best[0][0] = 0;
-    for (int s = 1; s <= num_stages; ++s)
-      for (int u = s; u <= units; ++u)
-        for (int start = s - 1; start < u; ++start) {
-          if (best[s - 1][start] == kInf) continue;
-          const int64_t cost = std::max(best[s - 1][start], prefix[u] - prefix[start]);
-          if (cost < best[s][u]) best[s][u] = cost, cut[s][u] = start;
-        }
-    std::vector<StageRange> ranges(num_stages);
-    for (int s = num_stages, u = units; s >= 1; --s) {
-      ranges[s - 1] = {cut[s][u], u};
-      u = cut[s][u];
-    }
-    for (int s = 0; s < num_stages; ++s) {
-      const int64_t begin = std::max<int64_t>(ranges[s].begin, 1);
-      const int64_t end = std::min<int64_t>(ranges[s].end, model.num_units() - 1);
-      counts[s] = std::max<int64_t>(0, end - begin);
-    }
-  } else {
-    counts = parse_counts(spec);
+                                " (first unit + blocks + last unit, one unit each)");
+  std::vector<int64_t> counts;
+  switch (spec.kind) {
+    case PartitionSpec::Kind::kUniform:
+      counts = uniform_blocks(blocks, num_stages);
+      break;
+    case PartitionSpec::Kind::kParameters:
+      counts = parameter_balanced_blocks(model, num_stages);
+      break;
+    case PartitionSpec::Kind::kBlocks:
+      counts = spec.blocks;
+      break;
   }
   check_counts(model, num_stages, counts);
   return counts;
 }
 
-std::vector<StageRange> stage_ranges(const ModelConfig& model,
+std::vector<StageRange> stage_ranges(const ModelDescription& model,
                                      const std::vector<int64_t>& blocks_per_stage) {
   check_counts(model, static_cast<int>(blocks_per_stage.size()), blocks_per_stage);
   const int num_stages = static_cast<int>(blocks_per_stage.size());
@@ -134,8 +127,8 @@ std::vector<StageRange> stage_ranges(const ModelConfig& model,
   for (int s = 0; s < num_stages; ++s) {
     StageRange r;
     r.begin = unit;
-    unit += blocks_per_stage[s] + (s == 0 ? 1 : 0);  // the embedding is unit 0
-    if (s == num_stages - 1) unit += 1;              // the head is the last unit
+    unit += blocks_per_stage[s] + (s == 0 ? 1 : 0);  // the first unit
+    if (s == num_stages - 1) unit += 1;              // the last unit
     r.end = unit;
     ranges.push_back(r);
   }

@@ -1,14 +1,15 @@
 #pragma once
-// Cutting the model into pipeline stages: contiguous ranges of model units (unit 0 the
-// embedding, 1..L the blocks, L+1 the loss head), so the embedding always sits on the first
-// stage and the head on the last. A partition is given as blocks per stage:
-//   explicit  "3,5,5,3": stage s gets that many blocks (the first also the embedding, the
-//             last also the head); counts must add up to L;
-//   uniform   blocks spread as evenly as possible, the extra ones to the middle stages;
-//   params    balanced by parameter count: the largest stage is as small as it can be.
+// Cutting a model into pipeline stages: contiguous ranges of its units, so the first unit
+// (it takes the token ids) always sits on the first stage and the last (the loss) on the
+// last stage. The units between them are the blocks (the reference model's MLP blocks). A
+// partition gives the blocks per stage:
+//   uniform     blocks spread as evenly as possible, the extra ones to the middle stages;
+//   parameters  balanced by parameter count: the largest stage is as small as it can be;
+//   blocks      explicit counts such as {3, 5, 5, 3}: stage s gets that many blocks (the
+//               first also the first unit, the last also the last unit); they must add up
+//               to the model's blocks.
 // Every stage must hold at least one unit.
 #include <cstdint>
-#include <string>
 #include <utility>
 #include <vector>
 
@@ -22,14 +23,23 @@ struct StageRange {
   bool operator==(const StageRange&) const = default;
 };
 
-// Blocks per stage from a spec: "uniform", "params", or a comma-separated list of counts.
-// Throws std::invalid_argument with what would work.
-std::vector<int64_t> partition_blocks(const ModelConfig& model, int num_stages,
-                                      const std::string& spec);
+struct PartitionSpec {
+  enum class Kind : uint8_t { kUniform, kParameters, kBlocks };
+  Kind kind = Kind::kUniform;
+  std::vector<int64_t> blocks;  // kBlocks: blocks per stage
+
+  static PartitionSpec uniform() { return {}; }
+  static PartitionSpec by_parameters() { return {Kind::kParameters, {}}; }
+  static PartitionSpec explicit_blocks(std::vector<int64_t> per_stage) {
+    return {Kind::kBlocks, std::move(per_stage)};
+  }
+};
+
+// Blocks per stage for `num_stages` stages. Throws std::invalid_argument with what would work.
+std::vector<int64_t> partition_blocks(const ModelDescription& model, int num_stages,
+                                      const PartitionSpec& spec);
 // Unit ranges from blocks per stage.
-std::vector<StageRange> stage_ranges(const ModelConfig& model,
+std::vector<StageRange> stage_ranges(const ModelDescription& model,
                                      const std::vector<int64_t>& blocks_per_stage);
-// Parameter count of each unit.
-std::vector<int64_t> unit_parameter_counts(const ModelConfig& model);
 
 }  // namespace conveyor

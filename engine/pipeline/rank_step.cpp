@@ -209,7 +209,10 @@ void RankStep::send(size_t i, const Action& a) {
 }
 
 void RankStep::recv(size_t i, const Action& a) {
-  Tensor t = Tensor::empty({n_, in_.d_model}, DType::F32, ctx_.allocator_ptr(), recv_.native());
+  // An activation enters the stage's first unit; a gradient leaves its last one.
+  const ActivationSpec spec = in_.model.activation_at(
+      a.kind == ActionKind::kRecvAct ? in_.ranges[a.stage].begin : in_.ranges[a.stage].end, n_);
+  Tensor t = Tensor::empty(spec.shape, spec.dtype, ctx_.allocator_ptr(), recv_.native());
   rank_.transport->recv(t, a.peer, recv_);
   Event* ready = nullptr;
   if (cuda_) {

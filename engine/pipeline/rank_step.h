@@ -63,7 +63,8 @@ struct StepInputs {
   const schedule::Schedule& schedule;
   const std::vector<MicroBatchData>& microbatches;
   float loss_scale = 1.0f;
-  int64_t d_model = 0;       // width of the tensors sent between stages
+  const ModelDescription& model;         // the shape of the tensors sent between stages
+  const std::vector<StageRange>& ranges;  // units of each virtual stage
   int total_parameters = 0;  // of the whole model: the all-reduce's parameter slots
   int64_t step = 0;          // optimizer step, 1-based
   double lr = 0.0;

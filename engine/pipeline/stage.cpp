@@ -5,14 +5,15 @@
 
 namespace conveyor {
 
-Stage::Stage(const ModelConfig& config, int64_t begin, int64_t end, DeviceContext& ctx,
+Stage::Stage(const ModelDescription& model, int64_t begin, int64_t end, DeviceContext& ctx,
              uint64_t seed)
-    : ctx_(ctx), begin_(begin), end_(end), num_units_(config.num_units()) {
+    : ctx_(ctx), begin_(begin), end_(end), num_units_(model.num_units) {
+  model.validate();
   if (begin < 0 || end > num_units_ || begin >= end)
     throw std::invalid_argument("stage units [" + std::to_string(begin) + ", " +
                                 std::to_string(end) + ") are not a non-empty range of the " +
                                 std::to_string(num_units_) + " model units");
-  units_ = make_model_units(config, begin, end);
+  units_ = model.units(begin, end);
   for (Parameter* p : parameters()) p->materialize(ctx_, seed);
 }
 
@@ -40,6 +41,16 @@ Tensor Stage::forward(int64_t microbatch, const Tensor& input, const MicroBatchI
   saved.resize(units_.size());
   Tensor x = input;
   for (size_t u = 0; u < units_.size(); ++u) x = units_[u]->forward(ctx_, x, in, saved[u]);
+  return x;
+}
+
+Tensor Stage::forward_only(const Tensor& input, const MicroBatchInputs& in) {
+  SavedTensors discarded;
+  Tensor x = input;
+  for (auto& unit : units_) {
+    x = unit->forward(ctx_, x, in, discarded);
+    discarded.clear();
+  }
   return x;
 }
 

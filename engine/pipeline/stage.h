@@ -1,7 +1,8 @@
 #pragma once
 // A stage: a contiguous range of model units [begin, end) placed on one device, with the
 // activations it keeps per in-flight micro-batch. The executor drives it action by action
-// (F, B, or I then W); the single-device trainer is the one-stage case.
+// (F, B, or I then W); the single-device trainer is the one-stage case. Evaluation runs
+// forward_only, which keeps nothing.
 #include <map>
 #include <memory>
 #include <vector>
@@ -14,9 +15,10 @@ namespace conveyor {
 
 class Stage {
  public:
-  // Builds units [begin, end) of `config` on `ctx` and initialises their parameters from
+  // Builds units [begin, end) of `model` on `ctx` and initialises their parameters from
   // (seed, global name), so any cut of the model gives the same weights.
-  Stage(const ModelConfig& config, int64_t begin, int64_t end, DeviceContext& ctx, uint64_t seed);
+  Stage(const ModelDescription& model, int64_t begin, int64_t end, DeviceContext& ctx,
+        uint64_t seed);
 
   bool is_first() const { return begin_ == 0; }
   bool is_last() const { return end_ == num_units_; }
@@ -32,6 +34,9 @@ class Stage {
   // Accumulates parameter gradients of `microbatch` and releases its activations.
   void backward_weight(int64_t microbatch);
   Tensor backward(int64_t microbatch, const Tensor& dy);
+  // The same output as forward, with nothing saved for a backward: parameters, gradients
+  // and the micro-batches in flight are left as they are.
+  Tensor forward_only(const Tensor& input, const MicroBatchInputs& in);
 
   std::vector<Parameter*> parameters();
   DeviceContext& context() { return ctx_; }

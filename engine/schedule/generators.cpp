@@ -32,31 +32,30 @@ Schedule empty_schedule(const char* name, int p, int m, int v, Layout layout) {
 
 }  // namespace
 
+std::span<const NamedScheduleKind> schedule_kinds() {
+  static constexpr NamedScheduleKind kinds[] = {{ScheduleKind::kGPipe, "gpipe"},
+                                                {ScheduleKind::k1F1B, "1f1b"},
+                                                {ScheduleKind::kInterleaved, "interleaved"},
+                                                {ScheduleKind::kZBH1, "zbh1"},
+                                                {ScheduleKind::kZBV, "zbv"}};
+  return kinds;
+}
+
 const char* schedule_kind_name(ScheduleKind kind) {
-  switch (kind) {
-    case ScheduleKind::kGPipe:
-      return "gpipe";
-    case ScheduleKind::k1F1B:
-      return "1f1b";
-    case ScheduleKind::kInterleaved:
-      return "interleaved";
-    case ScheduleKind::kZBH1:
-      return "zbh1";
-    case ScheduleKind::kZBV:
-      return "zbv";
-  }
+  for (const auto& k : schedule_kinds())
+    if (k.kind == kind) return k.name;
   return "?";
 }
 
 std::optional<ScheduleKind> parse_schedule_kind(std::string_view name) {
-  for (auto k : kAllKinds)
-    if (name == schedule_kind_name(k)) return k;
+  for (const auto& k : schedule_kinds())
+    if (name == k.name) return k.kind;
   return std::nullopt;
 }
 
 std::string schedule_kind_choices() {
   std::string out;
-  for (auto k : kAllKinds) out += (out.empty() ? "" : "|") + std::string(schedule_kind_name(k));
+  for (const auto& k : schedule_kinds()) out += (out.empty() ? "" : "|") + std::string(k.name);
   return out;
 }
 

@@ -3,6 +3,7 @@
 // the sends and receives. Within a stage, every generator applies weight gradients (B or W)
 // in ascending micro-batch order, so pipeline runs can match the one-stage run bit for bit.
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -11,9 +12,14 @@
 namespace conveyor::schedule {
 
 enum class ScheduleKind : uint8_t { kGPipe, k1F1B, kInterleaved, kZBH1, kZBV };
-inline constexpr ScheduleKind kAllKinds[] = {ScheduleKind::kGPipe, ScheduleKind::k1F1B,
-                                             ScheduleKind::kInterleaved, ScheduleKind::kZBH1,
-                                             ScheduleKind::kZBV};
+
+struct NamedScheduleKind {
+  ScheduleKind kind;
+  const char* name;
+};
+// Every kind with its name, in the order the docs list them: the one list that the name
+// lookups below, the command line's parsers and its help texts all read.
+std::span<const NamedScheduleKind> schedule_kinds();
 
 const char* schedule_kind_name(ScheduleKind kind);  // "gpipe", "1f1b", "interleaved", "zbh1", "zbv"
 std::optional<ScheduleKind> parse_schedule_kind(std::string_view name);

@@ -1,17 +1,19 @@
 #include "engine/train/trainer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
-#include <vector>
+#include <utility>
 
-#include "engine/schedule/generators.h"
 #include "engine/schedule/text_format.h"
 #include "layers/ops.h"
+#ifdef CONVEYOR_WITH_CUDA
+#include "engine/core/cuda_device_guard.h"
+#endif
 
 namespace conveyor {
 
 void TrainConfig::validate() const {
-  model.validate();
   optimizer.validate();
   auto fail = [](const std::string& what) { throw std::invalid_argument(what); };
   if (steps < 1) fail("steps must be at least 1, got " + std::to_string(steps));
@@ -24,19 +26,12 @@ void TrainConfig::validate() const {
          std::to_string(microbatches) + " equal micro-batches; choose a divisor of the batch");
   if (stages < 1) fail("stages must be at least 1, got " + std::to_string(stages));
   if (chunks < 1) fail("chunks must be at least 1, got " + std::to_string(chunks));
-  if (placement != "auto" && placement != "shared")
-    fail("placement must be auto or shared, got '" + placement + "'");
-  if (transport != "auto" && transport != "inproc" && transport != "nccl")
-    fail("transport must be auto, inproc or nccl, got '" + transport + "'");
-  if (schedule_file.empty() && !schedule::parse_schedule_kind(schedule))
-    fail("unknown schedule '" + schedule + "', expected " + schedule::schedule_kind_choices());
 }
 
 schedule::Schedule make_schedule(const TrainConfig& config) {
   const int m = static_cast<int>(config.microbatches);
   if (config.schedule_file.empty())
-    return schedule::generate(*schedule::parse_schedule_kind(config.schedule), config.stages, m,
-                              config.chunks);
+    return schedule::generate(config.schedule, config.stages, m, config.chunks);
   schedule::Schedule loaded = schedule::load_schedule(config.schedule_file);
   if (loaded.num_microbatches != m)
     throw std::invalid_argument("schedule file '" + config.schedule_file + "' has " +
@@ -46,61 +41,90 @@ schedule::Schedule make_schedule(const TrainConfig& config) {
   return loaded;
 }
 
-Device resolve_device(const std::string& spec, std::string* note) {
-  if (spec != "auto") {
-    const Device device = parse_device(spec);
-    if (device.is_cuda() && device.index >= cuda_device_count())
-      throw std::invalid_argument("device " + device.to_string() + " requested but " +
+Device resolve_device(const std::optional<Device>& requested, std::string* note) {
+  if (requested) {
+    if (requested->is_cuda() && requested->index >= cuda_device_count())
+      throw std::invalid_argument("device " + requested->to_string() + " requested but " +
                                   std::to_string(cuda_device_count()) +
                                   " CUDA device(s) are usable");
-    return device;
+    return *requested;
   }
   if (cuda_device_count() > 0) return Device::cuda(0);
   if (note && built_with_cuda()) *note = "no CUDA device found; running on the CPU backend";
   return Device::cpu();
 }
 
-std::unique_ptr<TokenSource> make_token_source(const TrainConfig& config) {
+std::unique_ptr<TokenSource> make_token_source(const TrainConfig& config, int64_t vocab) {
   if (!config.data_path.empty()) {
     auto source = std::make_unique<FileSource>(config.data_path);
-    if (config.model.vocab < source->vocab())
+    if (vocab < source->vocab())
       throw std::invalid_argument("data file tokens are bytes (vocab 256) but the model vocab is " +
-                                  std::to_string(config.model.vocab) + "; use --vocab 256 or more");
+                                  std::to_string(vocab) + "; use --vocab 256 or more");
     return source;
   }
-  return std::make_unique<MarkovSource>(config.model.vocab, config.seed);
+  if (vocab < 1)
+    throw std::invalid_argument(
+        "the model description does not say its vocab, so no built-in data source can be made "
+        "for it; set ModelDescription::vocab or give the trainer a TokenSource");
+  return std::make_unique<MarkovSource>(vocab, config.seed);
 }
 
-Trainer::Trainer(TrainConfig config, Device device) : config_(std::move(config)) {
+// model_ is declared before config_, so it is built from the argument before that moves.
+Trainer::Trainer(TrainConfig config, std::shared_ptr<TokenSource> source)
+    : model_(reference_model(config.model)),
+      config_(std::move(config)),
+      source_(std::move(source)) {
+  build();
+}
+
+Trainer::Trainer(ModelDescription model, TrainConfig config, std::shared_ptr<TokenSource> source)
+    : model_(std::move(model)), config_(std::move(config)), source_(std::move(source)) {
+  build();
+}
+
+void Trainer::build() {
   config_.validate();
-  source_ = make_token_source(config_);
+  model_.validate();
+  device_ = resolve_device(config_.device);
+  if (!source_) {
+    source_ = make_token_source(config_, model_.vocab);
+  } else if (model_.vocab > 0 && source_->vocab() > model_.vocab) {
+    throw std::invalid_argument(
+        "the data source has token ids up to " + std::to_string(source_->vocab() - 1) +
+        " but the model takes ids below " + std::to_string(model_.vocab) +
+        "; use a model of vocab " + std::to_string(source_->vocab()) + " or more");
+  }
   schedule::Schedule sched = make_schedule(config_);
-  ranges_ = conveyor::stage_ranges(
-      config_.model, partition_blocks(config_.model, sched.num_stages(), config_.partition));
+  ranges_ = conveyor::stage_ranges(model_,
+                                   partition_blocks(model_, sched.num_stages(), config_.partition));
   const int p = sched.num_ranks();
-  const bool spread =
-      device.is_cuda() && config_.placement == "auto" && cuda_device_count() >= device.index + p;
-  for (int r = 0; r < p; ++r) devices_.push_back(spread ? Device::cuda(device.index + r) : device);
+  const bool spread = device_.is_cuda() && config_.placement == RankPlacement::kAuto &&
+                      cuda_device_count() >= device_.index + p;
+  for (int r = 0; r < p; ++r)
+    devices_.push_back(spread ? Device::cuda(device_.index + r) : device_);
   ExecutorOptions options;
   options.transport_timeout = config_.transport_timeout;
-  options.transport = config_.transport == "nccl"     ? TransportKind::kNccl
-                      : config_.transport == "inproc" ? TransportKind::kInProcess
-                                                      : TransportKind::kAuto;
+  options.transport = config_.transport;
   options.device_options.memory_limit_bytes = config_.memory_limit_bytes;
   options.device_options.allow_tf32 = config_.allow_tf32;
-  executor_ = std::make_unique<PipelineExecutor>(config_.model, std::move(sched), ranges_, devices_,
+  executor_ = std::make_unique<PipelineExecutor>(model_, std::move(sched), ranges_, devices_,
                                                  config_.optimizer, config_.seed, options);
 }
 
-StepStats Trainer::step() {
-  const int64_t step = steps_done_ + 1;
+std::vector<MicroBatchData> Trainer::draw_batch(TokenSource& source) const {
   const int64_t n = config_.batch_tokens / config_.microbatches;
   std::vector<MicroBatchData> microbatches(config_.microbatches);
   for (auto& mb : microbatches) {
     mb.tokens.resize(n);
     mb.targets.resize(n);
-    source_->next(mb.tokens.data(), mb.targets.data(), n);
+    source.next(mb.tokens.data(), mb.targets.data(), n);
   }
+  return microbatches;
+}
+
+StepStats Trainer::step() {
+  const int64_t step = steps_done_ + 1;
+  const std::vector<MicroBatchData> microbatches = draw_batch(*source_);
   for (int r = 0; r < executor_->num_ranks(); ++r) executor_->context(r).allocator().reset_peak();
   const double lr = learning_rate(config_.optimizer, step, config_.steps);
   PipelineStepResult result =
@@ -125,6 +149,88 @@ StepStats Trainer::step() {
     stats.peak_bytes = std::max(stats.peak_bytes, bytes);
   stats.pipeline = std::move(result);
   return stats;
+}
+
+double Trainer::evaluate(TokenSource& source, int64_t batches) {
+  if (batches < 1)
+    throw std::invalid_argument("evaluation needs at least 1 batch, got " +
+                                std::to_string(batches));
+  if (model_.vocab > 0 && source.vocab() > model_.vocab)
+    throw std::invalid_argument("the evaluation source has token ids up to " +
+                                std::to_string(source.vocab() - 1) +
+                                " but the model takes ids below " + std::to_string(model_.vocab));
+  std::vector<MicroBatchData> microbatches;
+  for (int64_t b = 0; b < batches; ++b)
+    for (MicroBatchData& mb : draw_batch(source)) microbatches.push_back(std::move(mb));
+  return evaluate(microbatches);
+}
+
+namespace {
+
+#ifdef CONVEYOR_WITH_CUDA
+using DeviceScope = detail::CudaDeviceGuard;
+#endif
+
+// i32 ids on the context's device.
+Tensor upload(DeviceContext& ctx, const std::vector<int32_t>& ids) {
+  Tensor t = ctx.empty({static_cast<int64_t>(ids.size())}, DType::I32);
+  copy_from_host(t, ids.data(), ids.size() * sizeof(int32_t));
+  return t;
+}
+
+}  // namespace
+
+double Trainer::evaluate(const std::vector<MicroBatchData>& microbatches) {
+  if (microbatches.empty()) throw std::invalid_argument("evaluation needs at least 1 micro-batch");
+  const schedule::Schedule& sched = executor_->schedule();
+  const int last = sched.num_stages() - 1;
+  int64_t tokens = 0;
+  for (const MicroBatchData& mb : microbatches) {
+    if (mb.tokens.empty() || mb.targets.size() != mb.tokens.size())
+      throw std::invalid_argument(
+          "an evaluation micro-batch needs as many targets as tokens, and at least one token");
+    tokens += static_cast<int64_t>(mb.tokens.size());
+  }
+  // The loss head's gradient scale, as in a training step; evaluation discards the gradient.
+  const float loss_scale = 1.0f / static_cast<float>(config_.batch_tokens);
+  DeviceContext& last_ctx = executor_->stage(last).context();
+  std::vector<Tensor> losses;
+  for (const MicroBatchData& mb : microbatches) {
+    Tensor x;
+    for (int s = 0; s <= last; ++s) {
+      Stage& stage = executor_->stage(s);
+      DeviceContext& ctx = stage.context();
+#ifdef CONVEYOR_WITH_CUDA
+      std::optional<DeviceScope> scope;
+      if (ctx.is_cuda()) scope.emplace(ctx.device().index);
+#endif
+      if (s == 0) {
+        x = upload(ctx, mb.tokens);
+      } else if (&executor_->stage(s - 1).context() != &ctx) {
+        // Another rank: its compute stream made `x`; a copy without a stream waits for it.
+        Tensor moved = ctx.empty(x.shape(), x.dtype());
+        copy_tensor(moved, x);
+        x = moved;
+      }
+      MicroBatchInputs in;
+      in.loss_scale = loss_scale;
+      if (s == last) in.targets = upload(ctx, mb.targets);
+      x = stage.forward_only(x, in);
+    }
+    losses.push_back(x);
+  }
+  std::vector<double> sums;
+  {
+#ifdef CONVEYOR_WITH_CUDA
+    std::optional<DeviceScope> scope;
+    if (last_ctx.is_cuda()) scope.emplace(last_ctx.device().index);
+#endif
+    sums = ops::sum_each(last_ctx, losses);
+  }
+  // Micro-batch order, as the training step adds them.
+  double loss_sum = 0.0;
+  for (double s : sums) loss_sum += s;
+  return loss_sum / static_cast<double>(tokens);
 }
 
 }  // namespace conveyor

@@ -1,52 +1,61 @@
 #pragma once
 // Training: the global batch of each step is split into micro-batches whose gradients
 // accumulate, the step's loss is the mean over all its tokens, and one optimizer step (with
-// clipping by the global gradient norm) follows on every rank. The model is cut into
-// pipeline stages run by the executor under a schedule; one stage on one device is the
-// plain single-device case (schedule 1f1b with p = 1: F0 B0 F1 B1 ...).
+// clipping by the global gradient norm) follows on every rank. The model — the reference
+// model of a ModelConfig or any ModelDescription — is cut into pipeline stages run by the
+// executor under a schedule; one stage on one device is the plain single-device case
+// (schedule 1f1b with p = 1: F0 B0 F1 B1 ...). Data comes from a TokenSource: the caller's,
+// or a built-in one (a file's bytes, or a Markov chain over the model's vocabulary).
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
-#include "engine/train/data.h"
+#include "engine/core/device.h"
 #include "engine/core/device_context.h"
 #include "engine/pipeline/executor.h"
 #include "engine/pipeline/optimizer.h"
+#include "engine/pipeline/partition.h"
+#include "engine/schedule/generators.h"
+#include "engine/train/data.h"
 #include "layers/model.h"
 
 namespace conveyor {
 
+// Where the ranks of a pipeline on CUDA live. kAuto: one rank per GPU (from the chosen one
+// on) when there are enough GPUs, else all ranks share the chosen GPU, each with its own
+// streams. kShared: always share. No effect on the CPU.
+enum class RankPlacement : uint8_t { kAuto, kShared };
+
 struct TrainConfig {
+  // The reference model, when the trainer is not given a ModelDescription.
   ModelConfig model;
   OptimizerConfig optimizer;
   int64_t steps = 200;
   int64_t batch_tokens = 4096;  // tokens per optimizer step (the global batch)
   int64_t microbatches = 4;
-  uint64_t seed = 1;
-  std::string data_path;        // empty: the synthetic Markov source
-  std::string device = "auto";  // auto | cpu | cuda | cuda:N
+  uint64_t seed = 1;             // of the weights and of the built-in Markov source
+  std::string data_path;         // built-in source: bytes of this file; empty: Markov chain
+  std::optional<Device> device;  // unset: the first usable GPU, else the CPU
   bool allow_tf32 = false;
   size_t memory_limit_bytes = 0;
 
-  // Pipeline: `stages` ranks, each with `chunks` virtual stages, under `schedule`
-  // (gpipe | 1f1b | interleaved | zbh1) or the schedule in `schedule_file`; blocks per
-  // stage from `partition` (uniform | params | explicit counts "3,5,5,3").
+  // Pipeline: `stages` ranks, each with `chunks` virtual stages, under `schedule`, or under
+  // the schedule in `schedule_file` when that is set; blocks per stage from `partition`.
   int stages = 1;
   int chunks = 1;
-  std::string schedule = "1f1b";
+  schedule::ScheduleKind schedule = schedule::ScheduleKind::k1F1B;
   std::string schedule_file;
-  std::string partition = "uniform";
-  // CUDA placement: one rank per GPU when there are enough GPUs, else all ranks share the
-  // chosen GPU (each with its own streams). "shared" forces sharing.
-  std::string placement = "auto";
-  // How ranks exchange tensors: auto (NCCL when every rank has its own GPU, in-process
-  // otherwise), inproc, or nccl.
-  std::string transport = "auto";
+  PartitionSpec partition;
+  RankPlacement placement = RankPlacement::kAuto;
+  TransportKind transport = TransportKind::kAuto;
   std::chrono::milliseconds transport_timeout{120000};
 
-  // Throws std::invalid_argument naming the first impossible setting.
+  // Throws std::invalid_argument naming the first impossible setting. The reference model
+  // is checked by ModelConfig::validate (the trainer of the reference model calls both).
   void validate() const;
 };
 
@@ -67,32 +76,57 @@ struct StepStats {
   PipelineStepResult pipeline;  // measured timeline, per-rank memory
 };
 
-// The device a spec names; "auto" is the first GPU if one is usable, else the CPU. `note`
-// receives a one-line explanation when a CUDA build falls back to the CPU.
-Device resolve_device(const std::string& spec, std::string* note);
+// The device to run on: `requested` if it is usable, or, when unset, the first GPU if one
+// is usable, else the CPU. `note` receives a one-line explanation when a CUDA build falls
+// back to the CPU. Throws std::invalid_argument for a CUDA device that is not there.
+Device resolve_device(const std::optional<Device>& requested, std::string* note = nullptr);
 
 // The schedule a config asks for: generated, or loaded from its file (then checked against
 // the config's micro-batches).
 schedule::Schedule make_schedule(const TrainConfig& config);
 
-// The data source of a config: the file, or a Markov chain over the model's vocabulary.
-std::unique_ptr<TokenSource> make_token_source(const TrainConfig& config);
+// The built-in data source of a config for a model taking token ids in [0, vocab): the
+// file's bytes, or a Markov chain over the vocabulary.
+std::unique_ptr<TokenSource> make_token_source(const TrainConfig& config, int64_t vocab);
 
 class Trainer {
  public:
-  Trainer(TrainConfig config, Device device);
+  // The reference model of config.model.
+  explicit Trainer(TrainConfig config, std::shared_ptr<TokenSource> source = nullptr);
+  // Any model; config.model is not used. Without a `source`, the built-in one needs the
+  // description's vocab.
+  Trainer(ModelDescription model, TrainConfig config,
+          std::shared_ptr<TokenSource> source = nullptr);
+
   StepStats step();  // runs the next step
+
+  // Mean loss per token over `batches` global batches drawn from `source` (held-out data),
+  // each split into the config's micro-batches. Forward only: no backward, no update,
+  // gradients and optimizer state untouched. Each micro-batch runs through the stages one
+  // after another from the calling thread (a forward pass has no backward to overlap, so no
+  // schedule is needed); on the CPU its loss is bitwise the loss that step() would report
+  // for the same batch.
+  double evaluate(TokenSource& source, int64_t batches = 1);
+  // The same over given micro-batches (any number, any sizes).
+  double evaluate(const std::vector<MicroBatchData>& microbatches);
 
   int64_t steps_done() const { return steps_done_; }
   const TrainConfig& config() const { return config_; }
+  const ModelDescription& model() const { return model_; }
+  Device device() const { return device_; }
   TokenSource& source() { return *source_; }
   PipelineExecutor& executor() { return *executor_; }
   const std::vector<StageRange>& stage_ranges() const { return ranges_; }
   const std::vector<Device>& rank_devices() const { return devices_; }
 
  private:
+  void build();  // everything after the model, config and source are set
+  std::vector<MicroBatchData> draw_batch(TokenSource& source) const;
+
+  ModelDescription model_;
   TrainConfig config_;
-  std::unique_ptr<TokenSource> source_;
+  Device device_;
+  std::shared_ptr<TokenSource> source_;
   std::vector<StageRange> ranges_;
   std::vector<Device> devices_;
   std::unique_ptr<PipelineExecutor> executor_;

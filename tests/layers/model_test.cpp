@@ -1,9 +1,14 @@
-// Model presets and their validation.
+// Model presets and their validation; model descriptions: the reference model as one, and
+// the checks that catch an incomplete description before anything is built from it.
+#include "layers/model.h"
+
 #include <gtest/gtest.h>
 
 #include <stdexcept>
+#include <string>
+#include <vector>
 
-#include "layers/model.h"
+#include "layers/basic_layers.h"
 
 namespace conveyor {
 namespace {
@@ -16,6 +21,78 @@ TEST(ModelPresets, KnownAndUnknown) {
   ModelConfig bad = model_preset("tiny");
   bad.d_model = 0;
   EXPECT_THROW(bad.validate(), std::invalid_argument);
+}
+
+TEST(ModelDescription, TheReferenceModelIsOne) {
+  ModelConfig config = model_preset("tiny");
+  config.d_model = 12;
+  config.hidden = 20;
+  config.n_layers = 3;
+  const ModelDescription model = reference_model(config);
+  EXPECT_NO_THROW(model.validate());
+  EXPECT_EQ(model.num_units, 5);
+  EXPECT_EQ(model.vocab, config.vocab);
+  EXPECT_EQ(model.unit(0)->name(), "embed");
+  EXPECT_EQ(model.unit(2)->name(), "blocks.1");
+  EXPECT_EQ(model.unit(4)->name(), "head");
+  EXPECT_EQ(model.count_parameters(), count_parameters(config));
+  const std::vector<int64_t> counts = model.unit_parameter_counts();
+  ASSERT_EQ(counts.size(), 5u);
+  EXPECT_EQ(counts[0], config.vocab * config.d_model);
+  EXPECT_EQ(counts[1], counts[3]);  // identical blocks
+  for (int64_t boundary = 1; boundary < model.num_units; ++boundary) {
+    const ActivationSpec spec = model.activation_at(boundary, 7);
+    EXPECT_EQ(spec.shape, (Shape{7, 12}));
+    EXPECT_EQ(spec.dtype, DType::F32);
+  }
+  EXPECT_THROW(model.unit(5), std::out_of_range);
+  EXPECT_THROW(model.activation_at(0, 7), std::out_of_range);
+  config.d_model = 0;
+  EXPECT_THROW(reference_model(config), std::invalid_argument);
+}
+
+ModelDescription two_linear_units() {
+  ModelDescription model;
+  model.name = "two linears";
+  model.num_units = 2;
+  model.make_unit = [](int64_t index) -> std::unique_ptr<Layer> {
+    return std::make_unique<Linear>("unit." + std::to_string(index), 4, 4);
+  };
+  model.activation = activation_rows(4);
+  return model;
+}
+
+// What each check says matters as much as that it throws: the user has to fix the field.
+std::string error_of(const ModelDescription& model) {
+  try {
+    model.validate();
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(ModelDescription, IncompleteDescriptionsAreRejectedByName) {
+  EXPECT_EQ(error_of(two_linear_units()), "");
+  ModelDescription model = two_linear_units();
+  model.num_units = 1;
+  EXPECT_NE(error_of(model).find("at least 2 are needed"), std::string::npos) << error_of(model);
+  model = two_linear_units();
+  model.make_unit = nullptr;
+  EXPECT_NE(error_of(model).find("make_unit"), std::string::npos) << error_of(model);
+  model = two_linear_units();
+  model.activation = nullptr;
+  EXPECT_NE(error_of(model).find("activation_rows"), std::string::npos) << error_of(model);
+  model = two_linear_units();
+  model.activation = [](int64_t, int64_t tokens) { return ActivationSpec{{tokens, 0}}; };
+  EXPECT_NE(error_of(model).find("positive dimensions"), std::string::npos) << error_of(model);
+  model = two_linear_units();
+  model.vocab = -3;
+  EXPECT_NE(error_of(model).find("vocab -3"), std::string::npos) << error_of(model);
+  model = two_linear_units();
+  model.make_unit = [](int64_t) { return std::unique_ptr<Layer>(); };
+  EXPECT_THROW(model.unit(0), std::invalid_argument);
+  EXPECT_THROW(activation_rows(0), std::invalid_argument);
 }
 
 }  // namespace

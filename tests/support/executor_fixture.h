@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "support/test_util.h"
 #include "engine/pipeline/executor.h"
+#include "support/test_util.h"
 
 namespace conveyor::testing {
 
@@ -39,9 +39,10 @@ inline std::vector<MicroBatchData> make_microbatches(int m, int n, int step) {
 
 // Rank r on devices[r]; blocks per stage from `partition`.
 inline std::unique_ptr<PipelineExecutor> make_executor(
-    schedule::Schedule sched, std::vector<Device> devices, const std::string& partition = "uniform",
+    schedule::Schedule sched, std::vector<Device> devices,
+    const PartitionSpec& partition = PartitionSpec::uniform(),
     const OptimizerConfig& optimizer = test_optimizer()) {
-  const ModelConfig model = test_model();
+  const ModelDescription model = reference_model(test_model());
   auto ranges = stage_ranges(model, partition_blocks(model, sched.num_stages(), partition));
   ExecutorOptions options;
   options.transport_timeout = std::chrono::milliseconds(60000);

@@ -8,10 +8,10 @@
 #include <map>
 
 #include "comm/nccl.h"
-#include "support/test_util.h"
 #include "engine/pipeline/executor.h"
 #include "engine/schedule/generators.h"
 #include "support/executor_fixture.h"
+#include "support/test_util.h"
 
 namespace conveyor {
 namespace {
@@ -90,8 +90,8 @@ TEST(ExecutorGpu, OneStageGradientsAndWeightsMatchTheCpu) {
   sgd.lr = 5e-2;
   sgd.clip_norm = 0.5;
   auto on = [&](Device device) {
-    auto ex =
-        make_executor(schedule::generate(ScheduleKind::k1F1B, 1, m), {device}, "uniform", sgd);
+    auto ex = make_executor(schedule::generate(ScheduleKind::k1F1B, 1, m), {device},
+                            PartitionSpec::uniform(), sgd);
     return run_two_steps(*ex, m, sgd.lr);
   };
   const RunRecord cpu = on(Device::cpu());

@@ -137,28 +137,35 @@ TEST(Executor, AFailingRankEndsTheRunWithAnErrorNamingIt) {
 TEST(Executor, MismatchedInputsAreClearErrors) {
   auto ex = make_executor(schedule::generate(ScheduleKind::k1F1B, 2, 2));
   EXPECT_THROW(ex->run_step(make_microbatches(3, 5, 1), 0.1f, 1, 1e-2), std::invalid_argument);
-  const ModelConfig model = test_model();
-  EXPECT_THROW(partition_blocks(model, 9, "uniform"), std::invalid_argument);
-  EXPECT_THROW(partition_blocks(model, 3, "1,2"), std::invalid_argument);
-  EXPECT_THROW(partition_blocks(model, 3, "2,0,4"), std::invalid_argument);  // empty middle
-  EXPECT_THROW(partition_blocks(model, 3, "a,b,c"), std::invalid_argument);
-  EXPECT_EQ(partition_blocks(model, 3, "2,3,1"), (std::vector<int64_t>{2, 3, 1}));
+  const ModelDescription model = reference_model(test_model());
+  const auto blocks = [](std::vector<int64_t> counts) {
+    return PartitionSpec::explicit_blocks(std::move(counts));
+  };
+  EXPECT_THROW(partition_blocks(model, 9, PartitionSpec::uniform()), std::invalid_argument);
+  EXPECT_THROW(partition_blocks(model, 3, blocks({1, 2})), std::invalid_argument);
+  EXPECT_THROW(partition_blocks(model, 3, blocks({2, 0, 4})),
+               std::invalid_argument);  // empty middle
+  EXPECT_THROW(partition_blocks(model, 3, blocks({-1, 4, 3})), std::invalid_argument);
+  EXPECT_EQ(partition_blocks(model, 3, blocks({2, 3, 1})), (std::vector<int64_t>{2, 3, 1}));
 }
 
 TEST(Partition, UniformAndParameterBalanced) {
-  ModelConfig model = test_model();
-  EXPECT_EQ(partition_blocks(model, 1, "uniform"), (std::vector<int64_t>{6}));
-  EXPECT_EQ(partition_blocks(model, 4, "uniform"), (std::vector<int64_t>{1, 2, 2, 1}));
-  EXPECT_EQ(partition_blocks(model, 8, "uniform"), (std::vector<int64_t>{0, 1, 1, 1, 1, 1, 1, 0}));
+  ModelConfig config = test_model();
+  const ModelDescription model = reference_model(config);
+  const PartitionSpec uniform = PartitionSpec::uniform();
+  EXPECT_EQ(partition_blocks(model, 1, uniform), (std::vector<int64_t>{6}));
+  EXPECT_EQ(partition_blocks(model, 4, uniform), (std::vector<int64_t>{1, 2, 2, 1}));
+  EXPECT_EQ(partition_blocks(model, 8, uniform), (std::vector<int64_t>{0, 1, 1, 1, 1, 1, 1, 0}));
   const auto ranges = stage_ranges(model, {1, 2, 2, 1});
   EXPECT_EQ(ranges.front(), (StageRange{0, 2}));
   EXPECT_EQ(ranges.back(), (StageRange{6, 8}));
   // With a huge vocabulary the head alone outweighs blocks: the balanced cut isolates it.
-  model.vocab = 5000;
-  const auto balanced = partition_blocks(model, 3, "params");
+  config.vocab = 5000;
+  const ModelDescription wide = reference_model(config);
+  const auto balanced = partition_blocks(wide, 3, PartitionSpec::by_parameters());
   EXPECT_EQ(balanced.back(), 0);
-  const auto w = unit_parameter_counts(model);
-  EXPECT_EQ(static_cast<int64_t>(w.size()), model.num_units());
+  const auto w = wide.unit_parameter_counts();
+  EXPECT_EQ(static_cast<int64_t>(w.size()), config.num_units());
 }
 
 }  // namespace

@@ -1,16 +1,16 @@
-// The composed model, run through stages: analytic gradients against finite differences of the loss, the split
-// backward (input half then weight half) against the full one, gradient accumulation over
-// micro-batches, and stage cuts that must not change a single bit.
+// The composed model, run through stages: analytic gradients against finite differences of the
+// loss, the split backward (input half then weight half) against the full one, gradient
+// accumulation over micro-batches, and stage cuts that must not change a single bit.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <vector>
 
-#include "support/test_util.h"
 #include "engine/core/device_context.h"
 #include "engine/pipeline/stage.h"
 #include "layers/model.h"
 #include "layers/ops.h"
+#include "support/test_util.h"
 
 namespace conveyor {
 namespace {
@@ -54,7 +54,7 @@ double mean_loss(Stage& stage, DeviceContext& ctx, const Batch& b, int64_t mb) {
 TEST(ModelGradient, MatchesFiniteDifferencesOfTheLoss) {
   const ModelConfig c = small_config();
   DeviceContext ctx(Device::cpu());
-  Stage stage(c, 0, c.num_units(), ctx, /*seed=*/7);
+  Stage stage(reference_model(c), 0, c.num_units(), ctx, /*seed=*/7);
   const int64_t n = 9;
   const Batch b = make_batch(ctx, c, n, 42, 1.0f / n);
   stage.forward(0, b.tokens, b.in);
@@ -91,7 +91,8 @@ TEST(ModelGradient, MatchesFiniteDifferencesOfTheLoss) {
 TEST(ModelGradient, SplitBackwardEqualsFullBackwardBitwise) {
   const ModelConfig c = small_config();
   DeviceContext ctx(Device::cpu());
-  Stage full(c, 0, c.num_units(), ctx, 3), split(c, 0, c.num_units(), ctx, 3);
+  Stage full(reference_model(c), 0, c.num_units(), ctx, 3),
+      split(reference_model(c), 0, c.num_units(), ctx, 3);
   const Batch b = make_batch(ctx, c, 17, 5, 1.0f / 17);
   full.forward(0, b.tokens, b.in);
   full.backward(0, Tensor());
@@ -109,7 +110,8 @@ TEST(ModelGradient, SplitBackwardEqualsFullBackwardBitwise) {
 TEST(ModelGradient, MicroBatchesAccumulateIntoTheStepGradient) {
   const ModelConfig c = small_config();
   DeviceContext ctx(Device::cpu());
-  Stage whole(c, 0, c.num_units(), ctx, 11), parts(c, 0, c.num_units(), ctx, 11);
+  Stage whole(reference_model(c), 0, c.num_units(), ctx, 11),
+      parts(reference_model(c), 0, c.num_units(), ctx, 11);
   const int64_t n = 12;
   // The whole batch at once, loss scale 1/n ...
   const Batch all = make_batch(ctx, c, n, 99, 1.0f / n);
@@ -134,8 +136,8 @@ TEST(ModelGradient, MicroBatchesAccumulateIntoTheStepGradient) {
 TEST(ModelGradient, CuttingTheModelIntoStagesChangesNoBit) {
   const ModelConfig c = small_config();  // 4 units: embed, 2 blocks, head
   DeviceContext ctx(Device::cpu());
-  Stage one(c, 0, 4, ctx, 21);
-  Stage first(c, 0, 2, ctx, 21), second(c, 2, 4, ctx, 21);
+  Stage one(reference_model(c), 0, 4, ctx, 21);
+  Stage first(reference_model(c), 0, 2, ctx, 21), second(reference_model(c), 2, 4, ctx, 21);
   const Batch b = make_batch(ctx, c, 10, 8, 0.1f);
 
   const auto loss_one = to_vector_f32(one.forward(0, b.tokens, b.in));
@@ -162,25 +164,45 @@ TEST(ModelGradient, ParametersHaveGlobalNames) {
   ModelConfig c = small_config();
   c.n_layers = 4;
   DeviceContext ctx(Device::cpu());
-  Stage middle(c, 3, 5, ctx, 1);  // blocks.2, blocks.3
+  Stage middle(reference_model(c), 3, 5, ctx, 1);  // blocks.2, blocks.3
   std::vector<std::string> names;
   for (Parameter* p : middle.parameters()) names.push_back(p->name);
   EXPECT_EQ(names.front(), "blocks.2.ln.weight");
   EXPECT_EQ(names.back(), "blocks.3.fc2.bias");
   EXPECT_EQ(count_parameters(c), [&] {
-    Stage all(c, 0, c.num_units(), ctx, 1);
+    Stage all(reference_model(c), 0, c.num_units(), ctx, 1);
     int64_t total = 0;
     for (Parameter* p : all.parameters()) total += p->value.numel();
     return total;
   }());
 }
 
+TEST(ModelGradient, ForwardOnlyGivesTheForwardLossesAndKeepsNothing) {
+  const ModelConfig c = small_config();
+  DeviceContext ctx(Device::cpu());
+  Stage first(reference_model(c), 0, 2, ctx, 4), second(reference_model(c), 2, 4, ctx, 4);
+  const Batch b = make_batch(ctx, c, 11, 31, 1.0f / 11);
+  const auto eval = to_vector_f32(second.forward_only(first.forward_only(b.tokens, b.in), b.in));
+  EXPECT_EQ(first.in_flight(), 0u);
+  EXPECT_EQ(second.in_flight(), 0u);
+  std::vector<Parameter*> params = first.parameters();
+  for (Parameter* p : second.parameters()) params.push_back(p);
+  for (Parameter* p : params)
+    EXPECT_EQ(to_vector_f32(p->grad), std::vector<float>(p->grad.numel(), 0.0f)) << p->name;
+  const auto trained = to_vector_f32(second.forward(0, first.forward(0, b.tokens, b.in), b.in));
+  EXPECT_EQ(eval, trained);
+  // A forward-only pass between a forward and its backward leaves that micro-batch alone.
+  second.forward_only(first.forward_only(b.tokens, b.in), b.in);
+  EXPECT_EQ(second.in_flight(), 1u);
+  EXPECT_NO_THROW(first.backward(0, second.backward(0, Tensor())));
+}
+
 TEST(ModelGradient, BackwardBeforeForwardIsAnError) {
   const ModelConfig c = small_config();
   DeviceContext ctx(Device::cpu());
-  Stage stage(c, 0, c.num_units(), ctx, 1);
+  Stage stage(reference_model(c), 0, c.num_units(), ctx, 1);
   EXPECT_THROW(stage.backward(3, Tensor()), std::logic_error);
-  EXPECT_THROW(Stage(c, 2, 2, ctx, 1), std::invalid_argument);
+  EXPECT_THROW(Stage(reference_model(c), 2, 2, ctx, 1), std::invalid_argument);
 }
 
 }  // namespace

@@ -72,7 +72,8 @@ TEST(Generators, ErrorsSayWhichValuesWork) {
             std::string::npos);
   EXPECT_NE(error_of(ScheduleKind::k1F1B, 5000, 4).find("too large"), std::string::npos);
   EXPECT_NE(error_of(ScheduleKind::kGPipe, 4096, 8192).find("too large"), std::string::npos);
-  for (auto kind : kAllKinds) {
+  for (const auto& [kind, name] : schedule_kinds()) {
+    EXPECT_STREQ(schedule_kind_name(kind), name);
     EXPECT_EQ(parse_schedule_kind(schedule_kind_name(kind)), kind);
     EXPECT_NE(schedule_kind_choices().find(schedule_kind_name(kind)), std::string::npos);
   }

@@ -21,11 +21,12 @@ TrainConfig quick_config() {
   c.optimizer.lr = 1e-2;
   c.optimizer.min_lr = 1e-3;
   c.optimizer.warmup_steps = 5;
+  c.device = Device::cpu();
   return c;
 }
 
 TEST(Trainer, LossApproachesTheSourceEntropy) {
-  Trainer trainer(quick_config(), Device::cpu());
+  Trainer trainer(quick_config());
   const double first = trainer.step().loss;
   double last = first;
   for (int s = 1; s < 40; ++s) last = trainer.step().loss;
@@ -36,7 +37,7 @@ TEST(Trainer, LossApproachesTheSourceEntropy) {
 }
 
 TEST(Trainer, SameConfigGivesTheSameBits) {
-  Trainer a(quick_config(), Device::cpu()), b(quick_config(), Device::cpu());
+  Trainer a(quick_config()), b(quick_config());
   for (int s = 0; s < 5; ++s) EXPECT_EQ(a.step().loss, b.step().loss);
   auto pa = a.executor().parameters(), pb = b.executor().parameters();
   for (size_t i = 0; i < pa.size(); ++i)
@@ -50,7 +51,7 @@ TEST(Trainer, DivergenceNamesTheStep) {
   c.optimizer.min_lr = 0;
   c.optimizer.warmup_steps = 0;
   c.optimizer.clip_norm = 0;
-  Trainer trainer(c, Device::cpu());
+  Trainer trainer(c);
   try {
     for (int s = 0; s < 10; ++s) trainer.step();
     FAIL() << "training with lr 1e30 did not diverge";
@@ -62,13 +63,13 @@ TEST(Trainer, DivergenceNamesTheStep) {
 TEST(Trainer, ImpossibleConfigsAreRejected) {
   TrainConfig c = quick_config();
   c.microbatches = 3;  // 512 tokens do not split into 3
-  EXPECT_THROW(Trainer(c, Device::cpu()), std::invalid_argument);
+  EXPECT_THROW(Trainer{c}, std::invalid_argument);
   c = quick_config();
   c.steps = 0;
-  EXPECT_THROW(Trainer(c, Device::cpu()), std::invalid_argument);
+  EXPECT_THROW(Trainer{c}, std::invalid_argument);
   c = quick_config();
   c.optimizer.kind = "lion";
-  EXPECT_THROW(Trainer(c, Device::cpu()), std::invalid_argument);
+  EXPECT_THROW(Trainer{c}, std::invalid_argument);
 }
 
 TEST(LearningRate, WarmupThenCosine) {

@@ -1,0 +1,29 @@
+#pragma once
+// Conveyor as a library: everything an application needs to describe a model, bring its data
+// and train it through a pipeline. Include this one header and link conveyor::conveyor.
+//
+//   describe a model    ModelDescription (layers/model.h): units from a factory, the shape of
+//                       the activation between them; reference_model(ModelConfig) is one
+//   write a layer       Layer, SavedTensors, MicroBatchInputs (layers/layer.h), Parameter and
+//                       InitSpec (layers/parameter.h), the tensor-level ops (layers/ops.h)
+//   built-in layers     Linear, Activation, LayerNorm, Embedding, MlpBlock, LossHead
+//   data                TokenSource and the built-in MarkovSource, FileSource
+//   train               TrainConfig, Trainer (step, evaluate), PartitionSpec, ScheduleKind
+//   devices             Device, resolve_device, cuda_device_count; version()
+// Only the headers this one includes (and theirs) are installed.
+#include "engine/core/device.h"
+#include "engine/core/device_context.h"
+#include "engine/core/tensor.h"
+#include "engine/core/version.h"
+#include "engine/pipeline/executor.h"
+#include "engine/pipeline/optimizer.h"
+#include "engine/pipeline/partition.h"
+#include "engine/schedule/generators.h"
+#include "engine/train/data.h"
+#include "engine/train/trainer.h"
+#include "layers/basic_layers.h"
+#include "layers/blocks.h"
+#include "layers/layer.h"
+#include "layers/model.h"
+#include "layers/ops.h"
+#include "layers/parameter.h"

@@ -1,0 +1,112 @@
+// Forward-only evaluation: the loss a training step reports for a batch, bit for bit on the
+// CPU, for one stage and for pipelines; and nothing of the training state moves.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "engine/train/trainer.h"
+
+namespace conveyor {
+namespace {
+
+TrainConfig eval_run(int stages, schedule::ScheduleKind kind) {
+  TrainConfig c;
+  c.model = model_preset("tiny");
+  c.model.d_model = 24;
+  c.model.hidden = 40;
+  c.model.vocab = 16;
+  c.model.n_layers = 3;
+  c.steps = 10;
+  c.batch_tokens = 192;
+  c.microbatches = 4;
+  c.optimizer.lr = 1e-2;
+  c.optimizer.warmup_steps = 0;
+  c.stages = stages;
+  c.schedule = kind;
+  c.device = Device::cpu();
+  return c;
+}
+
+// The trainer's own source, from the start: the batches its steps will draw.
+MarkovSource same_source(const TrainConfig& c) { return MarkovSource(c.model.vocab, c.seed); }
+
+TEST(Evaluate, GivesTheTrainingStepsLossBitwise) {
+  for (const auto& [stages, kind] :
+       {std::pair{1, schedule::ScheduleKind::k1F1B}, std::pair{2, schedule::ScheduleKind::k1F1B},
+        std::pair{2, schedule::ScheduleKind::kZBH1}, std::pair{4, schedule::ScheduleKind::kGPipe},
+        std::pair{2, schedule::ScheduleKind::kInterleaved}}) {
+    SCOPED_TRACE(std::string(schedule::schedule_kind_name(kind)) +
+                 " stages=" + std::to_string(stages));
+    TrainConfig c = eval_run(stages, kind);
+    if (kind == schedule::ScheduleKind::kInterleaved) c.chunks = 2, c.model.n_layers = 4;
+    Trainer trainer(c);
+    MarkovSource ahead = same_source(c);
+    for (int s = 0; s < 3; ++s) {
+      const double evaluated = trainer.evaluate(ahead, 1);
+      EXPECT_EQ(evaluated, trainer.step().loss) << "step " << s + 1;
+    }
+  }
+}
+
+TEST(Evaluate, SeveralBatchesAreTheMeanOfTheirLosses) {
+  TrainConfig c = eval_run(2, schedule::ScheduleKind::k1F1B);
+  Trainer trainer(c);
+  MarkovSource all = same_source(c), each = same_source(c);
+  const double mean = trainer.evaluate(all, 3);
+  double sum = 0.0;
+  for (int b = 0; b < 3; ++b) sum += trainer.evaluate(each, 1);
+  EXPECT_NEAR(mean, sum / 3.0, 1e-12 * sum);
+  EXPECT_EQ(all.position(), 3u * 192u);
+}
+
+struct Snapshot {
+  std::vector<std::vector<float>> values, grads, state;
+  std::vector<int64_t> steps_taken;
+  bool operator==(const Snapshot&) const = default;
+};
+
+Snapshot snapshot(Trainer& trainer) {
+  Snapshot s;
+  for (Parameter* p : trainer.executor().parameters()) {
+    s.values.push_back(to_vector_f32(p->value));
+    s.grads.push_back(to_vector_f32(p->grad));
+  }
+  for (int r = 0; r < trainer.executor().num_ranks(); ++r) {
+    Optimizer& opt = trainer.executor().optimizer(r);
+    for (const Tensor& t : opt.state()) s.state.push_back(to_vector_f32(t));
+    s.steps_taken.push_back(opt.steps_taken());
+  }
+  return s;
+}
+
+TEST(Evaluate, LeavesWeightsGradientsAndOptimizerStateAlone) {
+  const TrainConfig c = eval_run(2, schedule::ScheduleKind::k1F1B);
+  Trainer evaluated(c), plain(c);
+  evaluated.step();
+  plain.step();
+  const Snapshot before = snapshot(evaluated);
+  ASSERT_FALSE(before.state.empty());
+  MarkovSource held_out(c.model.vocab, c.seed + 100);
+  const double loss = evaluated.evaluate(held_out, 2);
+  EXPECT_GT(loss, 0.0);
+  EXPECT_TRUE(snapshot(evaluated) == before);
+  EXPECT_EQ(evaluated.source().position(), plain.source().position());
+  // Training goes on exactly as if no evaluation had happened.
+  for (int s = 0; s < 2; ++s) EXPECT_EQ(evaluated.step().loss, plain.step().loss);
+  EXPECT_TRUE(snapshot(evaluated) == snapshot(plain));
+}
+
+TEST(Evaluate, BadRequestsAreClearErrors) {
+  Trainer trainer(eval_run(1, schedule::ScheduleKind::k1F1B));
+  MarkovSource source(16, 1), wide(64, 1);
+  EXPECT_THROW(trainer.evaluate(source, 0), std::invalid_argument);
+  EXPECT_THROW(trainer.evaluate(wide, 1), std::invalid_argument);
+  EXPECT_THROW(trainer.evaluate(std::vector<MicroBatchData>{}), std::invalid_argument);
+  MicroBatchData uneven;
+  uneven.tokens = {1, 2, 3};
+  uneven.targets = {2, 3};
+  EXPECT_THROW(trainer.evaluate({uneven}), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace conveyor
