@@ -30,7 +30,24 @@ class InProcessTransport : public Transport {
 
   void recv(const Tensor& tensor, int peer, const Stream& stream) override {
     check_peer(peer, "receive from");
-    InProcessHub::Message message = hub_->pop(peer, rank_, rank_);
+    deliver(hub_->pop(peer, rank_, rank_), tensor, peer, stream);
+  }
+
+  bool try_recv(const Tensor& tensor, int peer, const Stream& stream) override {
+    check_peer(peer, "receive from");
+    std::optional<InProcessHub::Message> message = hub_->try_pop(peer, rank_, rank_);
+    if (!message) return false;
+    deliver(std::move(*message), tensor, peer, stream);
+    return true;
+  }
+
+  void all_reduce_sum(std::vector<double>& values) override { hub_->all_reduce(rank_, values); }
+  void abort(const std::string& reason) override { hub_->abort(reason); }
+
+ private:
+  // Puts a message popped from the link `peer` -> this rank into `tensor`, on `stream`.
+  void deliver(InProcessHub::Message message, const Tensor& tensor, int peer,
+               const Stream& stream) const {
     if (message.bytes != tensor.nbytes())
       throw TransportError("rank " + std::to_string(rank_) + ": message from rank " +
                            std::to_string(peer) + " has " + std::to_string(message.bytes) +
@@ -48,10 +65,6 @@ class InProcessTransport : public Transport {
     storage->allocator().record_stream(storage->data(), stream.native());
   }
 
-  void all_reduce_sum(std::vector<double>& values) override { hub_->all_reduce(rank_, values); }
-  void abort(const std::string& reason) override { hub_->abort(reason); }
-
- private:
   std::shared_ptr<InProcessHub> hub_;
   int rank_;
 };
@@ -99,6 +112,16 @@ InProcessHub::Message InProcessHub::pop(int src, int dst, int waiting_rank) {
   if (!ready)
     fail_locked(waiting_rank, "nothing arrived from rank " + std::to_string(src) + " within " +
                                   std::to_string(timeout_.count()) + " ms");
+  Message message = std::move(queue.front());
+  queue.pop_front();
+  return message;
+}
+
+std::optional<InProcessHub::Message> InProcessHub::try_pop(int src, int dst, int waiting_rank) {
+  std::lock_guard lock(mutex_);
+  throw_if_aborted(waiting_rank);
+  auto& queue = links_[static_cast<size_t>(src) * size_ + dst];
+  if (queue.empty()) return std::nullopt;
   Message message = std::move(queue.front());
   queue.pop_front();
   return message;

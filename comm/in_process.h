@@ -4,12 +4,14 @@
 // message carries the sender's tensor and an event recorded after it was produced; the
 // receiver's stream waits for that event and copies device to device (or peer to peer), and
 // the sender's block is tagged with the receiver's stream so that the caching allocator does
-// not reuse it before the copy has run. The host never waits for a transfer.
+// not reuse it before the copy has run. The host never waits for a copy: recv() waits only
+// until the message is in the link's queue, and try_recv() not even for that.
 #include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,6 +36,8 @@ class InProcessHub : public std::enable_shared_from_this<InProcessHub> {
   // Used by the endpoints.
   void push(int src, int dst, Message message);
   Message pop(int src, int dst, int waiting_rank);
+  // The next message on the link, if it has arrived; never waits.
+  std::optional<Message> try_pop(int src, int dst, int waiting_rank);
   void all_reduce(int rank, std::vector<double>& values);
   void abort(const std::string& reason);
 

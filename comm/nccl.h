@@ -23,7 +23,7 @@
 // issued from one thread in NCCL groups) so that no later call blocks the host waiting for
 // a peer's connection handshake, where no deadline could be kept.
 //
-// Deadlines: send and recv only enqueue work and never block the host. all_reduce_sum and
+// Deadlines: send, recv and try_recv only enqueue work and never block the host. all_reduce_sum and
 // synchronize() poll the stream until it is done, the transport is aborted, NCCL reports an
 // asynchronous error, or the timeout passes; then they abort every communicator of the clique
 // (which frees kernels waiting on a dead peer) and throw TransportError naming the rank
@@ -68,6 +68,8 @@ class NcclTransport : public Transport {
   // else as bytes. Both record `stream` on the tensor's block for the caching allocator.
   void send(const Tensor& tensor, int peer, const Stream& stream) override;
   void recv(const Tensor& tensor, int peer, const Stream& stream) override;
+  // The receive is only enqueued, so it is always issued: recv(), then true.
+  bool try_recv(const Tensor& tensor, int peer, const Stream& stream) override;
   // Sums in NCCL's order, which is not rank order; the sum is exact (and so deterministic)
   // when every slot has at most one non-zero contribution, as the executor arranges.
   void all_reduce_sum(std::vector<double>& values) override;

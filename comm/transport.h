@@ -43,8 +43,14 @@ class Transport {
   // tensor) is ordered before the transfer. The caller may drop its reference right away.
   virtual void send(const Tensor& tensor, int peer, const Stream& stream) = 0;
   // Receives the next message from `peer` into `tensor` (same dtype and element count as
-  // sent), ordered on `stream`: work enqueued on it afterwards sees the data.
+  // sent), ordered on `stream`: work enqueued on it afterwards sees the data. Where the
+  // message must arrive before the receive can be issued (in-process), the host waits for it,
+  // up to the transport's deadline; where the receive is only enqueued (NCCL), it does not.
   virtual void recv(const Tensor& tensor, int peer, const Stream& stream) = 0;
+  // recv() without the wait: returns false, having changed nothing, when the next message
+  // from `peer` has not arrived yet. Transports whose receive is only enqueued (NCCL) enqueue
+  // it and return true at once. Lets an executor run other work until the message is there.
+  virtual bool try_recv(const Tensor& tensor, int peer, const Stream& stream) = 0;
   // Element-wise sum of `values` over all ranks, added in rank order (deterministic); every
   // rank gets the result. Blocks the host.
   virtual void all_reduce_sum(std::vector<double>& values) = 0;

@@ -1,11 +1,13 @@
 #pragma once
 // The pipeline executor: runs a validated schedule IR for real. Each rank is a thread with
 // its own device context (CPU, or a CUDA device possibly shared with other ranks), its
-// stages, its optimizer and its transport endpoint. A rank walks its action list in order:
-// compute (F, B, I, W) goes on its compute stream, sends on its send stream, receives on
-// its receive stream; CUDA events order them, so the host never waits for a transfer, only
-// at the end of the step. Activations are released as soon as the last action that needs
-// them is done; the caching allocator's stream-ordered reuse makes that safe.
+// stages, its optimizer and its transport endpoint. A rank runs its action list as the three
+// in-order streams of docs/execution-model.md: compute (F, B, I, W) on its compute stream,
+// sends on its send stream, receives on its receive stream, CUDA events ordering them. The
+// host runs whichever stream's head can start and waits only when none can, for the message
+// of the receive head (with NCCL never: a receive is only enqueued), so every schedule the
+// validator accepts runs to the end. Activations are released as soon as the last action
+// that needs them is done; the caching allocator's stream-ordered reuse makes that safe.
 //
 // After the last action, each rank contributes its per-micro-batch losses and per-parameter
 // squared gradient norms to one all-reduce (slots indexed by global parameter order), so
@@ -13,8 +15,8 @@
 // loss are bitwise those of a single device. Each rank then steps its own parameters.
 //
 // The pieces: comm/transport_factory.h chooses and builds the transports, rank_step.h runs
-// one rank's step action by action, engine/schedule/measured_timing.h turns the measured
-// timeline into the simulator's terms.
+// one rank's step, engine/schedule/measured_timing.h turns the measured timeline into the
+// simulator's terms.
 #include <chrono>
 #include <memory>
 #include <string>

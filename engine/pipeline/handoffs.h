@@ -15,8 +15,8 @@
 
 namespace conveyor {
 
-// A tensor and the event after which it is ready on the stream that produced it (received
-// tensors on CUDA; null otherwise).
+// A tensor and the event after which it is ready on the stream that produced it (on CUDA:
+// received tensors, and outputs that a send will take; null otherwise).
 struct Handoff {
   Tensor tensor;
   Event* ready = nullptr;
@@ -44,6 +44,11 @@ class Handoffs {
       throw std::logic_error("no input ready for " + schedule::to_string(needed_by));
     bytes_ -= CachingAllocator::round_size(h.tensor.nbytes());
     return std::exchange(h, Handoff{});
+  }
+  // Whether a tensor is waiting: the producer ran (or the receive completed) and no one has
+  // taken it yet.
+  bool has(Kind kind, int stage, int mb) const {
+    return slots_[kind][index(stage, mb)].tensor.defined();
   }
   size_t bytes() const { return bytes_; }
 

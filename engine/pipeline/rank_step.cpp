@@ -44,6 +44,31 @@ double microseconds_since(Clock::time_point start, Clock::time_point t) {
   return std::chrono::duration<double, std::micro>(t - start).count();
 }
 
+// The head of one of a rank's streams: the position in the rank's list of the next action of
+// that stream's kind.
+class StreamHead {
+ public:
+  StreamHead(const std::vector<schedule::Action>& list, bool (*of_stream)(ActionKind))
+      : list_(list), of_stream_(of_stream) {
+    skip();
+  }
+  bool done() const { return i_ == list_.size(); }
+  size_t index() const { return i_; }
+  const schedule::Action& action() const { return list_[i_]; }
+  void advance() {
+    ++i_;
+    skip();
+  }
+
+ private:
+  void skip() {
+    while (i_ < list_.size() && !of_stream_(list_[i_].kind)) ++i_;
+  }
+  const std::vector<schedule::Action>& list_;
+  bool (*of_stream_)(ActionKind);
+  size_t i_ = 0;
+};
+
 }  // namespace
 
 RankStep::RankStep(PipelineRank& rank, const StepInputs& in)
@@ -84,51 +109,103 @@ void RankStep::begin() {
 }
 
 void RankStep::run_actions() {
-  for (size_t i = 0; i < actions_.size(); ++i) {
-    const Action& a = actions_[i];
-    const Stream& stream = stream_for(a);
-    const auto host_start = Clock::now();
-    // A send starts once its tensor is ready (recorded in send(), after the send stream waits
-    // for the compute stream); timed from here it would span the compute that makes the
-    // tensor, since the idle send stream passes the event as soon as the host enqueues it.
-    if (cuda_ && !schedule::is_send(a.kind)) rank_.starts[i].record(stream);
-    try {
-      Stage& stage = stage_of(a);
-      switch (a.kind) {
-        case ActionKind::kForward:
-          forward(a, stage);
-          break;
-        case ActionKind::kBackward:
-        case ActionKind::kBackwardInput:
-          backward(a, stage);
-          break;
-        case ActionKind::kBackwardWeight:
-          backward_weight(a, stage);
-          break;
-        case ActionKind::kSendAct:
-        case ActionKind::kSendGrad:
-          send(i, a);
-          break;
-        case ActionKind::kRecvAct:
-        case ActionKind::kRecvGrad:
-          recv(i, a);
-          break;
-      }
-    } catch (const std::exception& e) {
-      // The cause stays nested: the executor tells a rank stopped by another's failure (the
-      // transport aborted) from the failure that started it.
-      std::throw_with_nested(PipelineError("rank " + std::to_string(rank_.index) + ", action " +
-                                           std::to_string(i) + " (" + schedule::to_string(a) +
-                                           "): " + e.what()));
+  StreamHead compute(actions_, schedule::is_compute), send(actions_, schedule::is_send),
+      recv(actions_, schedule::is_recv);
+  while (!compute.done() || !send.done() || !recv.done()) {
+    bool moved = false;
+    // Sends first: one issued as soon as its tensor exists lets its receiver go on.
+    for (; !send.done() && produced(send.action()); send.advance()) {
+      run_action(send.index(), /*wait=*/false);
+      moved = true;
     }
-    if (cuda_) {
-      rank_.ends[i].record(stream);
-    } else {
-      timing_[i].start = microseconds_since(in_.start, host_start);
-      timing_[i].end = microseconds_since(in_.start, Clock::now());
+    for (; !recv.done() && run_action(recv.index(), /*wait=*/false); recv.advance()) moved = true;
+    // One compute at a time, so that the sends it makes possible go out before the next.
+    if (!compute.done() && inputs_ready(compute.action())) {
+      run_action(compute.index(), /*wait=*/false);
+      compute.advance();
+      moved = true;
     }
-    sample_memory();
+    if (moved) continue;
+    // Nothing can start: only the message of the receive head can change that.
+    if (recv.done()) fail_stuck(compute.done() ? send.index() : compute.index());
+    run_action(recv.index(), /*wait=*/true);
+    recv.advance();
   }
+}
+
+bool RankStep::run_action(size_t i, bool wait) {
+  const Action& a = actions_[i];
+  const Stream& stream = stream_for(a);
+  const auto host_start = Clock::now();
+  // A send starts once its tensor is ready (recorded in send(), after the send stream waits
+  // for the compute that made it); timed from here it would span that compute, since the
+  // idle send stream passes the event as soon as the host enqueues it.
+  if (cuda_ && !schedule::is_send(a.kind)) rank_.starts[i].record(stream);
+  try {
+    Stage& stage = stage_of(a);
+    switch (a.kind) {
+      case ActionKind::kForward:
+        forward(i, a, stage);
+        break;
+      case ActionKind::kBackward:
+      case ActionKind::kBackwardInput:
+        backward(i, a, stage);
+        break;
+      case ActionKind::kBackwardWeight:
+        backward_weight(a, stage);
+        break;
+      case ActionKind::kSendAct:
+      case ActionKind::kSendGrad:
+        send(i, a);
+        break;
+      case ActionKind::kRecvAct:
+      case ActionKind::kRecvGrad:
+        if (!recv(i, a, wait)) return false;
+        break;
+    }
+  } catch (const std::exception& e) {
+    // The cause stays nested: the executor tells a rank stopped by another's failure (the
+    // transport aborted) from the failure that started it.
+    std::throw_with_nested(PipelineError("rank " + std::to_string(rank_.index) + ", action " +
+                                         std::to_string(i) + " (" + schedule::to_string(a) +
+                                         "): " + e.what()));
+  }
+  if (cuda_) {
+    rank_.ends[i].record(stream);
+  } else {
+    timing_[i].start = microseconds_since(in_.start, host_start);
+    timing_[i].end = microseconds_since(in_.start, Clock::now());
+  }
+  sample_memory();
+  return true;
+}
+
+bool RankStep::on_this_rank(int stage) const {
+  return in_.schedule.placement.rank_of(stage) == rank_.index;
+}
+
+bool RankStep::inputs_ready(const Action& c) const {
+  // Inputs made on this rank are there: the computes run in list order and the validator
+  // puts every local producer first. Received ones are there once their receive completed.
+  if (c.kind == ActionKind::kForward)
+    return c.stage == 0 || on_this_rank(c.stage - 1) ||
+           handoffs_.has(Handoffs::kInAct, c.stage, c.microbatch);
+  if (c.kind == ActionKind::kBackwardWeight) return true;
+  return c.stage == last_stage_ || on_this_rank(c.stage + 1) ||
+         handoffs_.has(Handoffs::kInGrad, c.stage, c.microbatch);
+}
+
+bool RankStep::produced(const Action& s) const {
+  const auto kind = s.kind == ActionKind::kSendAct ? Handoffs::kOutAct : Handoffs::kOutGrad;
+  return handoffs_.has(kind, s.stage, s.microbatch);
+}
+
+void RankStep::fail_stuck(size_t i) const {
+  // A validated schedule never gets here: every input it waits for has a receive.
+  throw PipelineError("rank " + std::to_string(rank_.index) + ", action " + std::to_string(i) +
+                      " (" + schedule::to_string(actions_[i]) +
+                      "): waits for a tensor that no action left on this rank produces or "
+                      "receives; run schedule::validate on the schedule to find the cause");
 }
 
 const Stream& RankStep::stream_for(const Action& a) const {
@@ -156,13 +233,18 @@ Tensor RankStep::take_for_compute(Handoffs::Kind kind, int stage, int mb, const 
   return h.tensor;
 }
 
-void RankStep::forward(const Action& a, Stage& stage) {
+Event* RankStep::ready_for_send(size_t i) {
+  if (!cuda_) return nullptr;
+  rank_.order[i].record(compute_);
+  return &rank_.order[i];
+}
+
+void RankStep::forward(size_t i, const Action& a, Stage& stage) {
   const int mb = a.microbatch;
-  const auto& placement = in_.schedule.placement;
   Tensor input;
   if (a.stage == 0)
     input = tokens_.slice_rows(mb, 1).reshape({n_});
-  else if (placement.rank_of(a.stage - 1) == rank_.index)
+  else if (on_this_rank(a.stage - 1))
     input = take_for_compute(Handoffs::kOutAct, a.stage - 1, mb, a);
   else
     input = take_for_compute(Handoffs::kInAct, a.stage, mb, a);
@@ -174,22 +256,25 @@ void RankStep::forward(const Action& a, Stage& stage) {
     loss_bytes_ += CachingAllocator::round_size(out.nbytes());
     losses_[mb] = out;
   } else {
-    handoffs_.put(Handoffs::kOutAct, a.stage, mb, out);
+    handoffs_.put(Handoffs::kOutAct, a.stage, mb, out,
+                  on_this_rank(a.stage + 1) ? nullptr : ready_for_send(i));
   }
 }
 
-void RankStep::backward(const Action& a, Stage& stage) {
+void RankStep::backward(size_t i, const Action& a, Stage& stage) {
   const int mb = a.microbatch;
   Tensor dy;  // none on the last stage: the loss head makes its own
   if (a.stage != last_stage_) {
-    if (in_.schedule.placement.rank_of(a.stage + 1) == rank_.index)
+    if (on_this_rank(a.stage + 1))
       dy = take_for_compute(Handoffs::kOutGrad, a.stage + 1, mb, a);
     else
       dy = take_for_compute(Handoffs::kInGrad, a.stage, mb, a);
   }
   Tensor dx =
       a.kind == ActionKind::kBackward ? stage.backward(mb, dy) : stage.backward_input(mb, dy);
-  if (a.stage > 0) handoffs_.put(Handoffs::kOutGrad, a.stage, mb, dx);
+  if (a.stage > 0)
+    handoffs_.put(Handoffs::kOutGrad, a.stage, mb, dx,
+                  on_this_rank(a.stage - 1) ? nullptr : ready_for_send(i));
 }
 
 void RankStep::backward_weight(const Action& a, Stage& stage) {
@@ -198,22 +283,27 @@ void RankStep::backward_weight(const Action& a, Stage& stage) {
 
 void RankStep::send(size_t i, const Action& a) {
   const auto kind = a.kind == ActionKind::kSendAct ? Handoffs::kOutAct : Handoffs::kOutGrad;
-  Tensor t = handoffs_.take(kind, a.stage, a.microbatch, a).tensor;
+  Handoff h = handoffs_.take(kind, a.stage, a.microbatch, a);
   if (cuda_) {
-    rank_.order[i].record(compute_);  // the send waits for the compute that made it
-    rank_.order[i].wait(send_);
+    // Outputs for another rank carry the event of the compute that made them.
+    if (!h.ready)
+      throw std::logic_error(schedule::to_string(a) + " sends a tensor kept for this rank");
+    h.ready->wait(send_);
     rank_.starts[i].record(send_);
-    record_stream(t, send_.native());
+    record_stream(h.tensor, send_.native());
   }
-  rank_.transport->send(t, a.peer, send_);
+  rank_.transport->send(h.tensor, a.peer, send_);
 }
 
-void RankStep::recv(size_t i, const Action& a) {
+bool RankStep::recv(size_t i, const Action& a, bool wait) {
   // An activation enters the stage's first unit; a gradient leaves its last one.
   const ActivationSpec spec = in_.model.activation_at(
       a.kind == ActionKind::kRecvAct ? in_.ranges[a.stage].begin : in_.ranges[a.stage].end, n_);
   Tensor t = Tensor::empty(spec.shape, spec.dtype, ctx_.allocator_ptr(), recv_.native());
-  rank_.transport->recv(t, a.peer, recv_);
+  if (wait)
+    rank_.transport->recv(t, a.peer, recv_);
+  else if (!rank_.transport->try_recv(t, a.peer, recv_))
+    return false;  // not there yet: the buffer goes back to the allocator unused
   Event* ready = nullptr;
   if (cuda_) {
     rank_.order[i].record(recv_);
@@ -221,6 +311,7 @@ void RankStep::recv(size_t i, const Action& a) {
   }
   const auto kind = a.kind == ActionKind::kRecvAct ? Handoffs::kInAct : Handoffs::kInGrad;
   handoffs_.put(kind, a.stage, a.microbatch, t, ready);
+  return true;
 }
 
 void RankStep::sample_memory() {

@@ -1,6 +1,7 @@
 #pragma once
 // Internal to the executor: what one rank owns (PipelineRank), and one training step of one
-// rank (RankStep), action by action. executor.h is the public surface.
+// rank (RankStep), run as the execution model's three in-order streams over the rank's list
+// (docs/execution-model.md). executor.h is the public surface.
 #include <chrono>
 #include <map>
 #include <memory>
@@ -50,8 +51,8 @@ struct PipelineRank {
   std::unique_ptr<Optimizer> optimizer;
   std::unique_ptr<comm::Transport> transport;
   std::vector<int> global_index;  // of each of this rank's parameters, in rank order
-  // CUDA: start/end timing events per action, one ordering event per action, and the
-  // step's reference event.
+  // CUDA: start/end timing events per action, one ordering event per action (recorded after
+  // a receive, or after a compute whose output a send takes), and the step's reference event.
   std::vector<Event> starts, ends, order;
   std::unique_ptr<Event> reference;
 
@@ -74,11 +75,17 @@ struct StepInputs {
 
 // One step of one rank. Throws what an action threw, wrapped (std::throw_with_nested) in a
 // PipelineError naming the rank, the action index and the action.
+//
+// The host keeps the heads of the rank's three streams (compute, send, receive), each going
+// through its kind of action in list order, and runs whichever can start: sends whose tensor
+// has been produced, receives whose message has arrived, computes whose inputs are there.
+// Only when none can start does it wait, for the message of the receive head, up to the
+// transport's deadline. Computes run in list order, so the arithmetic is that of a list walk.
 class RankStep {
  public:
   RankStep(PipelineRank& rank, const StepInputs& in);
-  // Zeroes the gradients, uploads the ids, runs every action of the rank in order, then the
-  // end of the step; fills the rank's entries of `result` (rank 0 also the step's totals).
+  // Zeroes the gradients, uploads the ids, runs every action of the rank, then the end of the
+  // step; fills the rank's entries of `result` (rank 0 also the step's totals).
   void run(PipelineStepResult& result);
 
  private:
@@ -86,11 +93,18 @@ class RankStep {
 
   void begin();
   void run_actions();
-  void forward(const Action& a, Stage& stage);
-  void backward(const Action& a, Stage& stage);  // B, or I when the backward is split
+  // Runs action i, timed, with the memory sampled after it. Returns false, having run
+  // nothing, only for a receive whose message has not arrived when `wait` is false.
+  bool run_action(size_t i, bool wait);
+  bool inputs_ready(const Action& compute) const;
+  bool produced(const Action& send) const;
+  [[noreturn]] void fail_stuck(size_t i) const;
+
+  void forward(size_t i, const Action& a, Stage& stage);
+  void backward(size_t i, const Action& a, Stage& stage);  // B, or I when the backward is split
   void backward_weight(const Action& a, Stage& stage);
   void send(size_t i, const Action& a);
-  void recv(size_t i, const Action& a);
+  bool recv(size_t i, const Action& a, bool wait);
   void finish_transfers();
   void end_of_step(PipelineStepResult& result);
 
@@ -98,6 +112,10 @@ class RankStep {
   Stage& stage_of(const Action& a);
   // A handoff for the compute stream: a tensor received on another stream is waited for.
   Tensor take_for_compute(Handoffs::Kind kind, int stage, int mb, const Action& a);
+  // The event a send of compute i's output waits for (CUDA; null on the CPU), recorded now,
+  // right after the compute: a send issued later must not wait for computes enqueued since.
+  Event* ready_for_send(size_t i);
+  bool on_this_rank(int stage) const;
   void sample_memory();
 
   PipelineRank& rank_;

@@ -36,6 +36,44 @@ TEST(InProcessTransport, MessagesArriveInOrderAndAreCopies) {
   EXPECT_EQ(to_vector_f32(got), (std::vector<float>{4, 5, 6}));
 }
 
+TEST(InProcessTransport, TryReceiveTakesOnlyWhatHasArrivedAndKeepsTheLinkInOrder) {
+  auto hub = InProcessHub::create(3, 5000ms);
+  auto a = hub->endpoint(0), b = hub->endpoint(1), c = hub->endpoint(2);
+  DeviceContext ctx(Device::cpu());
+  Stream& s = ctx.compute_stream();
+  const auto first = testing::random_floats(4, 11), second = testing::random_floats(4, 12);
+  const auto untouched = testing::random_floats(4, 13);
+  Tensor got = filled(ctx, untouched);
+  // Nothing sent yet: no wait, and the tensor is left as it was.
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_FALSE(b->try_recv(got, 0, s));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 1000ms);
+  EXPECT_EQ(to_vector_f32(got), untouched);
+  a->send(filled(ctx, first), 1, s);
+  a->send(filled(ctx, second), 1, s);
+  c->send(filled(ctx, untouched), 1, s);
+  // Another link's message is not this link's.
+  EXPECT_FALSE(c->try_recv(got, 0, s));
+  ASSERT_TRUE(b->try_recv(got, 0, s));
+  EXPECT_EQ(to_vector_f32(got), first);
+  b->recv(got, 0, s);  // blocking and non-blocking receives share the link's order
+  EXPECT_EQ(to_vector_f32(got), second);
+  EXPECT_FALSE(b->try_recv(got, 0, s));
+  ASSERT_TRUE(b->try_recv(got, 2, s));
+  EXPECT_EQ(to_vector_f32(got), untouched);
+  // Errors as for recv: a wrong size, a wrong peer, an aborted hub.
+  a->send(filled(ctx, {1, 2}), 1, s);
+  EXPECT_THROW(b->try_recv(got, 0, s), TransportError);
+  EXPECT_THROW(b->try_recv(got, 1, s), TransportError);
+  c->abort("rank 2 failed in F2.0");
+  try {
+    b->try_recv(got, 0, s);
+    FAIL() << "a receive succeeded after the abort";
+  } catch (const TransportAborted& e) {
+    EXPECT_EQ(e.reason(), "rank 2 failed in F2.0");
+  }
+}
+
 TEST(InProcessTransport, AllReduceSumsInRankOrderOnEveryRank) {
   constexpr int kRanks = 4;
   auto hub = InProcessHub::create(kRanks, 5000ms);

@@ -32,6 +32,9 @@ class FaultyTransport : public comm::Transport {
     inner_->send(t, peer, s);
   }
   void recv(const Tensor& t, int peer, const Stream& s) override { inner_->recv(t, peer, s); }
+  bool try_recv(const Tensor& t, int peer, const Stream& s) override {
+    return inner_->try_recv(t, peer, s);
+  }
   void all_reduce_sum(std::vector<double>& v) override {
     if (fail_reduce_) throw std::runtime_error(message_);
     inner_->all_reduce_sum(v);

@@ -101,6 +101,9 @@ class FailingTransport : public comm::Transport {
     inner_->send(t, peer, s);
   }
   void recv(const Tensor& t, int peer, const Stream& s) override { inner_->recv(t, peer, s); }
+  bool try_recv(const Tensor& t, int peer, const Stream& s) override {
+    return inner_->try_recv(t, peer, s);
+  }
   void all_reduce_sum(std::vector<double>& v) override { inner_->all_reduce_sum(v); }
   void abort(const std::string& reason) override { inner_->abort(reason); }
 
