@@ -39,6 +39,14 @@ void check_statistics(DeviceContext& ctx, const Tensor& mean, const Tensor& rstd
   check_f32(ctx, rstd, {n}, "layernorm rstd");
 }
 
+// A float operand whose dimensions the op reads, so its rank is checked before any dim().
+void check_f32_rank(DeviceContext& ctx, const Tensor& t, int rank, std::string_view what) {
+  check_operand(ctx, t, DType::F32, what);
+  if (t.rank() != rank)
+    throw std::invalid_argument(std::string(what) + ": expected a " + std::to_string(rank) +
+                                "-d tensor, got " + t.describe());
+}
+
 float* f32(const Tensor& t) { return t.data<float>(); }
 const int32_t* i32(const Tensor& t) { return t.data<int32_t>(); }
 
@@ -79,11 +87,8 @@ const int32_t* i32(const Tensor& t) { return t.data<int32_t>(); }
 
 void linear_forward(DeviceContext& ctx, const Tensor& y, const Tensor& x, const Tensor& weight,
                     const Tensor& bias) {
-  check_operand(ctx, x, DType::F32, "linear input");
-  check_operand(ctx, weight, DType::F32, "linear weight");
-  if (x.rank() != 2 || weight.rank() != 2)
-    throw std::invalid_argument("linear: expected a 2-d input and weight, got " + x.describe() +
-                                " and " + weight.describe());
+  check_f32_rank(ctx, x, 2, "linear input");
+  check_f32_rank(ctx, weight, 2, "linear weight");
   const int64_t n = x.dim(0), in = x.dim(1), out = weight.dim(0);
   check_shape(weight, {out, in}, "linear weight");
   check_f32(ctx, y, {n, out}, "linear output");
@@ -97,9 +102,9 @@ void linear_forward(DeviceContext& ctx, const Tensor& y, const Tensor& x, const 
 
 void linear_backward_input(DeviceContext& ctx, const Tensor& dx, const Tensor& dy,
                            const Tensor& weight) {
-  check_operand(ctx, weight, DType::F32, "linear weight");
+  check_f32_rank(ctx, weight, 2, "linear weight");
   const int64_t out = weight.dim(0), in = weight.dim(1);
-  check_operand(ctx, dy, DType::F32, "linear output gradient");
+  check_f32_rank(ctx, dy, 2, "linear output gradient");
   const int64_t n = dy.dim(0);
   check_shape(dy, {n, out}, "linear output gradient");
   check_f32(ctx, dx, {n, in}, "linear input gradient");
@@ -108,9 +113,9 @@ void linear_backward_input(DeviceContext& ctx, const Tensor& dx, const Tensor& d
 
 void linear_backward_weight(DeviceContext& ctx, const Tensor& dweight, const Tensor& dbias,
                             const Tensor& dy, const Tensor& x) {
-  check_operand(ctx, dweight, DType::F32, "linear weight gradient");
+  check_f32_rank(ctx, dweight, 2, "linear weight gradient");
   const int64_t out = dweight.dim(0), in = dweight.dim(1);
-  check_operand(ctx, x, DType::F32, "linear input");
+  check_f32_rank(ctx, x, 2, "linear input");
   const int64_t n = x.dim(0);
   check_shape(x, {n, in}, "linear input");
   check_f32(ctx, dy, {n, out}, "linear output gradient");
@@ -159,9 +164,7 @@ void activation_backward(DeviceContext& ctx, ActivationKind kind, const Tensor& 
 
 void layernorm_forward(DeviceContext& ctx, const Tensor& y, const Tensor& mean, const Tensor& rstd,
                        const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps) {
-  check_operand(ctx, x, DType::F32, "layernorm input");
-  if (x.rank() != 2)
-    throw std::invalid_argument("layernorm: expected a 2-d input, got " + x.describe());
+  check_f32_rank(ctx, x, 2, "layernorm input");
   const int64_t n = x.dim(0), c = x.dim(1);
   check_f32(ctx, y, {n, c}, "layernorm output");
   check_statistics(ctx, mean, rstd, n);
@@ -174,7 +177,7 @@ void layernorm_forward(DeviceContext& ctx, const Tensor& y, const Tensor& mean, 
 void layernorm_backward_input(DeviceContext& ctx, const Tensor& dx, const Tensor& dy,
                               const Tensor& x, const Tensor& mean, const Tensor& rstd,
                               const Tensor& gamma) {
-  check_operand(ctx, x, DType::F32, "layernorm input");
+  check_f32_rank(ctx, x, 2, "layernorm input");
   const int64_t n = x.dim(0), c = x.dim(1);
   check_f32(ctx, dy, {n, c}, "layernorm output gradient");
   check_f32(ctx, dx, {n, c}, "layernorm input gradient");
@@ -187,7 +190,7 @@ void layernorm_backward_input(DeviceContext& ctx, const Tensor& dx, const Tensor
 void layernorm_backward_weight(DeviceContext& ctx, const Tensor& dgamma, const Tensor& dbeta,
                                const Tensor& dy, const Tensor& x, const Tensor& mean,
                                const Tensor& rstd) {
-  check_operand(ctx, x, DType::F32, "layernorm input");
+  check_f32_rank(ctx, x, 2, "layernorm input");
   const int64_t n = x.dim(0), c = x.dim(1);
   check_f32(ctx, dy, {n, c}, "layernorm output gradient");
   check_f32(ctx, dgamma, {c}, "layernorm weight gradient");
@@ -200,7 +203,7 @@ void layernorm_backward_weight(DeviceContext& ctx, const Tensor& dgamma, const T
 void embedding_forward(DeviceContext& ctx, const Tensor& y, const Tensor& tokens,
                        const Tensor& table) {
   check_operand(ctx, tokens, DType::I32, "embedding tokens");
-  check_operand(ctx, table, DType::F32, "embedding table");
+  check_f32_rank(ctx, table, 2, "embedding table");
   const int64_t n = tokens.numel(), vocab = table.dim(0), c = table.dim(1);
   check_f32(ctx, y, {n, c}, "embedding output");
   CONVEYOR_DISPATCH(ctx, embedding_forward, f32(y), i32(tokens), f32(table), n, c, vocab);
@@ -209,7 +212,7 @@ void embedding_forward(DeviceContext& ctx, const Tensor& y, const Tensor& tokens
 void embedding_backward(DeviceContext& ctx, const Tensor& dtable, const Tensor& dy,
                         const Tensor& tokens) {
   check_operand(ctx, tokens, DType::I32, "embedding tokens");
-  check_operand(ctx, dtable, DType::F32, "embedding table gradient");
+  check_f32_rank(ctx, dtable, 2, "embedding table gradient");
   const int64_t n = tokens.numel(), vocab = dtable.dim(0), c = dtable.dim(1);
   check_f32(ctx, dy, {n, c}, "embedding output gradient");
   CONVEYOR_DISPATCH_WITH_SCRATCH(ctx, embedding_backward,
@@ -220,9 +223,7 @@ void embedding_backward(DeviceContext& ctx, const Tensor& dtable, const Tensor& 
 void softmax_cross_entropy(DeviceContext& ctx, const Tensor& losses, const Tensor& dlogits,
                            const Tensor& logits, const Tensor& targets, int32_t ignore_index,
                            float grad_scale) {
-  check_operand(ctx, logits, DType::F32, "cross-entropy logits");
-  if (logits.rank() != 2)
-    throw std::invalid_argument("cross-entropy: expected 2-d logits, got " + logits.describe());
+  check_f32_rank(ctx, logits, 2, "cross-entropy logits");
   const int64_t n = logits.dim(0), vocab = logits.dim(1);
   check_operand(ctx, targets, DType::I32, "cross-entropy targets");
   check_shape(targets, {n}, "cross-entropy targets");
