@@ -14,6 +14,11 @@ double sum_squares(const float* x, int64_t n);
 // x[i] *= scale
 void scale(float* x, float scale, int64_t n);
 
+// The same sums in the form of the CUDA kernels below (result through `out`, here host
+// memory), so that one dispatch writes its arguments once for both backends.
+inline void sum(double* out, const float* x, int64_t n) { *out = sum(x, n); }
+inline void sum_squares(double* out, const float* x, int64_t n) { *out = sum_squares(x, n); }
+
 }  // namespace conveyor::kernels::cpu
 
 #ifdef CONVEYOR_WITH_CUDA

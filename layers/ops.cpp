@@ -39,41 +39,56 @@ void check_statistics(DeviceContext& ctx, const Tensor& mean, const Tensor& rstd
   check_f32(ctx, rstd, {n}, "layernorm rstd");
 }
 
+// A float operand whose dimensions the op reads, so its rank is checked before any dim().
+void check_f32_rank(DeviceContext& ctx, const Tensor& t, int rank, std::string_view what) {
+  check_operand(ctx, t, DType::F32, what);
+  if (t.rank() != rank)
+    throw std::invalid_argument(std::string(what) + ": expected a " + std::to_string(rank) +
+                                "-d tensor, got " + t.describe());
+}
+
 float* f32(const Tensor& t) { return t.data<float>(); }
 const int32_t* i32(const Tensor& t) { return t.data<int32_t>(); }
 
-// Runs `cpu()` or `gpu()` depending on where the context lives. Without the CUDA backend a
-// CUDA context cannot exist, so the second branch never runs.
-template <class Cpu, class Gpu>
-void dispatch(DeviceContext& ctx, Cpu cpu, Gpu gpu) {
-  if (ctx.is_cuda()) {
-#ifdef CONVEYOR_WITH_CUDA
-    gpu(ctx.cuda());
-#else
-    throw std::logic_error("CUDA context in a build without the CUDA backend");
-#endif
-  } else {
-    cpu();
-  }
+[[noreturn]] void throw_no_cuda_backend() {
+  throw std::logic_error("CUDA context in a build without the CUDA backend");
 }
-
-#ifndef CONVEYOR_WITH_CUDA
-// Placeholder type so the CUDA lambdas below still compile (and are never called).
-struct NoCuda {};
-#define CONVEYOR_CUDA_LAMBDA(body) [&](const NoCuda&) {}
-#else
-#define CONVEYOR_CUDA_LAMBDA(body) [&](const kernels::cuda::CudaContext& cu) { body; }
-#endif
 
 }  // namespace
 
+// Each op names its kernel and writes the kernel's arguments once: on a CPU context this runs
+// kernels::cpu::KERNEL(args...), on a CUDA context kernels::cuda::KERNEL(cu, args...). A macro,
+// because the two kernels are found by name in two namespaces and, without the CUDA backend,
+// the CUDA call must not be compiled at all (a CUDA context cannot exist there).
+#ifdef CONVEYOR_WITH_CUDA
+#define CONVEYOR_CUDA_CALL(ctx, kernel, ...) \
+  ::conveyor::kernels::cuda::kernel((ctx).cuda(), __VA_ARGS__)
+#else
+#define CONVEYOR_CUDA_CALL(ctx, kernel, ...) throw_no_cuda_backend()
+#endif
+
+#define CONVEYOR_DISPATCH(ctx, kernel, ...)          \
+  do {                                               \
+    if ((ctx).is_cuda())                             \
+      CONVEYOR_CUDA_CALL(ctx, kernel, __VA_ARGS__);  \
+    else                                             \
+      ::conveyor::kernels::cpu::kernel(__VA_ARGS__); \
+  } while (0)
+
+// The same for a kernel whose CUDA form also takes device scratch memory after the shared
+// arguments; `scratch_bytes` (an expression of the CUDA backend) is compiled only with it.
+#define CONVEYOR_DISPATCH_WITH_SCRATCH(ctx, kernel, scratch_bytes, ...)           \
+  do {                                                                            \
+    if ((ctx).is_cuda())                                                          \
+      CONVEYOR_CUDA_CALL(ctx, kernel, __VA_ARGS__, (ctx).scratch(scratch_bytes)); \
+    else                                                                          \
+      ::conveyor::kernels::cpu::kernel(__VA_ARGS__);                              \
+  } while (0)
+
 void linear_forward(DeviceContext& ctx, const Tensor& y, const Tensor& x, const Tensor& weight,
                     const Tensor& bias) {
-  check_operand(ctx, x, DType::F32, "linear input");
-  check_operand(ctx, weight, DType::F32, "linear weight");
-  if (x.rank() != 2 || weight.rank() != 2)
-    throw std::invalid_argument("linear: expected a 2-d input and weight, got " + x.describe() +
-                                " and " + weight.describe());
+  check_f32_rank(ctx, x, 2, "linear input");
+  check_f32_rank(ctx, weight, 2, "linear weight");
   const int64_t n = x.dim(0), in = x.dim(1), out = weight.dim(0);
   check_shape(weight, {out, in}, "linear weight");
   check_f32(ctx, y, {n, out}, "linear output");
@@ -82,31 +97,25 @@ void linear_forward(DeviceContext& ctx, const Tensor& y, const Tensor& x, const 
     check_f32(ctx, bias, {out}, "linear bias");
     b = f32(bias);
   }
-  dispatch(
-      ctx, [&] { kernels::cpu::linear_forward(f32(y), f32(x), f32(weight), b, n, in, out); },
-      CONVEYOR_CUDA_LAMBDA(
-          kernels::cuda::linear_forward(cu, f32(y), f32(x), f32(weight), b, n, in, out)));
+  CONVEYOR_DISPATCH(ctx, linear_forward, f32(y), f32(x), f32(weight), b, n, in, out);
 }
 
 void linear_backward_input(DeviceContext& ctx, const Tensor& dx, const Tensor& dy,
                            const Tensor& weight) {
-  check_operand(ctx, weight, DType::F32, "linear weight");
+  check_f32_rank(ctx, weight, 2, "linear weight");
   const int64_t out = weight.dim(0), in = weight.dim(1);
-  check_operand(ctx, dy, DType::F32, "linear output gradient");
+  check_f32_rank(ctx, dy, 2, "linear output gradient");
   const int64_t n = dy.dim(0);
   check_shape(dy, {n, out}, "linear output gradient");
   check_f32(ctx, dx, {n, in}, "linear input gradient");
-  dispatch(
-      ctx, [&] { kernels::cpu::linear_backward_input(f32(dx), f32(dy), f32(weight), n, in, out); },
-      CONVEYOR_CUDA_LAMBDA(
-          kernels::cuda::linear_backward_input(cu, f32(dx), f32(dy), f32(weight), n, in, out)));
+  CONVEYOR_DISPATCH(ctx, linear_backward_input, f32(dx), f32(dy), f32(weight), n, in, out);
 }
 
 void linear_backward_weight(DeviceContext& ctx, const Tensor& dweight, const Tensor& dbias,
                             const Tensor& dy, const Tensor& x) {
-  check_operand(ctx, dweight, DType::F32, "linear weight gradient");
+  check_f32_rank(ctx, dweight, 2, "linear weight gradient");
   const int64_t out = dweight.dim(0), in = dweight.dim(1);
-  check_operand(ctx, x, DType::F32, "linear input");
+  check_f32_rank(ctx, x, 2, "linear input");
   const int64_t n = x.dim(0);
   check_shape(x, {n, in}, "linear input");
   check_f32(ctx, dy, {n, out}, "linear output gradient");
@@ -115,11 +124,7 @@ void linear_backward_weight(DeviceContext& ctx, const Tensor& dweight, const Ten
     check_f32(ctx, dbias, {out}, "linear bias gradient");
     db = f32(dbias);
   }
-  dispatch(
-      ctx,
-      [&] { kernels::cpu::linear_backward_weight(f32(dweight), db, f32(dy), f32(x), n, in, out); },
-      CONVEYOR_CUDA_LAMBDA(kernels::cuda::linear_backward_weight(cu, f32(dweight), db, f32(dy),
-                                                                 f32(x), n, in, out)));
+  CONVEYOR_DISPATCH(ctx, linear_backward_weight, f32(dweight), db, f32(dy), f32(x), n, in, out);
 }
 
 ActivationKind parse_activation(std::string_view name) {
@@ -137,17 +142,10 @@ void activation_forward(DeviceContext& ctx, ActivationKind kind, const Tensor& y
   check_operand(ctx, x, DType::F32, "activation input");
   check_f32(ctx, y, x.shape(), "activation output");
   const int64_t n = x.numel();
-  dispatch(
-      ctx,
-      [&] {
-        if (kind == ActivationKind::GELU)
-          kernels::cpu::gelu_forward(f32(y), f32(x), n);
-        else
-          kernels::cpu::relu_forward(f32(y), f32(x), n);
-      },
-      CONVEYOR_CUDA_LAMBDA(if (kind == ActivationKind::GELU)
-                               kernels::cuda::gelu_forward(cu, f32(y), f32(x), n);
-                           else kernels::cuda::relu_forward(cu, f32(y), f32(x), n)));
+  if (kind == ActivationKind::GELU)
+    CONVEYOR_DISPATCH(ctx, gelu_forward, f32(y), f32(x), n);
+  else
+    CONVEYOR_DISPATCH(ctx, relu_forward, f32(y), f32(x), n);
 }
 
 void activation_backward(DeviceContext& ctx, ActivationKind kind, const Tensor& dx,
@@ -158,129 +156,100 @@ void activation_backward(DeviceContext& ctx, ActivationKind kind, const Tensor& 
   check_shape(dy, x.shape(), "activation output gradient");
   check_shape(dx, x.shape(), "activation input gradient");
   const int64_t n = x.numel();
-  dispatch(
-      ctx,
-      [&] {
-        if (kind == ActivationKind::GELU)
-          kernels::cpu::gelu_backward(f32(dx), f32(dy), f32(x), n);
-        else
-          kernels::cpu::relu_backward(f32(dx), f32(dy), f32(x), n);
-      },
-      CONVEYOR_CUDA_LAMBDA(if (kind == ActivationKind::GELU)
-                               kernels::cuda::gelu_backward(cu, f32(dx), f32(dy), f32(x), n);
-                           else kernels::cuda::relu_backward(cu, f32(dx), f32(dy), f32(x), n)));
+  if (kind == ActivationKind::GELU)
+    CONVEYOR_DISPATCH(ctx, gelu_backward, f32(dx), f32(dy), f32(x), n);
+  else
+    CONVEYOR_DISPATCH(ctx, relu_backward, f32(dx), f32(dy), f32(x), n);
 }
 
 void layernorm_forward(DeviceContext& ctx, const Tensor& y, const Tensor& mean, const Tensor& rstd,
                        const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps) {
-  check_operand(ctx, x, DType::F32, "layernorm input");
-  if (x.rank() != 2)
-    throw std::invalid_argument("layernorm: expected a 2-d input, got " + x.describe());
+  check_f32_rank(ctx, x, 2, "layernorm input");
   const int64_t n = x.dim(0), c = x.dim(1);
   check_f32(ctx, y, {n, c}, "layernorm output");
   check_statistics(ctx, mean, rstd, n);
   check_f32(ctx, gamma, {c}, "layernorm weight");
   check_f32(ctx, beta, {c}, "layernorm bias");
-  dispatch(
-      ctx,
-      [&] {
-        kernels::cpu::layernorm_forward(f32(y), f32(mean), f32(rstd), f32(x), f32(gamma), f32(beta),
-                                        n, c, eps);
-      },
-      CONVEYOR_CUDA_LAMBDA(kernels::cuda::layernorm_forward(
-          cu, f32(y), f32(mean), f32(rstd), f32(x), f32(gamma), f32(beta), n, c, eps)));
+  CONVEYOR_DISPATCH(ctx, layernorm_forward, f32(y), f32(mean), f32(rstd), f32(x), f32(gamma),
+                    f32(beta), n, c, eps);
 }
 
 void layernorm_backward_input(DeviceContext& ctx, const Tensor& dx, const Tensor& dy,
                               const Tensor& x, const Tensor& mean, const Tensor& rstd,
                               const Tensor& gamma) {
-  check_operand(ctx, x, DType::F32, "layernorm input");
+  check_f32_rank(ctx, x, 2, "layernorm input");
   const int64_t n = x.dim(0), c = x.dim(1);
   check_f32(ctx, dy, {n, c}, "layernorm output gradient");
   check_f32(ctx, dx, {n, c}, "layernorm input gradient");
   check_f32(ctx, gamma, {c}, "layernorm weight");
   check_statistics(ctx, mean, rstd, n);
-  dispatch(
-      ctx,
-      [&] {
-        kernels::cpu::layernorm_backward_input(f32(dx), f32(dy), f32(x), f32(mean), f32(rstd),
-                                               f32(gamma), n, c);
-      },
-      CONVEYOR_CUDA_LAMBDA(kernels::cuda::layernorm_backward_input(
-          cu, f32(dx), f32(dy), f32(x), f32(mean), f32(rstd), f32(gamma), n, c)));
+  CONVEYOR_DISPATCH(ctx, layernorm_backward_input, f32(dx), f32(dy), f32(x), f32(mean), f32(rstd),
+                    f32(gamma), n, c);
 }
 
 void layernorm_backward_weight(DeviceContext& ctx, const Tensor& dgamma, const Tensor& dbeta,
                                const Tensor& dy, const Tensor& x, const Tensor& mean,
                                const Tensor& rstd) {
-  check_operand(ctx, x, DType::F32, "layernorm input");
+  check_f32_rank(ctx, x, 2, "layernorm input");
   const int64_t n = x.dim(0), c = x.dim(1);
   check_f32(ctx, dy, {n, c}, "layernorm output gradient");
   check_f32(ctx, dgamma, {c}, "layernorm weight gradient");
   check_f32(ctx, dbeta, {c}, "layernorm bias gradient");
   check_statistics(ctx, mean, rstd, n);
-  dispatch(
-      ctx,
-      [&] {
-        kernels::cpu::layernorm_backward_weight(f32(dgamma), f32(dbeta), f32(dy), f32(x), f32(mean),
-                                                f32(rstd), n, c);
-      },
-      CONVEYOR_CUDA_LAMBDA(kernels::cuda::layernorm_backward_weight(
-          cu, f32(dgamma), f32(dbeta), f32(dy), f32(x), f32(mean), f32(rstd), n, c)));
+  CONVEYOR_DISPATCH(ctx, layernorm_backward_weight, f32(dgamma), f32(dbeta), f32(dy), f32(x),
+                    f32(mean), f32(rstd), n, c);
 }
 
 void embedding_forward(DeviceContext& ctx, const Tensor& y, const Tensor& tokens,
                        const Tensor& table) {
   check_operand(ctx, tokens, DType::I32, "embedding tokens");
-  check_operand(ctx, table, DType::F32, "embedding table");
+  check_f32_rank(ctx, table, 2, "embedding table");
   const int64_t n = tokens.numel(), vocab = table.dim(0), c = table.dim(1);
   check_f32(ctx, y, {n, c}, "embedding output");
-  dispatch(
-      ctx, [&] { kernels::cpu::embedding_forward(f32(y), i32(tokens), f32(table), n, c, vocab); },
-      CONVEYOR_CUDA_LAMBDA(
-          kernels::cuda::embedding_forward(cu, f32(y), i32(tokens), f32(table), n, c, vocab)));
+  CONVEYOR_DISPATCH(ctx, embedding_forward, f32(y), i32(tokens), f32(table), n, c, vocab);
 }
 
 void embedding_backward(DeviceContext& ctx, const Tensor& dtable, const Tensor& dy,
                         const Tensor& tokens) {
   check_operand(ctx, tokens, DType::I32, "embedding tokens");
-  check_operand(ctx, dtable, DType::F32, "embedding table gradient");
+  check_f32_rank(ctx, dtable, 2, "embedding table gradient");
   const int64_t n = tokens.numel(), vocab = dtable.dim(0), c = dtable.dim(1);
   check_f32(ctx, dy, {n, c}, "embedding output gradient");
-  dispatch(
-      ctx,
-      [&] { kernels::cpu::embedding_backward(f32(dtable), f32(dy), i32(tokens), n, c, vocab); },
-      CONVEYOR_CUDA_LAMBDA({
-        void* scratch = ctx.scratch(kernels::cuda::embedding_backward_scratch_bytes(n));
-        kernels::cuda::embedding_backward(cu, f32(dtable), f32(dy), i32(tokens), n, c, vocab,
-                                          scratch);
-      }));
+  CONVEYOR_DISPATCH_WITH_SCRATCH(ctx, embedding_backward,
+                                 kernels::cuda::embedding_backward_scratch_bytes(n), f32(dtable),
+                                 f32(dy), i32(tokens), n, c, vocab);
 }
 
 void softmax_cross_entropy(DeviceContext& ctx, const Tensor& losses, const Tensor& dlogits,
                            const Tensor& logits, const Tensor& targets, int32_t ignore_index,
                            float grad_scale) {
-  check_operand(ctx, logits, DType::F32, "cross-entropy logits");
-  if (logits.rank() != 2)
-    throw std::invalid_argument("cross-entropy: expected 2-d logits, got " + logits.describe());
+  check_f32_rank(ctx, logits, 2, "cross-entropy logits");
   const int64_t n = logits.dim(0), vocab = logits.dim(1);
   check_operand(ctx, targets, DType::I32, "cross-entropy targets");
   check_shape(targets, {n}, "cross-entropy targets");
   check_f32(ctx, losses, {n}, "cross-entropy losses");
   check_f32(ctx, dlogits, {n, vocab}, "cross-entropy logit gradient");
-  dispatch(
-      ctx,
-      [&] {
-        kernels::cpu::softmax_cross_entropy(f32(losses), f32(dlogits), f32(logits), i32(targets), n,
-                                            vocab, ignore_index, grad_scale);
-      },
-      CONVEYOR_CUDA_LAMBDA(kernels::cuda::softmax_cross_entropy(cu, f32(losses), f32(dlogits),
-                                                                f32(logits), i32(targets), n, vocab,
-                                                                ignore_index, grad_scale)));
+  CONVEYOR_DISPATCH(ctx, softmax_cross_entropy, f32(losses), f32(dlogits), f32(logits),
+                    i32(targets), n, vocab, ignore_index, grad_scale);
 }
 
 namespace {
 enum class Reduction { Sum, SumSquares };
+
+// The device results of a CUDA reduction back to the host, ordered after the kernels on the
+// compute stream: the one synchronisation of the call.
+void copy_results_to_host(DeviceContext& ctx, std::vector<double>& results,
+                          const Tensor& device_results) {
+#ifdef CONVEYOR_WITH_CUDA
+  const cudaStream_t stream = ctx.cuda().stream;
+  CONVEYOR_CUDA_CHECK(cudaMemcpyAsync(results.data(), device_results.raw(),
+                                      results.size() * sizeof(double), cudaMemcpyDeviceToHost,
+                                      stream));
+  CONVEYOR_CUDA_CHECK(cudaStreamSynchronize(stream));
+#else
+  throw_no_cuda_backend();
+#endif
+}
 
 std::vector<double> reduce_each(DeviceContext& ctx, const std::vector<Tensor>& xs,
                                 Reduction reduction) {
@@ -292,29 +261,24 @@ std::vector<double> reduce_each(DeviceContext& ctx, const std::vector<Tensor>& x
   }
   std::vector<double> results(xs.size(), 0.0);
   if (xs.empty()) return results;
-  dispatch(
-      ctx,
-      [&] {
-        for (size_t i = 0; i < xs.size(); ++i)
-          results[i] = reduction == Reduction::Sum
-                           ? kernels::cpu::sum(f32(xs[i]), xs[i].numel())
-                           : kernels::cpu::sum_squares(f32(xs[i]), xs[i].numel());
-      },
-      CONVEYOR_CUDA_LAMBDA({
-        // One double per tensor; the launches share one scratch, which the stream orders.
-        Tensor out = ctx.empty({static_cast<int64_t>(2 * xs.size())}, DType::F32);
-        auto* out_ptr = reinterpret_cast<double*>(out.raw());
-        void* scratch = ctx.scratch(kernels::cuda::reduce_scratch_bytes(largest));
-        for (size_t i = 0; i < xs.size(); ++i) {
-          if (reduction == Reduction::Sum)
-            kernels::cuda::sum(cu, out_ptr + i, f32(xs[i]), xs[i].numel(), scratch);
-          else
-            kernels::cuda::sum_squares(cu, out_ptr + i, f32(xs[i]), xs[i].numel(), scratch);
-        }
-        CONVEYOR_CUDA_CHECK(cudaMemcpyAsync(results.data(), out_ptr, xs.size() * sizeof(double),
-                                            cudaMemcpyDeviceToHost, cu.stream));
-        CONVEYOR_CUDA_CHECK(cudaStreamSynchronize(cu.stream));
-      }));
+  // The CPU kernels write the host results directly; the CUDA ones write one double per
+  // tensor into one device buffer (the allocator knows no f64: twice as many f32), which
+  // comes back in one copy. The launches share one scratch, which the stream orders.
+  Tensor device_results;
+  double* out = results.data();
+  if (ctx.is_cuda()) {
+    device_results = ctx.empty({static_cast<int64_t>(2 * xs.size())}, DType::F32);
+    out = static_cast<double*>(device_results.raw());
+  }
+  for (size_t i = 0; i < xs.size(); ++i) {
+    if (reduction == Reduction::Sum)
+      CONVEYOR_DISPATCH_WITH_SCRATCH(ctx, sum, kernels::cuda::reduce_scratch_bytes(largest),
+                                     out + i, f32(xs[i]), xs[i].numel());
+    else
+      CONVEYOR_DISPATCH_WITH_SCRATCH(ctx, sum_squares, kernels::cuda::reduce_scratch_bytes(largest),
+                                     out + i, f32(xs[i]), xs[i].numel());
+  }
+  if (ctx.is_cuda()) copy_results_to_host(ctx, results, device_results);
   return results;
 }
 }  // namespace
@@ -336,41 +300,30 @@ std::vector<double> sum_squares_each(DeviceContext& ctx, const std::vector<Tenso
 void add_(DeviceContext& ctx, const Tensor& y, const Tensor& x) {
   check_operand(ctx, y, DType::F32, "add destination");
   check_f32(ctx, x, y.shape(), "add source");
-  dispatch(
-      ctx, [&] { kernels::cpu::add_inplace(f32(y), f32(x), y.numel()); },
-      CONVEYOR_CUDA_LAMBDA(kernels::cuda::add_inplace(cu, f32(y), f32(x), y.numel())));
+  CONVEYOR_DISPATCH(ctx, add_inplace, f32(y), f32(x), y.numel());
 }
 
 void adamw_update(DeviceContext& ctx, const std::vector<kernels::OptimizerTensor>& tensors,
                   const kernels::AdamWParams& params) {
   const auto count = static_cast<int64_t>(tensors.size());
-  dispatch(
-      ctx, [&] { kernels::cpu::adamw_update(tensors.data(), count, params); },
-      CONVEYOR_CUDA_LAMBDA(kernels::cuda::adamw_update(cu, tensors.data(), count, params)));
+  CONVEYOR_DISPATCH(ctx, adamw_update, tensors.data(), count, params);
 }
 
 void sgd_update(DeviceContext& ctx, const std::vector<kernels::OptimizerTensor>& tensors,
                 const kernels::SgdParams& params) {
   const auto count = static_cast<int64_t>(tensors.size());
-  dispatch(
-      ctx, [&] { kernels::cpu::sgd_update(tensors.data(), count, params); },
-      CONVEYOR_CUDA_LAMBDA(kernels::cuda::sgd_update(cu, tensors.data(), count, params)));
+  CONVEYOR_DISPATCH(ctx, sgd_update, tensors.data(), count, params);
 }
 
 void init_uniform(DeviceContext& ctx, const Tensor& out, uint64_t seed, uint64_t key, float low,
                   float high) {
   check_operand(ctx, out, DType::F32, "initialised tensor");
-  dispatch(
-      ctx, [&] { kernels::cpu::init_uniform(f32(out), out.numel(), seed, key, low, high); },
-      CONVEYOR_CUDA_LAMBDA(
-          kernels::cuda::init_uniform(cu, f32(out), out.numel(), seed, key, low, high)));
+  CONVEYOR_DISPATCH(ctx, init_uniform, f32(out), out.numel(), seed, key, low, high);
 }
 
 void fill(DeviceContext& ctx, const Tensor& out, float value) {
   check_operand(ctx, out, DType::F32, "filled tensor");
-  dispatch(
-      ctx, [&] { kernels::cpu::fill(f32(out), out.numel(), value); },
-      CONVEYOR_CUDA_LAMBDA(kernels::cuda::fill(cu, f32(out), out.numel(), value)));
+  CONVEYOR_DISPATCH(ctx, fill, f32(out), out.numel(), value);
 }
 
 }  // namespace conveyor::ops

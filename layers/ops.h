@@ -3,6 +3,10 @@
 // CPU or CUDA kernel of the same name. Layers call these, never the backends directly.
 // Convention as in kernels/: outputs and input gradients are written (`=`), parameter
 // gradients accumulate (`+=`).
+// Every op checks its tensor operands before it runs: an operand that is undefined, or has
+// the wrong dtype, shape (or rank) or device, throws std::invalid_argument with a sentence
+// naming the operand (e.g. "linear weight", "layernorm rstd"), what was expected and what
+// was seen.
 #include <cstdint>
 #include <string_view>
 #include <vector>
