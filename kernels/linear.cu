@@ -9,8 +9,8 @@
 // db += column sums of dy uses the deterministic two-stage reduction of column_sum.cuh (no
 // atomics), because the BGRADB epilogue writes instead of accumulating.
 // fp32 storage; CUBLAS_COMPUTE_32F, or CUBLAS_COMPUTE_32F_FAST_TF32 when ctx.allow_tf32.
-// Descriptors are created per call (cheap); the heuristic query is per call too, since a
-// cache would need a home in CudaContext (see the report of this change).
+// Descriptors are created per call (cheap); the heuristic query is per call too: a cache of
+// chosen algorithms per (shape, epilogue) belongs in CudaContext, which does not hold one yet.
 #include <string>
 
 #include "kernels/column_sum.cuh"
