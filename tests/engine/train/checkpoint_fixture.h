@@ -146,7 +146,7 @@ inline std::pair<std::string, std::string> split_safetensors(const std::string& 
 template <class Edit>
 void edit_shard_header(const fs::path& path, Edit edit) {
   auto [header, data] = split_safetensors(read_file(path));
-  nlohmann::ordered_json json = nlohmann::ordered_json::parse(header);
+  nlohmann::json json = nlohmann::json::parse(header);
   edit(json);
   write_file(path, raw_safetensors(json.dump(), data));
 }
@@ -154,7 +154,7 @@ void edit_shard_header(const fs::path& path, Edit edit) {
 // Makes manifest.json of `folder` list the present sizes and checksums of its shards, so a
 // test of a bad shard meets the shard's own checks rather than the manifest's.
 inline void match_manifest_to_shards(const fs::path& folder) {
-  nlohmann::ordered_json m = nlohmann::ordered_json::parse(read_file(folder / "manifest.json"));
+  nlohmann::json m = nlohmann::json::parse(read_file(folder / "manifest.json"));
   for (auto& shard : m["shards"]) {
     const std::string bytes = read_file(folder / shard["file"].get<std::string>());
     shard["bytes"] = bytes.size();
@@ -166,7 +166,7 @@ inline void match_manifest_to_shards(const fs::path& folder) {
 // Edits manifest.json of `folder` as JSON.
 template <class Edit>
 void edit_manifest(const fs::path& folder, Edit edit) {
-  nlohmann::ordered_json m = nlohmann::ordered_json::parse(read_file(folder / "manifest.json"));
+  nlohmann::json m = nlohmann::json::parse(read_file(folder / "manifest.json"));
   edit(m);
   write_file(folder / "manifest.json", m.dump(2));
 }

@@ -109,8 +109,7 @@ TEST_F(CheckpointLoad, ManifestFieldsAreChecked) {
   for (const Case& c : cases) {
     SCOPED_TRACE(std::string(c.pointer) + " = " + c.value.dump());
     write_file(manifest(), pristine);
-    edit_manifest(folder_,
-                  [&](auto& m) { m[nlohmann::ordered_json::json_pointer(c.pointer)] = c.value; });
+    edit_manifest(folder_, [&](auto& m) { m[nlohmann::json::json_pointer(c.pointer)] = c.value; });
     EXPECT_CHECKPOINT_ERROR(open_checkpoint(folder_), manifest().string(), c.message);
   }
   write_file(manifest(), pristine);
