@@ -71,8 +71,6 @@ json leading_values(const Checkpoint& ckpt, const CheckpointTensor& t, int64_t c
   return out;
 }
 
-std::string shape_text(const Shape& shape) { return shape_to_string(shape); }
-
 // Left-aligned columns.
 void print_table(const std::vector<std::vector<std::string>>& rows) {
   std::vector<size_t> width;
@@ -162,7 +160,7 @@ void run_inspect(const CkptFlags& flags) {
   uint64_t data_bytes = 0;
   std::vector<std::string> values;
   for (const CheckpointTensor& t : ckpt.tensors()) {
-    rows.push_back({t.name, safetensors_dtype_name(t.dtype), shape_text(t.shape),
+    rows.push_back({t.name, safetensors_dtype_name(t.dtype), shape_to_string(t.shape),
                     std::to_string(t.bytes), m.shards[t.rank].file,
                     checkpoint_io::hex64(t.checksum)});
     data_bytes += t.bytes;
