@@ -28,3 +28,23 @@ fi
 # shellcheck disable=SC2086
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release ${CONVEYOR_CMAKE_ARGS:-}
 cmake --build "$build" -j"$(nproc)"
+
+# The checkpoint interop test reads shards with Python's safetensors and numpy (from PyPI;
+# Debian has no safetensors), for the python3 on PATH, unless they import already.
+if ! python3 -c 'import safetensors, numpy' 2>/dev/null; then
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  if ! python3 -m pip --version >/dev/null 2>&1; then
+    echo "bootstrap: installing python3-pip"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
+      python3 python3-pip
+  fi
+  echo "bootstrap: installing the Python packages safetensors and numpy"
+  pip_args=(--quiet)
+  # Outside a virtual environment, into the user's site-packages.
+  python3 -c 'import sys; sys.exit(sys.prefix != sys.base_prefix)' && pip_args+=(--user)
+  # Debian's own python3 refuses pip installs (PEP 668) unless told.
+  python3 -m pip install "${pip_args[@]}" safetensors numpy 2>/dev/null ||
+    python3 -m pip install "${pip_args[@]}" --break-system-packages safetensors numpy
+fi

@@ -1,0 +1,384 @@
+#include "engine/train/checkpoint.h"
+
+#include <algorithm>
+#include <charconv>
+#include <set>
+#include <stdexcept>
+#include <system_error>
+#include <unordered_map>
+
+#include "engine/train/checkpoint_io.h"
+
+namespace conveyor {
+namespace fs = std::filesystem;
+
+namespace {
+
+using checkpoint_io::in_quotes;
+
+constexpr const char* kManifestName = "manifest.json";
+constexpr const char* kLatestName = "latest";
+constexpr uint64_t kMaxManifestBytes = uint64_t{64} << 20;
+
+// The step of a folder named "step_<N>" (and, with `temp`, "step_<N>.tmp"); nullopt otherwise.
+std::optional<int64_t> step_of_folder(const std::string& name, bool temp) {
+  std::string_view rest = name;
+  if (!rest.starts_with("step_")) return std::nullopt;
+  rest.remove_prefix(5);
+  if (temp) {
+    if (!rest.ends_with(".tmp")) return std::nullopt;
+    rest.remove_suffix(4);
+  }
+  if (rest.empty() || rest.size() > 18) return std::nullopt;
+  for (char c : rest)
+    if (c < '0' || c > '9') return std::nullopt;
+  int64_t step = 0;
+  std::from_chars(rest.data(), rest.data() + rest.size(), step);
+  return step;
+}
+
+std::string step_folder_name(int64_t step) { return "step_" + std::to_string(step); }
+
+std::string describe(DType dtype, const Shape& shape) {
+  return std::string(dtype_name(dtype)) + shape_to_string(shape);
+}
+
+// A path without a trailing separator, so that filename() is its last component.
+fs::path normalized(const fs::path& path) {
+  fs::path p = path.lexically_normal();
+  if (!p.has_filename() && p.has_parent_path()) p = p.parent_path();
+  return p;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------- Writer
+
+CheckpointWriter::CheckpointWriter(fs::path dir, int64_t step, int num_ranks,
+                                   CheckpointWriterOptions options)
+    : dir_(std::move(dir)),
+      step_(step),
+      num_ranks_(num_ranks),
+      options_(options),
+      written_(num_ranks > 0 ? num_ranks : 0),
+      started_(num_ranks > 0 ? num_ranks : 0, false) {
+  if (step < 0)
+    throw std::invalid_argument("checkpoint step must be >= 0, got " + std::to_string(step));
+  if (num_ranks < 1)
+    throw std::invalid_argument("a checkpoint needs at least one rank, got " +
+                                std::to_string(num_ranks));
+  if (options.keep_last < 0)
+    throw std::invalid_argument("keep_last must be >= 0 (0 keeps every checkpoint), got " +
+                                std::to_string(options.keep_last));
+  std::error_code ec;
+  fs::create_directories(dir_, ec);
+  if (ec || !fs::is_directory(dir_))
+    throw CheckpointError("cannot create checkpoint folder " + dir_.string() + ": " +
+                          (ec ? ec.message() : "a file of that name is in the way"));
+  final_ = dir_ / step_folder_name(step);
+  temp_ = dir_ / (step_folder_name(step) + ".tmp");
+  if (fs::exists(final_, ec))
+    throw CheckpointError("cannot save step " + std::to_string(step) + ": " + final_.string() +
+                          " exists already; remove it or save into another folder");
+  // Unfinished saves of earlier runs (a crash, a full disk) are of no use to anyone.
+  std::vector<fs::path> unfinished;
+  for (const auto& entry : fs::directory_iterator(dir_, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (step_of_folder(name, /*temp=*/true) || name == std::string(kLatestName) + ".tmp")
+      unfinished.push_back(entry.path());
+  }
+  if (ec)
+    throw CheckpointError("cannot list checkpoint folder " + dir_.string() + ": " + ec.message());
+  for (const fs::path& p : unfinished) {
+    fs::remove_all(p, ec);
+    if (ec)
+      throw CheckpointError("cannot remove the unfinished save " + p.string() + ": " +
+                            ec.message());
+  }
+  if (!fs::create_directory(temp_, ec) || ec)
+    throw CheckpointError("cannot create folder " + temp_.string() + ": " +
+                          (ec ? ec.message() : "it exists already"));
+}
+
+CheckpointWriter::~CheckpointWriter() {
+  if (committed_) return;
+  std::error_code ec;
+  fs::remove_all(temp_, ec);  // best effort; the next save removes what is left
+}
+
+std::string CheckpointWriter::shard_file_name(int rank) {
+  return "rank_" + std::to_string(rank) + ".safetensors";
+}
+
+void CheckpointWriter::write_shard(int rank, const std::vector<NamedTensor>& tensors) {
+  if (rank < 0 || rank >= num_ranks_)
+    throw std::invalid_argument("write_shard: rank " + std::to_string(rank) + " is not in [0, " +
+                                std::to_string(num_ranks_) + ")");
+  {
+    std::lock_guard lock(mutex_);
+    if (committed_) throw std::logic_error("write_shard: the checkpoint is committed already");
+    if (started_[rank])
+      throw std::logic_error("write_shard: rank " + std::to_string(rank) +
+                             " has written its shard already");
+    started_[rank] = true;
+  }
+  try {
+    const ShardFileInfo info =
+        write_shard_file(temp_ / shard_file_name(rank), step_, rank, tensors);
+    std::lock_guard lock(mutex_);
+    written_[rank] = info;
+  } catch (...) {
+    std::lock_guard lock(mutex_);
+    started_[rank] = false;  // the rank may try again
+    throw;
+  }
+}
+
+CommitResult CheckpointWriter::commit(const TrainingState& state) {
+  std::lock_guard lock(mutex_);
+  if (committed_) throw std::logic_error("commit: the checkpoint is committed already");
+  if (state.step != step_)
+    throw std::invalid_argument("commit: the state is of step " + std::to_string(state.step) +
+                                ", this save is of step " + std::to_string(step_));
+  CheckpointManifest manifest;
+  manifest.state = state;
+  for (int r = 0; r < num_ranks_; ++r) {
+    if (!written_[r])
+      throw CheckpointError("cannot commit " + final_.string() + ": rank " + std::to_string(r) +
+                            " has not written its shard");
+    manifest.shards.push_back({r, shard_file_name(r), written_[r]->bytes, written_[r]->checksum});
+  }
+  const fs::path manifest_path = temp_ / kManifestName;
+  const std::string text = manifest_to_json(manifest).dump(2) + "\n";
+  // What is committed must load: a state the loader would reject is the caller's mistake.
+  try {
+    parse_manifest(text, manifest_path.string());
+  } catch (const CheckpointError& e) {
+    throw std::invalid_argument(std::string("commit: the training state cannot be saved: ") +
+                                e.what());
+  }
+  checkpoint_io::File file = checkpoint_io::File::create(manifest_path);
+  file.write_all(text.data(), text.size());
+  file.sync();
+  file.close();
+  checkpoint_io::sync_directory(temp_);
+  checkpoint_io::rename_path(temp_, final_);
+  checkpoint_io::sync_directory(dir_);
+  checkpoint_io::write_file_atomically(dir_ / kLatestName, step_folder_name(step_) + "\n");
+  committed_ = true;
+
+  CommitResult result;
+  result.directory = final_;
+  if (options_.keep_last == 0) return result;
+  std::vector<std::pair<int64_t, fs::path>> saved;
+  std::error_code list_error;
+  for (const auto& entry : fs::directory_iterator(dir_, list_error)) {
+    std::error_code type_error;
+    if (const auto step = step_of_folder(entry.path().filename().string(), /*temp=*/false);
+        step && entry.is_directory(type_error))
+      saved.emplace_back(*step, entry.path());
+  }
+  if (list_error)
+    result.warnings.push_back("cannot list " + dir_.string() + ": " + list_error.message());
+  std::error_code ec;
+  std::sort(saved.begin(), saved.end(),
+            [](const auto& a, const auto& b) { return a.first > b.first; });
+  for (size_t i = static_cast<size_t>(options_.keep_last); i < saved.size(); ++i) {
+    if (saved[i].second == final_) continue;  // what `latest` names stays, whatever its step
+    fs::remove_all(saved[i].second, ec);
+    if (ec)
+      result.warnings.push_back("cannot remove old checkpoint " + saved[i].second.string() + ": " +
+                                ec.message());
+    else
+      result.removed.push_back(saved[i].second);
+  }
+  return result;
+}
+
+// ---------------------------------------------------------------------------------- Loader
+
+fs::path resolve_checkpoint_directory(const fs::path& path) {
+  const fs::path p = normalized(path);
+  std::error_code ec;
+  const fs::file_status status = fs::status(p, ec);
+  if (!fs::exists(status))
+    throw CheckpointError("no checkpoint at " + p.string() + ": it does not exist");
+  if (fs::is_regular_file(status)) {
+    // A `latest` file: one line naming a sibling folder.
+    std::string name = checkpoint_io::read_small_file(p, 4096);
+    while (!name.empty() && (name.back() == '\n' || name.back() == '\r' || name.back() == ' '))
+      name.pop_back();
+    if (!step_of_folder(name, /*temp=*/false))
+      throw CheckpointError(p.string() +
+                            " should name a checkpoint folder step_<N>, but it holds " +
+                            in_quotes(name));
+    const fs::path target = p.parent_path() / name;
+    if (!fs::is_directory(target, ec))
+      throw CheckpointError(p.string() + " names " + name + ", but " + target.string() +
+                            " does not exist");
+    return target;
+  }
+  if (!fs::is_directory(status))
+    throw CheckpointError(p.string() + " is neither a checkpoint folder nor a 'latest' file");
+  const std::string name = p.filename().string();
+  if (name.ends_with(".tmp"))
+    throw CheckpointError(p.string() +
+                          " is an unfinished save (it was never committed); open its parent "
+                          "folder to load the newest complete checkpoint");
+  if (fs::exists(p / kManifestName, ec)) return p;
+  if (fs::exists(p / kLatestName, ec)) return resolve_checkpoint_directory(p / kLatestName);
+  throw CheckpointError(p.string() + " holds no checkpoint: it has neither a '" + kLatestName +
+                        "' file nor a " + kManifestName);
+}
+
+Checkpoint open_checkpoint(const fs::path& path) {
+  Checkpoint ckpt;
+  ckpt.dir_ = resolve_checkpoint_directory(path);
+  const fs::path manifest_path = ckpt.dir_ / kManifestName;
+  const std::string manifest_file = manifest_path.string();
+  ckpt.manifest_ = parse_manifest(checkpoint_io::read_small_file(manifest_path, kMaxManifestBytes),
+                                  manifest_file);
+  const CheckpointManifest& m = ckpt.manifest_;
+
+  if (const auto folder_step = step_of_folder(ckpt.dir_.filename().string(), false);
+      folder_step && *folder_step != m.state.step)
+    throw CheckpointError(manifest_file + " is of step " + std::to_string(m.state.step) +
+                          ", but its folder is named for step " + std::to_string(*folder_step));
+
+  // The shards: all those listed, and no others.
+  std::set<std::string> listed;
+  for (const ShardEntry& e : m.shards) listed.insert(e.file);
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(ckpt.dir_, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.ends_with(".safetensors") && !listed.count(name))
+      throw CheckpointError(entry.path().string() + " is present but not listed in " +
+                            manifest_file + ": a shard of another save or layout?");
+  }
+  if (ec)
+    throw CheckpointError("cannot list checkpoint folder " + ckpt.dir_.string() + ": " +
+                          ec.message());
+  for (const ShardEntry& e : m.shards)
+    if (!fs::exists(ckpt.dir_ / e.file, ec))
+      throw CheckpointError((ckpt.dir_ / e.file).string() + " is listed in " + manifest_file +
+                            " but missing");
+
+  std::unordered_map<std::string, int> holder;
+  for (const ShardEntry& e : m.shards) {
+    auto shard = std::make_unique<ShardReader>(ckpt.dir_ / e.file);
+    const std::string file = shard->path().string();
+    if (shard->rank() != e.rank)
+      throw CheckpointError(file + " is the shard of rank " + std::to_string(shard->rank()) +
+                            ", but " + manifest_file + " lists it for rank " +
+                            std::to_string(e.rank));
+    if (shard->step() != m.state.step)
+      throw CheckpointError(file + " holds step " + std::to_string(shard->step()) + ", but " +
+                            manifest_file + " is of step " + std::to_string(m.state.step));
+    if (shard->file_bytes() != e.bytes)
+      throw CheckpointError(file + " has " + std::to_string(shard->file_bytes()) + " bytes, but " +
+                            manifest_file + " says " + std::to_string(e.bytes));
+    if (shard->file_checksum() != e.checksum)
+      throw CheckpointError(file + " has XXH3-64 " + checkpoint_io::hex64(shard->file_checksum()) +
+                            ", but " + manifest_file + " says " + checkpoint_io::hex64(e.checksum) +
+                            ": the file was changed after it was saved");
+    for (size_t i = 0; i < shard->tensors().size(); ++i) {
+      const ShardTensor& t = shard->tensors()[i];
+      if (const auto [it, fresh] = holder.emplace(t.name, e.rank); !fresh)
+        throw CheckpointError(file + " holds tensor " + in_quotes(t.name) + ", which " +
+                              (ckpt.dir_ / m.shards[it->second].file).string() + " holds too");
+      ckpt.tensors_.push_back({t.name, t.dtype, t.shape, t.bytes(), t.checksum, e.rank});
+      ckpt.index_in_shard_.push_back(i);
+    }
+    ckpt.shards_.push_back(std::move(shard));
+  }
+
+  std::vector<size_t> order(ckpt.tensors_.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(),
+            [&](size_t a, size_t b) { return ckpt.tensors_[a].name < ckpt.tensors_[b].name; });
+  std::vector<CheckpointTensor> tensors;
+  std::vector<size_t> index;
+  for (size_t i : order) {
+    tensors.push_back(std::move(ckpt.tensors_[i]));
+    index.push_back(ckpt.index_in_shard_[i]);
+  }
+  ckpt.tensors_ = std::move(tensors);
+  ckpt.index_in_shard_ = std::move(index);
+  return ckpt;
+}
+
+fs::path Checkpoint::shard_path(int rank) const { return dir_ / manifest_.shards.at(rank).file; }
+
+const CheckpointTensor* Checkpoint::find(std::string_view name) const {
+  const auto it =
+      std::lower_bound(tensors_.begin(), tensors_.end(), name,
+                       [](const CheckpointTensor& t, std::string_view n) { return t.name < n; });
+  return it != tensors_.end() && it->name == name ? &*it : nullptr;
+}
+
+const CheckpointTensor& Checkpoint::require(std::string_view name) const {
+  const CheckpointTensor* t = find(name);
+  if (!t)
+    throw CheckpointError(dir_.string() + ": the checkpoint has no tensor " + in_quotes(name));
+  return *t;
+}
+
+void Checkpoint::check_model(std::string_view fingerprint) const {
+  if (fingerprint == manifest_.state.model_fingerprint) return;
+  std::string model = manifest_.state.model.dump();
+  if (model.size() > 200) model = model.substr(0, 200) + "...";
+  throw CheckpointError((dir_ / kManifestName).string() +
+                        " is a checkpoint of another model: its fingerprint is " +
+                        in_quotes(manifest_.state.model_fingerprint) + ", this model's is " +
+                        in_quotes(fingerprint) + " (the checkpoint's model: " + model + ")");
+}
+
+void Checkpoint::check_tensors(const std::vector<TensorSpec>& expected) const {
+  std::set<std::string_view> wanted;
+  for (const TensorSpec& spec : expected) {
+    if (!wanted.insert(spec.name).second)
+      throw std::invalid_argument("check_tensors: tensor " + in_quotes(spec.name) +
+                                  " is expected twice");
+    const CheckpointTensor* t = find(spec.name);
+    if (!t)
+      throw CheckpointError(dir_.string() + ": the checkpoint has no tensor " +
+                            in_quotes(spec.name) + " (" + describe(spec.dtype, spec.shape) +
+                            "), which the model needs");
+    if (t->dtype != spec.dtype || t->shape != spec.shape)
+      throw CheckpointError(shard_path(t->rank).string() + ": tensor " + in_quotes(t->name) +
+                            " is " + describe(t->dtype, t->shape) + ", the model expects " +
+                            describe(spec.dtype, spec.shape));
+  }
+  for (const CheckpointTensor& t : tensors_)
+    if (!wanted.count(t.name))
+      throw CheckpointError(shard_path(t.rank).string() + " holds tensor " + in_quotes(t.name) +
+                            " (" + describe(t.dtype, t.shape) + "), which the model does not have");
+}
+
+std::vector<unsigned char> Checkpoint::read_bytes(std::string_view name) const {
+  const CheckpointTensor& t = require(name);
+  const size_t at = static_cast<size_t>(&t - tensors_.data());
+  const ShardReader& shard = *shards_[t.rank];
+  std::vector<unsigned char> bytes(static_cast<size_t>(t.bytes));
+  shard.read(shard.tensors()[index_in_shard_[at]], bytes.data());
+  return bytes;
+}
+
+void Checkpoint::read(const std::string& name, const Tensor& dst) const {
+  const CheckpointTensor& t = require(name);
+  if (!dst.defined())
+    throw std::invalid_argument("checkpoint read of " + in_quotes(name) +
+                                ": the destination tensor is undefined");
+  if (dst.dtype() != t.dtype || dst.shape() != t.shape)
+    throw CheckpointError(shard_path(t.rank).string() + ": tensor " + in_quotes(name) + " is " +
+                          describe(t.dtype, t.shape) + ", the model expects " +
+                          describe(dst.dtype(), dst.shape()));
+  const std::vector<unsigned char> bytes = read_bytes(name);
+  copy_from_host(dst, bytes.data(), bytes.size());
+}
+
+void Checkpoint::read(const std::vector<NamedTensor>& tensors) const {
+  for (const NamedTensor& t : tensors) read(t.name, t.tensor);
+}
+
+}  // namespace conveyor

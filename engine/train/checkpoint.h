@@ -1,0 +1,135 @@
+#pragma once
+// Distributed checkpoints: one safetensors shard per rank and a JSON manifest per step, laid
+// out in a folder DIR as
+//   DIR/latest           "step_<N>": the newest complete checkpoint, replaced atomically
+//   DIR/step_<N>/        manifest.json and rank_<r>.safetensors for every rank r
+//   DIR/step_<N>.tmp/    a save in progress, or one that failed: removed by the next save
+// A save is complete once `latest` names it; a failed save leaves the previous one intact.
+// Loading checks every file and every checksum before it returns anything, and then reads
+// tensors by global name, so a rank of another stage layout finds its tensors wherever they
+// were saved. docs/checkpoint-format.md describes the format.
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/core/tensor.h"
+#include "engine/train/checkpoint_error.h"
+#include "engine/train/checkpoint_manifest.h"
+#include "engine/train/checkpoint_shard.h"
+
+namespace conveyor {
+
+struct CheckpointWriterOptions {
+  int keep_last = 0;  // after a commit, keep only the newest K checkpoints; 0 keeps them all
+};
+
+struct CommitResult {
+  std::filesystem::path directory;             // DIR/step_<N>
+  std::vector<std::filesystem::path> removed;  // older checkpoints removed (keep_last)
+  std::vector<std::string> warnings;  // removals that failed; the new checkpoint is complete
+};
+
+// One save: construct it, let every rank call write_shard (from its own thread, at the same
+// time), then call commit once. Saves into one DIR must not overlap in time.
+class CheckpointWriter {
+ public:
+  // Creates DIR if needed, removes unfinished saves (step_*.tmp) and makes DIR/step_<N>.tmp/.
+  // Throws CheckpointError when DIR/step_<N> exists already or a folder cannot be made.
+  CheckpointWriter(std::filesystem::path dir, int64_t step, int num_ranks,
+                   CheckpointWriterOptions options = {});
+  ~CheckpointWriter();  // without a commit, removes its .tmp folder
+  CheckpointWriter(const CheckpointWriter&) = delete;
+  CheckpointWriter& operator=(const CheckpointWriter&) = delete;
+
+  static std::string shard_file_name(int rank);  // "rank_<r>.safetensors"
+  const std::filesystem::path& temp_directory() const { return temp_; }
+
+  // Writes and fsyncs rank's shard: `tensors` keyed by global names, on any device (copied to
+  // the host one at a time). Thread-safe across ranks; once per rank.
+  void write_shard(int rank, const std::vector<NamedTensor>& tensors);
+
+  // After every rank has written: writes and fsyncs manifest.json, renames the folder to
+  // DIR/step_<N>, fsyncs DIR, replaces DIR/latest atomically, then removes checkpoints beyond
+  // the newest keep_last. `state.step` must be this save's step.
+  CommitResult commit(const TrainingState& state);
+
+ private:
+  std::filesystem::path dir_, temp_, final_;
+  int64_t step_;
+  int num_ranks_;
+  CheckpointWriterOptions options_;
+  std::mutex mutex_;
+  std::vector<std::optional<ShardFileInfo>> written_;
+  std::vector<bool> started_;
+  bool committed_ = false;
+};
+
+// A tensor as a checkpoint holds it.
+struct CheckpointTensor {
+  std::string name;
+  DType dtype = DType::F32;
+  Shape shape;
+  uint64_t bytes = 0;
+  uint64_t checksum = 0;  // XXH3-64 of the bytes
+  int rank = 0;           // of the shard that holds it
+};
+
+// What a model expects a checkpoint to hold.
+struct TensorSpec {
+  std::string name;
+  DType dtype = DType::F32;
+  Shape shape;
+};
+
+// A checkpoint whose files have all been checked. Reads are thread-safe (one rank per thread).
+class Checkpoint {
+ public:
+  const std::filesystem::path& directory() const { return dir_; }
+  const CheckpointManifest& manifest() const { return manifest_; }
+  const TrainingState& state() const { return manifest_.state; }
+  int64_t step() const { return manifest_.state.step; }
+  const std::vector<CheckpointTensor>& tensors() const { return tensors_; }  // sorted by name
+  const CheckpointTensor* find(std::string_view name) const;                 // null if absent
+  const ShardReader& shard(int rank) const { return *shards_.at(rank); }
+  std::filesystem::path shard_path(int rank) const;
+
+  // Throws CheckpointError unless the checkpoint is of the model with this fingerprint.
+  void check_model(std::string_view fingerprint) const;
+  // Throws CheckpointError unless the checkpoint holds exactly these tensors, with these dtypes
+  // and shapes: names the first one missing, extra or different.
+  void check_tensors(const std::vector<TensorSpec>& expected) const;
+
+  // Reads tensor `name` into `dst` (any device), whose dtype and shape must be the saved ones.
+  // The bytes are checked against the checksum again; on an error `dst` is left unchanged.
+  void read(const std::string& name, const Tensor& dst) const;
+  void read(const std::vector<NamedTensor>& tensors) const;
+  std::vector<unsigned char> read_bytes(std::string_view name) const;
+
+ private:
+  friend Checkpoint open_checkpoint(const std::filesystem::path& path);
+  Checkpoint() = default;
+  const CheckpointTensor& require(std::string_view name) const;
+
+  std::filesystem::path dir_;
+  CheckpointManifest manifest_;
+  std::vector<std::unique_ptr<ShardReader>> shards_;
+  std::vector<CheckpointTensor> tensors_;
+  std::vector<size_t> index_in_shard_;  // parallel to tensors_
+};
+
+// The checkpoint folder `path` names: DIR (through DIR/latest), DIR/latest, or DIR/step_<N>.
+// Throws CheckpointError for anything else, including an unfinished .tmp save.
+std::filesystem::path resolve_checkpoint_directory(const std::filesystem::path& path);
+
+// Opens the checkpoint `path` names and checks all of it: the manifest, that its shards and
+// only those are present, each shard's layout, metadata and checksums, the file sizes and
+// checksums the manifest lists, and the step everywhere. Throws CheckpointError naming the
+// file and the problem.
+Checkpoint open_checkpoint(const std::filesystem::path& path);
+
+}  // namespace conveyor

@@ -1,0 +1,285 @@
+#include "engine/train/checkpoint_manifest.h"
+
+#include <cmath>
+#include <initializer_list>
+#include <limits>
+#include <set>
+#include <stdexcept>
+
+#include "engine/train/checkpoint_error.h"
+
+namespace conveyor {
+namespace {
+
+using checkpoint_io::in_quotes;
+using nlohmann::json;
+
+std::string excerpt(const json& value) {
+  std::string text = value.dump();
+  return text.size() <= 80 ? text : text.substr(0, 80) + "...";
+}
+
+// The fields of one JSON object of the manifest: exactly `names`, each read with its type
+// checked. `where` names the object in messages ("manifest", "shards[1]").
+class Fields {
+ public:
+  Fields(const json& value, std::string where, const std::string& file,
+         std::initializer_list<const char*> names)
+      : value_(value), where_(std::move(where)), file_(file) {
+    if (!value.is_object()) fail("", "is " + excerpt(value) + ", expected an object");
+    for (const auto& [key, _] : value.items()) {
+      bool known = false;
+      for (const char* n : names) known = known || key == n;
+      if (!known) fail("", "has an unknown field " + in_quotes(key));
+    }
+    for (const char* n : names)
+      if (!value.contains(n)) fail("", "has no field '" + std::string(n) + "'");
+  }
+
+  const json& any(const char* key) const { return value_.at(key); }
+
+  int64_t integer(const char* key, int64_t min) const {
+    const json& v = any(key);
+    if (!v.is_number_integer() || v.get<int64_t>() < min ||
+        (v.is_number_unsigned() &&
+         v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())))
+      fail(key, "is " + excerpt(v) + ", expected an integer >= " + std::to_string(min));
+    return v.get<int64_t>();
+  }
+  int small_integer(const char* key, int min) const {
+    const int64_t v = integer(key, min);
+    if (v > std::numeric_limits<int>::max())
+      fail(key, "is " + std::to_string(v) + ", which is too large");
+    return static_cast<int>(v);
+  }
+  uint64_t unsigned_integer(const char* key) const {
+    const json& v = any(key);
+    if (!v.is_number_unsigned())
+      fail(key, "is " + excerpt(v) + ", expected a non-negative integer");
+    return v.get<uint64_t>();
+  }
+  double number(const char* key) const {
+    const json& v = any(key);
+    if (!v.is_number() || !std::isfinite(v.get<double>()))
+      fail(key, "is " + excerpt(v) + ", expected a finite number");
+    return v.get<double>();
+  }
+  std::string string(const char* key) const {
+    const json& v = any(key);
+    if (!v.is_string()) fail(key, "is " + excerpt(v) + ", expected a string");
+    return v.get<std::string>();
+  }
+  const json& array(const char* key) const {
+    const json& v = any(key);
+    if (!v.is_array()) fail(key, "is " + excerpt(v) + ", expected a list");
+    return v;
+  }
+  const json& object(const char* key) const {
+    const json& v = any(key);
+    if (!v.is_object()) fail(key, "is " + excerpt(v) + ", expected an object");
+    return v;
+  }
+  std::string path(const char* key) const { return where_ + "." + key; }
+
+  [[noreturn]] void fail(const std::string& key, const std::string& problem) const {
+    throw CheckpointError(file_ + ": " + (key.empty() ? where_ : where_ + "." + key) + " " +
+                          problem);
+  }
+
+ private:
+  const json& value_;
+  std::string where_;
+  const std::string& file_;
+};
+
+json optimizer_to_json(const OptimizerConfig& o, int64_t steps_taken) {
+  return {{"kind", o.kind},
+          {"lr", o.lr},
+          {"min_lr", o.min_lr},
+          {"warmup_steps", o.warmup_steps},
+          {"beta1", o.beta1},
+          {"beta2", o.beta2},
+          {"eps", o.eps},
+          {"weight_decay", o.weight_decay},
+          {"momentum", o.momentum},
+          {"clip_norm", o.clip_norm},
+          {"steps_taken", steps_taken}};
+}
+
+void parse_optimizer(const json& value, const std::string& file, TrainingState& state) {
+  const Fields f(value, "manifest.optimizer", file,
+                 {"kind", "lr", "min_lr", "warmup_steps", "beta1", "beta2", "eps", "weight_decay",
+                  "momentum", "clip_norm", "steps_taken"});
+  OptimizerConfig& o = state.optimizer;
+  o.kind = f.string("kind");
+  o.lr = f.number("lr");
+  o.min_lr = f.number("min_lr");
+  o.warmup_steps = f.integer("warmup_steps", 0);
+  o.beta1 = f.number("beta1");
+  o.beta2 = f.number("beta2");
+  o.eps = f.number("eps");
+  o.weight_decay = f.number("weight_decay");
+  o.momentum = f.number("momentum");
+  o.clip_norm = f.number("clip_norm");
+  state.optimizer_steps = f.integer("steps_taken", 0);
+  try {
+    o.validate();
+  } catch (const std::invalid_argument& e) {
+    throw CheckpointError(file + ": manifest.optimizer is not a valid configuration (" + e.what() +
+                          ")");
+  }
+}
+
+// Stages 0..S-1 in order, cutting units [0, U) into consecutive ranges, each on a rank that
+// has a shard; every rank holds at least one stage.
+void check_stages(const std::vector<StagePlacement>& stages, size_t num_ranks,
+                  const std::string& file) {
+  if (stages.empty()) throw CheckpointError(file + ": manifest.stages is empty");
+  std::vector<bool> rank_used(num_ranks, false);
+  int64_t next_unit = 0;
+  for (size_t s = 0; s < stages.size(); ++s) {
+    const StagePlacement& p = stages[s];
+    const std::string where = file + ": manifest.stages[" + std::to_string(s) + "]";
+    if (p.stage != static_cast<int>(s))
+      throw CheckpointError(where + " is stage " + std::to_string(p.stage) + ", expected stage " +
+                            std::to_string(s) + " (stages are listed in order)");
+    if (static_cast<size_t>(p.rank) >= num_ranks)
+      throw CheckpointError(where + " runs on rank " + std::to_string(p.rank) + ", but there are " +
+                            std::to_string(num_ranks) + " shards");
+    if (p.unit_begin != next_unit || p.unit_end <= p.unit_begin)
+      throw CheckpointError(where + " holds units [" + std::to_string(p.unit_begin) + ", " +
+                            std::to_string(p.unit_end) +
+                            "), expected a non-empty range from unit " + std::to_string(next_unit) +
+                            " (stages cut the units in order)");
+    rank_used[p.rank] = true;
+    next_unit = p.unit_end;
+  }
+  for (size_t r = 0; r < num_ranks; ++r)
+    if (!rank_used[r])
+      throw CheckpointError(file + ": manifest.stages place no stage on rank " + std::to_string(r) +
+                            ", which has a shard");
+}
+
+}  // namespace
+
+void check_shard_file_name(const std::string& name, const std::string& file) {
+  const std::string suffix = ".safetensors";
+  bool ok = name.size() > suffix.size() && name.ends_with(suffix) && name.front() != '.' &&
+            name.size() <= 255;
+  for (char c : name)
+    ok = ok && ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                c == '.' || c == '_' || c == '-');
+  if (!ok)
+    throw CheckpointError(file + ": shard file name " + in_quotes(name) +
+                          " is not a plain file name ending in .safetensors (letters, digits, "
+                          "'.', '_', '-')");
+}
+
+json manifest_to_json(const CheckpointManifest& m) {
+  const TrainingState& s = m.state;
+  json stages = json::array();
+  for (const StagePlacement& p : s.stages)
+    stages.push_back({{"stage", p.stage}, {"rank", p.rank}, {"units", {p.unit_begin, p.unit_end}}});
+  json shards = json::array();
+  for (const ShardEntry& e : m.shards)
+    shards.push_back({{"rank", e.rank},
+                      {"file", e.file},
+                      {"bytes", e.bytes},
+                      {"xxh3_64", checkpoint_io::hex64(e.checksum)}});
+  return {
+      {"format", "conveyor"},
+      {"format_version", m.format_version},
+      {"step", s.step},
+      {"model", s.model},
+      {"model_fingerprint", s.model_fingerprint},
+      {"stages", stages},
+      {"schedule", {{"name", s.schedule}, {"microbatches", s.microbatches}}},
+      {"optimizer", optimizer_to_json(s.optimizer, s.optimizer_steps)},
+      {"lr_schedule", {{"step", s.lr_schedule.step}, {"total_steps", s.lr_schedule.total_steps}}},
+      {"data", {{"source", s.data.source}, {"position", s.data.position}}},
+      {"rng", s.rng},
+      {"shards", shards}};
+}
+
+CheckpointManifest parse_manifest(std::string_view text, const std::string& file) {
+  const json root = checkpoint_io::parse_json_strictly(text, file);
+  if (!root.is_object()) throw CheckpointError(file + ": the manifest is not a JSON object");
+  // The format and its version first: the other fields are those of that version.
+  if (!root.contains("format") || root["format"] != "conveyor")
+    throw CheckpointError(file +
+                          ": no \"format\": \"conveyor\": not a Conveyor checkpoint manifest");
+  const json& version = root.contains("format_version") ? root["format_version"] : json();
+  if (!version.is_number_integer() || version.get<int64_t>() != kCheckpointFormatVersion)
+    throw CheckpointError(file + ": unknown format version " + excerpt(version) +
+                          " (this build reads version " + std::to_string(kCheckpointFormatVersion) +
+                          ")");
+
+  const Fields f(root, "manifest", file,
+                 {"format", "format_version", "step", "model", "model_fingerprint", "stages",
+                  "schedule", "optimizer", "lr_schedule", "data", "rng", "shards"});
+  CheckpointManifest m;
+  m.format_version = kCheckpointFormatVersion;
+  TrainingState& s = m.state;
+  s.step = f.integer("step", 0);
+  s.model = f.object("model");
+  s.model_fingerprint = f.string("model_fingerprint");
+  if (s.model_fingerprint.empty()) f.fail("model_fingerprint", "is empty");
+  s.rng = f.any("rng");
+
+  const Fields schedule(f.object("schedule"), "manifest.schedule", file, {"name", "microbatches"});
+  s.schedule = schedule.string("name");
+  s.microbatches = schedule.integer("microbatches", 1);
+
+  parse_optimizer(f.object("optimizer"), file, s);
+
+  const Fields lr(f.object("lr_schedule"), "manifest.lr_schedule", file, {"step", "total_steps"});
+  s.lr_schedule.step = lr.integer("step", 0);
+  s.lr_schedule.total_steps = lr.integer("total_steps", 0);
+
+  const Fields data(f.object("data"), "manifest.data", file, {"source", "position"});
+  s.data.source = data.string("source");
+  s.data.position = data.unsigned_integer("position");
+
+  const json& shards = f.array("shards");
+  if (shards.empty()) f.fail("shards", "is empty: a checkpoint has at least one shard");
+  std::set<std::string> names;
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const std::string where = "manifest.shards[" + std::to_string(i) + "]";
+    const Fields e(shards[i], where, file, {"rank", "file", "bytes", "xxh3_64"});
+    ShardEntry entry;
+    entry.rank = e.small_integer("rank", 0);
+    if (entry.rank != static_cast<int>(i))
+      e.fail("rank", "is " + std::to_string(entry.rank) + ", expected " + std::to_string(i) +
+                         " (shards are listed by rank, one per rank)");
+    entry.file = e.string("file");
+    check_shard_file_name(entry.file, file);
+    if (!names.insert(entry.file).second)
+      e.fail("file", "is " + in_quotes(entry.file) + ", which another shard also names");
+    entry.bytes = e.unsigned_integer("bytes");
+    const auto checksum = checkpoint_io::parse_hex64(e.string("xxh3_64"));
+    if (!checksum)
+      e.fail("xxh3_64", "is " + excerpt(e.any("xxh3_64")) + ", expected 16 hex digits");
+    entry.checksum = *checksum;
+    m.shards.push_back(entry);
+  }
+
+  const json& stages = f.array("stages");
+  for (size_t i = 0; i < stages.size(); ++i) {
+    const Fields p(stages[i], "manifest.stages[" + std::to_string(i) + "]", file,
+                   {"stage", "rank", "units"});
+    StagePlacement placement;
+    placement.stage = p.small_integer("stage", 0);
+    placement.rank = p.small_integer("rank", 0);
+    const json& units = p.array("units");
+    if (units.size() != 2 || !units[0].is_number_unsigned() || !units[1].is_number_unsigned() ||
+        units[1].get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+      p.fail("units", "is " + excerpt(units) + ", expected [first unit, one past the last]");
+    placement.unit_begin = units[0].get<int64_t>();
+    placement.unit_end = units[1].get<int64_t>();
+    s.stages.push_back(placement);
+  }
+  check_stages(s.stages, m.shards.size(), file);
+  return m;
+}
+
+}  // namespace conveyor

@@ -1,0 +1,73 @@
+#pragma once
+// The manifest of a checkpoint (manifest.json in its folder): what the shards hold and what
+// the trainer needs besides tensors to resume exactly. docs/checkpoint-format.md shows it.
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/pipeline/optimizer.h"
+#include "engine/train/checkpoint_shard.h"
+
+namespace conveyor {
+
+// Stage `stage` holds model units [unit_begin, unit_end) and runs on rank `rank`.
+struct StagePlacement {
+  int stage = 0;
+  int rank = 0;
+  int64_t unit_begin = 0;
+  int64_t unit_end = 0;
+  bool operator==(const StagePlacement&) const = default;
+};
+
+// Where the learning-rate schedule stands: learning_rate(config, step, total_steps).
+struct LrSchedulePosition {
+  int64_t step = 0;
+  int64_t total_steps = 0;
+};
+
+// Where the token source stands (TokenSource::describe() and position()).
+struct DataPosition {
+  std::string source;
+  uint64_t position = 0;
+};
+
+// Everything a checkpoint records besides the tensors.
+struct TrainingState {
+  int64_t step = 0;                                 // optimizer steps completed
+  nlohmann::json model = nlohmann::json::object();  // a description, e.g. the preset's fields
+  std::string model_fingerprint;                    // equal fingerprints: the same model
+  std::vector<StagePlacement> stages;               // model units -> stage -> rank, by stage
+  std::string schedule;                             // e.g. "1f1b", or a schedule file
+  int64_t microbatches = 1;
+  OptimizerConfig optimizer;    // kind and hyper-parameters
+  int64_t optimizer_steps = 0;  // Optimizer::steps_taken()
+  LrSchedulePosition lr_schedule;
+  DataPosition data;
+  nlohmann::json rng = nlohmann::json::object();  // the caller's, kept as it is
+};
+
+// A shard as the manifest lists it.
+struct ShardEntry {
+  int rank = 0;
+  std::string file;  // a plain file name in the checkpoint's folder
+  uint64_t bytes = 0;
+  uint64_t checksum = 0;  // XXH3-64 of the whole file
+};
+
+struct CheckpointManifest {
+  int format_version = kCheckpointFormatVersion;
+  TrainingState state;
+  std::vector<ShardEntry> shards;  // shards[r] is rank r's
+};
+
+nlohmann::json manifest_to_json(const CheckpointManifest& manifest);
+// Parses the text of `file` and checks every field: types, ranges, the stage map against the
+// shards, the format version. Throws CheckpointError naming the file and the field.
+CheckpointManifest parse_manifest(std::string_view text, const std::string& file);
+// Throws CheckpointError unless `name` is a shard file name the format allows:
+// letters, digits, '.', '_', '-', not starting with '.', ending in ".safetensors".
+void check_shard_file_name(const std::string& name, const std::string& file);
+
+}  // namespace conveyor

@@ -1,0 +1,76 @@
+#include "engine/train/checkpoint_model.h"
+
+#include <stdexcept>
+
+#include "engine/train/checkpoint_io.h"
+
+namespace conveyor {
+
+std::vector<std::string> optimizer_state_names(const std::string& kind,
+                                               const std::string& parameter) {
+  if (kind == "adamw") return {"optimizer.m." + parameter, "optimizer.v." + parameter};
+  if (kind == "sgd") return {"optimizer.momentum." + parameter};
+  throw std::invalid_argument("optimizer kind must be adamw or sgd, got '" + kind + "'");
+}
+
+std::vector<NamedTensor> checkpoint_tensors(Optimizer& optimizer) {
+  std::vector<NamedTensor> out;
+  const auto& params = optimizer.parameters();
+  for (Parameter* p : params) out.push_back({p->name, p->value});
+  const std::vector<Tensor>& state = optimizer.state();
+  const size_t per_parameter = params.empty() ? 0 : state.size() / params.size();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const auto names = optimizer_state_names(optimizer.config().kind, params[i]->name);
+    if (names.size() != per_parameter)
+      throw std::logic_error("optimizer " + optimizer.config().kind + " holds " +
+                             std::to_string(state.size()) + " state tensors for " +
+                             std::to_string(params.size()) + " parameters");
+    for (size_t k = 0; k < names.size(); ++k)
+      out.push_back({names[k], state[i * per_parameter + k]});
+  }
+  return out;
+}
+
+std::vector<NamedTensor> rank_checkpoint_tensors(PipelineExecutor& executor, int rank) {
+  return checkpoint_tensors(executor.optimizer(rank));
+}
+
+std::vector<TensorSpec> checkpoint_tensor_specs(PipelineExecutor& executor) {
+  std::vector<TensorSpec> out;
+  for (int r = 0; r < executor.num_ranks(); ++r)
+    for (const NamedTensor& t : rank_checkpoint_tensors(executor, r))
+      out.push_back({t.name, t.tensor.dtype(), t.tensor.shape()});
+  return out;
+}
+
+void load_rank_checkpoint(const Checkpoint& checkpoint, PipelineExecutor& executor, int rank) {
+  checkpoint.read(rank_checkpoint_tensors(executor, rank));
+  executor.optimizer(rank).set_steps_taken(checkpoint.state().optimizer_steps);
+}
+
+std::vector<StagePlacement> stage_placements(const schedule::Schedule& schedule,
+                                             const std::vector<StageRange>& ranges) {
+  if (static_cast<int>(ranges.size()) != schedule.num_stages())
+    throw std::invalid_argument("stage_placements: " + std::to_string(ranges.size()) +
+                                " unit ranges for a schedule of " +
+                                std::to_string(schedule.num_stages()) + " stages");
+  std::vector<StagePlacement> out;
+  for (int s = 0; s < schedule.num_stages(); ++s)
+    out.push_back({s, schedule.placement.rank_of(s), ranges[s].begin, ranges[s].end});
+  return out;
+}
+
+nlohmann::json describe_model(const ModelConfig& model) {
+  return {{"preset", model.preset},     {"d_model", model.d_model},
+          {"n_layers", model.n_layers}, {"vocab", model.vocab},
+          {"hidden", model.hidden},     {"activation", ops::activation_name(model.activation)},
+          {"ln_eps", model.ln_eps}};
+}
+
+std::string model_fingerprint(const nlohmann::json& description) {
+  const std::string canonical = description.dump();  // object keys are sorted
+  return "xxh3_64:" +
+         checkpoint_io::hex64(checkpoint_io::xxh3_64(canonical.data(), canonical.size()));
+}
+
+}  // namespace conveyor

@@ -1,0 +1,45 @@
+#pragma once
+// What a training run checkpoints, in the pipeline's terms: every rank's parameters and
+// optimizer state under global names, the stage map, and the model's description and
+// fingerprint. Names never mention a stage or a rank, so a checkpoint loads into any layout:
+//   <parameter>                              its value, e.g. "blocks.3.fc1.weight"
+//   optimizer.m.<parameter>, .v.<parameter>  AdamW's first and second moments
+//   optimizer.momentum.<parameter>           SGD's momentum
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "engine/pipeline/executor.h"
+#include "engine/pipeline/optimizer.h"
+#include "engine/pipeline/partition.h"
+#include "engine/schedule/schedule.h"
+#include "engine/train/checkpoint.h"
+#include "layers/model.h"
+
+namespace conveyor {
+
+// Names of the optimizer state of `parameter`, in Optimizer::state() order.
+std::vector<std::string> optimizer_state_names(const std::string& kind,
+                                               const std::string& parameter);
+
+// What a rank's shard holds: the optimizer's parameters (values), then its state. The tensors
+// are the live ones (no copies): write them while the rank is idle, or read into them.
+std::vector<NamedTensor> checkpoint_tensors(Optimizer& optimizer);
+std::vector<NamedTensor> rank_checkpoint_tensors(PipelineExecutor& executor, int rank);
+// Every tensor a checkpoint of this executor's model holds, over all ranks (for
+// Checkpoint::check_tensors, which then tells a missing, extra or misshapen one).
+std::vector<TensorSpec> checkpoint_tensor_specs(PipelineExecutor& executor);
+// Reads rank's tensors from `checkpoint` (wherever they were saved) and sets its optimizer's
+// step count. Callable from the rank's thread.
+void load_rank_checkpoint(const Checkpoint& checkpoint, PipelineExecutor& executor, int rank);
+
+// The stage map of a schedule and the unit ranges of its stages.
+std::vector<StagePlacement> stage_placements(const schedule::Schedule& schedule,
+                                             const std::vector<StageRange>& ranges);
+
+// A description of the reference model (every field of its config), and the fingerprint of
+// any description: XXH3-64 of its canonical JSON (sorted keys), so equal models match.
+nlohmann::json describe_model(const ModelConfig& model);
+std::string model_fingerprint(const nlohmann::json& description);
+
+}  // namespace conveyor

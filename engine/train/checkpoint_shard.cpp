@@ -1,0 +1,194 @@
+#include "engine/train/checkpoint_shard.h"
+
+#include <algorithm>
+#include <charconv>
+#include <map>
+#include <stdexcept>
+#include <unordered_map>
+
+#include "engine/train/checkpoint_error.h"
+
+namespace conveyor {
+namespace {
+
+using checkpoint_io::in_quotes;
+
+constexpr const char* kChecksumPrefix = "xxh3_64:";
+constexpr size_t kReadChunk = size_t{4} << 20;
+
+// The bytes of a tensor on the host: its own memory on the CPU, a copy of a device tensor.
+class HostBytes {
+ public:
+  explicit HostBytes(const Tensor& t) {
+    if (t.device().is_cpu()) {
+      data_ = t.raw();
+    } else {
+      staging_.resize(t.nbytes());
+      copy_to_host(staging_.data(), t, t.nbytes());
+      data_ = staging_.data();
+    }
+    size_ = t.nbytes();
+  }
+  const void* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  std::vector<unsigned char> staging_;
+  const void* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+// A non-negative decimal integer written by this format: digits only, no sign, no spaces.
+template <class Int>
+bool parse_decimal(const std::string& text, Int& value) {
+  if (text.empty() || text.size() > 19) return false;
+  for (char c : text)
+    if (c < '0' || c > '9') return false;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  return error == std::errc() && end == text.data() + text.size();
+}
+
+}  // namespace
+
+ShardFileInfo write_shard_file(const std::filesystem::path& path, int64_t step, int rank,
+                               const std::vector<NamedTensor>& tensors) {
+  std::vector<SafetensorsEntry> entries;
+  std::vector<uint64_t> checksums;
+  std::map<std::string, std::string> metadata = {
+      {"format", "conveyor"},
+      {"format_version", std::to_string(kCheckpointFormatVersion)},
+      {"step", std::to_string(step)},
+      {"rank", std::to_string(rank)}};
+  for (const NamedTensor& t : tensors) {
+    if (!t.tensor.defined())
+      throw std::invalid_argument("checkpoint: tensor " + in_quotes(t.name) + " of rank " +
+                                  std::to_string(rank) + " is undefined (has no storage)");
+    entries.push_back({t.name, t.tensor.dtype(), t.tensor.shape()});
+    const HostBytes bytes(t.tensor);
+    checksums.push_back(checkpoint_io::xxh3_64(bytes.data(), bytes.size()));
+    metadata[kChecksumPrefix + t.name] = checkpoint_io::hex64(checksums.back());
+  }
+  const std::string header = encode_safetensors_header(entries, metadata);
+
+  checkpoint_io::File file = checkpoint_io::File::create(path);
+  checkpoint_io::Xxh3Stream file_hash;
+  file.write_all(header.data(), header.size());
+  file_hash.update(header.data(), header.size());
+  uint64_t total = header.size();
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const HostBytes bytes(tensors[i].tensor);
+    if (checkpoint_io::xxh3_64(bytes.data(), bytes.size()) != checksums[i])
+      throw CheckpointError("tensor " + in_quotes(tensors[i].name) + " changed while " +
+                            path.string() +
+                            " was being written; tensors must not be updated during a save");
+    file.write_all(bytes.data(), bytes.size());
+    file_hash.update(bytes.data(), bytes.size());
+    total += bytes.size();
+  }
+  file.sync();
+  file.close();
+  return {total, file_hash.digest()};
+}
+
+ShardReader::ShardReader(const std::filesystem::path& path)
+    : file_(checkpoint_io::File::open_for_reading(path)) {
+  const std::string name = path.string();
+  auto check_metadata = [&](const std::map<std::string, std::string>& metadata) {
+    auto entry = [&](const char* key) -> const std::string& {
+      const auto it = metadata.find(key);
+      if (it == metadata.end())
+        throw CheckpointError(name + ": the metadata has no " + in_quotes(key) +
+                              " entry: not a Conveyor checkpoint shard");
+      return it->second;
+    };
+    if (entry("format") != "conveyor")
+      throw CheckpointError(name + ": the metadata names format " + in_quotes(entry("format")) +
+                            ", expected 'conveyor': not a Conveyor checkpoint shard");
+    const std::string& version = entry("format_version");
+    if (version != std::to_string(kCheckpointFormatVersion))
+      throw CheckpointError(name + ": unknown format version " + in_quotes(version) +
+                            " (this build reads version " +
+                            std::to_string(kCheckpointFormatVersion) + ")");
+    if (!parse_decimal(entry("step"), step_))
+      throw CheckpointError(name + ": the metadata's step " + in_quotes(entry("step")) +
+                            " is not a non-negative integer");
+    if (!parse_decimal(entry("rank"), rank_))
+      throw CheckpointError(name + ": the metadata's rank " + in_quotes(entry("rank")) +
+                            " is not a non-negative integer");
+  };
+  SafetensorsHeader header = read_safetensors_header(file_, check_metadata);
+  file_bytes_ = file_.size();
+  data_start_ = header.data_start;
+
+  std::unordered_map<std::string, size_t> index;
+  for (SafetensorsEntry& e : header.tensors) {
+    index.emplace(e.name, tensors_.size());
+    tensors_.push_back({std::move(e), 0});
+  }
+  std::vector<bool> has_checksum(tensors_.size(), false);
+  for (const auto& [key, value] : header.metadata) {
+    if (key == "format" || key == "format_version" || key == "step" || key == "rank") continue;
+    if (!key.starts_with(kChecksumPrefix))
+      throw CheckpointError(name + ": unknown metadata entry " + in_quotes(key) +
+                            " (format version " + std::to_string(kCheckpointFormatVersion) +
+                            " has format, format_version, step, rank and xxh3_64:<tensor>)");
+    const std::string tensor = key.substr(std::char_traits<char>::length(kChecksumPrefix));
+    const auto it = index.find(tensor);
+    if (it == index.end())
+      throw CheckpointError(name + ": the metadata has a checksum for tensor " + in_quotes(tensor) +
+                            ", which the file does not hold");
+    const auto checksum = checkpoint_io::parse_hex64(value);
+    if (!checksum)
+      throw CheckpointError(name + ": the checksum of tensor " + in_quotes(tensor) + " is " +
+                            in_quotes(value) + ", expected 16 hex digits");
+    tensors_[it->second].checksum = *checksum;
+    has_checksum[it->second] = true;
+  }
+  for (size_t i = 0; i < tensors_.size(); ++i)
+    if (!has_checksum[i])
+      throw CheckpointError(name + ": tensor " + in_quotes(tensors_[i].name) +
+                            " has no checksum in the metadata (xxh3_64:" + tensors_[i].name + ")");
+  verify_data(header.data_start);
+}
+
+void ShardReader::verify_data(uint64_t data_start) {
+  // The tensors tile the data section in order, so hashing them one after another reads the
+  // whole file once, front to back.
+  std::vector<unsigned char> buffer(
+      static_cast<size_t>(std::min<uint64_t>(kReadChunk, std::max<uint64_t>(data_start, 1))));
+  checkpoint_io::Xxh3Stream file_hash;
+  auto hash_range = [&](uint64_t begin, uint64_t end, checkpoint_io::Xxh3Stream* tensor_hash) {
+    for (uint64_t pos = begin; pos < end;) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(end - pos, kReadChunk));
+      if (buffer.size() < n) buffer.resize(n);
+      file_.read_exactly_at(buffer.data(), n, pos);
+      file_hash.update(buffer.data(), n);
+      if (tensor_hash) tensor_hash->update(buffer.data(), n);
+      pos += n;
+    }
+  };
+  hash_range(0, data_start, nullptr);
+  for (const ShardTensor& t : tensors_) {
+    checkpoint_io::Xxh3Stream tensor_hash;
+    hash_range(data_start + t.begin, data_start + t.end, &tensor_hash);
+    const uint64_t actual = tensor_hash.digest();
+    if (actual != t.checksum)
+      throw CheckpointError(path().string() + ": checksum mismatch in tensor " + in_quotes(t.name) +
+                            ": its bytes hash to " + checkpoint_io::hex64(actual) +
+                            ", the metadata says " + checkpoint_io::hex64(t.checksum) +
+                            ": the data is corrupt");
+  }
+  file_checksum_ = file_hash.digest();
+}
+
+void ShardReader::read(const ShardTensor& tensor, void* dst) const {
+  file_.read_exactly_at(dst, static_cast<size_t>(tensor.bytes()), data_start_ + tensor.begin);
+  const uint64_t actual = checkpoint_io::xxh3_64(dst, static_cast<size_t>(tensor.bytes()));
+  if (actual != tensor.checksum)
+    throw CheckpointError(path().string() + ": checksum mismatch in tensor " +
+                          in_quotes(tensor.name) + " (hashes to " + checkpoint_io::hex64(actual) +
+                          ", the metadata says " + checkpoint_io::hex64(tensor.checksum) +
+                          "): the file changed after it was verified");
+}
+
+}  // namespace conveyor

@@ -1,0 +1,73 @@
+#pragma once
+// One checkpoint shard: the tensors of one rank, keyed by global names, in the safetensors
+// layout, with this metadata (all values are strings, as safetensors requires):
+//   "format": "conveyor", "format_version": "1", "step": "<N>", "rank": "<r>",
+//   "xxh3_64:<tensor name>": "<16 hex digits>"   one per tensor: XXH3-64 of its bytes
+// docs/checkpoint-format.md describes the whole checkpoint.
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "engine/core/tensor.h"
+#include "engine/train/checkpoint_io.h"
+#include "engine/train/safetensors.h"
+
+namespace conveyor {
+
+inline constexpr int kCheckpointFormatVersion = 1;
+
+// A tensor and the global name it is saved under (e.g. "blocks.3.fc1.weight").
+struct NamedTensor {
+  std::string name;
+  Tensor tensor;
+};
+
+// Size and XXH3-64 of a whole shard file.
+struct ShardFileInfo {
+  uint64_t bytes = 0;
+  uint64_t checksum = 0;
+};
+
+// Writes `tensors` (on any device; a device tensor is copied to the host one at a time) as the
+// shard of `rank` at `step` to `path`, then fsyncs it. The tensors must not change meanwhile
+// (their checksums are taken before the data is written; a change throws). I/O errors throw a
+// CheckpointError naming the file; bad names throw std::invalid_argument.
+ShardFileInfo write_shard_file(const std::filesystem::path& path, int64_t step, int rank,
+                               const std::vector<NamedTensor>& tensors);
+
+struct ShardTensor : SafetensorsEntry {
+  uint64_t checksum = 0;  // XXH3-64 of the bytes, from the metadata
+};
+
+// An open shard whose every byte has been checked: the layout, the metadata and every
+// checksum (of each tensor, and of the whole file for the manifest to compare). Reads are
+// thread-safe.
+class ShardReader {
+ public:
+  explicit ShardReader(const std::filesystem::path& path);  // throws CheckpointError
+
+  const std::filesystem::path& path() const { return file_.path(); }
+  int64_t step() const { return step_; }
+  int rank() const { return rank_; }
+  uint64_t file_bytes() const { return file_bytes_; }
+  uint64_t file_checksum() const { return file_checksum_; }
+  const std::vector<ShardTensor>& tensors() const { return tensors_; }  // in data order
+
+  // Reads the bytes of `tensor` (one of tensors()) into `dst` and checks them again, so that
+  // a file changed since it was opened is caught rather than loaded.
+  void read(const ShardTensor& tensor, void* dst) const;
+
+ private:
+  void verify_data(uint64_t data_start);
+
+  checkpoint_io::File file_;
+  int64_t step_ = 0;
+  int rank_ = 0;
+  uint64_t file_bytes_ = 0;
+  uint64_t file_checksum_ = 0;
+  uint64_t data_start_ = 0;
+  std::vector<ShardTensor> tensors_;
+};
+
+}  // namespace conveyor

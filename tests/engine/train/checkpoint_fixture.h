@@ -1,0 +1,199 @@
+#pragma once
+// What the checkpoint tests share: a temporary folder, seeded random tensors of every dtype,
+// a small two-rank checkpoint with a complete training state, and raw file surgery (replace
+// a shard's header, make the manifest agree with an edited shard) to build bad inputs.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <initializer_list>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "engine/core/device_context.h"
+#include "engine/train/checkpoint.h"
+#include "engine/train/checkpoint_io.h"
+#include "support/test_util.h"
+
+namespace conveyor::testing {
+
+namespace fs = std::filesystem;
+
+// A fresh folder, removed with everything in it at the end of the test; under `base`, the
+// system's temporary folder by default.
+class TempDir {
+ public:
+  explicit TempDir(const fs::path& base = fs::temp_directory_path()) {
+    static std::atomic<int> counter{0};
+    path_ =
+        base / ("conveyor_ckpt_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const fs::path& path() const { return path_; }
+  fs::path operator/(const std::string& name) const { return path_ / name; }
+
+ private:
+  fs::path path_;
+};
+
+inline DeviceContext& cpu_context() {
+  static DeviceContext ctx(Device::cpu());
+  return ctx;
+}
+
+// A CPU tensor of random values (never zeros) drawn from `seed`.
+inline Tensor random_tensor(DType dtype, const Shape& shape, uint64_t seed) {
+  Tensor t = cpu_context().empty(shape, dtype);
+  const auto n = static_cast<size_t>(t.numel());
+  if (dtype == DType::I32) {
+    const auto v = random_ints(n, seed, -1000000, 1000000);
+    copy_from_host(t, v.data(), t.nbytes());
+  } else if (dtype == DType::BF16) {
+    const auto f = random_floats(n, seed);
+    std::vector<uint16_t> v(n);
+    for (size_t i = 0; i < n; ++i) v[i] = float_to_bf16(f[i]);
+    copy_from_host(t, v.data(), t.nbytes());
+  } else {
+    const auto v = random_floats(n, seed);
+    copy_from_host(t, v.data(), t.nbytes());
+  }
+  return t;
+}
+
+inline std::vector<unsigned char> tensor_bytes(const Tensor& t) {
+  std::vector<unsigned char> out(t.nbytes());
+  copy_to_host(out.data(), t, out.size());
+  return out;
+}
+
+// The tensors of rank `rank` of the demo checkpoint: parameters and optimizer state of two
+// blocks, a bf16 and an i32 tensor, a scalar and an empty tensor.
+inline std::vector<NamedTensor> demo_tensors(int rank, uint64_t seed = 1) {
+  const std::string b = "blocks." + std::to_string(rank);
+  uint64_t s = seed * 100 + static_cast<uint64_t>(rank) * 10;
+  return {{b + ".fc1.weight", random_tensor(DType::F32, {6, 4}, s++)},
+          {b + ".fc1.bias", random_tensor(DType::F32, {6}, s++)},
+          {"optimizer.m." + b + ".fc1.weight", random_tensor(DType::F32, {6, 4}, s++)},
+          {"optimizer.v." + b + ".fc1.weight", random_tensor(DType::F32, {6, 4}, s++)},
+          {b + ".gain.bf16", random_tensor(DType::BF16, {3, 5}, s++)},
+          {b + ".counts", random_tensor(DType::I32, {7}, s++)},
+          {b + ".scale", random_tensor(DType::F32, {}, s++)},
+          {b + ".empty", random_tensor(DType::F32, {0, 3}, s++)}};
+}
+
+inline TrainingState demo_state(int64_t step, int num_ranks) {
+  TrainingState s;
+  s.step = step;
+  s.model = {{"preset", "demo"}, {"d_model", 4}, {"n_layers", num_ranks}};
+  s.model_fingerprint = "xxh3_64:0123456789abcdef";
+  for (int r = 0; r < num_ranks; ++r) s.stages.push_back({r, r, r, r + 1});
+  s.schedule = "1f1b";
+  s.microbatches = 4;
+  s.optimizer.kind = "adamw";
+  s.optimizer.lr = 0.1 / 3;  // not a short decimal: doubles must survive exactly
+  s.optimizer_steps = step;
+  s.lr_schedule = {step, 200};
+  s.data = {"Markov chain (vocab 19)", (uint64_t{1} << 63) + 12345};
+  s.rng = {{"philox", {{"seed", 17}, {"counter", "18446744073709551615"}}}};
+  return s;
+}
+
+// Saves the demo checkpoint of `step` into `dir` and returns its folder.
+inline fs::path save_demo(const fs::path& dir, int64_t step, int num_ranks = 2,
+                          CheckpointWriterOptions options = {}) {
+  CheckpointWriter writer(dir, step, num_ranks, options);
+  for (int r = 0; r < num_ranks; ++r) writer.write_shard(r, demo_tensors(r, step));
+  return writer.commit(demo_state(step, num_ranks)).directory;
+}
+
+inline std::string read_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+inline void write_file(const fs::path& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+// A safetensors file made of a header length, `header` and `data`, exactly as given.
+inline std::string raw_safetensors(const std::string& header, const std::string& data) {
+  std::string out(8, '\0');
+  const uint64_t n = header.size();
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>(n >> (8 * i) & 0xff);
+  return out + header + data;
+}
+
+// The header JSON text and the data of a safetensors file.
+inline std::pair<std::string, std::string> split_safetensors(const std::string& file) {
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = n << 8 | static_cast<unsigned char>(file[i]);
+  return {file.substr(8, n), file.substr(8 + n)};
+}
+
+// Replaces the header of the shard at `path` by `edit(header)` and keeps its data.
+template <class Edit>
+void edit_shard_header(const fs::path& path, Edit edit) {
+  auto [header, data] = split_safetensors(read_file(path));
+  nlohmann::json json = nlohmann::json::parse(header);
+  edit(json);
+  write_file(path, raw_safetensors(json.dump(), data));
+}
+
+// Makes manifest.json of `folder` list the present sizes and checksums of its shards, so a
+// test of a bad shard meets the shard's own checks rather than the manifest's.
+inline void match_manifest_to_shards(const fs::path& folder) {
+  nlohmann::json m = nlohmann::json::parse(read_file(folder / "manifest.json"));
+  for (auto& shard : m["shards"]) {
+    const std::string bytes = read_file(folder / shard["file"].get<std::string>());
+    shard["bytes"] = bytes.size();
+    shard["xxh3_64"] = checkpoint_io::hex64(checkpoint_io::xxh3_64(bytes.data(), bytes.size()));
+  }
+  write_file(folder / "manifest.json", m.dump(2));
+}
+
+// Edits manifest.json of `folder` as JSON.
+template <class Edit>
+void edit_manifest(const fs::path& folder, Edit edit) {
+  nlohmann::json m = nlohmann::json::parse(read_file(folder / "manifest.json"));
+  edit(m);
+  write_file(folder / "manifest.json", m.dump(2));
+}
+
+// The message of the CheckpointError `f` throws, or a failure when it throws none (or
+// another exception).
+template <class F>
+std::string checkpoint_error_of(F f) {
+  try {
+    f();
+  } catch (const CheckpointError& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "expected a CheckpointError, got another exception: " << e.what();
+    return "";
+  }
+  ADD_FAILURE() << "expected a CheckpointError, got none";
+  return "";
+}
+
+}  // namespace conveyor::testing
+
+// The CheckpointError of `statement` mentions every one of the given substrings.
+#define EXPECT_CHECKPOINT_ERROR(statement, ...)                                                \
+  do {                                                                                         \
+    const std::string message_ = ::conveyor::testing::checkpoint_error_of([&] { statement; }); \
+    for (const std::string& part_ : std::initializer_list<std::string>{__VA_ARGS__})           \
+      EXPECT_NE(message_.find(part_), std::string::npos)                                       \
+          << "the error does not mention \"" << part_ << "\": " << message_;                   \
+  } while (0)

@@ -1,0 +1,346 @@
+// Loading: the paths that name a checkpoint, every check of the manifest and of the shards
+// against it, the model and tensor checks, reads that verify again, and re-partitioning:
+// a checkpoint of one stage layout loads into another and training goes on bitwise.
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "engine/schedule/generators.h"
+#include "engine/train/checkpoint_model.h"
+#include "support/executor_fixture.h"
+#include "tests/engine/train/checkpoint_fixture.h"
+
+namespace conveyor {
+namespace {
+
+using namespace conveyor::testing;
+
+class CheckpointLoad : public ::testing::Test {
+ protected:
+  void SetUp() override { folder_ = save_demo(dir_.path(), 6); }
+  fs::path manifest() const { return folder_ / "manifest.json"; }
+  fs::path shard(int rank) const {
+    return folder_ / ("rank_" + std::to_string(rank) + ".safetensors");
+  }
+  TempDir dir_;
+  fs::path folder_;
+};
+
+TEST_F(CheckpointLoad, OpensThroughTheFolderItsLatestOrTheStepFolder) {
+  save_demo(dir_.path(), 9);
+  EXPECT_EQ(open_checkpoint(dir_.path()).step(), 9);
+  EXPECT_EQ(open_checkpoint(dir_ / "latest").step(), 9);
+  EXPECT_EQ(open_checkpoint(dir_.path().string() + "/").step(), 9);
+  EXPECT_EQ(open_checkpoint(folder_).step(), 6);
+  EXPECT_EQ(open_checkpoint(dir_ / "step_9").directory(), dir_ / "step_9");
+}
+
+TEST_F(CheckpointLoad, NothingThere) {
+  EXPECT_CHECKPOINT_ERROR(open_checkpoint(dir_ / "nope"), "nope", "does not exist");
+  fs::create_directory(dir_ / "empty");
+  EXPECT_CHECKPOINT_ERROR(open_checkpoint(dir_ / "empty"), "empty", "holds no checkpoint");
+}
+
+TEST_F(CheckpointLoad, LatestNamingAMissingFolder) {
+  write_file(dir_ / "latest", "step_77\n");
+  EXPECT_CHECKPOINT_ERROR(open_checkpoint(dir_.path()), "latest names step_77", "does not exist");
+}
+
+TEST_F(CheckpointLoad, LatestNamingSomethingElse) {
+  for (const char* text : {"../../etc", "step_6/../step_6", "", "step_x"}) {
+    write_file(dir_ / "latest", text);
+    EXPECT_CHECKPOINT_ERROR(open_checkpoint(dir_.path()), "latest",
+                            "should name a checkpoint folder step_<N>");
+  }
+}
+
+TEST_F(CheckpointLoad, MalformedManifest) {
+  std::string text = read_file(manifest());
+  write_file(manifest(), text.substr(0, text.size() / 2));
+  EXPECT_CHECKPOINT_ERROR(open_checkpoint(folder_), manifest().string(), "malformed JSON");
+}
+
+TEST_F(CheckpointLoad, ManifestWithADuplicateKey) {
+  std::string text = read_file(manifest());
+  text.insert(text.find("\"step\""), "\"step\": 7, ");
+  write_file(manifest(), text);
+  EXPECT_CHECKPOINT_ERROR(open_checkpoint(folder_), manifest().string(), "'step' appears twice");
+}
+
+TEST_F(CheckpointLoad, UnknownManifestVersion) {
+  edit_manifest(folder_, [](auto& m) { m["format_version"] = 2; });
+  EXPECT_CHECKPOINT_ERROR(open_checkpoint(folder_), manifest().string(), "unknown format version 2",
+                          "reads version 1");
+}
+
+TEST_F(CheckpointLoad, NotAManifest) {
+  write_file(manifest(), R"({"hello": "world"})");
+  EXPECT_CHECKPOINT_ERROR(open_checkpoint(folder_), "not a Conveyor checkpoint manifest");
+}
+
+TEST_F(CheckpointLoad, ManifestFieldsAreChecked) {
+  struct Case {
+    const char* pointer;
+    nlohmann::json value;
+    const char* message;
+  };
+  const std::vector<Case> cases = {
+      {"/step", -1, "manifest.step is -1, expected an integer >= 0"},
+      {"/step", "6", "manifest.step is \"6\""},
+      {"/model", "tiny", "manifest.model is \"tiny\", expected an object"},
+      {"/model_fingerprint", "", "model_fingerprint is empty"},
+      {"/schedule/microbatches", 0, "manifest.schedule.microbatches is 0"},
+      {"/optimizer/kind", "lion", "kind must be adamw or sgd"},
+      {"/optimizer/lr", nullptr, "manifest.optimizer.lr is null, expected a finite number"},
+      {"/data/position", -5, "manifest.data.position is -5"},
+      {"/shards/1/rank", 0, "manifest.shards[1].rank is 0, expected 1"},
+      {"/shards/1/file", "../rank_1.safetensors", "not a plain file name"},
+      {"/shards/1/file", "rank_0.safetensors", "which another shard also names"},
+      {"/shards/0/xxh3_64", "12", "manifest.shards[0].xxh3_64 is \"12\", expected 16 hex digits"},
+      {"/shards/0/bytes", 1.5, "manifest.shards[0].bytes is 1.5"},
+      {"/shards", nlohmann::json::array(), "manifest.shards is empty"},
+      {"/stages/1/rank", 2, "runs on rank 2, but there are 2 shards"},
+      {"/stages/1/units", {2, 2}, "stages[1] holds units [2, 2)"},
+      {"/stages/1/stage", 3, "stages[1] is stage 3, expected stage 1"},
+      {"/stages/1/rank", 0, "place no stage on rank 1"},
+      {"/extra", 1, "unknown field 'extra'"},
+  };
+  const std::string pristine = read_file(manifest());
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::string(c.pointer) + " = " + c.value.dump());
+    write_file(manifest(), pristine);
+    edit_manifest(folder_, [&](auto& m) { m[nlohmann::json::json_pointer(c.pointer)] = c.value; });
+    EXPECT_CHECKPOINT_ERROR(open_checkpoint(folder_), manifest().string(), c.message);
+  }
+  write_file(manifest(), pristine);
+  edit_manifest(folder_, [](auto& m) { m.erase("rng"); });
+  EXPECT_CHECKPOINT_ERROR(open_checkpoint(folder_), "manifest has no field 'rng'");
+}
+
+TEST_F(CheckpointLoad, AShardListedButMissing) {
+  fs::remove(shard(1));
+  EXPECT_CHECKPOINT_ERROR(open_checkpoint(dir_.path()), shard(1).string(),
+                          "is listed in " + manifest().string() + " but missing");
+}
+
+TEST_F(CheckpointLoad, AShardPresentButNotListed) {
+  fs::copy_file(shard(1), folder_ / "rank_2.safetensors");
+  EXPECT_CHECKPOINT_ERROR(open_checkpoint(dir_.path()), "rank_2.safetensors",
+                          "present but not listed");
+}
+
+TEST_F(CheckpointLoad, ShardAndManifestStepsDisagree) {
+  TempDir other;
+  save_demo(other.path(), 7);
+  fs::copy_file(other / "step_7" / "rank_1.safetensors", shard(1),
+                fs::copy_options::overwrite_existing);
+  match_manifest_to_shards(folder_);
+  EXPECT_CHECKPOINT_ERROR(open_checkpoint(folder_), shard(1).string(), "holds step 7",
+                          "is of step 6");
+}
+
+TEST_F(CheckpointLoad, FolderAndManifestStepsDisagree) {
+  edit_manifest(folder_, [](auto& m) { m["step"] = 5; });
+  EXPECT_CHECKPOINT_ERROR(open_checkpoint(folder_), "is of step 5", "named for step 6");
+}
+
+TEST_F(CheckpointLoad, ShardsSwapped) {
+  fs::rename(shard(0), folder_ / "swap");
+  fs::rename(shard(1), shard(0));
+  fs::rename(folder_ / "swap", shard(1));
+  EXPECT_CHECKPOINT_ERROR(open_checkpoint(folder_), shard(0).string(), "shard of rank 1",
+                          "lists it for rank 0");
+}
+
+TEST_F(CheckpointLoad, ShardSizeDiffersFromTheManifest) {
+  edit_manifest(folder_, [](auto& m) { m["shards"][0]["bytes"] = 12; });
+  EXPECT_CHECKPOINT_ERROR(open_checkpoint(folder_), shard(0).string(), "but", "says 12");
+}
+
+TEST_F(CheckpointLoad, ShardChecksumDiffersFromTheManifest) {
+  // An edit the shard's own checks cannot see (the same header with its keys in another
+  // order, padded to the same length) is caught by the manifest's checksum of the file.
+  const auto [header, data] = split_safetensors(read_file(shard(0)));
+  std::string reordered = nlohmann::json::parse(header).dump();  // keys sorted
+  ASSERT_NE(reordered, header.substr(0, reordered.size()));
+  reordered.resize(header.size(), ' ');
+  write_file(shard(0), raw_safetensors(reordered, data));
+  EXPECT_CHECKPOINT_ERROR(open_checkpoint(folder_), shard(0).string(), "XXH3-64",
+                          "changed after it was saved");
+}
+
+TEST_F(CheckpointLoad, ATensorInTwoShards) {
+  edit_shard_header(shard(1), [](auto& h) {
+    auto entry = h["blocks.1.scale"];
+    h.erase("blocks.1.scale");
+    h["blocks.0.scale"] = entry;
+    h["__metadata__"]["xxh3_64:blocks.0.scale"] = h["__metadata__"]["xxh3_64:blocks.1.scale"];
+    h["__metadata__"].erase("xxh3_64:blocks.1.scale");
+  });
+  match_manifest_to_shards(folder_);
+  EXPECT_CHECKPOINT_ERROR(open_checkpoint(folder_),
+                          "rank_1.safetensors holds tensor 'blocks.0.scale'",
+                          "rank_0.safetensors holds too");
+}
+
+TEST_F(CheckpointLoad, ABadShardIsNamedEvenWhenTheManifestAgrees) {
+  std::string file = read_file(shard(1));
+  write_file(shard(1), file.substr(0, file.size() - 3));
+  match_manifest_to_shards(folder_);
+  EXPECT_CHECKPOINT_ERROR(open_checkpoint(folder_), shard(1).string(), "truncated");
+}
+
+TEST_F(CheckpointLoad, AnotherModel) {
+  const Checkpoint ckpt = open_checkpoint(folder_);
+  ckpt.check_model("xxh3_64:0123456789abcdef");
+  EXPECT_CHECKPOINT_ERROR(ckpt.check_model("xxh3_64:fedcba9876543210"), manifest().string(),
+                          "another model", "fedcba9876543210", "\"preset\":\"demo\"");
+}
+
+TEST_F(CheckpointLoad, TensorsMissingExtraOrMisshapen) {
+  const Checkpoint ckpt = open_checkpoint(folder_);
+  std::vector<TensorSpec> specs;
+  for (int r = 0; r < 2; ++r)
+    for (const NamedTensor& t : demo_tensors(r))
+      specs.push_back({t.name, t.tensor.dtype(), t.tensor.shape()});
+  ckpt.check_tensors(specs);
+
+  auto missing = specs;
+  missing.push_back({"blocks.2.fc1.weight", DType::F32, {6, 4}});
+  EXPECT_CHECKPOINT_ERROR(ckpt.check_tensors(missing), "no tensor 'blocks.2.fc1.weight'",
+                          "f32[6, 4]", "which the model needs");
+  auto extra = specs;
+  extra.erase(extra.begin() + 1);
+  EXPECT_CHECKPOINT_ERROR(ckpt.check_tensors(extra),
+                          "rank_0.safetensors holds tensor 'blocks.0.fc1.bias'", "does not have");
+  auto shape = specs;
+  shape[0].shape = {4, 6};
+  EXPECT_CHECKPOINT_ERROR(ckpt.check_tensors(shape), "tensor 'blocks.0.fc1.weight' is f32[6, 4]",
+                          "expects f32[4, 6]");
+  auto dtype = specs;
+  dtype[0].dtype = DType::BF16;
+  EXPECT_CHECKPOINT_ERROR(ckpt.check_tensors(dtype), "expects bf16[6, 4]");
+}
+
+TEST_F(CheckpointLoad, ReadChecksTheDestinationAndLeavesItAloneOnError) {
+  const Checkpoint ckpt = open_checkpoint(folder_);
+  Tensor wrong_shape = random_tensor(DType::F32, {4, 6}, 3);
+  const auto before = tensor_bytes(wrong_shape);
+  EXPECT_CHECKPOINT_ERROR(ckpt.read("blocks.0.fc1.weight", wrong_shape), "is f32[6, 4]",
+                          "expects f32[4, 6]");
+  Tensor wrong_dtype = random_tensor(DType::I32, {6, 4}, 3);
+  EXPECT_CHECKPOINT_ERROR(ckpt.read("blocks.0.fc1.weight", wrong_dtype), "expects i32[6, 4]");
+  EXPECT_CHECKPOINT_ERROR(ckpt.read("blocks.9.fc1.weight", wrong_shape), "no tensor 'blocks.9");
+  EXPECT_EQ(tensor_bytes(wrong_shape), before);
+}
+
+TEST_F(CheckpointLoad, AFileChangedAfterOpeningIsCaughtOnRead) {
+  const Checkpoint ckpt = open_checkpoint(folder_);
+  std::string file = read_file(shard(0));
+  file[file.size() - 1] ^= 1;  // the last byte of blocks.0.scale
+  write_file(shard(0), file);
+  Tensor dst = random_tensor(DType::F32, {}, 4);
+  const auto before = tensor_bytes(dst);
+  EXPECT_CHECKPOINT_ERROR(ckpt.read("blocks.0.scale", dst), shard(0).string(),
+                          "checksum mismatch in tensor 'blocks.0.scale'", "changed after");
+  EXPECT_EQ(tensor_bytes(dst), before);
+}
+
+// Training state of a whole pipeline, saved from one stage layout and loaded into others.
+class CheckpointRepartition : public ::testing::Test {
+ protected:
+  static constexpr int kMicrobatches = 4;
+  static constexpr int kTokens = 5;
+
+  static void train_step(PipelineExecutor& ex, int step) {
+    ex.run_step(make_microbatches(kMicrobatches, kTokens, step), 1.0f / (kMicrobatches * kTokens),
+                step, 1e-2);
+  }
+  static fs::path save(PipelineExecutor& ex, const fs::path& dir, int64_t step,
+                       const std::vector<StageRange>& ranges) {
+    CheckpointWriter writer(dir, step, ex.num_ranks());
+    std::vector<std::thread> threads;
+    for (int r = 0; r < ex.num_ranks(); ++r)
+      threads.emplace_back([&, r] { writer.write_shard(r, rank_checkpoint_tensors(ex, r)); });
+    for (auto& t : threads) t.join();
+    TrainingState state;
+    state.step = step;
+    state.model = describe_model(test_model());
+    state.model_fingerprint = model_fingerprint(state.model);
+    state.stages = stage_placements(ex.schedule(), ranges);
+    state.schedule = ex.schedule().name;
+    state.microbatches = kMicrobatches;
+    state.optimizer = ex.optimizer(0).config();
+    state.optimizer_steps = ex.optimizer(0).steps_taken();
+    return writer.commit(state).directory;
+  }
+  static std::vector<StageRange> ranges_of(int stages) {
+    const ModelDescription model = reference_model(test_model());
+    return stage_ranges(model, partition_blocks(model, stages, PartitionSpec::uniform()));
+  }
+  static std::vector<std::vector<unsigned char>> all_state(PipelineExecutor& ex) {
+    std::vector<std::pair<std::string, std::vector<unsigned char>>> named;
+    for (int r = 0; r < ex.num_ranks(); ++r)
+      for (const NamedTensor& t : rank_checkpoint_tensors(ex, r))
+        named.emplace_back(t.name, tensor_bytes(t.tensor));
+    std::sort(named.begin(), named.end());
+    std::vector<std::vector<unsigned char>> out;
+    for (auto& [_, bytes] : named) out.push_back(std::move(bytes));
+    return out;
+  }
+  TempDir dir_;
+};
+
+TEST_F(CheckpointRepartition, TwoStagesResumeAsOneAndAsThreeBitwise) {
+  auto two = make_executor(schedule::generate_1f1b(2, kMicrobatches));
+  train_step(*two, 1);
+  train_step(*two, 2);
+  const fs::path folder = save(*two, dir_.path(), 2, ranges_of(2));
+
+  const Checkpoint ckpt = open_checkpoint(dir_.path());
+  EXPECT_EQ(ckpt.state().stages.size(), 2u);
+  for (int stages : {1, 3}) {
+    SCOPED_TRACE(std::to_string(stages) + " stages");
+    auto other = make_executor(schedule::generate_1f1b(stages, kMicrobatches));
+    ckpt.check_model(model_fingerprint(describe_model(test_model())));
+    ckpt.check_tensors(checkpoint_tensor_specs(*other));
+    for (int r = 0; r < other->num_ranks(); ++r) load_rank_checkpoint(ckpt, *other, r);
+    EXPECT_EQ(all_state(*other), all_state(*two));
+    EXPECT_EQ(other->optimizer(0).steps_taken(), 2);
+  }
+  // Training goes on from the checkpoint exactly as without it.
+  auto resumed = make_executor(schedule::generate_1f1b(3, kMicrobatches));
+  for (int r = 0; r < resumed->num_ranks(); ++r) load_rank_checkpoint(ckpt, *resumed, r);
+  train_step(*two, 3);
+  train_step(*resumed, 3);
+  EXPECT_EQ(all_state(*resumed), all_state(*two));
+}
+
+TEST_F(CheckpointRepartition, SgdStateHasItsOwnNames) {
+  OptimizerConfig sgd = test_optimizer();
+  sgd.kind = "sgd";
+  auto ex =
+      make_executor(schedule::generate_1f1b(1, kMicrobatches), {Device::cpu()},
+                    PartitionSpec::uniform(), sgd);
+  const auto tensors = rank_checkpoint_tensors(*ex, 0);
+  const auto params = ex->rank_parameters(0);
+  ASSERT_EQ(tensors.size(), 2 * params.size());
+  EXPECT_EQ(tensors[0].name, params[0]->name);
+  EXPECT_EQ(tensors[params.size()].name, "optimizer.momentum." + params[0]->name);
+  auto adamw = make_executor(schedule::generate_1f1b(1, kMicrobatches));
+  EXPECT_EQ(rank_checkpoint_tensors(*adamw, 0).size(), 3 * params.size());
+  EXPECT_EQ(rank_checkpoint_tensors(*adamw, 0)[params.size() + 1].name,
+            "optimizer.v." + params[0]->name);
+}
+
+TEST(CheckpointModel, FingerprintsTellModelsApart) {
+  const ModelConfig a = test_model();
+  ModelConfig b = a;
+  b.hidden += 1;
+  EXPECT_EQ(model_fingerprint(describe_model(a)), model_fingerprint(describe_model(test_model())));
+  EXPECT_NE(model_fingerprint(describe_model(a)), model_fingerprint(describe_model(b)));
+  EXPECT_EQ(model_fingerprint(describe_model(a)).rfind("xxh3_64:", 0), 0u);
+}
+
+}  // namespace
+}  // namespace conveyor

@@ -1,0 +1,230 @@
+// Saving: the folder layout, concurrent shard writes from rank threads, the atomic commit
+// through `latest`, keep-last-K, leftovers of failed saves, and write errors that name the
+// file and leave the previous checkpoint intact.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/resource.h>
+
+#include <cstdlib>
+#include <thread>
+
+#include "tests/engine/train/checkpoint_fixture.h"
+
+namespace conveyor {
+namespace {
+
+using namespace conveyor::testing;
+
+std::vector<std::string> folder_names(const fs::path& dir) {
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+TEST(CheckpointSave, WritesTheDocumentedLayout) {
+  TempDir dir;
+  const fs::path folder = save_demo(dir.path(), 5);
+  EXPECT_EQ(folder, dir / "step_5");
+  EXPECT_EQ(read_file(dir / "latest"), "step_5\n");
+  EXPECT_EQ(folder_names(dir.path()), (std::vector<std::string>{"latest", "step_5"}));
+  EXPECT_EQ(folder_names(folder), (std::vector<std::string>{"manifest.json", "rank_0.safetensors",
+                                                            "rank_1.safetensors"}));
+  const auto manifest = nlohmann::json::parse(read_file(folder / "manifest.json"));
+  EXPECT_EQ(manifest["format_version"], 1);
+  EXPECT_EQ(manifest["step"], 5);
+  ASSERT_EQ(manifest["shards"].size(), 2u);
+  const std::string shard = read_file(folder / "rank_1.safetensors");
+  EXPECT_EQ(manifest["shards"][1]["file"], "rank_1.safetensors");
+  EXPECT_EQ(manifest["shards"][1]["bytes"], shard.size());
+  EXPECT_EQ(manifest["shards"][1]["xxh3_64"],
+            checkpoint_io::hex64(checkpoint_io::xxh3_64(shard.data(), shard.size())));
+}
+
+TEST(CheckpointSave, RanksWriteConcurrentlyAndEverythingLoadsBack) {
+  TempDir dir;
+  constexpr int kRanks = 4;
+  std::vector<std::vector<NamedTensor>> tensors;
+  for (int r = 0; r < kRanks; ++r) tensors.push_back(demo_tensors(r, 3));
+  CheckpointWriter writer(dir.path(), 8, kRanks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r)
+    threads.emplace_back([&, r] { writer.write_shard(r, tensors[r]); });
+  for (auto& t : threads) t.join();
+  writer.commit(demo_state(8, kRanks));
+
+  const Checkpoint ckpt = open_checkpoint(dir.path());
+  EXPECT_EQ(ckpt.step(), 8);
+  EXPECT_EQ(ckpt.tensors().size(), kRanks * tensors[0].size());
+  for (int r = 0; r < kRanks; ++r)
+    for (const NamedTensor& t : tensors[r]) {
+      const CheckpointTensor* saved = ckpt.find(t.name);
+      ASSERT_NE(saved, nullptr) << t.name;
+      EXPECT_EQ(saved->rank, r);
+      Tensor loaded = cpu_context().empty(t.tensor.shape(), t.tensor.dtype());
+      ckpt.read(t.name, loaded);
+      EXPECT_EQ(tensor_bytes(loaded), tensor_bytes(t.tensor)) << t.name;
+    }
+}
+
+TEST(CheckpointSave, TrainingStateRoundTripsExactly) {
+  TempDir dir;
+  save_demo(dir.path(), 12, 3);
+  const TrainingState want = demo_state(12, 3);
+  const Checkpoint ckpt = open_checkpoint(dir.path());
+  const TrainingState& got = ckpt.state();
+  EXPECT_EQ(got.step, want.step);
+  EXPECT_EQ(got.model, want.model);
+  EXPECT_EQ(got.model_fingerprint, want.model_fingerprint);
+  EXPECT_EQ(got.stages, want.stages);
+  EXPECT_EQ(got.schedule, want.schedule);
+  EXPECT_EQ(got.microbatches, want.microbatches);
+  EXPECT_EQ(got.optimizer.kind, want.optimizer.kind);
+  EXPECT_EQ(got.optimizer.lr, want.optimizer.lr);  // bitwise: 0.1 / 3 survives JSON
+  EXPECT_EQ(got.optimizer.beta2, want.optimizer.beta2);
+  EXPECT_EQ(got.optimizer.warmup_steps, want.optimizer.warmup_steps);
+  EXPECT_EQ(got.optimizer.clip_norm, want.optimizer.clip_norm);
+  EXPECT_EQ(got.optimizer_steps, want.optimizer_steps);
+  EXPECT_EQ(got.lr_schedule.step, want.lr_schedule.step);
+  EXPECT_EQ(got.lr_schedule.total_steps, want.lr_schedule.total_steps);
+  EXPECT_EQ(got.data.source, want.data.source);
+  EXPECT_EQ(got.data.position, want.data.position);  // above 2^63
+  EXPECT_EQ(got.rng, want.rng);
+}
+
+TEST(CheckpointSave, KeepsTheNewestK) {
+  TempDir dir;
+  for (int step = 1; step <= 3; ++step) save_demo(dir.path(), step, 2, {/*keep_last=*/2});
+  EXPECT_EQ(folder_names(dir.path()), (std::vector<std::string>{"latest", "step_2", "step_3"}));
+  CheckpointWriter writer(dir.path(), 10, 1, {/*keep_last=*/2});
+  writer.write_shard(0, demo_tensors(0));
+  const CommitResult result = writer.commit(demo_state(10, 1));
+  EXPECT_EQ(result.removed, (std::vector<fs::path>{dir / "step_2"}));
+  EXPECT_TRUE(result.warnings.empty());
+  EXPECT_EQ(folder_names(dir.path()), (std::vector<std::string>{"latest", "step_10", "step_3"}));
+  EXPECT_EQ(open_checkpoint(dir.path()).step(), 10);
+}
+
+TEST(CheckpointSave, KeepLastZeroKeepsEverything) {
+  TempDir dir;
+  for (int step = 1; step <= 3; ++step) save_demo(dir.path(), step);
+  EXPECT_EQ(folder_names(dir.path()),
+            (std::vector<std::string>{"latest", "step_1", "step_2", "step_3"}));
+}
+
+TEST(CheckpointSave, LeftoverTmpIsIgnoredByTheLoaderAndRemovedByTheNextSave) {
+  TempDir dir;
+  save_demo(dir.path(), 1);
+  {
+    CheckpointWriter abandoned(dir.path(), 2, 2);
+    abandoned.write_shard(0, demo_tensors(0));
+    // A crash: the process dies here, so no destructor removes the folder.
+    fs::copy(abandoned.temp_directory(), dir / "step_7.tmp");
+  }
+  ASSERT_TRUE(fs::exists(dir / "step_7.tmp"));
+  EXPECT_EQ(open_checkpoint(dir.path()).step(), 1);
+  EXPECT_CHECKPOINT_ERROR(open_checkpoint(dir / "step_7.tmp"), "step_7.tmp", "unfinished save");
+  save_demo(dir.path(), 3);
+  EXPECT_EQ(folder_names(dir.path()), (std::vector<std::string>{"latest", "step_1", "step_3"}));
+}
+
+TEST(CheckpointSave, AnUncommittedSaveRemovesItsFolderAndChangesNothing) {
+  TempDir dir;
+  save_demo(dir.path(), 1);
+  {
+    CheckpointWriter writer(dir.path(), 2, 2);
+    writer.write_shard(1, demo_tensors(1));
+    EXPECT_CHECKPOINT_ERROR(writer.commit(demo_state(2, 2)), "rank 0 has not written its shard");
+  }
+  EXPECT_EQ(folder_names(dir.path()), (std::vector<std::string>{"latest", "step_1"}));
+  EXPECT_EQ(open_checkpoint(dir.path()).step(), 1);
+}
+
+TEST(CheckpointSave, RefusesToOverwriteASavedStep) {
+  TempDir dir;
+  save_demo(dir.path(), 4);
+  EXPECT_CHECKPOINT_ERROR(CheckpointWriter(dir.path(), 4, 2), "step_4", "exists already");
+}
+
+TEST(CheckpointSave, RejectsAStateTheLoaderWouldReject) {
+  TempDir dir;
+  save_demo(dir.path(), 1);
+  CheckpointWriter writer(dir.path(), 2, 2);
+  writer.write_shard(0, demo_tensors(0));
+  writer.write_shard(1, demo_tensors(1));
+  TrainingState state = demo_state(2, 2);
+  state.stages[1].rank = 5;
+  EXPECT_THROW(writer.commit(state), std::invalid_argument);
+  state = demo_state(3, 2);
+  EXPECT_THROW(writer.commit(state), std::invalid_argument);  // another step
+  EXPECT_EQ(read_file(dir / "latest"), "step_1\n");
+}
+
+TEST(CheckpointSave, MisuseIsAnInvalidArgument) {
+  TempDir dir;
+  EXPECT_THROW(CheckpointWriter(dir.path(), 1, 0), std::invalid_argument);
+  EXPECT_THROW(CheckpointWriter(dir.path(), -1, 1), std::invalid_argument);
+  CheckpointWriter writer(dir.path(), 1, 2);
+  EXPECT_THROW(writer.write_shard(2, demo_tensors(0)), std::invalid_argument);
+  writer.write_shard(0, demo_tensors(0));
+  EXPECT_THROW(writer.write_shard(0, demo_tensors(0)), std::logic_error);
+  EXPECT_THROW(writer.write_shard(1, {{"x", Tensor()}}), std::invalid_argument);
+  writer.write_shard(1, demo_tensors(1));  // a failed rank may try again
+  writer.commit(demo_state(1, 2));
+}
+
+TEST(CheckpointSave, AFolderThatCannotBeCreatedIsNamed) {
+  TempDir dir;
+  write_file(dir / "a_file", "not a folder");
+  EXPECT_CHECKPOINT_ERROR(CheckpointWriter(dir / "a_file" / "ckpt", 1, 1), "a_file/ckpt",
+                          "cannot create checkpoint folder");
+  EXPECT_CHECKPOINT_ERROR(CheckpointWriter(dir / "a_file", 1, 1), "a_file",
+                          "cannot create checkpoint folder");
+}
+
+TEST(CheckpointSave, AShardWriteErrorNamesTheFileAndKeepsThePreviousCheckpoint) {
+  TempDir dir;
+  save_demo(dir.path(), 1);
+  CheckpointWriter writer(dir.path(), 2, 2);
+  writer.write_shard(0, demo_tensors(0));
+  fs::remove_all(writer.temp_directory());  // the folder is gone: the shard cannot be created
+  EXPECT_CHECKPOINT_ERROR(writer.write_shard(1, demo_tensors(1)), "step_2.tmp/rank_1.safetensors",
+                          "No such file or directory");
+  const Checkpoint ckpt = open_checkpoint(dir.path());
+  EXPECT_EQ(ckpt.step(), 1);
+  EXPECT_EQ(ckpt.tensors().size(), 2 * demo_tensors(0).size());
+}
+
+// In a child process: saves `tensors` under a file size limit of `limit` bytes (a disk that
+// fills up mid-write) and exits 0 after printing the CheckpointError, 1 without one.
+[[noreturn]] void save_under_file_size_limit(const fs::path& dir,
+                                             const std::vector<NamedTensor>& tensors,
+                                             rlim_t limit) {
+  ::signal(SIGXFSZ, SIG_IGN);  // the write then fails with EFBIG instead of killing us
+  const rlimit r{limit, limit};
+  ::setrlimit(RLIMIT_FSIZE, &r);
+  try {
+    CheckpointWriter writer(dir, 2, 1);
+    writer.write_shard(0, tensors);
+  } catch (const CheckpointError& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    std::exit(0);
+  }
+  std::exit(1);
+}
+
+TEST(CheckpointSave, AFullDiskMidWriteNamesTheFileAndKeepsThePreviousCheckpoint) {
+  TempDir dir;
+  save_demo(dir.path(), 1);
+  const std::vector<NamedTensor> big = {{"big", random_tensor(DType::F32, {64, 1024}, 9)}};
+  // 100000 bytes: the header and part of the 256 KiB tensor get written, then the disk is full.
+  EXPECT_EXIT(save_under_file_size_limit(dir.path(), big, 100000), ::testing::ExitedWithCode(0),
+              "cannot write .*step_2.tmp/rank_0.safetensors: File too large");
+  const Checkpoint ckpt = open_checkpoint(dir.path());
+  EXPECT_EQ(ckpt.step(), 1);
+  EXPECT_FALSE(fs::exists(dir / "step_2"));
+  EXPECT_FALSE(fs::exists(dir / "step_2.tmp"));
+}
+
+}  // namespace
+}  // namespace conveyor

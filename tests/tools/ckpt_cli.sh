@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# The `conveyor ckpt` commands on a checkpoint written by the hidden `ckpt demo`: what
+# inspect prints, and verify's exit status (0 all match, 1 naming the bad tensor or file) for
+# a sound checkpoint and for damaged copies of it.
+# Usage: ckpt_cli.sh CONVEYOR WORKDIR CASE
+set -u
+conveyor=$1
+work=$2
+case_name=$3
+rm -rf "$work"
+mkdir -p "$work"
+dir=$work/ckpt
+
+fail() {
+  echo "ckpt_cli $case_name: $*" >&2
+  exit 1
+}
+
+# expect STATUS PATTERN COMMAND...: runs COMMAND, checks its status and that its output
+# (stdout and stderr) matches PATTERN.
+expect() {
+  local want=$1 pattern=$2
+  shift 2
+  local output status
+  output=$("$@" 2>&1)
+  status=$?
+  echo "$output"
+  [ "$status" -eq "$want" ] || fail "'$*' exited with $status, expected $want"
+  grep -Eq -- "$pattern" <<<"$output" || fail "the output of '$*' does not match /$pattern/"
+}
+
+# flip_byte FILE OFFSET: xors the byte at OFFSET of FILE.
+flip_byte() {
+  local file=$1 offset=$2 byte
+  byte=$(od -An -tu1 -j "$offset" -N1 "$file" | tr -d ' ')
+  printf "$(printf '\\%03o' $(((byte ^ 0x5a) & 0xff)))" |
+    dd of="$file" bs=1 seek="$offset" conv=notrunc status=none
+}
+
+expect 0 "wrote .*step_2 \(2 shards\)" "$conveyor" ckpt demo "$dir" --step 2
+shard1=$dir/step_2/rank_1.safetensors
+
+case $case_name in
+  inspect)
+    expect 0 "step 2" "$conveyor" ckpt inspect "$dir"
+    expect 0 "^ +name +dtype +shape +bytes +shard +xxh3_64" "$conveyor" ckpt inspect "$dir"
+    expect 0 "blocks\.1\.gain +BF16 +\[3, 5\] +30 +rank_1\.safetensors +[0-9a-f]{16}" \
+      "$conveyor" ckpt inspect "$dir/latest"
+    expect 0 "optimizer\.v\.blocks\.0\.fc1\.weight +F32 +\[8, 4\] +128 +rank_0\.safetensors" \
+      "$conveyor" ckpt inspect "$dir/step_2"
+    expect 0 "blocks\.0\.token_counts +I32 +\[6\] +24 .* -?[0-9]+ -?[0-9]+$" \
+      "$conveyor" ckpt inspect "$dir" --values 2
+    expect 0 "total: 16 tensors, 1068 bytes of data, 2 shards" "$conveyor" ckpt inspect "$dir"
+    expect 0 "\"xxh3_64\": \"[0-9a-f]{16}\"" "$conveyor" ckpt inspect "$dir" --json
+    ;;
+  verify_ok)
+    expect 0 "ok: .*step_2, step 2: 16 tensors in 2 shards .* every checksum matches" \
+      "$conveyor" ckpt verify "$dir"
+    ;;
+  verify_bitflip)
+    # The last bytes of rank 1's data are its i32 tensor.
+    flip_byte "$shard1" $(($(stat -c %s "$shard1") - 3))
+    expect 1 "rank_1\.safetensors: checksum mismatch in tensor 'blocks\.1\.token_counts'" \
+      "$conveyor" ckpt verify "$dir"
+    ;;
+  verify_truncated)
+    truncate -s -1 "$shard1"
+    expect 1 "rank_1\.safetensors: .*truncated" "$conveyor" ckpt verify "$dir"
+    ;;
+  verify_header)
+    # The header's shape of the bf16 tensor no longer fits its bytes.
+    LC_ALL=C sed -i 's/"shape":\[3,5\]/"shape":[5,5]/' "$shard1"
+    expect 1 "rank_1\.safetensors: tensor 'blocks\.1\.gain' is BF16\[5, 5\] \(50 bytes\) but .* hold 30" \
+      "$conveyor" ckpt verify "$dir"
+    ;;
+  verify_missing_shard)
+    rm "$dir/step_2/rank_0.safetensors"
+    expect 1 "rank_0\.safetensors is listed in .*manifest\.json but missing" \
+      "$conveyor" ckpt verify "$dir"
+    ;;
+  verify_manifest)
+    sed -i 's/"step": 2/"step": 3/' "$dir/step_2/manifest.json"
+    expect 1 "manifest\.json is of step 3, but its folder is named for step 2" \
+      "$conveyor" ckpt verify "$dir"
+    ;;
+  verify_unfinished)
+    mv "$dir/step_2" "$dir/step_2.tmp"
+    rm "$dir/latest"
+    expect 1 "holds no checkpoint" "$conveyor" ckpt verify "$dir"
+    expect 1 "step_2\.tmp is an unfinished save" "$conveyor" ckpt verify "$dir/step_2.tmp"
+    ;;
+  keep_last)
+    expect 0 "step_3" "$conveyor" ckpt demo "$dir" --step 3 --keep 2
+    expect 0 "step_4" "$conveyor" ckpt demo "$dir" --step 4 --keep 2
+    [ "$(ls "$dir" | tr '\n' ' ')" = "latest step_3 step_4 " ] || fail "left $(ls "$dir" | tr '\n' ' ')"
+    [ "$(cat "$dir/latest")" = "step_4" ] || fail "latest holds $(cat "$dir/latest")"
+    expect 0 "step 4" "$conveyor" ckpt verify "$dir"
+    ;;
+  *)
+    fail "unknown case"
+    ;;
+esac
