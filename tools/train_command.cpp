@@ -15,11 +15,23 @@
 #include "engine/schedule/measured_timing.h"
 #include "engine/schedule/simulator.h"
 #include "engine/train/trainer.h"
+#include "engine/train/trainer_checkpoint.h"
 #include "tools/cli_common.h"
 #include "tools/commands.h"
 
 namespace conveyor::cli {
 namespace {
+
+// --save-dir, --resume and friends: saving and resuming checkpoints.
+struct CheckpointFlags {
+  std::string save_dir;
+  int64_t save_every = 0;
+  int keep = 0;
+  std::string on_save_error = "stop";
+  bool async_save = false;
+  std::string resume;
+  int64_t stop_after = 0;
+};
 
 // Typed settings are spelled as words on the command line and parsed here.
 struct TrainFlags {
@@ -38,7 +50,64 @@ struct TrainFlags {
   double timeout_s = 120.0;
   std::string trace;
   bool quiet = false;
+  CheckpointFlags checkpoint;
 };
+
+void add_checkpoint_flags(CLI::App* cmd, CheckpointFlags& f) {
+  cmd->add_option(
+      "--save-dir", f.save_dir,
+      "Save checkpoints into DIR (DIR/step_<N>, DIR/latest), and at the end of the run");
+  cmd->add_option("--save-every", f.save_every, "Save every N steps (0: only at the end)")
+      ->capture_default_str();
+  cmd->add_option("--keep", f.keep, "Keep the newest K checkpoints (0: all)")
+      ->capture_default_str();
+  cmd->add_option("--on-save-error", f.on_save_error,
+                  "stop (end the run) or continue (report and train on) when a save fails")
+      ->capture_default_str();
+  cmd->add_flag("--async-save", f.async_save,
+                "Snapshot to host memory and write checkpoints in the background");
+  cmd->add_option("--resume", f.resume,
+                  "Resume from checkpoint DIR, DIR/step_<N>, or latest (of --save-dir)");
+  cmd->add_option("--stop-after", f.stop_after,
+                  "Stop after step N (the learning-rate schedule still spans --steps)");
+}
+
+// Resumes (when asked) and makes the checkpointer (when saving); checkpoint errors of the
+// resume are the user's to fix, so they end the run as usage errors.
+std::unique_ptr<TrainerCheckpointer> setup_checkpoints(const CheckpointFlags& f, Trainer& trainer) {
+  if (f.on_save_error != "stop" && f.on_save_error != "continue")
+    throw UsageError("--on-save-error must be stop or continue, got '" + f.on_save_error + "'");
+  if (f.save_every < 0) throw UsageError("--save-every must be >= 0");
+  if (f.keep < 0) throw UsageError("--keep must be >= 0");
+  if (f.stop_after < 0) throw UsageError("--stop-after must be >= 0");
+  if (f.save_dir.empty() && (f.save_every > 0 || f.async_save))
+    throw UsageError("--save-every and --async-save need --save-dir");
+  std::unique_ptr<TrainerCheckpointer> checkpointer;
+  try {
+    if (!f.save_dir.empty()) {
+      TrainerCheckpointOptions options;
+      options.directory = f.save_dir;
+      options.every = f.save_every;
+      options.keep_last = f.keep;
+      options.on_error =
+          f.on_save_error == "stop" ? SaveErrorPolicy::kStop : SaveErrorPolicy::kContinue;
+      options.async = f.async_save;
+      checkpointer = std::make_unique<TrainerCheckpointer>(trainer, std::move(options));
+    }
+    if (!f.resume.empty()) {
+      if (f.resume == "latest" && f.save_dir.empty())
+        throw UsageError("--resume latest needs --save-dir (the folder whose latest to resume)");
+      const std::string path = f.resume == "latest" ? f.save_dir : f.resume;
+      const Checkpoint ckpt = resume_trainer(trainer, path);
+      std::printf("resume %s at step %lld (saved with %zu stage(s), schedule %s)\n",
+                  ckpt.directory().string().c_str(), static_cast<long long>(ckpt.step()),
+                  ckpt.state().stages.size(), ckpt.state().schedule.c_str());
+    }
+  } catch (const CheckpointError& e) {
+    throw UsageError(e.what());
+  }
+  return checkpointer;
+}
 
 std::string human_bytes(double bytes) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -220,14 +289,29 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
               static_cast<long long>(config.microbatches), config.optimizer.kind.c_str(),
               config.optimizer.lr);
   print_pipeline(*trainer);
+  std::unique_ptr<TrainerCheckpointer> checkpointer = setup_checkpoints(f.checkpoint, *trainer);
+  const int64_t first_step = trainer->steps_done() + 1;
+  const int64_t last_step_to_run =
+      f.checkpoint.stop_after > 0 ? std::min(f.checkpoint.stop_after, config.steps) : config.steps;
+  const int64_t steps_run = last_step_to_run - first_step + 1;
+  if (steps_run < 1)
+    throw UsageError("nothing to train: the run is at step " + std::to_string(first_step - 1) +
+                     " and stops at step " + std::to_string(last_step_to_run) +
+                     "; raise --steps or --stop-after");
   std::fflush(stdout);
 
   PipelineStepResult last_step;
   double total_seconds = 0.0, tail_loss = 0.0, last_loss = 0.0;
   size_t peak = 0;
   const int64_t tail = std::min<int64_t>(10, config.steps);
-  for (int64_t s = 1; s <= config.steps; ++s) {
+  for (int64_t s = first_step; s <= last_step_to_run; ++s) {
     StepStats st = trainer->step();
+    if (checkpointer) {
+      checkpointer->after_step();
+      if (checkpointer->last_saved_step() == s && !f.quiet)
+        std::printf("saved  step %lld (training held %.3f s)\n", static_cast<long long>(s),
+                    checkpointer->last_stall_seconds());
+    }
     total_seconds += st.seconds;
     peak = std::max(peak, st.peak_bytes);
     last_loss = st.loss;
@@ -250,11 +334,17 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
                   human_rate(rate).c_str(), st.lr, human_bytes(st.peak_bytes).c_str(), eta);
       std::fflush(stdout);
     }
-    if (s == config.steps) last_step = std::move(st.pipeline);
+    if (s == last_step_to_run) last_step = std::move(st.pipeline);
   }
-  const double tokens = static_cast<double>(config.steps * config.batch_tokens);
+  if (checkpointer) {
+    checkpointer->finish();
+    std::printf("saved  step %lld into %s\n",
+                static_cast<long long>(checkpointer->last_saved_step()),
+                f.checkpoint.save_dir.c_str());
+  }
+  const double tokens = static_cast<double>(steps_run * config.batch_tokens);
   std::printf("done   %lld steps, %.0f tokens in %.1f s (%s tok/s), peak memory %s\n",
-              static_cast<long long>(config.steps), tokens, total_seconds,
+              static_cast<long long>(steps_run), tokens, total_seconds,
               human_rate(tokens / total_seconds).c_str(), human_bytes(peak).c_str());
   std::printf("loss   final %.4f, mean of last %lld steps %.4f", last_loss,
               static_cast<long long>(tail), tail_loss);
@@ -323,6 +413,7 @@ void register_train_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--trace", flags->trace,
                   "Write the last step's measured timeline (Chrome trace)");
+  add_checkpoint_flags(cmd, flags->checkpoint);
   cmd->callback([flags, cmd] { run_train(*flags, *cmd); });
 }
 

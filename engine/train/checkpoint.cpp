@@ -164,6 +164,7 @@ CommitResult CheckpointWriter::commit(const TrainingState& state) {
   checkpoint_io::sync_directory(temp_);
   checkpoint_io::rename_path(temp_, final_);
   checkpoint_io::sync_directory(dir_);
+  checkpoint_io::pause_for_crash_test("commit");
   checkpoint_io::write_file_atomically(dir_ / kLatestName, step_folder_name(step_) + "\n");
   committed_ = true;
 

@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <system_error>
 #include <unordered_set>
 #include <utility>
@@ -262,6 +264,14 @@ nlohmann::json parse_json_strictly(std::string_view text, const std::string& fil
     if (detail.size() > 300) detail = detail.substr(0, 300) + "...";
     throw CheckpointError(file + ": malformed JSON (" + detail + ")");
   }
+}
+
+void pause_for_crash_test(std::string_view point) {
+  const char* wanted = std::getenv("CONVEYOR_TEST_PAUSE_IN_SAVE");
+  if (wanted == nullptr || point != wanted) return;
+  std::fprintf(stderr, "conveyor: paused in save at %s\n", wanted);
+  std::fflush(stderr);
+  for (;;) ::pause();
 }
 
 }  // namespace conveyor::checkpoint_io

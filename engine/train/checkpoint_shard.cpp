@@ -84,6 +84,7 @@ ShardFileInfo write_shard_file(const std::filesystem::path& path, int64_t step, 
     file.write_all(bytes.data(), bytes.size());
     file_hash.update(bytes.data(), bytes.size());
     total += bytes.size();
+    if (i == 0) checkpoint_io::pause_for_crash_test("shard");
   }
   file.sync();
   file.close();

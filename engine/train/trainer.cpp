@@ -151,6 +151,14 @@ StepStats Trainer::step() {
   return stats;
 }
 
+void Trainer::resume_at(int64_t steps_done) {
+  if (steps_done < 0 || steps_done > config_.steps)
+    throw std::invalid_argument("cannot resume at step " + std::to_string(steps_done) +
+                                ": the run has " + std::to_string(config_.steps) +
+                                " steps; raise --steps to train past the checkpoint");
+  steps_done_ = steps_done;
+}
+
 double Trainer::evaluate(TokenSource& source, int64_t batches) {
   if (batches < 1)
     throw std::invalid_argument("evaluation needs at least 1 batch, got " +

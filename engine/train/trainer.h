@@ -8,6 +8,7 @@
 // or a built-in one (a file's bytes, or a Markov chain over the model's vocabulary).
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -111,6 +112,14 @@ class Trainer {
   double evaluate(const std::vector<MicroBatchData>& microbatches);
 
   int64_t steps_done() const { return steps_done_; }
+  // After restoring a checkpoint of `steps_done` steps: the next step() runs steps_done + 1.
+  void resume_at(int64_t steps_done);
+  // A save on request (e.g. on a signal, between steps), by whatever the caller installed
+  // (engine/train/trainer_checkpoint.h installs one); without a handler it does nothing.
+  void set_save_handler(std::function<void()> handler) { save_handler_ = std::move(handler); }
+  void save_now() {
+    if (save_handler_) save_handler_();
+  }
   const TrainConfig& config() const { return config_; }
   const ModelDescription& model() const { return model_; }
   Device device() const { return device_; }
@@ -131,6 +140,7 @@ class Trainer {
   std::vector<Device> devices_;
   std::unique_ptr<PipelineExecutor> executor_;
   int64_t steps_done_ = 0;
+  std::function<void()> save_handler_;
 };
 
 }  // namespace conveyor

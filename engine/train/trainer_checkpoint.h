@@ -1,0 +1,84 @@
+#pragma once
+// Checkpoints of a Trainer: periodic saves (every rank's shard written concurrently, one
+// commit), optionally in the background from a host snapshot, and an exact resume — the
+// parameters, optimizer state, step, learning-rate position and data position of a
+// checkpoint, into any stage layout and schedule (tensor names are global). With the same
+// micro-batches, a resumed CPU run continues bit for bit as the uninterrupted one would.
+#include <chrono>
+#include <cstdint>
+#include <exception>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/train/checkpoint.h"
+#include "engine/train/trainer.h"
+
+namespace conveyor {
+
+// What a failed save does: end the run with the error, or report it and train on. Either way
+// the previous checkpoint and `latest` stay as they were.
+enum class SaveErrorPolicy : uint8_t { kStop, kContinue };
+
+struct TrainerCheckpointOptions {
+  std::filesystem::path directory;  // DIR of DIR/step_<N>, DIR/latest
+  int64_t every = 0;                // save after every N-th step; 0: only on request / at the end
+  int keep_last = 0;                // 0 keeps every checkpoint
+  SaveErrorPolicy on_error = SaveErrorPolicy::kStop;
+  bool async = false;  // snapshot to host memory, write in the background
+  // Where a failure under kContinue, and removal warnings, are reported; stderr by default.
+  std::function<void(const std::string&)> warn;
+};
+
+// The manifest's state of the trainer as it stands now (between steps).
+TrainingState trainer_training_state(Trainer& trainer);
+
+// Creates `dir` if needed and checks that a file can be written in it. Throws CheckpointError
+// naming the folder otherwise.
+void check_checkpoint_directory(const std::filesystem::path& dir);
+
+class TrainerCheckpointer {
+ public:
+  // Checks the folder (check_checkpoint_directory) and installs Trainer::save_now.
+  TrainerCheckpointer(Trainer& trainer, TrainerCheckpointOptions options);
+  ~TrainerCheckpointer();  // waits for a background save; its error is dropped, see finish()
+  TrainerCheckpointer(const TrainerCheckpointer&) = delete;
+  TrainerCheckpointer& operator=(const TrainerCheckpointer&) = delete;
+
+  // Call after every step: saves when the step is a multiple of `every`.
+  void after_step();
+  // Saves the trainer's current step unless that step is saved already. Synchronous: returns
+  // once committed. Async: returns once the snapshot is taken (after waiting for the previous
+  // save). Under kStop a failure throws CheckpointError (an async one from the next call).
+  void save();
+  // The end of the run: saves the last step if needed and waits for the background save.
+  void finish();
+
+  // Seconds the last save() held the training loop (the whole save, or wait + snapshot).
+  double last_stall_seconds() const { return last_stall_seconds_; }
+  int64_t last_saved_step() const { return last_saved_step_; }
+
+ private:
+  void wait_for_background();
+  void write(int64_t step, const std::vector<std::vector<NamedTensor>>& shards,
+             const TrainingState& state);
+  void failed(const std::exception& e);
+
+  Trainer& trainer_;
+  TrainerCheckpointOptions options_;
+  std::thread background_;
+  std::exception_ptr background_error_;
+  int64_t last_saved_step_ = -1;
+  double last_stall_seconds_ = 0.0;
+};
+
+// Restores the checkpoint `path` names (DIR, DIR/latest or DIR/step_<N>) into the trainer:
+// first checks every file, the model fingerprint, the tensors this layout expects and the data
+// source, then reads every rank's parameters and optimizer state (one thread per rank), and
+// sets the step and the data position. Throws CheckpointError naming what does not match;
+// the trainer is untouched when a check fails.
+Checkpoint resume_trainer(Trainer& trainer, const std::filesystem::path& path);
+
+}  // namespace conveyor
