@@ -1,0 +1,214 @@
+// Saving and resuming a Trainer: a run stopped after N steps and resumed (into the same or
+// another stage layout and schedule, from a synchronous or a background save) continues bit
+// for bit as the run of 2N steps does; a failed save leaves the previous checkpoint in place;
+// a checkpoint of another model is refused naming the difference.
+#include <map>
+#include <string>
+#include <vector>
+
+#include "checkpoint_fixture.h"
+#include "engine/train/checkpoint_model.h"
+#include "engine/train/trainer_checkpoint.h"
+
+namespace conveyor {
+namespace {
+
+using testing::TempDir;
+using testing::tensor_bytes;
+
+constexpr int64_t kHalf = 3;
+
+TrainConfig resume_config(int stages, schedule::ScheduleKind kind) {
+  TrainConfig c;
+  c.model = model_preset("tiny");
+  c.model.d_model = 32;
+  c.model.hidden = 64;
+  c.model.vocab = 16;
+  c.model.n_layers = 2;
+  c.steps = 2 * kHalf;
+  c.batch_tokens = 256;
+  c.microbatches = 4;
+  c.optimizer.lr = 1e-2;
+  c.optimizer.min_lr = 1e-3;
+  c.optimizer.warmup_steps = 2;
+  c.seed = 7;
+  c.stages = stages;
+  c.schedule = kind;
+  c.device = Device::cpu();
+  return c;
+}
+
+// Every tensor a checkpoint would hold (weights and optimizer moments), by global name.
+std::map<std::string, std::vector<unsigned char>> full_state(Trainer& trainer) {
+  std::map<std::string, std::vector<unsigned char>> out;
+  for (int r = 0; r < trainer.executor().num_ranks(); ++r)
+    for (const NamedTensor& t : rank_checkpoint_tensors(trainer.executor(), r))
+      out[t.name] = tensor_bytes(t.tensor);
+  return out;
+}
+
+struct Run {
+  std::vector<double> losses;
+  std::map<std::string, std::vector<unsigned char>> state;
+};
+
+Run straight(const TrainConfig& config) {
+  Trainer trainer(config);
+  Run run;
+  for (int64_t s = 0; s < config.steps; ++s) run.losses.push_back(trainer.step().loss);
+  run.state = full_state(trainer);
+  return run;
+}
+
+// kHalf steps under `first` saved into `dir`, then a fresh trainer under `second` resumed
+// from `latest` for the rest.
+Run stopped_and_resumed(const TrainConfig& first, const TrainConfig& second,
+                        const std::filesystem::path& dir, bool async) {
+  Run run;
+  {
+    Trainer trainer(first);
+    TrainerCheckpointOptions options;
+    options.directory = dir;
+    options.every = 2;
+    options.async = async;
+    TrainerCheckpointer checkpointer(trainer, options);
+    for (int64_t s = 0; s < kHalf; ++s) {
+      run.losses.push_back(trainer.step().loss);
+      checkpointer.after_step();
+    }
+    checkpointer.finish();
+    EXPECT_EQ(checkpointer.last_saved_step(), kHalf);
+  }
+  Trainer trainer(second);
+  const Checkpoint ckpt = resume_trainer(trainer, dir);
+  EXPECT_EQ(ckpt.step(), kHalf);
+  EXPECT_EQ(trainer.steps_done(), kHalf);
+  for (int64_t s = kHalf; s < second.steps; ++s) run.losses.push_back(trainer.step().loss);
+  run.state = full_state(trainer);
+  return run;
+}
+
+void expect_identical(const Run& expected, const Run& got) {
+  ASSERT_EQ(expected.losses.size(), got.losses.size());
+  for (size_t i = 0; i < expected.losses.size(); ++i)
+    EXPECT_EQ(expected.losses[i], got.losses[i]) << "step " << i + 1;
+  ASSERT_EQ(expected.state.size(), got.state.size());
+  for (const auto& [name, bytes] : expected.state) {
+    ASSERT_TRUE(got.state.count(name)) << name;
+    EXPECT_TRUE(bytes == got.state.at(name)) << name << " differs after the resume";
+  }
+}
+
+TEST(TrainerResume, OneStageContinuesBitForBit) {
+  TempDir dir;
+  const TrainConfig c = resume_config(1, schedule::ScheduleKind::k1F1B);
+  expect_identical(straight(c), stopped_and_resumed(c, c, dir.path(), /*async=*/false));
+}
+
+TEST(TrainerResume, FourStagesContinueBitForBit) {
+  TempDir dir;
+  const TrainConfig c = resume_config(4, schedule::ScheduleKind::k1F1B);
+  expect_identical(straight(c), stopped_and_resumed(c, c, dir.path(), /*async=*/false));
+}
+
+TEST(TrainerResume, RepartitionedFourToTwoWithAnotherScheduleContinuesBitForBit) {
+  TempDir dir;
+  const TrainConfig four = resume_config(4, schedule::ScheduleKind::k1F1B);
+  const TrainConfig two = resume_config(2, schedule::ScheduleKind::kZBH1);
+  expect_identical(straight(four), stopped_and_resumed(four, two, dir.path(), /*async=*/false));
+}
+
+TEST(TrainerResume, BackgroundSaveContinuesBitForBit) {
+  TempDir dir;
+  const TrainConfig c = resume_config(4, schedule::ScheduleKind::k1F1B);
+  expect_identical(straight(c), stopped_and_resumed(c, c, dir.path(), /*async=*/true));
+}
+
+TEST(TrainerResume, CheckpointOfAnotherModelIsRefusedNamingTheDifference) {
+  TempDir dir;
+  TrainConfig c = resume_config(1, schedule::ScheduleKind::k1F1B);
+  {
+    Trainer trainer(c);
+    trainer.step();
+    TrainerCheckpointer checkpointer(trainer, {dir.path()});
+    checkpointer.finish();
+  }
+  c.model.d_model = 16;
+  c.model.hidden = 32;
+  Trainer other(c);
+  const auto before = full_state(other);
+  try {
+    resume_trainer(other, dir.path());
+    FAIL() << "a checkpoint of d_model 32 resumed into d_model 16";
+  } catch (const CheckpointError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("another model"), std::string::npos) << what;
+    EXPECT_NE(what.find("d_model 32 in the checkpoint, 16 in this run"), std::string::npos) << what;
+  }
+  EXPECT_EQ(other.steps_done(), 0);
+  EXPECT_TRUE(before == full_state(other));
+}
+
+// A save that cannot be made (its folder is taken by a file): `stop` throws naming it,
+// `continue` reports it and trains on; `latest` still names the previous checkpoint.
+TEST(TrainerResume, FailedSaveStopsOrContinuesAndKeepsThePreviousCheckpoint) {
+  for (const SaveErrorPolicy policy : {SaveErrorPolicy::kStop, SaveErrorPolicy::kContinue}) {
+    TempDir dir;
+    Trainer trainer(resume_config(1, schedule::ScheduleKind::k1F1B));
+    std::vector<std::string> warnings;
+    TrainerCheckpointOptions options;
+    options.directory = dir.path();
+    options.every = 1;
+    options.on_error = policy;
+    options.warn = [&](const std::string& w) { warnings.push_back(w); };
+    TrainerCheckpointer checkpointer(trainer, options);
+    trainer.step();
+    checkpointer.after_step();
+    std::ofstream(dir / "step_2") << "in the way\n";
+    trainer.step();
+    if (policy == SaveErrorPolicy::kStop) {
+      try {
+        checkpointer.after_step();
+        FAIL() << "a save into a taken folder did not fail";
+      } catch (const CheckpointError& e) {
+        EXPECT_NE(std::string(e.what()).find("step_2"), std::string::npos) << e.what();
+      }
+    } else {
+      checkpointer.after_step();
+      ASSERT_EQ(warnings.size(), 1u);
+      EXPECT_NE(warnings[0].find("step_2"), std::string::npos) << warnings[0];
+      trainer.step();  // training goes on, and so do the saves
+      checkpointer.after_step();
+      EXPECT_EQ(checkpointer.last_saved_step(), 3);
+      continue;
+    }
+    EXPECT_EQ(open_checkpoint(dir.path()).step(), 1);
+    EXPECT_EQ(checkpointer.last_saved_step(), 1);
+  }
+}
+
+TEST(TrainerResume, SaveNowSavesTheCurrentStepOnce) {
+  TempDir dir;
+  Trainer trainer(resume_config(2, schedule::ScheduleKind::k1F1B));
+  TrainerCheckpointer checkpointer(trainer, {dir.path()});
+  trainer.step();
+  trainer.step();
+  trainer.save_now();
+  trainer.save_now();  // the step is saved already: nothing to do
+  EXPECT_EQ(checkpointer.last_saved_step(), 2);
+  const Checkpoint ckpt = open_checkpoint(dir.path());
+  EXPECT_EQ(ckpt.step(), 2);
+  EXPECT_EQ(ckpt.state().optimizer_steps, 2);
+  EXPECT_EQ(ckpt.state().data.position, 2u * 256u);
+  EXPECT_EQ(ckpt.state().stages.size(), 2u);
+}
+
+TEST(TrainerResume, UnwritableFolderIsRefusedBeforeTheFirstStep) {
+  TempDir dir;
+  std::ofstream(dir / "file") << "x\n";
+  Trainer trainer(resume_config(1, schedule::ScheduleKind::k1F1B));
+  EXPECT_THROW(TrainerCheckpointer(trainer, {dir / "file" / "ckpt"}), CheckpointError);
+}
+
+}  // namespace
+}  // namespace conveyor
