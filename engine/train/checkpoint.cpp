@@ -162,9 +162,9 @@ CommitResult CheckpointWriter::commit(const TrainingState& state) {
   file.sync();
   file.close();
   checkpoint_io::sync_directory(temp_);
+  checkpoint_io::pause_for_crash_test("commit");
   checkpoint_io::rename_path(temp_, final_);
   checkpoint_io::sync_directory(dir_);
-  checkpoint_io::pause_for_crash_test("commit");
   checkpoint_io::write_file_atomically(dir_ / kLatestName, step_folder_name(step_) + "\n");
   committed_ = true;
 
