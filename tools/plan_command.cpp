@@ -20,36 +20,44 @@ PlannedRun plan_training(const TrainConfig& config, Device device, int repetitio
     throw UsageError("--repetitions must be at least 1, got " + std::to_string(repetitions));
   const ModelDescription model = reference_model(config.model);
   const int p = config.stages;
-  // Profile at the micro-batch size of 2p micro-batches (the planner scales from there).
-  int64_t tokens = config.batch_tokens / (2 * p);
-  if (tokens < 1 || config.batch_tokens % (2 * p) != 0) tokens = config.batch_tokens / p;
-  if (tokens < 1)
+  if (config.batch_tokens < p)
     throw UsageError("a batch of " + std::to_string(config.batch_tokens) + " tokens cannot feed " +
                      std::to_string(p) + " devices; use at least " + std::to_string(p) + " tokens");
   DeviceContextOptions context_options;
   context_options.allow_tf32 = config.allow_tf32;
   DeviceContext ctx(device, context_options);
   ProfileOptions profile_options;
-  profile_options.microbatch_tokens = tokens;
   profile_options.repetitions = repetitions;
   profile_options.seed = config.seed;
   profile_options.optimizer_slots = config.optimizer.kind == "sgd" ? 0 : 2;
-  PlannedRun out;
-  out.costs = profile_units(model, ctx, profile_options);
-
+  // Each candidate micro-batch count is measured at its own size: times do not scale linearly
+  // once a unit's working set leaves the caches.
   PlanOptions options;
   options.num_ranks = p;
   options.batch_tokens = config.batch_tokens;
   options.memory_cap = static_cast<double>(config.memory_limit_bytes);
+  for (int m : {p, 2 * p, 4 * p, 8 * p})
+    if (config.batch_tokens % m == 0) options.microbatch_counts.push_back(m);
+  if (options.microbatch_counts.empty()) options.microbatch_counts.push_back(1);
+  std::vector<UnitCosts> measured;
+  for (int m : options.microbatch_counts) {
+    profile_options.microbatch_tokens = config.batch_tokens / m;
+    measured.push_back(profile_units(model, ctx, profile_options));
+  }
+  PlannedRun out;
+  out.costs = measured.front();
   try {
-    out.plan = plan(out.costs, options);
+    out.plan = plan(measured, options);
   } catch (const PlanError& e) {
     throw UsageError(e.what());
   }
+  const int64_t tokens = out.costs.microbatch_tokens;
   if (print) {
-    std::printf("profile %s on %s, %lld tokens per micro-batch (median of %d)\n",
-                model.name.c_str(), device.to_string().c_str(), static_cast<long long>(tokens),
-                repetitions);
+    std::printf(
+        "profile %s on %s, %lld tokens per micro-batch (median of %d; the plan also used sizes "
+        "measured for each micro-batch count)\n",
+        model.name.c_str(), device.to_string().c_str(), static_cast<long long>(tokens),
+        repetitions);
     std::printf("%6s %10s %10s %10s %12s %12s\n", "unit", "F (ms)", "I (ms)", "W (ms)", "act (KiB)",
                 "state (KiB)");
     for (size_t u = 0; u < out.costs.units.size(); ++u) {

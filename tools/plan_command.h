@@ -10,7 +10,7 @@
 namespace conveyor::cli {
 
 struct PlannedRun {
-  UnitCosts costs;
+  UnitCosts costs;  // the profile at the largest micro-batch size planned for
   Plan plan;
 };
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 #include <iomanip>
 #include <limits>
@@ -335,7 +336,26 @@ PlanCandidate data_parallel(const UnitCosts& costs, const PlanOptions& options) 
 }  // namespace
 
 Plan plan(const UnitCosts& costs, const PlanOptions& options) {
-  check_options(costs, options);
+  return plan(std::vector<UnitCosts>{costs}, options);
+}
+
+Plan plan(const std::vector<UnitCosts>& measured, const PlanOptions& options) {
+  if (measured.empty()) throw PlanError("no cost table to plan from; profile the model first");
+  for (const auto& table : measured) {
+    check_options(table, options);
+    if (table.units.size() != measured[0].units.size())
+      throw PlanError("cost tables of " + std::to_string(measured[0].units.size()) + " and " +
+                      std::to_string(table.units.size()) +
+                      " units; every table must describe the same model");
+  }
+  auto nearest = [&](int64_t tokens) -> const UnitCosts& {
+    const UnitCosts* best = &measured[0];
+    for (const auto& table : measured)
+      if (std::llabs(table.microbatch_tokens - tokens) <
+          std::llabs(best->microbatch_tokens - tokens))
+        best = &table;
+    return *best;
+  };
   const int p = options.num_ranks;
   std::vector<int> counts = options.microbatch_counts;
   if (counts.empty())
@@ -353,6 +373,7 @@ Plan plan(const UnitCosts& costs, const PlanOptions& options) {
     if (v >= 2) kinds.push_back({schedule::ScheduleKind::kInterleaved, v});
   for (int m : counts) {
     if (m < 1 || options.batch_tokens % m != 0) continue;
+    const UnitCosts& costs = nearest(options.batch_tokens / m);
     const double factor = static_cast<double>(options.batch_tokens / m) /
                           static_cast<double>(costs.microbatch_tokens);
     const auto units = scaled(costs.units, factor);
@@ -387,7 +408,7 @@ Plan plan(const UnitCosts& costs, const PlanOptions& options) {
     }
   }
   if (options.include_data_parallel && p > 1)
-    out.candidates.push_back(data_parallel(costs, options));
+    out.candidates.push_back(data_parallel(nearest(options.batch_tokens / p), options));
   std::stable_sort(out.candidates.begin(), out.candidates.end(),
                    [](const PlanCandidate& a, const PlanCandidate& b) {
                      if (a.rejected.empty() != b.rejected.empty()) return a.rejected.empty();

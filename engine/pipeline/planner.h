@@ -105,6 +105,10 @@ struct Plan {
 // simulated with the costs scaled linearly from the measured micro-batch size to the
 // candidate's (batch_tokens / m), and the data-parallel layout when the model fits one device.
 Plan plan(const UnitCosts& costs, const PlanOptions& options);
+// The same with costs measured at several micro-batch sizes: each candidate uses the table
+// measured nearest its micro-batch size (exactly its size when that was measured), since
+// times do not scale linearly across cache sizes.
+Plan plan(const std::vector<UnitCosts>& measured, const PlanOptions& options);
 
 // The ranked table: step time, bubble, peak memory per rank, the partition; says plainly when
 // running without a pipeline is faster.

@@ -239,6 +239,28 @@ TEST(Planner, SaysWhenDataParallelBeatsThePipeline) {
     if (!c.pipelined) EXPECT_NE(c.rejected.find("does not fit"), std::string::npos) << c.rejected;
 }
 
+TEST(Planner, UsesTheTableMeasuredAtEachMicroBatchSize) {
+  UnitCosts at_256 = head_heavy(4), at_512 = head_heavy(4);
+  at_512.microbatch_tokens = 512;
+  for (auto& u : at_512.units) u.forward *= 3, u.backward_input *= 3, u.backward_weight *= 3;
+  PlanOptions options;
+  options.num_ranks = 2;
+  options.batch_tokens = 2048;
+  options.include_data_parallel = false;
+  auto step_of = [](const Plan& p, const std::string& layout, int m) {
+    for (const auto& c : p.candidates)
+      if (c.layout == layout && c.microbatches == m) return c.step_seconds;
+    ADD_FAILURE() << "no " << layout << " with " << m << " micro-batches";
+    return 0.0;
+  };
+  options.microbatch_counts = {4, 8};
+  const Plan both = plan(std::vector<UnitCosts>{at_256, at_512}, options);
+  options.microbatch_counts = {4};
+  EXPECT_DOUBLE_EQ(step_of(both, "1f1b", 4), step_of(plan(at_512, options), "1f1b", 4));
+  options.microbatch_counts = {8};
+  EXPECT_DOUBLE_EQ(step_of(both, "1f1b", 8), step_of(plan(at_256, options), "1f1b", 8));
+}
+
 TEST(Planner, BadOptionsAreErrors) {
   PlanOptions options;
   options.batch_tokens = 0;
