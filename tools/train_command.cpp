@@ -18,6 +18,7 @@
 #include "engine/train/trainer_checkpoint.h"
 #include "tools/cli_common.h"
 #include "tools/commands.h"
+#include "tools/plan_command.h"
 
 namespace conveyor::cli {
 namespace {
@@ -51,6 +52,7 @@ struct TrainFlags {
   std::string trace;
   bool quiet = false;
   CheckpointFlags checkpoint;
+  std::string plan_file;  // --plan FILE
 };
 
 void add_checkpoint_flags(CLI::App* cmd, CheckpointFlags& f) {
@@ -174,6 +176,7 @@ schedule::ScheduleKind parse_schedule(const std::string& name) {
 
 // "uniform", "params", or blocks per stage such as "3,5,5,3".
 PartitionSpec parse_partition(const std::string& text) {
+  if (text == "auto") return PartitionSpec::uniform();  // replaced by apply_planning
   if (text == "uniform") return PartitionSpec::uniform();
   if (text == "params") return PartitionSpec::by_parameters();
   std::vector<int64_t> counts;
@@ -257,6 +260,31 @@ TrainConfig resolve_config(TrainFlags& f, const CLI::App& cmd) {
   return config;
 }
 
+// --plan FILE and --partition auto: the pipeline settings come from a plan (a file, or one
+// made now by profiling on `device`); an explicit block list still wins over both.
+void apply_planning(const TrainFlags& f, Device device, TrainConfig& config) {
+  if (!f.plan_file.empty() && f.partition == "auto")
+    throw UsageError("--plan and --partition auto both choose the layout; give one of them");
+  const PartitionSpec given = config.partition;
+  if (!f.plan_file.empty()) {
+    apply_plan_file(f.plan_file, config);
+    if (given.kind == PartitionSpec::Kind::kBlocks) config.partition = given;
+  } else if (f.partition == "auto") {
+    const PlannedRun run = plan_training(config, device, 3, !f.quiet);
+    const PlanCandidate& best = best_pipeline(run.plan);
+    apply_candidate(best, config);
+    std::printf("plan   %s, %lld micro-batches, predicted step %.3f ms\n", best.layout.c_str(),
+                static_cast<long long>(config.microbatches), best.step_seconds * 1e3);
+  } else {
+    return;
+  }
+  try {
+    config.validate();
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
+}
+
 void run_train(TrainFlags& f, const CLI::App& cmd) {
   TrainConfig config = resolve_config(f, cmd);
   std::string note;
@@ -268,6 +296,7 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
   }
   if (!note.empty()) std::printf("conveyor: %s\n", note.c_str());
   config.device = device;
+  apply_planning(f, device, config);
 
   std::unique_ptr<Trainer> trainer;
   try {
@@ -400,8 +429,9 @@ void register_train_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--schedule-file", c.schedule_file,
                   "Run the schedule in FILE (text or CSV, see `conveyor schedule --dump`)");
-  cmd->add_option("--partition", flags->partition,
-                  "Blocks per stage: uniform, params, or counts such as 3,5,5,3")
+  cmd->add_option(
+         "--partition", flags->partition,
+         "Blocks per stage: uniform, params, auto (profile and plan), or counts such as 3,5,5,3")
       ->capture_default_str();
   cmd->add_option("--placement", flags->placement,
                   "auto (one rank per GPU when there are enough) or shared (all on one GPU)")
@@ -414,6 +444,8 @@ void register_train_command(CLI::App& app) {
   cmd->add_option("--trace", flags->trace,
                   "Write the last step's measured timeline (Chrome trace)");
   add_checkpoint_flags(cmd, flags->checkpoint);
+  cmd->add_option("--plan", flags->plan_file,
+                  "Run the plan in FILE (written by `conveyor plan --out`)");
   cmd->callback([flags, cmd] { run_train(*flags, *cmd); });
 }
 

@@ -1,0 +1,454 @@
+#include "engine/pipeline/planner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <functional>
+#include <iomanip>
+#include <limits>
+#include <sstream>
+
+#include "engine/schedule/simulator.h"
+
+namespace conveyor {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+std::string bytes_text(double bytes) {
+  std::ostringstream out;
+  out << std::fixed << std::setprecision(1);
+  if (bytes >= 1024.0 * 1024 * 1024)
+    out << bytes / (1024.0 * 1024 * 1024) << " GiB";
+  else if (bytes >= 1024.0 * 1024)
+    out << bytes / (1024.0 * 1024) << " MiB";
+  else if (bytes >= 1024.0)
+    out << bytes / 1024.0 << " KiB";
+  else
+    out << std::setprecision(0) << bytes << " B";
+  return out.str();
+}
+
+std::string ranges_text(const std::vector<StageRange>& ranges) {
+  std::ostringstream out;
+  for (size_t s = 0; s < ranges.size(); ++s)
+    out << (s ? " " : "") << "[" << ranges[s].begin << "," << ranges[s].end << ")";
+  return out.str();
+}
+
+// Sums of one per-unit quantity over every range [b, e), each added up in unit order, so a
+// stage's total is the same number however it is reached (no prefix differences).
+struct Prefix {
+  int64_t n = 0;
+  std::vector<double> table;  // table[b * (n + 1) + e]
+  Prefix(const std::vector<UnitCost>& units, double (*of)(const UnitCost&))
+      : n(static_cast<int64_t>(units.size())), table((n + 1) * (n + 1), 0.0) {
+    for (int64_t b = 0; b < n; ++b)
+      for (int64_t e = b + 1; e <= n; ++e)
+        table[b * (n + 1) + e] = table[b * (n + 1) + e - 1] + of(units[e - 1]);
+  }
+  double over(int64_t begin, int64_t end) const { return table[begin * (n + 1) + end]; }
+  double over(const StageRange& r) const { return over(r.begin, r.end); }
+};
+
+// Bytes within a billionth of the cap fit: sums taken in another order may differ in the last
+// bits, and that must not decide whether a partition runs.
+bool fits(double bytes, double cap) { return cap <= 0 || bytes <= cap * (1 + 1e-9); }
+
+struct Sums {
+  Prefix compute, activation, state;
+  explicit Sums(const std::vector<UnitCost>& units)
+      : compute(units, [](const UnitCost& u) { return u.compute(); }),
+        activation(units, [](const UnitCost& u) { return u.activation_bytes; }),
+        state(units, [](const UnitCost& u) { return u.state_bytes; }) {}
+};
+
+void check_shape(const std::vector<UnitCost>& units, const schedule::Schedule& schedule) {
+  const int stages = schedule.num_stages();
+  if (stages < 1) throw PlanError("the schedule has no stages; expected at least one");
+  if (static_cast<int64_t>(units.size()) < stages)
+    throw PlanError("cannot cut " + std::to_string(units.size()) + " units into " +
+                    std::to_string(stages) + " stages: every stage needs a unit; use at most " +
+                    std::to_string(units.size()) + " stages");
+}
+
+double bottleneck_of(const Sums& sums, const std::vector<StageRange>& ranges,
+                     const schedule::Placement& placement) {
+  std::vector<double> per_rank(placement.num_ranks, 0.0);
+  for (int s = 0; s < static_cast<int>(ranges.size()); ++s)
+    per_rank[placement.rank_of(s)] += sums.compute.over(ranges[s]);
+  return *std::max_element(per_rank.begin(), per_rank.end());
+}
+
+std::vector<double> memory_of(const Sums& sums, const std::vector<StageRange>& ranges,
+                              const schedule::Schedule& schedule) {
+  std::vector<double> activation(ranges.size());
+  for (size_t s = 0; s < ranges.size(); ++s) activation[s] = sums.activation.over(ranges[s]);
+  const auto held = schedule::in_flight_per_rank(schedule, activation);
+  std::vector<double> out(schedule.num_ranks(), 0.0);
+  for (int s = 0; s < static_cast<int>(ranges.size()); ++s)
+    out[schedule.placement.rank_of(s)] += sums.state.over(ranges[s]);
+  for (int r = 0; r < schedule.num_ranks(); ++r) out[r] += held[r].peak_held_bytes;
+  return out;
+}
+
+std::vector<StageRange> from_cuts(const std::vector<int64_t>& starts, int64_t units) {
+  std::vector<StageRange> ranges;
+  for (size_t s = 0; s < starts.size(); ++s)
+    ranges.push_back({starts[s], s + 1 < starts.size() ? starts[s + 1] : units});
+  return ranges;
+}
+
+// Min over contiguous partitions of max over stages of cost(stage, begin, end), where a cost of
+// +inf marks a stage that is not allowed: O(S · U²) dynamic programming. Empty when every
+// partition has an infinite stage.
+std::vector<StageRange> min_max_partition(
+    int64_t units, int stages, const std::function<double(int, int64_t, int64_t)>& cost) {
+  // best[s][u]: the smallest largest-stage cost putting units [0, u) into stages [0, s).
+  std::vector<std::vector<double>> best(stages + 1, std::vector<double>(units + 1, kInf));
+  std::vector<std::vector<int64_t>> cut(stages + 1, std::vector<int64_t>(units + 1, -1));
+  best[0][0] = 0;
+  for (int s = 1; s <= stages; ++s)
+    for (int64_t u = s; u <= units - (stages - s); ++u)
+      for (int64_t start = s - 1; start < u; ++start) {
+        if (best[s - 1][start] == kInf) continue;
+        const double c = std::max(best[s - 1][start], cost(s - 1, start, u));
+        if (c < best[s][u]) best[s][u] = c, cut[s][u] = start;
+      }
+  if (best[stages][units] == kInf) return {};
+  std::vector<StageRange> ranges(stages);
+  for (int s = stages, u = static_cast<int>(units); s >= 1; --s) {
+    ranges[s - 1] = {cut[s][u], u};
+    u = static_cast<int>(cut[s][u]);
+  }
+  return ranges;
+}
+
+// Calls `visit` with every partition of `units` units into `stages` non-empty contiguous ranges.
+void for_each_partition(int64_t units, int stages,
+                        const std::function<void(const std::vector<StageRange>&)>& visit) {
+  std::vector<int64_t> starts(stages, 0);
+  std::function<void(int)> place = [&](int s) {
+    if (s == stages) return visit(from_cuts(starts, units));
+    for (int64_t b = starts[s - 1] + 1; b <= units - (stages - s); ++b) starts[s] = b, place(s + 1);
+  };
+  place(1);
+}
+
+double partitions_count(int64_t units, int stages) {  // C(units - 1, stages - 1)
+  double c = 1;
+  for (int k = 1; k < stages; ++k) c = c * static_cast<double>(units - k) / k;
+  return c;
+}
+
+[[noreturn]] void throw_no_fit(const std::vector<UnitCost>& units, const Sums& sums,
+                               const schedule::Schedule& schedule, double cap,
+                               const std::vector<StageRange>& fastest,
+                               const std::vector<StageRange>& leanest) {
+  const auto memory = memory_of(sums, fastest, schedule);
+  const int worst =
+      static_cast<int>(std::max_element(memory.begin(), memory.end()) - memory.begin());
+  const auto held = schedule::in_flight_per_rank(schedule);
+  const auto leanest_memory = memory_of(sums, leanest, schedule);
+  const double smallest = *std::max_element(leanest_memory.begin(), leanest_memory.end());
+  std::ostringstream out;
+  out << "no partition of " << units.size() << " units into " << schedule.num_stages()
+      << " stages fits " << bytes_text(cap) << " per device under " << schedule.name << " with "
+      << schedule.num_microbatches << " micro-batches: in the fastest partition "
+      << ranges_text(fastest) << " rank " << worst << " needs " << bytes_text(memory[worst]) << " ("
+      << held[worst].peak_held << " micro-batches held), " << bytes_text(memory[worst] - cap)
+      << " over; the smallest cap any partition fits is " << bytes_text(smallest) << " ("
+      << ranges_text(leanest) << "); raise the cap or pick a schedule that holds fewer "
+      << "micro-batches";
+  throw PlanError(out.str());
+}
+
+}  // namespace
+
+std::vector<double> rank_memory(const std::vector<UnitCost>& units,
+                                const std::vector<StageRange>& ranges,
+                                const schedule::Schedule& schedule) {
+  return memory_of(Sums(units), ranges, schedule);
+}
+
+std::vector<int64_t> blocks_of(const std::vector<StageRange>& ranges) {
+  std::vector<int64_t> blocks;
+  for (size_t s = 0; s < ranges.size(); ++s)
+    blocks.push_back(ranges[s].end - ranges[s].begin - (s == 0 ? 1 : 0) -
+                     (s + 1 == ranges.size() ? 1 : 0));
+  return blocks;
+}
+
+PartitionChoice best_partition(const std::vector<UnitCost>& units,
+                               const schedule::Schedule& schedule, double memory_cap,
+                               int64_t max_enumerated) {
+  check_shape(units, schedule);
+  if (memory_cap < 0)
+    throw PlanError("memory cap " + std::to_string(memory_cap) +
+                    " is negative; expected bytes "
+                    "> 0, or 0 for no cap");
+  const Sums sums(units);
+  const int64_t n = static_cast<int64_t>(units.size());
+  const int stages = schedule.num_stages();
+  const schedule::Placement& placement = schedule.placement;
+  std::vector<StageRange> chosen, fastest, leanest;
+
+  if (placement.chunks == 1) {
+    // One stage per rank: stage s's memory is its state plus the micro-batches its rank holds
+    // at the peak times its activation bytes, so both objective and cap are per stage.
+    const auto held = schedule::in_flight_per_rank(schedule);
+    auto stage_bytes = [&](int s, int64_t b, int64_t e) {
+      return sums.state.over(b, e) +
+             held[placement.rank_of(s)].peak_held * sums.activation.over(b, e);
+    };
+    auto time = [&](int, int64_t b, int64_t e) { return sums.compute.over(b, e); };
+    chosen = min_max_partition(n, stages, [&](int s, int64_t b, int64_t e) {
+      return fits(stage_bytes(s, b, e), memory_cap) ? time(s, b, e) : kInf;
+    });
+    if (chosen.empty()) {
+      fastest = min_max_partition(n, stages, time);
+      leanest = min_max_partition(n, stages, stage_bytes);
+    }
+  } else {
+    // Several stages per rank: a rank's time and memory add up non-adjacent ranges, which a
+    // prefix recursion cannot see, so every partition is tried.
+    if (partitions_count(n, stages) > static_cast<double>(max_enumerated))
+      throw PlanError("the exact search over " + std::to_string(n) + " units in " +
+                      std::to_string(stages) + " stages would try " +
+                      std::to_string(static_cast<int64_t>(partitions_count(n, stages))) +
+                      " partitions, more than the limit of " + std::to_string(max_enumerated) +
+                      "; use one stage per rank (gpipe, 1f1b, zbh1) or fewer chunks");
+    double best = kInf, best_any = kInf, leanest_peak = kInf;
+    for_each_partition(n, stages, [&](const std::vector<StageRange>& ranges) {
+      const double t = bottleneck_of(sums, ranges, placement);
+      const auto memory = memory_of(sums, ranges, schedule);
+      const double peak = *std::max_element(memory.begin(), memory.end());
+      if (t < best_any) best_any = t, fastest = ranges;
+      if (peak < leanest_peak) leanest_peak = peak, leanest = ranges;
+      if (fits(peak, memory_cap) && t < best) best = t, chosen = ranges;
+    });
+  }
+  if (chosen.empty()) throw_no_fit(units, sums, schedule, memory_cap, fastest, leanest);
+  return {chosen, bottleneck_of(sums, chosen, placement), memory_of(sums, chosen, schedule)};
+}
+
+const PlanCandidate& Plan::best() const {
+  for (const auto& c : candidates)
+    if (c.rejected.empty()) return c;
+  std::string why;
+  for (const auto& c : candidates) why += "\n  " + c.layout + ": " + c.rejected;
+  throw PlanError("no layout fits:" + why);
+}
+
+namespace {
+
+std::vector<UnitCost> scaled(const std::vector<UnitCost>& units, double factor) {
+  std::vector<UnitCost> out = units;
+  for (auto& u : out) {
+    u.forward *= factor;
+    u.backward_input *= factor;
+    u.backward_weight *= factor;
+    u.activation_bytes *= factor;
+  }
+  return out;
+}
+
+schedule::CostModel cost_model(const std::vector<UnitCost>& units,
+                               const std::vector<StageRange>& ranges, double transfer) {
+  schedule::CostModel costs;
+  costs.forward.clear(), costs.backward_input.clear(), costs.backward_weight.clear();
+  for (const auto& r : ranges) {
+    double f = 0, i = 0, w = 0, a = 0;
+    for (int64_t u = r.begin; u < r.end; ++u)
+      f += units[u].forward, i += units[u].backward_input, w += units[u].backward_weight,
+          a += units[u].activation_bytes;
+    costs.forward.push_back(f);
+    costs.backward_input.push_back(i);
+    costs.backward_weight.push_back(w);
+    costs.activation_bytes.push_back(a);
+  }
+  costs.latency = transfer;
+  return costs;
+}
+
+void check_options(const UnitCosts& costs, const PlanOptions& options) {
+  if (costs.units.size() < 2)
+    throw PlanError("the cost table has " + std::to_string(costs.units.size()) +
+                    " units; a model has at least 2 (the first and the loss head)");
+  if (costs.microbatch_tokens < 1)
+    throw PlanError("the costs were measured at " + std::to_string(costs.microbatch_tokens) +
+                    " tokens per micro-batch; expected at least 1");
+  if (options.num_ranks < 1)
+    throw PlanError("planning for " + std::to_string(options.num_ranks) +
+                    " devices; expected at least 1");
+  if (options.batch_tokens < 1)
+    throw PlanError("batch of " + std::to_string(options.batch_tokens) +
+                    " tokens; expected at least 1");
+}
+
+PlanCandidate data_parallel(const UnitCosts& costs, const PlanOptions& options) {
+  const int p = options.num_ranks;
+  PlanCandidate c;
+  c.layout = "data-parallel x" + std::to_string(p);
+  c.pipelined = false;
+  c.ranges = {{0, static_cast<int64_t>(costs.units.size())}};
+  if (options.batch_tokens % p != 0) {
+    c.rejected = "the batch of " + std::to_string(options.batch_tokens) +
+                 " tokens does not split into " + std::to_string(p) + " equal replicas";
+    return c;
+  }
+  const int64_t replica_tokens = options.batch_tokens / p;
+  double state = 0, parameters = 0, compute = 0, activation = 0;
+  for (const auto& u : costs.units)
+    state += u.state_bytes, parameters += u.parameter_bytes, compute += u.compute(),
+        activation += u.activation_bytes;
+  // Each replica runs its share one micro-batch after another, accumulating gradients; the
+  // fewest micro-batches whose activations fit.
+  const double per_token = 1.0 / static_cast<double>(costs.microbatch_tokens);
+  c.microbatches = 0;
+  for (int m = 1; m <= replica_tokens; ++m) {
+    if (replica_tokens % m) continue;
+    const double bytes = state + activation * per_token * static_cast<double>(replica_tokens / m);
+    if (fits(bytes, options.memory_cap)) {
+      c.microbatches = m;
+      c.peak_bytes = std::vector<double>(p, bytes);
+      break;
+    }
+  }
+  if (c.microbatches == 0) {
+    c.rejected = "the model's state alone (" + bytes_text(state) + ") does not fit the cap of " +
+                 bytes_text(options.memory_cap) + " on one device";
+    c.peak_bytes = std::vector<double>(p, state);
+    return c;
+  }
+  // Ring all-reduce of the gradients: 2(p-1) steps, each moving 1/p of them.
+  const double reduce =
+      p == 1 ? 0.0
+             : 2.0 * (p - 1) *
+                   (options.allreduce_latency + (options.allreduce_bandwidth > 0
+                                                     ? parameters / p / options.allreduce_bandwidth
+                                                     : 0.0));
+  c.step_seconds = compute * per_token * static_cast<double>(replica_tokens) + reduce;
+  c.bubble = c.step_seconds > 0 ? reduce / c.step_seconds : 0.0;
+  return c;
+}
+
+}  // namespace
+
+Plan plan(const UnitCosts& costs, const PlanOptions& options) {
+  return plan(std::vector<UnitCosts>{costs}, options);
+}
+
+Plan plan(const std::vector<UnitCosts>& measured, const PlanOptions& options) {
+  if (measured.empty()) throw PlanError("no cost table to plan from; profile the model first");
+  for (const auto& table : measured) {
+    check_options(table, options);
+    if (table.units.size() != measured[0].units.size())
+      throw PlanError("cost tables of " + std::to_string(measured[0].units.size()) + " and " +
+                      std::to_string(table.units.size()) +
+                      " units; every table must describe the same model");
+  }
+  auto nearest = [&](int64_t tokens) -> const UnitCosts& {
+    const UnitCosts* best = &measured[0];
+    for (const auto& table : measured)
+      if (std::llabs(table.microbatch_tokens - tokens) <
+          std::llabs(best->microbatch_tokens - tokens))
+        best = &table;
+    return *best;
+  };
+  const int p = options.num_ranks;
+  std::vector<int> counts = options.microbatch_counts;
+  if (counts.empty())
+    for (int m : {p, 2 * p, 4 * p, 8 * p}) counts.push_back(m);
+  Plan out;
+  struct Kind {
+    schedule::ScheduleKind kind;
+    int chunks;
+  };
+  std::vector<Kind> kinds = {{schedule::ScheduleKind::kGPipe, 1},
+                             {schedule::ScheduleKind::k1F1B, 1},
+                             {schedule::ScheduleKind::kZBH1, 1},
+                             {schedule::ScheduleKind::kZBV, 2}};
+  for (int v : options.interleaved_chunks)
+    if (v >= 2) kinds.push_back({schedule::ScheduleKind::kInterleaved, v});
+  for (int m : counts) {
+    if (m < 1 || options.batch_tokens % m != 0) continue;
+    const UnitCosts& costs = nearest(options.batch_tokens / m);
+    const double factor = static_cast<double>(options.batch_tokens / m) /
+                          static_cast<double>(costs.microbatch_tokens);
+    const auto units = scaled(costs.units, factor);
+    for (const auto& k : kinds) {
+      if (p == 1 && k.kind != schedule::ScheduleKind::k1F1B) continue;
+      PlanCandidate c;
+      c.kind = k.kind;
+      c.chunks = k.chunks;
+      c.microbatches = m;
+      c.layout = schedule::schedule_kind_name(k.kind);
+      if (k.kind == schedule::ScheduleKind::kInterleaved)
+        c.layout += " v=" + std::to_string(k.chunks);
+      schedule::Schedule sched;
+      try {
+        sched = schedule::generate(k.kind, p, m, k.chunks);
+      } catch (const schedule::ScheduleError&) {
+        continue;  // not defined for these values (interleaved needs m % p == 0)
+      }
+      if (sched.num_stages() > static_cast<int>(units.size())) continue;
+      try {
+        const PartitionChoice choice = best_partition(units, sched, options.memory_cap);
+        c.ranges = choice.ranges;
+        c.peak_bytes = choice.rank_bytes;
+        const auto sim = schedule::simulate(
+            sched, cost_model(units, choice.ranges, costs.transfer_seconds * factor));
+        c.step_seconds = sim.makespan;
+        c.bubble = sim.bubble_fraction;
+      } catch (const PlanError& e) {
+        c.rejected = e.what();
+      }
+      out.candidates.push_back(std::move(c));
+    }
+  }
+  if (options.include_data_parallel && p > 1)
+    out.candidates.push_back(data_parallel(nearest(options.batch_tokens / p), options));
+  std::stable_sort(out.candidates.begin(), out.candidates.end(),
+                   [](const PlanCandidate& a, const PlanCandidate& b) {
+                     if (a.rejected.empty() != b.rejected.empty()) return a.rejected.empty();
+                     return a.step_seconds < b.step_seconds;
+                   });
+  return out;
+}
+
+std::string format_plan(const Plan& plan) {
+  std::ostringstream out;
+  out << std::left << std::setw(5) << "rank" << std::setw(20) << "layout" << std::right
+      << std::setw(5) << "m" << std::setw(14) << "step (ms)" << std::setw(9) << "bubble"
+      << "  peak memory per rank / partition\n";
+  int rank = 0;
+  for (const auto& c : plan.candidates) {
+    std::ostringstream memory;
+    for (size_t r = 0; r < c.peak_bytes.size(); ++r)
+      memory << (r ? " " : "") << bytes_text(c.peak_bytes[r]);
+    out << std::left << std::setw(5) << (c.rejected.empty() ? std::to_string(++rank) : "-")
+        << std::setw(20) << c.layout << std::right << std::setw(5) << c.microbatches;
+    if (c.rejected.empty()) {
+      out << std::fixed << std::setprecision(3) << std::setw(14) << c.step_seconds * 1e3
+          << std::setprecision(1) << std::setw(8) << c.bubble * 100 << "%  " << memory.str()
+          << " / " << (c.pipelined ? ranges_text(c.ranges) : "whole model on every device") << "\n";
+    } else {
+      out << "  does not fit: " << c.rejected << "\n";
+    }
+  }
+  const PlanCandidate* best_pipe = nullptr;
+  const PlanCandidate* dp = nullptr;
+  for (const auto& c : plan.candidates) {
+    if (!c.rejected.empty()) continue;
+    if (c.pipelined && !best_pipe) best_pipe = &c;
+    if (!c.pipelined && !dp) dp = &c;
+  }
+  if (dp && (!best_pipe || dp->step_seconds <= best_pipe->step_seconds))
+    out << "pipelining loses for this model and batch: " << dp->layout << " is faster"
+        << (best_pipe ? " than the best pipeline (" + best_pipe->layout + ")" : std::string())
+        << "\n";
+  return out.str();
+}
+
+}  // namespace conveyor

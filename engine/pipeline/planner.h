@@ -1,0 +1,117 @@
+#pragma once
+// Planning a pipeline from measured per-unit costs: the contiguous unit ranges per stage
+// (exactly, under a per-device memory cap), the schedule and the micro-batch count, each
+// candidate timed by the schedule simulator. Pure code: no device, no model is built.
+//
+// Memory per rank is the state of its units (parameters, gradients, optimizer state) plus the
+// activations its stages hold at the schedule's peak. How many micro-batches a stage holds
+// comes from the schedule IR (schedule::in_flight_per_rank, "held": from F to the last
+// backward that reads them), never from a closed form.
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "engine/pipeline/partition.h"
+#include "engine/schedule/generators.h"
+#include "engine/schedule/schedule.h"
+
+namespace conveyor {
+
+// One unit's costs for one micro-batch of UnitCosts::microbatch_tokens tokens.
+struct UnitCost {
+  double forward = 0;           // seconds
+  double backward_input = 0;    // seconds
+  double backward_weight = 0;   // seconds
+  double activation_bytes = 0;  // saved by the forward until the backward has used it
+  double parameter_bytes = 0;   // the weights alone (the size of the gradient all-reduce)
+  double state_bytes = 0;       // parameters + gradients + optimizer state
+
+  double compute() const { return forward + backward_input + backward_weight; }
+};
+
+struct UnitCosts {
+  std::vector<UnitCost> units;
+  int64_t microbatch_tokens = 0;  // the micro-batch size the costs were measured at
+  double transfer_seconds = 0;    // one boundary activation between two ranks, at that size
+};
+
+// Errors of planning (an impossible cap, bad options): the message says what would work.
+class PlanError : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+struct PartitionChoice {
+  std::vector<StageRange> ranges;  // per stage, in stage order
+  double bottleneck = 0;           // largest per-rank compute of one micro-batch (F + I + W)
+  std::vector<double> rank_bytes;  // per rank: state + peak held activations
+};
+
+// The contiguous unit ranges for the stages of `schedule` (each stage at least one unit) that
+// minimise the bottleneck — the largest sum over a rank's stages of F + I + W per micro-batch —
+// with every rank's memory within `memory_cap` bytes (0: no cap). Exact for that objective:
+// with one stage per rank by dynamic programming over (stages, unit prefix); with several
+// stages per rank (interleaved, zbv), where a rank's sums span non-adjacent ranges, by
+// enumerating every contiguous partition (PlanError when there are more than `max_enumerated`).
+// The simulator, not this objective, gives the step time; plan() uses it to rank candidates.
+// Throws PlanError when no partition fits the cap, naming the stage that overflows in the
+// fastest partition, by how much, and the smallest cap any partition fits.
+PartitionChoice best_partition(const std::vector<UnitCost>& units,
+                               const schedule::Schedule& schedule, double memory_cap = 0,
+                               int64_t max_enumerated = 200000);
+
+// Per rank: state of its units plus the peak bytes of activations its stages hold, for the
+// given unit ranges per stage.
+std::vector<double> rank_memory(const std::vector<UnitCost>& units,
+                                const std::vector<StageRange>& ranges,
+                                const schedule::Schedule& schedule);
+
+// The ranges as blocks per stage (what PartitionSpec::explicit_blocks takes), for a model of
+// units.size() units whose first and last units are not blocks.
+std::vector<int64_t> blocks_of(const std::vector<StageRange>& ranges);
+
+struct PlanOptions {
+  int num_ranks = 2;
+  int64_t batch_tokens = 0;            // tokens per step, split into micro-batches
+  std::vector<int> microbatch_counts;  // empty: p, 2p, 4p, 8p (those dividing the batch)
+  std::vector<int> interleaved_chunks{2};
+  double memory_cap = 0;           // bytes per device; 0 = unlimited
+  double allreduce_bandwidth = 0;  // bytes per second of the data-parallel all-reduce; 0 = free
+  double allreduce_latency = 0;    // seconds per all-reduce step
+  bool include_data_parallel = true;
+};
+
+struct PlanCandidate {
+  std::string layout;  // "1f1b", "interleaved v=2", "data-parallel x2", ...
+  bool pipelined = true;
+  schedule::ScheduleKind kind = schedule::ScheduleKind::k1F1B;
+  int chunks = 1;
+  int microbatches = 1;            // per step (data-parallel: per replica)
+  std::vector<StageRange> ranges;  // per stage; data-parallel: the whole model
+  double step_seconds = 0;         // predicted by the simulator (data-parallel: compute + reduce)
+  double bubble = 0;               // idle fraction of the ranks
+  std::vector<double> peak_bytes;  // per rank (data-parallel: per replica)
+  std::string rejected;            // non-empty: why this candidate cannot run
+};
+
+struct Plan {
+  std::vector<PlanCandidate> candidates;  // feasible ones first, fastest first
+  // The fastest feasible candidate; PlanError when none is.
+  const PlanCandidate& best() const;
+};
+
+// Every schedule kind and micro-batch count of `options`, with the exact partition of each,
+// simulated with the costs scaled linearly from the measured micro-batch size to the
+// candidate's (batch_tokens / m), and the data-parallel layout when the model fits one device.
+Plan plan(const UnitCosts& costs, const PlanOptions& options);
+// The same with costs measured at several micro-batch sizes: each candidate uses the table
+// measured nearest its micro-batch size (exactly its size when that was measured), since
+// times do not scale linearly across cache sizes.
+Plan plan(const std::vector<UnitCosts>& measured, const PlanOptions& options);
+
+// The ranked table: step time, bubble, peak memory per rank, the partition; says plainly when
+// running without a pipeline is faster.
+std::string format_plan(const Plan& plan);
+
+}  // namespace conveyor

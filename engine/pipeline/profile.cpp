@@ -1,0 +1,147 @@
+#include "engine/pipeline/profile.h"
+
+#include <algorithm>
+#include <chrono>
+#include <random>
+#include <stdexcept>
+#include <vector>
+
+#include "comm/in_process.h"
+#include "engine/pipeline/stage.h"
+
+namespace conveyor {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+// Seconds `run` takes, including the work it queued on the compute stream.
+template <class F>
+double timed(DeviceContext& ctx, F&& run) {
+  ctx.synchronize();
+  const auto start = Clock::now();
+  run();
+  ctx.synchronize();
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+Tensor random_tensor(DeviceContext& ctx, const ActivationSpec& spec, uint64_t seed) {
+  if (spec.dtype != DType::F32)
+    throw std::invalid_argument(
+        "profiling needs f32 activations between units; the model passes "
+        "another dtype");
+  Tensor t = ctx.empty(spec.shape, spec.dtype);
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> host(static_cast<size_t>(t.numel()));
+  for (auto& v : host) v = dist(rng);
+  copy_from_host(t, host.data(), t.nbytes());
+  return t;
+}
+
+Tensor random_ids(DeviceContext& ctx, int64_t n, int64_t vocab, uint64_t seed) {
+  Tensor t = ctx.empty({n}, DType::I32);
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int32_t> dist(
+      0, static_cast<int32_t>(std::max<int64_t>(vocab, 1) - 1));
+  std::vector<int32_t> host(static_cast<size_t>(n));
+  for (auto& v : host) v = dist(rng);
+  copy_from_host(t, host.data(), t.nbytes());
+  return t;
+}
+
+UnitCost profile_unit(const ModelDescription& model, int64_t u, DeviceContext& ctx,
+                      const ProfileOptions& options) {
+  const int64_t n = options.microbatch_tokens;
+  UnitCost cost;
+  const size_t before_build = ctx.allocator().stats().allocated_bytes;
+  Stage stage(model, u, u + 1, ctx, options.seed);
+  ctx.synchronize();
+  for (Parameter* p : stage.parameters())
+    cost.parameter_bytes += static_cast<double>(p->value.nbytes());
+  cost.state_bytes = static_cast<double>(ctx.allocator().stats().allocated_bytes - before_build) +
+                     options.optimizer_slots * cost.parameter_bytes;
+
+  MicroBatchInputs in;
+  in.targets = random_ids(ctx, n, model.vocab, options.seed + 17 * u + 1);
+  in.loss_scale = 1.0f / static_cast<float>(n);
+  const Tensor input =
+      u == 0 ? random_ids(ctx, n, model.vocab, options.seed + 17 * u + 2)
+             : random_tensor(ctx, model.activation_at(u, n), options.seed + 17 * u + 3);
+  const bool last = u + 1 == model.num_units;
+  const Tensor dy =
+      last ? Tensor()
+           : random_tensor(ctx, model.activation_at(u + 1, n), options.seed + 17 * u + 4);
+
+  std::vector<double> forward, input_grad, weight_grad;
+  for (int rep = 0; rep < options.warmup + options.repetitions; ++rep) {
+    const size_t before = ctx.allocator().stats().allocated_bytes;
+    double f = timed(ctx, [&] { stage.forward(rep, input, in); });
+    // The output went to the next unit; what is still allocated is what the backward keeps.
+    cost.activation_bytes =
+        static_cast<double>(ctx.allocator().stats().allocated_bytes) - static_cast<double>(before);
+    double i = timed(ctx, [&] { stage.backward_input(rep, dy); });
+    double w = timed(ctx, [&] { stage.backward_weight(rep); });
+    if (rep >= options.warmup)
+      forward.push_back(f), input_grad.push_back(i), weight_grad.push_back(w);
+  }
+  cost.forward = median(forward);
+  cost.backward_input = median(input_grad);
+  cost.backward_weight = median(weight_grad);
+  return cost;
+}
+
+// One boundary activation from rank 0 to rank 1 of an in-process hub, both on `ctx`'s device.
+double transfer_seconds(const ModelDescription& model, DeviceContext& ctx,
+                        const ProfileOptions& options) {
+  if (model.num_units < 2) return 0.0;
+  const ActivationSpec spec = model.activation_at(1, options.microbatch_tokens);
+  auto hub = comm::InProcessHub::create(2, std::chrono::milliseconds(10000));
+  auto sender = hub->endpoint(0), receiver = hub->endpoint(1);
+  Stream send_stream(ctx.device()), recv_stream(ctx.device());
+  const Tensor source = random_tensor(ctx, spec, options.seed + 99);
+  const Tensor target = ctx.empty(spec.shape, spec.dtype);
+  ctx.synchronize();
+  std::vector<double> times;
+  for (int rep = 0; rep < options.warmup + options.repetitions; ++rep) {
+    const auto start = Clock::now();
+    sender->send(source, 1, send_stream);
+    receiver->recv(target, 0, recv_stream);
+    receiver->synchronize(recv_stream);
+    sender->synchronize(send_stream);
+    const double t = std::chrono::duration<double>(Clock::now() - start).count();
+    if (rep >= options.warmup) times.push_back(t);
+  }
+  return median(times);
+}
+
+}  // namespace
+
+UnitCosts profile_units(const ModelDescription& model, DeviceContext& ctx,
+                        const ProfileOptions& options) {
+  model.validate();
+  if (options.microbatch_tokens < 1)
+    throw std::invalid_argument("profiling at " + std::to_string(options.microbatch_tokens) +
+                                " tokens per micro-batch; expected at least 1");
+  if (options.repetitions < 1 || options.warmup < 0)
+    throw std::invalid_argument(
+        "profiling needs at least one timed repetition and no negative "
+        "warm-up; got " +
+        std::to_string(options.repetitions) + " and " + std::to_string(options.warmup));
+  if (options.optimizer_slots < 0)
+    throw std::invalid_argument("optimizer slots " + std::to_string(options.optimizer_slots) +
+                                " is negative; expected 0 (SGD) or 2 (AdamW)");
+  UnitCosts costs;
+  costs.microbatch_tokens = options.microbatch_tokens;
+  for (int64_t u = 0; u < model.num_units; ++u)
+    costs.units.push_back(profile_unit(model, u, ctx, options));
+  costs.transfer_seconds = transfer_seconds(model, ctx, options);
+  return costs;
+}
+
+}  // namespace conveyor

@@ -1,0 +1,29 @@
+#pragma once
+// Measuring a model's per-unit costs on the device it will train on: forward, input-gradient
+// and weight-gradient time of every unit (the first unit and the loss head included), the
+// bytes its forward keeps for the backward, the bytes of its parameters, gradients and
+// optimizer state, and the time of one boundary activation on the in-process transport.
+// What the planner takes.
+#include <cstdint>
+
+#include "engine/core/device_context.h"
+#include "engine/pipeline/planner.h"
+#include "layers/model.h"
+
+namespace conveyor {
+
+struct ProfileOptions {
+  int64_t microbatch_tokens = 256;
+  int warmup = 2;           // runs per unit before timing (caches, allocator, GEMM plans)
+  int repetitions = 5;      // timed runs per unit; the median is kept
+  int optimizer_slots = 2;  // optimizer tensors per parameter (AdamW: 2, SGD: 0)
+  uint64_t seed = 1;
+};
+
+// Each unit is built alone on `ctx` and run on seeded random inputs. Times are medians in
+// seconds; bytes come from the allocator's counters. Throws std::invalid_argument for options
+// that cannot be measured.
+UnitCosts profile_units(const ModelDescription& model, DeviceContext& ctx,
+                        const ProfileOptions& options = {});
+
+}  // namespace conveyor

@@ -1,0 +1,275 @@
+// The planner: its partition is the optimum of brute-force enumeration on random cost tables,
+// with and without a memory cap, for every schedule kind; an impossible cap says what fits;
+// plan() ranks candidates by simulated step time and says when pipelining loses.
+#include "engine/pipeline/planner.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <functional>
+#include <random>
+
+#include "engine/schedule/simulator.h"
+
+namespace conveyor {
+namespace {
+
+using schedule::ScheduleKind;
+
+std::vector<UnitCost> random_units(int n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> time(0.1, 3.0), bytes(100.0, 1000.0);
+  std::vector<UnitCost> units(n);
+  for (auto& u : units) {
+    u.forward = time(rng);
+    u.backward_input = time(rng);
+    u.backward_weight = time(rng);
+    u.activation_bytes = bytes(rng);
+    u.parameter_bytes = bytes(rng);
+    u.state_bytes = 4 * u.parameter_bytes;
+  }
+  return units;
+}
+
+struct Evaluated {
+  double bottleneck = 0;
+  double peak = 0;  // largest rank memory
+};
+
+// Reference objective, written from the definitions: per-rank sums of F + I + W, and per-rank
+// state plus the IR's peak held activation bytes.
+Evaluated evaluate(const std::vector<UnitCost>& units, const std::vector<StageRange>& ranges,
+                   const schedule::Schedule& sched) {
+  std::vector<double> time(sched.num_ranks(), 0.0), memory(sched.num_ranks(), 0.0);
+  std::vector<double> activation;
+  for (int s = 0; s < static_cast<int>(ranges.size()); ++s) {
+    double a = 0;
+    for (int64_t u = ranges[s].begin; u < ranges[s].end; ++u) {
+      time[sched.placement.rank_of(s)] += units[u].compute();
+      memory[sched.placement.rank_of(s)] += units[u].state_bytes;
+      a += units[u].activation_bytes;
+    }
+    activation.push_back(a);
+  }
+  const auto held = schedule::in_flight_per_rank(sched, activation);
+  for (int r = 0; r < sched.num_ranks(); ++r) memory[r] += held[r].peak_held_bytes;
+  return {*std::max_element(time.begin(), time.end()),
+          *std::max_element(memory.begin(), memory.end())};
+}
+
+void enumerate(int n, int stages, const std::function<void(const std::vector<StageRange>&)>& f) {
+  std::vector<StageRange> ranges;
+  std::function<void(int64_t)> rec = [&](int64_t begin) {
+    const int s = static_cast<int>(ranges.size());
+    if (s == stages - 1) {
+      ranges.push_back({begin, n});
+      f(ranges);
+      ranges.pop_back();
+      return;
+    }
+    for (int64_t end = begin + 1; end <= n - (stages - 1 - s); ++end) {
+      ranges.push_back({begin, end});
+      rec(end);
+      ranges.pop_back();
+    }
+  };
+  rec(0);
+}
+
+TEST(Planner, PartitionEqualsBruteForceWithAndWithoutCap) {
+  int checked = 0, capped = 0;
+  uint64_t seed = 1;
+  for (auto [kind, v] :
+       {std::pair{ScheduleKind::kGPipe, 1}, std::pair{ScheduleKind::k1F1B, 1},
+        std::pair{ScheduleKind::kZBH1, 1}, std::pair{ScheduleKind::kInterleaved, 2},
+        std::pair{ScheduleKind::kZBV, 2}})
+    for (int p = 1; p <= 3; ++p)
+      for (int m : {2, 3, 6}) {
+        schedule::Schedule sched;
+        try {
+          sched = schedule::generate(kind, p, m, v);
+        } catch (const schedule::ScheduleError&) {
+          continue;
+        }
+        for (int trial = 0; trial < 3; ++trial) {
+          const int n = sched.num_stages() + 1 + trial * 2;
+          const auto units = random_units(n, seed++);
+          SCOPED_TRACE(std::string(schedule::schedule_kind_name(kind)) + " p=" + std::to_string(p) +
+                       " m=" + std::to_string(m) + " n=" + std::to_string(n));
+          double best = 1e300, lean = 1e300;
+          std::vector<double> peaks;
+          enumerate(n, sched.num_stages(), [&](const std::vector<StageRange>& r) {
+            const auto e = evaluate(units, r, sched);
+            best = std::min(best, e.bottleneck);
+            lean = std::min(lean, e.peak);
+            peaks.push_back(e.peak);
+          });
+          const auto free = best_partition(units, sched);
+          EXPECT_DOUBLE_EQ(evaluate(units, free.ranges, sched).bottleneck, best);
+          EXPECT_DOUBLE_EQ(free.bottleneck, best);
+          ++checked;
+
+          // A cap between the leanest and the fastest partition's needs, so it binds.
+          const double cap = lean + 0.5 * (evaluate(units, free.ranges, sched).peak - lean);
+          double best_capped = 1e300;
+          enumerate(n, sched.num_stages(), [&](const std::vector<StageRange>& r) {
+            const auto e = evaluate(units, r, sched);
+            if (e.peak <= cap) best_capped = std::min(best_capped, e.bottleneck);
+          });
+          const auto capped_choice = best_partition(units, sched, cap);
+          const auto e = evaluate(units, capped_choice.ranges, sched);
+          EXPECT_LE(e.peak, cap * (1 + 1e-9));
+          EXPECT_DOUBLE_EQ(e.bottleneck, best_capped);
+          const auto reported = rank_memory(units, capped_choice.ranges, sched);
+          EXPECT_NEAR(*std::max_element(reported.begin(), reported.end()), e.peak, 1e-9 * e.peak);
+          if (best_capped > best) ++capped;
+        }
+      }
+  EXPECT_GT(checked, 40);
+  EXPECT_GT(capped, 5);  // the cap changed the answer in some cases, so it was really applied
+}
+
+TEST(Planner, ImpossibleCapNamesTheOverflowAndWhatFits) {
+  const auto units = random_units(6, 99);
+  const auto sched = schedule::generate(ScheduleKind::kGPipe, 2, 4);
+  double lean = 1e300;
+  enumerate(6, 2, [&](const std::vector<StageRange>& r) {
+    lean = std::min(lean, evaluate(units, r, sched).peak);
+  });
+  try {
+    best_partition(units, sched, lean * 0.9);
+    FAIL() << "a cap below every partition's need was accepted";
+  } catch (const PlanError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("rank "), std::string::npos) << what;
+    EXPECT_NE(what.find(" over"), std::string::npos) << what;
+    EXPECT_NE(what.find("smallest cap any partition fits"), std::string::npos) << what;
+    EXPECT_NE(what.find("4 micro-batches held"), std::string::npos) << what;  // GPipe holds m
+  }
+  EXPECT_NO_THROW(best_partition(units, sched, lean));
+}
+
+TEST(Planner, TooFewUnitsForTheStagesIsAnError) {
+  EXPECT_THROW(best_partition(random_units(3, 5), schedule::generate(ScheduleKind::k1F1B, 4, 4)),
+               PlanError);
+}
+
+TEST(Planner, BlocksOfRangesLeaveOutTheFirstAndLastUnit) {
+  EXPECT_EQ(blocks_of({{0, 3}, {3, 7}, {7, 10}}), (std::vector<int64_t>{2, 4, 2}));
+  EXPECT_EQ(blocks_of({{0, 5}}), (std::vector<int64_t>{3}));
+}
+
+// A model whose loss head costs as much as several blocks.
+UnitCosts head_heavy(int blocks) {
+  UnitCosts costs;
+  costs.microbatch_tokens = 256;
+  costs.transfer_seconds = 1e-5;
+  UnitCost block{1e-3, 1e-3, 1e-3, 4096, 1000, 4000};
+  UnitCost embedding{1e-4, 0, 1e-4, 1024, 8000, 32000};
+  UnitCost head{4e-3, 4e-3, 4e-3, 16384, 8000, 32000};
+  costs.units.push_back(embedding);
+  for (int b = 0; b < blocks; ++b) costs.units.push_back(block);
+  costs.units.push_back(head);
+  return costs;
+}
+
+TEST(Planner, PlanRanksBySimulatedStepTimeAndGivesTheHeadItsOwnRoom) {
+  PlanOptions options;
+  options.num_ranks = 2;
+  options.batch_tokens = 2048;
+  options.allreduce_bandwidth = 1e3;  // slow all-reduce: the pipeline wins
+  const Plan result = plan(head_heavy(8), options);
+  ASSERT_FALSE(result.candidates.empty());
+  const PlanCandidate& best = result.best();
+  EXPECT_TRUE(best.pipelined);
+  for (size_t i = 1; i < result.candidates.size(); ++i)
+    if (result.candidates[i].rejected.empty())
+      EXPECT_LE(result.candidates[i - 1].step_seconds, result.candidates[i].step_seconds);
+  // The head (12 ms per micro-batch) weighs four blocks, so the last stage gets fewer blocks.
+  if (best.chunks == 1) {
+    const auto blocks = blocks_of(best.ranges);
+    EXPECT_GT(blocks.front(), blocks.back());
+  }
+  // The best pipeline is no slower than the uniform partition under its schedule.
+  const auto sched = schedule::generate(best.kind, 2, best.microbatches, best.chunks);
+  const UnitCosts costs = head_heavy(8);
+  const double factor = 2048.0 / best.microbatches / costs.microbatch_tokens;
+  auto simulate_ranges = [&](const std::vector<StageRange>& ranges) {
+    schedule::CostModel model;
+    model.forward.clear(), model.backward_input.clear(), model.backward_weight.clear();
+    for (const auto& r : ranges) {
+      double f = 0, i = 0, w = 0;
+      for (int64_t u = r.begin; u < r.end; ++u)
+        f += costs.units[u].forward, i += costs.units[u].backward_input,
+            w += costs.units[u].backward_weight;
+      model.forward.push_back(f * factor);
+      model.backward_input.push_back(i * factor);
+      model.backward_weight.push_back(w * factor);
+    }
+    model.latency = costs.transfer_seconds * factor;
+    return schedule::simulate(sched, model).makespan;
+  };
+  EXPECT_DOUBLE_EQ(simulate_ranges(best.ranges), best.step_seconds);
+  if (best.chunks == 1) EXPECT_LT(best.step_seconds, simulate_ranges({{0, 5}, {5, 10}}));
+  const std::string table = format_plan(result);
+  EXPECT_NE(table.find("step (ms)"), std::string::npos) << table;
+  EXPECT_NE(table.find(best.layout), std::string::npos) << table;
+  EXPECT_EQ(table.find("pipelining loses"), std::string::npos) << table;
+}
+
+TEST(Planner, SaysWhenDataParallelBeatsThePipeline) {
+  PlanOptions options;
+  options.num_ranks = 2;
+  options.batch_tokens = 2048;  // free all-reduce, so replicas have no bubble at all
+  UnitCosts costs = head_heavy(4);
+  costs.transfer_seconds = 1e-3;
+  const Plan result = plan(costs, options);
+  EXPECT_FALSE(result.best().pipelined);
+  EXPECT_NE(format_plan(result).find("pipelining loses for this model and batch"),
+            std::string::npos)
+      << format_plan(result);
+
+  // With a cap below the whole model's state, replicas cannot run and a pipeline is chosen.
+  double state = 0;
+  for (const auto& u : costs.units) state += u.state_bytes;
+  options.memory_cap = state * 0.8;
+  const Plan capped = plan(costs, options);
+  EXPECT_TRUE(capped.best().pipelined);
+  for (const auto& c : capped.candidates)
+    if (!c.pipelined) EXPECT_NE(c.rejected.find("does not fit"), std::string::npos) << c.rejected;
+}
+
+TEST(Planner, UsesTheTableMeasuredAtEachMicroBatchSize) {
+  UnitCosts at_256 = head_heavy(4), at_512 = head_heavy(4);
+  at_512.microbatch_tokens = 512;
+  for (auto& u : at_512.units) u.forward *= 3, u.backward_input *= 3, u.backward_weight *= 3;
+  PlanOptions options;
+  options.num_ranks = 2;
+  options.batch_tokens = 2048;
+  options.include_data_parallel = false;
+  auto step_of = [](const Plan& p, const std::string& layout, int m) {
+    for (const auto& c : p.candidates)
+      if (c.layout == layout && c.microbatches == m) return c.step_seconds;
+    ADD_FAILURE() << "no " << layout << " with " << m << " micro-batches";
+    return 0.0;
+  };
+  options.microbatch_counts = {4, 8};
+  const Plan both = plan(std::vector<UnitCosts>{at_256, at_512}, options);
+  options.microbatch_counts = {4};
+  EXPECT_DOUBLE_EQ(step_of(both, "1f1b", 4), step_of(plan(at_512, options), "1f1b", 4));
+  options.microbatch_counts = {8};
+  EXPECT_DOUBLE_EQ(step_of(both, "1f1b", 8), step_of(plan(at_256, options), "1f1b", 8));
+}
+
+TEST(Planner, BadOptionsAreErrors) {
+  PlanOptions options;
+  options.batch_tokens = 0;
+  EXPECT_THROW(plan(head_heavy(2), options), PlanError);
+  UnitCosts costs = head_heavy(2);
+  costs.microbatch_tokens = 0;
+  options.batch_tokens = 64;
+  EXPECT_THROW(plan(costs, options), PlanError);
+}
+
+}  // namespace
+}  // namespace conveyor

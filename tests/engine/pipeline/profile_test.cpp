@@ -1,0 +1,69 @@
+// Profiling on the CPU: every unit of a model is timed and its bytes counted; the bytes agree
+// with the parameter counts and with what the allocator holds after a forward; the result
+// plans a pipeline.
+#include "engine/pipeline/profile.h"
+
+#include <gtest/gtest.h>
+
+namespace conveyor {
+namespace {
+
+ModelConfig head_heavy_config() {
+  ModelConfig c;
+  c.preset = "test";
+  c.d_model = 16;
+  c.n_layers = 3;
+  c.vocab = 512;
+  c.hidden = 64;
+  return c;
+}
+
+TEST(Profile, EveryUnitIsTimedAndItsBytesCounted) {
+  const ModelDescription model = reference_model(head_heavy_config());
+  DeviceContext ctx(Device::cpu());
+  ProfileOptions options;
+  options.microbatch_tokens = 64;
+  options.repetitions = 3;
+  options.warmup = 1;
+  const UnitCosts costs = profile_units(model, ctx, options);
+  ASSERT_EQ(costs.units.size(), static_cast<size_t>(model.num_units));
+  EXPECT_EQ(costs.microbatch_tokens, 64);
+  const auto counts = model.unit_parameter_counts();
+  for (size_t u = 0; u < costs.units.size(); ++u) {
+    SCOPED_TRACE("unit " + std::to_string(u));
+    const UnitCost& c = costs.units[u];
+    EXPECT_GT(c.forward, 0.0);
+    EXPECT_GT(c.backward_weight, 0.0);
+    EXPECT_DOUBLE_EQ(c.parameter_bytes, 4.0 * counts[u]);
+    // Value and gradient from the allocator (rounded up) plus two AdamW moments.
+    EXPECT_GE(c.state_bytes, 4.0 * c.parameter_bytes);
+    EXPECT_LT(c.state_bytes, 4.0 * c.parameter_bytes + 64.0 * 1024);
+    if (u > 0) EXPECT_GT(c.backward_input, 0.0);
+  }
+  // A block keeps at least its input rows (64 tokens x 16 floats) for the backward.
+  const UnitCost& block = costs.units[1];
+  EXPECT_GE(block.activation_bytes, 64.0 * 16 * 4);
+  EXPECT_GT(costs.units.back().forward, 0.0);
+  EXPECT_GT(costs.transfer_seconds, 0.0);
+  EXPECT_LT(costs.transfer_seconds, 1.0);
+
+  PlanOptions plan_options;
+  plan_options.num_ranks = 2;
+  plan_options.batch_tokens = 256;
+  const Plan result = plan(costs, plan_options);
+  EXPECT_NO_THROW(result.best());
+}
+
+TEST(Profile, BadOptionsAreErrors) {
+  const ModelDescription model = reference_model(head_heavy_config());
+  DeviceContext ctx(Device::cpu());
+  ProfileOptions options;
+  options.microbatch_tokens = 0;
+  EXPECT_THROW(profile_units(model, ctx, options), std::invalid_argument);
+  options.microbatch_tokens = 8;
+  options.repetitions = 0;
+  EXPECT_THROW(profile_units(model, ctx, options), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace conveyor

@@ -1,0 +1,228 @@
+// `conveyor plan`: profiles every unit of the model on the device, plans the partition, the
+// schedule and the micro-batch count for the given devices and batch, prints the profile and
+// the ranked table, and optionally writes the chosen plan for `conveyor train --plan FILE`.
+#include "tools/plan_command.h"
+
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "engine/pipeline/profile.h"
+#include "tools/cli_common.h"
+#include "tools/commands.h"
+
+namespace conveyor::cli {
+
+PlannedRun plan_training(const TrainConfig& config, Device device, int repetitions, bool print) {
+  if (repetitions < 1)
+    throw UsageError("--repetitions must be at least 1, got " + std::to_string(repetitions));
+  const ModelDescription model = reference_model(config.model);
+  const int p = config.stages;
+  if (config.batch_tokens < p)
+    throw UsageError("a batch of " + std::to_string(config.batch_tokens) + " tokens cannot feed " +
+                     std::to_string(p) + " devices; use at least " + std::to_string(p) + " tokens");
+  DeviceContextOptions context_options;
+  context_options.allow_tf32 = config.allow_tf32;
+  DeviceContext ctx(device, context_options);
+  ProfileOptions profile_options;
+  profile_options.repetitions = repetitions;
+  profile_options.seed = config.seed;
+  profile_options.optimizer_slots = config.optimizer.kind == "sgd" ? 0 : 2;
+  // Each candidate micro-batch count is measured at its own size: times do not scale linearly
+  // once a unit's working set leaves the caches.
+  PlanOptions options;
+  options.num_ranks = p;
+  options.batch_tokens = config.batch_tokens;
+  options.memory_cap = static_cast<double>(config.memory_limit_bytes);
+  for (int m : {p, 2 * p, 4 * p, 8 * p})
+    if (config.batch_tokens % m == 0) options.microbatch_counts.push_back(m);
+  if (options.microbatch_counts.empty()) options.microbatch_counts.push_back(1);
+  std::vector<UnitCosts> measured;
+  for (int m : options.microbatch_counts) {
+    profile_options.microbatch_tokens = config.batch_tokens / m;
+    measured.push_back(profile_units(model, ctx, profile_options));
+  }
+  PlannedRun out;
+  out.costs = measured.front();
+  try {
+    out.plan = plan(measured, options);
+  } catch (const PlanError& e) {
+    throw UsageError(e.what());
+  }
+  const int64_t tokens = out.costs.microbatch_tokens;
+  if (print) {
+    std::printf(
+        "profile %s on %s, %lld tokens per micro-batch (median of %d; the plan also used sizes "
+        "measured for each micro-batch count)\n",
+        model.name.c_str(), device.to_string().c_str(), static_cast<long long>(tokens),
+        repetitions);
+    std::printf("%6s %10s %10s %10s %12s %12s\n", "unit", "F (ms)", "I (ms)", "W (ms)", "act (KiB)",
+                "state (KiB)");
+    for (size_t u = 0; u < out.costs.units.size(); ++u) {
+      const UnitCost& c = out.costs.units[u];
+      std::printf("%6zu %10.3f %10.3f %10.3f %12.1f %12.1f\n", u, c.forward * 1e3,
+                  c.backward_input * 1e3, c.backward_weight * 1e3, c.activation_bytes / 1024,
+                  c.state_bytes / 1024);
+    }
+    std::printf("transfer of one boundary activation: %.3f ms\n\n",
+                out.costs.transfer_seconds * 1e3);
+    std::printf("%s", format_plan(out.plan).c_str());
+  }
+  return out;
+}
+
+const PlanCandidate& best_pipeline(const Plan& plan) {
+  for (const auto& c : plan.candidates)
+    if (c.rejected.empty() && c.pipelined) return c;
+  // Every reason reads alike; the first one says what fits.
+  for (const auto& c : plan.candidates)
+    if (c.pipelined)
+      throw UsageError("no pipeline layout fits (" + std::to_string(plan.candidates.size()) +
+                       " tried); " + c.layout + ", " + std::to_string(c.microbatches) +
+                       " micro-batches: " + c.rejected);
+  throw UsageError("no pipeline layout was tried: the model has too few units for the devices");
+}
+
+void write_plan_file(const std::string& path, const PlanCandidate& candidate, int stages) {
+  nlohmann::json plan = {{"stages", stages},
+                         {"schedule", schedule::schedule_kind_name(candidate.kind)},
+                         {"chunks", candidate.chunks},
+                         {"microbatches", candidate.microbatches},
+                         {"partition", blocks_of(candidate.ranges)},
+                         {"predicted_step_seconds", candidate.step_seconds}};
+  std::ofstream out(path);
+  if (!out) throw UsageError("cannot write --out file '" + path + "'");
+  out << plan.dump(2) << '\n';
+}
+
+void apply_candidate(const PlanCandidate& candidate, TrainConfig& config) {
+  config.schedule = candidate.kind;
+  config.chunks = candidate.chunks;
+  config.microbatches = candidate.microbatches;
+  config.partition = PartitionSpec::explicit_blocks(blocks_of(candidate.ranges));
+}
+
+void apply_plan_file(const std::string& path, TrainConfig& config) {
+  std::ifstream in(path);
+  if (!in) throw UsageError("cannot read plan file '" + path + "'");
+  nlohmann::json plan;
+  try {
+    plan = nlohmann::json::parse(in);
+    const std::string kind = plan.at("schedule").get<std::string>();
+    const auto parsed = schedule::parse_schedule_kind(kind);
+    if (!parsed)
+      throw UsageError("plan file '" + path + "' names schedule '" + kind + "', expected " +
+                       schedule::schedule_kind_choices());
+    config.stages = plan.at("stages").get<int>();
+    config.schedule = *parsed;
+    config.chunks = plan.at("chunks").get<int>();
+    config.microbatches = plan.at("microbatches").get<int64_t>();
+    config.partition =
+        PartitionSpec::explicit_blocks(plan.at("partition").get<std::vector<int64_t>>());
+  } catch (const nlohmann::json::exception& e) {
+    throw UsageError("plan file '" + path +
+                     "' is not a plan written by `conveyor plan --out` (stages, schedule, "
+                     "chunks, microbatches, partition): " +
+                     e.what());
+  }
+}
+
+namespace {
+
+struct PlanFlags {
+  std::string preset = "tiny";
+  int64_t d_model = 0, layers = 0, vocab = 0, hidden = 0;
+  std::string device = "auto";
+  std::string optimizer = "adamw";
+  int64_t batch_tokens = 4096;
+  int stages = 2;
+  double memory_limit_mb = 0;
+  int repetitions = 5;
+  uint64_t seed = 1;
+  std::string out;
+};
+
+void run_plan(const PlanFlags& f, const CLI::App& cmd) {
+  TrainConfig config;
+  try {
+    config.model = model_preset(f.preset);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
+  if (cmd.count("--d-model")) config.model.d_model = f.d_model;
+  if (cmd.count("--layers")) config.model.n_layers = f.layers;
+  if (cmd.count("--hidden"))
+    config.model.hidden = f.hidden;
+  else if (cmd.count("--d-model"))
+    config.model.hidden = 4 * f.d_model;
+  if (cmd.count("--vocab")) config.model.vocab = f.vocab;
+  if (f.stages < 1)
+    throw UsageError("--stages must be at least 1, got " + std::to_string(f.stages));
+  if (f.batch_tokens < 1)
+    throw UsageError("--batch-tokens must be at least 1, got " + std::to_string(f.batch_tokens));
+  if (f.memory_limit_mb < 0) throw UsageError("--memory-limit-mb must be >= 0");
+  config.stages = f.stages;
+  config.batch_tokens = f.batch_tokens;
+  config.memory_limit_bytes = static_cast<size_t>(f.memory_limit_mb * 1024.0 * 1024.0);
+  config.optimizer.kind = f.optimizer;
+  config.seed = f.seed;
+  try {
+    config.model.validate();
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
+  std::optional<Device> choice;
+  if (f.device != "auto") {
+    try {
+      choice = parse_device(f.device);
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(e.what());
+    }
+  }
+  std::string note;
+  Device device;
+  try {
+    device = resolve_device(choice, &note);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
+  if (!note.empty()) std::printf("conveyor: %s\n", note.c_str());
+  const PlannedRun run = plan_training(config, device, f.repetitions, true);
+  if (!f.out.empty()) {
+    const PlanCandidate& best = best_pipeline(run.plan);
+    write_plan_file(f.out, best, f.stages);
+    std::printf("plan   %s, %d micro-batches, partition written to %s\n", best.layout.c_str(),
+                best.microbatches, f.out.c_str());
+  }
+}
+
+}  // namespace
+
+void register_plan_command(CLI::App& app) {
+  auto flags = std::make_shared<PlanFlags>();
+  CLI::App* cmd = app.add_subcommand(
+      "plan", "Profile the model and choose partition, schedule and micro-batches");
+  PlanFlags& f = *flags;
+  cmd->add_option("--preset", f.preset, "Model preset: tiny, small, medium")->capture_default_str();
+  cmd->add_option("--d-model", f.d_model, "Model width (overrides the preset)");
+  cmd->add_option("--layers", f.layers, "Number of MLP blocks (overrides the preset)");
+  cmd->add_option("--vocab", f.vocab, "Vocabulary size (overrides the preset)");
+  cmd->add_option("--hidden", f.hidden, "MLP hidden width (default 4 x d-model)");
+  cmd->add_option("--batch-tokens", f.batch_tokens, "Tokens per optimizer step")
+      ->capture_default_str();
+  cmd->add_option("--stages", f.stages, "Devices to plan for")->capture_default_str();
+  cmd->add_option("--device", f.device, "auto, cpu, cuda or cuda:N")->capture_default_str();
+  cmd->add_option("--memory-limit-mb", f.memory_limit_mb, "Memory cap per device (0: none)")
+      ->capture_default_str();
+  cmd->add_option("--optimizer", f.optimizer, "adamw or sgd (its state counts)")
+      ->capture_default_str();
+  cmd->add_option("--seed", f.seed, "Seed of the profiled weights")->capture_default_str();
+  cmd->add_option("--repetitions", f.repetitions, "Timed runs per unit (median)")
+      ->capture_default_str();
+  cmd->add_option("--out", f.out, "Write the chosen plan (JSON) for `train --plan FILE`");
+  cmd->callback([flags, cmd] { run_plan(*flags, *cmd); });
+}
+
+}  // namespace conveyor::cli
