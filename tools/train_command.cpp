@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/mpi_transport.h"
 #include "engine/schedule/chrome_trace.h"
 #include "engine/schedule/generators.h"
 #include "engine/schedule/measured_timing.h"
@@ -17,6 +18,7 @@
 #include "engine/train/trainer.h"
 #include "tools/cli_common.h"
 #include "tools/commands.h"
+#include "tools/mpi_launch.h"
 
 namespace conveyor::cli {
 namespace {
@@ -38,6 +40,7 @@ struct TrainFlags {
   double timeout_s = 120.0;
   std::string trace;
   bool quiet = false;
+  bool weights_checksum = false;
 };
 
 std::string human_bytes(double bytes) {
@@ -64,7 +67,9 @@ void print_pipeline(Trainer& trainer) {
   const auto& sched = trainer.executor().schedule();
   std::printf("pipeline %d rank(s) x %d chunk(s), schedule %s, transport %s, stages (units):",
               sched.num_ranks(), sched.placement.chunks, sched.name.c_str(),
-              trainer.executor().uses_nccl() ? "nccl" : "in-process");
+              trainer.executor().transport_kind() == TransportKind::kMpi ? "mpi"
+              : trainer.executor().uses_nccl()                           ? "nccl"
+                                                                         : "in-process");
   const auto& ranges = trainer.stage_ranges();
   for (size_t s = 0; s < ranges.size(); ++s)
     std::printf(
@@ -78,6 +83,10 @@ void print_pipeline(Trainer& trainer) {
 // costs measured in that step; optionally the measured timeline as a Chrome trace.
 void report_bubble(Trainer& trainer, const PipelineStepResult& last, const std::string& trace) {
   const auto& sched = trainer.executor().schedule();
+  if (!trainer.executor().holds_all_ranks()) {
+    std::printf("bubble not measured: the ranks' timelines stay in their own processes\n");
+    return;
+  }
   const schedule::SimResult measured = summarize_timing(sched, last.timing);
   const schedule::SimResult predicted =
       schedule::simulate(sched, measured_costs(sched, last.timing));
@@ -139,7 +148,9 @@ TransportKind parse_transport(const std::string& name) {
   if (name == "auto") return TransportKind::kAuto;
   if (name == "inproc") return TransportKind::kInProcess;
   if (name == "nccl") return TransportKind::kNccl;
-  throw UsageError("transport must be auto, inproc or nccl, got '" + name + "'");
+  if (name == "mpi") return TransportKind::kMpi;
+  throw UsageError("transport must be auto, inproc or nccl, or mpi under mpirun, got '" + name +
+                   "'");
 }
 
 std::optional<Device> parse_device_choice(const std::string& text) {
@@ -188,8 +199,64 @@ TrainConfig resolve_config(TrainFlags& f, const CLI::App& cmd) {
   return config;
 }
 
+// One rank among several processes (mpirun, srun): MPI starts when --transport mpi asks for
+// it, or, with auto, when the launcher started several processes.
+bool wants_mpi(const TrainConfig& config) {
+  return config.transport == TransportKind::kMpi ||
+         (config.transport == TransportKind::kAuto && comm::launched_process_count() > 1);
+}
+
+std::string exact(double value) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.17g", value);
+  return buf;
+}
+
+// What every rank must agree on for the ranks to compute one model's step: a rank with
+// another model, cut, schedule, batch or seed would compute something else, or deadlock.
+ConfigFields configuration_fields(const TrainFlags& f, const TrainConfig& c) {
+  const auto& m = c.model;
+  const auto& o = c.optimizer;
+  return {
+      {"the model (--preset, --d-model, --layers, --hidden, --vocab, --activation)",
+       "d_model=" + std::to_string(m.d_model) + " layers=" + std::to_string(m.n_layers) +
+           " hidden=" + std::to_string(m.hidden) + " vocab=" + std::to_string(m.vocab) +
+           " activation=" + ops::activation_name(m.activation) + " ln_eps=" + exact(m.ln_eps)},
+      {"--stages", std::to_string(c.stages)},
+      {"--chunks", std::to_string(c.chunks)},
+      {"--schedule", f.schedule},
+      {"--schedule-file", c.schedule_file},
+      {"--partition", f.partition},
+      {"--batch-tokens", std::to_string(c.batch_tokens)},
+      {"--microbatches", std::to_string(c.microbatches)},
+      {"--seed", std::to_string(c.seed)},
+      {"--steps", std::to_string(c.steps)},
+      {"--data", c.data_path},
+      {"the optimizer (--optimizer, --lr, --min-lr, --warmup, --weight-decay, --clip)",
+       o.kind + " lr=" + exact(o.lr) + " min_lr=" + exact(o.min_lr) +
+           " warmup=" + std::to_string(o.warmup_steps) + " weight_decay=" + exact(o.weight_decay) +
+           " clip=" + exact(o.clip_norm)},
+      {"--device", f.device},
+      {"--transport", f.transport},
+  };
+}
+
+// Rank 0 alone prints and writes files; the others stay quiet unless they fail (errors go
+// to stderr, which stays open).
+void quiet_unless_rank_zero(const MpiSession& mpi, TrainFlags& f) {
+  if (!mpi.active() || mpi.rank() == 0) return;
+  if (std::freopen("/dev/null", "w", stdout) == nullptr)
+    throw std::runtime_error("cannot silence the output of rank " + std::to_string(mpi.rank()));
+  f.log_json.clear();
+  f.trace.clear();
+}
+
 void run_train(TrainFlags& f, const CLI::App& cmd) {
   TrainConfig config = resolve_config(f, cmd);
+  // Before the trainer, which builds this rank's MPI transport; after it, MPI_Finalize.
+  MpiSession mpi(wants_mpi(config));
+  check_same_configuration(mpi, configuration_fields(f, config));
+  quiet_unless_rank_zero(mpi, f);
   std::string note;
   Device device;
   try {
@@ -263,6 +330,10 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
                 100.0 * (tail_loss - *entropy) / *entropy);
   std::printf("\n");
   report_bubble(*trainer, last_step, f.trace);
+  if (f.weights_checksum) {
+    const uint64_t checksum = weights_checksum(trainer->executor(), mpi);
+    std::printf("weights xxh3 %016llx\n", static_cast<unsigned long long>(checksum));
+  }
 }
 
 }  // namespace
@@ -317,12 +388,15 @@ void register_train_command(CLI::App& app) {
                   "auto (one rank per GPU when there are enough) or shared (all on one GPU)")
       ->capture_default_str();
   cmd->add_option("--transport", flags->transport,
-                  "auto (NCCL when every rank has its own GPU), inproc or nccl")
+                  "auto (MPI when started by mpirun with several processes, else NCCL when "
+                  "every rank has its own GPU), inproc, nccl or mpi")
       ->capture_default_str();
   cmd->add_option("--timeout", flags->timeout_s, "Seconds a rank waits for a peer before failing")
       ->capture_default_str();
   cmd->add_option("--trace", flags->trace,
                   "Write the last step's measured timeline (Chrome trace)");
+  cmd->add_flag("--weights-checksum", flags->weights_checksum,
+                "Print an XXH3 checksum of the final weights (to compare runs bit for bit)");
   cmd->callback([flags, cmd] { run_train(*flags, *cmd); });
 }
 
