@@ -7,6 +7,8 @@
 #                                      naming --seed
 #   mpi_train.sh CONVEYOR kill         rank 1 killed with SIGKILL mid-run: the job ends non-zero
 #                                      within the timeout, and the output names the lost rank
+#   mpi_train.sh CONVEYOR stop         rank 1 stopped (SIGSTOP) mid-run, so mpirun sees nothing:
+#                                      rank 0's own deadline ends the job, naming rank 1
 # CI runs as root and with fewer cores than ranks: --allow-run-as-root --oversubscribe.
 set -uo pipefail
 cli=$1 mode=$2
@@ -69,6 +71,20 @@ case $mode in
     grep -Eq "rank 1 .*(signal 9|Killed)|process rank 1" "$work/out" ||
       fail "the lost rank is not named: $(cat "$work/out")"
     echo "rank 1 killed: job ended with status $status after ${took}s"; cat "$work/out"
+    ;;
+  stop)
+    start=$(date +%s)
+    timeout 60 "${mpirun[@]}" -np 2 bash -c \
+      'if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then (sleep 2; kill -STOP $$) & fi; exec "$@"' _ \
+      "$cli" train --device cpu --stages 2 --microbatches 4 --batch-tokens 512 --steps 1000000 \
+      --quiet --timeout 3 >"$work/out" 2>&1
+    status=$?
+    took=$(( $(date +%s) - start ))
+    [ "$status" -ne 0 ] && [ "$status" -ne 124 ] || fail "status $status after ${took}s: $(cat "$work/out")"
+    [ "$took" -le 30 ] || fail "took ${took}s, more than the 3 s timeout allows"
+    grep -Eq "conveyor: error: rank 0, action .*nothing arrived from rank 1 within 3000 ms" "$work/out" ||
+      fail "rank 0 did not name rank 1: $(cat "$work/out")"
+    echo "rank 1 stopped: rank 0 gave up, job ended with status $status after ${took}s"
     ;;
   *) fail "unknown mode $mode" ;;
 esac
