@@ -49,6 +49,7 @@ using Clock = std::chrono::steady_clock;
 
 constexpr int kMessageTag = 1;  // every pipeline message: FIFO per link
 constexpr int kAbortTag = 2;    // the reason a rank aborted
+constexpr int kCountTag = 3;    // all-reduce value counts: who has come to the all-reduce
 
 std::string mpi_error_text(int code) {
   char text[MPI_MAX_ERROR_STRING];
@@ -148,18 +149,10 @@ class MpiTransport : public Transport {
 
   void all_reduce_sum(std::vector<double>& values) override {
     throw_if_aborted();
-    // The counts first: a rank with another count would make the gather itself undefined.
     const int64_t count = static_cast<int64_t>(values.size());
-    std::vector<int64_t> counts(size_);
-    MPI_Request request;
-    check(MPI_Iallgather(&count, 1, MPI_INT64_T, counts.data(), 1, MPI_INT64_T, comm_, &request),
-          "MPI_Iallgather");
-    wait_collective(request, "the all-reduce's counts");
-    for (int r = 0; r < size_; ++r)
-      if (counts[r] != count)
-        give_up("all-reduce of " + std::to_string(count) + " values, but rank " +
-                std::to_string(r) + " gave " + std::to_string(counts[r]));
+    exchange_counts(count);
     std::vector<double> all(values.size() * size_);
+    MPI_Request request;
     check(MPI_Iallgather(values.data(), byte_count(values.size() * sizeof(double)), MPI_BYTE,
                          all.data(), byte_count(values.size() * sizeof(double)), MPI_BYTE, comm_,
                          &request),
@@ -280,6 +273,59 @@ class MpiTransport : public Transport {
     }
   }
 
+  // Every rank's value count, point to point before the gather: a rank with another count
+  // would make the gather undefined, and a rank that never comes is named, which a pending
+  // collective cannot do.
+  void exchange_counts(int64_t count) {
+    std::vector<int64_t> counts(size_, count);
+    std::vector<MPI_Request> arrived(size_, MPI_REQUEST_NULL);
+    auto drop_pending = [&] {
+      for (MPI_Request& r : arrived)
+        if (r != MPI_REQUEST_NULL) {
+          MPI_Cancel(&r);
+          MPI_Request_free(&r);
+        }
+    };
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      check(MPI_Irecv(&counts[r], 1, MPI_INT64_T, r, kCountTag, comm_, &arrived[r]), "MPI_Irecv");
+      Pending& p = pending_.emplace_back();
+      p.bytes.resize(sizeof count);
+      std::memcpy(p.bytes.data(), &count, sizeof count);
+      check(MPI_Isend(p.bytes.data(), 1, MPI_INT64_T, r, kCountTag, comm_, &p.request),
+            "MPI_Isend");
+    }
+    const auto deadline = Clock::now() + timeout_;
+    Backoff backoff;
+    for (;;) {
+      std::string missing;
+      for (int r = 0; r < size_; ++r) {
+        if (arrived[r] == MPI_REQUEST_NULL) continue;
+        int done = 0;
+        MPI_Test(&arrived[r], &done, MPI_STATUS_IGNORE);  // done: the request is nulled
+        if (!done) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      }
+      if (missing.empty()) break;
+      try {
+        throw_if_aborted();
+      } catch (...) {
+        drop_pending();
+        throw;
+      }
+      if (Clock::now() >= deadline) {
+        drop_pending();
+        give_up("the all-reduce waited " + std::to_string(timeout_.count()) + " ms for rank(s) " +
+                missing + " (did rank " + missing + " stop?)");
+      }
+      reap_sends();
+      backoff.pause();
+    }
+    for (int r = 0; r < size_; ++r)
+      if (counts[r] != count)
+        give_up("all-reduce of " + std::to_string(count) + " values, but rank " +
+                std::to_string(r) + " gave " + std::to_string(counts[r]));
+  }
+
   void wait_collective(MPI_Request& request, const char* what) {
     const auto deadline = Clock::now() + timeout_;
     Backoff backoff;
@@ -288,9 +334,14 @@ class MpiTransport : public Transport {
       check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test");
       if (done) return;
       throw_if_aborted();  // a collective cannot be cancelled: the process must end after this
-      if (Clock::now() >= deadline)
+      if (Clock::now() >= deadline) {
+        // Every rank came to it (their counts arrived), so one of them stopped inside it.
+        std::string others;
+        for (int r = 0; r < size_; ++r)
+          if (r != rank_) others += (others.empty() ? "" : ", ") + std::to_string(r);
         give_up(std::string(what) + " waited " + std::to_string(timeout_.count()) +
-                " ms for the other ranks (did one of them stop?)");
+                " ms for rank(s) " + others + " to finish it (did one of them stop?)");
+      }
       reap_sends();
       backoff.pause();
     }

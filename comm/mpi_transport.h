@@ -8,7 +8,8 @@
 //   the caller may reuse its tensor at once; recv() polls MPI_Improbe / MPI_Imrecv against
 //   the deadline; try_recv() probes once. One tag carries every pipeline message, so each
 //   link is FIFO by MPI's non-overtaking rule, as the validator assumes.
-// - all_reduce_sum(): MPI_Iallgather of every rank's values, then the sum in rank order on
+// - all_reduce_sum(): the value counts point to point (checked equal; a rank that does not
+//   come is named), then MPI_Iallgather of every rank's values and the sum in rank order on
 //   every rank, so the bits never depend on MPI's reduction algorithm.
 // - abort(): sends the reason to every other rank on a tag of its own; their pending and
 //   later calls throw TransportAborted with it. A wait that gives up aborts the same way.

@@ -82,7 +82,8 @@ case $mode in
     took=$(( $(date +%s) - start ))
     [ "$status" -ne 0 ] && [ "$status" -ne 124 ] || fail "status $status after ${took}s: $(cat "$work/out")"
     [ "$took" -le 30 ] || fail "took ${took}s, more than the 3 s timeout allows"
-    grep -Eq "conveyor: error: rank 0, action .*nothing arrived from rank 1 within 3000 ms" "$work/out" ||
+    # Stopped in a transfer or before the step's all-reduce, whichever rank 0 waits for.
+    grep -Eq "conveyor: error: rank 0.*(nothing arrived from rank 1 within|all-reduce waited 3000 ms for rank\(s\) 1 )" "$work/out" ||
       fail "rank 0 did not name rank 1: $(cat "$work/out")"
     echo "rank 1 stopped: rank 0 gave up, job ended with status $status after ${took}s"
     ;;
