@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/mpi_transport.h"
 #include "engine/schedule/chrome_trace.h"
 #include "engine/schedule/generators.h"
 #include "engine/schedule/measured_timing.h"
@@ -19,6 +20,7 @@
 #include "tools/cli_common.h"
 #include "tools/commands.h"
 #include "tools/plan_command.h"
+#include "tools/mpi_launch.h"
 
 namespace conveyor::cli {
 namespace {
@@ -53,6 +55,7 @@ struct TrainFlags {
   bool quiet = false;
   CheckpointFlags checkpoint;
   std::string plan_file;  // --plan FILE
+  bool weights_checksum = false;
 };
 
 void add_checkpoint_flags(CLI::App* cmd, CheckpointFlags& f) {
@@ -135,7 +138,9 @@ void print_pipeline(Trainer& trainer) {
   const auto& sched = trainer.executor().schedule();
   std::printf("pipeline %d rank(s) x %d chunk(s), schedule %s, transport %s, stages (units):",
               sched.num_ranks(), sched.placement.chunks, sched.name.c_str(),
-              trainer.executor().uses_nccl() ? "nccl" : "in-process");
+              trainer.executor().transport_kind() == TransportKind::kMpi ? "mpi"
+              : trainer.executor().uses_nccl()                           ? "nccl"
+                                                                         : "in-process");
   const auto& ranges = trainer.stage_ranges();
   for (size_t s = 0; s < ranges.size(); ++s)
     std::printf(
@@ -149,6 +154,10 @@ void print_pipeline(Trainer& trainer) {
 // costs measured in that step; optionally the measured timeline as a Chrome trace.
 void report_bubble(Trainer& trainer, const PipelineStepResult& last, const std::string& trace) {
   const auto& sched = trainer.executor().schedule();
+  if (!trainer.executor().holds_all_ranks()) {
+    std::printf("bubble not measured: the ranks' timelines stay in their own processes\n");
+    return;
+  }
   const schedule::SimResult measured = summarize_timing(sched, last.timing);
   const schedule::SimResult predicted =
       schedule::simulate(sched, measured_costs(sched, last.timing));
@@ -211,7 +220,9 @@ TransportKind parse_transport(const std::string& name) {
   if (name == "auto") return TransportKind::kAuto;
   if (name == "inproc") return TransportKind::kInProcess;
   if (name == "nccl") return TransportKind::kNccl;
-  throw UsageError("transport must be auto, inproc or nccl, got '" + name + "'");
+  if (name == "mpi") return TransportKind::kMpi;
+  throw UsageError("transport must be auto, inproc or nccl, or mpi under mpirun, got '" + name +
+                   "'");
 }
 
 std::optional<Device> parse_device_choice(const std::string& text) {
@@ -285,8 +296,64 @@ void apply_planning(const TrainFlags& f, Device device, TrainConfig& config) {
   }
 }
 
+// One rank among several processes (mpirun, srun): MPI starts when --transport mpi asks for
+// it, or, with auto, when the launcher started several processes.
+bool wants_mpi(const TrainConfig& config) {
+  return config.transport == TransportKind::kMpi ||
+         (config.transport == TransportKind::kAuto && comm::launched_process_count() > 1);
+}
+
+std::string exact(double value) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.17g", value);
+  return buf;
+}
+
+// What every rank must agree on for the ranks to compute one model's step: a rank with
+// another model, cut, schedule, batch or seed would compute something else, or deadlock.
+ConfigFields configuration_fields(const TrainFlags& f, const TrainConfig& c) {
+  const auto& m = c.model;
+  const auto& o = c.optimizer;
+  return {
+      {"the model (--preset, --d-model, --layers, --hidden, --vocab, --activation)",
+       "d_model=" + std::to_string(m.d_model) + " layers=" + std::to_string(m.n_layers) +
+           " hidden=" + std::to_string(m.hidden) + " vocab=" + std::to_string(m.vocab) +
+           " activation=" + ops::activation_name(m.activation) + " ln_eps=" + exact(m.ln_eps)},
+      {"--stages", std::to_string(c.stages)},
+      {"--chunks", std::to_string(c.chunks)},
+      {"--schedule", f.schedule},
+      {"--schedule-file", c.schedule_file},
+      {"--partition", f.partition},
+      {"--batch-tokens", std::to_string(c.batch_tokens)},
+      {"--microbatches", std::to_string(c.microbatches)},
+      {"--seed", std::to_string(c.seed)},
+      {"--steps", std::to_string(c.steps)},
+      {"--data", c.data_path},
+      {"the optimizer (--optimizer, --lr, --min-lr, --warmup, --weight-decay, --clip)",
+       o.kind + " lr=" + exact(o.lr) + " min_lr=" + exact(o.min_lr) +
+           " warmup=" + std::to_string(o.warmup_steps) + " weight_decay=" + exact(o.weight_decay) +
+           " clip=" + exact(o.clip_norm)},
+      {"--device", f.device},
+      {"--transport", f.transport},
+  };
+}
+
+// Rank 0 alone prints and writes files; the others stay quiet unless they fail (errors go
+// to stderr, which stays open).
+void quiet_unless_rank_zero(const MpiSession& mpi, TrainFlags& f) {
+  if (!mpi.active() || mpi.rank() == 0) return;
+  if (std::freopen("/dev/null", "w", stdout) == nullptr)
+    throw std::runtime_error("cannot silence the output of rank " + std::to_string(mpi.rank()));
+  f.log_json.clear();
+  f.trace.clear();
+}
+
 void run_train(TrainFlags& f, const CLI::App& cmd) {
   TrainConfig config = resolve_config(f, cmd);
+  // Before the trainer, which builds this rank's MPI transport; after it, MPI_Finalize.
+  MpiSession mpi(wants_mpi(config));
+  check_same_configuration(mpi, configuration_fields(f, config));
+  quiet_unless_rank_zero(mpi, f);
   std::string note;
   Device device;
   try {
@@ -382,6 +449,10 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
                 100.0 * (tail_loss - *entropy) / *entropy);
   std::printf("\n");
   report_bubble(*trainer, last_step, f.trace);
+  if (f.weights_checksum) {
+    const uint64_t checksum = weights_checksum(trainer->executor(), mpi);
+    std::printf("weights xxh3 %016llx\n", static_cast<unsigned long long>(checksum));
+  }
 }
 
 }  // namespace
@@ -437,7 +508,8 @@ void register_train_command(CLI::App& app) {
                   "auto (one rank per GPU when there are enough) or shared (all on one GPU)")
       ->capture_default_str();
   cmd->add_option("--transport", flags->transport,
-                  "auto (NCCL when every rank has its own GPU), inproc or nccl")
+                  "auto (MPI when started by mpirun with several processes, else NCCL when "
+                  "every rank has its own GPU), inproc, nccl or mpi")
       ->capture_default_str();
   cmd->add_option("--timeout", flags->timeout_s, "Seconds a rank waits for a peer before failing")
       ->capture_default_str();
@@ -446,6 +518,8 @@ void register_train_command(CLI::App& app) {
   add_checkpoint_flags(cmd, flags->checkpoint);
   cmd->add_option("--plan", flags->plan_file,
                   "Run the plan in FILE (written by `conveyor plan --out`)");
+  cmd->add_flag("--weights-checksum", flags->weights_checksum,
+                "Print an XXH3 checksum of the final weights (to compare runs bit for bit)");
   cmd->callback([flags, cmd] { run_train(*flags, *cmd); });
 }
 

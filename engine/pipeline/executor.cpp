@@ -48,7 +48,16 @@ PipelineExecutor::PipelineExecutor(const ModelDescription& model, schedule::Sche
   for (const auto& unit : model_.units(0, model_.num_units))
     for (Parameter* prm : unit->parameters()) global.emplace(prm->name, total_parameters_++);
 
-  for (int r = 0; r < p; ++r) {
+  // A transport that spans processes tells which rank this process holds; it is made first.
+  comm::Transports transports;
+  std::vector<int> held;
+  if (comm::spans_processes(transport_kind_)) {
+    transports = comm::make_transports(transport_kind_, devices, options.transport_timeout);
+    held.push_back(transports.per_rank[0]->rank());
+  } else {
+    for (int r = 0; r < p; ++r) held.push_back(r);
+  }
+  for (int r : held) {
     auto rank = std::make_unique<PipelineRank>();
     rank->index = r;
     OnDevice on_device(devices[r]);  // the stages initialise their parameters on it
@@ -71,9 +80,10 @@ PipelineExecutor::PipelineExecutor(const ModelDescription& model, schedule::Sche
     }
     ranks_.push_back(std::move(rank));
   }
-  set_transports(
-      comm::make_transports(transport_kind_, devices, options.transport_timeout).per_rank);
-  threads_ = std::make_unique<RankThreads>(p);
+  if (transports.per_rank.empty())
+    transports = comm::make_transports(transport_kind_, devices, options.transport_timeout);
+  set_transports(std::move(transports.per_rank));
+  threads_ = std::make_unique<RankThreads>(static_cast<int>(ranks_.size()));
 }
 
 PipelineExecutor::~PipelineExecutor() {
@@ -86,13 +96,30 @@ PipelineExecutor::~PipelineExecutor() {
   for (auto& rank : ranks_) rank->transport.reset();
 }
 
-DeviceContext& PipelineExecutor::context(int rank) { return *ranks_.at(rank)->ctx; }
-Optimizer& PipelineExecutor::optimizer(int rank) { return *ranks_.at(rank)->optimizer; }
+PipelineRank& PipelineExecutor::held(int rank) const {
+  for (const auto& r : ranks_)
+    if (r->index == rank) return *r;
+  if (rank < 0 || rank >= num_ranks())
+    throw std::out_of_range("rank " + std::to_string(rank) + " out of range for " +
+                            std::to_string(num_ranks()) + " ranks");
+  throw std::invalid_argument("rank " + std::to_string(rank) +
+                              " is held by another process; this one holds rank " +
+                              std::to_string(ranks_.front()->index));
+}
+
+std::vector<int> PipelineExecutor::local_ranks() const {
+  std::vector<int> out;
+  for (const auto& r : ranks_) out.push_back(r->index);
+  return out;
+}
+
+DeviceContext& PipelineExecutor::context(int rank) { return *held(rank).ctx; }
+Optimizer& PipelineExecutor::optimizer(int rank) { return *held(rank).optimizer; }
 Stage& PipelineExecutor::stage(int stage) {
-  return *ranks_.at(schedule_.placement.rank_of(stage))->stages.at(stage);
+  return *held(schedule_.placement.rank_of(stage)).stages.at(stage);
 }
 std::vector<Parameter*> PipelineExecutor::rank_parameters(int rank) {
-  return ranks_.at(rank)->parameters();
+  return held(rank).parameters();
 }
 
 std::vector<Parameter*> PipelineExecutor::parameters() {
@@ -135,11 +162,13 @@ PipelineStepResult PipelineExecutor::run_step(const std::vector<MicroBatchData>&
                           .step = step,
                           .lr = lr,
                           .update = update,
-                          .start = Clock::now()};
-  std::vector<std::string> errors(p);
-  std::vector<bool> follow_on(p, false);
+                          .start = Clock::now(),
+                          .reporting_rank = ranks_.front()->index};
+  const int held_count = static_cast<int>(ranks_.size());
+  std::vector<std::string> errors(held_count);
+  std::vector<bool> follow_on(held_count, false);
   std::mutex errors_mutex;
-  threads_->run([&](int r) {
+  threads_->run([&](int r) {  // r: position among the ranks held here
     PipelineRank& rank = *ranks_[r];
     try {
       RankStep(rank, inputs).run(result);
@@ -154,7 +183,7 @@ PipelineStepResult PipelineExecutor::run_step(const std::vector<MicroBatchData>&
   result.seconds = std::chrono::duration<double>(Clock::now() - inputs.start).count();
   // Report the failure that started it, not the ranks that were stopped because of it.
   for (int pass = 0; pass < 2; ++pass)
-    for (int r = 0; r < p; ++r)
+    for (int r = 0; r < held_count; ++r)
       if (!errors[r].empty() && (pass == 1 || !follow_on[r])) throw PipelineError(errors[r]);
   return result;
 }

@@ -9,6 +9,10 @@
 // validator accepts runs to the end. Activations are released as soon as the last action
 // that needs them is done; the caching allocator's stream-ordered reuse makes that safe.
 //
+// With a transport that spans processes (MPI), each process holds one rank (its stages,
+// optimizer and transport endpoint) and run_step runs that rank alone; the all-reduce still
+// goes over the transport, so every process gets the global loss and norm.
+//
 // After the last action, each rank contributes its per-micro-batch losses and per-parameter
 // squared gradient norms to one all-reduce (slots indexed by global parameter order), so
 // every rank sums them in the same order as the one-stage run: the clipping factor and the
@@ -90,7 +94,13 @@ class PipelineExecutor {
   const schedule::Schedule& schedule() const { return schedule_; }
   int num_ranks() const { return schedule_.num_ranks(); }
   DeviceContext& context(int rank);
-  // Every parameter of the model in global order (from whichever rank holds it).
+  // The ranks this process holds: all of them, or, with a transport that spans processes
+  // (MPI), the one rank of this process. The accessors below that take a rank, or a stage,
+  // throw std::invalid_argument for one held by another process.
+  std::vector<int> local_ranks() const;
+  bool holds_all_ranks() const { return static_cast<int>(ranks_.size()) == num_ranks(); }
+  // Every parameter of the model in global order (from whichever rank holds it; null where
+  // another process holds it).
   std::vector<Parameter*> parameters();
   // Parameters and optimizers per rank (checkpoints).
   std::vector<Parameter*> rank_parameters(int rank);
@@ -101,10 +111,13 @@ class PipelineExecutor {
   // The transport chosen at construction (kAuto resolved).
   TransportKind transport_kind() const { return transport_kind_; }
   bool uses_nccl() const { return transport_kind_ == TransportKind::kNccl; }
-  // Replaces the transport of every rank (tests inject faults through this).
+  // Replaces the transport of every rank held here, in local_ranks() order (tests inject
+  // faults through this).
   void set_transports(std::vector<std::unique_ptr<comm::Transport>> transports);
 
  private:
+  PipelineRank& held(int rank) const;
+
   ModelDescription model_;
   schedule::Schedule schedule_;
   TransportKind transport_kind_ = TransportKind::kInProcess;

@@ -359,7 +359,7 @@ void RankStep::end_of_step(PipelineStepResult& result) {
     ctx_.synchronize();
   }
   const int r = rank_.index;
-  if (r == 0) {
+  if (r == in_.reporting_rank) {
     result.loss_sum = loss_sum;
     result.grad_norm = norm;
     result.diverged = !finite;

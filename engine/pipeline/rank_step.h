@@ -64,13 +64,14 @@ struct StepInputs {
   const schedule::Schedule& schedule;
   const std::vector<MicroBatchData>& microbatches;
   float loss_scale = 1.0f;
-  const ModelDescription& model;         // the shape of the tensors sent between stages
+  const ModelDescription& model;          // the shape of the tensors sent between stages
   const std::vector<StageRange>& ranges;  // units of each virtual stage
-  int total_parameters = 0;  // of the whole model: the all-reduce's parameter slots
-  int64_t step = 0;          // optimizer step, 1-based
+  int total_parameters = 0;               // of the whole model: the all-reduce's parameter slots
+  int64_t step = 0;                       // optimizer step, 1-based
   double lr = 0.0;
   bool update = true;  // false: gradients and norms only, no optimizer step
   std::chrono::steady_clock::time_point start;  // of the step, for the timeline
+  int reporting_rank = 0;  // fills the step's totals: the first rank this process holds
 };
 
 // One step of one rank. Throws what an action threw, wrapped (std::throw_with_nested) in a
@@ -85,7 +86,7 @@ class RankStep {
  public:
   RankStep(PipelineRank& rank, const StepInputs& in);
   // Zeroes the gradients, uploads the ids, runs every action of the rank, then the end of the
-  // step; fills the rank's entries of `result` (rank 0 also the step's totals).
+  // step; fills the rank's entries of `result` (the reporting rank also the step's totals).
   void run(PipelineStepResult& result);
 
  private:

@@ -125,7 +125,7 @@ std::vector<MicroBatchData> Trainer::draw_batch(TokenSource& source) const {
 StepStats Trainer::step() {
   const int64_t step = steps_done_ + 1;
   const std::vector<MicroBatchData> microbatches = draw_batch(*source_);
-  for (int r = 0; r < executor_->num_ranks(); ++r) executor_->context(r).allocator().reset_peak();
+  for (int r : executor_->local_ranks()) executor_->context(r).allocator().reset_peak();
   const double lr = learning_rate(config_.optimizer, step, config_.steps);
   PipelineStepResult result =
       executor_->run_step(microbatches, 1.0f / static_cast<float>(config_.batch_tokens), step, lr);

@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "comm/in_process.h"
+#include "comm/mpi_transport.h"
 #include "comm/nccl.h"
 #include "engine/core/device_context.h"
 #include "support/test_util.h"
@@ -70,6 +71,38 @@ TEST(TransportFactory, InProcessTransportsAreWiredRankByRankWithTheTimeout) {
   } catch (const TransportError& e) {
     EXPECT_NE(std::string(e.what()).find("within 50 ms"), std::string::npos) << e.what();
   }
+}
+
+TEST(TransportFactory, MpiIsForCpuRanksAndOnlyWhereTheBuildHasIt) {
+  const Device cpu = Device::cpu(), gpu0 = Device::cuda(0), gpu1 = Device::cuda(1);
+  // Not started by a launcher (ctest runs this binary alone): auto never picks MPI.
+  ASSERT_LE(launched_process_count(), 1);
+  EXPECT_NE(choose_transport(TransportKind::kAuto, {cpu, cpu}), TransportKind::kMpi);
+  try {
+    choose_transport(TransportKind::kMpi, {gpu0, gpu1});
+    FAIL() << "MPI accepted for GPU ranks";
+  } catch (const std::invalid_argument& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find(mpi_built() ? "CPU ranks only" : "not in this build"), std::string::npos)
+        << what;
+  }
+  if (mpi_built()) {
+    EXPECT_EQ(choose_transport(TransportKind::kMpi, {cpu, cpu}), TransportKind::kMpi);
+    EXPECT_TRUE(spans_processes(TransportKind::kMpi));
+    EXPECT_FALSE(spans_processes(TransportKind::kInProcess));
+    // The program, not the library, initialises MPI: the transport says so instead of
+    // initialising it behind the program's back.
+    try {
+      make_transports(TransportKind::kMpi, {cpu, cpu}, 1000ms);
+      FAIL() << "an MPI transport was made without MPI_Init";
+    } catch (const TransportError& e) {
+      EXPECT_NE(std::string(e.what()).find("MPI_Init_thread"), std::string::npos) << e.what();
+    }
+  } else {
+    EXPECT_THROW(choose_transport(TransportKind::kMpi, {cpu, cpu}), std::invalid_argument);
+  }
+  EXPECT_STREQ(transport_name(TransportKind::kMpi), "mpi");
+  EXPECT_STREQ(transport_name(TransportKind::kInProcess), "inproc");
 }
 
 }  // namespace

@@ -1,0 +1,367 @@
+#include "comm/mpi_transport.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <list>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#ifdef CONVEYOR_WITH_MPI
+#include <mpi.h>
+#endif
+
+namespace conveyor::comm {
+
+bool mpi_built() {
+#ifdef CONVEYOR_WITH_MPI
+  return true;
+#else
+  return false;
+#endif
+}
+
+int launched_process_count() {
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"}) {
+    const char* value = std::getenv(name);
+    if (value == nullptr) continue;
+    char* end = nullptr;
+    const long n = std::strtol(value, &end, 10);
+    if (end != value && *end == '\0' && n > 0) return static_cast<int>(n);
+  }
+  return 0;
+}
+
+#ifndef CONVEYOR_WITH_MPI
+
+std::unique_ptr<Transport> make_mpi_transport(std::chrono::milliseconds) {
+  throw std::invalid_argument(
+      "this build has no MPI (install libopenmpi-dev and reconfigure); use the in-process "
+      "transport");
+}
+
+#else
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr int kMessageTag = 1;  // every pipeline message: FIFO per link
+constexpr int kAbortTag = 2;    // the reason a rank aborted
+constexpr int kCountTag = 3;    // all-reduce value counts: who has come to the all-reduce
+
+std::string mpi_error_text(int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  MPI_Error_string(code, text, &length);
+  return std::string(text, static_cast<size_t>(length));
+}
+
+// Waits that poll: spin briefly (a message is often a few microseconds away), then yield the
+// core, since oversubscribed ranks share cores with the peers they wait for.
+class Backoff {
+ public:
+  void pause() {
+    if (++polls_ > 64)
+      std::this_thread::sleep_for(std::chrono::microseconds(polls_ > 4096 ? 200 : 20));
+  }
+
+ private:
+  int polls_ = 0;
+};
+
+class MpiTransport : public Transport {
+ public:
+  explicit MpiTransport(std::chrono::milliseconds timeout) : timeout_(timeout) {
+    int initialised = 0;
+    MPI_Initialized(&initialised);
+    if (!initialised)
+      throw TransportError(
+          "the MPI transport needs MPI to be initialised first: the program must call "
+          "MPI_Init_thread (conveyor train does when started by mpirun)");
+    int level = MPI_THREAD_SINGLE;
+    MPI_Query_thread(&level);
+    if (level < MPI_THREAD_SERIALIZED)
+      throw TransportError(
+          "the MPI transport needs MPI_THREAD_SERIALIZED or more, MPI gave level " +
+          std::to_string(level) + "; initialise MPI with MPI_Init_thread");
+    if (const int code = MPI_Comm_dup(MPI_COMM_WORLD, &comm_); code != MPI_SUCCESS)
+      throw TransportError("MPI_Comm_dup failed: " + mpi_error_text(code));
+    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+  }
+
+  ~MpiTransport() override {
+    // Let sends already posted (an abort notice above all) leave, for a bounded time: a dead
+    // peer must not hold this process. What has not left by then is dropped.
+    const auto deadline = Clock::now() + std::min<std::chrono::milliseconds>(
+                                             timeout_, std::chrono::milliseconds(2000));
+    Backoff backoff;
+    while (!pending_.empty() && Clock::now() < deadline) {
+      reap_sends();
+      backoff.pause();
+    }
+    for (Pending& p : pending_) {
+      MPI_Cancel(&p.request);
+      MPI_Request_free(&p.request);
+    }
+    pending_.clear();
+    MPI_Comm_free(&comm_);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  void send(const Tensor& tensor, int peer, const Stream&) override {
+    check_peer(peer, "send to");
+    check_cpu(tensor);
+    throw_if_aborted();
+    const int count = byte_count(tensor.nbytes());
+    Pending& p = pending_.emplace_back();
+    p.bytes.resize(tensor.nbytes());
+    std::memcpy(p.bytes.data(), tensor.raw(), p.bytes.size());
+    check(MPI_Isend(p.bytes.data(), count, MPI_BYTE, peer, kMessageTag, comm_, &p.request),
+          "MPI_Isend");
+    reap_sends();
+  }
+
+  void recv(const Tensor& tensor, int peer, const Stream&) override {
+    check_peer(peer, "receive from");
+    check_cpu(tensor);
+    const auto deadline = Clock::now() + timeout_;
+    Backoff backoff;
+    while (!try_receive(tensor, peer, deadline)) {
+      if (Clock::now() >= deadline)
+        give_up("nothing arrived from rank " + std::to_string(peer) + " within " +
+                std::to_string(timeout_.count()) + " ms (did rank " + std::to_string(peer) +
+                " stop?)");
+      backoff.pause();
+    }
+  }
+
+  bool try_recv(const Tensor& tensor, int peer, const Stream&) override {
+    check_peer(peer, "receive from");
+    check_cpu(tensor);
+    return try_receive(tensor, peer, Clock::now() + timeout_);
+  }
+
+  void all_reduce_sum(std::vector<double>& values) override {
+    throw_if_aborted();
+    const int64_t count = static_cast<int64_t>(values.size());
+    exchange_counts(count);
+    std::vector<double> all(values.size() * size_);
+    MPI_Request request;
+    check(MPI_Iallgather(values.data(), byte_count(values.size() * sizeof(double)), MPI_BYTE,
+                         all.data(), byte_count(values.size() * sizeof(double)), MPI_BYTE, comm_,
+                         &request),
+          "MPI_Iallgather");
+    wait_collective(request, "the all-reduce");
+    // Rank order from zero, as the in-process transport adds them.
+    for (size_t i = 0; i < values.size(); ++i) {
+      double sum = 0.0;
+      for (int r = 0; r < size_; ++r) sum += all[static_cast<size_t>(r) * values.size() + i];
+      values[i] = sum;
+    }
+  }
+
+  void abort(const std::string& reason) override {
+    if (aborted_) return;
+    aborted_ = true;
+    abort_reason_ = reason;
+    // Best effort: a notice to every other rank, never waited for here.
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      Pending& p = pending_.emplace_back();
+      p.bytes.resize(reason.size());
+      std::memcpy(p.bytes.data(), reason.data(), reason.size());
+      if (MPI_Isend(p.bytes.data(), static_cast<int>(p.bytes.size()), MPI_BYTE, r, kAbortTag, comm_,
+                    &p.request) != MPI_SUCCESS)
+        pending_.pop_back();
+    }
+  }
+
+ private:
+  struct Pending {
+    std::vector<std::byte> bytes;  // owned by the send until it completes
+    MPI_Request request = MPI_REQUEST_NULL;
+  };
+
+  void check(int code, const char* call) {
+    if (code != MPI_SUCCESS) give_up(std::string(call) + " failed: " + mpi_error_text(code));
+  }
+
+  // This rank gives up: the others are told, and this call fails.
+  [[noreturn]] void give_up(const std::string& what) {
+    const std::string reason = "rank " + std::to_string(rank_) + ": " + what;
+    abort(reason);
+    throw TransportError(reason);
+  }
+
+  void check_cpu(const Tensor& tensor) const {
+    if (!tensor.device().is_cpu())
+      throw TransportError("rank " + std::to_string(rank_) +
+                           ": the MPI transport moves CPU tensors, got " + tensor.describe() +
+                           "; GPU ranks need NCCL");
+  }
+
+  int byte_count(size_t bytes) {
+    if (bytes > static_cast<size_t>(INT32_MAX))
+      give_up("a message of " + std::to_string(bytes) + " bytes is more than one MPI call sends (" +
+              std::to_string(INT32_MAX) + ")");
+    return static_cast<int>(bytes);
+  }
+
+  // Reads an abort notice from any rank if one came, then throws if this transport is aborted.
+  void throw_if_aborted() {
+    if (!aborted_) {
+      int flag = 0;
+      MPI_Status status;
+      if (MPI_Iprobe(MPI_ANY_SOURCE, kAbortTag, comm_, &flag, &status) == MPI_SUCCESS && flag) {
+        int length = 0;
+        MPI_Get_count(&status, MPI_BYTE, &length);
+        std::string reason(static_cast<size_t>(length), '\0');
+        MPI_Recv(reason.data(), length, MPI_BYTE, status.MPI_SOURCE, kAbortTag, comm_,
+                 MPI_STATUS_IGNORE);
+        aborted_ = true;
+        abort_reason_ = reason;
+      }
+    }
+    if (aborted_) throw TransportAborted(rank_, abort_reason_);
+  }
+
+  void reap_sends() {
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      int done = 0;
+      MPI_Test(&it->request, &done, MPI_STATUS_IGNORE);
+      it = done ? pending_.erase(it) : std::next(it);
+    }
+  }
+
+  // Receives the next message from `peer` into `tensor` if it has arrived; false if not.
+  bool try_receive(const Tensor& tensor, int peer, Clock::time_point deadline) {
+    throw_if_aborted();
+    reap_sends();
+    int found = 0;
+    MPI_Message message;
+    MPI_Status status;
+    check(MPI_Improbe(peer, kMessageTag, comm_, &found, &message, &status), "MPI_Improbe");
+    if (!found) return false;
+    int bytes = 0;
+    MPI_Get_count(&status, MPI_BYTE, &bytes);
+    if (static_cast<size_t>(bytes) != tensor.nbytes()) {
+      // Take it off the link anyway, so the error is the only thing left to report.
+      std::vector<std::byte> discard(static_cast<size_t>(bytes));
+      MPI_Mrecv(discard.data(), bytes, MPI_BYTE, &message, MPI_STATUS_IGNORE);
+      give_up("message from rank " + std::to_string(peer) + " has " + std::to_string(bytes) +
+              " bytes, the receiving tensor " + tensor.describe() + " has " +
+              std::to_string(tensor.nbytes()));
+    }
+    MPI_Request request;
+    check(MPI_Imrecv(tensor.raw(), bytes, MPI_BYTE, &message, &request), "MPI_Imrecv");
+    // The message is matched: only its payload is still on the way.
+    Backoff backoff;
+    for (;;) {
+      int done = 0;
+      check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test");
+      if (done) return true;
+      if (Clock::now() >= deadline)
+        give_up("a message from rank " + std::to_string(peer) +
+                " started but did not finish within " + std::to_string(timeout_.count()) + " ms");
+      backoff.pause();
+    }
+  }
+
+  // Every rank's value count, point to point before the gather: a rank with another count
+  // would make the gather undefined, and a rank that never comes is named, which a pending
+  // collective cannot do.
+  void exchange_counts(int64_t count) {
+    std::vector<int64_t> counts(size_, count);
+    std::vector<MPI_Request> arrived(size_, MPI_REQUEST_NULL);
+    auto drop_pending = [&] {
+      for (MPI_Request& r : arrived)
+        if (r != MPI_REQUEST_NULL) {
+          MPI_Cancel(&r);
+          MPI_Request_free(&r);
+        }
+    };
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      check(MPI_Irecv(&counts[r], 1, MPI_INT64_T, r, kCountTag, comm_, &arrived[r]), "MPI_Irecv");
+      Pending& p = pending_.emplace_back();
+      p.bytes.resize(sizeof count);
+      std::memcpy(p.bytes.data(), &count, sizeof count);
+      check(MPI_Isend(p.bytes.data(), 1, MPI_INT64_T, r, kCountTag, comm_, &p.request),
+            "MPI_Isend");
+    }
+    const auto deadline = Clock::now() + timeout_;
+    Backoff backoff;
+    for (;;) {
+      std::string missing;
+      for (int r = 0; r < size_; ++r) {
+        if (arrived[r] == MPI_REQUEST_NULL) continue;
+        int done = 0;
+        MPI_Test(&arrived[r], &done, MPI_STATUS_IGNORE);  // done: the request is nulled
+        if (!done) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      }
+      if (missing.empty()) break;
+      try {
+        throw_if_aborted();
+      } catch (...) {
+        drop_pending();
+        throw;
+      }
+      if (Clock::now() >= deadline) {
+        drop_pending();
+        give_up("the all-reduce waited " + std::to_string(timeout_.count()) + " ms for rank(s) " +
+                missing + " (did rank " + missing + " stop?)");
+      }
+      reap_sends();
+      backoff.pause();
+    }
+    for (int r = 0; r < size_; ++r)
+      if (counts[r] != count)
+        give_up("all-reduce of " + std::to_string(count) + " values, but rank " +
+                std::to_string(r) + " gave " + std::to_string(counts[r]));
+  }
+
+  void wait_collective(MPI_Request& request, const char* what) {
+    const auto deadline = Clock::now() + timeout_;
+    Backoff backoff;
+    for (;;) {
+      int done = 0;
+      check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test");
+      if (done) return;
+      throw_if_aborted();  // a collective cannot be cancelled: the process must end after this
+      if (Clock::now() >= deadline) {
+        // Every rank came to it (their counts arrived), so one of them stopped inside it.
+        std::string others;
+        for (int r = 0; r < size_; ++r)
+          if (r != rank_) others += (others.empty() ? "" : ", ") + std::to_string(r);
+        give_up(std::string(what) + " waited " + std::to_string(timeout_.count()) +
+                " ms for rank(s) " + others + " to finish it (did one of them stop?)");
+      }
+      reap_sends();
+      backoff.pause();
+    }
+  }
+
+  std::chrono::milliseconds timeout_;
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0;
+  int size_ = 1;
+  std::list<Pending> pending_;  // sends not yet complete; std::list keeps buffers in place
+  bool aborted_ = false;
+  std::string abort_reason_;
+};
+
+}  // namespace
+
+std::unique_ptr<Transport> make_mpi_transport(std::chrono::milliseconds timeout) {
+  return std::make_unique<MpiTransport>(timeout);
+}
+
+#endif
+
+}  // namespace conveyor::comm

@@ -1,0 +1,39 @@
+#pragma once
+// MPI transport for CPU pipeline ranks that are processes, one rank per process, started by
+// mpirun or srun. The program initialises MPI (MPI_Init_thread with MPI_THREAD_SERIALIZED or
+// more: the executor calls from one thread at a time, not necessarily the main one) and
+// finalises it after the transport is gone; the library never does.
+//
+// - Point-to-point: send() copies the tensor's bytes and posts MPI_Isend from that copy, so
+//   the caller may reuse its tensor at once; recv() polls MPI_Improbe / MPI_Imrecv against
+//   the deadline; try_recv() probes once. One tag carries every pipeline message, so each
+//   link is FIFO by MPI's non-overtaking rule, as the validator assumes.
+// - all_reduce_sum(): the value counts point to point (checked equal; a rank that does not
+//   come is named), then MPI_Iallgather of every rank's values and the sum in rank order on
+//   every rank, so the bits never depend on MPI's reduction algorithm.
+// - abort(): sends the reason to every other rank on a tag of its own; their pending and
+//   later calls throw TransportAborted with it. A wait that gives up aborts the same way.
+//   MPI_Abort is never called: every rank ends with its own error.
+// All traffic runs on a duplicate of MPI_COMM_WORLD with errors returned, not fatal.
+#include <chrono>
+#include <memory>
+
+#include "comm/transport.h"
+
+namespace conveyor::comm {
+
+// True when this binary was built with MPI.
+bool mpi_built();
+
+// The number of processes the launcher started this one among, read from the launcher's own
+// environment (OMPI_COMM_WORLD_SIZE for OpenMPI's mpirun, PMI_SIZE for MPICH/Hydra and
+// Slurm's PMI); 0 when no launcher says so. Needs no MPI call, so it works before MPI_Init
+// and in a build without MPI.
+int launched_process_count();
+
+// This process's endpoint over MPI_COMM_WORLD: its rank() is the MPI rank. Throws
+// TransportError when MPI is not initialised or gives less than MPI_THREAD_SERIALIZED, and
+// std::invalid_argument in a build without MPI. `timeout` bounds every wait for a peer.
+std::unique_ptr<Transport> make_mpi_transport(std::chrono::milliseconds timeout);
+
+}  // namespace conveyor::comm

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# `conveyor train` as real MPI processes (OpenMPI's mpirun), against the one-process run.
+#   mpi_train.sh CONVEYOR equal N      -np N with --stages N: per-step losses and gradient norms
+#                                      (--log-json) and the final weights' checksum equal the
+#                                      one-process runs with --stages N and --stages 1, bit for bit
+#   mpi_train.sh CONVEYOR mismatch     two ranks, one with another --seed: refused at start,
+#                                      naming --seed
+#   mpi_train.sh CONVEYOR kill         rank 1 killed with SIGKILL mid-run: the job ends non-zero
+#                                      within the timeout, and the output names the lost rank
+#   mpi_train.sh CONVEYOR stop         rank 1 stopped (SIGSTOP) mid-run, so mpirun sees nothing:
+#                                      rank 0's own deadline ends the job, naming rank 1
+# CI runs as root and with fewer cores than ranks: --allow-run-as-root --oversubscribe.
+set -uo pipefail
+cli=$1 mode=$2
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+mpirun=(mpirun --allow-run-as-root --oversubscribe --bind-to none)
+common=(train --device cpu --layers 4 --microbatches 4 --batch-tokens 512 --steps 4
+        --quiet --weights-checksum --timeout 20)
+fail() { echo "FAIL: $*"; exit 1; }
+
+# The bitwise part of a --log-json file: step, loss and gradient norm of every step.
+numbers() { jq -c '[.step, .loss, .grad_norm]' "$1"; }
+checksum() { grep -o 'weights xxh3 [0-9a-f]*' "$1"; }
+
+case $mode in
+  equal)
+    n=$3
+    "$cli" "${common[@]}" --seed 7 --stages 1 --log-json "$work/one.jsonl" >"$work/one.out" 2>&1 ||
+      fail "one-process --stages 1 run failed: $(cat "$work/one.out")"
+    "$cli" "${common[@]}" --seed 7 --stages "$n" --transport inproc --log-json "$work/threads.jsonl" \
+      >"$work/threads.out" 2>&1 || fail "one-process --stages $n run failed: $(cat "$work/threads.out")"
+    timeout 60 "${mpirun[@]}" -np "$n" "$cli" "${common[@]}" --seed 7 --stages "$n" \
+      --log-json "$work/mpi.jsonl" >"$work/mpi.out" 2>&1 ||
+      fail "mpirun -np $n failed: $(cat "$work/mpi.out")"
+    grep -q "transport mpi" "$work/mpi.out" || fail "the MPI run did not use MPI: $(cat "$work/mpi.out")"
+    # Rank 0 alone prints: one summary, not n.
+    [ "$(grep -c '^done ' "$work/mpi.out")" = 1 ] || fail "ranks other than 0 printed: $(cat "$work/mpi.out")"
+    [ "$(numbers "$work/mpi.jsonl" | wc -l)" = 4 ] || fail "expected 4 steps in --log-json"
+    for ref in one threads; do
+      diff <(numbers "$work/$ref.jsonl") <(numbers "$work/mpi.jsonl") ||
+        fail "per-step losses of mpirun -np $n differ from the $ref run"
+      [ -n "$(checksum "$work/$ref.out")" ] || fail "no checksum in the $ref run"
+      [ "$(checksum "$work/$ref.out")" = "$(checksum "$work/mpi.out")" ] ||
+        fail "final weights differ: $ref $(checksum "$work/$ref.out"), mpi $(checksum "$work/mpi.out")"
+    done
+    echo "mpirun -np $n: $(numbers "$work/mpi.jsonl" | wc -l) steps and $(checksum "$work/mpi.out") equal to the one-process runs"
+    ;;
+  mismatch)
+    timeout 60 "${mpirun[@]}" -np 1 "$cli" "${common[@]}" --stages 2 --seed 7 : \
+      -np 1 "$cli" "${common[@]}" --stages 2 --seed 8 >"$work/out" 2>&1
+    status=$?
+    [ "$status" -ne 0 ] && [ "$status" -ne 124 ] || fail "status $status: $(cat "$work/out")"
+    grep -q "disagree on --seed: rank 0 has '7', rank 1 has '8'" "$work/out" ||
+      fail "the refusal does not name --seed: $(cat "$work/out")"
+    grep -q "^step \|^done " "$work/out" && fail "a rank trained despite the mismatch"
+    echo "mismatched --seed refused at start, status $status"
+    ;;
+  kill)
+    # Rank 1 kills itself (exec keeps the pid) two seconds into a run far longer than that.
+    start=$(date +%s)
+    timeout 60 "${mpirun[@]}" -np 2 bash -c \
+      'if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then (sleep 2; kill -KILL $$) & fi; exec "$@"' _ \
+      "$cli" train --device cpu --stages 2 --microbatches 4 --batch-tokens 512 --steps 1000000 \
+      --quiet --timeout 10 >"$work/out" 2>&1
+    status=$?
+    took=$(( $(date +%s) - start ))
+    [ "$status" -ne 0 ] && [ "$status" -ne 124 ] || fail "status $status after ${took}s: $(cat "$work/out")"
+    [ "$took" -le 30 ] || fail "took ${took}s, more than the 10 s timeout allows"
+    # OpenMPI's mpirun notices the death and ends the other ranks itself, naming the rank.
+    grep -Eq "rank 1 .*(signal 9|Killed)|process rank 1" "$work/out" ||
+      fail "the lost rank is not named: $(cat "$work/out")"
+    echo "rank 1 killed: job ended with status $status after ${took}s"; cat "$work/out"
+    ;;
+  stop)
+    start=$(date +%s)
+    timeout 60 "${mpirun[@]}" -np 2 bash -c \
+      'if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then (sleep 2; kill -STOP $$) & fi; exec "$@"' _ \
+      "$cli" train --device cpu --stages 2 --microbatches 4 --batch-tokens 512 --steps 1000000 \
+      --quiet --timeout 3 >"$work/out" 2>&1
+    status=$?
+    took=$(( $(date +%s) - start ))
+    [ "$status" -ne 0 ] && [ "$status" -ne 124 ] || fail "status $status after ${took}s: $(cat "$work/out")"
+    [ "$took" -le 30 ] || fail "took ${took}s, more than the 3 s timeout allows"
+    # Stopped in a transfer or before the step's all-reduce, whichever rank 0 waits for.
+    grep -Eq "conveyor: error: rank 0.*(nothing arrived from rank 1 within|all-reduce waited 3000 ms for rank\(s\) 1 )" "$work/out" ||
+      fail "rank 0 did not name rank 1: $(cat "$work/out")"
+    echo "rank 1 stopped: rank 0 gave up, job ended with status $status after ${took}s"
+    ;;
+  *) fail "unknown mode $mode" ;;
+esac

@@ -1,0 +1,139 @@
+#include "tools/mpi_launch.h"
+
+#include <cstring>
+#include <exception>
+#include <stdexcept>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include "engine/pipeline/executor.h"
+#include "tools/cli_common.h"
+
+#ifdef CONVEYOR_WITH_MPI
+#include <mpi.h>
+#endif
+
+namespace conveyor::cli {
+namespace {
+
+uint64_t hash_bytes(const void* data, size_t bytes) {
+  return static_cast<uint64_t>(XXH3_64bits(data, bytes));
+}
+
+#ifdef CONVEYOR_WITH_MPI
+void check_mpi(int code, const char* call) {
+  if (code == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  MPI_Error_string(code, text, &length);
+  throw std::runtime_error(std::string(call) + " failed: " + std::string(text, length));
+}
+
+// Every rank's `text`, by rank.
+std::vector<std::string> all_gather_text(const std::string& text, int ranks) {
+  const int length = static_cast<int>(text.size());
+  std::vector<int> lengths(ranks), offsets(ranks);
+  check_mpi(MPI_Allgather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, MPI_COMM_WORLD),
+            "MPI_Allgather");
+  int total = 0;
+  for (int r = 0; r < ranks; ++r) offsets[r] = total, total += lengths[r];
+  std::string all(static_cast<size_t>(total), '\0');
+  check_mpi(MPI_Allgatherv(text.data(), length, MPI_CHAR, all.data(), lengths.data(),
+                           offsets.data(), MPI_CHAR, MPI_COMM_WORLD),
+            "MPI_Allgatherv");
+  std::vector<std::string> out;
+  for (int r = 0; r < ranks; ++r) out.push_back(all.substr(offsets[r], lengths[r]));
+  return out;
+}
+#endif
+
+}  // namespace
+
+MpiSession::MpiSession(bool wanted) {
+  if (!wanted) return;
+#ifdef CONVEYOR_WITH_MPI
+  int provided = MPI_THREAD_SINGLE;
+  check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided), "MPI_Init_thread");
+  active_ = true;
+  if (provided < MPI_THREAD_SERIALIZED)
+    throw std::runtime_error(
+        "MPI gives thread level " + std::to_string(provided) +
+        ", below MPI_THREAD_SERIALIZED, which the executor needs; use an MPI built with thread "
+        "support");
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+  MPI_Comm_size(MPI_COMM_WORLD, &size_);
+#else
+  throw UsageError(
+      "this build has no MPI, so it cannot run as one rank of several processes; install "
+      "libopenmpi-dev and reconfigure, or run without mpirun");
+#endif
+}
+
+MpiSession::~MpiSession() {
+#ifdef CONVEYOR_WITH_MPI
+  // On the way out of a failure, no MPI_Finalize: it waits for every rank, and the rank that
+  // failed may be gone or hung. The process exits non-zero without it and mpirun ends the job.
+  if (active_ && std::uncaught_exceptions() == 0) MPI_Finalize();
+#endif
+}
+
+void check_same_configuration(const MpiSession& session, const ConfigFields& fields) {
+  if (!session.active()) return;
+#ifdef CONVEYOR_WITH_MPI
+  const int ranks = session.size();
+  std::vector<uint64_t> mine;
+  for (const auto& [name, value] : fields) mine.push_back(hash_bytes(value.data(), value.size()));
+  const int count = static_cast<int>(mine.size());
+  std::vector<int> counts(ranks);
+  check_mpi(MPI_Allgather(&count, 1, MPI_INT, counts.data(), 1, MPI_INT, MPI_COMM_WORLD),
+            "MPI_Allgather");
+  for (int r = 0; r < ranks; ++r)
+    if (counts[r] != count)
+      throw UsageError("rank " + std::to_string(r) + " checks " + std::to_string(counts[r]) +
+                       " configuration fields, rank " + std::to_string(session.rank()) +
+                       " checks " + std::to_string(count) +
+                       "; start every rank with the same conveyor binary");
+  std::vector<uint64_t> all(static_cast<size_t>(count) * ranks);
+  check_mpi(MPI_Allgather(mine.data(), count, MPI_UINT64_T, all.data(), count, MPI_UINT64_T,
+                          MPI_COMM_WORLD),
+            "MPI_Allgather");
+  for (int i = 0; i < count; ++i) {
+    bool same = true;
+    for (int r = 1; r < ranks; ++r) same = same && all[r * count + i] == all[i];
+    if (same) continue;
+    // Every rank sees the same table, so all of them gather the values of this field.
+    const std::vector<std::string> values = all_gather_text(fields[i].second, ranks);
+    std::string differing;
+    for (int r = 1; r < ranks; ++r)
+      if (all[r * count + i] != all[i])
+        differing += (differing.empty() ? "" : ", ") + std::string("rank ") + std::to_string(r) +
+                     " has '" + values[r] + "'";
+    throw UsageError("the ranks disagree on " + fields[i].first + ": rank 0 has '" + values[0] +
+                     "', " + differing + "; start every rank with the same configuration");
+  }
+#endif
+}
+
+uint64_t weights_checksum(PipelineExecutor& executor, const MpiSession& session) {
+  const std::vector<Parameter*> params = executor.parameters();
+  std::vector<uint64_t> digests(params.size(), 0);
+  std::vector<std::byte> bytes;
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (params[i] == nullptr) continue;  // held by another process
+    const Tensor& value = params[i]->value;
+    bytes.resize(value.nbytes());
+    copy_to_host(bytes.data(), value, bytes.size());
+    digests[i] = hash_bytes(bytes.data(), bytes.size());
+  }
+#ifdef CONVEYOR_WITH_MPI
+  // Each slot has one contributor and zeros elsewhere, so OR gathers the digests exactly.
+  if (session.active())
+    check_mpi(MPI_Allreduce(MPI_IN_PLACE, digests.data(), static_cast<int>(digests.size()),
+                            MPI_UINT64_T, MPI_BOR, MPI_COMM_WORLD),
+              "MPI_Allreduce");
+#endif
+  return hash_bytes(digests.data(), digests.size() * sizeof(uint64_t));
+}
+
+}  // namespace conveyor::cli
