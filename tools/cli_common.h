@@ -105,7 +105,10 @@ inline int64_t parse_int(std::string_view text, std::string_view flag, int64_t l
   }
   if (overflow || (!negative && value == kMin)) return fail(" (out of range)");
   if (!negative) value = -value;
-  if (value < lo || value > hi) return fail(" (out of range)");
+  if (value < lo)
+    throw UsageError(std::string(flag) + " must be at least " + std::to_string(lo) + ", got '" +
+                     escape_for_message(text) + "' (a whole number in " + range + ")");
+  if (value > hi) return fail(" (out of range)");
   return value;
 }
 

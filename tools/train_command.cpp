@@ -355,7 +355,8 @@ void register_train_command(CLI::App& app) {
                   "Model preset: tiny, small, medium (the model "
                   "flags below override it)")
       ->capture_default_str();
-  add_int_flag(cmd, "--d-model", flags->d_model, 1, 65536, "Model width")->default_str("preset");
+  // 0 is left to the model's own check, which names the field.
+  add_int_flag(cmd, "--d-model", flags->d_model, 0, 65536, "Model width")->default_str("preset");
   // Bounded up front: the partitioner and the model walk every block.
   add_int_flag(cmd, "--layers", flags->layers, 1, 4096, "Number of MLP blocks")
       ->default_str("preset");
