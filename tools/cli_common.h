@@ -1,7 +1,14 @@
 #pragma once
 // Shared by the subcommands of the `conveyor` command line.
+#include <CLI/CLI.hpp>
+#include <cerrno>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <limits>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 #include "engine/schedule/generators.h"
 
@@ -14,8 +21,22 @@ class UsageError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-inline constexpr int kExitUsage = 2;
+inline constexpr int kExitOk = 0;
 inline constexpr int kExitFailure = 1;
+inline constexpr int kExitUsage = 2;
+inline constexpr int kExitSigint = 130;
+inline constexpr int kExitSigterm = 143;
+
+// The exit status convention, as help texts show it.
+inline constexpr const char* kExitStatusText =
+    "Exit status: 0 ok, 1 training failed or diverged, 2 bad input, 130/143 interrupted "
+    "(SIGINT/SIGTERM).";
+
+// Thrown after a command has said everything it had to say, to end with `code` (an
+// interrupted run: 130 or 143).
+struct ExitRequest {
+  int code;
+};
 
 // Every schedule kind, as help texts list them: "gpipe, 1f1b, interleaved, zbh1 or zbv".
 // Read from the schedule module's own list, so a new kind shows up here by itself.
@@ -27,6 +48,123 @@ inline std::string schedule_choices_text() {
     out += kinds[i].name;
   }
   return out;
+}
+
+// A number as people read it: 1e-09, 0.25, 4096 (printf's %g with 6 digits).
+inline std::string format_number(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
+// Text taken from the user (file names, flag values), safe to echo on one terminal line:
+// control characters and bytes that are not printable ASCII become \n, \t or \xHH.
+inline std::string escape_for_message(std::string_view text) {
+  std::string out;
+  for (const char ch : text) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (c == '\\') {
+      out += "\\\\";
+    } else if (c < 0x20 || c >= 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    } else {
+      out += ch;
+    }
+  }
+  return out;
+}
+
+// A whole number in base 10 (leading zeros do not mean octal, no 0x), within [lo, hi].
+// Throws UsageError naming the flag, the accepted range and the value seen.
+inline int64_t parse_int(std::string_view text, std::string_view flag, int64_t lo, int64_t hi) {
+  const std::string range = "[" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+  auto fail = [&](const std::string& why) -> int64_t {
+    throw UsageError(std::string(flag) + " expects a whole number in " + range + ", got '" +
+                     escape_for_message(text) + "'" + why);
+  };
+  size_t i = 0;
+  bool negative = false;
+  if (i < text.size() && (text[i] == '-' || text[i] == '+')) negative = text[i++] == '-';
+  if (i == text.size()) return fail("");
+  // Accumulate as a negative magnitude so INT64_MIN fits; stop once outside every range.
+  constexpr int64_t kMin = std::numeric_limits<int64_t>::min();
+  int64_t value = 0;
+  bool overflow = false;
+  for (; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c < '0' || c > '9') return fail(" (base-10 digits only)");
+    const int digit = c - '0';
+    if (value < (kMin + digit) / 10) overflow = true;
+    if (!overflow) value = value * 10 - digit;
+  }
+  if (overflow || (!negative && value == kMin)) return fail(" (out of range)");
+  if (!negative) value = -value;
+  if (value < lo)
+    throw UsageError(std::string(flag) + " must be at least " + std::to_string(lo) + ", got '" +
+                     escape_for_message(text) + "' (a whole number in " + range + ")");
+  if (value > hi) return fail(" (out of range)");
+  return value;
+}
+
+// A finite number in [lo, hi]; `lo_open` excludes lo itself (rates and timeouts that must be
+// positive). nan and inf are refused by name.
+inline double parse_float(std::string_view text, std::string_view flag, double lo, double hi,
+                          bool lo_open = false) {
+  const std::string range =
+      std::string(lo_open ? "(" : "[") + format_number(lo) + ", " + format_number(hi) + "]";
+  auto fail = [&]() -> double {
+    throw UsageError(std::string(flag) + " expects a finite number in " + range + ", got '" +
+                     escape_for_message(text) + "'");
+  };
+  const std::string s(text);
+  if (s.empty()) return fail();
+  char* end = nullptr;
+  errno = 0;
+  const double v = std::strtod(s.c_str(), &end);
+  if (end != s.c_str() + s.size() || errno == ERANGE || !std::isfinite(v)) return fail();
+  if (v < lo || v > hi || (lo_open && v == lo)) return fail();
+  return v;
+}
+
+// An integer flag of any width, parsed by parse_int and checked against [lo, hi] (which must
+// fit in T, so nothing narrows silently). The help shows the range and the default.
+template <typename T>
+CLI::Option* add_int_flag(CLI::App* cmd, const std::string& name, T& target, int64_t lo, int64_t hi,
+                          const std::string& description) {
+  static_assert(std::is_integral_v<T>);
+  if (lo < static_cast<int64_t>(std::numeric_limits<T>::min()) ||
+      static_cast<uint64_t>(hi) > static_cast<uint64_t>(std::numeric_limits<T>::max()))
+    throw std::logic_error("range of " + name + " does not fit its type");
+  const std::string flag = name.substr(0, name.find(','));
+  CLI::Option* opt = cmd->add_option_function<std::string>(
+      name,
+      [&target, flag, lo, hi](const std::string& text) {
+        target = static_cast<T>(parse_int(text, flag, lo, hi));
+      },
+      description + " [" + std::to_string(lo) + ".." + std::to_string(hi) + "]");
+  opt->type_name("INT")->default_str(std::to_string(target));
+  return opt;
+}
+
+// A floating-point flag checked by parse_float at parse time.
+inline CLI::Option* add_float_flag(CLI::App* cmd, const std::string& name, double& target,
+                                   double lo, double hi, bool lo_open,
+                                   const std::string& description) {
+  const std::string flag = name.substr(0, name.find(','));
+  CLI::Option* opt = cmd->add_option_function<std::string>(
+      name,
+      [&target, flag, lo, hi, lo_open](const std::string& text) {
+        target = parse_float(text, flag, lo, hi, lo_open);
+      },
+      description);
+  opt->type_name("NUM")->default_str(format_number(target));
+  return opt;
 }
 
 }  // namespace conveyor::cli

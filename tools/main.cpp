@@ -3,30 +3,68 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <exception>
+#include <new>
+#include <string>
 
 #include "engine/core/version.h"
 #include "tools/cli_common.h"
 #include "tools/commands.h"
 
+namespace {
+
+// One error line: control characters in the message (echoed file names) are shown escaped,
+// line breaks kept for the validator's grid that may follow the sentence.
+void print_error(const char* message) {
+  std::string text;
+  for (const char* c = message; *c; ++c)
+    text += *c == '\n' ? std::string("\n") : conveyor::cli::escape_for_message(std::string(1, *c));
+  std::fprintf(stderr, "conveyor: error: %s\n", text.c_str());
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   CLI::App app{"Conveyor: pipeline-parallel training engine"};
   app.set_version_flag("--version", conveyor::version());
   app.require_subcommand(1);
+  app.footer(std::string("Example: conveyor train --stages 2 --steps 50\n") +
+             conveyor::cli::kExitStatusText);
   conveyor::cli::register_commands(app);
+  // CLI11 would only say "A subcommand is required"; name the word it did not know.
+  if (argc > 1 && argv[1][0] != '-') {
+    std::string known;
+    bool found = false;
+    for (const CLI::App* sub : app.get_subcommands({})) {
+      known += (known.empty() ? "" : ", ") + sub->get_name();
+      found = found || sub->get_name() == argv[1];
+    }
+    if (!found) {
+      std::fprintf(stderr, "conveyor: error: unknown subcommand '%s', expected one of: %s\n",
+                   conveyor::cli::escape_for_message(argv[1]).c_str(), known.c_str());
+      return conveyor::cli::kExitUsage;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     // CLI11 prints help/version itself (exit 0) and parse errors as one message (exit 2).
     const int code = app.exit(e);
     return code == 0 ? 0 : conveyor::cli::kExitUsage;
+  } catch (const conveyor::cli::ExitRequest& e) {
+    return e.code;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr,
+                 "conveyor: error: out of memory while setting up the command; use smaller "
+                 "sizes\n");
+    return conveyor::cli::kExitUsage;
   } catch (const conveyor::cli::UsageError& e) {
-    std::fprintf(stderr, "conveyor: error: %s\n", e.what());
+    print_error(e.what());
     return conveyor::cli::kExitUsage;
   } catch (const std::invalid_argument& e) {
-    std::fprintf(stderr, "conveyor: error: %s\n", e.what());
+    print_error(e.what());
     return conveyor::cli::kExitUsage;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "conveyor: error: %s\n", e.what());
+    print_error(e.what());
     return conveyor::cli::kExitFailure;
   }
   return 0;

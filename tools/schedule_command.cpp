@@ -18,6 +18,7 @@
 #include "engine/schedule/validator.h"
 #include "tools/cli_common.h"
 #include "tools/commands.h"
+#include "tools/output_file.h"
 
 namespace conveyor::cli {
 namespace {
@@ -102,13 +103,16 @@ sc::Schedule make_schedule(sc::ScheduleKind kind, int p, int m, int v, const Cos
   return sc::generate(kind, p, m, v);
 }
 
-void write_file(const std::string& path, const std::string& content, const char* what) {
-  std::ofstream out(path);
-  if (!out)
-    throw UsageError(std::string("cannot open ") + what + " file '" + path + "' for writing");
-  out << content;
-  if (!out) throw UsageError(std::string("cannot write ") + what + " file '" + path + "'");
+// Every write and the close are checked: "wrote FILE" is printed only for a complete file.
+void write_file(const std::string& path, const std::string& content, const char* flag) {
+  OutputFile out(path, flag, /*lock=*/false);
+  out.write(content);
+  out.close();
 }
+
+// Largest p x m x v generated: the simulator, the timeline and the pictures walk every
+// action, so bigger schedules would run for minutes.
+constexpr int64_t kMaxScheduleCells = int64_t{1} << 20;
 
 void check_pm(const ScheduleOptions& o) {
   if (o.stages < 1)
@@ -117,6 +121,10 @@ void check_pm(const ScheduleOptions& o) {
     throw UsageError("--microbatches must be at least 1, got " + std::to_string(o.microbatches));
   if (o.chunks < 0)
     throw UsageError("--chunks must be at least 1, got " + std::to_string(o.chunks));
+  const int64_t cells = int64_t{o.stages} * o.microbatches * std::max(o.chunks, 2);
+  if (cells > kMaxScheduleCells)
+    throw UsageError("--stages x --microbatches x chunks is " + std::to_string(cells) +
+                     "; at most " + std::to_string(kMaxScheduleCells) + " are generated");
 }
 
 void run_compare(const ScheduleOptions& o, const Costs& costs) {
@@ -152,13 +160,33 @@ void run_compare(const ScheduleOptions& o, const Costs& costs) {
       "1/v of a rank's activations)\n");
 }
 
-void run(const ScheduleOptions& o) {
+// A loaded schedule fixes p, m, v and the kind; flags given next to --load must agree.
+void check_load_agrees(const ScheduleOptions& o, const CLI::App& cmd, const sc::Schedule& s) {
+  auto disagree = [&](const std::string& flag, const std::string& given, const std::string& has) {
+    throw UsageError(flag + " " + given + " disagrees with schedule file '" +
+                     escape_for_message(o.load) + "', which has " + has +
+                     "; the file decides, so leave " + flag + " out or make it agree");
+  };
+  if (cmd.count("--stages") && o.stages != s.num_ranks())
+    disagree("--stages", std::to_string(o.stages), std::to_string(s.num_ranks()) + " rank(s)");
+  if (cmd.count("--microbatches") && o.microbatches != s.num_microbatches)
+    disagree("--microbatches", std::to_string(o.microbatches),
+             std::to_string(s.num_microbatches) + " micro-batch(es)");
+  if (cmd.count("--chunks") && o.chunks != s.placement.chunks)
+    disagree("--chunks", std::to_string(o.chunks),
+             std::to_string(s.placement.chunks) + " chunk(s) per rank");
+  if (cmd.count("--kind") && !s.name.empty() && o.kind != s.name)
+    disagree("--kind", o.kind, "schedule '" + escape_for_message(s.name) + "'");
+}
+
+void run(const ScheduleOptions& o, const CLI::App& cmd) {
   const Costs costs = parse_costs(o.costs);
   if (o.compare) return run_compare(o, costs);
   sc::Schedule schedule;
   try {
     if (!o.load.empty()) {
       schedule = sc::load_schedule(o.load);
+      check_load_agrees(o, cmd, schedule);
     } else {
       const auto kind = sc::parse_schedule_kind(o.kind);
       if (!kind)
@@ -196,12 +224,9 @@ void run(const ScheduleOptions& o) {
       "(peak in-flight: micro-batches between F and the end of its B or I; held: until its last "
       "use)\n");
   if (!o.dump.empty()) {
-    try {
-      sc::save_schedule(o.dump, schedule);
-    } catch (const sc::ScheduleError& e) {
-      throw UsageError(e.what());
-    }
-    std::printf("wrote %s\n", o.dump.c_str());
+    const bool csv = o.dump.size() >= 4 && o.dump.substr(o.dump.size() - 4) == ".csv";
+    write_file(o.dump, csv ? sc::dump_csv(schedule) : sc::dump_text(schedule), "--dump");
+    std::printf("wrote %s\n", escape_for_message(o.dump).c_str());
   }
   if (!o.svg.empty()) {
     sc::SvgOptions svg;
@@ -213,12 +238,12 @@ void run(const ScheduleOptions& o) {
     svg.title = title;
     // A fixed 30 px per time unit keeps pictures of different schedules comparable.
     if (sim.makespan * 30 <= 1600) svg.px_per_unit = 30;
-    write_file(o.svg, sc::render_svg(schedule, sim, svg), "SVG");
-    std::printf("wrote %s\n", o.svg.c_str());
+    write_file(o.svg, sc::render_svg(schedule, sim, svg), "--svg");
+    std::printf("wrote %s\n", escape_for_message(o.svg).c_str());
   }
   if (!o.trace.empty()) {
-    write_file(o.trace, sc::chrome_trace_json(schedule, sim), "trace");
-    std::printf("wrote %s\n", o.trace.c_str());
+    write_file(o.trace, sc::chrome_trace_json(schedule, sim), "--trace");
+    std::printf("wrote %s\n", escape_for_message(o.trace).c_str());
   }
 }
 
@@ -228,22 +253,37 @@ void register_schedule_command(CLI::App& app) {
   auto opts = std::make_shared<ScheduleOptions>();
   CLI::App* cmd = app.add_subcommand(
       "schedule", "Generate or load a pipeline schedule, validate, simulate and draw it");
-  cmd->add_option("--kind", opts->kind, "Schedule: " + schedule_choices_text() + " (default 1f1b)");
-  cmd->add_option("--stages,-p", opts->stages, "Pipeline ranks p (stages when --chunks is 1)");
-  cmd->add_option("--microbatches,-m", opts->microbatches, "Micro-batches m per step");
-  cmd->add_option("--chunks,-v", opts->chunks,
-                  "Chunks (virtual stages) per rank: interleaved (default 2); zbv always has 2");
+  cmd->add_option("--kind", opts->kind, "Schedule: " + schedule_choices_text())
+      ->capture_default_str();
+  add_int_flag(cmd, "--stages,-p", opts->stages, 1, 1024,
+               "Pipeline ranks p (stages when --chunks is 1)")
+      ->default_str("required");
+  add_int_flag(cmd, "--microbatches,-m", opts->microbatches, 1, 65536, "Micro-batches m per step")
+      ->default_str("required");
+  add_int_flag(cmd, "--chunks,-v", opts->chunks, 1, 64,
+               "Chunks (virtual stages) per rank, as in `conveyor train`; zbv always has 2")
+      ->default_str("2 for interleaved, else 1");
   cmd->add_option("--costs", opts->costs,
                   "F,I,W[,comm]: time of forward, input-grad, weight-grad per micro-batch "
-                  "and stage, and of one transfer (default 1,1,1,0)");
-  cmd->add_option("--svg", opts->svg, "Write an SVG timeline to this file");
-  cmd->add_option("--trace", opts->trace, "Write Chrome-trace JSON (Perfetto) to this file");
+                  "and stage, and of one transfer")
+      ->default_str("1,1,1,0");
+  cmd->add_option("--svg", opts->svg,
+                  "Write an SVG timeline to FILE (at most 256 ranks and 20000 boxes drawn)")
+      ->type_name("FILE");
+  cmd->add_option("--trace", opts->trace, "Write Chrome-trace JSON (Perfetto) to FILE")
+      ->type_name("FILE");
   cmd->add_option("--dump", opts->dump,
-                  "Write the schedule as text (or CSV if the name ends in .csv)");
-  cmd->add_option("--load", opts->load, "Read a schedule (text or CSV) instead of generating one");
+                  "Write the schedule to FILE as text (or CSV if the name ends in .csv)")
+      ->type_name("FILE");
+  cmd->add_option("--load", opts->load,
+                  "Read a schedule from FILE (text or CSV, a regular file of at most 64 MiB) "
+                  "instead of generating one")
+      ->type_name("FILE");
   cmd->add_flag("--compare", opts->compare,
-                "Print a table of all schedules for these p, m and costs");
-  cmd->callback([opts] { run(*opts); });
+                "Print a table of all schedules for these p, m and costs (default off)");
+  cmd->footer(std::string("Example: conveyor schedule --kind zbh1 -p 4 -m 8 --svg zbh1.svg\n") +
+              kExitStatusText);
+  cmd->callback([opts, cmd] { run(*opts, *cmd); });
 }
 
 }  // namespace conveyor::cli

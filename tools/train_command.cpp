@@ -1,8 +1,10 @@
 // `conveyor train`: builds a TrainConfig from a preset and flags, trains, prints one line per
 // logged step and a summary, and optionally writes one JSON object per step.
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -15,12 +17,15 @@
 #include "engine/schedule/generators.h"
 #include "engine/schedule/measured_timing.h"
 #include "engine/schedule/simulator.h"
+#include "engine/schedule/text_format.h"
 #include "engine/train/trainer.h"
 #include "engine/train/trainer_checkpoint.h"
 #include "tools/cli_common.h"
 #include "tools/commands.h"
 #include "tools/plan_command.h"
 #include "tools/mpi_launch.h"
+#include "tools/interrupt.h"
+#include "tools/output_file.h"
 
 namespace conveyor::cli {
 namespace {
@@ -40,6 +45,7 @@ struct CheckpointFlags {
 struct TrainFlags {
   std::string preset = "tiny";
   int64_t d_model = 0, layers = 0, vocab = 0, hidden = 0;
+  int chunks = 0;  // 0: 2 for interleaved (as `conveyor schedule`), else 1
   std::string activation;
   std::string device = "auto";
   std::string schedule = "1f1b";
@@ -151,30 +157,60 @@ void print_pipeline(Trainer& trainer) {
 }
 
 // Measured bubble of the last step per rank, next to the simulator's prediction for the
-// costs measured in that step; optionally the measured timeline as a Chrome trace.
-void report_bubble(Trainer& trainer, const PipelineStepResult& last, const std::string& trace) {
+// costs measured in that step (a one-stage run has no bubble); optionally the measured
+// timeline as a Chrome trace.
+void report_bubble(Trainer& trainer, const PipelineStepResult& last, OutputFile* trace) {
   const auto& sched = trainer.executor().schedule();
   if (!trainer.executor().holds_all_ranks()) {
     std::printf("bubble not measured: the ranks' timelines stay in their own processes\n");
     return;
   }
   const schedule::SimResult measured = summarize_timing(sched, last.timing);
-  const schedule::SimResult predicted =
-      schedule::simulate(sched, measured_costs(sched, last.timing));
-  std::printf("bubble last step: measured %.3f, simulated %.3f |", measured.bubble_fraction,
-              predicted.bubble_fraction);
-  for (int r = 0; r < sched.num_ranks(); ++r) {
-    const double m_idle = measured.makespan > 0 ? measured.ranks[r].idle / measured.makespan : 0;
-    const double p_idle = predicted.makespan > 0 ? predicted.ranks[r].idle / predicted.makespan : 0;
-    std::printf(" r%d %.3f (%.3f)", r, m_idle, p_idle);
+  if (sched.num_ranks() > 1) {
+    const schedule::SimResult predicted =
+        schedule::simulate(sched, measured_costs(sched, last.timing));
+    std::printf(
+        "bubble last step: measured %.3f, simulated %.3f | idle per rank, measured "
+        "(simulated):",
+        measured.bubble_fraction, predicted.bubble_fraction);
+    for (int r = 0; r < sched.num_ranks(); ++r) {
+      const double m_idle = measured.makespan > 0 ? measured.ranks[r].idle / measured.makespan : 0;
+      const double p_idle =
+          predicted.makespan > 0 ? predicted.ranks[r].idle / predicted.makespan : 0;
+      std::printf(" r%d %.3f (%.3f)", r, m_idle, p_idle);
+    }
+    std::printf("\n");
   }
-  std::printf("\n");
-  if (!trace.empty()) {
-    std::ofstream out(trace);
-    if (!out) throw UsageError("cannot write --trace file '" + trace + "'");
-    out << schedule::chrome_trace_json(sched, measured, /*us_per_unit=*/1.0);
-    std::printf("trace  %s (measured timeline of the last step, microseconds)\n", trace.c_str());
+  if (trace) {
+    trace->write(schedule::chrome_trace_json(sched, measured, /*us_per_unit=*/1.0));
+    trace->close();
+    std::printf("trace  %s (measured timeline of the last step, microseconds)\n",
+                escape_for_message(trace->path()).c_str());
   }
+}
+
+// --schedule-file fixes the ranks, chunks and kind; flags given next to it must agree.
+void check_schedule_file_agrees(const TrainFlags& f, const CLI::App& cmd) {
+  const std::string& file = f.config.schedule_file;
+  schedule::Schedule loaded;
+  try {
+    loaded = schedule::load_schedule(file);
+  } catch (const schedule::ScheduleError& e) {
+    throw UsageError(e.what());
+  }
+  const std::string shown = "schedule file '" + escape_for_message(file) + "'";
+  auto disagree = [&](const std::string& flag, const std::string& given, const std::string& has) {
+    throw UsageError(flag + " " + given + " disagrees with " + shown + ", which has " + has +
+                     "; the file decides, so leave " + flag + " out or make it agree");
+  };
+  if (cmd.count("--stages") && f.config.stages != loaded.num_ranks())
+    disagree("--stages", std::to_string(f.config.stages),
+             std::to_string(loaded.num_ranks()) + " rank(s)");
+  if (cmd.count("--chunks") && f.chunks != loaded.placement.chunks)
+    disagree("--chunks", std::to_string(f.chunks),
+             std::to_string(loaded.placement.chunks) + " chunk(s) per rank");
+  if (cmd.count("--schedule") && !loaded.name.empty() && f.schedule != loaded.name)
+    disagree("--schedule", f.schedule, "schedule '" + escape_for_message(loaded.name) + "'");
 }
 
 schedule::ScheduleKind parse_schedule(const std::string& name) {
@@ -246,6 +282,9 @@ TrainConfig resolve_config(TrainFlags& f, const CLI::App& cmd) {
   config.partition = parse_partition(f.partition);
   config.placement = parse_placement(f.placement);
   config.transport = parse_transport(f.transport);
+  config.chunks =
+      f.chunks > 0 ? f.chunks : (config.schedule == schedule::ScheduleKind::kInterleaved ? 2 : 1);
+  if (!config.schedule_file.empty()) check_schedule_file_agrees(f, cmd);
   if (cmd.count("--d-model")) config.model.d_model = f.d_model;
   if (cmd.count("--layers")) config.model.n_layers = f.layers;
   if (cmd.count("--hidden"))
@@ -257,10 +296,7 @@ TrainConfig resolve_config(TrainFlags& f, const CLI::App& cmd) {
   else if (!config.data_path.empty() && config.model.vocab < 256)
     config.model.vocab = 256;
   if (cmd.count("--activation")) config.model.activation = ops::parse_activation(f.activation);
-  if (f.memory_limit_mb < 0) throw UsageError("--memory-limit-mb must be >= 0");
   config.memory_limit_bytes = static_cast<size_t>(f.memory_limit_mb * 1024.0 * 1024.0);
-  if (f.log_every < 1) throw UsageError("--log-every must be at least 1");
-  if (!(f.timeout_s > 0)) throw UsageError("--timeout must be positive");
   config.transport_timeout = std::chrono::milliseconds(static_cast<int64_t>(f.timeout_s * 1000));
   try {
     config.model.validate();
@@ -348,6 +384,40 @@ void quiet_unless_rank_zero(const MpiSession& mpi, TrainFlags& f) {
   f.trace.clear();
 }
 
+// The summary after the last step or an interrupt: tokens, time, losses and references.
+struct RunTotals {
+  int64_t steps = 0;      // run by this process (a resumed run starts later)
+  int64_t last_step = 0;  // the number of the last finished step
+  double seconds = 0.0, last_loss = 0.0;
+  std::vector<double> losses;
+  size_t peak = 0;
+};
+
+void print_summary(Trainer& trainer, const TrainConfig& config, const RunTotals& t, int signal) {
+  const double tokens = static_cast<double>(t.steps * config.batch_tokens);
+  if (signal != 0)
+    std::printf("interrupted at step %lld of %lld by %s; the log holds every finished step\n",
+                static_cast<long long>(t.last_step), static_cast<long long>(config.steps),
+                signal == SIGINT ? "SIGINT" : "SIGTERM");
+  std::printf("done   %lld steps, %.0f tokens in %.1f s (%s tok/s), allocator peak %s\n",
+              static_cast<long long>(t.steps), tokens, t.seconds,
+              human_rate(t.seconds > 0 ? tokens / t.seconds : 0.0).c_str(),
+              human_bytes(static_cast<double>(t.peak)).c_str());
+  if (t.steps == 0) return;
+  const size_t tail = std::min<size_t>(10, t.losses.size());
+  double tail_loss = 0.0;
+  for (size_t i = t.losses.size() - tail; i < t.losses.size(); ++i)
+    tail_loss += t.losses[i] / static_cast<double>(tail);
+  std::printf("loss   final %.4f, mean of last %zu steps %.4f", t.last_loss, tail, tail_loss);
+  if (const auto entropy = trainer.source().entropy())
+    std::printf(" | source entropy %.4f, gap %+.1f%%", *entropy,
+                100.0 * (tail_loss - *entropy) / *entropy);
+  if (const auto* file = dynamic_cast<const FileSource*>(&trainer.source()))
+    std::printf(" | %.3f bits/byte (the file's unigram entropy: %.3f bits/byte)",
+                tail_loss / std::log(2.0), file->unigram_entropy() / std::log(2.0));
+  std::printf("\n");
+}
+
 void run_train(TrainFlags& f, const CLI::App& cmd) {
   TrainConfig config = resolve_config(f, cmd);
   // Before the trainer, which builds this rank's MPI transport; after it, MPI_Finalize.
@@ -365,25 +435,28 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
   config.device = device;
   apply_planning(f, device, config);
 
+  // Every output file is opened (and the log locked) before any work, not after the last step.
+  std::optional<OutputFile> json_log, trace;
+  if (!f.log_json.empty()) json_log.emplace(f.log_json, "--log-json", /*lock=*/true);
+  if (!f.trace.empty()) trace.emplace(f.trace, "--trace", /*lock=*/true);
+
   std::unique_ptr<Trainer> trainer;
   try {
     trainer = std::make_unique<Trainer>(config);
-  } catch (const std::invalid_argument& e) {  // schedule, partition, placement errors too
+  } catch (const std::invalid_argument& e) {  // schedule, partition, placement, memory too
     throw UsageError(e.what());
+  } catch (const std::bad_alloc&) {
+    throw UsageError(
+        "out of memory while building the model, its optimizer state and the pipeline; use a "
+        "smaller model or --memory-limit-mb to see the estimate");
   }
-  std::ofstream json_log;
-  if (!f.log_json.empty()) {
-    json_log.open(f.log_json);
-    if (!json_log) throw UsageError("cannot write --log-json file '" + f.log_json + "'");
-  }
-  const auto entropy = trainer->source().entropy();
   std::printf("model  %s\n", trainer->model().name.c_str());
   std::printf("data   %s\n", trainer->source().describe().c_str());
-  std::printf("device %s | %lld steps x %lld tokens in %lld micro-batches | %s lr %.2g\n",
+  std::printf("device %s | %lld steps x %lld tokens in %lld micro-batches | %s lr %s\n",
               device.to_string().c_str(), static_cast<long long>(config.steps),
               static_cast<long long>(config.batch_tokens),
               static_cast<long long>(config.microbatches), config.optimizer.kind.c_str(),
-              config.optimizer.lr);
+              format_number(config.optimizer.lr).c_str());
   print_pipeline(*trainer);
   std::unique_ptr<TrainerCheckpointer> checkpointer = setup_checkpoints(f.checkpoint, *trainer);
   const int64_t first_step = trainer->steps_done() + 1;
@@ -396,23 +469,33 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
                      "; raise --steps or --stop-after");
   std::fflush(stdout);
 
+  install_interrupt_handlers();
   PipelineStepResult last_step;
-  double total_seconds = 0.0, tail_loss = 0.0, last_loss = 0.0;
-  size_t peak = 0;
-  const int64_t tail = std::min<int64_t>(10, config.steps);
+  RunTotals t;
+  int signal = 0;
   for (int64_t s = first_step; s <= last_step_to_run; ++s) {
-    StepStats st = trainer->step();
+    // Checked between steps only: a step in progress finishes on every rank.
+    if ((signal = interrupt_signal()) != 0) break;
+    StepStats st;
+    try {
+      st = trainer->step();
+    } catch (const std::bad_alloc&) {
+      throw std::runtime_error("out of memory in training step " + std::to_string(s) +
+                               "; use a smaller model or fewer tokens per micro-batch");
+    }
     if (checkpointer) {
       checkpointer->after_step();
       if (checkpointer->last_saved_step() == s && !f.quiet)
         std::printf("saved  step %lld (training held %.3f s)\n", static_cast<long long>(s),
                     checkpointer->last_stall_seconds());
     }
-    total_seconds += st.seconds;
-    peak = std::max(peak, st.peak_bytes);
-    last_loss = st.loss;
-    if (s > config.steps - tail) tail_loss += st.loss / static_cast<double>(tail);
-    if (json_log.is_open()) {
+    ++t.steps;
+    t.last_step = s;
+    t.seconds += st.seconds;
+    t.peak = std::max(t.peak, st.peak_bytes);
+    t.last_loss = st.loss;
+    t.losses.push_back(st.loss);
+    if (json_log) {
       nlohmann::json row = {{"step", st.step},
                             {"loss", st.loss},
                             {"tokens", st.tokens},
@@ -420,86 +503,103 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
                             {"lr", st.lr},
                             {"grad_norm", st.grad_norm},
                             {"peak_bytes", st.peak_bytes}};
-      json_log << row.dump() << '\n';
+      json_log->write(row.dump() + "\n");
     }
     if (!f.quiet && (s % f.log_every == 0 || s == 1 || s == config.steps)) {
       const double rate = st.tokens / st.seconds;
-      const double eta = total_seconds / s * static_cast<double>(config.steps - s);
-      std::printf("step %5lld/%lld | loss %.4f | %s tok/s | lr %.2e | mem %s | eta %.0fs\n",
+      const double eta = t.seconds / static_cast<double>(t.steps) *
+                         static_cast<double>(last_step_to_run - s);
+      std::printf("step %5lld/%lld | loss %.4f | %s tok/s | lr %.2e | alloc peak %s | eta %.0fs\n",
                   static_cast<long long>(s), static_cast<long long>(config.steps), st.loss,
-                  human_rate(rate).c_str(), st.lr, human_bytes(st.peak_bytes).c_str(), eta);
+                  human_rate(rate).c_str(), st.lr,
+                  human_bytes(static_cast<double>(st.peak_bytes)).c_str(), eta);
       std::fflush(stdout);
     }
-    if (s == last_step_to_run) last_step = std::move(st.pipeline);
+    last_step = std::move(st.pipeline);
   }
+  if (json_log) json_log->close();
+  // An interrupted run saves the last finished step too, when it saves at all.
   if (checkpointer) {
     checkpointer->finish();
     std::printf("saved  step %lld into %s\n",
                 static_cast<long long>(checkpointer->last_saved_step()),
                 f.checkpoint.save_dir.c_str());
   }
-  const double tokens = static_cast<double>(steps_run * config.batch_tokens);
-  std::printf("done   %lld steps, %.0f tokens in %.1f s (%s tok/s), peak memory %s\n",
-              static_cast<long long>(steps_run), tokens, total_seconds,
-              human_rate(tokens / total_seconds).c_str(), human_bytes(peak).c_str());
-  std::printf("loss   final %.4f, mean of last %lld steps %.4f", last_loss,
-              static_cast<long long>(tail), tail_loss);
-  if (entropy)
-    std::printf(" | source entropy %.4f, gap %+.1f%%", *entropy,
-                100.0 * (tail_loss - *entropy) / *entropy);
-  std::printf("\n");
-  report_bubble(*trainer, last_step, f.trace);
+  print_summary(*trainer, config, t, signal);
+  if (t.steps > 0) report_bubble(*trainer, last_step, trace ? &*trace : nullptr);
   if (f.weights_checksum) {
     const uint64_t checksum = weights_checksum(trainer->executor(), mpi);
     std::printf("weights xxh3 %016llx\n", static_cast<unsigned long long>(checksum));
   }
+  std::fflush(stdout);
+  if (signal != 0) throw ExitRequest(signal == SIGTERM ? kExitSigterm : kExitSigint);
 }
 
 }  // namespace
+
+// Token ids are i32 and the embedding is a [vocab, d_model] table: beyond this the memory
+// estimate refuses anyway, so the flag says it at once.
+constexpr int64_t kMaxVocab = int64_t{1} << 24;
 
 void register_train_command(CLI::App& app) {
   auto flags = std::make_shared<TrainFlags>();
   TrainConfig& c = flags->config;
   CLI::App* cmd = app.add_subcommand("train", "Train the reference model");
-  cmd->add_option("--preset", flags->preset, "Model preset: tiny, small, medium")
+  cmd->add_option("--preset", flags->preset,
+                  "Model preset: tiny, small, medium (the model "
+                  "flags below override it)")
       ->capture_default_str();
-  cmd->add_option("--d-model", flags->d_model, "Model width (overrides the preset)");
-  cmd->add_option("--layers", flags->layers, "Number of MLP blocks (overrides the preset)");
-  cmd->add_option("--vocab", flags->vocab, "Vocabulary size (overrides the preset)");
-  cmd->add_option("--hidden", flags->hidden, "MLP hidden width (default 4 x d-model)");
-  cmd->add_option("--activation", flags->activation, "gelu or relu");
-  cmd->add_option("--steps", c.steps, "Optimizer steps")->capture_default_str();
-  cmd->add_option("--batch-tokens", c.batch_tokens, "Tokens per optimizer step")
-      ->capture_default_str();
-  cmd->add_option("--microbatches", c.microbatches, "Micro-batches per step")
-      ->capture_default_str();
+  // 0 is left to the model's own check, which names the field.
+  add_int_flag(cmd, "--d-model", flags->d_model, 0, 65536, "Model width")->default_str("preset");
+  // Bounded up front: the partitioner and the model walk every block.
+  add_int_flag(cmd, "--layers", flags->layers, 1, 4096, "Number of MLP blocks")
+      ->default_str("preset");
+  add_int_flag(cmd, "--vocab", flags->vocab, 2, kMaxVocab, "Vocabulary size")
+      ->default_str("preset, 256 with --data");
+  add_int_flag(cmd, "--hidden", flags->hidden, 1, 1 << 20, "MLP hidden width")
+      ->default_str("4 x d-model");
+  cmd->add_option("--activation", flags->activation, "gelu or relu")->default_str("preset");
+  add_int_flag(cmd, "--steps", c.steps, 1, 1000000000, "Optimizer steps");
+  add_int_flag(cmd, "--batch-tokens", c.batch_tokens, 1, int64_t{1} << 31,
+               "Tokens per optimizer step");
+  add_int_flag(cmd, "--microbatches", c.microbatches, 1, 65536, "Micro-batches per step");
   cmd->add_option("--optimizer", c.optimizer.kind, "adamw or sgd")->capture_default_str();
-  cmd->add_option("--lr", c.optimizer.lr, "Peak learning rate")->capture_default_str();
-  cmd->add_option("--min-lr", c.optimizer.min_lr, "Final learning rate of the cosine decay")
-      ->capture_default_str();
-  cmd->add_option("--warmup", c.optimizer.warmup_steps, "Linear warm-up steps")
-      ->capture_default_str();
-  cmd->add_option("--weight-decay", c.optimizer.weight_decay, "Decoupled weight decay")
-      ->capture_default_str();
-  cmd->add_option("--clip", c.optimizer.clip_norm, "Clip the global gradient norm (0: off)")
-      ->capture_default_str();
-  cmd->add_option("--seed", c.seed, "Seed of the weights and of the Markov source")
-      ->capture_default_str();
-  cmd->add_option("--data", c.data_path, "Train on the bytes of FILE instead of the Markov source");
+  constexpr double kMax = std::numeric_limits<double>::max();
+  add_float_flag(cmd, "--lr", c.optimizer.lr, 0.0, kMax, true, "Peak learning rate");
+  add_float_flag(cmd, "--min-lr", c.optimizer.min_lr, 0.0, kMax, false,
+                 "Final learning rate of the cosine decay");
+  add_int_flag(cmd, "--warmup", c.optimizer.warmup_steps, 0, 1000000000, "Linear warm-up steps");
+  add_float_flag(cmd, "--weight-decay", c.optimizer.weight_decay, 0.0, kMax, false,
+                 "Decoupled weight decay");
+  add_float_flag(cmd, "--clip", c.optimizer.clip_norm, 0.0, kMax, false,
+                 "Clip the global gradient norm to this (0 disables clipping)");
+  add_int_flag(cmd, "--seed", c.seed, 0, std::numeric_limits<int64_t>::max(),
+               "Seed of the weights and of the Markov source");
+  cmd->add_option("--data", c.data_path,
+                  "Train on the bytes of FILE (a regular file of at most 1024 MiB) instead of "
+                  "the Markov source")
+      ->type_name("FILE");
   cmd->add_option("--device", flags->device, "auto, cpu, cuda or cuda:N")->capture_default_str();
-  cmd->add_flag("--tf32", c.allow_tf32, "Let fp32 GEMMs use TF32 tensor cores");
-  cmd->add_option("--memory-limit-mb", flags->memory_limit_mb,
-                  "Cap the device allocator (emulates a smaller device)");
-  cmd->add_option("--log-json", flags->log_json, "Write one JSON object per step to FILE");
-  cmd->add_option("--log-every", flags->log_every, "Print every N steps")->capture_default_str();
-  cmd->add_flag("--quiet", flags->quiet, "Only print the summary");
-  cmd->add_option("--stages", c.stages, "Pipeline ranks (p)")->capture_default_str();
-  cmd->add_option("--chunks", c.chunks, "Virtual stages per rank (interleaved)")
-      ->capture_default_str();
+  cmd->add_flag("--tf32", c.allow_tf32, "Let fp32 GEMMs use TF32 tensor cores (default off)");
+  add_float_flag(cmd, "--memory-limit-mb", flags->memory_limit_mb, 0.0, 1073741824.0, false,
+                 "Cap the device allocator in MiB, emulating a smaller device (0: the device's "
+                 "own memory)");
+  cmd->add_option("--log-json", flags->log_json,
+                  "Write one JSON object per step to FILE (locked; flushed every line)")
+      ->type_name("FILE");
+  add_int_flag(cmd, "--log-every", flags->log_every, 1, 1000000000, "Print every N steps");
+  cmd->add_flag("--quiet", flags->quiet, "Only print the summary (default off)");
+  add_int_flag(cmd, "--stages", c.stages, 1, 1024, "Pipeline ranks (p)");
+  add_int_flag(cmd, "--chunks", flags->chunks, 1, 64,
+               "Virtual stages per rank (interleaved; zbv always has 2)")
+      ->default_str("2 for interleaved, else 1");
   cmd->add_option("--schedule", flags->schedule, "Schedule: " + schedule_choices_text())
       ->capture_default_str();
   cmd->add_option("--schedule-file", c.schedule_file,
-                  "Run the schedule in FILE (text or CSV, see `conveyor schedule --dump`)");
+                  "Run the schedule in FILE (text or CSV, see `conveyor schedule --dump`); it "
+                  "fixes the ranks, chunks and kind, and --stages, --chunks or --schedule given "
+                  "with it must agree")
+      ->type_name("FILE");
   cmd->add_option(
          "--partition", flags->partition,
          "Blocks per stage: uniform, params, auto (profile and plan), or counts such as 3,5,5,3")
@@ -511,15 +611,20 @@ void register_train_command(CLI::App& app) {
                   "auto (MPI when started by mpirun with several processes, else NCCL when "
                   "every rank has its own GPU), inproc, nccl or mpi")
       ->capture_default_str();
-  cmd->add_option("--timeout", flags->timeout_s, "Seconds a rank waits for a peer before failing")
-      ->capture_default_str();
+  add_float_flag(cmd, "--timeout", flags->timeout_s, 0.0, 1000000.0, true,
+                 "Seconds a rank waits for a peer before failing");
   cmd->add_option("--trace", flags->trace,
-                  "Write the last step's measured timeline (Chrome trace)");
+                  "Write the last step's measured timeline (Chrome trace) to FILE")
+      ->type_name("FILE");
   add_checkpoint_flags(cmd, flags->checkpoint);
   cmd->add_option("--plan", flags->plan_file,
-                  "Run the plan in FILE (written by `conveyor plan --out`)");
+                  "Run the plan in FILE (written by `conveyor plan --out`)")
+      ->type_name("FILE");
   cmd->add_flag("--weights-checksum", flags->weights_checksum,
                 "Print an XXH3 checksum of the final weights (to compare runs bit for bit)");
+  cmd->footer(std::string("Example: conveyor train --stages 4 --schedule zbh1 --microbatches 8 "
+                          "--log-json steps.jsonl\n") +
+              kExitStatusText);
   cmd->callback([flags, cmd] { run_train(*flags, *cmd); });
 }
 

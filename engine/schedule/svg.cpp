@@ -54,7 +54,9 @@ const char* fill_of(ActionKind kind) {
 
 std::string render_svg(const Schedule& schedule, const SimResult& sim, const SvgOptions& opt) {
   const double left = 56, right = 16, top = opt.title.empty() ? 12 : 36, row = opt.row_height_px;
-  const int R = static_cast<int>(schedule.ranks.size());
+  const int all_ranks = static_cast<int>(schedule.ranks.size());
+  const int R = std::min(all_ranks, std::max(opt.max_ranks, 1));
+  size_t boxes = 0, all_boxes = 0;
   const double span = sim.makespan > 0 ? sim.makespan : 1;
   const double scale = opt.px_per_unit > 0 ? opt.px_per_unit : opt.width_px / span;  // px per unit
   const double axis = span * scale;
@@ -82,6 +84,8 @@ std::string render_svg(const Schedule& schedule, const SimResult& sim, const Svg
     for (size_t i = 0; i < schedule.ranks[r].size(); ++i) {
       const Action& a = schedule.ranks[r][i];
       if (!is_compute(a.kind)) continue;
+      if (++all_boxes > opt.max_boxes) continue;
+      ++boxes;
       const auto& t = sim.timing[r][i];
       const double x = left + t.start * scale, w = (t.end - t.start) * scale, y = top + r * row + 2;
       const bool later_chunk = schedule.placement.chunk_of(a.stage) % 2 == 1;
@@ -138,6 +142,13 @@ std::string render_svg(const Schedule& schedule, const SimResult& sim, const Svg
                 num(sim.makespan).c_str(), sim.bubble_fraction);
   out += "<text x=\"" + num(lx) + "\" y=\"" + num(ly + 11) + "\" font-size=\"12\" fill=\"#555\">" +
          escape(stats) + "</text>\n";
+  if (R < all_ranks || boxes < all_boxes) {
+    char cut[160];
+    std::snprintf(cut, sizeof cut, "drawn: %d of %d ranks, %zu of %zu compute actions (size cap)",
+                  R, all_ranks, boxes, all_boxes);
+    out += "<text x=\"" + num(left) + "\" y=\"" + num(ly + 28) +
+           "\" font-size=\"12\" fill=\"#a00\">" + escape(cut) + "</text>\n";
+  }
   out += "</svg>\n";
   return out;
 }

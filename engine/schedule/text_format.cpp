@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <vector>
@@ -265,10 +266,30 @@ void save_schedule(const std::string& path, const Schedule& schedule) {
   std::ofstream out(path);
   if (!out) throw ScheduleError("cannot open '" + path + "' for writing");
   out << (csv ? dump_csv(schedule) : dump_text(schedule));
-  if (!out) throw ScheduleError("cannot write '" + path + "'");
+  // Buffered bytes fail only when flushed (a full disk, /dev/full): check the close too.
+  out.close();
+  if (out.fail()) throw ScheduleError("cannot write '" + path + "' (disk full or write error)");
 }
 
 Schedule load_schedule(const std::string& path) {
+  std::error_code ec;
+  const auto status = std::filesystem::status(path, ec);
+  if (ec || !std::filesystem::exists(status))
+    throw ScheduleError("cannot open schedule file '" + path + "': no such file");
+  if (std::filesystem::is_directory(status))
+    throw ScheduleError("schedule file '" + path +
+                        "' is a directory; give a text or CSV file written by "
+                        "`conveyor schedule --dump`");
+  if (!std::filesystem::is_regular_file(status))
+    throw ScheduleError("schedule file '" + path +
+                        "' is not a regular file (a device, pipe or socket); give a text or CSV "
+                        "file of at most " +
+                        std::to_string(kMaxScheduleFileBytes >> 20) + " MiB");
+  const uintmax_t size = std::filesystem::file_size(path, ec);
+  if (!ec && size > kMaxScheduleFileBytes)
+    throw ScheduleError("schedule file '" + path + "' has " + std::to_string(size) +
+                        " bytes; at most " + std::to_string(kMaxScheduleFileBytes >> 20) +
+                        " MiB are accepted");
   std::ifstream in(path);
   if (!in) throw ScheduleError("cannot open schedule file '" + path + "'");
   std::ostringstream text;

@@ -24,7 +24,10 @@ Schedule parse_csv(std::string_view text);
 // Picks CSV when the first non-comment line starts with "rank,", text otherwise.
 Schedule parse_schedule(std::string_view text);
 
-// Files: CSV when the path ends in ".csv", text otherwise. Throw ScheduleError on I/O errors.
+// Files: CSV when the path ends in ".csv", text otherwise. Throw ScheduleError on I/O errors
+// (every write and the close are checked). Loading takes regular files of at most
+// kMaxScheduleFileBytes only, so a device or a huge file is refused before it is read.
+inline constexpr unsigned long long kMaxScheduleFileBytes = 64ULL << 20;
 void save_schedule(const std::string& path, const Schedule& schedule);
 Schedule load_schedule(const std::string& path);
 

@@ -1,7 +1,9 @@
 #include "engine/train/data.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <map>
@@ -29,9 +31,12 @@ constexpr uint64_t kChainStream = 0x636861696eULL;  // draws that walk the chain
 
 MarkovSource::MarkovSource(int64_t vocab, uint64_t seed, int fanout)
     : vocab_(vocab), seed_(seed), fanout_(fanout) {
-  if (vocab < 2 || vocab > (int64_t{1} << 30))
-    throw std::invalid_argument("Markov source vocab must be in [2, 2^30], got " +
-                                std::to_string(vocab));
+  if (vocab < 2 || vocab > kMaxVocab)
+    throw std::invalid_argument("Markov source vocab must be in [2, " + std::to_string(kMaxVocab) +
+                                "] (its set-up grows with the vocab and takes seconds at the "
+                                "top), got " +
+                                std::to_string(vocab) +
+                                "; use --data FILE for a larger model vocab");
   if (fanout < 1) throw std::invalid_argument("Markov source fanout must be at least 1");
   rows_.resize(vocab);
   cdf_.resize(vocab);
@@ -116,12 +121,39 @@ std::string MarkovSource::describe() const {
 }
 
 FileSource::FileSource(const std::string& path) : path_(path) {
+  std::error_code ec;
+  const auto status = std::filesystem::status(path, ec);
+  if (ec || !std::filesystem::exists(status))
+    throw std::invalid_argument("cannot open data file '" + path + "': no such file");
+  if (std::filesystem::is_directory(status))
+    throw std::invalid_argument("data file '" + path +
+                                "' is a directory; give a regular file whose bytes are the text");
+  if (!std::filesystem::is_regular_file(status))
+    throw std::invalid_argument("data file '" + path +
+                                "' is not a regular file (a device, pipe or socket); give a "
+                                "regular file of at most " +
+                                std::to_string(kMaxBytes >> 20) + " MiB");
+  const uintmax_t size = std::filesystem::file_size(path, ec);
+  if (ec) throw std::invalid_argument("cannot read the size of data file '" + path + "'");
+  if (size > kMaxBytes)
+    throw std::invalid_argument("data file '" + path + "' has " + std::to_string(size) +
+                                " bytes; at most " + std::to_string(kMaxBytes >> 20) +
+                                " MiB are read into memory");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw std::invalid_argument("cannot open data file '" + path + "'");
-  bytes_.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  bytes_.resize(static_cast<size_t>(size));
+  in.read(reinterpret_cast<char*>(bytes_.data()), static_cast<std::streamsize>(size));
+  bytes_.resize(static_cast<size_t>(in.gcount()));
   if (bytes_.size() < 2)
     throw std::invalid_argument("data file '" + path + "' has " + std::to_string(bytes_.size()) +
                                 " bytes; at least 2 are needed to form an (input, target) pair");
+  std::array<uint64_t, 256> counts{};
+  for (const uint8_t b : bytes_) ++counts[b];
+  for (const uint64_t c : counts) {
+    if (c == 0) continue;
+    const double p = static_cast<double>(c) / static_cast<double>(bytes_.size());
+    unigram_entropy_ -= p * std::log(p);
+  }
 }
 
 void FileSource::next(int32_t* inputs, int32_t* targets, int64_t n) {

@@ -32,6 +32,9 @@ class TokenSource {
 // H = Σ_i π_i Σ_j -P_ij log P_ij (π the stationary distribution) is the loss floor.
 class MarkovSource : public TokenSource {
  public:
+  // The table and its stationary distribution take about 2 s to build at this vocab on one
+  // core; larger ones would stay silent for minutes before the first step.
+  static constexpr int64_t kMaxVocab = int64_t{1} << 18;
   MarkovSource(int64_t vocab, uint64_t seed, int fanout = 4);
   int64_t vocab() const override { return vocab_; }
   void next(int32_t* inputs, int32_t* targets, int64_t n) override;
@@ -57,18 +60,24 @@ class MarkovSource : public TokenSource {
   int32_t current_ = 0;
 };
 
-// Byte-level tokens (vocab 256) of a file, read in order and wrapping at the end.
+// Byte-level tokens (vocab 256) of a file, read in order and wrapping at the end. The file
+// must be a regular file of at most kMaxBytes (it is held in memory).
 class FileSource : public TokenSource {
  public:
+  static constexpr uint64_t kMaxBytes = uint64_t{1} << 30;
   explicit FileSource(const std::string& path);  // throws std::invalid_argument if unusable
   int64_t vocab() const override { return 256; }
   void next(int32_t* inputs, int32_t* targets, int64_t n) override;
   uint64_t position() const override { return position_; }
   void seek(uint64_t position) override { position_ = position; }
   std::string describe() const override;
+  // Entropy (nats/byte) of the file's byte frequencies: what a model that ignores context
+  // reaches, a reference for the loss.
+  double unigram_entropy() const { return unigram_entropy_; }
 
  private:
   std::string path_;
+  double unigram_entropy_ = 0.0;
   std::vector<uint8_t> bytes_;
   uint64_t position_ = 0;
 };

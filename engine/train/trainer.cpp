@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <sstream>
 #include <utility>
 
+#include "engine/pipeline/memory_estimate.h"
 #include "engine/schedule/text_format.h"
 #include "layers/ops.h"
 #ifdef CONVEYOR_WITH_CUDA
@@ -12,6 +14,70 @@
 #endif
 
 namespace conveyor {
+namespace {
+
+std::string format_readable(double v) {
+  std::ostringstream out;
+  out << v;
+  return out.str();
+}
+
+std::string gib(double bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f GiB", bytes / (1024.0 * 1024.0 * 1024.0));
+  return buf;
+}
+
+// Bytes the device can still give, and where that figure comes from; 0 when unknown.
+double device_available_bytes(Device device, std::string* source) {
+#ifdef CONVEYOR_WITH_CUDA
+  if (device.is_cuda()) {
+    detail::CudaDeviceGuard guard(device.index);
+    size_t free_bytes = 0, total_bytes = 0;
+    if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) return 0.0;
+    *source = "free memory of " + device.to_string();
+    return static_cast<double>(free_bytes);
+  }
+#endif
+  if (device.is_cpu()) {
+    *source = "MemAvailable of /proc/meminfo";
+    return cpu_available_bytes();
+  }
+  return 0.0;
+}
+
+}  // namespace
+
+void check_memory_fits(const ModelDescription& model, const std::vector<StageRange>& ranges,
+                       const schedule::Schedule& schedule, const std::vector<Device>& devices,
+                       const TrainConfig& config) {
+  const std::vector<RankMemoryEstimate> ranks = estimate_rank_memory(
+      model, ranges, schedule, config.optimizer.kind, config.batch_tokens / config.microbatches);
+  // Ranks sharing a device share its memory.
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    double on_device = 0.0;
+    int sharing = 0;
+    for (size_t q = 0; q < ranks.size(); ++q)
+      if (devices[q] == devices[r]) on_device += ranks[q].total(), ++sharing;
+    std::string source;
+    double limit = 0.0;
+    if (config.memory_limit_bytes > 0) {
+      limit = static_cast<double>(config.memory_limit_bytes);
+      source = "the memory limit";
+    } else {
+      limit = device_available_bytes(devices[r], &source);
+    }
+    if (limit <= 0.0 || on_device <= limit) continue;
+    const RankMemoryEstimate& e = ranks[r];
+    throw std::invalid_argument(
+        "the run needs about " + gib(on_device) + " on " + devices[r].to_string() + " (" +
+        std::to_string(sharing) + " rank(s); rank " + std::to_string(r) + ": parameters " +
+        gib(e.parameter_bytes) + ", gradients " + gib(e.gradient_bytes) + ", optimizer state " +
+        gib(e.optimizer_bytes) + ", in-flight activations at least " + gib(e.activation_bytes) +
+        ") but " + source + " is " + gib(limit) +
+        "; use a smaller model, fewer tokens per micro-batch, more stages, or sgd");
+  }
+}
 
 void TrainConfig::validate() const {
   optimizer.validate();
@@ -26,6 +92,15 @@ void TrainConfig::validate() const {
          std::to_string(microbatches) + " equal micro-batches; choose a divisor of the batch");
   if (stages < 1) fail("stages must be at least 1, got " + std::to_string(stages));
   if (chunks < 1) fail("chunks must be at least 1, got " + std::to_string(chunks));
+  // Negative clipping would silently mean "off"; only 0 says that.
+  if (!std::isfinite(optimizer.clip_norm) || optimizer.clip_norm < 0)
+    fail("clip norm must be a finite number >= 0 (0 disables clipping), got " +
+         format_readable(optimizer.clip_norm));
+  if (!std::isfinite(optimizer.lr) || !std::isfinite(optimizer.weight_decay))
+    fail("learning rate and weight decay must be finite");
+  if (transport_timeout.count() < 1)
+    fail("transport timeout must be at least 1 ms, got " +
+         std::to_string(transport_timeout.count()) + " ms");
 }
 
 schedule::Schedule make_schedule(const TrainConfig& config) {
@@ -102,6 +177,7 @@ void Trainer::build() {
                       cuda_device_count() >= device_.index + p;
   for (int r = 0; r < p; ++r)
     devices_.push_back(spread ? Device::cuda(device_.index + r) : device_);
+  check_memory_fits(model_, ranges_, sched, devices_, config_);
   ExecutorOptions options;
   options.transport_timeout = config_.transport_timeout;
   options.transport = config_.transport;

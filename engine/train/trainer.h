@@ -90,6 +90,14 @@ schedule::Schedule make_schedule(const TrainConfig& config);
 // file's bytes, or a Markov chain over the vocabulary.
 std::unique_ptr<TokenSource> make_token_source(const TrainConfig& config, int64_t vocab);
 
+// Refuses, with the estimate and what is available, a run whose parameters, gradients,
+// optimizer state and in-flight activations (engine/pipeline/memory_estimate.h) exceed, on
+// some device, config.memory_limit_bytes or else the device's free memory. The trainer calls
+// it before allocating anything. Throws std::invalid_argument.
+void check_memory_fits(const ModelDescription& model, const std::vector<StageRange>& ranges,
+                       const schedule::Schedule& schedule, const std::vector<Device>& devices,
+                       const TrainConfig& config);
+
 class Trainer {
  public:
   // The reference model of config.model.

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Sends SIGNAL to a training run once its JSON log has LINES lines, then checks that it ended
+# within a few seconds with STATUS, printed "interrupted at step N", and that the log holds
+# exactly the N finished steps, each line valid JSON.
+# Usage: interrupt_run.sh SIGNAL STATUS LINES LOGFILE COMMAND [ARGS...]
+set -u
+signal=$1
+want_status=$2
+lines=$3
+log=$4
+shift 4
+rm -f "$log"
+out=$(mktemp)
+"$@" >"$out" 2>&1 &
+pid=$!
+for _ in $(seq 1 600); do
+  [ -f "$log" ] && [ "$(wc -l <"$log")" -ge "$lines" ] && break
+  sleep 0.1
+done
+start=$(date +%s)
+kill -s "$signal" "$pid"
+wait "$pid"
+status=$?
+elapsed=$(($(date +%s) - start))
+cat "$out"
+fail() { echo "interrupt_run: $*" >&2; rm -f "$out"; exit 1; }
+[ "$status" -eq "$want_status" ] || fail "exit status $status, expected $want_status"
+[ "$elapsed" -le 10 ] || fail "took ${elapsed}s after the signal"
+step=$(sed -n 's/^interrupted at step \([0-9]*\) .*/\1/p' "$out")
+[ -n "$step" ] || fail "no 'interrupted at step N' line"
+grep -q '^done ' "$out" || fail "no summary"
+n=$(wc -l <"$log")
+[ "$n" -eq "$step" ] || fail "log has $n lines, interrupted at step $step"
+python3 -c '
+import json, sys
+for i, line in enumerate(open(sys.argv[1]), 1):
+    row = json.loads(line)
+    assert row["step"] == i, (i, row)
+' "$log" || fail "log lines are not complete JSON rows of steps 1..$step"
+rm -f "$out"
