@@ -300,6 +300,9 @@ void register_train_command(CLI::App& app) {
   cmd->add_flag("--tf32", c.allow_tf32, "Let fp32 GEMMs use TF32 tensor cores");
   cmd->add_option("--memory-limit-mb", flags->memory_limit_mb,
                   "Cap the device allocator (emulates a smaller device)");
+  cmd->add_option("--threads", c.cpu_threads,
+                  "CPU kernel threads per rank (0: all cores, shared between the ranks)")
+      ->capture_default_str();
   cmd->add_option("--log-json", flags->log_json, "Write one JSON object per step to FILE");
   cmd->add_option("--log-every", flags->log_every, "Print every N steps")->capture_default_str();
   cmd->add_flag("--quiet", flags->quiet, "Only print the summary");
