@@ -8,10 +8,15 @@
 
 namespace conveyor::kernels::cpu {
 
-void gelu_forward(float* y, const float* x, int64_t n);
-void gelu_backward(float* dx, const float* dy, const float* x, int64_t n);
-void relu_forward(float* y, const float* x, int64_t n);
-void relu_backward(float* dx, const float* dy, const float* x, int64_t n);
+class ThreadPool;
+
+// `pool` (may be null: one thread) runs fixed blocks of elements.
+void gelu_forward(float* y, const float* x, int64_t n, ThreadPool* pool = nullptr);
+void gelu_backward(float* dx, const float* dy, const float* x, int64_t n,
+                   ThreadPool* pool = nullptr);
+void relu_forward(float* y, const float* x, int64_t n, ThreadPool* pool = nullptr);
+void relu_backward(float* dx, const float* dy, const float* x, int64_t n,
+                   ThreadPool* pool = nullptr);
 
 }  // namespace conveyor::kernels::cpu
 

@@ -5,12 +5,25 @@
 
 #include "kernels/activation.h"
 #include "kernels/cpu_check.h"
+#include "kernels/thread_pool.h"
 
 namespace conveyor::kernels::cpu {
 namespace {
 
 constexpr float kSqrt2OverPi = 0.7978845608028654f;
 constexpr float kGeluCubic = 0.044715f;
+// Element-wise work in blocks of this many elements on the pool (element-wise: any split
+// gives the same bits).
+constexpr int64_t kElementsPerTask = 16384;
+
+template <class F>
+void for_each_block(ThreadPool* pool, int64_t n, F&& f) {
+  const int64_t blocks = (n + kElementsPerTask - 1) / kElementsPerTask;
+  parallel_for(pool, blocks, [&](int64_t b) {
+    const int64_t first = b * kElementsPerTask;
+    f(first, std::min(n, first + kElementsPerTask));
+  });
+}
 
 }  // namespace
 
@@ -34,32 +47,40 @@ inline GeluTerms gelu_terms(float v) {
 
 }  // namespace
 
-void gelu_forward(float* y, const float* x, int64_t n) {
+void gelu_forward(float* y, const float* x, int64_t n, ThreadPool* pool) {
   detail::require_at_least("gelu_forward", "n", n, 0);
-  for (int64_t i = 0; i < n; ++i) y[i] = x[i] * gelu_terms(x[i]).s;
+  for_each_block(pool, n, [&](int64_t first, int64_t last) {
+    for (int64_t i = first; i < last; ++i) y[i] = x[i] * gelu_terms(x[i]).s;
+  });
 }
 
 // d/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) u'(x) with t = tanh u, u' = sqrt(2/pi) (1 + 3 * 0.044715
 // x^2); in sigmoid form 0.5 (1 + t) = s and 0.5 (1 - t^2) = 2 s (1 - s).
-void gelu_backward(float* dx, const float* dy, const float* x, int64_t n) {
+void gelu_backward(float* dx, const float* dy, const float* x, int64_t n, ThreadPool* pool) {
   detail::require_at_least("gelu_backward", "n", n, 0);
-  for (int64_t i = 0; i < n; ++i) {
-    const float v = x[i];
-    const GeluTerms g = gelu_terms(v);
-    const float du = kSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * v * v);
-    dx[i] = dy[i] * (g.s + 2.0f * v * g.s * g.e_s * du);
-  }
+  for_each_block(pool, n, [&](int64_t first, int64_t last) {
+    for (int64_t i = first; i < last; ++i) {
+      const float v = x[i];
+      const GeluTerms g = gelu_terms(v);
+      const float du = kSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * v * v);
+      dx[i] = dy[i] * (g.s + 2.0f * v * g.s * g.e_s * du);
+    }
+  });
 }
 
-void relu_forward(float* y, const float* x, int64_t n) {
+void relu_forward(float* y, const float* x, int64_t n, ThreadPool* pool) {
   detail::require_at_least("relu_forward", "n", n, 0);
-  for (int64_t i = 0; i < n; ++i) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+  for_each_block(pool, n, [&](int64_t first, int64_t last) {
+    for (int64_t i = first; i < last; ++i) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+  });
 }
 
 // The subgradient at 0 is taken as 0.
-void relu_backward(float* dx, const float* dy, const float* x, int64_t n) {
+void relu_backward(float* dx, const float* dy, const float* x, int64_t n, ThreadPool* pool) {
   detail::require_at_least("relu_backward", "n", n, 0);
-  for (int64_t i = 0; i < n; ++i) dx[i] = x[i] > 0.0f ? dy[i] : 0.0f;
+  for_each_block(pool, n, [&](int64_t first, int64_t last) {
+    for (int64_t i = first; i < last; ++i) dx[i] = x[i] > 0.0f ? dy[i] : 0.0f;
+  });
 }
 
 }  // namespace conveyor::kernels::cpu

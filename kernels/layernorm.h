@@ -8,12 +8,19 @@
 
 namespace conveyor::kernels::cpu {
 
+class ThreadPool;
+
+// `pool` (may be null: one thread) runs blocks of rows (columns for the weight gradient);
+// the bits do not depend on it.
 void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const float* gamma,
-                       const float* beta, int64_t n, int64_t c, float eps);
+                       const float* beta, int64_t n, int64_t c, float eps,
+                       ThreadPool* pool = nullptr);
 void layernorm_backward_input(float* dx, const float* dy, const float* x, const float* mean,
-                              const float* rstd, const float* gamma, int64_t n, int64_t c);
+                              const float* rstd, const float* gamma, int64_t n, int64_t c,
+                              ThreadPool* pool = nullptr);
 void layernorm_backward_weight(float* dgamma, float* dbeta, const float* dy, const float* x,
-                               const float* mean, const float* rstd, int64_t n, int64_t c);
+                               const float* mean, const float* rstd, int64_t n, int64_t c,
+                               ThreadPool* pool = nullptr);
 
 }  // namespace conveyor::kernels::cpu
 

@@ -10,15 +10,19 @@
 
 namespace conveyor::kernels::cpu {
 
+class ThreadPool;
+
+// `pool` (may be null: one thread) runs the output tiles; the bits do not depend on it.
+
 // y = x·Wᵀ + b; `bias` may be null.
 void linear_forward(float* y, const float* x, const float* weight, const float* bias, int64_t n,
-                    int64_t in, int64_t out);
+                    int64_t in, int64_t out, ThreadPool* pool = nullptr);
 // dx = dy·W
 void linear_backward_input(float* dx, const float* dy, const float* weight, int64_t n, int64_t in,
-                           int64_t out);
+                           int64_t out, ThreadPool* pool = nullptr);
 // dW += dyᵀ·x, db += Σ_rows dy; `dbias` may be null.
 void linear_backward_weight(float* dweight, float* dbias, const float* dy, const float* x,
-                            int64_t n, int64_t in, int64_t out);
+                            int64_t n, int64_t in, int64_t out, ThreadPool* pool = nullptr);
 
 }  // namespace conveyor::kernels::cpu
 

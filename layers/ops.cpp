@@ -75,6 +75,15 @@ const int32_t* i32(const Tensor& t) { return t.data<int32_t>(); }
       ::conveyor::kernels::cpu::kernel(__VA_ARGS__); \
   } while (0)
 
+// The same for a kernel whose CPU form also takes the context's thread pool last.
+#define CONVEYOR_DISPATCH_WITH_POOL(ctx, kernel, ...)                  \
+  do {                                                                 \
+    if ((ctx).is_cuda())                                               \
+      CONVEYOR_CUDA_CALL(ctx, kernel, __VA_ARGS__);                    \
+    else                                                               \
+      ::conveyor::kernels::cpu::kernel(__VA_ARGS__, (ctx).cpu_pool()); \
+  } while (0)
+
 // The same for a kernel whose CUDA form also takes device scratch memory after the shared
 // arguments; `scratch_bytes` (an expression of the CUDA backend) is compiled only with it.
 #define CONVEYOR_DISPATCH_WITH_SCRATCH(ctx, kernel, scratch_bytes, ...)           \
@@ -97,7 +106,7 @@ void linear_forward(DeviceContext& ctx, const Tensor& y, const Tensor& x, const 
     check_f32(ctx, bias, {out}, "linear bias");
     b = f32(bias);
   }
-  CONVEYOR_DISPATCH(ctx, linear_forward, f32(y), f32(x), f32(weight), b, n, in, out);
+  CONVEYOR_DISPATCH_WITH_POOL(ctx, linear_forward, f32(y), f32(x), f32(weight), b, n, in, out);
 }
 
 void linear_backward_input(DeviceContext& ctx, const Tensor& dx, const Tensor& dy,
@@ -108,7 +117,8 @@ void linear_backward_input(DeviceContext& ctx, const Tensor& dx, const Tensor& d
   const int64_t n = dy.dim(0);
   check_shape(dy, {n, out}, "linear output gradient");
   check_f32(ctx, dx, {n, in}, "linear input gradient");
-  CONVEYOR_DISPATCH(ctx, linear_backward_input, f32(dx), f32(dy), f32(weight), n, in, out);
+  CONVEYOR_DISPATCH_WITH_POOL(ctx, linear_backward_input, f32(dx), f32(dy), f32(weight), n, in,
+                              out);
 }
 
 void linear_backward_weight(DeviceContext& ctx, const Tensor& dweight, const Tensor& dbias,
@@ -124,7 +134,8 @@ void linear_backward_weight(DeviceContext& ctx, const Tensor& dweight, const Ten
     check_f32(ctx, dbias, {out}, "linear bias gradient");
     db = f32(dbias);
   }
-  CONVEYOR_DISPATCH(ctx, linear_backward_weight, f32(dweight), db, f32(dy), f32(x), n, in, out);
+  CONVEYOR_DISPATCH_WITH_POOL(ctx, linear_backward_weight, f32(dweight), db, f32(dy), f32(x), n, in,
+                              out);
 }
 
 ActivationKind parse_activation(std::string_view name) {
@@ -143,9 +154,9 @@ void activation_forward(DeviceContext& ctx, ActivationKind kind, const Tensor& y
   check_f32(ctx, y, x.shape(), "activation output");
   const int64_t n = x.numel();
   if (kind == ActivationKind::GELU)
-    CONVEYOR_DISPATCH(ctx, gelu_forward, f32(y), f32(x), n);
+    CONVEYOR_DISPATCH_WITH_POOL(ctx, gelu_forward, f32(y), f32(x), n);
   else
-    CONVEYOR_DISPATCH(ctx, relu_forward, f32(y), f32(x), n);
+    CONVEYOR_DISPATCH_WITH_POOL(ctx, relu_forward, f32(y), f32(x), n);
 }
 
 void activation_backward(DeviceContext& ctx, ActivationKind kind, const Tensor& dx,
@@ -157,9 +168,9 @@ void activation_backward(DeviceContext& ctx, ActivationKind kind, const Tensor& 
   check_shape(dx, x.shape(), "activation input gradient");
   const int64_t n = x.numel();
   if (kind == ActivationKind::GELU)
-    CONVEYOR_DISPATCH(ctx, gelu_backward, f32(dx), f32(dy), f32(x), n);
+    CONVEYOR_DISPATCH_WITH_POOL(ctx, gelu_backward, f32(dx), f32(dy), f32(x), n);
   else
-    CONVEYOR_DISPATCH(ctx, relu_backward, f32(dx), f32(dy), f32(x), n);
+    CONVEYOR_DISPATCH_WITH_POOL(ctx, relu_backward, f32(dx), f32(dy), f32(x), n);
 }
 
 void layernorm_forward(DeviceContext& ctx, const Tensor& y, const Tensor& mean, const Tensor& rstd,
@@ -170,8 +181,8 @@ void layernorm_forward(DeviceContext& ctx, const Tensor& y, const Tensor& mean, 
   check_statistics(ctx, mean, rstd, n);
   check_f32(ctx, gamma, {c}, "layernorm weight");
   check_f32(ctx, beta, {c}, "layernorm bias");
-  CONVEYOR_DISPATCH(ctx, layernorm_forward, f32(y), f32(mean), f32(rstd), f32(x), f32(gamma),
-                    f32(beta), n, c, eps);
+  CONVEYOR_DISPATCH_WITH_POOL(ctx, layernorm_forward, f32(y), f32(mean), f32(rstd), f32(x),
+                              f32(gamma), f32(beta), n, c, eps);
 }
 
 void layernorm_backward_input(DeviceContext& ctx, const Tensor& dx, const Tensor& dy,
@@ -183,8 +194,8 @@ void layernorm_backward_input(DeviceContext& ctx, const Tensor& dx, const Tensor
   check_f32(ctx, dx, {n, c}, "layernorm input gradient");
   check_f32(ctx, gamma, {c}, "layernorm weight");
   check_statistics(ctx, mean, rstd, n);
-  CONVEYOR_DISPATCH(ctx, layernorm_backward_input, f32(dx), f32(dy), f32(x), f32(mean), f32(rstd),
-                    f32(gamma), n, c);
+  CONVEYOR_DISPATCH_WITH_POOL(ctx, layernorm_backward_input, f32(dx), f32(dy), f32(x), f32(mean),
+                              f32(rstd), f32(gamma), n, c);
 }
 
 void layernorm_backward_weight(DeviceContext& ctx, const Tensor& dgamma, const Tensor& dbeta,
@@ -196,8 +207,8 @@ void layernorm_backward_weight(DeviceContext& ctx, const Tensor& dgamma, const T
   check_f32(ctx, dgamma, {c}, "layernorm weight gradient");
   check_f32(ctx, dbeta, {c}, "layernorm bias gradient");
   check_statistics(ctx, mean, rstd, n);
-  CONVEYOR_DISPATCH(ctx, layernorm_backward_weight, f32(dgamma), f32(dbeta), f32(dy), f32(x),
-                    f32(mean), f32(rstd), n, c);
+  CONVEYOR_DISPATCH_WITH_POOL(ctx, layernorm_backward_weight, f32(dgamma), f32(dbeta), f32(dy),
+                              f32(x), f32(mean), f32(rstd), n, c);
 }
 
 void embedding_forward(DeviceContext& ctx, const Tensor& y, const Tensor& tokens,

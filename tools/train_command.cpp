@@ -593,6 +593,8 @@ void register_train_command(CLI::App& app) {
   add_int_flag(cmd, "--chunks", flags->chunks, 1, 64,
                "Virtual stages per rank (interleaved; zbv always has 2)")
       ->default_str("2 for interleaved, else 1");
+  add_int_flag(cmd, "--threads", c.cpu_threads, 0, 4096,
+               "CPU kernel threads per rank (0: all cores, shared between the ranks)");
   cmd->add_option("--schedule", flags->schedule, "Schedule: " + schedule_choices_text())
       ->capture_default_str();
   cmd->add_option("--schedule-file", c.schedule_file,

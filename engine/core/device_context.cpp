@@ -24,6 +24,11 @@ DeviceContext::DeviceContext(Device device, DeviceContextOptions options) : devi
   if (device.is_cpu()) {
     allocator_ = make_cpu_allocator(options.memory_limit_bytes);
     compute_stream_ = std::make_unique<Stream>(device);
+    if (options.cpu_threads < 1)
+      throw std::invalid_argument("cannot use " + std::to_string(options.cpu_threads) +
+                                  " CPU threads on " + device.to_string() +
+                                  ": expected at least 1");
+    cpu_pool_ = std::make_unique<kernels::cpu::ThreadPool>(options.cpu_threads);
     return;
   }
 #ifdef CONVEYOR_WITH_CUDA

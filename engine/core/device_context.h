@@ -9,6 +9,7 @@
 #include "engine/core/stream.h"
 #include "engine/core/tensor.h"
 #include "kernels/cuda_context.h"
+#include "kernels/thread_pool.h"
 
 namespace conveyor {
 
@@ -16,6 +17,9 @@ struct DeviceContextOptions {
   size_t memory_limit_bytes = 0;  // 0 = no cap
   bool allow_tf32 = false;
   size_t cublas_workspace_bytes = 32u << 20;
+  // Threads of this context's CPU kernels, the rank's own thread included (CPU only; >= 1).
+  // Kernels split work by shape only, so the bits do not depend on it.
+  int cpu_threads = 1;
 };
 
 class DeviceContext {
@@ -30,6 +34,8 @@ class DeviceContext {
   CachingAllocator& allocator() { return *allocator_; }
   const std::shared_ptr<CachingAllocator>& allocator_ptr() const { return allocator_; }
   Stream& compute_stream() { return *compute_stream_; }
+  // The CPU kernels' pool; null on a CUDA context.
+  kernels::cpu::ThreadPool* cpu_pool() { return cpu_pool_.get(); }
 
   // Tensors on this device for use on the compute stream.
   Tensor empty(const Shape& shape, DType dtype = DType::F32);
@@ -48,6 +54,7 @@ class DeviceContext {
   Device device_;
   std::shared_ptr<CachingAllocator> allocator_;
   std::unique_ptr<Stream> compute_stream_;
+  std::unique_ptr<kernels::cpu::ThreadPool> cpu_pool_;
 #ifdef CONVEYOR_WITH_CUDA
   kernels::cuda::CudaContext cuda_{};
   Tensor workspace_;

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <sstream>
+#include <thread>
 #include <utility>
 
 #include "engine/pipeline/memory_estimate.h"
@@ -79,9 +80,23 @@ void check_memory_fits(const ModelDescription& model, const std::vector<StageRan
   }
 }
 
+namespace {
+
+// `requested` threads per rank, or with 0 the machine's cores shared between `ranks` (the
+// ranks' threads run at once), at least one each.
+int cpu_threads_per_rank(int requested, int ranks) {
+  if (requested > 0) return requested;
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return std::max(1, cores / std::max(1, ranks));
+}
+
+}  // namespace
+
 void TrainConfig::validate() const {
   optimizer.validate();
   auto fail = [](const std::string& what) { throw std::invalid_argument(what); };
+  if (cpu_threads < 0)
+    fail("CPU threads must be at least 1 (or 0: all cores), got " + std::to_string(cpu_threads));
   if (steps < 1) fail("steps must be at least 1, got " + std::to_string(steps));
   if (batch_tokens < 1)
     fail("batch tokens must be at least 1, got " + std::to_string(batch_tokens));
@@ -183,6 +198,7 @@ void Trainer::build() {
   options.transport = config_.transport;
   options.device_options.memory_limit_bytes = config_.memory_limit_bytes;
   options.device_options.allow_tf32 = config_.allow_tf32;
+  options.device_options.cpu_threads = cpu_threads_per_rank(config_.cpu_threads, p);
   executor_ = std::make_unique<PipelineExecutor>(model_, std::move(sched), ranges_, devices_,
                                                  config_.optimizer, config_.seed, options);
 }

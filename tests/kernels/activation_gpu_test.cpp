@@ -1,9 +1,9 @@
 // CUDA activations against the CPU kernels: awkward sizes, unaligned pointers, in-place dx.
 #include <gtest/gtest.h>
 
-#include "support/test_util.h"
 #include "kernels/activation.h"
 #include "support/gpu_buffer.h"
+#include "support/test_util.h"
 
 namespace conveyor {
 namespace {
@@ -18,8 +18,9 @@ constexpr size_t kSizes[] = {1, 3, 17, 33, 127, 1000, 4097, (size_t{1} << 20) + 
 using Forward = void (*)(const kernels::cuda::CudaContext&, float*, const float*, int64_t);
 using Backward = void (*)(const kernels::cuda::CudaContext&, float*, const float*, const float*,
                           int64_t);
-using CpuForward = void (*)(float*, const float*, int64_t);
-using CpuBackward = void (*)(float*, const float*, const float*, int64_t);
+using CpuForward = void (*)(float*, const float*, int64_t, kernels::cpu::ThreadPool*);
+using CpuBackward = void (*)(float*, const float*, const float*, int64_t,
+                             kernels::cpu::ThreadPool*);
 
 void check_pair(Forward fwd, CpuForward cpu_fwd, Backward bwd, CpuBackward cpu_bwd, double rtol,
                 double atol) {
@@ -31,8 +32,8 @@ void check_pair(Forward fwd, CpuForward cpu_fwd, Backward bwd, CpuBackward cpu_b
       const auto x = random_floats(n, seed++, -4.0f, 4.0f);
       const auto dy = random_floats(n, seed++);
       std::vector<float> y_ref(n), dx_ref(n);
-      cpu_fwd(y_ref.data(), x.data(), static_cast<int64_t>(n));
-      cpu_bwd(dx_ref.data(), dy.data(), x.data(), static_cast<int64_t>(n));
+      cpu_fwd(y_ref.data(), x.data(), static_cast<int64_t>(n), nullptr);
+      cpu_bwd(dx_ref.data(), dy.data(), x.data(), static_cast<int64_t>(n), nullptr);
 
       DeviceBuffer<float> d_x(x, pad), d_dy(dy, pad), d_y(n, pad), d_dx(n, pad);
       fwd(gpu.ctx(), d_y.data(), d_x.data(), static_cast<int64_t>(n));

@@ -7,8 +7,8 @@
 #include <stdexcept>
 #include <vector>
 
-#include "support/test_util.h"
 #include "support/kernel_test_util.h"
+#include "support/test_util.h"
 
 namespace conveyor::testing {
 namespace {
@@ -72,9 +72,9 @@ TEST_P(ActivationTest, BackwardInPlaceOverDyMatchesOutOfPlace) {
   const auto dy = random_floats(n, 600 + n);
   for (auto backward : {&k::gelu_backward, &k::relu_backward}) {
     std::vector<float> out(n);
-    backward(out.data(), dy.data(), x.data(), n);
+    backward(out.data(), dy.data(), x.data(), n, nullptr);
     auto inplace = dy;
-    backward(inplace.data(), inplace.data(), x.data(), n);
+    backward(inplace.data(), inplace.data(), x.data(), n, nullptr);
     EXPECT_TRUE(same_bits(out, inplace));
   }
 }

@@ -7,8 +7,8 @@
 #include <stdexcept>
 #include <vector>
 
-#include "support/test_util.h"
 #include "support/kernel_test_util.h"
+#include "support/test_util.h"
 
 namespace conveyor::testing {
 namespace {
@@ -120,7 +120,7 @@ TEST_P(LayerNormTest, Deterministic) {
 
 INSTANTIATE_TEST_SUITE_P(Shapes, LayerNormTest,
                          ::testing::Values(Shape{1, 3}, Shape{3, 17}, Shape{17, 33}, Shape{5, 127},
-                                           Shape{2, 1}));
+                                           Shape{2, 1}, Shape{131, 203}));
 
 // `+=` accumulates: dgamma/dbeta over three micro-batches equal one call on all rows.
 TEST(LayerNormGradient, MicroBatchesAccumulate) {

@@ -7,8 +7,8 @@
 #include <tuple>
 #include <vector>
 
-#include "support/test_util.h"
 #include "support/kernel_test_util.h"
+#include "support/test_util.h"
 
 namespace conveyor::testing {
 namespace {
@@ -115,7 +115,9 @@ TEST_P(LinearTest, DeterministicAcrossRuns) {
 INSTANTIATE_TEST_SUITE_P(Shapes, LinearTest,
                          ::testing::Values(Shape{1, 1, 1}, Shape{3, 17, 5}, Shape{17, 33, 3},
                                            Shape{33, 127, 17}, Shape{127, 65, 31}, Shape{5, 1, 33},
-                                           Shape{64, 96, 80}));
+                                           Shape{64, 96, 80},
+                                           // Tiled: ragged row and column tiles.
+                                           Shape{300, 129, 161}, Shape{257, 70, 1100}));
 
 // dL/dx, dL/dW, dL/db of L = Σ dy ⊙ y against central differences of the double forward.
 TEST(LinearGradient, MatchesFiniteDifferences) {

@@ -1,0 +1,116 @@
+// CPU ranks with several kernel threads each: kernels split work by output ranges whose bounds
+// depend on the shapes only, so a pipeline run with 2 threads per rank gives bitwise the
+// one-stage run, at 2 threads and at 1. And a step in the steady state takes no memory
+// from the system: every tensor of the second step is served from the allocator's cache.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <memory>
+#include <vector>
+
+#include "engine/pipeline/executor.h"
+#include "engine/schedule/generators.h"
+#include "support/test_util.h"
+
+namespace conveyor {
+namespace {
+
+using namespace conveyor::testing;
+
+// Large enough that every GEMM, layernorm and activation splits into several tasks.
+ModelConfig threaded_model() {
+  ModelConfig c;
+  c.preset = "test";
+  c.d_model = 64;
+  c.n_layers = 2;
+  c.vocab = 67;
+  c.hidden = 256;
+  return c;
+}
+
+constexpr int kTokens = 640;  // per micro-batch
+
+std::unique_ptr<PipelineExecutor> make_threaded_executor(int stages, int m, int threads) {
+  const ModelDescription model = reference_model(threaded_model());
+  schedule::Schedule sched = schedule::generate_1f1b(stages, m);
+  auto ranges = stage_ranges(model, partition_blocks(model, stages, PartitionSpec::uniform()));
+  ExecutorOptions options;
+  options.transport_timeout = std::chrono::milliseconds(60000);
+  options.device_options.cpu_threads = threads;
+  OptimizerConfig optimizer;
+  optimizer.lr = 1e-2;
+  optimizer.clip_norm = 0.5;
+  std::vector<Device> devices(stages, Device::cpu());
+  return std::make_unique<PipelineExecutor>(model, std::move(sched), std::move(ranges),
+                                            std::move(devices), optimizer, /*seed=*/23, options);
+}
+
+std::vector<MicroBatchData> microbatches(int m, int step) {
+  std::vector<MicroBatchData> out(m);
+  for (int mb = 0; mb < m; ++mb) {
+    out[mb].tokens = random_ints(kTokens, 300 * step + mb, 0, 66);
+    out[mb].targets = random_ints(kTokens, 700 * step + mb, 0, 66);
+  }
+  return out;
+}
+
+struct Record {
+  std::vector<double> losses, norms;
+  std::vector<std::vector<float>> values;
+};
+
+Record run_steps(PipelineExecutor& ex, int m, int steps) {
+  Record rec;
+  for (int step = 1; step <= steps; ++step) {
+    auto result = ex.run_step(microbatches(m, step), 1.0f / (m * kTokens), step, 1e-2);
+    rec.losses.push_back(result.loss_sum);
+    rec.norms.push_back(result.grad_norm);
+  }
+  for (Parameter* p : ex.parameters()) rec.values.push_back(to_vector_f32(p->value));
+  return rec;
+}
+
+void expect_same_bits(const Record& a, const Record& b) {
+  ASSERT_EQ(a.losses.size(), b.losses.size());
+  for (size_t i = 0; i < a.losses.size(); ++i) {
+    EXPECT_EQ(a.losses[i], b.losses[i]) << "loss of step " << i + 1;
+    EXPECT_EQ(a.norms[i], b.norms[i]) << "gradient norm of step " << i + 1;
+  }
+  ASSERT_EQ(a.values.size(), b.values.size());
+  for (size_t i = 0; i < a.values.size(); ++i)
+    EXPECT_EQ(a.values[i], b.values[i]) << "parameter " << i;
+}
+
+TEST(CpuThreads, TwoStagePipelineWithTwoThreadsPerRankIsBitwiseTheOneStageRun) {
+  const int m = 4;
+  auto one_stage = make_threaded_executor(1, m, 2);
+  ASSERT_EQ(one_stage->context(0).cpu_pool()->threads(), 2);
+  const Record reference = run_steps(*one_stage, m, 2);
+  auto pipeline = make_threaded_executor(2, m, 2);
+  expect_same_bits(reference, run_steps(*pipeline, m, 2));
+  // The split does not depend on the thread count either.
+  auto single_thread = make_threaded_executor(1, m, 1);
+  expect_same_bits(reference, run_steps(*single_thread, m, 2));
+}
+
+TEST(CpuThreads, SteadyStateStepTakesNoMemoryFromTheSystem) {
+  const int m = 3;
+  for (int stages : {1, 2}) {
+    SCOPED_TRACE(::testing::Message() << stages << " stage(s)");
+    auto ex = make_threaded_executor(stages, m, 2);
+    (void)ex->run_step(microbatches(m, 1), 1.0f / (m * kTokens), 1, 1e-2);
+    std::vector<AllocatorStats> after_first;
+    for (int r = 0; r < stages; ++r) after_first.push_back(ex->context(r).allocator().stats());
+    (void)ex->run_step(microbatches(m, 2), 1.0f / (m * kTokens), 2, 1e-2);
+    for (int r = 0; r < stages; ++r) {
+      const AllocatorStats now = ex->context(r).allocator().stats();
+      EXPECT_EQ(now.system_allocations, after_first[r].system_allocations)
+          << "rank " << r << ": " << now.to_string();
+      EXPECT_LE(now.reserved_bytes, after_first[r].reserved_bytes) << "rank " << r;
+      EXPECT_GT(now.requests, after_first[r].requests) << "rank " << r << " allocated nothing";
+    }
+  }
+}
+
+}  // namespace
+}  // namespace conveyor

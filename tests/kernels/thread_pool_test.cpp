@@ -1,0 +1,112 @@
+// The CPU kernels' thread pool, and the kernels that use it: every task runs once, failures
+// reach the caller, and 1, 2 and 3 threads give the same bits (work is split by output
+// ranges whose bounds depend on the shape only).
+#include "kernels/thread_pool.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <stdexcept>
+#include <vector>
+
+#include "kernels/activation.h"
+#include "kernels/layernorm.h"
+#include "kernels/linear.h"
+#include "support/kernel_test_util.h"
+#include "support/test_util.h"
+
+namespace conveyor::testing {
+namespace {
+
+namespace k = conveyor::kernels::cpu;
+
+TEST(ThreadPool, RunsEveryTaskOnceAcrossManyJobs) {
+  k::ThreadPool pool(3);
+  EXPECT_EQ(pool.threads(), 3);
+  for (int64_t tasks : {1, 2, 3, 7, 64, 1000}) {
+    std::vector<std::atomic<int>> hits(static_cast<size_t>(tasks));
+    pool.parallel_for(tasks, [&](int64_t i) { hits[i].fetch_add(1); });
+    for (int64_t i = 0; i < tasks; ++i) EXPECT_EQ(hits[i].load(), 1) << "task " << i;
+  }
+}
+
+TEST(ThreadPool, RethrowsATaskFailureAndStaysUsable) {
+  k::ThreadPool pool(2);
+  EXPECT_THROW(pool.parallel_for(8,
+                                 [](int64_t i) {
+                                   if (i == 5) throw std::runtime_error("task 5 failed");
+                                 }),
+               std::runtime_error);
+  std::atomic<int64_t> sum{0};
+  pool.parallel_for(10, [&](int64_t i) { sum += i; });
+  EXPECT_EQ(sum.load(), 45);
+}
+
+TEST(ThreadPool, RejectsZeroThreads) { EXPECT_THROW(k::ThreadPool(0), std::invalid_argument); }
+
+struct Outputs {
+  std::vector<float> y, dx, dw, db, ln_y, ln_mean, ln_rstd, ln_dx, ln_dg, ln_db, gelu, dgelu;
+};
+
+// Sizes large enough that every kernel splits into many tasks, with ragged last tiles.
+Outputs run_kernels(k::ThreadPool* pool) {
+  const int64_t n = 301, in = 129, out = 600;
+  const auto x = random_floats(n * in, 91);
+  const auto w = random_floats(out * in, 92);
+  const auto b = random_floats(out, 93);
+  const auto dy = random_floats(n * out, 94);
+  Outputs o;
+  o.y.assign(n * out, 7.0f);
+  o.dx.assign(n * in, 7.0f);
+  o.dw = random_floats(out * in, 95);
+  o.db = random_floats(out, 96);
+  k::linear_forward(o.y.data(), x.data(), w.data(), b.data(), n, in, out, pool);
+  k::linear_backward_input(o.dx.data(), dy.data(), w.data(), n, in, out, pool);
+  k::linear_backward_weight(o.dw.data(), o.db.data(), dy.data(), x.data(), n, in, out, pool);
+
+  const auto gamma = random_floats(out, 97);
+  const auto beta = random_floats(out, 98);
+  o.ln_y.assign(n * out, 7.0f);
+  o.ln_mean.assign(n, 7.0f);
+  o.ln_rstd.assign(n, 7.0f);
+  o.ln_dx.assign(n * out, 7.0f);
+  o.ln_dg = random_floats(out, 99);
+  o.ln_db = random_floats(out, 100);
+  k::layernorm_forward(o.ln_y.data(), o.ln_mean.data(), o.ln_rstd.data(), o.y.data(), gamma.data(),
+                       beta.data(), n, out, 1e-5f, pool);
+  k::layernorm_backward_input(o.ln_dx.data(), dy.data(), o.y.data(), o.ln_mean.data(),
+                              o.ln_rstd.data(), gamma.data(), n, out, pool);
+  k::layernorm_backward_weight(o.ln_dg.data(), o.ln_db.data(), dy.data(), o.y.data(),
+                               o.ln_mean.data(), o.ln_rstd.data(), n, out, pool);
+  o.gelu.assign(n * out, 7.0f);
+  o.dgelu.assign(n * out, 7.0f);
+  k::gelu_forward(o.gelu.data(), o.y.data(), n * out, pool);
+  k::gelu_backward(o.dgelu.data(), dy.data(), o.y.data(), n * out, pool);
+  return o;
+}
+
+void expect_same(const Outputs& a, const Outputs& b) {
+  EXPECT_TRUE(same_bits(a.y, b.y));
+  EXPECT_TRUE(same_bits(a.dx, b.dx));
+  EXPECT_TRUE(same_bits(a.dw, b.dw));
+  EXPECT_TRUE(same_bits(a.db, b.db));
+  EXPECT_TRUE(same_bits(a.ln_y, b.ln_y));
+  EXPECT_TRUE(same_bits(a.ln_mean, b.ln_mean));
+  EXPECT_TRUE(same_bits(a.ln_rstd, b.ln_rstd));
+  EXPECT_TRUE(same_bits(a.ln_dx, b.ln_dx));
+  EXPECT_TRUE(same_bits(a.ln_dg, b.ln_dg));
+  EXPECT_TRUE(same_bits(a.ln_db, b.ln_db));
+  EXPECT_TRUE(same_bits(a.gelu, b.gelu));
+  EXPECT_TRUE(same_bits(a.dgelu, b.dgelu));
+}
+
+TEST(ThreadPoolKernels, OneTwoAndThreeThreadsGiveTheSameBits) {
+  const Outputs inline_run = run_kernels(nullptr);
+  k::ThreadPool one(1), two(2), three(3);
+  expect_same(inline_run, run_kernels(&one));
+  expect_same(inline_run, run_kernels(&two));
+  expect_same(inline_run, run_kernels(&three));
+}
+
+}  // namespace
+}  // namespace conveyor::testing
