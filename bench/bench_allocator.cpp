@@ -42,7 +42,7 @@ BENCHMARK(BM_ManyLiveBlocks);
 void BM_TensorEmpty(benchmark::State& state) {
   auto alloc = make_cpu_allocator();
   for (auto _ : state) {
-    auto t = conveyor::Tensor::empty({64, 256}, conveyor::DType::F32, alloc);
+    auto t = conveyor::Tensor::empty({64, 256}, conveyor::DType::kF32, alloc);
     benchmark::DoNotOptimize(t.raw());
   }
   state.SetItemsProcessed(state.iterations());

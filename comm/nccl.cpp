@@ -95,9 +95,9 @@ class NcclGroup {
 
 ncclDataType_t nccl_type(DType dtype) {
   switch (dtype) {
-    case DType::F32:
+    case DType::kF32:
       return ncclFloat;
-    case DType::I32:
+    case DType::kI32:
       return ncclInt32;
     default:
       return ncclChar;

@@ -24,7 +24,7 @@ namespace conveyor {
 // has the same shape and dtype.
 struct ActivationSpec {
   Shape shape;
-  DType dtype = DType::F32;
+  DType dtype = DType::kF32;
 };
 
 struct ModelDescription {
@@ -57,7 +57,7 @@ struct ModelDescription {
 
 // The activation function of a model whose units all pass f32 rows [tokens, width].
 std::function<ActivationSpec(int64_t boundary, int64_t tokens)> activation_rows(
-    int64_t width, DType dtype = DType::F32);
+    int64_t width, DType dtype = DType::kF32);
 
 struct ModelConfig {
   std::string preset = "tiny";
@@ -65,7 +65,7 @@ struct ModelConfig {
   int64_t n_layers = 2;
   int64_t vocab = 64;
   int64_t hidden = 256;  // MLP width, 4·d_model by default
-  ops::ActivationKind activation = ops::ActivationKind::GELU;
+  ops::ActivationKind activation = ops::ActivationKind::kGelu;
   float ln_eps = 1e-5f;
 
   int64_t num_units() const { return n_layers + 2; }

@@ -29,7 +29,7 @@ void check_operand(DeviceContext& ctx, const Tensor& t, DType dtype, std::string
 
 // The common case: a float operand of a known shape.
 void check_f32(DeviceContext& ctx, const Tensor& t, const Shape& shape, std::string_view what) {
-  check_operand(ctx, t, DType::F32, what);
+  check_operand(ctx, t, DType::kF32, what);
   check_shape(t, shape, what);
 }
 
@@ -41,7 +41,7 @@ void check_statistics(DeviceContext& ctx, const Tensor& mean, const Tensor& rstd
 
 // A float operand whose dimensions the op reads, so its rank is checked before any dim().
 void check_f32_rank(DeviceContext& ctx, const Tensor& t, int rank, std::string_view what) {
-  check_operand(ctx, t, DType::F32, what);
+  check_operand(ctx, t, DType::kF32, what);
   if (t.rank() != rank)
     throw std::invalid_argument(std::string(what) + ": expected a " + std::to_string(rank) +
                                 "-d tensor, got " + t.describe());
@@ -139,21 +139,21 @@ void linear_backward_weight(DeviceContext& ctx, const Tensor& dweight, const Ten
 }
 
 ActivationKind parse_activation(std::string_view name) {
-  if (name == "gelu") return ActivationKind::GELU;
-  if (name == "relu") return ActivationKind::ReLU;
+  if (name == "gelu") return ActivationKind::kGelu;
+  if (name == "relu") return ActivationKind::kRelu;
   throw std::invalid_argument("unknown activation '" + std::string(name) +
                               "', expected gelu or relu");
 }
 
 const char* activation_name(ActivationKind kind) {
-  return kind == ActivationKind::GELU ? "gelu" : "relu";
+  return kind == ActivationKind::kGelu ? "gelu" : "relu";
 }
 
 void activation_forward(DeviceContext& ctx, ActivationKind kind, const Tensor& y, const Tensor& x) {
-  check_operand(ctx, x, DType::F32, "activation input");
+  check_operand(ctx, x, DType::kF32, "activation input");
   check_f32(ctx, y, x.shape(), "activation output");
   const int64_t n = x.numel();
-  if (kind == ActivationKind::GELU)
+  if (kind == ActivationKind::kGelu)
     CONVEYOR_DISPATCH_WITH_POOL(ctx, gelu_forward, f32(y), f32(x), n);
   else
     CONVEYOR_DISPATCH_WITH_POOL(ctx, relu_forward, f32(y), f32(x), n);
@@ -161,13 +161,13 @@ void activation_forward(DeviceContext& ctx, ActivationKind kind, const Tensor& y
 
 void activation_backward(DeviceContext& ctx, ActivationKind kind, const Tensor& dx,
                          const Tensor& dy, const Tensor& x) {
-  check_operand(ctx, x, DType::F32, "activation input");
-  check_operand(ctx, dy, DType::F32, "activation output gradient");
-  check_operand(ctx, dx, DType::F32, "activation input gradient");
+  check_operand(ctx, x, DType::kF32, "activation input");
+  check_operand(ctx, dy, DType::kF32, "activation output gradient");
+  check_operand(ctx, dx, DType::kF32, "activation input gradient");
   check_shape(dy, x.shape(), "activation output gradient");
   check_shape(dx, x.shape(), "activation input gradient");
   const int64_t n = x.numel();
-  if (kind == ActivationKind::GELU)
+  if (kind == ActivationKind::kGelu)
     CONVEYOR_DISPATCH_WITH_POOL(ctx, gelu_backward, f32(dx), f32(dy), f32(x), n);
   else
     CONVEYOR_DISPATCH_WITH_POOL(ctx, relu_backward, f32(dx), f32(dy), f32(x), n);
@@ -213,7 +213,7 @@ void layernorm_backward_weight(DeviceContext& ctx, const Tensor& dgamma, const T
 
 void embedding_forward(DeviceContext& ctx, const Tensor& y, const Tensor& tokens,
                        const Tensor& table) {
-  check_operand(ctx, tokens, DType::I32, "embedding tokens");
+  check_operand(ctx, tokens, DType::kI32, "embedding tokens");
   check_f32_rank(ctx, table, 2, "embedding table");
   const int64_t n = tokens.numel(), vocab = table.dim(0), c = table.dim(1);
   check_f32(ctx, y, {n, c}, "embedding output");
@@ -222,7 +222,7 @@ void embedding_forward(DeviceContext& ctx, const Tensor& y, const Tensor& tokens
 
 void embedding_backward(DeviceContext& ctx, const Tensor& dtable, const Tensor& dy,
                         const Tensor& tokens) {
-  check_operand(ctx, tokens, DType::I32, "embedding tokens");
+  check_operand(ctx, tokens, DType::kI32, "embedding tokens");
   check_f32_rank(ctx, dtable, 2, "embedding table gradient");
   const int64_t n = tokens.numel(), vocab = dtable.dim(0), c = dtable.dim(1);
   check_f32(ctx, dy, {n, c}, "embedding output gradient");
@@ -236,7 +236,7 @@ void softmax_cross_entropy(DeviceContext& ctx, const Tensor& losses, const Tenso
                            float grad_scale) {
   check_f32_rank(ctx, logits, 2, "cross-entropy logits");
   const int64_t n = logits.dim(0), vocab = logits.dim(1);
-  check_operand(ctx, targets, DType::I32, "cross-entropy targets");
+  check_operand(ctx, targets, DType::kI32, "cross-entropy targets");
   check_shape(targets, {n}, "cross-entropy targets");
   check_f32(ctx, losses, {n}, "cross-entropy losses");
   check_f32(ctx, dlogits, {n, vocab}, "cross-entropy logit gradient");
@@ -267,7 +267,7 @@ std::vector<double> reduce_each(DeviceContext& ctx, const std::vector<Tensor>& x
   const char* what = reduction == Reduction::Sum ? "sum input" : "norm input";
   int64_t largest = 0;
   for (const Tensor& x : xs) {
-    check_operand(ctx, x, DType::F32, what);
+    check_operand(ctx, x, DType::kF32, what);
     largest = std::max(largest, x.numel());
   }
   std::vector<double> results(xs.size(), 0.0);
@@ -278,7 +278,7 @@ std::vector<double> reduce_each(DeviceContext& ctx, const std::vector<Tensor>& x
   Tensor device_results;
   double* out = results.data();
   if (ctx.is_cuda()) {
-    device_results = ctx.empty({static_cast<int64_t>(2 * xs.size())}, DType::F32);
+    device_results = ctx.empty({static_cast<int64_t>(2 * xs.size())}, DType::kF32);
     out = static_cast<double*>(device_results.raw());
   }
   for (size_t i = 0; i < xs.size(); ++i) {
@@ -309,7 +309,7 @@ std::vector<double> sum_squares_each(DeviceContext& ctx, const std::vector<Tenso
 }
 
 void add_(DeviceContext& ctx, const Tensor& y, const Tensor& x) {
-  check_operand(ctx, y, DType::F32, "add destination");
+  check_operand(ctx, y, DType::kF32, "add destination");
   check_f32(ctx, x, y.shape(), "add source");
   CONVEYOR_DISPATCH(ctx, add_inplace, f32(y), f32(x), y.numel());
 }
@@ -328,12 +328,12 @@ void sgd_update(DeviceContext& ctx, const std::vector<kernels::OptimizerTensor>&
 
 void init_uniform(DeviceContext& ctx, const Tensor& out, uint64_t seed, uint64_t key, float low,
                   float high) {
-  check_operand(ctx, out, DType::F32, "initialised tensor");
+  check_operand(ctx, out, DType::kF32, "initialised tensor");
   CONVEYOR_DISPATCH(ctx, init_uniform, f32(out), out.numel(), seed, key, low, high);
 }
 
 void fill(DeviceContext& ctx, const Tensor& out, float value) {
-  check_operand(ctx, out, DType::F32, "filled tensor");
+  check_operand(ctx, out, DType::kF32, "filled tensor");
   CONVEYOR_DISPATCH(ctx, fill, f32(out), out.numel(), value);
 }
 

@@ -25,7 +25,7 @@ void linear_backward_input(DeviceContext& ctx, const Tensor& dx, const Tensor& d
 void linear_backward_weight(DeviceContext& ctx, const Tensor& dweight, const Tensor& dbias,
                             const Tensor& dy, const Tensor& x);
 
-enum class ActivationKind { GELU, ReLU };
+enum class ActivationKind { kGelu, kRelu };
 ActivationKind parse_activation(std::string_view name);  // "gelu" | "relu"
 const char* activation_name(ActivationKind kind);
 void activation_forward(DeviceContext& ctx, ActivationKind kind, const Tensor& y, const Tensor& x);

@@ -8,7 +8,7 @@ namespace conveyor {
 void Parameter::materialize(DeviceContext& ctx, uint64_t seed) {
   value = ctx.empty(shape);
   grad = ctx.zeros(shape);
-  if (init.kind == InitSpec::Kind::Uniform)
+  if (init.kind == InitSpec::Kind::kUniform)
     ops::init_uniform(ctx, value, seed, kernels::parameter_key(name), init.low, init.high);
   else
     ops::fill(ctx, value, init.low);

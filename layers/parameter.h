@@ -12,12 +12,12 @@
 namespace conveyor {
 
 struct InitSpec {
-  enum class Kind { Uniform, Constant } kind = Kind::Constant;
+  enum class Kind { kUniform, kConstant } kind = Kind::kConstant;
   float low = 0.0f;  // Uniform: [low, high); Constant: the value is `low`
   float high = 0.0f;
 
-  static InitSpec uniform(float bound) { return {Kind::Uniform, -bound, bound}; }
-  static InitSpec constant(float value) { return {Kind::Constant, value, value}; }
+  static InitSpec uniform(float bound) { return {Kind::kUniform, -bound, bound}; }
+  static InitSpec constant(float value) { return {Kind::kConstant, value, value}; }
 };
 
 struct Parameter {

@@ -54,11 +54,11 @@ json leading_values(const Checkpoint& ckpt, const CheckpointTensor& t, int64_t c
   const std::vector<unsigned char> bytes = ckpt.read_bytes(t.name);
   const size_t n = std::min<size_t>(static_cast<size_t>(count), bytes.size() / dtype_size(t.dtype));
   for (size_t i = 0; i < n; ++i) {
-    if (t.dtype == DType::F32) {
+    if (t.dtype == DType::kF32) {
       float v;
       std::memcpy(&v, bytes.data() + 4 * i, 4);
       out.push_back(v);
-    } else if (t.dtype == DType::BF16) {
+    } else if (t.dtype == DType::kBF16) {
       uint16_t v;
       std::memcpy(&v, bytes.data() + 2 * i, 2);
       out.push_back(bf16_to_float(v));
@@ -193,9 +193,9 @@ Tensor random_tensor(DeviceContext& ctx, DType dtype, const Shape& shape, std::m
   std::uniform_real_distribution<float> real(-1.0f, 1.0f);
   std::uniform_int_distribution<int32_t> integer(-1000, 1000);
   for (int64_t i = 0; i < t.numel(); ++i) {
-    if (dtype == DType::F32) t.data<float>()[i] = real(rng);
-    if (dtype == DType::BF16) t.data<uint16_t>()[i] = float_to_bf16(real(rng));
-    if (dtype == DType::I32) t.data<int32_t>()[i] = integer(rng);
+    if (dtype == DType::kF32) t.data<float>()[i] = real(rng);
+    if (dtype == DType::kBF16) t.data<uint16_t>()[i] = float_to_bf16(real(rng));
+    if (dtype == DType::kI32) t.data<int32_t>()[i] = integer(rng);
   }
   return t;
 }
@@ -213,16 +213,16 @@ void run_demo(const CkptFlags& flags) {
     std::mt19937_64 rng(flags.seed * 1000003 + static_cast<uint64_t>(r));
     const std::string b = "blocks." + std::to_string(r);
     auto& t = shards[r];
-    t.push_back({b + ".fc1.weight", random_tensor(ctx, DType::F32, {8, 4}, rng)});
-    t.push_back({b + ".fc1.bias", random_tensor(ctx, DType::F32, {8}, rng)});
+    t.push_back({b + ".fc1.weight", random_tensor(ctx, DType::kF32, {8, 4}, rng)});
+    t.push_back({b + ".fc1.bias", random_tensor(ctx, DType::kF32, {8}, rng)});
     for (const char* kind : {"m", "v"}) {
       t.push_back({std::string("optimizer.") + kind + "." + b + ".fc1.weight",
-                   random_tensor(ctx, DType::F32, {8, 4}, rng)});
+                   random_tensor(ctx, DType::kF32, {8, 4}, rng)});
       t.push_back({std::string("optimizer.") + kind + "." + b + ".fc1.bias",
-                   random_tensor(ctx, DType::F32, {8}, rng)});
+                   random_tensor(ctx, DType::kF32, {8}, rng)});
     }
-    t.push_back({b + ".gain", random_tensor(ctx, DType::BF16, {3, 5}, rng)});
-    t.push_back({b + ".token_counts", random_tensor(ctx, DType::I32, {6}, rng)});
+    t.push_back({b + ".gain", random_tensor(ctx, DType::kBF16, {3, 5}, rng)});
+    t.push_back({b + ".token_counts", random_tensor(ctx, DType::kI32, {6}, rng)});
   }
   CheckpointWriter writer(flags.path, flags.step, flags.ranks, {flags.keep});
   std::vector<std::thread> threads;

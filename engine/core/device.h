@@ -5,16 +5,16 @@
 
 namespace conveyor {
 
-enum class DeviceKind : uint8_t { CPU, CUDA };
+enum class DeviceKind : uint8_t { kCpu, kCuda };
 
 struct Device {
-  DeviceKind kind = DeviceKind::CPU;
+  DeviceKind kind = DeviceKind::kCpu;
   int index = 0;
 
-  static Device cpu() { return {DeviceKind::CPU, 0}; }
-  static Device cuda(int index) { return {DeviceKind::CUDA, index}; }
-  bool is_cpu() const { return kind == DeviceKind::CPU; }
-  bool is_cuda() const { return kind == DeviceKind::CUDA; }
+  static Device cpu() { return {DeviceKind::kCpu, 0}; }
+  static Device cuda(int index) { return {DeviceKind::kCuda, index}; }
+  bool is_cpu() const { return kind == DeviceKind::kCpu; }
+  bool is_cuda() const { return kind == DeviceKind::kCuda; }
   std::string to_string() const;  // "cpu" or "cuda:0"
   friend bool operator==(const Device&, const Device&) = default;
 };

@@ -38,8 +38,8 @@ class DeviceContext {
   kernels::cpu::ThreadPool* cpu_pool() { return cpu_pool_.get(); }
 
   // Tensors on this device for use on the compute stream.
-  Tensor empty(const Shape& shape, DType dtype = DType::F32);
-  Tensor zeros(const Shape& shape, DType dtype = DType::F32);
+  Tensor empty(const Shape& shape, DType dtype = DType::kF32);
+  Tensor zeros(const Shape& shape, DType dtype = DType::kF32);
   void fill_zero(const Tensor& t);  // on the compute stream
   void synchronize();               // waits for the compute stream
 

@@ -16,11 +16,11 @@ namespace conveyor {
 
 size_t dtype_size(DType dtype) {
   switch (dtype) {
-    case DType::F32:
+    case DType::kF32:
       return 4;
-    case DType::BF16:
+    case DType::kBF16:
       return 2;
-    case DType::I32:
+    case DType::kI32:
       return 4;
   }
   throw std::invalid_argument("unknown dtype " + std::to_string(static_cast<int>(dtype)));
@@ -28,11 +28,11 @@ size_t dtype_size(DType dtype) {
 
 const char* dtype_name(DType dtype) {
   switch (dtype) {
-    case DType::F32:
+    case DType::kF32:
       return "f32";
-    case DType::BF16:
+    case DType::kBF16:
       return "bf16";
-    case DType::I32:
+    case DType::kI32:
       return "i32";
   }
   return "unknown";
@@ -284,14 +284,14 @@ void copy_to_host(void* dst, const Tensor& src, size_t bytes) {
 }
 
 std::vector<float> to_vector_f32(const Tensor& t) {
-  check_dtype(t, DType::F32, "to_vector_f32");
+  check_dtype(t, DType::kF32, "to_vector_f32");
   std::vector<float> out(static_cast<size_t>(t.numel()));
   copy_to_host(out.data(), t, t.nbytes());
   return out;
 }
 
 std::vector<int32_t> to_vector_i32(const Tensor& t) {
-  check_dtype(t, DType::I32, "to_vector_i32");
+  check_dtype(t, DType::kI32, "to_vector_i32");
   std::vector<int32_t> out(static_cast<size_t>(t.numel()));
   copy_to_host(out.data(), t, t.nbytes());
   return out;

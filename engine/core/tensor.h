@@ -14,7 +14,7 @@
 
 namespace conveyor {
 
-enum class DType : uint8_t { F32, BF16, I32 };
+enum class DType : uint8_t { kF32, kBF16, kI32 };
 size_t dtype_size(DType dtype);
 const char* dtype_name(DType dtype);
 // C++ type of each dtype for data<T>(): float, uint16_t (bf16 bits), int32_t.
@@ -22,15 +22,15 @@ template <class T>
 constexpr DType dtype_of();
 template <>
 constexpr DType dtype_of<float>() {
-  return DType::F32;
+  return DType::kF32;
 }
 template <>
 constexpr DType dtype_of<uint16_t>() {
-  return DType::BF16;
+  return DType::kBF16;
 }
 template <>
 constexpr DType dtype_of<int32_t>() {
-  return DType::I32;
+  return DType::kI32;
 }
 
 using Shape = std::vector<int64_t>;
@@ -98,7 +98,7 @@ class Tensor {
   int64_t offset_ = 0;  // in elements
   Shape shape_;
   int64_t numel_ = 0;
-  DType dtype_ = DType::F32;
+  DType dtype_ = DType::kF32;
 };
 
 // Checks that throw std::invalid_argument with a sentence naming `what`, the expectation and

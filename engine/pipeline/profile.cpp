@@ -31,7 +31,7 @@ double timed(DeviceContext& ctx, F&& run) {
 }
 
 Tensor random_tensor(DeviceContext& ctx, const ActivationSpec& spec, uint64_t seed) {
-  if (spec.dtype != DType::F32)
+  if (spec.dtype != DType::kF32)
     throw std::invalid_argument(
         "profiling needs f32 activations between units; the model passes "
         "another dtype");
@@ -45,7 +45,7 @@ Tensor random_tensor(DeviceContext& ctx, const ActivationSpec& spec, uint64_t se
 }
 
 Tensor random_ids(DeviceContext& ctx, int64_t n, int64_t vocab, uint64_t seed) {
-  Tensor t = ctx.empty({n}, DType::I32);
+  Tensor t = ctx.empty({n}, DType::kI32);
   std::mt19937_64 rng(seed);
   std::uniform_int_distribution<int32_t> dist(
       0, static_cast<int32_t>(std::max<int64_t>(vocab, 1) - 1));

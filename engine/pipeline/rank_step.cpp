@@ -30,12 +30,12 @@ Tensor upload_ids(DeviceContext& ctx, const std::shared_ptr<CachingAllocator>& h
   const auto m = static_cast<int64_t>(microbatches.size());
   const auto n = static_cast<int64_t>((microbatches[0].*field).size());
   Tensor staging =
-      ctx.is_cuda() ? Tensor::empty({m, n}, DType::I32, host) : ctx.empty({m, n}, DType::I32);
+      ctx.is_cuda() ? Tensor::empty({m, n}, DType::kI32, host) : ctx.empty({m, n}, DType::kI32);
   for (int64_t mb = 0; mb < m; ++mb)
     std::copy((microbatches[mb].*field).begin(), (microbatches[mb].*field).end(),
               staging.data<int32_t>() + mb * n);
   if (!ctx.is_cuda()) return staging;
-  Tensor ids = ctx.empty({m, n}, DType::I32);
+  Tensor ids = ctx.empty({m, n}, DType::kI32);
   copy_tensor(ids, staging, ctx.compute_stream().native());
   return ids;
 }

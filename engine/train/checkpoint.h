@@ -72,7 +72,7 @@ class CheckpointWriter {
 // A tensor as a checkpoint holds it.
 struct CheckpointTensor {
   std::string name;
-  DType dtype = DType::F32;
+  DType dtype = DType::kF32;
   Shape shape;
   uint64_t bytes = 0;
   uint64_t checksum = 0;  // XXH3-64 of the bytes
@@ -82,7 +82,7 @@ struct CheckpointTensor {
 // What a model expects a checkpoint to hold.
 struct TensorSpec {
   std::string name;
-  DType dtype = DType::F32;
+  DType dtype = DType::kF32;
   Shape shape;
 };
 

@@ -139,18 +139,18 @@ void check_layout(std::vector<SafetensorsEntry>& tensors, uint64_t data_bytes,
 
 const char* safetensors_dtype_name(DType dtype) {
   switch (dtype) {
-    case DType::F32:
+    case DType::kF32:
       return "F32";
-    case DType::BF16:
+    case DType::kBF16:
       return "BF16";
-    case DType::I32:
+    case DType::kI32:
       return "I32";
   }
   throw std::invalid_argument("unknown dtype " + std::to_string(static_cast<int>(dtype)));
 }
 
 std::optional<DType> parse_safetensors_dtype(std::string_view name) {
-  for (DType d : {DType::F32, DType::BF16, DType::I32})
+  for (DType d : {DType::kF32, DType::kBF16, DType::kI32})
     if (name == safetensors_dtype_name(d)) return d;
   return std::nullopt;
 }

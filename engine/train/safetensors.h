@@ -31,7 +31,7 @@ std::optional<DType> parse_safetensors_dtype(std::string_view name);
 
 struct SafetensorsEntry {
   std::string name;
-  DType dtype = DType::F32;
+  DType dtype = DType::kF32;
   Shape shape;
   uint64_t begin = 0;  // byte range [begin, end) of the data section
   uint64_t end = 0;

@@ -273,7 +273,7 @@ using DeviceScope = detail::CudaDeviceGuard;
 
 // i32 ids on the context's device.
 Tensor upload(DeviceContext& ctx, const std::vector<int32_t>& ids) {
-  Tensor t = ctx.empty({static_cast<int64_t>(ids.size())}, DType::I32);
+  Tensor t = ctx.empty({static_cast<int64_t>(ids.size())}, DType::kI32);
   copy_from_host(t, ids.data(), ids.size() * sizeof(int32_t));
   return t;
 }

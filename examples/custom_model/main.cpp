@@ -43,7 +43,7 @@ class ShortcutBlock : public Layer {
     ops::layernorm_forward(ctx, h, mean, rstd, x, gamma_.value, beta_.value, 1e-5f);
     Tensor u = ctx.empty({n, inner}), a = ctx.empty({n, inner});
     ops::linear_forward(ctx, u, h, up_.value, up_bias_.value);
-    ops::activation_forward(ctx, ops::ActivationKind::GELU, a, u);
+    ops::activation_forward(ctx, ops::ActivationKind::kGelu, a, u);
     Tensor y = ctx.empty({n, width}), shortcut = ctx.empty({n, width});
     ops::linear_forward(ctx, y, a, down_.value, down_bias_.value);
     ops::linear_forward(ctx, shortcut, h, skip_.value, Tensor());
@@ -62,7 +62,7 @@ class ShortcutBlock : public Layer {
   Tensor backward_input(DeviceContext& ctx, const Tensor& dy, SavedTensors& saved) override {
     Tensor da = ctx.empty(saved[kA].shape()), du = ctx.empty(saved[kU].shape());
     ops::linear_backward_input(ctx, da, dy, down_.value);
-    ops::activation_backward(ctx, ops::ActivationKind::GELU, du, da, saved[kU]);
+    ops::activation_backward(ctx, ops::ActivationKind::kGelu, du, da, saved[kU]);
     Tensor dh = ctx.empty(dy.shape()), dh_shortcut = ctx.empty(dy.shape());
     ops::linear_backward_input(ctx, dh, du, up_.value);
     ops::linear_backward_input(ctx, dh_shortcut, dy, skip_.value);

@@ -43,7 +43,7 @@ TEST(ModelDescription, TheReferenceModelIsOne) {
   for (int64_t boundary = 1; boundary < model.num_units; ++boundary) {
     const ActivationSpec spec = model.activation_at(boundary, 7);
     EXPECT_EQ(spec.shape, (Shape{7, 12}));
-    EXPECT_EQ(spec.dtype, DType::F32);
+    EXPECT_EQ(spec.dtype, DType::kF32);
   }
   EXPECT_THROW(model.unit(5), std::out_of_range);
   EXPECT_THROW(model.activation_at(0, 7), std::out_of_range);

@@ -89,10 +89,11 @@ using OpCall = std::function<void(const std::vector<Tensor>&)>;
 class OpsTest : public ::testing::Test {
  protected:
   // Seeded random values of `dtype`: floats in [-1, 1], or ints in [0, int_high].
-  Tensor random(const Shape& shape, uint64_t seed, DType dtype = DType::F32, int32_t int_high = 3) {
+  Tensor random(const Shape& shape, uint64_t seed, DType dtype = DType::kF32,
+                int32_t int_high = 3) {
     Tensor t = ctx_.empty(shape, dtype);
     const auto n = static_cast<size_t>(t.numel());
-    if (dtype == DType::I32) {
+    if (dtype == DType::kI32) {
       const auto v = random_ints(n, seed, 0, int_high);
       std::copy(v.begin(), v.end(), t.data<int32_t>());
     } else {
@@ -129,7 +130,7 @@ class OpsTest : public ::testing::Test {
         return [call, args] { call(args); };
       };
       const DType dtype = o.valid.dtype();
-      const DType other = dtype == DType::F32 ? DType::I32 : DType::F32;
+      const DType other = dtype == DType::kF32 ? DType::kI32 : DType::kF32;
       if (!o.optional)
         EXPECT_TRUE(
             rejects(with(Tensor()), o.what, {"expected a defined tensor, got an undefined one"}));
@@ -197,7 +198,7 @@ TEST_F(OpsTest, LinearBackwardWeightChecksEveryOperand) {
 }
 
 TEST_F(OpsTest, ActivationChecksEveryOperand) {
-  for (const ActivationKind kind : {ActivationKind::GELU, ActivationKind::ReLU}) {
+  for (const ActivationKind kind : {ActivationKind::kGelu, ActivationKind::kRelu}) {
     SCOPED_TRACE(ops::activation_name(kind));
     expect_operand_checks(
         {{"activation output", random({4, 6}, 1), {{{6, 4}, "expected shape [4, 6], got [6, 4]"}}},
@@ -268,7 +269,7 @@ TEST_F(OpsTest, LayerNormBackwardWeightChecksEveryOperand) {
 }
 
 TEST_F(OpsTest, EmbeddingChecksEveryOperand) {
-  const Tensor tokens = random({9}, 1, DType::I32, 10);
+  const Tensor tokens = random({9}, 1, DType::kI32, 10);
   expect_operand_checks(
       {{"embedding output", random({9, 4}, 2), {{{9, 5}, "expected shape [9, 4], got [9, 5]"}}},
        {"embedding tokens", tokens, {}},
@@ -297,7 +298,7 @@ TEST_F(OpsTest, CrossEntropyChecksEveryOperand) {
         random({6, 11}, 3),
         {{{66}, "expected a 2-d tensor, got f32[66] on cpu"}}},
        {"cross-entropy targets",
-        random({6}, 4, DType::I32, 10),
+        random({6}, 4, DType::kI32, 10),
         {{{7}, "expected shape [6], got [7]"}}}},
       [&](const std::vector<Tensor>& a) {
         ops::softmax_cross_entropy(ctx_, a[0], a[1], a[2], a[3], -100, 0.5f);
@@ -336,8 +337,8 @@ TEST_F(OpsTest, InitialisationChecksItsTensor) {
 }
 
 TEST_F(OpsTest, UnknownActivationNameIsAClearError) {
-  EXPECT_EQ(ops::parse_activation("gelu"), ActivationKind::GELU);
-  EXPECT_EQ(ops::parse_activation("relu"), ActivationKind::ReLU);
+  EXPECT_EQ(ops::parse_activation("gelu"), ActivationKind::kGelu);
+  EXPECT_EQ(ops::parse_activation("relu"), ActivationKind::kRelu);
   try {
     ops::parse_activation("swish");
     ADD_FAILURE() << "an unknown activation was accepted";
@@ -389,17 +390,17 @@ TEST_F(OpsTest, ActivationRunsTheKernelOfItsKind) {
   const Tensor y = ctx_.empty({4, 6}), dx = ctx_.empty({4, 6});
   std::vector<float> expected(n);
 
-  ops::activation_forward(ctx_, ActivationKind::GELU, y, x);
+  ops::activation_forward(ctx_, ActivationKind::kGelu, y, x);
   k::gelu_forward(expected.data(), ptr(x), n);
   EXPECT_TRUE(same_bits(values(y), expected));
-  ops::activation_forward(ctx_, ActivationKind::ReLU, y, x);
+  ops::activation_forward(ctx_, ActivationKind::kRelu, y, x);
   k::relu_forward(expected.data(), ptr(x), n);
   EXPECT_TRUE(same_bits(values(y), expected));
 
-  ops::activation_backward(ctx_, ActivationKind::GELU, dx, dy, x);
+  ops::activation_backward(ctx_, ActivationKind::kGelu, dx, dy, x);
   k::gelu_backward(expected.data(), ptr(dy), ptr(x), n);
   EXPECT_TRUE(same_bits(values(dx), expected));
-  ops::activation_backward(ctx_, ActivationKind::ReLU, dx, dy, x);
+  ops::activation_backward(ctx_, ActivationKind::kRelu, dx, dy, x);
   k::relu_backward(expected.data(), ptr(dy), ptr(x), n);
   EXPECT_TRUE(same_bits(values(dx), expected));
 }
@@ -438,7 +439,7 @@ TEST_F(OpsTest, LayerNormRunsItsKernels) {
 TEST_F(OpsTest, EmbeddingRunsItsKernels) {
   const int64_t n = 9, c = 4, vocab = 11;
   // Nine tokens of eleven, drawn from six: repeats exercise the ordered accumulation.
-  const Tensor tokens = random({n}, 1, DType::I32, 5);
+  const Tensor tokens = random({n}, 1, DType::kI32, 5);
   const Tensor table = random({vocab, c}, 2), dy = random({n, c}, 3);
   const int32_t* ids = tokens.data<int32_t>();
 
@@ -460,7 +461,7 @@ TEST_F(OpsTest, CrossEntropyRunsItsKernel) {
   const int32_t ignore = -100;
   const float scale = 0.375f;
   const Tensor logits = random({n, vocab}, 1);
-  const Tensor targets = random({n}, 2, DType::I32, 10);
+  const Tensor targets = random({n}, 2, DType::kI32, 10);
   targets.data<int32_t>()[2] = ignore;
   const int32_t* ids = targets.data<int32_t>();
 

@@ -272,10 +272,10 @@ TEST(DeviceContextGpu, CopyRoundTripsAreBitExact) {
   Tensor d2 = ctx.empty({3000});
   copy_tensor(d2, d1, ctx.compute_stream().native());
   auto cpu_alloc = make_cpu_allocator();
-  Tensor c1 = Tensor::empty({3000}, DType::F32, cpu_alloc);
+  Tensor c1 = Tensor::empty({3000}, DType::kF32, cpu_alloc);
   copy_tensor(c1, d2, ctx.compute_stream().native());
   EXPECT_EQ(to_vector_f32(c1), host);
-  Tensor c2 = Tensor::empty({3, 1000}, DType::F32, cpu_alloc);
+  Tensor c2 = Tensor::empty({3, 1000}, DType::kF32, cpu_alloc);
   copy_tensor(c2, d2);
   EXPECT_EQ(to_vector_f32(c2), host);
 
@@ -293,13 +293,13 @@ TEST(DeviceContextGpu, CopyRoundTripsAreBitExact) {
   // bf16 and i32 keep their bits.
   std::vector<uint16_t> bf(host.size());
   for (size_t i = 0; i < bf.size(); ++i) bf[i] = float_to_bf16(host[i]);
-  Tensor db = ctx.empty({3000}, DType::BF16);
+  Tensor db = ctx.empty({3000}, DType::kBF16);
   copy_from_host(db, bf.data(), bf.size() * 2);
   std::vector<uint16_t> bf_back(bf.size());
   copy_to_host(bf_back.data(), db, bf_back.size() * 2);
   EXPECT_EQ(bf_back, bf);
   const auto ints = conveyor::testing::random_ints(777, 12, -100000, 100000);
-  Tensor di = ctx.empty({777}, DType::I32);
+  Tensor di = ctx.empty({777}, DType::kI32);
   copy_from_host(di, ints.data(), ints.size() * 4);
   EXPECT_EQ(to_vector_i32(di), ints);
 }

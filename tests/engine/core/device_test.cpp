@@ -5,9 +5,9 @@
 
 #include <thread>
 
-#include "support/test_util.h"
 #include "engine/core/device_context.h"
 #include "engine/core/stream.h"
+#include "support/test_util.h"
 
 namespace conveyor {
 namespace {
@@ -89,7 +89,7 @@ TEST(DeviceContext, CpuZerosEmptyAndLimit) {
   Tensor z = ctx.zeros({16, 16});
   EXPECT_EQ(ctx.allocator().stats().cache_hits, 1u);
   for (float v : to_vector_f32(z)) ASSERT_EQ(v, 0.0f);
-  Tensor i = ctx.zeros({5}, DType::I32);
+  Tensor i = ctx.zeros({5}, DType::kI32);
   for (int32_t v : to_vector_i32(i)) ASSERT_EQ(v, 0);
   EXPECT_EQ(i.device(), Device::cpu());
   EXPECT_EQ(ctx.allocator_ptr()->stats().limit_bytes, 1u << 20);

@@ -15,7 +15,7 @@ namespace {
 
 using conveyor::testing::random_floats;
 
-Tensor cpu_tensor(const Shape& shape, DType dtype = DType::F32) {
+Tensor cpu_tensor(const Shape& shape, DType dtype = DType::kF32) {
   static auto alloc = make_cpu_allocator();
   return Tensor::empty(shape, dtype, alloc);
 }
@@ -49,14 +49,14 @@ TEST(Shape, ToStringAndNumel) {
 }
 
 TEST(DTypes, SizesAndNames) {
-  EXPECT_EQ(dtype_size(DType::F32), 4u);
-  EXPECT_EQ(dtype_size(DType::BF16), 2u);
-  EXPECT_EQ(dtype_size(DType::I32), 4u);
-  EXPECT_STREQ(dtype_name(DType::BF16), "bf16");
+  EXPECT_EQ(dtype_size(DType::kF32), 4u);
+  EXPECT_EQ(dtype_size(DType::kBF16), 2u);
+  EXPECT_EQ(dtype_size(DType::kI32), 4u);
+  EXPECT_STREQ(dtype_name(DType::kBF16), "bf16");
 }
 
 TEST(Tensor, EmptyHasShapeBytesAndDescription) {
-  Tensor t = cpu_tensor({4, 8}, DType::BF16);
+  Tensor t = cpu_tensor({4, 8}, DType::kBF16);
   EXPECT_TRUE(t.defined());
   EXPECT_EQ(t.rank(), 2);
   EXPECT_EQ(t.numel(), 32);
@@ -74,7 +74,7 @@ TEST(Tensor, EmptyHasShapeBytesAndDescription) {
 }
 
 TEST(Tensor, TypedAccessChecksTheDType) {
-  Tensor t = cpu_tensor({3}, DType::BF16);
+  Tensor t = cpu_tensor({3}, DType::kBF16);
   EXPECT_NO_THROW(t.data<uint16_t>());
   const std::string msg = message_of<std::invalid_argument>([&] { t.data<float>(); });
   EXPECT_NE(msg.find("f32"), std::string::npos) << msg;
@@ -143,9 +143,9 @@ TEST(Checks, MessagesNameWhatExpectedAndSeen) {
             }),
             "linear input: expected shape [8, 16], got [8, 15]");
   EXPECT_NO_THROW(check_shape(t, {8, 15}, "linear input"));
-  EXPECT_EQ(message_of<std::invalid_argument>([&] { check_dtype(t, DType::BF16, "weight"); }),
+  EXPECT_EQ(message_of<std::invalid_argument>([&] { check_dtype(t, DType::kBF16, "weight"); }),
             "weight: expected dtype bf16, got f32 (f32[8, 15] on cpu)");
-  EXPECT_NO_THROW(check_dtype(t, DType::F32, "weight"));
+  EXPECT_NO_THROW(check_dtype(t, DType::kF32, "weight"));
   EXPECT_EQ(message_of<std::invalid_argument>([&] { check_device(t, Device::cuda(1), "grad"); }),
             "grad: expected a tensor on cuda:1, got one on cpu (f32[8, 15] on cpu)");
   EXPECT_NO_THROW(check_device(t, Device::cpu(), "grad"));
@@ -167,7 +167,7 @@ TEST(Copies, CpuRoundTripsAndMismatchErrors) {
   const auto shifted = to_vector_f32(wide);
   for (int i = 0; i < 8; ++i) EXPECT_EQ(shifted[2 + i], values[i]);
 
-  EXPECT_THROW(copy_tensor(cpu_tensor({3, 4}, DType::I32), a), std::invalid_argument);
+  EXPECT_THROW(copy_tensor(cpu_tensor({3, 4}, DType::kI32), a), std::invalid_argument);
   EXPECT_THROW(copy_tensor(cpu_tensor({13}), a), std::invalid_argument);
   EXPECT_THROW(copy_tensor(Tensor(), a), std::invalid_argument);
   EXPECT_THROW(copy_from_host(a, values.data(), 4), std::invalid_argument);
@@ -176,7 +176,7 @@ TEST(Copies, CpuRoundTripsAndMismatchErrors) {
   EXPECT_THROW(to_vector_i32(a), std::invalid_argument);
 
   const auto ints = conveyor::testing::random_ints(6, 5, -1000, 1000);
-  Tensor i = cpu_tensor({6}, DType::I32);
+  Tensor i = cpu_tensor({6}, DType::kI32);
   copy_from_host(i, ints.data(), ints.size() * sizeof(int32_t));
   EXPECT_EQ(to_vector_i32(i), ints);
 }
@@ -185,7 +185,7 @@ TEST(Storage, ReturnsMemoryWhenTheLastViewIsGone) {
   auto alloc = make_cpu_allocator();
   Tensor view;
   {
-    Tensor t = Tensor::empty({1000}, DType::F32, alloc);  // 4000 B -> 4096
+    Tensor t = Tensor::empty({1000}, DType::kF32, alloc);  // 4000 B -> 4096
     EXPECT_EQ(alloc->stats().allocated_bytes, 4096u);
     view = t.slice_rows(10, 5);
   }
@@ -198,7 +198,7 @@ TEST(Storage, ReturnsMemoryWhenTheLastViewIsGone) {
 
 TEST(Storage, RecordStreamOnAViewMarksTheWholeBlock) {
   auto alloc = make_cpu_allocator();
-  Tensor t = Tensor::empty({64}, DType::F32, alloc);
+  Tensor t = Tensor::empty({64}, DType::kF32, alloc);
   EXPECT_NO_THROW(record_stream(t.slice_rows(8, 8), nullptr));  // CPU: its own stream
   EXPECT_THROW(record_stream(Tensor(), nullptr), std::invalid_argument);
 }

@@ -34,7 +34,7 @@ ModelDescription widening_model() {
       case 1:
         return std::make_unique<Linear>("widen", 8, 12);
       case 2:
-        return std::make_unique<Activation>("act", ops::ActivationKind::GELU);
+        return std::make_unique<Activation>("act", ops::ActivationKind::kGelu);
       default:
         return std::make_unique<LossHead>("head", 12, kVocab);
     }

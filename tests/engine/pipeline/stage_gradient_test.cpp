@@ -35,8 +35,8 @@ Batch make_batch(DeviceContext& ctx, const ModelConfig& c, int64_t n, uint64_t s
   Batch b;
   auto tokens = testing::random_ints(n, seed, 0, static_cast<int32_t>(c.vocab - 1));
   auto targets = testing::random_ints(n, seed + 1, 0, static_cast<int32_t>(c.vocab - 1));
-  b.tokens = ctx.empty({n}, DType::I32);
-  b.in.targets = ctx.empty({n}, DType::I32);
+  b.tokens = ctx.empty({n}, DType::kI32);
+  b.in.targets = ctx.empty({n}, DType::kI32);
   copy_from_host(b.tokens, tokens.data(), n * sizeof(int32_t));
   copy_from_host(b.in.targets, targets.data(), n * sizeof(int32_t));
   b.in.loss_scale = loss_scale;

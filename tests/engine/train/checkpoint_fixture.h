@@ -56,10 +56,10 @@ inline DeviceContext& cpu_context() {
 inline Tensor random_tensor(DType dtype, const Shape& shape, uint64_t seed) {
   Tensor t = cpu_context().empty(shape, dtype);
   const auto n = static_cast<size_t>(t.numel());
-  if (dtype == DType::I32) {
+  if (dtype == DType::kI32) {
     const auto v = random_ints(n, seed, -1000000, 1000000);
     copy_from_host(t, v.data(), t.nbytes());
-  } else if (dtype == DType::BF16) {
+  } else if (dtype == DType::kBF16) {
     const auto f = random_floats(n, seed);
     std::vector<uint16_t> v(n);
     for (size_t i = 0; i < n; ++i) v[i] = float_to_bf16(f[i]);
@@ -82,14 +82,14 @@ inline std::vector<unsigned char> tensor_bytes(const Tensor& t) {
 inline std::vector<NamedTensor> demo_tensors(int rank, uint64_t seed = 1) {
   const std::string b = "blocks." + std::to_string(rank);
   uint64_t s = seed * 100 + static_cast<uint64_t>(rank) * 10;
-  return {{b + ".fc1.weight", random_tensor(DType::F32, {6, 4}, s++)},
-          {b + ".fc1.bias", random_tensor(DType::F32, {6}, s++)},
-          {"optimizer.m." + b + ".fc1.weight", random_tensor(DType::F32, {6, 4}, s++)},
-          {"optimizer.v." + b + ".fc1.weight", random_tensor(DType::F32, {6, 4}, s++)},
-          {b + ".gain.bf16", random_tensor(DType::BF16, {3, 5}, s++)},
-          {b + ".counts", random_tensor(DType::I32, {7}, s++)},
-          {b + ".scale", random_tensor(DType::F32, {}, s++)},
-          {b + ".empty", random_tensor(DType::F32, {0, 3}, s++)}};
+  return {{b + ".fc1.weight", random_tensor(DType::kF32, {6, 4}, s++)},
+          {b + ".fc1.bias", random_tensor(DType::kF32, {6}, s++)},
+          {"optimizer.m." + b + ".fc1.weight", random_tensor(DType::kF32, {6, 4}, s++)},
+          {"optimizer.v." + b + ".fc1.weight", random_tensor(DType::kF32, {6, 4}, s++)},
+          {b + ".gain.bf16", random_tensor(DType::kBF16, {3, 5}, s++)},
+          {b + ".counts", random_tensor(DType::kI32, {7}, s++)},
+          {b + ".scale", random_tensor(DType::kF32, {}, s++)},
+          {b + ".empty", random_tensor(DType::kF32, {0, 3}, s++)}};
 }
 
 inline TrainingState demo_state(int64_t step, int num_ranks) {

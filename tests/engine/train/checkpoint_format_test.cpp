@@ -348,7 +348,7 @@ TEST_F(ShardFormat, WriteRejectsBadNames) {
 }
 
 TEST(SafetensorsDtype, NamesRoundTrip) {
-  for (DType d : {DType::F32, DType::BF16, DType::I32})
+  for (DType d : {DType::kF32, DType::kBF16, DType::kI32})
     EXPECT_EQ(parse_safetensors_dtype(safetensors_dtype_name(d)), d);
   EXPECT_FALSE(parse_safetensors_dtype("F16").has_value());
 }

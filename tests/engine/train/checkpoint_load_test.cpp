@@ -206,7 +206,7 @@ TEST_F(CheckpointLoad, TensorsMissingExtraOrMisshapen) {
   ckpt.check_tensors(specs);
 
   auto missing = specs;
-  missing.push_back({"blocks.2.fc1.weight", DType::F32, {6, 4}});
+  missing.push_back({"blocks.2.fc1.weight", DType::kF32, {6, 4}});
   EXPECT_CHECKPOINT_ERROR(ckpt.check_tensors(missing), "no tensor 'blocks.2.fc1.weight'",
                           "f32[6, 4]", "which the model needs");
   auto extra = specs;
@@ -218,17 +218,17 @@ TEST_F(CheckpointLoad, TensorsMissingExtraOrMisshapen) {
   EXPECT_CHECKPOINT_ERROR(ckpt.check_tensors(shape), "tensor 'blocks.0.fc1.weight' is f32[6, 4]",
                           "expects f32[4, 6]");
   auto dtype = specs;
-  dtype[0].dtype = DType::BF16;
+  dtype[0].dtype = DType::kBF16;
   EXPECT_CHECKPOINT_ERROR(ckpt.check_tensors(dtype), "expects bf16[6, 4]");
 }
 
 TEST_F(CheckpointLoad, ReadChecksTheDestinationAndLeavesItAloneOnError) {
   const Checkpoint ckpt = open_checkpoint(folder_);
-  Tensor wrong_shape = random_tensor(DType::F32, {4, 6}, 3);
+  Tensor wrong_shape = random_tensor(DType::kF32, {4, 6}, 3);
   const auto before = tensor_bytes(wrong_shape);
   EXPECT_CHECKPOINT_ERROR(ckpt.read("blocks.0.fc1.weight", wrong_shape), "is f32[6, 4]",
                           "expects f32[4, 6]");
-  Tensor wrong_dtype = random_tensor(DType::I32, {6, 4}, 3);
+  Tensor wrong_dtype = random_tensor(DType::kI32, {6, 4}, 3);
   EXPECT_CHECKPOINT_ERROR(ckpt.read("blocks.0.fc1.weight", wrong_dtype), "expects i32[6, 4]");
   EXPECT_CHECKPOINT_ERROR(ckpt.read("blocks.9.fc1.weight", wrong_shape), "no tensor 'blocks.9");
   EXPECT_EQ(tensor_bytes(wrong_shape), before);
@@ -239,7 +239,7 @@ TEST_F(CheckpointLoad, AFileChangedAfterOpeningIsCaughtOnRead) {
   std::string file = read_file(shard(0));
   file[file.size() - 1] ^= 1;  // the last byte of blocks.0.scale
   write_file(shard(0), file);
-  Tensor dst = random_tensor(DType::F32, {}, 4);
+  Tensor dst = random_tensor(DType::kF32, {}, 4);
   const auto before = tensor_bytes(dst);
   EXPECT_CHECKPOINT_ERROR(ckpt.read("blocks.0.scale", dst), shard(0).string(),
                           "checksum mismatch in tensor 'blocks.0.scale'", "changed after");
@@ -319,9 +319,8 @@ TEST_F(CheckpointRepartition, TwoStagesResumeAsOneAndAsThreeBitwise) {
 TEST_F(CheckpointRepartition, SgdStateHasItsOwnNames) {
   OptimizerConfig sgd = test_optimizer();
   sgd.kind = "sgd";
-  auto ex =
-      make_executor(schedule::generate_1f1b(1, kMicrobatches), {Device::cpu()},
-                    PartitionSpec::uniform(), sgd);
+  auto ex = make_executor(schedule::generate_1f1b(1, kMicrobatches), {Device::cpu()},
+                          PartitionSpec::uniform(), sgd);
   const auto tensors = rank_checkpoint_tensors(*ex, 0);
   const auto params = ex->rank_parameters(0);
   ASSERT_EQ(tensors.size(), 2 * params.size());

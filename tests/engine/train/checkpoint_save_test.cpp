@@ -216,7 +216,7 @@ TEST(CheckpointSave, AShardWriteErrorNamesTheFileAndKeepsThePreviousCheckpoint) 
 TEST(CheckpointSave, AFullDiskMidWriteNamesTheFileAndKeepsThePreviousCheckpoint) {
   TempDir dir;
   save_demo(dir.path(), 1);
-  const std::vector<NamedTensor> big = {{"big", random_tensor(DType::F32, {64, 1024}, 9)}};
+  const std::vector<NamedTensor> big = {{"big", random_tensor(DType::kF32, {64, 1024}, 9)}};
   // 100000 bytes: the header and part of the 256 KiB tensor get written, then the disk is full.
   EXPECT_EXIT(save_under_file_size_limit(dir.path(), big, 100000), ::testing::ExitedWithCode(0),
               "cannot write .*step_2.tmp/rank_0.safetensors: File too large");

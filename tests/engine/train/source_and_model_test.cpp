@@ -89,7 +89,7 @@ ModelDescription custom_description(int64_t vocab) {
     if (index == 0) return std::make_unique<Embedding>("embed", vocab, 24);
     if (index == 3) return std::make_unique<LossHead>("head", 24, vocab);
     return std::make_unique<MlpBlock>("blocks." + std::to_string(index - 1), 24, 40,
-                                      ops::ActivationKind::ReLU);
+                                      ops::ActivationKind::kRelu);
   };
   model.activation = activation_rows(24);
   return model;
