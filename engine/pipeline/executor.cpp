@@ -83,6 +83,10 @@ PipelineExecutor::PipelineExecutor(const ModelDescription& model, schedule::Sche
   if (transports.per_rank.empty())
     transports = comm::make_transports(transport_kind_, devices, options.transport_timeout);
   set_transports(std::move(transports.per_rank));
+  // NCCL kernels of a step can wait on a peer: an allocator that released its cache then
+  // (cudaFree synchronises the device) could wait for them while the peer waits for this rank.
+  if (transport_kind_ == TransportKind::kNccl)
+    for (auto& rank : ranks_) rank->ctx->allocator().set_device_may_run_communication_kernels(true);
   threads_ = std::make_unique<RankThreads>(static_cast<int>(ranks_.size()));
 }
 
