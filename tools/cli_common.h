@@ -11,6 +11,7 @@
 #include <string_view>
 
 #include "engine/schedule/generators.h"
+#include "layers/model.h"
 
 namespace conveyor::cli {
 
@@ -165,6 +166,27 @@ inline CLI::Option* add_float_flag(CLI::App* cmd, const std::string& name, doubl
       description);
   opt->type_name("NUM")->default_str(format_number(target));
   return opt;
+}
+
+// The model of --preset with what --d-model, --layers, --hidden and --vocab override (train
+// and plan take the same model flags). Without --hidden, a given --d-model keeps the preset's
+// 4x MLP width.
+inline ModelConfig preset_with_overrides(const std::string& preset, int64_t d_model, int64_t layers,
+                                         int64_t hidden, int64_t vocab, const CLI::App& cmd) {
+  ModelConfig model;
+  try {
+    model = model_preset(preset);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
+  if (cmd.count("--d-model")) model.d_model = d_model;
+  if (cmd.count("--layers")) model.n_layers = layers;
+  if (cmd.count("--hidden"))
+    model.hidden = hidden;
+  else if (cmd.count("--d-model"))
+    model.hidden = 4 * d_model;
+  if (cmd.count("--vocab")) model.vocab = vocab;
+  return model;
 }
 
 }  // namespace conveyor::cli

@@ -146,18 +146,7 @@ struct PlanFlags {
 
 void run_plan(const PlanFlags& f, const CLI::App& cmd) {
   TrainConfig config;
-  try {
-    config.model = model_preset(f.preset);
-  } catch (const std::invalid_argument& e) {
-    throw UsageError(e.what());
-  }
-  if (cmd.count("--d-model")) config.model.d_model = f.d_model;
-  if (cmd.count("--layers")) config.model.n_layers = f.layers;
-  if (cmd.count("--hidden"))
-    config.model.hidden = f.hidden;
-  else if (cmd.count("--d-model"))
-    config.model.hidden = 4 * f.d_model;
-  if (cmd.count("--vocab")) config.model.vocab = f.vocab;
+  config.model = preset_with_overrides(f.preset, f.d_model, f.layers, f.hidden, f.vocab, cmd);
   if (f.stages < 1)
     throw UsageError("--stages must be at least 1, got " + std::to_string(f.stages));
   if (f.batch_tokens < 1)

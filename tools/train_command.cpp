@@ -22,10 +22,10 @@
 #include "engine/train/trainer_checkpoint.h"
 #include "tools/cli_common.h"
 #include "tools/commands.h"
-#include "tools/plan_command.h"
-#include "tools/mpi_launch.h"
 #include "tools/interrupt.h"
+#include "tools/mpi_launch.h"
 #include "tools/output_file.h"
+#include "tools/plan_command.h"
 
 namespace conveyor::cli {
 namespace {
@@ -272,11 +272,7 @@ std::optional<Device> parse_device_choice(const std::string& text) {
 
 TrainConfig resolve_config(TrainFlags& f, const CLI::App& cmd) {
   TrainConfig config = f.config;
-  try {
-    config.model = model_preset(f.preset);
-  } catch (const std::invalid_argument& e) {
-    throw UsageError(e.what());
-  }
+  config.model = preset_with_overrides(f.preset, f.d_model, f.layers, f.hidden, f.vocab, cmd);
   config.device = parse_device_choice(f.device);
   config.schedule = parse_schedule(f.schedule);
   config.partition = parse_partition(f.partition);
@@ -285,15 +281,8 @@ TrainConfig resolve_config(TrainFlags& f, const CLI::App& cmd) {
   config.chunks =
       f.chunks > 0 ? f.chunks : (config.schedule == schedule::ScheduleKind::kInterleaved ? 2 : 1);
   if (!config.schedule_file.empty()) check_schedule_file_agrees(f, cmd);
-  if (cmd.count("--d-model")) config.model.d_model = f.d_model;
-  if (cmd.count("--layers")) config.model.n_layers = f.layers;
-  if (cmd.count("--hidden"))
-    config.model.hidden = f.hidden;
-  else if (cmd.count("--d-model"))
-    config.model.hidden = 4 * f.d_model;
-  if (cmd.count("--vocab"))
-    config.model.vocab = f.vocab;
-  else if (!config.data_path.empty() && config.model.vocab < 256)
+  // Byte-level tokens of a file need 256 ids unless --vocab says otherwise.
+  if (!cmd.count("--vocab") && !config.data_path.empty() && config.model.vocab < 256)
     config.model.vocab = 256;
   if (cmd.count("--activation")) config.model.activation = ops::parse_activation(f.activation);
   config.memory_limit_bytes = static_cast<size_t>(f.memory_limit_mb * 1024.0 * 1024.0);
@@ -507,8 +496,8 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
     }
     if (!f.quiet && (s % f.log_every == 0 || s == 1 || s == config.steps)) {
       const double rate = st.tokens / st.seconds;
-      const double eta = t.seconds / static_cast<double>(t.steps) *
-                         static_cast<double>(last_step_to_run - s);
+      const double eta =
+          t.seconds / static_cast<double>(t.steps) * static_cast<double>(last_step_to_run - s);
       std::printf("step %5lld/%lld | loss %.4f | %s tok/s | lr %.2e | alloc peak %s | eta %.0fs\n",
                   static_cast<long long>(s), static_cast<long long>(config.steps), st.loss,
                   human_rate(rate).c_str(), st.lr,
