@@ -33,19 +33,8 @@ Action backward(int stage, int mb) { return {ActionKind::kBackward, stage, mb, -
 Action backward_input(int stage, int mb) { return {ActionKind::kBackwardInput, stage, mb, -1}; }
 Action backward_weight(int stage, int mb) { return {ActionKind::kBackwardWeight, stage, mb, -1}; }
 
-MessageKey message_key(const Action& a) {
-  switch (a.kind) {
-    case ActionKind::kSendAct:
-      return {false, a.stage, a.microbatch};
-    case ActionKind::kRecvAct:
-      return {false, a.stage - 1, a.microbatch};
-    case ActionKind::kSendGrad:
-      return {true, a.stage, a.microbatch};
-    case ActionKind::kRecvGrad:
-      return {true, a.stage + 1, a.microbatch};
-    default:
-      throw ScheduleError(to_string(a) + " is not a transfer; it carries no message");
-  }
+void throw_not_a_transfer(const Action& a) {
+  throw ScheduleError(to_string(a) + " is not a transfer; it carries no message");
 }
 
 namespace {
@@ -120,12 +109,6 @@ Action parse_action(std::string_view token) {
 }
 
 const char* layout_name(Layout layout) { return layout == Layout::kLooped ? "looped" : "v"; }
-
-int Placement::rank_of(int stage) const {
-  const int chunk = stage / num_ranks;
-  const int offset = stage % num_ranks;
-  return (layout == Layout::kVShape && chunk % 2 == 1) ? num_ranks - 1 - offset : offset;
-}
 
 int Placement::stage_of(int rank, int chunk) const {
   const bool reversed = layout == Layout::kVShape && chunk % 2 == 1;

@@ -65,7 +65,22 @@ struct MessageKey {
   int microbatch = 0;
   auto operator<=>(const MessageKey&) const = default;
 };
-MessageKey message_key(const Action& transfer);
+// Inline for the same reason as the kind predicates; throws for a compute action.
+[[noreturn]] void throw_not_a_transfer(const Action& action);
+inline MessageKey message_key(const Action& a) {
+  switch (a.kind) {
+    case ActionKind::kSendAct:
+      return {false, a.stage, a.microbatch};
+    case ActionKind::kRecvAct:
+      return {false, a.stage - 1, a.microbatch};
+    case ActionKind::kSendGrad:
+      return {true, a.stage, a.microbatch};
+    case ActionKind::kRecvGrad:
+      return {true, a.stage + 1, a.microbatch};
+    default:
+      throw_not_a_transfer(a);
+  }
+}
 
 // Compact token: F0.3, B0.3, I0.3, W0.3 (stage.microbatch); transfers carry the peer:
 // SA0.3>1 (send act to rank 1), RA1.3<0 (recv act from rank 0), SG1.3>0, RG0.3<1.
@@ -91,7 +106,10 @@ struct Placement {
   Layout layout = Layout::kLooped;
 
   int num_stages() const { return num_ranks * chunks; }
-  int rank_of(int stage) const;
+  int rank_of(int stage) const {  // inline: asked of every action
+    const int chunk = stage / num_ranks, offset = stage % num_ranks;
+    return (layout == Layout::kVShape && chunk % 2 == 1) ? num_ranks - 1 - offset : offset;
+  }
   int chunk_of(int stage) const { return stage / num_ranks; }
   int stage_of(int rank, int chunk) const;
   std::vector<int> stages_of(int rank) const;  // ascending chunk order

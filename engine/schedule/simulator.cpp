@@ -1,8 +1,9 @@
 #include "engine/schedule/simulator.h"
 
 #include <algorithm>
-#include <deque>
+#include <cstdint>
 #include <limits>
+#include <string>
 #include <tuple>
 
 namespace conveyor::schedule {
@@ -51,6 +52,55 @@ double CostModel::cost(const Action& a) const {
 
 namespace {
 
+// What other actions wait on, by (stage, micro-batch): whether the forward, the backward that
+// produces the input gradient (B or I), and the received activation and gradient are done
+// and, in a timed run, when they ended. Tables by (stage, micro-batch) rather than by list
+// position: a dependency is then found without an index lookup, and an untimed run keeps one
+// bit per entry, so the whole state of a large run stays in cache.
+template <bool kTimed>
+class Completions {
+ public:
+  enum Kind { kForwardDone, kGradientDone, kActivationIn, kGradientIn, kKinds };
+
+  Completions(int stages, int microbatches) : stages_(stages), mbs_(microbatches) {
+    constexpr size_t kMaxCells = size_t{1} << 25;
+    const size_t cells = static_cast<size_t>(stages) * static_cast<size_t>(microbatches);
+    if (cells > kMaxCells)
+      throw ScheduleError("stages x micro-batches = " + std::to_string(cells) +
+                          " is larger than supported (" + std::to_string(kMaxCells) + ")");
+    if constexpr (kTimed)
+      end_.assign(kKinds * cells, kNotDone);
+    else
+      done_.assign((kKinds * cells + 63) / 64, 0);
+  }
+
+  bool done(Kind kind, int stage, int mb) const {
+    const size_t c = cell(kind, stage, mb);
+    if constexpr (kTimed) return end_[c] != kNotDone;
+    return (done_[c / 64] >> (c % 64)) & 1;
+  }
+  double end(Kind kind, int stage, int mb) const {
+    if constexpr (kTimed) return end_[cell(kind, stage, mb)];
+    return 0.0;
+  }
+  void mark(Kind kind, int stage, int mb, double end) {
+    const size_t c = cell(kind, stage, mb);
+    if constexpr (kTimed)
+      end_[c] = end;
+    else
+      done_[c / 64] |= uint64_t{1} << (c % 64);
+  }
+
+ private:
+  static constexpr double kNotDone = -1.0;
+  size_t cell(Kind kind, int stage, int mb) const {
+    return (static_cast<size_t>(kind) * stages_ + stage) * mbs_ + mb;
+  }
+  int stages_, mbs_;
+  std::vector<double> end_;
+  std::vector<uint64_t> done_;
+};
+
 // The execution model (docs/execution-model.md): every rank runs three in-order streams —
 // compute, send, receive — over its list. A compute waits for its inputs; a send waits for
 // the compute that produced its tensor; a transfer happens when the send is at the head of
@@ -64,10 +114,20 @@ namespace {
 // dependencies alone, so the visiting order changes no result.
 template <bool kTimed>
 class StreamRun {
+  using Done = Completions<kTimed>;
+
  public:
-  StreamRun(const Schedule& s, const ActionIndex& index, const CostModel* costs,
+  StreamRun(const Schedule& s, const CostModel* costs,
             std::vector<std::vector<ActionTiming>>* timing)
-      : s_(s), index_(index), costs_(costs), timing_(timing), ranks_(s.ranks.size()) {
+      : s_(s),
+        costs_(costs),
+        timing_(timing),
+        ranks_(static_cast<int>(s.ranks.size())),
+        stages_(s.num_stages()),
+        mbs_(s.num_microbatches),
+        done_(stages_, mbs_) {
+    owner_.resize(stages_);
+    for (int st = 0; st < stages_; ++st) owner_[st] = s.placement.rank_of(st);
     const size_t R = ranks_;
     compute_head_.assign(R, 0), send_head_.assign(R, 0), recv_head_.assign(R, 0);
     if constexpr (kTimed) {
@@ -108,61 +168,50 @@ class StreamRun {
   int& send_head(int r) { return head(send_head_, r, is_send); }
   int& recv_head(int r) { return head(recv_head_, r, is_recv); }
 
-  // An action has run when the head of its stream is past it: each stream runs its kind in
-  // list order.
-  double end_of(int r, int i) const {
-    if constexpr (kTimed) return (*timing_)[r][i].end;
-    return 0.0;
+  // Schedules that did not pass validate() may name stages, micro-batches or peers that do
+  // not exist; they get an error, not an out-of-range read.
+  void check_range(int r, int i) const {
+    const Action& a = action(r, i);
+    const bool peer_ok = is_compute(a.kind) || (a.peer >= 0 && a.peer < ranks_);
+    if (a.stage < 0 || a.stage >= stages_ || a.microbatch < 0 || a.microbatch >= mbs_ || !peer_ok)
+      throw ScheduleError("rank " + std::to_string(r) + ", position " + std::to_string(i) + ", " +
+                          to_string(a) +
+                          ": stage, micro-batch or peer out of range (validate the schedule "
+                          "first)");
   }
 
-  ScheduleError missing(int r, int i, const std::string& what) const {
-    return ScheduleError("rank " + std::to_string(r) + ", position " + std::to_string(i) + ", " +
-                         to_string(action(r, i)) + ": " + what +
-                         " is missing (validate the schedule first)");
-  }
-
-  // Data inputs of a compute action, as positions in the same rank's list (-2: none), and
-  // whether each is a receive (else a compute), so that checking them reads no action.
-  void inputs(int r, const Action& a, int deps[2], bool received[2]) const {
-    const Placement& pl = s_.placement;
+  // Whether the inputs of compute `a` on rank r are there, and when the last one ended.
+  bool inputs_ready(int r, const Action& a, double* ready) const {
     const int st = a.stage, k = a.microbatch;
-    deps[0] = deps[1] = -2;
-    received[0] = received[1] = false;
-    if (a.kind == ActionKind::kForward) {
-      if (st > 0) {
-        received[0] = pl.rank_of(st - 1) != r;
-        deps[0] = received[0] ? index_.at(ActionKind::kRecvAct, st, k)
-                              : index_.at(ActionKind::kForward, st - 1, k);
-      }
-    } else if (a.kind == ActionKind::kBackwardWeight) {
-      deps[0] = index_.at(ActionKind::kBackwardInput, st, k);
-    } else {
-      deps[0] = index_.at(ActionKind::kForward, st, k);
-      if (st + 1 < pl.num_stages()) {
-        if (pl.rank_of(st + 1) == r) {
-          const int b = index_.at(ActionKind::kBackward, st + 1, k);
-          deps[1] = b >= 0 ? b : index_.at(ActionKind::kBackwardInput, st + 1, k);
-        } else {
-          deps[1] = index_.at(ActionKind::kRecvGrad, st, k);
-          received[1] = true;
-        }
-      }
+    auto need = [&](typename Done::Kind kind, int stage) {
+      if (!done_.done(kind, stage, k)) return false;
+      if constexpr (kTimed) *ready = std::max(*ready, done_.end(kind, stage, k));
+      return true;
+    };
+    switch (a.kind) {
+      case ActionKind::kForward:
+        if (st == 0) return true;
+        return owner_[st - 1] == r ? need(Done::kForwardDone, st - 1)
+                                   : need(Done::kActivationIn, st);
+      case ActionKind::kBackwardWeight:
+        return need(Done::kGradientDone, st);
+      default:  // B or I: the forward's activations and the output gradient
+        if (!need(Done::kForwardDone, st)) return false;
+        if (st + 1 == stages_) return true;
+        return owner_[st + 1] == r ? need(Done::kGradientDone, st + 1)
+                                   : need(Done::kGradientIn, st);
     }
   }
-  int producer_of_send(const Action& a) const {
-    if (a.kind == ActionKind::kSendAct)
-      return index_.at(ActionKind::kForward, a.stage, a.microbatch);
-    const int b = index_.at(ActionKind::kBackward, a.stage, a.microbatch);
-    return b >= 0 ? b : index_.at(ActionKind::kBackwardInput, a.stage, a.microbatch);
-  }
-  int matching_recv(const Action& a) const {
-    return a.kind == ActionKind::kSendAct
-               ? index_.at(ActionKind::kRecvAct, a.stage + 1, a.microbatch)
-               : index_.at(ActionKind::kRecvGrad, a.stage - 1, a.microbatch);
+
+  // The receive at `dst`'s receive head, if it takes the message of send `a`.
+  bool receives(int dst, int j, const Action& a) const {
+    if (j >= size(dst)) return false;
+    const Action& b = action(dst, j);
+    return message_key(b) == message_key(a);
   }
 
   void wake(int r) {
-    if (r < 0 || r >= static_cast<int>(ranks_) || queued_[r]) return;
+    if (r < 0 || r >= ranks_ || queued_[r]) return;
     queued_[r] = 1;
     work_.push_back(r);
   }
@@ -174,47 +223,46 @@ class StreamRun {
       for (;;) {  // compute stream
         const int i = compute_head(r);
         if (i >= size(r)) break;
-        int deps[2];
-        bool received[2];
-        inputs(r, action(r, i), deps, received);
+        check_range(r, i);
+        const Action& a = action(r, i);
         double ready = 0;
         if constexpr (kTimed) ready = compute_free_[r];
-        bool blocked = false;
-        for (int n = 0; n < 2; ++n) {
-          const int d = deps[n];
-          if (d == -2) continue;
-          if (d < 0) throw missing(r, i, "an input of this action");
-          if ((received[n] ? recv_head_[r] : compute_head_[r]) <= d) {
-            blocked = true;
-            break;
-          }
-          if constexpr (kTimed) ready = std::max(ready, end_of(r, d));
-        }
-        if (blocked) break;
+        if (!inputs_ready(r, a, &ready)) break;
+        double end = 0;
         if constexpr (kTimed) {
-          (*timing_)[r][i] = {ready, ready + costs_->cost(action(r, i))};
-          compute_free_[r] = (*timing_)[r][i].end;
+          end = ready + costs_->cost(a);
+          (*timing_)[r][i] = {ready, end};
+          compute_free_[r] = end;
         }
+        if (a.kind == ActionKind::kForward)
+          done_.mark(Done::kForwardDone, a.stage, a.microbatch, end);
+        else if (a.kind != ActionKind::kBackwardWeight)
+          done_.mark(Done::kGradientDone, a.stage, a.microbatch, end);
         ++compute_head_[r], --remaining_, progress = true;
       }
       for (;;) {  // send stream, rendezvous with the receiver's receive stream
         const int i = send_head(r);
         if (i >= size(r)) break;
+        check_range(r, i);
         const Action& a = action(r, i);
-        const int producer = producer_of_send(a);
-        if (producer < 0) throw missing(r, i, "the compute producing this message");
-        if (compute_head_[r] <= producer) break;
+        const bool act = a.kind == ActionKind::kSendAct;
+        const auto produced = act ? Done::kForwardDone : Done::kGradientDone;
+        if (!done_.done(produced, a.stage, a.microbatch)) break;
         const int dst = a.peer;
-        if (dst < 0 || dst >= static_cast<int>(ranks_)) throw missing(r, i, "the peer rank");
-        const int j = matching_recv(a);
-        if (j < 0) throw missing(r, i, "the matching receive");
-        if (recv_head(dst) != j) break;
+        const int j = recv_head(dst);
+        if (!receives(dst, j, a)) break;
+        double end = 0;
         if constexpr (kTimed) {
-          const double start = std::max({end_of(r, producer), send_free_[r], recv_free_[dst]});
-          const double end = start + costs_->cost(a);
+          const double start = std::max(
+              {done_.end(produced, a.stage, a.microbatch), send_free_[r], recv_free_[dst]});
+          end = start + costs_->cost(a);
           (*timing_)[r][i] = (*timing_)[dst][j] = {start, end};
           send_free_[r] = recv_free_[dst] = end;
         }
+        if (act)
+          done_.mark(Done::kActivationIn, a.stage + 1, a.microbatch, end);
+        else
+          done_.mark(Done::kGradientIn, a.stage - 1, a.microbatch, end);
         ++send_head_[r], ++recv_head_[dst], remaining_ -= 2, progress = true;
         // The receiver's computes may now run, and the sender of its next receive may be
         // waiting for that receive to reach the head.
@@ -222,9 +270,9 @@ class StreamRun {
         const int next = recv_head(dst);
         if (next < size(dst)) {
           const int sender = action(dst, next).peer;
-          if (sender >= 0 && sender < static_cast<int>(ranks_) && sender != r) {
+          if (sender >= 0 && sender < ranks_ && sender != r) {
             const int h = send_head(sender);
-            if (h < size(sender) && matching_recv(action(sender, h)) == next) wake(sender);
+            if (h < size(sender) && receives(dst, next, action(sender, h))) wake(sender);
           }
         }
       }
@@ -234,7 +282,7 @@ class StreamRun {
   DeadlockError deadlock() {
     std::vector<StuckAction> stuck;
     std::string msg = "deadlock: the run cannot finish;";
-    for (int r = 0; r < static_cast<int>(ranks_); ++r)
+    for (int r = 0; r < ranks_; ++r)
       for (int h : {compute_head(r), send_head(r), recv_head(r)}) {
         if (h >= size(r)) continue;
         const Action& a = action(r, h);
@@ -262,34 +310,28 @@ class StreamRun {
   }
 
   const Schedule& s_;
-  const ActionIndex& index_;
   const CostModel* costs_;
   std::vector<std::vector<ActionTiming>>* timing_;
-  size_t ranks_;
+  int ranks_, stages_, mbs_;
+  Done done_;
+  std::vector<int> owner_;  // rank of each stage
   std::vector<int> compute_head_, send_head_, recv_head_;
   std::vector<double> compute_free_, send_free_, recv_free_;
   size_t remaining_ = 0;
-  std::deque<int> work_;
+  std::vector<int> work_;
   std::vector<char> queued_;
 };
 
-// The kinds the model looks up: inputs of computes, producers of sends, matching receives.
-constexpr ActionIndex::KindSet kLookedUpKinds = {true, true, true, false, false, true, false, true};
-
 }  // namespace
 
-void check_progress(const Schedule& schedule, const ActionIndex& index) {
-  StreamRun<false>(schedule, index, nullptr, nullptr).run();
+void check_progress(const Schedule& schedule) {
+  StreamRun<false>(schedule, nullptr, nullptr).run();
 }
 
 SimResult simulate(const Schedule& schedule, const CostModel& costs) {
   const int R = static_cast<int>(schedule.ranks.size());
   SimResult result;
-  {
-    ActionIndex index(schedule.num_stages(), schedule.num_microbatches, kLookedUpKinds);
-    index.insert_all(schedule);
-    StreamRun<true>(schedule, index, &costs, &result.timing).run();
-  }
+  StreamRun<true>(schedule, &costs, &result.timing).run();
 
   // Summary.
   result.ranks.resize(R);

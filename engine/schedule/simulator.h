@@ -9,7 +9,6 @@
 #include <string>
 #include <vector>
 
-#include "engine/schedule/action_index.h"
 #include "engine/schedule/schedule.h"
 
 namespace conveyor::schedule {
@@ -67,12 +66,13 @@ class DeadlockError : public ScheduleError {
 };
 
 // Expects a schedule that passed the structural checks of validate() (validate() runs this
-// with zero costs to prove progress). Throws DeadlockError when the run cannot finish and
-// ScheduleError when an action's input is missing.
+// with zero costs to prove progress). Throws DeadlockError when the run cannot finish (an
+// input that no action produces included) and ScheduleError for a stage, micro-batch or peer
+// out of range.
 SimResult simulate(const Schedule& schedule, const CostModel& costs = {});
 
 // The same run without times: proves that every stream reaches the end of its list (what
-// validate() checks). `index` must hold every kind of action of `schedule`.
-void check_progress(const Schedule& schedule, const ActionIndex& index);
+// validate() checks).
+void check_progress(const Schedule& schedule);
 
 }  // namespace conveyor::schedule
