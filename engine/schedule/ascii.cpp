@@ -18,7 +18,7 @@ std::string compute_label(const Schedule& schedule, const Action& a) {
 }
 
 std::string format_step_grid(const Schedule& schedule, int mark_rank, int mark_index,
-                             int max_columns) {
+                             int max_columns, int max_rows) {
   size_t steps = 0;
   for (const auto& list : schedule.ranks) steps = std::max(steps, list.size());
   size_t first = 0, last = steps;  // columns [first, last)
@@ -28,6 +28,15 @@ std::string format_step_grid(const Schedule& schedule, int mark_rank, int mark_i
     last = std::min(steps, first + max_columns);
     first = last > static_cast<size_t>(max_columns) ? last - max_columns : 0;
   }
+  // Rows [row_first, row_last): the window of ranks around the marked one.
+  const size_t ranks = schedule.ranks.size();
+  size_t row_first = 0, row_last = ranks;
+  if (max_rows > 0 && ranks > static_cast<size_t>(max_rows)) {
+    const size_t centre = mark_rank >= 0 ? static_cast<size_t>(mark_rank) : 0;
+    row_first = centre > static_cast<size_t>(max_rows / 2) ? centre - max_rows / 2 : 0;
+    row_last = std::min(ranks, row_first + max_rows);
+    row_first = row_last - max_rows;
+  }
   auto cell = [&](size_t r, size_t i) -> std::string {
     if (i >= schedule.ranks[r].size()) return "";
     const std::string t = to_string(schedule.ranks[r][i]);
@@ -35,14 +44,15 @@ std::string format_step_grid(const Schedule& schedule, int mark_rank, int mark_i
                                                                                    : t;
   };
   size_t width = 4;
-  for (size_t r = 0; r < schedule.ranks.size(); ++r)
+  for (size_t r = row_first; r < row_last; ++r)
     for (size_t i = first; i < last; ++i) width = std::max(width, cell(r, i).size());
   std::string out = "step  ";
   if (first > 0) out += "... ";
   for (size_t i = first; i < last; ++i) out += pad(std::to_string(i), width) + " ";
   while (out.back() == ' ') out.pop_back();
   out += "\n";
-  for (size_t r = 0; r < schedule.ranks.size(); ++r) {
+  if (row_first > 0) out += "... ranks 0.." + std::to_string(row_first - 1) + " not shown\n";
+  for (size_t r = row_first; r < row_last; ++r) {
     std::string row = pad("r" + std::to_string(r) + ":", 6);
     if (first > 0) row += "... ";
     for (size_t i = first; i < last; ++i) row += pad(cell(r, i), width) + " ";
@@ -50,6 +60,9 @@ std::string format_step_grid(const Schedule& schedule, int mark_rank, int mark_i
     while (!row.empty() && row.back() == ' ') row.pop_back();
     out += row + "\n";
   }
+  if (row_last < ranks)
+    out +=
+        "... ranks " + std::to_string(row_last) + ".." + std::to_string(ranks - 1) + " not shown\n";
   return out;
 }
 

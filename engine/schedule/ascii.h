@@ -10,8 +10,10 @@ namespace conveyor::schedule {
 
 // One row per rank, one column per list position, every action shown (transfers too).
 // With a mark, the marked action is drawn as >>TOKEN<< and only the columns around it shown.
+// At most max_rows ranks are drawn (0: all), those around the marked rank, so that an error
+// in a schedule of a thousand ranks stays a screenful.
 std::string format_step_grid(const Schedule& schedule, int mark_rank = -1, int mark_index = -1,
-                             int max_columns = 16);
+                             int max_columns = 16, int max_rows = 16);
 
 // One row per rank, one column per time unit (the shortest compute action, widened so at most
 // max_columns columns); compute actions only, labelled kind + micro-batch (kind + stage.mb

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "engine/schedule/generators.h"
 #include "engine/schedule/text_format.h"
 
@@ -55,6 +57,31 @@ TEST(Validator, MissingBackward) {
   EXPECT_NE(msg.find("rank 1, position 5, F1.1"), std::string::npos) << msg;
   EXPECT_NE(msg.find("backward of stage 1 micro-batch 1 is missing"), std::string::npos) << msg;
   EXPECT_NE(msg.find(">>F1.1<<"), std::string::npos) << msg;  // the grid marks it
+}
+
+TEST(Validator, TheGridOfALargeScheduleShowsOnlyTheRanksAroundTheMark) {
+  auto s = generate(ScheduleKind::k1F1B, 64, 64);
+  auto& list = s.ranks[40];
+  const auto b = std::find_if(list.begin(), list.end(), [](const Action& a) {
+    return a.kind == ActionKind::kBackward && a.microbatch == 3;
+  });
+  ASSERT_NE(b, list.end());
+  list.erase(b);
+  try {
+    validate(s);
+    FAIL() << "a missing backward was accepted";
+  } catch (const ValidationError& e) {
+    const std::string msg = e.what();
+    EXPECT_EQ(e.rank(), 40);
+    size_t rows = 0;
+    for (int r = 0; r < 64; ++r)
+      if (msg.find("\nr" + std::to_string(r) + ":") != std::string::npos) ++rows;
+    EXPECT_EQ(rows, 16u) << msg;
+    EXPECT_NE(msg.find("\nr40:"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("... ranks 0..31 not shown"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("... ranks 48..63 not shown"), std::string::npos) << msg;
+    EXPECT_LT(msg.size(), 4000u) << msg;
+  }
 }
 
 TEST(Validator, WBeforeI) {
