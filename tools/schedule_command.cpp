@@ -231,10 +231,11 @@ void run(const ScheduleOptions& o, const CLI::App& cmd) {
   if (!o.svg.empty()) {
     sc::SvgOptions svg;
     char title[160];
-    std::snprintf(title, sizeof title, "%s: p=%d, m=%d%s, costs F=%s I=%s W=%s; bubble %.4f",
+    const std::string comm = costs.comm != 0 ? " comm=" + fmt(costs.comm) : "";
+    std::snprintf(title, sizeof title, "%s: p=%d, m=%d%s, costs F=%s I=%s W=%s%s; bubble %.4f",
                   schedule.name.empty() ? "schedule" : schedule.name.c_str(), p, m,
                   v > 1 ? (", v=" + std::to_string(v)).c_str() : "", fmt(costs.f).c_str(),
-                  fmt(costs.i).c_str(), fmt(costs.w).c_str(), sim.bubble_fraction);
+                  fmt(costs.i).c_str(), fmt(costs.w).c_str(), comm.c_str(), sim.bubble_fraction);
     svg.title = title;
     // A fixed 30 px per time unit keeps pictures of different schedules comparable.
     if (sim.makespan * 30 <= 1600) svg.px_per_unit = 30;

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <vector>
 
 #include "engine/schedule/ascii.h"
 
@@ -50,6 +52,21 @@ const char* fill_of(ActionKind kind) {
   }
 }
 
+// Legend entries laid out left to right from `left`, so that the canvas can be made wide
+// enough for them before anything is drawn.
+struct LegendEntry {
+  std::string fill, text;
+  bool lighter = false;
+};
+constexpr double kLegendSwatch = 14, kLegendGap = 16, kCharWidth = 7;
+double entry_width(const LegendEntry& e) {
+  return kLegendSwatch + 4 + kCharWidth * e.text.size() + kLegendGap;
+}
+
+// A transfer that takes time: drawn as a strip under the compute boxes of both its ranks.
+constexpr const char* kSendFill = "#76706b";
+constexpr const char* kRecvFill = "#b07aa1";
+
 }  // namespace
 
 std::string render_svg(const Schedule& schedule, const SimResult& sim, const SvgOptions& opt) {
@@ -57,12 +74,45 @@ std::string render_svg(const Schedule& schedule, const SimResult& sim, const Svg
   const int all_ranks = static_cast<int>(schedule.ranks.size());
   const int R = std::min(all_ranks, std::max(opt.max_ranks, 1));
   size_t boxes = 0, all_boxes = 0;
+  bool costed_transfers = false;
+  for (int r = 0; r < R && !costed_transfers; ++r)
+    for (size_t i = 0; i < schedule.ranks[r].size(); ++i)
+      if (is_transfer(schedule.ranks[r][i].kind) && sim.timing[r][i].end > sim.timing[r][i].start) {
+        costed_transfers = true;
+        break;
+      }
+  // Each row: compute boxes, then (when transfers take time) a strip for them.
+  const double strip = costed_transfers ? std::max(3.0, std::round(row * 0.2)) : 0.0;
+  const double box_height = row - 4 - (strip > 0 ? strip + 1 : 0);
+
+  std::vector<LegendEntry> legend{{fill_of(ActionKind::kForward), "F forward"}};
+  if (schedule.splits_backward()) {
+    legend.push_back({fill_of(ActionKind::kBackwardInput), "I input grad"});
+    legend.push_back({fill_of(ActionKind::kBackwardWeight), "W weight grad"});
+  } else {
+    legend.push_back({fill_of(ActionKind::kBackward), "B backward"});
+  }
+  legend.push_back({"#eeeeee", "idle"});
+  if (schedule.placement.chunks > 1)
+    legend.push_back({fill_of(ActionKind::kForward), "odd chunks lighter", true});
+  if (costed_transfers) {
+    legend.push_back({kSendFill, "send (strip)"});
+    legend.push_back({kRecvFill, "receive (strip)"});
+  }
+  double legend_width = 0;
+  for (const auto& e : legend) legend_width += entry_width(e);
+  char stats[128];
+  std::snprintf(stats, sizeof stats, "makespan %s, bubble %.4f; numbers are micro-batches",
+                num(sim.makespan).c_str(), sim.bubble_fraction);
+  const bool cut = R < all_ranks;  // boxes beyond the cap are known only while drawing
+  const double text_width = kCharWidth * std::max<size_t>(std::strlen(stats), cut ? 70 : 0);
+
   const double span = sim.makespan > 0 ? sim.makespan : 1;
   const double scale = opt.px_per_unit > 0 ? opt.px_per_unit : opt.width_px / span;  // px per unit
   const double axis = span * scale;
   const double rows_bottom = top + R * row;
-  const double height = rows_bottom + 64;
-  const double width = std::max(left + axis + right, 940.0);  // room for the legend
+  const double height = rows_bottom + 82;
+  const double width = std::max(left + axis, left + std::max(legend_width, text_width)) + right;
   std::string out;
   out += "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + num(width) + "\" height=\"" +
          num(height) + "\" viewBox=\"0 0 " + num(width) + " " + num(height) +
@@ -79,27 +129,37 @@ std::string render_svg(const Schedule& schedule, const SimResult& sim, const Svg
     out += "<rect x=\"" + num(left) + "\" y=\"" + num(y + 2) + "\" width=\"" + num(axis) +
            "\" height=\"" + num(row - 4) + "\" fill=\"#eeeeee\"/>\n";
   }
-  // Compute boxes.
+  // Compute boxes, and transfer strips.
   for (int r = 0; r < R; ++r)
     for (size_t i = 0; i < schedule.ranks[r].size(); ++i) {
       const Action& a = schedule.ranks[r][i];
-      if (!is_compute(a.kind)) continue;
+      const auto& t = sim.timing[r][i];
+      if (is_transfer(a.kind)) {
+        if (!costed_transfers || t.end <= t.start) continue;
+        if (++all_boxes > opt.max_boxes) continue;
+        ++boxes;
+        out += "<g><title>" + escape(to_string(a) + " [" + num(t.start) + ", " + num(t.end) + ")") +
+               "</title><rect x=\"" + num(left + t.start * scale) + "\" y=\"" +
+               num(top + r * row + 2 + box_height + 1) + "\" width=\"" +
+               num((t.end - t.start) * scale) + "\" height=\"" + num(strip) + "\" fill=\"" +
+               (is_send(a.kind) ? kSendFill : kRecvFill) + "\"/></g>\n";
+        continue;
+      }
       if (++all_boxes > opt.max_boxes) continue;
       ++boxes;
-      const auto& t = sim.timing[r][i];
       const double x = left + t.start * scale, w = (t.end - t.start) * scale, y = top + r * row + 2;
       const bool later_chunk = schedule.placement.chunk_of(a.stage) % 2 == 1;
       out += "<g><title>" + escape(to_string(a) + " [" + num(t.start) + ", " + num(t.end) + ")") +
              "</title>";
       out += "<rect x=\"" + num(x) + "\" y=\"" + num(y) + "\" width=\"" + num(w) + "\" height=\"" +
-             num(row - 4) + "\" fill=\"" + fill_of(a.kind) + "\"" +
+             num(box_height) + "\" fill=\"" + fill_of(a.kind) + "\"" +
              (later_chunk ? " fill-opacity=\"0.6\"" : "") +
              " stroke=\"white\" stroke-width=\"1\"/>";
       const std::string label = std::to_string(a.microbatch);
       const double font =
-          std::min(12.0, std::min(row * 0.5, w / std::max<size_t>(label.size(), 1) * 1.4));
+          std::min(12.0, std::min(box_height * 0.55, w / std::max<size_t>(label.size(), 1) * 1.4));
       if (font >= 5)
-        out += "<text x=\"" + num(x + w / 2) + "\" y=\"" + num(y + (row - 4) / 2 + font * 0.35) +
+        out += "<text x=\"" + num(x + w / 2) + "\" y=\"" + num(y + box_height / 2 + font * 0.35) +
                "\" font-size=\"" + num(font) + "\" text-anchor=\"middle\" fill=\"white\">" + label +
                "</text>";
       out += "</g>\n";
@@ -116,38 +176,23 @@ std::string render_svg(const Schedule& schedule, const SimResult& sim, const Svg
            num(t) + "</text>\n";
   }
   double lx = left;
-  const double ly = rows_bottom + 34;
-  auto legend = [&](const char* fill, const std::string& text) {
-    out += "<rect x=\"" + num(lx) + "\" y=\"" + num(ly) + "\" width=\"14\" height=\"14\" fill=\"" +
-           fill + "\"/><text x=\"" + num(lx + 18) + "\" y=\"" + num(ly + 11) +
-           "\" font-size=\"12\">" + escape(text) + "</text>\n";
-    lx += 30 + 7.0 * text.size();
-  };
-  legend(fill_of(ActionKind::kForward), "F forward");
-  if (schedule.splits_backward()) {
-    legend(fill_of(ActionKind::kBackwardInput), "I input grad");
-    legend(fill_of(ActionKind::kBackwardWeight), "W weight grad");
-  } else {
-    legend(fill_of(ActionKind::kBackward), "B backward");
+  const double ly = rows_bottom + 32;
+  for (const auto& e : legend) {
+    out += "<rect x=\"" + num(lx) + "\" y=\"" + num(ly) + "\" width=\"" + num(kLegendSwatch) +
+           "\" height=\"" + num(kLegendSwatch) + "\" fill=\"" + e.fill + "\"" +
+           (e.lighter ? " fill-opacity=\"0.6\"" : "") + "/><text x=\"" +
+           num(lx + kLegendSwatch + 4) + "\" y=\"" + num(ly + 11) + "\" font-size=\"12\">" +
+           escape(e.text) + "</text>\n";
+    lx += entry_width(e);
   }
-  legend("#eeeeee", "idle");
-  if (schedule.placement.chunks > 1) {
-    out += "<rect x=\"" + num(lx) + "\" y=\"" + num(ly) + "\" width=\"14\" height=\"14\" fill=\"" +
-           fill_of(ActionKind::kForward) + "\" fill-opacity=\"0.6\"/><text x=\"" + num(lx + 18) +
-           "\" y=\"" + num(ly + 11) + "\" font-size=\"12\">odd chunks lighter</text>\n";
-    lx += 30 + 7.0 * 18;
-  }
-  char stats[128];
-  std::snprintf(stats, sizeof stats, "makespan %s, bubble %.4f; numbers are micro-batches",
-                num(sim.makespan).c_str(), sim.bubble_fraction);
-  out += "<text x=\"" + num(lx) + "\" y=\"" + num(ly + 11) + "\" font-size=\"12\" fill=\"#555\">" +
-         escape(stats) + "</text>\n";
+  out += "<text x=\"" + num(left) + "\" y=\"" + num(ly + 30) +
+         "\" font-size=\"12\" fill=\"#555\">" + escape(stats) + "</text>\n";
   if (R < all_ranks || boxes < all_boxes) {
-    char cut[160];
-    std::snprintf(cut, sizeof cut, "drawn: %d of %d ranks, %zu of %zu compute actions (size cap)",
-                  R, all_ranks, boxes, all_boxes);
-    out += "<text x=\"" + num(left) + "\" y=\"" + num(ly + 28) +
-           "\" font-size=\"12\" fill=\"#a00\">" + escape(cut) + "</text>\n";
+    char note[160];
+    std::snprintf(note, sizeof note, "drawn: %d of %d ranks, %zu of %zu actions (size cap)", R,
+                  all_ranks, boxes, all_boxes);
+    out += "<text x=\"" + num(left) + "\" y=\"" + num(ly + 46) +
+           "\" font-size=\"12\" fill=\"#a00\">" + escape(note) + "</text>\n";
   }
   out += "</svg>\n";
   return out;

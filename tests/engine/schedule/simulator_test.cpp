@@ -101,5 +101,59 @@ TEST(Output, SvgDrawsOneBoxPerComputeAction) {
   EXPECT_EQ(svg.rfind("</svg>"), svg.size() - 7);
 }
 
+// Every left-aligned text of the picture ends inside the canvas, at the 7 px per character
+// the layout assumes for its 12 px labels.
+void expect_texts_inside_canvas(const std::string& svg) {
+  const auto attr = [](const std::string& element, const std::string& name) {
+    const auto at = element.find(" " + name + "=\"");
+    if (at == std::string::npos) return std::string();
+    const auto begin = at + name.size() + 3;
+    return element.substr(begin, element.find('"', begin) - begin);
+  };
+  const double width = std::stod(attr(svg.substr(0, svg.find('>')), "width"));
+  size_t checked = 0;
+  for (size_t at = svg.find("<text "); at != std::string::npos; at = svg.find("<text ", at + 1)) {
+    const auto close = svg.find('>', at), end = svg.find("</text>", at);
+    const std::string element = svg.substr(at, close - at);
+    if (!attr(element, "text-anchor").empty()) continue;  // centred or right-aligned
+    const std::string content = svg.substr(close + 1, end - close - 1);
+    EXPECT_LE(std::stod(attr(element, "x")) + 7.0 * content.size(), width) << content;
+    ++checked;
+  }
+  EXPECT_GE(checked, 4u);  // at least F, B, idle and the statistics line
+}
+
+TEST(Output, SvgLegendFitsTheCanvasOfEverySchedule) {
+  for (const auto& s : {generate_zbv(4, 8), generate_zbh1(4, 8), generate_interleaved(2, 4, 2),
+                        generate(ScheduleKind::k1F1B, 1, 1)}) {
+    SvgOptions options;
+    options.px_per_unit = 2;  // a narrow time axis: the legend, not the rows, sets the width
+    expect_texts_inside_canvas(
+        render_svg(s, simulate(s, CostModel::uniform(1, 1, 1, 0.5)), options));
+    expect_texts_inside_canvas(render_svg(s, simulate(s, CostModel::uniform(1, 1, 1))));
+  }
+}
+
+TEST(Output, SvgDrawsTransfersThatTakeTime) {
+  const Schedule s = generate(ScheduleKind::k1F1B, 4, 8);
+  size_t transfers = 0;
+  for (const auto& list : s.ranks)
+    for (const auto& a : list) transfers += is_transfer(a.kind);
+  auto strips = [](const std::string& svg, const char* fill) {
+    size_t n = 0;
+    for (size_t at = svg.find(std::string("fill=\"") + fill + "\"/></g>"); at != std::string::npos;
+         at = svg.find(std::string("fill=\"") + fill + "\"/></g>", at + 1))
+      ++n;
+    return n;
+  };
+  const std::string costed = render_svg(s, simulate(s, CostModel::uniform(1, 1, 1, 0.25)));
+  EXPECT_EQ(strips(costed, "#76706b") + strips(costed, "#b07aa1"), transfers);
+  EXPECT_EQ(strips(costed, "#76706b"), transfers / 2);
+  EXPECT_NE(costed.find("send (strip)"), std::string::npos);
+  const std::string free = render_svg(s, simulate(s, CostModel::uniform(1, 1, 1)));
+  EXPECT_EQ(strips(free, "#76706b") + strips(free, "#b07aa1"), 0u);
+  EXPECT_EQ(free.find("send (strip)"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace conveyor::schedule
