@@ -39,6 +39,21 @@ std::optional<int64_t> step_of_folder(const std::string& name, bool temp) {
 
 std::string step_folder_name(int64_t step) { return "step_" + std::to_string(step); }
 
+// The step of the folder that `dir`/latest names; nullopt when there is no readable `latest`
+// naming a step folder.
+std::optional<int64_t> published_step(const fs::path& dir) {
+  std::error_code ec;
+  if (!fs::is_regular_file(dir / kLatestName, ec)) return std::nullopt;
+  try {
+    std::string name = checkpoint_io::read_small_file(dir / kLatestName, 4096);
+    while (!name.empty() && (name.back() == '\n' || name.back() == '\r' || name.back() == ' '))
+      name.pop_back();
+    return step_of_folder(name, /*temp=*/false);
+  } catch (const CheckpointError&) {
+    return std::nullopt;
+  }
+}
+
 std::string describe(DType dtype, const Shape& shape) {
   return std::string(dtype_name(dtype)) + shape_to_string(shape);
 }
@@ -77,9 +92,23 @@ CheckpointWriter::CheckpointWriter(fs::path dir, int64_t step, int num_ranks,
                           (ec ? ec.message() : "a file of that name is in the way"));
   final_ = dir_ / step_folder_name(step);
   temp_ = dir_ / (step_folder_name(step) + ".tmp");
-  if (fs::exists(final_, ec))
-    throw CheckpointError("cannot save step " + std::to_string(step) + ": " + final_.string() +
-                          " exists already; remove it or save into another folder");
+  if (fs::exists(final_, ec)) {
+    // A step folder newer than what `latest` names was renamed into place by a save that
+    // stopped before publishing it (a crash between the two): the run that resumed from
+    // `latest` is redoing that step and replaces it. Any other existing step is a checkpoint
+    // someone may rely on, and is never overwritten.
+    const std::optional<int64_t> published = published_step(dir_);
+    if (published && *published >= step)
+      throw CheckpointError("cannot save step " + std::to_string(step) + ": " + final_.string() +
+                            " exists already" +
+                            (*published == step ? " and is the one 'latest' names" : "") +
+                            "; remove it or save into another folder");
+    // Out of the way first, as an unfinished save (which the loader ignores), then removed
+    // with the others below.
+    fs::remove_all(temp_, ec);
+    checkpoint_io::rename_path(final_, temp_);
+    checkpoint_io::sync_directory(dir_);
+  }
   // Unfinished saves of earlier runs (a crash, a full disk) are of no use to anyone.
   std::vector<fs::path> unfinished;
   for (const auto& entry : fs::directory_iterator(dir_, ec)) {
@@ -165,6 +194,7 @@ CommitResult CheckpointWriter::commit(const TrainingState& state) {
   checkpoint_io::pause_for_crash_test("commit");
   checkpoint_io::rename_path(temp_, final_);
   checkpoint_io::sync_directory(dir_);
+  checkpoint_io::pause_for_crash_test("publish");
   checkpoint_io::write_file_atomically(dir_ / kLatestName, step_folder_name(step_) + "\n");
   committed_ = true;
 

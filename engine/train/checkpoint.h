@@ -39,7 +39,9 @@ struct CommitResult {
 class CheckpointWriter {
  public:
   // Creates DIR if needed, removes unfinished saves (step_*.tmp) and makes DIR/step_<N>.tmp/.
-  // Throws CheckpointError when DIR/step_<N> exists already or a folder cannot be made.
+  // Throws CheckpointError when DIR/step_<N> exists already and is not newer than the step
+  // DIR/latest names (a newer one is a save that was renamed into place but never published,
+  // and is replaced), or when a folder cannot be made.
   CheckpointWriter(std::filesystem::path dir, int64_t step, int num_ranks,
                    CheckpointWriterOptions options = {});
   ~CheckpointWriter();  // without a commit, removes its .tmp folder

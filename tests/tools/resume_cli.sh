@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # `conveyor train --save-dir/--resume`: a run stopped and resumed logs the same losses as the
 # uninterrupted one (also re-partitioned, also with --async-save); a run killed (SIGKILL)
-# while writing a shard or committing leaves the previous checkpoint loadable and `latest`
-# naming it; a checkpoint of another model is refused with exit 2 naming the difference.
+# while writing a shard, committing, or between the folder's rename and `latest` leaves the
+# previous checkpoint loadable and `latest` naming it, and the resumed run saves that step
+# again; a checkpoint of another model is refused with exit 2 naming the difference.
 # Usage: resume_cli.sh CONVEYOR WORKDIR CASE
 set -u
 conveyor=$1
@@ -49,13 +50,18 @@ killed_in_save() {
   grep -q "paused in save at $1" "$work/killed.log" || { kill -9 "$pid"; fail "no pause"; }
   kill -9 "$pid"
   wait "$pid" 2>/dev/null
-  [ -d "$dir/step_4.tmp" ] || fail "expected the unfinished save step_4.tmp"
+  if [ "$1" = publish ]; then
+    [ -f "$dir/step_4/manifest.json" ] || fail "expected step_4 renamed into place, unpublished"
+  else
+    [ -d "$dir/step_4.tmp" ] || fail "expected the unfinished save step_4.tmp"
+  fi
   [ "$(cat "$dir/latest")" = "step_2" ] || fail "latest is '$(cat "$dir/latest")', expected step_2"
   "$conveyor" ckpt verify "$dir" >>"$work/log" 2>&1 || fail "the previous checkpoint does not verify"
   # The next run resumes from step 2 and its first save removes the unfinished one.
   run --save-dir "$dir" --save-every 4 --resume latest --log-json "$work/after.json"
   grep -q '"step":3' "$work/after.json" || fail "the resumed run did not start at step 3"
   [ ! -e "$dir/step_4.tmp" ] || fail "the unfinished save was not removed"
+  [ -f "$dir/step_4/manifest.json" ] || fail "step 4 was not saved again"
   [ "$(cat "$dir/latest")" = "step_6" ] || fail "latest is '$(cat "$dir/latest")', expected step_6"
 }
 
@@ -74,6 +80,7 @@ case $case_name in
     ;;
   kill_in_shard) killed_in_save shard ;;
   kill_in_commit) killed_in_save commit ;;
+  kill_before_publish) killed_in_save publish ;;
   other_model)
     run --stop-after 2 --save-dir "$dir"
     output=$("$conveyor" train "${common[@]}" --d-model 16 --resume "$dir" 2>&1)

@@ -146,6 +146,35 @@ TEST(CheckpointSave, RefusesToOverwriteASavedStep) {
   EXPECT_CHECKPOINT_ERROR(CheckpointWriter(dir.path(), 4, 2), "step_4", "exists already");
 }
 
+TEST(CheckpointSave, RefusesToOverwriteAStepOlderThanTheOneLatestNames) {
+  TempDir dir;
+  save_demo(dir.path(), 4);
+  save_demo(dir.path(), 6);
+  EXPECT_CHECKPOINT_ERROR(CheckpointWriter(dir.path(), 4, 2), "step_4", "exists already");
+  EXPECT_EQ(read_file(dir / "latest"), "step_6\n");
+}
+
+TEST(CheckpointSave, ReplacesAStepThatWasRenamedIntoPlaceButNeverPublished) {
+  TempDir dir;
+  save_demo(dir.path(), 2);
+  save_demo(dir.path(), 4);
+  // A crash between the rename of step_4 and the update of `latest`.
+  write_file(dir / "latest", "step_2\n");
+  ASSERT_EQ(open_checkpoint(dir.path()).step(), 2);
+  {
+    CheckpointWriter writer(dir.path(), 4, 2);
+    // The old folder is out of the way, and `latest` still names a loadable checkpoint.
+    EXPECT_FALSE(fs::exists(dir / "step_4"));
+    EXPECT_EQ(open_checkpoint(dir.path()).step(), 2);
+    writer.write_shard(0, demo_tensors(0));
+    writer.write_shard(1, demo_tensors(1));
+    writer.commit(demo_state(4, 2));
+  }
+  EXPECT_EQ(read_file(dir / "latest"), "step_4\n");
+  EXPECT_EQ(open_checkpoint(dir.path()).step(), 4);
+  EXPECT_EQ(folder_names(dir.path()), (std::vector<std::string>{"latest", "step_2", "step_4"}));
+}
+
 TEST(CheckpointSave, RejectsAStateTheLoaderWouldReject) {
   TempDir dir;
   save_demo(dir.path(), 1);
