@@ -26,6 +26,7 @@
 #include "tools/mpi_launch.h"
 #include "tools/output_file.h"
 #include "tools/plan_command.h"
+#include "tools/run_trace.h"
 
 namespace conveyor::cli {
 namespace {
@@ -159,7 +160,8 @@ void print_pipeline(Trainer& trainer) {
 // Measured bubble of the last step per rank, next to the simulator's prediction for the
 // costs measured in that step (a one-stage run has no bubble); optionally the measured
 // timeline as a Chrome trace.
-void report_bubble(Trainer& trainer, const PipelineStepResult& last, OutputFile* trace) {
+void report_bubble(Trainer& trainer, const PipelineStepResult& last, OutputFile* trace,
+                   const RunTrace& run, const std::vector<SaveTiming>& saves) {
   const auto& sched = trainer.executor().schedule();
   if (!trainer.executor().holds_all_ranks()) {
     std::printf("bubble not measured: the ranks' timelines stay in their own processes\n");
@@ -182,10 +184,13 @@ void report_bubble(Trainer& trainer, const PipelineStepResult& last, OutputFile*
     std::printf("\n");
   }
   if (trace) {
-    trace->write(schedule::chrome_trace_json(sched, measured, /*us_per_unit=*/1.0));
+    trace->write(
+        run.to_json(schedule::chrome_trace_json(sched, measured, /*us_per_unit=*/1.0), saves));
     trace->close();
-    std::printf("trace  %s (measured timeline of the last step, microseconds)\n",
-                escape_for_message(trace->path()).c_str());
+    std::printf(
+        "trace  %s (the run's steps and checkpoint saves, and the last step's measured "
+        "timeline per rank)\n",
+        escape_for_message(trace->path()).c_str());
   }
 }
 
@@ -459,6 +464,7 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
   std::fflush(stdout);
 
   install_interrupt_handlers();
+  RunTrace run_trace;
   PipelineStepResult last_step;
   RunTotals t;
   int signal = 0;
@@ -466,12 +472,14 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
     // Checked between steps only: a step in progress finishes on every rank.
     if ((signal = interrupt_signal()) != 0) break;
     StepStats st;
+    const auto step_begin = RunTrace::Clock::now();
     try {
       st = trainer->step();
     } catch (const std::bad_alloc&) {
       throw std::runtime_error("out of memory in training step " + std::to_string(s) +
                                "; use a smaller model or fewer tokens per micro-batch");
     }
+    run_trace.add_step(s, step_begin, RunTrace::Clock::now());
     if (checkpointer) {
       checkpointer->after_step();
       if (checkpointer->last_saved_step() == s && !f.quiet)
@@ -515,7 +523,9 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
                 f.checkpoint.save_dir.c_str());
   }
   print_summary(*trainer, config, t, signal);
-  if (t.steps > 0) report_bubble(*trainer, last_step, trace ? &*trace : nullptr);
+  if (t.steps > 0)
+    report_bubble(*trainer, last_step, trace ? &*trace : nullptr, run_trace,
+                  checkpointer ? checkpointer->save_timings() : std::vector<SaveTiming>{});
   if (f.weights_checksum) {
     const uint64_t checksum = weights_checksum(trainer->executor(), mpi);
     std::printf("weights xxh3 %016llx\n", static_cast<unsigned long long>(checksum));
@@ -605,7 +615,9 @@ void register_train_command(CLI::App& app) {
   add_float_flag(cmd, "--timeout", flags->timeout_s, 0.0, 1000000.0, true,
                  "Seconds a rank waits for a peer before failing");
   cmd->add_option("--trace", flags->trace,
-                  "Write the last step's measured timeline (Chrome trace) to FILE")
+                  "Write a Chrome trace to FILE: the run's steps and checkpoint saves (a "
+                  "background save on its own thread), and the last step's measured timeline "
+                  "per rank")
       ->type_name("FILE");
   add_checkpoint_flags(cmd, flags->checkpoint);
   cmd->add_option("--plan", flags->plan_file,

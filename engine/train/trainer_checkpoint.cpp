@@ -184,30 +184,42 @@ void TrainerCheckpointer::save() {
   PipelineExecutor& executor = trainer_.executor();
   const TrainingState state = trainer_training_state(trainer_);
   std::vector<std::vector<NamedTensor>> shards;
+  timings_.push_back({step, options_.async, false, start, {}, {}, {}});
   if (options_.async) {
     const auto host = make_cpu_allocator();
     for (int r = 0; r < executor.num_ranks(); ++r)
       shards.push_back(host_snapshot(rank_checkpoint_tensors(executor, r), host));
     last_saved_step_ = step;
-    background_ = std::thread([this, step, state, shards = std::move(shards)] {
+    // The entry is written by the background thread alone until the next wait joins it.
+    SaveTiming* timing = &timings_.back();
+    background_ = std::thread([this, step, state, shards = std::move(shards), timing] {
+      timing->write_begin = Clock::now();
       try {
         write(step, shards, state);
+        timing->committed = true;
       } catch (...) {
         background_error_ = std::current_exception();
       }
+      timing->write_end = Clock::now();
     });
+    timings_.back().hold_end = Clock::now();
     last_stall_seconds_ = seconds_since(start);
     return;
   }
   for (int r = 0; r < executor.num_ranks(); ++r)
     shards.push_back(rank_checkpoint_tensors(executor, r));
+  SaveTiming& timing = timings_.back();
+  timing.write_begin = Clock::now();
   try {
     write(step, shards, state);
     last_saved_step_ = step;
+    timing.committed = true;
   } catch (const std::exception& e) {
+    timing.write_end = timing.hold_end = Clock::now();
     last_stall_seconds_ = seconds_since(start);
     failed(e);
   }
+  timing.write_end = timing.hold_end = Clock::now();
   last_stall_seconds_ = seconds_since(start);
 }
 

@@ -39,6 +39,15 @@ TrainingState trainer_training_state(Trainer& trainer);
 // naming the folder otherwise.
 void check_checkpoint_directory(const std::filesystem::path& dir);
 
+// When one save held the training loop and when its files were written, on the steady clock:
+// with --async-save the write runs on its own thread while training goes on.
+struct SaveTiming {
+  int64_t step = 0;
+  bool async = false;
+  bool committed = false;  // false: the save failed
+  std::chrono::steady_clock::time_point hold_begin, hold_end, write_begin, write_end;
+};
+
 class TrainerCheckpointer {
  public:
   // Checks the folder (check_checkpoint_directory) and installs Trainer::save_now.
@@ -59,6 +68,9 @@ class TrainerCheckpointer {
   // Seconds the last save() held the training loop (the whole save, or wait + snapshot).
   double last_stall_seconds() const { return last_stall_seconds_; }
   int64_t last_saved_step() const { return last_saved_step_; }
+  // Every save of this checkpointer so far; a background save's entry is complete once the
+  // next save() or finish() has waited for it.
+  const std::vector<SaveTiming>& save_timings() const { return timings_; }
 
  private:
   void wait_for_background();
@@ -72,6 +84,7 @@ class TrainerCheckpointer {
   std::exception_ptr background_error_;
   int64_t last_saved_step_ = -1;
   double last_stall_seconds_ = 0.0;
+  std::vector<SaveTiming> timings_;  // appended only after the background save is joined
 };
 
 // Restores the checkpoint `path` names (DIR, DIR/latest or DIR/step_<N>) into the trainer:

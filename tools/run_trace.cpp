@@ -1,0 +1,80 @@
+#include "tools/run_trace.h"
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+
+namespace conveyor {
+namespace {
+
+using json = nlohmann::json;
+
+// The run's own process in the trace, above the ranks of the last step (pids 0..ranks-1).
+constexpr int kRunPid = 1000000;
+constexpr int kLoopTid = 0, kWriterTid = 1;
+
+json slice(const std::string& name, int tid, double begin_us, double end_us) {
+  return {{"ph", "X"},  {"name", name},   {"pid", kRunPid},
+          {"tid", tid}, {"ts", begin_us}, {"dur", std::max(0.0, end_us - begin_us)}};
+}
+
+json thread_name(int tid, const char* name) {
+  return {{"ph", "M"},
+          {"name", "thread_name"},
+          {"pid", kRunPid},
+          {"tid", tid},
+          {"args", {{"name", name}}}};
+}
+
+}  // namespace
+
+double RunTrace::us(Clock::time_point t) const {
+  return std::chrono::duration<double, std::micro>(t - start_).count();
+}
+
+void RunTrace::add_step(int64_t step, Clock::time_point begin, Clock::time_point end) {
+  if (steps_.size() == kMaxSteps) {
+    steps_.erase(steps_.begin(), steps_.begin() + kMaxSteps / 2);
+    dropped_ += kMaxSteps / 2;
+  }
+  steps_.push_back({step, us(begin), us(end)});
+}
+
+std::string RunTrace::to_json(const std::string& last_step_trace,
+                              const std::vector<SaveTiming>& saves) const {
+  json events = json::array();
+  events.push_back({{"ph", "M"},
+                    {"name", "process_name"},
+                    {"pid", kRunPid},
+                    {"args", {{"name", "training run"}}}});
+  events.push_back({{"ph", "M"},
+                    {"name", "process_sort_index"},
+                    {"pid", kRunPid},
+                    {"args", {{"sort_index", -1}}}});
+  events.push_back(thread_name(kLoopTid, "training loop"));
+  events.push_back(thread_name(kWriterTid, "checkpoint write"));
+  for (const Step& s : steps_)
+    events.push_back(slice("step " + std::to_string(s.step), kLoopTid, s.begin_us, s.end_us));
+  for (const SaveTiming& save : saves) {
+    const std::string name =
+        "step_" + std::to_string(save.step) + (save.committed ? "" : " (failed)");
+    events.push_back(slice((save.async ? "snapshot " : "save ") + name, kLoopTid,
+                           us(save.hold_begin), us(save.hold_end)));
+    events.push_back(slice("write " + name, save.async ? kWriterTid : kLoopTid,
+                           us(save.write_begin), us(save.write_end)));
+  }
+  json doc = {{"displayTimeUnit", "ms"},
+              {"otherData", {{"steps_dropped_from_the_front", dropped_}}}};
+  if (!last_step_trace.empty() && !steps_.empty()) {
+    // The last step's ranks, moved from its own origin to the run's clock.
+    json last = json::parse(last_step_trace);
+    for (auto& ev : last["traceEvents"]) {
+      if (ev.contains("ts")) ev["ts"] = ev["ts"].get<double>() + steps_.back().begin_us;
+      events.push_back(std::move(ev));
+    }
+    doc["otherData"]["last_step"] = last["otherData"];
+  }
+  doc["traceEvents"] = std::move(events);
+  return doc.dump(1) + "\n";
+}
+
+}  // namespace conveyor
