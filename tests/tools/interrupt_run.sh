@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sends SIGNAL to a training run once its JSON log has LINES lines, then checks that it ended
 # within a few seconds with STATUS, printed "interrupted at step N", and that the log holds
-# exactly the N finished steps, each line valid JSON.
+# exactly the N finished steps, each line valid JSON. With SAVED_IN=DIR in the environment
+# (the run's --save-dir, wiped first), also that DIR/latest names step N and verifies.
 # Usage: interrupt_run.sh SIGNAL STATUS LINES LOGFILE COMMAND [ARGS...]
 set -u
 signal=$1
@@ -10,6 +11,7 @@ lines=$3
 log=$4
 shift 4
 rm -f "$log"
+[ -n "${SAVED_IN:-}" ] && rm -rf "$SAVED_IN"
 out=$(mktemp)
 "$@" >"$out" 2>&1 &
 pid=$!
@@ -37,4 +39,9 @@ for i, line in enumerate(open(sys.argv[1]), 1):
     row = json.loads(line)
     assert row["step"] == i, (i, row)
 ' "$log" || fail "log lines are not complete JSON rows of steps 1..$step"
+if [ -n "${SAVED_IN:-}" ]; then
+  [ "$(cat "$SAVED_IN/latest" 2>/dev/null)" = "step_$step" ] ||
+    fail "latest is '$(cat "$SAVED_IN/latest" 2>/dev/null)', expected step_$step"
+  "$1" ckpt verify "$SAVED_IN" >/dev/null || fail "the checkpoint of step $step does not verify"
+fi
 rm -f "$out"
