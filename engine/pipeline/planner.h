@@ -26,6 +26,7 @@ struct UnitCost {
   double activation_bytes = 0;  // saved by the forward until the backward has used it
   double parameter_bytes = 0;   // the weights alone (the size of the gradient all-reduce)
   double state_bytes = 0;       // parameters + gradients + optimizer state
+  double input_bytes = 0;       // the tensor entering the unit (0 for token ids)
 
   double compute() const { return forward + backward_input + backward_weight; }
 };

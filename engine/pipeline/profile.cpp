@@ -78,10 +78,19 @@ UnitCost profile_unit(const ModelDescription& model, int64_t u, DeviceContext& c
       last ? Tensor()
            : random_tensor(ctx, model.activation_at(u + 1, n), options.seed + 17 * u + 4);
 
+  if (u > 0) cost.input_bytes = static_cast<double>(CachingAllocator::round_size(input.nbytes()));
   std::vector<double> forward, input_grad, weight_grad;
   for (int rep = 0; rep < options.warmup + options.repetitions; ++rep) {
     const size_t before = ctx.allocator().stats().allocated_bytes;
-    double f = timed(ctx, [&] { stage.forward(rep, input, in); });
+    // A fresh copy of the input, counted when the unit keeps it (as it does in a stage, where
+    // nothing else holds it); the token ids of the first unit are a view of the step's ids.
+    Tensor x = input;
+    if (u > 0) {
+      x = ctx.empty(input.shape(), input.dtype());
+      copy_tensor(x, input, ctx.compute_stream().native());
+    }
+    double f = timed(ctx, [&] { stage.forward(rep, x, in); });
+    x = Tensor();
     // The output went to the next unit; what is still allocated is what the backward keeps.
     cost.activation_bytes =
         static_cast<double>(ctx.allocator().stats().allocated_bytes) - static_cast<double>(before);
