@@ -8,6 +8,7 @@
 #include <limits>
 #include <sstream>
 
+#include "engine/pipeline/memory_estimate.h"
 #include "engine/schedule/simulator.h"
 
 namespace conveyor {
@@ -92,6 +93,42 @@ std::vector<double> memory_of(const Sums& sums, const std::vector<StageRange>& r
   return out;
 }
 
+// One micro-batch's kept and rebuilt activation bytes per stage, with `recomputed` units.
+std::vector<StageActivationBytes> recompute_bytes(const std::vector<UnitCost>& units,
+                                                  const std::vector<StageRange>& ranges,
+                                                  const std::vector<bool>& recomputed) {
+  std::vector<double> saved, input;
+  for (const auto& u : units) saved.push_back(u.activation_bytes), input.push_back(u.input_bytes);
+  return stage_activation_bytes(saved, input, ranges, recomputed);
+}
+
+// Per rank memory of a partition: the state of its units plus the activations its stages
+// hold at the peak (with recomputed units, their kept inputs and rebuilds).
+struct MemoryModel {
+  const Sums& sums;
+  const std::vector<UnitCost>& units;
+  const std::vector<bool>& recomputed;
+  const schedule::Schedule& schedule;
+
+  std::vector<double> operator()(const std::vector<StageRange>& ranges) const {
+    if (recomputed.empty()) return memory_of(sums, ranges, schedule);
+    const auto peaks =
+        peak_activation_bytes(schedule, recompute_bytes(units, ranges, recomputed), true);
+    std::vector<double> out(schedule.num_ranks(), 0.0);
+    for (int s = 0; s < static_cast<int>(ranges.size()); ++s)
+      out[schedule.placement.rank_of(s)] += sums.state.over(ranges[s]);
+    for (int r = 0; r < schedule.num_ranks(); ++r) out[r] += peaks[r];
+    return out;
+  }
+  // One stage's state and activations, as if its rank held nothing else (one stage per rank).
+  double stage(int s, int64_t b, int64_t e) const {
+    std::vector<StageActivationBytes> stages(schedule.num_stages());
+    stages[s] = recompute_bytes(units, {{b, e}}, recomputed)[0];
+    return sums.state.over(b, e) +
+           peak_activation_bytes(schedule, stages, true)[schedule.placement.rank_of(s)];
+  }
+};
+
 std::vector<StageRange> from_cuts(const std::vector<int64_t>& starts, int64_t units) {
   std::vector<StageRange> ranges;
   for (size_t s = 0; s < starts.size(); ++s)
@@ -141,15 +178,15 @@ double partitions_count(int64_t units, int stages) {  // C(units - 1, stages - 1
   return c;
 }
 
-[[noreturn]] void throw_no_fit(const std::vector<UnitCost>& units, const Sums& sums,
+[[noreturn]] void throw_no_fit(const std::vector<UnitCost>& units, const MemoryModel& memory_of,
                                const schedule::Schedule& schedule, double cap,
                                const std::vector<StageRange>& fastest,
                                const std::vector<StageRange>& leanest) {
-  const auto memory = memory_of(sums, fastest, schedule);
+  const auto memory = memory_of(fastest);
   const int worst =
       static_cast<int>(std::max_element(memory.begin(), memory.end()) - memory.begin());
   const auto held = schedule::in_flight_per_rank(schedule);
-  const auto leanest_memory = memory_of(sums, leanest, schedule);
+  const auto leanest_memory = memory_of(leanest);
   const double smallest = *std::max_element(leanest_memory.begin(), leanest_memory.end());
   std::ostringstream out;
   out << "no partition of " << units.size() << " units into " << schedule.num_stages()
@@ -158,8 +195,8 @@ double partitions_count(int64_t units, int stages) {  // C(units - 1, stages - 1
       << ranges_text(fastest) << " rank " << worst << " needs " << bytes_text(memory[worst]) << " ("
       << held[worst].peak_held << " micro-batches held), " << bytes_text(memory[worst] - cap)
       << " over; the smallest cap any partition fits is " << bytes_text(smallest) << " ("
-      << ranges_text(leanest) << "); raise the cap or pick a schedule that holds fewer "
-      << "micro-batches";
+      << ranges_text(leanest) << "); raise the cap, pick a schedule that holds fewer "
+      << "micro-batches" << (memory_of.recomputed.empty() ? " or recompute activations" : "");
   throw PlanError(out.str());
 }
 
@@ -167,8 +204,18 @@ double partitions_count(int64_t units, int stages) {  // C(units - 1, stages - 1
 
 std::vector<double> rank_memory(const std::vector<UnitCost>& units,
                                 const std::vector<StageRange>& ranges,
-                                const schedule::Schedule& schedule) {
-  return memory_of(Sums(units), ranges, schedule);
+                                const schedule::Schedule& schedule,
+                                const std::vector<bool>& recomputed) {
+  const Sums sums(units);
+  return MemoryModel{sums, units, recomputed, schedule}(ranges);
+}
+
+std::vector<UnitCost> with_recompute_time(const std::vector<UnitCost>& units,
+                                          const std::vector<bool>& recomputed) {
+  std::vector<UnitCost> out = units;
+  for (size_t u = 0; u < out.size() && u < recomputed.size(); ++u)
+    if (recomputed[u]) out[u].backward_input += out[u].forward;
+  return out;
 }
 
 std::vector<int64_t> blocks_of(const std::vector<StageRange>& ranges) {
@@ -181,13 +228,19 @@ std::vector<int64_t> blocks_of(const std::vector<StageRange>& ranges) {
 
 PartitionChoice best_partition(const std::vector<UnitCost>& units,
                                const schedule::Schedule& schedule, double memory_cap,
-                               int64_t max_enumerated) {
+                               int64_t max_enumerated, const std::vector<bool>& recomputed) {
   check_shape(units, schedule);
+  if (!recomputed.empty() && recomputed.size() != units.size())
+    throw PlanError("recomputation marks " + std::to_string(recomputed.size()) +
+                    " units of a cost table of " + std::to_string(units.size()) +
+                    "; expected one mark per unit");
   if (memory_cap < 0)
     throw PlanError("memory cap " + std::to_string(memory_cap) +
                     " is negative; expected bytes "
                     "> 0, or 0 for no cap");
-  const Sums sums(units);
+  const std::vector<UnitCost> timed = with_recompute_time(units, recomputed);
+  const Sums sums(timed);
+  const MemoryModel memory_of{sums, timed, recomputed, schedule};
   const int64_t n = static_cast<int64_t>(units.size());
   const int stages = schedule.num_stages();
   const schedule::Placement& placement = schedule.placement;
@@ -198,6 +251,7 @@ PartitionChoice best_partition(const std::vector<UnitCost>& units,
     // at the peak times its activation bytes, so both objective and cap are per stage.
     const auto held = schedule::in_flight_per_rank(schedule);
     auto stage_bytes = [&](int s, int64_t b, int64_t e) {
+      if (!recomputed.empty()) return memory_of.stage(s, b, e);
       return sums.state.over(b, e) +
              held[placement.rank_of(s)].peak_held * sums.activation.over(b, e);
     };
@@ -221,15 +275,15 @@ PartitionChoice best_partition(const std::vector<UnitCost>& units,
     double best = kInf, best_any = kInf, leanest_peak = kInf;
     for_each_partition(n, stages, [&](const std::vector<StageRange>& ranges) {
       const double t = bottleneck_of(sums, ranges, placement);
-      const auto memory = memory_of(sums, ranges, schedule);
+      const auto memory = memory_of(ranges);
       const double peak = *std::max_element(memory.begin(), memory.end());
       if (t < best_any) best_any = t, fastest = ranges;
       if (peak < leanest_peak) leanest_peak = peak, leanest = ranges;
       if (fits(peak, memory_cap) && t < best) best = t, chosen = ranges;
     });
   }
-  if (chosen.empty()) throw_no_fit(units, sums, schedule, memory_cap, fastest, leanest);
-  return {chosen, bottleneck_of(sums, chosen, placement), memory_of(sums, chosen, schedule)};
+  if (chosen.empty()) throw_no_fit(units, memory_of, schedule, memory_cap, fastest, leanest);
+  return {chosen, bottleneck_of(sums, chosen, placement), memory_of(chosen)};
 }
 
 const PlanCandidate& Plan::best() const {
@@ -249,6 +303,7 @@ std::vector<UnitCost> scaled(const std::vector<UnitCost>& units, double factor) 
     u.backward_input *= factor;
     u.backward_weight *= factor;
     u.activation_bytes *= factor;
+    u.input_bytes *= factor;
   }
   return out;
 }
@@ -379,13 +434,6 @@ Plan plan(const std::vector<UnitCosts>& measured, const PlanOptions& options) {
     const auto units = scaled(costs.units, factor);
     for (const auto& k : kinds) {
       if (p == 1 && k.kind != schedule::ScheduleKind::k1F1B) continue;
-      PlanCandidate c;
-      c.kind = k.kind;
-      c.chunks = k.chunks;
-      c.microbatches = m;
-      c.layout = schedule::schedule_kind_name(k.kind);
-      if (k.kind == schedule::ScheduleKind::kInterleaved)
-        c.layout += " v=" + std::to_string(k.chunks);
       schedule::Schedule sched;
       try {
         sched = schedule::generate(k.kind, p, m, k.chunks);
@@ -393,18 +441,39 @@ Plan plan(const std::vector<UnitCosts>& measured, const PlanOptions& options) {
         continue;  // not defined for these values (interleaved needs m % p == 0)
       }
       if (sched.num_stages() > static_cast<int>(units.size())) continue;
-      try {
-        const PartitionChoice choice = best_partition(units, sched, options.memory_cap);
-        c.ranges = choice.ranges;
-        c.peak_bytes = choice.rank_bytes;
-        const auto sim = schedule::simulate(
-            sched, cost_model(units, choice.ranges, costs.transfer_seconds * factor));
-        c.step_seconds = sim.makespan;
-        c.bubble = sim.bubble_fraction;
-      } catch (const PlanError& e) {
-        c.rejected = e.what();
-      }
+      auto candidate = [&](const RecomputeSpec& recompute) {
+        PlanCandidate c;
+        c.kind = k.kind;
+        c.chunks = k.chunks;
+        c.microbatches = m;
+        c.recompute = recompute;
+        c.layout = schedule::schedule_kind_name(k.kind);
+        if (k.kind == schedule::ScheduleKind::kInterleaved)
+          c.layout += " v=" + std::to_string(k.chunks);
+        try {
+          const std::vector<bool> marks =
+              recompute.any() ? recompute.per_unit(static_cast<int64_t>(units.size()))
+                              : std::vector<bool>{};
+          const PartitionChoice choice =
+              best_partition(units, sched, options.memory_cap, 200000, marks);
+          c.ranges = choice.ranges;
+          c.peak_bytes = choice.rank_bytes;
+          const auto sim =
+              schedule::simulate(sched, cost_model(with_recompute_time(units, marks), choice.ranges,
+                                                   costs.transfer_seconds * factor));
+          c.step_seconds = sim.makespan;
+          c.bubble = sim.bubble_fraction;
+        } catch (const std::invalid_argument& e) {  // PlanError, or units out of range
+          c.rejected = e.what();
+        }
+        return c;
+      };
+      PlanCandidate c = candidate(options.recompute);
+      // Short of memory: the same layout recomputing every unit may fit.
+      const bool retry =
+          !c.rejected.empty() && !options.recompute.any() && options.recompute_when_short;
       out.candidates.push_back(std::move(c));
+      if (retry) out.candidates.push_back(candidate(RecomputeSpec::every_unit()));
     }
   }
   if (options.include_data_parallel && p > 1)
@@ -421,7 +490,8 @@ std::string format_plan(const Plan& plan) {
   std::ostringstream out;
   out << std::left << std::setw(5) << "rank" << std::setw(20) << "layout" << std::right
       << std::setw(5) << "m" << std::setw(14) << "step (ms)" << std::setw(9) << "bubble"
-      << "  peak memory per rank / partition\n";
+      << "  " << std::left << std::setw(11) << "recompute"
+      << "peak memory per rank / partition\n";
   int rank = 0;
   for (const auto& c : plan.candidates) {
     std::ostringstream memory;
@@ -431,10 +501,13 @@ std::string format_plan(const Plan& plan) {
         << std::setw(20) << c.layout << std::right << std::setw(5) << c.microbatches;
     if (c.rejected.empty()) {
       out << std::fixed << std::setprecision(3) << std::setw(14) << c.step_seconds * 1e3
-          << std::setprecision(1) << std::setw(8) << c.bubble * 100 << "%  " << memory.str()
-          << " / " << (c.pipelined ? ranges_text(c.ranges) : "whole model on every device") << "\n";
+          << std::setprecision(1) << std::setw(8) << c.bubble * 100 << "%  " << std::left
+          << std::setw(11) << (c.pipelined ? to_string(c.recompute) : "none") << std::right
+          << memory.str() << " / "
+          << (c.pipelined ? ranges_text(c.ranges) : "whole model on every device") << "\n";
     } else {
-      out << "  does not fit: " << c.rejected << "\n";
+      out << "  does not fit" << (c.recompute.any() ? " recomputing " + to_string(c.recompute) : "")
+          << ": " << c.rejected << "\n";
     }
   }
   const PlanCandidate* best_pipe = nullptr;

@@ -6,13 +6,16 @@
 // Memory per rank is the state of its units (parameters, gradients, optimizer state) plus the
 // activations its stages hold at the schedule's peak. How many micro-batches a stage holds
 // comes from the schedule IR (schedule::in_flight_per_rank, "held": from F to the last
-// backward that reads them), never from a closed form.
+// backward that reads them), never from a closed form. A recomputed unit (recompute.h) keeps
+// only the input of its run, its rebuild is held from the backward to the weight gradient,
+// and its forward time is added to its backward (B, or I when split).
 #include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "engine/pipeline/partition.h"
+#include "engine/pipeline/recompute.h"
 #include "engine/schedule/generators.h"
 #include "engine/schedule/schedule.h"
 
@@ -57,16 +60,25 @@ struct PartitionChoice {
 // enumerating every contiguous partition (PlanError when there are more than `max_enumerated`).
 // The simulator, not this objective, gives the step time; plan() uses it to rank candidates.
 // Throws PlanError when no partition fits the cap, naming the stage that overflows in the
-// fastest partition, by how much, and the smallest cap any partition fits.
+// fastest partition, by how much, and the smallest cap any partition fits. `recomputed[u]`
+// (empty: none) marks the units that recompute: their forward counts again in the backward,
+// and they keep their run's input instead of their activations.
 PartitionChoice best_partition(const std::vector<UnitCost>& units,
                                const schedule::Schedule& schedule, double memory_cap = 0,
-                               int64_t max_enumerated = 200000);
+                               int64_t max_enumerated = 200000,
+                               const std::vector<bool>& recomputed = {});
 
 // Per rank: state of its units plus the peak bytes of activations its stages hold, for the
-// given unit ranges per stage.
+// given unit ranges per stage (and recomputed units, as best_partition takes them).
 std::vector<double> rank_memory(const std::vector<UnitCost>& units,
                                 const std::vector<StageRange>& ranges,
-                                const schedule::Schedule& schedule);
+                                const schedule::Schedule& schedule,
+                                const std::vector<bool>& recomputed = {});
+
+// The costs with each recomputed unit's forward added to its input-gradient time (what the
+// simulator's B and I then include).
+std::vector<UnitCost> with_recompute_time(const std::vector<UnitCost>& units,
+                                          const std::vector<bool>& recomputed);
 
 // The ranges as blocks per stage (what PartitionSpec::explicit_blocks takes), for a model of
 // units.size() units whose first and last units are not blocks.
@@ -81,6 +93,10 @@ struct PlanOptions {
   double allreduce_bandwidth = 0;  // bytes per second of the data-parallel all-reduce; 0 = free
   double allreduce_latency = 0;    // seconds per all-reduce step
   bool include_data_parallel = true;
+  RecomputeSpec recompute;  // of every pipelined candidate
+  // With `recompute` none: a pipelined candidate that does not fit the cap is tried again
+  // with every unit recomputed (RecomputeSpec::every_unit), listed next to it.
+  bool recompute_when_short = true;
 };
 
 struct PlanCandidate {
@@ -90,6 +106,7 @@ struct PlanCandidate {
   int chunks = 1;
   int microbatches = 1;            // per step (data-parallel: per replica)
   std::vector<StageRange> ranges;  // per stage; data-parallel: the whole model
+  RecomputeSpec recompute;         // what the pipelined candidate recomputes
   double step_seconds = 0;         // predicted by the simulator (data-parallel: compute + reduce)
   double bubble = 0;               // idle fraction of the ranks
   std::vector<double> peak_bytes;  // per rank (data-parallel: per replica)
@@ -111,8 +128,8 @@ Plan plan(const UnitCosts& costs, const PlanOptions& options);
 // times do not scale linearly across cache sizes.
 Plan plan(const std::vector<UnitCosts>& measured, const PlanOptions& options);
 
-// The ranked table: step time, bubble, peak memory per rank, the partition; says plainly when
-// running without a pipeline is faster.
+// The ranked table: step time, bubble, what is recomputed, peak memory per rank, the
+// partition; says plainly when running without a pipeline is faster.
 std::string format_plan(const Plan& plan);
 
 }  // namespace conveyor
