@@ -13,11 +13,13 @@ namespace conveyor {
 std::vector<StageActivationBytes> stage_activation_bytes(const std::vector<double>& saved,
                                                          const std::vector<double>& input,
                                                          const std::vector<StageRange>& ranges,
-                                                         const std::vector<bool>& recomputed) {
+                                                         const std::vector<bool>& recomputed,
+                                                         const std::vector<double>& pending) {
   std::vector<StageActivationBytes> out(ranges.size());
   for (size_t s = 0; s < ranges.size(); ++s) {
     for (int64_t u = ranges[s].begin; u < ranges[s].end; ++u) {
       const auto i = static_cast<size_t>(u);
+      if (!pending.empty()) out[s].weight_pending += pending[i];
       const bool r = !recomputed.empty() && recomputed[i];
       if (!r) {
         out[s].kept += saved[i];
@@ -48,20 +50,21 @@ std::vector<double> peak_activation_bytes(const schedule::Schedule& schedule,
           peak = std::max(peak, held);
           break;
         case schedule::ActionKind::kBackward:
-          peak = std::max(peak, held + b.rebuilt);
+          // A stage's backward runs every unit's input half before the weight halves.
+          peak = std::max(peak, held + b.rebuilt + b.weight_pending);
           held -= b.kept;
           break;
         case schedule::ActionKind::kBackwardInput:
           if (until_weight) {
-            held += b.rebuilt;
+            held += b.rebuilt + b.weight_pending;
             peak = std::max(peak, held);
           } else {
-            peak = std::max(peak, held + b.rebuilt);
+            peak = std::max(peak, held + b.rebuilt + b.weight_pending);
             held -= b.kept;
           }
           break;
         case schedule::ActionKind::kBackwardWeight:
-          if (until_weight) held -= b.kept + b.rebuilt;
+          if (until_weight) held -= b.kept + b.rebuilt + b.weight_pending;
           break;
         default:
           break;

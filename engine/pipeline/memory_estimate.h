@@ -24,27 +24,31 @@ struct RankMemoryEstimate {
 };
 
 // One micro-batch's activations on one stage: what its forward keeps until the backward (the
-// saved tensors of the units that keep theirs, the input of each recomputed run), and what
-// the backward allocates again when it re-runs the recomputed units' forward.
+// saved tensors of the units that keep theirs, the input of each recomputed run), what the
+// backward allocates again when it re-runs the recomputed units' forward, and what a split
+// input gradient leaves for the weight gradient on top (the output gradients W reads).
 struct StageActivationBytes {
   double kept = 0;
   double rebuilt = 0;
+  double weight_pending = 0;
 };
 
 // Per stage, from per-unit bytes of one micro-batch: `saved[u]`, what unit u's forward saves
 // for its backward; `input[u]`, the tensor entering unit u (what a recomputed run starting at
-// u keeps instead); `recomputed[u]`, whether unit u is recomputed (empty: none is).
+// u keeps instead); `recomputed[u]`, whether unit u is recomputed (empty: none is);
+// `pending[u]`, what unit u's input gradient leaves for its weight gradient (empty: nothing).
 std::vector<StageActivationBytes> stage_activation_bytes(const std::vector<double>& saved,
                                                          const std::vector<double>& input,
                                                          const std::vector<StageRange>& ranges,
-                                                         const std::vector<bool>& recomputed);
+                                                         const std::vector<bool>& recomputed,
+                                                         const std::vector<double>& pending = {});
 
 // Per rank, the peak over its list of the activation bytes its stages hold: F(s, mb) adds
-// kept[s]; the backward of (s, mb) — B, or I when split — holds rebuilt[s] on top while it
-// runs, then releases kept[s]. With `until_weight`, what I used stays until its W instead
-// (kept[s] and rebuilt[s] both), as a split backward keeps it for the weight gradient.
-// Without recomputation this is schedule::in_flight_per_rank's peak bytes (in flight, or held
-// with `until_weight`).
+// kept[s]; the backward of (s, mb) — B, or I when split — holds rebuilt[s] and
+// weight_pending[s] on top while it runs, then releases kept[s]. With `until_weight`, what I used
+// stays until its W instead (kept[s], rebuilt[s] and weight_pending[s]), as a split backward keeps
+// it for the weight gradient. Without recomputation this is schedule::in_flight_per_rank's peak
+// bytes (in flight, or held with `until_weight`).
 std::vector<double> peak_activation_bytes(const schedule::Schedule& schedule,
                                           const std::vector<StageActivationBytes>& stages,
                                           bool until_weight);

@@ -4,11 +4,12 @@
 // candidate timed by the schedule simulator. Pure code: no device, no model is built.
 //
 // Memory per rank is the state of its units (parameters, gradients, optimizer state) plus the
-// activations its stages hold at the schedule's peak. How many micro-batches a stage holds
-// comes from the schedule IR (schedule::in_flight_per_rank, "held": from F to the last
-// backward that reads them), never from a closed form. A recomputed unit (recompute.h) keeps
-// only the input of its run, its rebuild is held from the backward to the weight gradient,
-// and its forward time is added to its backward (B, or I when split).
+// activations its stages hold at the schedule's peak, the boundary tensors waiting in its
+// list order to be consumed or sent, and the largest workspace of one of its units. How many
+// micro-batches a stage holds comes from the schedule IR (schedule::in_flight_per_rank, "held":
+// from F to the last backward that reads them), never from a closed form. A recomputed unit
+// (recompute.h) keeps only the input of its run, its rebuild is held from the backward to the
+// weight gradient, and its forward time is added to its backward (B, or I when split).
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -30,6 +31,12 @@ struct UnitCost {
   double parameter_bytes = 0;   // the weights alone (the size of the gradient all-reduce)
   double state_bytes = 0;       // parameters + gradients + optimizer state
   double input_bytes = 0;       // the tensor entering the unit (0 for token ids)
+  // Allocated for a moment during the unit's F, I or W beyond what it keeps (its output or
+  // input gradient, temporaries): what a rank needs on top of its held activations.
+  double workspace_bytes = 0;
+  // Left by the input gradient for the weight gradient (the output gradients W reads), held
+  // from I to W when the backward is split.
+  double weight_pending_bytes = 0;
 
   double compute() const { return forward + backward_input + backward_weight; }
 };
