@@ -47,8 +47,8 @@ std::vector<StageActivationBytes> stage_activation_bytes(const std::vector<doubl
 // kept[s]; the backward of (s, mb) — B, or I when split — holds rebuilt[s] and
 // weight_pending[s] on top while it runs, then releases kept[s]. With `until_weight`, what I used
 // stays until its W instead (kept[s], rebuilt[s] and weight_pending[s]), as a split backward keeps
-// it for the weight gradient. Without recomputation this is schedule::in_flight_per_rank's peak
-// bytes (in flight, or held with `until_weight`).
+// it for the weight gradient. With only kept bytes this is schedule::in_flight_per_rank's
+// peak bytes (in flight, or held with `until_weight`).
 std::vector<double> peak_activation_bytes(const schedule::Schedule& schedule,
                                           const std::vector<StageActivationBytes>& stages,
                                           bool until_weight);

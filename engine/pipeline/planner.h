@@ -3,13 +3,13 @@
 // (exactly, under a per-device memory cap), the schedule and the micro-batch count, each
 // candidate timed by the schedule simulator. Pure code: no device, no model is built.
 //
-// Memory per rank is the state of its units (parameters, gradients, optimizer state) plus the
-// activations its stages hold at the schedule's peak, the boundary tensors waiting in its
-// list order to be consumed or sent, and the largest workspace of one of its units. How many
-// micro-batches a stage holds comes from the schedule IR (schedule::in_flight_per_rank, "held":
-// from F to the last backward that reads them), never from a closed form. A recomputed unit
-// (recompute.h) keeps only the input of its run, its rebuild is held from the backward to the
-// weight gradient, and its forward time is added to its backward (B, or I when split).
+// Memory per rank is what a run allocates there: the state of its units (parameters,
+// gradients, optimizer state), the activations its stages hold at the schedule's peak (walked
+// over the rank's list in the IR, never from a closed form: kept from F; what the backward
+// rebuilds or leaves for W held until W), the boundary tensors waiting to be consumed or sent,
+// the largest workspace of one of its units, and the step's ids and losses. A recomputed unit
+// (recompute.h) keeps only the input of its run, and its forward time is added to its backward
+// (B, or I when split).
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -56,7 +56,7 @@ class PlanError : public std::invalid_argument {
 struct PartitionChoice {
   std::vector<StageRange> ranges;  // per stage, in stage order
   double bottleneck = 0;           // largest per-rank compute of one micro-batch (F + I + W)
-  std::vector<double> rank_bytes;  // per rank: state + peak held activations
+  std::vector<double> rank_bytes;  // per rank, as rank_memory counts it
 };
 
 // The contiguous unit ranges for the stages of `schedule` (each stage at least one unit) that
