@@ -12,6 +12,7 @@
 #include "engine/pipeline/profile.h"
 #include "tools/cli_common.h"
 #include "tools/commands.h"
+#include "tools/run_flags.h"
 
 namespace conveyor::cli {
 
@@ -36,6 +37,7 @@ PlannedRun plan_training(const TrainConfig& config, Device device, int repetitio
   options.num_ranks = p;
   options.batch_tokens = config.batch_tokens;
   options.memory_cap = static_cast<double>(config.memory_limit_bytes);
+  options.recompute = config.recompute;
   for (int m : {p, 2 * p, 4 * p, 8 * p})
     if (config.batch_tokens % m == 0) options.microbatch_counts.push_back(m);
   if (options.microbatch_counts.empty()) options.microbatch_counts.push_back(1);
@@ -91,6 +93,7 @@ void write_plan_file(const std::string& path, const PlanCandidate& candidate, in
                          {"chunks", candidate.chunks},
                          {"microbatches", candidate.microbatches},
                          {"partition", blocks_of(candidate.ranges)},
+                         {"recompute", to_string(candidate.recompute)},
                          {"predicted_step_seconds", candidate.step_seconds}};
   std::ofstream out(path);
   if (!out) throw UsageError("cannot write --out file '" + path + "'");
@@ -102,6 +105,7 @@ void apply_candidate(const PlanCandidate& candidate, TrainConfig& config) {
   config.chunks = candidate.chunks;
   config.microbatches = candidate.microbatches;
   config.partition = PartitionSpec::explicit_blocks(blocks_of(candidate.ranges));
+  config.recompute = candidate.recompute;
 }
 
 void apply_plan_file(const std::string& path, TrainConfig& config) {
@@ -121,6 +125,12 @@ void apply_plan_file(const std::string& path, TrainConfig& config) {
     config.microbatches = plan.at("microbatches").get<int64_t>();
     config.partition =
         PartitionSpec::explicit_blocks(plan.at("partition").get<std::vector<int64_t>>());
+    // Plans written before recomputation existed keep every activation.
+    config.recompute =
+        plan.contains("recompute")
+            ? parse_recompute(plan.at("recompute").get<std::string>(), config.model.num_units(),
+                              "plan file '" + path + "' recompute")
+            : RecomputeSpec::none();
   } catch (const nlohmann::json::exception& e) {
     throw UsageError("plan file '" + path +
                      "' is not a plan written by `conveyor plan --out` (stages, schedule, "
@@ -132,13 +142,9 @@ void apply_plan_file(const std::string& path, TrainConfig& config) {
 namespace {
 
 struct PlanFlags {
-  std::string preset = "tiny";
-  int64_t d_model = 0, layers = 0, vocab = 0, hidden = 0;
-  std::string device = "auto";
+  RunFlags run;  // model, batch, device, memory cap, recomputation (shared with train)
   std::string optimizer = "adamw";
-  int64_t batch_tokens = 4096;
   int stages = 2;
-  double memory_limit_mb = 0;
   int repetitions = 5;
   uint64_t seed = 1;
   std::string out;
@@ -146,15 +152,11 @@ struct PlanFlags {
 
 void run_plan(const PlanFlags& f, const CLI::App& cmd) {
   TrainConfig config;
-  config.model = preset_with_overrides(f.preset, f.d_model, f.layers, f.hidden, f.vocab, cmd);
-  if (f.stages < 1)
-    throw UsageError("--stages must be at least 1, got " + std::to_string(f.stages));
-  if (f.batch_tokens < 1)
-    throw UsageError("--batch-tokens must be at least 1, got " + std::to_string(f.batch_tokens));
-  if (f.memory_limit_mb < 0) throw UsageError("--memory-limit-mb must be >= 0");
+  config.model = f.run.model(cmd);
   config.stages = f.stages;
-  config.batch_tokens = f.batch_tokens;
-  config.memory_limit_bytes = static_cast<size_t>(f.memory_limit_mb * 1024.0 * 1024.0);
+  config.batch_tokens = f.run.batch_tokens;
+  config.memory_limit_bytes = f.run.memory_limit_bytes();
+  config.recompute = parse_recompute(f.run.recompute, config.model.num_units());
   config.optimizer.kind = f.optimizer;
   config.seed = f.seed;
   try {
@@ -162,14 +164,7 @@ void run_plan(const PlanFlags& f, const CLI::App& cmd) {
   } catch (const std::invalid_argument& e) {
     throw UsageError(e.what());
   }
-  std::optional<Device> choice;
-  if (f.device != "auto") {
-    try {
-      choice = parse_device(f.device);
-    } catch (const std::invalid_argument& e) {
-      throw UsageError(e.what());
-    }
-  }
+  const std::optional<Device> choice = f.run.device_choice();
   std::string note;
   Device device;
   try {
@@ -194,17 +189,8 @@ void register_plan_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "plan", "Profile the model and choose partition, schedule and micro-batches");
   PlanFlags& f = *flags;
-  cmd->add_option("--preset", f.preset, "Model preset: tiny, small, medium")->capture_default_str();
-  cmd->add_option("--d-model", f.d_model, "Model width (overrides the preset)");
-  cmd->add_option("--layers", f.layers, "Number of MLP blocks (overrides the preset)");
-  cmd->add_option("--vocab", f.vocab, "Vocabulary size (overrides the preset)");
-  cmd->add_option("--hidden", f.hidden, "MLP hidden width (default 4 x d-model)");
-  cmd->add_option("--batch-tokens", f.batch_tokens, "Tokens per optimizer step")
-      ->capture_default_str();
-  cmd->add_option("--stages", f.stages, "Devices to plan for")->capture_default_str();
-  cmd->add_option("--device", f.device, "auto, cpu, cuda or cuda:N")->capture_default_str();
-  cmd->add_option("--memory-limit-mb", f.memory_limit_mb, "Memory cap per device (0: none)")
-      ->capture_default_str();
+  add_run_flags(cmd, f.run);
+  add_int_flag(cmd, "--stages", f.stages, 1, 1024, "Devices to plan for");
   cmd->add_option("--optimizer", f.optimizer, "adamw or sgd (its state counts)")
       ->capture_default_str();
   cmd->add_option("--seed", f.seed, "Seed of the profiled weights")->capture_default_str();

@@ -26,6 +26,7 @@
 #include "tools/mpi_launch.h"
 #include "tools/output_file.h"
 #include "tools/plan_command.h"
+#include "tools/run_flags.h"
 #include "tools/run_trace.h"
 
 namespace conveyor::cli {
@@ -44,11 +45,9 @@ struct CheckpointFlags {
 
 // Typed settings are spelled as words on the command line and parsed here.
 struct TrainFlags {
-  std::string preset = "tiny";
-  int64_t d_model = 0, layers = 0, vocab = 0, hidden = 0;
+  RunFlags run;    // model, batch, device, memory cap, recomputation (shared with plan)
   int chunks = 0;  // 0: 2 for interleaved (as `conveyor schedule`), else 1
   std::string activation;
-  std::string device = "auto";
   std::string schedule = "1f1b";
   std::string partition = "uniform";
   std::string placement = "auto";
@@ -56,7 +55,6 @@ struct TrainFlags {
   TrainConfig config;
   std::string log_json;
   int64_t log_every = 10;
-  double memory_limit_mb = 0.0;
   double timeout_s = 120.0;
   std::string trace;
   bool quiet = false;
@@ -266,19 +264,11 @@ TransportKind parse_transport(const std::string& name) {
                    "'");
 }
 
-std::optional<Device> parse_device_choice(const std::string& text) {
-  if (text == "auto") return std::nullopt;
-  try {
-    return parse_device(text);
-  } catch (const std::invalid_argument& e) {
-    throw UsageError(e.what());
-  }
-}
-
 TrainConfig resolve_config(TrainFlags& f, const CLI::App& cmd) {
   TrainConfig config = f.config;
-  config.model = preset_with_overrides(f.preset, f.d_model, f.layers, f.hidden, f.vocab, cmd);
-  config.device = parse_device_choice(f.device);
+  config.model = f.run.model(cmd);
+  config.batch_tokens = f.run.batch_tokens;
+  config.device = f.run.device_choice();
   config.schedule = parse_schedule(f.schedule);
   config.partition = parse_partition(f.partition);
   config.placement = parse_placement(f.placement);
@@ -290,7 +280,8 @@ TrainConfig resolve_config(TrainFlags& f, const CLI::App& cmd) {
   if (!cmd.count("--vocab") && !config.data_path.empty() && config.model.vocab < 256)
     config.model.vocab = 256;
   if (cmd.count("--activation")) config.model.activation = ops::parse_activation(f.activation);
-  config.memory_limit_bytes = static_cast<size_t>(f.memory_limit_mb * 1024.0 * 1024.0);
+  config.memory_limit_bytes = f.run.memory_limit_bytes();
+  config.recompute = parse_recompute(f.run.recompute, config.model.num_units());
   config.transport_timeout = std::chrono::milliseconds(static_cast<int64_t>(f.timeout_s * 1000));
   try {
     config.model.validate();
@@ -302,14 +293,16 @@ TrainConfig resolve_config(TrainFlags& f, const CLI::App& cmd) {
 }
 
 // --plan FILE and --partition auto: the pipeline settings come from a plan (a file, or one
-// made now by profiling on `device`); an explicit block list still wins over both.
-void apply_planning(const TrainFlags& f, Device device, TrainConfig& config) {
+// made now by profiling on `device`); an explicit block list or --recompute still wins.
+void apply_planning(const TrainFlags& f, const CLI::App& cmd, Device device, TrainConfig& config) {
   if (!f.plan_file.empty() && f.partition == "auto")
     throw UsageError("--plan and --partition auto both choose the layout; give one of them");
   const PartitionSpec given = config.partition;
   if (!f.plan_file.empty()) {
+    const RecomputeSpec given_recompute = config.recompute;
     apply_plan_file(f.plan_file, config);
     if (given.kind == PartitionSpec::Kind::kBlocks) config.partition = given;
+    if (cmd.count("--recompute")) config.recompute = given_recompute;
   } else if (f.partition == "auto") {
     const PlannedRun run = plan_training(config, device, 3, !f.quiet);
     const PlanCandidate& best = best_pipeline(run.plan);
@@ -363,7 +356,7 @@ ConfigFields configuration_fields(const TrainFlags& f, const TrainConfig& c) {
        o.kind + " lr=" + exact(o.lr) + " min_lr=" + exact(o.min_lr) +
            " warmup=" + std::to_string(o.warmup_steps) + " weight_decay=" + exact(o.weight_decay) +
            " clip=" + exact(o.clip_norm)},
-      {"--device", f.device},
+      {"--device", f.run.device},
       {"--transport", f.transport},
   };
 }
@@ -427,7 +420,7 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
   }
   if (!note.empty()) std::printf("conveyor: %s\n", note.c_str());
   config.device = device;
-  apply_planning(f, device, config);
+  apply_planning(f, cmd, device, config);
 
   // Every output file is opened (and the log locked) before any work, not after the last step.
   std::optional<OutputFile> json_log, trace;
@@ -452,6 +445,9 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
               static_cast<long long>(config.microbatches), config.optimizer.kind.c_str(),
               format_number(config.optimizer.lr).c_str());
   print_pipeline(*trainer);
+  if (config.recompute.any())
+    std::printf("recompute %s (forward re-run in the backward)\n",
+                to_string(config.recompute).c_str());
   std::unique_ptr<TrainerCheckpointer> checkpointer = setup_checkpoints(f.checkpoint, *trainer);
   const int64_t first_step = trainer->steps_done() + 1;
   const int64_t last_step_to_run =
@@ -536,31 +532,13 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
 
 }  // namespace
 
-// Token ids are i32 and the embedding is a [vocab, d_model] table: beyond this the memory
-// estimate refuses anyway, so the flag says it at once.
-constexpr int64_t kMaxVocab = int64_t{1} << 24;
-
 void register_train_command(CLI::App& app) {
   auto flags = std::make_shared<TrainFlags>();
   TrainConfig& c = flags->config;
   CLI::App* cmd = app.add_subcommand("train", "Train the reference model");
-  cmd->add_option("--preset", flags->preset,
-                  "Model preset: tiny, small, medium (the model "
-                  "flags below override it)")
-      ->capture_default_str();
-  // 0 is left to the model's own check, which names the field.
-  add_int_flag(cmd, "--d-model", flags->d_model, 0, 65536, "Model width")->default_str("preset");
-  // Bounded up front: the partitioner and the model walk every block.
-  add_int_flag(cmd, "--layers", flags->layers, 1, 4096, "Number of MLP blocks")
-      ->default_str("preset");
-  add_int_flag(cmd, "--vocab", flags->vocab, 2, kMaxVocab, "Vocabulary size")
-      ->default_str("preset, 256 with --data");
-  add_int_flag(cmd, "--hidden", flags->hidden, 1, 1 << 20, "MLP hidden width")
-      ->default_str("4 x d-model");
+  add_run_flags(cmd, flags->run);
   cmd->add_option("--activation", flags->activation, "gelu or relu")->default_str("preset");
   add_int_flag(cmd, "--steps", c.steps, 1, 1000000000, "Optimizer steps");
-  add_int_flag(cmd, "--batch-tokens", c.batch_tokens, 1, int64_t{1} << 31,
-               "Tokens per optimizer step");
   add_int_flag(cmd, "--microbatches", c.microbatches, 1, 65536, "Micro-batches per step");
   cmd->add_option("--optimizer", c.optimizer.kind, "adamw or sgd")->capture_default_str();
   constexpr double kMax = std::numeric_limits<double>::max();
@@ -578,11 +556,7 @@ void register_train_command(CLI::App& app) {
                   "Train on the bytes of FILE (a regular file of at most 1024 MiB) instead of "
                   "the Markov source")
       ->type_name("FILE");
-  cmd->add_option("--device", flags->device, "auto, cpu, cuda or cuda:N")->capture_default_str();
   cmd->add_flag("--tf32", c.allow_tf32, "Let fp32 GEMMs use TF32 tensor cores (default off)");
-  add_float_flag(cmd, "--memory-limit-mb", flags->memory_limit_mb, 0.0, 1073741824.0, false,
-                 "Cap the device allocator in MiB, emulating a smaller device (0: the device's "
-                 "own memory)");
   cmd->add_option("--log-json", flags->log_json,
                   "Write one JSON object per step to FILE (locked; flushed every line)")
       ->type_name("FILE");

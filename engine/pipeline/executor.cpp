@@ -42,6 +42,7 @@ PipelineExecutor::PipelineExecutor(const ModelDescription& model, schedule::Sche
     throw std::invalid_argument("the schedule has " + std::to_string(p) + " ranks but " +
                                 std::to_string(devices.size()) + " devices were given");
   // Before any rank is built, so that an impossible request fails at once.
+  options.recompute.per_unit(model_.num_units);
   transport_kind_ = comm::choose_transport(options.transport, devices);
   // Global parameter order: unit order, then each unit's own order.
   std::map<std::string, int> global;
@@ -65,8 +66,8 @@ PipelineExecutor::PipelineExecutor(const ModelDescription& model, schedule::Sche
     rank->send_stream = std::make_unique<Stream>(devices[r]);
     rank->recv_stream = std::make_unique<Stream>(devices[r]);
     for (int s : schedule_.placement.stages_of(r))
-      rank->stages[s] =
-          std::make_unique<Stage>(model_, ranges_[s].begin, ranges_[s].end, *rank->ctx, seed);
+      rank->stages[s] = std::make_unique<Stage>(model_, ranges_[s].begin, ranges_[s].end,
+                                                *rank->ctx, seed, options.recompute);
     for (Parameter* prm : rank->parameters()) rank->global_index.push_back(global.at(prm->name));
     rank->optimizer = std::make_unique<Optimizer>(*rank->ctx, rank->parameters(), optimizer);
     if (devices[r].is_cuda()) {

@@ -32,6 +32,7 @@
 #include "engine/pipeline/optimizer.h"
 #include "engine/pipeline/partition.h"
 #include "engine/pipeline/rank_threads.h"
+#include "engine/pipeline/recompute.h"
 #include "engine/pipeline/stage.h"
 #include "engine/schedule/schedule.h"
 #include "engine/schedule/simulator.h"
@@ -47,6 +48,8 @@ struct ExecutorOptions {
   // How long a rank waits for a peer (transfer or all-reduce) before the run fails.
   std::chrono::milliseconds transport_timeout{120000};
   DeviceContextOptions device_options;
+  // Units whose forward is re-run in the backward instead of keeping what it saves.
+  RecomputeSpec recompute;
 };
 
 // One micro-batch of the step, on the host.

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "engine/pipeline/partition.h"
+#include "engine/pipeline/recompute.h"
 #include "engine/schedule/schedule.h"
 #include "layers/model.h"
 
@@ -16,22 +17,53 @@ struct RankMemoryEstimate {
   double parameter_bytes = 0;   // f32 weights of the rank's units
   double gradient_bytes = 0;    // one f32 gradient per weight
   double optimizer_bytes = 0;   // AdamW: two moments per weight; SGD: one buffer
-  double activation_bytes = 0;  // peak in-flight micro-batches x activations kept per one
+  double activation_bytes = 0;  // peak of what the stages hold for micro-batches in flight
   double total() const {
     return parameter_bytes + gradient_bytes + optimizer_bytes + activation_bytes;
   }
 };
 
+// One micro-batch's activations on one stage: what its forward keeps until the backward (the
+// saved tensors of the units that keep theirs, the input of each recomputed run), what the
+// backward allocates again when it re-runs the recomputed units' forward, and what a split
+// input gradient leaves for the weight gradient on top (the output gradients W reads).
+struct StageActivationBytes {
+  double kept = 0;
+  double rebuilt = 0;
+  double weight_pending = 0;
+};
+
+// Per stage, from per-unit bytes of one micro-batch: `saved[u]`, what unit u's forward saves
+// for its backward; `input[u]`, the tensor entering unit u (what a recomputed run starting at
+// u keeps instead); `recomputed[u]`, whether unit u is recomputed (empty: none is);
+// `pending[u]`, what unit u's input gradient leaves for its weight gradient (empty: nothing).
+std::vector<StageActivationBytes> stage_activation_bytes(const std::vector<double>& saved,
+                                                         const std::vector<double>& input,
+                                                         const std::vector<StageRange>& ranges,
+                                                         const std::vector<bool>& recomputed,
+                                                         const std::vector<double>& pending = {});
+
+// Per rank, the peak over its list of the activation bytes its stages hold: F(s, mb) adds
+// kept[s]; the backward of (s, mb) — B, or I when split — holds rebuilt[s] and
+// weight_pending[s] on top while it runs, then releases kept[s]. With `until_weight`, what I used
+// stays until its W instead (kept[s], rebuilt[s] and weight_pending[s]), as a split backward keeps
+// it for the weight gradient. With only kept bytes this is schedule::in_flight_per_rank's
+// peak bytes (in flight, or held with `until_weight`).
+std::vector<double> peak_activation_bytes(const schedule::Schedule& schedule,
+                                          const std::vector<StageActivationBytes>& stages,
+                                          bool until_weight);
+
 // Per rank of `schedule`: its stages' parameters, gradients and `optimizer_kind` state, and
-// the schedule's peak in-flight micro-batches (schedule::in_flight_per_rank) times the
-// activations one micro-batch of `microbatch_tokens` keeps on each stage, counted as the
-// activation entering each of the stage's units (the model description's shapes). The
-// activation figure is a lower bound: units keep their inner activations too.
-std::vector<RankMemoryEstimate> estimate_rank_memory(const ModelDescription& model,
-                                                     const std::vector<StageRange>& ranges,
-                                                     const schedule::Schedule& schedule,
-                                                     const std::string& optimizer_kind,
-                                                     int64_t microbatch_tokens);
+// the peak activations its stages hold at once, for micro-batches of `microbatch_tokens`.
+// A unit keeps `unit_saved_bytes[u]` per micro-batch when given (measured, e.g. by
+// profile_units); otherwise the activation entering it (the model description's shapes), a
+// lower bound since units keep their inner activations too. The units `recompute` marks keep
+// only the input of their run, and one micro-batch's rebuild counts on top while it runs.
+std::vector<RankMemoryEstimate> estimate_rank_memory(
+    const ModelDescription& model, const std::vector<StageRange>& ranges,
+    const schedule::Schedule& schedule, const std::string& optimizer_kind,
+    int64_t microbatch_tokens, const RecomputeSpec& recompute = {},
+    const std::vector<double>& unit_saved_bytes = {});
 
 // Bytes the CPU can still give: MemAvailable of /proc/meminfo, 0 when unknown.
 double cpu_available_bytes();

@@ -8,6 +8,8 @@
 #include <limits>
 #include <sstream>
 
+#include "engine/core/allocator.h"
+#include "engine/pipeline/memory_estimate.h"
 #include "engine/schedule/simulator.h"
 
 namespace conveyor {
@@ -57,11 +59,29 @@ bool fits(double bytes, double cap) { return cap <= 0 || bytes <= cap * (1 + 1e-
 
 struct Sums {
   Prefix compute, activation, state;
+  std::vector<double> workspace;  // per unit
   explicit Sums(const std::vector<UnitCost>& units)
       : compute(units, [](const UnitCost& u) { return u.compute(); }),
         activation(units, [](const UnitCost& u) { return u.activation_bytes; }),
-        state(units, [](const UnitCost& u) { return u.state_bytes; }) {}
+        state(units, [](const UnitCost& u) { return u.state_bytes; }) {
+    for (const auto& u : units) workspace.push_back(u.workspace_bytes);
+  }
+  // The largest workspace of units [begin, end): one unit runs at a time.
+  double workspace_over(int64_t begin, int64_t end) const {
+    return *std::max_element(workspace.begin() + begin, workspace.begin() + end);
+  }
 };
+
+// Per rank, the largest workspace of the units of its stages.
+std::vector<double> workspace_of(const Sums& sums, const std::vector<StageRange>& ranges,
+                                 const schedule::Placement& placement) {
+  std::vector<double> out(placement.num_ranks, 0.0);
+  for (int s = 0; s < static_cast<int>(ranges.size()); ++s) {
+    double& w = out[placement.rank_of(s)];
+    w = std::max(w, sums.workspace_over(ranges[s].begin, ranges[s].end));
+  }
+  return out;
+}
 
 void check_shape(const std::vector<UnitCost>& units, const schedule::Schedule& schedule) {
   const int stages = schedule.num_stages();
@@ -80,17 +100,168 @@ double bottleneck_of(const Sums& sums, const std::vector<StageRange>& ranges,
   return *std::max_element(per_rank.begin(), per_rank.end());
 }
 
-std::vector<double> memory_of(const Sums& sums, const std::vector<StageRange>& ranges,
-                              const schedule::Schedule& schedule) {
-  std::vector<double> activation(ranges.size());
-  for (size_t s = 0; s < ranges.size(); ++s) activation[s] = sums.activation.over(ranges[s]);
-  const auto held = schedule::in_flight_per_rank(schedule, activation);
-  std::vector<double> out(schedule.num_ranks(), 0.0);
-  for (int s = 0; s < static_cast<int>(ranges.size()); ++s)
-    out[schedule.placement.rank_of(s)] += sums.state.over(ranges[s]);
-  for (int r = 0; r < schedule.num_ranks(); ++r) out[r] += held[r].peak_held_bytes;
+// Where one rank's memory can peak, counted in micro-batches and boundary tensors so that the
+// bytes of any stage can be put in: held[i] = (kept, rebuilt, pending) multiplicities of the
+// stage's per-micro-batch bytes at one point of the rank's list; transit[i] = (inputs,
+// outputs), the boundary tensors at the stage's input and output that wait there to be
+// consumed or sent. For a rank holding one stage (chunks == 1).
+struct PeakPoints {
+  struct Held {
+    int kept = 0, rebuilt = 0, pending = 0;
+  };
+  struct Transit {
+    int inputs = 0, outputs = 0;
+  };
+  std::vector<Held> held;
+  std::vector<Transit> transit;
+};
+
+PeakPoints peak_points(const std::vector<schedule::Action>& list, int last_stage) {
+  using schedule::ActionKind;
+  PeakPoints out;
+  int kept = 0, split = 0, inputs = 0, outputs = 0;
+  for (const auto& a : list) {
+    switch (a.kind) {
+      case ActionKind::kForward:
+        ++kept;
+        out.held.push_back({kept, split, split});
+        if (a.stage > 0) --inputs;
+        if (a.stage < last_stage) ++outputs;
+        break;
+      case ActionKind::kBackward:
+      case ActionKind::kBackwardInput:
+        if (a.kind == ActionKind::kBackward) {
+          out.held.push_back({kept, split + 1, split + 1});
+          --kept;
+        } else {
+          ++split;
+          out.held.push_back({kept, split, split});
+        }
+        if (a.stage < last_stage) --outputs;
+        if (a.stage > 0) ++inputs;
+        break;
+      case ActionKind::kBackwardWeight:
+        --kept, --split;
+        break;
+      case ActionKind::kSendAct:
+      case ActionKind::kRecvGrad:
+        outputs += a.kind == ActionKind::kSendAct ? -1 : 1;
+        break;
+      case ActionKind::kSendGrad:
+      case ActionKind::kRecvAct:
+        inputs += a.kind == ActionKind::kRecvAct ? 1 : -1;
+        break;
+    }
+    out.transit.push_back({inputs, outputs});
+  }
   return out;
 }
+
+// Per rank: the boundary tensors waiting on it, in its list order, for the given stage input
+// and output bytes (a received activation until its F takes it, an output until it is sent or
+// a local F takes it; gradients alike), plus one message per link received early.
+std::vector<double> transit_of(const schedule::Schedule& schedule, const std::vector<double>& in,
+                               const std::vector<double>& out) {
+  using schedule::ActionKind;
+  const int last = schedule.num_stages() - 1;
+  std::vector<double> peaks(schedule.ranks.size(), 0.0);
+  for (size_t r = 0; r < schedule.ranks.size(); ++r) {
+    double now = 0;
+    for (const auto& a : schedule.ranks[r]) {
+      const auto s = static_cast<size_t>(a.stage);
+      switch (a.kind) {
+        case ActionKind::kForward:
+          if (a.stage > 0) now -= in[s];
+          if (a.stage < last) now += out[s];
+          break;
+        case ActionKind::kBackward:
+        case ActionKind::kBackwardInput:
+          if (a.stage < last) now -= out[s];
+          if (a.stage > 0) now += in[s];
+          break;
+        case ActionKind::kBackwardWeight:
+          break;
+        case ActionKind::kSendAct:
+          now -= out[s];
+          break;
+        case ActionKind::kRecvGrad:
+          now += out[s];
+          break;
+        case ActionKind::kSendGrad:
+          now -= in[s];
+          break;
+        case ActionKind::kRecvAct:
+          now += in[s];
+          break;
+      }
+      peaks[r] = std::max(peaks[r], now);
+    }
+  }
+  // Receives run as soon as their message has arrived, ahead of the list: one more message
+  // per link and direction.
+  for (int s = 0; s <= last; ++s) {
+    double& peak = peaks[static_cast<size_t>(schedule.placement.rank_of(s))];
+    if (s > 0) peak += in[static_cast<size_t>(s)];
+    if (s < last) peak += out[static_cast<size_t>(s)];
+  }
+  return peaks;
+}
+
+// Per rank memory of a partition: the state of its units, the activations its stages hold at
+// the peak (with recomputed units their kept inputs and rebuilds, with a split backward what
+// I leaves for W), the boundary tensors waiting, and its largest unit workspace.
+struct MemoryModel {
+  const Sums& sums;
+  const std::vector<UnitCost>& units;
+  const std::vector<bool>& recomputed;
+  const schedule::Schedule& schedule;
+  std::vector<PeakPoints> points;  // per rank, when every rank holds one stage
+
+  MemoryModel(const Sums& sums, const std::vector<UnitCost>& units,
+              const std::vector<bool>& recomputed, const schedule::Schedule& schedule)
+      : sums(sums), units(units), recomputed(recomputed), schedule(schedule) {
+    if (schedule.placement.chunks == 1)
+      for (const auto& list : schedule.ranks)
+        points.push_back(peak_points(list, schedule.num_stages() - 1));
+  }
+
+  std::vector<StageActivationBytes> activations(const std::vector<StageRange>& ranges) const {
+    std::vector<double> saved, input, pending;
+    for (const auto& u : units)
+      saved.push_back(u.activation_bytes), input.push_back(u.input_bytes),
+          pending.push_back(u.weight_pending_bytes);
+    return stage_activation_bytes(saved, input, ranges, recomputed, pending);
+  }
+  // The boundary tensor entering unit `u` (none past the last unit).
+  double boundary(int64_t u) const {
+    return u < static_cast<int64_t>(units.size()) ? units[static_cast<size_t>(u)].input_bytes : 0.0;
+  }
+
+  std::vector<double> operator()(const std::vector<StageRange>& ranges) const {
+    const auto held = peak_activation_bytes(schedule, activations(ranges), true);
+    std::vector<double> in, out;
+    for (const auto& r : ranges) in.push_back(boundary(r.begin)), out.push_back(boundary(r.end));
+    const auto transit = transit_of(schedule, in, out);
+    const auto workspace = workspace_of(sums, ranges, schedule.placement);
+    std::vector<double> bytes(schedule.num_ranks(), 0.0);
+    for (int s = 0; s < static_cast<int>(ranges.size()); ++s)
+      bytes[schedule.placement.rank_of(s)] += sums.state.over(ranges[s]);
+    for (int r = 0; r < schedule.num_ranks(); ++r) bytes[r] += held[r] + transit[r] + workspace[r];
+    return bytes;
+  }
+  // Stage s of units [b, e) on a rank that holds only it (chunks == 1).
+  double stage(int s, int64_t b, int64_t e) const {
+    const StageActivationBytes a = activations({{b, e}})[0];
+    const PeakPoints& p = points[static_cast<size_t>(schedule.placement.rank_of(s))];
+    double held = 0, transit = 0;
+    for (const auto& h : p.held)
+      held = std::max(held, h.kept * a.kept + h.rebuilt * a.rebuilt + h.pending * a.weight_pending);
+    const double in = boundary(b), out = boundary(e);
+    for (const auto& t : p.transit) transit = std::max(transit, t.inputs * in + t.outputs * out);
+    transit += (s > 0 ? in : 0.0) + (s < schedule.num_stages() - 1 ? out : 0.0);  // as transit_of
+    return sums.state.over(b, e) + held + transit + sums.workspace_over(b, e);
+  }
+};
 
 std::vector<StageRange> from_cuts(const std::vector<int64_t>& starts, int64_t units) {
   std::vector<StageRange> ranges;
@@ -141,15 +312,15 @@ double partitions_count(int64_t units, int stages) {  // C(units - 1, stages - 1
   return c;
 }
 
-[[noreturn]] void throw_no_fit(const std::vector<UnitCost>& units, const Sums& sums,
+[[noreturn]] void throw_no_fit(const std::vector<UnitCost>& units, const MemoryModel& memory_of,
                                const schedule::Schedule& schedule, double cap,
                                const std::vector<StageRange>& fastest,
                                const std::vector<StageRange>& leanest) {
-  const auto memory = memory_of(sums, fastest, schedule);
+  const auto memory = memory_of(fastest);
   const int worst =
       static_cast<int>(std::max_element(memory.begin(), memory.end()) - memory.begin());
   const auto held = schedule::in_flight_per_rank(schedule);
-  const auto leanest_memory = memory_of(sums, leanest, schedule);
+  const auto leanest_memory = memory_of(leanest);
   const double smallest = *std::max_element(leanest_memory.begin(), leanest_memory.end());
   std::ostringstream out;
   out << "no partition of " << units.size() << " units into " << schedule.num_stages()
@@ -158,8 +329,8 @@ double partitions_count(int64_t units, int stages) {  // C(units - 1, stages - 1
       << ranges_text(fastest) << " rank " << worst << " needs " << bytes_text(memory[worst]) << " ("
       << held[worst].peak_held << " micro-batches held), " << bytes_text(memory[worst] - cap)
       << " over; the smallest cap any partition fits is " << bytes_text(smallest) << " ("
-      << ranges_text(leanest) << "); raise the cap or pick a schedule that holds fewer "
-      << "micro-batches";
+      << ranges_text(leanest) << "); raise the cap, pick a schedule that holds fewer "
+      << "micro-batches" << (memory_of.recomputed.empty() ? " or recompute activations" : "");
   throw PlanError(out.str());
 }
 
@@ -167,8 +338,18 @@ double partitions_count(int64_t units, int stages) {  // C(units - 1, stages - 1
 
 std::vector<double> rank_memory(const std::vector<UnitCost>& units,
                                 const std::vector<StageRange>& ranges,
-                                const schedule::Schedule& schedule) {
-  return memory_of(Sums(units), ranges, schedule);
+                                const schedule::Schedule& schedule,
+                                const std::vector<bool>& recomputed) {
+  const Sums sums(units);
+  return MemoryModel(sums, units, recomputed, schedule)(ranges);
+}
+
+std::vector<UnitCost> with_recompute_time(const std::vector<UnitCost>& units,
+                                          const std::vector<bool>& recomputed) {
+  std::vector<UnitCost> out = units;
+  for (size_t u = 0; u < out.size() && u < recomputed.size(); ++u)
+    if (recomputed[u]) out[u].backward_input += out[u].forward;
+  return out;
 }
 
 std::vector<int64_t> blocks_of(const std::vector<StageRange>& ranges) {
@@ -181,26 +362,28 @@ std::vector<int64_t> blocks_of(const std::vector<StageRange>& ranges) {
 
 PartitionChoice best_partition(const std::vector<UnitCost>& units,
                                const schedule::Schedule& schedule, double memory_cap,
-                               int64_t max_enumerated) {
+                               int64_t max_enumerated, const std::vector<bool>& recomputed) {
   check_shape(units, schedule);
+  if (!recomputed.empty() && recomputed.size() != units.size())
+    throw PlanError("recomputation marks " + std::to_string(recomputed.size()) +
+                    " units of a cost table of " + std::to_string(units.size()) +
+                    "; expected one mark per unit");
   if (memory_cap < 0)
     throw PlanError("memory cap " + std::to_string(memory_cap) +
                     " is negative; expected bytes "
                     "> 0, or 0 for no cap");
-  const Sums sums(units);
+  const std::vector<UnitCost> timed = with_recompute_time(units, recomputed);
+  const Sums sums(timed);
+  const MemoryModel memory_of(sums, timed, recomputed, schedule);
   const int64_t n = static_cast<int64_t>(units.size());
   const int stages = schedule.num_stages();
   const schedule::Placement& placement = schedule.placement;
   std::vector<StageRange> chosen, fastest, leanest;
 
   if (placement.chunks == 1) {
-    // One stage per rank: stage s's memory is its state plus the micro-batches its rank holds
-    // at the peak times its activation bytes, so both objective and cap are per stage.
-    const auto held = schedule::in_flight_per_rank(schedule);
-    auto stage_bytes = [&](int s, int64_t b, int64_t e) {
-      return sums.state.over(b, e) +
-             held[placement.rank_of(s)].peak_held * sums.activation.over(b, e);
-    };
+    // One stage per rank: stage s's memory depends on its own units only, so both objective
+    // and cap are per stage.
+    auto stage_bytes = [&](int s, int64_t b, int64_t e) { return memory_of.stage(s, b, e); };
     auto time = [&](int, int64_t b, int64_t e) { return sums.compute.over(b, e); };
     chosen = min_max_partition(n, stages, [&](int s, int64_t b, int64_t e) {
       return fits(stage_bytes(s, b, e), memory_cap) ? time(s, b, e) : kInf;
@@ -221,15 +404,15 @@ PartitionChoice best_partition(const std::vector<UnitCost>& units,
     double best = kInf, best_any = kInf, leanest_peak = kInf;
     for_each_partition(n, stages, [&](const std::vector<StageRange>& ranges) {
       const double t = bottleneck_of(sums, ranges, placement);
-      const auto memory = memory_of(sums, ranges, schedule);
+      const auto memory = memory_of(ranges);
       const double peak = *std::max_element(memory.begin(), memory.end());
       if (t < best_any) best_any = t, fastest = ranges;
       if (peak < leanest_peak) leanest_peak = peak, leanest = ranges;
       if (fits(peak, memory_cap) && t < best) best = t, chosen = ranges;
     });
   }
-  if (chosen.empty()) throw_no_fit(units, sums, schedule, memory_cap, fastest, leanest);
-  return {chosen, bottleneck_of(sums, chosen, placement), memory_of(sums, chosen, schedule)};
+  if (chosen.empty()) throw_no_fit(units, memory_of, schedule, memory_cap, fastest, leanest);
+  return {chosen, bottleneck_of(sums, chosen, placement), memory_of(chosen)};
 }
 
 const PlanCandidate& Plan::best() const {
@@ -249,6 +432,7 @@ std::vector<UnitCost> scaled(const std::vector<UnitCost>& units, double factor) 
     u.backward_input *= factor;
     u.backward_weight *= factor;
     u.activation_bytes *= factor;
+    u.input_bytes *= factor;
   }
   return out;
 }
@@ -376,16 +560,17 @@ Plan plan(const std::vector<UnitCosts>& measured, const PlanOptions& options) {
     const UnitCosts& costs = nearest(options.batch_tokens / m);
     const double factor = static_cast<double>(options.batch_tokens / m) /
                           static_cast<double>(costs.microbatch_tokens);
-    const auto units = scaled(costs.units, factor);
+    auto units = scaled(costs.units, factor);
+    // The step's token ids live where the first stage does, its targets and per-token losses
+    // (one tensor per micro-batch) where the last one does, for the whole step.
+    const auto round = [](int64_t bytes) {
+      return static_cast<double>(CachingAllocator::round_size(static_cast<size_t>(bytes)));
+    };
+    const double ids = round(options.batch_tokens * 4);
+    units.front().state_bytes += ids;
+    units.back().state_bytes += ids + m * round(options.batch_tokens / m * 4);
     for (const auto& k : kinds) {
       if (p == 1 && k.kind != schedule::ScheduleKind::k1F1B) continue;
-      PlanCandidate c;
-      c.kind = k.kind;
-      c.chunks = k.chunks;
-      c.microbatches = m;
-      c.layout = schedule::schedule_kind_name(k.kind);
-      if (k.kind == schedule::ScheduleKind::kInterleaved)
-        c.layout += " v=" + std::to_string(k.chunks);
       schedule::Schedule sched;
       try {
         sched = schedule::generate(k.kind, p, m, k.chunks);
@@ -393,18 +578,39 @@ Plan plan(const std::vector<UnitCosts>& measured, const PlanOptions& options) {
         continue;  // not defined for these values (interleaved needs m % p == 0)
       }
       if (sched.num_stages() > static_cast<int>(units.size())) continue;
-      try {
-        const PartitionChoice choice = best_partition(units, sched, options.memory_cap);
-        c.ranges = choice.ranges;
-        c.peak_bytes = choice.rank_bytes;
-        const auto sim = schedule::simulate(
-            sched, cost_model(units, choice.ranges, costs.transfer_seconds * factor));
-        c.step_seconds = sim.makespan;
-        c.bubble = sim.bubble_fraction;
-      } catch (const PlanError& e) {
-        c.rejected = e.what();
-      }
+      auto candidate = [&](const RecomputeSpec& recompute) {
+        PlanCandidate c;
+        c.kind = k.kind;
+        c.chunks = k.chunks;
+        c.microbatches = m;
+        c.recompute = recompute;
+        c.layout = schedule::schedule_kind_name(k.kind);
+        if (k.kind == schedule::ScheduleKind::kInterleaved)
+          c.layout += " v=" + std::to_string(k.chunks);
+        try {
+          const std::vector<bool> marks =
+              recompute.any() ? recompute.per_unit(static_cast<int64_t>(units.size()))
+                              : std::vector<bool>{};
+          const PartitionChoice choice =
+              best_partition(units, sched, options.memory_cap, 200000, marks);
+          c.ranges = choice.ranges;
+          c.peak_bytes = choice.rank_bytes;
+          const auto sim =
+              schedule::simulate(sched, cost_model(with_recompute_time(units, marks), choice.ranges,
+                                                   costs.transfer_seconds * factor));
+          c.step_seconds = sim.makespan;
+          c.bubble = sim.bubble_fraction;
+        } catch (const std::invalid_argument& e) {  // PlanError, or units out of range
+          c.rejected = e.what();
+        }
+        return c;
+      };
+      PlanCandidate c = candidate(options.recompute);
+      // Short of memory: the same layout recomputing every unit may fit.
+      const bool retry =
+          !c.rejected.empty() && !options.recompute.any() && options.recompute_when_short;
       out.candidates.push_back(std::move(c));
+      if (retry) out.candidates.push_back(candidate(RecomputeSpec::every_unit()));
     }
   }
   if (options.include_data_parallel && p > 1)
@@ -421,7 +627,8 @@ std::string format_plan(const Plan& plan) {
   std::ostringstream out;
   out << std::left << std::setw(5) << "rank" << std::setw(20) << "layout" << std::right
       << std::setw(5) << "m" << std::setw(14) << "step (ms)" << std::setw(9) << "bubble"
-      << "  peak memory per rank / partition\n";
+      << "  " << std::left << std::setw(11) << "recompute"
+      << "peak memory per rank / partition\n";
   int rank = 0;
   for (const auto& c : plan.candidates) {
     std::ostringstream memory;
@@ -431,10 +638,13 @@ std::string format_plan(const Plan& plan) {
         << std::setw(20) << c.layout << std::right << std::setw(5) << c.microbatches;
     if (c.rejected.empty()) {
       out << std::fixed << std::setprecision(3) << std::setw(14) << c.step_seconds * 1e3
-          << std::setprecision(1) << std::setw(8) << c.bubble * 100 << "%  " << memory.str()
-          << " / " << (c.pipelined ? ranges_text(c.ranges) : "whole model on every device") << "\n";
+          << std::setprecision(1) << std::setw(8) << c.bubble * 100 << "%  " << std::left
+          << std::setw(11) << (c.pipelined ? to_string(c.recompute) : "none") << std::right
+          << memory.str() << " / "
+          << (c.pipelined ? ranges_text(c.ranges) : "whole model on every device") << "\n";
     } else {
-      out << "  does not fit: " << c.rejected << "\n";
+      out << "  does not fit" << (c.recompute.any() ? " recomputing " + to_string(c.recompute) : "")
+          << ": " << c.rejected << "\n";
     }
   }
   const PlanCandidate* best_pipe = nullptr;

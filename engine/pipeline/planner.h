@@ -3,16 +3,20 @@
 // (exactly, under a per-device memory cap), the schedule and the micro-batch count, each
 // candidate timed by the schedule simulator. Pure code: no device, no model is built.
 //
-// Memory per rank is the state of its units (parameters, gradients, optimizer state) plus the
-// activations its stages hold at the schedule's peak. How many micro-batches a stage holds
-// comes from the schedule IR (schedule::in_flight_per_rank, "held": from F to the last
-// backward that reads them), never from a closed form.
+// Memory per rank is what a run allocates there: the state of its units (parameters,
+// gradients, optimizer state), the activations its stages hold at the schedule's peak (walked
+// over the rank's list in the IR, never from a closed form: kept from F; what the backward
+// rebuilds or leaves for W held until W), the boundary tensors waiting to be consumed or sent,
+// the largest workspace of one of its units, and the step's ids and losses. A recomputed unit
+// (recompute.h) keeps only the input of its run, and its forward time is added to its backward
+// (B, or I when split).
 #include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "engine/pipeline/partition.h"
+#include "engine/pipeline/recompute.h"
 #include "engine/schedule/generators.h"
 #include "engine/schedule/schedule.h"
 
@@ -26,6 +30,13 @@ struct UnitCost {
   double activation_bytes = 0;  // saved by the forward until the backward has used it
   double parameter_bytes = 0;   // the weights alone (the size of the gradient all-reduce)
   double state_bytes = 0;       // parameters + gradients + optimizer state
+  double input_bytes = 0;       // the tensor entering the unit (0 for token ids)
+  // Allocated for a moment during the unit's F, I or W beyond what it keeps (its output or
+  // input gradient, temporaries): what a rank needs on top of its held activations.
+  double workspace_bytes = 0;
+  // Left by the input gradient for the weight gradient (the output gradients W reads), held
+  // from I to W when the backward is split.
+  double weight_pending_bytes = 0;
 
   double compute() const { return forward + backward_input + backward_weight; }
 };
@@ -45,7 +56,7 @@ class PlanError : public std::invalid_argument {
 struct PartitionChoice {
   std::vector<StageRange> ranges;  // per stage, in stage order
   double bottleneck = 0;           // largest per-rank compute of one micro-batch (F + I + W)
-  std::vector<double> rank_bytes;  // per rank: state + peak held activations
+  std::vector<double> rank_bytes;  // per rank, as rank_memory counts it
 };
 
 // The contiguous unit ranges for the stages of `schedule` (each stage at least one unit) that
@@ -56,16 +67,25 @@ struct PartitionChoice {
 // enumerating every contiguous partition (PlanError when there are more than `max_enumerated`).
 // The simulator, not this objective, gives the step time; plan() uses it to rank candidates.
 // Throws PlanError when no partition fits the cap, naming the stage that overflows in the
-// fastest partition, by how much, and the smallest cap any partition fits.
+// fastest partition, by how much, and the smallest cap any partition fits. `recomputed[u]`
+// (empty: none) marks the units that recompute: their forward counts again in the backward,
+// and they keep their run's input instead of their activations.
 PartitionChoice best_partition(const std::vector<UnitCost>& units,
                                const schedule::Schedule& schedule, double memory_cap = 0,
-                               int64_t max_enumerated = 200000);
+                               int64_t max_enumerated = 200000,
+                               const std::vector<bool>& recomputed = {});
 
 // Per rank: state of its units plus the peak bytes of activations its stages hold, for the
-// given unit ranges per stage.
+// given unit ranges per stage (and recomputed units, as best_partition takes them).
 std::vector<double> rank_memory(const std::vector<UnitCost>& units,
                                 const std::vector<StageRange>& ranges,
-                                const schedule::Schedule& schedule);
+                                const schedule::Schedule& schedule,
+                                const std::vector<bool>& recomputed = {});
+
+// The costs with each recomputed unit's forward added to its input-gradient time (what the
+// simulator's B and I then include).
+std::vector<UnitCost> with_recompute_time(const std::vector<UnitCost>& units,
+                                          const std::vector<bool>& recomputed);
 
 // The ranges as blocks per stage (what PartitionSpec::explicit_blocks takes), for a model of
 // units.size() units whose first and last units are not blocks.
@@ -80,6 +100,10 @@ struct PlanOptions {
   double allreduce_bandwidth = 0;  // bytes per second of the data-parallel all-reduce; 0 = free
   double allreduce_latency = 0;    // seconds per all-reduce step
   bool include_data_parallel = true;
+  RecomputeSpec recompute;  // of every pipelined candidate
+  // With `recompute` none: a pipelined candidate that does not fit the cap is tried again
+  // with every unit recomputed (RecomputeSpec::every_unit), listed next to it.
+  bool recompute_when_short = true;
 };
 
 struct PlanCandidate {
@@ -89,6 +113,7 @@ struct PlanCandidate {
   int chunks = 1;
   int microbatches = 1;            // per step (data-parallel: per replica)
   std::vector<StageRange> ranges;  // per stage; data-parallel: the whole model
+  RecomputeSpec recompute;         // what the pipelined candidate recomputes
   double step_seconds = 0;         // predicted by the simulator (data-parallel: compute + reduce)
   double bubble = 0;               // idle fraction of the ranks
   std::vector<double> peak_bytes;  // per rank (data-parallel: per replica)
@@ -110,8 +135,8 @@ Plan plan(const UnitCosts& costs, const PlanOptions& options);
 // times do not scale linearly across cache sizes.
 Plan plan(const std::vector<UnitCosts>& measured, const PlanOptions& options);
 
-// The ranked table: step time, bubble, peak memory per rank, the partition; says plainly when
-// running without a pipeline is faster.
+// The ranked table: step time, bubble, what is recomputed, peak memory per rank, the
+// partition; says plainly when running without a pipeline is faster.
 std::string format_plan(const Plan& plan);
 
 }  // namespace conveyor

@@ -78,15 +78,49 @@ UnitCost profile_unit(const ModelDescription& model, int64_t u, DeviceContext& c
       last ? Tensor()
            : random_tensor(ctx, model.activation_at(u + 1, n), options.seed + 17 * u + 4);
 
+  if (u > 0) cost.input_bytes = static_cast<double>(CachingAllocator::round_size(input.nbytes()));
   std::vector<double> forward, input_grad, weight_grad;
   for (int rep = 0; rep < options.warmup + options.repetitions; ++rep) {
     const size_t before = ctx.allocator().stats().allocated_bytes;
-    double f = timed(ctx, [&] { stage.forward(rep, input, in); });
+    // A fresh copy of the input, counted when the unit keeps it (as it does in a stage, where
+    // nothing else holds it); the token ids of the first unit are a view of the step's ids.
+    Tensor x = input;
+    if (u > 0) {
+      x = ctx.empty(input.shape(), input.dtype());
+      copy_tensor(x, input, ctx.compute_stream().native());
+    }
+    // Each half's peak above what was allocated when it started, or after it ended for the
+    // forward (whose saved tensors stay): the unit's workspace.
+    CachingAllocator& allocator = ctx.allocator();
+    auto peak_above = [&](size_t level) {
+      return static_cast<double>(allocator.stats().peak_allocated_bytes) -
+             static_cast<double>(level);
+    };
+    allocator.reset_peak();
+    double f = timed(ctx, [&] { stage.forward(rep, x, in); });
+    x = Tensor();
     // The output went to the next unit; what is still allocated is what the backward keeps.
-    cost.activation_bytes =
-        static_cast<double>(ctx.allocator().stats().allocated_bytes) - static_cast<double>(before);
-    double i = timed(ctx, [&] { stage.backward_input(rep, dy); });
+    const size_t after_forward = allocator.stats().allocated_bytes;
+    cost.activation_bytes = static_cast<double>(after_forward) - static_cast<double>(before);
+    double workspace = peak_above(after_forward);
+    // The output gradient too is a fresh copy, counted when the unit keeps it for W (in a
+    // stage it is the next unit's input gradient, which nothing else holds).
+    Tensor g = dy;
+    if (!last) {
+      g = ctx.empty(dy.shape(), dy.dtype());
+      copy_tensor(g, dy, ctx.compute_stream().native());
+    }
+    allocator.reset_peak();
+    double i = timed(ctx, [&] { stage.backward_input(rep, g); });
+    g = Tensor();
+    workspace = std::max(workspace, peak_above(after_forward));
+    const size_t after_input_grad = allocator.stats().allocated_bytes;
+    cost.weight_pending_bytes =
+        std::max(0.0, static_cast<double>(after_input_grad) - static_cast<double>(after_forward));
+    allocator.reset_peak();
     double w = timed(ctx, [&] { stage.backward_weight(rep); });
+    workspace = std::max(workspace, peak_above(after_input_grad));
+    cost.workspace_bytes = workspace;
     if (rep >= options.warmup)
       forward.push_back(f), input_grad.push_back(i), weight_grad.push_back(w);
   }

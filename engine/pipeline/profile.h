@@ -1,7 +1,8 @@
 #pragma once
 // Measuring a model's per-unit costs on the device it will train on: forward, input-gradient
 // and weight-gradient time of every unit (the first unit and the loss head included), the
-// bytes its forward keeps for the backward, the bytes of its parameters, gradients and
+// bytes its forward keeps for the backward (and its input gradient for the weight gradient),
+// its input and its workspace, the bytes of its parameters, gradients and
 // optimizer state, and the time of one boundary activation on the in-process transport.
 // What the planner takes.
 #include <cstdint>
@@ -20,9 +21,10 @@ struct ProfileOptions {
   uint64_t seed = 1;
 };
 
-// Each unit is built alone on `ctx` and run on seeded random inputs. Times are medians in
-// seconds; bytes come from the allocator's counters. Throws std::invalid_argument for options
-// that cannot be measured.
+// Each unit is built alone on `ctx` and run on seeded random inputs (fresh copies, so what a
+// unit keeps of its input or output gradient counts). Times are medians in seconds; bytes
+// come from the allocator's counters, whose peak this resets. Throws std::invalid_argument for
+// options that cannot be measured.
 UnitCosts profile_units(const ModelDescription& model, DeviceContext& ctx,
                         const ProfileOptions& options = {});
 

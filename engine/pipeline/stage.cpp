@@ -6,15 +6,30 @@
 namespace conveyor {
 
 Stage::Stage(const ModelDescription& model, int64_t begin, int64_t end, DeviceContext& ctx,
-             uint64_t seed)
+             uint64_t seed, const RecomputeSpec& recompute)
     : ctx_(ctx), begin_(begin), end_(end), num_units_(model.num_units) {
   model.validate();
   if (begin < 0 || end > num_units_ || begin >= end)
     throw std::invalid_argument("stage units [" + std::to_string(begin) + ", " +
                                 std::to_string(end) + ") are not a non-empty range of the " +
                                 std::to_string(num_units_) + " model units");
+  const std::vector<bool> marked = recompute.per_unit(num_units_);
+  for (int64_t u = begin; u < end; ++u) {
+    const auto local = static_cast<size_t>(u - begin);
+    const bool r = marked[static_cast<size_t>(u)];
+    if (runs_.empty() || runs_.back().recompute != r)
+      runs_.push_back({local, local + 1, r});
+    else
+      runs_.back().end = local + 1;
+  }
   units_ = model.units(begin, end);
   for (Parameter* p : parameters()) p->materialize(ctx_, seed);
+}
+
+bool Stage::recomputes() const {
+  for (const Run& run : runs_)
+    if (run.recompute) return true;
+  return false;
 }
 
 std::vector<Parameter*> Stage::parameters() {
@@ -24,9 +39,9 @@ std::vector<Parameter*> Stage::parameters() {
   return out;
 }
 
-std::vector<SavedTensors>& Stage::saved_for(int64_t microbatch, const char* action) {
-  auto it = saved_.find(microbatch);
-  if (it == saved_.end())
+Stage::Held& Stage::held_for(int64_t microbatch, const char* action) {
+  auto it = held_.find(microbatch);
+  if (it == held_.end())
     throw std::logic_error(std::string(action) + " of micro-batch " + std::to_string(microbatch) +
                            " on units [" + std::to_string(begin_) + ", " + std::to_string(end_) +
                            ") before its forward");
@@ -34,13 +49,28 @@ std::vector<SavedTensors>& Stage::saved_for(int64_t microbatch, const char* acti
 }
 
 Tensor Stage::forward(int64_t microbatch, const Tensor& input, const MicroBatchInputs& in) {
-  if (saved_.count(microbatch))
+  if (held_.count(microbatch))
     throw std::logic_error("forward of micro-batch " + std::to_string(microbatch) +
                            " run twice before its backward");
-  auto& saved = saved_[microbatch];
-  saved.resize(units_.size());
+  Held& held = held_[microbatch];
+  held.saved.resize(units_.size());
+  held.run_inputs.resize(runs_.size());
   Tensor x = input;
-  for (size_t u = 0; u < units_.size(); ++u) x = units_[u]->forward(ctx_, x, in, saved[u]);
+  for (size_t r = 0; r < runs_.size(); ++r) {
+    const Run& run = runs_[r];
+    if (!run.recompute) {
+      for (size_t u = run.begin; u < run.end; ++u)
+        x = units_[u]->forward(ctx_, x, in, held.saved[u]);
+      continue;
+    }
+    // Only the run's input stays; each unit's saved tensors go as soon as the next has run.
+    held.run_inputs[r] = x;
+    for (size_t u = run.begin; u < run.end; ++u) {
+      SavedTensors discarded;
+      x = units_[u]->forward(ctx_, x, in, discarded);
+    }
+  }
+  if (recomputes()) held.inputs = in;
   return x;
 }
 
@@ -55,24 +85,34 @@ Tensor Stage::forward_only(const Tensor& input, const MicroBatchInputs& in) {
 }
 
 Tensor Stage::backward_input(int64_t microbatch, const Tensor& dy) {
-  auto& saved = saved_for(microbatch, "backward");
-  if (input_grad_done_[microbatch])
+  Held& held = held_for(microbatch, "backward");
+  if (held.input_grad_done)
     throw std::logic_error("input gradient of micro-batch " + std::to_string(microbatch) +
                            " computed twice");
   Tensor g = dy;
-  for (size_t u = units_.size(); u-- > 0;) g = units_[u]->backward_input(ctx_, g, saved[u]);
-  input_grad_done_[microbatch] = true;
+  for (size_t r = runs_.size(); r-- > 0;) {
+    const Run& run = runs_[r];
+    if (run.recompute) {
+      // The same forward on the same input: the saved tensors are bitwise the ones dropped.
+      Tensor x = held.run_inputs[r];
+      for (size_t u = run.begin; u < run.end; ++u)
+        x = units_[u]->forward(ctx_, x, held.inputs, held.saved[u]);
+      held.run_inputs[r] = Tensor();  // the first unit keeps it when its backward needs it
+    }
+    for (size_t u = run.end; u-- > run.begin;)
+      g = units_[u]->backward_input(ctx_, g, held.saved[u]);
+  }
+  held.input_grad_done = true;
   return g;
 }
 
 void Stage::backward_weight(int64_t microbatch) {
-  auto& saved = saved_for(microbatch, "weight gradient");
-  if (!input_grad_done_[microbatch])
+  Held& held = held_for(microbatch, "weight gradient");
+  if (!held.input_grad_done)
     throw std::logic_error("weight gradient of micro-batch " + std::to_string(microbatch) +
                            " before its input gradient");
-  for (size_t u = units_.size(); u-- > 0;) units_[u]->backward_weight(ctx_, saved[u]);
-  saved_.erase(microbatch);
-  input_grad_done_.erase(microbatch);
+  for (size_t u = units_.size(); u-- > 0;) units_[u]->backward_weight(ctx_, held.saved[u]);
+  held_.erase(microbatch);
 }
 
 Tensor Stage::backward(int64_t microbatch, const Tensor& dy) {

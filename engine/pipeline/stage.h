@@ -2,12 +2,14 @@
 // A stage: a contiguous range of model units [begin, end) placed on one device, with the
 // activations it keeps per in-flight micro-batch. The executor drives it action by action
 // (F, B, or I then W); the single-device trainer is the one-stage case. Evaluation runs
-// forward_only, which keeps nothing.
+// forward_only, which keeps nothing. Units marked for recomputation (recompute.h) keep only
+// the input of their run between forward and backward; the backward rebuilds the rest.
 #include <map>
 #include <memory>
 #include <vector>
 
 #include "engine/core/device_context.h"
+#include "engine/pipeline/recompute.h"
 #include "layers/layer.h"
 #include "layers/model.h"
 
@@ -16,9 +18,11 @@ namespace conveyor {
 class Stage {
  public:
   // Builds units [begin, end) of `model` on `ctx` and initialises their parameters from
-  // (seed, global name), so any cut of the model gives the same weights.
+  // (seed, global name), so any cut of the model gives the same weights. The units `recompute`
+  // marks (global indices, checked against the model) rebuild their saved tensors in the
+  // backward.
   Stage(const ModelDescription& model, int64_t begin, int64_t end, DeviceContext& ctx,
-        uint64_t seed);
+        uint64_t seed, const RecomputeSpec& recompute = {});
 
   bool is_first() const { return begin_ == 0; }
   bool is_last() const { return end_ == num_units_; }
@@ -29,7 +33,8 @@ class Stage {
   // per-token losses [n] on the last stage.
   Tensor forward(int64_t microbatch, const Tensor& input, const MicroBatchInputs& in);
   // Gradient w.r.t. the stage input (undefined on the first stage); `dy` is ignored on the
-  // last stage. Keeps what backward_weight needs.
+  // last stage. Re-runs the forward of recomputed runs first; keeps what backward_weight
+  // needs (the rebuilt tensors too, so a split W reuses them).
   Tensor backward_input(int64_t microbatch, const Tensor& dy);
   // Accumulates parameter gradients of `microbatch` and releases its activations.
   void backward_weight(int64_t microbatch);
@@ -41,16 +46,31 @@ class Stage {
   std::vector<Parameter*> parameters();
   DeviceContext& context() { return ctx_; }
   // Micro-batches whose activations are held (forward done, weight half not yet).
-  size_t in_flight() const { return saved_.size(); }
+  size_t in_flight() const { return held_.size(); }
+  // Whether any unit of the stage recomputes its forward in the backward.
+  bool recomputes() const;
 
  private:
-  std::vector<SavedTensors>& saved_for(int64_t microbatch, const char* action);
+  // A maximal contiguous run of units, [begin, end) in local indices, all recomputed or none.
+  struct Run {
+    size_t begin = 0, end = 0;
+    bool recompute = false;
+  };
+  // What one micro-batch keeps from its forward until its weight gradient.
+  struct Held {
+    std::vector<SavedTensors> saved;  // per unit; empty for recomputed units until rebuilt
+    std::vector<Tensor> run_inputs;   // per run: its input, kept for recomputed runs only
+    MicroBatchInputs inputs;          // kept when a run is recomputed (views, no new bytes)
+    bool input_grad_done = false;
+  };
+
+  Held& held_for(int64_t microbatch, const char* action);
 
   DeviceContext& ctx_;
   int64_t begin_, end_, num_units_;
   std::vector<std::unique_ptr<Layer>> units_;
-  std::map<int64_t, std::vector<SavedTensors>> saved_;  // micro-batch -> per unit
-  std::map<int64_t, bool> input_grad_done_;
+  std::vector<Run> runs_;
+  std::map<int64_t, Held> held_;  // by micro-batch
 };
 
 }  // namespace conveyor

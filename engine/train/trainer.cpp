@@ -52,8 +52,9 @@ double device_available_bytes(Device device, std::string* source) {
 void check_memory_fits(const ModelDescription& model, const std::vector<StageRange>& ranges,
                        const schedule::Schedule& schedule, const std::vector<Device>& devices,
                        const TrainConfig& config) {
-  const std::vector<RankMemoryEstimate> ranks = estimate_rank_memory(
-      model, ranges, schedule, config.optimizer.kind, config.batch_tokens / config.microbatches);
+  const std::vector<RankMemoryEstimate> ranks =
+      estimate_rank_memory(model, ranges, schedule, config.optimizer.kind,
+                           config.batch_tokens / config.microbatches, config.recompute);
   // Ranks sharing a device share its memory.
   for (size_t r = 0; r < ranks.size(); ++r) {
     double on_device = 0.0;
@@ -199,6 +200,7 @@ void Trainer::build() {
   options.device_options.memory_limit_bytes = config_.memory_limit_bytes;
   options.device_options.allow_tf32 = config_.allow_tf32;
   options.device_options.cpu_threads = cpu_threads_per_rank(config_.cpu_threads, p);
+  options.recompute = config_.recompute;
   executor_ = std::make_unique<PipelineExecutor>(model_, std::move(sched), ranges_, devices_,
                                                  config_.optimizer, config_.seed, options);
 }

@@ -57,6 +57,9 @@ struct TrainConfig {
   RankPlacement placement = RankPlacement::kAuto;
   TransportKind transport = TransportKind::kAuto;
   std::chrono::milliseconds transport_timeout{120000};
+  // Units that re-run their forward in the backward instead of keeping its activations
+  // (engine/pipeline/recompute.h); the bits of a run do not depend on it.
+  RecomputeSpec recompute;
 
   // Throws std::invalid_argument naming the first impossible setting. The reference model
   // is checked by ModelConfig::validate (the trainer of the reference model calls both).

@@ -41,11 +41,13 @@ inline std::vector<MicroBatchData> make_microbatches(int m, int n, int step) {
 inline std::unique_ptr<PipelineExecutor> make_executor(
     schedule::Schedule sched, std::vector<Device> devices,
     const PartitionSpec& partition = PartitionSpec::uniform(),
-    const OptimizerConfig& optimizer = test_optimizer()) {
+    const OptimizerConfig& optimizer = test_optimizer(),
+    const RecomputeSpec& recompute = RecomputeSpec::none()) {
   const ModelDescription model = reference_model(test_model());
   auto ranges = stage_ranges(model, partition_blocks(model, sched.num_stages(), partition));
   ExecutorOptions options;
   options.transport_timeout = std::chrono::milliseconds(60000);
+  options.recompute = recompute;
   return std::make_unique<PipelineExecutor>(model, std::move(sched), std::move(ranges),
                                             std::move(devices), optimizer, /*seed=*/17, options);
 }

@@ -1,0 +1,88 @@
+#include "tools/run_flags.h"
+
+#include <stdexcept>
+#include <vector>
+
+#include "tools/cli_common.h"
+
+namespace conveyor::cli {
+
+// Token ids are i32 and the embedding is a [vocab, d_model] table: beyond this the memory
+// estimate refuses anyway, so the flag says it at once.
+constexpr int64_t kMaxVocab = int64_t{1} << 24;
+
+ModelConfig RunFlags::model(const CLI::App& cmd) const {
+  return preset_with_overrides(preset, d_model, layers, hidden, vocab, cmd);
+}
+
+std::optional<Device> RunFlags::device_choice() const {
+  if (device == "auto") return std::nullopt;
+  try {
+    return parse_device(device);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
+}
+
+size_t RunFlags::memory_limit_bytes() const {
+  return static_cast<size_t>(memory_limit_mb * 1024.0 * 1024.0);
+}
+
+void add_run_flags(CLI::App* cmd, RunFlags& f) {
+  cmd->add_option("--preset", f.preset,
+                  "Model preset: tiny, small, medium (the model flags below override it)")
+      ->capture_default_str();
+  // 0 is left to the model's own check, which names the field.
+  add_int_flag(cmd, "--d-model", f.d_model, 0, 65536, "Model width")->default_str("preset");
+  // Bounded up front: the partitioner and the model walk every block.
+  add_int_flag(cmd, "--layers", f.layers, 1, 4096, "Number of MLP blocks")->default_str("preset");
+  add_int_flag(cmd, "--vocab", f.vocab, 2, kMaxVocab, "Vocabulary size")
+      ->default_str("preset, 256 with --data");
+  add_int_flag(cmd, "--hidden", f.hidden, 1, 1 << 20, "MLP hidden width")
+      ->default_str("4 x d-model");
+  add_int_flag(cmd, "--batch-tokens", f.batch_tokens, 1, int64_t{1} << 31,
+               "Tokens per optimizer step");
+  cmd->add_option("--device", f.device, "auto, cpu, cuda or cuda:N")->capture_default_str();
+  add_float_flag(cmd, "--memory-limit-mb", f.memory_limit_mb, 0.0, 1073741824.0, false,
+                 "Cap the device allocator in MiB, emulating a smaller device (0: the device's "
+                 "own memory)");
+  cmd->add_option("--recompute", f.recompute,
+                  "Re-run the forward in the backward instead of keeping activations: none, "
+                  "stage (every unit) or units:LIST of unit indices such as units:2,3,5")
+      ->capture_default_str();
+}
+
+RecomputeSpec parse_recompute(const std::string& text, int64_t num_units,
+                              const std::string& source) {
+  const std::string last = std::to_string(num_units - 1);
+  const std::string form = "none, stage or units:LIST (comma-separated unit indices from 0 to " +
+                           last + ", each once, e.g. units:2,3,5)";
+  auto fail = [&](const std::string& why) -> RecomputeSpec {
+    throw UsageError(source + " expects " + form + ", got '" + escape_for_message(text) + "'" +
+                     why);
+  };
+  if (text == "none") return RecomputeSpec::none();
+  if (text == "stage") return RecomputeSpec::every_unit();
+  const std::string prefix = "units:";
+  if (text.compare(0, prefix.size(), prefix) != 0 || text.size() == prefix.size()) return fail("");
+  std::vector<int64_t> units;
+  std::vector<bool> seen(static_cast<size_t>(num_units), false);
+  size_t at = prefix.size();
+  while (true) {
+    const size_t comma = text.find(',', at);
+    const std::string item = text.substr(at, comma == std::string::npos ? comma : comma - at);
+    bool digits = !item.empty() && item.size() <= 18;
+    for (const char c : item) digits = digits && c >= '0' && c <= '9';
+    if (!digits) return fail(" ('" + escape_for_message(item) + "' is not a unit index)");
+    const int64_t u = std::stoll(item);
+    if (u >= num_units) return fail(" (unit " + item + " is out of range)");
+    if (seen[static_cast<size_t>(u)]) return fail(" (unit " + item + " is listed twice)");
+    seen[static_cast<size_t>(u)] = true;
+    units.push_back(u);
+    if (comma == std::string::npos) break;
+    at = comma + 1;
+  }
+  return RecomputeSpec::of_units(std::move(units));
+}
+
+}  // namespace conveyor::cli

@@ -1,0 +1,42 @@
+#pragma once
+// The flags `conveyor train` and `conveyor plan` share, registered by one function so both
+// accept the same values with the same checks: the model (--preset and what overrides it),
+// the batch, the device and its memory cap, and activation recomputation.
+#include <CLI/CLI.hpp>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "engine/core/device.h"
+#include "engine/pipeline/recompute.h"
+#include "layers/model.h"
+
+namespace conveyor::cli {
+
+struct RunFlags {
+  std::string preset = "tiny";
+  int64_t d_model = 0, layers = 0, vocab = 0, hidden = 0;
+  int64_t batch_tokens = 4096;
+  std::string device = "auto";
+  double memory_limit_mb = 0.0;
+  std::string recompute = "none";
+
+  // The model of --preset with the overrides given on `cmd` (UsageError for a bad preset).
+  ModelConfig model(const CLI::App& cmd) const;
+  // --device: nothing for auto; UsageError for a device that cannot be parsed.
+  std::optional<Device> device_choice() const;
+  size_t memory_limit_bytes() const;
+};
+
+// Registers --preset, --d-model, --layers, --vocab, --hidden, --batch-tokens, --device,
+// --memory-limit-mb and --recompute on `cmd`, the integers and floats range-checked.
+void add_run_flags(CLI::App* cmd, RunFlags& flags);
+
+// `text` of --recompute (or of `source`, e.g. a plan file) for a model of `num_units` units:
+// none, stage, or units:LIST of comma-separated unit indices, each once. UsageError naming
+// the flag, the accepted form and the value seen.
+RecomputeSpec parse_recompute(const std::string& text, int64_t num_units,
+                              const std::string& source = "--recompute");
+
+}  // namespace conveyor::cli
