@@ -45,6 +45,8 @@ const char* fill_of(ActionKind kind) {
       return "#e15759";  // red
     case ActionKind::kBackwardWeight:
       return "#f28e2b";  // orange
+    case ActionKind::kAllReduceGrad:
+      return "#b07aa1";  // purple
     default:
       return "#bab0ac";
   }
@@ -104,6 +106,20 @@ std::string render_svg(const Schedule& schedule, const SimResult& sim, const Svg
                "</text>";
       out += "</g>\n";
     }
+  // Gradient all-reduces: a strip along the bottom of the row, since they run on their own
+  // stream, overlapping the computes above them.
+  for (int r = 0; r < R; ++r)
+    for (size_t i = 0; i < schedule.ranks[r].size(); ++i) {
+      const Action& a = schedule.ranks[r][i];
+      if (!is_reduce(a.kind)) continue;
+      const auto& t = sim.timing[r][i];
+      const double x = left + t.start * scale, w = std::max((t.end - t.start) * scale, 1.0);
+      const double h = (row - 4) * 0.3, y = top + r * row + 2 + (row - 4) - h;
+      out += "<g><title>" + escape(to_string(a) + " [" + num(t.start) + ", " + num(t.end) + ")") +
+             "</title><rect x=\"" + num(x) + "\" y=\"" + num(y) + "\" width=\"" + num(w) +
+             "\" height=\"" + num(h) + "\" fill=\"" + fill_of(a.kind) +
+             "\" fill-opacity=\"0.85\"/></g>\n";
+    }
   // Time axis and legend.
   out += "<line x1=\"" + num(left) + "\" y1=\"" + num(rows_bottom + 4) + "\" x2=\"" +
          num(left + axis) + "\" y2=\"" + num(rows_bottom + 4) + "\" stroke=\"#555\"/>\n";
@@ -130,6 +146,7 @@ std::string render_svg(const Schedule& schedule, const SimResult& sim, const Svg
   } else {
     legend(fill_of(ActionKind::kBackward), "B backward");
   }
+  if (schedule.replicas > 1) legend(fill_of(ActionKind::kAllReduceGrad), "AR grad all-reduce");
   legend("#eeeeee", "idle");
   if (schedule.placement.chunks > 1) {
     out += "<rect x=\"" + num(lx) + "\" y=\"" + num(ly) + "\" width=\"14\" height=\"14\" fill=\"" +
