@@ -1,9 +1,65 @@
 #include "comm/in_process.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace conveyor::comm {
 namespace {
+
+// One member's group sum: its own values are posted at the start; the others' are taken as
+// they come, and the sum runs in group order once all are in.
+class InProcessGroupSum : public PendingGroupSum {
+ public:
+  InProcessGroupSum(std::shared_ptr<InProcessHub> hub, int rank, std::vector<float>& values,
+                    const std::vector<int>& group)
+      : hub_(std::move(hub)), rank_(rank), values_(values), group_(group), parts_(group.size()) {
+    auto mine = std::make_shared<const std::vector<float>>(values);
+    for (size_t i = 0; i < group_.size(); ++i)
+      if (group_[i] == rank_) parts_[i] = mine;
+    hub_->post_group_values(rank_, group_, std::move(mine));
+  }
+
+  bool test() override {
+    if (done_) return true;
+    for (size_t i = 0; i < group_.size(); ++i)
+      if (!parts_[i]) parts_[i] = hub_->try_take_group_values(group_[i], rank_, rank_);
+    for (const auto& part : parts_)
+      if (!part) return false;
+    for (size_t i = 0; i < group_.size(); ++i)
+      if (parts_[i]->size() != values_.size())
+        hub_->fail(rank_, "group sum of " + std::to_string(values_.size()) + " values, but rank " +
+                              std::to_string(group_[i]) + " gave " +
+                              std::to_string(parts_[i]->size()));
+    std::fill(values_.begin(), values_.end(), 0.0f);
+    for (const auto& part : parts_)
+      for (size_t k = 0; k < values_.size(); ++k) values_[k] += (*part)[k];
+    parts_.clear();
+    done_ = true;
+    return true;
+  }
+
+  void wait() override {
+    while (!test()) {
+      std::vector<int> missing;
+      for (size_t i = 0; i < group_.size(); ++i)
+        if (!parts_[i]) missing.push_back(group_[i]);
+      if (!hub_->wait_group_values(rank_, missing, rank_)) {
+        std::string names;
+        for (int r : missing) names += (names.empty() ? "" : ", ") + std::to_string(r);
+        hub_->fail(rank_, "the gradient sum over replicas waited " +
+                              std::to_string(hub_->timeout().count()) + " ms for rank(s) " + names);
+      }
+    }
+  }
+
+ private:
+  std::shared_ptr<InProcessHub> hub_;
+  int rank_;
+  std::vector<float>& values_;
+  std::vector<int> group_;
+  std::vector<InProcessHub::GroupValues> parts_;  // by position in the group
+  bool done_ = false;
+};
 
 class InProcessTransport : public Transport {
  public:
@@ -42,6 +98,11 @@ class InProcessTransport : public Transport {
   }
 
   void all_reduce_sum(std::vector<double>& values) override { hub_->all_reduce(rank_, values); }
+  std::unique_ptr<PendingGroupSum> start_group_sum(std::vector<float>& values,
+                                                   const std::vector<int>& group) override {
+    check_group(group);
+    return std::make_unique<InProcessGroupSum>(hub_, rank_, values, group);
+  }
   void abort(const std::string& reason) override { hub_->abort(reason); }
 
  private:
@@ -81,6 +142,7 @@ InProcessHub::InProcessHub(int size, std::chrono::milliseconds timeout)
       timeout_(timeout),
       arrived_for_(size),
       links_(static_cast<size_t>(size) * size),
+      group_links_(static_cast<size_t>(size) * size),
       contributions_(size) {}
 
 std::unique_ptr<Transport> InProcessHub::endpoint(int rank) {
@@ -153,6 +215,44 @@ void InProcessHub::all_reduce(int rank, std::vector<double>& values) {
                             " ms for the other ranks");
   }
   values = result_;
+}
+
+void InProcessHub::post_group_values(int src, const std::vector<int>& group, GroupValues values) {
+  {
+    std::lock_guard lock(mutex_);
+    throw_if_aborted(src);
+    for (int dst : group)
+      if (dst != src) group_links_[static_cast<size_t>(src) * size_ + dst].push_back(values);
+  }
+  for (int dst : group)
+    if (dst != src) arrived_for_[dst].notify_all();
+}
+
+InProcessHub::GroupValues InProcessHub::try_take_group_values(int src, int dst, int waiting_rank) {
+  std::lock_guard lock(mutex_);
+  throw_if_aborted(waiting_rank);
+  auto& queue = group_links_[static_cast<size_t>(src) * size_ + dst];
+  if (queue.empty()) return nullptr;
+  GroupValues values = std::move(queue.front());
+  queue.pop_front();
+  return values;
+}
+
+bool InProcessHub::wait_group_values(int dst, const std::vector<int>& from, int waiting_rank) {
+  std::unique_lock lock(mutex_);
+  const bool ready = arrived_for_[dst].wait_for(lock, timeout_, [&] {
+    if (aborted_ || from.empty()) return true;
+    for (int src : from)
+      if (!group_links_[static_cast<size_t>(src) * size_ + dst].empty()) return true;
+    return false;
+  });
+  throw_if_aborted(waiting_rank);
+  return ready;
+}
+
+void InProcessHub::fail(int rank, const std::string& what) {
+  std::lock_guard lock(mutex_);
+  fail_locked(rank, what);
 }
 
 void InProcessHub::fail_locked(int rank, const std::string& what) {

@@ -35,12 +35,15 @@ PipelineExecutor::PipelineExecutor(const ModelDescription& model, schedule::Sche
     : model_(model), schedule_(std::move(schedule)), ranges_(std::move(ranges)) {
   schedule::validate(schedule_);
   const int p = schedule_.num_ranks();
+  const int world = num_world_ranks();
   if (static_cast<int>(ranges_.size()) != schedule_.num_stages())
     throw std::invalid_argument("the schedule has " + std::to_string(schedule_.num_stages()) +
                                 " stages but the partition has " + std::to_string(ranges_.size()));
-  if (static_cast<int>(devices.size()) != p)
-    throw std::invalid_argument("the schedule has " + std::to_string(p) + " ranks but " +
-                                std::to_string(devices.size()) + " devices were given");
+  if (static_cast<int>(devices.size()) != world)
+    throw std::invalid_argument(
+        "the schedule has " + std::to_string(p) + " ranks" +
+        (schedule_.replicas > 1 ? " x " + std::to_string(schedule_.replicas) + " replicas" : "") +
+        " but " + std::to_string(devices.size()) + " devices were given");
   // Before any rank is built, so that an impossible request fails at once.
   transport_kind_ = comm::choose_transport(options.transport, devices);
   // Global parameter order: unit order, then each unit's own order.
@@ -55,22 +58,25 @@ PipelineExecutor::PipelineExecutor(const ModelDescription& model, schedule::Sche
     transports = comm::make_transports(transport_kind_, devices, options.transport_timeout);
     held.push_back(transports.per_rank[0]->rank());
   } else {
-    for (int r = 0; r < p; ++r) held.push_back(r);
+    for (int r = 0; r < world; ++r) held.push_back(r);
   }
   for (int r : held) {
     auto rank = std::make_unique<PipelineRank>();
     rank->index = r;
+    rank->pipeline_rank = r % p;
+    rank->replica = r / p;
+    for (int d = 0; d < schedule_.replicas; ++d) rank->replica_group.push_back(d * p + r % p);
     OnDevice on_device(devices[r]);  // the stages initialise their parameters on it
     rank->ctx = std::make_unique<DeviceContext>(devices[r], options.device_options);
     rank->send_stream = std::make_unique<Stream>(devices[r]);
     rank->recv_stream = std::make_unique<Stream>(devices[r]);
-    for (int s : schedule_.placement.stages_of(r))
+    for (int s : schedule_.placement.stages_of(rank->pipeline_rank))
       rank->stages[s] =
           std::make_unique<Stage>(model_, ranges_[s].begin, ranges_[s].end, *rank->ctx, seed);
     for (Parameter* prm : rank->parameters()) rank->global_index.push_back(global.at(prm->name));
     rank->optimizer = std::make_unique<Optimizer>(*rank->ctx, rank->parameters(), optimizer);
     if (devices[r].is_cuda()) {
-      const size_t n = schedule_.ranks[r].size();
+      const size_t n = schedule_.ranks[rank->pipeline_rank].size();
       for (size_t i = 0; i < n; ++i) {
         rank->starts.emplace_back(devices[r], true);
         rank->ends.emplace_back(devices[r], true);
@@ -103,9 +109,9 @@ PipelineExecutor::~PipelineExecutor() {
 PipelineRank& PipelineExecutor::held(int rank) const {
   for (const auto& r : ranks_)
     if (r->index == rank) return *r;
-  if (rank < 0 || rank >= num_ranks())
+  if (rank < 0 || rank >= num_world_ranks())
     throw std::out_of_range("rank " + std::to_string(rank) + " out of range for " +
-                            std::to_string(num_ranks()) + " ranks");
+                            std::to_string(num_world_ranks()) + " ranks");
   throw std::invalid_argument("rank " + std::to_string(rank) +
                               " is held by another process; this one holds rank " +
                               std::to_string(ranks_.front()->index));
@@ -129,6 +135,7 @@ std::vector<Parameter*> PipelineExecutor::rank_parameters(int rank) {
 std::vector<Parameter*> PipelineExecutor::parameters() {
   std::vector<Parameter*> out(total_parameters_, nullptr);
   for (auto& rank : ranks_) {
+    if (rank->replica != 0) continue;
     const auto params = rank->parameters();
     for (size_t i = 0; i < params.size(); ++i) out[rank->global_index[i]] = params[i];
   }
@@ -144,10 +151,15 @@ void PipelineExecutor::set_transports(std::vector<std::unique_ptr<comm::Transpor
 PipelineStepResult PipelineExecutor::run_step(const std::vector<MicroBatchData>& microbatches,
                                               float loss_scale, int64_t step, double lr,
                                               bool update) {
-  const int m = schedule_.num_microbatches;
+  const int m = schedule_.num_microbatches * schedule_.replicas;
   if (static_cast<int>(microbatches.size()) != m)
-    throw std::invalid_argument("the schedule has " + std::to_string(m) + " micro-batches, " +
-                                std::to_string(microbatches.size()) + " were given");
+    throw std::invalid_argument("the schedule has " + std::to_string(m) + " micro-batches" +
+                                (schedule_.replicas > 1
+                                     ? " (" + std::to_string(schedule_.num_microbatches) +
+                                           " for each of " + std::to_string(schedule_.replicas) +
+                                           " replicas)"
+                                     : std::string()) +
+                                ", " + std::to_string(microbatches.size()) + " were given");
   for (const auto& mb : microbatches)
     if (mb.tokens.size() != microbatches[0].tokens.size() || mb.targets.size() != mb.tokens.size())
       throw std::invalid_argument("micro-batches must all have the same number of tokens");
@@ -155,8 +167,8 @@ PipelineStepResult PipelineExecutor::run_step(const std::vector<MicroBatchData>&
   PipelineStepResult result;
   const int p = num_ranks();
   result.timing.resize(p);
-  result.peak_activation_bytes.assign(p, 0);
-  result.peak_allocated_bytes.assign(p, 0);
+  result.peak_activation_bytes.assign(num_world_ranks(), 0);
+  result.peak_allocated_bytes.assign(num_world_ranks(), 0);
   const StepInputs inputs{.schedule = schedule_,
                           .microbatches = microbatches,
                           .loss_scale = loss_scale,

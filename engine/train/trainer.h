@@ -58,6 +58,12 @@ struct TrainConfig {
   TransportKind transport = TransportKind::kAuto;
   std::chrono::milliseconds transport_timeout{120000};
 
+  // Data parallelism: `data_parallel` replicas of the pipeline (stages * data_parallel ranks;
+  // rank r is pipeline rank r mod stages of replica r div stages), replica d training on the
+  // d-th contiguous slice of microbatches / data_parallel micro-batches of each step, the
+  // gradients of each stage summed over the replicas before the optimizer step.
+  int data_parallel = 1;
+
   // Throws std::invalid_argument naming the first impossible setting. The reference model
   // is checked by ModelConfig::validate (the trainer of the reference model calls both).
   void validate() const;

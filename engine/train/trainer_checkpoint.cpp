@@ -239,9 +239,11 @@ Checkpoint resume_trainer(Trainer& trainer, const fs::path& path) {
   PipelineExecutor& executor = trainer.executor();
   checkpoint.check_tensors(checkpoint_tensor_specs(executor));
 
-  std::vector<std::exception_ptr> errors(executor.num_ranks());
+  // Every replica starts from the saved weights and moments (a data-parallel run saves
+  // replica 0's, which all replicas share).
+  std::vector<std::exception_ptr> errors(executor.num_world_ranks());
   std::vector<std::thread> threads;
-  for (int r = 0; r < executor.num_ranks(); ++r)
+  for (int r = 0; r < executor.num_world_ranks(); ++r)
     threads.emplace_back([&, r] {
       try {
         load_rank_checkpoint(checkpoint, executor, r);
