@@ -8,7 +8,7 @@ namespace {
 
 // One member's group sum: its own values are posted at the start; the others' are taken as
 // they come, and the sum runs in group order once all are in.
-class InProcessGroupSum : public PendingGroupSum {
+class InProcessGroupSum : public PendingGroupCall {
  public:
   InProcessGroupSum(std::shared_ptr<InProcessHub> hub, int rank, std::vector<float>& values,
                     const std::vector<int>& group)
@@ -61,6 +61,66 @@ class InProcessGroupSum : public PendingGroupSum {
   bool done_ = false;
 };
 
+// One member's group gather: its own range is posted at the start; the others' ranges are
+// copied into place as they come.
+class InProcessGroupGather : public PendingGroupCall {
+ public:
+  InProcessGroupGather(std::shared_ptr<InProcessHub> hub, int rank, std::vector<float>& values,
+                       const std::vector<int>& group, const std::vector<size_t>& bounds, size_t me)
+      : hub_(std::move(hub)),
+        rank_(rank),
+        values_(values),
+        group_(group),
+        bounds_(bounds),
+        arrived_(group.size(), false) {
+    arrived_[me] = true;
+    hub_->post_group_values(rank_, group_,
+                            std::make_shared<const std::vector<float>>(
+                                values.begin() + bounds[me], values.begin() + bounds[me + 1]));
+  }
+
+  bool test() override {
+    bool all = true;
+    for (size_t i = 0; i < group_.size(); ++i) {
+      if (arrived_[i]) continue;
+      InProcessHub::GroupValues part = hub_->try_take_group_values(group_[i], rank_, rank_);
+      if (!part) {
+        all = false;
+        continue;
+      }
+      if (part->size() != bounds_[i + 1] - bounds_[i])
+        hub_->fail(rank_, "group gather expected " + std::to_string(bounds_[i + 1] - bounds_[i]) +
+                              " values from rank " + std::to_string(group_[i]) + ", got " +
+                              std::to_string(part->size()));
+      std::copy(part->begin(), part->end(), values_.begin() + bounds_[i]);
+      arrived_[i] = true;
+    }
+    return all;
+  }
+
+  void wait() override {
+    while (!test()) {
+      std::vector<int> missing;
+      for (size_t i = 0; i < group_.size(); ++i)
+        if (!arrived_[i]) missing.push_back(group_[i]);
+      if (!hub_->wait_group_values(rank_, missing, rank_)) {
+        std::string names;
+        for (int r : missing) names += (names.empty() ? "" : ", ") + std::to_string(r);
+        hub_->fail(rank_, "the weight gather over replicas waited " +
+                              std::to_string(hub_->timeout().count()) + " ms for rank(s) " + names);
+      }
+    }
+  }
+
+ private:
+  std::shared_ptr<InProcessHub> hub_;
+  int rank_;
+  std::vector<float>& values_;
+  std::vector<int> group_;
+  std::vector<size_t> bounds_;
+  std::vector<bool> arrived_;
+};
+
 class InProcessTransport : public Transport {
  public:
   InProcessTransport(std::shared_ptr<InProcessHub> hub, int rank)
@@ -98,10 +158,17 @@ class InProcessTransport : public Transport {
   }
 
   void all_reduce_sum(std::vector<double>& values) override { hub_->all_reduce(rank_, values); }
-  std::unique_ptr<PendingGroupSum> start_group_sum(std::vector<float>& values,
-                                                   const std::vector<int>& group) override {
+  std::unique_ptr<PendingGroupCall> start_group_sum(std::vector<float>& values,
+                                                    const std::vector<int>& group) override {
     check_group(group);
     return std::make_unique<InProcessGroupSum>(hub_, rank_, values, group);
+  }
+  std::unique_ptr<PendingGroupCall> start_group_gather(std::vector<float>& values,
+                                                       const std::vector<int>& group,
+                                                       const std::vector<size_t>& bounds) override {
+    check_gather(values, group, bounds);
+    return std::make_unique<InProcessGroupGather>(hub_, rank_, values, group, bounds,
+                                                  position_in(group));
   }
   void abort(const std::string& reason) override { hub_->abort(reason); }
 

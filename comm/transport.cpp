@@ -29,8 +29,36 @@ void Transport::check_group(const std::vector<int>& group) const {
   }
 }
 
-std::unique_ptr<PendingGroupSum> Transport::start_group_sum(std::vector<float>&,
-                                                            const std::vector<int>&) {
+void Transport::check_gather(const std::vector<float>& values, const std::vector<int>& group,
+                             const std::vector<size_t>& bounds) const {
+  check_group(group);
+  bool ok =
+      bounds.size() == group.size() + 1 && bounds.front() == 0 && bounds.back() == values.size();
+  for (size_t i = 1; ok && i < bounds.size(); ++i) ok = bounds[i - 1] <= bounds[i];
+  if (!ok)
+    throw TransportError("rank " + std::to_string(rank()) + ": a group gather of " +
+                         std::to_string(values.size()) + " values over " +
+                         std::to_string(group.size()) + " members needs " +
+                         std::to_string(group.size() + 1) + " ascending bounds from 0 to " +
+                         std::to_string(values.size()) + ", got " + std::to_string(bounds.size()));
+}
+
+size_t Transport::position_in(const std::vector<int>& group) const {
+  for (size_t i = 0; i < group.size(); ++i)
+    if (group[i] == rank()) return i;
+  return group.size();
+}
+
+std::unique_ptr<PendingGroupCall> Transport::start_group_gather(std::vector<float>&,
+                                                                const std::vector<int>&,
+                                                                const std::vector<size_t>&) {
+  throw TransportError(
+      "this transport has no group gather, which a sharded optimizer needs to share updated "
+      "weights between replicas; use the in-process or the MPI transport");
+}
+
+std::unique_ptr<PendingGroupCall> Transport::start_group_sum(std::vector<float>&,
+                                                             const std::vector<int>&) {
   throw TransportError(
       "this transport has no group sum, which data parallelism needs to add gradients over "
       "replicas; use the in-process or the MPI transport (--transport inproc or mpi)");

@@ -35,10 +35,10 @@ class TransportAborted : public TransportError {
   std::string reason_;
 };
 
-// A group sum in flight (Transport::start_group_sum).
-class PendingGroupSum {
+// A group sum or gather in flight (Transport::start_group_sum, start_group_gather).
+class PendingGroupCall {
  public:
-  virtual ~PendingGroupSum() = default;
+  virtual ~PendingGroupCall() = default;
   // True once every member's values are in and the caller's vector holds the sum; never
   // waits. Throws TransportAborted when the transport was aborted.
   virtual bool test() = 0;
@@ -74,8 +74,15 @@ class Transport {
   // then `values` must stay alive and untouched. Members start their group sums of one group
   // in the same order; each member has one in flight at a time. The default throws
   // TransportError: the transport has no group sum.
-  virtual std::unique_ptr<PendingGroupSum> start_group_sum(std::vector<float>& values,
-                                                           const std::vector<int>& group);
+  virtual std::unique_ptr<PendingGroupCall> start_group_sum(std::vector<float>& values,
+                                                            const std::vector<int>& group);
+  // Starts the gather of `values` over `group` (as for start_group_sum): member i owns the
+  // elements [bounds[i], bounds[i+1]) and sends them to the others, whose elements it
+  // receives in place, so every member ends with the same vector. `bounds` has one entry more
+  // than `group`, ascending from 0 to values.size(). The default throws TransportError.
+  virtual std::unique_ptr<PendingGroupCall> start_group_gather(std::vector<float>& values,
+                                                               const std::vector<int>& group,
+                                                               const std::vector<size_t>& bounds);
   // Fails the transport for every rank, with `reason` in the errors they see.
   virtual void abort(const std::string& reason) = 0;
   // Waits for `stream`; transports whose transfers can wait on a peer bound the wait.
@@ -87,6 +94,11 @@ class Transport {
   void check_peer(int peer, const char* action) const;
   // Throws TransportError unless `group` is ascending, in range, and holds this rank.
   void check_group(const std::vector<int>& group) const;
+  // check_group, and that `bounds` splits `values` into one range per member.
+  void check_gather(const std::vector<float>& values, const std::vector<int>& group,
+                    const std::vector<size_t>& bounds) const;
+  // This rank's position in `group` (checked by check_group).
+  size_t position_in(const std::vector<int>& group) const;
 };
 
 }  // namespace conveyor::comm

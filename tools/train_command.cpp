@@ -372,6 +372,7 @@ ConfigFields configuration_fields(const TrainFlags& f, const TrainConfig& c) {
       {"--device", f.device},
       {"--transport", f.transport},
       {"--dp", std::to_string(c.data_parallel)},
+      {"--shard-optimizer", c.shard_optimizer ? "on" : "off"},
   };
 }
 
@@ -631,6 +632,10 @@ void register_train_command(CLI::App& app) {
                "Data-parallel replicas D: --stages x D ranks (rank r is pipeline rank r mod "
                "--stages of replica r div --stages; under mpirun -np stages x D), each on "
                "--microbatches / D of the step's micro-batches (a multiple of D)");
+  cmd->add_flag("--shard-optimizer", c.shard_optimizer,
+                "With --dp: each replica keeps the AdamW/SGD state of 1/D of every stage's "
+                "parameters and the replicas gather the updated weights (ZeRO-1; no "
+                "checkpoints yet; default off)");
   cmd->footer(std::string("Example: conveyor train --stages 4 --schedule zbh1 --microbatches 8 "
                           "--log-json steps.jsonl\n") +
               kExitStatusText);

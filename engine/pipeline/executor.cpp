@@ -1,5 +1,6 @@
 #include "engine/pipeline/executor.h"
 
+#include <algorithm>
 #include <exception>
 #include <map>
 #include <mutex>
@@ -24,6 +25,29 @@ bool stopped_by_abort(const std::exception& error) {
   } catch (...) {
   }
   return false;
+}
+
+// ZeRO-1 ranges: each stage's parameters flattened in order, replica d owning the elements
+// [N*d/D, N*(d+1)/D); the shard of each parameter is its part of that range (maybe empty).
+std::vector<ParameterShard> shard_parameters(PipelineRank& rank, int replicas) {
+  std::vector<ParameterShard> out;
+  for (auto& [id, stage] : rank.stages) {
+    const std::vector<Parameter*> params = stage->parameters();
+    size_t total = 0;
+    for (const Parameter* p : params) total += static_cast<size_t>(p->value.numel());
+    std::vector<size_t> bounds;
+    for (int d = 0; d <= replicas; ++d) bounds.push_back(total * d / replicas);
+    const size_t lo = bounds[rank.replica], hi = bounds[rank.replica + 1];
+    size_t at = 0;
+    for (const Parameter* p : params) {
+      const size_t n = static_cast<size_t>(p->value.numel());
+      const size_t begin = std::clamp(lo, at, at + n), end = std::clamp(hi, at, at + n);
+      out.push_back({static_cast<int64_t>(begin - at), static_cast<int64_t>(end - begin)});
+      at += n;
+    }
+    rank.shard_bounds.push_back(std::move(bounds));
+  }
+  return out;
 }
 
 }  // namespace
@@ -74,7 +98,13 @@ PipelineExecutor::PipelineExecutor(const ModelDescription& model, schedule::Sche
       rank->stages[s] =
           std::make_unique<Stage>(model_, ranges_[s].begin, ranges_[s].end, *rank->ctx, seed);
     for (Parameter* prm : rank->parameters()) rank->global_index.push_back(global.at(prm->name));
-    rank->optimizer = std::make_unique<Optimizer>(*rank->ctx, rank->parameters(), optimizer);
+    std::vector<ParameterShard> shards;
+    if (options.shard_optimizer && schedule_.replicas > 1)
+      shards = shard_parameters(*rank, schedule_.replicas);
+    const size_t before = rank->ctx->allocator().stats().allocated_bytes;
+    rank->optimizer =
+        std::make_unique<Optimizer>(*rank->ctx, rank->parameters(), optimizer, std::move(shards));
+    rank->optimizer_state_bytes = rank->ctx->allocator().stats().allocated_bytes - before;
     if (devices[r].is_cuda()) {
       const size_t n = schedule_.ranks[rank->pipeline_rank].size();
       for (size_t i = 0; i < n; ++i) {
@@ -125,6 +155,9 @@ std::vector<int> PipelineExecutor::local_ranks() const {
 
 DeviceContext& PipelineExecutor::context(int rank) { return *held(rank).ctx; }
 Optimizer& PipelineExecutor::optimizer(int rank) { return *held(rank).optimizer; }
+size_t PipelineExecutor::optimizer_state_bytes(int rank) const {
+  return held(rank).optimizer_state_bytes;
+}
 Stage& PipelineExecutor::stage(int stage) {
   return *held(schedule_.placement.rank_of(stage)).stages.at(stage);
 }

@@ -53,6 +53,11 @@ struct ExecutorOptions {
   // How long a rank waits for a peer (transfer or all-reduce) before the run fails.
   std::chrono::milliseconds transport_timeout{120000};
   DeviceContextOptions device_options;
+  // Data parallelism only (ZeRO-1): each replica keeps the optimizer state of 1/D of every
+  // stage's parameters (a contiguous range of the stage's flattened parameters), updates that
+  // range after the gradient all-reduce, and the replicas then gather each other's ranges, so
+  // the weights are those of the unsharded run.
+  bool shard_optimizer = false;
 };
 
 // One micro-batch of the step, on the host.
@@ -117,6 +122,8 @@ class PipelineExecutor {
   // Parameters and optimizers per rank, 0..P*D-1 (checkpoints use replica 0's, 0..P-1).
   std::vector<Parameter*> rank_parameters(int rank);
   Optimizer& optimizer(int rank);
+  // Bytes the rank's optimizer state took from its allocator when it was made.
+  size_t optimizer_state_bytes(int rank) const;
   // Virtual stage `stage`, on the rank the schedule places it (forward-only evaluation).
   Stage& stage(int stage);
 

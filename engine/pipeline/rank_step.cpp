@@ -428,6 +428,27 @@ void RankStep::finish_transfers() {
   }
 }
 
+void RankStep::gather_weights() {
+  // Stage by stage, in the same order on every replica, as the shards were cut.
+  size_t k = 0;
+  for (auto& [id, stage] : rank_.stages) {
+    const auto params = stage->parameters();
+    const std::vector<size_t>& bounds = rank_.shard_bounds.at(k++);
+    std::vector<float> values(bounds.back());
+    size_t at = 0;
+    for (const Parameter* p : params) {
+      copy_to_host(values.data() + at, p->value, p->value.nbytes());
+      at += static_cast<size_t>(p->value.numel());
+    }
+    rank_.transport->start_group_gather(values, rank_.replica_group, bounds)->wait();
+    at = 0;
+    for (const Parameter* p : params) {
+      copy_from_host(p->value, values.data() + at, p->value.nbytes());
+      at += static_cast<size_t>(p->value.numel());
+    }
+  }
+}
+
 void RankStep::end_of_step(PipelineStepResult& result) {
   // One all-reduce over all ranks: per-micro-batch loss sums of every replica (replica d's at
   // d*m: the step's order), then per-parameter squared norms, each rank filling only its own
@@ -456,6 +477,7 @@ void RankStep::end_of_step(PipelineStepResult& result) {
   if (in_.update && finite) {
     rank_.optimizer->step(in_.step, in_.lr, clip_scale(rank_.optimizer->config(), norm));
     ctx_.synchronize();
+    if (rank_.optimizer->sharded()) gather_weights();
   }
   const int r = rank_.index;
   if (r == in_.reporting_rank) {

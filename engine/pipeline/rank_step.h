@@ -54,6 +54,10 @@ struct PipelineRank {
   std::unique_ptr<Optimizer> optimizer;
   std::unique_ptr<comm::Transport> transport;
   std::vector<int> global_index;  // of each of this rank's parameters, in rank order
+  // Sharded optimizer state: per stage (in `stages` order), where each replica's range of the
+  // stage's flattened parameters starts, and the end.
+  std::vector<std::vector<size_t>> shard_bounds;
+  size_t optimizer_state_bytes = 0;
   // CUDA: start/end timing events per action, one ordering event per action (recorded after
   // a receive, or after a compute whose output a send takes), and the step's reference event.
   std::vector<Event> starts, ends, order;
@@ -115,6 +119,8 @@ class RankStep {
   void finish_reduce(size_t i, const Action& a);
   int world_rank(int pipeline_peer) const;
   void finish_transfers();
+  // Sharded optimizer: every replica's updated range of each stage's weights, to all.
+  void gather_weights();
   void end_of_step(PipelineStepResult& result);
 
   const Stream& stream_for(const Action& a) const;
@@ -150,7 +156,7 @@ class RankStep {
   std::vector<schedule::ActionTiming> timing_;
   std::vector<std::pair<int, size_t>> last_weight_grad_;  // (stage, position in the list)
   std::vector<float> reduce_values_;                      // the stage's gradients, flat
-  std::unique_ptr<comm::PendingGroupSum> reducing_;
+  std::unique_ptr<comm::PendingGroupCall> reducing_;
   std::chrono::steady_clock::time_point reduce_start_{};
 };
 

@@ -101,6 +101,11 @@ void check_data_parallel(const TrainConfig& c) {
   if (c.data_parallel < 1)
     throw std::invalid_argument("data-parallel replicas must be at least 1, got " +
                                 std::to_string(c.data_parallel));
+  if (c.shard_optimizer && c.data_parallel < 2)
+    throw std::invalid_argument(
+        "a sharded optimizer shares its state between data-parallel replicas; it needs --dp 2 "
+        "or more, got " +
+        std::to_string(c.data_parallel));
   if (c.microbatches % c.data_parallel != 0)
     throw std::invalid_argument(
         std::to_string(c.microbatches) + " micro-batches cannot be shared equally by " +
@@ -226,6 +231,7 @@ void Trainer::build() {
   ExecutorOptions options;
   options.transport_timeout = config_.transport_timeout;
   options.transport = config_.transport;
+  options.shard_optimizer = config_.shard_optimizer;
   options.device_options.memory_limit_bytes = config_.memory_limit_bytes;
   options.device_options.allow_tf32 = config_.allow_tf32;
   options.device_options.cpu_threads = cpu_threads_per_rank(config_.cpu_threads, p);

@@ -63,6 +63,10 @@ struct TrainConfig {
   // d-th contiguous slice of microbatches / data_parallel micro-batches of each step, the
   // gradients of each stage summed over the replicas before the optimizer step.
   int data_parallel = 1;
+  // ZeRO-1 with data_parallel > 1: each replica keeps the optimizer state of 1/D of every
+  // stage's parameters (ExecutorOptions::shard_optimizer); the weights stay those of the
+  // unsharded run. No checkpoints yet.
+  bool shard_optimizer = false;
 
   // Throws std::invalid_argument naming the first impossible setting. The reference model
   // is checked by ModelConfig::validate (the trainer of the reference model calls both).

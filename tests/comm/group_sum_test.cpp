@@ -1,6 +1,7 @@
 // The in-process group sum of data parallelism: the values of a group's members added in
 // group order on every member, whatever the order of arrival; several groups at once; in
 // order over repeated sums; a member that never comes is named, and a bad group is refused.
+// The group gather of a sharded optimizer: each member's range, bit for bit, to every member.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -99,6 +100,26 @@ TEST(GroupSum, DifferentLengthsFail) {
   auto pa = a->start_group_sum(av, {0, 1});
   auto pb = b->start_group_sum(bv, {0, 1});
   EXPECT_THROW(pa->wait(), TransportError);
+}
+
+TEST(GroupGather, EveryMemberEndsWithEveryRange) {
+  auto hub = InProcessHub::create(4, 5000ms);
+  const std::vector<int> group{1, 3};
+  const std::vector<size_t> bounds{0, 3, 5};
+  auto a = hub->endpoint(1), b = hub->endpoint(3);
+  // Each knows only its own range; -0.0 must keep its sign.
+  std::vector<float> av{1.5f, -0.0f, 2.5f, 0, 0}, bv{0, 0, 0, -7.0f, 1e-30f};
+  auto pa = a->start_group_gather(av, group, bounds);
+  EXPECT_FALSE(pa->test());
+  auto pb = b->start_group_gather(bv, group, bounds);
+  pa->wait();
+  pb->wait();
+  const std::vector<float> want{1.5f, -0.0f, 2.5f, -7.0f, 1e-30f};
+  EXPECT_EQ(std::memcmp(av.data(), want.data(), sizeof(float) * 5), 0);
+  EXPECT_EQ(std::memcmp(bv.data(), want.data(), sizeof(float) * 5), 0);
+  std::vector<float> bad(5);
+  EXPECT_THROW(a->start_group_gather(bad, group, {0, 3}), TransportError);
+  EXPECT_THROW(a->start_group_gather(bad, group, {0, 3, 4}), TransportError);
 }
 
 }  // namespace

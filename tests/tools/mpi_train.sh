@@ -12,7 +12,8 @@
 #   mpi_train.sh CONVEYOR dp           -np 4 with --stages 2 --dp 2 (rank r: pipeline rank r mod 2
 #                                      of replica r div 2): per-step losses, gradient norms and
 #                                      final weights equal the one-process --stages 2 --dp 2 run,
-#                                      bit for bit; ranks started with another --dp are refused
+#                                      bit for bit, with --shard-optimizer too; ranks started with
+#                                      another --dp are refused
 # CI runs as root and with fewer cores than ranks: --allow-run-as-root --oversubscribe.
 set -uo pipefail
 cli=$1 mode=$2
@@ -66,6 +67,14 @@ case $mode in
     [ -n "$(checksum "$work/threads.out")" ] || fail "no checksum in the one-process run"
     [ "$(checksum "$work/threads.out")" = "$(checksum "$work/mpi.out")" ] ||
       fail "final weights differ: threads $(checksum "$work/threads.out"), mpi $(checksum "$work/mpi.out")"
+    # ZeRO-1: the optimizer state sharded over the replicas leaves every bit of the weights.
+    timeout 60 "${mpirun[@]}" -np 4 "$cli" "${common[@]}" --seed 7 --stages 2 --dp 2 \
+      --shard-optimizer --log-json "$work/shard.jsonl" >"$work/shard.out" 2>&1 ||
+      fail "mpirun -np 4 --dp 2 --shard-optimizer failed: $(cat "$work/shard.out")"
+    diff <(numbers "$work/threads.jsonl") <(numbers "$work/shard.jsonl") ||
+      fail "per-step losses with --shard-optimizer differ from the unsharded run"
+    [ "$(checksum "$work/threads.out")" = "$(checksum "$work/shard.out")" ] ||
+      fail "final weights with --shard-optimizer differ: $(checksum "$work/shard.out")"
     # The configuration hash covers --dp: a launch whose ranks disagree on it stops at start.
     timeout 60 "${mpirun[@]}" -np 2 "$cli" "${common[@]}" --stages 1 --dp 2 : \
       -np 2 "$cli" "${common[@]}" --stages 1 --dp 4 >"$work/mismatch.out" 2>&1

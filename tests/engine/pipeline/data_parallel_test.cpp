@@ -2,7 +2,8 @@
 // pipeline rank r mod P of replica r div P), each on its own slice of the step's micro-batches,
 // the gradients of each stage summed over the replicas by the schedule's ALLREDUCE_GRAD. The
 // replicas must end with bitwise the same weights, and agree with the single pipeline on the
-// same global micro-batches up to the order of the gradient sum.
+// same global micro-batches up to the order of the gradient sum. With the optimizer state
+// sharded over the replicas (ZeRO-1), the weights stay bitwise those of the unsharded run.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -147,6 +148,53 @@ TEST(DataParallel, NeedsOneDevicePerRankOfEveryReplica) {
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("2 ranks x 2 replicas but 2 devices"), std::string::npos)
         << e.what();
+  }
+}
+
+// Wide enough that halving the state is visible through the allocator's 512-byte rounding.
+std::unique_ptr<PipelineExecutor> make_wide_executor(schedule::Schedule sched, bool shard) {
+  ModelConfig c = test_model();
+  c.d_model = 64;
+  c.hidden = 256;
+  c.n_layers = 3;
+  const ModelDescription model = reference_model(c);
+  auto ranges =
+      stage_ranges(model, partition_blocks(model, sched.num_stages(), PartitionSpec::uniform()));
+  ExecutorOptions options;
+  options.shard_optimizer = shard;
+  std::vector<Device> devices(static_cast<size_t>(sched.num_ranks()) * sched.replicas,
+                              Device::cpu());
+  return std::make_unique<PipelineExecutor>(model, std::move(sched), std::move(ranges),
+                                            std::move(devices), test_optimizer(), 17, options);
+}
+
+TEST(ShardedOptimizer, WeightsAreBitwiseThoseOfTheUnshardedRunWithHalfTheState) {
+  for (auto kind : {schedule::ScheduleKind::k1F1B, schedule::ScheduleKind::kInterleaved}) {
+    SCOPED_TRACE(schedule::schedule_kind_name(kind));
+    const int v = kind == schedule::ScheduleKind::kInterleaved ? 2 : 1;
+    auto plain = make_wide_executor(schedule::generate(kind, 2, 2, v, 2), false);
+    auto sharded = make_wide_executor(schedule::generate(kind, 2, 2, v, 2), true);
+    for (int step = 1; step <= 3; ++step) {
+      const auto batch = make_microbatches(4, kTokens, step);
+      const auto a = plain->run_step(batch, 1.0f / (4 * kTokens), step, 1e-2);
+      const auto b = sharded->run_step(batch, 1.0f / (4 * kTokens), step, 1e-2);
+      EXPECT_EQ(a.loss_sum, b.loss_sum) << "step " << step;
+      EXPECT_EQ(a.grad_norm, b.grad_norm) << "step " << step;
+    }
+    for (int r = 0; r < plain->num_world_ranks(); ++r) {
+      const auto want = rank_values(*plain, r), got = rank_values(*sharded, r);
+      ASSERT_EQ(want.size(), got.size());
+      for (size_t i = 0; i < want.size(); ++i)
+        EXPECT_TRUE(same_bits(want[i], got[i])) << "rank " << r << " parameter " << i;
+      // AdamW's two moments: half of them per replica, up to the allocator's rounding of
+      // each state tensor to 512 bytes.
+      const size_t full = plain->optimizer_state_bytes(r), half = sharded->optimizer_state_bytes(r);
+      const size_t slack = 512 * sharded->optimizer(r).state().size();
+      EXPECT_GT(full, 100000u);
+      EXPECT_LE(half, full / 2 + slack) << "rank " << r;
+      EXPECT_GE(half + slack, full / 2) << "rank " << r;
+      EXPECT_LT(half, full * 6 / 10) << "rank " << r;
+    }
   }
 }
 
