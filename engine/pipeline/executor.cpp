@@ -70,6 +70,10 @@ PipelineExecutor::PipelineExecutor(const ModelDescription& model, schedule::Sche
         " but " + std::to_string(devices.size()) + " devices were given");
   // Before any rank is built, so that an impossible request fails at once.
   transport_kind_ = comm::choose_transport(options.transport, devices);
+  if (schedule_.replicas > 1 && transport_kind_ == TransportKind::kNccl)
+    throw std::invalid_argument(
+        "data parallelism sums gradients over replicas with a group sum, which the NCCL "
+        "transport does not have yet; use --transport inproc (ranks of one process) or mpi");
   // Global parameter order: unit order, then each unit's own order.
   std::map<std::string, int> global;
   for (const auto& unit : model_.units(0, model_.num_units))
