@@ -1,9 +1,125 @@
 #include "comm/in_process.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace conveyor::comm {
 namespace {
+
+// One member's group sum: its own values are posted at the start; the others' are taken as
+// they come, and the sum runs in group order once all are in.
+class InProcessGroupSum : public PendingGroupCall {
+ public:
+  InProcessGroupSum(std::shared_ptr<InProcessHub> hub, int rank, std::vector<float>& values,
+                    const std::vector<int>& group)
+      : hub_(std::move(hub)), rank_(rank), values_(values), group_(group), parts_(group.size()) {
+    auto mine = std::make_shared<const std::vector<float>>(values);
+    for (size_t i = 0; i < group_.size(); ++i)
+      if (group_[i] == rank_) parts_[i] = mine;
+    hub_->post_group_values(rank_, group_, std::move(mine));
+  }
+
+  bool test() override {
+    if (done_) return true;
+    for (size_t i = 0; i < group_.size(); ++i)
+      if (!parts_[i]) parts_[i] = hub_->try_take_group_values(group_[i], rank_, rank_);
+    for (const auto& part : parts_)
+      if (!part) return false;
+    for (size_t i = 0; i < group_.size(); ++i)
+      if (parts_[i]->size() != values_.size())
+        hub_->fail(rank_, "group sum of " + std::to_string(values_.size()) + " values, but rank " +
+                              std::to_string(group_[i]) + " gave " +
+                              std::to_string(parts_[i]->size()));
+    std::fill(values_.begin(), values_.end(), 0.0f);
+    for (const auto& part : parts_)
+      for (size_t k = 0; k < values_.size(); ++k) values_[k] += (*part)[k];
+    parts_.clear();
+    done_ = true;
+    return true;
+  }
+
+  void wait() override {
+    while (!test()) {
+      std::vector<int> missing;
+      for (size_t i = 0; i < group_.size(); ++i)
+        if (!parts_[i]) missing.push_back(group_[i]);
+      if (!hub_->wait_group_values(rank_, missing, rank_)) {
+        std::string names;
+        for (int r : missing) names += (names.empty() ? "" : ", ") + std::to_string(r);
+        hub_->fail(rank_, "the gradient sum over replicas waited " +
+                              std::to_string(hub_->timeout().count()) + " ms for rank(s) " + names);
+      }
+    }
+  }
+
+ private:
+  std::shared_ptr<InProcessHub> hub_;
+  int rank_;
+  std::vector<float>& values_;
+  std::vector<int> group_;
+  std::vector<InProcessHub::GroupValues> parts_;  // by position in the group
+  bool done_ = false;
+};
+
+// One member's group gather: its own range is posted at the start; the others' ranges are
+// copied into place as they come.
+class InProcessGroupGather : public PendingGroupCall {
+ public:
+  InProcessGroupGather(std::shared_ptr<InProcessHub> hub, int rank, std::vector<float>& values,
+                       const std::vector<int>& group, const std::vector<size_t>& bounds, size_t me)
+      : hub_(std::move(hub)),
+        rank_(rank),
+        values_(values),
+        group_(group),
+        bounds_(bounds),
+        arrived_(group.size(), false) {
+    arrived_[me] = true;
+    hub_->post_group_values(rank_, group_,
+                            std::make_shared<const std::vector<float>>(
+                                values.begin() + bounds[me], values.begin() + bounds[me + 1]));
+  }
+
+  bool test() override {
+    bool all = true;
+    for (size_t i = 0; i < group_.size(); ++i) {
+      if (arrived_[i]) continue;
+      InProcessHub::GroupValues part = hub_->try_take_group_values(group_[i], rank_, rank_);
+      if (!part) {
+        all = false;
+        continue;
+      }
+      if (part->size() != bounds_[i + 1] - bounds_[i])
+        hub_->fail(rank_, "group gather expected " + std::to_string(bounds_[i + 1] - bounds_[i]) +
+                              " values from rank " + std::to_string(group_[i]) + ", got " +
+                              std::to_string(part->size()));
+      std::copy(part->begin(), part->end(), values_.begin() + bounds_[i]);
+      arrived_[i] = true;
+    }
+    return all;
+  }
+
+  void wait() override {
+    while (!test()) {
+      std::vector<int> missing;
+      for (size_t i = 0; i < group_.size(); ++i)
+        if (!arrived_[i]) missing.push_back(group_[i]);
+      if (!hub_->wait_group_values(rank_, missing, rank_)) {
+        std::string names;
+        for (int r : missing) names += (names.empty() ? "" : ", ") + std::to_string(r);
+        hub_->fail(rank_, "the weight gather over replicas waited " +
+                              std::to_string(hub_->timeout().count()) + " ms for rank(s) " + names);
+      }
+    }
+  }
+
+ private:
+  std::shared_ptr<InProcessHub> hub_;
+  int rank_;
+  std::vector<float>& values_;
+  std::vector<int> group_;
+  std::vector<size_t> bounds_;
+  std::vector<bool> arrived_;
+};
 
 class InProcessTransport : public Transport {
  public:
@@ -42,6 +158,18 @@ class InProcessTransport : public Transport {
   }
 
   void all_reduce_sum(std::vector<double>& values) override { hub_->all_reduce(rank_, values); }
+  std::unique_ptr<PendingGroupCall> start_group_sum(std::vector<float>& values,
+                                                    const std::vector<int>& group) override {
+    check_group(group);
+    return std::make_unique<InProcessGroupSum>(hub_, rank_, values, group);
+  }
+  std::unique_ptr<PendingGroupCall> start_group_gather(std::vector<float>& values,
+                                                       const std::vector<int>& group,
+                                                       const std::vector<size_t>& bounds) override {
+    check_gather(values, group, bounds);
+    return std::make_unique<InProcessGroupGather>(hub_, rank_, values, group, bounds,
+                                                  position_in(group));
+  }
   void abort(const std::string& reason) override { hub_->abort(reason); }
 
  private:
@@ -81,6 +209,7 @@ InProcessHub::InProcessHub(int size, std::chrono::milliseconds timeout)
       timeout_(timeout),
       arrived_for_(size),
       links_(static_cast<size_t>(size) * size),
+      group_links_(static_cast<size_t>(size) * size),
       contributions_(size) {}
 
 std::unique_ptr<Transport> InProcessHub::endpoint(int rank) {
@@ -153,6 +282,44 @@ void InProcessHub::all_reduce(int rank, std::vector<double>& values) {
                             " ms for the other ranks");
   }
   values = result_;
+}
+
+void InProcessHub::post_group_values(int src, const std::vector<int>& group, GroupValues values) {
+  {
+    std::lock_guard lock(mutex_);
+    throw_if_aborted(src);
+    for (int dst : group)
+      if (dst != src) group_links_[static_cast<size_t>(src) * size_ + dst].push_back(values);
+  }
+  for (int dst : group)
+    if (dst != src) arrived_for_[dst].notify_all();
+}
+
+InProcessHub::GroupValues InProcessHub::try_take_group_values(int src, int dst, int waiting_rank) {
+  std::lock_guard lock(mutex_);
+  throw_if_aborted(waiting_rank);
+  auto& queue = group_links_[static_cast<size_t>(src) * size_ + dst];
+  if (queue.empty()) return nullptr;
+  GroupValues values = std::move(queue.front());
+  queue.pop_front();
+  return values;
+}
+
+bool InProcessHub::wait_group_values(int dst, const std::vector<int>& from, int waiting_rank) {
+  std::unique_lock lock(mutex_);
+  const bool ready = arrived_for_[dst].wait_for(lock, timeout_, [&] {
+    if (aborted_ || from.empty()) return true;
+    for (int src : from)
+      if (!group_links_[static_cast<size_t>(src) * size_ + dst].empty()) return true;
+    return false;
+  });
+  throw_if_aborted(waiting_rank);
+  return ready;
+}
+
+void InProcessHub::fail(int rank, const std::string& what) {
+  std::lock_guard lock(mutex_);
+  fail_locked(rank, what);
 }
 
 void InProcessHub::fail_locked(int rank, const std::string& what) {

@@ -39,6 +39,18 @@ class InProcessHub : public std::enable_shared_from_this<InProcessHub> {
   // The next message on the link, if it has arrived; never waits.
   std::optional<Message> try_pop(int src, int dst, int waiting_rank);
   void all_reduce(int rank, std::vector<double>& values);
+  // Group sums: each member posts its values to every other member of the group; a member's
+  // sum is ready once the others' posts are in. Ordered per (src, dst) like the links.
+  using GroupValues = std::shared_ptr<const std::vector<float>>;
+  void post_group_values(int src, const std::vector<int>& group, GroupValues values);
+  // The next group values from `src` to `dst`, if they came; never waits.
+  GroupValues try_take_group_values(int src, int dst, int waiting_rank);
+  // Waits, up to the deadline, for a post to `dst` from one of `from` (empty: returns).
+  // False when the deadline passed.
+  bool wait_group_values(int dst, const std::vector<int>& from, int waiting_rank);
+  std::chrono::milliseconds timeout() const { return timeout_; }
+  // Fails the transport for every rank, naming `rank` and `what`; throws TransportError.
+  [[noreturn]] void fail(int rank, const std::string& what);
   void abort(const std::string& reason);
 
  private:
@@ -54,7 +66,8 @@ class InProcessHub : public std::enable_shared_from_this<InProcessHub> {
   // all-reduce has its own.
   std::vector<std::condition_variable> arrived_for_;
   std::condition_variable reduced_;
-  std::vector<std::deque<Message>> links_;  // src * size + dst
+  std::vector<std::deque<Message>> links_;            // src * size + dst
+  std::vector<std::deque<GroupValues>> group_links_;  // src * size + dst
   bool aborted_ = false;
   std::string abort_reason_;
   // All-reduce rendezvous: contributions of the current round, by rank.

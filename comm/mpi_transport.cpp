@@ -50,6 +50,7 @@ using Clock = std::chrono::steady_clock;
 constexpr int kMessageTag = 1;  // every pipeline message: FIFO per link
 constexpr int kAbortTag = 2;    // the reason a rank aborted
 constexpr int kCountTag = 3;    // all-reduce value counts: who has come to the all-reduce
+constexpr int kGroupTag = 4;    // group sums: FIFO per pair of members, like the messages
 
 std::string mpi_error_text(int code) {
   char text[MPI_MAX_ERROR_STRING];
@@ -164,6 +165,177 @@ class MpiTransport : public Transport {
       for (int r = 0; r < size_; ++r) sum += all[static_cast<size_t>(r) * values.size() + i];
       values[i] = sum;
     }
+  }
+
+  // Point to point on a tag of its own: every member sends its values to every other member
+  // and receives theirs, then adds them in group order. Needs no communicator per group
+  // (which every process would have to create together), and the bits never depend on MPI.
+  class GroupSum : public PendingGroupCall {
+   public:
+    GroupSum(MpiTransport& transport, std::vector<float>& values, const std::vector<int>& group)
+        : t_(transport), values_(values), group_(group), mine_(values), parts_(group.size()) {
+      const int count = t_.byte_count(values.size() * sizeof(float));
+      for (size_t i = 0; i < group_.size(); ++i) {
+        if (group_[i] == t_.rank_) continue;
+        parts_[i].resize(values.size());
+        MPI_Request request;
+        t_.check(
+            MPI_Irecv(parts_[i].data(), count, MPI_BYTE, group_[i], kGroupTag, t_.comm_, &request),
+            "MPI_Irecv");
+        requests_.push_back(request);
+        from_.push_back(group_[i]);
+      }
+      for (int peer : group_) {
+        if (peer == t_.rank_) continue;
+        MPI_Request request;
+        t_.check(MPI_Isend(mine_.data(), count, MPI_BYTE, peer, kGroupTag, t_.comm_, &request),
+                 "MPI_Isend");
+        requests_.push_back(request);
+      }
+      deadline_ = Clock::now() + t_.timeout_;
+    }
+
+    ~GroupSum() override {
+      for (MPI_Request& r : requests_)
+        if (r != MPI_REQUEST_NULL) {
+          MPI_Cancel(&r);
+          MPI_Request_free(&r);
+        }
+    }
+
+    bool test() override {
+      if (done_) return true;
+      t_.throw_if_aborted();
+      t_.reap_sends();
+      int all = 0;
+      std::vector<MPI_Status> statuses(requests_.size());
+      t_.check(
+          MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &all, statuses.data()),
+          "MPI_Testall");
+      if (!all) return false;
+      std::fill(values_.begin(), values_.end(), 0.0f);
+      for (size_t i = 0; i < group_.size(); ++i) {
+        const std::vector<float>& part = group_[i] == t_.rank_ ? mine_ : parts_[i];
+        for (size_t k = 0; k < values_.size(); ++k) values_[k] += part[k];
+      }
+      done_ = true;
+      return true;
+    }
+
+    void wait() override {
+      Backoff backoff;
+      while (!test()) {
+        if (Clock::now() >= deadline_) {
+          std::string missing;
+          for (size_t i = 0; i < from_.size(); ++i)
+            if (requests_[i] != MPI_REQUEST_NULL)
+              missing += (missing.empty() ? "" : ", ") + std::to_string(from_[i]);
+          t_.give_up("the gradient sum over replicas waited " +
+                     std::to_string(t_.timeout_.count()) + " ms for rank(s) " +
+                     (missing.empty() ? std::string("(sends pending)") : missing) +
+                     " (did one of them stop?)");
+        }
+        backoff.pause();
+      }
+    }
+
+   private:
+    MpiTransport& t_;
+    std::vector<float>& values_;
+    std::vector<int> group_;
+    std::vector<float> mine_;                 // sent from here until the sends complete
+    std::vector<std::vector<float> > parts_;  // the other members', by position in the group
+    std::vector<MPI_Request> requests_;       // receives (in from_ order), then sends
+    std::vector<int> from_;
+    Clock::time_point deadline_;
+    bool done_ = false;
+  };
+
+  // The gather on the same tag: the own range to every other member, the others' received in
+  // place.
+  class GroupGather : public PendingGroupCall {
+   public:
+    GroupGather(MpiTransport& transport, std::vector<float>& values, const std::vector<int>& group,
+                const std::vector<size_t>& bounds, size_t me)
+        : t_(transport),
+          group_(group),
+          mine_(values.begin() + bounds[me], values.begin() + bounds[me + 1]) {
+      for (size_t i = 0; i < group_.size(); ++i) {
+        if (i == me) continue;
+        MPI_Request request;
+        t_.check(MPI_Irecv(values.data() + bounds[i],
+                           t_.byte_count((bounds[i + 1] - bounds[i]) * sizeof(float)), MPI_BYTE,
+                           group_[i], kGroupTag, t_.comm_, &request),
+                 "MPI_Irecv");
+        requests_.push_back(request);
+      }
+      for (size_t i = 0; i < group_.size(); ++i) {
+        if (i == me) continue;
+        MPI_Request request;
+        t_.check(MPI_Isend(mine_.data(), t_.byte_count(mine_.size() * sizeof(float)), MPI_BYTE,
+                           group_[i], kGroupTag, t_.comm_, &request),
+                 "MPI_Isend");
+        requests_.push_back(request);
+      }
+      deadline_ = Clock::now() + t_.timeout_;
+    }
+
+    ~GroupGather() override {
+      for (MPI_Request& r : requests_)
+        if (r != MPI_REQUEST_NULL) {
+          MPI_Cancel(&r);
+          MPI_Request_free(&r);
+        }
+    }
+
+    bool test() override {
+      if (done_) return true;
+      t_.throw_if_aborted();
+      t_.reap_sends();
+      int all = 0;
+      t_.check(MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &all,
+                           MPI_STATUSES_IGNORE),
+               "MPI_Testall");
+      return done_ = all != 0;
+    }
+
+    void wait() override {
+      Backoff backoff;
+      while (!test()) {
+        if (Clock::now() >= deadline_) {
+          std::string others;
+          for (int r : group_)
+            if (r != t_.rank_) others += (others.empty() ? "" : ", ") + std::to_string(r);
+          t_.give_up("the weight gather over replicas waited " +
+                     std::to_string(t_.timeout_.count()) + " ms for rank(s) " + others +
+                     " (did one of them stop?)");
+        }
+        backoff.pause();
+      }
+    }
+
+   private:
+    MpiTransport& t_;
+    std::vector<int> group_;
+    std::vector<float> mine_;  // sent from here until the sends complete
+    std::vector<MPI_Request> requests_;
+    Clock::time_point deadline_;
+    bool done_ = false;
+  };
+
+  std::unique_ptr<PendingGroupCall> start_group_gather(std::vector<float>& values,
+                                                       const std::vector<int>& group,
+                                                       const std::vector<size_t>& bounds) override {
+    check_gather(values, group, bounds);
+    throw_if_aborted();
+    return std::make_unique<GroupGather>(*this, values, group, bounds, position_in(group));
+  }
+
+  std::unique_ptr<PendingGroupCall> start_group_sum(std::vector<float>& values,
+                                                    const std::vector<int>& group) override {
+    check_group(group);
+    throw_if_aborted();
+    return std::make_unique<GroupSum>(*this, values, group);
   }
 
   void abort(const std::string& reason) override {

@@ -13,4 +13,55 @@ void Transport::check_peer(int peer, const char* action) const {
                          ")");
 }
 
+void Transport::check_group(const std::vector<int>& group) const {
+  bool ascending = true, member = false;
+  for (size_t i = 0; i < group.size(); ++i) {
+    ascending =
+        ascending && group[i] >= 0 && group[i] < size() && (i == 0 || group[i - 1] < group[i]);
+    member = member || group[i] == rank();
+  }
+  if (!ascending || !member) {
+    std::string listed;
+    for (int g : group) listed += (listed.empty() ? "" : ",") + std::to_string(g);
+    throw TransportError("rank " + std::to_string(rank()) +
+                         ": a group sum needs ascending ranks in 0.." + std::to_string(size() - 1) +
+                         " that include this rank, got {" + listed + "}");
+  }
+}
+
+void Transport::check_gather(const std::vector<float>& values, const std::vector<int>& group,
+                             const std::vector<size_t>& bounds) const {
+  check_group(group);
+  bool ok =
+      bounds.size() == group.size() + 1 && bounds.front() == 0 && bounds.back() == values.size();
+  for (size_t i = 1; ok && i < bounds.size(); ++i) ok = bounds[i - 1] <= bounds[i];
+  if (!ok)
+    throw TransportError("rank " + std::to_string(rank()) + ": a group gather of " +
+                         std::to_string(values.size()) + " values over " +
+                         std::to_string(group.size()) + " members needs " +
+                         std::to_string(group.size() + 1) + " ascending bounds from 0 to " +
+                         std::to_string(values.size()) + ", got " + std::to_string(bounds.size()));
+}
+
+size_t Transport::position_in(const std::vector<int>& group) const {
+  for (size_t i = 0; i < group.size(); ++i)
+    if (group[i] == rank()) return i;
+  return group.size();
+}
+
+std::unique_ptr<PendingGroupCall> Transport::start_group_gather(std::vector<float>&,
+                                                                const std::vector<int>&,
+                                                                const std::vector<size_t>&) {
+  throw TransportError(
+      "this transport has no group gather, which a sharded optimizer needs to share updated "
+      "weights between replicas; use the in-process or the MPI transport");
+}
+
+std::unique_ptr<PendingGroupCall> Transport::start_group_sum(std::vector<float>&,
+                                                             const std::vector<int>&) {
+  throw TransportError(
+      "this transport has no group sum, which data parallelism needs to add gradients over "
+      "replicas; use the in-process or the MPI transport (--transport inproc or mpi)");
+}
+
 }  // namespace conveyor::comm

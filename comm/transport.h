@@ -1,12 +1,14 @@
 #pragma once
 // How pipeline ranks exchange tensors: point-to-point sends and receives whose order on each
 // (source, destination) link is kept (FIFO), plus the small host-side all-reduce the optimizer
-// step needs (squared gradient norms, losses). Implementations: in-process (threads of one
-// process, CPU or CUDA) and NCCL.
+// step needs (squared gradient norms, losses), and the group sum of data parallelism (a
+// stage's gradients over its replicas). Implementations: in-process (threads of one process,
+// CPU or CUDA), MPI and NCCL (no group sum yet).
 //
 // Nothing may hang: every wait has a deadline, and when one rank fails it aborts the
 // transport, which makes every pending and later call on every rank throw TransportAborted.
 #include <chrono>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -33,6 +35,18 @@ class TransportAborted : public TransportError {
   std::string reason_;
 };
 
+// A group sum or gather in flight (Transport::start_group_sum, start_group_gather).
+class PendingGroupCall {
+ public:
+  virtual ~PendingGroupCall() = default;
+  // True once every member's values are in and the caller's vector holds the sum; never
+  // waits. Throws TransportAborted when the transport was aborted.
+  virtual bool test() = 0;
+  // test() until true, up to the transport's deadline; past it the transport is aborted and
+  // this throws TransportError naming the members that did not come.
+  virtual void wait() = 0;
+};
+
 class Transport {
  public:
   virtual ~Transport() = default;
@@ -54,6 +68,21 @@ class Transport {
   // Element-wise sum of `values` over all ranks, added in rank order (deterministic); every
   // rank gets the result. Blocks the host.
   virtual void all_reduce_sum(std::vector<double>& values) = 0;
+  // Starts the element-wise sum of `values` over the ranks of `group` (ascending, this rank
+  // among them), added in group order from zero, so every member gets the same bits whatever
+  // the order of arrival. Never waits: the handle says when `values` holds the sum; until
+  // then `values` must stay alive and untouched. Members start their group sums of one group
+  // in the same order; each member has one in flight at a time. The default throws
+  // TransportError: the transport has no group sum.
+  virtual std::unique_ptr<PendingGroupCall> start_group_sum(std::vector<float>& values,
+                                                            const std::vector<int>& group);
+  // Starts the gather of `values` over `group` (as for start_group_sum): member i owns the
+  // elements [bounds[i], bounds[i+1]) and sends them to the others, whose elements it
+  // receives in place, so every member ends with the same vector. `bounds` has one entry more
+  // than `group`, ascending from 0 to values.size(). The default throws TransportError.
+  virtual std::unique_ptr<PendingGroupCall> start_group_gather(std::vector<float>& values,
+                                                               const std::vector<int>& group,
+                                                               const std::vector<size_t>& bounds);
   // Fails the transport for every rank, with `reason` in the errors they see.
   virtual void abort(const std::string& reason) = 0;
   // Waits for `stream`; transports whose transfers can wait on a peer bound the wait.
@@ -63,6 +92,13 @@ class Transport {
   // Throws TransportError unless `peer` is another rank of this transport; `action` says
   // what was asked ("send to", "receive from").
   void check_peer(int peer, const char* action) const;
+  // Throws TransportError unless `group` is ascending, in range, and holds this rank.
+  void check_group(const std::vector<int>& group) const;
+  // check_group, and that `bounds` splits `values` into one range per member.
+  void check_gather(const std::vector<float>& values, const std::vector<int>& group,
+                    const std::vector<size_t>& bounds) const;
+  // This rank's position in `group` (checked by check_group).
+  size_t position_in(const std::vector<int>& group) const;
 };
 
 }  // namespace conveyor::comm

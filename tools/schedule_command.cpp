@@ -31,6 +31,9 @@ struct ScheduleOptions {
   int microbatches = 0;
   int chunks = 0;  // 0: 1, or 2 for interleaved
   std::string costs = "1,1,1";
+  int dp = 1;                   // data-parallel replicas
+  double grad_bytes = 1.0;      // one rank's share of the gradients, all-reduced per step
+  double reduce_bandwidth = 1;  // bytes per time unit of the all-reduce
   std::string svg, trace, dump, load;
   bool compare = false;
 };
@@ -91,16 +94,22 @@ std::string closed_form(const std::string& kind, int p, int m, int v, const Cost
 
 // --costs are for one rank's share of the model; with v chunks per rank each chunk (virtual
 // stage) costs 1/v of it, so schedules with different v compare fairly.
-sc::CostModel cost_model(const Costs& c, int chunks) {
+sc::CostModel cost_model(const Costs& c, int chunks, const ScheduleOptions& o) {
   const double v = chunks > 0 ? chunks : 1;
-  return sc::CostModel::uniform(c.f / v, c.i / v, c.w / v, c.comm);
+  sc::CostModel model = sc::CostModel::uniform(c.f / v, c.i / v, c.w / v, c.comm);
+  model.gradient_bytes = {o.grad_bytes / v};
+  model.reduce_bandwidth = o.reduce_bandwidth;
+  return model;
 }
 
 // ZB-H1 places its W passes by list scheduling; give it the costs it will run under.
-sc::Schedule make_schedule(sc::ScheduleKind kind, int p, int m, int v, const Costs& c) {
-  if (kind == sc::ScheduleKind::kZBH1 && v == 1 && c.f > 0 && c.i > 0 && c.w > 0)
-    return sc::generate_zbh1(p, m, c.f, c.i, c.w);
-  return sc::generate(kind, p, m, v);
+sc::Schedule make_schedule(sc::ScheduleKind kind, int p, int m, int v, const Costs& c, int dp) {
+  if (kind == sc::ScheduleKind::kZBH1 && v == 1 && c.f > 0 && c.i > 0 && c.w > 0) {
+    sc::Schedule s = sc::generate_zbh1(p, m, c.f, c.i, c.w);
+    if (dp > 1) sc::add_gradient_all_reduces(&s, dp);
+    return s;
+  }
+  return sc::generate(kind, p, m, v, dp);
 }
 
 // Every write and the close are checked: "wrote FILE" is printed only for a complete file.
@@ -141,9 +150,9 @@ void run_compare(const ScheduleOptions& o, const Costs& costs) {
     std::string name = kind_name;
     if (inter) name += " v=" + std::to_string(v);
     try {
-      const sc::Schedule s = make_schedule(kind, p, m, inter ? v : 1, costs);
+      const sc::Schedule s = make_schedule(kind, p, m, inter ? v : 1, costs, o.dp);
       sc::validate(s);
-      const sc::SimResult sim = sc::simulate(s, cost_model(costs, s.placement.chunks));
+      const sc::SimResult sim = sc::simulate(s, cost_model(costs, s.placement.chunks, o));
       int in_flight = 0, held = 0;
       for (const auto& r : sim.ranks)
         in_flight = std::max(in_flight, r.memory.peak_in_flight),
@@ -175,6 +184,8 @@ void check_load_agrees(const ScheduleOptions& o, const CLI::App& cmd, const sc::
   if (cmd.count("--chunks") && o.chunks != s.placement.chunks)
     disagree("--chunks", std::to_string(o.chunks),
              std::to_string(s.placement.chunks) + " chunk(s) per rank");
+  if (cmd.count("--dp") && o.dp != s.replicas)
+    disagree("--dp", std::to_string(o.dp), std::to_string(s.replicas) + " replica(s)");
   if (cmd.count("--kind") && !s.name.empty() && o.kind != s.name)
     disagree("--kind", o.kind, "schedule '" + escape_for_message(s.name) + "'");
 }
@@ -194,13 +205,13 @@ void run(const ScheduleOptions& o, const CLI::App& cmd) {
                          sc::schedule_kind_choices() + ")");
       check_pm(o);
       const int v = o.chunks > 0 ? o.chunks : (*kind == sc::ScheduleKind::kInterleaved ? 2 : 1);
-      schedule = make_schedule(*kind, o.stages, o.microbatches, v, costs);
+      schedule = make_schedule(*kind, o.stages, o.microbatches, v, costs, o.dp);
     }
     sc::validate(schedule);
   } catch (const sc::ScheduleError& e) {
     throw UsageError(e.what());
   }
-  const sc::SimResult sim = sc::simulate(schedule, cost_model(costs, schedule.placement.chunks));
+  const sc::SimResult sim = sc::simulate(schedule, cost_model(costs, schedule.placement.chunks, o));
   const int p = schedule.num_ranks(), m = schedule.num_microbatches, v = schedule.placement.chunks;
   std::printf("schedule %s: p=%d ranks, v=%d chunk%s per rank (%s), m=%d micro-batches\n",
               schedule.name.empty() ? "(loaded)" : schedule.name.c_str(), p, v, v == 1 ? "" : "s",
@@ -208,9 +219,15 @@ void run(const ScheduleOptions& o, const CLI::App& cmd) {
   std::printf("costs: F=%s I=%s W=%s (B=I+W=%s) per rank%s, transfer=%s\n\n", fmt(costs.f).c_str(),
               fmt(costs.i).c_str(), fmt(costs.w).c_str(), fmt(costs.i + costs.w).c_str(),
               v > 1 ? ", each chunk 1/v of it" : "", fmt(costs.comm).c_str());
+  if (schedule.replicas > 1)
+    std::printf(
+        "data parallel: %d replicas, each rank's gradients (%s bytes) all-reduced at %s bytes "
+        "per time unit, on a stream of their own (rows 'ar')\n\n",
+        schedule.replicas, fmt(o.grad_bytes).c_str(), fmt(o.reduce_bandwidth).c_str());
   std::printf("%s\n", sc::format_timeline(schedule, sim).c_str());
   std::printf("makespan: %s\n", fmt(sim.makespan).c_str());
-  const std::string form = closed_form(schedule.name, p, m, v, costs);
+  // The closed forms are for one pipeline; the all-reduces at the end add to its makespan.
+  const std::string form = schedule.replicas > 1 ? "" : closed_form(schedule.name, p, m, v, costs);
   std::printf("bubble: %.4f%s\n", sim.bubble_fraction,
               form.empty() ? "" : ("  (closed form " + form + ")").c_str());
   std::printf("\n%-6s %10s %10s %16s %16s\n", "rank", "busy", "idle", "peak in-flight",
@@ -223,6 +240,12 @@ void run(const ScheduleOptions& o, const CLI::App& cmd) {
   std::printf(
       "(peak in-flight: micro-batches between F and the end of its B or I; held: until its last "
       "use)\n");
+  if (schedule.replicas > 1) {
+    std::printf("\n%-6s %10s %14s\n", "rank", "all-reduce", "ends at");
+    for (int r = 0; r < p; ++r)
+      std::printf("%-6d %10s %14s\n", r, fmt(sim.ranks[r].reduce).c_str(),
+                  fmt(sim.ranks[r].end).c_str());
+  }
   if (!o.dump.empty()) {
     const bool csv = o.dump.size() >= 4 && o.dump.substr(o.dump.size() - 4) == ".csv";
     write_file(o.dump, csv ? sc::dump_csv(schedule) : sc::dump_text(schedule), "--dump");
@@ -268,6 +291,19 @@ void register_schedule_command(CLI::App& app) {
                   "F,I,W[,comm]: time of forward, input-grad, weight-grad per micro-batch "
                   "and stage, and of one transfer")
       ->default_str("1,1,1,0");
+  add_int_flag(cmd, "--dp", opts->dp, 1, 1024,
+               "Data-parallel replicas D: each stage's gradients are all-reduced after its last "
+               "weight gradient (AR actions, on a stream of their own)")
+      ->capture_default_str();
+  cmd->add_option("--grad-bytes", opts->grad_bytes,
+                  "With --dp: one rank's gradient bytes (each chunk 1/v of it); an all-reduce "
+                  "takes bytes / --reduce-bandwidth")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd->add_option("--reduce-bandwidth", opts->reduce_bandwidth,
+                  "With --dp: bytes per time unit of the gradient all-reduce (0: infinite)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   cmd->add_option("--svg", opts->svg,
                   "Write an SVG timeline to FILE (at most 256 ranks and 20000 boxes drawn)")
       ->type_name("FILE");

@@ -139,6 +139,17 @@ std::string human_rate(double per_second) {
   return buf;
 }
 
+// Data parallelism: how the ranks make up the replicas, and each replica's share.
+void print_data_parallel(Trainer& trainer) {
+  const auto& sched = trainer.executor().schedule();
+  if (sched.replicas == 1) return;
+  std::printf(
+      "data   %d replicas x %d pipeline ranks = %d ranks (rank r: pipeline rank r mod %d of "
+      "replica r div %d), %d micro-batches each, gradients summed per stage over the replicas\n",
+      sched.replicas, sched.num_ranks(), sched.replicas * sched.num_ranks(), sched.num_ranks(),
+      sched.num_ranks(), sched.num_microbatches);
+}
+
 void print_pipeline(Trainer& trainer) {
   const auto& sched = trainer.executor().schedule();
   std::printf("pipeline %d rank(s) x %d chunk(s), schedule %s, transport %s, stages (units):",
@@ -358,6 +369,8 @@ ConfigFields configuration_fields(const TrainFlags& f, const TrainConfig& c) {
            " clip=" + exact(o.clip_norm)},
       {"--device", f.run.device},
       {"--transport", f.transport},
+      {"--dp", std::to_string(c.data_parallel)},
+      {"--shard-optimizer", c.shard_optimizer ? "on" : "off"},
   };
 }
 
@@ -448,6 +461,7 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
   if (config.recompute.any())
     std::printf("recompute %s (forward re-run in the backward)\n",
                 to_string(config.recompute).c_str());
+  print_data_parallel(*trainer);
   std::unique_ptr<TrainerCheckpointer> checkpointer = setup_checkpoints(f.checkpoint, *trainer);
   const int64_t first_step = trainer->steps_done() + 1;
   const int64_t last_step_to_run =
@@ -599,6 +613,15 @@ void register_train_command(CLI::App& app) {
       ->type_name("FILE");
   cmd->add_flag("--weights-checksum", flags->weights_checksum,
                 "Print an XXH3 checksum of the final weights (to compare runs bit for bit)");
+  // Data parallelism.
+  add_int_flag(cmd, "--dp", c.data_parallel, 1, 1024,
+               "Data-parallel replicas D: --stages x D ranks (rank r is pipeline rank r mod "
+               "--stages of replica r div --stages; under mpirun -np stages x D), each on "
+               "--microbatches / D of the step's micro-batches (a multiple of D)");
+  cmd->add_flag("--shard-optimizer", c.shard_optimizer,
+                "With --dp: each replica keeps the AdamW/SGD state of 1/D of every stage's "
+                "parameters and the replicas gather the updated weights (ZeRO-1; no "
+                "checkpoints yet; default off)");
   cmd->footer(std::string("Example: conveyor train --stages 4 --schedule zbh1 --microbatches 8 "
                           "--log-json steps.jsonl\n") +
               kExitStatusText);

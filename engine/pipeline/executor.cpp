@@ -1,5 +1,6 @@
 #include "engine/pipeline/executor.h"
 
+#include <algorithm>
 #include <exception>
 #include <map>
 #include <mutex>
@@ -26,6 +27,29 @@ bool stopped_by_abort(const std::exception& error) {
   return false;
 }
 
+// ZeRO-1 ranges: each stage's parameters flattened in order, replica d owning the elements
+// [N*d/D, N*(d+1)/D); the shard of each parameter is its part of that range (maybe empty).
+std::vector<ParameterShard> shard_parameters(PipelineRank& rank, int replicas) {
+  std::vector<ParameterShard> out;
+  for (auto& [id, stage] : rank.stages) {
+    const std::vector<Parameter*> params = stage->parameters();
+    size_t total = 0;
+    for (const Parameter* p : params) total += static_cast<size_t>(p->value.numel());
+    std::vector<size_t> bounds;
+    for (int d = 0; d <= replicas; ++d) bounds.push_back(total * d / replicas);
+    const size_t lo = bounds[rank.replica], hi = bounds[rank.replica + 1];
+    size_t at = 0;
+    for (const Parameter* p : params) {
+      const size_t n = static_cast<size_t>(p->value.numel());
+      const size_t begin = std::clamp(lo, at, at + n), end = std::clamp(hi, at, at + n);
+      out.push_back({static_cast<int64_t>(begin - at), static_cast<int64_t>(end - begin)});
+      at += n;
+    }
+    rank.shard_bounds.push_back(std::move(bounds));
+  }
+  return out;
+}
+
 }  // namespace
 
 PipelineExecutor::PipelineExecutor(const ModelDescription& model, schedule::Schedule schedule,
@@ -35,15 +59,22 @@ PipelineExecutor::PipelineExecutor(const ModelDescription& model, schedule::Sche
     : model_(model), schedule_(std::move(schedule)), ranges_(std::move(ranges)) {
   schedule::validate(schedule_);
   const int p = schedule_.num_ranks();
+  const int world = num_world_ranks();
   if (static_cast<int>(ranges_.size()) != schedule_.num_stages())
     throw std::invalid_argument("the schedule has " + std::to_string(schedule_.num_stages()) +
                                 " stages but the partition has " + std::to_string(ranges_.size()));
-  if (static_cast<int>(devices.size()) != p)
-    throw std::invalid_argument("the schedule has " + std::to_string(p) + " ranks but " +
-                                std::to_string(devices.size()) + " devices were given");
+  if (static_cast<int>(devices.size()) != world)
+    throw std::invalid_argument(
+        "the schedule has " + std::to_string(p) + " ranks" +
+        (schedule_.replicas > 1 ? " x " + std::to_string(schedule_.replicas) + " replicas" : "") +
+        " but " + std::to_string(devices.size()) + " devices were given");
   // Before any rank is built, so that an impossible request fails at once.
   options.recompute.per_unit(model_.num_units);
   transport_kind_ = comm::choose_transport(options.transport, devices);
+  if (schedule_.replicas > 1 && transport_kind_ == TransportKind::kNccl)
+    throw std::invalid_argument(
+        "data parallelism sums gradients over replicas with a group sum, which the NCCL "
+        "transport does not have yet; use --transport inproc (ranks of one process) or mpi");
   // Global parameter order: unit order, then each unit's own order.
   std::map<std::string, int> global;
   for (const auto& unit : model_.units(0, model_.num_units))
@@ -56,22 +87,31 @@ PipelineExecutor::PipelineExecutor(const ModelDescription& model, schedule::Sche
     transports = comm::make_transports(transport_kind_, devices, options.transport_timeout);
     held.push_back(transports.per_rank[0]->rank());
   } else {
-    for (int r = 0; r < p; ++r) held.push_back(r);
+    for (int r = 0; r < world; ++r) held.push_back(r);
   }
   for (int r : held) {
     auto rank = std::make_unique<PipelineRank>();
     rank->index = r;
+    rank->pipeline_rank = r % p;
+    rank->replica = r / p;
+    for (int d = 0; d < schedule_.replicas; ++d) rank->replica_group.push_back(d * p + r % p);
     OnDevice on_device(devices[r]);  // the stages initialise their parameters on it
     rank->ctx = std::make_unique<DeviceContext>(devices[r], options.device_options);
     rank->send_stream = std::make_unique<Stream>(devices[r]);
     rank->recv_stream = std::make_unique<Stream>(devices[r]);
-    for (int s : schedule_.placement.stages_of(r))
+    for (int s : schedule_.placement.stages_of(rank->pipeline_rank))
       rank->stages[s] = std::make_unique<Stage>(model_, ranges_[s].begin, ranges_[s].end,
                                                 *rank->ctx, seed, options.recompute);
     for (Parameter* prm : rank->parameters()) rank->global_index.push_back(global.at(prm->name));
-    rank->optimizer = std::make_unique<Optimizer>(*rank->ctx, rank->parameters(), optimizer);
+    std::vector<ParameterShard> shards;
+    if (options.shard_optimizer && schedule_.replicas > 1)
+      shards = shard_parameters(*rank, schedule_.replicas);
+    const size_t before = rank->ctx->allocator().stats().allocated_bytes;
+    rank->optimizer =
+        std::make_unique<Optimizer>(*rank->ctx, rank->parameters(), optimizer, std::move(shards));
+    rank->optimizer_state_bytes = rank->ctx->allocator().stats().allocated_bytes - before;
     if (devices[r].is_cuda()) {
-      const size_t n = schedule_.ranks[r].size();
+      const size_t n = schedule_.ranks[rank->pipeline_rank].size();
       for (size_t i = 0; i < n; ++i) {
         rank->starts.emplace_back(devices[r], true);
         rank->ends.emplace_back(devices[r], true);
@@ -104,9 +144,9 @@ PipelineExecutor::~PipelineExecutor() {
 PipelineRank& PipelineExecutor::held(int rank) const {
   for (const auto& r : ranks_)
     if (r->index == rank) return *r;
-  if (rank < 0 || rank >= num_ranks())
+  if (rank < 0 || rank >= num_world_ranks())
     throw std::out_of_range("rank " + std::to_string(rank) + " out of range for " +
-                            std::to_string(num_ranks()) + " ranks");
+                            std::to_string(num_world_ranks()) + " ranks");
   throw std::invalid_argument("rank " + std::to_string(rank) +
                               " is held by another process; this one holds rank " +
                               std::to_string(ranks_.front()->index));
@@ -120,6 +160,9 @@ std::vector<int> PipelineExecutor::local_ranks() const {
 
 DeviceContext& PipelineExecutor::context(int rank) { return *held(rank).ctx; }
 Optimizer& PipelineExecutor::optimizer(int rank) { return *held(rank).optimizer; }
+size_t PipelineExecutor::optimizer_state_bytes(int rank) const {
+  return held(rank).optimizer_state_bytes;
+}
 Stage& PipelineExecutor::stage(int stage) {
   return *held(schedule_.placement.rank_of(stage)).stages.at(stage);
 }
@@ -130,6 +173,7 @@ std::vector<Parameter*> PipelineExecutor::rank_parameters(int rank) {
 std::vector<Parameter*> PipelineExecutor::parameters() {
   std::vector<Parameter*> out(total_parameters_, nullptr);
   for (auto& rank : ranks_) {
+    if (rank->replica != 0) continue;
     const auto params = rank->parameters();
     for (size_t i = 0; i < params.size(); ++i) out[rank->global_index[i]] = params[i];
   }
@@ -145,10 +189,15 @@ void PipelineExecutor::set_transports(std::vector<std::unique_ptr<comm::Transpor
 PipelineStepResult PipelineExecutor::run_step(const std::vector<MicroBatchData>& microbatches,
                                               float loss_scale, int64_t step, double lr,
                                               bool update) {
-  const int m = schedule_.num_microbatches;
+  const int m = schedule_.num_microbatches * schedule_.replicas;
   if (static_cast<int>(microbatches.size()) != m)
-    throw std::invalid_argument("the schedule has " + std::to_string(m) + " micro-batches, " +
-                                std::to_string(microbatches.size()) + " were given");
+    throw std::invalid_argument("the schedule has " + std::to_string(m) + " micro-batches" +
+                                (schedule_.replicas > 1
+                                     ? " (" + std::to_string(schedule_.num_microbatches) +
+                                           " for each of " + std::to_string(schedule_.replicas) +
+                                           " replicas)"
+                                     : std::string()) +
+                                ", " + std::to_string(microbatches.size()) + " were given");
   for (const auto& mb : microbatches)
     if (mb.tokens.size() != microbatches[0].tokens.size() || mb.targets.size() != mb.tokens.size())
       throw std::invalid_argument("micro-batches must all have the same number of tokens");
@@ -156,8 +205,8 @@ PipelineStepResult PipelineExecutor::run_step(const std::vector<MicroBatchData>&
   PipelineStepResult result;
   const int p = num_ranks();
   result.timing.resize(p);
-  result.peak_activation_bytes.assign(p, 0);
-  result.peak_allocated_bytes.assign(p, 0);
+  result.peak_activation_bytes.assign(num_world_ranks(), 0);
+  result.peak_allocated_bytes.assign(num_world_ranks(), 0);
   const StepInputs inputs{.schedule = schedule_,
                           .microbatches = microbatches,
                           .loss_scale = loss_scale,

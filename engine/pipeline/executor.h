@@ -13,6 +13,12 @@
 // optimizer and transport endpoint) and run_step runs that rank alone; the all-reduce still
 // goes over the transport, so every process gets the global loss and norm.
 //
+// Data parallelism (schedule.replicas = D > 1): P*D ranks, rank r being pipeline rank r mod P
+// of replica r div P; every replica runs the same lists on its own contiguous slice of the
+// step's micro-batches (replica d the d-th m of the D*m), and each ALLREDUCE_GRAD sums its
+// stage's gradients over the D replicas (Transport::start_group_sum, in replica order), on a
+// reduction stream of the rank's own, so every replica steps identical weights.
+//
 // After the last action, each rank contributes its per-micro-batch losses and per-parameter
 // squared gradient norms to one all-reduce (slots indexed by global parameter order), so
 // every rank sums them in the same order as the one-stage run: the clipping factor and the
@@ -50,6 +56,11 @@ struct ExecutorOptions {
   DeviceContextOptions device_options;
   // Units whose forward is re-run in the backward instead of keeping what it saves.
   RecomputeSpec recompute;
+  // Data parallelism only (ZeRO-1): each replica keeps the optimizer state of 1/D of every
+  // stage's parameters (a contiguous range of the stage's flattened parameters), updates that
+  // range after the gradient all-reduce, and the replicas then gather each other's ranges, so
+  // the weights are those of the unsharded run.
+  bool shard_optimizer = false;
 };
 
 // One micro-batch of the step, on the host.
@@ -65,8 +76,8 @@ struct PipelineStepResult {
   double seconds = 0.0;
   // Measured timeline, parallel to Schedule::ranks, in microseconds from the step start.
   std::vector<std::vector<schedule::ActionTiming>> timing;
-  // Per rank: peak bytes of activations held by its stages (allocator-measured, excluding
-  // tensors in transit), and peak of all live allocations.
+  // Per rank (all P*D): peak bytes of activations held by its stages (allocator-measured,
+  // excluding tensors in transit), and peak of all live allocations. `timing` is replica 0's.
   std::vector<size_t> peak_activation_bytes;
   std::vector<size_t> peak_allocated_bytes;
 };
@@ -81,7 +92,8 @@ class PipelineError : public std::runtime_error {
 
 class PipelineExecutor {
  public:
-  // `ranges[s]` are the units of virtual stage s; `devices[r]` the device of rank r.
+  // `ranges[s]` are the units of virtual stage s; `devices[r]` the device of rank r, for the
+  // P*D ranks of the schedule's D replicas.
   PipelineExecutor(const ModelDescription& model, schedule::Schedule schedule,
                    std::vector<StageRange> ranges, std::vector<Device> devices,
                    const OptimizerConfig& optimizer, uint64_t seed, ExecutorOptions options = {});
@@ -89,25 +101,32 @@ class PipelineExecutor {
   PipelineExecutor(const PipelineExecutor&) = delete;
   PipelineExecutor& operator=(const PipelineExecutor&) = delete;
 
-  // Runs the schedule over `microbatches` (all of the same size), with per-token loss
-  // gradient `loss_scale`; then, when `update`, the optimizer step `step` at rate `lr`.
+  // Runs the schedule over `microbatches` (all of the same size; D*m of them with D
+  // replicas), with per-token loss gradient `loss_scale`; then, when `update`, the optimizer
+  // step `step` at rate `lr`.
   PipelineStepResult run_step(const std::vector<MicroBatchData>& microbatches, float loss_scale,
                               int64_t step, double lr, bool update = true);
 
   const schedule::Schedule& schedule() const { return schedule_; }
+  // Pipeline ranks P (of one replica). The ranks of replica 0 are 0..P-1, so the accessors
+  // below that take a pipeline rank or a stage reach replica 0.
   int num_ranks() const { return schedule_.num_ranks(); }
+  int num_replicas() const { return schedule_.replicas; }
+  int num_world_ranks() const { return num_ranks() * num_replicas(); }
   DeviceContext& context(int rank);
   // The ranks this process holds: all of them, or, with a transport that spans processes
   // (MPI), the one rank of this process. The accessors below that take a rank, or a stage,
   // throw std::invalid_argument for one held by another process.
   std::vector<int> local_ranks() const;
-  bool holds_all_ranks() const { return static_cast<int>(ranks_.size()) == num_ranks(); }
-  // Every parameter of the model in global order (from whichever rank holds it; null where
-  // another process holds it).
+  bool holds_all_ranks() const { return static_cast<int>(ranks_.size()) == num_world_ranks(); }
+  // Every parameter of the model in global order, from replica 0 (null where another process
+  // holds it).
   std::vector<Parameter*> parameters();
-  // Parameters and optimizers per rank (checkpoints).
+  // Parameters and optimizers per rank, 0..P*D-1 (checkpoints use replica 0's, 0..P-1).
   std::vector<Parameter*> rank_parameters(int rank);
   Optimizer& optimizer(int rank);
+  // Bytes the rank's optimizer state took from its allocator when it was made.
+  size_t optimizer_state_bytes(int rank) const;
   // Virtual stage `stage`, on the rank the schedule places it (forward-only evaluation).
   Stage& stage(int stage);
 

@@ -36,12 +36,28 @@ float clip_scale(const OptimizerConfig& c, double norm) {
   return static_cast<float>(c.clip_norm / norm);
 }
 
-Optimizer::Optimizer(DeviceContext& ctx, std::vector<Parameter*> params, OptimizerConfig config)
-    : ctx_(ctx), params_(std::move(params)), config_(std::move(config)) {
+Optimizer::Optimizer(DeviceContext& ctx, std::vector<Parameter*> params, OptimizerConfig config,
+                     std::vector<ParameterShard> shards)
+    : ctx_(ctx),
+      params_(std::move(params)),
+      config_(std::move(config)),
+      shards_(std::move(shards)) {
   config_.validate();
+  if (!shards_.empty() && shards_.size() != params_.size())
+    throw std::invalid_argument("optimizer: " + std::to_string(shards_.size()) + " shards for " +
+                                std::to_string(params_.size()) + " parameters; give one each");
+  for (size_t i = 0; i < shards_.size(); ++i)
+    if (shards_[i].offset < 0 || shards_[i].count < 0 ||
+        shards_[i].offset + shards_[i].count > params_[i]->value.numel())
+      throw std::invalid_argument("optimizer: the shard [" + std::to_string(shards_[i].offset) +
+                                  ", +" + std::to_string(shards_[i].count) + ") lies outside " +
+                                  params_[i]->name + " of " +
+                                  std::to_string(params_[i]->value.numel()) + " elements");
   const int per_param = config_.kind == "adamw" ? 2 : 1;
-  for (Parameter* p : params_)
-    for (int k = 0; k < per_param; ++k) state_.push_back(ctx_.zeros(p->shape));
+  for (size_t i = 0; i < params_.size(); ++i)
+    for (int k = 0; k < per_param; ++k)
+      state_.push_back(shards_.empty() ? ctx_.zeros(params_[i]->shape)
+                                       : ctx_.zeros({shards_[i].count}));
 }
 
 void Optimizer::step(int64_t step, double lr, float grad_scale) {
@@ -49,12 +65,15 @@ void Optimizer::step(int64_t step, double lr, float grad_scale) {
   const bool adamw = config_.kind == "adamw";
   for (size_t i = 0; i < params_.size(); ++i) {
     Parameter* p = params_[i];
+    const int64_t offset = shards_.empty() ? 0 : shards_[i].offset;
+    const int64_t n = shards_.empty() ? p->value.numel() : shards_[i].count;
+    if (n == 0) continue;  // all of it is another replica's
     kernels::OptimizerTensor t;
-    t.param = p->value.data<float>();
-    t.grad = p->grad.data<float>();
+    t.param = p->value.data<float>() + offset;
+    t.grad = p->grad.data<float>() + offset;
     t.state0 = state_[adamw ? 2 * i : i].data<float>();
     t.state1 = adamw ? state_[2 * i + 1].data<float>() : nullptr;
-    t.n = p->value.numel();
+    t.n = n;
     t.decay = p->weight_decay;
     tensors.push_back(t);
   }

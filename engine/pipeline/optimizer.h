@@ -33,17 +33,31 @@ double learning_rate(const OptimizerConfig& config, int64_t step, int64_t total_
 // Clipping factor for a gradient of global norm `norm`: min(1, clip / norm).
 float clip_scale(const OptimizerConfig& config, double norm);
 
+// The elements [offset, offset + count) of a parameter that one optimizer updates: its
+// shard of the state when the optimizer state is sharded over data-parallel replicas.
+struct ParameterShard {
+  int64_t offset = 0;
+  int64_t count = 0;
+};
+
 class Optimizer {
  public:
-  Optimizer(DeviceContext& ctx, std::vector<Parameter*> params, OptimizerConfig config);
+  // `shards` empty: every element of every parameter, with state of the parameters' shapes.
+  // Otherwise one shard per parameter: the state holds `count` elements of each, and step()
+  // updates only those elements of the value (the others are another replica's to update).
+  Optimizer(DeviceContext& ctx, std::vector<Parameter*> params, OptimizerConfig config,
+            std::vector<ParameterShard> shards = {});
 
   // One update at 1-based `step` with learning rate `lr`, gradients scaled by `grad_scale`.
   void step(int64_t step, double lr, float grad_scale);
 
   const std::vector<Parameter*>& parameters() const { return params_; }
   const OptimizerConfig& config() const { return config_; }
-  // Optimizer state in parameter order: AdamW (m, v) per parameter, SGD (momentum).
+  // Optimizer state in parameter order: AdamW (m, v) per parameter, SGD (momentum); of the
+  // shards' sizes when sharded.
   std::vector<Tensor>& state() { return state_; }
+  bool sharded() const { return !shards_.empty(); }
+  const std::vector<ParameterShard>& shards() const { return shards_; }
   int64_t steps_taken() const { return steps_taken_; }
   void set_steps_taken(int64_t steps) { steps_taken_ = steps; }
 
@@ -52,6 +66,7 @@ class Optimizer {
   std::vector<Parameter*> params_;
   OptimizerConfig config_;
   std::vector<Tensor> state_;
+  std::vector<ParameterShard> shards_;
   int64_t steps_taken_ = 0;
 };
 

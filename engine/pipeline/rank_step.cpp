@@ -25,9 +25,8 @@ namespace {
 // memory and copies on its compute stream, so it never synchronises the whole GPU that other
 // ranks may share.
 Tensor upload_ids(DeviceContext& ctx, const std::shared_ptr<CachingAllocator>& host,
-                  const std::vector<MicroBatchData>& microbatches,
+                  const MicroBatchData* microbatches, int64_t m,
                   std::vector<int32_t> MicroBatchData::*field) {
-  const auto m = static_cast<int64_t>(microbatches.size());
   const auto n = static_cast<int64_t>((microbatches[0].*field).size());
   Tensor staging =
       ctx.is_cuda() ? Tensor::empty({m, n}, DType::kI32, host) : ctx.empty({m, n}, DType::kI32);
@@ -79,12 +78,23 @@ RankStep::RankStep(PipelineRank& rank, const StepInputs& in)
       compute_(ctx_.compute_stream()),
       send_(*rank.send_stream),
       recv_(*rank.recv_stream),
-      actions_(in.schedule.ranks[rank.index]),
+      actions_(in.schedule.ranks[rank.pipeline_rank]),
       last_stage_(in.schedule.num_stages() - 1),
       m_(in.schedule.num_microbatches),
+      first_mb_(rank.replica * m_),
       n_(static_cast<int64_t>(in.microbatches[0].tokens.size())),
       handoffs_(in.schedule.num_stages(), m_),
-      losses_(m_) {}
+      losses_(m_) {
+  for (size_t i = 0; i < actions_.size(); ++i) {
+    if (!schedule::is_weight_grad(actions_[i].kind)) continue;
+    auto it = std::find_if(last_weight_grad_.begin(), last_weight_grad_.end(),
+                           [&](const auto& e) { return e.first == actions_[i].stage; });
+    if (it == last_weight_grad_.end())
+      last_weight_grad_.emplace_back(actions_[i].stage, i);
+    else
+      it->second = i;
+  }
+}
 
 void RankStep::run(PipelineStepResult& result) {
   OnDevice on_device(ctx_.device());
@@ -98,10 +108,11 @@ void RankStep::begin() {
   zero_grads(ctx_, rank_.parameters());
   // The step's token ids, uploaded once: tokens where the first stage lives, targets where
   // the last one does.
+  const MicroBatchData* mine = in_.microbatches.data() + first_mb_;
   if (rank_.stages.count(0))
-    tokens_ = upload_ids(ctx_, rank_.host_allocator, in_.microbatches, &MicroBatchData::tokens);
+    tokens_ = upload_ids(ctx_, rank_.host_allocator, mine, m_, &MicroBatchData::tokens);
   if (rank_.stages.count(last_stage_))
-    targets_ = upload_ids(ctx_, rank_.host_allocator, in_.microbatches, &MicroBatchData::targets);
+    targets_ = upload_ids(ctx_, rank_.host_allocator, mine, m_, &MicroBatchData::targets);
   if (cuda_) rank_.reference->record(compute_);
   reference_us_ = microseconds_since(in_.start, Clock::now());
   baseline_bytes_ = ctx_.allocator().stats().allocated_bytes;
@@ -110,8 +121,8 @@ void RankStep::begin() {
 
 void RankStep::run_actions() {
   StreamHead compute(actions_, schedule::is_compute), send(actions_, schedule::is_send),
-      recv(actions_, schedule::is_recv);
-  while (!compute.done() || !send.done() || !recv.done()) {
+      recv(actions_, schedule::is_recv), reduce(actions_, schedule::is_reduce);
+  while (!compute.done() || !send.done() || !recv.done() || !reduce.done()) {
     bool moved = false;
     // Sends first: one issued as soon as its tensor exists lets its receiver go on.
     for (; !send.done() && produced(send.action()); send.advance()) {
@@ -125,11 +136,91 @@ void RankStep::run_actions() {
       compute.advance();
       moved = true;
     }
+    // The reduction stream: an all-reduce starts once its stage's gradients are final and
+    // ends when every replica's part is in. No other stream waits for it, so it never blocks
+    // the pipeline; the step's end does.
+    if (!reduce.done()) {
+      if (!reducing_ && weight_grads_done(reduce.action(), compute.index())) {
+        start_reduce(reduce.index(), reduce.action());
+        moved = true;
+      }
+      if (reducing_ && reducing_->test()) {
+        finish_reduce(reduce.index(), reduce.action());
+        reduce.advance();
+        moved = true;
+      }
+    }
     if (moved) continue;
-    // Nothing can start: only the message of the receive head can change that.
-    if (recv.done()) fail_stuck(compute.done() ? send.index() : compute.index());
+    // Nothing can start: only the message of the receive head can change that, or, when every
+    // receive is done, the other replicas' parts of the all-reduce in flight.
+    if (recv.done()) {
+      if (!reducing_)
+        fail_stuck(!compute.done() ? compute.index()
+                   : !send.done()  ? send.index()
+                                   : reduce.index());
+      try {
+        reducing_->wait();
+      } catch (const std::exception& e) {
+        std::throw_with_nested(PipelineError(
+            "rank " + std::to_string(rank_.index) + ", action " + std::to_string(reduce.index()) +
+            " (" + schedule::to_string(reduce.action()) + "): " + e.what()));
+      }
+      continue;
+    }
     run_action(recv.index(), /*wait=*/true);
     recv.advance();
+  }
+}
+
+bool RankStep::weight_grads_done(const Action& reduce, size_t compute_head) const {
+  for (const auto& [stage, at] : last_weight_grad_)
+    if (stage == reduce.stage) return compute_head > at;
+  return true;
+}
+
+int RankStep::world_rank(int pipeline_peer) const {
+  return rank_.replica * in_.schedule.num_ranks() + pipeline_peer;
+}
+
+void RankStep::start_reduce(size_t i, const Action& a) {
+  reduce_start_ = Clock::now();
+  try {
+    // The stage's gradients, flat on the host, in its parameter order.
+    const auto params = stage_of(a).parameters();
+    size_t total = 0;
+    for (const Parameter* p : params) {
+      check_dtype(p->grad, DType::kF32, "a gradient summed over replicas");
+      total += static_cast<size_t>(p->grad.numel());
+    }
+    reduce_values_.resize(total);
+    if (cuda_) compute_.synchronize();
+    size_t at = 0;
+    for (const Parameter* p : params) {
+      copy_to_host(reduce_values_.data() + at, p->grad, p->grad.nbytes());
+      at += static_cast<size_t>(p->grad.numel());
+    }
+    if (cuda_) rank_.starts[i].record(compute_);
+    reducing_ = rank_.transport->start_group_sum(reduce_values_, rank_.replica_group);
+  } catch (const std::exception& e) {
+    std::throw_with_nested(PipelineError("rank " + std::to_string(rank_.index) + ", action " +
+                                         std::to_string(i) + " (" + schedule::to_string(a) +
+                                         "): " + e.what()));
+  }
+}
+
+void RankStep::finish_reduce(size_t i, const Action& a) {
+  const auto params = stage_of(a).parameters();
+  size_t at = 0;
+  for (const Parameter* p : params) {
+    copy_from_host(p->grad, reduce_values_.data() + at, p->grad.nbytes());
+    at += static_cast<size_t>(p->grad.numel());
+  }
+  reducing_.reset();
+  if (cuda_) {
+    rank_.ends[i].record(compute_);
+  } else {
+    timing_[i].start = microseconds_since(in_.start, reduce_start_);
+    timing_[i].end = microseconds_since(in_.start, Clock::now());
   }
 }
 
@@ -162,6 +253,8 @@ bool RankStep::run_action(size_t i, bool wait) {
       case ActionKind::kRecvGrad:
         if (!recv(i, a, wait)) return false;
         break;
+      case ActionKind::kAllReduceGrad:
+        throw std::logic_error("an all-reduce runs on the reduction stream, not as a compute");
     }
   } catch (const std::exception& e) {
     // The cause stays nested: the executor tells a rank stopped by another's failure (the
@@ -181,7 +274,7 @@ bool RankStep::run_action(size_t i, bool wait) {
 }
 
 bool RankStep::on_this_rank(int stage) const {
-  return in_.schedule.placement.rank_of(stage) == rank_.index;
+  return in_.schedule.placement.rank_of(stage) == rank_.pipeline_rank;
 }
 
 bool RankStep::inputs_ready(const Action& c) const {
@@ -292,7 +385,7 @@ void RankStep::send(size_t i, const Action& a) {
     rank_.starts[i].record(send_);
     record_stream(h.tensor, send_.native());
   }
-  rank_.transport->send(h.tensor, a.peer, send_);
+  rank_.transport->send(h.tensor, world_rank(a.peer), send_);
 }
 
 bool RankStep::recv(size_t i, const Action& a, bool wait) {
@@ -301,8 +394,8 @@ bool RankStep::recv(size_t i, const Action& a, bool wait) {
       a.kind == ActionKind::kRecvAct ? in_.ranges[a.stage].begin : in_.ranges[a.stage].end, n_);
   Tensor t = Tensor::empty(spec.shape, spec.dtype, ctx_.allocator_ptr(), recv_.native());
   if (wait)
-    rank_.transport->recv(t, a.peer, recv_);
-  else if (!rank_.transport->try_recv(t, a.peer, recv_))
+    rank_.transport->recv(t, world_rank(a.peer), recv_);
+  else if (!rank_.transport->try_recv(t, world_rank(a.peer), recv_))
     return false;  // not there yet: the buffer goes back to the allocator unused
   Event* ready = nullptr;
   if (cuda_) {
@@ -335,28 +428,56 @@ void RankStep::finish_transfers() {
   }
 }
 
+void RankStep::gather_weights() {
+  // Stage by stage, in the same order on every replica, as the shards were cut.
+  size_t k = 0;
+  for (auto& [id, stage] : rank_.stages) {
+    const auto params = stage->parameters();
+    const std::vector<size_t>& bounds = rank_.shard_bounds.at(k++);
+    std::vector<float> values(bounds.back());
+    size_t at = 0;
+    for (const Parameter* p : params) {
+      copy_to_host(values.data() + at, p->value, p->value.nbytes());
+      at += static_cast<size_t>(p->value.numel());
+    }
+    rank_.transport->start_group_gather(values, rank_.replica_group, bounds)->wait();
+    at = 0;
+    for (const Parameter* p : params) {
+      copy_from_host(p->value, values.data() + at, p->value.nbytes());
+      at += static_cast<size_t>(p->value.numel());
+    }
+  }
+}
+
 void RankStep::end_of_step(PipelineStepResult& result) {
-  // One all-reduce: per-micro-batch loss sums, then per-parameter squared norms, each rank
-  // filling only its own slots so every sum below runs in the one-stage order.
+  // One all-reduce over all ranks: per-micro-batch loss sums of every replica (replica d's at
+  // d*m: the step's order), then per-parameter squared norms, each rank filling only its own
+  // slots so every sum below runs in the one-stage order. The replicas hold the same summed
+  // gradients, so replica 0's give the global norm.
   const auto parameters = rank_.parameters();
-  std::vector<double> reduced(static_cast<size_t>(m_) + in_.total_parameters, 0.0);
+  const int all_mbs = m_ * in_.schedule.replicas;
+  std::vector<double> reduced(static_cast<size_t>(all_mbs) + in_.total_parameters, 0.0);
   if (rank_.stages.count(last_stage_)) {
     const std::vector<double> loss_sums = ops::sum_each(ctx_, losses_);
-    std::copy(loss_sums.begin(), loss_sums.end(), reduced.begin());
+    std::copy(loss_sums.begin(), loss_sums.end(), reduced.begin() + first_mb_);
   }
-  std::vector<Tensor> grads;
-  for (Parameter* prm : parameters) grads.push_back(prm->grad);
-  const std::vector<double> squares = ops::sum_squares_each(ctx_, grads);
-  for (size_t i = 0; i < parameters.size(); ++i) reduced[m_ + rank_.global_index[i]] = squares[i];
+  if (rank_.replica == 0) {
+    std::vector<Tensor> grads;
+    for (Parameter* prm : parameters) grads.push_back(prm->grad);
+    const std::vector<double> squares = ops::sum_squares_each(ctx_, grads);
+    for (size_t i = 0; i < parameters.size(); ++i)
+      reduced[all_mbs + rank_.global_index[i]] = squares[i];
+  }
   rank_.transport->all_reduce_sum(reduced);
   double loss_sum = 0.0, squared_norm = 0.0;
-  for (int mb = 0; mb < m_; ++mb) loss_sum += reduced[mb];
-  for (int i = 0; i < in_.total_parameters; ++i) squared_norm += reduced[m_ + i];
+  for (int mb = 0; mb < all_mbs; ++mb) loss_sum += reduced[mb];
+  for (int i = 0; i < in_.total_parameters; ++i) squared_norm += reduced[all_mbs + i];
   const double norm = std::sqrt(squared_norm);
   const bool finite = std::isfinite(loss_sum) && std::isfinite(norm);
   if (in_.update && finite) {
     rank_.optimizer->step(in_.step, in_.lr, clip_scale(rank_.optimizer->config(), norm));
     ctx_.synchronize();
+    if (rank_.optimizer->sharded()) gather_weights();
   }
   const int r = rank_.index;
   if (r == in_.reporting_rank) {
@@ -364,7 +485,7 @@ void RankStep::end_of_step(PipelineStepResult& result) {
     result.grad_norm = norm;
     result.diverged = !finite;
   }
-  result.timing[r] = std::move(timing_);
+  if (rank_.replica == 0) result.timing[rank_.pipeline_rank] = std::move(timing_);
   result.peak_activation_bytes[r] = peak_activations_;
   result.peak_allocated_bytes[r] = ctx_.allocator().stats().peak_allocated_bytes;
 }

@@ -43,7 +43,10 @@ class OnDevice {
 // What one rank owns: its device context, streams, stages (by virtual stage id), optimizer,
 // transport endpoint, and the events that time and order its actions.
 struct PipelineRank {
-  int index = 0;
+  int index = 0;                   // among all P*D ranks: the transport's rank
+  int pipeline_rank = 0;           // index mod P: whose list of the schedule it runs
+  int replica = 0;                 // index div P
+  std::vector<int> replica_group;  // the ranks holding the same stages: pipeline_rank + d*P
   std::unique_ptr<DeviceContext> ctx;
   std::shared_ptr<CachingAllocator> host_allocator = make_cpu_allocator();  // staging
   std::unique_ptr<Stream> send_stream, recv_stream;
@@ -51,6 +54,10 @@ struct PipelineRank {
   std::unique_ptr<Optimizer> optimizer;
   std::unique_ptr<comm::Transport> transport;
   std::vector<int> global_index;  // of each of this rank's parameters, in rank order
+  // Sharded optimizer state: per stage (in `stages` order), where each replica's range of the
+  // stage's flattened parameters starts, and the end.
+  std::vector<std::vector<size_t>> shard_bounds;
+  size_t optimizer_state_bytes = 0;
   // CUDA: start/end timing events per action, one ordering event per action (recorded after
   // a receive, or after a compute whose output a send takes), and the step's reference event.
   std::vector<Event> starts, ends, order;
@@ -62,7 +69,7 @@ struct PipelineRank {
 // What every rank of one step reads.
 struct StepInputs {
   const schedule::Schedule& schedule;
-  const std::vector<MicroBatchData>& microbatches;
+  const std::vector<MicroBatchData>& microbatches;  // all replicas', replica d's at d*m
   float loss_scale = 1.0f;
   const ModelDescription& model;          // the shape of the tensors sent between stages
   const std::vector<StageRange>& ranges;  // units of each virtual stage
@@ -106,7 +113,14 @@ class RankStep {
   void backward_weight(const Action& a, Stage& stage);
   void send(size_t i, const Action& a);
   bool recv(size_t i, const Action& a, bool wait);
+  // The reduction stream: the gradient all-reduce of a stage over the replicas.
+  bool weight_grads_done(const Action& reduce, size_t compute_head) const;
+  void start_reduce(size_t i, const Action& a);
+  void finish_reduce(size_t i, const Action& a);
+  int world_rank(int pipeline_peer) const;
   void finish_transfers();
+  // Sharded optimizer: every replica's updated range of each stage's weights, to all.
+  void gather_weights();
   void end_of_step(PipelineStepResult& result);
 
   const Stream& stream_for(const Action& a) const;
@@ -128,8 +142,9 @@ class RankStep {
   Stream& recv_;
   const std::vector<Action>& actions_;
   const int last_stage_;
-  const int m_;
-  const int64_t n_;  // tokens per micro-batch
+  const int m_;         // micro-batches per replica
+  const int first_mb_;  // of this replica's, in the step's
+  const int64_t n_;     // tokens per micro-batch
 
   Tensor tokens_, targets_;  // [m, n] ids, where the first / last stage lives
   Handoffs handoffs_;
@@ -139,6 +154,10 @@ class RankStep {
   size_t peak_activations_ = 0;
   double reference_us_ = 0;  // host time of the reference event, from the step start
   std::vector<schedule::ActionTiming> timing_;
+  std::vector<std::pair<int, size_t>> last_weight_grad_;  // (stage, position in the list)
+  std::vector<float> reduce_values_;                      // the stage's gradients, flat
+  std::unique_ptr<comm::PendingGroupCall> reducing_;
+  std::chrono::steady_clock::time_point reduce_start_{};
 };
 
 }  // namespace conveyor

@@ -13,9 +13,11 @@ namespace conveyor::schedule {
 class ActionIndex {
  public:
   // Kinds are numbered by ActionKind; `kinds[k]` says whether kind k gets a table.
-  static constexpr int kKinds = 8;
+  static constexpr int kKinds = 9;
   using KindSet = std::array<bool, kKinds>;
-  static constexpr KindSet all_kinds() { return {true, true, true, true, true, true, true, true}; }
+  static constexpr KindSet all_kinds() {
+    return {true, true, true, true, true, true, true, true, true};
+  }
 
   // Throws ScheduleError when stages x micro-batches is beyond what a table may hold.
   ActionIndex(int stages, int microbatches, KindSet kinds = all_kinds());

@@ -92,12 +92,35 @@ std::string format_timeline(const Schedule& schedule, const SimResult& sim, int 
       grid[r][c0] = label;
       for (int c = c0 + 1; c < c1; ++c) grid[r][c] = "~";
     }
+  // The gradient all-reduces run on a stream of their own: a row under each rank's.
+  std::vector<std::vector<std::string>> reduce_grid;
+  if (schedule.replicas > 1) {
+    reduce_grid.assign(schedule.ranks.size(), std::vector<std::string>(columns, " "));
+    for (size_t r = 0; r < schedule.ranks.size(); ++r)
+      for (size_t i = 0; i < schedule.ranks[r].size(); ++i) {
+        const Action& a = schedule.ranks[r][i];
+        if (!is_reduce(a.kind)) continue;
+        const auto& t = sim.timing[r][i];
+        const int c0 =
+            std::clamp(static_cast<int>(std::floor(t.start / unit + 1e-9)), 0, columns - 1);
+        const int c1 =
+            std::clamp(static_cast<int>(std::ceil(t.end / unit - 1e-9)), c0 + 1, columns);
+        const std::string label = to_string(a);
+        width = std::max(width, label.size());
+        reduce_grid[r][c0] = label;
+        for (int c = c0 + 1; c < c1; ++c) reduce_grid[r][c] = "=";
+      }
+  }
   std::string out;
-  for (size_t r = 0; r < grid.size(); ++r) {
-    out += pad("r" + std::to_string(r) + ":", 6);
-    for (const auto& c : grid[r]) out += pad(c, width) + " ";
+  auto put_row = [&](const std::string& head, const std::vector<std::string>& cells) {
+    out += pad(head, 6);
+    for (const auto& c : cells) out += pad(c, width) + " ";
     while (!out.empty() && out.back() == ' ') out.pop_back();
     out += "\n";
+  };
+  for (size_t r = 0; r < grid.size(); ++r) {
+    put_row("r" + std::to_string(r) + ":", grid[r]);
+    if (!reduce_grid.empty()) put_row("  ar:", reduce_grid[r]);
   }
   return out;
 }

@@ -9,8 +9,10 @@ namespace conveyor::schedule {
 std::string chrome_trace_json(const Schedule& schedule, const SimResult& sim, double us_per_unit) {
   using nlohmann::json;
   json events = json::array();
-  constexpr int kCompute = 0, kSend = 1, kRecv = 2;
-  const char* thread_names[] = {"compute", "send", "recv"};
+  constexpr int kCompute = 0, kSend = 1, kRecv = 2, kReduce = 3;
+  const char* thread_names[] = {"compute", "send", "recv", "allreduce"};
+  // The reduction stream is a thread of its own, named only where the schedule has one.
+  const int threads = schedule.replicas > 1 ? 4 : 3;
   const int R = static_cast<int>(schedule.ranks.size());
   for (int r = 0; r < R; ++r) {
     events.push_back({{"ph", "M"},
@@ -19,7 +21,7 @@ std::string chrome_trace_json(const Schedule& schedule, const SimResult& sim, do
                       {"args", {{"name", "rank " + std::to_string(r)}}}});
     events.push_back(
         {{"ph", "M"}, {"name", "process_sort_index"}, {"pid", r}, {"args", {{"sort_index", r}}}});
-    for (int t = 0; t < 3; ++t)
+    for (int t = 0; t < threads; ++t)
       events.push_back({{"ph", "M"},
                         {"name", "thread_name"},
                         {"pid", r},
@@ -35,7 +37,10 @@ std::string chrome_trace_json(const Schedule& schedule, const SimResult& sim, do
     for (size_t i = 0; i < schedule.ranks[r].size(); ++i) {
       const Action& a = schedule.ranks[r][i];
       const auto& t = sim.timing[r][i];
-      const int tid = is_compute(a.kind) ? kCompute : is_send(a.kind) ? kSend : kRecv;
+      const int tid = is_compute(a.kind)  ? kCompute
+                      : is_reduce(a.kind) ? kReduce
+                      : is_send(a.kind)   ? kSend
+                                          : kRecv;
       const double ts = t.start * us_per_unit, dur = (t.end - t.start) * us_per_unit;
       json ev = {{"ph", "X"},
                  {"name", to_string(a)},
@@ -45,6 +50,7 @@ std::string chrome_trace_json(const Schedule& schedule, const SimResult& sim, do
                  {"ts", ts},
                  {"dur", dur},
                  {"args", {{"stage", a.stage}, {"microbatch", a.microbatch}, {"position", i}}}};
+      if (is_reduce(a.kind)) ev["args"].erase("microbatch");
       if (is_transfer(a.kind)) ev["args"]["peer"] = a.peer;
       events.push_back(ev);
       if (is_transfer(a.kind)) {

@@ -30,6 +30,9 @@ Schedule empty_schedule(const char* name, int p, int m, int v, Layout layout) {
   return s;
 }
 
+// One pipeline's schedule of `kind`, without data parallelism.
+Schedule generate_pipeline(ScheduleKind kind, int p, int m, int v);
+
 }  // namespace
 
 std::span<const NamedScheduleKind> schedule_kinds() {
@@ -59,7 +62,17 @@ std::string schedule_kind_choices() {
   return out;
 }
 
-Schedule generate(ScheduleKind kind, int p, int m, int v) {
+Schedule generate(ScheduleKind kind, int p, int m, int v, int replicas) {
+  if (replicas < 1 || replicas > 65536)
+    throw ScheduleError("data parallelism needs 1 to 65536 replicas, got " +
+                        std::to_string(replicas));
+  Schedule s = generate_pipeline(kind, p, m, v);
+  if (replicas > 1) add_gradient_all_reduces(&s, replicas);
+  return s;
+}
+
+namespace {
+Schedule generate_pipeline(ScheduleKind kind, int p, int m, int v) {
   if (kind == ScheduleKind::kZBV && v != 1 && v != 2)
     throw ScheduleError("zbv always has 2 chunks per rank in a V; --chunks " + std::to_string(v) +
                         " does not apply (leave it out or use 2)");
@@ -81,6 +94,7 @@ Schedule generate(ScheduleKind kind, int p, int m, int v) {
   }
   throw ScheduleError("unknown schedule kind");
 }
+}  // namespace
 
 Schedule generate_gpipe(int p, int m) {
   check_common("gpipe", p, m);
@@ -276,7 +290,11 @@ void insert_transfers(Schedule* schedule) {
   for (int r = 0; r < R; ++r) {
     std::vector<Action> out;
     for (const auto& a : schedule->ranks[r]) {
-      if (!is_compute(a.kind)) continue;  // regenerate all transfers
+      if (is_transfer(a.kind)) continue;  // regenerate all transfers
+      if (is_reduce(a.kind)) {
+        out.push_back(a);
+        continue;
+      }
       const int s = a.stage, k = a.microbatch;
       const bool has_prev = s > 0 && pl.rank_of(s - 1) != r;
       const bool has_next = s + 1 < S && pl.rank_of(s + 1) != r;

@@ -28,9 +28,11 @@ std::string schedule_kind_choices();
 
 // p pipeline ranks, m micro-batches, v chunks per rank (interleaved; zbv accepts 1 or 2 and
 // always uses 2; the others need v=1).
+// `replicas` > 1: data parallelism, m micro-batches per replica, with the gradient all-reduce
+// of each stage after its last weight gradient (add_gradient_all_reduces, schedule.h).
 // Throws ScheduleError when the schedule is not defined for these values, saying which
 // values would work.
-Schedule generate(ScheduleKind kind, int p, int m, int v = 1);
+Schedule generate(ScheduleKind kind, int p, int m, int v = 1, int replicas = 1);
 
 // GPipe (fill-drain): all forwards, then all backwards in ascending micro-batch order.
 Schedule generate_gpipe(int p, int m);

@@ -28,8 +28,8 @@ CostModel measured_costs(const Schedule& sched,
   const int stages = sched.num_stages();
   std::vector<double> f(stages, 0), b(stages, 0), i(stages, 0), w(stages, 0);
   std::vector<int> nf(stages, 0), nb(stages, 0), ni(stages, 0), nw(stages, 0);
-  double comm = 0;
-  int ncomm = 0;
+  double comm = 0, reduce = 0;
+  int ncomm = 0, nreduce = 0;
   for (int r = 0; r < sched.num_ranks(); ++r)
     for (size_t k = 0; k < sched.ranks[r].size(); ++k) {
       const Action& a = sched.ranks[r][k];
@@ -46,6 +46,9 @@ CostModel measured_costs(const Schedule& sched,
           break;
         case ActionKind::kBackwardWeight:
           w[a.stage] += d, ++nw[a.stage];
+          break;
+        case ActionKind::kAllReduceGrad:
+          reduce += d, ++nreduce;
           break;
         default:
           comm += d, ++ncomm;
@@ -68,6 +71,7 @@ CostModel measured_costs(const Schedule& sched,
     }
   }
   costs.latency = ncomm ? comm / ncomm : 0;
+  costs.reduce_latency = nreduce ? reduce / nreduce : 0;
   return costs;
 }
 

@@ -24,6 +24,8 @@ const char* kind_name(ActionKind kind) {
       return "SEND_GRAD";
     case ActionKind::kRecvGrad:
       return "RECV_GRAD";
+    case ActionKind::kAllReduceGrad:
+      return "ALLREDUCE_GRAD";
   }
   return "?";
 }
@@ -32,6 +34,7 @@ Action forward(int stage, int mb) { return {ActionKind::kForward, stage, mb, -1}
 Action backward(int stage, int mb) { return {ActionKind::kBackward, stage, mb, -1}; }
 Action backward_input(int stage, int mb) { return {ActionKind::kBackwardInput, stage, mb, -1}; }
 Action backward_weight(int stage, int mb) { return {ActionKind::kBackwardWeight, stage, mb, -1}; }
+Action allreduce_grad(int stage) { return {ActionKind::kAllReduceGrad, stage, 0, -1}; }
 
 void throw_not_a_transfer(const Action& a) {
   throw ScheduleError(to_string(a) + " is not a transfer; it carries no message");
@@ -48,6 +51,8 @@ const char* short_name(ActionKind kind) {
       return "SG";
     case ActionKind::kRecvGrad:
       return "RG";
+    case ActionKind::kAllReduceGrad:
+      return "AR";
     default:
       return kind_name(kind);
   }
@@ -63,6 +68,7 @@ bool parse_int(std::string_view text, int* out) {
 
 std::string to_string(const Action& a) {
   std::string out = short_name(a.kind);
+  if (is_reduce(a.kind)) return out + std::to_string(a.stage);
   out += std::to_string(a.stage) + "." + std::to_string(a.microbatch);
   if (is_send(a.kind)) out += ">" + std::to_string(a.peer);
   if (is_recv(a.kind)) out += "<" + std::to_string(a.peer);
@@ -73,13 +79,14 @@ Action parse_action(std::string_view token) {
   auto fail = [&](const char* why) {
     return ScheduleError("malformed action '" + std::string(token) + "': " + why +
                          " (expected e.g. F0.3, B0.3, I0.3, W0.3, SA0.3>1, RA1.3<0, SG1.3>0, "
-                         "RG0.3<1)");
+                         "RG0.3<1, AR0)");
   };
   static const std::pair<const char*, ActionKind> kPrefixes[] = {
-      {"SA", ActionKind::kSendAct},      {"RA", ActionKind::kRecvAct},
-      {"SG", ActionKind::kSendGrad},     {"RG", ActionKind::kRecvGrad},
-      {"F", ActionKind::kForward},       {"B", ActionKind::kBackward},
-      {"I", ActionKind::kBackwardInput}, {"W", ActionKind::kBackwardWeight}};
+      {"SA", ActionKind::kSendAct},       {"RA", ActionKind::kRecvAct},
+      {"SG", ActionKind::kSendGrad},      {"RG", ActionKind::kRecvGrad},
+      {"AR", ActionKind::kAllReduceGrad}, {"F", ActionKind::kForward},
+      {"B", ActionKind::kBackward},       {"I", ActionKind::kBackwardInput},
+      {"W", ActionKind::kBackwardWeight}};
   Action a;
   std::string_view rest;
   bool matched = false;
@@ -93,6 +100,10 @@ Action parse_action(std::string_view token) {
     }
   }
   if (!matched) throw fail("unknown kind");
+  if (is_reduce(a.kind)) {
+    if (!parse_int(rest, &a.stage)) throw fail("an all-reduce names its stage only, as in AR2");
+    return a;
+  }
   if (is_transfer(a.kind)) {
     const char sep = is_send(a.kind) ? '>' : '<';
     const auto at = rest.find(sep);
@@ -119,6 +130,30 @@ std::vector<int> Placement::stages_of(int rank) const {
   std::vector<int> out;
   for (int c = 0; c < chunks; ++c) out.push_back(stage_of(rank, c));
   return out;
+}
+
+void add_gradient_all_reduces(Schedule* schedule, int replicas) {
+  if (replicas < 1)
+    throw ScheduleError("data parallelism needs at least 1 replica, got " +
+                        std::to_string(replicas));
+  schedule->replicas = replicas;
+  for (auto& list : schedule->ranks) {
+    std::erase_if(list, [](const Action& a) { return is_reduce(a.kind); });
+    if (replicas == 1) continue;
+    // Right after the last weight-gradient action of each stage: the earliest point at which
+    // the stage's gradients are final.
+    std::map<int, size_t> last;
+    for (size_t i = 0; i < list.size(); ++i)
+      if (is_weight_grad(list[i].kind)) last[list[i].stage] = i;
+    std::vector<Action> out;
+    out.reserve(list.size() + last.size());
+    for (size_t i = 0; i < list.size(); ++i) {
+      out.push_back(list[i]);
+      if (is_weight_grad(list[i].kind) && last[list[i].stage] == i)
+        out.push_back(allreduce_grad(list[i].stage));
+    }
+    list = std::move(out);
+  }
 }
 
 bool Schedule::splits_backward() const {

@@ -9,6 +9,12 @@
 //   SEND_GRAD(s, mb, peer) on rank_of(s):   input gradient of stage s to stage s-1 on `peer`
 //   RECV_GRAD(s, mb, peer) on rank_of(s):   output gradient of stage s from stage s+1 on `peer`
 // Neighbouring stages on the same rank hand data over locally, without transfer actions.
+//
+// Data parallelism: a schedule with replicas = D > 1 is run by D copies of the pipeline, each
+// on its own micro-batches; every rank's list is the same in every replica. ALLREDUCE_GRAD(s)
+// (token AR<s>), on rank_of(s) after every weight-gradient action (B or W) of stage s, sums
+// the stage's gradients over the D replicas. It runs on a stream of its own (the reduction
+// stream), so it overlaps the backward work that remains. D = 1 schedules have none.
 #include <compare>
 #include <cstdint>
 #include <optional>
@@ -28,25 +34,33 @@ enum class ActionKind : uint8_t {
   kRecvAct,
   kSendGrad,
   kRecvGrad,
+  kAllReduceGrad,  // AR: the stage's gradients summed over the data-parallel replicas
 };
 
 // Inline: the validator and the simulator ask these of every action, millions of times.
 constexpr bool is_compute(ActionKind kind) { return static_cast<int>(kind) <= 3; }
-constexpr bool is_transfer(ActionKind kind) { return !is_compute(kind); }
 constexpr bool is_send(ActionKind kind) {
   return kind == ActionKind::kSendAct || kind == ActionKind::kSendGrad;
 }
 constexpr bool is_recv(ActionKind kind) {
   return kind == ActionKind::kRecvAct || kind == ActionKind::kRecvGrad;
 }
-// "F", "B", "I", "W", "SEND_ACT", ...
+// A point-to-point transfer between two ranks of one pipeline (it has a peer).
+constexpr bool is_transfer(ActionKind kind) { return is_send(kind) || is_recv(kind); }
+// The gradient all-reduce across replicas; it has no micro-batch and no peer.
+constexpr bool is_reduce(ActionKind kind) { return kind == ActionKind::kAllReduceGrad; }
+// A backward that adds to the weight gradients: B, or W when the backward is split.
+constexpr bool is_weight_grad(ActionKind kind) {
+  return kind == ActionKind::kBackward || kind == ActionKind::kBackwardWeight;
+}
+// "F", "B", "I", "W", "SEND_ACT", ..., "ALLREDUCE_GRAD"
 const char* kind_name(ActionKind kind);
 
 struct Action {
   ActionKind kind = ActionKind::kForward;
   int stage = 0;
-  int microbatch = 0;
-  int peer = -1;  // the other rank of a transfer; -1 for compute
+  int microbatch = 0;  // 0 for ALLREDUCE_GRAD, which covers every micro-batch
+  int peer = -1;       // the other rank of a transfer; -1 for compute and all-reduce
 
   bool operator==(const Action&) const = default;
 };
@@ -55,6 +69,7 @@ Action forward(int stage, int mb);
 Action backward(int stage, int mb);
 Action backward_input(int stage, int mb);
 Action backward_weight(int stage, int mb);
+Action allreduce_grad(int stage);
 
 // The message a transfer carries, the same at both ends of the link: activation or
 // gradient, the stage that produced it, and the micro-batch. SEND_ACT(s) and RECV_ACT(s+1)
@@ -83,7 +98,8 @@ inline MessageKey message_key(const Action& a) {
 }
 
 // Compact token: F0.3, B0.3, I0.3, W0.3 (stage.microbatch); transfers carry the peer:
-// SA0.3>1 (send act to rank 1), RA1.3<0 (recv act from rank 0), SG1.3>0, RG0.3<1.
+// SA0.3>1 (send act to rank 1), RA1.3<0 (recv act from rank 0), SG1.3>0, RG0.3<1; the
+// all-reduce of stage 2's gradients is AR2.
 std::string to_string(const Action& action);
 // Parses one token; throws ScheduleError naming the token on malformed input.
 Action parse_action(std::string_view token);
@@ -120,7 +136,8 @@ struct Placement {
 struct Schedule {
   std::string name;  // e.g. "1f1b"; informational
   Placement placement;
-  int num_microbatches = 1;
+  int num_microbatches = 1;                // per replica
+  int replicas = 1;                        // data-parallel copies of the pipeline (D)
   std::vector<std::vector<Action>> ranks;  // ranks[r] is rank r's ordered list
 
   int num_ranks() const { return placement.num_ranks; }
@@ -128,9 +145,15 @@ struct Schedule {
   // Whether the backward is split into I and W (any I or W action present).
   bool splits_backward() const;
   bool operator==(const Schedule& o) const {
-    return placement == o.placement && num_microbatches == o.num_microbatches && ranks == o.ranks;
+    return placement == o.placement && num_microbatches == o.num_microbatches &&
+           replicas == o.replicas && ranks == o.ranks;
   }
 };
+
+// Sets schedule->replicas and places one ALLREDUCE_GRAD per stage right after the stage's
+// last weight-gradient action (B or W) when replicas > 1; removes any when replicas = 1.
+// Throws ScheduleError for replicas < 1.
+void add_gradient_all_reduces(Schedule* schedule, int replicas);
 
 // Position of an action in its rank's list; {-1, -1} when absent.
 struct ActionRef {

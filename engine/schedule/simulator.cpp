@@ -38,6 +38,9 @@ double CostModel::cost(const Action& a) const {
       return per_stage(backward_input, s);
     case ActionKind::kBackwardWeight:
       return per_stage(backward_weight, s);
+    case ActionKind::kAllReduceGrad:
+      return reduce_latency +
+             (reduce_bandwidth > 0 ? per_stage(gradient_bytes, s) / reduce_bandwidth : 0.0);
     default: {
       // The boundary tensor between stage b and b+1 (activation one way, gradient the other).
       const int boundary = (a.kind == ActionKind::kSendAct)    ? s
@@ -130,10 +133,13 @@ class StreamRun {
     for (int st = 0; st < stages_; ++st) owner_[st] = s.placement.rank_of(st);
     const size_t R = ranks_;
     compute_head_.assign(R, 0), send_head_.assign(R, 0), recv_head_.assign(R, 0);
+    reduce_head_.assign(R, 0), reduces_.resize(R);
     if constexpr (kTimed) {
       compute_free_.assign(R, 0), send_free_.assign(R, 0), recv_free_.assign(R, 0);
+      reduce_free_.assign(R, 0);
       timing_->resize(R);
     }
+    for (size_t r = 0; r < R; ++r) find_reduces(static_cast<int>(r));
     queued_.assign(R, 1);
     for (size_t r = 0; r < R; ++r) {
       remaining_ += s.ranks[r].size();
@@ -168,11 +174,43 @@ class StreamRun {
   int& send_head(int r) { return head(send_head_, r, is_send); }
   int& recv_head(int r) { return head(recv_head_, r, is_recv); }
 
+  double end_of(int r, int i) const {
+    if constexpr (kTimed) return (*timing_)[r][i].end;
+    return 0.0;
+  }
+
+  // The rank's all-reduces in list order, each with the position of the last weight-gradient
+  // action of its stage before it (-1: none), the compute it waits for.
+  void find_reduces(int r) {
+    std::vector<std::pair<int, int>> last_weight_grad;  // (stage, position), few stages
+    for (int i = 0; i < size(r); ++i) {
+      const Action& a = action(r, i);
+      if (is_weight_grad(a.kind)) {
+        auto it = std::find_if(last_weight_grad.begin(), last_weight_grad.end(),
+                               [&](const auto& e) { return e.first == a.stage; });
+        if (it == last_weight_grad.end())
+          last_weight_grad.emplace_back(a.stage, i);
+        else
+          it->second = i;
+      } else if (is_reduce(a.kind)) {
+        int dep = -1;
+        for (const auto& [stage, at] : last_weight_grad)
+          if (stage == a.stage) dep = at;
+        reduces_[r].emplace_back(i, dep);
+      }
+    }
+  }
+
+  int reduce_position(int r) const {
+    const size_t h = reduce_head_[r];
+    return h < reduces_[r].size() ? reduces_[r][h].first : size(r);
+  }
+
   // Schedules that did not pass validate() may name stages, micro-batches or peers that do
   // not exist; they get an error, not an out-of-range read.
   void check_range(int r, int i) const {
     const Action& a = action(r, i);
-    const bool peer_ok = is_compute(a.kind) || (a.peer >= 0 && a.peer < ranks_);
+    const bool peer_ok = !is_transfer(a.kind) || (a.peer >= 0 && a.peer < ranks_);
     if (a.stage < 0 || a.stage >= stages_ || a.microbatch < 0 || a.microbatch >= mbs_ || !peer_ok)
       throw ScheduleError("rank " + std::to_string(r) + ", position " + std::to_string(i) + ", " +
                           to_string(a) +
@@ -276,6 +314,18 @@ class StreamRun {
           }
         }
       }
+      // Reduction stream: an all-reduce waits only for its stage's weight gradients here, and
+      // for the same point in every other replica, which runs the same list.
+      for (auto& h = reduce_head_[r]; h < reduces_[r].size(); ++h) {
+        const auto [i, dep] = reduces_[r][h];
+        if (dep >= 0 && compute_head_[r] <= dep) break;
+        if constexpr (kTimed) {
+          const double start = std::max(reduce_free_[r], dep >= 0 ? end_of(r, dep) : 0.0);
+          (*timing_)[r][i] = {start, start + costs_->cost(action(r, i))};
+          reduce_free_[r] = (*timing_)[r][i].end;
+        }
+        --remaining_, progress = true;
+      }
     }
   }
 
@@ -283,11 +333,12 @@ class StreamRun {
     std::vector<StuckAction> stuck;
     std::string msg = "deadlock: the run cannot finish;";
     for (int r = 0; r < ranks_; ++r)
-      for (int h : {compute_head(r), send_head(r), recv_head(r)}) {
+      for (int h : {compute_head(r), send_head(r), recv_head(r), reduce_position(r)}) {
         if (h >= size(r)) continue;
         const Action& a = action(r, h);
         std::string why =
-            is_compute(a.kind) ? "waits for its input"
+            is_compute(a.kind)  ? "waits for its input"
+            : is_reduce(a.kind) ? "waits for the weight gradients of its stage"
             : is_send(a.kind)
                 ? "waits for rank " + std::to_string(a.peer) + " to post the matching receive"
                 : "waits for rank " + std::to_string(a.peer) + " to send";
@@ -316,7 +367,9 @@ class StreamRun {
   Done done_;
   std::vector<int> owner_;  // rank of each stage
   std::vector<int> compute_head_, send_head_, recv_head_;
-  std::vector<double> compute_free_, send_free_, recv_free_;
+  std::vector<double> compute_free_, send_free_, recv_free_, reduce_free_;
+  std::vector<std::vector<std::pair<int, int>>> reduces_;  // per rank: (position, its input)
+  std::vector<size_t> reduce_head_;
   size_t remaining_ = 0;
   std::vector<int> work_;
   std::vector<char> queued_;
@@ -342,6 +395,7 @@ SimResult simulate(const Schedule& schedule, const CostModel& costs) {
       const auto& t = result.timing[r][i];
       st.end = std::max(st.end, t.end);
       if (is_compute(schedule.ranks[r][i].kind)) st.busy += t.end - t.start;
+      if (is_reduce(schedule.ranks[r][i].kind)) st.reduce += t.end - t.start;
     }
     st.memory = memory[r];
     result.makespan = std::max(result.makespan, st.end);

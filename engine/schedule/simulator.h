@@ -6,6 +6,11 @@
 // and the receiver's receive stream are free and at this message (rendezvous, as NCCL
 // point-to-point), and takes latency + bytes / bandwidth. With zero communication cost the
 // transfers take no time and the results are those of the pure dependency graph.
+// A data-parallel schedule's ALLREDUCE_GRAD actions run on a fourth stream per rank, the
+// reduction stream: each starts when the previous one has ended and every weight-gradient
+// action of its stage has run, and takes reduce_latency + gradient bytes / reduce_bandwidth,
+// overlapping the computes that follow. Every replica runs the same lists at the same times,
+// so one replica is simulated; the rank's end, and the makespan, include its all-reduces.
 #include <string>
 #include <vector>
 
@@ -23,6 +28,12 @@ struct CostModel {
   double bandwidth = 0.0;                // bytes per time unit; 0 = infinite
   std::vector<double> message_bytes;     // stage s output tensor (also its input gradient)
   std::vector<double> activation_bytes;  // saved by F(s, mb) until its last use
+  // Data parallelism: the all-reduce of stage s's gradients takes
+  // reduce_latency + gradient_bytes[s] / reduce_bandwidth (algorithm bandwidth of the
+  // all-reduce over the replicas; 0 = infinite).
+  std::vector<double> gradient_bytes;
+  double reduce_latency = 0.0;
+  double reduce_bandwidth = 0.0;
 
   // F, I, W per micro-batch and stage; B = I + W; each transfer costs `comm`.
   static CostModel uniform(double f, double i, double w, double comm = 0.0);
@@ -35,10 +46,11 @@ struct ActionTiming {
 };
 
 struct RankStats {
-  double busy = 0;  // total compute time
-  double idle = 0;  // makespan - busy
-  double end = 0;   // end of the rank's last action
-  InFlight memory;  // peak micro-batches and bytes (see schedule.h)
+  double busy = 0;    // total compute time
+  double reduce = 0;  // total time of gradient all-reduces (on their own stream)
+  double idle = 0;    // makespan - busy
+  double end = 0;     // end of the rank's last action
+  InFlight memory;    // peak micro-batches and bytes (see schedule.h)
 };
 
 struct SimResult {

@@ -47,6 +47,8 @@ const char* fill_of(ActionKind kind) {
       return "#e15759";  // red
     case ActionKind::kBackwardWeight:
       return "#f28e2b";  // orange
+    case ActionKind::kAllReduceGrad:
+      return "#76b7b2";  // teal
     default:
       return "#bab0ac";
   }
@@ -81,8 +83,10 @@ std::string render_svg(const Schedule& schedule, const SimResult& sim, const Svg
         costed_transfers = true;
         break;
       }
-  // Each row: compute boxes, then (when transfers take time) a strip for them.
-  const double strip = costed_transfers ? std::max(3.0, std::round(row * 0.2)) : 0.0;
+  // Each row: compute boxes, then (when transfers take time, or gradients are all-reduced) a
+  // strip for what runs on the other streams, overlapping the computes above it.
+  const bool reduces = schedule.replicas > 1;
+  const double strip = costed_transfers || reduces ? std::max(3.0, std::round(row * 0.2)) : 0.0;
   const double box_height = row - 4 - (strip > 0 ? strip + 1 : 0);
 
   std::vector<LegendEntry> legend{{fill_of(ActionKind::kForward), "F forward"}};
@@ -93,6 +97,8 @@ std::string render_svg(const Schedule& schedule, const SimResult& sim, const Svg
     legend.push_back({fill_of(ActionKind::kBackward), "B backward"});
   }
   legend.push_back({"#eeeeee", "idle"});
+  if (reduces)
+    legend.push_back({fill_of(ActionKind::kAllReduceGrad), "AR grad all-reduce (strip)"});
   if (schedule.placement.chunks > 1)
     legend.push_back({fill_of(ActionKind::kForward), "odd chunks lighter", true});
   if (costed_transfers) {
@@ -134,15 +140,17 @@ std::string render_svg(const Schedule& schedule, const SimResult& sim, const Svg
     for (size_t i = 0; i < schedule.ranks[r].size(); ++i) {
       const Action& a = schedule.ranks[r][i];
       const auto& t = sim.timing[r][i];
-      if (is_transfer(a.kind)) {
-        if (!costed_transfers || t.end <= t.start) continue;
+      if (!is_compute(a.kind)) {
+        const bool reduce = is_reduce(a.kind);
+        if (!reduce && (!costed_transfers || t.end <= t.start)) continue;
         if (++all_boxes > opt.max_boxes) continue;
         ++boxes;
+        const char* fill = reduce ? fill_of(a.kind) : is_send(a.kind) ? kSendFill : kRecvFill;
         out += "<g><title>" + escape(to_string(a) + " [" + num(t.start) + ", " + num(t.end) + ")") +
                "</title><rect x=\"" + num(left + t.start * scale) + "\" y=\"" +
                num(top + r * row + 2 + box_height + 1) + "\" width=\"" +
-               num((t.end - t.start) * scale) + "\" height=\"" + num(strip) + "\" fill=\"" +
-               (is_send(a.kind) ? kSendFill : kRecvFill) + "\"/></g>\n";
+               num(std::max((t.end - t.start) * scale, reduce ? 1.0 : 0.0)) + "\" height=\"" +
+               num(strip) + "\" fill=\"" + fill + "\"/></g>\n";
         continue;
       }
       if (++all_boxes > opt.max_boxes) continue;

@@ -18,7 +18,10 @@ std::string header_line(const Schedule& s) {
   out += " ranks=" + std::to_string(s.placement.num_ranks);
   out += " chunks=" + std::to_string(s.placement.chunks);
   out += std::string(" layout=") + layout_name(s.placement.layout);
-  out += " microbatches=" + std::to_string(s.num_microbatches) + "\n";
+  out += " microbatches=" + std::to_string(s.num_microbatches);
+  // Only data-parallel schedules say it, so single-pipeline files stay as they were.
+  if (s.replicas != 1) out += " replicas=" + std::to_string(s.replicas);
+  out += "\n";
   return out;
 }
 
@@ -66,7 +69,7 @@ int to_rank(std::string_view v, int line) {
 // Header values; -1 means "not given, infer".
 struct Header {
   std::string name;
-  int ranks = -1, chunks = -1, microbatches = -1;
+  int ranks = -1, chunks = -1, microbatches = -1, replicas = -1;
   Layout layout = Layout::kLooped;
 };
 
@@ -87,6 +90,8 @@ void parse_header(std::string_view line, int line_no, Header* h) {
       h->chunks = to_int(value, line_no, "chunks");
     else if (key == "microbatches")
       h->microbatches = to_int(value, line_no, "microbatches");
+    else if (key == "replicas")
+      h->replicas = to_int(value, line_no, "replicas");
     else if (key == "layout") {
       if (value == "looped")
         h->layout = Layout::kLooped;
@@ -96,7 +101,8 @@ void parse_header(std::string_view line, int line_no, Header* h) {
         throw line_error(line_no, "layout must be 'looped' or 'v', got '" + value + "'");
     } else {
       throw line_error(line_no, "unknown header key '" + key +
-                                    "' (expected name, ranks, chunks, layout, microbatches)");
+                                    "' (expected name, ranks, chunks, layout, microbatches, "
+                                    "replicas)");
     }
   }
 }
@@ -106,9 +112,10 @@ Schedule finish(const Header& h, std::vector<std::vector<Action>> ranks) {
   for (const auto& list : ranks)
     for (const auto& a : list)
       max_stage = std::max(max_stage, a.stage), max_mb = std::max(max_mb, a.microbatch);
-  if (h.ranks > 65536 || h.chunks > 65536 || h.microbatches > 1048576 ||
+  if (h.ranks > 65536 || h.chunks > 65536 || h.microbatches > 1048576 || h.replicas > 65536 ||
       static_cast<long long>(std::max(h.ranks, 1)) * std::max(h.chunks, 1) > 65536)
-    throw ScheduleError("the header asks for more than 65536 stages or 1048576 micro-batches");
+    throw ScheduleError(
+        "the header asks for more than 65536 stages or replicas, or 1048576 micro-batches");
   Schedule s;
   s.name = h.name;
   s.placement.num_ranks = h.ranks >= 0 ? h.ranks : static_cast<int>(ranks.size());
@@ -125,6 +132,8 @@ Schedule finish(const Header& h, std::vector<std::vector<Action>> ranks) {
   s.placement.layout = h.layout;
   s.num_microbatches = h.microbatches >= 0 ? h.microbatches : std::max(1, max_mb + 1);
   if (s.num_microbatches < 1) throw ScheduleError("microbatches must be at least 1");
+  s.replicas = h.replicas >= 0 ? h.replicas : 1;
+  if (s.replicas < 1) throw ScheduleError("replicas must be at least 1");
   s.ranks = std::move(ranks);
   return s;
 }
@@ -153,7 +162,8 @@ std::string dump_csv(const Schedule& s) {
     for (size_t i = 0; i < s.ranks[r].size(); ++i) {
       const auto& a = s.ranks[r][i];
       out += std::to_string(r) + "," + std::to_string(i) + "," + kind_name(a.kind) + "," +
-             std::to_string(a.stage) + "," + std::to_string(a.microbatch) + "," +
+             std::to_string(a.stage) + "," +
+             (is_reduce(a.kind) ? "" : std::to_string(a.microbatch)) + "," +
              (is_transfer(a.kind) ? std::to_string(a.peer) : "") + "\n";
     }
   return out;
@@ -234,19 +244,23 @@ Schedule parse_csv(std::string_view text) {
     Action a;
     const auto kind = trim(f[2]);
     bool known = false;
-    for (int k = 0; k <= static_cast<int>(ActionKind::kRecvGrad); ++k)
+    for (int k = 0; k <= static_cast<int>(ActionKind::kAllReduceGrad); ++k)
       if (kind == kind_name(static_cast<ActionKind>(k)))
         a.kind = static_cast<ActionKind>(k), known = true;
     if (!known)
       throw line_error(line_no,
                        "unknown kind '" + std::string(kind) +
-                           "' (expected F, B, I, W, SEND_ACT, RECV_ACT, SEND_GRAD, RECV_GRAD)");
+                           "' (expected F, B, I, W, SEND_ACT, RECV_ACT, SEND_GRAD, RECV_GRAD, "
+                           "ALLREDUCE_GRAD)");
     a.stage = to_int(f[3], line_no, "stage");
-    a.microbatch = to_int(f[4], line_no, "microbatch");
+    if (!is_reduce(a.kind))
+      a.microbatch = to_int(f[4], line_no, "microbatch");
+    else if (!trim(f[4]).empty())
+      throw line_error(line_no, "an ALLREDUCE_GRAD covers every micro-batch; leave it empty");
     if (is_transfer(a.kind))
       a.peer = to_int(f[5], line_no, "peer");
     else if (!trim(f[5]).empty())
-      throw line_error(line_no, "a compute action has no peer");
+      throw line_error(line_no, "a compute or all-reduce action has no peer");
     put(&ranks, rank, line_no, a);
   }
   return finish(h, std::move(ranks));

@@ -6,9 +6,11 @@
 //   r0: F0.0 SA0.0>1 F0.1 SA0.1>1 RG0.0<1 B0.0 RG0.1<1 B0.1
 //   r1: RA1.0<0 F1.0 B1.0 SG1.0>0 RA1.1<0 F1.1 B1.1 SG1.1>0
 // CSV: the same header comment, then `rank,step,kind,stage,microbatch,peer` rows with kind
-// one of F, B, I, W, SEND_ACT, RECV_ACT, SEND_GRAD, RECV_GRAD and peer empty for compute.
+// one of F, B, I, W, SEND_ACT, RECV_ACT, SEND_GRAD, RECV_GRAD, ALLREDUCE_GRAD and peer empty
+// for compute (micro-batch and peer empty for ALLREDUCE_GRAD).
+// A data-parallel schedule's header adds `replicas=D` and its lists hold AR<stage> tokens.
 // Without a header, ranks = number of rank lines, stages = largest stage + 1,
-// micro-batches = largest micro-batch + 1, layout looped.
+// micro-batches = largest micro-batch + 1, layout looped, replicas 1.
 #include <string>
 #include <string_view>
 

@@ -34,6 +34,9 @@ void validate(const Schedule& s) {
     fail(s, -1, -1, "shape",
          "ranks, chunks and micro-batches must be at least 1 (got ranks=" + std::to_string(R) +
              ", chunks=" + std::to_string(pl.chunks) + ", microbatches=" + std::to_string(M) + ")");
+  if (s.replicas < 1)
+    fail(s, -1, -1, "shape",
+         "replicas must be at least 1 (got " + std::to_string(s.replicas) + ")");
   if (static_cast<int>(s.ranks.size()) != R)
     fail(s, -1, -1, "shape",
          "the placement has " + std::to_string(R) + " ranks but the schedule lists " +
@@ -42,6 +45,7 @@ void validate(const Schedule& s) {
   // Position of each action in its rank's list, by (kind, stage, mb); per-action placement,
   // range and peer checks; duplicates.
   ActionIndex index(S, M);
+  std::vector<int> reduce_at(S, -1);  // position of each stage's ALLREDUCE_GRAD
   for (int r = 0; r < R; ++r)
     for (int i = 0; i < static_cast<int>(s.ranks[r].size()); ++i) {
       const Action& a = s.ranks[r][i];
@@ -77,6 +81,19 @@ void validate(const Schedule& s) {
                "the peer must be rank " + std::to_string(pl.rank_of(other)) + " (owner of stage " +
                    std::to_string(other) + "), not " + std::to_string(a.peer));
       }
+      if (is_reduce(a.kind)) {
+        if (s.replicas == 1)
+          fail(s, r, i, "allreduce",
+               "a schedule of one replica has no gradient all-reduce (remove it, or say "
+               "replicas=D in the header)");
+        if (reduce_at[a.stage] >= 0)
+          fail(s, r, i, "allreduce",
+               "the gradient all-reduce of stage " + std::to_string(a.stage) +
+                   " appears twice (first at position " + std::to_string(reduce_at[a.stage]) +
+                   "); each stage needs exactly one");
+        reduce_at[a.stage] = i;
+        continue;
+      }
       const int first = index.insert(a, i);
       if (first >= 0)
         fail(s, r, i, "duplicate",
@@ -110,6 +127,20 @@ void validate(const Schedule& s) {
       if (bwd < f)
         fail(s, r, bwd, "order", "the backward of " + sm(st, k) + " comes before its forward");
       if (w >= 0 && w < in) fail(s, r, w, "order", "W of " + sm(st, k) + " comes before its I");
+      if (s.replicas > 1) {
+        const int grad = b >= 0 ? b : w;
+        if (reduce_at[st] < 0)
+          fail(s, r, grad, "allreduce",
+               "stage " + std::to_string(st) + " has no ALLREDUCE_GRAD (AR" + std::to_string(st) +
+                   "): with " + std::to_string(s.replicas) +
+                   " replicas its gradients must be summed after its last weight gradient");
+        if (reduce_at[st] < grad)
+          fail(s, r, reduce_at[st], "allreduce",
+               "the all-reduce of stage " + std::to_string(st) + " comes before " +
+                   kind_name(s.ranks[r][grad].kind) + " of " + sm(st, k) +
+                   ", which still adds to the gradients it sums; put it after every B or W of "
+                   "the stage");
+      }
       // Cross-stage data flow.
       if (st + 1 < S) {
         const int rn = pl.rank_of(st + 1);

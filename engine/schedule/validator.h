@@ -7,6 +7,8 @@
 //    the consumer;
 //  - on every link (src -> dst) the sends and receives name the same messages in the same
 //    order (FIFO), so an in-order transport such as NCCL matches them correctly;
+//  - with replicas > 1, every stage has exactly one ALLREDUCE_GRAD, after every weight-gradient
+//    action (B or W) of the stage; with replicas = 1, none;
 //  - a simulated run (zero costs) reaches the end: no deadlock.
 // On failure it throws ValidationError naming rank, position, action and rule, followed by
 // the rank x step grid with the offending action marked.
@@ -22,7 +24,8 @@ class ValidationError : public ScheduleError {
       : ScheduleError(message), rank_(rank), index_(index), rule_(std::move(rule)) {}
   int rank() const { return rank_; }
   int index() const { return index_; }
-  // One of: "shape", "placement", "peer", "duplicate", "missing", "order", "fifo", "deadlock".
+  // One of: "shape", "placement", "peer", "duplicate", "missing", "order", "allreduce", "fifo",
+  // "deadlock".
   const std::string& rule() const { return rule_; }
 
  private:

@@ -52,9 +52,12 @@ double device_available_bytes(Device device, std::string* source) {
 void check_memory_fits(const ModelDescription& model, const std::vector<StageRange>& ranges,
                        const schedule::Schedule& schedule, const std::vector<Device>& devices,
                        const TrainConfig& config) {
-  const std::vector<RankMemoryEstimate> ranks =
+  const std::vector<RankMemoryEstimate> pipeline =
       estimate_rank_memory(model, ranges, schedule, config.optimizer.kind,
                            config.batch_tokens / config.microbatches, config.recompute);
+  // Every replica's rank r holds what the pipeline's rank r mod P does.
+  std::vector<RankMemoryEstimate> ranks;
+  for (size_t r = 0; r < devices.size(); ++r) ranks.push_back(pipeline[r % pipeline.size()]);
   // Ranks sharing a device share its memory.
   for (size_t r = 0; r < ranks.size(); ++r) {
     double on_device = 0.0;
@@ -93,6 +96,27 @@ int cpu_threads_per_rank(int requested, int ranks) {
 
 }  // namespace
 
+namespace {
+
+void check_data_parallel(const TrainConfig& c) {
+  if (c.data_parallel < 1)
+    throw std::invalid_argument("data-parallel replicas must be at least 1, got " +
+                                std::to_string(c.data_parallel));
+  if (c.shard_optimizer && c.data_parallel < 2)
+    throw std::invalid_argument(
+        "a sharded optimizer shares its state between data-parallel replicas; it needs --dp 2 "
+        "or more, got " +
+        std::to_string(c.data_parallel));
+  if (c.microbatches % c.data_parallel != 0)
+    throw std::invalid_argument(
+        std::to_string(c.microbatches) + " micro-batches cannot be shared equally by " +
+        std::to_string(c.data_parallel) +
+        " data-parallel replicas; use a micro-batch count that is a multiple of " +
+        std::to_string(c.data_parallel));
+}
+
+}  // namespace
+
 void TrainConfig::validate() const {
   optimizer.validate();
   auto fail = [](const std::string& what) { throw std::invalid_argument(what); };
@@ -114,21 +138,32 @@ void TrainConfig::validate() const {
          format_readable(optimizer.clip_norm));
   if (!std::isfinite(optimizer.lr) || !std::isfinite(optimizer.weight_decay))
     fail("learning rate and weight decay must be finite");
+  check_data_parallel(*this);
   if (transport_timeout.count() < 1)
     fail("transport timeout must be at least 1 ms, got " +
          std::to_string(transport_timeout.count()) + " ms");
 }
 
 schedule::Schedule make_schedule(const TrainConfig& config) {
-  const int m = static_cast<int>(config.microbatches);
+  // With data parallelism the schedule is one replica's: its share of the micro-batches.
+  const int d = std::max(config.data_parallel, 1);
+  const int m = static_cast<int>(config.microbatches) / d;
   if (config.schedule_file.empty())
-    return schedule::generate(config.schedule, config.stages, m, config.chunks);
+    return schedule::generate(config.schedule, config.stages, m, config.chunks, d);
   schedule::Schedule loaded = schedule::load_schedule(config.schedule_file);
   if (loaded.num_microbatches != m)
     throw std::invalid_argument("schedule file '" + config.schedule_file + "' has " +
                                 std::to_string(loaded.num_microbatches) +
                                 " micro-batches but the run uses " + std::to_string(m) +
-                                " (--microbatches)");
+                                (d > 1 ? " per replica (--microbatches " +
+                                             std::to_string(config.microbatches) + " over --dp " +
+                                             std::to_string(d) + ")"
+                                       : std::string(" (--microbatches)")));
+  if (loaded.replicas != d)
+    throw std::invalid_argument(
+        "schedule file '" + config.schedule_file + "' is for " + std::to_string(loaded.replicas) +
+        " data-parallel replica(s) but the run uses " + std::to_string(d) +
+        " (--dp); dump one with `conveyor schedule --dp " + std::to_string(d) + " --dump FILE`");
   return loaded;
 }
 
@@ -188,7 +223,7 @@ void Trainer::build() {
   schedule::Schedule sched = make_schedule(config_);
   ranges_ = conveyor::stage_ranges(model_,
                                    partition_blocks(model_, sched.num_stages(), config_.partition));
-  const int p = sched.num_ranks();
+  const int p = sched.num_ranks() * sched.replicas;  // every replica's ranks
   const bool spread = device_.is_cuda() && config_.placement == RankPlacement::kAuto &&
                       cuda_device_count() >= device_.index + p;
   for (int r = 0; r < p; ++r)
@@ -197,6 +232,7 @@ void Trainer::build() {
   ExecutorOptions options;
   options.transport_timeout = config_.transport_timeout;
   options.transport = config_.transport;
+  options.shard_optimizer = config_.shard_optimizer;
   options.device_options.memory_limit_bytes = config_.memory_limit_bytes;
   options.device_options.allow_tf32 = config_.allow_tf32;
   options.device_options.cpu_threads = cpu_threads_per_rank(config_.cpu_threads, p);

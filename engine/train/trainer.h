@@ -61,6 +61,16 @@ struct TrainConfig {
   // (engine/pipeline/recompute.h); the bits of a run do not depend on it.
   RecomputeSpec recompute;
 
+  // Data parallelism: `data_parallel` replicas of the pipeline (stages * data_parallel ranks;
+  // rank r is pipeline rank r mod stages of replica r div stages), replica d training on the
+  // d-th contiguous slice of microbatches / data_parallel micro-batches of each step, the
+  // gradients of each stage summed over the replicas before the optimizer step.
+  int data_parallel = 1;
+  // ZeRO-1 with data_parallel > 1: each replica keeps the optimizer state of 1/D of every
+  // stage's parameters (ExecutorOptions::shard_optimizer); the weights stay those of the
+  // unsharded run. No checkpoints yet.
+  bool shard_optimizer = false;
+
   // Throws std::invalid_argument naming the first impossible setting. The reference model
   // is checked by ModelConfig::validate (the trainer of the reference model calls both).
   void validate() const;

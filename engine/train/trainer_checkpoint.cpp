@@ -113,6 +113,10 @@ void check_checkpoint_directory(const fs::path& dir) {
 
 TrainerCheckpointer::TrainerCheckpointer(Trainer& trainer, TrainerCheckpointOptions options)
     : trainer_(trainer), options_(std::move(options)) {
+  if (trainer.config().shard_optimizer)
+    throw CheckpointError(
+        "checkpoints of a sharded optimizer state are not built yet; run without "
+        "--shard-optimizer to save");
   if (options_.every < 0)
     throw std::invalid_argument("save every N steps needs N >= 0, got " +
                                 std::to_string(options_.every));
@@ -229,6 +233,10 @@ void TrainerCheckpointer::finish() {
 }
 
 Checkpoint resume_trainer(Trainer& trainer, const fs::path& path) {
+  if (trainer.config().shard_optimizer)
+    throw CheckpointError(
+        "resuming into a sharded optimizer state is not built yet; run without "
+        "--shard-optimizer to resume");
   Checkpoint checkpoint = open_checkpoint(path);
   const TrainingState ours = trainer_training_state(trainer);
   const TrainingState& saved = checkpoint.state();
@@ -251,9 +259,11 @@ Checkpoint resume_trainer(Trainer& trainer, const fs::path& path) {
   PipelineExecutor& executor = trainer.executor();
   checkpoint.check_tensors(checkpoint_tensor_specs(executor));
 
-  std::vector<std::exception_ptr> errors(executor.num_ranks());
+  // Every replica starts from the saved weights and moments (a data-parallel run saves
+  // replica 0's, which all replicas share).
+  std::vector<std::exception_ptr> errors(executor.num_world_ranks());
   std::vector<std::thread> threads;
-  for (int r = 0; r < executor.num_ranks(); ++r)
+  for (int r = 0; r < executor.num_world_ranks(); ++r)
     threads.emplace_back([&, r] {
       try {
         load_rank_checkpoint(checkpoint, executor, r);

@@ -52,10 +52,10 @@ inline std::unique_ptr<PipelineExecutor> make_executor(
                                             std::move(devices), optimizer, /*seed=*/17, options);
 }
 
-// Every rank on `device`.
+// Every rank (of every data-parallel replica) on `device`.
 inline std::unique_ptr<PipelineExecutor> make_executor(schedule::Schedule sched,
                                                        Device device = Device::cpu()) {
-  std::vector<Device> devices(sched.num_ranks(), device);
+  std::vector<Device> devices(static_cast<size_t>(sched.num_ranks()) * sched.replicas, device);
   return make_executor(std::move(sched), std::move(devices));
 }
 

@@ -9,6 +9,11 @@
 #                                      within the timeout, and the output names the lost rank
 #   mpi_train.sh CONVEYOR stop         rank 1 stopped (SIGSTOP) mid-run, so mpirun sees nothing:
 #                                      rank 0's own deadline ends the job, naming rank 1
+#   mpi_train.sh CONVEYOR dp           -np 4 with --stages 2 --dp 2 (rank r: pipeline rank r mod 2
+#                                      of replica r div 2): per-step losses, gradient norms and
+#                                      final weights equal the one-process --stages 2 --dp 2 run,
+#                                      bit for bit, with --shard-optimizer too; ranks started with
+#                                      another --dp are refused
 # CI runs as root and with fewer cores than ranks: --allow-run-as-root --oversubscribe.
 set -uo pipefail
 cli=$1 mode=$2
@@ -45,6 +50,39 @@ case $mode in
         fail "final weights differ: $ref $(checksum "$work/$ref.out"), mpi $(checksum "$work/mpi.out")"
     done
     echo "mpirun -np $n: $(numbers "$work/mpi.jsonl" | wc -l) steps and $(checksum "$work/mpi.out") equal to the one-process runs"
+    ;;
+  dp)
+    "$cli" "${common[@]}" --seed 7 --stages 2 --dp 2 --transport inproc \
+      --log-json "$work/threads.jsonl" >"$work/threads.out" 2>&1 ||
+      fail "one-process --stages 2 --dp 2 run failed: $(cat "$work/threads.out")"
+    timeout 60 "${mpirun[@]}" -np 4 "$cli" "${common[@]}" --seed 7 --stages 2 --dp 2 \
+      --log-json "$work/mpi.jsonl" >"$work/mpi.out" 2>&1 ||
+      fail "mpirun -np 4 --stages 2 --dp 2 failed: $(cat "$work/mpi.out")"
+    grep -q "transport mpi" "$work/mpi.out" || fail "the MPI run did not use MPI: $(cat "$work/mpi.out")"
+    grep -q "2 replicas x 2 pipeline ranks" "$work/mpi.out" || fail "no replicas: $(cat "$work/mpi.out")"
+    [ "$(grep -c '^done ' "$work/mpi.out")" = 1 ] || fail "ranks other than 0 printed: $(cat "$work/mpi.out")"
+    [ "$(numbers "$work/mpi.jsonl" | wc -l)" = 4 ] || fail "expected 4 steps in --log-json"
+    diff <(numbers "$work/threads.jsonl") <(numbers "$work/mpi.jsonl") ||
+      fail "per-step losses of mpirun -np 4 --dp 2 differ from the one-process run"
+    [ -n "$(checksum "$work/threads.out")" ] || fail "no checksum in the one-process run"
+    [ "$(checksum "$work/threads.out")" = "$(checksum "$work/mpi.out")" ] ||
+      fail "final weights differ: threads $(checksum "$work/threads.out"), mpi $(checksum "$work/mpi.out")"
+    # ZeRO-1: the optimizer state sharded over the replicas leaves every bit of the weights.
+    timeout 60 "${mpirun[@]}" -np 4 "$cli" "${common[@]}" --seed 7 --stages 2 --dp 2 \
+      --shard-optimizer --log-json "$work/shard.jsonl" >"$work/shard.out" 2>&1 ||
+      fail "mpirun -np 4 --dp 2 --shard-optimizer failed: $(cat "$work/shard.out")"
+    diff <(numbers "$work/threads.jsonl") <(numbers "$work/shard.jsonl") ||
+      fail "per-step losses with --shard-optimizer differ from the unsharded run"
+    [ "$(checksum "$work/threads.out")" = "$(checksum "$work/shard.out")" ] ||
+      fail "final weights with --shard-optimizer differ: $(checksum "$work/shard.out")"
+    # The configuration hash covers --dp: a launch whose ranks disagree on it stops at start.
+    timeout 60 "${mpirun[@]}" -np 2 "$cli" "${common[@]}" --stages 1 --dp 2 : \
+      -np 2 "$cli" "${common[@]}" --stages 1 --dp 4 >"$work/mismatch.out" 2>&1
+    status=$?
+    [ "$status" -ne 0 ] && [ "$status" -ne 124 ] || fail "status $status: $(cat "$work/mismatch.out")"
+    grep -q "disagree on --dp: rank 0 has '2'" "$work/mismatch.out" ||
+      fail "the refusal does not name --dp: $(cat "$work/mismatch.out")"
+    echo "mpirun -np 4 --stages 2 --dp 2: $(numbers "$work/mpi.jsonl" | wc -l) steps and $(checksum "$work/mpi.out") equal to the one-process run"
     ;;
   mismatch)
     timeout 60 "${mpirun[@]}" -np 1 "$cli" "${common[@]}" --stages 2 --seed 7 : \

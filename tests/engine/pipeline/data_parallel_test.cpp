@@ -1,0 +1,202 @@
+// Pipeline x data parallelism on the CPU executor: D replicas of a P-rank pipeline (rank r is
+// pipeline rank r mod P of replica r div P), each on its own slice of the step's micro-batches,
+// the gradients of each stage summed over the replicas by the schedule's ALLREDUCE_GRAD. The
+// replicas must end with bitwise the same weights, and agree with the single pipeline on the
+// same global micro-batches up to the order of the gradient sum. With the optimizer state
+// sharded over the replicas (ZeRO-1), the weights stay bitwise those of the unsharded run.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "engine/pipeline/executor.h"
+#include "engine/schedule/generators.h"
+#include "support/executor_fixture.h"
+
+namespace conveyor {
+namespace {
+
+using schedule::ScheduleKind;
+using namespace conveyor::testing;
+
+constexpr int kTokens = 5;
+
+// Every parameter value of world rank r, in its order.
+std::vector<std::vector<float>> rank_values(PipelineExecutor& ex, int r) {
+  std::vector<std::vector<float>> out;
+  for (Parameter* p : ex.rank_parameters(r)) out.push_back(to_vector_f32(p->value));
+  return out;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+double max_relative_difference(const std::vector<float>& a, const std::vector<float>& b) {
+  double scale = 0, diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    scale = std::max(scale, std::abs(static_cast<double>(b[i])));
+    diff = std::max(diff, std::abs(static_cast<double>(a[i]) - b[i]));
+  }
+  return scale > 0 ? diff / scale : diff;
+}
+
+struct DpRun {
+  std::vector<double> losses, norms;
+  std::unique_ptr<PipelineExecutor> ex;
+};
+
+// Three steps over `total` global micro-batches per step.
+DpRun run(schedule::Schedule sched, int total) {
+  DpRun out;
+  out.ex = make_executor(std::move(sched));
+  for (int step = 1; step <= 3; ++step) {
+    const auto r = out.ex->run_step(make_microbatches(total, kTokens, step),
+                                    1.0f / (total * kTokens), step, 1e-2);
+    out.losses.push_back(r.loss_sum);
+    out.norms.push_back(r.grad_norm);
+  }
+  return out;
+}
+
+TEST(DataParallel, ReplicasEndWithBitwiseIdenticalWeights) {
+  for (auto [p, d] : {std::pair{2, 2}, std::pair{1, 2}, std::pair{2, 3}}) {
+    SCOPED_TRACE("P=" + std::to_string(p) + " D=" + std::to_string(d));
+    const int m = 2;
+    DpRun got = run(schedule::generate(ScheduleKind::k1F1B, p, m, 1, d), m * d);
+    ASSERT_EQ(got.ex->num_world_ranks(), p * d);
+    for (int r = 0; r < p; ++r) {
+      const auto first = rank_values(*got.ex, r);
+      for (int rep = 1; rep < d; ++rep) {
+        const auto other = rank_values(*got.ex, rep * p + r);
+        ASSERT_EQ(first.size(), other.size());
+        for (size_t i = 0; i < first.size(); ++i)
+          EXPECT_TRUE(same_bits(first[i], other[i]))
+              << "parameter " << i << " of pipeline rank " << r << ", replica " << rep;
+      }
+    }
+    for (double l : got.losses) EXPECT_TRUE(std::isfinite(l));
+  }
+}
+
+TEST(DataParallel, AgreesWithOnePipelineOnTheSameGlobalMicroBatches) {
+  const int total = 4;
+  const DpRun one = run(schedule::generate(ScheduleKind::k1F1B, 2, total), total);
+  for (auto [p, d, kind] :
+       {std::tuple{2, 2, ScheduleKind::k1F1B}, std::tuple{1, 2, ScheduleKind::k1F1B},
+        std::tuple{2, 2, ScheduleKind::kZBH1}, std::tuple{2, 2, ScheduleKind::kInterleaved},
+        std::tuple{2, 4, ScheduleKind::kGPipe}}) {
+    SCOPED_TRACE(std::string(schedule::schedule_kind_name(kind)) + " P=" + std::to_string(p) +
+                 " D=" + std::to_string(d));
+    const int v = kind == ScheduleKind::kInterleaved ? 2 : 1;
+    DpRun dp = run(schedule::generate(kind, p, total / d, v, d), total);
+    // The first step's loss comes from the same weights and the same per-micro-batch sums
+    // in the same order: bitwise. After that the gradient sums differ in order only.
+    EXPECT_EQ(dp.losses[0], one.losses[0]);
+    for (size_t s = 0; s < one.losses.size(); ++s) {
+      EXPECT_NEAR(dp.losses[s], one.losses[s], 1e-6 * std::abs(one.losses[s])) << "step " << s;
+      EXPECT_NEAR(dp.norms[s], one.norms[s], 1e-6 * std::abs(one.norms[s])) << "step " << s;
+    }
+    // The last step's gradients differ by the rounding of another sum order; the weights,
+    // after three AdamW steps whose update divides by the gradient's own scale, by a few more.
+    const auto want = one.ex->parameters();
+    const auto got = dp.ex->parameters();
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_LE(max_relative_difference(to_vector_f32(got[i]->grad), to_vector_f32(want[i]->grad)),
+                1e-6)
+          << want[i]->name;
+      EXPECT_LE(
+          max_relative_difference(to_vector_f32(got[i]->value), to_vector_f32(want[i]->value)),
+          1e-5)
+          << want[i]->name;
+    }
+  }
+}
+
+TEST(DataParallel, StageCountDoesNotChangeTheBits) {
+  // Within a replica the gradients accumulate in micro-batch order whatever the cut, and the
+  // replicas are summed in replica order: D = 2 with one stage or two gives the same bits.
+  const DpRun one = run(schedule::generate(ScheduleKind::k1F1B, 1, 2, 1, 2), 4);
+  const DpRun two = run(schedule::generate(ScheduleKind::kZBH1, 2, 2, 1, 2), 4);
+  EXPECT_EQ(one.losses, two.losses);
+  EXPECT_EQ(one.norms, two.norms);
+  const auto a = one.ex->parameters(), b = two.ex->parameters();
+  for (size_t i = 0; i < a.size(); ++i)
+    EXPECT_TRUE(same_bits(to_vector_f32(a[i]->value), to_vector_f32(b[i]->value))) << a[i]->name;
+}
+
+TEST(DataParallel, RefusesAStepWithAnotherMicroBatchCount) {
+  auto ex = make_executor(schedule::generate(ScheduleKind::k1F1B, 2, 2, 1, 2));
+  try {
+    ex->run_step(make_microbatches(2, kTokens, 1), 0.1f, 1, 1e-2);
+    ADD_FAILURE() << "a step of 2 micro-batches ran on 2 replicas of 2";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("4 micro-batches (2 for each of 2 replicas)"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(DataParallel, NeedsOneDevicePerRankOfEveryReplica) {
+  const ModelDescription model = reference_model(test_model());
+  auto sched = schedule::generate(ScheduleKind::k1F1B, 2, 2, 1, 2);
+  auto ranges = stage_ranges(model, partition_blocks(model, 2, PartitionSpec::uniform()));
+  try {
+    PipelineExecutor ex(model, sched, ranges, {Device::cpu(), Device::cpu()}, test_optimizer(), 17);
+    ADD_FAILURE() << "built 2 replicas on 2 devices";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("2 ranks x 2 replicas but 2 devices"), std::string::npos)
+        << e.what();
+  }
+}
+
+// Wide enough that halving the state is visible through the allocator's 512-byte rounding.
+std::unique_ptr<PipelineExecutor> make_wide_executor(schedule::Schedule sched, bool shard) {
+  ModelConfig c = test_model();
+  c.d_model = 64;
+  c.hidden = 256;
+  c.n_layers = 3;
+  const ModelDescription model = reference_model(c);
+  auto ranges =
+      stage_ranges(model, partition_blocks(model, sched.num_stages(), PartitionSpec::uniform()));
+  ExecutorOptions options;
+  options.shard_optimizer = shard;
+  std::vector<Device> devices(static_cast<size_t>(sched.num_ranks()) * sched.replicas,
+                              Device::cpu());
+  return std::make_unique<PipelineExecutor>(model, std::move(sched), std::move(ranges),
+                                            std::move(devices), test_optimizer(), 17, options);
+}
+
+TEST(ShardedOptimizer, WeightsAreBitwiseThoseOfTheUnshardedRunWithHalfTheState) {
+  for (auto kind : {schedule::ScheduleKind::k1F1B, schedule::ScheduleKind::kInterleaved}) {
+    SCOPED_TRACE(schedule::schedule_kind_name(kind));
+    const int v = kind == schedule::ScheduleKind::kInterleaved ? 2 : 1;
+    auto plain = make_wide_executor(schedule::generate(kind, 2, 2, v, 2), false);
+    auto sharded = make_wide_executor(schedule::generate(kind, 2, 2, v, 2), true);
+    for (int step = 1; step <= 3; ++step) {
+      const auto batch = make_microbatches(4, kTokens, step);
+      const auto a = plain->run_step(batch, 1.0f / (4 * kTokens), step, 1e-2);
+      const auto b = sharded->run_step(batch, 1.0f / (4 * kTokens), step, 1e-2);
+      EXPECT_EQ(a.loss_sum, b.loss_sum) << "step " << step;
+      EXPECT_EQ(a.grad_norm, b.grad_norm) << "step " << step;
+    }
+    for (int r = 0; r < plain->num_world_ranks(); ++r) {
+      const auto want = rank_values(*plain, r), got = rank_values(*sharded, r);
+      ASSERT_EQ(want.size(), got.size());
+      for (size_t i = 0; i < want.size(); ++i)
+        EXPECT_TRUE(same_bits(want[i], got[i])) << "rank " << r << " parameter " << i;
+      // AdamW's two moments: half of them per replica, up to the allocator's rounding of
+      // each state tensor to 512 bytes.
+      const size_t full = plain->optimizer_state_bytes(r), half = sharded->optimizer_state_bytes(r);
+      const size_t slack = 512 * sharded->optimizer(r).state().size();
+      EXPECT_GT(full, 100000u);
+      EXPECT_LE(half, full / 2 + slack) << "rank " << r;
+      EXPECT_GE(half + slack, full / 2) << "rank " << r;
+      EXPECT_LT(half, full * 6 / 10) << "rank " << r;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace conveyor

@@ -1,0 +1,110 @@
+// Data parallelism in the trainer: a micro-batch count the replicas cannot share is refused;
+// a data-parallel run stopped, saved and resumed continues bit for bit, on every replica, as
+// the run straight through does; a sharded optimizer needs replicas and refuses checkpoints.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "checkpoint_fixture.h"
+#include "engine/train/checkpoint.h"
+#include "engine/train/trainer.h"
+#include "engine/train/trainer_checkpoint.h"
+
+namespace conveyor {
+namespace {
+
+using testing::TempDir;
+
+TrainConfig dp_config() {
+  TrainConfig c;
+  c.model = model_preset("tiny");
+  c.model.d_model = 32;
+  c.model.hidden = 64;
+  c.model.vocab = 16;
+  c.model.n_layers = 2;
+  c.steps = 4;
+  c.batch_tokens = 256;
+  c.microbatches = 4;
+  c.optimizer.lr = 1e-2;
+  c.seed = 7;
+  c.stages = 2;
+  c.data_parallel = 2;
+  c.device = Device::cpu();
+  return c;
+}
+
+// The bytes of every parameter of every rank of every replica.
+std::vector<std::vector<float>> all_weights(Trainer& trainer) {
+  std::vector<std::vector<float>> out;
+  PipelineExecutor& ex = trainer.executor();
+  for (int r = 0; r < ex.num_world_ranks(); ++r)
+    for (Parameter* p : ex.rank_parameters(r)) out.push_back(to_vector_f32(p->value));
+  return out;
+}
+
+TEST(DataParallelTrainer, RefusesMicroBatchesTheReplicasCannotShare) {
+  TrainConfig c = dp_config();
+  c.data_parallel = 3;
+  try {
+    Trainer trainer(c);
+    ADD_FAILURE() << "4 micro-batches ran on 3 replicas";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("4 micro-batches cannot be shared equally by 3"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(DataParallelTrainer, ResumedRunContinuesBitwiseOnEveryReplica) {
+  const TrainConfig c = dp_config();
+  std::vector<double> straight_losses;
+  std::vector<std::vector<float>> straight_weights;
+  {
+    Trainer trainer(c);
+    for (int s = 0; s < 4; ++s) straight_losses.push_back(trainer.step().loss);
+    straight_weights = all_weights(trainer);
+  }
+  TempDir dir;
+  std::vector<double> losses;
+  {
+    Trainer trainer(c);
+    TrainerCheckpointOptions options;
+    options.directory = dir.path();
+    options.every = 2;
+    TrainerCheckpointer checkpointer(trainer, options);
+    for (int s = 0; s < 2; ++s) {
+      losses.push_back(trainer.step().loss);
+      checkpointer.after_step();
+    }
+    checkpointer.finish();
+  }
+  Trainer trainer(c);
+  resume_trainer(trainer, dir.path());
+  for (int s = 2; s < 4; ++s) losses.push_back(trainer.step().loss);
+  EXPECT_EQ(losses, straight_losses);
+  const auto weights = all_weights(trainer);
+  ASSERT_EQ(weights.size(), straight_weights.size());
+  for (size_t i = 0; i < weights.size(); ++i)
+    EXPECT_EQ(std::memcmp(weights[i].data(), straight_weights[i].data(),
+                          weights[i].size() * sizeof(float)),
+              0)
+        << "tensor " << i << " of the ranks of every replica";
+}
+
+TEST(DataParallelTrainer, ShardedOptimizerNeedsReplicasAndRefusesCheckpoints) {
+  TrainConfig c = dp_config();
+  c.shard_optimizer = true;
+  c.data_parallel = 1;
+  EXPECT_THROW(Trainer{c}, std::invalid_argument);
+  c.data_parallel = 2;
+  Trainer trainer(c);
+  TempDir dir;
+  TrainerCheckpointOptions options;
+  options.directory = dir.path();
+  EXPECT_THROW(TrainerCheckpointer(trainer, options), CheckpointError);
+  EXPECT_THROW(resume_trainer(trainer, dir.path()), CheckpointError);
+}
+
+}  // namespace
+}  // namespace conveyor
