@@ -98,10 +98,14 @@ CheckpointWriter::CheckpointWriter(fs::path dir, int64_t step, int num_ranks,
     // `latest` is redoing that step and replaces it. Any other existing step is a checkpoint
     // someone may rely on, and is never overwritten.
     const std::optional<int64_t> published = published_step(dir_);
-    if (published && *published >= step)
+    const bool a_checkpoint =
+        fs::is_directory(final_, ec) && fs::is_regular_file(final_ / kManifestName, ec);
+    if (!a_checkpoint || (published && *published >= step))
       throw CheckpointError("cannot save step " + std::to_string(step) + ": " + final_.string() +
                             " exists already" +
-                            (*published == step ? " and is the one 'latest' names" : "") +
+                            (!a_checkpoint        ? " and is not a checkpoint folder"
+                             : *published == step ? " and is the one 'latest' names"
+                                                  : "") +
                             "; remove it or save into another folder");
     // Out of the way first, as an unfinished save (which the loader ignores), then removed
     // with the others below.
