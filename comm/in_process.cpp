@@ -6,6 +6,25 @@
 namespace conveyor::comm {
 namespace {
 
+// Polls `call` until it completes, sleeping on the hub until a missing member posts; after
+// the hub's timeout fails it, naming the members whose part has not arrived (`arrived(i)`
+// says whether member i's has).
+template <class Arrived>
+void wait_for_group(PendingGroupCall& call, InProcessHub& hub, int rank,
+                    const std::vector<int>& group, Arrived arrived, const char* what) {
+  while (!call.test()) {
+    std::vector<int> missing;
+    for (size_t i = 0; i < group.size(); ++i)
+      if (!arrived(i)) missing.push_back(group[i]);
+    if (!hub.wait_group_values(rank, missing, rank)) {
+      std::string names;
+      for (int r : missing) names += (names.empty() ? "" : ", ") + std::to_string(r);
+      hub.fail(rank, std::string(what) + " waited " + std::to_string(hub.timeout().count()) +
+                         " ms for rank(s) " + names);
+    }
+  }
+}
+
 // One member's group sum: its own values are posted at the start; the others' are taken as
 // they come, and the sum runs in group order once all are in.
 class InProcessGroupSum : public PendingGroupCall {
@@ -39,17 +58,9 @@ class InProcessGroupSum : public PendingGroupCall {
   }
 
   void wait() override {
-    while (!test()) {
-      std::vector<int> missing;
-      for (size_t i = 0; i < group_.size(); ++i)
-        if (!parts_[i]) missing.push_back(group_[i]);
-      if (!hub_->wait_group_values(rank_, missing, rank_)) {
-        std::string names;
-        for (int r : missing) names += (names.empty() ? "" : ", ") + std::to_string(r);
-        hub_->fail(rank_, "the gradient sum over replicas waited " +
-                              std::to_string(hub_->timeout().count()) + " ms for rank(s) " + names);
-      }
-    }
+    wait_for_group(
+        *this, *hub_, rank_, group_, [&](size_t i) { return parts_[i] != nullptr; },
+        "the gradient sum over replicas");
   }
 
  private:
@@ -99,17 +110,9 @@ class InProcessGroupGather : public PendingGroupCall {
   }
 
   void wait() override {
-    while (!test()) {
-      std::vector<int> missing;
-      for (size_t i = 0; i < group_.size(); ++i)
-        if (!arrived_[i]) missing.push_back(group_[i]);
-      if (!hub_->wait_group_values(rank_, missing, rank_)) {
-        std::string names;
-        for (int r : missing) names += (names.empty() ? "" : ", ") + std::to_string(r);
-        hub_->fail(rank_, "the weight gather over replicas waited " +
-                              std::to_string(hub_->timeout().count()) + " ms for rank(s) " + names);
-      }
-    }
+    wait_for_group(
+        *this, *hub_, rank_, group_, [&](size_t i) { return arrived_[i]; },
+        "the weight gather over replicas");
   }
 
  private:

@@ -167,35 +167,17 @@ class MpiTransport : public Transport {
     }
   }
 
-  // Point to point on a tag of its own: every member sends its values to every other member
-  // and receives theirs, then adds them in group order. Needs no communicator per group
-  // (which every process would have to create together), and the bits never depend on MPI.
-  class GroupSum : public PendingGroupCall {
+  // What the group calls share: point-to-point requests on a tag of their own (no
+  // communicator per group, which every process would have to create together), polled
+  // against one deadline, cancelled if the call is dropped unfinished.
+  class GroupExchange : public PendingGroupCall {
    public:
-    GroupSum(MpiTransport& transport, std::vector<float>& values, const std::vector<int>& group)
-        : t_(transport), values_(values), group_(group), mine_(values), parts_(group.size()) {
-      const int count = t_.byte_count(values.size() * sizeof(float));
-      for (size_t i = 0; i < group_.size(); ++i) {
-        if (group_[i] == t_.rank_) continue;
-        parts_[i].resize(values.size());
-        MPI_Request request;
-        t_.check(
-            MPI_Irecv(parts_[i].data(), count, MPI_BYTE, group_[i], kGroupTag, t_.comm_, &request),
-            "MPI_Irecv");
-        requests_.push_back(request);
-        from_.push_back(group_[i]);
-      }
-      for (int peer : group_) {
-        if (peer == t_.rank_) continue;
-        MPI_Request request;
-        t_.check(MPI_Isend(mine_.data(), count, MPI_BYTE, peer, kGroupTag, t_.comm_, &request),
-                 "MPI_Isend");
-        requests_.push_back(request);
-      }
-      deadline_ = Clock::now() + t_.timeout_;
-    }
-
-    ~GroupSum() override {
+    GroupExchange(MpiTransport& transport, std::vector<int> group, std::string what)
+        : t_(transport),
+          group_(std::move(group)),
+          what_(std::move(what)),
+          deadline_(Clock::now() + transport.timeout_) {}
+    ~GroupExchange() override {
       for (MPI_Request& r : requests_)
         if (r != MPI_REQUEST_NULL) {
           MPI_Cancel(&r);
@@ -203,16 +185,79 @@ class MpiTransport : public Transport {
         }
     }
 
-    bool test() override {
-      if (done_) return true;
+    void wait() override {
+      Backoff backoff;
+      while (!test()) {
+        if (Clock::now() >= deadline_) {
+          std::string missing;
+          for (size_t i = 0; i < receive_from_.size(); ++i)
+            if (requests_[i] != MPI_REQUEST_NULL)
+              missing += (missing.empty() ? "" : ", ") + std::to_string(receive_from_[i]);
+          t_.give_up(what_ + " waited " + std::to_string(t_.timeout_.count()) + " ms for rank(s) " +
+                     (missing.empty() ? std::string("(sends pending)") : missing) +
+                     " (did one of them stop?)");
+        }
+        backoff.pause();
+      }
+    }
+
+   protected:
+    // Every receive is posted before any send, so that receives_from_ matches requests_.
+    void receive(void* data, size_t bytes, int peer) {
+      MPI_Request request;
+      t_.check(MPI_Irecv(data, t_.byte_count(bytes), MPI_BYTE, peer, kGroupTag, t_.comm_, &request),
+               "MPI_Irecv");
+      requests_.push_back(request);
+      receive_from_.push_back(peer);
+    }
+    void send(const void* data, size_t bytes, int peer) {
+      MPI_Request request;
+      t_.check(MPI_Isend(data, t_.byte_count(bytes), MPI_BYTE, peer, kGroupTag, t_.comm_, &request),
+               "MPI_Isend");
+      requests_.push_back(request);
+    }
+    bool exchanged() {
       t_.throw_if_aborted();
       t_.reap_sends();
       int all = 0;
-      std::vector<MPI_Status> statuses(requests_.size());
-      t_.check(
-          MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &all, statuses.data()),
-          "MPI_Testall");
-      if (!all) return false;
+      t_.check(MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &all,
+                           MPI_STATUSES_IGNORE),
+               "MPI_Testall");
+      return all != 0;
+    }
+
+    MpiTransport& t_;
+    std::vector<int> group_;
+
+   private:
+    std::string what_;
+    std::vector<MPI_Request> requests_;  // receives (in receive_from_ order), then sends
+    std::vector<int> receive_from_;
+    Clock::time_point deadline_;
+  };
+
+  // Every member sends its values to every other member and receives theirs, then adds them
+  // in group order, so the bits never depend on MPI.
+  class GroupSum : public GroupExchange {
+   public:
+    GroupSum(MpiTransport& transport, std::vector<float>& values, const std::vector<int>& group)
+        : GroupExchange(transport, group, "the gradient sum over replicas"),
+          values_(values),
+          mine_(values),
+          parts_(group.size()) {
+      const size_t bytes = values.size() * sizeof(float);
+      for (size_t i = 0; i < group_.size(); ++i) {
+        if (group_[i] == t_.rank_) continue;
+        parts_[i].resize(values.size());
+        receive(parts_[i].data(), bytes, group_[i]);
+      }
+      for (int peer : group_)
+        if (peer != t_.rank_) send(mine_.data(), bytes, peer);
+    }
+
+    bool test() override {
+      if (done_) return true;
+      if (!exchanged()) return false;
       std::fill(values_.begin(), values_.end(), 0.0f);
       for (size_t i = 0; i < group_.size(); ++i) {
         const std::vector<float>& part = group_[i] == t_.rank_ ? mine_ : parts_[i];
@@ -222,104 +267,32 @@ class MpiTransport : public Transport {
       return true;
     }
 
-    void wait() override {
-      Backoff backoff;
-      while (!test()) {
-        if (Clock::now() >= deadline_) {
-          std::string missing;
-          for (size_t i = 0; i < from_.size(); ++i)
-            if (requests_[i] != MPI_REQUEST_NULL)
-              missing += (missing.empty() ? "" : ", ") + std::to_string(from_[i]);
-          t_.give_up("the gradient sum over replicas waited " +
-                     std::to_string(t_.timeout_.count()) + " ms for rank(s) " +
-                     (missing.empty() ? std::string("(sends pending)") : missing) +
-                     " (did one of them stop?)");
-        }
-        backoff.pause();
-      }
-    }
-
    private:
-    MpiTransport& t_;
     std::vector<float>& values_;
-    std::vector<int> group_;
     std::vector<float> mine_;                 // sent from here until the sends complete
     std::vector<std::vector<float> > parts_;  // the other members', by position in the group
-    std::vector<MPI_Request> requests_;       // receives (in from_ order), then sends
-    std::vector<int> from_;
-    Clock::time_point deadline_;
     bool done_ = false;
   };
 
-  // The gather on the same tag: the own range to every other member, the others' received in
-  // place.
-  class GroupGather : public PendingGroupCall {
+  // The gather: the own range to every other member, the others' received in place.
+  class GroupGather : public GroupExchange {
    public:
     GroupGather(MpiTransport& transport, std::vector<float>& values, const std::vector<int>& group,
                 const std::vector<size_t>& bounds, size_t me)
-        : t_(transport),
-          group_(group),
+        : GroupExchange(transport, group, "the weight gather over replicas"),
           mine_(values.begin() + bounds[me], values.begin() + bounds[me + 1]) {
-      for (size_t i = 0; i < group_.size(); ++i) {
-        if (i == me) continue;
-        MPI_Request request;
-        t_.check(MPI_Irecv(values.data() + bounds[i],
-                           t_.byte_count((bounds[i + 1] - bounds[i]) * sizeof(float)), MPI_BYTE,
-                           group_[i], kGroupTag, t_.comm_, &request),
-                 "MPI_Irecv");
-        requests_.push_back(request);
-      }
-      for (size_t i = 0; i < group_.size(); ++i) {
-        if (i == me) continue;
-        MPI_Request request;
-        t_.check(MPI_Isend(mine_.data(), t_.byte_count(mine_.size() * sizeof(float)), MPI_BYTE,
-                           group_[i], kGroupTag, t_.comm_, &request),
-                 "MPI_Isend");
-        requests_.push_back(request);
-      }
-      deadline_ = Clock::now() + t_.timeout_;
+      for (size_t i = 0; i < group_.size(); ++i)
+        if (i != me)
+          receive(values.data() + bounds[i], (bounds[i + 1] - bounds[i]) * sizeof(float),
+                  group_[i]);
+      for (size_t i = 0; i < group_.size(); ++i)
+        if (i != me) send(mine_.data(), mine_.size() * sizeof(float), group_[i]);
     }
 
-    ~GroupGather() override {
-      for (MPI_Request& r : requests_)
-        if (r != MPI_REQUEST_NULL) {
-          MPI_Cancel(&r);
-          MPI_Request_free(&r);
-        }
-    }
-
-    bool test() override {
-      if (done_) return true;
-      t_.throw_if_aborted();
-      t_.reap_sends();
-      int all = 0;
-      t_.check(MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &all,
-                           MPI_STATUSES_IGNORE),
-               "MPI_Testall");
-      return done_ = all != 0;
-    }
-
-    void wait() override {
-      Backoff backoff;
-      while (!test()) {
-        if (Clock::now() >= deadline_) {
-          std::string others;
-          for (int r : group_)
-            if (r != t_.rank_) others += (others.empty() ? "" : ", ") + std::to_string(r);
-          t_.give_up("the weight gather over replicas waited " +
-                     std::to_string(t_.timeout_.count()) + " ms for rank(s) " + others +
-                     " (did one of them stop?)");
-        }
-        backoff.pause();
-      }
-    }
+    bool test() override { return done_ || (done_ = exchanged()); }
 
    private:
-    MpiTransport& t_;
-    std::vector<int> group_;
     std::vector<float> mine_;  // sent from here until the sends complete
-    std::vector<MPI_Request> requests_;
-    Clock::time_point deadline_;
     bool done_ = false;
   };
 
