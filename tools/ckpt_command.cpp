@@ -260,6 +260,10 @@ void register_ckpt_command(CLI::App& app) {
   auto flags = std::make_shared<CkptFlags>();
   CLI::App* ckpt = app.add_subcommand("ckpt", "Inspect and verify checkpoints");
   ckpt->require_subcommand(1);
+  ckpt->footer(
+      "Example: conveyor ckpt verify runs/ckpt/latest\nExit status: 0 every check passed, 1 a "
+      "file or checksum is bad (the message names it), 2 bad input (no checkpoint at PATH, a "
+      "bad flag).");
 
   CLI::App* inspect = ckpt->add_subcommand(
       "inspect", "Print a checkpoint's manifest and tensors (after checking all of it)");

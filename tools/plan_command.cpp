@@ -5,13 +5,16 @@
 
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 
 #include "engine/pipeline/profile.h"
 #include "tools/cli_common.h"
 #include "tools/commands.h"
+#include "tools/output_file.h"
 #include "tools/run_flags.h"
 
 namespace conveyor::cli {
@@ -87,7 +90,7 @@ const PlanCandidate& best_pipeline(const Plan& plan) {
   throw UsageError("no pipeline layout was tried: the model has too few units for the devices");
 }
 
-void write_plan_file(const std::string& path, const PlanCandidate& candidate, int stages) {
+void write_plan_file(OutputFile& file, const PlanCandidate& candidate, int stages) {
   nlohmann::json plan = {{"stages", stages},
                          {"schedule", schedule::schedule_kind_name(candidate.kind)},
                          {"chunks", candidate.chunks},
@@ -95,9 +98,8 @@ void write_plan_file(const std::string& path, const PlanCandidate& candidate, in
                          {"partition", blocks_of(candidate.ranges)},
                          {"recompute", to_string(candidate.recompute)},
                          {"predicted_step_seconds", candidate.step_seconds}};
-  std::ofstream out(path);
-  if (!out) throw UsageError("cannot write --out file '" + path + "'");
-  out << plan.dump(2) << '\n';
+  file.write(plan.dump(2) + "\n");
+  file.close();
 }
 
 void apply_candidate(const PlanCandidate& candidate, TrainConfig& config) {
@@ -173,10 +175,13 @@ void run_plan(const PlanFlags& f, const CLI::App& cmd) {
     throw UsageError(e.what());
   }
   if (!note.empty()) std::printf("conveyor: %s\n", note.c_str());
+  // Opened before the profile runs, so that a bad path fails at once.
+  std::optional<OutputFile> out;
+  if (!f.out.empty()) out.emplace(f.out, "--out", /*lock=*/false);
   const PlannedRun run = plan_training(config, device, f.repetitions, true);
-  if (!f.out.empty()) {
+  if (out) {
     const PlanCandidate& best = best_pipeline(run.plan);
-    write_plan_file(f.out, best, f.stages);
+    write_plan_file(*out, best, f.stages);
     std::printf("plan   %s, %d micro-batches, partition written to %s\n", best.layout.c_str(),
                 best.microbatches, f.out.c_str());
   }
@@ -192,11 +197,16 @@ void register_plan_command(CLI::App& app) {
   add_run_flags(cmd, f.run);
   add_int_flag(cmd, "--stages", f.stages, 1, 1024, "Devices to plan for");
   cmd->add_option("--optimizer", f.optimizer, "adamw or sgd (its state counts)")
+      ->check(CLI::IsMember({"adamw", "sgd"}))
       ->capture_default_str();
-  cmd->add_option("--seed", f.seed, "Seed of the profiled weights")->capture_default_str();
-  cmd->add_option("--repetitions", f.repetitions, "Timed runs per unit (median)")
-      ->capture_default_str();
-  cmd->add_option("--out", f.out, "Write the chosen plan (JSON) for `train --plan FILE`");
+  add_int_flag(cmd, "--seed", f.seed, 0, std::numeric_limits<int64_t>::max(),
+               "Seed of the profiled weights");
+  add_int_flag(cmd, "--repetitions", f.repetitions, 1, 1000, "Timed runs per unit (median)");
+  cmd->add_option("--out", f.out, "Write the chosen plan (JSON) for `train --plan FILE`")
+      ->type_name("FILE");
+  cmd->footer(std::string("Example: conveyor plan --stages 2 --d-model 128 --layers 8 --vocab "
+                          "16384 --out plan.json, then conveyor train --plan plan.json\n") +
+              kExitStatusText);
   cmd->callback([flags, cmd] { run_plan(*flags, *cmd); });
 }
 

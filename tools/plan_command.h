@@ -6,6 +6,7 @@
 
 #include "engine/pipeline/planner.h"
 #include "engine/train/trainer.h"
+#include "tools/output_file.h"
 
 namespace conveyor::cli {
 
@@ -22,9 +23,9 @@ PlannedRun plan_training(const TrainConfig& config, Device device, int repetitio
 // The fastest feasible pipelined candidate (what the trainer can run); UsageError when none.
 const PlanCandidate& best_pipeline(const Plan& plan);
 
-// Writes the pipeline settings of `candidate` as JSON: stages, schedule, chunks,
-// micro-batches, blocks per stage, and the predicted step time.
-void write_plan_file(const std::string& path, const PlanCandidate& candidate, int stages);
+// Writes the pipeline settings of `candidate` as JSON into `file` and closes it: stages,
+// schedule, chunks, micro-batches, blocks per stage, recomputation, the predicted step time.
+void write_plan_file(OutputFile& file, const PlanCandidate& candidate, int stages);
 // Sets stages, schedule, chunks, micro-batches and partition of `config` from `candidate` or
 // from a plan file; UsageError for a file that cannot be read or does not fit the model.
 void apply_candidate(const PlanCandidate& candidate, TrainConfig& config);
