@@ -207,20 +207,23 @@ std::vector<InFlight> in_flight_per_rank(const Schedule& schedule,
       return &last_use[static_cast<size_t>(chunk) * mbs + a.microbatch];
     };
     // Index of the last use of each (stage, mb) held on this rank: B or W (I when no W).
+    // Only computes hold activations: transfers (half the list) are skipped before the slot's
+    // division.
     last_use.assign(static_cast<size_t>(chunks) * mbs, -1);
     for (int i = 0; i < static_cast<int>(list.size()); ++i) {
       const auto k = list[i].kind;
+      if (k != ActionKind::kBackward && k != ActionKind::kBackwardWeight &&
+          k != ActionKind::kBackwardInput)
+        continue;
       int* last = slot(list[i]);
-      if (!last) continue;
-      if (k == ActionKind::kBackward || k == ActionKind::kBackwardWeight ||
-          (k == ActionKind::kBackwardInput && *last < 0))
-        *last = i;
+      if (last && (k != ActionKind::kBackwardInput || *last < 0)) *last = i;
     }
     int in_flight = 0, held = 0;
     double in_flight_bytes = 0, held_bytes = 0;
     InFlight& o = out[r];
     for (int i = 0; i < static_cast<int>(list.size()); ++i) {
       const auto& a = list[i];
+      if (!is_compute(a.kind)) continue;
       const double b = bytes_of(a.stage);
       if (a.kind == ActionKind::kForward) {
         ++in_flight, ++held, in_flight_bytes += b, held_bytes += b;
@@ -228,12 +231,12 @@ std::vector<InFlight> in_flight_per_rank(const Schedule& schedule,
         o.peak_held = std::max(o.peak_held, held);
         o.peak_in_flight_bytes = std::max(o.peak_in_flight_bytes, in_flight_bytes);
         o.peak_held_bytes = std::max(o.peak_held_bytes, held_bytes);
+        continue;
       }
       if (a.kind == ActionKind::kBackward || a.kind == ActionKind::kBackwardInput)
         --in_flight, in_flight_bytes -= b;
       const int* last = slot(a);
-      if (is_compute(a.kind) && a.kind != ActionKind::kForward && last && *last == i)
-        --held, held_bytes -= b;
+      if (last && *last == i) --held, held_bytes -= b;
     }
   }
   return out;

@@ -139,7 +139,10 @@ class StreamRun {
       reduce_free_.assign(R, 0);
       timing_->resize(R);
     }
-    for (size_t r = 0; r < R; ++r) find_reduces(static_cast<int>(r));
+    for (size_t r = 0; r < R; ++r) {
+      check_ranges(static_cast<int>(r));
+      find_reduces(static_cast<int>(r));
+    }
     queued_.assign(R, 1);
     for (size_t r = 0; r < R; ++r) {
       remaining_ += s.ranks[r].size();
@@ -207,15 +210,18 @@ class StreamRun {
   }
 
   // Schedules that did not pass validate() may name stages, micro-batches or peers that do
-  // not exist; they get an error, not an out-of-range read.
-  void check_range(int r, int i) const {
-    const Action& a = action(r, i);
-    const bool peer_ok = !is_transfer(a.kind) || (a.peer >= 0 && a.peer < ranks_);
-    if (a.stage < 0 || a.stage >= stages_ || a.microbatch < 0 || a.microbatch >= mbs_ || !peer_ok)
-      throw ScheduleError("rank " + std::to_string(r) + ", position " + std::to_string(i) + ", " +
-                          to_string(a) +
-                          ": stage, micro-batch or peer out of range (validate the schedule "
-                          "first)");
+  // not exist; they get an error, not an out-of-range read. Checked once, before the run, so
+  // that the run itself reads each action only to move it.
+  void check_ranges(int r) const {
+    for (int i = 0; i < size(r); ++i) {
+      const Action& a = action(r, i);
+      const bool peer_ok = !is_transfer(a.kind) || (a.peer >= 0 && a.peer < ranks_);
+      if (a.stage < 0 || a.stage >= stages_ || a.microbatch < 0 || a.microbatch >= mbs_ || !peer_ok)
+        throw ScheduleError("rank " + std::to_string(r) + ", position " + std::to_string(i) + ", " +
+                            to_string(a) +
+                            ": stage, micro-batch or peer out of range (validate the schedule "
+                            "first)");
+    }
   }
 
   // Whether the inputs of compute `a` on rank r are there, and when the last one ended.
@@ -261,7 +267,6 @@ class StreamRun {
       for (;;) {  // compute stream
         const int i = compute_head(r);
         if (i >= size(r)) break;
-        check_range(r, i);
         const Action& a = action(r, i);
         double ready = 0;
         if constexpr (kTimed) ready = compute_free_[r];
@@ -281,7 +286,6 @@ class StreamRun {
       for (;;) {  // send stream, rendezvous with the receiver's receive stream
         const int i = send_head(r);
         if (i >= size(r)) break;
-        check_range(r, i);
         const Action& a = action(r, i);
         const bool act = a.kind == ActionKind::kSendAct;
         const auto produced = act ? Done::kForwardDone : Done::kGradientDone;
