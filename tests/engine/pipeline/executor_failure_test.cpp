@@ -107,6 +107,10 @@ class StallingTransport : public comm::Transport {
     return inner_->try_recv(t, peer, s);
   }
   void all_reduce_sum(std::vector<double>& v) override { inner_->all_reduce_sum(v); }
+  std::unique_ptr<comm::PendingGroupCall> start_group_sum(std::vector<float>& values,
+                                                          const std::vector<int>& group) override {
+    return inner_->start_group_sum(values, group);
+  }
   void abort(const std::string& reason) override { inner_->abort(reason); }
 
  private:
@@ -176,6 +180,53 @@ TEST(ExecutorFailure, AStalledRunShowsEveryRanksPositionAndWhatItWaitsOn) {
         << what;
   }
   EXPECT_EQ(line_starting(what, "rank(s) "), "") << "every rank is known in one process";
+}
+
+TEST(ExecutorFailure, AStalledReplicaLeavesTheOtherWaitingInItsGradientSums) {
+  // (P, D) = (2, 2), 1F1B: rank 3 (pipeline rank 1 of replica 1) stalls in its first send
+  // (SG1.0>0), so rank 2 waits for that gradient, and replica 0, done with its pipeline,
+  // waits in each stage's sum for its partner in replica 1.
+  const auto sched = schedule::generate(schedule::ScheduleKind::k1F1B, 2, 2, 1, 2);
+  auto ex = make_executor(sched);
+  auto hub = comm::InProcessHub::create(4, std::chrono::milliseconds(1000));
+  std::vector<std::unique_ptr<comm::Transport>> transports;
+  for (int r = 0; r < 4; ++r) {
+    auto endpoint = hub->endpoint(r);
+    if (r == 3)
+      endpoint = std::make_unique<StallingTransport>(std::move(endpoint), 1,
+                                                     std::chrono::milliseconds(2500));
+    transports.push_back(std::move(endpoint));
+  }
+  ex->set_transports(std::move(transports));
+  std::string what;
+  try {
+    ex->run_step(make_microbatches(4, 5, 1), 0.05f, 1, 1e-2);
+    ADD_FAILURE() << "the step succeeded despite the stalled rank";
+  } catch (const PipelineError& e) {
+    what = e.what();
+  }
+  const auto at = [&](int row, const std::string& token) {
+    const auto& list = sched.ranks[row];
+    for (size_t i = 0; i < list.size(); ++i)
+      if (schedule::to_string(list[i]) == token) return std::to_string(i);
+    ADD_FAILURE() << token << " is not in row " << row;
+    return std::string();
+  };
+  const std::pair<int, std::string> expected[] = {
+      {0, "(row r0, replica 0): at action " + at(0, "AR0") +
+              " (AR0), waiting for the gradient sum with rank(s) 2"},
+      {1, "(row r1, replica 0): at action " + at(1, "AR1") +
+              " (AR1), waiting for the gradient sum with rank(s) 3"},
+      {2, "(row r0, replica 1): at action " + at(0, "RG0.0<1") +
+              " (RG0.0<1), waiting for a message from rank 3"},
+      {3, "(row r1, replica 1): running action " + at(1, "SG1.0>0") + " (SG1.0>0)"},
+  };
+  for (const auto& [rank, doing] : expected) {
+    const std::string line = line_starting(what, "rank " + std::to_string(rank) + " ");
+    EXPECT_EQ(line.rfind("rank " + std::to_string(rank) + " " + doing + "; heads: ", 0), 0u)
+        << what;
+  }
+  EXPECT_NE(what.find(">>"), std::string::npos) << what;
 }
 
 }  // namespace
