@@ -27,6 +27,19 @@ bool stopped_by_abort(const std::exception& error) {
   return false;
 }
 
+// True when `error` is, or was caused by, a transport call that failed: a wait that passed its
+// deadline, a lost link, an abort. The ranks' positions then say where the run stalled.
+bool transport_failure(const std::exception& error) {
+  if (dynamic_cast<const comm::TransportError*>(&error)) return true;
+  try {
+    std::rethrow_if_nested(error);
+  } catch (const comm::TransportError&) {
+    return true;
+  } catch (...) {
+  }
+  return false;
+}
+
 // ZeRO-1 ranges: each stage's parameters flattened in order, replica d owning the elements
 // [N*d/D, N*(d+1)/D); the shard of each parameter is its part of that range (maybe empty).
 std::vector<ParameterShard> shard_parameters(PipelineRank& rank, int replicas) {
@@ -220,7 +233,7 @@ PipelineStepResult PipelineExecutor::run_step(const std::vector<MicroBatchData>&
                           .reporting_rank = ranks_.front()->index};
   const int held_count = static_cast<int>(ranks_.size());
   std::vector<std::string> errors(held_count);
-  std::vector<bool> follow_on(held_count, false);
+  std::vector<bool> follow_on(held_count, false), stalled(held_count, false);
   std::mutex errors_mutex;
   threads_->run([&](int r) {  // r: position among the ranks held here
     PipelineRank& rank = *ranks_[r];
@@ -232,14 +245,25 @@ PipelineStepResult PipelineExecutor::run_step(const std::vector<MicroBatchData>&
       std::lock_guard lock(errors_mutex);
       errors[r] = what;
       follow_on[r] = stopped_by_abort(e);
+      stalled[r] = transport_failure(e);
     }
   });
   result.seconds = std::chrono::duration<double>(Clock::now() - inputs.start).count();
   // Report the failure that started it, not the ranks that were stopped because of it.
   for (int pass = 0; pass < 2; ++pass)
     for (int r = 0; r < held_count; ++r)
-      if (!errors[r].empty() && (pass == 1 || !follow_on[r])) throw PipelineError(errors[r]);
+      if (!errors[r].empty() && (pass == 1 || !follow_on[r]))
+        throw PipelineError(stalled[r] ? errors[r] + "\n" + format_positions(r) : errors[r]);
   return result;
+}
+
+std::string PipelineExecutor::format_positions(int failed) const {
+  // Every rank thread has ended: their progress is read after they joined.
+  std::vector<RankPosition> known;
+  for (const auto& rank : ranks_)
+    known.push_back(
+        {rank->index, rank->pipeline_rank, rank->replica, rank->replica_group, rank->progress});
+  return conveyor::format_positions(schedule_, known, ranks_[failed]->index, num_world_ranks());
 }
 
 }  // namespace conveyor

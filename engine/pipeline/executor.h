@@ -84,7 +84,10 @@ struct PipelineStepResult {
 
 struct PipelineRank;  // what one rank owns (rank_step.h)
 
-// A rank failed: names the rank, the action and the cause.
+// A rank failed: names the rank, the action and the cause on the first line. When the step
+// failed on a transport (a wait passed its deadline, a link was lost or aborted), the lines
+// after it draw the rank x list-position grid with each rank's position marked, this
+// process's ranks only, and say what each waits on.
 class PipelineError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
@@ -139,6 +142,9 @@ class PipelineExecutor {
 
  private:
   PipelineRank& held(int rank) const;
+  // After a step stalled on a transport: the ranks' positions (rank_progress.h), for the
+  // error of the held rank at position `failed`.
+  std::string format_positions(int failed) const;
 
   ModelDescription model_;
   schedule::Schedule schedule_;

@@ -98,10 +98,13 @@ RankStep::RankStep(PipelineRank& rank, const StepInputs& in)
 
 void RankStep::run(PipelineStepResult& result) {
   OnDevice on_device(ctx_.device());
+  rank_.progress = {};
   begin();
   run_actions();
+  rank_.progress.phase = RankProgress::Phase::kEndOfStep;
   finish_transfers();
   end_of_step(result);
+  rank_.progress.phase = RankProgress::Phase::kDone;
 }
 
 void RankStep::begin() {
@@ -122,7 +125,12 @@ void RankStep::begin() {
 void RankStep::run_actions() {
   StreamHead compute(actions_, schedule::is_compute), send(actions_, schedule::is_send),
       recv(actions_, schedule::is_recv), reduce(actions_, schedule::is_reduce);
+  RankProgress& progress = rank_.progress;
   while (!compute.done() || !send.done() || !recv.done() || !reduce.done()) {
+    progress.compute = compute.index();
+    progress.send = send.index();
+    progress.recv = recv.index();
+    progress.reduce = reduce.index();
     bool moved = false;
     // Sends first: one issued as soon as its tensor exists lets its receiver go on.
     for (; !send.done() && produced(send.action()); send.advance()) {
@@ -158,6 +166,8 @@ void RankStep::run_actions() {
         fail_stuck(!compute.done() ? compute.index()
                    : !send.done()  ? send.index()
                                    : reduce.index());
+      progress.phase = RankProgress::Phase::kWaitingForSum;
+      progress.action = reduce.index();
       try {
         reducing_->wait();
       } catch (const std::exception& e) {
@@ -167,9 +177,15 @@ void RankStep::run_actions() {
       }
       continue;
     }
+    progress.phase = RankProgress::Phase::kWaitingForReceive;
+    progress.action = recv.index();
     run_action(recv.index(), /*wait=*/true);
     recv.advance();
   }
+  progress.compute = compute.index();
+  progress.send = send.index();
+  progress.recv = recv.index();
+  progress.reduce = reduce.index();
 }
 
 bool RankStep::weight_grads_done(const Action& reduce, size_t compute_head) const {
@@ -183,6 +199,8 @@ int RankStep::world_rank(int pipeline_peer) const {
 }
 
 void RankStep::start_reduce(size_t i, const Action& a) {
+  rank_.progress.phase = RankProgress::Phase::kRunning;
+  rank_.progress.action = i;
   reduce_start_ = Clock::now();
   try {
     // The stage's gradients, flat on the host, in its parameter order.
@@ -226,6 +244,10 @@ void RankStep::finish_reduce(size_t i, const Action& a) {
 
 bool RankStep::run_action(size_t i, bool wait) {
   const Action& a = actions_[i];
+  if (!wait) {
+    rank_.progress.phase = RankProgress::Phase::kRunning;
+    rank_.progress.action = i;
+  }
   const Stream& stream = stream_for(a);
   const auto host_start = Clock::now();
   // A send starts once its tensor is ready (recorded in send(), after the send stream waits

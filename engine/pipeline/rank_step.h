@@ -13,6 +13,7 @@
 #include "engine/pipeline/executor.h"
 #include "engine/pipeline/handoffs.h"
 #include "engine/pipeline/optimizer.h"
+#include "engine/pipeline/rank_progress.h"
 #include "engine/pipeline/stage.h"
 #include "engine/schedule/schedule.h"
 #include "engine/schedule/simulator.h"
@@ -58,6 +59,7 @@ struct PipelineRank {
   // stage's flattened parameters starts, and the end.
   std::vector<std::vector<size_t>> shard_bounds;
   size_t optimizer_state_bytes = 0;
+  RankProgress progress;  // where the rank's current step stands, for a stalled run's report
   // CUDA: start/end timing events per action, one ordering event per action (recorded after
   // a receive, or after a compute whose output a send takes), and the step's reference event.
   std::vector<Event> starts, ends, order;

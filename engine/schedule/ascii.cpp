@@ -17,14 +17,21 @@ std::string compute_label(const Schedule& schedule, const Action& a) {
   return label + std::to_string(a.microbatch);
 }
 
-std::string format_step_grid(const Schedule& schedule, int mark_rank, int mark_index,
-                             int max_columns, int max_rows) {
+namespace {
+
+// The grid with `marks` drawn marked, its rows around focus_rank and its columns around the
+// marks (or around focus_index when they do not fit).
+std::string step_grid(const Schedule& schedule, const std::vector<GridMark>& marks, int mark_rank,
+                      int mark_index, int max_columns, int max_rows) {
   size_t steps = 0;
   for (const auto& list : schedule.ranks) steps = std::max(steps, list.size());
   size_t first = 0, last = steps;  // columns [first, last)
   if (mark_index >= 0 && steps > static_cast<size_t>(max_columns)) {
     const size_t half = max_columns / 2;
-    first = static_cast<size_t>(mark_index) > half ? mark_index - half : 0;
+    int lo = mark_index, hi = mark_index;
+    for (const GridMark& m : marks) lo = std::min(lo, m.index), hi = std::max(hi, m.index);
+    const size_t centre = hi - lo < max_columns ? (lo + hi) / 2 : mark_index;
+    first = centre > half ? centre - half : 0;
     last = std::min(steps, first + max_columns);
     first = last > static_cast<size_t>(max_columns) ? last - max_columns : 0;
   }
@@ -40,8 +47,9 @@ std::string format_step_grid(const Schedule& schedule, int mark_rank, int mark_i
   auto cell = [&](size_t r, size_t i) -> std::string {
     if (i >= schedule.ranks[r].size()) return "";
     const std::string t = to_string(schedule.ranks[r][i]);
-    return (static_cast<int>(r) == mark_rank && static_cast<int>(i) == mark_index) ? ">>" + t + "<<"
-                                                                                   : t;
+    for (const GridMark& m : marks)
+      if (static_cast<int>(r) == m.rank && static_cast<int>(i) == m.index) return ">>" + t + "<<";
+    return t;
   };
   size_t width = 4;
   for (size_t r = row_first; r < row_last; ++r)
@@ -64,6 +72,21 @@ std::string format_step_grid(const Schedule& schedule, int mark_rank, int mark_i
     out +=
         "... ranks " + std::to_string(row_last) + ".." + std::to_string(ranks - 1) + " not shown\n";
   return out;
+}
+
+}  // namespace
+
+std::string format_step_grid(const Schedule& schedule, int mark_rank, int mark_index,
+                             int max_columns, int max_rows) {
+  std::vector<GridMark> marks;
+  if (mark_rank >= 0 && mark_index >= 0) marks.push_back({mark_rank, mark_index});
+  return step_grid(schedule, marks, mark_rank, mark_index, max_columns, max_rows);
+}
+
+std::string format_step_grid(const Schedule& schedule, const std::vector<GridMark>& marks,
+                             int max_columns, int max_rows) {
+  if (marks.empty()) return step_grid(schedule, marks, -1, -1, max_columns, max_rows);
+  return step_grid(schedule, marks, marks[0].rank, marks[0].index, max_columns, max_rows);
 }
 
 std::string format_timeline(const Schedule& schedule, const SimResult& sim, int max_columns) {

@@ -2,6 +2,7 @@
 // Text pictures of a schedule: the rank x step grid (list positions) that validation errors
 // show, and the rank x time timeline that `conveyor schedule` prints.
 #include <string>
+#include <vector>
 
 #include "engine/schedule/schedule.h"
 #include "engine/schedule/simulator.h"
@@ -13,6 +14,18 @@ namespace conveyor::schedule {
 // At most max_rows ranks are drawn (0: all), those around the marked rank, so that an error
 // in a schedule of a thousand ranks stays a screenful.
 std::string format_step_grid(const Schedule& schedule, int mark_rank = -1, int mark_index = -1,
+                             int max_columns = 16, int max_rows = 16);
+
+// A list position to draw marked: action `index` of rank `rank`.
+struct GridMark {
+  int rank = 0;
+  int index = 0;
+};
+
+// The grid with several actions marked (where each rank of a stalled run stands). The rows
+// are centred on the first mark's rank; the columns show every mark when they fit in
+// max_columns, else the columns around the first mark.
+std::string format_step_grid(const Schedule& schedule, const std::vector<GridMark>& marks,
                              int max_columns = 16, int max_rows = 16);
 
 // One row per rank, one column per time unit (the shortest compute action, widened so at most

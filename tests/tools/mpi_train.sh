@@ -8,7 +8,8 @@
 #   mpi_train.sh CONVEYOR kill         rank 1 killed with SIGKILL mid-run: the job ends non-zero
 #                                      within the timeout, and the output names the lost rank
 #   mpi_train.sh CONVEYOR stop         rank 1 stopped (SIGSTOP) mid-run, so mpirun sees nothing:
-#                                      rank 0's own deadline ends the job, naming rank 1
+#                                      rank 0's own deadline ends the job, naming rank 1, and
+#                                      prints its position marked in the rank x action grid
 #   mpi_train.sh CONVEYOR dp           -np 4 with --stages 2 --dp 2 (rank r: pipeline rank r mod 2
 #                                      of replica r div 2): per-step losses, gradient norms and
 #                                      final weights equal the one-process --stages 2 --dp 2 run,
@@ -123,7 +124,16 @@ case $mode in
     # Stopped in a transfer or before the step's all-reduce, whichever rank 0 waits for.
     grep -Eq "conveyor: error: rank 0.*(nothing arrived from rank 1 within|all-reduce waited 3000 ms for rank\(s\) 1 )" "$work/out" ||
       fail "rank 0 did not name rank 1: $(cat "$work/out")"
+    # Under the error, the survivor's position: its row of the grid marked, what it waits on,
+    # and the rank it cannot see.
+    grep -Eq "^r0: .*>>[A-Z]+[0-9.]+[<>]?[0-9]*<<" "$work/out" ||
+      fail "rank 0's position is not marked in the grid: $(cat "$work/out")"
+    grep -Eq "^rank 0: (at action [0-9]+ \(R[AG]0\.[0-9]+<1\), waiting for a message from rank 1|past its last action)" \
+      "$work/out" || fail "rank 0 does not say what it waits on: $(cat "$work/out")"
+    grep -q "^rank(s) 1: held by other processes" "$work/out" ||
+      fail "rank 1 is not named as unknown here: $(cat "$work/out")"
     echo "rank 1 stopped: rank 0 gave up, job ended with status $status after ${took}s"
+    sed -n '/^conveyor: error: rank 0/,/^rank(s) /p' "$work/out"
     ;;
   *) fail "unknown mode $mode" ;;
 esac

@@ -3,8 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <sstream>
 #include <stdexcept>
 #include <string>
+#include <thread>
 
 #include "comm/in_process.h"
 #include "engine/pipeline/executor.h"
@@ -85,6 +87,146 @@ TEST(ExecutorFailure, AFailureOutsideAnyActionIsTheRootToo) {
   // Rank 1 fails in the end-of-step all-reduce; the others, waiting in it, are aborted.
   const std::string what = failed_step(1, 0, true, "injected all-reduce failure");
   EXPECT_EQ(what, "injected all-reduce failure");
+}
+
+// An in-process endpoint whose n-th send stalls for `stall` before it goes out, as on a
+// rank stopped by SIGSTOP: its peers' waits pass their deadline meanwhile.
+class StallingTransport : public comm::Transport {
+ public:
+  StallingTransport(std::unique_ptr<comm::Transport> inner, int stall_at_send,
+                    std::chrono::milliseconds stall)
+      : inner_(std::move(inner)), stall_at_send_(stall_at_send), stall_(stall) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  void send(const Tensor& t, int peer, const Stream& s) override {
+    if (++sends_ == stall_at_send_) std::this_thread::sleep_for(stall_);
+    inner_->send(t, peer, s);
+  }
+  void recv(const Tensor& t, int peer, const Stream& s) override { inner_->recv(t, peer, s); }
+  bool try_recv(const Tensor& t, int peer, const Stream& s) override {
+    return inner_->try_recv(t, peer, s);
+  }
+  void all_reduce_sum(std::vector<double>& v) override { inner_->all_reduce_sum(v); }
+  std::unique_ptr<comm::PendingGroupCall> start_group_sum(std::vector<float>& values,
+                                                          const std::vector<int>& group) override {
+    return inner_->start_group_sum(values, group);
+  }
+  void abort(const std::string& reason) override { inner_->abort(reason); }
+
+ private:
+  std::unique_ptr<comm::Transport> inner_;
+  int stall_at_send_;
+  std::chrono::milliseconds stall_;
+  int sends_ = 0;
+};
+
+// The line of `text` that starts with `prefix`, or "" when none does.
+std::string line_starting(const std::string& text, const std::string& prefix) {
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);)
+    if (line.rfind(prefix, 0) == 0) return line;
+  return "";
+}
+
+TEST(ExecutorFailure, AStalledRunShowsEveryRanksPositionAndWhatItWaitsOn) {
+  // 1F1B over 3 ranks; rank 2 stalls in its first send (SG2.0>1) for longer than the 1 s
+  // deadline. Rank 1 waits for that gradient in RG1.0<2, rank 0 for rank 1's first gradient
+  // in RG0.0<1; whichever deadline passes first fails the step.
+  const auto sched = schedule::generate(schedule::ScheduleKind::k1F1B, 3, 4);
+  auto ex = make_executor(sched);
+  auto hub = comm::InProcessHub::create(3, std::chrono::milliseconds(1000));
+  std::vector<std::unique_ptr<comm::Transport>> transports;
+  for (int r = 0; r < 3; ++r) {
+    auto endpoint = hub->endpoint(r);
+    if (r == 2)
+      endpoint = std::make_unique<StallingTransport>(std::move(endpoint), 1,
+                                                     std::chrono::milliseconds(2500));
+    transports.push_back(std::move(endpoint));
+  }
+  ex->set_transports(std::move(transports));
+  std::string what;
+  try {
+    ex->run_step(make_microbatches(4, 5, 1), 0.05f, 1, 1e-2);
+    ADD_FAILURE() << "the step succeeded despite the stalled rank";
+  } catch (const PipelineError& e) {
+    what = e.what();
+  }
+  // The one-line error comes first, as without the grid.
+  const std::string first_line = what.substr(0, what.find('\n'));
+  EXPECT_EQ(first_line.rfind("rank ", 0), 0u) << what;
+  EXPECT_NE(first_line.find("nothing arrived from rank "), std::string::npos) << what;
+  // Where each rank stood, marked in the grid and named on its own line.
+  const auto position = [&](int rank, const std::string& token) {
+    const auto& list = sched.ranks[rank];
+    for (size_t i = 0; i < list.size(); ++i)
+      if (schedule::to_string(list[i]) == token) return std::to_string(i);
+    ADD_FAILURE() << token << " is not on rank " << rank;
+    return std::string();
+  };
+  const struct {
+    int rank;
+    std::string token, doing;
+  } expected[] = {
+      {0, "RG0.0<1",
+       "at action " + position(0, "RG0.0<1") + " (RG0.0<1), waiting for a message from rank 1"},
+      {1, "RG1.0<2",
+       "at action " + position(1, "RG1.0<2") + " (RG1.0<2), waiting for a message from rank 2"},
+      {2, "SG2.0>1", "running action " + position(2, "SG2.0>1") + " (SG2.0>1)"},
+  };
+  for (const auto& e : expected) {
+    EXPECT_NE(what.find(">>" + e.token + "<<"), std::string::npos) << e.token << "\n" << what;
+    const std::string line = line_starting(what, "rank " + std::to_string(e.rank) + ": ");
+    EXPECT_EQ(line.rfind("rank " + std::to_string(e.rank) + ": " + e.doing + "; heads: ", 0), 0u)
+        << what;
+  }
+  EXPECT_EQ(line_starting(what, "rank(s) "), "") << "every rank is known in one process";
+}
+
+TEST(ExecutorFailure, AStalledReplicaLeavesTheOtherWaitingInItsGradientSums) {
+  // (P, D) = (2, 2), 1F1B: rank 3 (pipeline rank 1 of replica 1) stalls in its first send
+  // (SG1.0>0), so rank 2 waits for that gradient, and replica 0, done with its pipeline,
+  // waits in each stage's sum for its partner in replica 1.
+  const auto sched = schedule::generate(schedule::ScheduleKind::k1F1B, 2, 2, 1, 2);
+  auto ex = make_executor(sched);
+  auto hub = comm::InProcessHub::create(4, std::chrono::milliseconds(1000));
+  std::vector<std::unique_ptr<comm::Transport>> transports;
+  for (int r = 0; r < 4; ++r) {
+    auto endpoint = hub->endpoint(r);
+    if (r == 3)
+      endpoint = std::make_unique<StallingTransport>(std::move(endpoint), 1,
+                                                     std::chrono::milliseconds(2500));
+    transports.push_back(std::move(endpoint));
+  }
+  ex->set_transports(std::move(transports));
+  std::string what;
+  try {
+    ex->run_step(make_microbatches(4, 5, 1), 0.05f, 1, 1e-2);
+    ADD_FAILURE() << "the step succeeded despite the stalled rank";
+  } catch (const PipelineError& e) {
+    what = e.what();
+  }
+  const auto at = [&](int row, const std::string& token) {
+    const auto& list = sched.ranks[row];
+    for (size_t i = 0; i < list.size(); ++i)
+      if (schedule::to_string(list[i]) == token) return std::to_string(i);
+    ADD_FAILURE() << token << " is not in row " << row;
+    return std::string();
+  };
+  const std::pair<int, std::string> expected[] = {
+      {0, "(row r0, replica 0): at action " + at(0, "AR0") +
+              " (AR0), waiting for the gradient sum with rank(s) 2"},
+      {1, "(row r1, replica 0): at action " + at(1, "AR1") +
+              " (AR1), waiting for the gradient sum with rank(s) 3"},
+      {2, "(row r0, replica 1): at action " + at(0, "RG0.0<1") +
+              " (RG0.0<1), waiting for a message from rank 3"},
+      {3, "(row r1, replica 1): running action " + at(1, "SG1.0>0") + " (SG1.0>0)"},
+  };
+  for (const auto& [rank, doing] : expected) {
+    const std::string line = line_starting(what, "rank " + std::to_string(rank) + " ");
+    EXPECT_EQ(line.rfind("rank " + std::to_string(rank) + " " + doing + "; heads: ", 0), 0u)
+        << what;
+  }
+  EXPECT_NE(what.find(">>"), std::string::npos) << what;
 }
 
 }  // namespace

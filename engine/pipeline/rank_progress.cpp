@@ -1,0 +1,102 @@
+#include "engine/pipeline/rank_progress.h"
+
+#include <algorithm>
+
+#include "engine/schedule/ascii.h"
+
+namespace conveyor {
+namespace {
+
+using Phase = RankProgress::Phase;
+
+std::string head_text(const std::vector<schedule::Action>& list, size_t head) {
+  if (head >= list.size()) return "done";
+  return std::to_string(head) + " (" + schedule::to_string(list[head]) + ")";
+}
+
+// What the rank waits on, in words.
+std::string waits_on(const schedule::Schedule& schedule, const RankPosition& rank) {
+  const auto& list = schedule.ranks[rank.pipeline_rank];
+  const RankProgress& p = rank.progress;
+  const auto action = [&] {
+    return "action " + std::to_string(p.action) + " (" + schedule::to_string(list[p.action]) + ")";
+  };
+  const int first_of_replica = rank.replica * schedule.num_ranks();
+  switch (p.phase) {
+    case Phase::kNotStarted:
+      return "had not started the step";
+    case Phase::kRunning:
+      return "running " + action();
+    case Phase::kWaitingForReceive:
+      return "at " + action() + ", waiting for a message from rank " +
+             std::to_string(first_of_replica + list[p.action].peer);
+    case Phase::kWaitingForSum: {
+      std::string others;
+      for (int r : rank.replica_group)
+        if (r != rank.index) others += (others.empty() ? "" : ", ") + std::to_string(r);
+      return "at " + action() + ", waiting for the gradient sum with rank(s) " + others;
+    }
+    case Phase::kEndOfStep:
+      return "past its last action, in the end of the step (transfers, the all-reduce of "
+             "losses and norms over all ranks, the update)";
+    case Phase::kDone:
+      return "done with the step";
+  }
+  return "";
+}
+
+}  // namespace
+
+std::string format_positions(const schedule::Schedule& schedule,
+                             const std::vector<RankPosition>& known, int focus, int world) {
+  // The marks of the focus rank's replica, the focus rank first (the grid centres on it).
+  const int p = schedule.num_ranks();
+  std::vector<schedule::GridMark> marks;
+  const int replica = focus / p;
+  std::vector<const RankPosition*> order;
+  for (const RankPosition& r : known)
+    if (r.index == focus)
+      order.insert(order.begin(), &r);
+    else if (r.replica == replica)
+      order.push_back(&r);
+  for (const RankPosition* r : order) {
+    const RankProgress& progress = r->progress;
+    const auto& list = schedule.ranks[r->pipeline_rank];
+    if (list.empty()) continue;
+    // A rank past its actions is drawn at its last one, unmarked cells being ambiguous.
+    size_t at = progress.action;
+    if (progress.phase == Phase::kEndOfStep || progress.phase == Phase::kDone) at = list.size() - 1;
+    if (progress.phase == Phase::kNotStarted) at = 0;
+    marks.push_back({r->pipeline_rank, static_cast<int>(std::min(at, list.size() - 1))});
+  }
+  std::string out = "where the ranks stood";
+  if (schedule.replicas > 1) out += " (replica " + std::to_string(replica) + "'s rows)";
+  out += ", >>marked<<:\n" + schedule::format_step_grid(schedule, marks, 12, 16);
+  std::vector<int> named;
+  for (const RankPosition& r : known) {
+    const auto& list = schedule.ranks[r.pipeline_rank];
+    const RankProgress& pr = r.progress;
+    out += "rank " + std::to_string(r.index);
+    if (schedule.replicas > 1)
+      out += " (row r" + std::to_string(r.pipeline_rank) + ", replica " +
+             std::to_string(r.replica) + ")";
+    out += ": " + waits_on(schedule, r) + "; heads: compute " + head_text(list, pr.compute) +
+           ", send " + head_text(list, pr.send) + ", receive " + head_text(list, pr.recv);
+    if (schedule.replicas > 1) out += ", sum " + head_text(list, pr.reduce);
+    out += "\n";
+    named.push_back(r.index);
+  }
+  if (static_cast<int>(named.size()) < world) {
+    std::string others;
+    int shown = 0;
+    for (int r = 0; r < world && shown < 16; ++r)
+      if (std::find(named.begin(), named.end(), r) == named.end())
+        others += (shown++ ? ", " : "") + std::to_string(r);
+    if (world - static_cast<int>(named.size()) > shown) others += ", ...";
+    out += "rank(s) " + others + ": held by other processes, positions not known here\n";
+  }
+  if (!out.empty() && out.back() == '\n') out.pop_back();
+  return out;
+}
+
+}  // namespace conveyor
