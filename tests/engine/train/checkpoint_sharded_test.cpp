@@ -20,34 +20,7 @@ using namespace conveyor::testing;
 
 // ------------------------------------------------------------------------ the format
 
-// A tensor of 24 elements in pieces over three shards: rank 0 holds [0, 10) and the whole
-// weight, rank 1 [10, 17), rank 2 [17, 24).
-struct PiecedCheckpoint {
-  Tensor weight = random_tensor(DType::kF32, {6, 4}, 11);
-  Tensor moment = random_tensor(DType::kF32, {6, 4}, 12);
-  std::vector<int64_t> cuts = {0, 10, 17, 24};
-
-  Tensor piece(int i) const {
-    const auto all = to_vector_f32(moment);
-    const std::vector<float> part(all.begin() + cuts[i], all.begin() + cuts[i + 1]);
-    Tensor t = cpu_context().empty({cuts[i + 1] - cuts[i]}, DType::kF32);
-    copy_from_host(t, part.data(), t.nbytes());
-    return t;
-  }
-
-  fs::path save(const fs::path& dir) const {
-    CheckpointWriter writer(dir, 5, 3);
-    for (int r = 0; r < 3; ++r) {
-      std::vector<NamedTensor> tensors;
-      if (r == 0) tensors.push_back({"w", weight});
-      tensors.push_back({"optimizer.m.w", piece(r), TensorPiece{{6, 4}, cuts[r]}});
-      writer.write_shard(r, tensors);
-    }
-    TrainingState state = demo_state(5, 1);
-    state.replicas = 3;
-    return writer.commit(state).directory;
-  }
-};
+using PiecedCheckpoint = PiecedDemo;
 
 TEST(PiecedCheckpoint, PiecesAreAssembledAndRangesReadAcrossThem) {
   TempDir dir;
