@@ -115,10 +115,20 @@ void run_inspect(const CkptFlags& flags) {
       json entry = {{"name", t.name},
                     {"dtype", safetensors_dtype_name(t.dtype)},
                     {"shape", t.shape},
-                    {"bytes", t.bytes},
-                    {"shard", m.shards[t.rank].file},
-                    {"rank", t.rank},
-                    {"xxh3_64", checkpoint_io::hex64(t.checksum)}};
+                    {"bytes", t.bytes}};
+      if (t.pieced) {
+        json pieces = json::array();
+        for (const CheckpointPiece& p : t.pieces)
+          pieces.push_back({{"elements", {p.begin, p.end}},
+                            {"shard", m.shards[p.rank].file},
+                            {"rank", p.rank},
+                            {"xxh3_64", checkpoint_io::hex64(p.checksum)}});
+        entry["pieces"] = pieces;
+      } else {
+        entry["shard"] = m.shards[t.rank].file;
+        entry["rank"] = t.rank;
+        entry["xxh3_64"] = checkpoint_io::hex64(t.checksum);
+      }
       if (flags.values > 0) entry["values"] = leading_values(ckpt, t, flags.values);
       tensors.push_back(entry);
     }
@@ -144,6 +154,8 @@ void run_inspect(const CkptFlags& flags) {
               s.lr_schedule.total_steps);
   std::printf("  data         %s, position %" PRIu64 "\n", s.data.source.c_str(), s.data.position);
   std::printf("  rng          %s\n", s.rng.dump().c_str());
+  if (s.replicas > 1)
+    std::printf("  replicas     %d, each saving its pieces of the optimizer state\n", s.replicas);
 
   std::printf("shards:\n");
   std::vector<std::vector<std::string>> rows = {{"rank", "file", "bytes", "xxh3_64"}};
@@ -159,10 +171,18 @@ void run_inspect(const CkptFlags& flags) {
   rows = {{"name", "dtype", "shape", "bytes", "shard", "xxh3_64"}};
   uint64_t data_bytes = 0;
   std::vector<std::string> values;
+  std::vector<std::vector<std::string>> piece_rows = {{"name", "elements", "shard", "xxh3_64"}};
   for (const CheckpointTensor& t : ckpt.tensors()) {
-    rows.push_back({t.name, safetensors_dtype_name(t.dtype), shape_to_string(t.shape),
-                    std::to_string(t.bytes), m.shards[t.rank].file,
-                    checkpoint_io::hex64(t.checksum)});
+    const size_t n = t.pieces.size();
+    rows.push_back(
+        {t.name, safetensors_dtype_name(t.dtype), shape_to_string(t.shape), std::to_string(t.bytes),
+         t.pieced ? std::to_string(n) + (n == 1 ? " piece" : " pieces") : m.shards[t.rank].file,
+         t.pieced ? "(per piece)" : checkpoint_io::hex64(t.checksum)});
+    if (t.pieced)
+      for (const CheckpointPiece& p : t.pieces)
+        piece_rows.push_back({t.name,
+                              "[" + std::to_string(p.begin) + ", " + std::to_string(p.end) + ")",
+                              m.shards[p.rank].file, checkpoint_io::hex64(p.checksum)});
     data_bytes += t.bytes;
     if (flags.values > 0) values.push_back(number_list(leading_values(ckpt, t, flags.values)));
   }
@@ -171,6 +191,10 @@ void run_inspect(const CkptFlags& flags) {
     for (size_t i = 0; i < values.size(); ++i) rows[i + 1].push_back(values[i]);
   }
   print_table(rows);
+  if (piece_rows.size() > 1) {
+    std::printf("pieces (elements of the flattened tensor):\n");
+    print_table(piece_rows);
+  }
   std::printf("total: %zu tensors, %" PRIu64 " bytes of data, %zu shards of %" PRIu64 " bytes\n",
               ckpt.tensors().size(), data_bytes, m.shards.size(), file_bytes);
 }

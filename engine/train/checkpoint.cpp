@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <map>
 #include <set>
 #include <stdexcept>
 #include <system_error>
@@ -298,7 +299,8 @@ Checkpoint open_checkpoint(const fs::path& path) {
       throw CheckpointError((ckpt.dir_ / e.file).string() + " is listed in " + manifest_file +
                             " but missing");
 
-  std::unordered_map<std::string, int> holder;
+  // Every tensor whole in one shard, or in pieces that tile it: gather them by name.
+  std::map<std::string, CheckpointTensor> by_name;
   for (const ShardEntry& e : m.shards) {
     auto shard = std::make_unique<ShardReader>(ckpt.dir_ / e.file);
     const std::string file = shard->path().string();
@@ -318,27 +320,71 @@ Checkpoint open_checkpoint(const fs::path& path) {
                             ": the file was changed after it was saved");
     for (size_t i = 0; i < shard->tensors().size(); ++i) {
       const ShardTensor& t = shard->tensors()[i];
-      if (const auto [it, fresh] = holder.emplace(t.name, e.rank); !fresh)
-        throw CheckpointError(file + " holds tensor " + in_quotes(t.name) + ", which " +
-                              (ckpt.dir_ / m.shards[it->second].file).string() + " holds too");
-      ckpt.tensors_.push_back({t.name, t.dtype, t.shape, t.bytes(), t.checksum, e.rank});
-      ckpt.index_in_shard_.push_back(i);
+      const Shape& shape = t.piece ? t.piece->shape : t.shape;
+      const CheckpointPiece piece{e.rank, t.piece ? t.piece->begin : 0,
+                                  t.piece ? t.piece->end : shape_numel(t.shape), t.checksum, i};
+      const auto [it, fresh] = by_name.try_emplace(t.name);
+      CheckpointTensor& entry = it->second;
+      if (fresh) {
+        entry = {
+            t.name, t.dtype, shape, 0, t.piece ? 0 : t.checksum, e.rank, {}, t.piece.has_value()};
+      } else if (!entry.pieced || !t.piece) {
+        const std::string other = (ckpt.dir_ / m.shards[entry.rank].file).string();
+        if (!entry.pieced && !t.piece)
+          throw CheckpointError(file + " holds tensor " + in_quotes(t.name) + ", which " + other +
+                                " holds too");
+        throw CheckpointError(file + " holds tensor " + in_quotes(t.name) +
+                              (t.piece ? " in part" : " whole") + ", which " + other + " holds " +
+                              (entry.pieced ? "in part" : "whole") +
+                              " too: a tensor is stored whole in one shard or in pieces");
+      } else if (entry.dtype != t.dtype || entry.shape != shape) {
+        throw CheckpointError(file + " holds a piece of tensor " + in_quotes(t.name) + " of " +
+                              describe(t.dtype, shape) + ", but " +
+                              (ckpt.dir_ / m.shards[entry.rank].file).string() +
+                              " holds a piece of it of " + describe(entry.dtype, entry.shape));
+      }
+      entry.bytes += t.bytes();
+      entry.pieces.push_back(piece);
     }
     ckpt.shards_.push_back(std::move(shard));
   }
-
-  std::vector<size_t> order(ckpt.tensors_.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(),
-            [&](size_t a, size_t b) { return ckpt.tensors_[a].name < ckpt.tensors_[b].name; });
-  std::vector<CheckpointTensor> tensors;
-  std::vector<size_t> index;
-  for (size_t i : order) {
-    tensors.push_back(std::move(ckpt.tensors_[i]));
-    index.push_back(ckpt.index_in_shard_[i]);
+  for (auto& [name, t] : by_name) {
+    if (!t.pieced) {
+      ckpt.tensors_.push_back(std::move(t));
+      continue;
+    }
+    // The pieces must tile [0, numel) exactly: sorted by begin, each starts where the one
+    // before ended.
+    std::sort(t.pieces.begin(), t.pieces.end(),
+              [](const CheckpointPiece& a, const CheckpointPiece& b) { return a.begin < b.begin; });
+    const int64_t numel = shape_numel(t.shape);
+    int64_t next = 0;
+    const CheckpointPiece* previous = nullptr;
+    for (const CheckpointPiece& p : t.pieces) {
+      auto where = [&](const CheckpointPiece& q) {
+        return (ckpt.dir_ / m.shards[q.rank].file).string() + " (elements [" +
+               std::to_string(q.begin) + ", " + std::to_string(q.end) + "))";
+      };
+      if (p.begin < next)
+        throw CheckpointError("the pieces of tensor " + in_quotes(name) +
+                              " overlap: " + where(*previous) + " and " + where(p));
+      if (p.begin > next)
+        throw CheckpointError("the pieces of tensor " + in_quotes(name) + " " +
+                              describe(t.dtype, t.shape) + " leave elements [" +
+                              std::to_string(next) + ", " + std::to_string(p.begin) +
+                              ") in no shard; the piece after the gap is in " + where(p));
+      next = p.end;
+      previous = &p;
+    }
+    if (next != numel)
+      throw CheckpointError("the pieces of tensor " + in_quotes(name) + " " +
+                            describe(t.dtype, t.shape) + " leave elements [" +
+                            std::to_string(next) + ", " + std::to_string(numel) +
+                            ") in no shard; the last piece is in " +
+                            (ckpt.dir_ / m.shards[previous->rank].file).string());
+    t.rank = t.pieces.front().rank;
+    ckpt.tensors_.push_back(std::move(t));
   }
-  ckpt.tensors_ = std::move(tensors);
-  ckpt.index_in_shard_ = std::move(index);
   return ckpt;
 }
 
@@ -392,11 +438,37 @@ void Checkpoint::check_tensors(const std::vector<TensorSpec>& expected) const {
 
 std::vector<unsigned char> Checkpoint::read_bytes(std::string_view name) const {
   const CheckpointTensor& t = require(name);
-  const size_t at = static_cast<size_t>(&t - tensors_.data());
-  const ShardReader& shard = *shards_[t.rank];
-  std::vector<unsigned char> bytes(static_cast<size_t>(t.bytes));
-  shard.read(shard.tensors()[index_in_shard_[at]], bytes.data());
-  return bytes;
+  return read_bytes(name, 0, shape_numel(t.shape));
+}
+
+std::vector<unsigned char> Checkpoint::read_bytes(std::string_view name, int64_t begin,
+                                                  int64_t end) const {
+  const CheckpointTensor& t = require(name);
+  const int64_t numel = shape_numel(t.shape);
+  if (begin < 0 || end < begin || end > numel)
+    throw std::invalid_argument("checkpoint read of " + in_quotes(name) + ": elements [" +
+                                std::to_string(begin) + ", " + std::to_string(end) +
+                                ") are not within its " + std::to_string(numel));
+  const size_t element = dtype_size(t.dtype);
+  std::vector<unsigned char> out(static_cast<size_t>(end - begin) * element);
+  std::vector<unsigned char> piece_bytes;
+  for (const CheckpointPiece& p : t.pieces) {
+    const int64_t from = std::max(begin, p.begin), to = std::min(end, p.end);
+    if (from >= to) continue;
+    const ShardReader& shard = *shards_[p.rank];
+    const ShardTensor& stored = shard.tensors()[p.index];
+    if (from == p.begin && to == p.end) {
+      shard.read(stored, out.data() + static_cast<size_t>(from - begin) * element);
+      continue;
+    }
+    // A part of the piece: the whole piece is read so that its checksum can be checked.
+    piece_bytes.resize(static_cast<size_t>(stored.bytes()));
+    shard.read(stored, piece_bytes.data());
+    std::copy_n(piece_bytes.data() + static_cast<size_t>(from - p.begin) * element,
+                static_cast<size_t>(to - from) * element,
+                out.data() + static_cast<size_t>(from - begin) * element);
+  }
+  return out;
 }
 
 void Checkpoint::read(const std::string& name, const Tensor& dst) const {
@@ -412,8 +484,34 @@ void Checkpoint::read(const std::string& name, const Tensor& dst) const {
   copy_from_host(dst, bytes.data(), bytes.size());
 }
 
+void Checkpoint::read_range(const std::string& name, int64_t offset, const Tensor& dst) const {
+  const CheckpointTensor& t = require(name);
+  if (!dst.defined())
+    throw std::invalid_argument("checkpoint read of " + in_quotes(name) +
+                                ": the destination tensor is undefined");
+  const int64_t numel = shape_numel(t.shape);
+  if (dst.dtype() != t.dtype || offset < 0 || offset + dst.numel() > numel)
+    throw CheckpointError(shard_path(t.rank).string() + ": tensor " + in_quotes(name) + " is " +
+                          describe(t.dtype, t.shape) + ", the model expects elements [" +
+                          std::to_string(offset) + ", " + std::to_string(offset + dst.numel()) +
+                          ") of it as " + dtype_name(dst.dtype()));
+  const std::vector<unsigned char> bytes = read_bytes(name, offset, offset + dst.numel());
+  copy_from_host(dst, bytes.data(), bytes.size());
+}
+
 void Checkpoint::read(const std::vector<NamedTensor>& tensors) const {
-  for (const NamedTensor& t : tensors) read(t.name, t.tensor);
+  for (const NamedTensor& t : tensors) {
+    if (t.piece) {
+      const CheckpointTensor& saved = require(t.name);
+      if (saved.shape != t.piece->shape || saved.dtype != t.tensor.dtype())
+        throw CheckpointError(shard_path(saved.rank).string() + ": tensor " + in_quotes(t.name) +
+                              " is " + describe(saved.dtype, saved.shape) + ", the model expects " +
+                              describe(t.tensor.dtype(), t.piece->shape));
+      read_range(t.name, t.piece->offset, t.tensor);
+    } else {
+      read(t.name, t.tensor);
+    }
+  }
 }
 
 }  // namespace conveyor

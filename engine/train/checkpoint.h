@@ -71,14 +71,25 @@ class CheckpointWriter {
   bool committed_ = false;
 };
 
-// A tensor as a checkpoint holds it.
+// A stored part of a tensor: elements [begin, end) of the flattened tensor, in one shard.
+struct CheckpointPiece {
+  int rank = 0;  // of the shard that holds it
+  int64_t begin = 0, end = 0;
+  uint64_t checksum = 0;  // XXH3-64 of its bytes
+  size_t index = 0;       // in the shard's tensors()
+};
+
+// A tensor as a checkpoint holds it: whole in one shard, or in pieces (a sharded optimizer
+// state) that tile its elements in order.
 struct CheckpointTensor {
   std::string name;
   DType dtype = DType::kF32;
-  Shape shape;
+  Shape shape;  // the global tensor's
   uint64_t bytes = 0;
-  uint64_t checksum = 0;  // XXH3-64 of the bytes
-  int rank = 0;           // of the shard that holds it
+  uint64_t checksum = 0;                // XXH3-64 of the bytes; 0 for a tensor in pieces
+  int rank = 0;                         // of the shard that holds it, or its first piece
+  std::vector<CheckpointPiece> pieces;  // by begin; one covering it all when stored whole
+  bool pieced = false;                  // stored as pieces (perhaps one), not as a whole tensor
 };
 
 // What a model expects a checkpoint to hold.
@@ -109,8 +120,14 @@ class Checkpoint {
   // Reads tensor `name` into `dst` (any device), whose dtype and shape must be the saved ones.
   // The bytes are checked against the checksum again; on an error `dst` is left unchanged.
   void read(const std::string& name, const Tensor& dst) const;
+  // Each tensor whole, or (with a piece) the range it names.
   void read(const std::vector<NamedTensor>& tensors) const;
+  // Reads elements [offset, offset + dst.numel()) of the flattened tensor `name` into `dst`
+  // (any shape and device, the saved dtype), from whichever pieces hold them.
+  void read_range(const std::string& name, int64_t offset, const Tensor& dst) const;
   std::vector<unsigned char> read_bytes(std::string_view name) const;
+  // The bytes of elements [begin, end), each piece checked against its checksum again.
+  std::vector<unsigned char> read_bytes(std::string_view name, int64_t begin, int64_t end) const;
 
  private:
   friend Checkpoint open_checkpoint(const std::filesystem::path& path);
@@ -121,7 +138,6 @@ class Checkpoint {
   CheckpointManifest manifest_;
   std::vector<std::unique_ptr<ShardReader>> shards_;
   std::vector<CheckpointTensor> tensors_;
-  std::vector<size_t> index_in_shard_;  // parallel to tensors_
 };
 
 // The checkpoint folder `path` names: DIR (through DIR/latest), DIR/latest, or DIR/step_<N>.

@@ -186,7 +186,7 @@ json manifest_to_json(const CheckpointManifest& m) {
                       {"file", e.file},
                       {"bytes", e.bytes},
                       {"xxh3_64", checkpoint_io::hex64(e.checksum)}});
-  return {
+  json out = {
       {"format", "conveyor"},
       {"format_version", m.format_version},
       {"step", s.step},
@@ -199,6 +199,9 @@ json manifest_to_json(const CheckpointManifest& m) {
       {"data", {{"source", s.data.source}, {"position", s.data.position}}},
       {"rng", s.rng},
       {"shards", shards}};
+  // Written only when there is more than one, so a checkpoint of one replica stays as before.
+  if (s.replicas != 1) out["replicas"] = s.replicas;
+  return out;
 }
 
 CheckpointManifest parse_manifest(std::string_view text, const std::string& file) {
@@ -214,7 +217,10 @@ CheckpointManifest parse_manifest(std::string_view text, const std::string& file
                           " (this build reads version " + std::to_string(kCheckpointFormatVersion) +
                           ")");
 
-  const Fields f(root, "manifest", file,
+  // "replicas" is the one optional field.
+  json fields = root;
+  fields.erase("replicas");
+  const Fields f(fields, "manifest", file,
                  {"format", "format_version", "step", "model", "model_fingerprint", "stages",
                   "schedule", "optimizer", "lr_schedule", "data", "rng", "shards"});
   CheckpointManifest m;
@@ -278,7 +284,16 @@ CheckpointManifest parse_manifest(std::string_view text, const std::string& file
     placement.unit_end = units[1].get<int64_t>();
     s.stages.push_back(placement);
   }
-  check_stages(s.stages, m.shards.size(), file);
+  if (root.contains("replicas")) {
+    const json& replicas = root["replicas"];
+    if (!replicas.is_number_unsigned() || replicas.get<uint64_t>() < 1 ||
+        replicas.get<uint64_t>() > m.shards.size() || m.shards.size() % replicas.get<uint64_t>())
+      throw CheckpointError(file + ": manifest.replicas is " + excerpt(replicas) +
+                            ", expected a number of replicas >= 1 that divides the " +
+                            std::to_string(m.shards.size()) + " shards");
+    s.replicas = replicas.get<int>();
+  }
+  check_stages(s.stages, m.shards.size() / static_cast<size_t>(s.replicas), file);
   return m;
 }
 

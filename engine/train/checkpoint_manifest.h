@@ -46,6 +46,10 @@ struct TrainingState {
   LrSchedulePosition lr_schedule;
   DataPosition data;
   nlohmann::json rng = nlohmann::json::object();  // the caller's, kept as it is
+  // The data-parallel replicas that wrote shards: 1, or D when the optimizer state is sharded
+  // over D replicas; then the shard of rank r + d * P (P ranks per replica) holds replica d's
+  // pieces of the state of pipeline rank r's stages.
+  int replicas = 1;
 };
 
 // A shard as the manifest lists it.

@@ -13,10 +13,11 @@ std::vector<std::string> optimizer_state_names(const std::string& kind,
   throw std::invalid_argument("optimizer kind must be adamw or sgd, got '" + kind + "'");
 }
 
-std::vector<NamedTensor> checkpoint_tensors(Optimizer& optimizer) {
+std::vector<NamedTensor> checkpoint_tensors(Optimizer& optimizer, bool with_parameters) {
   std::vector<NamedTensor> out;
   const auto& params = optimizer.parameters();
-  for (Parameter* p : params) out.push_back({p->name, p->value});
+  if (with_parameters)
+    for (Parameter* p : params) out.push_back({p->name, p->value});
   const std::vector<Tensor>& state = optimizer.state();
   const size_t per_parameter = params.empty() ? 0 : state.size() / params.size();
   for (size_t i = 0; i < params.size(); ++i) {
@@ -25,27 +26,54 @@ std::vector<NamedTensor> checkpoint_tensors(Optimizer& optimizer) {
       throw std::logic_error("optimizer " + optimizer.config().kind + " holds " +
                              std::to_string(state.size()) + " state tensors for " +
                              std::to_string(params.size()) + " parameters");
-    for (size_t k = 0; k < names.size(); ++k)
-      out.push_back({names[k], state[i * per_parameter + k]});
+    for (size_t k = 0; k < names.size(); ++k) {
+      if (!optimizer.sharded()) {
+        out.push_back({names[k], state[i * per_parameter + k]});
+        continue;
+      }
+      const ParameterShard& shard = optimizer.shards()[i];
+      if (shard.count == 0) continue;  // the other replicas hold all of it
+      out.push_back(
+          {names[k], state[i * per_parameter + k], TensorPiece{params[i]->shape, shard.offset}});
+    }
   }
   return out;
 }
 
+int checkpoint_shard_count(PipelineExecutor& executor) {
+  return executor.optimizer(0).sharded() ? executor.num_world_ranks() : executor.num_ranks();
+}
+
 std::vector<NamedTensor> rank_checkpoint_tensors(PipelineExecutor& executor, int rank) {
-  return checkpoint_tensors(executor.optimizer(rank));
+  const bool replica_zero = rank < executor.num_ranks();
+  Optimizer& optimizer = executor.optimizer(rank);
+  if (!replica_zero && !optimizer.sharded()) return {};
+  return checkpoint_tensors(optimizer, /*with_parameters=*/replica_zero);
 }
 
 std::vector<TensorSpec> checkpoint_tensor_specs(PipelineExecutor& executor) {
+  // Replica 0's ranks name every tensor; a piece stands for its whole tensor.
   std::vector<TensorSpec> out;
-  for (int r = 0; r < executor.num_ranks(); ++r)
-    for (const NamedTensor& t : rank_checkpoint_tensors(executor, r))
-      out.push_back({t.name, t.tensor.dtype(), t.tensor.shape()});
+  for (int r = 0; r < executor.num_ranks(); ++r) {
+    Optimizer& optimizer = executor.optimizer(r);
+    const std::vector<Tensor>& state = optimizer.state();
+    const auto& params = optimizer.parameters();
+    for (Parameter* p : params) out.push_back({p->name, p->value.dtype(), p->shape});
+    const size_t per_parameter = params.empty() ? 0 : state.size() / params.size();
+    for (size_t i = 0; i < params.size(); ++i) {
+      const auto names = optimizer_state_names(optimizer.config().kind, params[i]->name);
+      for (size_t k = 0; k < names.size() && k < per_parameter; ++k)
+        out.push_back({names[k], state[i * per_parameter + k].dtype(), params[i]->shape});
+    }
+  }
   return out;
 }
 
 void load_rank_checkpoint(const Checkpoint& checkpoint, PipelineExecutor& executor, int rank) {
-  checkpoint.read(rank_checkpoint_tensors(executor, rank));
-  executor.optimizer(rank).set_steps_taken(checkpoint.state().optimizer_steps);
+  // Every replica loads the weights; a sharded optimizer reads only its range of the state.
+  Optimizer& optimizer = executor.optimizer(rank);
+  checkpoint.read(checkpoint_tensors(optimizer));
+  optimizer.set_steps_taken(checkpoint.state().optimizer_steps);
 }
 
 std::vector<StagePlacement> stage_placements(const schedule::Schedule& schedule,

@@ -22,15 +22,23 @@ namespace conveyor {
 std::vector<std::string> optimizer_state_names(const std::string& kind,
                                                const std::string& parameter);
 
-// What a rank's shard holds: the optimizer's parameters (values), then its state. The tensors
-// are the live ones (no copies): write them while the rank is idle, or read into them.
-std::vector<NamedTensor> checkpoint_tensors(Optimizer& optimizer);
+// What a rank's shard holds: the optimizer's parameters (values, unless `with_parameters` is
+// false), then its state; a sharded optimizer's state as pieces of the parameters' shapes
+// (none for a parameter whose range is empty on this rank). The tensors are the live ones
+// (no copies): write them while the rank is idle, or read into them.
+std::vector<NamedTensor> checkpoint_tensors(Optimizer& optimizer, bool with_parameters = true);
+// Rank `rank` of 0..P*D-1. The parameters come from replica 0 (all replicas hold the same);
+// replicas d > 0 hold only their pieces of a sharded optimizer state, and nothing otherwise.
 std::vector<NamedTensor> rank_checkpoint_tensors(PipelineExecutor& executor, int rank);
+// The ranks whose shards a checkpoint of this executor holds: P, or P*D with a sharded
+// optimizer state (each replica saves its own pieces).
+int checkpoint_shard_count(PipelineExecutor& executor);
 // Every tensor a checkpoint of this executor's model holds, over all ranks (for
 // Checkpoint::check_tensors, which then tells a missing, extra or misshapen one).
 std::vector<TensorSpec> checkpoint_tensor_specs(PipelineExecutor& executor);
-// Reads rank's tensors from `checkpoint` (wherever they were saved) and sets its optimizer's
-// step count. Callable from the rank's thread.
+// Reads rank's tensors (its parameters, and its optimizer's state whole or its range of it)
+// from `checkpoint`, wherever and however they were saved, and sets its optimizer's step
+// count. Any rank 0..P*D-1; callable from the rank's thread.
 void load_rank_checkpoint(const Checkpoint& checkpoint, PipelineExecutor& executor, int rank);
 
 // The stage map of a schedule and the unit ranges of its stages.

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <charconv>
+#include <limits>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <unordered_map>
 
@@ -14,6 +16,61 @@ namespace {
 using checkpoint_io::in_quotes;
 
 constexpr const char* kChecksumPrefix = "xxh3_64:";
+constexpr const char* kPiecePrefix = "piece:";
+
+std::string piece_metadata(const TensorPiece& piece, int64_t numel) {
+  return nlohmann::json{{"shape", piece.shape}, {"elements", {piece.offset, piece.offset + numel}}}
+      .dump();
+}
+
+// The "piece:" metadata of `tensor`, checked against its stored entry: a shape of
+// non-negative sizes, a non-empty element range inside it, stored as a 1-D tensor of that
+// range's length.
+PieceRange parse_piece(const std::string& text, const SafetensorsEntry& tensor,
+                       const std::string& file) {
+  const std::string where = file + ": the piece metadata of tensor " + in_quotes(tensor.name);
+  nlohmann::json value;
+  try {
+    value = checkpoint_io::parse_json_strictly(text, file);
+  } catch (const CheckpointError&) {
+    throw CheckpointError(where + " is " + in_quotes(text) +
+                          ", expected {\"shape\": [sizes], \"elements\": [begin, end]}");
+  }
+  const bool well_formed = value.is_object() && value.size() == 2 && value.contains("shape") &&
+                           value["shape"].is_array() && value.contains("elements") &&
+                           value["elements"].is_array() && value["elements"].size() == 2;
+  if (!well_formed)
+    throw CheckpointError(where + " is " + in_quotes(text) +
+                          ", expected {\"shape\": [sizes], \"elements\": [begin, end]}");
+  PieceRange piece;
+  int64_t numel = 1;
+  for (const nlohmann::json& d : value["shape"]) {
+    if (!d.is_number_unsigned() || d.get<uint64_t>() > (uint64_t{1} << 40))
+      throw CheckpointError(where + " has the size " + d.dump() +
+                            " in its shape, expected a non-negative integer below 2^40");
+    piece.shape.push_back(d.get<int64_t>());
+    if (numel != 0 && piece.shape.back() > std::numeric_limits<int64_t>::max() / numel)
+      throw CheckpointError(where + ": the shape " + value["shape"].dump() +
+                            " has more elements than fit in 64 bits");
+    numel *= piece.shape.back();
+  }
+  const nlohmann::json& elements = value["elements"];
+  if (!elements[0].is_number_unsigned() || !elements[1].is_number_unsigned() ||
+      elements[1].get<uint64_t>() > static_cast<uint64_t>(numel) ||
+      elements[0].get<uint64_t>() >= elements[1].get<uint64_t>())
+    throw CheckpointError(where + " holds elements " + elements.dump() + ", expected [begin, end)" +
+                          " with begin < end <= " + std::to_string(numel) +
+                          " (the elements of a tensor of shape " + shape_to_string(piece.shape) +
+                          ")");
+  piece.begin = elements[0].get<int64_t>();
+  piece.end = elements[1].get<int64_t>();
+  if (tensor.shape != Shape{piece.end - piece.begin})
+    throw CheckpointError(where + " says it holds " + std::to_string(piece.end - piece.begin) +
+                          " elements, but the tensor is stored with shape " +
+                          shape_to_string(tensor.shape) + ", expected [" +
+                          std::to_string(piece.end - piece.begin) + "]");
+  return piece;
+}
 constexpr size_t kReadChunk = size_t{4} << 20;
 
 // The bytes of a tensor on the host: its own memory on the CPU, a copy of a device tensor.
@@ -67,6 +124,17 @@ ShardFileInfo write_shard_file(const std::filesystem::path& path, int64_t step, 
     const HostBytes bytes(t.tensor);
     checksums.push_back(checkpoint_io::xxh3_64(bytes.data(), bytes.size()));
     metadata[kChecksumPrefix + t.name] = checkpoint_io::hex64(checksums.back());
+    if (t.piece) {
+      if (t.tensor.shape().size() != 1 || t.piece->offset < 0 ||
+          t.piece->offset + t.tensor.numel() > shape_numel(t.piece->shape) || t.tensor.numel() == 0)
+        throw std::invalid_argument("checkpoint: piece " + in_quotes(t.name) + " of rank " +
+                                    std::to_string(rank) + " of shape " +
+                                    shape_to_string(t.tensor.shape()) + " at element " +
+                                    std::to_string(t.piece->offset) +
+                                    " is not a non-empty 1-D range of a tensor of shape " +
+                                    shape_to_string(t.piece->shape));
+      metadata[kPiecePrefix + t.name] = piece_metadata(*t.piece, t.tensor.numel());
+    }
   }
   const std::string header = encode_safetensors_header(entries, metadata);
 
@@ -124,15 +192,25 @@ ShardReader::ShardReader(const std::filesystem::path& path)
   std::unordered_map<std::string, size_t> index;
   for (SafetensorsEntry& e : header.tensors) {
     index.emplace(e.name, tensors_.size());
-    tensors_.push_back({std::move(e), 0});
+    tensors_.push_back({std::move(e), 0, std::nullopt});
   }
   std::vector<bool> has_checksum(tensors_.size(), false);
   for (const auto& [key, value] : header.metadata) {
     if (key == "format" || key == "format_version" || key == "step" || key == "rank") continue;
+    if (key.starts_with(kPiecePrefix)) {
+      const std::string tensor = key.substr(std::char_traits<char>::length(kPiecePrefix));
+      const auto it = index.find(tensor);
+      if (it == index.end())
+        throw CheckpointError(name + ": the metadata has a piece entry for tensor " +
+                              in_quotes(tensor) + ", which the file does not hold");
+      tensors_[it->second].piece = parse_piece(value, tensors_[it->second], name);
+      continue;
+    }
     if (!key.starts_with(kChecksumPrefix))
-      throw CheckpointError(name + ": unknown metadata entry " + in_quotes(key) +
-                            " (format version " + std::to_string(kCheckpointFormatVersion) +
-                            " has format, format_version, step, rank and xxh3_64:<tensor>)");
+      throw CheckpointError(
+          name + ": unknown metadata entry " + in_quotes(key) + " (format version " +
+          std::to_string(kCheckpointFormatVersion) +
+          " has format, format_version, step, rank, xxh3_64:<tensor> and piece:<tensor>)");
     const std::string tensor = key.substr(std::char_traits<char>::length(kChecksumPrefix));
     const auto it = index.find(tensor);
     if (it == index.end())

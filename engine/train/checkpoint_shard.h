@@ -3,9 +3,12 @@
 // layout, with this metadata (all values are strings, as safetensors requires):
 //   "format": "conveyor", "format_version": "1", "step": "<N>", "rank": "<r>",
 //   "xxh3_64:<tensor name>": "<16 hex digits>"   one per tensor: XXH3-64 of its bytes
+//   "piece:<tensor name>": "{\"shape\":[8,4],\"elements\":[0,16]}"   only for a stored piece:
+//       elements [0, 16) of the flattened global tensor of that shape (stored 1-D, [16])
 // docs/checkpoint-format.md describes the whole checkpoint.
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,10 +20,19 @@ namespace conveyor {
 
 inline constexpr int kCheckpointFormatVersion = 1;
 
-// A tensor and the global name it is saved under (e.g. "blocks.3.fc1.weight").
+// Where a stored piece lies in its global tensor: elements [offset, offset + numel) of the
+// flattened tensor of `shape` (a sharded optimizer state keeps such a range per rank).
+struct TensorPiece {
+  Shape shape;
+  int64_t offset = 0;
+};
+
+// A tensor and the global name it is saved under (e.g. "blocks.3.fc1.weight"); with `piece`,
+// the tensor (1-D) is that range of the global tensor, the other pieces saved elsewhere.
 struct NamedTensor {
   std::string name;
   Tensor tensor;
+  std::optional<TensorPiece> piece = std::nullopt;
 };
 
 // Size and XXH3-64 of a whole shard file.
@@ -36,8 +48,15 @@ struct ShardFileInfo {
 ShardFileInfo write_shard_file(const std::filesystem::path& path, int64_t step, int rank,
                                const std::vector<NamedTensor>& tensors);
 
+// The range of a global tensor that a stored piece holds, from its "piece:" metadata.
+struct PieceRange {
+  Shape shape;                 // of the global tensor
+  int64_t begin = 0, end = 0;  // elements of the flattened global tensor
+};
+
 struct ShardTensor : SafetensorsEntry {
-  uint64_t checksum = 0;  // XXH3-64 of the bytes, from the metadata
+  uint64_t checksum = 0;            // XXH3-64 of the bytes, from the metadata
+  std::optional<PieceRange> piece;  // absent: the whole tensor, of `shape`
 };
 
 // An open shard whose every byte has been checked: the layout, the metadata and every

@@ -67,7 +67,7 @@ std::vector<NamedTensor> host_snapshot(const std::vector<NamedTensor>& tensors,
   for (const NamedTensor& t : tensors) {
     Tensor copy = Tensor::empty(t.tensor.shape(), t.tensor.dtype(), host);
     copy_tensor(copy, t.tensor);
-    out.push_back({t.name, std::move(copy)});
+    out.push_back({t.name, std::move(copy), t.piece});
   }
   return out;
 }
@@ -91,6 +91,7 @@ TrainingState trainer_training_state(Trainer& trainer) {
   // The built-in source and the weights are functions of the seed and the position alone;
   // the batch size fixes how the next step draws.
   state.rng = {{"seed", config.seed}, {"batch_tokens", config.batch_tokens}};
+  state.replicas = checkpoint_shard_count(executor) / executor.num_ranks();
   return state;
 }
 
@@ -113,10 +114,6 @@ void check_checkpoint_directory(const fs::path& dir) {
 
 TrainerCheckpointer::TrainerCheckpointer(Trainer& trainer, TrainerCheckpointOptions options)
     : trainer_(trainer), options_(std::move(options)) {
-  if (trainer.config().shard_optimizer)
-    throw CheckpointError(
-        "checkpoints of a sharded optimizer state are not built yet; run without "
-        "--shard-optimizer to save");
   if (options_.every < 0)
     throw std::invalid_argument("save every N steps needs N >= 0, got " +
                                 std::to_string(options_.every));
@@ -191,7 +188,7 @@ void TrainerCheckpointer::save() {
   timings_.push_back({step, options_.async, false, start, {}, {}, {}});
   if (options_.async) {
     const auto host = make_cpu_allocator();
-    for (int r = 0; r < executor.num_ranks(); ++r)
+    for (int r = 0; r < checkpoint_shard_count(executor); ++r)
       shards.push_back(host_snapshot(rank_checkpoint_tensors(executor, r), host));
     last_saved_step_ = step;
     // The entry is written by the background thread alone until the next wait joins it.
@@ -210,7 +207,7 @@ void TrainerCheckpointer::save() {
     last_stall_seconds_ = seconds_since(start);
     return;
   }
-  for (int r = 0; r < executor.num_ranks(); ++r)
+  for (int r = 0; r < checkpoint_shard_count(executor); ++r)
     shards.push_back(rank_checkpoint_tensors(executor, r));
   SaveTiming& timing = timings_.back();
   timing.write_begin = Clock::now();
@@ -233,10 +230,6 @@ void TrainerCheckpointer::finish() {
 }
 
 Checkpoint resume_trainer(Trainer& trainer, const fs::path& path) {
-  if (trainer.config().shard_optimizer)
-    throw CheckpointError(
-        "resuming into a sharded optimizer state is not built yet; run without "
-        "--shard-optimizer to resume");
   Checkpoint checkpoint = open_checkpoint(path);
   const TrainingState ours = trainer_training_state(trainer);
   const TrainingState& saved = checkpoint.state();
@@ -259,8 +252,9 @@ Checkpoint resume_trainer(Trainer& trainer, const fs::path& path) {
   PipelineExecutor& executor = trainer.executor();
   checkpoint.check_tensors(checkpoint_tensor_specs(executor));
 
-  // Every replica starts from the saved weights and moments (a data-parallel run saves
-  // replica 0's, which all replicas share).
+  // Every replica starts from the saved weights (a data-parallel run saves replica 0's,
+  // which all replicas share) and the saved moments, whole or its range of them: the saved
+  // pieces are assembled, so any (stages, replicas, sharded or not) resumes any other.
   std::vector<std::exception_ptr> errors(executor.num_world_ranks());
   std::vector<std::thread> threads;
   for (int r = 0; r < executor.num_world_ranks(); ++r)

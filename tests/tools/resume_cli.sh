@@ -78,6 +78,25 @@ case $case_name in
     second=(--stages 4)
     same_as_straight --async-save
     ;;
+  exact_sharded)
+    # ZeRO-1 state in pieces, saved by all four ranks, resumed with another stage count and
+    # the same replicas (the same gradient sums): the losses of the straight run.
+    sharded=(--dp 2 --shard-optimizer)
+    run --stages 2 "${sharded[@]}" --log-json "$work/straight.json"
+    run --stages 2 "${sharded[@]}" --stop-after 3 --save-dir "$dir" --save-every 2 \
+      --log-json "$work/a.json"
+    [ -f "$dir/step_2/rank_3.safetensors" ] || fail "replica 1 saved no shard of its moments"
+    "$conveyor" ckpt verify "$dir" >>"$work/log" 2>&1 || fail "the sharded checkpoint does not verify"
+    "$conveyor" ckpt inspect "$dir" >"$work/inspect.txt" 2>&1 || fail "inspect failed"
+    grep -Eq "optimizer.m.blocks.0.fc1.weight .* [12] pieces?" "$work/inspect.txt" ||
+      fail "inspect shows no pieces: $(head -40 "$work/inspect.txt")"
+    run --stages 1 "${sharded[@]}" --resume "$dir" --log-json "$work/b.json"
+    diff <(losses "$work/straight.json") <(losses "$work/a.json" "$work/b.json") ||
+      fail "the resumed run's losses differ from the uninterrupted run's"
+    # And into one replica, unsharded: it runs to the end from the saved state.
+    run --stages 2 --resume "$dir/step_2" --log-json "$work/c.json"
+    [ "$(wc -l <"$work/c.json")" -eq 4 ] || fail "expected 4 steps after step 2"
+    ;;
   kill_in_shard) killed_in_save shard ;;
   kill_in_commit) killed_in_save commit ;;
   kill_before_publish) killed_in_save publish ;;

@@ -117,6 +117,40 @@ inline fs::path save_demo(const fs::path& dir, int64_t step, int num_ranks = 2,
   return writer.commit(demo_state(step, num_ranks)).directory;
 }
 
+// A checkpoint of three shards holding a weight "w" [6, 4] whole (rank 0) and its moment
+// "optimizer.m.w" in pieces: elements [0, 10) on rank 0, [10, 17) on rank 1, [17, 24) on 2.
+struct PiecedDemo {
+  Tensor weight = random_tensor(DType::kF32, {6, 4}, 11);
+  Tensor moment = random_tensor(DType::kF32, {6, 4}, 12);
+  std::vector<int64_t> cuts = {0, 10, 17, 24};
+
+  Tensor piece(int i) const {
+    const auto all = to_vector_f32(moment);
+    const std::vector<float> part(all.begin() + cuts[i], all.begin() + cuts[i + 1]);
+    Tensor t = cpu_context().empty({cuts[i + 1] - cuts[i]}, DType::kF32);
+    copy_from_host(t, part.data(), t.nbytes());
+    return t;
+  }
+
+  // Saves it as step `step` into `dir` and returns its folder.
+  fs::path save(const fs::path& dir, int64_t step = 5) const {
+    CheckpointWriter writer(dir, step, 3);
+    for (int r = 0; r < 3; ++r) {
+      std::vector<NamedTensor> tensors;
+      if (r == 0) tensors.push_back({"w", weight});
+      tensors.push_back({"optimizer.m.w", piece(r), TensorPiece{{6, 4}, cuts[r]}});
+      writer.write_shard(r, tensors);
+    }
+    TrainingState state = demo_state(step, 1);
+    state.replicas = 3;
+    return writer.commit(state).directory;
+  }
+};
+
+inline fs::path save_pieced_demo(const fs::path& dir, int64_t step) {
+  return PiecedDemo{}.save(dir, step);
+}
+
 inline std::string read_file(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};

@@ -111,11 +111,17 @@ size_t header_end(const std::string& shard) {
   return 8 + n;
 }
 
-TEST(CheckpointFuzz, CorruptedFilesNeverCrashNorLoadSilently) {
-  TempDir pristine_dir;
-  const fs::path pristine = save_demo(pristine_dir.path(), 3);
-  const std::vector<std::string> names = {"rank_0.safetensors", "rank_1.safetensors",
-                                          "manifest.json"};
+// Corrupts copies of the checkpoint of `step` in `pristine_dir` (its `num_shards` shards, the
+// manifest or `latest`) for up to `iterations` rounds or `budget`: each load must end in a
+// CheckpointError naming a file of the checkpoint, or hold every tensor as saved.
+void fuzz_checkpoint(const fs::path& pristine_dir, int64_t step, int num_shards, int iterations,
+                     std::chrono::seconds budget, uint64_t seed_base) {
+  const fs::path pristine = pristine_dir / ("step_" + std::to_string(step));
+  std::vector<std::string> names;
+  for (int r = 0; r < num_shards; ++r)
+    names.push_back("rank_" + std::to_string(r) + ".safetensors");
+  names.push_back("manifest.json");
+  const size_t manifest = names.size() - 1;
   std::vector<std::string> files;
   for (const auto& n : names) files.push_back(read_file(pristine / n));
   const std::string latest = read_file(pristine_dir / "latest");
@@ -131,32 +137,33 @@ TEST(CheckpointFuzz, CorruptedFilesNeverCrashNorLoadSilently) {
   TempDir work(fs::is_directory("/dev/shm", ec) && ::access("/dev/shm", W_OK) == 0
                    ? fs::path("/dev/shm")
                    : fs::temp_directory_path());
-  const fs::path folder = work / "step_3";
+  const fs::path folder = work / ("step_" + std::to_string(step));
   fs::create_directory(folder);
   const auto start = std::chrono::steady_clock::now();
-  int iterations = 0, errors = 0, loads = 0;
-  for (; iterations < kIterations; ++iterations) {
-    if (std::chrono::steady_clock::now() - start > kTimeBudget) break;
-    Mutator mutator(0x5eed0000 + static_cast<uint64_t>(iterations));
+  int done = 0, errors = 0, loads = 0;
+  for (; done < iterations; ++done) {
+    if (std::chrono::steady_clock::now() - start > budget) break;
+    Mutator mutator(seed_base + static_cast<uint64_t>(done));
     const size_t target = mutator.below(7);  // shards are the most likely targets
     for (size_t f = 0; f < files.size(); ++f) write_file(folder / names[f], files[f]);
     write_file(work / "latest", latest);
     std::string what;
     if (target < 4) {
-      const size_t f = target % 2;
+      const size_t f = target % static_cast<size_t>(num_shards);
       write_file(folder / names[f], mutator.mutate(files[f], 8, header_end(files[f])));
       // Half the time the manifest vouches for the corrupted shard, so that the shard's own
       // checks must catch it.
       if (target >= 2) match_manifest_to_shards(folder);
       what = names[f] + (target >= 2 ? " (manifest matched)" : "");
     } else if (target < 6) {
-      write_file(folder / names[2], mutator.mutate(files[2], 0, files[2].size()));
-      what = names[2];
+      write_file(folder / names[manifest],
+                 mutator.mutate(files[manifest], 0, files[manifest].size()));
+      what = names[manifest];
     } else {
       write_file(work / "latest", mutator.mutate(latest, 0, latest.size()));
       what = "latest";
     }
-    SCOPED_TRACE("iteration " + std::to_string(iterations) + ", corrupted " + what);
+    SCOPED_TRACE("iteration " + std::to_string(done) + ", corrupted " + what);
     try {
       const Checkpoint ckpt = open_checkpoint(work.path());
       ++loads;
@@ -164,7 +171,8 @@ TEST(CheckpointFuzz, CorruptedFilesNeverCrashNorLoadSilently) {
       for (const CheckpointTensor& t : ckpt.tensors()) {
         ASSERT_TRUE(saved.count(t.name)) << t.name;
         const auto bytes = ckpt.read_bytes(t.name);
-        EXPECT_EQ(checkpoint_io::xxh3_64(bytes.data(), bytes.size()), t.checksum) << t.name;
+        if (!t.pieced)
+          EXPECT_EQ(checkpoint_io::xxh3_64(bytes.data(), bytes.size()), t.checksum) << t.name;
         EXPECT_EQ(bytes, saved[t.name]) << t.name;
       }
     } catch (const CheckpointError& e) {
@@ -175,12 +183,25 @@ TEST(CheckpointFuzz, CorruptedFilesNeverCrashNorLoadSilently) {
     } catch (const std::exception& e) {
       ADD_FAILURE() << "not a CheckpointError: " << e.what();
     }
-    if (HasFailure()) break;
+    if (::testing::Test::HasFailure()) break;
   }
-  std::printf("fuzz: %d corrupted checkpoints, %d rejected, %d harmless loads\n", iterations,
-              errors, loads);
-  EXPECT_GE(iterations, 500) << "too few iterations ran within the time budget";
-  EXPECT_GT(errors, iterations / 2);
+  std::printf("fuzz: %d corrupted checkpoints, %d rejected, %d harmless loads\n", done, errors,
+              loads);
+  EXPECT_GE(done, std::min(iterations, 500)) << "too few iterations ran within the time budget";
+  EXPECT_GT(errors, done / 2);
+}
+
+TEST(CheckpointFuzz, CorruptedFilesNeverCrashNorLoadSilently) {
+  TempDir pristine_dir;
+  save_demo(pristine_dir.path(), 3);
+  fuzz_checkpoint(pristine_dir.path(), 3, 2, kIterations, kTimeBudget, 0x5eed0000);
+}
+
+// A tensor in pieces over three shards: bad ranges and piece metadata never load silently.
+TEST(CheckpointFuzz, CorruptedPiecesNeverCrashNorLoadSilently) {
+  TempDir pristine_dir;
+  save_pieced_demo(pristine_dir.path(), 4);
+  fuzz_checkpoint(pristine_dir.path(), 4, 3, 1500, std::chrono::seconds(4), 0x91ece000);
 }
 
 }  // namespace
