@@ -7,7 +7,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${CONVEYOR_BUILD_DIR:-$root/build}
 
 packages=(cmake make g++ libeigen3-dev libgtest-dev libgmock-dev libbenchmark-dev
-          libcli11-dev nlohmann-json3-dev libxxhash-dev openmpi-bin libopenmpi-dev jq)
+          libcli11-dev nlohmann-json3-dev libxxhash-dev openmpi-bin libopenmpi-dev jq iproute2)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
