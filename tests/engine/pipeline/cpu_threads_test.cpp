@@ -98,16 +98,22 @@ TEST(CpuThreads, SteadyStateStepTakesNoMemoryFromTheSystem) {
   for (int stages : {1, 2}) {
     SCOPED_TRACE(::testing::Message() << stages << " stage(s)");
     auto ex = make_threaded_executor(stages, m, 2);
-    (void)ex->run_step(microbatches(m, 1), 1.0f / (m * kTokens), 1, 1e-2);
-    std::vector<AllocatorStats> after_first;
-    for (int r = 0; r < stages; ++r) after_first.push_back(ex->context(r).allocator().stats());
-    (void)ex->run_step(microbatches(m, 2), 1.0f / (m * kTokens), 2, 1e-2);
+    // With two ranks, when a message arrives decides how long its buffer is held next to the
+    // others, so the cache's high-water mark can still grow in the first steps; a few warm-up
+    // steps reach it, after which the steps only reuse cached blocks.
+    constexpr int kWarmUp = 4;
+    for (int step = 1; step <= kWarmUp; ++step)
+      (void)ex->run_step(microbatches(m, step), 1.0f / (m * kTokens), step, 1e-2);
+    std::vector<AllocatorStats> after_warm_up;
+    for (int r = 0; r < stages; ++r) after_warm_up.push_back(ex->context(r).allocator().stats());
+    for (int step = kWarmUp + 1; step <= kWarmUp + 2; ++step)
+      (void)ex->run_step(microbatches(m, step), 1.0f / (m * kTokens), step, 1e-2);
     for (int r = 0; r < stages; ++r) {
       const AllocatorStats now = ex->context(r).allocator().stats();
-      EXPECT_EQ(now.system_allocations, after_first[r].system_allocations)
+      EXPECT_EQ(now.system_allocations, after_warm_up[r].system_allocations)
           << "rank " << r << ": " << now.to_string();
-      EXPECT_LE(now.reserved_bytes, after_first[r].reserved_bytes) << "rank " << r;
-      EXPECT_GT(now.requests, after_first[r].requests) << "rank " << r << " allocated nothing";
+      EXPECT_LE(now.reserved_bytes, after_warm_up[r].reserved_bytes) << "rank " << r;
+      EXPECT_GT(now.requests, after_warm_up[r].requests) << "rank " << r << " allocated nothing";
     }
   }
 }
