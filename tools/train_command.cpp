@@ -174,6 +174,14 @@ void report_bubble(Trainer& trainer, const PipelineStepResult& last, OutputFile*
   const auto& sched = trainer.executor().schedule();
   if (!trainer.executor().holds_all_ranks()) {
     std::printf("bubble not measured: the ranks' timelines stay in their own processes\n");
+    if (trace) {
+      trace->write(run.to_json("", saves));
+      trace->close();
+      std::printf(
+          "trace  %s (the run's steps and checkpoint saves as rank 0 saw them; the "
+          "ranks' timelines stay in their own processes)\n",
+          escape_for_message(trace->path()).c_str());
+    }
     return;
   }
   const schedule::SimResult measured = summarize_timing(sched, last.timing);

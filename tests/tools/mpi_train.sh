@@ -2,7 +2,8 @@
 # `conveyor train` as real MPI processes (OpenMPI's mpirun), against the one-process run.
 #   mpi_train.sh CONVEYOR equal N      -np N with --stages N: per-step losses and gradient norms
 #                                      (--log-json) and the final weights' checksum equal the
-#                                      one-process runs with --stages N and --stages 1, bit for bit
+#                                      one-process runs with --stages N and --stages 1, bit for bit;
+#                                      rank 0's --trace holds the run's steps
 #   mpi_train.sh CONVEYOR mismatch     two ranks, one with another --seed: refused at start,
 #                                      naming --seed
 #   mpi_train.sh CONVEYOR kill         rank 1 killed with SIGKILL mid-run: the job ends non-zero
@@ -37,8 +38,10 @@ case $mode in
     "$cli" "${common[@]}" --seed 7 --stages "$n" --transport inproc --log-json "$work/threads.jsonl" \
       >"$work/threads.out" 2>&1 || fail "one-process --stages $n run failed: $(cat "$work/threads.out")"
     timeout 60 "${mpirun[@]}" -np "$n" "$cli" "${common[@]}" --seed 7 --stages "$n" \
-      --log-json "$work/mpi.jsonl" >"$work/mpi.out" 2>&1 ||
+      --log-json "$work/mpi.jsonl" --trace "$work/mpi.trace.json" >"$work/mpi.out" 2>&1 ||
       fail "mpirun -np $n failed: $(cat "$work/mpi.out")"
+    [ "$(jq '[.traceEvents[] | select(.ph == "X" and (.name | startswith("step ")))] | length' \
+      "$work/mpi.trace.json")" = 4 ] || fail "rank 0's --trace does not hold the 4 steps"
     grep -q "transport mpi" "$work/mpi.out" || fail "the MPI run did not use MPI: $(cat "$work/mpi.out")"
     # Rank 0 alone prints: one summary, not n.
     [ "$(grep -c '^done ' "$work/mpi.out")" = 1 ] || fail "ranks other than 0 printed: $(cat "$work/mpi.out")"
