@@ -128,40 +128,51 @@ std::string line_starting(const std::string& text, const std::string& prefix) {
   return "";
 }
 
-TEST(ExecutorFailure, AStalledRunShowsEveryRanksPositionAndWhatItWaitsOn) {
-  // 1F1B over 3 ranks; rank 2 stalls in its first send (SG2.0>1) for longer than the 1 s
-  // deadline. Rank 1 waits for that gradient in RG1.0<2, rank 0 for rank 1's first gradient
-  // in RG0.0<1; whichever deadline passes first fails the step.
-  const auto sched = schedule::generate(schedule::ScheduleKind::k1F1B, 3, 4);
+// Runs one step of `sched` over in-process transports with a 1 s deadline, `stalled` rank
+// sleeping 2.5 s in its first send, and returns the error the step fails with.
+std::string error_of_a_stalled_step(const schedule::Schedule& sched, int world, int stalled) {
   auto ex = make_executor(sched);
-  auto hub = comm::InProcessHub::create(3, std::chrono::milliseconds(1000));
+  auto hub = comm::InProcessHub::create(world, std::chrono::milliseconds(1000));
   std::vector<std::unique_ptr<comm::Transport>> transports;
-  for (int r = 0; r < 3; ++r) {
+  for (int r = 0; r < world; ++r) {
     auto endpoint = hub->endpoint(r);
-    if (r == 2)
+    if (r == stalled)
       endpoint = std::make_unique<StallingTransport>(std::move(endpoint), 1,
                                                      std::chrono::milliseconds(2500));
     transports.push_back(std::move(endpoint));
   }
   ex->set_transports(std::move(transports));
-  std::string what;
   try {
     ex->run_step(make_microbatches(4, 5, 1), 0.05f, 1, 1e-2);
     ADD_FAILURE() << "the step succeeded despite the stalled rank";
   } catch (const PipelineError& e) {
-    what = e.what();
+    return e.what();
   }
+  return "";
+}
+
+// Position of the action written `token` in row `row` of `sched`, as text.
+std::string position_of(const schedule::Schedule& sched, int row, const std::string& token) {
+  const auto& list = sched.ranks[row];
+  for (size_t i = 0; i < list.size(); ++i)
+    if (schedule::to_string(list[i]) == token) return std::to_string(i);
+  ADD_FAILURE() << token << " is not in row " << row;
+  return "";
+}
+
+TEST(ExecutorFailure, AStalledRunShowsEveryRanksPositionAndWhatItWaitsOn) {
+  // 1F1B over 3 ranks; rank 2 stalls in its first send (SG2.0>1) for longer than the 1 s
+  // deadline. Rank 1 waits for that gradient in RG1.0<2, rank 0 for rank 1's first gradient
+  // in RG0.0<1; whichever deadline passes first fails the step.
+  const auto sched = schedule::generate(schedule::ScheduleKind::k1F1B, 3, 4);
+  const std::string what = error_of_a_stalled_step(sched, 3, 2);
   // The one-line error comes first, as without the grid.
   const std::string first_line = what.substr(0, what.find('\n'));
   EXPECT_EQ(first_line.rfind("rank ", 0), 0u) << what;
   EXPECT_NE(first_line.find("nothing arrived from rank "), std::string::npos) << what;
   // Where each rank stood, marked in the grid and named on its own line.
   const auto position = [&](int rank, const std::string& token) {
-    const auto& list = sched.ranks[rank];
-    for (size_t i = 0; i < list.size(); ++i)
-      if (schedule::to_string(list[i]) == token) return std::to_string(i);
-    ADD_FAILURE() << token << " is not on rank " << rank;
-    return std::string();
+    return position_of(sched, rank, token);
   };
   const struct {
     int rank;
@@ -187,31 +198,8 @@ TEST(ExecutorFailure, AStalledReplicaLeavesTheOtherWaitingInItsGradientSums) {
   // (SG1.0>0), so rank 2 waits for that gradient, and replica 0, done with its pipeline,
   // waits in each stage's sum for its partner in replica 1.
   const auto sched = schedule::generate(schedule::ScheduleKind::k1F1B, 2, 2, 1, 2);
-  auto ex = make_executor(sched);
-  auto hub = comm::InProcessHub::create(4, std::chrono::milliseconds(1000));
-  std::vector<std::unique_ptr<comm::Transport>> transports;
-  for (int r = 0; r < 4; ++r) {
-    auto endpoint = hub->endpoint(r);
-    if (r == 3)
-      endpoint = std::make_unique<StallingTransport>(std::move(endpoint), 1,
-                                                     std::chrono::milliseconds(2500));
-    transports.push_back(std::move(endpoint));
-  }
-  ex->set_transports(std::move(transports));
-  std::string what;
-  try {
-    ex->run_step(make_microbatches(4, 5, 1), 0.05f, 1, 1e-2);
-    ADD_FAILURE() << "the step succeeded despite the stalled rank";
-  } catch (const PipelineError& e) {
-    what = e.what();
-  }
-  const auto at = [&](int row, const std::string& token) {
-    const auto& list = sched.ranks[row];
-    for (size_t i = 0; i < list.size(); ++i)
-      if (schedule::to_string(list[i]) == token) return std::to_string(i);
-    ADD_FAILURE() << token << " is not in row " << row;
-    return std::string();
-  };
+  const std::string what = error_of_a_stalled_step(sched, 4, 3);
+  const auto at = [&](int row, const std::string& token) { return position_of(sched, row, token); };
   const std::pair<int, std::string> expected[] = {
       {0, "(row r0, replica 0): at action " + at(0, "AR0") +
               " (AR0), waiting for the gradient sum with rank(s) 2"},
