@@ -30,6 +30,22 @@ fail() { echo "FAIL: $*"; exit 1; }
 numbers() { jq -c '[.step, .loss, .grad_norm]' "$1"; }
 checksum() { grep -o 'weights xxh3 [0-9a-f]*' "$1"; }
 
+# Signals rank 1 with $1 two seconds into a run far longer than that (exec keeps its pid), with
+# --timeout $2; the job must end non-zero, by itself, within 30 s. Output in $work/out.
+signal_rank_1() {
+  local start status took
+  start=$(date +%s)
+  timeout 60 "${mpirun[@]}" -np 2 bash -c \
+    'if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then (sleep 2; kill -'"$1"' $$) & fi; exec "$@"' _ \
+    "$cli" train --device cpu --stages 2 --microbatches 4 --batch-tokens 512 --steps 1000000 \
+    --quiet --timeout "$2" >"$work/out" 2>&1
+  status=$?
+  took=$(( $(date +%s) - start ))
+  [ "$status" -ne 0 ] && [ "$status" -ne 124 ] || fail "status $status after ${took}s: $(cat "$work/out")"
+  [ "$took" -le 30 ] || fail "took ${took}s, more than the $2 s timeout allows"
+  ended="status $status after ${took}s"
+}
+
 case $mode in
   equal)
     n=$3
@@ -99,31 +115,14 @@ case $mode in
     echo "mismatched --seed refused at start, status $status"
     ;;
   kill)
-    # Rank 1 kills itself (exec keeps the pid) two seconds into a run far longer than that.
-    start=$(date +%s)
-    timeout 60 "${mpirun[@]}" -np 2 bash -c \
-      'if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then (sleep 2; kill -KILL $$) & fi; exec "$@"' _ \
-      "$cli" train --device cpu --stages 2 --microbatches 4 --batch-tokens 512 --steps 1000000 \
-      --quiet --timeout 10 >"$work/out" 2>&1
-    status=$?
-    took=$(( $(date +%s) - start ))
-    [ "$status" -ne 0 ] && [ "$status" -ne 124 ] || fail "status $status after ${took}s: $(cat "$work/out")"
-    [ "$took" -le 30 ] || fail "took ${took}s, more than the 10 s timeout allows"
+    signal_rank_1 KILL 10
     # OpenMPI's mpirun notices the death and ends the other ranks itself, naming the rank.
     grep -Eq "rank 1 .*(signal 9|Killed)|process rank 1" "$work/out" ||
       fail "the lost rank is not named: $(cat "$work/out")"
-    echo "rank 1 killed: job ended with status $status after ${took}s"; cat "$work/out"
+    echo "rank 1 killed: job ended with $ended"; cat "$work/out"
     ;;
   stop)
-    start=$(date +%s)
-    timeout 60 "${mpirun[@]}" -np 2 bash -c \
-      'if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then (sleep 2; kill -STOP $$) & fi; exec "$@"' _ \
-      "$cli" train --device cpu --stages 2 --microbatches 4 --batch-tokens 512 --steps 1000000 \
-      --quiet --timeout 3 >"$work/out" 2>&1
-    status=$?
-    took=$(( $(date +%s) - start ))
-    [ "$status" -ne 0 ] && [ "$status" -ne 124 ] || fail "status $status after ${took}s: $(cat "$work/out")"
-    [ "$took" -le 30 ] || fail "took ${took}s, more than the 3 s timeout allows"
+    signal_rank_1 STOP 3
     # Stopped in a transfer or before the step's all-reduce, whichever rank 0 waits for.
     grep -Eq "conveyor: error: rank 0.*(nothing arrived from rank 1 within|all-reduce waited 3000 ms for rank\(s\) 1 )" "$work/out" ||
       fail "rank 0 did not name rank 1: $(cat "$work/out")"
@@ -135,7 +134,7 @@ case $mode in
       "$work/out" || fail "rank 0 does not say what it waits on: $(cat "$work/out")"
     grep -q "^rank(s) 1: held by other processes" "$work/out" ||
       fail "rank 1 is not named as unknown here: $(cat "$work/out")"
-    echo "rank 1 stopped: rank 0 gave up, job ended with status $status after ${took}s"
+    echo "rank 1 stopped: rank 0 gave up, job ended with $ended"
     sed -n '/^conveyor: error: rank 0/,/^rank(s) /p' "$work/out"
     ;;
   *) fail "unknown mode $mode" ;;
