@@ -10,6 +10,10 @@
 
 namespace conveyor::schedule {
 
+// stages x micro-batches, the cells of one (stage, micro-batch) table. Throws ScheduleError
+// when that is beyond what such a table may hold (negative counts count as 0).
+size_t table_cells(int stages, int microbatches);
+
 class ActionIndex {
  public:
   // Kinds are numbered by ActionKind; `kinds[k]` says whether kind k gets a table.

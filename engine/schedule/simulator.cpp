@@ -6,6 +6,8 @@
 #include <string>
 #include <tuple>
 
+#include "engine/schedule/action_index.h"
+
 namespace conveyor::schedule {
 namespace {
 
@@ -66,11 +68,7 @@ class Completions {
   enum Kind { kForwardDone, kGradientDone, kActivationIn, kGradientIn, kKinds };
 
   Completions(int stages, int microbatches) : stages_(stages), mbs_(microbatches) {
-    constexpr size_t kMaxCells = size_t{1} << 25;
-    const size_t cells = static_cast<size_t>(stages) * static_cast<size_t>(microbatches);
-    if (cells > kMaxCells)
-      throw ScheduleError("stages x micro-batches = " + std::to_string(cells) +
-                          " is larger than supported (" + std::to_string(kMaxCells) + ")");
+    const size_t cells = table_cells(stages, microbatches);
     if constexpr (kTimed)
       end_.assign(kKinds * cells, kNotDone);
     else

@@ -40,16 +40,21 @@ std::optional<int64_t> step_of_folder(const std::string& name, bool temp) {
 
 std::string step_folder_name(int64_t step) { return "step_" + std::to_string(step); }
 
+// The folder name a `latest` file holds: its one line, without the line end.
+std::string read_latest_name(const fs::path& latest) {
+  std::string name = checkpoint_io::read_small_file(latest, 4096);
+  while (!name.empty() && (name.back() == '\n' || name.back() == '\r' || name.back() == ' '))
+    name.pop_back();
+  return name;
+}
+
 // The step of the folder that `dir`/latest names; nullopt when there is no readable `latest`
 // naming a step folder.
 std::optional<int64_t> published_step(const fs::path& dir) {
   std::error_code ec;
   if (!fs::is_regular_file(dir / kLatestName, ec)) return std::nullopt;
   try {
-    std::string name = checkpoint_io::read_small_file(dir / kLatestName, 4096);
-    while (!name.empty() && (name.back() == '\n' || name.back() == '\r' || name.back() == ' '))
-      name.pop_back();
-    return step_of_folder(name, /*temp=*/false);
+    return step_of_folder(read_latest_name(dir / kLatestName), /*temp=*/false);
   } catch (const CheckpointError&) {
     return std::nullopt;
   }
@@ -241,9 +246,7 @@ fs::path resolve_checkpoint_directory(const fs::path& path) {
     throw CheckpointError("no checkpoint at " + p.string() + ": it does not exist");
   if (fs::is_regular_file(status)) {
     // A `latest` file: one line naming a sibling folder.
-    std::string name = checkpoint_io::read_small_file(p, 4096);
-    while (!name.empty() && (name.back() == '\n' || name.back() == '\r' || name.back() == ' '))
-      name.pop_back();
+    const std::string name = read_latest_name(p);
     if (!step_of_folder(name, /*temp=*/false))
       throw CheckpointError(p.string() +
                             " should name a checkpoint folder step_<N>, but it holds " +
