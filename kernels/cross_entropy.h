@@ -11,9 +11,12 @@
 
 namespace conveyor::kernels::cpu {
 
+class ThreadPool;
+
+// `pool` (may be null: one thread) runs blocks of rows.
 void softmax_cross_entropy(float* losses, float* dlogits, const float* logits,
                            const int32_t* targets, int64_t n, int64_t vocab, int32_t ignore_index,
-                           float grad_scale);
+                           float grad_scale, ThreadPool* pool = nullptr);
 
 }  // namespace conveyor::kernels::cpu
 

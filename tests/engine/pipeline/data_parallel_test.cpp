@@ -97,14 +97,15 @@ TEST(DataParallel, AgreesWithOnePipelineOnTheSameGlobalMicroBatches) {
       EXPECT_NEAR(dp.losses[s], one.losses[s], 1e-6 * std::abs(one.losses[s])) << "step " << s;
       EXPECT_NEAR(dp.norms[s], one.norms[s], 1e-6 * std::abs(one.norms[s])) << "step " << s;
     }
-    // The last step's gradients differ by the rounding of another sum order; the weights,
+    // The last step's gradients differ by the rounding of another sum order and by what the
+    // weights already differ after the earlier steps (a few float ulps); the weights,
     // after three AdamW steps whose update divides by the gradient's own scale, by a few more.
     const auto want = one.ex->parameters();
     const auto got = dp.ex->parameters();
     ASSERT_EQ(got.size(), want.size());
     for (size_t i = 0; i < got.size(); ++i) {
       EXPECT_LE(max_relative_difference(to_vector_f32(got[i]->grad), to_vector_f32(want[i]->grad)),
-                1e-6)
+                4e-6)
           << want[i]->name;
       EXPECT_LE(
           max_relative_difference(to_vector_f32(got[i]->value), to_vector_f32(want[i]->value)),
