@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kernels/activation.h"
+#include "kernels/cross_entropy.h"
 #include "kernels/layernorm.h"
 #include "kernels/linear.h"
 #include "support/kernel_test_util.h"
@@ -45,12 +46,12 @@ TEST(ThreadPool, RethrowsATaskFailureAndStaysUsable) {
 TEST(ThreadPool, RejectsZeroThreads) { EXPECT_THROW(k::ThreadPool(0), std::invalid_argument); }
 
 struct Outputs {
-  std::vector<float> y, dx, dw, db, ln_y, ln_mean, ln_rstd, ln_dx, ln_dg, ln_db, gelu, dgelu;
+  std::vector<float> y, dx, dw, db, ln_y, ln_mean, ln_rstd, ln_dx, ln_dg, ln_db, gelu, dgelu, ce_loss, ce_dlogits;
 };
 
 // Sizes large enough that every kernel splits into many tasks, with ragged last tiles.
 Outputs run_kernels(k::ThreadPool* pool) {
-  const int64_t n = 301, in = 129, out = 600;
+  const int64_t n = 701, in = 129, out = 600;
   const auto x = random_floats(n * in, 91);
   const auto w = random_floats(out * in, 92);
   const auto b = random_floats(out, 93);
@@ -82,6 +83,14 @@ Outputs run_kernels(k::ThreadPool* pool) {
   o.dgelu.assign(n * out, 7.0f);
   k::gelu_forward(o.gelu.data(), o.y.data(), n * out, pool);
   k::gelu_backward(o.dgelu.data(), dy.data(), o.y.data(), n * out, pool);
+  // Rows of o.y as logits over a vocabulary of `out`, so that the rows span several tasks.
+  std::vector<int32_t> targets(n);
+  for (int64_t i = 0; i < n; ++i) targets[i] = static_cast<int32_t>((i * 37) % out);
+  targets[5] = -100;  // an ignored row
+  o.ce_loss.assign(n, 7.0f);
+  o.ce_dlogits.assign(n * out, 7.0f);
+  k::softmax_cross_entropy(o.ce_loss.data(), o.ce_dlogits.data(), o.y.data(), targets.data(), n,
+                           out, -100, 0.25f, pool);
   return o;
 }
 
@@ -98,6 +107,8 @@ void expect_same(const Outputs& a, const Outputs& b) {
   EXPECT_TRUE(same_bits(a.ln_db, b.ln_db));
   EXPECT_TRUE(same_bits(a.gelu, b.gelu));
   EXPECT_TRUE(same_bits(a.dgelu, b.dgelu));
+  EXPECT_TRUE(same_bits(a.ce_loss, b.ce_loss));
+  EXPECT_TRUE(same_bits(a.ce_dlogits, b.ce_dlogits));
 }
 
 TEST(ThreadPoolKernels, OneTwoAndThreeThreadsGiveTheSameBits) {
