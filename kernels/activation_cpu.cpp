@@ -52,7 +52,7 @@ using detail::store_group;
 void gelu_forward(float* y, const float* x, int64_t n, ThreadPool* pool) {
   detail::require_at_least("gelu_forward", "n", n, 0);
   for_each_block(pool, n, [&](int64_t first, int64_t last) {
-    for_each_group(first, last, [&](int64_t i, int64_t count) {
+    for_each_group(first, last, [&](int64_t i, int64_t count) CONVEYOR_INLINE {
       const Group v = load_group(x + i, count);
       Group e;
       store_group(y + i, v * gelu_gate(v, &e), count);
@@ -66,7 +66,7 @@ void gelu_forward(float* y, const float* x, int64_t n, ThreadPool* pool) {
 void gelu_backward(float* dx, const float* dy, const float* x, int64_t n, ThreadPool* pool) {
   detail::require_at_least("gelu_backward", "n", n, 0);
   for_each_block(pool, n, [&](int64_t first, int64_t last) {
-    for_each_group(first, last, [&](int64_t i, int64_t count) {
+    for_each_group(first, last, [&](int64_t i, int64_t count) CONVEYOR_INLINE {
       const Group v = load_group(x + i, count);
       Group e;
       const Group s = gelu_gate(v, &e);

@@ -33,7 +33,7 @@ constexpr int64_t kElementsPerTask = 16384;
 
 float row_max(const float* row, int64_t vocab) {
   Group mx = Group::Constant(-std::numeric_limits<float>::infinity());
-  for_each_group(0, vocab, [&](int64_t j, int64_t count) {
+  for_each_group(0, vocab, [&](int64_t j, int64_t count) CONVEYOR_INLINE {
     mx = mx.max(load_group(row + j, count, -std::numeric_limits<float>::infinity()));
   });
   return mx.maxCoeff();
@@ -46,7 +46,7 @@ float softmax_row(float* drow, const float* row, int32_t target, int64_t vocab,
   const float mx = row_max(row, vocab);
   // The exponentials go straight into dlogits, then get normalised.
   Lanes lanes = Lanes::Zero();
-  for_each_group(0, vocab, [&](int64_t j, int64_t count) {
+  for_each_group(0, vocab, [&](int64_t j, int64_t count) CONVEYOR_INLINE {
     Group e = (load_group(row + j, count) - mx).exp();
     for (int64_t l = count; l < kGroup; ++l) e[l] = 0.0f;  // the padding adds nothing
     lanes += e.cast<double>();
@@ -56,7 +56,7 @@ float softmax_row(float* drow, const float* row, int32_t target, int64_t vocab,
   for (int64_t l = 0; l < kGroup; ++l) s += lanes[l];
   const float inv_s = static_cast<float>(1.0 / s);
   const float e_target = drow[target];
-  for_each_group(0, vocab, [&](int64_t j, int64_t count) {
+  for_each_group(0, vocab, [&](int64_t j, int64_t count) CONVEYOR_INLINE {
     store_group(drow + j, load_group(drow + j, count) * inv_s * grad_scale, count);
   });
   drow[target] = (e_target * inv_s - 1.0f) * grad_scale;

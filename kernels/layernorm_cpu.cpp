@@ -11,13 +11,20 @@
 #include <vector>
 
 #include "kernels/cpu_check.h"
+#include "kernels/cpu_packet.h"
 #include "kernels/layernorm.h"
 #include "kernels/thread_pool.h"
 
 namespace conveyor::kernels::cpu {
 namespace {
 
-constexpr int64_t kLanes = 8;
+using detail::for_each_group;
+using detail::Group;
+using detail::load_group;
+using detail::store_group;
+
+constexpr int64_t kLanes = detail::kGroup;
+using Lanes = Eigen::Array<double, kLanes, 1>;
 constexpr int64_t kRowsPerTask = 64;
 constexpr int64_t kColsPerTask = 64;
 
@@ -64,25 +71,26 @@ void forward_row(float* yr, float* mean, float* rstd, const float* xr, const flo
   *rstd = r;
 }
 
-// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), with g = dy * gamma.
+// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), with g = dy * gamma. In packets of
+// eight (cpu_packet.h), the sums in eight double lanes; padding (dy = 0) adds nothing.
 void backward_input_row(float* dxr, const float* dyr, const float* xr, float m, float r,
                         const float* gamma, int64_t c) {
-  double sum_g[kLanes] = {};
-  double sum_gx[kLanes] = {};
-  for (int64_t j = 0; j < c; ++j) {
-    const float xhat = (xr[j] - m) * r;
-    const float g = dyr[j] * gamma[j];
-    sum_g[j % kLanes] += g;
-    sum_gx[j % kLanes] += static_cast<double>(g) * xhat;
-  }
-  const float mean_g = static_cast<float>(add_lanes(sum_g) / static_cast<double>(c));
-  const float mean_gx = static_cast<float>(add_lanes(sum_gx) / static_cast<double>(c));
+  Lanes sum_g = Lanes::Zero();
+  Lanes sum_gx = Lanes::Zero();
+  for_each_group(0, c, [&](int64_t j, int64_t count) CONVEYOR_INLINE {
+    const Group xhat = (load_group(xr + j, count) - m) * r;
+    const Group g = load_group(dyr + j, count) * load_group(gamma + j, count);
+    sum_g += g.cast<double>();
+    sum_gx += g.cast<double>() * xhat.cast<double>();
+  });
+  const float mean_g = static_cast<float>(add_lanes(sum_g.data()) / static_cast<double>(c));
+  const float mean_gx = static_cast<float>(add_lanes(sum_gx.data()) / static_cast<double>(c));
   // dx may not alias dy or x here, but each element is read before it is written anyway.
-  for (int64_t j = 0; j < c; ++j) {
-    const float xhat = (xr[j] - m) * r;
-    const float g = dyr[j] * gamma[j];
-    dxr[j] = r * (g - mean_g - xhat * mean_gx);
-  }
+  for_each_group(0, c, [&](int64_t j, int64_t count) CONVEYOR_INLINE {
+    const Group xhat = (load_group(xr + j, count) - m) * r;
+    const Group g = load_group(dyr + j, count) * load_group(gamma + j, count);
+    store_group(dxr + j, r * (g - mean_g - xhat * mean_gx), count);
+  });
 }
 
 }  // namespace
