@@ -27,13 +27,20 @@ PlannedRun plan_training(const TrainConfig& config, Device device, int repetitio
   if (config.batch_tokens < p)
     throw UsageError("a batch of " + std::to_string(config.batch_tokens) + " tokens cannot feed " +
                      std::to_string(p) + " devices; use at least " + std::to_string(p) + " tokens");
+  // Profiled as the run will be: with each rank's share of the CPU threads, and on the CPU
+  // with the other ranks' work running alongside on the same cores.
   DeviceContextOptions context_options;
   context_options.allow_tf32 = config.allow_tf32;
+  context_options.cpu_threads = cpu_threads_per_rank(config.cpu_threads, p);
   DeviceContext ctx(device, context_options);
   ProfileOptions profile_options;
   profile_options.repetitions = repetitions;
   profile_options.seed = config.seed;
   profile_options.optimizer_slots = config.optimizer.kind == "sgd" ? 0 : 2;
+  if (!device.is_cuda()) {
+    profile_options.neighbours = p - 1;
+    profile_options.neighbour_context = context_options;
+  }
   // Each candidate micro-batch count is measured at its own size: times do not scale linearly
   // once a unit's working set leaves the caches.
   PlanOptions options;
@@ -159,6 +166,7 @@ void run_plan(const PlanFlags& f, const CLI::App& cmd) {
   config.batch_tokens = f.run.batch_tokens;
   config.memory_limit_bytes = f.run.memory_limit_bytes();
   config.recompute = parse_recompute(f.run.recompute, config.model.num_units());
+  config.cpu_threads = f.run.threads;
   config.optimizer.kind = f.optimizer;
   config.seed = f.seed;
   try {

@@ -50,6 +50,8 @@ void add_run_flags(CLI::App* cmd, RunFlags& f) {
                   "Re-run the forward in the backward instead of keeping activations: none, "
                   "stage (every unit) or units:LIST of unit indices such as units:2,3,5")
       ->capture_default_str();
+  add_int_flag(cmd, "--threads", f.threads, 0, 4096,
+               "CPU kernel threads per rank (0: all cores, shared between the ranks)");
 }
 
 RecomputeSpec parse_recompute(const std::string& text, int64_t num_units,

@@ -1,7 +1,7 @@
 #pragma once
 // The flags `conveyor train` and `conveyor plan` share, registered by one function so both
 // accept the same values with the same checks: the model (--preset and what overrides it),
-// the batch, the device and its memory cap, and activation recomputation.
+// the batch, the device and its memory cap, activation recomputation and the CPU threads.
 #include <CLI/CLI.hpp>
 #include <cstddef>
 #include <cstdint>
@@ -21,6 +21,7 @@ struct RunFlags {
   std::string device = "auto";
   double memory_limit_mb = 0.0;
   std::string recompute = "none";
+  int threads = 0;  // CPU kernel threads per rank; 0: the cores shared between the ranks
 
   // The model of --preset with the overrides given on `cmd` (UsageError for a bad preset).
   ModelConfig model(const CLI::App& cmd) const;
@@ -30,7 +31,7 @@ struct RunFlags {
 };
 
 // Registers --preset, --d-model, --layers, --vocab, --hidden, --batch-tokens, --device,
-// --memory-limit-mb and --recompute on `cmd`, the integers and floats range-checked.
+// --memory-limit-mb, --recompute and --threads on `cmd`, the numbers range-checked.
 void add_run_flags(CLI::App* cmd, RunFlags& flags);
 
 // `text` of --recompute (or of `source`, e.g. a plan file) for a model of `num_units` units:

@@ -301,6 +301,7 @@ TrainConfig resolve_config(TrainFlags& f, const CLI::App& cmd) {
   if (cmd.count("--activation")) config.model.activation = ops::parse_activation(f.activation);
   config.memory_limit_bytes = f.run.memory_limit_bytes();
   config.recompute = parse_recompute(f.run.recompute, config.model.num_units());
+  config.cpu_threads = f.run.threads;
   config.transport_timeout = std::chrono::milliseconds(static_cast<int64_t>(f.timeout_s * 1000));
   try {
     config.model.validate();
@@ -588,8 +589,6 @@ void register_train_command(CLI::App& app) {
   add_int_flag(cmd, "--chunks", flags->chunks, 1, 64,
                "Virtual stages per rank (interleaved; zbv always has 2)")
       ->default_str("2 for interleaved, else 1");
-  add_int_flag(cmd, "--threads", c.cpu_threads, 0, 4096,
-               "CPU kernel threads per rank (0: all cores, shared between the ranks)");
   cmd->add_option("--schedule", flags->schedule, "Schedule: " + schedule_choices_text())
       ->capture_default_str();
   cmd->add_option("--schedule-file", c.schedule_file,

@@ -1,9 +1,14 @@
 #include "engine/pipeline/profile.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <exception>
+#include <latch>
 #include <random>
 #include <stdexcept>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "comm/in_process.h"
@@ -55,8 +60,10 @@ Tensor random_ids(DeviceContext& ctx, int64_t n, int64_t vocab, uint64_t seed) {
   return t;
 }
 
+// `stop` (may be null) ends the repetitions early: a neighbour's profile stops when the
+// measured one is done, its costs then partial and dropped.
 UnitCost profile_unit(const ModelDescription& model, int64_t u, DeviceContext& ctx,
-                      const ProfileOptions& options) {
+                      const ProfileOptions& options, const std::atomic<bool>* stop = nullptr) {
   const int64_t n = options.microbatch_tokens;
   UnitCost cost;
   const size_t before_build = ctx.allocator().stats().allocated_bytes;
@@ -81,6 +88,7 @@ UnitCost profile_unit(const ModelDescription& model, int64_t u, DeviceContext& c
   if (u > 0) cost.input_bytes = static_cast<double>(CachingAllocator::round_size(input.nbytes()));
   std::vector<double> forward, input_grad, weight_grad;
   for (int rep = 0; rep < options.warmup + options.repetitions; ++rep) {
+    if (stop != nullptr && stop->load()) return cost;
     const size_t before = ctx.allocator().stats().allocated_bytes;
     // A fresh copy of the input, counted when the unit keeps it (as it does in a stage, where
     // nothing else holds it); the token ids of the first unit are a view of the step's ids.
@@ -154,6 +162,58 @@ double transfer_seconds(const ModelDescription& model, DeviceContext& ctx,
   return median(times);
 }
 
+// The neighbours of ProfileOptions: each profiles every unit over and over on its own
+// context until `stop`. Their first failure is kept for the caller.
+class Neighbours {
+ public:
+  // Returns once every neighbour has its context and starts on its first unit, so the
+  // measured copy's first unit is timed alongside them too.
+  Neighbours(const ModelDescription& model, Device device, const ProfileOptions& options)
+      : errors_(static_cast<size_t>(options.neighbours)), started_(options.neighbours) {
+    for (int k = 0; k < options.neighbours; ++k)
+      threads_.emplace_back([this, &model, device, options, k] {
+        bool counted = false;
+        try {
+          DeviceContext ctx(device, options.neighbour_context);
+          ProfileOptions own = options;
+          own.seed = options.seed + 1000003 * static_cast<uint64_t>(k + 1);
+          started_.count_down();
+          counted = true;
+          // At least the first unit is built, so a neighbour that cannot run fails every
+          // time, not only when it happens to start before the measured copy ends.
+          for (int64_t u = 0;; u = (u + 1) % model.num_units) {
+            (void)profile_unit(model, u, ctx, own, &stop_);
+            if (stop_.load()) break;
+          }
+        } catch (...) {
+          errors_[k] = std::current_exception();
+          if (!counted) started_.count_down();
+        }
+      });
+    started_.wait();
+  }
+  ~Neighbours() { join(); }
+
+  // Stops and joins them; rethrows a neighbour's failure (out of memory, say).
+  void finish() {
+    join();
+    for (auto& e : errors_)
+      if (e) std::rethrow_exception(std::exchange(e, nullptr));
+  }
+
+ private:
+  void join() noexcept {
+    stop_.store(true);
+    for (auto& t : threads_)
+      if (t.joinable()) t.join();
+  }
+
+  std::atomic<bool> stop_{false};
+  std::vector<std::exception_ptr> errors_;
+  std::latch started_;
+  std::vector<std::thread> threads_;
+};
+
 }  // namespace
 
 UnitCosts profile_units(const ModelDescription& model, DeviceContext& ctx,
@@ -170,10 +230,15 @@ UnitCosts profile_units(const ModelDescription& model, DeviceContext& ctx,
   if (options.optimizer_slots < 0)
     throw std::invalid_argument("optimizer slots " + std::to_string(options.optimizer_slots) +
                                 " is negative; expected 0 (SGD) or 2 (AdamW)");
+  if (options.neighbours < 0)
+    throw std::invalid_argument("profiling alongside " + std::to_string(options.neighbours) +
+                                " neighbours; expected 0 or more");
   UnitCosts costs;
   costs.microbatch_tokens = options.microbatch_tokens;
+  Neighbours neighbours(model, ctx.device(), options);
   for (int64_t u = 0; u < model.num_units; ++u)
     costs.units.push_back(profile_unit(model, u, ctx, options));
+  neighbours.finish();
   costs.transfer_seconds = transfer_seconds(model, ctx, options);
   return costs;
 }

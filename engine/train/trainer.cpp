@@ -84,17 +84,11 @@ void check_memory_fits(const ModelDescription& model, const std::vector<StageRan
   }
 }
 
-namespace {
-
-// `requested` threads per rank, or with 0 the machine's cores shared between `ranks` (the
-// ranks' threads run at once), at least one each.
 int cpu_threads_per_rank(int requested, int ranks) {
   if (requested > 0) return requested;
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   return std::max(1, cores / std::max(1, ranks));
 }
-
-}  // namespace
 
 namespace {
 

@@ -98,6 +98,10 @@ struct StepStats {
 // back to the CPU. Throws std::invalid_argument for a CUDA device that is not there.
 Device resolve_device(const std::optional<Device>& requested, std::string* note = nullptr);
 
+// CPU kernel threads for each of `ranks` ranks in one process: `requested`, or with 0 the
+// machine's cores shared between the ranks (their threads run at once), at least one each.
+int cpu_threads_per_rank(int requested, int ranks);
+
 // The schedule a config asks for: generated, or loaded from its file (then checked against
 // the config's micro-batches).
 schedule::Schedule make_schedule(const TrainConfig& config);

@@ -65,5 +65,46 @@ TEST(Profile, BadOptionsAreErrors) {
   EXPECT_THROW(profile_units(model, ctx, options), std::invalid_argument);
 }
 
+// Neighbours run the same profile alongside: the measured copy's bytes are what they are
+// alone (only times may change), and every neighbour is stopped and joined on return.
+TEST(Profile, NeighboursChangeNoByteCount) {
+  const ModelDescription model = reference_model(head_heavy_config());
+  DeviceContext ctx(Device::cpu());
+  ProfileOptions options;
+  options.microbatch_tokens = 64;
+  options.repetitions = 2;
+  options.warmup = 1;
+  const UnitCosts alone = profile_units(model, ctx, options);
+  options.neighbours = 2;
+  DeviceContext crowded_ctx(Device::cpu());
+  const UnitCosts crowded = profile_units(model, crowded_ctx, options);
+  ASSERT_EQ(crowded.units.size(), alone.units.size());
+  for (size_t u = 0; u < alone.units.size(); ++u) {
+    SCOPED_TRACE("unit " + std::to_string(u));
+    EXPECT_EQ(crowded.units[u].parameter_bytes, alone.units[u].parameter_bytes);
+    EXPECT_EQ(crowded.units[u].state_bytes, alone.units[u].state_bytes);
+    EXPECT_EQ(crowded.units[u].activation_bytes, alone.units[u].activation_bytes);
+    EXPECT_EQ(crowded.units[u].workspace_bytes, alone.units[u].workspace_bytes);
+    EXPECT_GT(crowded.units[u].forward, 0.0);
+  }
+}
+
+// A neighbour that fails (here: its context's memory cap cannot hold a unit) fails the
+// profile with its own message instead of being lost on its thread.
+TEST(Profile, ANeighboursFailureReachesTheCaller) {
+  const ModelDescription model = reference_model(head_heavy_config());
+  DeviceContext ctx(Device::cpu());
+  ProfileOptions options;
+  options.microbatch_tokens = 64;
+  options.repetitions = 2;
+  options.warmup = 1;
+  options.neighbours = 1;
+  options.neighbour_context.memory_limit_bytes = 1024;
+  EXPECT_ANY_THROW(profile_units(model, ctx, options));
+  options.neighbours = -1;
+  options.neighbour_context = {};
+  EXPECT_THROW(profile_units(model, ctx, options), std::invalid_argument);
+}
+
 }  // namespace
 }  // namespace conveyor
