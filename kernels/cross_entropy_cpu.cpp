@@ -40,8 +40,7 @@ float row_max(const float* row, int64_t vocab) {
 }
 
 // One row: returns the loss and leaves (softmax - onehot) * grad_scale in drow.
-float softmax_row(float* drow, const float* row, int32_t target, int64_t vocab,
-                  float grad_scale) {
+float softmax_row(float* drow, const float* row, int32_t target, int64_t vocab, float grad_scale) {
   const float target_logit = row[target];  // read before the row may be overwritten
   const float mx = row_max(row, vocab);
   // The exponentials go straight into dlogits, then get normalised.

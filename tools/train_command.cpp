@@ -199,6 +199,15 @@ void report_bubble(Trainer& trainer, const PipelineStepResult& last, OutputFile*
       std::printf(" r%d %.3f (%.3f)", r, m_idle, p_idle);
     }
     std::printf("\n");
+    const schedule::ReductionOverlap m_reduce = reduction_overlap(sched, measured);
+    if (m_reduce.reduce_time > 0) {
+      const schedule::ReductionOverlap p_reduce = reduction_overlap(sched, predicted);
+      std::printf(
+          "all-reduce last step: %.1f ms in all, hidden behind compute: measured %.3f, "
+          "simulated %.3f\n",
+          m_reduce.reduce_time / 1e3,  // the step's timeline is in microseconds
+          m_reduce.hidden_fraction(), p_reduce.hidden_fraction());
+    }
   }
   if (trace) {
     trace->write(

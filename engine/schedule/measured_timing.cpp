@@ -101,4 +101,36 @@ SimResult summarize_timing(const Schedule& sched, std::vector<std::vector<Action
   return out;
 }
 
+ReductionOverlap reduction_overlap(const Schedule& sched, const SimResult& result) {
+  check_parallel(sched, result.timing);
+  // The union of every rank's compute intervals, merged into disjoint ones in time order.
+  std::vector<ActionTiming> busy;
+  for (int r = 0; r < sched.num_ranks(); ++r)
+    for (size_t k = 0; k < sched.ranks[r].size(); ++k)
+      if (is_compute(sched.ranks[r][k].kind)) busy.push_back(result.timing[r][k]);
+  std::sort(busy.begin(), busy.end(),
+            [](const ActionTiming& a, const ActionTiming& b) { return a.start < b.start; });
+  std::vector<ActionTiming> merged;
+  for (const ActionTiming& t : busy) {
+    if (!merged.empty() && t.start <= merged.back().end)
+      merged.back().end = std::max(merged.back().end, t.end);
+    else
+      merged.push_back(t);
+  }
+  ReductionOverlap out;
+  for (int r = 0; r < sched.num_ranks(); ++r)
+    for (size_t k = 0; k < sched.ranks[r].size(); ++k) {
+      if (!is_reduce(sched.ranks[r][k].kind)) continue;
+      const ActionTiming& t = result.timing[r][k];
+      out.reduce_time += t.end - t.start;
+      // The first merged interval that ends after the all-reduce starts, and those after it
+      // that start before it ends.
+      auto it = std::upper_bound(merged.begin(), merged.end(), t.start,
+                                 [](double x, const ActionTiming& m) { return x < m.end; });
+      for (; it != merged.end() && it->start < t.end; ++it)
+        out.hidden_time += std::min(t.end, it->end) - std::max(t.start, it->start);
+    }
+  return out;
+}
+
 }  // namespace conveyor::schedule

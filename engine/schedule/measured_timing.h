@@ -20,4 +20,16 @@ CostModel measured_costs(const Schedule& schedule,
 // timeline, with the timeline shifted to start at 0. Same precondition as measured_costs.
 SimResult summarize_timing(const Schedule& schedule, std::vector<std::vector<ActionTiming>> timing);
 
+// How much of the gradient all-reduces (AR actions) a timeline hides behind compute: the
+// time of all-reduce (in the timeline's unit), summed over the actions, and the part of them during
+// which some rank of the timeline was computing (the union of all ranks' compute intervals, so a
+// moment with two ranks busy counts once). For a measured step and for its simulation alike; both
+// zero without all-reduces.
+struct ReductionOverlap {
+  double reduce_time = 0;
+  double hidden_time = 0;
+  double hidden_fraction() const { return reduce_time > 0 ? hidden_time / reduce_time : 0; }
+};
+ReductionOverlap reduction_overlap(const Schedule& schedule, const SimResult& result);
+
 }  // namespace conveyor::schedule

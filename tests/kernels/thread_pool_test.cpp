@@ -46,7 +46,8 @@ TEST(ThreadPool, RethrowsATaskFailureAndStaysUsable) {
 TEST(ThreadPool, RejectsZeroThreads) { EXPECT_THROW(k::ThreadPool(0), std::invalid_argument); }
 
 struct Outputs {
-  std::vector<float> y, dx, dw, db, ln_y, ln_mean, ln_rstd, ln_dx, ln_dg, ln_db, gelu, dgelu, ce_loss, ce_dlogits;
+  std::vector<float> y, dx, dw, db, ln_y, ln_mean, ln_rstd, ln_dx, ln_dg, ln_db, gelu, dgelu,
+      ce_loss, ce_dlogits;
 };
 
 // Sizes large enough that every kernel splits into many tasks, with ragged last tiles.

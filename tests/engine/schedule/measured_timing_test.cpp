@@ -105,5 +105,55 @@ TEST(MeasuredTiming, ATimelineThatDoesNotFitTheScheduleIsAClearError) {
   }
 }
 
+// Brute force: the all-reduce time during which some rank computes, summed over fine slices.
+double hidden_by_sweep(const Schedule& s, const SimResult& r, double dt) {
+  double hidden = 0;
+  for (int a = 0; a < s.num_ranks(); ++a)
+    for (size_t k = 0; k < s.ranks[a].size(); ++k) {
+      if (!is_reduce(s.ranks[a][k].kind)) continue;
+      for (double t = r.timing[a][k].start + dt / 2; t < r.timing[a][k].end; t += dt) {
+        bool busy = false;
+        for (int b = 0; b < s.num_ranks() && !busy; ++b)
+          for (size_t j = 0; j < s.ranks[b].size() && !busy; ++j)
+            busy = is_compute(s.ranks[b][j].kind) && r.timing[b][j].start <= t &&
+                   t < r.timing[b][j].end;
+        if (busy) hidden += dt;
+      }
+    }
+  return hidden;
+}
+
+// 1F1B on two ranks: the last stage's all-reduce runs while rank 0 does its last backward
+// (2 units, longer than the reduction), the first stage's comes after all compute.
+TEST(MeasuredTiming, TheLastStagesAllReduceHidesBehindRankZerosLastBackward) {
+  const Schedule s = generate(ScheduleKind::k1F1B, 2, 4, 1, 2);
+  CostModel costs = CostModel::uniform(1, 1, 1, 0);
+  costs.reduce_latency = 1;
+  const ReductionOverlap o = reduction_overlap(s, simulate(s, costs));
+  // The lists are one replica's (the others run the same): one all-reduce per stage.
+  EXPECT_DOUBLE_EQ(o.reduce_time, 2.0);
+  EXPECT_DOUBLE_EQ(o.hidden_time, 1.0);
+  EXPECT_DOUBLE_EQ(o.hidden_fraction(), 0.5);
+}
+
+TEST(MeasuredTiming, HiddenAllReduceTimeAgreesWithASweepOverTime) {
+  for (auto kind : {ScheduleKind::k1F1B, ScheduleKind::kZBH1, ScheduleKind::kGPipe}) {
+    SCOPED_TRACE(schedule_kind_name(kind));
+    const Schedule s = generate(kind, 3, 6, 1, 2);
+    CostModel costs = random_costs(3, s.splits_backward(), 41);
+    costs.reduce_latency = 1.7;
+    const SimResult r = simulate(s, costs);
+    const ReductionOverlap o = reduction_overlap(s, r);
+    EXPECT_NEAR(o.reduce_time, 3 * 1.7, 1e-9);
+    EXPECT_NEAR(o.hidden_time, hidden_by_sweep(s, r, 1e-3), 3 * 2e-3);
+    EXPECT_GT(o.hidden_time, 0.0);
+  }
+  const Schedule plain = generate(ScheduleKind::k1F1B, 2, 4);
+  const ReductionOverlap none =
+      reduction_overlap(plain, simulate(plain, CostModel::uniform(1, 1, 1, 0)));
+  EXPECT_EQ(none.reduce_time, 0.0);
+  EXPECT_EQ(none.hidden_fraction(), 0.0);
+}
+
 }  // namespace
 }  // namespace conveyor::schedule
