@@ -172,22 +172,13 @@ void print_pipeline(Trainer& trainer) {
 void report_bubble(Trainer& trainer, const PipelineStepResult& last, OutputFile* trace,
                    const RunTrace& run, const std::vector<SaveTiming>& saves) {
   const auto& sched = trainer.executor().schedule();
-  if (!trainer.executor().holds_all_ranks()) {
-    std::printf("bubble not measured: the ranks' timelines stay in their own processes\n");
-    if (trace) {
-      trace->write(run.to_json("", saves));
-      trace->close();
-      std::printf(
-          "trace  %s (the run's steps and checkpoint saves as rank 0 saw them; the "
-          "ranks' timelines stay in their own processes)\n",
-          escape_for_message(trace->path()).c_str());
-    }
-    return;
-  }
-  const schedule::SimResult measured = summarize_timing(sched, last.timing);
+  // Under MPI every process takes part; rank 0 prints and writes the trace.
+  PipelineStepResult step = last;
+  trainer.executor().gather_timing(step);
+  const schedule::SimResult measured = summarize_timing(sched, step.timing);
   if (sched.num_ranks() > 1) {
     const schedule::SimResult predicted =
-        schedule::simulate(sched, measured_costs(sched, last.timing));
+        schedule::simulate(sched, measured_costs(sched, step.timing));
     std::printf(
         "bubble last step: measured %.3f, simulated %.3f | idle per rank, measured "
         "(simulated):",

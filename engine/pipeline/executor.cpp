@@ -257,6 +257,35 @@ PipelineStepResult PipelineExecutor::run_step(const std::vector<MicroBatchData>&
   return result;
 }
 
+void PipelineExecutor::gather_timing(PipelineStepResult& result) {
+  if (holds_all_ranks()) return;
+  const int p = num_ranks();
+  result.timing.resize(p);
+  // Every rank's (start, end) pairs side by side; a process contributes the ranks it measured
+  // and zeros elsewhere, so the global sum, exact for x + 0, is the gathered timeline.
+  std::vector<size_t> offset(p + 1, 0);
+  for (int r = 0; r < p; ++r) offset[r + 1] = offset[r] + 2 * schedule_.ranks[r].size();
+  std::vector<double> values(offset[p], 0.0);
+  for (int r = 0; r < p; ++r) {
+    const auto& mine = result.timing[r];
+    if (mine.empty()) continue;
+    if (mine.size() != schedule_.ranks[r].size())
+      throw std::logic_error("rank " + std::to_string(r) + " measured " +
+                             std::to_string(mine.size()) + " actions of its " +
+                             std::to_string(schedule_.ranks[r].size()));
+    for (size_t i = 0; i < mine.size(); ++i) {
+      values[offset[r] + 2 * i] = mine[i].start;
+      values[offset[r] + 2 * i + 1] = mine[i].end;
+    }
+  }
+  ranks_.front()->transport->all_reduce_sum(values);
+  for (int r = 0; r < p; ++r) {
+    result.timing[r].resize(schedule_.ranks[r].size());
+    for (size_t i = 0; i < result.timing[r].size(); ++i)
+      result.timing[r][i] = {values[offset[r] + 2 * i], values[offset[r] + 2 * i + 1]};
+  }
+}
+
 std::string PipelineExecutor::format_positions(int failed) const {
   // Every rank thread has ended: their progress is read after they joined.
   std::vector<RankPosition> known;

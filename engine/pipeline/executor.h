@@ -110,6 +110,14 @@ class PipelineExecutor {
   PipelineStepResult run_step(const std::vector<MicroBatchData>& microbatches, float loss_scale,
                               int64_t step, double lr, bool update = true);
 
+  // With a transport that spans processes, each process measured the timeline of the ranks
+  // it holds only: this fills `result.timing` with every rank of replica 0. A collective:
+  // every process calls it with the result of the same step. Each rank's timeline counts
+  // from its own process's start of the step; the processes start a step together, after
+  // the previous step's global sum, so they differ by that sum's exit skew. Nothing to do
+  // when this process holds every rank.
+  void gather_timing(PipelineStepResult& result);
+
   const schedule::Schedule& schedule() const { return schedule_; }
   // Pipeline ranks P (of one replica). The ranks of replica 0 are 0..P-1, so the accessors
   // below that take a pipeline rank or a stage reach replica 0.

@@ -3,7 +3,8 @@
 #   mpi_train.sh CONVEYOR equal N      -np N with --stages N: per-step losses and gradient norms
 #                                      (--log-json) and the final weights' checksum equal the
 #                                      one-process runs with --stages N and --stages 1, bit for bit;
-#                                      rank 0's --trace holds the run's steps
+#                                      rank 0's --trace holds the run's steps and every rank's
+#                                      timeline of the last step, gathered, and the bubble is reported
 #   mpi_train.sh CONVEYOR mismatch     two ranks, one with another --seed: refused at start,
 #                                      naming --seed
 #   mpi_train.sh CONVEYOR kill         rank 1 killed with SIGKILL mid-run: the job ends non-zero
@@ -58,6 +59,11 @@ case $mode in
       fail "mpirun -np $n failed: $(cat "$work/mpi.out")"
     [ "$(jq '[.traceEvents[] | select(.ph == "X" and (.name | startswith("step ")))] | length' \
       "$work/mpi.trace.json")" = 4 ] || fail "rank 0's --trace does not hold the 4 steps"
+    # The last step's forwards, 4 per rank, on every rank's compute row (pid = rank, tid 0).
+    [ "$(jq "[.traceEvents[] | select(.ph == \"X\" and .tid == 0 and .pid < $n and
+      (.name | startswith(\"F\")))] | length" "$work/mpi.trace.json")" = $((4 * n)) ] ||
+      fail "rank 0's --trace does not hold every rank's forwards: $(jq -c '[.traceEvents[] | select(.ph == "X") | [.pid, .tid, .name]]' "$work/mpi.trace.json")"
+    grep -q "bubble last step: measured" "$work/mpi.out" || fail "no bubble reported: $(cat "$work/mpi.out")"
     grep -q "transport mpi" "$work/mpi.out" || fail "the MPI run did not use MPI: $(cat "$work/mpi.out")"
     # Rank 0 alone prints: one summary, not n.
     [ "$(grep -c '^done ' "$work/mpi.out")" = 1 ] || fail "ranks other than 0 printed: $(cat "$work/mpi.out")"
@@ -80,6 +86,8 @@ case $mode in
       fail "mpirun -np 4 --stages 2 --dp 2 failed: $(cat "$work/mpi.out")"
     grep -q "transport mpi" "$work/mpi.out" || fail "the MPI run did not use MPI: $(cat "$work/mpi.out")"
     grep -q "2 replicas x 2 pipeline ranks" "$work/mpi.out" || fail "no replicas: $(cat "$work/mpi.out")"
+    grep -Eq "all-reduce last step: [0-9.]+ ms in all, hidden behind compute: measured" "$work/mpi.out" ||
+      fail "no all-reduce report from the gathered timelines: $(cat "$work/mpi.out")"
     [ "$(grep -c '^done ' "$work/mpi.out")" = 1 ] || fail "ranks other than 0 printed: $(cat "$work/mpi.out")"
     [ "$(numbers "$work/mpi.jsonl" | wc -l)" = 4 ] || fail "expected 4 steps in --log-json"
     diff <(numbers "$work/threads.jsonl") <(numbers "$work/mpi.jsonl") ||
