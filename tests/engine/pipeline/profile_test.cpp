@@ -18,13 +18,19 @@ ModelConfig head_heavy_config() {
   return c;
 }
 
+// 64 tokens per micro-batch, one warm-up and `repetitions` timed runs.
+ProfileOptions quick_options(int repetitions) {
+  ProfileOptions options;
+  options.microbatch_tokens = 64;
+  options.repetitions = repetitions;
+  options.warmup = 1;
+  return options;
+}
+
 TEST(Profile, EveryUnitIsTimedAndItsBytesCounted) {
   const ModelDescription model = reference_model(head_heavy_config());
   DeviceContext ctx(Device::cpu());
-  ProfileOptions options;
-  options.microbatch_tokens = 64;
-  options.repetitions = 3;
-  options.warmup = 1;
+  const ProfileOptions options = quick_options(3);
   const UnitCosts costs = profile_units(model, ctx, options);
   ASSERT_EQ(costs.units.size(), static_cast<size_t>(model.num_units));
   EXPECT_EQ(costs.microbatch_tokens, 64);
@@ -70,10 +76,7 @@ TEST(Profile, BadOptionsAreErrors) {
 TEST(Profile, NeighboursChangeNoByteCount) {
   const ModelDescription model = reference_model(head_heavy_config());
   DeviceContext ctx(Device::cpu());
-  ProfileOptions options;
-  options.microbatch_tokens = 64;
-  options.repetitions = 2;
-  options.warmup = 1;
+  ProfileOptions options = quick_options(2);
   const UnitCosts alone = profile_units(model, ctx, options);
   options.neighbours = 2;
   DeviceContext crowded_ctx(Device::cpu());
@@ -94,10 +97,7 @@ TEST(Profile, NeighboursChangeNoByteCount) {
 TEST(Profile, ANeighboursFailureReachesTheCaller) {
   const ModelDescription model = reference_model(head_heavy_config());
   DeviceContext ctx(Device::cpu());
-  ProfileOptions options;
-  options.microbatch_tokens = 64;
-  options.repetitions = 2;
-  options.warmup = 1;
+  ProfileOptions options = quick_options(2);
   options.neighbours = 1;
   options.neighbour_context.memory_limit_bytes = 1024;
   EXPECT_ANY_THROW(profile_units(model, ctx, options));
