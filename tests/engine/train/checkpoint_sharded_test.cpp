@@ -11,6 +11,7 @@
 #include "engine/train/checkpoint_model.h"
 #include "engine/train/trainer.h"
 #include "engine/train/trainer_checkpoint.h"
+#include "support/train_config.h"
 #include "tests/engine/train/checkpoint_fixture.h"
 
 namespace conveyor {
@@ -146,22 +147,7 @@ TEST(PiecedCheckpoint, AWriterRefusesAPieceOutsideItsTensor) {
 // ------------------------------------------------------------------------ training runs
 
 TrainConfig layout(int stages, int replicas, bool sharded) {
-  TrainConfig c;
-  c.model = model_preset("tiny");
-  c.model.d_model = 32;
-  c.model.hidden = 64;
-  c.model.vocab = 16;
-  c.model.n_layers = 2;
-  c.steps = 4;
-  c.batch_tokens = 256;
-  c.microbatches = 4;
-  c.optimizer.lr = 1e-2;
-  c.seed = 7;
-  c.stages = stages;
-  c.data_parallel = replicas;
-  c.shard_optimizer = sharded;
-  c.device = Device::cpu();
-  return c;
+  return testing::small_train_config(stages, replicas, sharded);
 }
 
 // Every parameter's value and optimizer state over the whole tensor, by global name: the

@@ -11,29 +11,14 @@
 #include "engine/train/checkpoint.h"
 #include "engine/train/trainer.h"
 #include "engine/train/trainer_checkpoint.h"
+#include "support/train_config.h"
 
 namespace conveyor {
 namespace {
 
 using testing::TempDir;
 
-TrainConfig dp_config() {
-  TrainConfig c;
-  c.model = model_preset("tiny");
-  c.model.d_model = 32;
-  c.model.hidden = 64;
-  c.model.vocab = 16;
-  c.model.n_layers = 2;
-  c.steps = 4;
-  c.batch_tokens = 256;
-  c.microbatches = 4;
-  c.optimizer.lr = 1e-2;
-  c.seed = 7;
-  c.stages = 2;
-  c.data_parallel = 2;
-  c.device = Device::cpu();
-  return c;
-}
+TrainConfig dp_config() { return testing::small_train_config(2, 2); }
 
 // The bytes of every parameter of every rank of every replica.
 std::vector<std::vector<float>> all_weights(Trainer& trainer) {
