@@ -51,15 +51,18 @@ def main():
     rows += [(p, same + ["--partition", p]) for p in ("uniform", "params")]
     print(f"plan: {plan['schedule']} m={plan['microbatches']} partition {plan['partition']}, "
           f"predicted step {plan['predicted_step_seconds']:.3f} s")
-    print("| partition | measured step (median) | predicted | ratio | compute per rank, last step |")
-    print("| --- | --- | --- | --- | --- |")
+    print("| partition | measured step (median) | predicted | ratio | compute per rank, last step | predicted |")
+    print("| --- | --- | --- | --- | --- | --- |")
     for name, flags in rows:
         step, busy = measured(conveyor, work, name, flags, steps=6)
         predicted = plan["predicted_step_seconds"] if name == "auto" else None
         ratio = f"{step / predicted:.2f}" if predicted else ""
         pred = f"{predicted:.3f} s" if predicted else ""
+        busy_pred = ""
+        if name == "auto" and "predicted_rank_compute_seconds" in plan:
+            busy_pred = ", ".join(f"{b:.3f} s" for b in plan["predicted_rank_compute_seconds"])
         print(f"| {name} | {step:.3f} s | {pred} | {ratio} | "
-              + ", ".join(f"{b:.3f} s" for b in busy) + " |")
+              + ", ".join(f"{b:.3f} s" for b in busy) + f" | {busy_pred} |")
 
 
 if __name__ == "__main__":

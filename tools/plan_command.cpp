@@ -104,7 +104,8 @@ void write_plan_file(OutputFile& file, const PlanCandidate& candidate, int stage
                          {"microbatches", candidate.microbatches},
                          {"partition", blocks_of(candidate.ranges)},
                          {"recompute", to_string(candidate.recompute)},
-                         {"predicted_step_seconds", candidate.step_seconds}};
+                         {"predicted_step_seconds", candidate.step_seconds},
+                         {"predicted_rank_compute_seconds", candidate.busy_seconds}};
   file.write(plan.dump(2) + "\n");
   file.close();
 }

@@ -151,6 +151,8 @@ PeakPoints peak_points(const std::vector<schedule::Action>& list, int last_stage
       case ActionKind::kRecvAct:
         inputs += a.kind == ActionKind::kRecvAct ? 1 : -1;
         break;
+      case ActionKind::kAllReduceGrad:  // sums gradients: holds no activation
+        break;
     }
     out.transit.push_back({inputs, outputs});
   }
@@ -192,6 +194,8 @@ std::vector<double> transit_of(const schedule::Schedule& schedule, const std::ve
           break;
         case ActionKind::kRecvAct:
           now += in[s];
+          break;
+        case ActionKind::kAllReduceGrad:  // sums gradients: holds no activation
           break;
       }
       peaks[r] = std::max(peaks[r], now);
@@ -600,6 +604,7 @@ Plan plan(const std::vector<UnitCosts>& measured, const PlanOptions& options) {
                                                    costs.transfer_seconds * factor));
           c.step_seconds = sim.makespan;
           c.bubble = sim.bubble_fraction;
+          for (const auto& rank : sim.ranks) c.busy_seconds.push_back(rank.busy);
         } catch (const std::invalid_argument& e) {  // PlanError, or units out of range
           c.rejected = e.what();
         }

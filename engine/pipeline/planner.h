@@ -116,6 +116,7 @@ struct PlanCandidate {
   RecomputeSpec recompute;         // what the pipelined candidate recomputes
   double step_seconds = 0;         // predicted by the simulator (data-parallel: compute + reduce)
   double bubble = 0;               // idle fraction of the ranks
+  std::vector<double> busy_seconds;  // per rank, predicted compute time of a step (pipelined)
   std::vector<double> peak_bytes;  // per rank (data-parallel: per replica)
   std::string rejected;            // non-empty: why this candidate cannot run
 };

@@ -207,10 +207,19 @@ TEST(Planner, PlanRanksBySimulatedStepTimeAndGivesTheHeadItsOwnRoom) {
       model.backward_weight.push_back(w * factor);
     }
     model.latency = costs.transfer_seconds * factor;
-    return schedule::simulate(sched, model).makespan;
+    return schedule::simulate(sched, model);
   };
-  EXPECT_DOUBLE_EQ(simulate_ranges(best.ranges), best.step_seconds);
-  if (best.chunks == 1) EXPECT_LT(best.step_seconds, simulate_ranges({{0, 5}, {5, 10}}));
+  const schedule::SimResult best_sim = simulate_ranges(best.ranges);
+  EXPECT_DOUBLE_EQ(best_sim.makespan, best.step_seconds);
+  // Each rank's predicted compute, which `plan --out` writes next to the step time.
+  ASSERT_EQ(best.busy_seconds.size(), best_sim.ranks.size());
+  for (size_t r = 0; r < best_sim.ranks.size(); ++r) {
+    EXPECT_DOUBLE_EQ(best.busy_seconds[r], best_sim.ranks[r].busy) << "rank " << r;
+    EXPECT_GT(best.busy_seconds[r], 0.0);
+    EXPECT_LE(best.busy_seconds[r], best.step_seconds);
+  }
+  if (best.chunks == 1)
+    EXPECT_LT(best.step_seconds, simulate_ranges({{0, 5}, {5, 10}}).makespan);
   const std::string table = format_plan(result);
   EXPECT_NE(table.find("step (ms)"), std::string::npos) << table;
   EXPECT_NE(table.find(best.layout), std::string::npos) << table;
