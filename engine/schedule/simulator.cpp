@@ -124,8 +124,9 @@ class StreamRun {
   using Done = Completions<kTimed>;
 
  public:
+  // `checked`: the schedule has passed the structural checks of validate().
   StreamRun(const Schedule& s, const CostModel* costs,
-            std::vector<std::vector<ActionTiming>>* timing)
+            std::vector<std::vector<ActionTiming>>* timing, bool checked = false)
       : s_(s),
         costs_(costs),
         ranks_(static_cast<int>(s.ranks.size())),
@@ -136,7 +137,7 @@ class StreamRun {
     for (int st = 0; st < stages_; ++st) owner_[st] = s.placement.rank_of(st);
     if constexpr (kTimed) {
       timing->resize(ranks_);
-      for (int k = 0; k < ActionIndex::kKinds; ++k) {
+      for (int k = 0; k < kActionKinds; ++k) {
         const Action a{static_cast<ActionKind>(k), 0, 0, -1};
         if (cost_is_per_kind(*costs, a.kind)) kind_cost_[k] = costs->cost(a);
       }
@@ -146,7 +147,7 @@ class StreamRun {
       Streams& q = streams_[r];
       q.actions = s.ranks[r].data();
       q.size = static_cast<int>(s.ranks[r].size());
-      prepare(r);
+      prepare(r, checked);
       q.compute = seek(q, 0, is_compute);
       q.send = seek(q, 0, is_send);
       q.recv = seek(q, 0, is_recv);
@@ -174,6 +175,7 @@ class StreamRun {
 
  private:
   static constexpr double kUnset = -1.0;
+  static constexpr int kActionKinds = static_cast<int>(ActionKind::kAllReduceGrad) + 1;
 
   // One rank's streams. Each head is the position of the stream's next action, kept on an
   // action of the stream (or at the list's end, when the stream is done), so a stream that
@@ -224,21 +226,36 @@ class StreamRun {
   // Schedules that did not pass validate() may name stages, micro-batches or peers that do
   // not exist; they get an error, not an out-of-range read. Checked once, before the run, so
   // that the run itself reads each action only to move it. Also lists the rank's all-reduces.
-  void prepare(int r) {
+  // A checked schedule skips the pass: it has all-reduces only with replicas > 1.
+  void prepare(int r, bool checked) {
     const Streams& q = streams_[r];
-    bool reduces = false;
+    streams_[r].reduce = streams_[r].reduce_end = static_cast<int>(reduces_.size());
+    if (checked) {
+      if (s_.replicas > 1) find_reduces(r);
+      return;
+    }
+    // Without branches, so that the pass over every action is cheap; the first bad action is
+    // only looked for when there is one.
+    bool all_in_range = true, reduces = false;
     for (int i = 0; i < q.size; ++i) {
-      const Action& a = q.actions[i];
-      const bool peer_ok = !is_transfer(a.kind) || (a.peer >= 0 && a.peer < ranks_);
-      if (a.stage < 0 || a.stage >= stages_ || a.microbatch < 0 || a.microbatch >= mbs_ || !peer_ok)
+      all_in_range &= in_range(q.actions[i]);
+      reduces |= is_reduce(q.actions[i].kind);
+    }
+    for (int i = 0; !all_in_range && i < q.size; ++i)
+      if (!in_range(q.actions[i]))
         throw ScheduleError("rank " + std::to_string(r) + ", position " + std::to_string(i) + ", " +
-                            to_string(a) +
+                            to_string(q.actions[i]) +
                             ": stage, micro-batch or peer out of range (validate the schedule "
                             "first)");
-      reduces |= is_reduce(a.kind);
-    }
-    streams_[r].reduce = streams_[r].reduce_end = static_cast<int>(reduces_.size());
     if (reduces) find_reduces(r);
+  }
+  bool in_range(const Action& a) const {
+    // One comparison per field: a negative value is a large unsigned one.
+    auto below = [](int v, int end) {
+      return static_cast<unsigned>(v) < static_cast<unsigned>(std::max(end, 0));
+    };
+    return below(a.stage, stages_) & below(a.microbatch, mbs_) &
+           (!is_transfer(a.kind) | below(a.peer, ranks_));
   }
 
   // The rank's all-reduces in list order, each with the position of the last weight-gradient
@@ -437,7 +454,7 @@ class StreamRun {
   std::vector<int> owner_;  // rank of each stage
   std::vector<Streams> streams_;
   std::vector<std::pair<int, int>> reduces_;  // every rank's: (position, its input), by rank
-  std::array<std::optional<double>, ActionIndex::kKinds> kind_cost_;
+  std::array<std::optional<double>, kActionKinds> kind_cost_;
   size_t remaining_ = 0;
   std::vector<int> work_;
   std::vector<char> queued_;
@@ -447,6 +464,10 @@ class StreamRun {
 
 void check_progress(const Schedule& schedule) {
   StreamRun<false>(schedule, nullptr, nullptr).run();
+}
+
+void check_progress_of_checked(const Schedule& schedule) {
+  StreamRun<false>(schedule, nullptr, nullptr, /*checked=*/true).run();
 }
 
 SimResult simulate(const Schedule& schedule, const CostModel& costs) {
