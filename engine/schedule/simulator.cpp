@@ -163,6 +163,14 @@ class StreamRun {
     }
   }
 
+  // Fills each rank's busy, reduce and end (a timed run that has finished).
+  void summarize(std::vector<RankStats>* ranks) const {
+    for (int r = 0; r < ranks_; ++r) {
+      const Streams& q = streams_[r];
+      (*ranks)[r].busy = q.busy, (*ranks)[r].reduce = q.reduce_time, (*ranks)[r].end = q.end;
+    }
+  }
+
   void run() {
     while (!work_.empty()) {
       const int r = work_.back();
@@ -187,6 +195,9 @@ class StreamRun {
     int reduce = 0, reduce_end = 0;  // the rank's all-reduces: reduces_[reduce, reduce_end)
     ActionTiming* timing = nullptr;
     double compute_free = 0, send_free = 0, recv_free = 0, reduce_free = 0;
+    // The rank's summary, kept as it runs: the computes' and all-reduces' time, summed in
+    // list order since each stream runs in list order, and the end of its last action.
+    double busy = 0, reduce_time = 0, end = 0;
   };
 
   // The first position from i on whose action belongs to the stream `in`, or the list's end.
@@ -346,6 +357,8 @@ class StreamRun {
         end = ready + cost(a);
         q.timing[q.compute] = {ready, end};
         q.compute_free = end;
+        q.busy += end - ready;
+        q.end = std::max(q.end, end);
       }
       if (a.kind == ActionKind::kForward)
         done_.mark(c, Done::kForwardDone, end);
@@ -378,6 +391,8 @@ class StreamRun {
         end = start + cost(a);
         q.timing[q.send] = d.timing[d.recv] = {start, end};
         q.send_free = d.recv_free = end;
+        q.end = std::max(q.end, end);
+        d.end = std::max(d.end, end);
       }
       done_.mark(cell(b), act ? Done::kActivationIn : Done::kGradientIn, end);
       q.send = seek(q, q.send + 1, is_send);
@@ -409,6 +424,8 @@ class StreamRun {
         const double start = std::max(q.reduce_free, dep >= 0 ? q.timing[dep].end : 0.0);
         q.timing[i] = {start, start + cost(q.actions[i])};
         q.reduce_free = q.timing[i].end;
+        q.reduce_time += q.timing[i].end - q.timing[i].start;
+        q.end = std::max(q.end, q.timing[i].end);
       }
       --remaining_;
     }
@@ -473,21 +490,16 @@ void check_progress_of_checked(const Schedule& schedule) {
 SimResult simulate(const Schedule& schedule, const CostModel& costs) {
   const int R = static_cast<int>(schedule.ranks.size());
   SimResult result;
-  StreamRun<true>(schedule, &costs, &result.timing).run();
+  StreamRun<true> run(schedule, &costs, &result.timing);
+  run.run();
 
   // Summary.
   result.ranks.resize(R);
+  run.summarize(&result.ranks);
   const auto memory = in_flight_per_rank(schedule, costs.activation_bytes);
   for (int r = 0; r < R; ++r) {
-    auto& st = result.ranks[r];
-    for (size_t i = 0; i < schedule.ranks[r].size(); ++i) {
-      const auto& t = result.timing[r][i];
-      st.end = std::max(st.end, t.end);
-      if (is_compute(schedule.ranks[r][i].kind)) st.busy += t.end - t.start;
-      if (is_reduce(schedule.ranks[r][i].kind)) st.reduce += t.end - t.start;
-    }
-    st.memory = memory[r];
-    result.makespan = std::max(result.makespan, st.end);
+    result.ranks[r].memory = memory[r];
+    result.makespan = std::max(result.makespan, result.ranks[r].end);
   }
   double total_idle = 0;
   for (auto& st : result.ranks) st.idle = result.makespan - st.busy, total_idle += st.idle;
