@@ -86,6 +86,14 @@ class Completions {
     if constexpr (kTimed) return end_[cell * kKinds + kind];
     return 0.0;
   }
+  // Asks for the cache line of `cell` ahead of use (no effect beyond the table).
+  void prefetch(size_t cell) const {
+    if constexpr (kTimed) {
+      if (cell * kKinds < end_.size()) __builtin_prefetch(&end_[cell * kKinds], 1);
+    } else if (cell < done_.size()) {
+      __builtin_prefetch(&done_[cell], 1);
+    }
+  }
   void mark(size_t cell, Kind kind, double end) {
     if constexpr (kTimed)
       end_[cell * kKinds + kind] = end;
@@ -205,6 +213,22 @@ class StreamRun {
   static int seek(const Streams& q, int i, Pred in) {
     while (i < q.size && !in(q.actions[i].kind)) ++i;
     return i;
+  }
+
+  // A large run is bound by memory: a rank's visits are far apart, so each would find the
+  // next part of its list, its timings and its cells out of cache. Whenever a head moves on,
+  // the cell its next action reads or marks is asked for, and a few cache lines of the list
+  // and timings ahead of the compute head (the other heads run near it).
+  static constexpr int kAhead = 16;  // actions: four cache lines of the list
+  void prefetch_for(const Streams& q, int head) const {
+    if (head < q.size) done_.prefetch(cell(q.actions[head]));
+  }
+  void prefetch_ahead(const Streams& q) const {
+    prefetch_for(q, q.compute);
+    if (q.compute + kAhead < q.size) {
+      __builtin_prefetch(&q.actions[q.compute + kAhead]);
+      if constexpr (kTimed) __builtin_prefetch(&q.timing[q.compute + kAhead], 1);
+    }
   }
 
   size_t cell(const Action& a) const { return static_cast<size_t>(a.stage) * mbs_ + a.microbatch; }
@@ -365,6 +389,7 @@ class StreamRun {
       else if (a.kind != ActionKind::kBackwardWeight)
         done_.mark(c, Done::kGradientDone, end);
       q.compute = seek(q, q.compute + 1, is_compute);
+      prefetch_ahead(q);
       --remaining_, moved = true;
     }
     return moved;
@@ -397,6 +422,7 @@ class StreamRun {
       done_.mark(cell(b), act ? Done::kActivationIn : Done::kGradientIn, end);
       q.send = seek(q, q.send + 1, is_send);
       d.recv = seek(d, d.recv + 1, is_recv);
+      prefetch_for(d, d.recv);
       remaining_ -= 2, moved = true;
       // The receiver's computes may now run, and the sender of its next receive may be
       // waiting for that receive to reach the head.
