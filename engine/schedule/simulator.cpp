@@ -353,16 +353,16 @@ class StreamRun {
   }
 
   // Runs rank r's streams until none can move. A compute can only be unblocked by a transfer
-  // and a send only by a compute (or by its receiver, which wakes this rank), and the
-  // reduction stream waits only for computes: after the first round, a stream is tried again
-  // only when the other one has moved since it stopped.
+  // into its own cell and a send only by a compute (or by its receiver, which wakes this
+  // rank), and the reduction stream waits only for computes: after the first round, a stream
+  // is tried again only when the other one has moved in a way that may unblock it.
   void visit(int r) {
     for (bool first = true;; first = false) {
       const bool computed = run_computes(r);
       if (!computed && !first) break;
-      const bool sent = run_sends(r);
+      const bool unblocked = run_sends(r);
       run_reduces(r);
-      if (!sent) break;
+      if (!unblocked) break;
     }
   }
 
@@ -395,10 +395,13 @@ class StreamRun {
     return moved;
   }
 
-  // Send stream, in rendezvous with the receivers' receive streams. Whether any send ran.
+  // Send stream, in rendezvous with the receivers' receive streams. Whether a transfer brought
+  // the input the compute head waits for.
   bool run_sends(int r) {
     Streams& q = streams_[r];
-    bool moved = false;
+    // The one cell whose marks can unblock the compute head: its received input's.
+    const size_t waits_on = q.compute < q.size ? cell(q.actions[q.compute]) : SIZE_MAX;
+    bool unblocked = false;
     while (q.send < q.size) {
       const Action& a = q.actions[q.send];
       const size_t c = cell(a);
@@ -419,11 +422,13 @@ class StreamRun {
         q.end = std::max(q.end, end);
         d.end = std::max(d.end, end);
       }
-      done_.mark(cell(b), act ? Done::kActivationIn : Done::kGradientIn, end);
+      const size_t marked = cell(b);
+      done_.mark(marked, act ? Done::kActivationIn : Done::kGradientIn, end);
+      unblocked |= marked == waits_on;
       q.send = seek(q, q.send + 1, is_send);
       d.recv = seek(d, d.recv + 1, is_recv);
       prefetch_for(d, d.recv);
-      remaining_ -= 2, moved = true;
+      remaining_ -= 2;
       // The receiver's computes may now run, and the sender of its next receive may be
       // waiting for that receive to reach the head.
       if (dst != r) wake(dst);
@@ -436,7 +441,7 @@ class StreamRun {
         }
       }
     }
-    return moved;
+    return unblocked;
   }
 
   // Reduction stream: an all-reduce waits only for its stage's weight gradients here, and for
