@@ -14,17 +14,8 @@ size_t table_cells(int stages, int microbatches) {
   return cells;
 }
 
-ActionIndex::ActionIndex(int stages, int microbatches, KindSet kinds)
-    : stages_(stages), mbs_(microbatches) {
-  const size_t cells = table_cells(stages, microbatches);
-  int tables = 0;
-  for (int k = 0; k < kKinds; ++k) slot_of_kind_[k] = kinds[k] ? tables++ : -1;
-  index_.assign(static_cast<size_t>(tables) * cells, -1);
-}
-
-void ActionIndex::insert_all(const Schedule& s) {
-  for (const auto& list : s.ranks)
-    for (int i = 0; i < static_cast<int>(list.size()); ++i) insert(list[i], i);
+ActionIndex::ActionIndex(int stages, int microbatches) : stages_(stages), mbs_(microbatches) {
+  index_.assign(kKinds * table_cells(stages, microbatches), -1);
 }
 
 }  // namespace conveyor::schedule

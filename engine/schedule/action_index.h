@@ -1,8 +1,10 @@
 #pragma once
 // Position of every action of a schedule in the list of the rank that owns it, by
-// (kind, stage, micro-batch): a flat table, since the validator and the simulator look actions
-// up by what they carry millions of times at scale. Only the kinds asked for are stored.
-#include <array>
+// (kind, stage, micro-batch): a flat table, since the validator looks actions up by what they
+// carry millions of times at scale. It holds the kinds with one action per (stage,
+// micro-batch) — computes and transfers, not the all-reduce — and the positions of one
+// (stage, micro-batch) cell lie together, since the validator asks about a cell's actions
+// together.
 #include <cstddef>
 #include <vector>
 
@@ -16,42 +18,42 @@ size_t table_cells(int stages, int microbatches);
 
 class ActionIndex {
  public:
-  // Kinds are numbered by ActionKind; `kinds[k]` says whether kind k gets a table.
-  static constexpr int kKinds = 9;
-  using KindSet = std::array<bool, kKinds>;
-  static constexpr KindSet all_kinds() {
-    return {true, true, true, true, true, true, true, true, true};
-  }
+  // Positions per cell, by ActionKind: F, B, I, W, SEND_ACT, RECV_ACT, SEND_GRAD, RECV_GRAD.
+  static constexpr int kKinds = static_cast<int>(ActionKind::kRecvGrad) + 1;
 
   // Throws ScheduleError when stages x micro-batches is beyond what a table may hold.
-  ActionIndex(int stages, int microbatches, KindSet kinds = all_kinds());
+  ActionIndex(int stages, int microbatches);
 
   // Records `index` for the action and returns the position recorded before (-1 if none).
-  // Actions outside the tables (kind not stored, stage or micro-batch out of range) are ignored.
+  // Actions outside the table (an all-reduce, stage or micro-batch out of range) are ignored.
   int insert(const Action& a, int index) {
-    int* slot = find(a.kind, a.stage, a.microbatch);
-    if (!slot) return -1;
-    const int before = *slot;
-    *slot = index;
+    if (!holds(a.kind, a.stage, a.microbatch)) return -1;
+    int& slot = cell(a.stage, a.microbatch)[static_cast<int>(a.kind)];
+    const int before = slot;
+    slot = index;
     return before;
   }
-  // Every action of every rank of `s`.
-  void insert_all(const Schedule& s);
 
-  // Position, or -1 when absent (or out of range).
+  // Position, or -1 when absent (or outside the table).
   int at(ActionKind kind, int stage, int mb) const {
-    const int* slot = const_cast<ActionIndex*>(this)->find(kind, stage, mb);
-    return slot ? *slot : -1;
+    return holds(kind, stage, mb) ? cell(stage, mb)[static_cast<int>(kind)] : -1;
   }
+
+  // The positions of the actions of (stage, mb), indexed by kind (-1: absent); `stage` and
+  // `mb` must be in range. The cell of (stage + 1, mb) is row() entries further on.
+  int* cell(int stage, int mb) {
+    return &index_[(static_cast<size_t>(stage) * mbs_ + mb) * kKinds];
+  }
+  const int* cell(int stage, int mb) const {
+    return &index_[(static_cast<size_t>(stage) * mbs_ + mb) * kKinds];
+  }
+  size_t row() const { return static_cast<size_t>(mbs_) * kKinds; }
 
  private:
-  int* find(ActionKind kind, int stage, int mb) {
-    const int table = slot_of_kind_[static_cast<int>(kind)];
-    if (table < 0 || stage < 0 || stage >= stages_ || mb < 0 || mb >= mbs_) return nullptr;
-    return &index_[(static_cast<size_t>(table) * stages_ + stage) * mbs_ + mb];
+  bool holds(ActionKind kind, int stage, int mb) const {
+    return static_cast<int>(kind) < kKinds && stage >= 0 && stage < stages_ && mb >= 0 && mb < mbs_;
   }
   int stages_, mbs_;
-  std::array<int, kKinds> slot_of_kind_{};
   std::vector<int> index_;
 };
 

@@ -1,8 +1,10 @@
 #include "engine/schedule/simulator.h"
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <string>
 #include <tuple>
 
@@ -57,50 +59,62 @@ double CostModel::cost(const Action& a) const {
 
 namespace {
 
-// What other actions wait on, by (stage, micro-batch): whether the forward, the backward that
-// produces the input gradient (B or I), and the received activation and gradient are done
-// and, in a timed run, when they ended. Tables by (stage, micro-batch) rather than by list
-// position: a dependency is then found without an index lookup, and an untimed run keeps one
-// bit per entry, so the whole state of a large run stays in cache.
+// What other actions wait on, by (stage, micro-batch) cell: whether the forward, the backward
+// that produces the input gradient (B or I), and the received activation and gradient are done
+// and, in a timed run, when they ended. Tables by cell rather than by list position: a
+// dependency is then found without an index lookup. The four entries of a cell lie together,
+// since an action reads and marks mostly its own cell; an untimed run keeps one byte per cell,
+// so the whole state of a large run stays in cache.
 template <bool kTimed>
 class Completions {
  public:
   enum Kind { kForwardDone, kGradientDone, kActivationIn, kGradientIn, kKinds };
 
-  Completions(int stages, int microbatches) : stages_(stages), mbs_(microbatches) {
+  Completions(int stages, int microbatches) {
     const size_t cells = table_cells(stages, microbatches);
     if constexpr (kTimed)
       end_.assign(kKinds * cells, kNotDone);
     else
-      done_.assign((kKinds * cells + 63) / 64, 0);
+      done_.assign(cells, 0);
   }
 
-  bool done(Kind kind, int stage, int mb) const {
-    const size_t c = cell(kind, stage, mb);
-    if constexpr (kTimed) return end_[c] != kNotDone;
-    return (done_[c / 64] >> (c % 64)) & 1;
+  bool done(size_t cell, Kind kind) const {
+    if constexpr (kTimed) return end_[cell * kKinds + kind] != kNotDone;
+    return (done_[cell] >> kind) & 1;
   }
-  double end(Kind kind, int stage, int mb) const {
-    if constexpr (kTimed) return end_[cell(kind, stage, mb)];
+  double end(size_t cell, Kind kind) const {
+    if constexpr (kTimed) return end_[cell * kKinds + kind];
     return 0.0;
   }
-  void mark(Kind kind, int stage, int mb, double end) {
-    const size_t c = cell(kind, stage, mb);
+  // Asks for the cache line of `cell` ahead of use (no effect beyond the table).
+  void prefetch(size_t cell) const {
+    if constexpr (kTimed) {
+      if (cell * kKinds < end_.size()) __builtin_prefetch(&end_[cell * kKinds], 1);
+    } else if (cell < done_.size()) {
+      __builtin_prefetch(&done_[cell], 1);
+    }
+  }
+  void mark(size_t cell, Kind kind, double end) {
     if constexpr (kTimed)
-      end_[c] = end;
+      end_[cell * kKinds + kind] = end;
     else
-      done_[c / 64] |= uint64_t{1} << (c % 64);
+      done_[cell] |= uint8_t{1} << kind;
   }
 
  private:
   static constexpr double kNotDone = -1.0;
-  size_t cell(Kind kind, int stage, int mb) const {
-    return (static_cast<size_t>(kind) * stages_ + stage) * mbs_ + mb;
-  }
-  int stages_, mbs_;
   std::vector<double> end_;
-  std::vector<uint64_t> done_;
+  std::vector<uint8_t> done_;
 };
+
+// Whether receive `recv` takes the message of send `send`: message_key(recv) ==
+// message_key(send), spelled out for the one pairing the run asks about millions of times.
+// SEND_ACT(s) goes to RECV_ACT(s+1), SEND_GRAD(s) to RECV_GRAD(s-1).
+bool takes(const Action& recv, const Action& send) {
+  const bool act = send.kind == ActionKind::kSendAct;
+  return recv.kind == (act ? ActionKind::kRecvAct : ActionKind::kRecvGrad) &&
+         recv.stage == send.stage + (act ? 1 : -1) && recv.microbatch == send.microbatch;
+}
 
 // The execution model (docs/execution-model.md): every rank runs three in-order streams —
 // compute, send, receive — over its list. A compute waits for its inputs; a send waits for
@@ -118,34 +132,50 @@ class StreamRun {
   using Done = Completions<kTimed>;
 
  public:
+  // `checked`: the schedule has passed the structural checks of validate().
   StreamRun(const Schedule& s, const CostModel* costs,
-            std::vector<std::vector<ActionTiming>>* timing)
+            std::vector<std::vector<ActionTiming>>* timing, bool checked = false)
       : s_(s),
         costs_(costs),
-        timing_(timing),
         ranks_(static_cast<int>(s.ranks.size())),
         stages_(s.num_stages()),
         mbs_(s.num_microbatches),
         done_(stages_, mbs_) {
     owner_.resize(stages_);
     for (int st = 0; st < stages_; ++st) owner_[st] = s.placement.rank_of(st);
-    const size_t R = ranks_;
-    compute_head_.assign(R, 0), send_head_.assign(R, 0), recv_head_.assign(R, 0);
-    reduce_head_.assign(R, 0), reduces_.resize(R);
     if constexpr (kTimed) {
-      compute_free_.assign(R, 0), send_free_.assign(R, 0), recv_free_.assign(R, 0);
-      reduce_free_.assign(R, 0);
-      timing_->resize(R);
+      timing->resize(ranks_);
+      for (int k = 0; k < kActionKinds; ++k) {
+        const Action a{static_cast<ActionKind>(k), 0, 0, -1};
+        if (cost_is_per_kind(*costs, a.kind)) kind_cost_[k] = costs->cost(a);
+      }
     }
-    for (size_t r = 0; r < R; ++r) {
-      check_ranges(static_cast<int>(r));
-      find_reduces(static_cast<int>(r));
+    streams_.resize(ranks_);
+    for (int r = 0; r < ranks_; ++r) {
+      Streams& q = streams_[r];
+      q.actions = s.ranks[r].data();
+      q.size = static_cast<int>(s.ranks[r].size());
+      prepare(r, checked);
+      q.compute = seek(q, 0, is_compute);
+      q.send = seek(q, 0, is_send);
+      q.recv = seek(q, 0, is_recv);
     }
-    queued_.assign(R, 1);
-    for (size_t r = 0; r < R; ++r) {
+    queued_.assign(ranks_, 1);
+    for (int r = 0; r < ranks_; ++r) {
       remaining_ += s.ranks[r].size();
-      if constexpr (kTimed) (*timing_)[r].assign(s.ranks[r].size(), {kUnset, kUnset});
-      work_.push_back(static_cast<int>(r));
+      if constexpr (kTimed) {
+        (*timing)[r].assign(s.ranks[r].size(), {kUnset, kUnset});
+        streams_[r].timing = (*timing)[r].data();
+      }
+      work_.push_back(r);
+    }
+  }
+
+  // Fills each rank's busy, reduce and end (a timed run that has finished).
+  void summarize(std::vector<RankStats>* ranks) const {
+    for (int r = 0; r < ranks_; ++r) {
+      const Streams& q = streams_[r];
+      (*ranks)[r].busy = q.busy, (*ranks)[r].reduce = q.reduce_time, (*ranks)[r].end = q.end;
     }
   }
 
@@ -161,31 +191,115 @@ class StreamRun {
 
  private:
   static constexpr double kUnset = -1.0;
+  static constexpr int kActionKinds = static_cast<int>(ActionKind::kAllReduceGrad) + 1;
 
-  int size(int r) const { return static_cast<int>(s_.ranks[r].size()); }
-  const Action& action(int r, int i) const { return s_.ranks[r][i]; }
+  // One rank's streams. Each head is the position of the stream's next action, kept on an
+  // action of the stream (or at the list's end, when the stream is done), so a stream that
+  // waits is asked about its head without a search.
+  struct Streams {
+    const Action* actions = nullptr;
+    int size = 0;
+    int compute = 0, send = 0, recv = 0;
+    int reduce = 0, reduce_end = 0;  // the rank's all-reduces: reduces_[reduce, reduce_end)
+    ActionTiming* timing = nullptr;
+    double compute_free = 0, send_free = 0, recv_free = 0, reduce_free = 0;
+    // The rank's summary, kept as it runs: the computes' and all-reduces' time, summed in
+    // list order since each stream runs in list order, and the end of its last action.
+    double busy = 0, reduce_time = 0, end = 0;
+  };
 
+  // The first position from i on whose action belongs to the stream `in`, or the list's end.
   template <class Pred>
-  int& head(std::vector<int>& heads, int r, Pred pred) {
-    int& h = heads[r];
-    while (h < size(r) && !pred(action(r, h).kind)) ++h;
-    return h;
+  static int seek(const Streams& q, int i, Pred in) {
+    while (i < q.size && !in(q.actions[i].kind)) ++i;
+    return i;
   }
-  int& compute_head(int r) { return head(compute_head_, r, is_compute); }
-  int& send_head(int r) { return head(send_head_, r, is_send); }
-  int& recv_head(int r) { return head(recv_head_, r, is_recv); }
 
-  double end_of(int r, int i) const {
-    if constexpr (kTimed) return (*timing_)[r][i].end;
-    return 0.0;
+  // A large run is bound by memory: a rank's visits are far apart, so each would find the
+  // next part of its list, its timings and its cells out of cache. Whenever a head moves on,
+  // the cell its next action reads or marks is asked for, and a few cache lines of the list
+  // and timings ahead of the compute head (the other heads run near it).
+  static constexpr int kAhead = 16;  // actions: four cache lines of the list
+  void prefetch_for(const Streams& q, int head) const {
+    if (head < q.size) done_.prefetch(cell(q.actions[head]));
+  }
+  void prefetch_ahead(const Streams& q) const {
+    prefetch_for(q, q.compute);
+    if (q.compute + kAhead < q.size) {
+      __builtin_prefetch(&q.actions[q.compute + kAhead]);
+      if constexpr (kTimed) __builtin_prefetch(&q.timing[q.compute + kAhead], 1);
+    }
+  }
+
+  size_t cell(const Action& a) const { return static_cast<size_t>(a.stage) * mbs_ + a.microbatch; }
+
+  // Whether CostModel::cost(a) is the same for every stage of a's kind (no per-stage vector
+  // it reads has more than one entry): then it is asked once per kind, not once per action.
+  static bool cost_is_per_kind(const CostModel& c, ActionKind kind) {
+    auto one = [](const std::vector<double>& v) { return v.size() <= 1; };
+    switch (kind) {
+      case ActionKind::kForward:
+        return one(c.forward);
+      case ActionKind::kBackward:
+        return c.backward.empty() ? one(c.backward_input) && one(c.backward_weight)
+                                  : one(c.backward);
+      case ActionKind::kBackwardInput:
+        return one(c.backward_input);
+      case ActionKind::kBackwardWeight:
+        return one(c.backward_weight);
+      case ActionKind::kAllReduceGrad:
+        return one(c.gradient_bytes);
+      default:
+        return one(c.message_bytes);
+    }
+  }
+  double cost(const Action& a) const {
+    const auto& per_kind = kind_cost_[static_cast<int>(a.kind)];
+    return per_kind ? *per_kind : costs_->cost(a);
+  }
+
+  // Schedules that did not pass validate() may name stages, micro-batches or peers that do
+  // not exist; they get an error, not an out-of-range read. Checked once, before the run, so
+  // that the run itself reads each action only to move it. Also lists the rank's all-reduces.
+  // A checked schedule skips the pass: it has all-reduces only with replicas > 1.
+  void prepare(int r, bool checked) {
+    const Streams& q = streams_[r];
+    streams_[r].reduce = streams_[r].reduce_end = static_cast<int>(reduces_.size());
+    if (checked) {
+      if (s_.replicas > 1) find_reduces(r);
+      return;
+    }
+    // Without branches, so that the pass over every action is cheap; the first bad action is
+    // only looked for when there is one.
+    bool all_in_range = true, reduces = false;
+    for (int i = 0; i < q.size; ++i) {
+      all_in_range &= in_range(q.actions[i]);
+      reduces |= is_reduce(q.actions[i].kind);
+    }
+    for (int i = 0; !all_in_range && i < q.size; ++i)
+      if (!in_range(q.actions[i]))
+        throw ScheduleError("rank " + std::to_string(r) + ", position " + std::to_string(i) + ", " +
+                            to_string(q.actions[i]) +
+                            ": stage, micro-batch or peer out of range (validate the schedule "
+                            "first)");
+    if (reduces) find_reduces(r);
+  }
+  bool in_range(const Action& a) const {
+    // One comparison per field: a negative value is a large unsigned one.
+    auto below = [](int v, int end) {
+      return static_cast<unsigned>(v) < static_cast<unsigned>(std::max(end, 0));
+    };
+    return below(a.stage, stages_) & below(a.microbatch, mbs_) &
+           (!is_transfer(a.kind) | below(a.peer, ranks_));
   }
 
   // The rank's all-reduces in list order, each with the position of the last weight-gradient
   // action of its stage before it (-1: none), the compute it waits for.
   void find_reduces(int r) {
+    Streams& q = streams_[r];
     std::vector<std::pair<int, int>> last_weight_grad;  // (stage, position), few stages
-    for (int i = 0; i < size(r); ++i) {
-      const Action& a = action(r, i);
+    for (int i = 0; i < q.size; ++i) {
+      const Action& a = q.actions[i];
       if (is_weight_grad(a.kind)) {
         auto it = std::find_if(last_weight_grad.begin(), last_weight_grad.end(),
                                [&](const auto& e) { return e.first == a.stage; });
@@ -197,59 +311,39 @@ class StreamRun {
         int dep = -1;
         for (const auto& [stage, at] : last_weight_grad)
           if (stage == a.stage) dep = at;
-        reduces_[r].emplace_back(i, dep);
+        reduces_.emplace_back(i, dep);
       }
     }
+    q.reduce_end = static_cast<int>(reduces_.size());
   }
 
   int reduce_position(int r) const {
-    const size_t h = reduce_head_[r];
-    return h < reduces_[r].size() ? reduces_[r][h].first : size(r);
+    const Streams& q = streams_[r];
+    return q.reduce < q.reduce_end ? reduces_[q.reduce].first : q.size;
   }
 
-  // Schedules that did not pass validate() may name stages, micro-batches or peers that do
-  // not exist; they get an error, not an out-of-range read. Checked once, before the run, so
-  // that the run itself reads each action only to move it.
-  void check_ranges(int r) const {
-    for (int i = 0; i < size(r); ++i) {
-      const Action& a = action(r, i);
-      const bool peer_ok = !is_transfer(a.kind) || (a.peer >= 0 && a.peer < ranks_);
-      if (a.stage < 0 || a.stage >= stages_ || a.microbatch < 0 || a.microbatch >= mbs_ || !peer_ok)
-        throw ScheduleError("rank " + std::to_string(r) + ", position " + std::to_string(i) + ", " +
-                            to_string(a) +
-                            ": stage, micro-batch or peer out of range (validate the schedule "
-                            "first)");
-    }
-  }
-
-  // Whether the inputs of compute `a` on rank r are there, and when the last one ended.
-  bool inputs_ready(int r, const Action& a, double* ready) const {
-    const int st = a.stage, k = a.microbatch;
-    auto need = [&](typename Done::Kind kind, int stage) {
-      if (!done_.done(kind, stage, k)) return false;
-      if constexpr (kTimed) *ready = std::max(*ready, done_.end(kind, stage, k));
+  // Whether the inputs of compute `a` (in cell c) on rank r are there, and when the last one
+  // ended. The neighbour stages' cells are a row of mbs_ cells away.
+  bool inputs_ready(int r, const Action& a, size_t c, double* ready) const {
+    const int st = a.stage;
+    auto need = [&](typename Done::Kind kind, size_t at) {
+      if (!done_.done(at, kind)) return false;
+      if constexpr (kTimed) *ready = std::max(*ready, done_.end(at, kind));
       return true;
     };
     switch (a.kind) {
       case ActionKind::kForward:
         if (st == 0) return true;
-        return owner_[st - 1] == r ? need(Done::kForwardDone, st - 1)
-                                   : need(Done::kActivationIn, st);
+        return owner_[st - 1] == r ? need(Done::kForwardDone, c - mbs_)
+                                   : need(Done::kActivationIn, c);
       case ActionKind::kBackwardWeight:
-        return need(Done::kGradientDone, st);
+        return need(Done::kGradientDone, c);
       default:  // B or I: the forward's activations and the output gradient
-        if (!need(Done::kForwardDone, st)) return false;
+        if (!need(Done::kForwardDone, c)) return false;
         if (st + 1 == stages_) return true;
-        return owner_[st + 1] == r ? need(Done::kGradientDone, st + 1)
-                                   : need(Done::kGradientIn, st);
+        return owner_[st + 1] == r ? need(Done::kGradientDone, c + mbs_)
+                                   : need(Done::kGradientIn, c);
     }
-  }
-
-  // The receive at `dst`'s receive head, if it takes the message of send `a`.
-  bool receives(int dst, int j, const Action& a) const {
-    if (j >= size(dst)) return false;
-    const Action& b = action(dst, j);
-    return message_key(b) == message_key(a);
   }
 
   void wake(int r) {
@@ -258,86 +352,124 @@ class StreamRun {
     work_.push_back(r);
   }
 
-  // Runs rank r's streams until none can move.
+  // Runs rank r's streams until none can move. A compute can only be unblocked by a transfer
+  // into its own cell and a send only by a compute (or by its receiver, which wakes this
+  // rank), and the reduction stream waits only for computes: after the first round, a stream
+  // is tried again only when the other one has moved in a way that may unblock it.
   void visit(int r) {
-    for (bool progress = true; progress;) {
-      progress = false;
-      for (;;) {  // compute stream
-        const int i = compute_head(r);
-        if (i >= size(r)) break;
-        const Action& a = action(r, i);
-        double ready = 0;
-        if constexpr (kTimed) ready = compute_free_[r];
-        if (!inputs_ready(r, a, &ready)) break;
-        double end = 0;
-        if constexpr (kTimed) {
-          end = ready + costs_->cost(a);
-          (*timing_)[r][i] = {ready, end};
-          compute_free_[r] = end;
-        }
-        if (a.kind == ActionKind::kForward)
-          done_.mark(Done::kForwardDone, a.stage, a.microbatch, end);
-        else if (a.kind != ActionKind::kBackwardWeight)
-          done_.mark(Done::kGradientDone, a.stage, a.microbatch, end);
-        ++compute_head_[r], --remaining_, progress = true;
+    for (bool first = true;; first = false) {
+      const bool computed = run_computes(r);
+      if (!computed && !first) break;
+      const bool unblocked = run_sends(r);
+      run_reduces(r);
+      if (!unblocked) break;
+    }
+  }
+
+  // Compute stream: runs computes while their inputs are there. Whether any ran.
+  bool run_computes(int r) {
+    Streams& q = streams_[r];
+    bool moved = false;
+    while (q.compute < q.size) {
+      const Action& a = q.actions[q.compute];
+      const size_t c = cell(a);
+      double ready = 0;
+      if constexpr (kTimed) ready = q.compute_free;
+      if (!inputs_ready(r, a, c, &ready)) break;
+      double end = 0;
+      if constexpr (kTimed) {
+        end = ready + cost(a);
+        q.timing[q.compute] = {ready, end};
+        q.compute_free = end;
+        q.busy += end - ready;
+        q.end = std::max(q.end, end);
       }
-      for (;;) {  // send stream, rendezvous with the receiver's receive stream
-        const int i = send_head(r);
-        if (i >= size(r)) break;
-        const Action& a = action(r, i);
-        const bool act = a.kind == ActionKind::kSendAct;
-        const auto produced = act ? Done::kForwardDone : Done::kGradientDone;
-        if (!done_.done(produced, a.stage, a.microbatch)) break;
-        const int dst = a.peer;
-        const int j = recv_head(dst);
-        if (!receives(dst, j, a)) break;
-        double end = 0;
-        if constexpr (kTimed) {
-          const double start = std::max(
-              {done_.end(produced, a.stage, a.microbatch), send_free_[r], recv_free_[dst]});
-          end = start + costs_->cost(a);
-          (*timing_)[r][i] = (*timing_)[dst][j] = {start, end};
-          send_free_[r] = recv_free_[dst] = end;
-        }
-        if (act)
-          done_.mark(Done::kActivationIn, a.stage + 1, a.microbatch, end);
-        else
-          done_.mark(Done::kGradientIn, a.stage - 1, a.microbatch, end);
-        ++send_head_[r], ++recv_head_[dst], remaining_ -= 2, progress = true;
-        // The receiver's computes may now run, and the sender of its next receive may be
-        // waiting for that receive to reach the head.
-        if (dst != r) wake(dst);
-        const int next = recv_head(dst);
-        if (next < size(dst)) {
-          const int sender = action(dst, next).peer;
-          if (sender >= 0 && sender < ranks_ && sender != r) {
-            const int h = send_head(sender);
-            if (h < size(sender) && receives(dst, next, action(sender, h))) wake(sender);
-          }
+      if (a.kind == ActionKind::kForward)
+        done_.mark(c, Done::kForwardDone, end);
+      else if (a.kind != ActionKind::kBackwardWeight)
+        done_.mark(c, Done::kGradientDone, end);
+      q.compute = seek(q, q.compute + 1, is_compute);
+      prefetch_ahead(q);
+      --remaining_, moved = true;
+    }
+    return moved;
+  }
+
+  // Send stream, in rendezvous with the receivers' receive streams. Whether a transfer brought
+  // the input the compute head waits for.
+  bool run_sends(int r) {
+    Streams& q = streams_[r];
+    // The one cell whose marks can unblock the compute head: its received input's.
+    const size_t waits_on = q.compute < q.size ? cell(q.actions[q.compute]) : SIZE_MAX;
+    bool unblocked = false;
+    while (q.send < q.size) {
+      const Action& a = q.actions[q.send];
+      const size_t c = cell(a);
+      const bool act = a.kind == ActionKind::kSendAct;
+      const auto produced = act ? Done::kForwardDone : Done::kGradientDone;
+      if (!done_.done(c, produced)) break;
+      const int dst = a.peer;
+      Streams& d = streams_[dst];
+      if (d.recv >= d.size) break;
+      const Action& b = d.actions[d.recv];
+      if (!takes(b, a)) break;
+      double end = 0;
+      if constexpr (kTimed) {
+        const double start = std::max({done_.end(c, produced), q.send_free, d.recv_free});
+        end = start + cost(a);
+        q.timing[q.send] = d.timing[d.recv] = {start, end};
+        q.send_free = d.recv_free = end;
+        q.end = std::max(q.end, end);
+        d.end = std::max(d.end, end);
+      }
+      const size_t marked = cell(b);
+      done_.mark(marked, act ? Done::kActivationIn : Done::kGradientIn, end);
+      unblocked |= marked == waits_on;
+      q.send = seek(q, q.send + 1, is_send);
+      d.recv = seek(d, d.recv + 1, is_recv);
+      prefetch_for(d, d.recv);
+      remaining_ -= 2;
+      // The receiver's computes may now run, and the sender of its next receive may be
+      // waiting for that receive to reach the head.
+      if (dst != r) wake(dst);
+      if (d.recv < d.size) {
+        const Action& next = d.actions[d.recv];
+        const int sender = next.peer;
+        if (sender >= 0 && sender < ranks_ && sender != r) {
+          const Streams& w = streams_[sender];
+          if (w.send < w.size && takes(next, w.actions[w.send])) wake(sender);
         }
       }
-      // Reduction stream: an all-reduce waits only for its stage's weight gradients here, and
-      // for the same point in every other replica, which runs the same list.
-      for (auto& h = reduce_head_[r]; h < reduces_[r].size(); ++h) {
-        const auto [i, dep] = reduces_[r][h];
-        if (dep >= 0 && compute_head_[r] <= dep) break;
-        if constexpr (kTimed) {
-          const double start = std::max(reduce_free_[r], dep >= 0 ? end_of(r, dep) : 0.0);
-          (*timing_)[r][i] = {start, start + costs_->cost(action(r, i))};
-          reduce_free_[r] = (*timing_)[r][i].end;
-        }
-        --remaining_, progress = true;
+    }
+    return unblocked;
+  }
+
+  // Reduction stream: an all-reduce waits only for its stage's weight gradients here, and for
+  // the same point in every other replica, which runs the same list.
+  void run_reduces(int r) {
+    Streams& q = streams_[r];
+    for (; q.reduce < q.reduce_end; ++q.reduce) {
+      const auto [i, dep] = reduces_[q.reduce];
+      if (dep >= 0 && q.compute <= dep) break;
+      if constexpr (kTimed) {
+        const double start = std::max(q.reduce_free, dep >= 0 ? q.timing[dep].end : 0.0);
+        q.timing[i] = {start, start + cost(q.actions[i])};
+        q.reduce_free = q.timing[i].end;
+        q.reduce_time += q.timing[i].end - q.timing[i].start;
+        q.end = std::max(q.end, q.timing[i].end);
       }
+      --remaining_;
     }
   }
 
   DeadlockError deadlock() {
     std::vector<StuckAction> stuck;
     std::string msg = "deadlock: the run cannot finish;";
-    for (int r = 0; r < ranks_; ++r)
-      for (int h : {compute_head(r), send_head(r), recv_head(r), reduce_position(r)}) {
-        if (h >= size(r)) continue;
-        const Action& a = action(r, h);
+    for (int r = 0; r < ranks_; ++r) {
+      const Streams& q = streams_[r];
+      for (int h : {q.compute, q.send, q.recv, reduce_position(r)}) {
+        if (h >= q.size) continue;
+        const Action& a = q.actions[h];
         std::string why =
             is_compute(a.kind)  ? "waits for its input"
             : is_reduce(a.kind) ? "waits for the weight gradients of its stage"
@@ -346,6 +478,7 @@ class StreamRun {
                 : "waits for rank " + std::to_string(a.peer) + " to send";
         stuck.push_back({r, h, why});
       }
+    }
     std::sort(stuck.begin(), stuck.end(), [](const StuckAction& x, const StuckAction& y) {
       return std::tie(x.rank, x.index) < std::tie(y.rank, y.index);
     });
@@ -357,21 +490,19 @@ class StreamRun {
     for (size_t n = 0; n < stuck.size() && n < 6; ++n)
       msg += " rank " + std::to_string(stuck[n].rank) + " position " +
              std::to_string(stuck[n].index) + " " +
-             to_string(action(stuck[n].rank, stuck[n].index)) + " " + stuck[n].waiting_for +
+             to_string(s_.ranks[stuck[n].rank][stuck[n].index]) + " " + stuck[n].waiting_for +
              (n + 1 < stuck.size() && n < 5 ? ";" : "");
     return DeadlockError(msg, std::move(stuck));
   }
 
   const Schedule& s_;
   const CostModel* costs_;
-  std::vector<std::vector<ActionTiming>>* timing_;
   int ranks_, stages_, mbs_;
   Done done_;
   std::vector<int> owner_;  // rank of each stage
-  std::vector<int> compute_head_, send_head_, recv_head_;
-  std::vector<double> compute_free_, send_free_, recv_free_, reduce_free_;
-  std::vector<std::vector<std::pair<int, int>>> reduces_;  // per rank: (position, its input)
-  std::vector<size_t> reduce_head_;
+  std::vector<Streams> streams_;
+  std::vector<std::pair<int, int>> reduces_;  // every rank's: (position, its input), by rank
+  std::array<std::optional<double>, kActionKinds> kind_cost_;
   size_t remaining_ = 0;
   std::vector<int> work_;
   std::vector<char> queued_;
@@ -383,24 +514,23 @@ void check_progress(const Schedule& schedule) {
   StreamRun<false>(schedule, nullptr, nullptr).run();
 }
 
+void check_progress_of_checked(const Schedule& schedule) {
+  StreamRun<false>(schedule, nullptr, nullptr, /*checked=*/true).run();
+}
+
 SimResult simulate(const Schedule& schedule, const CostModel& costs) {
   const int R = static_cast<int>(schedule.ranks.size());
   SimResult result;
-  StreamRun<true>(schedule, &costs, &result.timing).run();
+  StreamRun<true> run(schedule, &costs, &result.timing);
+  run.run();
 
   // Summary.
   result.ranks.resize(R);
+  run.summarize(&result.ranks);
   const auto memory = in_flight_per_rank(schedule, costs.activation_bytes);
   for (int r = 0; r < R; ++r) {
-    auto& st = result.ranks[r];
-    for (size_t i = 0; i < schedule.ranks[r].size(); ++i) {
-      const auto& t = result.timing[r][i];
-      st.end = std::max(st.end, t.end);
-      if (is_compute(schedule.ranks[r][i].kind)) st.busy += t.end - t.start;
-      if (is_reduce(schedule.ranks[r][i].kind)) st.reduce += t.end - t.start;
-    }
-    st.memory = memory[r];
-    result.makespan = std::max(result.makespan, st.end);
+    result.ranks[r].memory = memory[r];
+    result.makespan = std::max(result.makespan, result.ranks[r].end);
   }
   double total_idle = 0;
   for (auto& st : result.ranks) st.idle = result.makespan - st.busy, total_idle += st.idle;

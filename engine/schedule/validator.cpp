@@ -44,6 +44,8 @@ void validate(const Schedule& s) {
 
   // Position of each action in its rank's list, by (kind, stage, mb); per-action placement,
   // range and peer checks; duplicates.
+  std::vector<int> owner(S);  // rank of each stage, asked of every action
+  for (int st = 0; st < S; ++st) owner[st] = pl.rank_of(st);
   ActionIndex index(S, M);
   std::vector<int> reduce_at(S, -1);  // position of each stage's ALLREDUCE_GRAD
   for (int r = 0; r < R; ++r)
@@ -57,10 +59,10 @@ void validate(const Schedule& s) {
         fail(s, r, i, "placement",
              "micro-batch " + std::to_string(a.microbatch) + " does not exist (micro-batches 0.." +
                  std::to_string(M - 1) + ")");
-      if (pl.rank_of(a.stage) != r)
+      if (owner[a.stage] != r)
         fail(s, r, i, "placement",
              "stage " + std::to_string(a.stage) + " belongs to rank " +
-                 std::to_string(pl.rank_of(a.stage)) + " (" + layout_name(pl.layout) +
+                 std::to_string(owner[a.stage]) + " (" + layout_name(pl.layout) +
                  " layout), not rank " + std::to_string(r));
       if (is_transfer(a.kind)) {
         const bool act = a.kind == ActionKind::kSendAct || a.kind == ActionKind::kRecvAct;
@@ -72,13 +74,13 @@ void validate(const Schedule& s) {
                std::string(act ? "an activation" : "a gradient") + " of stage " +
                    std::to_string(a.stage) + " has no neighbour stage " + std::to_string(other) +
                    " to exchange with");
-        if (pl.rank_of(other) == r)
+        if (owner[other] == r)
           fail(s, r, i, "peer",
                "stage " + std::to_string(other) +
                    " is on the same rank; hand the data over locally, without a transfer");
-        if (a.peer != pl.rank_of(other))
+        if (a.peer != owner[other])
           fail(s, r, i, "peer",
-               "the peer must be rank " + std::to_string(pl.rank_of(other)) + " (owner of stage " +
+               "the peer must be rank " + std::to_string(owner[other]) + " (owner of stage " +
                    std::to_string(other) + "), not " + std::to_string(a.peer));
       }
       if (is_reduce(a.kind)) {
@@ -100,15 +102,19 @@ void validate(const Schedule& s) {
              std::string(kind_name(a.kind)) + " of " + sm(a.stage, a.microbatch) +
                  " appears twice (first at position " + std::to_string(first) + ")");
     }
-  auto at = [&](ActionKind k, int stage, int mb) { return index.at(k, stage, mb); };
+  // Every stage and micro-batch is in range from here on: the checks below read the cells of
+  // the index directly, a stage's cells in a row.
+  auto pos = [](const int* cell, ActionKind k) { return cell[static_cast<int>(k)]; };
 
   // Completeness and order within a rank.
   for (int st = 0; st < S; ++st) {
-    const int r = pl.rank_of(st);
+    const int r = owner[st];
+    const int rn = st + 1 < S ? owner[st + 1] : -1, rp = st > 0 ? owner[st - 1] : -1;
     for (int k = 0; k < M; ++k) {
-      const int f = at(ActionKind::kForward, st, k), b = at(ActionKind::kBackward, st, k);
-      const int in = at(ActionKind::kBackwardInput, st, k),
-                w = at(ActionKind::kBackwardWeight, st, k);
+      const int* cell = index.cell(st, k);
+      const int f = pos(cell, ActionKind::kForward), b = pos(cell, ActionKind::kBackward);
+      const int in = pos(cell, ActionKind::kBackwardInput),
+                w = pos(cell, ActionKind::kBackwardWeight);
       if (f < 0) {
         const int any = b >= 0 ? b : in >= 0 ? in : w;
         fail(s, r, any, "missing", "the forward F of " + sm(st, k) + " is missing");
@@ -143,20 +149,20 @@ void validate(const Schedule& s) {
       }
       // Cross-stage data flow.
       if (st + 1 < S) {
-        const int rn = pl.rank_of(st + 1);
         if (rn == r) {
-          const int fn = at(ActionKind::kForward, st + 1, k);
+          const int* next = cell + index.row();
+          const int fn = pos(next, ActionKind::kForward);
           if (fn >= 0 && fn < f)
             fail(s, r, fn, "order",
                  "F of " + sm(st + 1, k) + " comes before F of stage " + std::to_string(st));
-          int bn = at(ActionKind::kBackward, st + 1, k);
-          if (bn < 0) bn = at(ActionKind::kBackwardInput, st + 1, k);
+          int bn = pos(next, ActionKind::kBackward);
+          if (bn < 0) bn = pos(next, ActionKind::kBackwardInput);
           if (bn >= 0 && bn > bwd)
             fail(s, r, bwd, "order",
                  "the backward of " + sm(st, k) + " comes before the backward of stage " +
                      std::to_string(st + 1));
         } else {
-          const int sa = at(ActionKind::kSendAct, st, k);
+          const int sa = pos(cell, ActionKind::kSendAct);
           if (sa < 0)
             fail(
                 s, r, f, "missing",
@@ -164,7 +170,7 @@ void validate(const Schedule& s) {
           if (sa < f)
             fail(s, r, sa, "order",
                  "SEND_ACT of " + sm(st, k) + " comes before the F that produces it");
-          const int rg = at(ActionKind::kRecvGrad, st, k);
+          const int rg = pos(cell, ActionKind::kRecvGrad);
           if (rg < 0)
             fail(s, r, bwd, "missing",
                  "no RECV_GRAD receives the output gradient of " + sm(st, k) + " from rank " +
@@ -174,16 +180,15 @@ void validate(const Schedule& s) {
                  "RECV_GRAD of " + sm(st, k) + " comes after the backward that needs it");
         }
       }
-      if (st > 0 && pl.rank_of(st - 1) != r) {
-        const int rp = pl.rank_of(st - 1);
-        const int ra = at(ActionKind::kRecvAct, st, k);
+      if (st > 0 && rp != r) {
+        const int ra = pos(cell, ActionKind::kRecvAct);
         if (ra < 0)
           fail(s, r, f, "missing",
                "no RECV_ACT receives the input of " + sm(st, k) + " from rank " +
                    std::to_string(rp));
         if (ra > f)
           fail(s, r, ra, "order", "RECV_ACT of " + sm(st, k) + " comes after the F that needs it");
-        const int sg = at(ActionKind::kSendGrad, st, k);
+        const int sg = pos(cell, ActionKind::kSendGrad);
         if (sg < 0)
           fail(s, r, bwd, "missing",
                "no SEND_GRAD sends the input gradient of " + sm(st, k) + " to rank " +
@@ -216,7 +221,7 @@ void validate(const Schedule& s) {
                  "mismatch or deadlock: receives must follow the order of the sends");
     }
   };
-  {
+  auto check_fifo = [&] {
     std::vector<int> last_send(R, -1), touched;
     for (int dst = 0; dst < R; ++dst) {
       for (int p : touched) last_send[p] = -1;
@@ -224,20 +229,25 @@ void validate(const Schedule& s) {
       for (const Action& a : s.ranks[dst]) {
         if (!is_recv(a.kind)) continue;
         const int send = a.kind == ActionKind::kRecvAct
-                             ? at(ActionKind::kSendAct, a.stage - 1, a.microbatch)
-                             : at(ActionKind::kSendGrad, a.stage + 1, a.microbatch);
+                             ? index.at(ActionKind::kSendAct, a.stage - 1, a.microbatch)
+                             : index.at(ActionKind::kSendGrad, a.stage + 1, a.microbatch);
         int& last = last_send[a.peer];
         if (last < 0) touched.push_back(a.peer);
         if (send < last) fail_fifo(a.peer, dst);
         last = send;
       }
     }
-  }
+  };
 
-  // Progress: a zero-cost run must reach the end.
+  // Progress: a zero-cost run must reach the end. A run that does has also proven FIFO order:
+  // on a link, sends leave in send-stream order and receives complete in receive-stream order,
+  // each together with its own send, so the n-th of each carry one message. The links are
+  // thus read only when the run is stuck, and a broken link is reported before the deadlock
+  // it causes.
   try {
-    check_progress(s);
+    check_progress_of_checked(s);
   } catch (const DeadlockError& e) {
+    check_fifo();
     // Mark the earliest stuck receive: the head of a receive stream waiting on a message that
     // cannot come is usually the cause; compute heads merely wait on it.
     StuckAction mark;
