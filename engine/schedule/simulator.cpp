@@ -9,6 +9,7 @@
 #include <tuple>
 
 #include "engine/schedule/action_index.h"
+#include "engine/schedule/checked_progress.h"
 
 namespace conveyor::schedule {
 namespace {
@@ -514,7 +515,7 @@ void check_progress(const Schedule& schedule) {
   StreamRun<false>(schedule, nullptr, nullptr).run();
 }
 
-void check_progress_of_checked(const Schedule& schedule) {
+void detail::check_progress_of_checked(const Schedule& schedule) {
   StreamRun<false>(schedule, nullptr, nullptr, /*checked=*/true).run();
 }
 

@@ -86,10 +86,5 @@ SimResult simulate(const Schedule& schedule, const CostModel& costs = {});
 // The same run without times: proves that every stream reaches the end of its list (what
 // validate() checks).
 void check_progress(const Schedule& schedule);
-// check_progress for a schedule that has passed the structural checks of validate() (every
-// stage, micro-batch and peer exists; all-reduces only with replicas > 1), as validate() runs
-// it: without the pass over every action that checks that again. Other schedules may make it
-// read out of range.
-void check_progress_of_checked(const Schedule& schedule);
 
 }  // namespace conveyor::schedule

@@ -4,6 +4,7 @@
 
 #include "engine/schedule/action_index.h"
 #include "engine/schedule/ascii.h"
+#include "engine/schedule/checked_progress.h"
 #include "engine/schedule/simulator.h"
 
 namespace conveyor::schedule {
@@ -245,7 +246,7 @@ void validate(const Schedule& s) {
   // thus read only when the run is stuck, and a broken link is reported before the deadlock
   // it causes.
   try {
-    check_progress_of_checked(s);
+    detail::check_progress_of_checked(s);
   } catch (const DeadlockError& e) {
     check_fifo();
     // Mark the earliest stuck receive: the head of a receive stream waiting on a message that
