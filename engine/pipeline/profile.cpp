@@ -25,10 +25,26 @@ double median(std::vector<double> values) {
   return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
 }
 
+// Before each timed phase on the CPU: streams through 8 MiB (many times an L2, a quarter of
+// the test machine's L3), so the unit does not find its own data left hot by its previous
+// phase; in a run the other units' work comes between. Timed with their own data hot, the
+// units of a two-rank run predicted 16-31 % less compute per rank than the run took; cooled,
+// within 10 % (docs/PERF.md).
+void cool_caches() {
+  static thread_local std::vector<char> buffer(size_t{8} << 20, 1);
+  volatile char sink = 0;
+  for (size_t i = 0; i < buffer.size(); i += 64) {
+    buffer[i] = static_cast<char>(buffer[i] + 1);
+    sink = buffer[i];
+  }
+  (void)sink;
+}
+
 // Seconds `run` takes, including the work it queued on the compute stream.
 template <class F>
 double timed(DeviceContext& ctx, F&& run) {
   ctx.synchronize();
+  if (!ctx.is_cuda()) cool_caches();
   const auto start = Clock::now();
   run();
   ctx.synchronize();
