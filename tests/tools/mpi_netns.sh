@@ -16,7 +16,8 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
-fail() { echo "FAIL: $*"; exit 1; }
+# fail, numbers, checksum, same_run
+source "$(dirname "${BASH_SOURCE[0]}")/mpi_compare.sh"
 skip() { echo "SKIP: $*"; exit 77; }
 
 command -v ip >/dev/null || skip "the ip command (iproute2) is not installed"
@@ -54,8 +55,6 @@ mpirun=(ip netns exec "${ns[0]}" mpirun --allow-run-as-root -np 2 --hostfile "$w
         --mca btl_tcp_if_include 10.77.0.0/24)
 common=(train --device cpu --layers 4 --microbatches 4 --batch-tokens 512 --steps 4 --seed 7
         --quiet --weights-checksum --timeout 20)
-numbers() { jq -c '[.step, .loss, .grad_norm]' "$1"; }
-checksum() { grep -o 'weights xxh3 [0-9a-f]*' "$1"; }
 
 "$cli" "${common[@]}" --stages 1 --log-json "$work/one.jsonl" >"$work/one.out" 2>&1 ||
   fail "one-process --stages 1 run failed: $(cat "$work/one.out")"
@@ -79,11 +78,5 @@ sent=$((sent_after - sent_before))
 [ "$sent" -gt 524288 ] || fail "only $sent bytes crossed the veth pair: the ranks did not talk over it"
 grep -q "transport mpi" "$work/mpi.out" || fail "the run did not use MPI: $(cat "$work/mpi.out")"
 [ "$(numbers "$work/mpi.jsonl" | wc -l)" = 4 ] || fail "expected 4 steps in --log-json"
-for ref in one threads; do
-  diff <(numbers "$work/$ref.jsonl") <(numbers "$work/mpi.jsonl") ||
-    fail "per-step losses over the two namespaces differ from the $ref run"
-  [ -n "$(checksum "$work/$ref.out")" ] || fail "no checksum in the $ref run"
-  [ "$(checksum "$work/$ref.out")" = "$(checksum "$work/mpi.out")" ] ||
-    fail "final weights differ: $ref $(checksum "$work/$ref.out"), mpi $(checksum "$work/mpi.out")"
-done
+for ref in one threads; do same_run "$work" "$ref" mpi "over the two namespaces"; done
 echo "two namespaces (${addr[*]}), OpenMPI over TCP ($sent bytes out of ${ns[0]}): $(numbers "$work/mpi.jsonl" | wc -l) steps and $(checksum "$work/mpi.out") equal to the one-process runs"

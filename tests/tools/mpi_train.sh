@@ -25,11 +25,8 @@ trap 'rm -rf "$work"' EXIT
 mpirun=(mpirun --allow-run-as-root --oversubscribe --bind-to none)
 common=(train --device cpu --layers 4 --microbatches 4 --batch-tokens 512 --steps 4
         --quiet --weights-checksum --timeout 20)
-fail() { echo "FAIL: $*"; exit 1; }
-
-# The bitwise part of a --log-json file: step, loss and gradient norm of every step.
-numbers() { jq -c '[.step, .loss, .grad_norm]' "$1"; }
-checksum() { grep -o 'weights xxh3 [0-9a-f]*' "$1"; }
+# fail, numbers, checksum, same_run
+source "$(dirname "${BASH_SOURCE[0]}")/mpi_compare.sh"
 
 # Signals rank 1 with $1 two seconds into a run far longer than that (exec keeps its pid), with
 # --timeout $2; the job must end non-zero, by itself, within 30 s. Output in $work/out.
@@ -68,13 +65,7 @@ case $mode in
     # Rank 0 alone prints: one summary, not n.
     [ "$(grep -c '^done ' "$work/mpi.out")" = 1 ] || fail "ranks other than 0 printed: $(cat "$work/mpi.out")"
     [ "$(numbers "$work/mpi.jsonl" | wc -l)" = 4 ] || fail "expected 4 steps in --log-json"
-    for ref in one threads; do
-      diff <(numbers "$work/$ref.jsonl") <(numbers "$work/mpi.jsonl") ||
-        fail "per-step losses of mpirun -np $n differ from the $ref run"
-      [ -n "$(checksum "$work/$ref.out")" ] || fail "no checksum in the $ref run"
-      [ "$(checksum "$work/$ref.out")" = "$(checksum "$work/mpi.out")" ] ||
-        fail "final weights differ: $ref $(checksum "$work/$ref.out"), mpi $(checksum "$work/mpi.out")"
-    done
+    for ref in one threads; do same_run "$work" "$ref" mpi "of mpirun -np $n"; done
     echo "mpirun -np $n: $(numbers "$work/mpi.jsonl" | wc -l) steps and $(checksum "$work/mpi.out") equal to the one-process runs"
     ;;
   dp)
@@ -90,19 +81,12 @@ case $mode in
       fail "no all-reduce report from the gathered timelines: $(cat "$work/mpi.out")"
     [ "$(grep -c '^done ' "$work/mpi.out")" = 1 ] || fail "ranks other than 0 printed: $(cat "$work/mpi.out")"
     [ "$(numbers "$work/mpi.jsonl" | wc -l)" = 4 ] || fail "expected 4 steps in --log-json"
-    diff <(numbers "$work/threads.jsonl") <(numbers "$work/mpi.jsonl") ||
-      fail "per-step losses of mpirun -np 4 --dp 2 differ from the one-process run"
-    [ -n "$(checksum "$work/threads.out")" ] || fail "no checksum in the one-process run"
-    [ "$(checksum "$work/threads.out")" = "$(checksum "$work/mpi.out")" ] ||
-      fail "final weights differ: threads $(checksum "$work/threads.out"), mpi $(checksum "$work/mpi.out")"
+    same_run "$work" threads mpi "of mpirun -np 4 --dp 2"
     # ZeRO-1: the optimizer state sharded over the replicas leaves every bit of the weights.
     timeout 60 "${mpirun[@]}" -np 4 "$cli" "${common[@]}" --seed 7 --stages 2 --dp 2 \
       --shard-optimizer --log-json "$work/shard.jsonl" >"$work/shard.out" 2>&1 ||
       fail "mpirun -np 4 --dp 2 --shard-optimizer failed: $(cat "$work/shard.out")"
-    diff <(numbers "$work/threads.jsonl") <(numbers "$work/shard.jsonl") ||
-      fail "per-step losses with --shard-optimizer differ from the unsharded run"
-    [ "$(checksum "$work/threads.out")" = "$(checksum "$work/shard.out")" ] ||
-      fail "final weights with --shard-optimizer differ: $(checksum "$work/shard.out")"
+    same_run "$work" threads shard "with --shard-optimizer"
     # The configuration hash covers --dp: a launch whose ranks disagree on it stops at start.
     timeout 60 "${mpirun[@]}" -np 2 "$cli" "${common[@]}" --stages 1 --dp 2 : \
       -np 2 "$cli" "${common[@]}" --stages 1 --dp 4 >"$work/mismatch.out" 2>&1

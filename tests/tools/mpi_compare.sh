@@ -1,0 +1,18 @@
+# Sourced by the MPI test scripts: what of one `conveyor train` run must equal another's bit
+# for bit. A run NAME left NAME.jsonl (--log-json) and NAME.out (stdout with
+# --weights-checksum) in the work folder.
+fail() { echo "FAIL: $*"; exit 1; }
+# The bitwise part of a --log-json file: step, loss and gradient norm of every step.
+numbers() { jq -c '[.step, .loss, .grad_norm]' "$1"; }
+checksum() { grep -o 'weights xxh3 [0-9a-f]*' "$1"; }
+
+# same_run DIR REF GOT WHAT: GOT's per-step numbers and final weights equal REF's; WHAT names
+# GOT in the messages ("of mpirun -np 2", "over the two namespaces").
+same_run() {
+  local dir=$1 ref=$2 got=$3 what=$4
+  diff <(numbers "$dir/$ref.jsonl") <(numbers "$dir/$got.jsonl") ||
+    fail "per-step losses $what differ from the $ref run"
+  [ -n "$(checksum "$dir/$ref.out")" ] || fail "no checksum in the $ref run"
+  [ "$(checksum "$dir/$ref.out")" = "$(checksum "$dir/$got.out")" ] ||
+    fail "final weights $what differ: $ref $(checksum "$dir/$ref.out"), $got $(checksum "$dir/$got.out")"
+}
