@@ -14,30 +14,28 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// True when `error` is, or was caused by, the transport being aborted: the rank was stopped
-// because another failed first.
-bool stopped_by_abort(const std::exception& error) {
-  if (dynamic_cast<const comm::TransportAborted*>(&error)) return true;
+// True when `error` is, or was (through std::nested_exception) caused by, a T.
+template <class T>
+bool is_or_caused_by(const std::exception& error) {
+  if (dynamic_cast<const T*>(&error)) return true;
   try {
     std::rethrow_if_nested(error);
-  } catch (const comm::TransportAborted&) {
+  } catch (const T&) {
     return true;
   } catch (...) {
   }
   return false;
 }
 
-// True when `error` is, or was caused by, a transport call that failed: a wait that passed its
-// deadline, a lost link, an abort. The ranks' positions then say where the run stalled.
+// The rank was stopped because another failed first: its transport was aborted.
+bool stopped_by_abort(const std::exception& error) {
+  return is_or_caused_by<comm::TransportAborted>(error);
+}
+
+// A transport call failed (a wait that passed its deadline, a lost link, an abort): the ranks'
+// positions then say where the run stalled.
 bool transport_failure(const std::exception& error) {
-  if (dynamic_cast<const comm::TransportError*>(&error)) return true;
-  try {
-    std::rethrow_if_nested(error);
-  } catch (const comm::TransportError&) {
-    return true;
-  } catch (...) {
-  }
-  return false;
+  return is_or_caused_by<comm::TransportError>(error);
 }
 
 // ZeRO-1 ranges: each stage's parameters flattened in order, replica d owning the elements
