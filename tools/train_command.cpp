@@ -168,17 +168,16 @@ void print_pipeline(Trainer& trainer) {
 
 // Measured bubble of the last step per rank, next to the simulator's prediction for the
 // costs measured in that step (a one-stage run has no bubble); optionally the measured
-// timeline as a Chrome trace.
-void report_bubble(Trainer& trainer, const PipelineStepResult& last, OutputFile* trace,
+// timeline as a Chrome trace. Under MPI it first gathers every rank's timeline into `last`.
+void report_bubble(Trainer& trainer, PipelineStepResult& last, OutputFile* trace,
                    const RunTrace& run, const std::vector<SaveTiming>& saves) {
   const auto& sched = trainer.executor().schedule();
   // Under MPI every process takes part; rank 0 prints and writes the trace.
-  PipelineStepResult step = last;
-  trainer.executor().gather_timing(step);
-  const schedule::SimResult measured = summarize_timing(sched, step.timing);
+  trainer.executor().gather_timing(last);
+  const schedule::SimResult measured = summarize_timing(sched, last.timing);
   if (sched.num_ranks() > 1) {
     const schedule::SimResult predicted =
-        schedule::simulate(sched, measured_costs(sched, step.timing));
+        schedule::simulate(sched, measured_costs(sched, last.timing));
     std::printf(
         "bubble last step: measured %.3f, simulated %.3f | idle per rank, measured "
         "(simulated):",
