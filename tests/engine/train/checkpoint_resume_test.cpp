@@ -9,6 +9,7 @@
 #include "checkpoint_fixture.h"
 #include "engine/train/checkpoint_model.h"
 #include "engine/train/trainer_checkpoint.h"
+#include "support/train_config.h"
 
 namespace conveyor {
 namespace {
@@ -18,23 +19,14 @@ using testing::tensor_bytes;
 
 constexpr int64_t kHalf = 3;
 
+// The small config with a learning-rate warm-up and decay, so that a resume must also land at
+// the right point of the rate's schedule.
 TrainConfig resume_config(int stages, schedule::ScheduleKind kind) {
-  TrainConfig c;
-  c.model = model_preset("tiny");
-  c.model.d_model = 32;
-  c.model.hidden = 64;
-  c.model.vocab = 16;
-  c.model.n_layers = 2;
+  TrainConfig c = testing::small_train_config(stages, 1);
   c.steps = 2 * kHalf;
-  c.batch_tokens = 256;
-  c.microbatches = 4;
-  c.optimizer.lr = 1e-2;
   c.optimizer.min_lr = 1e-3;
   c.optimizer.warmup_steps = 2;
-  c.seed = 7;
-  c.stages = stages;
   c.schedule = kind;
-  c.device = Device::cpu();
   return c;
 }
 
