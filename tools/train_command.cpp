@@ -392,6 +392,20 @@ void quiet_unless_rank_zero(const MpiSession& mpi, TrainFlags& f) {
   f.trace.clear();
 }
 
+// The signal that interrupts the run, agreed by every process: a signal may reach the
+// processes at different step boundaries (or one of them only), and a process that stopped
+// alone would leave the others waiting in the next step, and its final save waiting for them.
+int interrupt_signal_of_every_process(PipelineExecutor& executor) {
+  const int own = interrupt_signal();
+  if (executor.holds_all_ranks()) return own;
+  std::vector<double> signals(executor.num_world_ranks(), 0.0);
+  for (int r : executor.local_ranks()) signals[r] = own;
+  executor.sum_over_processes(signals);
+  for (double s : signals)
+    if (s != 0.0) return static_cast<int>(s);  // the lowest rank's, the same on every process
+  return 0;
+}
+
 // The summary after the last step or an interrupt: tokens, time, losses and references.
 struct RunTotals {
   int64_t steps = 0;      // run by this process (a resumed run starts later)
@@ -488,7 +502,7 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
   int signal = 0;
   for (int64_t s = first_step; s <= last_step_to_run; ++s) {
     // Checked between steps only: a step in progress finishes on every rank.
-    if ((signal = interrupt_signal()) != 0) break;
+    if ((signal = interrupt_signal_of_every_process(trainer->executor())) != 0) break;
     StepStats st;
     const auto step_begin = RunTrace::Clock::now();
     try {

@@ -276,12 +276,17 @@ void PipelineExecutor::gather_timing(PipelineStepResult& result) {
       values[offset[r] + 2 * i + 1] = mine[i].end;
     }
   }
-  ranks_.front()->transport->all_reduce_sum(values);
+  sum_over_processes(values);
   for (int r = 0; r < p; ++r) {
     result.timing[r].resize(schedule_.ranks[r].size());
     for (size_t i = 0; i < result.timing[r].size(); ++i)
       result.timing[r][i] = {values[offset[r] + 2 * i], values[offset[r] + 2 * i + 1]};
   }
+}
+
+void PipelineExecutor::sum_over_processes(std::vector<double>& values) {
+  // One rank per process under such a transport: a sum over its ranks is one over processes.
+  if (!holds_all_ranks()) ranks_.front()->transport->all_reduce_sum(values);
 }
 
 std::string PipelineExecutor::format_positions(int failed) const {

@@ -117,6 +117,12 @@ class PipelineExecutor {
   // the previous step's global sum, so they differ by that sum's exit skew. Nothing to do
   // when this process holds every rank.
   void gather_timing(PipelineStepResult& result);
+  // With a transport that spans processes: the element-wise sum of `values` over the
+  // processes, added in rank order, so an element that one process alone sets (the others
+  // give 0) is gathered exactly. A collective: every process calls it at the same point of
+  // the run, from the thread that runs the steps. Nothing to do when this process holds
+  // every rank.
+  void sum_over_processes(std::vector<double>& values);
 
   const schedule::Schedule& schedule() const { return schedule_; }
   // Pipeline ranks P (of one replica). The ranks of replica 0 are 0..P-1, so the accessors

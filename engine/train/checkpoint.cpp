@@ -139,8 +139,33 @@ CheckpointWriter::CheckpointWriter(fs::path dir, int64_t step, int num_ranks,
                           (ec ? ec.message() : "it exists already"));
 }
 
+CheckpointWriter::CheckpointWriter(Joined, fs::path dir, int64_t step, int num_ranks)
+    : dir_(std::move(dir)),
+      step_(step),
+      num_ranks_(num_ranks),
+      joined_(true),
+      written_(num_ranks > 0 ? num_ranks : 0),
+      started_(num_ranks > 0 ? num_ranks : 0, false) {
+  if (step < 0 || num_ranks < 1)
+    throw std::invalid_argument("checkpoint join: step " + std::to_string(step) + " and " +
+                                std::to_string(num_ranks) + " ranks; expected >= 0 and >= 1");
+  final_ = dir_ / step_folder_name(step);
+  temp_ = dir_ / (step_folder_name(step) + ".tmp");
+  std::error_code ec;
+  if (!fs::is_directory(temp_, ec))
+    throw CheckpointError("cannot save step " + std::to_string(step) + ": " + temp_.string() +
+                          ", which the process of rank 0 made, is not there; every process "
+                          "must see the same --save-dir (a file system all nodes share)");
+}
+
+std::unique_ptr<CheckpointWriter> CheckpointWriter::join(fs::path dir, int64_t step,
+                                                         int num_ranks) {
+  return std::unique_ptr<CheckpointWriter>(
+      new CheckpointWriter(Joined{}, std::move(dir), step, num_ranks));
+}
+
 CheckpointWriter::~CheckpointWriter() {
-  if (committed_) return;
+  if (committed_ || joined_) return;
   std::error_code ec;
   fs::remove_all(temp_, ec);  // best effort; the next save removes what is left
 }
@@ -149,10 +174,28 @@ std::string CheckpointWriter::shard_file_name(int rank) {
   return "rank_" + std::to_string(rank) + ".safetensors";
 }
 
-void CheckpointWriter::write_shard(int rank, const std::vector<NamedTensor>& tensors) {
+void CheckpointWriter::check_rank(int rank, const char* call) const {
   if (rank < 0 || rank >= num_ranks_)
-    throw std::invalid_argument("write_shard: rank " + std::to_string(rank) + " is not in [0, " +
-                                std::to_string(num_ranks_) + ")");
+    throw std::invalid_argument(std::string(call) + ": rank " + std::to_string(rank) +
+                                " is not in [0, " + std::to_string(num_ranks_) + ")");
+}
+
+std::optional<ShardFileInfo> CheckpointWriter::written(int rank) const {
+  check_rank(rank, "written");
+  std::lock_guard lock(mutex_);
+  return written_[rank];
+}
+
+void CheckpointWriter::add_written(int rank, ShardFileInfo info) {
+  check_rank(rank, "add_written");
+  std::lock_guard lock(mutex_);
+  if (started_[rank] || written_[rank])
+    throw std::logic_error("add_written: rank " + std::to_string(rank) + " has a shard already");
+  written_[rank] = info;
+}
+
+void CheckpointWriter::write_shard(int rank, const std::vector<NamedTensor>& tensors) {
+  check_rank(rank, "write_shard");
   {
     std::lock_guard lock(mutex_);
     if (committed_) throw std::logic_error("write_shard: the checkpoint is committed already");
@@ -175,6 +218,7 @@ void CheckpointWriter::write_shard(int rank, const std::vector<NamedTensor>& ten
 
 CommitResult CheckpointWriter::commit(const TrainingState& state) {
   std::lock_guard lock(mutex_);
+  if (joined_) throw std::logic_error("commit: a writer that joined a save never commits it");
   if (committed_) throw std::logic_error("commit: the checkpoint is committed already");
   if (state.step != step_)
     throw std::invalid_argument("commit: the state is of step " + std::to_string(state.step) +
@@ -418,6 +462,16 @@ void Checkpoint::check_model(std::string_view fingerprint) const {
 }
 
 void Checkpoint::check_tensors(const std::vector<TensorSpec>& expected) const {
+  check_holds(expected);
+  std::set<std::string_view> wanted;
+  for (const TensorSpec& spec : expected) wanted.insert(spec.name);
+  for (const CheckpointTensor& t : tensors_)
+    if (!wanted.count(t.name))
+      throw CheckpointError(shard_path(t.rank).string() + " holds tensor " + in_quotes(t.name) +
+                            " (" + describe(t.dtype, t.shape) + "), which the model does not have");
+}
+
+void Checkpoint::check_holds(const std::vector<TensorSpec>& expected) const {
   std::set<std::string_view> wanted;
   for (const TensorSpec& spec : expected) {
     if (!wanted.insert(spec.name).second)
@@ -433,10 +487,6 @@ void Checkpoint::check_tensors(const std::vector<TensorSpec>& expected) const {
                             " is " + describe(t->dtype, t->shape) + ", the model expects " +
                             describe(spec.dtype, spec.shape));
   }
-  for (const CheckpointTensor& t : tensors_)
-    if (!wanted.count(t.name))
-      throw CheckpointError(shard_path(t.rank).string() + " holds tensor " + in_quotes(t.name) +
-                            " (" + describe(t.dtype, t.shape) + "), which the model does not have");
 }
 
 std::vector<unsigned char> Checkpoint::read_bytes(std::string_view name) const {

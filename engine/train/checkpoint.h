@@ -44,7 +44,13 @@ class CheckpointWriter {
   // and is replaced), or when a folder cannot be made.
   CheckpointWriter(std::filesystem::path dir, int64_t step, int num_ranks,
                    CheckpointWriterOptions options = {});
-  ~CheckpointWriter();  // without a commit, removes its .tmp folder
+  // Joins a save that another process prepared and will commit (the processes of one run,
+  // on a file system they share): writes shards into its DIR/step_<N>.tmp, and never
+  // prepares, commits or removes anything. Throws CheckpointError when the folder is not
+  // there, which is what a --save-dir the processes do not share looks like.
+  static std::unique_ptr<CheckpointWriter> join(std::filesystem::path dir, int64_t step,
+                                                int num_ranks);
+  ~CheckpointWriter();  // without a commit, removes its .tmp folder (unless it joined)
   CheckpointWriter(const CheckpointWriter&) = delete;
   CheckpointWriter& operator=(const CheckpointWriter&) = delete;
 
@@ -54,6 +60,11 @@ class CheckpointWriter {
   // Writes and fsyncs rank's shard: `tensors` keyed by global names, on any device (copied to
   // the host one at a time). Thread-safe across ranks; once per rank.
   void write_shard(int rank, const std::vector<NamedTensor>& tensors);
+  // The size and checksum of rank's shard once written here, or recorded by add_written.
+  std::optional<ShardFileInfo> written(int rank) const;
+  // Records the shard that another process wrote for `rank` (from its written()), so that
+  // commit can list it.
+  void add_written(int rank, ShardFileInfo info);
 
   // After every rank has written: writes and fsyncs manifest.json, renames the folder to
   // DIR/step_<N>, fsyncs DIR, replaces DIR/latest atomically, then removes checkpoints beyond
@@ -61,11 +72,16 @@ class CheckpointWriter {
   CommitResult commit(const TrainingState& state);
 
  private:
+  struct Joined {};
+  CheckpointWriter(Joined, std::filesystem::path dir, int64_t step, int num_ranks);
+  void check_rank(int rank, const char* call) const;
+
   std::filesystem::path dir_, temp_, final_;
   int64_t step_;
   int num_ranks_;
   CheckpointWriterOptions options_;
-  std::mutex mutex_;
+  bool joined_ = false;
+  mutable std::mutex mutex_;
   std::vector<std::optional<ShardFileInfo>> written_;
   std::vector<bool> started_;
   bool committed_ = false;
@@ -116,6 +132,9 @@ class Checkpoint {
   // Throws CheckpointError unless the checkpoint holds exactly these tensors, with these dtypes
   // and shapes: names the first one missing, extra or different.
   void check_tensors(const std::vector<TensorSpec>& expected) const;
+  // The first half of check_tensors: every expected tensor is there, with its dtype and
+  // shape; others may be there too (a process that holds some of the ranks checks theirs).
+  void check_holds(const std::vector<TensorSpec>& expected) const;
 
   // Reads tensor `name` into `dst` (any device), whose dtype and shape must be the saved ones.
   // The bytes are checked against the checksum again; on an error `dst` is left unchanged.

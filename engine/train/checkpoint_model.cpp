@@ -41,7 +41,9 @@ std::vector<NamedTensor> checkpoint_tensors(Optimizer& optimizer, bool with_para
 }
 
 int checkpoint_shard_count(PipelineExecutor& executor) {
-  return executor.optimizer(0).sharded() ? executor.num_world_ranks() : executor.num_ranks();
+  // Every rank's optimizer is sharded or none is; ask one this process holds.
+  return executor.optimizer(executor.local_ranks().front()).sharded() ? executor.num_world_ranks()
+                                                                      : executor.num_ranks();
 }
 
 std::vector<NamedTensor> rank_checkpoint_tensors(PipelineExecutor& executor, int rank) {
@@ -54,7 +56,8 @@ std::vector<NamedTensor> rank_checkpoint_tensors(PipelineExecutor& executor, int
 std::vector<TensorSpec> checkpoint_tensor_specs(PipelineExecutor& executor) {
   // Replica 0's ranks name every tensor; a piece stands for its whole tensor.
   std::vector<TensorSpec> out;
-  for (int r = 0; r < executor.num_ranks(); ++r) {
+  for (int r : executor.local_ranks()) {
+    if (r >= executor.num_ranks()) continue;
     Optimizer& optimizer = executor.optimizer(r);
     const std::vector<Tensor>& state = optimizer.state();
     const auto& params = optimizer.parameters();

@@ -33,7 +33,8 @@ std::vector<NamedTensor> rank_checkpoint_tensors(PipelineExecutor& executor, int
 // The ranks whose shards a checkpoint of this executor holds: P, or P*D with a sharded
 // optimizer state (each replica saves its own pieces).
 int checkpoint_shard_count(PipelineExecutor& executor);
-// Every tensor a checkpoint of this executor's model holds, over all ranks (for
+// The tensors a checkpoint of this executor's model holds for the replica-0 ranks this
+// process holds: every tensor of the model when it holds them all (for
 // Checkpoint::check_tensors, which then tells a missing, extra or misshapen one).
 std::vector<TensorSpec> checkpoint_tensor_specs(PipelineExecutor& executor);
 // Reads rank's tensors (its parameters, and its optimizer's state whole or its range of it)

@@ -1,5 +1,8 @@
 #include "engine/train/trainer_checkpoint.h"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <system_error>
@@ -72,6 +75,68 @@ std::vector<NamedTensor> host_snapshot(const std::vector<NamedTensor>& tensors,
   return out;
 }
 
+bool holds_rank_zero(PipelineExecutor& executor) {
+  const std::vector<int> ranks = executor.local_ranks();
+  return std::find(ranks.begin(), ranks.end(), 0) != ranks.end();
+}
+
+// When the ranks are processes, a phase of a save or a resume succeeds on every process or
+// fails on all: each says whether it failed (`local`: its own error, rethrown), and one that
+// did not names the lowest rank whose process did. A process failing alone would end while
+// the others train on and wait for it until their timeout. In one process: rethrows `local`.
+void agree_across_processes(PipelineExecutor& executor, std::exception_ptr local,
+                            const std::string& what) {
+  std::vector<double> failed(executor.num_world_ranks(), 0.0);
+  if (local)
+    for (int r : executor.local_ranks()) failed[r] = 1.0;
+  executor.sum_over_processes(failed);
+  if (local) std::rethrow_exception(local);
+  for (size_t r = 0; r < failed.size(); ++r)
+    if (failed[r] != 0.0)
+      throw CheckpointError(what + " failed in the process of rank " + std::to_string(r) +
+                            "; its error says why");
+}
+
+// Everything that must match before a checkpoint is loaded into the trainer.
+void check_resumable(Trainer& trainer, const Checkpoint& checkpoint) {
+  const TrainingState ours = trainer_training_state(trainer);
+  const TrainingState& saved = checkpoint.state();
+  const std::string manifest = (checkpoint.directory() / "manifest.json").string();
+  if (saved.model_fingerprint != ours.model_fingerprint)
+    throw CheckpointError(manifest + " is a checkpoint of another model: " +
+                          model_differences(saved.model, ours.model));
+  if (saved.optimizer.kind != ours.optimizer.kind)
+    throw CheckpointError(manifest + " holds the state of optimizer " + saved.optimizer.kind +
+                          " but this run uses " + ours.optimizer.kind +
+                          "; resume with --optimizer " + saved.optimizer.kind);
+  if (saved.data.source != ours.data.source)
+    throw CheckpointError(manifest + " was trained on " + saved.data.source +
+                          " but this run reads " + ours.data.source +
+                          "; resume with the same data and seed");
+  if (saved.step > trainer.config().steps)
+    throw CheckpointError(manifest + " is of step " + std::to_string(saved.step) +
+                          " but this run has only " + std::to_string(trainer.config().steps) +
+                          " steps; raise --steps to train past the checkpoint");
+  PipelineExecutor& executor = trainer.executor();
+  if (executor.holds_all_ranks())
+    checkpoint.check_tensors(checkpoint_tensor_specs(executor));
+  else
+    checkpoint.check_holds(checkpoint_tensor_specs(executor));  // the count is checked after
+}
+
+// With processes, each checked the tensors of its ranks (check_holds); a tensor belongs to
+// one rank, so the checkpoint holds no other when their counts add up to its own.
+void check_tensor_count(PipelineExecutor& executor, const Checkpoint& checkpoint) {
+  if (executor.holds_all_ranks()) return;
+  std::vector<double> count = {static_cast<double>(checkpoint_tensor_specs(executor).size())};
+  executor.sum_over_processes(count);
+  if (count[0] != static_cast<double>(checkpoint.tensors().size()))
+    throw CheckpointError(checkpoint.directory().string() + " holds " +
+                          std::to_string(checkpoint.tensors().size()) + " tensors but the model " +
+                          "has " + std::to_string(static_cast<int64_t>(count[0])) +
+                          "; it is a checkpoint of another model");
+}
+
 }  // namespace
 
 TrainingState trainer_training_state(Trainer& trainer) {
@@ -85,7 +150,8 @@ TrainingState trainer_training_state(Trainer& trainer) {
   state.schedule = executor.schedule().name;
   state.microbatches = config.microbatches;
   state.optimizer = config.optimizer;
-  state.optimizer_steps = executor.optimizer(0).steps_taken();
+  // Every rank's optimizer has taken the same steps; ask one this process holds.
+  state.optimizer_steps = executor.optimizer(executor.local_ranks().front()).steps_taken();
   state.lr_schedule = {trainer.steps_done(), config.steps};
   state.data = {trainer.source().describe(), trainer.source().position()};
   // The built-in source and the weights are functions of the seed and the position alone;
@@ -101,7 +167,8 @@ void check_checkpoint_directory(const fs::path& dir) {
   if (ec || !fs::is_directory(dir))
     throw CheckpointError("cannot create checkpoint folder " + dir.string() + ": " +
                           (ec ? ec.message() : "a file of that name is in the way"));
-  const fs::path probe = dir / ".conveyor_write_test";
+  // Named per process: the processes of one run probe one shared folder at the same time.
+  const fs::path probe = dir / (".conveyor_write_test." + std::to_string(::getpid()));
   {
     std::ofstream out(probe);
     out << "probe\n";
@@ -124,7 +191,14 @@ TrainerCheckpointer::TrainerCheckpointer(Trainer& trainer, TrainerCheckpointOpti
     options_.warn = [](const std::string& text) {
       std::fprintf(stderr, "conveyor: warning: %s\n", text.c_str());
     };
-  check_checkpoint_directory(options_.directory);
+  std::exception_ptr error;
+  try {
+    check_checkpoint_directory(options_.directory);
+  } catch (const CheckpointError&) {
+    error = std::current_exception();
+  }
+  agree_across_processes(trainer_.executor(), error,
+                         "the check of checkpoint folder " + options_.directory.string());
   trainer_.set_save_handler([this] { save(); });
 }
 
@@ -134,6 +208,17 @@ TrainerCheckpointer::~TrainerCheckpointer() {
 }
 
 void TrainerCheckpointer::after_step() {
+  if (pending_commit_) {
+    // Commit once every process has written its shards; all of them learn it in the same
+    // step, so they all commit together (or keep training and look again after the next).
+    PipelineExecutor& executor = trainer_.executor();
+    std::vector<double> written(executor.num_world_ranks(), 0.0);
+    if (background_written_.load())
+      for (int r : executor.local_ranks()) written[r] = 1.0;
+    executor.sum_over_processes(written);
+    if (std::all_of(written.begin(), written.end(), [](double w) { return w != 0.0; }))
+      wait_for_background();
+  }
   if (options_.every > 0 && trainer_.steps_done() % options_.every == 0) save();
 }
 
@@ -144,8 +229,20 @@ void TrainerCheckpointer::failed(const std::exception& e) {
 
 void TrainerCheckpointer::wait_for_background() {
   if (background_.joinable()) background_.join();
-  if (!background_error_) return;
   std::exception_ptr error = std::exchange(background_error_, nullptr);
+  if (pending_commit_) {
+    PendingCommit pending = std::move(*pending_commit_);
+    pending_commit_.reset();
+    try {
+      complete(*pending.writer, pending.state, error);
+      pending.timing->committed = true;
+      error = nullptr;
+    } catch (...) {
+      error = std::current_exception();
+    }
+    pending.timing->write_end = Clock::now();
+  }
+  if (!error) return;
   try {
     std::rethrow_exception(error);
   } catch (const std::exception& e) {
@@ -153,25 +250,84 @@ void TrainerCheckpointer::wait_for_background() {
   }
 }
 
-void TrainerCheckpointer::write(int64_t step, const std::vector<std::vector<NamedTensor>>& shards,
-                                const TrainingState& state) {
-  CheckpointWriter writer(options_.directory, step, static_cast<int>(shards.size()),
-                          {options_.keep_last});
+std::unique_ptr<CheckpointWriter> TrainerCheckpointer::prepare(int64_t step) {
+  PipelineExecutor& executor = trainer_.executor();
+  const int shards = checkpoint_shard_count(executor);
+  const bool commits = holds_rank_zero(executor);
+  std::unique_ptr<CheckpointWriter> writer;
+  std::exception_ptr error;
+  try {
+    if (commits)
+      writer = std::make_unique<CheckpointWriter>(options_.directory, step, shards,
+                                                  CheckpointWriterOptions{options_.keep_last});
+  } catch (...) {
+    error = std::current_exception();
+  }
+  const std::string what = "the save of step " + std::to_string(step);
+  agree_across_processes(executor, error, what);
+  // The others join the folder that rank 0's process has made by now.
+  try {
+    if (!commits) writer = CheckpointWriter::join(options_.directory, step, shards);
+  } catch (...) {
+    error = std::current_exception();
+  }
+  agree_across_processes(executor, error, what);
+  return writer;
+}
+
+void TrainerCheckpointer::write_shards(CheckpointWriter& writer,
+                                       const std::vector<RankShard>& shards) {
   std::vector<std::exception_ptr> errors(shards.size());
   std::vector<std::thread> threads;
-  for (size_t r = 0; r < shards.size(); ++r)
-    threads.emplace_back([&, r] {
+  for (size_t i = 0; i < shards.size(); ++i)
+    threads.emplace_back([&, i] {
       try {
-        writer.write_shard(static_cast<int>(r), shards[r]);
+        writer.write_shard(shards[i].rank, shards[i].tensors);
       } catch (...) {
-        errors[r] = std::current_exception();
+        errors[i] = std::current_exception();
       }
     });
   for (std::thread& t : threads) t.join();
   for (const std::exception_ptr& e : errors)
     if (e) std::rethrow_exception(e);  // the first rank's error names its file
-  const CommitResult result = writer.commit(state);
-  for (const std::string& w : result.warnings) options_.warn(w);
+}
+
+void TrainerCheckpointer::complete(CheckpointWriter& writer, const TrainingState& state,
+                                   std::exception_ptr write_error) {
+  PipelineExecutor& executor = trainer_.executor();
+  const std::string step = std::to_string(state.step);
+  agree_across_processes(executor, write_error, "writing the shards of step " + step);
+  const int shards = checkpoint_shard_count(executor);
+  const bool commits = holds_rank_zero(executor);
+  if (!executor.holds_all_ranks()) {
+    // Each shard's size and checksum, for rank 0's manifest: the checksum in two 32-bit
+    // halves and the size below 2^53, so the doubles of the sum carry them exactly.
+    std::vector<double> info(3 * static_cast<size_t>(shards), 0.0);
+    for (int r : executor.local_ranks()) {
+      if (r >= shards) continue;
+      const ShardFileInfo written = *writer.written(r);
+      info[3 * r] = static_cast<double>(written.bytes);
+      info[3 * r + 1] = static_cast<double>(written.checksum & 0xffffffffu);
+      info[3 * r + 2] = static_cast<double>(written.checksum >> 32);
+    }
+    executor.sum_over_processes(info);
+    if (commits)
+      for (int r = 0; r < shards; ++r)
+        if (!writer.written(r))
+          writer.add_written(r, {static_cast<uint64_t>(info[3 * r]),
+                                 static_cast<uint64_t>(info[3 * r + 1]) |
+                                     static_cast<uint64_t>(info[3 * r + 2]) << 32});
+  }
+  std::exception_ptr commit_error;
+  if (commits) {
+    try {
+      const CommitResult result = writer.commit(state);
+      for (const std::string& w : result.warnings) options_.warn(w);
+    } catch (...) {
+      commit_error = std::current_exception();
+    }
+  }
+  agree_across_processes(executor, commit_error, "the commit of step " + step);
 }
 
 void TrainerCheckpointer::save() {
@@ -184,44 +340,74 @@ void TrainerCheckpointer::save() {
   }
   PipelineExecutor& executor = trainer_.executor();
   const TrainingState state = trainer_training_state(trainer_);
-  std::vector<std::vector<NamedTensor>> shards;
+  std::vector<RankShard> shards;
+  const auto host = options_.async ? make_cpu_allocator() : nullptr;
+  for (int r : executor.local_ranks()) {
+    if (r >= checkpoint_shard_count(executor)) continue;
+    std::vector<NamedTensor> tensors = rank_checkpoint_tensors(executor, r);
+    shards.push_back({r, host ? host_snapshot(tensors, host) : std::move(tensors)});
+  }
   timings_.push_back({step, options_.async, false, start, {}, {}, {}});
+  SaveTiming& timing = timings_.back();
+  auto held = [&] {
+    timing.hold_end = Clock::now();
+    last_stall_seconds_ = seconds_since(start);
+  };
+  std::unique_ptr<CheckpointWriter> writer;
+  try {
+    writer = prepare(step);
+  } catch (const std::exception& e) {
+    timing.write_begin = timing.write_end = Clock::now();
+    held();
+    failed(e);
+    return;
+  }
   if (options_.async) {
-    const auto host = make_cpu_allocator();
-    for (int r = 0; r < checkpoint_shard_count(executor); ++r)
-      shards.push_back(host_snapshot(rank_checkpoint_tensors(executor, r), host));
     last_saved_step_ = step;
+    // Processes commit together from this thread (the transport serves one thread at a
+    // time), once all of them have written; one process commits from the background.
+    const bool commits_in_background = executor.holds_all_ranks();
+    background_written_ = false;
+    CheckpointWriter* target = writer.get();
+    if (!commits_in_background) pending_commit_ = PendingCommit{std::move(writer), state, &timing};
     // The entry is written by the background thread alone until the next wait joins it.
-    SaveTiming* timing = &timings_.back();
-    background_ = std::thread([this, step, state, shards = std::move(shards), timing] {
+    background_ = std::thread([this, state, target, commits_in_background,
+                               owned = commits_in_background ? std::move(writer) : nullptr,
+                               shards = std::move(shards), timing = &timing] {
       timing->write_begin = Clock::now();
       try {
-        write(step, shards, state);
-        timing->committed = true;
+        write_shards(*target, shards);
+        if (commits_in_background) {
+          complete(*target, state, nullptr);
+          timing->committed = true;
+        }
       } catch (...) {
         background_error_ = std::current_exception();
       }
-      timing->write_end = Clock::now();
+      if (commits_in_background) timing->write_end = Clock::now();
+      background_written_ = true;
     });
-    timings_.back().hold_end = Clock::now();
-    last_stall_seconds_ = seconds_since(start);
+    held();
     return;
   }
-  for (int r = 0; r < checkpoint_shard_count(executor); ++r)
-    shards.push_back(rank_checkpoint_tensors(executor, r));
-  SaveTiming& timing = timings_.back();
   timing.write_begin = Clock::now();
   try {
-    write(step, shards, state);
+    std::exception_ptr write_error;
+    try {
+      write_shards(*writer, shards);
+    } catch (...) {
+      write_error = std::current_exception();
+    }
+    complete(*writer, state, write_error);
     last_saved_step_ = step;
     timing.committed = true;
   } catch (const std::exception& e) {
-    timing.write_end = timing.hold_end = Clock::now();
-    last_stall_seconds_ = seconds_since(start);
+    timing.write_end = Clock::now();
+    held();
     failed(e);
   }
-  timing.write_end = timing.hold_end = Clock::now();
-  last_stall_seconds_ = seconds_since(start);
+  timing.write_end = Clock::now();
+  held();
 }
 
 void TrainerCheckpointer::finish() {
@@ -230,47 +416,42 @@ void TrainerCheckpointer::finish() {
 }
 
 Checkpoint resume_trainer(Trainer& trainer, const fs::path& path) {
-  Checkpoint checkpoint = open_checkpoint(path);
-  const TrainingState ours = trainer_training_state(trainer);
-  const TrainingState& saved = checkpoint.state();
-  const std::string manifest = (checkpoint.directory() / "manifest.json").string();
-  if (saved.model_fingerprint != ours.model_fingerprint)
-    throw CheckpointError(manifest + " is a checkpoint of another model: " +
-                          model_differences(saved.model, ours.model));
-  if (saved.optimizer.kind != ours.optimizer.kind)
-    throw CheckpointError(manifest + " holds the state of optimizer " + saved.optimizer.kind +
-                          " but this run uses " + ours.optimizer.kind +
-                          "; resume with --optimizer " + saved.optimizer.kind);
-  if (saved.data.source != ours.data.source)
-    throw CheckpointError(manifest + " was trained on " + saved.data.source +
-                          " but this run reads " + ours.data.source +
-                          "; resume with the same data and seed");
-  if (saved.step > trainer.config().steps)
-    throw CheckpointError(manifest + " is of step " + std::to_string(saved.step) +
-                          " but this run has only " + std::to_string(trainer.config().steps) +
-                          " steps; raise --steps to train past the checkpoint");
   PipelineExecutor& executor = trainer.executor();
-  checkpoint.check_tensors(checkpoint_tensor_specs(executor));
+  std::optional<Checkpoint> opened;
+  std::exception_ptr error;
+  try {
+    opened = open_checkpoint(path);
+    check_resumable(trainer, *opened);
+  } catch (...) {
+    error = std::current_exception();
+  }
+  agree_across_processes(executor, error, "opening checkpoint " + path.string());
+  Checkpoint& checkpoint = *opened;
+  check_tensor_count(executor, checkpoint);
+  const TrainingState& saved = checkpoint.state();
 
   // Every replica starts from the saved weights (a data-parallel run saves replica 0's,
   // which all replicas share) and the saved moments, whole or its range of them: the saved
   // pieces are assembled, so any (stages, replicas, sharded or not) resumes any other.
-  std::vector<std::exception_ptr> errors(executor.num_world_ranks());
+  const std::vector<int> ranks = executor.local_ranks();
+  std::vector<std::exception_ptr> errors(ranks.size());
   std::vector<std::thread> threads;
-  for (int r = 0; r < executor.num_world_ranks(); ++r)
-    threads.emplace_back([&, r] {
+  for (size_t i = 0; i < ranks.size(); ++i)
+    threads.emplace_back([&, i] {
       try {
-        load_rank_checkpoint(checkpoint, executor, r);
+        load_rank_checkpoint(checkpoint, executor, ranks[i]);
       } catch (...) {
-        errors[r] = std::current_exception();
+        errors[i] = std::current_exception();
       }
     });
   for (std::thread& t : threads) t.join();
+  error = nullptr;
   for (const std::exception_ptr& e : errors)
-    if (e) std::rethrow_exception(e);
+    if (e && !error) error = e;
+  agree_across_processes(executor, error, "loading checkpoint " + path.string());
   trainer.source().seek(saved.data.position);
   trainer.resume_at(saved.step);
-  return checkpoint;
+  return std::move(checkpoint);
 }
 
 }  // namespace conveyor

@@ -4,11 +4,14 @@
 // parameters, optimizer state, step, learning-rate position and data position of a
 // checkpoint, into any stage layout and schedule (tensor names are global). With the same
 // micro-batches, a resumed CPU run continues bit for bit as the uninterrupted one would.
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <exception>
 #include <filesystem>
 #include <functional>
+#include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -48,6 +51,12 @@ struct SaveTiming {
   std::chrono::steady_clock::time_point hold_begin, hold_end, write_begin, write_end;
 };
 
+// When the ranks are processes (MPI), every process saves and resumes with its own
+// TrainerCheckpointer and resume_trainer, at the same points of the run: each writes the
+// shards of the ranks it holds into one folder that all of them see (a shared file system),
+// the process of rank 0 prepares and commits the save, and every phase ends with the
+// processes agreeing, so a failure on one is a failure on all (each names the rank whose
+// process failed) instead of a process that ends while the others wait for it.
 class TrainerCheckpointer {
  public:
   // Checks the folder (check_checkpoint_directory) and installs Trainer::save_now.
@@ -56,7 +65,8 @@ class TrainerCheckpointer {
   TrainerCheckpointer(const TrainerCheckpointer&) = delete;
   TrainerCheckpointer& operator=(const TrainerCheckpointer&) = delete;
 
-  // Call after every step: saves when the step is a multiple of `every`.
+  // Call after every step: saves when the step is a multiple of `every`. With processes,
+  // also commits a background save once every process has written its shards.
   void after_step();
   // Saves the trainer's current step unless that step is saved already. Synchronous: returns
   // once committed. Async: returns once the snapshot is taken (after waiting for the previous
@@ -73,15 +83,31 @@ class TrainerCheckpointer {
   const std::vector<SaveTiming>& save_timings() const { return timings_; }
 
  private:
+  struct RankShard {
+    int rank = 0;
+    std::vector<NamedTensor> tensors;
+  };
+  // The phases of a save; prepare and complete are collectives when the ranks are processes.
+  std::unique_ptr<CheckpointWriter> prepare(int64_t step);
+  void write_shards(CheckpointWriter& writer, const std::vector<RankShard>& shards);
+  // Agrees on the writes (`write_error`: this process's), then commits on rank 0's process.
+  void complete(CheckpointWriter& writer, const TrainingState& state,
+                std::exception_ptr write_error);
   void wait_for_background();
-  void write(int64_t step, const std::vector<std::vector<NamedTensor>>& shards,
-             const TrainingState& state);
   void failed(const std::exception& e);
 
   Trainer& trainer_;
   TrainerCheckpointOptions options_;
   std::thread background_;
   std::exception_ptr background_error_;
+  std::atomic<bool> background_written_{false};
+  // A background save whose commit waits for the other processes (set only with processes).
+  struct PendingCommit {
+    std::unique_ptr<CheckpointWriter> writer;
+    TrainingState state;
+    SaveTiming* timing = nullptr;
+  };
+  std::optional<PendingCommit> pending_commit_;
   int64_t last_saved_step_ = -1;
   double last_stall_seconds_ = 0.0;
   std::vector<SaveTiming> timings_;  // appended only after the background save is joined

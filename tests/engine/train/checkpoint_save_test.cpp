@@ -67,6 +67,56 @@ TEST(CheckpointSave, RanksWriteConcurrentlyAndEverythingLoadsBack) {
     }
 }
 
+// What the processes of one run do: rank 0's process prepares and commits, the others join
+// the folder it made and hand it their shards' sizes and checksums.
+TEST(CheckpointSave, ShardsOfJoinedWritersCommitAsOneCheckpoint) {
+  TempDir dir;
+  constexpr int kRanks = 3;
+  std::vector<std::vector<NamedTensor>> tensors;
+  for (int r = 0; r < kRanks; ++r) tensors.push_back(demo_tensors(r, 5));
+  CheckpointWriter coordinator(dir.path(), 6, kRanks);
+  coordinator.write_shard(0, tensors[0]);
+  for (int r = 1; r < kRanks; ++r) {
+    std::unique_ptr<CheckpointWriter> joined = CheckpointWriter::join(dir.path(), 6, kRanks);
+    EXPECT_EQ(joined->temp_directory(), coordinator.temp_directory());
+    joined->write_shard(r, tensors[r]);
+    EXPECT_THROW(joined->commit(demo_state(6, kRanks)), std::logic_error);
+    const std::optional<ShardFileInfo> info = joined->written(r);
+    ASSERT_TRUE(info.has_value());
+    EXPECT_FALSE(coordinator.written(r).has_value());
+    coordinator.add_written(r, *info);
+    EXPECT_THROW(coordinator.add_written(r, *info), std::logic_error);
+  }  // a joined writer leaves the folder to the one that commits
+  ASSERT_TRUE(fs::is_directory(coordinator.temp_directory()));
+  coordinator.commit(demo_state(6, kRanks));
+  const Checkpoint ckpt = open_checkpoint(dir.path());
+  for (int r = 0; r < kRanks; ++r)
+    for (const NamedTensor& t : tensors[r]) {
+      Tensor loaded = cpu_context().empty(t.tensor.shape(), t.tensor.dtype());
+      ckpt.read(t.name, loaded);
+      EXPECT_EQ(tensor_bytes(loaded), tensor_bytes(t.tensor)) << t.name;
+    }
+}
+
+TEST(CheckpointSave, AJoinedShardWithAWrongChecksumFailsTheLoad) {
+  TempDir dir;
+  CheckpointWriter coordinator(dir.path(), 2, 2);
+  coordinator.write_shard(0, demo_tensors(0, 1));
+  auto joined = CheckpointWriter::join(dir.path(), 2, 2);
+  joined->write_shard(1, demo_tensors(1, 1));
+  ShardFileInfo info = *joined->written(1);
+  info.checksum ^= 1;  // a size or checksum garbled on the way to rank 0
+  coordinator.add_written(1, info);
+  coordinator.commit(demo_state(2, 2));
+  EXPECT_CHECKPOINT_ERROR(open_checkpoint(dir.path()), "rank_1.safetensors");
+}
+
+TEST(CheckpointSave, JoiningAFolderThatIsNotThereSaysTheFolderMustBeShared) {
+  TempDir dir;
+  EXPECT_CHECKPOINT_ERROR(CheckpointWriter::join(dir.path(), 3, 2), (dir / "step_3.tmp").string(),
+                          "every process must see the same --save-dir");
+}
+
 TEST(CheckpointSave, TrainingStateRoundTripsExactly) {
   TempDir dir;
   save_demo(dir.path(), 12, 3);

@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# Checkpoints of `conveyor train` run as MPI processes (OpenMPI's mpirun), against the
+# one-process run:
+#   mpi_checkpoint.sh CONVEYOR save     -np 2 --stages 2 saving every 2 steps, synchronously
+#                                       and with --async-save, and -np 4 --stages 2 --dp 2
+#                                       --shard-optimizer: every file of every checkpoint is
+#                                       byte for byte the one-process run's, and verifies
+#   mpi_checkpoint.sh CONVEYOR resume   a checkpoint saved by -np 2 --stages 2 resumes in one
+#                                       process at --stages 1, and one saved in one process
+#                                       resumes under -np 4 --stages 4: per-step numbers and
+#                                       final weights those of the uninterrupted run, bit for bit
+#   mpi_checkpoint.sh CONVEYOR interrupt
+#                                       SIGINT to rank 1 alone mid-run: both ranks stop after
+#                                       the same step, save it, and exit with 130; the
+#                                       checkpoint is complete and `latest` names that step
+#   mpi_checkpoint.sh CONVEYOR unshared rank 1 sees another --save-dir than rank 0 (what a
+#                                       folder the nodes do not share looks like): both ranks
+#                                       end at the first save, non-zero, well within the
+#                                       timeout, rank 1 saying why and rank 0 naming rank 1
+set -uo pipefail
+cli=$1 mode=$2
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+mpirun=(mpirun --allow-run-as-root --oversubscribe --bind-to none)
+common=(train --device cpu --layers 4 --microbatches 4 --batch-tokens 512 --seed 7 --quiet
+        --weights-checksum --timeout 20)
+# fail, numbers, checksum, same_run
+source "$(dirname "${BASH_SOURCE[0]}")/mpi_compare.sh"
+
+# same_checkpoints REF GOT: the folders hold the same checkpoints, every file equal.
+same_checkpoints() {
+  local ref=$1 got=$2 step file
+  [ "$(ls "$ref")" = "$(ls "$got")" ] || fail "$got holds $(ls "$got" | tr '\n' ' '), $ref $(ls "$ref" | tr '\n' ' ')"
+  for step in "$ref"/step_*; do
+    [ "$(ls "$step")" = "$(ls "$got/${step##*/}")" ] || fail "${step##*/} holds other files in $got"
+    for file in "$step"/*; do
+      cmp -s "$file" "$got/${step##*/}/${file##*/}" || fail "$got/${step##*/}/${file##*/} differs from the one-process run's"
+    done
+  done
+  "$cli" ckpt verify "$got" >"$work/verify.out" 2>&1 || fail "ckpt verify $got: $(cat "$work/verify.out")"
+}
+
+# run NAME [mpirun -np N] -- FLAGS: one run into NAME.jsonl and NAME.out.
+run() {
+  local name=$1; shift
+  local launcher=()
+  while [ "$1" != "--" ]; do launcher+=("$1"); shift; done
+  shift
+  timeout 60 "${launcher[@]}" "$cli" "${common[@]}" --steps 4 "$@" --log-json "$work/$name.jsonl" \
+    >"$work/$name.out" 2>&1 || fail "run $name failed: $(cat "$work/$name.out")"
+}
+
+case $mode in
+  save)
+    run one -- --stages 2 --save-dir "$work/one" --save-every 2 --transport inproc
+    run mpi "${mpirun[@]}" -np 2 -- --stages 2 --save-dir "$work/mpi" --save-every 2
+    grep -q "transport mpi" "$work/mpi.out" || fail "the MPI run did not use MPI: $(cat "$work/mpi.out")"
+    same_checkpoints "$work/one" "$work/mpi"
+    run async "${mpirun[@]}" -np 2 -- --stages 2 --save-dir "$work/async" --save-every 2 --async-save
+    same_checkpoints "$work/one" "$work/async"
+    run one_dp -- --stages 2 --dp 2 --shard-optimizer --save-dir "$work/one_dp" --save-every 2 \
+      --transport inproc
+    run mpi_dp "${mpirun[@]}" -np 4 -- --stages 2 --dp 2 --shard-optimizer \
+      --save-dir "$work/mpi_dp" --save-every 2
+    same_checkpoints "$work/one_dp" "$work/mpi_dp"
+    [ "$(ls "$work/mpi_dp/step_4")" = "$(printf '%s\n' manifest.json rank_{0..3}.safetensors)" ] ||
+      fail "the sharded checkpoint does not hold a shard per rank: $(ls "$work/mpi_dp/step_4")"
+    echo "mpirun saves (sync, async, --dp 2 --shard-optimizer) equal the one-process saves file for file"
+    ;;
+  resume)
+    run full -- --stages 1
+    run saved "${mpirun[@]}" -np 2 -- --stages 2 --stop-after 2 --save-dir "$work/by_mpi"
+    run resumed -- --stages 1 --resume "$work/by_mpi"
+    grep -q "^resume .*step_2 at step 2 (saved with 2 stage(s)" "$work/resumed.out" ||
+      fail "no resume line: $(cat "$work/resumed.out")"
+    cat "$work/saved.jsonl" "$work/resumed.jsonl" >"$work/joined.jsonl"
+    cp "$work/resumed.out" "$work/joined.out"
+    same_run "$work" full joined "saved by mpirun -np 2, resumed in one process"
+    run saved1 -- --stages 1 --stop-after 2 --save-dir "$work/by_one"
+    run resumed4 "${mpirun[@]}" -np 4 -- --stages 4 --resume "$work/by_one"
+    grep -q "^resume .*step_2 at step 2 (saved with 1 stage(s)" "$work/resumed4.out" ||
+      fail "no resume line from rank 0: $(cat "$work/resumed4.out")"
+    cat "$work/saved1.jsonl" "$work/resumed4.jsonl" >"$work/joined4.jsonl"
+    cp "$work/resumed4.out" "$work/joined4.out"
+    same_run "$work" full joined4 "saved in one process, resumed by mpirun -np 4"
+    echo "resumed across mpirun and one process, 2 -> 1 and 1 -> 4 stages: bitwise the uninterrupted run"
+    ;;
+  interrupt)
+    start=$(date +%s)
+    timeout 60 "${mpirun[@]}" -np 2 bash -c \
+      'if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then (sleep 2; kill -INT $$) & fi; exec "$@"' _ \
+      "$cli" "${common[@]}" --stages 2 --steps 1000000 --save-dir "$work/ckpt" \
+      --log-json "$work/log.jsonl" >"$work/out" 2>&1
+    status=$? took=$(( $(date +%s) - start ))
+    [ "$status" -ne 0 ] && [ "$status" -ne 124 ] || fail "status $status after ${took}s: $(cat "$work/out")"
+    [ "$took" -le 20 ] || fail "took ${took}s after one rank was interrupted"
+    step=$(sed -n 's/^interrupted at step \([0-9]*\) .* by SIGINT;.*/\1/p' "$work/out")
+    [ -n "$step" ] || fail "rank 0 did not stop for rank 1's SIGINT: $(cat "$work/out")"
+    [ "$(wc -l <"$work/log.jsonl")" = "$step" ] || fail "the log does not hold the $step finished steps"
+    [ "$(cat "$work/ckpt/latest")" = "step_$step" ] ||
+      fail "latest names $(cat "$work/ckpt/latest" 2>&1), not step_$step: $(cat "$work/out")"
+    "$cli" ckpt verify "$work/ckpt" >"$work/verify.out" 2>&1 || fail "ckpt verify: $(cat "$work/verify.out")"
+    grep -Eq "Exit code: +130" "$work/out" || fail "no rank ended with 130 (128 + SIGINT): $(cat "$work/out")"
+    echo "SIGINT to rank 1: both ranks stopped after step $step and saved it, status $status in ${took}s"
+    ;;
+  unshared)
+    start=$(date +%s)
+    timeout 60 "${mpirun[@]}" -np 1 "$cli" "${common[@]}" --steps 4 --stages 2 --save-dir "$work/a" : \
+      -np 1 "$cli" "${common[@]}" --steps 4 --stages 2 --save-dir "$work/b" >"$work/out" 2>&1
+    status=$? took=$(( $(date +%s) - start ))
+    [ "$status" -ne 0 ] && [ "$status" -ne 124 ] || fail "status $status: $(cat "$work/out")"
+    [ "$took" -le 15 ] || fail "took ${took}s: the ranks did not agree on the failure"
+    grep -q "is not there; every process must see the same --save-dir" "$work/out" ||
+      fail "rank 1 does not say why: $(cat "$work/out")"
+    grep -q "the save of step 4 failed in the process of rank 1" "$work/out" ||
+      fail "rank 0 does not name rank 1: $(cat "$work/out")"
+    [ ! -e "$work/a/latest" ] || fail "a checkpoint was published without rank 1's shard"
+    echo "unshared --save-dir: both ranks ended in ${took}s, status $status"
+    grep "conveyor: error" "$work/out"
+    ;;
+  *) fail "unknown mode $mode" ;;
+esac
