@@ -47,10 +47,12 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-constexpr int kMessageTag = 1;  // every pipeline message: FIFO per link
-constexpr int kAbortTag = 2;    // the reason a rank aborted
-constexpr int kCountTag = 3;    // all-reduce value counts: who has come to the all-reduce
-constexpr int kGroupTag = 4;    // group sums: FIFO per pair of members, like the messages
+constexpr int kMessageTag = 1;     // every pipeline message: FIFO per link
+constexpr int kAbortTag = 2;       // the reason a rank aborted
+constexpr int kCountTag = 3;       // all-reduce value counts: who has come to the all-reduce
+constexpr int kGroupTag = 4;       // group sums: FIFO per pair of members, like the messages
+constexpr int kReportTag = 16;     // after a failure: where a rank stood, to the collector
+constexpr int kReportAckTag = 17;  // the collector is done: a reporter may end its process
 
 std::string mpi_error_text(int code) {
   char text[MPI_MAX_ERROR_STRING];
@@ -311,20 +313,60 @@ class MpiTransport : public Transport {
     return std::make_unique<GroupSum>(*this, values, group);
   }
 
+  std::map<int, std::vector<std::byte> > collect_failure_reports(
+      const std::vector<std::byte>& report, int collector,
+      std::chrono::milliseconds grace) override {
+    std::map<int, std::vector<std::byte> > reports;
+    if (collector < 0 || collector >= size_) return reports;
+    if (rank_ != collector) {
+      post(report, collector, kReportTag);
+      // Wait for the collector to be done before this process may end: a launcher such as
+      // mpirun ends the whole job when one process ends with an error, and would end the
+      // collector before it has reported. Bounded: the collector may be dead.
+      const auto deadline = Clock::now() + grace + std::chrono::milliseconds(1000);
+      Backoff backoff;
+      while (Clock::now() < deadline) {
+        int flag = 0;
+        if (MPI_Iprobe(collector, kReportAckTag, comm_, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+          break;
+        if (flag) {
+          MPI_Recv(nullptr, 0, MPI_BYTE, collector, kReportAckTag, comm_, MPI_STATUS_IGNORE);
+          break;
+        }
+        backoff.pause();
+      }
+      return reports;
+    }
+    const auto deadline = Clock::now() + grace;
+    Backoff backoff;
+    while (static_cast<int>(reports.size()) < size_ - 1 && Clock::now() < deadline) {
+      int flag = 0;
+      MPI_Status status;
+      if (MPI_Iprobe(MPI_ANY_SOURCE, kReportTag, comm_, &flag, &status) != MPI_SUCCESS) break;
+      if (!flag) {
+        backoff.pause();
+        continue;
+      }
+      int length = 0;
+      MPI_Get_count(&status, MPI_BYTE, &length);
+      std::vector<std::byte> bytes(static_cast<size_t>(length));
+      MPI_Recv(bytes.data(), length, MPI_BYTE, status.MPI_SOURCE, kReportTag, comm_,
+               MPI_STATUS_IGNORE);
+      reports[status.MPI_SOURCE] = std::move(bytes);
+    }
+    for (const auto& report : reports) post({}, report.first, kReportAckTag);
+    return reports;
+  }
+
   void abort(const std::string& reason) override {
     if (aborted_) return;
     aborted_ = true;
     abort_reason_ = reason;
     // Best effort: a notice to every other rank, never waited for here.
-    for (int r = 0; r < size_; ++r) {
-      if (r == rank_) continue;
-      Pending& p = pending_.emplace_back();
-      p.bytes.resize(reason.size());
-      std::memcpy(p.bytes.data(), reason.data(), reason.size());
-      if (MPI_Isend(p.bytes.data(), static_cast<int>(p.bytes.size()), MPI_BYTE, r, kAbortTag, comm_,
-                    &p.request) != MPI_SUCCESS)
-        pending_.pop_back();
-    }
+    std::vector<std::byte> bytes(reason.size());
+    std::memcpy(bytes.data(), reason.data(), reason.size());
+    for (int r = 0; r < size_; ++r)
+      if (r != rank_) post(bytes, r, kAbortTag);
   }
 
  private:
@@ -332,6 +374,16 @@ class MpiTransport : public Transport {
     std::vector<std::byte> bytes;  // owned by the send until it completes
     MPI_Request request = MPI_REQUEST_NULL;
   };
+
+  // A best-effort send of `bytes` that nobody waits for: left to the destructor's bounded
+  // wait, dropped if MPI refuses it.
+  void post(const std::vector<std::byte>& bytes, int peer, int tag) {
+    Pending& p = pending_.emplace_back();
+    p.bytes = bytes;
+    if (MPI_Isend(p.bytes.data(), static_cast<int>(p.bytes.size()), MPI_BYTE, peer, tag, comm_,
+                  &p.request) != MPI_SUCCESS)
+      pending_.pop_back();
+  }
 
   void check(int code, const char* call) {
     if (code != MPI_SUCCESS) give_up(std::string(call) + " failed: " + mpi_error_text(code));

@@ -64,4 +64,9 @@ std::unique_ptr<PendingGroupCall> Transport::start_group_sum(std::vector<float>&
       "replicas; use the in-process or the MPI transport (--transport inproc or mpi)");
 }
 
+std::map<int, std::vector<std::byte>> Transport::collect_failure_reports(
+    const std::vector<std::byte>&, int, std::chrono::milliseconds) {
+  return {};
+}
+
 }  // namespace conveyor::comm

@@ -8,6 +8,8 @@
 // Nothing may hang: every wait has a deadline, and when one rank fails it aborts the
 // transport, which makes every pending and later call on every rank throw TransportAborted.
 #include <chrono>
+#include <cstddef>
+#include <map>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -87,6 +89,14 @@ class Transport {
   virtual void abort(const std::string& reason) = 0;
   // Waits for `stream`; transports whose transfers can wait on a peer bound the wait.
   virtual void synchronize(const Stream& stream) { stream.synchronize(); }
+  // After this rank's step failed: what each rank reports about where it stood (opaque bytes)
+  // goes to rank `collector`, which returns those of the other ranks that came within
+  // `grace`, by rank; a dead or stopped rank sends none. Every other rank sends its
+  // `report` and returns at once with nothing. Works on an aborted transport (a failure
+  // aborts it first). The default returns nothing: the ranks of a transport within one
+  // process have nothing to tell each other that their process does not know.
+  virtual std::map<int, std::vector<std::byte>> collect_failure_reports(
+      const std::vector<std::byte>& report, int collector, std::chrono::milliseconds grace);
 
  protected:
   // Throws TransportError unless `peer` is another rank of this transport; `action` says

@@ -82,6 +82,7 @@ PipelineExecutor::PipelineExecutor(const ModelDescription& model, schedule::Sche
   // Before any rank is built, so that an impossible request fails at once.
   options.recompute.per_unit(model_.num_units);
   transport_kind_ = comm::choose_transport(options.transport, devices);
+  transport_timeout_ = options.transport_timeout;
   if (schedule_.replicas > 1 && transport_kind_ == TransportKind::kNccl)
     throw std::invalid_argument(
         "data parallelism sums gradients over replicas with a group sum, which the NCCL "
@@ -247,11 +248,15 @@ PipelineStepResult PipelineExecutor::run_step(const std::vector<MicroBatchData>&
     }
   });
   result.seconds = std::chrono::duration<double>(Clock::now() - inputs.start).count();
+  const bool any_stalled = std::find(stalled.begin(), stalled.end(), true) != stalled.end();
+  const std::vector<RankPosition> others =
+      any_stalled ? positions_of_other_processes() : std::vector<RankPosition>{};
   // Report the failure that started it, not the ranks that were stopped because of it.
   for (int pass = 0; pass < 2; ++pass)
     for (int r = 0; r < held_count; ++r)
       if (!errors[r].empty() && (pass == 1 || !follow_on[r]))
-        throw PipelineError(stalled[r] ? errors[r] + "\n" + format_positions(r) : errors[r]);
+        throw PipelineError(stalled[r] ? errors[r] + "\n" + format_positions(r, others)
+                                       : errors[r]);
   return result;
 }
 
@@ -289,12 +294,33 @@ void PipelineExecutor::sum_over_processes(std::vector<double>& values) {
   if (!holds_all_ranks()) ranks_.front()->transport->all_reduce_sum(values);
 }
 
-std::string PipelineExecutor::format_positions(int failed) const {
+std::vector<RankPosition> PipelineExecutor::positions_of_other_processes() {
+  if (holds_all_ranks()) return {};
+  // Under such a transport a process holds one rank. The survivors notice the abort within
+  // their next poll, so a short wait hears from every rank that can still answer.
+  const PipelineRank& mine = *ranks_.front();
+  const RankPosition position{mine.index, mine.pipeline_rank, mine.replica, mine.replica_group,
+                              mine.progress};
+  const auto grace = std::min(transport_timeout_, std::chrono::milliseconds(1000));
+  std::vector<RankPosition> out;
+  for (const auto& [rank, bytes] :
+       mine.transport->collect_failure_reports(encode_position(position), 0, grace))
+    if (auto decoded = decode_position(bytes, schedule_, num_world_ranks());
+        decoded && decoded->index == rank && rank != mine.index)
+      out.push_back(std::move(*decoded));
+  return out;
+}
+
+std::string PipelineExecutor::format_positions(int failed,
+                                               const std::vector<RankPosition>& others) const {
   // Every rank thread has ended: their progress is read after they joined.
   std::vector<RankPosition> known;
   for (const auto& rank : ranks_)
     known.push_back(
         {rank->index, rank->pipeline_rank, rank->replica, rank->replica_group, rank->progress});
+  known.insert(known.end(), others.begin(), others.end());
+  std::sort(known.begin(), known.end(),
+            [](const RankPosition& a, const RankPosition& b) { return a.index < b.index; });
   return conveyor::format_positions(schedule_, known, ranks_[failed]->index, num_world_ranks());
 }
 

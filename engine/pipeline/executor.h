@@ -83,6 +83,7 @@ struct PipelineStepResult {
 };
 
 struct PipelineRank;  // what one rank owns (rank_step.h)
+struct RankPosition;  // where a rank stood in a failed step (rank_progress.h)
 
 // A rank failed: names the rank, the action and the cause on the first line. When the step
 // failed on a transport (a wait passed its deadline, a link was lost or aborted), the lines
@@ -158,13 +159,18 @@ class PipelineExecutor {
   PipelineRank& held(int rank) const;
   // After a step stalled on a transport: the ranks' positions (rank_progress.h), for the
   // error of the held rank at position `failed`.
-  std::string format_positions(int failed) const;
+  std::string format_positions(int failed, const std::vector<RankPosition>& others) const;
+  // After a step stalled on a transport that spans processes: the positions the other
+  // processes' ranks report to rank 0's process (nothing elsewhere, and from ranks that
+  // are dead or stopped).
+  std::vector<RankPosition> positions_of_other_processes();
 
   ModelDescription model_;
   schedule::Schedule schedule_;
   TransportKind transport_kind_ = TransportKind::kInProcess;
   std::vector<StageRange> ranges_;
   int total_parameters_ = 0;
+  std::chrono::milliseconds transport_timeout_{0};
   std::vector<std::unique_ptr<PipelineRank>> ranks_;
   std::unique_ptr<RankThreads> threads_;  // last: joined before the ranks go
 };

@@ -1,6 +1,7 @@
 #include "engine/pipeline/rank_progress.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "engine/schedule/ascii.h"
 
@@ -46,6 +47,59 @@ std::string waits_on(const schedule::Schedule& schedule, const RankPosition& ran
 }
 
 }  // namespace
+
+std::vector<std::byte> encode_position(const RankPosition& position) {
+  const RankProgress& p = position.progress;
+  std::vector<int64_t> fields = {position.index,
+                                 position.pipeline_rank,
+                                 position.replica,
+                                 static_cast<int64_t>(p.phase),
+                                 static_cast<int64_t>(p.action),
+                                 static_cast<int64_t>(p.compute),
+                                 static_cast<int64_t>(p.send),
+                                 static_cast<int64_t>(p.recv),
+                                 static_cast<int64_t>(p.reduce)};
+  fields.insert(fields.end(), position.replica_group.begin(), position.replica_group.end());
+  std::vector<std::byte> bytes(fields.size() * sizeof(int64_t));
+  std::memcpy(bytes.data(), fields.data(), bytes.size());
+  return bytes;
+}
+
+std::optional<RankPosition> decode_position(const std::vector<std::byte>& bytes,
+                                            const schedule::Schedule& schedule, int world) {
+  constexpr size_t kFixed = 9;
+  if (bytes.size() % sizeof(int64_t) != 0 || bytes.size() < kFixed * sizeof(int64_t))
+    return std::nullopt;
+  std::vector<int64_t> f(bytes.size() / sizeof(int64_t));
+  std::memcpy(f.data(), bytes.data(), bytes.size());
+  const auto in = [](int64_t v, int64_t end) { return v >= 0 && v < end; };
+  if (!in(f[0], world) || !in(f[1], schedule.num_ranks()) || !in(f[2], schedule.replicas) ||
+      !in(f[3], static_cast<int64_t>(Phase::kDone) + 1))
+    return std::nullopt;
+  const auto size = static_cast<int64_t>(schedule.ranks[f[1]].size());
+  // A rank at an action names one of its list; stream heads may stand at the list's end.
+  const auto phase = static_cast<Phase>(f[3]);
+  const bool at_action = phase == Phase::kRunning || phase == Phase::kWaitingForReceive ||
+                         phase == Phase::kWaitingForSum;
+  if (!in(f[4], at_action ? size : size + 1)) return std::nullopt;
+  for (size_t i = 5; i < kFixed; ++i)
+    if (!in(f[i], size + 1)) return std::nullopt;
+  RankPosition out;
+  out.index = static_cast<int>(f[0]);
+  out.pipeline_rank = static_cast<int>(f[1]);
+  out.replica = static_cast<int>(f[2]);
+  out.progress = {phase,
+                  static_cast<size_t>(f[4]),
+                  static_cast<size_t>(f[5]),
+                  static_cast<size_t>(f[6]),
+                  static_cast<size_t>(f[7]),
+                  static_cast<size_t>(f[8])};
+  for (size_t i = kFixed; i < f.size(); ++i) {
+    if (!in(f[i], world)) return std::nullopt;
+    out.replica_group.push_back(static_cast<int>(f[i]));
+  }
+  return out;
+}
 
 std::string format_positions(const schedule::Schedule& schedule,
                              const std::vector<RankPosition>& known, int focus, int world) {
@@ -93,7 +147,9 @@ std::string format_positions(const schedule::Schedule& schedule,
       if (std::find(named.begin(), named.end(), r) == named.end())
         others += (shown++ ? ", " : "") + std::to_string(r);
     if (world - static_cast<int>(named.size()) > shown) others += ", ...";
-    out += "rank(s) " + others + ": held by other processes, positions not known here\n";
+    out += "rank(s) " + others +
+           ": held by other processes, positions not known here (dead or stopped ranks "
+           "cannot report; rank 0's process gathers those that can)\n";
   }
   if (!out.empty() && out.back() == '\n') out.pop_back();
   return out;

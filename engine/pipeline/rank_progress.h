@@ -2,6 +2,8 @@
 // Where each rank stands in its step: written by the rank as it runs (plain stores, nothing
 // read on the hot path) and read only after a failed step, to show a stalled run's positions.
 #include <cstddef>
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,6 +35,13 @@ struct RankPosition {
   std::vector<int> replica_group;  // the ranks its gradient sums wait for
   RankProgress progress;
 };
+
+// A position as bytes, for the process that reports a failure of ranks held by several
+// processes (comm::Transport::collect_failure_reports), and back. decode_position returns
+// nothing for bytes that are not a position of a rank of `schedule` with `world` ranks.
+std::vector<std::byte> encode_position(const RankPosition& position);
+std::optional<RankPosition> decode_position(const std::vector<std::byte>& bytes,
+                                            const schedule::Schedule& schedule, int world);
 
 // The rank x list-position grid of `focus`'s replica with each known rank's position marked,
 // bounded to a screenful, then one line per known rank saying where it is and what it waits

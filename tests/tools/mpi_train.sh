@@ -12,6 +12,9 @@
 #   mpi_train.sh CONVEYOR stop         rank 1 stopped (SIGSTOP) mid-run, so mpirun sees nothing:
 #                                      rank 0's own deadline ends the job, naming rank 1, and
 #                                      prints its position marked in the rank x action grid
+#   mpi_train.sh CONVEYOR stop3        as stop with three ranks and rank 2 stopped: rank 1 gives
+#                                      up waiting for it and reports its position to rank 0,
+#                                      whose grid marks both survivors
 #   mpi_train.sh CONVEYOR dp           -np 4 with --stages 2 --dp 2 (rank r: pipeline rank r mod 2
 #                                      of replica r div 2): per-step losses, gradient norms and
 #                                      final weights equal the one-process --stages 2 --dp 2 run,
@@ -28,14 +31,15 @@ common=(train --device cpu --layers 4 --microbatches 4 --batch-tokens 512 --step
 # fail, numbers, checksum, same_run
 source "$(dirname "${BASH_SOURCE[0]}")/mpi_compare.sh"
 
-# Signals rank 1 with $1 two seconds into a run far longer than that (exec keeps its pid), with
-# --timeout $2; the job must end non-zero, by itself, within 30 s. Output in $work/out.
-signal_rank_1() {
-  local start status took
+# Signals the last of N ranks ($3, default 2) with $1 two seconds into a run far longer than
+# that (exec keeps its pid), with --timeout $2; the job must end non-zero, by itself, within
+# 30 s. Output in $work/out.
+signal_last_rank() {
+  local start status took n=${3:-2}
   start=$(date +%s)
-  timeout 60 "${mpirun[@]}" -np 2 bash -c \
-    'if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then (sleep 2; kill -'"$1"' $$) & fi; exec "$@"' _ \
-    "$cli" train --device cpu --stages 2 --microbatches 4 --batch-tokens 512 --steps 1000000 \
+  timeout 60 "${mpirun[@]}" -np "$n" bash -c \
+    'if [ "$OMPI_COMM_WORLD_RANK" = '"$((n - 1))"' ]; then (sleep 2; kill -'"$1"' $$) & fi; exec "$@"' _ \
+    "$cli" train --device cpu --stages "$n" --microbatches 4 --batch-tokens 512 --steps 1000000 \
     --quiet --timeout "$2" >"$work/out" 2>&1
   status=$?
   took=$(( $(date +%s) - start ))
@@ -107,14 +111,14 @@ case $mode in
     echo "mismatched --seed refused at start, status $status"
     ;;
   kill)
-    signal_rank_1 KILL 10
+    signal_last_rank KILL 10
     # OpenMPI's mpirun notices the death and ends the other ranks itself, naming the rank.
     grep -Eq "rank 1 .*(signal 9|Killed)|process rank 1" "$work/out" ||
       fail "the lost rank is not named: $(cat "$work/out")"
     echo "rank 1 killed: job ended with $ended"; cat "$work/out"
     ;;
   stop)
-    signal_rank_1 STOP 3
+    signal_last_rank STOP 3
     # Stopped in a transfer or before the step's all-reduce, whichever rank 0 waits for.
     grep -Eq "conveyor: error: rank 0.*(nothing arrived from rank 1 within|all-reduce waited 3000 ms for rank\(s\) 1 )" "$work/out" ||
       fail "rank 0 did not name rank 1: $(cat "$work/out")"
@@ -128,6 +132,22 @@ case $mode in
       fail "rank 1 is not named as unknown here: $(cat "$work/out")"
     echo "rank 1 stopped: rank 0 gave up, job ended with $ended"
     sed -n '/^conveyor: error: rank 0/,/^rank(s) /p' "$work/out"
+    ;;
+  stop3)
+    signal_last_rank STOP 3 3
+    # Rank 1 waits for the stopped rank 2 and gives up, rank 0 is stopped by its abort; rank 1
+    # reports its position to rank 0's process, whose grid then marks both survivors.
+    block=$(sed -n '/^conveyor: error: rank 0/,/^rank(s) /p' "$work/out")
+    [ -n "$block" ] || fail "no error from rank 0: $(cat "$work/out")"
+    grep -Eq "^r0: .*>>[A-Z]+[0-9.]+[<>]?[0-9]*<<" <<<"$block" || fail "rank 0's row is not marked: $block"
+    grep -Eq "^r1: .*>>[A-Z]+[0-9.]+[<>]?[0-9]*<<" <<<"$block" ||
+      fail "rank 1's position did not reach rank 0's grid: $block"
+    grep -Eq "^rank 1: .*(waiting for a message from rank 2|past its last action)" <<<"$block" ||
+      fail "rank 0's report does not say what rank 1 waits on: $block"
+    grep -q "^rank(s) 2: held by other processes" <<<"$block" ||
+      fail "the stopped rank 2 is not named as unknown: $block"
+    echo "rank 2 stopped: rank 0's error marks rank 0 and rank 1, job ended with $ended"
+    echo "$block"
     ;;
   *) fail "unknown mode $mode" ;;
 esac
