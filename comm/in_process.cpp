@@ -72,6 +72,74 @@ class InProcessGroupSum : public PendingGroupCall {
   bool done_ = false;
 };
 
+// One member's reduce-scatter: each other member's range is posted to that member alone; the
+// others' parts of this member's range are taken as they come, and summed in group order,
+// with this member's own values in its place, once all are in.
+class InProcessGroupReduceScatter : public PendingGroupCall {
+ public:
+  InProcessGroupReduceScatter(std::shared_ptr<InProcessHub> hub, int rank,
+                              std::vector<float>& values, const std::vector<int>& group,
+                              const std::vector<size_t>& bounds, size_t me)
+      : hub_(std::move(hub)),
+        rank_(rank),
+        values_(values),
+        group_(group),
+        begin_(bounds[me]),
+        end_(bounds[me + 1]),
+        me_(me),
+        parts_(group.size()) {
+    for (size_t i = 0; i < group_.size(); ++i)
+      if (i != me_)
+        hub_->post_group_values_to(rank_, group_[i],
+                                   std::make_shared<const std::vector<float>>(
+                                       values.begin() + bounds[i], values.begin() + bounds[i + 1]));
+  }
+
+  bool test() override {
+    if (done_) return true;
+    bool all = true;
+    for (size_t i = 0; i < group_.size(); ++i) {
+      if (i == me_ || parts_[i]) continue;
+      parts_[i] = hub_->try_take_group_values(group_[i], rank_, rank_);
+      if (!parts_[i]) {
+        all = false;
+        continue;
+      }
+      if (parts_[i]->size() != end_ - begin_)
+        hub_->fail(rank_, "group reduce-scatter expected " + std::to_string(end_ - begin_) +
+                              " values from rank " + std::to_string(group_[i]) + ", got " +
+                              std::to_string(parts_[i]->size()));
+    }
+    if (!all) return false;
+    // The additions of the group sum on this range: from zero, in group order.
+    for (size_t k = begin_; k < end_; ++k) {
+      float sum = 0.0f;
+      for (size_t i = 0; i < group_.size(); ++i)
+        sum += i == me_ ? values_[k] : (*parts_[i])[k - begin_];
+      values_[k] = sum;
+    }
+    parts_.clear();
+    done_ = true;
+    return true;
+  }
+
+  void wait() override {
+    wait_for_group(
+        *this, *hub_, rank_, group_, [&](size_t i) { return i == me_ || parts_[i] != nullptr; },
+        "the gradient reduce-scatter over replicas");
+  }
+
+ private:
+  std::shared_ptr<InProcessHub> hub_;
+  int rank_;
+  std::vector<float>& values_;
+  std::vector<int> group_;
+  size_t begin_, end_;                            // this member's range
+  size_t me_;                                     // this member's position in the group
+  std::vector<InProcessHub::GroupValues> parts_;  // the others' parts of the range, by position
+  bool done_ = false;
+};
+
 // One member's group gather: its own range is posted at the start; the others' ranges are
 // copied into place as they come.
 class InProcessGroupGather : public PendingGroupCall {
@@ -166,10 +234,17 @@ class InProcessTransport : public Transport {
     check_group(group);
     return std::make_unique<InProcessGroupSum>(hub_, rank_, values, group);
   }
+  std::unique_ptr<PendingGroupCall> start_group_reduce_scatter(
+      std::vector<float>& values, const std::vector<int>& group,
+      const std::vector<size_t>& bounds) override {
+    check_ranges(values, group, bounds, "group reduce-scatter");
+    return std::make_unique<InProcessGroupReduceScatter>(hub_, rank_, values, group, bounds,
+                                                         position_in(group));
+  }
   std::unique_ptr<PendingGroupCall> start_group_gather(std::vector<float>& values,
                                                        const std::vector<int>& group,
                                                        const std::vector<size_t>& bounds) override {
-    check_gather(values, group, bounds);
+    check_ranges(values, group, bounds, "group gather");
     return std::make_unique<InProcessGroupGather>(hub_, rank_, values, group, bounds,
                                                   position_in(group));
   }
@@ -213,6 +288,7 @@ InProcessHub::InProcessHub(int size, std::chrono::milliseconds timeout)
       arrived_for_(size),
       links_(static_cast<size_t>(size) * size),
       group_links_(static_cast<size_t>(size) * size),
+      group_bytes_sent_(size, 0),
       contributions_(size) {}
 
 std::unique_ptr<Transport> InProcessHub::endpoint(int rank) {
@@ -292,10 +368,28 @@ void InProcessHub::post_group_values(int src, const std::vector<int>& group, Gro
     std::lock_guard lock(mutex_);
     throw_if_aborted(src);
     for (int dst : group)
-      if (dst != src) group_links_[static_cast<size_t>(src) * size_ + dst].push_back(values);
+      if (dst != src) {
+        group_links_[static_cast<size_t>(src) * size_ + dst].push_back(values);
+        group_bytes_sent_[src] += values->size() * sizeof(float);
+      }
   }
   for (int dst : group)
     if (dst != src) arrived_for_[dst].notify_all();
+}
+
+void InProcessHub::post_group_values_to(int src, int dst, GroupValues values) {
+  {
+    std::lock_guard lock(mutex_);
+    throw_if_aborted(src);
+    group_bytes_sent_[src] += values->size() * sizeof(float);
+    group_links_[static_cast<size_t>(src) * size_ + dst].push_back(std::move(values));
+  }
+  arrived_for_[dst].notify_all();
+}
+
+size_t InProcessHub::group_bytes_sent(int rank) const {
+  std::lock_guard lock(mutex_);
+  return group_bytes_sent_.at(rank);
 }
 
 InProcessHub::GroupValues InProcessHub::try_take_group_values(int src, int dst, int waiting_rank) {

@@ -43,6 +43,11 @@ class InProcessHub : public std::enable_shared_from_this<InProcessHub> {
   // sum is ready once the others' posts are in. Ordered per (src, dst) like the links.
   using GroupValues = std::shared_ptr<const std::vector<float>>;
   void post_group_values(int src, const std::vector<int>& group, GroupValues values);
+  // The same to one member only (a reduce-scatter sends each member its own range).
+  void post_group_values_to(int src, int dst, GroupValues values);
+  // Bytes of group values `rank` has posted so far, counted once per receiving member: what
+  // a transport between processes would have sent.
+  size_t group_bytes_sent(int rank) const;
   // The next group values from `src` to `dst`, if they came; never waits.
   GroupValues try_take_group_values(int src, int dst, int waiting_rank);
   // Waits, up to the deadline, for a post to `dst` from one of `from` (empty: returns).
@@ -68,6 +73,7 @@ class InProcessHub : public std::enable_shared_from_this<InProcessHub> {
   std::condition_variable reduced_;
   std::vector<std::deque<Message>> links_;            // src * size + dst
   std::vector<std::deque<GroupValues>> group_links_;  // src * size + dst
+  std::vector<size_t> group_bytes_sent_;              // by src
   bool aborted_ = false;
   std::string abort_reason_;
   // All-reduce rendezvous: contributions of the current round, by rank.

@@ -50,7 +50,8 @@ using Clock = std::chrono::steady_clock;
 constexpr int kMessageTag = 1;     // every pipeline message: FIFO per link
 constexpr int kAbortTag = 2;       // the reason a rank aborted
 constexpr int kCountTag = 3;       // all-reduce value counts: who has come to the all-reduce
-constexpr int kGroupTag = 4;       // group sums: FIFO per pair of members, like the messages
+constexpr int kGroupTag = 4;       // group sums and gathers: FIFO per pair of members
+constexpr int kScatterTag = 5;     // reduce-scatters: sized by the ranges, so apart from the others
 constexpr int kReportTag = 16;     // after a failure: where a rank stood, to the collector
 constexpr int kReportAckTag = 17;  // the collector is done: a reporter may end its process
 
@@ -174,10 +175,12 @@ class MpiTransport : public Transport {
   // against one deadline, cancelled if the call is dropped unfinished.
   class GroupExchange : public PendingGroupCall {
    public:
-    GroupExchange(MpiTransport& transport, std::vector<int> group, std::string what)
+    GroupExchange(MpiTransport& transport, std::vector<int> group, std::string what,
+                  int tag = kGroupTag)
         : t_(transport),
           group_(std::move(group)),
           what_(std::move(what)),
+          tag_(tag),
           deadline_(Clock::now() + transport.timeout_) {}
     ~GroupExchange() override {
       for (MPI_Request& r : requests_)
@@ -207,14 +210,14 @@ class MpiTransport : public Transport {
     // Every receive is posted before any send, so that receives_from_ matches requests_.
     void receive(void* data, size_t bytes, int peer) {
       MPI_Request request;
-      t_.check(MPI_Irecv(data, t_.byte_count(bytes), MPI_BYTE, peer, kGroupTag, t_.comm_, &request),
+      t_.check(MPI_Irecv(data, t_.byte_count(bytes), MPI_BYTE, peer, tag_, t_.comm_, &request),
                "MPI_Irecv");
       requests_.push_back(request);
       receive_from_.push_back(peer);
     }
     void send(const void* data, size_t bytes, int peer) {
       MPI_Request request;
-      t_.check(MPI_Isend(data, t_.byte_count(bytes), MPI_BYTE, peer, kGroupTag, t_.comm_, &request),
+      t_.check(MPI_Isend(data, t_.byte_count(bytes), MPI_BYTE, peer, tag_, t_.comm_, &request),
                "MPI_Isend");
       requests_.push_back(request);
     }
@@ -233,6 +236,7 @@ class MpiTransport : public Transport {
 
    private:
     std::string what_;
+    int tag_;
     std::vector<MPI_Request> requests_;  // receives (in receive_from_ order), then sends
     std::vector<int> receive_from_;
     Clock::time_point deadline_;
@@ -276,6 +280,51 @@ class MpiTransport : public Transport {
     bool done_ = false;
   };
 
+  // The reduce-scatter: to each other member its range, straight from the caller's vector
+  // (the call leaves those ranges alone until the sends are done); from each, its part of the
+  // own range; then the own range summed in group order, as GroupSum adds.
+  class GroupReduceScatter : public GroupExchange {
+   public:
+    GroupReduceScatter(MpiTransport& transport, std::vector<float>& values,
+                       const std::vector<int>& group, const std::vector<size_t>& bounds, size_t me)
+        : GroupExchange(transport, group, "the gradient reduce-scatter over replicas", kScatterTag),
+          values_(values),
+          begin_(bounds[me]),
+          end_(bounds[me + 1]),
+          me_(me),
+          parts_(group.size()) {
+      const size_t count = end_ - begin_;
+      for (size_t i = 0; i < group_.size(); ++i) {
+        if (i == me_) continue;
+        parts_[i].resize(count);
+        receive(parts_[i].data(), count * sizeof(float), group_[i]);
+      }
+      for (size_t i = 0; i < group_.size(); ++i)
+        if (i != me_)
+          send(values.data() + bounds[i], (bounds[i + 1] - bounds[i]) * sizeof(float), group_[i]);
+    }
+
+    bool test() override {
+      if (done_) return true;
+      if (!exchanged()) return false;
+      for (size_t k = begin_; k < end_; ++k) {
+        float sum = 0.0f;
+        for (size_t i = 0; i < group_.size(); ++i)
+          sum += i == me_ ? values_[k] : parts_[i][k - begin_];
+        values_[k] = sum;
+      }
+      done_ = true;
+      return true;
+    }
+
+   private:
+    std::vector<float>& values_;
+    size_t begin_, end_;  // this member's range
+    size_t me_;
+    std::vector<std::vector<float> > parts_;  // the others' parts of the range, by position
+    bool done_ = false;
+  };
+
   // The gather: the own range to every other member, the others' received in place.
   class GroupGather : public GroupExchange {
    public:
@@ -301,9 +350,17 @@ class MpiTransport : public Transport {
   std::unique_ptr<PendingGroupCall> start_group_gather(std::vector<float>& values,
                                                        const std::vector<int>& group,
                                                        const std::vector<size_t>& bounds) override {
-    check_gather(values, group, bounds);
+    check_ranges(values, group, bounds, "group gather");
     throw_if_aborted();
     return std::make_unique<GroupGather>(*this, values, group, bounds, position_in(group));
+  }
+
+  std::unique_ptr<PendingGroupCall> start_group_reduce_scatter(
+      std::vector<float>& values, const std::vector<int>& group,
+      const std::vector<size_t>& bounds) override {
+    check_ranges(values, group, bounds, "group reduce-scatter");
+    throw_if_aborted();
+    return std::make_unique<GroupReduceScatter>(*this, values, group, bounds, position_in(group));
   }
 
   std::unique_ptr<PendingGroupCall> start_group_sum(std::vector<float>& values,

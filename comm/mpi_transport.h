@@ -11,6 +11,9 @@
 // - all_reduce_sum(): the value counts point to point (checked equal; a rank that does not
 //   come is named), then MPI_Iallgather of every rank's values and the sum in rank order on
 //   every rank, so the bits never depend on MPI's reduction algorithm.
+// - start_group_sum / start_group_reduce_scatter / start_group_gather (data parallelism):
+//   MPI_Isend / MPI_Irecv between the group's members on tags of their own, polled with
+//   MPI_Testall against the deadline, the sums in group order here, never MPI's.
 // - abort(): sends the reason to every other rank on a tag of its own; their pending and
 //   later calls throw TransportAborted with it. A wait that gives up aborts the same way.
 //   MPI_Abort is never called: every rank ends with its own error.

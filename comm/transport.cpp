@@ -29,14 +29,14 @@ void Transport::check_group(const std::vector<int>& group) const {
   }
 }
 
-void Transport::check_gather(const std::vector<float>& values, const std::vector<int>& group,
-                             const std::vector<size_t>& bounds) const {
+void Transport::check_ranges(const std::vector<float>& values, const std::vector<int>& group,
+                             const std::vector<size_t>& bounds, const char* what) const {
   check_group(group);
   bool ok =
       bounds.size() == group.size() + 1 && bounds.front() == 0 && bounds.back() == values.size();
   for (size_t i = 1; ok && i < bounds.size(); ++i) ok = bounds[i - 1] <= bounds[i];
   if (!ok)
-    throw TransportError("rank " + std::to_string(rank()) + ": a group gather of " +
+    throw TransportError("rank " + std::to_string(rank()) + ": a " + what + " of " +
                          std::to_string(values.size()) + " values over " +
                          std::to_string(group.size()) + " members needs " +
                          std::to_string(group.size() + 1) + " ascending bounds from 0 to " +
@@ -55,6 +55,13 @@ std::unique_ptr<PendingGroupCall> Transport::start_group_gather(std::vector<floa
   throw TransportError(
       "this transport has no group gather, which a sharded optimizer needs to share updated "
       "weights between replicas; use the in-process or the MPI transport");
+}
+
+std::unique_ptr<PendingGroupCall> Transport::start_group_reduce_scatter(
+    std::vector<float>&, const std::vector<int>&, const std::vector<size_t>&) {
+  throw TransportError(
+      "this transport has no group reduce-scatter, which a sharded optimizer needs to sum "
+      "each replica's range of the gradients; use the in-process or the MPI transport");
 }
 
 std::unique_ptr<PendingGroupCall> Transport::start_group_sum(std::vector<float>&,

@@ -1,9 +1,10 @@
 #pragma once
 // How pipeline ranks exchange tensors: point-to-point sends and receives whose order on each
 // (source, destination) link is kept (FIFO), plus the small host-side all-reduce the optimizer
-// step needs (squared gradient norms, losses), and the group sum of data parallelism (a
-// stage's gradients over its replicas). Implementations: in-process (threads of one process,
-// CPU or CUDA), MPI and NCCL (no group sum yet).
+// step needs (squared gradient norms, losses), and the group calls of data parallelism: the
+// sum of a stage's gradients over its replicas, and for a sharded optimizer the reduce-scatter
+// of the gradients and the gather of the updated weights. Implementations: in-process
+// (threads of one process, CPU or CUDA), MPI and NCCL (no group calls yet).
 //
 // Nothing may hang: every wait has a deadline, and when one rank fails it aborts the
 // transport, which makes every pending and later call on every rank throw TransportAborted.
@@ -37,11 +38,12 @@ class TransportAborted : public TransportError {
   std::string reason_;
 };
 
-// A group sum or gather in flight (Transport::start_group_sum, start_group_gather).
+// A group sum, reduce-scatter or gather in flight (Transport::start_group_sum,
+// start_group_reduce_scatter, start_group_gather).
 class PendingGroupCall {
  public:
   virtual ~PendingGroupCall() = default;
-  // True once every member's values are in and the caller's vector holds the sum; never
+  // True once every member's values are in and the caller's vector holds the result; never
   // waits. Throws TransportAborted when the transport was aborted.
   virtual bool test() = 0;
   // test() until true, up to the transport's deadline; past it the transport is aborted and
@@ -78,6 +80,15 @@ class Transport {
   // TransportError: the transport has no group sum.
   virtual std::unique_ptr<PendingGroupCall> start_group_sum(std::vector<float>& values,
                                                             const std::vector<int>& group);
+  // Starts the reduce-scatter of `values` over `group` (as for start_group_sum): member i
+  // ends with the sum of every member's values[bounds[i], bounds[i+1]) in that range, added
+  // in group order from zero, so its bits are those start_group_sum gives there. The rest of
+  // `values` keeps this member's own values. `bounds` as for start_group_gather. Traffic: a
+  // member sends each other member j only j's range, (N - own range) values in all where the
+  // group sum sends N to each, and receives its own range from each. The default throws
+  // TransportError.
+  virtual std::unique_ptr<PendingGroupCall> start_group_reduce_scatter(
+      std::vector<float>& values, const std::vector<int>& group, const std::vector<size_t>& bounds);
   // Starts the gather of `values` over `group` (as for start_group_sum): member i owns the
   // elements [bounds[i], bounds[i+1]) and sends them to the others, whose elements it
   // receives in place, so every member ends with the same vector. `bounds` has one entry more
@@ -104,9 +115,10 @@ class Transport {
   void check_peer(int peer, const char* action) const;
   // Throws TransportError unless `group` is ascending, in range, and holds this rank.
   void check_group(const std::vector<int>& group) const;
-  // check_group, and that `bounds` splits `values` into one range per member.
-  void check_gather(const std::vector<float>& values, const std::vector<int>& group,
-                    const std::vector<size_t>& bounds) const;
+  // check_group, and that `bounds` splits `values` into one range per member; `what` names
+  // the call in the error ("group gather").
+  void check_ranges(const std::vector<float>& values, const std::vector<int>& group,
+                    const std::vector<size_t>& bounds, const char* what) const;
   // This rank's position in `group` (checked by check_group).
   size_t position_in(const std::vector<int>& group) const;
 };

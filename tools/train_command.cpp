@@ -639,9 +639,10 @@ void register_train_command(CLI::App& app) {
                "--stages of replica r div --stages; under mpirun -np stages x D), each on "
                "--microbatches / D of the step's micro-batches (a multiple of D)");
   cmd->add_flag("--shard-optimizer", c.shard_optimizer,
-                "With --dp: each replica keeps the AdamW/SGD state of 1/D of every stage's "
-                "parameters and the replicas gather the updated weights (ZeRO-1; no "
-                "checkpoints yet; default off)");
+                "With --dp: each replica keeps the AdamW/SGD state of 1/D of every "
+                "parameter, receives only the sum of that part of the gradients (a "
+                "reduce-scatter), and the replicas gather the updated weights (ZeRO-1; "
+                "default off)");
   cmd->footer(std::string("Example: conveyor train --stages 4 --schedule zbh1 --microbatches 8 "
                           "--log-json steps.jsonl\n") +
               kExitStatusText);

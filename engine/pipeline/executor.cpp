@@ -38,25 +38,15 @@ bool transport_failure(const std::exception& error) {
   return is_or_caused_by<comm::TransportError>(error);
 }
 
-// ZeRO-1 ranges: each stage's parameters flattened in order, replica d owning the elements
-// [N*d/D, N*(d+1)/D); the shard of each parameter is its part of that range (maybe empty).
+// ZeRO-1 ranges: replica d's piece of every parameter (replica_piece), and per stage the
+// bounds of each replica's range in the stage's packing by replica.
 std::vector<ParameterShard> shard_parameters(PipelineRank& rank, int replicas) {
   std::vector<ParameterShard> out;
   for (auto& [id, stage] : rank.stages) {
     const std::vector<Parameter*> params = stage->parameters();
-    size_t total = 0;
-    for (const Parameter* p : params) total += static_cast<size_t>(p->value.numel());
-    std::vector<size_t> bounds;
-    for (int d = 0; d <= replicas; ++d) bounds.push_back(total * d / replicas);
-    const size_t lo = bounds[rank.replica], hi = bounds[rank.replica + 1];
-    size_t at = 0;
-    for (const Parameter* p : params) {
-      const size_t n = static_cast<size_t>(p->value.numel());
-      const size_t begin = std::clamp(lo, at, at + n), end = std::clamp(hi, at, at + n);
-      out.push_back({static_cast<int64_t>(begin - at), static_cast<int64_t>(end - begin)});
-      at += n;
-    }
-    rank.shard_bounds.push_back(std::move(bounds));
+    for (const Parameter* p : params)
+      out.push_back(replica_piece(p->value.numel(), rank.replica, replicas));
+    rank.shard_bounds.push_back(packed_shard_bounds(params, replicas));
   }
   return out;
 }

@@ -19,7 +19,42 @@ std::vector<Parameter*> PipelineRank::parameters() {
   return out;
 }
 
+ParameterShard replica_piece(int64_t numel, int replica, int replicas) {
+  const int64_t begin = numel * replica / replicas, end = numel * (replica + 1) / replicas;
+  return {begin, end - begin};
+}
+
+std::vector<size_t> packed_shard_bounds(const std::vector<Parameter*>& params, int replicas) {
+  std::vector<size_t> bounds{0};
+  for (int d = 0; d < replicas; ++d) {
+    size_t at = bounds.back();
+    for (const Parameter* p : params)
+      at += static_cast<size_t>(replica_piece(p->value.numel(), d, replicas).count);
+    bounds.push_back(at);
+  }
+  return bounds;
+}
+
 namespace {
+
+// Calls visit(parameter, piece, position) for replica d's piece of each of `params` that is
+// not empty, with the piece's position in the packing by replica whose bounds are `bounds`.
+template <class Visit>
+void for_each_piece(const std::vector<Parameter*>& params, const std::vector<size_t>& bounds, int d,
+                    Visit visit) {
+  const int replicas = static_cast<int>(bounds.size()) - 1;
+  size_t at = bounds[d];
+  for (Parameter* p : params) {
+    const ParameterShard piece = replica_piece(p->value.numel(), d, replicas);
+    if (piece.count == 0) continue;
+    visit(*p, piece, at);
+    at += static_cast<size_t>(piece.count);
+  }
+}
+
+Tensor flat_piece(const Tensor& t, ParameterShard piece) {
+  return t.view(piece.offset, {piece.count});
+}
 
 // [m, n] i32 ids of every micro-batch on the rank's device. A CUDA rank stages them in host
 // memory and copies on its compute stream, so it never synchronises the whole GPU that other
@@ -212,13 +247,26 @@ void RankStep::start_reduce(size_t i, const Action& a) {
     }
     reduce_values_.resize(total);
     if (cuda_) compute_.synchronize();
-    size_t at = 0;
-    for (const Parameter* p : params) {
-      copy_to_host(reduce_values_.data() + at, p->grad, p->grad.nbytes());
-      at += static_cast<size_t>(p->grad.numel());
+    if (rank_.optimizer->sharded()) {
+      // Each replica's range, packed; only this replica's comes back summed.
+      const std::vector<size_t>& bounds = shard_bounds_of(a.stage);
+      for (int d = 0; d < in_.schedule.replicas; ++d)
+        for_each_piece(params, bounds, d, [&](Parameter& p, ParameterShard piece, size_t at) {
+          const Tensor part = flat_piece(p.grad, piece);
+          copy_to_host(reduce_values_.data() + at, part, part.nbytes());
+        });
+      if (cuda_) rank_.starts[i].record(compute_);
+      reducing_ =
+          rank_.transport->start_group_reduce_scatter(reduce_values_, rank_.replica_group, bounds);
+    } else {
+      size_t at = 0;
+      for (const Parameter* p : params) {
+        copy_to_host(reduce_values_.data() + at, p->grad, p->grad.nbytes());
+        at += static_cast<size_t>(p->grad.numel());
+      }
+      if (cuda_) rank_.starts[i].record(compute_);
+      reducing_ = rank_.transport->start_group_sum(reduce_values_, rank_.replica_group);
     }
-    if (cuda_) rank_.starts[i].record(compute_);
-    reducing_ = rank_.transport->start_group_sum(reduce_values_, rank_.replica_group);
   } catch (const std::exception& e) {
     std::throw_with_nested(PipelineError("rank " + std::to_string(rank_.index) + ", action " +
                                          std::to_string(i) + " (" + schedule::to_string(a) +
@@ -228,10 +276,20 @@ void RankStep::start_reduce(size_t i, const Action& a) {
 
 void RankStep::finish_reduce(size_t i, const Action& a) {
   const auto params = stage_of(a).parameters();
-  size_t at = 0;
-  for (const Parameter* p : params) {
-    copy_from_host(p->grad, reduce_values_.data() + at, p->grad.nbytes());
-    at += static_cast<size_t>(p->grad.numel());
+  if (rank_.optimizer->sharded()) {
+    // The rest of the gradients stays this replica's own: nothing reads it (the optimizer and
+    // the norm take this replica's pieces only).
+    for_each_piece(params, shard_bounds_of(a.stage), rank_.replica,
+                   [&](Parameter& p, ParameterShard piece, size_t at) {
+                     const Tensor part = flat_piece(p.grad, piece);
+                     copy_from_host(part, reduce_values_.data() + at, part.nbytes());
+                   });
+  } else {
+    size_t at = 0;
+    for (const Parameter* p : params) {
+      copy_from_host(p->grad, reduce_values_.data() + at, p->grad.nbytes());
+      at += static_cast<size_t>(p->grad.numel());
+    }
   }
   reducing_.reset();
   if (cuda_) {
@@ -450,50 +508,71 @@ void RankStep::finish_transfers() {
   }
 }
 
+const std::vector<size_t>& RankStep::shard_bounds_of(int stage) const {
+  const auto found = rank_.stages.find(stage);
+  return rank_.shard_bounds.at(static_cast<size_t>(std::distance(rank_.stages.begin(), found)));
+}
+
 void RankStep::gather_weights() {
-  // Stage by stage, in the same order on every replica, as the shards were cut.
-  size_t k = 0;
+  // Stage by stage, in the same order on every replica, packed by replica as the gradients
+  // were: this replica's pieces go out, the others' come in.
   for (auto& [id, stage] : rank_.stages) {
     const auto params = stage->parameters();
-    const std::vector<size_t>& bounds = rank_.shard_bounds.at(k++);
+    const std::vector<size_t>& bounds = shard_bounds_of(id);
     std::vector<float> values(bounds.back());
-    size_t at = 0;
-    for (const Parameter* p : params) {
-      copy_to_host(values.data() + at, p->value, p->value.nbytes());
-      at += static_cast<size_t>(p->value.numel());
-    }
+    for_each_piece(params, bounds, rank_.replica,
+                   [&](Parameter& p, ParameterShard piece, size_t at) {
+                     const Tensor part = flat_piece(p.value, piece);
+                     copy_to_host(values.data() + at, part, part.nbytes());
+                   });
     rank_.transport->start_group_gather(values, rank_.replica_group, bounds)->wait();
-    at = 0;
-    for (const Parameter* p : params) {
-      copy_from_host(p->value, values.data() + at, p->value.nbytes());
-      at += static_cast<size_t>(p->value.numel());
+    for (int d = 0; d < in_.schedule.replicas; ++d) {
+      if (d == rank_.replica) continue;
+      for_each_piece(params, bounds, d, [&](Parameter& p, ParameterShard piece, size_t at) {
+        const Tensor part = flat_piece(p.value, piece);
+        copy_from_host(part, values.data() + at, part.nbytes());
+      });
     }
   }
 }
 
+void RankStep::piece_squares(std::vector<double>& reduced, size_t first_slot) {
+  const int replicas = in_.schedule.replicas;
+  const auto parameters = rank_.parameters();
+  std::vector<Tensor> pieces;
+  std::vector<size_t> slots;
+  for (size_t i = 0; i < parameters.size(); ++i) {
+    const ParameterShard piece =
+        replica_piece(parameters[i]->grad.numel(), rank_.replica, replicas);
+    if (piece.count == 0) continue;  // its slot stays 0
+    pieces.push_back(flat_piece(parameters[i]->grad, piece));
+    slots.push_back(first_slot + static_cast<size_t>(rank_.global_index[i]) * replicas +
+                    rank_.replica);
+  }
+  const std::vector<double> squares = ops::sum_squares_each(ctx_, pieces);
+  for (size_t j = 0; j < slots.size(); ++j) reduced[slots[j]] = squares[j];
+}
+
 void RankStep::end_of_step(PipelineStepResult& result) {
   // One all-reduce over all ranks: per-micro-batch loss sums of every replica (replica d's at
-  // d*m: the step's order), then per-parameter squared norms, each rank filling only its own
-  // slots so every sum below runs in the one-stage order. The replicas hold the same summed
-  // gradients, so replica 0's give the global norm.
-  const auto parameters = rank_.parameters();
-  const int all_mbs = m_ * in_.schedule.replicas;
-  std::vector<double> reduced(static_cast<size_t>(all_mbs) + in_.total_parameters, 0.0);
+  // d*m: the step's order), then the squared norms of each parameter's D pieces
+  // (replica_piece), each rank filling only its own slots so every sum below runs in one
+  // order whatever the stage count. Every replica holds the summed gradient of its pieces
+  // (all of it too unless the optimizer is sharded), so the pieces' squares give the global
+  // norm, the same bits sharded or not; with one replica a piece is the whole parameter.
+  const int replicas = in_.schedule.replicas;
+  const int all_mbs = m_ * replicas;
+  const size_t square_slots = static_cast<size_t>(in_.total_parameters) * replicas;
+  std::vector<double> reduced(static_cast<size_t>(all_mbs) + square_slots, 0.0);
   if (rank_.stages.count(last_stage_)) {
     const std::vector<double> loss_sums = ops::sum_each(ctx_, losses_);
     std::copy(loss_sums.begin(), loss_sums.end(), reduced.begin() + first_mb_);
   }
-  if (rank_.replica == 0) {
-    std::vector<Tensor> grads;
-    for (Parameter* prm : parameters) grads.push_back(prm->grad);
-    const std::vector<double> squares = ops::sum_squares_each(ctx_, grads);
-    for (size_t i = 0; i < parameters.size(); ++i)
-      reduced[all_mbs + rank_.global_index[i]] = squares[i];
-  }
+  piece_squares(reduced, static_cast<size_t>(all_mbs));
   rank_.transport->all_reduce_sum(reduced);
   double loss_sum = 0.0, squared_norm = 0.0;
   for (int mb = 0; mb < all_mbs; ++mb) loss_sum += reduced[mb];
-  for (int i = 0; i < in_.total_parameters; ++i) squared_norm += reduced[all_mbs + i];
+  for (size_t i = 0; i < square_slots; ++i) squared_norm += reduced[all_mbs + i];
   const double norm = std::sqrt(squared_norm);
   const bool finite = std::isfinite(loss_sum) && std::isfinite(norm);
   if (in_.update && finite) {

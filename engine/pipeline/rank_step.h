@@ -55,8 +55,8 @@ struct PipelineRank {
   std::unique_ptr<Optimizer> optimizer;
   std::unique_ptr<comm::Transport> transport;
   std::vector<int> global_index;  // of each of this rank's parameters, in rank order
-  // Sharded optimizer state: per stage (in `stages` order), where each replica's range of the
-  // stage's flattened parameters starts, and the end.
+  // Sharded optimizer state: per stage (in `stages` order), where each replica's range starts
+  // in the stage's packing by replica (packed_shard_bounds), and the end.
   std::vector<std::vector<size_t>> shard_bounds;
   size_t optimizer_state_bytes = 0;
   RankProgress progress;  // where the rank's current step stands, for a stalled run's report
@@ -67,6 +67,18 @@ struct PipelineRank {
 
   std::vector<Parameter*> parameters();
 };
+
+// ZeRO-1: replica d of D (`replica` of `replicas`) owns the elements [n*d/D, n*(d+1)/D) of every
+// parameter of n elements (maybe none). Cut per parameter, not over a stage's flattened
+// parameters, so the pieces do not depend on how the model is cut into stages: the global
+// gradient norm is summed from the pieces' squares in (parameter, replica) order, the same
+// number whatever the stage count, sharded or not.
+ParameterShard replica_piece(int64_t numel, int replica, int replicas);
+
+// A stage's parameters packed by replica, for the reduce-scatter and the gather: replica 0's
+// pieces of every parameter in order, then replica 1's, and so on, so that each replica's
+// elements are one range. Returns where each replica's range starts, and the end.
+std::vector<size_t> packed_shard_bounds(const std::vector<Parameter*>& params, int replicas);
 
 // What every rank of one step reads.
 struct StepInputs {
@@ -121,8 +133,13 @@ class RankStep {
   void finish_reduce(size_t i, const Action& a);
   int world_rank(int pipeline_peer) const;
   void finish_transfers();
+  // Where each replica's range of `stage` starts in its packing by replica, and the end.
+  const std::vector<size_t>& shard_bounds_of(int stage) const;
   // Sharded optimizer: every replica's updated range of each stage's weights, to all.
   void gather_weights();
+  // The squares of this replica's piece of each of its parameters' gradients, in the slots
+  // of `reduced` from `first_slot` on: parameter g's piece d at first_slot + g * D + d.
+  void piece_squares(std::vector<double>& reduced, size_t first_slot);
   void end_of_step(PipelineStepResult& result);
 
   const Stream& stream_for(const Action& a) const;
@@ -157,7 +174,9 @@ class RankStep {
   double reference_us_ = 0;  // host time of the reference event, from the step start
   std::vector<schedule::ActionTiming> timing_;
   std::vector<std::pair<int, size_t>> last_weight_grad_;  // (stage, position in the list)
-  std::vector<float> reduce_values_;                      // the stage's gradients, flat
+  // The stage's gradients, flat in parameter order; packed by replica when the optimizer is
+  // sharded, which sums only this replica's range (a reduce-scatter).
+  std::vector<float> reduce_values_;
   std::unique_ptr<comm::PendingGroupCall> reducing_;
   std::chrono::steady_clock::time_point reduce_start_{};
 };

@@ -2,8 +2,11 @@
 // group order on every member, whatever the order of arrival; several groups at once; in
 // order over repeated sums; a member that never comes is named, and a bad group is refused.
 // The group gather of a sharded optimizer: each member's range, bit for bit, to every member.
+// The reduce-scatter of a sharded optimizer: each member's range of the group sum, bit for
+// bit, whatever the order of arrival, sending only the others' ranges.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <thread>
 
@@ -120,6 +123,192 @@ TEST(GroupGather, EveryMemberEndsWithEveryRange) {
   std::vector<float> bad(5);
   EXPECT_THROW(a->start_group_gather(bad, group, {0, 3}), TransportError);
   EXPECT_THROW(a->start_group_gather(bad, group, {0, 3, 4}), TransportError);
+}
+
+// Runs one call per member of `group` on its own thread, member i starting after delays[i] ms,
+// each on its own copy of inputs[i]; returns what each member's vector holds afterwards.
+template <class Start>
+std::vector<std::vector<float>> run_group(InProcessHub& hub, const std::vector<int>& group,
+                                          const std::vector<std::vector<float>>& inputs,
+                                          const std::vector<int>& delays, Start start) {
+  std::vector<std::vector<float>> outputs(group.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < group.size(); ++i)
+    threads.emplace_back([&, i] {
+      auto t = hub.endpoint(group[i]);
+      std::this_thread::sleep_for(std::chrono::milliseconds(delays[i]));
+      outputs[i] = inputs[i];
+      auto pending = start(*t, outputs[i]);
+      pending->wait();
+      EXPECT_TRUE(pending->test());
+    });
+  for (auto& t : threads) t.join();
+  return outputs;
+}
+
+TEST(GroupReduceScatter, EachMemberGetsTheGroupSumOfItsRangeAndSendsOnlyTheOthers) {
+  constexpr size_t kValues = 1000;
+  const std::vector<int> group{0, 2, 3};  // rank 1 stays out
+  const std::vector<std::vector<size_t>> cuts{
+      {0, 0, 613, kValues}, {0, 333, 666, kValues}, {0, kValues, kValues, kValues}};
+  const std::vector<std::vector<int>> arrivals{{0, 10, 20}, {20, 10, 0}, {10, 0, 20}};
+  auto hub = InProcessHub::create(4, 5000ms);
+  int seed = 70;
+  for (const auto& bounds : cuts)
+    for (const auto& delays : arrivals) {
+      SCOPED_TRACE("bounds " + std::to_string(bounds[1]) + ", " + std::to_string(bounds[2]) +
+                   ", delays " + std::to_string(delays[0]) + " " + std::to_string(delays[1]) + " " +
+                   std::to_string(delays[2]));
+      std::vector<std::vector<float>> inputs;
+      for (size_t i = 0; i < group.size(); ++i)
+        inputs.push_back(testing::random_floats(kValues, seed++, -1e3f, 1e3f));
+      const auto sums = run_group(*hub, group, inputs, {0, 0, 0}, [&](Transport& t, auto& v) {
+        return t.start_group_sum(v, group);
+      });
+      std::vector<size_t> sent_before;
+      for (int r : group) sent_before.push_back(hub->group_bytes_sent(r));
+      const auto scattered = run_group(*hub, group, inputs, delays, [&](Transport& t, auto& v) {
+        return t.start_group_reduce_scatter(v, group, bounds);
+      });
+      for (size_t i = 0; i < group.size(); ++i) {
+        const size_t begin = bounds[i], end = bounds[i + 1];
+        ASSERT_EQ(scattered[i].size(), kValues);
+        EXPECT_EQ(std::memcmp(scattered[i].data() + begin, sums[i].data() + begin,
+                              (end - begin) * sizeof(float)),
+                  0)
+            << "member " << i << ": its range differs from the group sum";
+        // Outside its range the member keeps its own values.
+        EXPECT_EQ(std::memcmp(scattered[i].data(), inputs[i].data(), begin * sizeof(float)), 0);
+        EXPECT_EQ(std::memcmp(scattered[i].data() + end, inputs[i].data() + end,
+                              (kValues - end) * sizeof(float)),
+                  0);
+        EXPECT_EQ(hub->group_bytes_sent(group[i]) - sent_before[i],
+                  (kValues - (end - begin)) * sizeof(float))
+            << "member " << i << " sends more than the others' ranges";
+      }
+    }
+  EXPECT_EQ(hub->group_bytes_sent(1), 0u);
+}
+
+TEST(GroupReduceScatter, AddsFromZeroInGroupOrder) {
+  // 1e8 + 1 - 1e8 is 0 in float, 1e8 - 1e8 + 1 is 1: the order shows in the bits, and -0.0
+  // from zero is +0.0, as in the group sum.
+  auto hub = InProcessHub::create(3, 5000ms);
+  const std::vector<int> group{0, 1, 2};
+  const std::vector<size_t> bounds{0, 1, 2, 3};
+  const std::vector<std::vector<float>> inputs{
+      {1e8f, 1e8f, -0.0f}, {1.0f, -1e8f, -0.0f}, {-1e8f, 1.0f, -0.0f}};
+  const auto out = run_group(*hub, group, inputs, {20, 0, 10}, [&](Transport& t, auto& v) {
+    return t.start_group_reduce_scatter(v, group, bounds);
+  });
+  EXPECT_EQ(out[0][0], 0.0f);
+  EXPECT_EQ(out[1][1], 1.0f);
+  EXPECT_FALSE(std::signbit(out[2][2]));
+}
+
+TEST(GroupReduceScatter, RepeatedCallsStayInOrderAndTestNeverWaits) {
+  auto hub = InProcessHub::create(2, 5000ms);
+  auto a = hub->endpoint(0), b = hub->endpoint(1);
+  const std::vector<size_t> bounds{0, 1, 3};
+  std::vector<float> a1{1, 2, 3}, a2{10, 20, 30}, b1{4, 5, 6}, b2{40, 50, 60};
+  auto pa1 = a->start_group_reduce_scatter(a1, {0, 1}, bounds);
+  EXPECT_FALSE(pa1->test());  // rank 1 has not sent rank 0's range
+  auto pb1 = b->start_group_reduce_scatter(b1, {0, 1}, bounds);
+  EXPECT_TRUE(pa1->test());
+  auto pa2 = a->start_group_reduce_scatter(a2, {0, 1}, bounds);
+  auto pb2 = b->start_group_reduce_scatter(b2, {0, 1}, bounds);
+  pb1->wait();
+  pb2->wait();
+  pa2->wait();
+  EXPECT_EQ(a1, (std::vector<float>{5, 2, 3}));
+  EXPECT_EQ(b1, (std::vector<float>{4, 7, 9}));
+  EXPECT_EQ(a2, (std::vector<float>{50, 20, 30}));
+  EXPECT_EQ(b2, (std::vector<float>{40, 70, 90}));
+}
+
+TEST(GroupReduceScatter, AMemberThatNeverComesIsNamedAndEveryoneIsAborted) {
+  auto hub = InProcessHub::create(3, 100ms);
+  auto a = hub->endpoint(0), b = hub->endpoint(1);
+  std::vector<float> av = testing::random_floats(6, 80), bv = testing::random_floats(6, 81);
+  auto pa = a->start_group_reduce_scatter(av, {0, 1, 2}, {0, 2, 4, 6});
+  auto pb = b->start_group_reduce_scatter(bv, {0, 1, 2}, {0, 2, 4, 6});
+  const auto started = std::chrono::steady_clock::now();
+  try {
+    pa->wait();
+    ADD_FAILURE() << "the reduce-scatter finished without rank 2";
+  } catch (const TransportError& e) {
+    EXPECT_NE(
+        std::string(e.what()).find("reduce-scatter over replicas waited 100 ms for rank(s) 2"),
+        std::string::npos)
+        << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - started, 2000ms);
+  // Rank 1, waiting for the same member, sees the abort rather than its own deadline.
+  EXPECT_THROW(pb->wait(), TransportAborted);
+  auto c = hub->endpoint(2);
+  std::vector<float> cv(6);
+  EXPECT_THROW(c->start_group_reduce_scatter(cv, {0, 1, 2}, {0, 2, 4, 6}), TransportAborted);
+}
+
+TEST(GroupReduceScatter, AnAbortEndsAPendingCallAtOnce) {
+  auto hub = InProcessHub::create(2, 10000ms);
+  auto a = hub->endpoint(0), b = hub->endpoint(1);
+  std::vector<float> av = testing::random_floats(4, 82);
+  auto pa = a->start_group_reduce_scatter(av, {0, 1}, {0, 2, 4});
+  std::thread aborter([&] {
+    std::this_thread::sleep_for(20ms);
+    b->abort("rank 1 failed");
+  });
+  const auto started = std::chrono::steady_clock::now();
+  try {
+    pa->wait();
+    ADD_FAILURE() << "the reduce-scatter finished without rank 1";
+  } catch (const TransportAborted& e) {
+    EXPECT_EQ(e.reason(), "rank 1 failed");
+  }
+  aborter.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - started, 5000ms);
+}
+
+TEST(GroupReduceScatter, RefusesBadBoundsAndFailsOnRangesThatDisagree) {
+  auto hub = InProcessHub::create(2, 1000ms);
+  auto a = hub->endpoint(0), b = hub->endpoint(1);
+  std::vector<float> av = testing::random_floats(5, 83), bv = testing::random_floats(5, 84);
+  EXPECT_THROW(a->start_group_reduce_scatter(av, {0, 1}, {0, 5}), TransportError);
+  EXPECT_THROW(a->start_group_reduce_scatter(av, {0, 1}, {0, 3, 4}), TransportError);
+  EXPECT_THROW(a->start_group_reduce_scatter(av, {0, 1}, {0, 4, 3, 5}), TransportError);
+  EXPECT_THROW(a->start_group_reduce_scatter(av, {1}, {0, 5}), TransportError);
+  // Rank 1 cuts at 3 where rank 0 cuts at 2: each gets a part of another size.
+  auto pa = a->start_group_reduce_scatter(av, {0, 1}, {0, 2, 5});
+  auto pb = b->start_group_reduce_scatter(bv, {0, 1}, {0, 3, 5});
+  try {
+    pa->wait();
+    ADD_FAILURE() << "ranges that disagree were summed";
+  } catch (const TransportError& e) {
+    EXPECT_NE(std::string(e.what()).find("expected 2 values from rank 1, got 3"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(GroupReduceScatter, TheDefaultTransportHasNone) {
+  // A transport that implements nothing but the point-to-point calls.
+  class Bare : public Transport {
+   public:
+    int rank() const override { return 0; }
+    int size() const override { return 1; }
+    void send(const Tensor&, int, const Stream&) override {}
+    void recv(const Tensor&, int, const Stream&) override {}
+    bool try_recv(const Tensor&, int, const Stream&) override { return false; }
+    void all_reduce_sum(std::vector<double>&) override {}
+    void abort(const std::string&) override {}
+  } bare;
+  std::vector<float> values(3);
+  try {
+    bare.start_group_reduce_scatter(values, {0}, {0, 3});
+    ADD_FAILURE() << "the default reduce-scatter did something";
+  } catch (const TransportError& e) {
+    EXPECT_NE(std::string(e.what()).find("no group reduce-scatter"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

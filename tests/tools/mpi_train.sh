@@ -18,8 +18,10 @@
 #   mpi_train.sh CONVEYOR dp           -np 4 with --stages 2 --dp 2 (rank r: pipeline rank r mod 2
 #                                      of replica r div 2): per-step losses, gradient norms and
 #                                      final weights equal the one-process --stages 2 --dp 2 run,
-#                                      bit for bit, with --shard-optimizer too; ranks started with
-#                                      another --dp are refused
+#                                      bit for bit, with --shard-optimizer too (a reduce-scatter
+#                                      of the gradients), and -np 3 --dp 3 --shard-optimizer
+#                                      equals the one-process unsharded --dp 3 run; ranks started
+#                                      with another --dp are refused
 # CI runs as root and with fewer cores than ranks: --allow-run-as-root --oversubscribe.
 set -uo pipefail
 cli=$1 mode=$2
@@ -91,6 +93,15 @@ case $mode in
       --shard-optimizer --log-json "$work/shard.jsonl" >"$work/shard.out" 2>&1 ||
       fail "mpirun -np 4 --dp 2 --shard-optimizer failed: $(cat "$work/shard.out")"
     same_run "$work" threads shard "with --shard-optimizer"
+    # Three replicas: pieces of uneven length, each rank summing only its own.
+    dp3=(train --device cpu --layers 4 --microbatches 6 --batch-tokens 384 --steps 4 --quiet
+         --weights-checksum --timeout 20 --seed 7 --stages 1 --dp 3)
+    "$cli" "${dp3[@]}" --transport inproc --log-json "$work/threads3.jsonl" >"$work/threads3.out" 2>&1 ||
+      fail "one-process --dp 3 run failed: $(cat "$work/threads3.out")"
+    timeout 60 "${mpirun[@]}" -np 3 "$cli" "${dp3[@]}" --shard-optimizer \
+      --log-json "$work/shard3.jsonl" >"$work/shard3.out" 2>&1 ||
+      fail "mpirun -np 3 --dp 3 --shard-optimizer failed: $(cat "$work/shard3.out")"
+    same_run "$work" threads3 shard3 "of mpirun -np 3 --dp 3 --shard-optimizer"
     # The configuration hash covers --dp: a launch whose ranks disagree on it stops at start.
     timeout 60 "${mpirun[@]}" -np 2 "$cli" "${common[@]}" --stages 1 --dp 2 : \
       -np 2 "$cli" "${common[@]}" --stages 1 --dp 4 >"$work/mismatch.out" 2>&1

@@ -3,13 +3,16 @@
 // the gradients of each stage summed over the replicas by the schedule's ALLREDUCE_GRAD. The
 // replicas must end with bitwise the same weights, and agree with the single pipeline on the
 // same global micro-batches up to the order of the gradient sum. With the optimizer state
-// sharded over the replicas (ZeRO-1), the weights stay bitwise those of the unsharded run.
+// sharded over the replicas (ZeRO-1), the weights stay bitwise those of the unsharded run,
+// the gradients going through a reduce-scatter instead of the full sum.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
 
+#include "comm/in_process.h"
 #include "engine/pipeline/executor.h"
+#include "engine/pipeline/rank_step.h"
 #include "engine/schedule/generators.h"
 #include "support/executor_fixture.h"
 
@@ -196,6 +199,54 @@ TEST(ShardedOptimizer, WeightsAreBitwiseThoseOfTheUnshardedRunWithHalfTheState) 
       EXPECT_GE(half + slack, full / 2) << "rank " << r;
       EXPECT_LT(half, full * 6 / 10) << "rank " << r;
     }
+  }
+}
+
+// Gives every rank of `ex` an endpoint of `hub`, whose byte counts then show its traffic.
+void use_hub(PipelineExecutor& ex, comm::InProcessHub& hub) {
+  std::vector<std::unique_ptr<comm::Transport>> transports;
+  for (int r = 0; r < ex.num_world_ranks(); ++r) transports.push_back(hub.endpoint(r));
+  ex.set_transports(std::move(transports));
+}
+
+TEST(ShardedOptimizer, ReduceScattersTheGradientsAtThreeReplicasWithTheSameBits) {
+  // Three replicas: most parameters do not split evenly.
+  constexpr int kReplicas = 3;
+  auto plain =
+      make_wide_executor(schedule::generate(schedule::ScheduleKind::k1F1B, 2, 2, 1, 3), false);
+  auto sharded = make_wide_executor(
+      schedule::generate(schedule::ScheduleKind::k1F1B, 2, 2, 1, kReplicas), true);
+  const int world = plain->num_world_ranks();
+  auto plain_hub = comm::InProcessHub::create(world, std::chrono::milliseconds(60000));
+  auto sharded_hub = comm::InProcessHub::create(world, std::chrono::milliseconds(60000));
+  use_hub(*plain, *plain_hub);
+  use_hub(*sharded, *sharded_hub);
+  for (int step = 1; step <= 3; ++step) {
+    const auto batch = make_microbatches(6, kTokens, step);
+    const auto a = plain->run_step(batch, 1.0f / (6 * kTokens), step, 1e-2);
+    const auto b = sharded->run_step(batch, 1.0f / (6 * kTokens), step, 1e-2);
+    EXPECT_EQ(a.loss_sum, b.loss_sum) << "step " << step;
+    EXPECT_EQ(a.grad_norm, b.grad_norm) << "step " << step;
+  }
+  for (int r = 0; r < world; ++r) {
+    const auto want = rank_values(*plain, r), got = rank_values(*sharded, r);
+    ASSERT_EQ(want.size(), got.size());
+    for (size_t i = 0; i < want.size(); ++i)
+      EXPECT_TRUE(same_bits(want[i], got[i])) << "rank " << r << " parameter " << i;
+    // Per step, the full sum sends all N gradient elements of the rank to each of the two
+    // others; the reduce-scatter sends each other replica its range, N - own, and the
+    // gather the rank's own range to each other replica.
+    size_t n = 0, own = 0;
+    for (Parameter* p : sharded->rank_parameters(r)) {
+      n += static_cast<size_t>(p->value.numel());
+      own += static_cast<size_t>(replica_piece(p->value.numel(), r / 2, kReplicas).count);
+    }
+    EXPECT_GT(own, n / 4) << "rank " << r;
+    EXPECT_EQ(plain_hub->group_bytes_sent(r), 3 * (kReplicas - 1) * n * sizeof(float))
+        << "rank " << r;
+    EXPECT_EQ(sharded_hub->group_bytes_sent(r),
+              3 * ((n - own) + (kReplicas - 1) * own) * sizeof(float))
+        << "rank " << r;
   }
 }
 
