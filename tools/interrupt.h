@@ -1,7 +1,8 @@
 #pragma once
-// SIGINT and SIGTERM during training: the handler only records the signal; the training loop
-// asks between steps, so the step in progress finishes on every rank, the log is complete,
-// and the run ends with a summary and exit status 128 + signal.
+// SIGINT and SIGTERM during training: the handler only records the signal; every rank asks
+// for it in the step's all-reduce (PipelineExecutor::set_stop_request), so the step in
+// progress finishes on every rank and every process stops after the same step, the log is
+// complete, and the run ends with a summary and exit status 128 + signal.
 namespace conveyor::cli {
 
 // Installs the handlers (restartable system calls; a second signal of the same kind ends the

@@ -392,20 +392,6 @@ void quiet_unless_rank_zero(const MpiSession& mpi, TrainFlags& f) {
   f.trace.clear();
 }
 
-// The signal that interrupts the run, agreed by every process: a signal may reach the
-// processes at different step boundaries (or one of them only), and a process that stopped
-// alone would leave the others waiting in the next step, and its final save waiting for them.
-int interrupt_signal_of_every_process(PipelineExecutor& executor) {
-  const int own = interrupt_signal();
-  if (executor.holds_all_ranks()) return own;
-  std::vector<double> signals(executor.num_world_ranks(), 0.0);
-  for (int r : executor.local_ranks()) signals[r] = own;
-  executor.sum_over_processes(signals);
-  for (double s : signals)
-    if (s != 0.0) return static_cast<int>(s);  // the lowest rank's, the same on every process
-  return 0;
-}
-
 // The summary after the last step or an interrupt: tokens, time, losses and references.
 struct RunTotals {
   int64_t steps = 0;      // run by this process (a resumed run starts later)
@@ -496,13 +482,13 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
   std::fflush(stdout);
 
   install_interrupt_handlers();
+  // Asked by every rank in each step's all-reduce, so all processes stop after the same step.
+  trainer->executor().set_stop_request([] { return interrupt_signal(); });
   RunTrace run_trace;
   PipelineStepResult last_step;
   RunTotals t;
   int signal = 0;
   for (int64_t s = first_step; s <= last_step_to_run; ++s) {
-    // Checked between steps only: a step in progress finishes on every rank.
-    if ((signal = interrupt_signal_of_every_process(trainer->executor())) != 0) break;
     StepStats st;
     const auto step_begin = RunTrace::Clock::now();
     try {
@@ -544,7 +530,11 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
                   human_bytes(static_cast<double>(st.peak_bytes)).c_str(), eta);
       std::fflush(stdout);
     }
+    // A signal ends the run after the step it came in (or the next one, when it came after
+    // the step's all-reduce): the step in progress finishes on every rank.
+    signal = st.pipeline.stop_signal;
     last_step = std::move(st.pipeline);
+    if (signal != 0) break;
   }
   if (json_log) json_log->close();
   // An interrupted run saves the last finished step too, when it saves at all.

@@ -219,7 +219,8 @@ PipelineStepResult PipelineExecutor::run_step(const std::vector<MicroBatchData>&
                           .lr = lr,
                           .update = update,
                           .start = Clock::now(),
-                          .reporting_rank = ranks_.front()->index};
+                          .reporting_rank = ranks_.front()->index,
+                          .stop_request = stop_request_ ? &stop_request_ : nullptr};
   const int held_count = static_cast<int>(ranks_.size());
   std::vector<std::string> errors(held_count);
   std::vector<bool> follow_on(held_count, false), stalled(held_count, false);

@@ -28,6 +28,7 @@
 // one rank's step, engine/schedule/measured_timing.h turns the measured timeline into the
 // simulator's terms.
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -73,6 +74,10 @@ struct PipelineStepResult {
   double loss_sum = 0.0;   // Σ of token losses over the step
   double grad_norm = 0.0;  // global, before clipping
   bool diverged = false;   // loss or norm not finite: no update was applied
+  // What the stop request (PipelineExecutor::set_stop_request) gave on the lowest rank where
+  // it was not 0, or 0: the same on every rank and process, since the step's all-reduce
+  // carries it.
+  int stop_signal = 0;
   double seconds = 0.0;
   // Measured timeline, parallel to Schedule::ranks, in microseconds from the step start.
   std::vector<std::vector<schedule::ActionTiming>> timing;
@@ -125,6 +130,13 @@ class PipelineExecutor {
   // every rank.
   void sum_over_processes(std::vector<double>& values);
 
+  // Asked by every rank during each step's all-reduce: a nonzero value (a signal number)
+  // asks the run to stop after this step. It travels with the losses, so every process
+  // learns in the same step whether any of them was asked, with no extra collective (a
+  // process stopping alone would leave the others waiting in the next step). Called from
+  // the rank threads at once: it must be thread-safe. Null: never.
+  void set_stop_request(std::function<int()> request) { stop_request_ = std::move(request); }
+
   const schedule::Schedule& schedule() const { return schedule_; }
   // Pipeline ranks P (of one replica). The ranks of replica 0 are 0..P-1, so the accessors
   // below that take a pipeline rank or a stage reach replica 0.
@@ -171,6 +183,7 @@ class PipelineExecutor {
   std::vector<StageRange> ranges_;
   int total_parameters_ = 0;
   std::chrono::milliseconds transport_timeout_{0};
+  std::function<int()> stop_request_;
   std::vector<std::unique_ptr<PipelineRank>> ranks_;
   std::unique_ptr<RankThreads> threads_;  // last: joined before the ranks go
 };

@@ -111,14 +111,14 @@ struct PlanCandidate {
   bool pipelined = true;
   schedule::ScheduleKind kind = schedule::ScheduleKind::k1F1B;
   int chunks = 1;
-  int microbatches = 1;            // per step (data-parallel: per replica)
-  std::vector<StageRange> ranges;  // per stage; data-parallel: the whole model
-  RecomputeSpec recompute;         // what the pipelined candidate recomputes
-  double step_seconds = 0;         // predicted by the simulator (data-parallel: compute + reduce)
-  double bubble = 0;               // idle fraction of the ranks
+  int microbatches = 1;              // per step (data-parallel: per replica)
+  std::vector<StageRange> ranges;    // per stage; data-parallel: the whole model
+  RecomputeSpec recompute;           // what the pipelined candidate recomputes
+  double step_seconds = 0;           // predicted by the simulator (data-parallel: compute + reduce)
+  double bubble = 0;                 // idle fraction of the ranks
   std::vector<double> busy_seconds;  // per rank, predicted compute time of a step (pipelined)
-  std::vector<double> peak_bytes;  // per rank (data-parallel: per replica)
-  std::string rejected;            // non-empty: why this candidate cannot run
+  std::vector<double> peak_bytes;    // per rank (data-parallel: per replica)
+  std::string rejected;              // non-empty: why this candidate cannot run
 };
 
 struct Plan {

@@ -560,15 +560,19 @@ void RankStep::end_of_step(PipelineStepResult& result) {
   // order whatever the stage count. Every replica holds the summed gradient of its pieces
   // (all of it too unless the optimizer is sharded), so the pieces' squares give the global
   // norm, the same bits sharded or not; with one replica a piece is the whole parameter.
+  // Last, one slot per rank for its stop request.
   const int replicas = in_.schedule.replicas;
   const int all_mbs = m_ * replicas;
   const size_t square_slots = static_cast<size_t>(in_.total_parameters) * replicas;
-  std::vector<double> reduced(static_cast<size_t>(all_mbs) + square_slots, 0.0);
+  const size_t stop_slots = all_mbs + square_slots;
+  const auto world = static_cast<size_t>(in_.schedule.num_ranks()) * replicas;
+  std::vector<double> reduced(stop_slots + world, 0.0);
   if (rank_.stages.count(last_stage_)) {
     const std::vector<double> loss_sums = ops::sum_each(ctx_, losses_);
     std::copy(loss_sums.begin(), loss_sums.end(), reduced.begin() + first_mb_);
   }
   piece_squares(reduced, static_cast<size_t>(all_mbs));
+  if (in_.stop_request) reduced[stop_slots + rank_.index] = (*in_.stop_request)();
   rank_.transport->all_reduce_sum(reduced);
   double loss_sum = 0.0, squared_norm = 0.0;
   for (int mb = 0; mb < all_mbs; ++mb) loss_sum += reduced[mb];
@@ -585,6 +589,9 @@ void RankStep::end_of_step(PipelineStepResult& result) {
     result.loss_sum = loss_sum;
     result.grad_norm = norm;
     result.diverged = !finite;
+    const auto stop = std::find_if(reduced.begin() + stop_slots, reduced.end(),
+                                   [](double v) { return v != 0.0; });
+    result.stop_signal = stop == reduced.end() ? 0 : static_cast<int>(*stop);
   }
   if (rank_.replica == 0) result.timing[rank_.pipeline_rank] = std::move(timing_);
   result.peak_activation_bytes[r] = peak_activations_;

@@ -3,6 +3,7 @@
 // rank (RankStep), run as the execution model's three in-order streams over the rank's list
 // (docs/execution-model.md). executor.h is the public surface.
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -93,6 +94,7 @@ struct StepInputs {
   bool update = true;  // false: gradients and norms only, no optimizer step
   std::chrono::steady_clock::time_point start;  // of the step, for the timeline
   int reporting_rank = 0;  // fills the step's totals: the first rank this process holds
+  const std::function<int()>* stop_request = nullptr;  // PipelineExecutor::set_stop_request
 };
 
 // One step of one rank. Throws what an action threw, wrapped (std::throw_with_nested) in a

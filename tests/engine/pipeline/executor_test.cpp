@@ -54,6 +54,32 @@ TEST(Executor, EveryScheduleMatchesTheOneStageRunBitwise) {
   EXPECT_GE(configurations, 100);
 }
 
+// A stop request that one rank alone sees reaches the step's result through the all-reduce,
+// and carrying it changes no bit of the step.
+TEST(Executor, AStopRequestOfOneRankIsTheStepsAndLeavesItsBits) {
+  constexpr int kRanks = 3, kMicrobatches = 4;
+  auto plain = make_executor(schedule::generate(ScheduleKind::k1F1B, kRanks, kMicrobatches));
+  auto asked = make_executor(schedule::generate(ScheduleKind::k1F1B, kRanks, kMicrobatches));
+  std::atomic<int> calls{0}, pending{15};
+  asked->set_stop_request([&] {
+    ++calls;
+    return pending.exchange(0);  // the first rank to ask takes it
+  });
+  for (int step = 1; step <= 2; ++step) {
+    const auto mbs = make_microbatches(kMicrobatches, 5, step);
+    const auto want = plain->run_step(mbs, 0.05f, step, 1e-2);
+    const auto got = asked->run_step(mbs, 0.05f, step, 1e-2);
+    EXPECT_EQ(want.stop_signal, 0);
+    EXPECT_EQ(got.stop_signal, step == 1 ? 15 : 0) << "step " << step;
+    EXPECT_EQ(got.loss_sum, want.loss_sum);
+    EXPECT_EQ(got.grad_norm, want.grad_norm);
+    EXPECT_EQ(calls.load(), kRanks * step);  // every rank asks once per step
+  }
+  const auto a = plain->parameters(), b = asked->parameters();
+  for (size_t i = 0; i < a.size(); ++i)
+    EXPECT_EQ(to_vector_f32(a[i]->value), to_vector_f32(b[i]->value)) << a[i]->name;
+}
+
 TEST(Executor, PeakActivationsFollowTheScheduleInFlightCount) {
   const int p = 4;
   // Bytes one micro-batch keeps on each rank: a run that only ever holds one.
