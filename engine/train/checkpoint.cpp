@@ -75,12 +75,13 @@ fs::path normalized(const fs::path& path) {
 
 // ---------------------------------------------------------------------------------- Writer
 
-CheckpointWriter::CheckpointWriter(fs::path dir, int64_t step, int num_ranks,
+CheckpointWriter::CheckpointWriter(Joined joined, fs::path dir, int64_t step, int num_ranks,
                                    CheckpointWriterOptions options)
     : dir_(std::move(dir)),
       step_(step),
       num_ranks_(num_ranks),
       options_(options),
+      joined_(joined.value),
       written_(num_ranks > 0 ? num_ranks : 0),
       started_(num_ranks > 0 ? num_ranks : 0, false) {
   if (step < 0)
@@ -91,13 +92,18 @@ CheckpointWriter::CheckpointWriter(fs::path dir, int64_t step, int num_ranks,
   if (options.keep_last < 0)
     throw std::invalid_argument("keep_last must be >= 0 (0 keeps every checkpoint), got " +
                                 std::to_string(options.keep_last));
+  final_ = dir_ / step_folder_name(step);
+  temp_ = dir_ / (step_folder_name(step) + ".tmp");
+}
+
+CheckpointWriter::CheckpointWriter(fs::path dir, int64_t step, int num_ranks,
+                                   CheckpointWriterOptions options)
+    : CheckpointWriter(Joined{false}, std::move(dir), step, num_ranks, options) {
   std::error_code ec;
   fs::create_directories(dir_, ec);
   if (ec || !fs::is_directory(dir_))
     throw CheckpointError("cannot create checkpoint folder " + dir_.string() + ": " +
                           (ec ? ec.message() : "a file of that name is in the way"));
-  final_ = dir_ / step_folder_name(step);
-  temp_ = dir_ / (step_folder_name(step) + ".tmp");
   if (fs::exists(final_, ec)) {
     // A step folder newer than what `latest` names was renamed into place by a save that
     // stopped before publishing it (a crash between the two): the run that resumed from
@@ -137,35 +143,24 @@ CheckpointWriter::CheckpointWriter(fs::path dir, int64_t step, int num_ranks,
   if (!fs::create_directory(temp_, ec) || ec)
     throw CheckpointError("cannot create folder " + temp_.string() + ": " +
                           (ec ? ec.message() : "it exists already"));
-}
-
-CheckpointWriter::CheckpointWriter(Joined, fs::path dir, int64_t step, int num_ranks)
-    : dir_(std::move(dir)),
-      step_(step),
-      num_ranks_(num_ranks),
-      joined_(true),
-      written_(num_ranks > 0 ? num_ranks : 0),
-      started_(num_ranks > 0 ? num_ranks : 0, false) {
-  if (step < 0 || num_ranks < 1)
-    throw std::invalid_argument("checkpoint join: step " + std::to_string(step) + " and " +
-                                std::to_string(num_ranks) + " ranks; expected >= 0 and >= 1");
-  final_ = dir_ / step_folder_name(step);
-  temp_ = dir_ / (step_folder_name(step) + ".tmp");
-  std::error_code ec;
-  if (!fs::is_directory(temp_, ec))
-    throw CheckpointError("cannot save step " + std::to_string(step) + ": " + temp_.string() +
-                          ", which the process of rank 0 made, is not there; every process "
-                          "must see the same --save-dir (a file system all nodes share)");
+  owns_temp_ = true;
 }
 
 std::unique_ptr<CheckpointWriter> CheckpointWriter::join(fs::path dir, int64_t step,
                                                          int num_ranks) {
-  return std::unique_ptr<CheckpointWriter>(
-      new CheckpointWriter(Joined{}, std::move(dir), step, num_ranks));
+  std::unique_ptr<CheckpointWriter> writer(
+      new CheckpointWriter(Joined{true}, std::move(dir), step, num_ranks, {}));
+  std::error_code ec;
+  if (!fs::is_directory(writer->temp_, ec))
+    throw CheckpointError("cannot save step " + std::to_string(step) + ": " +
+                          writer->temp_.string() +
+                          ", which the process of rank 0 made, is not there; every process "
+                          "must see the same --save-dir (a file system all nodes share)");
+  return writer;
 }
 
 CheckpointWriter::~CheckpointWriter() {
-  if (committed_ || joined_) return;
+  if (committed_ || !owns_temp_) return;
   std::error_code ec;
   fs::remove_all(temp_, ec);  // best effort; the next save removes what is left
 }

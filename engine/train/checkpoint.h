@@ -72,8 +72,12 @@ class CheckpointWriter {
   CommitResult commit(const TrainingState& state);
 
  private:
-  struct Joined {};
-  CheckpointWriter(Joined, std::filesystem::path dir, int64_t step, int num_ranks);
+  struct Joined {
+    bool value;
+  };
+  // What both kinds share: the checks of the arguments and the folders' names.
+  CheckpointWriter(Joined joined, std::filesystem::path dir, int64_t step, int num_ranks,
+                   CheckpointWriterOptions options);
   void check_rank(int rank, const char* call) const;
 
   std::filesystem::path dir_, temp_, final_;
@@ -81,6 +85,7 @@ class CheckpointWriter {
   int num_ranks_;
   CheckpointWriterOptions options_;
   bool joined_ = false;
+  bool owns_temp_ = false;  // made the .tmp folder: removes it unless committed
   mutable std::mutex mutex_;
   std::vector<std::optional<ShardFileInfo>> written_;
   std::vector<bool> started_;
