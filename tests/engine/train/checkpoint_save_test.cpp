@@ -41,6 +41,20 @@ TEST(CheckpointSave, WritesTheDocumentedLayout) {
             checkpoint_io::hex64(checkpoint_io::xxh3_64(shard.data(), shard.size())));
 }
 
+// Every tensor of `tensors[r]` is in rank r's shard and reads back with the same bytes.
+void expect_loads_back(const Checkpoint& ckpt,
+                       const std::vector<std::vector<NamedTensor>>& tensors) {
+  for (size_t r = 0; r < tensors.size(); ++r)
+    for (const NamedTensor& t : tensors[r]) {
+      const CheckpointTensor* saved = ckpt.find(t.name);
+      ASSERT_NE(saved, nullptr) << t.name;
+      EXPECT_EQ(saved->rank, static_cast<int>(r));
+      Tensor loaded = cpu_context().empty(t.tensor.shape(), t.tensor.dtype());
+      ckpt.read(t.name, loaded);
+      EXPECT_EQ(tensor_bytes(loaded), tensor_bytes(t.tensor)) << t.name;
+    }
+}
+
 TEST(CheckpointSave, RanksWriteConcurrentlyAndEverythingLoadsBack) {
   TempDir dir;
   constexpr int kRanks = 4;
@@ -56,15 +70,7 @@ TEST(CheckpointSave, RanksWriteConcurrentlyAndEverythingLoadsBack) {
   const Checkpoint ckpt = open_checkpoint(dir.path());
   EXPECT_EQ(ckpt.step(), 8);
   EXPECT_EQ(ckpt.tensors().size(), kRanks * tensors[0].size());
-  for (int r = 0; r < kRanks; ++r)
-    for (const NamedTensor& t : tensors[r]) {
-      const CheckpointTensor* saved = ckpt.find(t.name);
-      ASSERT_NE(saved, nullptr) << t.name;
-      EXPECT_EQ(saved->rank, r);
-      Tensor loaded = cpu_context().empty(t.tensor.shape(), t.tensor.dtype());
-      ckpt.read(t.name, loaded);
-      EXPECT_EQ(tensor_bytes(loaded), tensor_bytes(t.tensor)) << t.name;
-    }
+  expect_loads_back(ckpt, tensors);
 }
 
 // What the processes of one run do: rank 0's process prepares and commits, the others join
@@ -89,13 +95,7 @@ TEST(CheckpointSave, ShardsOfJoinedWritersCommitAsOneCheckpoint) {
   }  // a joined writer leaves the folder to the one that commits
   ASSERT_TRUE(fs::is_directory(coordinator.temp_directory()));
   coordinator.commit(demo_state(6, kRanks));
-  const Checkpoint ckpt = open_checkpoint(dir.path());
-  for (int r = 0; r < kRanks; ++r)
-    for (const NamedTensor& t : tensors[r]) {
-      Tensor loaded = cpu_context().empty(t.tensor.shape(), t.tensor.dtype());
-      ckpt.read(t.name, loaded);
-      EXPECT_EQ(tensor_bytes(loaded), tensor_bytes(t.tensor)) << t.name;
-    }
+  expect_loads_back(open_checkpoint(dir.path()), tensors);
 }
 
 TEST(CheckpointSave, AJoinedShardWithAWrongChecksumFailsTheLoad) {
