@@ -314,6 +314,12 @@ Tensor upload(DeviceContext& ctx, const std::vector<int32_t>& ids) {
 
 double Trainer::evaluate(const std::vector<MicroBatchData>& microbatches) {
   if (microbatches.empty()) throw std::invalid_argument("evaluation needs at least 1 micro-batch");
+  if (!executor_->holds_all_ranks())
+    throw std::invalid_argument(
+        "evaluation runs every stage in this process, which holds only rank " +
+        std::to_string(executor_->local_ranks().front()) + " of " +
+        std::to_string(executor_->num_world_ranks()) +
+        "; evaluate in one process, from a checkpoint of this run");
   const schedule::Schedule& sched = executor_->schedule();
   const int last = sched.num_stages() - 1;
   int64_t tokens = 0;

@@ -134,7 +134,8 @@ class Trainer {
   // gradients and optimizer state untouched. Each micro-batch runs through the stages one
   // after another from the calling thread (a forward pass has no backward to overlap, so no
   // schedule is needed); on the CPU its loss is bitwise the loss that step() would report
-  // for the same batch.
+  // for the same batch. Needs every rank in this process: throws std::invalid_argument
+  // when the ranks are processes (MPI).
   double evaluate(TokenSource& source, int64_t batches = 1);
   // The same over given micro-batches (any number, any sizes).
   double evaluate(const std::vector<MicroBatchData>& microbatches);
