@@ -240,8 +240,8 @@ TEST(ShardedCheckpoint, EachReplicaSavesItsOwnPiecesAndReplicaZeroTheWeights) {
   const Checkpoint ckpt = open_checkpoint(saved.dir.path());
   EXPECT_EQ(ckpt.manifest().shards.size(), 4u);
   EXPECT_EQ(ckpt.state().replicas, 2);
-  // Each replica's range cuts a stage's flattened parameters in two, so a parameter lies in
-  // one replica's range or is split between both: then replica 1's rank (pipeline rank + 2)
+  // Each replica owns a contiguous piece of every parameter (replica_piece), so a parameter
+  // of two or more elements is split between both: replica 1's rank (pipeline rank + 2)
   // holds its second part.
   int split = 0;
   std::vector<bool> rank_holds_state(4, false);
