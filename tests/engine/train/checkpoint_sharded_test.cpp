@@ -150,27 +150,39 @@ TrainConfig layout(int stages, int replicas, bool sharded) {
   return testing::small_train_config(stages, replicas, sharded);
 }
 
-// Every parameter's value and optimizer state over the whole tensor, by global name: the
-// values from replica 0, the state put together from every rank's range.
-std::map<std::string, std::vector<float>> global_state(Trainer& trainer) {
-  std::map<std::string, std::vector<float>> out;
-  PipelineExecutor& ex = trainer.executor();
+// Calls visit(rank, parameter, state_names, states, offset) for every parameter of every
+// rank: the names of its optimizer state, the rank's state tensors (whole, or its piece) and
+// where they start in the flattened global tensor.
+template <class Visit>
+void for_each_parameter_state(PipelineExecutor& ex, Visit visit) {
   for (int r = 0; r < ex.num_world_ranks(); ++r) {
     Optimizer& opt = ex.optimizer(r);
     const auto& params = opt.parameters();
     const size_t per = opt.state().size() / params.size();
     for (size_t i = 0; i < params.size(); ++i) {
-      if (r < ex.num_ranks()) out[params[i]->name] = to_vector_f32(params[i]->value);
       const auto names = optimizer_state_names(opt.config().kind, params[i]->name);
-      const int64_t offset = opt.sharded() ? opt.shards()[i].offset : 0;
-      for (size_t k = 0; k < per; ++k) {
-        auto& full = out[names[k]];
-        full.resize(static_cast<size_t>(params[i]->value.numel()));
-        const auto part = to_vector_f32(opt.state()[i * per + k]);
-        std::copy(part.begin(), part.end(), full.begin() + offset);
-      }
+      const std::vector<Tensor> states(opt.state().begin() + i * per,
+                                       opt.state().begin() + (i + 1) * per);
+      visit(r, *params[i], names, states, opt.sharded() ? opt.shards()[i].offset : 0);
     }
   }
+}
+
+// Every parameter's value and optimizer state over the whole tensor, by global name: the
+// values from replica 0, the state put together from every rank's range.
+std::map<std::string, std::vector<float>> global_state(Trainer& trainer) {
+  std::map<std::string, std::vector<float>> out;
+  PipelineExecutor& ex = trainer.executor();
+  for_each_parameter_state(ex, [&](int r, Parameter& p, const std::vector<std::string>& names,
+                                   const std::vector<Tensor>& states, int64_t offset) {
+    if (r < ex.num_ranks()) out[p.name] = to_vector_f32(p.value);
+    for (size_t k = 0; k < states.size(); ++k) {
+      auto& full = out[names[k]];
+      full.resize(static_cast<size_t>(p.value.numel()));
+      const auto part = to_vector_f32(states[k]);
+      std::copy(part.begin(), part.end(), full.begin() + offset);
+    }
+  });
   return out;
 }
 
@@ -179,22 +191,14 @@ std::map<std::string, std::vector<float>> global_state(Trainer& trainer) {
 void set_global_state(Trainer& trainer, const std::map<std::string, std::vector<float>>& state,
                       int64_t steps, uint64_t data_position) {
   PipelineExecutor& ex = trainer.executor();
-  for (int r = 0; r < ex.num_world_ranks(); ++r) {
-    Optimizer& opt = ex.optimizer(r);
-    const auto& params = opt.parameters();
-    const size_t per = opt.state().size() / params.size();
-    for (size_t i = 0; i < params.size(); ++i) {
-      const auto& value = state.at(params[i]->name);
-      copy_from_host(params[i]->value, value.data(), value.size() * sizeof(float));
-      const auto names = optimizer_state_names(opt.config().kind, params[i]->name);
-      const int64_t offset = opt.sharded() ? opt.shards()[i].offset : 0;
-      for (size_t k = 0; k < per; ++k) {
-        const Tensor& dst = opt.state()[i * per + k];
-        copy_from_host(dst, state.at(names[k]).data() + offset, dst.nbytes());
-      }
-    }
-    opt.set_steps_taken(steps);
-  }
+  for_each_parameter_state(ex, [&](int, Parameter& p, const std::vector<std::string>& names,
+                                   const std::vector<Tensor>& states, int64_t offset) {
+    const auto& value = state.at(p.name);
+    copy_from_host(p.value, value.data(), value.size() * sizeof(float));
+    for (size_t k = 0; k < states.size(); ++k)
+      copy_from_host(states[k], state.at(names[k]).data() + offset, states[k].nbytes());
+  });
+  for (int r = 0; r < ex.num_world_ranks(); ++r) ex.optimizer(r).set_steps_taken(steps);
   trainer.source().seek(data_position);
   trainer.resume_at(steps);
 }
