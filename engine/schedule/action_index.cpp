@@ -1,5 +1,6 @@
 #include "engine/schedule/action_index.h"
 
+#include <algorithm>
 #include <string>
 
 namespace conveyor::schedule {
@@ -14,8 +15,10 @@ size_t table_cells(int stages, int microbatches) {
   return cells;
 }
 
-ActionIndex::ActionIndex(int stages, int microbatches) : stages_(stages), mbs_(microbatches) {
-  index_.assign(kKinds * table_cells(stages, microbatches), -1);
+ActionIndex::ActionIndex(int rows, int microbatches) : rows_(rows), mbs_(microbatches) {
+  index_.assign(kKinds * table_cells(rows, microbatches), -1);
 }
+
+void ActionIndex::clear() { std::fill(index_.begin(), index_.end(), -1); }
 
 }  // namespace conveyor::schedule

@@ -1,9 +1,9 @@
 #pragma once
-// Position of every action of a schedule in the list of the rank that owns it, by
-// (kind, stage, micro-batch): a flat table, since the validator looks actions up by what they
-// carry millions of times at scale. It holds the kinds with one action per (stage,
-// micro-batch) — computes and transfers, not the all-reduce — and the positions of one
-// (stage, micro-batch) cell lie together, since the validator asks about a cell's actions
+// Position of actions in a rank's list by (kind, row, micro-batch), where a row is a stage, or
+// a chunk when the table holds one rank's stages: a flat table, since the validator looks
+// actions up by what they carry millions of times at scale. It holds the kinds with one action
+// per (stage, micro-batch) — computes and transfers, not the all-reduce — and the positions of
+// one (row, micro-batch) cell lie together, since the validator asks about a cell's actions
 // together.
 #include <cstddef>
 #include <vector>
@@ -21,39 +21,42 @@ class ActionIndex {
   // Positions per cell, by ActionKind: F, B, I, W, SEND_ACT, RECV_ACT, SEND_GRAD, RECV_GRAD.
   static constexpr int kKinds = static_cast<int>(ActionKind::kRecvGrad) + 1;
 
-  // Throws ScheduleError when stages x micro-batches is beyond what a table may hold.
-  ActionIndex(int stages, int microbatches);
+  // Every position absent. Throws ScheduleError when rows x micro-batches is beyond what a
+  // table may hold.
+  ActionIndex(int rows, int microbatches);
 
-  // Records `index` for the action and returns the position recorded before (-1 if none).
-  // Actions outside the table (an all-reduce, stage or micro-batch out of range) are ignored.
-  int insert(const Action& a, int index) {
-    if (!holds(a.kind, a.stage, a.microbatch)) return -1;
-    int& slot = cell(a.stage, a.microbatch)[static_cast<int>(a.kind)];
+  // Makes every position absent again.
+  void clear();
+
+  // Records `index` for an action of `kind` in (row, mb) and returns the position recorded
+  // before (-1 if none). Kinds and cells outside the table (an all-reduce, a row or micro-batch
+  // out of range) are ignored.
+  int insert(ActionKind kind, int row, int mb, int index) {
+    if (!holds(kind, row, mb)) return -1;
+    int& slot = cell(row, mb)[static_cast<int>(kind)];
     const int before = slot;
     slot = index;
     return before;
   }
 
   // Position, or -1 when absent (or outside the table).
-  int at(ActionKind kind, int stage, int mb) const {
-    return holds(kind, stage, mb) ? cell(stage, mb)[static_cast<int>(kind)] : -1;
+  int at(ActionKind kind, int row, int mb) const {
+    return holds(kind, row, mb) ? cell(row, mb)[static_cast<int>(kind)] : -1;
   }
 
-  // The positions of the actions of (stage, mb), indexed by kind (-1: absent); `stage` and
-  // `mb` must be in range. The cell of (stage + 1, mb) is row() entries further on.
-  int* cell(int stage, int mb) {
-    return &index_[(static_cast<size_t>(stage) * mbs_ + mb) * kKinds];
+  // The positions of the actions of (row, mb), indexed by kind (-1: absent); `row` and `mb`
+  // must be in range. The cell of (row + 1, mb) is row_size() entries further on.
+  int* cell(int row, int mb) { return &index_[(static_cast<size_t>(row) * mbs_ + mb) * kKinds]; }
+  const int* cell(int row, int mb) const {
+    return &index_[(static_cast<size_t>(row) * mbs_ + mb) * kKinds];
   }
-  const int* cell(int stage, int mb) const {
-    return &index_[(static_cast<size_t>(stage) * mbs_ + mb) * kKinds];
-  }
-  size_t row() const { return static_cast<size_t>(mbs_) * kKinds; }
+  size_t row_size() const { return static_cast<size_t>(mbs_) * kKinds; }
 
  private:
-  bool holds(ActionKind kind, int stage, int mb) const {
-    return static_cast<int>(kind) < kKinds && stage >= 0 && stage < stages_ && mb >= 0 && mb < mbs_;
+  bool holds(ActionKind kind, int row, int mb) const {
+    return static_cast<int>(kind) < kKinds && row >= 0 && row < rows_ && mb >= 0 && mb < mbs_;
   }
-  int stages_, mbs_;
+  int rows_, mbs_;
   std::vector<int> index_;
 };
 

@@ -150,12 +150,26 @@ class StreamRun {
         const Action a{static_cast<ActionKind>(k), 0, 0, -1};
         if (cost_is_per_kind(*costs, a.kind)) kind_cost_[k] = costs->cost(a);
       }
+      // The memory count keys a rank's activations by (chunk, micro-batch), as
+      // in_flight_per_rank does; with one list per rank of the placement that is one entry
+      // per (stage, micro-batch) cell. Other schedules are counted after the run.
+      if (!checked && ranks_ == s.placement.num_ranks && stages_ > 0) {
+        chunk_.resize(stages_);
+        activation_bytes_.resize(stages_);
+        for (int st = 0; st < stages_; ++st) {
+          chunk_[st] = s.placement.chunk_of(st);
+          activation_bytes_[st] = per_stage(costs->activation_bytes, st);
+        }
+        last_use_.assign(table_cells(stages_, mbs_), -1);
+      }
     }
     streams_.resize(ranks_);
     for (int r = 0; r < ranks_; ++r) {
       Streams& q = streams_[r];
       q.actions = s.ranks[r].data();
       q.size = static_cast<int>(s.ranks[r].size());
+      if (!last_use_.empty())
+        q.last_use = &last_use_[static_cast<size_t>(r) * s.placement.chunks * mbs_];
       prepare(r, checked);
       q.compute = seek(q, 0, is_compute);
       q.send = seek(q, 0, is_send);
@@ -172,12 +186,15 @@ class StreamRun {
     }
   }
 
-  // Fills each rank's busy, reduce and end (a timed run that has finished).
-  void summarize(std::vector<RankStats>* ranks) const {
+  // Fills each rank's busy, reduce and end (a timed run that has finished), and its memory
+  // when the run counted it. Whether it did.
+  bool summarize(std::vector<RankStats>* ranks) const {
     for (int r = 0; r < ranks_; ++r) {
       const Streams& q = streams_[r];
       (*ranks)[r].busy = q.busy, (*ranks)[r].reduce = q.reduce_time, (*ranks)[r].end = q.end;
+      if (q.last_use) (*ranks)[r].memory = q.memory.peak;
     }
+    return !last_use_.empty();
   }
 
   void run() {
@@ -194,6 +211,15 @@ class StreamRun {
   static constexpr double kUnset = -1.0;
   static constexpr int kActionKinds = static_cast<int>(ActionKind::kAllReduceGrad) + 1;
 
+  // in_flight_per_rank's count of one rank, kept by the compute stream, which runs the
+  // rank's computes in list order as that count does, with the same additions in the same
+  // order.
+  struct ActivationCount {
+    int in_flight = 0, held = 0;
+    double in_flight_bytes = 0, held_bytes = 0;
+    InFlight peak;
+  };
+
   // One rank's streams. Each head is the position of the stream's next action, kept on an
   // action of the stream (or at the list's end, when the stream is done), so a stream that
   // waits is asked about its head without a search.
@@ -207,6 +233,10 @@ class StreamRun {
     // The rank's summary, kept as it runs: the computes' and all-reduces' time, summed in
     // list order since each stream runs in list order, and the end of its last action.
     double busy = 0, reduce_time = 0, end = 0;
+    // Position of the last use of each (chunk, micro-batch) of the rank's activations
+    // (null: memory not counted in the run), and the count so far.
+    int* last_use = nullptr;
+    ActivationCount memory;
   };
 
   // The first position from i on whose action belongs to the stream `in`, or the list's end.
@@ -270,28 +300,63 @@ class StreamRun {
       if (s_.replicas > 1) find_reduces(r);
       return;
     }
-    // Without branches, so that the pass over every action is cheap; the first bad action is
-    // only looked for when there is one.
+    // Few branches, so that the pass over every action is cheap; the first bad action is
+    // only looked for when there is one. The same pass finds the last use of each
+    // activation for the memory count (one pass over the lists instead of three). The bounds
+    // are copied first, since the table's writes could alias the members.
+    const Bounds bounds{stages_, mbs_, ranks_};
+    int* const last_use = q.last_use;
+    const int* const chunk = chunk_.data();
     bool all_in_range = true, reduces = false;
     for (int i = 0; i < q.size; ++i) {
-      all_in_range &= in_range(q.actions[i]);
-      reduces |= is_reduce(q.actions[i].kind);
+      const Action& a = q.actions[i];
+      const bool ok = bounds.hold(a);
+      all_in_range &= ok;
+      reduces |= is_reduce(a.kind);
+      if (last_use && ok && is_compute(a.kind) && a.kind != ActionKind::kForward) {
+        // The last use of an activation: its last B or W, or its first I when there is
+        // neither (in_flight_per_rank's rule).
+        int& last = last_use[static_cast<size_t>(chunk[a.stage]) * bounds.mbs + a.microbatch];
+        if (a.kind != ActionKind::kBackwardInput || last < 0) last = i;
+      }
     }
     for (int i = 0; !all_in_range && i < q.size; ++i)
-      if (!in_range(q.actions[i]))
+      if (!bounds.hold(q.actions[i]))
         throw ScheduleError("rank " + std::to_string(r) + ", position " + std::to_string(i) + ", " +
                             to_string(q.actions[i]) +
                             ": stage, micro-batch or peer out of range (validate the schedule "
                             "first)");
     if (reduces) find_reduces(r);
   }
-  bool in_range(const Action& a) const {
-    // One comparison per field: a negative value is a large unsigned one.
-    auto below = [](int v, int end) {
-      return static_cast<unsigned>(v) < static_cast<unsigned>(std::max(end, 0));
-    };
-    return below(a.stage, stages_) & below(a.microbatch, mbs_) &
-           (!is_transfer(a.kind) | below(a.peer, ranks_));
+  // The fields' ranges, with one comparison per field: a negative value is a large unsigned
+  // one.
+  struct Bounds {
+    unsigned stages, mbs, ranks;
+    Bounds(int s, int m, int r)
+        : stages(std::max(s, 0)), mbs(std::max(m, 0)), ranks(std::max(r, 0)) {}
+    bool hold(const Action& a) const {
+      return (static_cast<unsigned>(a.stage) < stages) &
+             (static_cast<unsigned>(a.microbatch) < mbs) &
+             (!is_transfer(a.kind) | (static_cast<unsigned>(a.peer) < ranks));
+    }
+  };
+
+  // Counts compute `a` at position i of rank q's list.
+  void count_activations(Streams& q, const Action& a, int i) const {
+    const double b = activation_bytes_[a.stage];
+    ActivationCount& m = q.memory;
+    if (a.kind == ActionKind::kForward) {
+      ++m.in_flight, ++m.held, m.in_flight_bytes += b, m.held_bytes += b;
+      m.peak.peak_in_flight = std::max(m.peak.peak_in_flight, m.in_flight);
+      m.peak.peak_held = std::max(m.peak.peak_held, m.held);
+      m.peak.peak_in_flight_bytes = std::max(m.peak.peak_in_flight_bytes, m.in_flight_bytes);
+      m.peak.peak_held_bytes = std::max(m.peak.peak_held_bytes, m.held_bytes);
+      return;
+    }
+    if (a.kind == ActionKind::kBackward || a.kind == ActionKind::kBackwardInput)
+      --m.in_flight, m.in_flight_bytes -= b;
+    if (q.last_use[static_cast<size_t>(chunk_[a.stage]) * mbs_ + a.microbatch] == i)
+      --m.held, m.held_bytes -= b;
   }
 
   // The rank's all-reduces in list order, each with the position of the last weight-gradient
@@ -384,6 +449,7 @@ class StreamRun {
         q.compute_free = end;
         q.busy += end - ready;
         q.end = std::max(q.end, end);
+        if (q.last_use) count_activations(q, a, q.compute);
       }
       if (a.kind == ActionKind::kForward)
         done_.mark(c, Done::kForwardDone, end);
@@ -501,6 +567,11 @@ class StreamRun {
   int ranks_, stages_, mbs_;
   Done done_;
   std::vector<int> owner_;  // rank of each stage
+  // For the memory count: each stage's chunk and bytes saved by its forward.
+  std::vector<int> chunk_;
+  std::vector<double> activation_bytes_;
+  // Every rank's last-use table, rank after rank (empty: memory not counted in the run).
+  std::vector<int> last_use_;
   std::vector<Streams> streams_;
   std::vector<std::pair<int, int>> reduces_;  // every rank's: (position, its input), by rank
   std::array<std::optional<double>, kActionKinds> kind_cost_;
@@ -527,12 +598,11 @@ SimResult simulate(const Schedule& schedule, const CostModel& costs) {
 
   // Summary.
   result.ranks.resize(R);
-  run.summarize(&result.ranks);
-  const auto memory = in_flight_per_rank(schedule, costs.activation_bytes);
-  for (int r = 0; r < R; ++r) {
-    result.ranks[r].memory = memory[r];
-    result.makespan = std::max(result.makespan, result.ranks[r].end);
+  if (!run.summarize(&result.ranks)) {
+    const auto memory = in_flight_per_rank(schedule, costs.activation_bytes);
+    for (int r = 0; r < R; ++r) result.ranks[r].memory = memory[r];
   }
+  for (int r = 0; r < R; ++r) result.makespan = std::max(result.makespan, result.ranks[r].end);
   double total_idle = 0;
   for (auto& st : result.ranks) st.idle = result.makespan - st.busy, total_idle += st.idle;
   // idle / (R * makespan) rather than 1 - busy / (...): one rounding, so integer costs give

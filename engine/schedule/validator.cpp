@@ -1,5 +1,6 @@
 #include "engine/schedule/validator.h"
 
+#include <optional>
 #include <tuple>
 
 #include "engine/schedule/action_index.h"
@@ -43,13 +44,20 @@ void validate(const Schedule& s) {
          "the placement has " + std::to_string(R) + " ranks but the schedule lists " +
              std::to_string(s.ranks.size()));
 
-  // Position of each action in its rank's list, by (kind, stage, mb); per-action placement,
-  // range and peer checks; duplicates.
+  table_cells(S, M);  // throws when (stage, micro-batch) tables would be too large
+
+  // Rank by rank: the position of each of the rank's actions in its list, by (kind, chunk, mb),
+  // with per-action placement, range and peer checks and duplicates; then completeness and
+  // order of the rank's (stage, micro-batch) cells, which read that rank's positions only. One
+  // rank's table stays in cache, where a table of every cell would be written and read back
+  // from memory. The errors are those of checking every action first and then every cell in
+  // stage order: an action's error is thrown at once (the ranks before have none), a cell's is
+  // kept until every action has been checked, the one of the first cell in stage order.
   std::vector<int> owner(S);  // rank of each stage, asked of every action
   for (int st = 0; st < S; ++st) owner[st] = pl.rank_of(st);
-  ActionIndex index(S, M);
+  ActionIndex index(pl.chunks, M);
   std::vector<int> reduce_at(S, -1);  // position of each stage's ALLREDUCE_GRAD
-  for (int r = 0; r < R; ++r)
+  auto check_actions = [&](int r) {
     for (int i = 0; i < static_cast<int>(s.ranks[r].size()); ++i) {
       const Action& a = s.ranks[r][i];
       if (a.stage < 0 || a.stage >= S)
@@ -97,109 +105,124 @@ void validate(const Schedule& s) {
         reduce_at[a.stage] = i;
         continue;
       }
-      const int first = index.insert(a, i);
+      const int first = index.insert(a.kind, pl.chunk_of(a.stage), a.microbatch, i);
       if (first >= 0)
         fail(s, r, i, "duplicate",
              std::string(kind_name(a.kind)) + " of " + sm(a.stage, a.microbatch) +
                  " appears twice (first at position " + std::to_string(first) + ")");
     }
-  // Every stage and micro-batch is in range from here on: the checks below read the cells of
-  // the index directly, a stage's cells in a row.
+  };
+  // Every stage and micro-batch of rank r is in range from here on: the checks below read the
+  // cells of its index directly.
   auto pos = [](const int* cell, ActionKind k) { return cell[static_cast<int>(k)]; };
 
   // Completeness and order within a rank.
-  for (int st = 0; st < S; ++st) {
+  auto check_cell = [&](int st, int k) {
     const int r = owner[st];
     const int rn = st + 1 < S ? owner[st + 1] : -1, rp = st > 0 ? owner[st - 1] : -1;
-    for (int k = 0; k < M; ++k) {
-      const int* cell = index.cell(st, k);
-      const int f = pos(cell, ActionKind::kForward), b = pos(cell, ActionKind::kBackward);
-      const int in = pos(cell, ActionKind::kBackwardInput),
-                w = pos(cell, ActionKind::kBackwardWeight);
-      if (f < 0) {
-        const int any = b >= 0 ? b : in >= 0 ? in : w;
-        fail(s, r, any, "missing", "the forward F of " + sm(st, k) + " is missing");
-      }
-      if (b >= 0 && (in >= 0 || w >= 0))
-        fail(s, r, b, "duplicate",
-             sm(st, k) + " has both a full backward B and a split backward (I/W)");
-      if (b < 0 && in < 0 && w < 0)
-        fail(s, r, f, "missing",
-             "the backward of " + sm(st, k) + " is missing (expected B, or I then W)");
-      if (b < 0 && in < 0)
-        fail(s, r, w, "missing", "W of " + sm(st, k) + " has no I (input-gradient backward)");
-      if (b < 0 && w < 0)
-        fail(s, r, in, "missing", "I of " + sm(st, k) + " has no W (weight-gradient backward)");
-      const int bwd = b >= 0 ? b : in;
-      if (bwd < f)
-        fail(s, r, bwd, "order", "the backward of " + sm(st, k) + " comes before its forward");
-      if (w >= 0 && w < in) fail(s, r, w, "order", "W of " + sm(st, k) + " comes before its I");
-      if (s.replicas > 1) {
-        const int grad = b >= 0 ? b : w;
-        if (reduce_at[st] < 0)
-          fail(s, r, grad, "allreduce",
-               "stage " + std::to_string(st) + " has no ALLREDUCE_GRAD (AR" + std::to_string(st) +
-                   "): with " + std::to_string(s.replicas) +
-                   " replicas its gradients must be summed after its last weight gradient");
-        if (reduce_at[st] < grad)
-          fail(s, r, reduce_at[st], "allreduce",
-               "the all-reduce of stage " + std::to_string(st) + " comes before " +
-                   kind_name(s.ranks[r][grad].kind) + " of " + sm(st, k) +
-                   ", which still adds to the gradients it sums; put it after every B or W of "
-                   "the stage");
-      }
-      // Cross-stage data flow.
-      if (st + 1 < S) {
-        if (rn == r) {
-          const int* next = cell + index.row();
-          const int fn = pos(next, ActionKind::kForward);
-          if (fn >= 0 && fn < f)
-            fail(s, r, fn, "order",
-                 "F of " + sm(st + 1, k) + " comes before F of stage " + std::to_string(st));
-          int bn = pos(next, ActionKind::kBackward);
-          if (bn < 0) bn = pos(next, ActionKind::kBackwardInput);
-          if (bn >= 0 && bn > bwd)
-            fail(s, r, bwd, "order",
-                 "the backward of " + sm(st, k) + " comes before the backward of stage " +
-                     std::to_string(st + 1));
-        } else {
-          const int sa = pos(cell, ActionKind::kSendAct);
-          if (sa < 0)
-            fail(
-                s, r, f, "missing",
-                "no SEND_ACT sends this output of " + sm(st, k) + " to rank " + std::to_string(rn));
-          if (sa < f)
-            fail(s, r, sa, "order",
-                 "SEND_ACT of " + sm(st, k) + " comes before the F that produces it");
-          const int rg = pos(cell, ActionKind::kRecvGrad);
-          if (rg < 0)
-            fail(s, r, bwd, "missing",
-                 "no RECV_GRAD receives the output gradient of " + sm(st, k) + " from rank " +
-                     std::to_string(rn));
-          if (rg > bwd)
-            fail(s, r, rg, "order",
-                 "RECV_GRAD of " + sm(st, k) + " comes after the backward that needs it");
-        }
-      }
-      if (st > 0 && rp != r) {
-        const int ra = pos(cell, ActionKind::kRecvAct);
-        if (ra < 0)
+    const int* cell = index.cell(pl.chunk_of(st), k);
+    const int f = pos(cell, ActionKind::kForward), b = pos(cell, ActionKind::kBackward);
+    const int in = pos(cell, ActionKind::kBackwardInput),
+              w = pos(cell, ActionKind::kBackwardWeight);
+    if (f < 0) {
+      const int any = b >= 0 ? b : in >= 0 ? in : w;
+      fail(s, r, any, "missing", "the forward F of " + sm(st, k) + " is missing");
+    }
+    if (b >= 0 && (in >= 0 || w >= 0))
+      fail(s, r, b, "duplicate",
+           sm(st, k) + " has both a full backward B and a split backward (I/W)");
+    if (b < 0 && in < 0 && w < 0)
+      fail(s, r, f, "missing",
+           "the backward of " + sm(st, k) + " is missing (expected B, or I then W)");
+    if (b < 0 && in < 0)
+      fail(s, r, w, "missing", "W of " + sm(st, k) + " has no I (input-gradient backward)");
+    if (b < 0 && w < 0)
+      fail(s, r, in, "missing", "I of " + sm(st, k) + " has no W (weight-gradient backward)");
+    const int bwd = b >= 0 ? b : in;
+    if (bwd < f)
+      fail(s, r, bwd, "order", "the backward of " + sm(st, k) + " comes before its forward");
+    if (w >= 0 && w < in) fail(s, r, w, "order", "W of " + sm(st, k) + " comes before its I");
+    if (s.replicas > 1) {
+      const int grad = b >= 0 ? b : w;
+      if (reduce_at[st] < 0)
+        fail(s, r, grad, "allreduce",
+             "stage " + std::to_string(st) + " has no ALLREDUCE_GRAD (AR" + std::to_string(st) +
+                 "): with " + std::to_string(s.replicas) +
+                 " replicas its gradients must be summed after its last weight gradient");
+      if (reduce_at[st] < grad)
+        fail(s, r, reduce_at[st], "allreduce",
+             "the all-reduce of stage " + std::to_string(st) + " comes before " +
+                 kind_name(s.ranks[r][grad].kind) + " of " + sm(st, k) +
+                 ", which still adds to the gradients it sums; put it after every B or W of "
+                 "the stage");
+    }
+    // Cross-stage data flow.
+    if (st + 1 < S) {
+      if (rn == r) {
+        const int* next = index.cell(pl.chunk_of(st + 1), k);
+        const int fn = pos(next, ActionKind::kForward);
+        if (fn >= 0 && fn < f)
+          fail(s, r, fn, "order",
+               "F of " + sm(st + 1, k) + " comes before F of stage " + std::to_string(st));
+        int bn = pos(next, ActionKind::kBackward);
+        if (bn < 0) bn = pos(next, ActionKind::kBackwardInput);
+        if (bn >= 0 && bn > bwd)
+          fail(s, r, bwd, "order",
+               "the backward of " + sm(st, k) + " comes before the backward of stage " +
+                   std::to_string(st + 1));
+      } else {
+        const int sa = pos(cell, ActionKind::kSendAct);
+        if (sa < 0)
           fail(s, r, f, "missing",
-               "no RECV_ACT receives the input of " + sm(st, k) + " from rank " +
-                   std::to_string(rp));
-        if (ra > f)
-          fail(s, r, ra, "order", "RECV_ACT of " + sm(st, k) + " comes after the F that needs it");
-        const int sg = pos(cell, ActionKind::kSendGrad);
-        if (sg < 0)
+               "no SEND_ACT sends this output of " + sm(st, k) + " to rank " + std::to_string(rn));
+        if (sa < f)
+          fail(s, r, sa, "order",
+               "SEND_ACT of " + sm(st, k) + " comes before the F that produces it");
+        const int rg = pos(cell, ActionKind::kRecvGrad);
+        if (rg < 0)
           fail(s, r, bwd, "missing",
-               "no SEND_GRAD sends the input gradient of " + sm(st, k) + " to rank " +
-                   std::to_string(rp));
-        if (sg < bwd)
-          fail(s, r, sg, "order",
-               "SEND_GRAD of " + sm(st, k) + " comes before the backward that produces it");
+               "no RECV_GRAD receives the output gradient of " + sm(st, k) + " from rank " +
+                   std::to_string(rn));
+        if (rg > bwd)
+          fail(s, r, rg, "order",
+               "RECV_GRAD of " + sm(st, k) + " comes after the backward that needs it");
+      }
+    }
+    if (st > 0 && rp != r) {
+      const int ra = pos(cell, ActionKind::kRecvAct);
+      if (ra < 0)
+        fail(s, r, f, "missing",
+             "no RECV_ACT receives the input of " + sm(st, k) + " from rank " + std::to_string(rp));
+      if (ra > f)
+        fail(s, r, ra, "order", "RECV_ACT of " + sm(st, k) + " comes after the F that needs it");
+      const int sg = pos(cell, ActionKind::kSendGrad);
+      if (sg < 0)
+        fail(s, r, bwd, "missing",
+             "no SEND_GRAD sends the input gradient of " + sm(st, k) + " to rank " +
+                 std::to_string(rp));
+      if (sg < bwd)
+        fail(s, r, sg, "order",
+             "SEND_GRAD of " + sm(st, k) + " comes before the backward that produces it");
+    }
+  };
+
+  std::optional<ValidationError> cell_error;
+  int error_stage = S, error_mb = 0;  // the first failing cell in stage order so far
+  for (int r = 0; r < R; ++r) {
+    index.clear();
+    check_actions(r);
+    for (int c = 0; c < pl.chunks; ++c) {
+      const int st = pl.stage_of(r, c);
+      for (int k = 0; k < M && std::tie(st, k) < std::tie(error_stage, error_mb); ++k) {
+        try {
+          check_cell(st, k);
+        } catch (const ValidationError& e) {
+          cell_error = e, error_stage = st, error_mb = k;
+        }
       }
     }
   }
+  if (cell_error) throw *cell_error;
 
   // FIFO per link: the n-th receive on (src -> dst) is the n-th send's message. Every message
   // is sent and received once (checked above), so this holds exactly when, on each link, the
@@ -223,6 +246,12 @@ void validate(const Schedule& s) {
     }
   };
   auto check_fifo = [&] {
+    // The positions of every send, by (stage, mb): only a stuck run needs them.
+    ActionIndex sends(S, M);
+    for (int r = 0; r < R; ++r)
+      for (int i = 0; i < static_cast<int>(s.ranks[r].size()); ++i)
+        if (is_send(s.ranks[r][i].kind))
+          sends.insert(s.ranks[r][i].kind, s.ranks[r][i].stage, s.ranks[r][i].microbatch, i);
     std::vector<int> last_send(R, -1), touched;
     for (int dst = 0; dst < R; ++dst) {
       for (int p : touched) last_send[p] = -1;
@@ -230,8 +259,8 @@ void validate(const Schedule& s) {
       for (const Action& a : s.ranks[dst]) {
         if (!is_recv(a.kind)) continue;
         const int send = a.kind == ActionKind::kRecvAct
-                             ? index.at(ActionKind::kSendAct, a.stage - 1, a.microbatch)
-                             : index.at(ActionKind::kSendGrad, a.stage + 1, a.microbatch);
+                             ? sends.at(ActionKind::kSendAct, a.stage - 1, a.microbatch)
+                             : sends.at(ActionKind::kSendGrad, a.stage + 1, a.microbatch);
         int& last = last_send[a.peer];
         if (last < 0) touched.push_back(a.peer);
         if (send < last) fail_fifo(a.peer, dst);
