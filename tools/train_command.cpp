@@ -150,6 +150,16 @@ void print_data_parallel(Trainer& trainer) {
       sched.num_ranks(), sched.num_microbatches);
 }
 
+// Where rank `rank` runs, as this process knows it: a GPU rank of another process (NCCL over
+// MPI) runs on that process's GPU, which only that process knows.
+std::string rank_device_text(Trainer& trainer, int rank) {
+  const PipelineExecutor& executor = trainer.executor();
+  const Device device = trainer.rank_devices()[rank];
+  if (!device.is_cuda() || executor.holds_all_ranks() || executor.local_ranks().front() == rank)
+    return device.to_string();
+  return "rank " + std::to_string(rank) + "'s GPU";
+}
+
 void print_pipeline(Trainer& trainer) {
   const auto& sched = trainer.executor().schedule();
   std::printf("pipeline %d rank(s) x %d chunk(s), schedule %s, transport %s, stages (units):",
@@ -159,10 +169,9 @@ void print_pipeline(Trainer& trainer) {
                                                                          : "in-process");
   const auto& ranges = trainer.stage_ranges();
   for (size_t s = 0; s < ranges.size(); ++s)
-    std::printf(
-        " %zu:[%lld,%lld)@%s", s, static_cast<long long>(ranges[s].begin),
-        static_cast<long long>(ranges[s].end),
-        trainer.rank_devices()[sched.placement.rank_of(static_cast<int>(s))].to_string().c_str());
+    std::printf(" %zu:[%lld,%lld)@%s", s, static_cast<long long>(ranges[s].begin),
+                static_cast<long long>(ranges[s].end),
+                rank_device_text(trainer, sched.placement.rank_of(static_cast<int>(s))).c_str());
   std::printf("\n");
 }
 

@@ -24,6 +24,7 @@ else
   gpus=0
 fi
 [ "$gpus" -ge 1 ] || skip "no CUDA device (nvidia-smi lists none)"
+[ -x "$cli" ] || { echo "FAIL: no conveyor binary at $cli (build the conveyor_cli target)"; exit 1; }
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mpirun=(mpirun --allow-run-as-root --oversubscribe --bind-to none)
