@@ -49,8 +49,8 @@ bool all_cuda(const std::vector<Device>& devices) {
 TransportKind check_nccl_over_mpi(const std::vector<Device>& devices) {
 #ifndef CONVEYOR_WITH_CUDA
   throw std::invalid_argument(
-      "this build has no NCCL, so GPU ranks cannot run as processes; rebuild with the CUDA "
-      "toolkit and NCCL, or use --device cpu");
+      "this build has no NCCL, so ranks cannot talk over NCCL across processes; rebuild with "
+      "the CUDA toolkit and NCCL, or run CPU ranks over MPI (--device cpu --transport mpi)");
 #endif
   if (!mpi_built())
     throw std::invalid_argument(
