@@ -34,6 +34,12 @@ bool mpi_built();
 // and in a build without MPI.
 int launched_process_count();
 
+// This process's rank among the processes of its node: OMPI_COMM_WORLD_LOCAL_RANK when
+// OpenMPI's mpirun set it, else from MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) when MPI is
+// initialised (a collective: every process must ask), else 0. GPU processes take the GPU of
+// this number modulo the devices they see, so the processes of one node never share one.
+int node_local_rank();
+
 // This process's endpoint over MPI_COMM_WORLD: its rank() is the MPI rank. Throws
 // TransportError when MPI is not initialised or gives less than MPI_THREAD_SERIALIZED, and
 // std::invalid_argument in a build without MPI. `timeout` bounds every wait for a peer.

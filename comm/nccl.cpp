@@ -1,5 +1,7 @@
 #include "comm/nccl.h"
 
+#include <stdexcept>
+
 #include "engine/core/device.h"
 
 #ifdef CONVEYOR_WITH_CUDA
@@ -21,6 +23,45 @@
 #endif
 
 namespace conveyor::comm {
+namespace {
+
+void check_clique_rank(int rank, int ranks, const char* what) {
+  if (ranks < 1)
+    throw std::invalid_argument("an NCCL clique needs at least one rank, got " +
+                                std::to_string(ranks));
+  if (rank < 0 || rank >= ranks)
+    throw std::invalid_argument(std::string(what) + " " + std::to_string(rank) +
+                                " is out of range for " + std::to_string(ranks) + " rank(s)");
+}
+
+}  // namespace
+
+int nccl_slot_count(int ranks) {
+  check_clique_rank(0, ranks, "rank");
+  return ranks * (ranks - 1) + 1;
+}
+
+int nccl_link_slot(int src, int dst, int ranks) {
+  check_clique_rank(src, ranks, "link source");
+  check_clique_rank(dst, ranks, "link destination");
+  if (src == dst)
+    throw std::invalid_argument("a link joins two ranks, got " + std::to_string(src) + " -> " +
+                                std::to_string(dst));
+  return src * (ranks - 1) + (dst < src ? dst : dst - 1);
+}
+
+int nccl_world_slot(int ranks) { return nccl_slot_count(ranks) - 1; }
+
+std::vector<NcclMembership> nccl_memberships(int rank, int ranks) {
+  check_clique_rank(rank, ranks, "rank");
+  std::vector<NcclMembership> out;
+  out.push_back({nccl_world_slot(ranks), -1, -1, ranks, rank});
+  for (int src = 0; src < ranks; ++src)
+    for (int dst = 0; dst < ranks; ++dst)
+      if (src != dst && (src == rank || dst == rank))
+        out.push_back({nccl_link_slot(src, dst, ranks), src, dst, 2, rank == src ? 0 : 1});
+  return out;
+}
 
 #ifndef CONVEYOR_WITH_CUDA
 
@@ -118,6 +159,7 @@ struct NcclComm {
 
 class NcclClique {
  public:
+  // Every rank in this process, rank r on devices[r], made with ncclCommInitAll.
   NcclClique(std::vector<int> devices, std::chrono::milliseconds timeout)
       : devices_(std::move(devices)), timeout_(timeout) {
     const int p = size();
@@ -149,6 +191,37 @@ class NcclClique {
     }
   }
 
+  // Rank `rank` of `ranks` alone, on `device`: its ends of the communicators, made from
+  // `ids` (one per slot of nccl_slot_count) while every other process makes its own.
+  NcclClique(int rank, int ranks, int device, const std::vector<ncclUniqueId>& ids,
+             std::chrono::milliseconds timeout)
+      : devices_(static_cast<size_t>(ranks), kHeldElsewhere), timeout_(timeout) {
+    devices_.at(rank) = device;
+    world_.resize(ranks);
+    links_.resize(static_cast<size_t>(ranks) * ranks * 2);
+    try {
+      // ncclCommInitRank takes the current device. One thread making several communicators
+      // needs a group, which also lets them form in any order across the processes.
+      CudaDeviceGuard guard(device);
+      NcclGroup group;
+      for (const NcclMembership& m : nccl_memberships(rank, ranks)) {
+        auto comm = std::make_unique<NcclComm>();
+        comm->device = device;
+        ncclComm_t* handle = &comm->handle;
+        if (m.src < 0)
+          world_[rank] = std::move(comm);
+        else
+          links_[link_index(m.src, m.dst, m.comm_rank)] = std::move(comm);
+        CONVEYOR_NCCL_CHECK(ncclCommInitRank(handle, m.comm_size, ids.at(m.slot), m.comm_rank));
+      }
+      group.end();
+      warm_up();
+    } catch (...) {
+      abort_all("set-up failed");
+      throw;
+    }
+  }
+
   ~NcclClique() {
     // Every communicator is aborted, never destroyed: ncclCommDestroy finalizes with its
     // peers, which hangs when a peer is gone or, from one thread, waits on the next comm.
@@ -159,6 +232,7 @@ class NcclClique {
 
   int size() const { return static_cast<int>(devices_.size()); }
   int device(int rank) const { return devices_.at(rank); }
+  bool holds(int rank) const { return devices_.at(rank) != kHeldElsewhere; }
   std::chrono::milliseconds timeout() const { return timeout_; }
   NcclComm& world(int rank) { return *world_.at(rank); }
   // The communicator of link src -> dst on the sender's side (its peer is rank 1) or on
@@ -172,9 +246,10 @@ class NcclClique {
     return reason_;
   }
 
-  // Records the first reason, then aborts every communicator. A communicator whose lock is
-  // held longer than the timeout (a thread stuck inside NCCL) is left for its owner, which
-  // sees the abort at its next call or wait.
+  // Records the first reason, then aborts every communicator this process holds (those of
+  // other processes are theirs to abort). A communicator whose lock is held longer than the
+  // timeout (a thread stuck inside NCCL) is left for its owner, which sees the abort at its
+  // next call or wait.
   void abort_all(const std::string& reason) {
     {
       std::lock_guard lock(reason_mutex_);
@@ -215,6 +290,8 @@ class NcclClique {
   }
 
  private:
+  static constexpr int kHeldElsewhere = -1;  // the device of a rank of another process
+
   size_t link_index(int src, int dst, int side) const {
     return (static_cast<size_t>(src) * size() + dst) * 2 + side;
   }
@@ -290,11 +367,13 @@ class NcclClique {
   // One exchange on every link and one all-reduce, issued from this thread in NCCL groups,
   // so that every connection is made now rather than inside a rank's first call. Each link
   // is its own group, waited for before the next, so no two communicators' kernels ever
-  // queue on one stream behind each other.
+  // queue on one stream behind each other. This process issues the ends it holds; the links
+  // go in ascending (src, dst) order in every process, so the lowest link not yet done always
+  // has both its ends waiting for it.
   void warm_up() {
     const int p = size();
     if (p < 2) return;
-    std::vector<Stream> streams;
+    std::vector<std::unique_ptr<Stream> > streams(p);
     std::vector<char*> buffers(p, nullptr);
     auto release = [&] {
       for (int r = 0; r < p; ++r) {
@@ -308,44 +387,46 @@ class NcclClique {
     // Per device: one double for the all-reduce, then one byte per source.
     const size_t bytes = sizeof(double) + static_cast<size_t>(p);
     try {
-      streams.reserve(p);
       for (int r = 0; r < p; ++r) {
-        streams.emplace_back(Device::cuda(devices_[r]));
+        if (!holds(r)) continue;
+        streams[r] = std::make_unique<Stream>(Device::cuda(devices_[r]));
         CudaDeviceGuard guard(devices_[r]);
         CONVEYOR_CUDA_CHECK(cudaMalloc(&buffers[r], bytes));
-        CONVEYOR_CUDA_CHECK(cudaMemsetAsync(buffers[r], 0, bytes, cuda_stream(streams[r])));
+        CONVEYOR_CUDA_CHECK(cudaMemsetAsync(buffers[r], 0, bytes, cuda_stream(*streams[r])));
       }
       for (int src = 0; src < p; ++src)
         for (int dst = 0; dst < p; ++dst) {
-          if (src == dst) continue;
+          if (src == dst || (!holds(src) && !holds(dst))) continue;
           NcclGroup group;
-          {
+          if (holds(src)) {
             CudaDeviceGuard guard(devices_[src]);
             CONVEYOR_NCCL_CHECK(ncclSend(buffers[src], 1, ncclChar, /*peer=*/1,
-                                         link_sender(src, dst).handle, cuda_stream(streams[src])));
+                                         link_sender(src, dst).handle, cuda_stream(*streams[src])));
           }
-          {
+          if (holds(dst)) {
             CudaDeviceGuard guard(devices_[dst]);
             CONVEYOR_NCCL_CHECK(ncclRecv(buffers[dst] + sizeof(double) + src, 1, ncclChar,
                                          /*peer=*/0, link_receiver(src, dst).handle,
-                                         cuda_stream(streams[dst])));
+                                         cuda_stream(*streams[dst])));
           }
           group.end();
           const std::string what = "the NCCL set-up exchange on link " + std::to_string(src) +
                                    " -> " + std::to_string(dst);
-          wait(src, streams[src], what);
-          wait(dst, streams[dst], what);
+          if (holds(src)) wait(src, *streams[src], what);
+          if (holds(dst)) wait(dst, *streams[dst], what);
         }
       {
         NcclGroup group;
         for (int r = 0; r < p; ++r) {
+          if (!holds(r)) continue;
           CudaDeviceGuard guard(devices_[r]);
           CONVEYOR_NCCL_CHECK(ncclAllReduce(buffers[r], buffers[r], 1, ncclFloat64, ncclSum,
-                                            world_[r]->handle, cuda_stream(streams[r])));
+                                            world_[r]->handle, cuda_stream(*streams[r])));
         }
         group.end();
       }
-      for (int r = 0; r < p; ++r) wait(r, streams[r], "the NCCL set-up all-reduce");
+      for (int r = 0; r < p; ++r)
+        if (holds(r)) wait(r, *streams[r], "the NCCL set-up all-reduce");
     } catch (...) {
       abort_all("set-up exchange failed");
       release();
@@ -511,21 +592,33 @@ void NcclTransport::synchronize(const Stream& stream) {
 
 void NcclTransport::abort(const std::string& reason) { clique_->abort_all(reason); }
 
+namespace {
+
+void check_timeout(std::chrono::milliseconds timeout) {
+  if (timeout.count() <= 0)
+    throw std::invalid_argument("the NCCL transport timeout must be positive, got " +
+                                std::to_string(timeout.count()) + " ms");
+}
+
+void check_device(int rank, int device) {
+  const int available = cuda_device_count();
+  if (device < 0 || device >= available)
+    throw std::invalid_argument("rank " + std::to_string(rank) +
+                                " asks for cuda:" + std::to_string(device) + ", but " +
+                                std::to_string(available) + " CUDA device(s) are usable");
+}
+
+}  // namespace
+
 std::vector<std::unique_ptr<Transport> > make_nccl_transports(
     const std::vector<int>& cuda_device_per_rank, std::chrono::milliseconds timeout) {
   if (cuda_device_per_rank.empty())
     throw std::invalid_argument("the NCCL transport needs at least one rank");
-  if (timeout.count() <= 0)
-    throw std::invalid_argument("the NCCL transport timeout must be positive, got " +
-                                std::to_string(timeout.count()) + " ms");
-  const int available = cuda_device_count();
+  check_timeout(timeout);
   std::set<int> seen;
   for (size_t r = 0; r < cuda_device_per_rank.size(); ++r) {
     const int d = cuda_device_per_rank[r];
-    if (d < 0 || d >= available)
-      throw std::invalid_argument("rank " + std::to_string(r) +
-                                  " asks for cuda:" + std::to_string(d) + ", but " +
-                                  std::to_string(available) + " CUDA device(s) are usable");
+    check_device(static_cast<int>(r), d);
     if (!seen.insert(d).second)
       throw std::invalid_argument("rank " + std::to_string(r) +
                                   " asks for cuda:" + std::to_string(d) +
@@ -537,6 +630,29 @@ std::vector<std::unique_ptr<Transport> > make_nccl_transports(
   for (int r = 0; r < clique->size(); ++r)
     out.push_back(std::make_unique<NcclTransport>(clique, r));
   return out;
+}
+
+std::unique_ptr<Transport> make_nccl_transport_from_ids(int rank, int ranks, int cuda_device,
+                                                        const std::vector<std::string>& unique_ids,
+                                                        std::chrono::milliseconds timeout) {
+  check_timeout(timeout);
+  const int slots = nccl_slot_count(ranks);
+  check_clique_rank(rank, ranks, "rank");
+  check_device(rank, cuda_device);
+  if (static_cast<int>(unique_ids.size()) != slots)
+    throw std::invalid_argument("a clique of " + std::to_string(ranks) + " rank(s) needs " +
+                                std::to_string(slots) + " NCCL unique ids, got " +
+                                std::to_string(unique_ids.size()));
+  std::vector<ncclUniqueId> ids(unique_ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (unique_ids[i].size() != sizeof(ncclUniqueId))
+      throw std::invalid_argument("NCCL unique id " + std::to_string(i) + " has " +
+                                  std::to_string(unique_ids[i].size()) + " bytes, expected " +
+                                  std::to_string(sizeof(ncclUniqueId)));
+    std::memcpy(ids[i].internal, unique_ids[i].data(), sizeof(ncclUniqueId));
+  }
+  auto clique = std::make_shared<NcclClique>(rank, ranks, cuda_device, ids, timeout);
+  return std::make_unique<NcclTransport>(clique, rank);
 }
 
 #endif  // CONVEYOR_WITH_CUDA

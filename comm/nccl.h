@@ -1,7 +1,9 @@
 #pragma once
-// NCCL transport for pipeline ranks that are threads of one process, one GPU per rank.
+// NCCL transport for pipeline ranks with one GPU each: ranks that are threads of one process
+// (make_nccl_transports), or processes started by mpirun / srun, one rank each
+// (make_nccl_transport_over_mpi).
 //
-// Communicators (all made with ncclCommInitAll by make_nccl_transports, in one thread):
+// Communicators:
 //  - one per ordered link src -> dst (a two-rank communicator: rank 0 = src, rank 1 = dst)
 //    that carries only that link's messages. Its operations are issued by the sender on its
 //    send stream and by the receiver on its receive stream, in FIFO order, so the only
@@ -10,6 +12,13 @@
 //    would not do: NCCL serialises every operation of a communicator in issue order, across
 //    streams, which couples a rank's sends and receives in a way the validator never checked.)
 //  - one over all ranks for the host all-reduce and for send_recv_self.
+// Within one process all of them are made with ncclCommInitAll, in one thread. Across
+// processes rank 0 makes one NCCL unique id per communicator (slots: nccl_link_slot,
+// nccl_world_slot) and broadcasts them over MPI_COMM_WORLD; each process then makes the ends
+// of its own rank (nccl_memberships) with ncclCommInitRank inside one NCCL group, as NCCL
+// requires when one thread creates several communicators. That creation, and the broadcast,
+// are not bounded by the timeout: a process that never comes leaves the others in NCCL's
+// bootstrap until the launcher ends the job (mpirun does when a process exits).
 //
 // Constraints relied on (NCCL's thread-safety rules):
 //  - each communicator is used by one thread at a time: a rank's thread issues its own
@@ -19,17 +28,24 @@
 //  - the NCCL kernels of different communicators on one GPU can be resident at once (a
 //    handful of blocks each on a 132-SM H200; CUDA does not promise it, NCCL documents the
 //    risk under "Using multiple NCCL communicators concurrently").
-// Connections are set up at creation (a warm-up exchange on every link and one all-reduce,
-// issued from one thread in NCCL groups) so that no later call blocks the host waiting for
-// a peer's connection handshake, where no deadline could be kept.
+// Connections are set up at creation (a warm-up exchange on every link, in ascending
+// (src, dst) order, and one all-reduce, issued in NCCL groups) so that no later call blocks
+// the host waiting for a peer's connection handshake, where no deadline could be kept. Every
+// process walks the links in the same order, so the exchanges cannot wait on each other in a
+// cycle.
 //
 // Deadlines: send, recv and try_recv only enqueue work and never block the host. all_reduce_sum and
 // synchronize() poll the stream until it is done, the transport is aborted, NCCL reports an
-// asynchronous error, or the timeout passes; then they abort every communicator of the clique
-// (which frees kernels waiting on a dead peer) and throw TransportError naming the rank
-// (TransportAborted when the clique had been aborted already).
+// asynchronous error, or the timeout passes; then they abort every communicator this process
+// holds (which frees kernels waiting on a dead peer) and throw TransportError naming the rank
+// (TransportAborted when they had been aborted already).
 //
-// Teardown: when the last transport of a clique goes, every communicator is aborted (never
+// Abort is per process. Within one process it reaches every rank. Across processes it aborts
+// this process's communicators only and tells the others nothing: each learns of it through
+// its own deadline, or earlier when NCCL reports the broken connection as an asynchronous
+// error on one of its communicators.
+//
+// Teardown: when the last transport of a process goes, its communicators are aborted (never
 // ncclCommDestroy, which finalizes with peers and can hang); NCCL work still pending on the
 // ranks' streams is dropped, so synchronise them first.
 //
@@ -47,10 +63,31 @@ namespace conveyor::comm {
 // True when this binary was built with NCCL and at least one CUDA device is usable.
 bool nccl_available();
 
+// Where each communicator of a clique of `ranks` ranks finds its unique id in the list rank 0
+// hands out: link src -> dst (src != dst) at src * (ranks - 1) + (dst < src ? dst : dst - 1),
+// the all-rank communicator after every link, at ranks * (ranks - 1). Throws
+// std::invalid_argument for ranks out of range or src == dst.
+int nccl_slot_count(int ranks);
+int nccl_link_slot(int src, int dst, int ranks);
+int nccl_world_slot(int ranks);
+
+// One communicator a rank takes part in.
+struct NcclMembership {
+  int slot = 0;  // its unique id's slot
+  int src = -1;  // the link src -> dst it carries; -1, -1 for the all-rank communicator
+  int dst = -1;
+  int comm_size = 0;  // 2 for a link, `ranks` for the all-rank communicator
+  int comm_rank = 0;  // the rank's place in it: 0 sends on a link, 1 receives
+};
+
+// The communicators rank `rank` of `ranks` takes part in: the all-rank one first, then each
+// link it sends or receives on, in ascending (src, dst) order.
+std::vector<NcclMembership> nccl_memberships(int rank, int ranks);
+
 #ifdef CONVEYOR_WITH_CUDA
 
 namespace detail {
-class NcclClique;  // the communicators of all ranks and the shared abort state
+class NcclClique;  // the communicators this process holds and their shared abort state
 }
 
 class NcclTransport : public Transport {
@@ -73,8 +110,8 @@ class NcclTransport : public Transport {
   // Sums in NCCL's order, which is not rank order; the sum is exact (and so deterministic)
   // when every slot has at most one non-zero contribution, as the executor arranges.
   void all_reduce_sum(std::vector<double>& values) override;
-  // Aborts every communicator of the clique (thread-safe, idempotent); every later call on
-  // every rank throws TransportAborted with `reason`.
+  // Aborts every communicator this process holds (thread-safe, idempotent); every later call
+  // on every rank of this process throws TransportAborted with `reason`.
   void abort(const std::string& reason) override;
 
   // Copies `src` into `dst` (same byte count, both on this GPU) with a send to self and a
@@ -102,6 +139,22 @@ class NcclTransport : public Transport {
 // must exist and be distinct; a one-element list gives a one-rank communicator. `timeout`
 // bounds every wait, including the set-up exchange. Call from one thread.
 std::vector<std::unique_ptr<Transport>> make_nccl_transports(
+    const std::vector<int>& cuda_device_per_rank, std::chrono::milliseconds timeout);
+
+// The transport of rank `rank` of a clique of `ranks` ranks held one per process, on CUDA
+// device `cuda_device`, its communicators made from `unique_ids` (one ncclUniqueId's bytes
+// per slot of nccl_slot_count; every process must be given the same list). Every process of
+// the clique must call it; it returns once all have made their communicators and warmed up.
+std::unique_ptr<Transport> make_nccl_transport_from_ids(int rank, int ranks, int cuda_device,
+                                                        const std::vector<std::string>& unique_ids,
+                                                        std::chrono::milliseconds timeout);
+
+// This process's rank over NCCL, bootstrapped over MPI (initialised by the program, with
+// MPI_COMM_WORLD holding one process per rank): the process holds its MPI rank r, on CUDA
+// device cuda_device_per_rank[r]. Rank 0 makes the unique ids and broadcasts them with
+// MPI_Bcast; every process must call it. Throws std::invalid_argument when the process count
+// is not the list's size or the build has no MPI, TransportError when MPI is not initialised.
+std::unique_ptr<Transport> make_nccl_transport_over_mpi(
     const std::vector<int>& cuda_device_per_rank, std::chrono::milliseconds timeout);
 
 #endif  // CONVEYOR_WITH_CUDA

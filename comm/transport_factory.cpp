@@ -33,9 +33,34 @@ TransportKind check_mpi(const std::vector<Device>& devices) {
                         : ""));
   if (!all_cpu(devices))
     throw std::invalid_argument(
-        "the MPI transport carries CPU ranks only; GPU ranks across processes need NCCL "
-        "bootstrapped over MPI, which is not built yet (use --device cpu)");
+        "the MPI transport carries CPU ranks only; GPU ranks across processes go over NCCL "
+        "bootstrapped over MPI (--transport nccl or auto), or use --device cpu");
   return TransportKind::kMpi;
+}
+
+bool all_cuda(const std::vector<Device>& devices) {
+  for (const Device& d : devices)
+    if (!d.is_cuda()) return false;
+  return true;
+}
+
+// Processes on several nodes may use the same device index, so distinctness is NCCL's to
+// check (it refuses two ranks of one communicator on one GPU).
+TransportKind check_nccl_over_mpi(const std::vector<Device>& devices) {
+#ifndef CONVEYOR_WITH_CUDA
+  throw std::invalid_argument(
+      "this build has no NCCL, so ranks cannot talk over NCCL across processes; rebuild with "
+      "the CUDA toolkit and NCCL, or run CPU ranks over MPI (--device cpu --transport mpi)");
+#endif
+  if (!mpi_built())
+    throw std::invalid_argument(
+        "NCCL across processes is bootstrapped over MPI, which is not in this build (install "
+        "libopenmpi-dev and reconfigure)");
+  if (!all_cuda(devices))
+    throw std::invalid_argument(
+        "NCCL across processes carries CUDA ranks only; use --device cuda, or --device cpu "
+        "with the MPI transport");
+  return TransportKind::kNcclOverMpi;
 }
 
 }  // namespace
@@ -47,6 +72,7 @@ const char* transport_name(TransportKind kind) {
     case TransportKind::kInProcess:
       return "inproc";
     case TransportKind::kNccl:
+    case TransportKind::kNcclOverMpi:
       return "nccl";
     case TransportKind::kMpi:
       return "mpi";
@@ -54,7 +80,24 @@ const char* transport_name(TransportKind kind) {
   return "unknown";
 }
 
-bool spans_processes(TransportKind kind) { return kind == TransportKind::kMpi; }
+bool spans_processes(TransportKind kind) {
+  return kind == TransportKind::kMpi || kind == TransportKind::kNcclOverMpi;
+}
+
+bool one_rank_per_process(TransportKind requested) {
+  switch (requested) {
+    case TransportKind::kMpi:
+    case TransportKind::kNcclOverMpi:
+      return true;
+    case TransportKind::kAuto:
+      return launched_process_count() > 1;
+    case TransportKind::kNccl:  // asked for under a launcher, even of one process
+      return launched_process_count() > 0;
+    case TransportKind::kInProcess:
+      return false;
+  }
+  return false;
+}
 
 TransportKind choose_transport(TransportKind requested, const std::vector<Device>& devices) {
   const bool distinct_gpus = one_gpu_per_rank(devices);
@@ -64,11 +107,16 @@ TransportKind choose_transport(TransportKind requested, const std::vector<Device
     case TransportKind::kMpi:
       return check_mpi(devices);
     case TransportKind::kAuto:
-      // Started among other processes: the ranks are the processes, whatever the devices.
-      if (launched_process_count() > 1) return check_mpi(devices);
+      // Started among other processes: the ranks are the processes, over MPI for CPU ranks
+      // and over NCCL bootstrapped over MPI for CUDA ranks.
+      if (launched_process_count() > 1)
+        return all_cpu(devices) ? check_mpi(devices) : check_nccl_over_mpi(devices);
       return devices.size() > 1 && distinct_gpus && nccl_available() ? TransportKind::kNccl
                                                                      : TransportKind::kInProcess;
+    case TransportKind::kNcclOverMpi:
+      return check_nccl_over_mpi(devices);
     case TransportKind::kNccl:
+      if (launched_process_count() > 0) return check_nccl_over_mpi(devices);
       if (!distinct_gpus)
         throw std::invalid_argument("the NCCL transport needs one CUDA device per rank");
 #ifndef CONVEYOR_WITH_CUDA
@@ -94,11 +142,14 @@ Transports make_transports(TransportKind requested, const std::vector<Device>& d
                                   std::to_string(devices.size()) + ")");
     return out;
   }
-  if (out.kind == TransportKind::kNccl) {
+  if (out.kind == TransportKind::kNccl || out.kind == TransportKind::kNcclOverMpi) {
 #ifdef CONVEYOR_WITH_CUDA
     std::vector<int> indices;
     for (const Device& d : devices) indices.push_back(d.index);
-    out.per_rank = make_nccl_transports(indices, timeout);
+    if (out.kind == TransportKind::kNccl)
+      out.per_rank = make_nccl_transports(indices, timeout);
+    else
+      out.per_rank.push_back(make_nccl_transport_over_mpi(indices, timeout));
 #endif
     return out;
   }

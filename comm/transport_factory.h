@@ -9,19 +9,28 @@
 
 namespace conveyor::comm {
 
-// kAuto: MPI when the launcher (mpirun, srun) started this process among several; else NCCL
-// when there are several ranks, every rank has a GPU of its own and NCCL is usable;
+// kAuto: when the launcher (mpirun, srun) started this process among several, one rank per
+// process, over NCCL bootstrapped over MPI for CUDA ranks and over MPI for CPU ranks; else
+// NCCL when there are several ranks, every rank has a GPU of its own and NCCL is usable;
 // in-process otherwise (CPU ranks, or ranks sharing a GPU on their own streams).
-// kMpi: one rank per process, CPU ranks only (GPU processes need NCCL bootstrapped over MPI,
-// which is not built yet).
-enum class TransportKind { kAuto, kInProcess, kNccl, kMpi };
+// kNccl: threads of one process; under a launcher (even of one process), one rank per
+// process (kNcclOverMpi).
+// kMpi: one rank per process, CPU ranks only.
+// kNcclOverMpi: what kNccl and kAuto resolve to for CUDA ranks across processes.
+enum class TransportKind { kAuto, kInProcess, kNccl, kMpi, kNcclOverMpi };
 
-// The name of `kind` as the command line spells it: auto, inproc, nccl, mpi.
+// The name of `kind` as the command line spells it: auto, inproc, nccl, mpi (kNcclOverMpi
+// is nccl too: the command line asks for NCCL, the launcher makes it span processes).
 const char* transport_name(TransportKind kind);
 
 // True for kinds that connect processes, each holding one rank, rather than the ranks of
 // one process.
 bool spans_processes(TransportKind kind);
+
+// True when `requested` makes each process hold one rank of its own: MPI, NCCL under a
+// launcher, and auto when the launcher started several processes. Such a process knows only its own
+// rank's device.
+bool one_rank_per_process(TransportKind requested);
 
 struct Transports {
   std::vector<std::unique_ptr<Transport>> per_rank;  // rank r's endpoint at [r]
@@ -29,15 +38,17 @@ struct Transports {
 };
 
 // The kind `requested` resolves to for ranks on `devices`. Throws std::invalid_argument when
-// NCCL is asked for ranks that do not each have a CUDA device of their own, or by a build
-// without NCCL; and when MPI is asked for (or chosen by kAuto) by a build without MPI, or for
-// ranks that are not all on the CPU.
+// NCCL is asked for ranks that do not each have a CUDA device of their own (across processes:
+// that are not all on CUDA devices), or by a build without NCCL; and when MPI is needed (for
+// the MPI transport or NCCL's bootstrap) by a build without MPI, or MPI is asked for ranks
+// that are not all on the CPU.
 TransportKind choose_transport(TransportKind requested, const std::vector<Device>& devices);
 
 // One transport per rank r on devices[r], of the chosen kind; `timeout` bounds every wait
 // for a peer. Call from one thread. For a kind that spans processes, only this process's
 // endpoint: per_rank holds it alone, at [0], and its rank() is the rank the process holds
-// (MPI must be initialised, and have as many processes as `devices` has ranks).
+// (MPI must be initialised, and have as many processes as `devices` has ranks); over NCCL
+// it runs on devices[its rank], every process making its communicators at the same time.
 Transports make_transports(TransportKind requested, const std::vector<Device>& devices,
                            std::chrono::milliseconds timeout);
 

@@ -150,6 +150,16 @@ void print_data_parallel(Trainer& trainer) {
       sched.num_ranks(), sched.num_microbatches);
 }
 
+// Where rank `rank` runs, as this process knows it: a GPU rank of another process (NCCL over
+// MPI) runs on that process's GPU, which only that process knows.
+std::string rank_device_text(Trainer& trainer, int rank) {
+  const PipelineExecutor& executor = trainer.executor();
+  const Device device = trainer.rank_devices()[rank];
+  if (!device.is_cuda() || executor.holds_all_ranks() || executor.local_ranks().front() == rank)
+    return device.to_string();
+  return "rank " + std::to_string(rank) + "'s GPU";
+}
+
 void print_pipeline(Trainer& trainer) {
   const auto& sched = trainer.executor().schedule();
   std::printf("pipeline %d rank(s) x %d chunk(s), schedule %s, transport %s, stages (units):",
@@ -159,10 +169,9 @@ void print_pipeline(Trainer& trainer) {
                                                                          : "in-process");
   const auto& ranges = trainer.stage_ranges();
   for (size_t s = 0; s < ranges.size(); ++s)
-    std::printf(
-        " %zu:[%lld,%lld)@%s", s, static_cast<long long>(ranges[s].begin),
-        static_cast<long long>(ranges[s].end),
-        trainer.rank_devices()[sched.placement.rank_of(static_cast<int>(s))].to_string().c_str());
+    std::printf(" %zu:[%lld,%lld)@%s", s, static_cast<long long>(ranges[s].begin),
+                static_cast<long long>(ranges[s].end),
+                rank_device_text(trainer, sched.placement.rank_of(static_cast<int>(s))).c_str());
   std::printf("\n");
 }
 
@@ -339,10 +348,16 @@ void apply_planning(const TrainFlags& f, const CLI::App& cmd, Device device, Tra
 }
 
 // One rank among several processes (mpirun, srun): MPI starts when --transport mpi asks for
-// it, or, with auto, when the launcher started several processes.
-bool wants_mpi(const TrainConfig& config) {
-  return config.transport == TransportKind::kMpi ||
-         (config.transport == TransportKind::kAuto && comm::launched_process_count() > 1);
+// it, or, with auto or nccl (which MPI bootstraps then), when the launcher started several
+// processes.
+bool wants_mpi(const TrainConfig& config) { return comm::one_rank_per_process(config.transport); }
+
+// A GPU process under mpirun takes the GPU of its node-local rank, modulo the GPUs it sees,
+// so the processes of one node never share one (NCCL refuses that); --device cuda:N pins it.
+Device process_device(const MpiSession& mpi, const std::string& device_flag, Device resolved) {
+  if (!mpi.active() || !resolved.is_cuda() || device_flag.find(':') != std::string::npos)
+    return resolved;
+  return Device::cuda(comm::node_local_rank() % cuda_device_count());
 }
 
 std::string exact(double value) {
@@ -440,6 +455,7 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
     throw UsageError(e.what());
   }
   if (!note.empty()) std::printf("conveyor: %s\n", note.c_str());
+  device = process_device(mpi, f.run.device, device);
   config.device = device;
   apply_planning(f, cmd, device, config);
 
@@ -607,8 +623,9 @@ void register_train_command(CLI::App& app) {
                   "auto (one rank per GPU when there are enough) or shared (all on one GPU)")
       ->capture_default_str();
   cmd->add_option("--transport", flags->transport,
-                  "auto (MPI when started by mpirun with several processes, else NCCL when "
-                  "every rank has its own GPU), inproc, nccl or mpi")
+                  "auto (under mpirun with several processes: NCCL bootstrapped over MPI for "
+                  "CUDA ranks, MPI for CPU ranks; else NCCL when every rank has its own GPU), "
+                  "inproc, nccl or mpi")
       ->capture_default_str();
   add_float_flag(cmd, "--timeout", flags->timeout_s, 0.0, 1000000.0, true,
                  "Seconds a rank waits for a peer before failing");

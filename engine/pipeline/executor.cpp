@@ -73,7 +73,7 @@ PipelineExecutor::PipelineExecutor(const ModelDescription& model, schedule::Sche
   options.recompute.per_unit(model_.num_units);
   transport_kind_ = comm::choose_transport(options.transport, devices);
   transport_timeout_ = options.transport_timeout;
-  if (schedule_.replicas > 1 && transport_kind_ == TransportKind::kNccl)
+  if (schedule_.replicas > 1 && uses_nccl())
     throw std::invalid_argument(
         "data parallelism sums gradients over replicas with a group sum, which the NCCL "
         "transport does not have yet; use --transport inproc (ranks of one process) or mpi");
@@ -128,7 +128,7 @@ PipelineExecutor::PipelineExecutor(const ModelDescription& model, schedule::Sche
   set_transports(std::move(transports.per_rank));
   // NCCL kernels of a step can wait on a peer: an allocator that released its cache then
   // (cudaFree synchronises the device) could wait for them while the peer waits for this rank.
-  if (transport_kind_ == TransportKind::kNccl)
+  if (uses_nccl())
     for (auto& rank : ranks_) rank->ctx->allocator().set_device_may_run_communication_kernels(true);
   threads_ = std::make_unique<RankThreads>(static_cast<int>(ranks_.size()));
 }

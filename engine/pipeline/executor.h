@@ -162,7 +162,10 @@ class PipelineExecutor {
 
   // The transport chosen at construction (kAuto resolved).
   TransportKind transport_kind() const { return transport_kind_; }
-  bool uses_nccl() const { return transport_kind_ == TransportKind::kNccl; }
+  bool uses_nccl() const {
+    return transport_kind_ == TransportKind::kNccl ||
+           transport_kind_ == TransportKind::kNcclOverMpi;
+  }
   // Replaces the transport of every rank held here, in local_ranks() order (tests inject
   // faults through this).
   void set_transports(std::vector<std::unique_ptr<comm::Transport>> transports);

@@ -7,6 +7,7 @@
 #include <thread>
 #include <utility>
 
+#include "comm/transport_factory.h"
 #include "engine/pipeline/memory_estimate.h"
 #include "engine/schedule/text_format.h"
 #include "layers/ops.h"
@@ -51,7 +52,7 @@ double device_available_bytes(Device device, std::string* source) {
 
 void check_memory_fits(const ModelDescription& model, const std::vector<StageRange>& ranges,
                        const schedule::Schedule& schedule, const std::vector<Device>& devices,
-                       const TrainConfig& config) {
+                       const TrainConfig& config, bool one_device_per_process) {
   const std::vector<RankMemoryEstimate> pipeline =
       estimate_rank_memory(model, ranges, schedule, config.optimizer.kind,
                            config.batch_tokens / config.microbatches, config.recompute);
@@ -63,7 +64,8 @@ void check_memory_fits(const ModelDescription& model, const std::vector<StageRan
     double on_device = 0.0;
     int sharing = 0;
     for (size_t q = 0; q < ranks.size(); ++q)
-      if (devices[q] == devices[r]) on_device += ranks[q].total(), ++sharing;
+      if (devices[q] == devices[r] && (q == r || !one_device_per_process))
+        on_device += ranks[q].total(), ++sharing;
     std::string source;
     double limit = 0.0;
     if (config.memory_limit_bytes > 0) {
@@ -218,11 +220,15 @@ void Trainer::build() {
   ranges_ = conveyor::stage_ranges(model_,
                                    partition_blocks(model_, sched.num_stages(), config_.partition));
   const int p = sched.num_ranks() * sched.replicas;  // every replica's ranks
+  // GPU ranks as processes (NCCL over MPI): whichever rank this process holds runs on the
+  // GPU the process was given; the other ranks run in other processes, on theirs.
+  const bool one_device_per_process =
+      device_.is_cuda() && comm::one_rank_per_process(config_.transport);
   const bool spread = device_.is_cuda() && config_.placement == RankPlacement::kAuto &&
-                      cuda_device_count() >= device_.index + p;
+                      !one_device_per_process && cuda_device_count() >= device_.index + p;
   for (int r = 0; r < p; ++r)
     devices_.push_back(spread ? Device::cuda(device_.index + r) : device_);
-  check_memory_fits(model_, ranges_, sched, devices_, config_);
+  check_memory_fits(model_, ranges_, sched, devices_, config_, one_device_per_process);
   ExecutorOptions options;
   options.transport_timeout = config_.transport_timeout;
   options.transport = config_.transport;

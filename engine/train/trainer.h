@@ -113,10 +113,12 @@ std::unique_ptr<TokenSource> make_token_source(const TrainConfig& config, int64_
 // Refuses, with the estimate and what is available, a run whose parameters, gradients,
 // optimizer state and in-flight activations (engine/pipeline/memory_estimate.h) exceed, on
 // some device, config.memory_limit_bytes or else the device's free memory. The trainer calls
-// it before allocating anything. Throws std::invalid_argument.
+// it before allocating anything. Throws std::invalid_argument. `one_device_per_process`:
+// every rank runs in a process of its own on a GPU of its own (NCCL over MPI), so no two
+// ranks share a device, whatever their entries in `devices` say.
 void check_memory_fits(const ModelDescription& model, const std::vector<StageRange>& ranges,
                        const schedule::Schedule& schedule, const std::vector<Device>& devices,
-                       const TrainConfig& config);
+                       const TrainConfig& config, bool one_device_per_process = false);
 
 class Trainer {
  public:

@@ -15,6 +15,7 @@
 
 #ifdef CONVEYOR_WITH_CUDA
 #include <cuda_runtime_api.h>
+#include <nccl.h>
 
 #include "kernels/cuda_check.h"
 #endif
@@ -283,6 +284,116 @@ TEST(NcclGpu, ARankThatNeverJoinsTheAllReduceFailsInsteadOfHanging) {
     EXPECT_NE(dynamic_cast<const TransportAborted*>(&e), nullptr) << e.what();
   }
   CONVEYOR_CUDA_CHECK(cudaSetDevice(0));
+}
+
+// Unique ids as a bootstrap hands them out (rank 0 makes them, every process gets the list).
+std::vector<std::string> make_unique_ids(int ranks) {
+  std::vector<std::string> ids;
+  for (int i = 0; i < nccl_slot_count(ranks); ++i) {
+    ncclUniqueId id;
+    if (ncclGetUniqueId(&id) != ncclSuccess) throw std::runtime_error("ncclGetUniqueId failed");
+    ids.emplace_back(id.internal, sizeof id);
+  }
+  return ids;
+}
+
+TEST(NcclGpu, AOneRankCliqueFromUniqueIdsAllReducesAndCopiesToSelf) {
+  CONVEYOR_REQUIRE_GPU();
+  EXPECT_THROW(make_nccl_transport_from_ids(0, 1, 0, make_unique_ids(2), 1000ms),
+               std::invalid_argument);  // ids for another clique size
+  EXPECT_THROW(make_nccl_transport_from_ids(1, 1, 0, make_unique_ids(1), 1000ms),
+               std::invalid_argument);
+  auto transport = make_nccl_transport_from_ids(0, 1, 0, make_unique_ids(1), 20000ms);
+  NcclTransport& t = nccl(transport);
+  EXPECT_EQ(t.rank(), 0);
+  EXPECT_EQ(t.size(), 1);
+  EXPECT_EQ(t.cuda_device(), 0);
+  std::vector<double> values = {1.0 / 3.0, -2.5e-300, 7.25e300, -1.0};
+  const std::vector<double> want = values;
+  t.all_reduce_sum(values);
+  EXPECT_EQ(values, want);
+  DeviceContext ctx(Device::cuda(0));
+  Stream stream(Device::cuda(0));
+  Tensor src = random_tensor(ctx, 4097, 5), dst = random_tensor(ctx, 4097, 6);
+  t.send_recv_self(src, dst, stream);
+  t.synchronize(stream);
+  EXPECT_TRUE(bitwise_equal(to_vector_f32(dst), to_vector_f32(src)));
+}
+
+// Two "processes" as two threads, each with a clique of its own rank's ends only, as under
+// mpirun: the transfers and the all-reduce meet across the cliques, and an abort stays in the
+// clique that made it, the peer learning of it through its own deadline.
+TEST(NcclGpu, RanksHoldingOnlyTheirOwnEndsExchangeAndAbortAlone) {
+  CONVEYOR_REQUIRE_GPU();
+  if (cuda_device_count() < 2) GTEST_SKIP() << "needs two CUDA devices";
+  constexpr int64_t kElements = int64_t{1} << 20;
+  const std::vector<std::string> ids = make_unique_ids(2);
+  std::vector<std::unique_ptr<Transport>> transports(2);
+  std::vector<std::string> errors(2), late_errors(2);
+  std::vector<std::vector<double>> reduced(2);
+  std::atomic<int> exchanged{0};
+  auto run = [&](int r) {
+    try {
+      CONVEYOR_CUDA_CHECK(cudaSetDevice(r));
+      // Both must be making their communicators at once: each waits for the other.
+      transports[r] = make_nccl_transport_from_ids(r, 2, r, ids, 3000ms);
+      NcclTransport& t = nccl(transports[r]);
+      DeviceContext ctx(Device::cuda(r));
+      Stream send(Device::cuda(r)), recv(Device::cuda(r));
+      const int peer = 1 - r;
+      Tensor x = random_tensor(ctx, kElements, 10 + r);
+      t.send(x, peer, send);
+      Tensor got = random_tensor(ctx, kElements, 999);  // poison
+      t.recv(got, peer, recv);
+      t.synchronize(send);
+      t.synchronize(recv);
+      if (!bitwise_equal(to_vector_f32(got),
+                         testing::random_floats(kElements, 10 + peer, -3.0f, 3.0f)))
+        throw std::runtime_error("the message differs");
+      std::vector<double> values(2, 0.0);
+      values[r] = 1.0 / (3.0 + r);
+      t.all_reduce_sum(values);
+      reduced[r] = values;
+      ++exchanged;
+      while (exchanged.load() < 2) std::this_thread::sleep_for(1ms);
+      if (r == 0) {
+        t.abort("rank 0 gives up");
+        try {
+          t.synchronize(send);
+        } catch (const TransportAborted& e) {
+          late_errors[0] = e.what();
+        }
+      } else {
+        // Rank 0's abort does not reach this clique: a receive from it waits out the deadline.
+        Tensor never = ctx.empty({16});
+        t.recv(never, peer, recv);
+        try {
+          t.synchronize(recv);
+        } catch (const TransportAborted&) {
+          late_errors[1] = "aborted from the other clique";
+        } catch (const TransportError& e) {
+          late_errors[1] = e.what();
+        }
+      }
+    } catch (const std::exception& e) {
+      errors[r] = e.what();
+      if (transports[r]) transports[r]->abort(e.what());
+      ++exchanged;
+    }
+  };
+  std::thread a(run, 0), b(run, 1);
+  a.join();
+  b.join();
+  EXPECT_EQ(errors[0], "");
+  EXPECT_EQ(errors[1], "");
+  const std::vector<double> want = {1.0 / 3.0, 1.0 / 4.0};
+  EXPECT_EQ(reduced[0], want);
+  EXPECT_EQ(reduced[1], want);
+  EXPECT_NE(late_errors[0].find("rank 0 gives up"), std::string::npos) << late_errors[0];
+  // Its own deadline, or NCCL's report of the broken connection.
+  EXPECT_TRUE(late_errors[1].find("did not finish within 3000 ms") != std::string::npos ||
+              late_errors[1].find("NCCL error while waiting") != std::string::npos)
+      << late_errors[1];
 }
 
 #endif  // CONVEYOR_WITH_CUDA

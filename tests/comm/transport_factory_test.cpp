@@ -4,7 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <optional>
 #include <stdexcept>
+#include <string>
 
 #include "comm/in_process.h"
 #include "comm/mpi_transport.h"
@@ -16,6 +19,25 @@ namespace conveyor::comm {
 namespace {
 
 using namespace std::chrono_literals;
+
+// Sets an environment variable for the scope, as a launcher would, and restores it after.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (old_)
+      setenv(name_, old_->c_str(), 1);
+    else
+      unsetenv(name_);
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
 
 TEST(TransportFactory, AutoChoosesInProcessUnlessEveryRankHasAGpuOfItsOwn) {
   const Device cpu = Device::cpu();
@@ -103,6 +125,65 @@ TEST(TransportFactory, MpiIsForCpuRanksAndOnlyWhereTheBuildHasIt) {
   }
   EXPECT_STREQ(transport_name(TransportKind::kMpi), "mpi");
   EXPECT_STREQ(transport_name(TransportKind::kInProcess), "inproc");
+}
+
+TEST(TransportFactory, UnderALauncherCudaRanksGoOverNcclBootstrappedOverMpi) {
+  const Device cpu = Device::cpu(), gpu0 = Device::cuda(0);
+  ASSERT_LE(launched_process_count(), 1);
+  EXPECT_TRUE(one_rank_per_process(TransportKind::kMpi));
+  EXPECT_FALSE(one_rank_per_process(TransportKind::kAuto));
+  EXPECT_FALSE(one_rank_per_process(TransportKind::kNccl));
+  EXPECT_TRUE(spans_processes(TransportKind::kNcclOverMpi));
+  EXPECT_FALSE(spans_processes(TransportKind::kNccl));
+  EXPECT_STREQ(transport_name(TransportKind::kNcclOverMpi), "nccl");
+
+  ScopedEnv launcher("OMPI_COMM_WORLD_SIZE", "2");
+  ASSERT_EQ(launched_process_count(), 2);
+  EXPECT_TRUE(one_rank_per_process(TransportKind::kAuto));
+  EXPECT_TRUE(one_rank_per_process(TransportKind::kNccl));
+  EXPECT_FALSE(one_rank_per_process(TransportKind::kInProcess));
+  EXPECT_EQ(choose_transport(TransportKind::kInProcess, {gpu0, gpu0}), TransportKind::kInProcess);
+#ifdef CONVEYOR_WITH_CUDA
+  const bool nccl_over_mpi_built = mpi_built();
+#else
+  const bool nccl_over_mpi_built = false;
+#endif
+  // Processes on different nodes may have the same device index: no distinctness check here.
+  for (TransportKind kind : {TransportKind::kAuto, TransportKind::kNccl}) {
+    if (nccl_over_mpi_built) {
+      EXPECT_EQ(choose_transport(kind, {gpu0, gpu0}), TransportKind::kNcclOverMpi);
+    } else {
+      EXPECT_THROW(choose_transport(kind, {gpu0, gpu0}), std::invalid_argument);
+    }
+  }
+  if (mpi_built())
+    EXPECT_EQ(choose_transport(TransportKind::kAuto, {cpu, cpu}), TransportKind::kMpi);
+  if (nccl_over_mpi_built) {
+    try {
+      choose_transport(TransportKind::kNccl, {cpu, cpu});
+      FAIL() << "NCCL across processes accepted for CPU ranks";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("carries CUDA ranks only"), std::string::npos)
+          << e.what();
+    }
+    // The program, not the library, initialises MPI, which carries the unique ids.
+    try {
+      make_transports(TransportKind::kNccl, {gpu0, gpu0}, 1000ms);
+      FAIL() << "NCCL over MPI was set up without MPI_Init";
+    } catch (const TransportError& e) {
+      EXPECT_NE(std::string(e.what()).find("MPI_Init_thread"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(TransportFactory, TheNodeLocalRankComesFromTheLauncher) {
+  {
+    ScopedEnv local("OMPI_COMM_WORLD_LOCAL_RANK", "3");
+    EXPECT_EQ(node_local_rank(), 3);
+  }
+  ScopedEnv bad("OMPI_COMM_WORLD_LOCAL_RANK", "x");
+  // Neither a number from the launcher nor MPI initialised: the only process of its node.
+  EXPECT_EQ(node_local_rank(), 0);
 }
 
 }  // namespace

@@ -1,0 +1,97 @@
+// NCCL communicators of ranks that are processes: rank 0 makes the unique ids, MPI carries
+// them to every process, and each process makes its own rank's ends (comm/nccl.cpp).
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "comm/nccl.h"
+
+#ifdef CONVEYOR_WITH_CUDA
+#include <nccl.h>
+
+#include "comm/nccl_check.h"
+#endif
+#ifdef CONVEYOR_WITH_MPI
+#include <mpi.h>
+#endif
+
+namespace conveyor::comm {
+
+#ifdef CONVEYOR_WITH_CUDA
+
+#ifndef CONVEYOR_WITH_MPI
+
+std::unique_ptr<Transport> make_nccl_transport_over_mpi(const std::vector<int>&,
+                                                        std::chrono::milliseconds) {
+  throw std::invalid_argument(
+      "this build has no MPI, so NCCL cannot be bootstrapped across processes (install "
+      "libopenmpi-dev and reconfigure); run the ranks as threads of one process instead");
+}
+
+#else
+
+namespace {
+
+void check_mpi(int code, const char* call) {
+  if (code == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  MPI_Error_string(code, text, &length);
+  throw TransportError(std::string(call) + " failed: " + std::string(text, length));
+}
+
+}  // namespace
+
+std::unique_ptr<Transport> make_nccl_transport_over_mpi(
+    const std::vector<int>& cuda_device_per_rank, std::chrono::milliseconds timeout) {
+  int initialised = 0;
+  MPI_Initialized(&initialised);
+  if (!initialised)
+    throw TransportError(
+        "NCCL over MPI needs MPI to be initialised first: the program must call MPI_Init_thread "
+        "(conveyor train does when started by mpirun)");
+  int rank = 0, processes = 0;
+  check_mpi(MPI_Comm_rank(MPI_COMM_WORLD, &rank), "MPI_Comm_rank");
+  check_mpi(MPI_Comm_size(MPI_COMM_WORLD, &processes), "MPI_Comm_size");
+  const int ranks = static_cast<int>(cuda_device_per_rank.size());
+  if (processes != ranks)
+    throw std::invalid_argument("the pipeline has " + std::to_string(ranks) +
+                                " ranks but MPI started " + std::to_string(processes) +
+                                " processes; start one process per rank (mpirun -np " +
+                                std::to_string(ranks) + ")");
+  // One byte saying whether rank 0 could make the ids, then the ids: a failure on rank 0
+  // reaches every process instead of leaving them in the broadcast.
+  const int slots = nccl_slot_count(ranks);
+  std::vector<char> message(1 + static_cast<size_t>(slots) * sizeof(ncclUniqueId), 0);
+  std::string failure;
+  if (rank == 0) {
+    try {
+      for (int i = 0; i < slots; ++i) {
+        ncclUniqueId id;
+        CONVEYOR_NCCL_CHECK(ncclGetUniqueId(&id));
+        std::memcpy(message.data() + 1 + i * sizeof(ncclUniqueId), id.internal, sizeof id);
+      }
+      message[0] = 1;
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+  }
+  check_mpi(
+      MPI_Bcast(message.data(), static_cast<int>(message.size()), MPI_BYTE, 0, MPI_COMM_WORLD),
+      "MPI_Bcast");
+  if (message[0] != 1)
+    throw TransportError(rank == 0 ? failure
+                                   : "rank 0 could not make the NCCL unique ids (its error says "
+                                     "why)");
+  std::vector<std::string> ids;
+  for (int i = 0; i < slots; ++i)
+    ids.emplace_back(message.data() + 1 + i * sizeof(ncclUniqueId), sizeof(ncclUniqueId));
+  return make_nccl_transport_from_ids(rank, ranks, cuda_device_per_rank[rank], ids, timeout);
+}
+
+#endif  // CONVEYOR_WITH_MPI
+
+#endif  // CONVEYOR_WITH_CUDA
+
+}  // namespace conveyor::comm
