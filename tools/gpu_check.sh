@@ -32,8 +32,10 @@ set -u
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cuda_lib=/usr/local/cuda-13.0/targets/x86_64-linux/lib
-gpu_tests=(kernels_gpu_tests core_gpu_tests pipeline_gpu_tests comm_gpu_tests)
+gpu_tests=(kernels_gpu_tests core_gpu_tests pipeline_gpu_tests comm_gpu_tests train_gpu_tests)
 gpu_benches=(bench_kernels_gpu bench_train)
+# The gpu-labelled script tests (nccl_mpi_train) run the command line.
+gpu_tools=(conveyor_cli)
 carry_limit_mib=60
 
 # ------------------------------------------------------------------------- --prepare DIR
@@ -45,7 +47,7 @@ if [[ "${1:-}" == "--prepare" ]]; then
   slim=$dir-carry
   rm -rf "$slim"  # a failed prepare must not leave an older carry that looks ready
   unbuilt=()
-  for t in "${gpu_tests[@]}" "${gpu_benches[@]}"; do
+  for t in "${gpu_tests[@]}" "${gpu_benches[@]}" "${gpu_tools[@]}"; do
     cmake --build "$dir" -j"$(nproc)" --target "$t" || unbuilt+=("$t")
   done
   if ((${#unbuilt[@]} > 0)); then
@@ -64,6 +66,7 @@ if [[ "${1:-}" == "--prepare" ]]; then
     [[ -x "$slim/tests/$t" && -f "$slim/tests/${t}[1]_tests.cmake" ]] || missing+=("tests/$t")
   done
   for b in "${gpu_benches[@]}"; do [[ -x "$slim/bench/$b" ]] || missing+=("bench/$b"); done
+  [[ -x "$slim/tools/conveyor" ]] || missing+=("tools/conveyor")
   if ((${#missing[@]} > 0)); then
     echo "prepare: FAILED: $slim lacks ${missing[*]} (or its gtest list)" >&2
     rm -rf "$slim"
@@ -232,7 +235,7 @@ else
     timeout "$t" cmake -S "$root" -B "$build" -G Ninja -DCONVEYOR_CUDA=ON \
       -DCMAKE_CUDA_ARCHITECTURES=90 -DCONVEYOR_BUILD_EXAMPLES=OFF -DCMAKE_BUILD_TYPE=Release &&
     if [[ $mode == tests ]]; then
-      timeout "$(allow 330)" cmake --build "$build" -j16 --target "${gpu_tests[@]}"
+      timeout "$(allow 330)" cmake --build "$build" -j16 --target "${gpu_tests[@]}" "${gpu_tools[@]}"
     else
       timeout "$(allow 330)" cmake --build "$build" -j16 --target "${gpu_benches[@]}"
     fi
