@@ -2,16 +2,17 @@
 # Step time of (P, D) = (2, 2): `mpirun -np 4` against the same configuration as 4 rank
 # threads of one process, and each run's measured gradient all-reduce (AR) times from the
 # last step's timeline in --trace (where the run writes one: under mpirun the file stays empty).
-#   bench/dp_mpi_step_time.sh [CONVEYOR] [STEPS]
+#   bench/dp_mpi_step_time.sh [CONVEYOR] [STEPS] [MORE TRAIN FLAGS...]   (e.g. --shard-optimizer)
 # Prints, per run: median step seconds (steps 2.., from --log-json), tokens/s, and the AR
 # actions' durations. Not a test: the figures depend on the machine and its load.
 set -euo pipefail
 cli=${1:-build/tools/conveyor}
 steps=${2:-40}
+shift $(($# < 2 ? $# : 2))
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 run=(train --device cpu --stages 2 --dp 2 --microbatches 8 --batch-tokens 4096 --layers 4
-     --d-model 128 --hidden 512 --steps "$steps" --seed 7 --quiet --weights-checksum)
+     --d-model 128 --hidden 512 --steps "$steps" --seed 7 --quiet --weights-checksum "$@")
 report() {  # name, jsonl, trace, out
   python3 - "$@" <<'PY'
 import json, statistics, sys
