@@ -38,6 +38,11 @@ bool transport_failure(const std::exception& error) {
   return is_or_caused_by<comm::TransportError>(error);
 }
 
+// Where `rank` stands, read after its thread has ended.
+RankPosition position_of(const PipelineRank& rank) {
+  return {rank.index, rank.pipeline_rank, rank.replica, rank.replica_group, rank.progress};
+}
+
 // ZeRO-1 ranges: replica d's piece of every parameter (replica_piece), and per stage the
 // bounds of each replica's range in the stage's packing by replica.
 std::vector<ParameterShard> shard_parameters(PipelineRank& rank, int replicas) {
@@ -290,12 +295,10 @@ std::vector<RankPosition> PipelineExecutor::positions_of_other_processes() {
   // Under such a transport a process holds one rank. The survivors notice the abort within
   // their next poll, so a short wait hears from every rank that can still answer.
   const PipelineRank& mine = *ranks_.front();
-  const RankPosition position{mine.index, mine.pipeline_rank, mine.replica, mine.replica_group,
-                              mine.progress};
   const auto grace = std::min(transport_timeout_, std::chrono::milliseconds(1000));
   std::vector<RankPosition> out;
   for (const auto& [rank, bytes] :
-       mine.transport->collect_failure_reports(encode_position(position), 0, grace))
+       mine.transport->collect_failure_reports(encode_position(position_of(mine)), 0, grace))
     if (auto decoded = decode_position(bytes, schedule_, num_world_ranks());
         decoded && decoded->index == rank && rank != mine.index)
       out.push_back(std::move(*decoded));
@@ -306,9 +309,7 @@ std::string PipelineExecutor::format_positions(int failed,
                                                const std::vector<RankPosition>& others) const {
   // Every rank thread has ended: their progress is read after they joined.
   std::vector<RankPosition> known;
-  for (const auto& rank : ranks_)
-    known.push_back(
-        {rank->index, rank->pipeline_rank, rank->replica, rank->replica_group, rank->progress});
+  for (const auto& rank : ranks_) known.push_back(position_of(*rank));
   known.insert(known.end(), others.begin(), others.end());
   std::sort(known.begin(), known.end(),
             [](const RankPosition& a, const RankPosition& b) { return a.index < b.index; });

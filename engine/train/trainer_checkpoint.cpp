@@ -342,8 +342,9 @@ void TrainerCheckpointer::save() {
   const TrainingState state = trainer_training_state(trainer_);
   std::vector<RankShard> shards;
   const auto host = options_.async ? make_cpu_allocator() : nullptr;
+  const int shard_count = checkpoint_shard_count(executor);
   for (int r : executor.local_ranks()) {
-    if (r >= checkpoint_shard_count(executor)) continue;
+    if (r >= shard_count) continue;
     std::vector<NamedTensor> tensors = rank_checkpoint_tensors(executor, r);
     shards.push_back({r, host ? host_snapshot(tensors, host) : std::move(tensors)});
   }
@@ -404,7 +405,8 @@ void TrainerCheckpointer::save() {
   } catch (const std::exception& e) {
     timing.write_end = Clock::now();
     held();
-    failed(e);
+    failed(e);  // throws under kStop
+    return;
   }
   timing.write_end = Clock::now();
   held();

@@ -172,19 +172,26 @@ std::unique_ptr<PipelineExecutor> make_wide_executor(schedule::Schedule sched, b
                                             std::move(devices), test_optimizer(), 17, options);
 }
 
+// Three steps of both executors on the same `microbatches` micro-batches: every step's loss
+// and gradient norm agree bit for bit.
+void expect_same_steps(PipelineExecutor& plain, PipelineExecutor& sharded, int microbatches) {
+  for (int step = 1; step <= 3; ++step) {
+    const auto batch = make_microbatches(microbatches, kTokens, step);
+    const float scale = 1.0f / static_cast<float>(microbatches * kTokens);
+    const auto a = plain.run_step(batch, scale, step, 1e-2);
+    const auto b = sharded.run_step(batch, scale, step, 1e-2);
+    EXPECT_EQ(a.loss_sum, b.loss_sum) << "step " << step;
+    EXPECT_EQ(a.grad_norm, b.grad_norm) << "step " << step;
+  }
+}
+
 TEST(ShardedOptimizer, WeightsAreBitwiseThoseOfTheUnshardedRunWithHalfTheState) {
   for (auto kind : {schedule::ScheduleKind::k1F1B, schedule::ScheduleKind::kInterleaved}) {
     SCOPED_TRACE(schedule::schedule_kind_name(kind));
     const int v = kind == schedule::ScheduleKind::kInterleaved ? 2 : 1;
     auto plain = make_wide_executor(schedule::generate(kind, 2, 2, v, 2), false);
     auto sharded = make_wide_executor(schedule::generate(kind, 2, 2, v, 2), true);
-    for (int step = 1; step <= 3; ++step) {
-      const auto batch = make_microbatches(4, kTokens, step);
-      const auto a = plain->run_step(batch, 1.0f / (4 * kTokens), step, 1e-2);
-      const auto b = sharded->run_step(batch, 1.0f / (4 * kTokens), step, 1e-2);
-      EXPECT_EQ(a.loss_sum, b.loss_sum) << "step " << step;
-      EXPECT_EQ(a.grad_norm, b.grad_norm) << "step " << step;
-    }
+    expect_same_steps(*plain, *sharded, 4);
     for (int r = 0; r < plain->num_world_ranks(); ++r) {
       const auto want = rank_values(*plain, r), got = rank_values(*sharded, r);
       ASSERT_EQ(want.size(), got.size());
@@ -221,13 +228,7 @@ TEST(ShardedOptimizer, ReduceScattersTheGradientsAtThreeReplicasWithTheSameBits)
   auto sharded_hub = comm::InProcessHub::create(world, std::chrono::milliseconds(60000));
   use_hub(*plain, *plain_hub);
   use_hub(*sharded, *sharded_hub);
-  for (int step = 1; step <= 3; ++step) {
-    const auto batch = make_microbatches(6, kTokens, step);
-    const auto a = plain->run_step(batch, 1.0f / (6 * kTokens), step, 1e-2);
-    const auto b = sharded->run_step(batch, 1.0f / (6 * kTokens), step, 1e-2);
-    EXPECT_EQ(a.loss_sum, b.loss_sum) << "step " << step;
-    EXPECT_EQ(a.grad_norm, b.grad_norm) << "step " << step;
-  }
+  expect_same_steps(*plain, *sharded, 6);
   for (int r = 0; r < world; ++r) {
     const auto want = rank_values(*plain, r), got = rank_values(*sharded, r);
     ASSERT_EQ(want.size(), got.size());
