@@ -47,12 +47,17 @@ chmod +x "$work/agent"
 printf '%s slots=1\n' "${ns[@]}" >"$work/hosts"
 
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# The remote daemon (orted) otherwise shares its hwloc topology through a segment mapped at
+# a guessed hole of its address space, and OpenMPI 4.1.4's orted crashed there in about one
+# launch of six (hwloc_shmem_topology_write, SIGSEGV); `rtc_hwloc_vmhole none` skips that
+# sharing, which only saves the ranks re-reading the topology.
 # mpirun itself runs in the first namespace, so its daemons reach it over the veth pair;
 # btl self,tcp: no shared memory between the ranks, although they share one kernel.
 mpirun=(ip netns exec "${ns[0]}" mpirun --allow-run-as-root -np 2 --hostfile "$work/hosts"
         --map-by node --bind-to none --mca plm_rsh_agent "$work/agent"
         --mca oob_tcp_if_include 10.77.0.0/24 --mca btl self,tcp
-        --mca btl_tcp_if_include 10.77.0.0/24)
+        --mca btl_tcp_if_include 10.77.0.0/24
+        --mca rtc_hwloc_vmhole none)
 common=(train --device cpu --layers 4 --microbatches 4 --batch-tokens 512 --steps 4 --seed 7
         --quiet --weights-checksum --timeout 20)
 
