@@ -70,8 +70,19 @@ void sizes(benchmark::internal::Benchmark* b) {
   BENCHMARK_CAPTURE(fn, zbv, sc::ScheduleKind::kZBV)->Apply(sizes)
 
 // The scale a large cluster would ask for: p = 1024 ranks, m = 4096 micro-batches of 1F1B
-// (about 16.8M actions): generate, validate and simulate once each.
+// (about 25M actions), validated and simulated once: in one call, as `conveyor schedule`
+// does (validate_and_simulate), and as validate() then simulate().
 void BM_ValidateAndSimulateAtScale(benchmark::State& state) {
+  const int p = static_cast<int>(state.range(0)), m = static_cast<int>(state.range(1));
+  const auto s = make(sc::ScheduleKind::k1F1B, p, m);
+  const auto costs = sc::CostModel::uniform(1, 1, 1, 0.1);
+  for (auto _ : state) {
+    const auto sim = sc::validate_and_simulate(s, costs);
+    benchmark::DoNotOptimize(sim.makespan);
+  }
+  state.counters["actions"] = static_cast<double>(count_actions(s));
+}
+void BM_ValidateThenSimulateAtScale(benchmark::State& state) {
   const int p = static_cast<int>(state.range(0)), m = static_cast<int>(state.range(1));
   const auto s = make(sc::ScheduleKind::k1F1B, p, m);
   const auto costs = sc::CostModel::uniform(1, 1, 1, 0.1);
@@ -83,6 +94,11 @@ void BM_ValidateAndSimulateAtScale(benchmark::State& state) {
   state.counters["actions"] = static_cast<double>(count_actions(s));
 }
 BENCHMARK(BM_ValidateAndSimulateAtScale)
+    ->Args({1024, 4096})
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(1)
+    ->MeasureProcessCPUTime();
+BENCHMARK(BM_ValidateThenSimulateAtScale)
     ->Args({1024, 4096})
     ->Unit(benchmark::kMillisecond)
     ->Iterations(1)

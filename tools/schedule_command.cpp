@@ -151,8 +151,8 @@ void run_compare(const ScheduleOptions& o, const Costs& costs) {
     if (inter) name += " v=" + std::to_string(v);
     try {
       const sc::Schedule s = make_schedule(kind, p, m, inter ? v : 1, costs, o.dp);
-      sc::validate(s);
-      const sc::SimResult sim = sc::simulate(s, cost_model(costs, s.placement.chunks, o));
+      const sc::SimResult sim =
+          sc::validate_and_simulate(s, cost_model(costs, s.placement.chunks, o));
       int in_flight = 0, held = 0;
       for (const auto& r : sim.ranks)
         in_flight = std::max(in_flight, r.memory.peak_in_flight),
@@ -194,6 +194,7 @@ void run(const ScheduleOptions& o, const CLI::App& cmd) {
   const Costs costs = parse_costs(o.costs);
   if (o.compare) return run_compare(o, costs);
   sc::Schedule schedule;
+  sc::SimResult sim;
   try {
     if (!o.load.empty()) {
       schedule = sc::load_schedule(o.load);
@@ -207,11 +208,10 @@ void run(const ScheduleOptions& o, const CLI::App& cmd) {
       const int v = o.chunks > 0 ? o.chunks : (*kind == sc::ScheduleKind::kInterleaved ? 2 : 1);
       schedule = make_schedule(*kind, o.stages, o.microbatches, v, costs, o.dp);
     }
-    sc::validate(schedule);
+    sim = sc::validate_and_simulate(schedule, cost_model(costs, schedule.placement.chunks, o));
   } catch (const sc::ScheduleError& e) {
     throw UsageError(e.what());
   }
-  const sc::SimResult sim = sc::simulate(schedule, cost_model(costs, schedule.placement.chunks, o));
   const int p = schedule.num_ranks(), m = schedule.num_microbatches, v = schedule.placement.chunks;
   std::printf("schedule %s: p=%d ranks, v=%d chunk%s per rank (%s), m=%d micro-batches\n",
               schedule.name.empty() ? "(loaded)" : schedule.name.c_str(), p, v, v == 1 ? "" : "s",

@@ -27,9 +27,9 @@ std::string sm(int stage, int mb) {
   return "stage " + std::to_string(stage) + " micro-batch " + std::to_string(mb);
 }
 
-}  // namespace
-
-void validate(const Schedule& s) {
+// Everything validate() proves but progress: shapes, placement, peers, completeness, order
+// within a rank and the all-reduces.
+void check_structure(const Schedule& s) {
   const Placement& pl = s.placement;
   const int R = pl.num_ranks, S = pl.num_stages(), M = s.num_microbatches;
   if (R < 1 || pl.chunks < 1 || M < 1)
@@ -223,72 +223,99 @@ void validate(const Schedule& s) {
     }
   }
   if (cell_error) throw *cell_error;
+}
 
-  // FIFO per link: the n-th receive on (src -> dst) is the n-th send's message. Every message
-  // is sent and received once (checked above), so this holds exactly when, on each link, the
-  // receives find their sends in increasing position. That needs one number per peer, not
-  // tables per pair of ranks; the message names the first mismatch of the broken link.
-  auto fail_fifo = [&](int src, int dst) {
-    std::vector<int> out, in;
-    for (int i = 0; i < static_cast<int>(s.ranks[src].size()); ++i)
-      if (is_send(s.ranks[src][i].kind) && s.ranks[src][i].peer == dst) out.push_back(i);
-    for (int i = 0; i < static_cast<int>(s.ranks[dst].size()); ++i)
-      if (is_recv(s.ranks[dst][i].kind) && s.ranks[dst][i].peer == src) in.push_back(i);
-    for (size_t n = 0; n < out.size() && n < in.size(); ++n) {
-      const Action& sa = s.ranks[src][out[n]];
-      if (message_key(sa) != message_key(s.ranks[dst][in[n]]))
-        fail(s, dst, in[n], "fifo",
-             "on link rank " + std::to_string(src) + " -> rank " + std::to_string(dst) +
-                 " message #" + std::to_string(n) + " is sent by " + to_string(sa) + " (rank " +
-                 std::to_string(src) + ", position " + std::to_string(out[n]) +
-                 ") but this receive expects another one; an in-order transport (NCCL) would "
-                 "mismatch or deadlock: receives must follow the order of the sends");
-    }
-  };
-  auto check_fifo = [&] {
-    // The positions of every send, by (stage, mb): only a stuck run needs them.
-    ActionIndex sends(S, M);
-    for (int r = 0; r < R; ++r)
-      for (int i = 0; i < static_cast<int>(s.ranks[r].size()); ++i)
-        if (is_send(s.ranks[r][i].kind))
-          sends.insert(s.ranks[r][i].kind, s.ranks[r][i].stage, s.ranks[r][i].microbatch, i);
-    std::vector<int> last_send(R, -1), touched;
-    for (int dst = 0; dst < R; ++dst) {
-      for (int p : touched) last_send[p] = -1;
-      touched.clear();
-      for (const Action& a : s.ranks[dst]) {
-        if (!is_recv(a.kind)) continue;
-        const int send = a.kind == ActionKind::kRecvAct
-                             ? sends.at(ActionKind::kSendAct, a.stage - 1, a.microbatch)
-                             : sends.at(ActionKind::kSendGrad, a.stage + 1, a.microbatch);
-        int& last = last_send[a.peer];
-        if (last < 0) touched.push_back(a.peer);
-        if (send < last) fail_fifo(a.peer, dst);
-        last = send;
-      }
-    }
-  };
+// Fails naming the first message of link src -> dst that its receiver expects out of order.
+void fail_fifo(const Schedule& s, int src, int dst) {
+  std::vector<int> out, in;
+  for (int i = 0; i < static_cast<int>(s.ranks[src].size()); ++i)
+    if (is_send(s.ranks[src][i].kind) && s.ranks[src][i].peer == dst) out.push_back(i);
+  for (int i = 0; i < static_cast<int>(s.ranks[dst].size()); ++i)
+    if (is_recv(s.ranks[dst][i].kind) && s.ranks[dst][i].peer == src) in.push_back(i);
+  for (size_t n = 0; n < out.size() && n < in.size(); ++n) {
+    const Action& sa = s.ranks[src][out[n]];
+    if (message_key(sa) != message_key(s.ranks[dst][in[n]]))
+      fail(s, dst, in[n], "fifo",
+           "on link rank " + std::to_string(src) + " -> rank " + std::to_string(dst) +
+               " message #" + std::to_string(n) + " is sent by " + to_string(sa) + " (rank " +
+               std::to_string(src) + ", position " + std::to_string(out[n]) +
+               ") but this receive expects another one; an in-order transport (NCCL) would "
+               "mismatch or deadlock: receives must follow the order of the sends");
+  }
+}
 
-  // Progress: a zero-cost run must reach the end. A run that does has also proven FIFO order:
-  // on a link, sends leave in send-stream order and receives complete in receive-stream order,
-  // each together with its own send, so the n-th of each carry one message. The links are
-  // thus read only when the run is stuck, and a broken link is reported before the deadlock
-  // it causes.
+// FIFO per link: the n-th receive on (src -> dst) is the n-th send's message. Every message
+// is sent and received once (checked by check_structure), so this holds exactly when, on each
+// link, the receives find their sends in increasing position. That needs one number per peer,
+// not tables per pair of ranks; the message names the first mismatch of the broken link.
+void check_fifo(const Schedule& s) {
+  const int R = s.placement.num_ranks;
+  // The positions of every send, by (stage, mb): only a stuck run needs them.
+  ActionIndex sends(s.placement.num_stages(), s.num_microbatches);
+  for (int r = 0; r < R; ++r)
+    for (int i = 0; i < static_cast<int>(s.ranks[r].size()); ++i)
+      if (is_send(s.ranks[r][i].kind))
+        sends.insert(s.ranks[r][i].kind, s.ranks[r][i].stage, s.ranks[r][i].microbatch, i);
+  std::vector<int> last_send(R, -1), touched;
+  for (int dst = 0; dst < R; ++dst) {
+    for (int p : touched) last_send[p] = -1;
+    touched.clear();
+    for (const Action& a : s.ranks[dst]) {
+      if (!is_recv(a.kind)) continue;
+      const int send = a.kind == ActionKind::kRecvAct
+                           ? sends.at(ActionKind::kSendAct, a.stage - 1, a.microbatch)
+                           : sends.at(ActionKind::kSendGrad, a.stage + 1, a.microbatch);
+      int& last = last_send[a.peer];
+      if (last < 0) touched.push_back(a.peer);
+      if (send < last) fail_fifo(s, a.peer, dst);
+      last = send;
+    }
+  }
+}
+
+// Why a run of a structurally sound schedule is stuck: a broken FIFO link when there is
+// one, reported before the deadlock it causes; else the deadlock, at the earliest stuck
+// receive.
+[[noreturn]] void fail_stuck(const Schedule& s, const DeadlockError& e) {
+  check_fifo(s);
+  // Mark the earliest stuck receive: the head of a receive stream waiting on a message that
+  // cannot come is usually the cause; compute heads merely wait on it.
+  StuckAction mark;
+  for (const auto& st : e.stuck()) {
+    const bool recv = is_recv(s.ranks[st.rank][st.index].kind);
+    const bool mark_recv = mark.rank >= 0 && is_recv(s.ranks[mark.rank][mark.index].kind);
+    if (mark.rank < 0 || (recv && !mark_recv) ||
+        (recv == mark_recv && std::tie(st.index, st.rank) < std::tie(mark.index, mark.rank)))
+      mark = st;
+  }
+  fail(s, mark.rank, mark.index, "deadlock", e.what());
+}
+
+}  // namespace
+
+// Progress: a zero-cost run must reach the end. A run that does has also proven FIFO order:
+// on a link, sends leave in send-stream order and receives complete in receive-stream order,
+// each together with its own send, so the n-th of each carry one message. The links are
+// thus read only when the run is stuck.
+void validate(const Schedule& s) {
+  check_structure(s);
   try {
     detail::check_progress_of_checked(s);
   } catch (const DeadlockError& e) {
-    check_fifo();
-    // Mark the earliest stuck receive: the head of a receive stream waiting on a message that
-    // cannot come is usually the cause; compute heads merely wait on it.
-    StuckAction mark;
-    for (const auto& st : e.stuck()) {
-      const bool recv = is_recv(s.ranks[st.rank][st.index].kind);
-      const bool mark_recv = mark.rank >= 0 && is_recv(s.ranks[mark.rank][mark.index].kind);
-      if (mark.rank < 0 || (recv && !mark_recv) ||
-          (recv == mark_recv && std::tie(st.index, st.rank) < std::tie(mark.index, mark.rank)))
-        mark = st;
-    }
-    fail(s, mark.rank, mark.index, "deadlock", e.what());
+    fail_stuck(s, e);
+  }
+}
+
+// Which actions can run does not depend on their costs (every wait is for an action to
+// finish or for a peer's head to reach a message, never for a time), so the timed run
+// reaches the end exactly when the zero-cost run does, and stops at the same heads when it
+// does not: one run proves progress and gives the times.
+SimResult validate_and_simulate(const Schedule& s, const CostModel& costs) {
+  check_structure(s);
+  try {
+    return simulate(s, costs);
+  } catch (const DeadlockError& e) {
+    fail_stuck(s, e);
   }
 }
 

@@ -15,6 +15,7 @@
 #include <string>
 
 #include "engine/schedule/schedule.h"
+#include "engine/schedule/simulator.h"
 
 namespace conveyor::schedule {
 
@@ -34,5 +35,10 @@ class ValidationError : public ScheduleError {
 };
 
 void validate(const Schedule& schedule);
+
+// validate(), then simulate(schedule, costs), with the one run of simulate proving progress
+// where validate() runs a run of its own: the same errors (ValidationError, a deadlock
+// included) and the same result, in about the time of simulate alone.
+SimResult validate_and_simulate(const Schedule& schedule, const CostModel& costs);
 
 }  // namespace conveyor::schedule
