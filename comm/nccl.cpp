@@ -1,5 +1,7 @@
 #include "comm/nccl.h"
 
+#include <algorithm>
+#include <set>
 #include <stdexcept>
 
 #include "engine/core/device.h"
@@ -34,11 +36,50 @@ void check_clique_rank(int rank, int ranks, const char* what) {
                                 " is out of range for " + std::to_string(ranks) + " rank(s)");
 }
 
+std::string describe_group(const std::vector<int>& group) {
+  std::string out = "{";
+  for (size_t i = 0; i < group.size(); ++i) {
+    if (i > 0) out += ',';
+    out += std::to_string(group[i]);
+  }
+  out += '}';
+  return out;
+}
+
 }  // namespace
 
-int nccl_slot_count(int ranks) {
+void check_nccl_groups(const NcclGroups& groups, int ranks) {
   check_clique_rank(0, ranks, "rank");
-  return ranks * (ranks - 1) + 1;
+  std::set<std::vector<int>> seen;
+  for (const std::vector<int>& group : groups) {
+    bool ok = group.size() >= 2;
+    for (size_t i = 0; ok && i < group.size(); ++i)
+      ok = group[i] >= 0 && group[i] < ranks && (i == 0 || group[i - 1] < group[i]);
+    if (!ok)
+      throw std::invalid_argument("an NCCL group needs at least two ascending ranks in 0.." +
+                                  std::to_string(ranks - 1) + ", got " + describe_group(group));
+    if (!seen.insert(group).second)
+      throw std::invalid_argument("the NCCL group " + describe_group(group) +
+                                  " is listed twice; list each group once");
+  }
+}
+
+int find_nccl_group(const NcclGroups& groups, const std::vector<int>& group) {
+  const auto at = std::find(groups.begin(), groups.end(), group);
+  if (at != groups.end()) return static_cast<int>(at - groups.begin());
+  std::string made;
+  for (const auto& g : groups) made += (made.empty() ? "" : ", ") + describe_group(g);
+  throw TransportError("the NCCL transport has no communicator for the group " +
+                       describe_group(group) + "; it was made for " +
+                       (made.empty() ? std::string("no groups") : "the groups " + made) +
+                       " (pass every group that makes group calls when creating it)");
+}
+
+int nccl_slot_count(int ranks, int groups) {
+  check_clique_rank(0, ranks, "rank");
+  if (groups < 0)
+    throw std::invalid_argument("an NCCL clique cannot have " + std::to_string(groups) + " groups");
+  return ranks * (ranks - 1) + 1 + groups;
 }
 
 int nccl_link_slot(int src, int dst, int ranks) {
@@ -52,14 +93,30 @@ int nccl_link_slot(int src, int dst, int ranks) {
 
 int nccl_world_slot(int ranks) { return nccl_slot_count(ranks) - 1; }
 
-std::vector<NcclMembership> nccl_memberships(int rank, int ranks) {
+int nccl_group_slot(int group, int ranks, int groups) {
+  if (group < 0 || group >= groups)
+    throw std::invalid_argument("group " + std::to_string(group) + " is out of range for " +
+                                std::to_string(groups) + " group(s)");
+  return nccl_slot_count(ranks) + group;
+}
+
+std::vector<NcclMembership> nccl_memberships(int rank, int ranks, const NcclGroups& groups) {
   check_clique_rank(rank, ranks, "rank");
+  check_nccl_groups(groups, ranks);
   std::vector<NcclMembership> out;
-  out.push_back({nccl_world_slot(ranks), -1, -1, ranks, rank});
+  out.push_back({nccl_world_slot(ranks), -1, -1, -1, ranks, rank});
   for (int src = 0; src < ranks; ++src)
     for (int dst = 0; dst < ranks; ++dst)
       if (src != dst && (src == rank || dst == rank))
-        out.push_back({nccl_link_slot(src, dst, ranks), src, dst, 2, rank == src ? 0 : 1});
+        out.push_back({nccl_link_slot(src, dst, ranks), src, dst, -1, 2, rank == src ? 0 : 1});
+  const int count = static_cast<int>(groups.size());
+  for (int g = 0; g < count; ++g) {
+    const auto& group = groups[g];
+    const auto at = std::find(group.begin(), group.end(), rank);
+    if (at != group.end())
+      out.push_back({nccl_group_slot(g, ranks, count), -1, -1, g, static_cast<int>(group.size()),
+                     static_cast<int>(at - group.begin())});
+  }
   return out;
 }
 
@@ -373,7 +430,7 @@ class NcclClique {
   void warm_up() {
     const int p = size();
     if (p < 2) return;
-    std::vector<std::unique_ptr<Stream> > streams(p);
+    std::vector<std::unique_ptr<Stream>> streams(p);
     std::vector<char*> buffers(p, nullptr);
     auto release = [&] {
       for (int r = 0; r < p; ++r) {
@@ -437,8 +494,8 @@ class NcclClique {
 
   std::vector<int> devices_;
   std::chrono::milliseconds timeout_;
-  std::vector<std::unique_ptr<NcclComm> > world_;
-  std::vector<std::unique_ptr<NcclComm> > links_;  // (src * p + dst) * 2 + side
+  std::vector<std::unique_ptr<NcclComm>> world_;
+  std::vector<std::unique_ptr<NcclComm>> links_;  // (src * p + dst) * 2 + side
   std::atomic<bool> aborted_{false};
   mutable std::mutex reason_mutex_;
   std::string reason_;
@@ -610,7 +667,7 @@ void check_device(int rank, int device) {
 
 }  // namespace
 
-std::vector<std::unique_ptr<Transport> > make_nccl_transports(
+std::vector<std::unique_ptr<Transport>> make_nccl_transports(
     const std::vector<int>& cuda_device_per_rank, std::chrono::milliseconds timeout) {
   if (cuda_device_per_rank.empty())
     throw std::invalid_argument("the NCCL transport needs at least one rank");
@@ -626,7 +683,7 @@ std::vector<std::unique_ptr<Transport> > make_nccl_transports(
                                   "rank (use the in-process transport to share a GPU)");
   }
   auto clique = std::make_shared<NcclClique>(cuda_device_per_rank, timeout);
-  std::vector<std::unique_ptr<Transport> > out;
+  std::vector<std::unique_ptr<Transport>> out;
   for (int r = 0; r < clique->size(); ++r)
     out.push_back(std::make_unique<NcclTransport>(clique, r));
   return out;

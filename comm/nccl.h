@@ -63,26 +63,40 @@ namespace conveyor::comm {
 // True when this binary was built with NCCL and at least one CUDA device is usable.
 bool nccl_available();
 
-// Where each communicator of a clique of `ranks` ranks finds its unique id in the list rank 0
-// hands out: link src -> dst (src != dst) at src * (ranks - 1) + (dst < src ? dst : dst - 1),
-// the all-rank communicator after every link, at ranks * (ranks - 1). Throws
-// std::invalid_argument for ranks out of range or src == dst.
-int nccl_slot_count(int ranks);
+// The groups of ranks that make group calls (Transport::start_group_sum and the others),
+// one communicator each: every group ascending, in 0..ranks-1, with at least two members,
+// and no group listed twice. Throws std::invalid_argument naming the group otherwise.
+using NcclGroups = std::vector<std::vector<int>>;
+void check_nccl_groups(const NcclGroups& groups, int ranks);
+// The index of `group` in `groups`; throws TransportError naming `group` when it is not there
+// (a group call over ranks the transport made no communicator for).
+int find_nccl_group(const NcclGroups& groups, const std::vector<int>& group);
+
+// Where each communicator of a clique of `ranks` ranks with `groups` groups finds its unique
+// id in the list rank 0 hands out: link src -> dst (src != dst) at src * (ranks - 1) +
+// (dst < src ? dst : dst - 1), the all-rank communicator after every link, at
+// ranks * (ranks - 1), then group g at ranks * (ranks - 1) + 1 + g. Throws
+// std::invalid_argument for ranks or groups out of range or src == dst.
+int nccl_slot_count(int ranks, int groups = 0);
 int nccl_link_slot(int src, int dst, int ranks);
 int nccl_world_slot(int ranks);
+int nccl_group_slot(int group, int ranks, int groups);
 
 // One communicator a rank takes part in.
 struct NcclMembership {
   int slot = 0;  // its unique id's slot
-  int src = -1;  // the link src -> dst it carries; -1, -1 for the all-rank communicator
+  int src = -1;  // the link src -> dst it carries; -1, -1 for the others
   int dst = -1;
-  int comm_size = 0;  // 2 for a link, `ranks` for the all-rank communicator
-  int comm_rank = 0;  // the rank's place in it: 0 sends on a link, 1 receives
+  int group = -1;     // the index of the group it carries; -1 for the others
+  int comm_size = 0;  // 2 for a link, `ranks` for the all-rank communicator, a group's size
+  int comm_rank = 0;  // the rank's place in it: 0 sends on a link, 1 receives; in a group
+                      // its position there
 };
 
 // The communicators rank `rank` of `ranks` takes part in: the all-rank one first, then each
-// link it sends or receives on, in ascending (src, dst) order.
-std::vector<NcclMembership> nccl_memberships(int rank, int ranks);
+// link it sends or receives on, in ascending (src, dst) order, then each group it belongs
+// to, in the order of `groups` (checked by check_nccl_groups).
+std::vector<NcclMembership> nccl_memberships(int rank, int ranks, const NcclGroups& groups = {});
 
 #ifdef CONVEYOR_WITH_CUDA
 
