@@ -101,8 +101,10 @@ std::vector<NcclMembership> nccl_memberships(int rank, int ranks, const NcclGrou
 #ifdef CONVEYOR_WITH_CUDA
 
 namespace detail {
-class NcclClique;  // the communicators this process holds and their shared abort state
-}
+class NcclClique;     // the communicators this process holds and their shared abort state
+class NcclGroupCall;  // a group call in flight
+struct NcclStaging;   // the device and pinned host buffers of the group calls
+}  // namespace detail
 
 class NcclTransport : public Transport {
  public:
@@ -124,6 +126,23 @@ class NcclTransport : public Transport {
   // Sums in NCCL's order, which is not rank order; the sum is exact (and so deterministic)
   // when every slot has at most one non-zero contribution, as the executor arranges.
   void all_reduce_sum(std::vector<double>& values) override;
+  // The group calls, over the communicator made at creation for `group` (TransportError
+  // naming the group when there is none; a group of this rank alone needs none). The values
+  // go through device staging buffers and pinned host memory: every member sends its part
+  // to each other member with ncclSend / ncclRecv on the group's stream of this transport,
+  // and the sums are added on the host in group order from zero, as the other transports
+  // add, so the bits are theirs (ncclAllReduce and ncclReduceScatter add in an order of
+  // their own). start_* never waits; test() asks the stream; wait() polls it against the
+  // deadline as synchronize() does. The handle must not outlive the transport. The members
+  // must agree on values.size() and `bounds`: NCCL does not check message sizes.
+  std::unique_ptr<PendingGroupCall> start_group_sum(std::vector<float>& values,
+                                                    const std::vector<int>& group) override;
+  std::unique_ptr<PendingGroupCall> start_group_reduce_scatter(
+      std::vector<float>& values, const std::vector<int>& group,
+      const std::vector<size_t>& bounds) override;
+  std::unique_ptr<PendingGroupCall> start_group_gather(std::vector<float>& values,
+                                                       const std::vector<int>& group,
+                                                       const std::vector<size_t>& bounds) override;
   // Aborts every communicator this process holds (thread-safe, idempotent); every later call
   // on every rank of this process throws TransportAborted with `reason`.
   void abort(const std::string& reason) override;
@@ -136,6 +155,7 @@ class NcclTransport : public Transport {
   void synchronize(const Stream& stream) override;
 
  private:
+  friend class detail::NcclGroupCall;
   void throw_if_aborted() const;
   void wait_with_deadline(void* stream, const std::string& what);
   void check_tensor(const Tensor& tensor, const char* what) const;
@@ -147,29 +167,37 @@ class NcclTransport : public Transport {
   double* reduce_device_ = nullptr;
   double* reduce_host_ = nullptr;  // pinned, so the copy back never blocks the host
   size_t reduce_capacity_ = 0;
+  std::unique_ptr<Stream> group_stream_;  // for the group calls, one at a time
+  std::unique_ptr<detail::NcclStaging> staging_;
 };
 
 // One transport per rank; rank r runs on CUDA device cuda_device_per_rank[r]. The devices
 // must exist and be distinct; a one-element list gives a one-rank communicator. `timeout`
-// bounds every wait, including the set-up exchange. Call from one thread.
+// bounds every wait, including the set-up exchange. `groups`: the groups of ranks that will
+// make group calls, one communicator each (check_nccl_groups). Call from one thread.
 std::vector<std::unique_ptr<Transport>> make_nccl_transports(
-    const std::vector<int>& cuda_device_per_rank, std::chrono::milliseconds timeout);
+    const std::vector<int>& cuda_device_per_rank, std::chrono::milliseconds timeout,
+    const NcclGroups& groups = {});
 
 // The transport of rank `rank` of a clique of `ranks` ranks held one per process, on CUDA
 // device `cuda_device`, its communicators made from `unique_ids` (one ncclUniqueId's bytes
-// per slot of nccl_slot_count; every process must be given the same list). Every process of
-// the clique must call it; it returns once all have made their communicators and warmed up.
+// per slot of nccl_slot_count(ranks, groups.size()); every process must be given the same
+// list, and the same `groups`). Every process of the clique must call it; it returns once
+// all have made their communicators and warmed up.
 std::unique_ptr<Transport> make_nccl_transport_from_ids(int rank, int ranks, int cuda_device,
                                                         const std::vector<std::string>& unique_ids,
-                                                        std::chrono::milliseconds timeout);
+                                                        std::chrono::milliseconds timeout,
+                                                        const NcclGroups& groups = {});
 
 // This process's rank over NCCL, bootstrapped over MPI (initialised by the program, with
 // MPI_COMM_WORLD holding one process per rank): the process holds its MPI rank r, on CUDA
 // device cuda_device_per_rank[r]. Rank 0 makes the unique ids and broadcasts them with
 // MPI_Bcast; every process must call it. Throws std::invalid_argument when the process count
 // is not the list's size or the build has no MPI, TransportError when MPI is not initialised.
+// Every process must pass the same `groups` (as for make_nccl_transports).
 std::unique_ptr<Transport> make_nccl_transport_over_mpi(
-    const std::vector<int>& cuda_device_per_rank, std::chrono::milliseconds timeout);
+    const std::vector<int>& cuda_device_per_rank, std::chrono::milliseconds timeout,
+    const NcclGroups& groups = {});
 
 #endif  // CONVEYOR_WITH_CUDA
 
