@@ -1,7 +1,8 @@
 #pragma once
 // NCCL transport for pipeline ranks with one GPU each: ranks that are threads of one process
 // (make_nccl_transports), or processes started by mpirun / srun, one rank each
-// (make_nccl_transport_over_mpi).
+// (make_nccl_transport_over_mpi). None of it has run on a GPU yet: it compiles, and its
+// CPU-side logic (slots, memberships, group lookup) is tested.
 //
 // Communicators:
 //  - one per ordered link src -> dst (a two-rank communicator: rank 0 = src, rank 1 = dst)
@@ -11,34 +12,44 @@
 //    schedule simulator and validator prove deadlock-free. (One communicator for all traffic
 //    would not do: NCCL serialises every operation of a communicator in issue order, across
 //    streams, which couples a rank's sends and receives in a way the validator never checked.)
-//  - one over all ranks for the host all-reduce and for send_recv_self.
+//  - one over all ranks for the host all-reduce and for send_recv_self;
+//  - one per group given at creation (data parallelism's replica groups), its ranks in group
+//    order, for the group calls only. Members issue them in the same order (the contract),
+//    each on its transport's group stream, so NCCL's issue-order serialisation per
+//    communicator matches the calls. They use only ncclSend / ncclRecv and sum on the host:
+//    NCCL's reductions add in an order of their own, not the group order the other
+//    transports add in, and would change the bits.
 // Within one process all of them are made with ncclCommInitAll, in one thread. Across
 // processes rank 0 makes one NCCL unique id per communicator (slots: nccl_link_slot,
-// nccl_world_slot) and broadcasts them over MPI_COMM_WORLD; each process then makes the ends
-// of its own rank (nccl_memberships) with ncclCommInitRank inside one NCCL group, as NCCL
-// requires when one thread creates several communicators. That creation, and the broadcast,
-// are not bounded by the timeout: a process that never comes leaves the others in NCCL's
-// bootstrap until the launcher ends the job (mpirun does when a process exits).
+// nccl_world_slot, nccl_group_slot) and broadcasts them over MPI_COMM_WORLD; each process
+// then makes the ends of its own rank (nccl_memberships) with ncclCommInitRank inside one
+// NCCL group, as NCCL requires when one thread creates several communicators. That creation,
+// and the broadcast, are not bounded by the timeout: a process that never comes leaves the
+// others in NCCL's bootstrap until the launcher ends the job (mpirun does when a process
+// exits).
 //
 // Constraints relied on (NCCL's thread-safety rules):
 //  - each communicator is used by one thread at a time: a rank's thread issues its own
-//    operations; abort() may come from any thread and takes the same per-communicator lock;
+//    operations (its group calls' too: start, test and wait come from the thread that owns
+//    the handle); abort() and the asynchronous-error checks may come from any thread and
+//    take the same per-communicator lock;
 //  - every rank is on a distinct GPU (NCCL rejects two ranks of a clique on one device), so
 //    threads never issue in parallel to communicators of one device;
 //  - the NCCL kernels of different communicators on one GPU can be resident at once (a
 //    handful of blocks each on a 132-SM H200; CUDA does not promise it, NCCL documents the
 //    risk under "Using multiple NCCL communicators concurrently").
 // Connections are set up at creation (a warm-up exchange on every link, in ascending
-// (src, dst) order, and one all-reduce, issued in NCCL groups) so that no later call blocks
-// the host waiting for a peer's connection handshake, where no deadline could be kept. Every
-// process walks the links in the same order, so the exchanges cannot wait on each other in a
-// cycle.
+// (src, dst) order, one all-reduce, and an exchange between every two members of each group,
+// in group order, issued in NCCL groups) so that no later call blocks the host waiting for a
+// peer's connection handshake, where no deadline could be kept. Every process walks the links
+// and groups in the same order, so the exchanges cannot wait on each other in a cycle.
 //
-// Deadlines: send, recv and try_recv only enqueue work and never block the host. all_reduce_sum and
-// synchronize() poll the stream until it is done, the transport is aborted, NCCL reports an
-// asynchronous error, or the timeout passes; then they abort every communicator this process
-// holds (which frees kernels waiting on a dead peer) and throw TransportError naming the rank
-// (TransportAborted when they had been aborted already).
+// Deadlines: send, recv, try_recv and the group calls' start only enqueue work and never
+// block the host (their test() only asks the stream). all_reduce_sum, synchronize() and a
+// group call's wait() poll the stream until it is done, the transport is aborted, NCCL
+// reports an asynchronous error, or the timeout passes; then they abort every communicator
+// this process holds (which frees kernels waiting on a dead peer) and throw TransportError
+// naming the rank (TransportAborted when they had been aborted already).
 //
 // Abort is per process. Within one process it reaches every rank. Across processes it aborts
 // this process's communicators only and tells the others nothing: each learns of it through
