@@ -799,7 +799,12 @@ class NcclGroupCall : public PendingGroupCall {
     auto call = std::unique_ptr<NcclGroupCall>(
         new NcclGroupCall(t, what + " of group " + describe_group(group), exchange.finish));
     // A group of this rank alone has no communicator and nothing to move.
-    const int index = group.size() > 1 ? t.clique_->group_index(group) : -1;
+    int index = -1;
+    try {
+      if (group.size() > 1) index = t.clique_->group_index(group);
+    } catch (const TransportError& e) {
+      throw TransportError("rank " + std::to_string(t.rank_) + ": " + what + ": " + e.what());
+    }
     if (exchange.sends.empty() && exchange.recvs.empty()) {
       call->finish_(nullptr);
       call->done_ = true;
@@ -834,6 +839,7 @@ class NcclGroupCall : public PendingGroupCall {
                             exchange.down_count * sizeof(float), cudaMemcpyDeviceToHost, stream));
     });
     call->received_ = staging.host + exchange.up_count;
+    call->generation_ = ++t.group_calls_started_;
     return call;
   }
 
@@ -850,6 +856,11 @@ class NcclGroupCall : public PendingGroupCall {
       throw;
     }
     if (!ready) return false;
+    // The staging buffers are reused by the next call: a handle left behind by one must not
+    // read that call's values as its own.
+    if (generation_ != t_.group_calls_started_)
+      throw TransportError("rank " + std::to_string(t_.rank_) + ": " + what_ +
+                           " was not waited for before the next group call of this rank began");
     // An abort also ends the stream's work, with the data incomplete: it is set before any
     // communicator is aborted, so a stream that is done because of one is seen here.
     t_.throw_if_aborted();
@@ -877,6 +888,7 @@ class NcclGroupCall : public PendingGroupCall {
   std::string what_;
   std::function<void(const float*)> finish_;
   const float* received_ = nullptr;
+  uint64_t generation_ = 0;  // which of the transport's group calls with traffic this is
   bool done_ = false;
 };
 

@@ -63,6 +63,7 @@
 // Messages are not checked for size on the wire: sender and receiver must agree on the byte
 // count (the executor's validated schedule and fixed activation shape guarantee it).
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -180,6 +181,7 @@ class NcclTransport : public Transport {
   size_t reduce_capacity_ = 0;
   std::unique_ptr<Stream> group_stream_;  // for the group calls, one at a time
   std::unique_ptr<detail::NcclStaging> staging_;
+  uint64_t group_calls_started_ = 0;  // those that move values, each reusing staging_
 };
 
 // One transport per rank; rank r runs on CUDA device cuda_device_per_rank[r]. The devices
