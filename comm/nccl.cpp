@@ -1,5 +1,7 @@
 #include "comm/nccl.h"
 
+#include <algorithm>
+#include <set>
 #include <stdexcept>
 
 #include "engine/core/device.h"
@@ -11,6 +13,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -34,11 +37,50 @@ void check_clique_rank(int rank, int ranks, const char* what) {
                                 " is out of range for " + std::to_string(ranks) + " rank(s)");
 }
 
+std::string describe_group(const std::vector<int>& group) {
+  std::string out = "{";
+  for (size_t i = 0; i < group.size(); ++i) {
+    if (i > 0) out += ',';
+    out += std::to_string(group[i]);
+  }
+  out += '}';
+  return out;
+}
+
 }  // namespace
 
-int nccl_slot_count(int ranks) {
+void check_nccl_groups(const NcclGroups& groups, int ranks) {
   check_clique_rank(0, ranks, "rank");
-  return ranks * (ranks - 1) + 1;
+  std::set<std::vector<int>> seen;
+  for (const std::vector<int>& group : groups) {
+    bool ok = group.size() >= 2;
+    for (size_t i = 0; ok && i < group.size(); ++i)
+      ok = group[i] >= 0 && group[i] < ranks && (i == 0 || group[i - 1] < group[i]);
+    if (!ok)
+      throw std::invalid_argument("an NCCL group needs at least two ascending ranks in 0.." +
+                                  std::to_string(ranks - 1) + ", got " + describe_group(group));
+    if (!seen.insert(group).second)
+      throw std::invalid_argument("the NCCL group " + describe_group(group) +
+                                  " is listed twice; list each group once");
+  }
+}
+
+int find_nccl_group(const NcclGroups& groups, const std::vector<int>& group) {
+  const auto at = std::find(groups.begin(), groups.end(), group);
+  if (at != groups.end()) return static_cast<int>(at - groups.begin());
+  std::string made;
+  for (const auto& g : groups) made += (made.empty() ? "" : ", ") + describe_group(g);
+  throw TransportError("the NCCL transport has no communicator for the group " +
+                       describe_group(group) + "; it was made for " +
+                       (made.empty() ? std::string("no groups") : "the groups " + made) +
+                       " (pass every group that makes group calls when creating it)");
+}
+
+int nccl_slot_count(int ranks, int groups) {
+  check_clique_rank(0, ranks, "rank");
+  if (groups < 0)
+    throw std::invalid_argument("an NCCL clique cannot have " + std::to_string(groups) + " groups");
+  return ranks * (ranks - 1) + 1 + groups;
 }
 
 int nccl_link_slot(int src, int dst, int ranks) {
@@ -52,14 +94,30 @@ int nccl_link_slot(int src, int dst, int ranks) {
 
 int nccl_world_slot(int ranks) { return nccl_slot_count(ranks) - 1; }
 
-std::vector<NcclMembership> nccl_memberships(int rank, int ranks) {
+int nccl_group_slot(int group, int ranks, int groups) {
+  if (group < 0 || group >= groups)
+    throw std::invalid_argument("group " + std::to_string(group) + " is out of range for " +
+                                std::to_string(groups) + " group(s)");
+  return nccl_slot_count(ranks) + group;
+}
+
+std::vector<NcclMembership> nccl_memberships(int rank, int ranks, const NcclGroups& groups) {
   check_clique_rank(rank, ranks, "rank");
+  check_nccl_groups(groups, ranks);
   std::vector<NcclMembership> out;
-  out.push_back({nccl_world_slot(ranks), -1, -1, ranks, rank});
+  out.push_back({nccl_world_slot(ranks), -1, -1, -1, ranks, rank});
   for (int src = 0; src < ranks; ++src)
     for (int dst = 0; dst < ranks; ++dst)
       if (src != dst && (src == rank || dst == rank))
-        out.push_back({nccl_link_slot(src, dst, ranks), src, dst, 2, rank == src ? 0 : 1});
+        out.push_back({nccl_link_slot(src, dst, ranks), src, dst, -1, 2, rank == src ? 0 : 1});
+  const int count = static_cast<int>(groups.size());
+  for (int g = 0; g < count; ++g) {
+    const auto& group = groups[g];
+    const auto at = std::find(group.begin(), group.end(), rank);
+    if (at != group.end())
+      out.push_back({nccl_group_slot(g, ranks, count), -1, -1, g, static_cast<int>(group.size()),
+                     static_cast<int>(at - group.begin())});
+  }
   return out;
 }
 
@@ -157,15 +215,57 @@ struct NcclComm {
   bool dead = false;  // aborted or destroyed
 };
 
+// The buffers of a transport's group calls: grown, never freed before the transport goes,
+// because cudaFree and cudaFreeHost can wait for the whole device, where NCCL kernels of the
+// pipeline's links may be waiting for a peer that waits for this rank. Buffers outgrown are
+// kept until then too.
+struct NcclStaging {
+  float* device = nullptr;
+  size_t device_floats = 0;
+  float* host = nullptr;  // pinned, so that the copies stay asynchronous
+  size_t host_floats = 0;
+  std::vector<float*> retired_device, retired_host;
+
+  void reserve(size_t device_need, size_t host_need) {
+    if (device_need > device_floats) {
+      float* grown = nullptr;
+      CONVEYOR_CUDA_CHECK(cudaMalloc(&grown, device_need * sizeof(float)));
+      if (device) retired_device.push_back(device);
+      device = grown;
+      device_floats = device_need;
+    }
+    if (host_need > host_floats) {
+      float* grown = nullptr;
+      CONVEYOR_CUDA_CHECK(cudaMallocHost(&grown, host_need * sizeof(float)));
+      if (host) retired_host.push_back(host);
+      host = grown;
+      host_floats = host_need;
+    }
+  }
+
+  // With the transport's device current, and no work left on its group stream.
+  void release() noexcept {
+    if (device) retired_device.push_back(device);
+    if (host) retired_host.push_back(host);
+    for (float* d : retired_device) (void)cudaFree(d);
+    for (float* h : retired_host) (void)cudaFreeHost(h);
+    retired_device.clear();
+    retired_host.clear();
+    device = host = nullptr;
+    device_floats = host_floats = 0;
+  }
+};
+
 class NcclClique {
  public:
   // Every rank in this process, rank r on devices[r], made with ncclCommInitAll.
-  NcclClique(std::vector<int> devices, std::chrono::milliseconds timeout)
-      : devices_(std::move(devices)), timeout_(timeout) {
+  NcclClique(std::vector<int> devices, std::chrono::milliseconds timeout, NcclGroups groups)
+      : devices_(std::move(devices)), timeout_(timeout), groups_(std::move(groups)) {
     const int p = size();
     world_.reserve(p);
     for (int r = 0; r < p; ++r) world_.push_back(std::make_unique<NcclComm>());
     links_.resize(static_cast<size_t>(p) * p * 2);
+    resize_group_comms();
     try {
       CudaDeviceGuard restore(set_up_entry_device(devices_));
       std::vector<ncclComm_t> handles(p);
@@ -184,6 +284,20 @@ class NcclClique {
             links_[link_index(src, dst, side)] = std::move(comm);
           }
         }
+      for (size_t g = 0; g < groups_.size(); ++g) {
+        const std::vector<int>& group = groups_[g];
+        std::vector<ncclComm_t> members(group.size(), nullptr);
+        std::vector<int> member_devices;
+        for (int r : group) member_devices.push_back(devices_[r]);
+        CONVEYOR_NCCL_CHECK(
+            ncclCommInitAll(members.data(), static_cast<int>(group.size()), member_devices.data()));
+        for (size_t i = 0; i < group.size(); ++i) {
+          auto comm = std::make_unique<NcclComm>();
+          comm->handle = members[i];
+          comm->device = member_devices[i];
+          group_comms_[g][i] = std::move(comm);
+        }
+      }
       warm_up();
     } catch (...) {
       abort_all("set-up failed");
@@ -194,21 +308,26 @@ class NcclClique {
   // Rank `rank` of `ranks` alone, on `device`: its ends of the communicators, made from
   // `ids` (one per slot of nccl_slot_count) while every other process makes its own.
   NcclClique(int rank, int ranks, int device, const std::vector<ncclUniqueId>& ids,
-             std::chrono::milliseconds timeout)
-      : devices_(static_cast<size_t>(ranks), kHeldElsewhere), timeout_(timeout) {
+             std::chrono::milliseconds timeout, NcclGroups groups)
+      : devices_(static_cast<size_t>(ranks), kHeldElsewhere),
+        timeout_(timeout),
+        groups_(std::move(groups)) {
     devices_.at(rank) = device;
     world_.resize(ranks);
     links_.resize(static_cast<size_t>(ranks) * ranks * 2);
+    resize_group_comms();
     try {
       // ncclCommInitRank takes the current device. One thread making several communicators
       // needs a group, which also lets them form in any order across the processes.
       CudaDeviceGuard guard(device);
       NcclGroup group;
-      for (const NcclMembership& m : nccl_memberships(rank, ranks)) {
+      for (const NcclMembership& m : nccl_memberships(rank, ranks, groups_)) {
         auto comm = std::make_unique<NcclComm>();
         comm->device = device;
         ncclComm_t* handle = &comm->handle;
-        if (m.src < 0)
+        if (m.group >= 0)
+          group_comms_[m.group][m.comm_rank] = std::move(comm);
+        else if (m.src < 0)
           world_[rank] = std::move(comm);
         else
           links_[link_index(m.src, m.dst, m.comm_rank)] = std::move(comm);
@@ -239,6 +358,12 @@ class NcclClique {
   // the receiver's side (its peer is rank 0).
   NcclComm& link_sender(int src, int dst) { return *links_.at(link_index(src, dst, 0)); }
   NcclComm& link_receiver(int src, int dst) { return *links_.at(link_index(src, dst, 1)); }
+  // The index of `group` among the groups made at creation (TransportError naming it if none),
+  // and the communicator of its member at `position`, which this process holds.
+  int group_index(const std::vector<int>& group) const { return find_nccl_group(groups_, group); }
+  NcclComm& group_comm(int group, size_t position) {
+    return *group_comms_.at(static_cast<size_t>(group)).at(position);
+  }
 
   bool aborted() const { return aborted_.load(); }
   std::string abort_reason() const {
@@ -296,7 +421,12 @@ class NcclClique {
     return (static_cast<size_t>(src) * size() + dst) * 2 + side;
   }
 
-  // The communicators rank `rank` takes part in: the all-rank one and its links.
+  void resize_group_comms() {
+    group_comms_.resize(groups_.size());
+    for (size_t g = 0; g < groups_.size(); ++g) group_comms_[g].resize(groups_[g].size());
+  }
+
+  // The communicators rank `rank` takes part in: the all-rank one, its links and its groups'.
   std::vector<NcclComm*> comms_of(int rank) {
     std::vector<NcclComm*> out;
     if (world_[rank]) out.push_back(world_[rank].get());
@@ -305,6 +435,9 @@ class NcclClique {
       if (auto& c = links_[link_index(rank, peer, 0)]) out.push_back(c.get());
       if (auto& c = links_[link_index(peer, rank, 1)]) out.push_back(c.get());
     }
+    for (size_t g = 0; g < groups_.size(); ++g)
+      for (size_t i = 0; i < groups_[g].size(); ++i)
+        if (groups_[g][i] == rank && group_comms_[g][i]) out.push_back(group_comms_[g][i].get());
     return out;
   }
 
@@ -348,6 +481,9 @@ class NcclClique {
       if (c) out.push_back(c.get());
     for (auto& c : links_)
       if (c) out.push_back(c.get());
+    for (auto& members : group_comms_)
+      for (auto& c : members)
+        if (c) out.push_back(c.get());
     return out;
   }
 
@@ -364,16 +500,19 @@ class NcclClique {
     throw TransportError(reason);
   }
 
-  // One exchange on every link and one all-reduce, issued from this thread in NCCL groups,
-  // so that every connection is made now rather than inside a rank's first call. Each link
-  // is its own group, waited for before the next, so no two communicators' kernels ever
-  // queue on one stream behind each other. This process issues the ends it holds; the links
-  // go in ascending (src, dst) order in every process, so the lowest link not yet done always
-  // has both its ends waiting for it.
+  // One exchange on every link, one all-reduce, and on each group's communicator one exchange
+  // between every two members, issued from this thread in NCCL groups, so that every
+  // connection is made now rather than inside a rank's first call (the group calls use
+  // only sends and receives, whose connections are per peer, so these are all they need).
+  // Each link and each group is its own NCCL group, waited for before the next, so no two
+  // communicators' kernels ever queue on one stream behind each other. This process issues
+  // the ends it holds; the links go in ascending (src, dst) order and the groups in their
+  // order in every process, so the lowest link or group not yet done always has all its
+  // members waiting for it.
   void warm_up() {
     const int p = size();
     if (p < 2) return;
-    std::vector<std::unique_ptr<Stream> > streams(p);
+    std::vector<std::unique_ptr<Stream>> streams(p);
     std::vector<char*> buffers(p, nullptr);
     auto release = [&] {
       for (int r = 0; r < p; ++r) {
@@ -427,6 +566,30 @@ class NcclClique {
       }
       for (int r = 0; r < p; ++r)
         if (holds(r)) wait(r, *streams[r], "the NCCL set-up all-reduce");
+      for (size_t g = 0; g < groups_.size(); ++g) {
+        const std::vector<int>& group = groups_[g];
+        if (std::none_of(group.begin(), group.end(), [&](int r) { return holds(r); })) continue;
+        {
+          NcclGroup nccl_group;
+          for (size_t i = 0; i < group.size(); ++i) {
+            const int r = group[i];
+            if (!holds(r)) continue;
+            CudaDeviceGuard guard(devices_[r]);
+            ncclComm_t comm = group_comms_[g][i]->handle;
+            for (size_t j = 0; j < group.size(); ++j) {
+              if (j == i) continue;
+              CONVEYOR_NCCL_CHECK(ncclSend(buffers[r], 1, ncclChar, static_cast<int>(j), comm,
+                                           cuda_stream(*streams[r])));
+              CONVEYOR_NCCL_CHECK(ncclRecv(buffers[r] + sizeof(double) + group[j], 1, ncclChar,
+                                           static_cast<int>(j), comm, cuda_stream(*streams[r])));
+            }
+          }
+          nccl_group.end();
+        }
+        const std::string what = "the NCCL set-up exchange in group " + describe_group(group);
+        for (int r : group)
+          if (holds(r)) wait(r, *streams[r], what);
+      }
     } catch (...) {
       abort_all("set-up exchange failed");
       release();
@@ -437,8 +600,10 @@ class NcclClique {
 
   std::vector<int> devices_;
   std::chrono::milliseconds timeout_;
-  std::vector<std::unique_ptr<NcclComm> > world_;
-  std::vector<std::unique_ptr<NcclComm> > links_;  // (src * p + dst) * 2 + side
+  NcclGroups groups_;
+  std::vector<std::unique_ptr<NcclComm>> world_;
+  std::vector<std::unique_ptr<NcclComm>> links_;                     // (src * p + dst) * 2 + side
+  std::vector<std::vector<std::unique_ptr<NcclComm>>> group_comms_;  // [group][position]
   std::atomic<bool> aborted_{false};
   mutable std::mutex reason_mutex_;
   std::string reason_;
@@ -457,6 +622,8 @@ using detail::NcclComm;
 NcclTransport::NcclTransport(std::shared_ptr<NcclClique> clique, int rank)
     : clique_(std::move(clique)), rank_(rank), device_(clique_->device(rank)) {
   reduce_stream_ = std::make_unique<Stream>(Device::cuda(device_));
+  group_stream_ = std::make_unique<Stream>(Device::cuda(device_));
+  staging_ = std::make_unique<detail::NcclStaging>();
 }
 
 NcclTransport::~NcclTransport() {
@@ -465,18 +632,30 @@ NcclTransport::~NcclTransport() {
   // Freeing waits for the device: first make sure no all-reduce kernel can still be waiting
   // for a peer (only after an error: every successful call waited for its stream). A stream
   // that cannot even be asked is treated as busy.
-  bool reduce_done = true;
-  try {
-    reduce_done = reduce_stream_->query();
-  } catch (...) {
-    reduce_done = false;
-  }
-  if (!reduce_done)
+  auto done = [](const Stream& stream) {
+    try {
+      return stream.query();
+    } catch (...) {
+      return false;
+    }
+  };
+  if (!done(*reduce_stream_))
     clique_->abort_all("rank " + std::to_string(rank_) +
                        ": transport destroyed during an all-reduce");
+  if (!done(*group_stream_))
+    clique_->abort_all("rank " + std::to_string(rank_) +
+                       ": transport destroyed during a group call");
   if (reduce_device_) (void)cudaFree(reduce_device_);
   if (reduce_host_) (void)cudaFreeHost(reduce_host_);
   reduce_stream_.reset();
+  // After an abort the aborted kernels end; the stream is waited for so that no copy still
+  // reads the buffers when they go.
+  try {
+    group_stream_->synchronize();
+  } catch (...) {
+  }
+  staging_->release();
+  group_stream_.reset();
 }
 
 int NcclTransport::size() const { return clique_->size(); }
@@ -592,6 +771,215 @@ void NcclTransport::synchronize(const Stream& stream) {
 
 void NcclTransport::abort(const std::string& reason) { clique_->abort_all(reason); }
 
+namespace detail {
+
+// What one member moves in a group call, in floats: values[up_from, up_from + up_count) up to
+// the device at up_to; the sends and receives of device ranges to and from other members
+// (by position in the group); device[down_from, down_from + down_count) back to the host,
+// where `finish` reads it and writes the result into the caller's values.
+struct GroupExchange {
+  struct Piece {
+    int peer;  // position in the group, which is the rank in the group's communicator
+    size_t at, count;
+  };
+  size_t up_from = 0, up_count = 0, up_to = 0;
+  std::vector<Piece> sends, recvs;
+  size_t device_floats = 0;
+  size_t down_from = 0, down_count = 0;
+  std::function<void(const float* received)> finish;
+};
+
+class NcclGroupCall : public PendingGroupCall {
+ public:
+  // Issues `exchange` for `t`'s member of `group` on its group stream; never waits.
+  static std::unique_ptr<PendingGroupCall> start(NcclTransport& t, const std::vector<int>& group,
+                                                 std::vector<float>& values, GroupExchange exchange,
+                                                 const std::string& what) {
+    t.throw_if_aborted();
+    auto call = std::unique_ptr<NcclGroupCall>(
+        new NcclGroupCall(t, what + " of group " + describe_group(group), exchange.finish));
+    // A group of this rank alone has no communicator and nothing to move.
+    int index = -1;
+    try {
+      if (group.size() > 1) index = t.clique_->group_index(group);
+    } catch (const TransportError& e) {
+      throw TransportError("rank " + std::to_string(t.rank_) + ": " + what + ": " + e.what());
+    }
+    if (exchange.sends.empty() && exchange.recvs.empty()) {
+      call->finish_(nullptr);
+      call->done_ = true;
+      return call;
+    }
+    CudaDeviceGuard guard(t.device_);
+    if (!t.group_stream_->query())
+      throw TransportError("rank " + std::to_string(t.rank_) + ": " + call->what_ +
+                           " was started while an earlier group call of this rank is still in "
+                           "flight; wait for each before starting the next");
+    NcclStaging& staging = *t.staging_;
+    staging.reserve(exchange.device_floats, exchange.up_count + exchange.down_count);
+    std::memcpy(staging.host, values.data() + exchange.up_from, exchange.up_count * sizeof(float));
+    auto stream = cuda_stream(*t.group_stream_);
+    NcclComm& comm = t.clique_->group_comm(index, t.position_in(group));
+    with_comm(comm, t.rank_, *t.clique_, [&](ncclComm_t handle) {
+      if (exchange.up_count > 0)
+        CONVEYOR_CUDA_CHECK(cudaMemcpyAsync(staging.device + exchange.up_to, staging.host,
+                                            exchange.up_count * sizeof(float),
+                                            cudaMemcpyHostToDevice, stream));
+      NcclGroup nccl_group;
+      for (const auto& piece : exchange.sends)
+        CONVEYOR_NCCL_CHECK(ncclSend(staging.device + piece.at, piece.count, ncclFloat, piece.peer,
+                                     handle, stream));
+      for (const auto& piece : exchange.recvs)
+        CONVEYOR_NCCL_CHECK(ncclRecv(staging.device + piece.at, piece.count, ncclFloat, piece.peer,
+                                     handle, stream));
+      nccl_group.end();
+      if (exchange.down_count > 0)
+        CONVEYOR_CUDA_CHECK(
+            cudaMemcpyAsync(staging.host + exchange.up_count, staging.device + exchange.down_from,
+                            exchange.down_count * sizeof(float), cudaMemcpyDeviceToHost, stream));
+    });
+    call->received_ = staging.host + exchange.up_count;
+    call->generation_ = ++t.group_calls_started_;
+    return call;
+  }
+
+  bool test() override {
+    if (done_) return true;
+    t_.throw_if_aborted();
+    CudaDeviceGuard guard(t_.device_);
+    bool ready = false;
+    try {
+      ready = t_.group_stream_->query();
+    } catch (const std::exception& e) {
+      t_.clique_->abort_all("rank " + std::to_string(t_.rank_) + ": CUDA error during " + what_ +
+                            ": " + e.what());
+      throw;
+    }
+    if (!ready) return false;
+    // The staging buffers are reused by the next call: a handle left behind by one must not
+    // read that call's values as its own.
+    if (generation_ != t_.group_calls_started_)
+      throw TransportError("rank " + std::to_string(t_.rank_) + ": " + what_ +
+                           " was not waited for before the next group call of this rank began");
+    // An abort also ends the stream's work, with the data incomplete: it is set before any
+    // communicator is aborted, so a stream that is done because of one is seen here.
+    t_.throw_if_aborted();
+    finish_(received_);
+    done_ = true;
+    return true;
+  }
+
+  // NCCL cannot tell which member did not come: the error names the group.
+  void wait() override {
+    if (done_) return;
+    t_.throw_if_aborted();
+    {
+      CudaDeviceGuard guard(t_.device_);
+      t_.clique_->wait(t_.rank_, *t_.group_stream_, what_);
+    }
+    test();
+  }
+
+ private:
+  NcclGroupCall(NcclTransport& t, std::string what, std::function<void(const float*)> finish)
+      : t_(t), what_(std::move(what)), finish_(std::move(finish)) {}
+
+  NcclTransport& t_;
+  std::string what_;
+  std::function<void(const float*)> finish_;
+  const float* received_ = nullptr;
+  uint64_t generation_ = 0;  // which of the transport's group calls with traffic this is
+  bool done_ = false;
+};
+
+}  // namespace detail
+
+using detail::GroupExchange;
+
+// Every member sends its values to each other member and receives theirs (the traffic of the
+// MPI transport's group sum), then adds them in group order from zero.
+std::unique_ptr<PendingGroupCall> NcclTransport::start_group_sum(std::vector<float>& values,
+                                                                 const std::vector<int>& group) {
+  check_group(group);
+  const size_t n = values.size(), me = position_in(group), members = group.size();
+  GroupExchange x;
+  x.up_count = n;
+  x.device_floats = n + members * n;  // own values, then one slot per member (own unused)
+  x.down_from = n;
+  x.down_count = members * n;
+  for (size_t j = 0; j < members && n > 0; ++j)
+    if (j != me) {
+      x.sends.push_back({static_cast<int>(j), 0, n});
+      x.recvs.push_back({static_cast<int>(j), n + j * n, n});
+    }
+  x.finish = [&values, n, me, members](const float* received) {
+    for (size_t k = 0; k < n; ++k) {
+      float sum = 0.0f;
+      for (size_t i = 0; i < members; ++i) sum += i == me ? values[k] : received[i * n + k];
+      values[k] = sum;
+    }
+  };
+  return detail::NcclGroupCall::start(*this, group, values, std::move(x),
+                                      "the gradient sum over replicas");
+}
+
+// To each other member its range of this member's values; from each, its values of this
+// member's range, added to this member's own in group order from zero.
+std::unique_ptr<PendingGroupCall> NcclTransport::start_group_reduce_scatter(
+    std::vector<float>& values, const std::vector<int>& group, const std::vector<size_t>& bounds) {
+  check_ranges(values, group, bounds, "group reduce-scatter");
+  const size_t n = values.size(), me = position_in(group), members = group.size();
+  const size_t begin = bounds[me], count = bounds[me + 1] - begin;
+  GroupExchange x;
+  x.up_count = n;
+  x.device_floats = n + members * count;  // all values, then one slot per member (own unused)
+  x.down_from = n;
+  x.down_count = members * count;
+  for (size_t j = 0; j < members; ++j) {
+    if (j == me) continue;
+    if (bounds[j + 1] > bounds[j])
+      x.sends.push_back({static_cast<int>(j), bounds[j], bounds[j + 1] - bounds[j]});
+    if (count > 0) x.recvs.push_back({static_cast<int>(j), n + j * count, count});
+  }
+  x.finish = [&values, begin, count, me, members](const float* received) {
+    for (size_t k = 0; k < count; ++k) {
+      float sum = 0.0f;
+      for (size_t i = 0; i < members; ++i)
+        sum += i == me ? values[begin + k] : received[i * count + k];
+      values[begin + k] = sum;
+    }
+  };
+  return detail::NcclGroupCall::start(*this, group, values, std::move(x),
+                                      "the gradient reduce-scatter over replicas");
+}
+
+// This member's range to every other member; theirs received in place on the device, then
+// copied into the caller's values.
+std::unique_ptr<PendingGroupCall> NcclTransport::start_group_gather(
+    std::vector<float>& values, const std::vector<int>& group, const std::vector<size_t>& bounds) {
+  check_ranges(values, group, bounds, "group gather");
+  const size_t n = values.size(), me = position_in(group), members = group.size();
+  const size_t begin = bounds[me], count = bounds[me + 1] - begin;
+  GroupExchange x;
+  x.up_from = x.up_to = begin;
+  x.up_count = count;
+  x.device_floats = n;
+  x.down_count = n;
+  for (size_t j = 0; j < members; ++j) {
+    if (j == me) continue;
+    if (count > 0) x.sends.push_back({static_cast<int>(j), begin, count});
+    if (bounds[j + 1] > bounds[j])
+      x.recvs.push_back({static_cast<int>(j), bounds[j], bounds[j + 1] - bounds[j]});
+  }
+  x.finish = [&values, bounds, me](const float* received) {
+    for (size_t j = 0; j + 1 < bounds.size(); ++j)
+      if (j != me)
+        std::copy(received + bounds[j], received + bounds[j + 1], values.begin() + bounds[j]);
+  };
+  return detail::NcclGroupCall::start(*this, group, values, std::move(x),
+                                      "the weight gather over replicas");
+}
+
 namespace {
 
 void check_timeout(std::chrono::milliseconds timeout) {
@@ -610,11 +998,13 @@ void check_device(int rank, int device) {
 
 }  // namespace
 
-std::vector<std::unique_ptr<Transport> > make_nccl_transports(
-    const std::vector<int>& cuda_device_per_rank, std::chrono::milliseconds timeout) {
+std::vector<std::unique_ptr<Transport>> make_nccl_transports(
+    const std::vector<int>& cuda_device_per_rank, std::chrono::milliseconds timeout,
+    const NcclGroups& groups) {
   if (cuda_device_per_rank.empty())
     throw std::invalid_argument("the NCCL transport needs at least one rank");
   check_timeout(timeout);
+  check_nccl_groups(groups, static_cast<int>(cuda_device_per_rank.size()));
   std::set<int> seen;
   for (size_t r = 0; r < cuda_device_per_rank.size(); ++r) {
     const int d = cuda_device_per_rank[r];
@@ -625,8 +1015,8 @@ std::vector<std::unique_ptr<Transport> > make_nccl_transports(
                                   ", which another rank already has: NCCL needs one GPU per "
                                   "rank (use the in-process transport to share a GPU)");
   }
-  auto clique = std::make_shared<NcclClique>(cuda_device_per_rank, timeout);
-  std::vector<std::unique_ptr<Transport> > out;
+  auto clique = std::make_shared<NcclClique>(cuda_device_per_rank, timeout, groups);
+  std::vector<std::unique_ptr<Transport>> out;
   for (int r = 0; r < clique->size(); ++r)
     out.push_back(std::make_unique<NcclTransport>(clique, r));
   return out;
@@ -634,13 +1024,16 @@ std::vector<std::unique_ptr<Transport> > make_nccl_transports(
 
 std::unique_ptr<Transport> make_nccl_transport_from_ids(int rank, int ranks, int cuda_device,
                                                         const std::vector<std::string>& unique_ids,
-                                                        std::chrono::milliseconds timeout) {
+                                                        std::chrono::milliseconds timeout,
+                                                        const NcclGroups& groups) {
   check_timeout(timeout);
-  const int slots = nccl_slot_count(ranks);
   check_clique_rank(rank, ranks, "rank");
+  check_nccl_groups(groups, ranks);
+  const int slots = nccl_slot_count(ranks, static_cast<int>(groups.size()));
   check_device(rank, cuda_device);
   if (static_cast<int>(unique_ids.size()) != slots)
-    throw std::invalid_argument("a clique of " + std::to_string(ranks) + " rank(s) needs " +
+    throw std::invalid_argument("a clique of " + std::to_string(ranks) + " rank(s) and " +
+                                std::to_string(groups.size()) + " group(s) needs " +
                                 std::to_string(slots) + " NCCL unique ids, got " +
                                 std::to_string(unique_ids.size()));
   std::vector<ncclUniqueId> ids(unique_ids.size());
@@ -651,7 +1044,7 @@ std::unique_ptr<Transport> make_nccl_transport_from_ids(int rank, int ranks, int
                                   std::to_string(sizeof(ncclUniqueId)));
     std::memcpy(ids[i].internal, unique_ids[i].data(), sizeof(ncclUniqueId));
   }
-  auto clique = std::make_shared<NcclClique>(rank, ranks, cuda_device, ids, timeout);
+  auto clique = std::make_shared<NcclClique>(rank, ranks, cuda_device, ids, timeout, groups);
   return std::make_unique<NcclTransport>(clique, rank);
 }
 

@@ -23,7 +23,8 @@ namespace conveyor::comm {
 #ifndef CONVEYOR_WITH_MPI
 
 std::unique_ptr<Transport> make_nccl_transport_over_mpi(const std::vector<int>&,
-                                                        std::chrono::milliseconds) {
+                                                        std::chrono::milliseconds,
+                                                        const NcclGroups&) {
   throw std::invalid_argument(
       "this build has no MPI, so NCCL cannot be bootstrapped across processes (install "
       "libopenmpi-dev and reconfigure); run the ranks as threads of one process instead");
@@ -44,7 +45,8 @@ void check_mpi(int code, const char* call) {
 }  // namespace
 
 std::unique_ptr<Transport> make_nccl_transport_over_mpi(
-    const std::vector<int>& cuda_device_per_rank, std::chrono::milliseconds timeout) {
+    const std::vector<int>& cuda_device_per_rank, std::chrono::milliseconds timeout,
+    const NcclGroups& groups) {
   int initialised = 0;
   MPI_Initialized(&initialised);
   if (!initialised)
@@ -60,9 +62,12 @@ std::unique_ptr<Transport> make_nccl_transport_over_mpi(
                                 " ranks but MPI started " + std::to_string(processes) +
                                 " processes; start one process per rank (mpirun -np " +
                                 std::to_string(ranks) + ")");
+  // Every process checks the same groups, so a bad list fails on all of them before the
+  // broadcast.
+  check_nccl_groups(groups, ranks);
   // One byte saying whether rank 0 could make the ids, then the ids: a failure on rank 0
   // reaches every process instead of leaving them in the broadcast.
-  const int slots = nccl_slot_count(ranks);
+  const int slots = nccl_slot_count(ranks, static_cast<int>(groups.size()));
   std::vector<char> message(1 + static_cast<size_t>(slots) * sizeof(ncclUniqueId), 0);
   std::string failure;
   if (rank == 0) {
@@ -87,7 +92,8 @@ std::unique_ptr<Transport> make_nccl_transport_over_mpi(
   std::vector<std::string> ids;
   for (int i = 0; i < slots; ++i)
     ids.emplace_back(message.data() + 1 + i * sizeof(ncclUniqueId), sizeof(ncclUniqueId));
-  return make_nccl_transport_from_ids(rank, ranks, cuda_device_per_rank[rank], ids, timeout);
+  return make_nccl_transport_from_ids(rank, ranks, cuda_device_per_rank[rank], ids, timeout,
+                                      groups);
 }
 
 #endif  // CONVEYOR_WITH_MPI

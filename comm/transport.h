@@ -4,7 +4,7 @@
 // step needs (squared gradient norms, losses), and the group calls of data parallelism: the
 // sum of a stage's gradients over its replicas, and for a sharded optimizer the reduce-scatter
 // of the gradients and the gather of the updated weights. Implementations: in-process
-// (threads of one process, CPU or CUDA), MPI and NCCL (no group calls yet).
+// (threads of one process, CPU or CUDA), MPI and NCCL.
 //
 // Nothing may hang: every wait has a deadline, and when one rank fails it aborts the
 // transport, which makes every pending and later call on every rank throw TransportAborted.

@@ -129,7 +129,8 @@ TransportKind choose_transport(TransportKind requested, const std::vector<Device
 }
 
 Transports make_transports(TransportKind requested, const std::vector<Device>& devices,
-                           std::chrono::milliseconds timeout) {
+                           std::chrono::milliseconds timeout,
+                           const std::vector<std::vector<int>>& groups) {
   Transports out;
   out.kind = choose_transport(requested, devices);
   if (out.kind == TransportKind::kMpi) {
@@ -147,9 +148,9 @@ Transports make_transports(TransportKind requested, const std::vector<Device>& d
     std::vector<int> indices;
     for (const Device& d : devices) indices.push_back(d.index);
     if (out.kind == TransportKind::kNccl)
-      out.per_rank = make_nccl_transports(indices, timeout);
+      out.per_rank = make_nccl_transports(indices, timeout, groups);
     else
-      out.per_rank.push_back(make_nccl_transport_over_mpi(indices, timeout));
+      out.per_rank.push_back(make_nccl_transport_over_mpi(indices, timeout, groups));
 #endif
     return out;
   }

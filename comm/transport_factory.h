@@ -45,11 +45,14 @@ struct Transports {
 TransportKind choose_transport(TransportKind requested, const std::vector<Device>& devices);
 
 // One transport per rank r on devices[r], of the chosen kind; `timeout` bounds every wait
-// for a peer. Call from one thread. For a kind that spans processes, only this process's
-// endpoint: per_rank holds it alone, at [0], and its rank() is the rank the process holds
-// (MPI must be initialised, and have as many processes as `devices` has ranks); over NCCL
-// it runs on devices[its rank], every process making its communicators at the same time.
+// for a peer; `groups`: the groups of ranks that will make group calls (data parallelism's
+// replica groups), which NCCL makes a communicator for each of at creation (the other
+// transports need nothing made in advance). Call from one thread. For a kind that spans processes,
+// only this process's endpoint: per_rank holds it alone, at [0], and its rank() is the rank the
+// process holds (MPI must be initialised, and have as many processes as `devices` has ranks); over
+// NCCL it runs on devices[its rank], every process making its communicators at the same time.
 Transports make_transports(TransportKind requested, const std::vector<Device>& devices,
-                           std::chrono::milliseconds timeout);
+                           std::chrono::milliseconds timeout,
+                           const std::vector<std::vector<int>>& groups = {});
 
 }  // namespace conveyor::comm

@@ -78,20 +78,25 @@ PipelineExecutor::PipelineExecutor(const ModelDescription& model, schedule::Sche
   options.recompute.per_unit(model_.num_units);
   transport_kind_ = comm::choose_transport(options.transport, devices);
   transport_timeout_ = options.transport_timeout;
-  if (schedule_.replicas > 1 && uses_nccl())
-    throw std::invalid_argument(
-        "data parallelism sums gradients over replicas with a group sum, which the NCCL "
-        "transport does not have yet; use --transport inproc (ranks of one process) or mpi");
   // Global parameter order: unit order, then each unit's own order.
   std::map<std::string, int> global;
   for (const auto& unit : model_.units(0, model_.num_units))
     for (Parameter* prm : unit->parameters()) global.emplace(prm->name, total_parameters_++);
 
+  // The replica groups {r + d * p : d < D}, one per pipeline rank r, whose members sum their
+  // stage's gradients (NCCL makes their communicators with the transport).
+  std::vector<std::vector<int>> replica_groups;
+  if (schedule_.replicas > 1)
+    for (int r = 0; r < p; ++r) {
+      replica_groups.emplace_back();
+      for (int d = 0; d < schedule_.replicas; ++d) replica_groups.back().push_back(d * p + r);
+    }
   // A transport that spans processes tells which rank this process holds; it is made first.
   comm::Transports transports;
   std::vector<int> held;
   if (comm::spans_processes(transport_kind_)) {
-    transports = comm::make_transports(transport_kind_, devices, options.transport_timeout);
+    transports =
+        comm::make_transports(transport_kind_, devices, options.transport_timeout, replica_groups);
     held.push_back(transports.per_rank[0]->rank());
   } else {
     for (int r = 0; r < world; ++r) held.push_back(r);
@@ -129,7 +134,8 @@ PipelineExecutor::PipelineExecutor(const ModelDescription& model, schedule::Sche
     ranks_.push_back(std::move(rank));
   }
   if (transports.per_rank.empty())
-    transports = comm::make_transports(transport_kind_, devices, options.transport_timeout);
+    transports =
+        comm::make_transports(transport_kind_, devices, options.transport_timeout, replica_groups);
   set_transports(std::move(transports.per_rank));
   // NCCL kernels of a step can wait on a peer: an allocator that released its cache then
   // (cudaFree synchronises the device) could wait for them while the peer waits for this rank.

@@ -88,5 +88,108 @@ TEST(NcclSlots, OutOfRangeRanksAreRefusedWithTheValue) {
   }
 }
 
+// The executor's replica groups: {r + d * p : d < replicas} for each pipeline rank r.
+NcclGroups replica_groups(int p, int replicas) {
+  NcclGroups out(p);
+  for (int r = 0; r < p; ++r)
+    for (int d = 0; d < replicas; ++d) out[r].push_back(r + d * p);
+  return out;
+}
+
+TEST(NcclSlots, GroupsComeAfterTheWorldAndLeaveEveryOtherSlotWhereItWas) {
+  for (int p = 1; p <= 4; ++p)
+    for (int replicas = 2; replicas <= 3; ++replicas) {
+      const int ranks = p * replicas;
+      const NcclGroups groups = replica_groups(p, replicas);
+      const int count = nccl_slot_count(ranks, p);
+      EXPECT_EQ(count, nccl_slot_count(ranks) + p);
+      EXPECT_EQ(nccl_world_slot(ranks), nccl_slot_count(ranks) - 1);
+      std::set<int> seen;
+      for (int g = 0; g < p; ++g) {
+        const int slot = nccl_group_slot(g, ranks, p);
+        EXPECT_GT(slot, nccl_world_slot(ranks));
+        EXPECT_LT(slot, count);
+        EXPECT_TRUE(seen.insert(slot).second) << "group " << g << " at p=" << p;
+      }
+      // The links and the world keep the slots they have without groups.
+      for (int rank = 0; rank < ranks; ++rank) {
+        const auto plain = nccl_memberships(rank, ranks);
+        const auto mine = nccl_memberships(rank, ranks, groups);
+        ASSERT_EQ(mine.size(), plain.size() + 1) << "rank " << rank << " is in one group";
+        for (size_t i = 0; i < plain.size(); ++i) {
+          EXPECT_EQ(mine[i].slot, plain[i].slot);
+          EXPECT_EQ(mine[i].group, -1);
+        }
+        const NcclMembership& m = mine.back();
+        EXPECT_EQ(m.group, rank % p);
+        EXPECT_EQ(m.slot, nccl_group_slot(rank % p, ranks, p));
+        EXPECT_EQ(m.comm_size, replicas);
+        EXPECT_EQ(m.comm_rank, rank / p);  // its position in the group: its replica
+        EXPECT_EQ(m.src, -1);
+        EXPECT_EQ(m.dst, -1);
+      }
+    }
+}
+
+TEST(NcclSlots, EveryGroupIsJoinedOnceAtEachPositionEvenWhenGroupsOverlap) {
+  const int ranks = 5;
+  const NcclGroups groups = {{0, 2, 4}, {1, 3}, {0, 1, 2, 3, 4}, {2, 3}};
+  std::map<int, std::pair<int, std::multiset<int>>> joined;  // slot -> (size, comm ranks)
+  for (int rank = 0; rank < ranks; ++rank) {
+    int previous = -1;
+    for (const NcclMembership& m : nccl_memberships(rank, ranks, groups)) {
+      if (m.group < 0) continue;
+      EXPECT_GT(m.group, previous) << "groups out of order for rank " << rank;
+      previous = m.group;
+      EXPECT_EQ(groups[m.group][m.comm_rank], rank);
+      auto& [size, comm_ranks] = joined[m.slot];
+      size = m.comm_size;
+      comm_ranks.insert(m.comm_rank);
+    }
+  }
+  ASSERT_EQ(joined.size(), groups.size());
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const auto& [size, comm_ranks] = joined.at(nccl_group_slot(static_cast<int>(g), ranks, 4));
+    EXPECT_EQ(size, static_cast<int>(groups[g].size()));
+    std::multiset<int> expected;
+    for (int r = 0; r < size; ++r) expected.insert(r);
+    EXPECT_EQ(comm_ranks, expected) << "group " << g;
+  }
+}
+
+TEST(NcclSlots, BadGroupsAreRefusedByName) {
+  auto refused = [](const NcclGroups& groups, const std::string& expected) {
+    try {
+      nccl_memberships(0, 4, groups);
+      ADD_FAILURE() << "accepted " << expected;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
+    }
+  };
+  refused({{0}}, "at least two ascending ranks in 0..3, got {0}");
+  refused({{2, 1}}, "got {2,1}");
+  refused({{0, 4}}, "got {0,4}");
+  refused({{0, 0}}, "got {0,0}");
+  refused({{0, 2}, {1, 3}, {0, 2}}, "the NCCL group {0,2} is listed twice");
+  EXPECT_THROW(nccl_slot_count(3, -1), std::invalid_argument);
+  EXPECT_THROW(nccl_group_slot(2, 3, 2), std::invalid_argument);
+  EXPECT_THROW(nccl_group_slot(-1, 3, 2), std::invalid_argument);
+}
+
+TEST(NcclSlots, AGroupIsFoundByItsRanksAndAnUnknownOneIsNamed) {
+  const NcclGroups groups = {{0, 2}, {1, 3}};
+  EXPECT_EQ(find_nccl_group(groups, {0, 2}), 0);
+  EXPECT_EQ(find_nccl_group(groups, {1, 3}), 1);
+  try {
+    find_nccl_group(groups, {0, 1});
+    ADD_FAILURE() << "found a group that is not there";
+  } catch (const TransportError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("no communicator for the group {0,1}"), std::string::npos) << what;
+    EXPECT_NE(what.find("{0,2}, {1,3}"), std::string::npos) << what;
+  }
+  EXPECT_THROW(find_nccl_group({}, {0, 1}), TransportError);
+}
+
 }  // namespace
 }  // namespace conveyor::comm

@@ -2,7 +2,8 @@
 // contexts, in-process transport, gradients through the host). With the optimizer state
 // sharded (a reduce-scatter of the gradients, a gather of the weights) the losses, norms and
 // weights are bitwise those of the unsharded run, as on the CPU: the pieces' norms and the
-// AdamW update run the same kernels on the same elements.
+// AdamW update run the same kernels on the same elements. Over NCCL (one GPU per rank, two
+// or more), the group calls give the in-process transport's bits on the same devices.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -17,15 +18,21 @@ namespace {
 
 using namespace conveyor::testing;
 
-std::unique_ptr<PipelineExecutor> make_gpu_executor(schedule::Schedule sched, bool shard) {
+// Rank r on cuda:0, or with `spread` on cuda:r, over `transport`.
+std::unique_ptr<PipelineExecutor> make_gpu_executor(schedule::Schedule sched, bool shard,
+                                                    TransportKind transport = TransportKind::kAuto,
+                                                    bool spread = false) {
   const ModelDescription model = reference_model(test_model());
   auto ranges =
       stage_ranges(model, partition_blocks(model, sched.num_stages(), PartitionSpec::uniform()));
   ExecutorOptions options;
   options.transport_timeout = std::chrono::milliseconds(60000);
   options.shard_optimizer = shard;
+  options.transport = transport;
   std::vector<Device> devices(static_cast<size_t>(sched.num_ranks()) * sched.replicas,
                               Device::cuda(0));
+  if (spread)
+    for (size_t r = 0; r < devices.size(); ++r) devices[r] = Device::cuda(static_cast<int>(r));
   return std::make_unique<PipelineExecutor>(model, std::move(sched), std::move(ranges),
                                             std::move(devices), test_optimizer(), 17, options);
 }
@@ -49,6 +56,45 @@ TEST(DataParallelGpu, ShardedWeightsAreBitwiseThoseOfTheUnshardedRun) {
     }
     for (int r = 0; r < plain->num_world_ranks(); ++r) {
       const auto want = plain->rank_parameters(r), got = sharded->rank_parameters(r);
+      ASSERT_EQ(want.size(), got.size());
+      for (size_t i = 0; i < want.size(); ++i) {
+        const auto w = to_vector_f32(want[i]->value), g = to_vector_f32(got[i]->value);
+        ASSERT_EQ(w.size(), g.size());
+        EXPECT_EQ(std::memcmp(w.data(), g.data(), w.size() * sizeof(float)), 0)
+            << "rank " << r << " " << want[i]->name;
+      }
+    }
+  }
+}
+
+// (1, 2) with two GPUs, and (2, 2) with four: every rank on a GPU of its own, sharded and not.
+TEST(DataParallelGpu, OverNcclTheRunIsBitwiseTheInProcessOne) {
+  CONVEYOR_REQUIRE_GPU();
+  if (cuda_device_count() < 2)
+    GTEST_SKIP() << "data parallelism over NCCL needs a GPU per rank, two or more; found "
+                 << cuda_device_count();
+  const int stages = cuda_device_count() >= 4 ? 2 : 1;
+  constexpr int kTokens = 5, kReplicas = 2;
+  const int total = 2 * kReplicas;
+  for (bool shard : {false, true}) {
+    SCOPED_TRACE(shard ? "sharded" : "not sharded");
+    auto make = [&](TransportKind kind) {
+      return make_gpu_executor(
+          schedule::generate(schedule::ScheduleKind::k1F1B, stages, 2, 1, kReplicas), shard, kind,
+          /*spread=*/true);
+    };
+    auto reference = make(TransportKind::kInProcess);
+    auto nccl = make(TransportKind::kNccl);
+    ASSERT_TRUE(nccl->uses_nccl());
+    for (int step = 1; step <= 3; ++step) {
+      const auto batch = make_microbatches(total, kTokens, step);
+      const auto a = reference->run_step(batch, 1.0f / (total * kTokens), step, 1e-2);
+      const auto b = nccl->run_step(batch, 1.0f / (total * kTokens), step, 1e-2);
+      EXPECT_EQ(a.loss_sum, b.loss_sum) << "step " << step;
+      EXPECT_EQ(a.grad_norm, b.grad_norm) << "step " << step;
+    }
+    for (int r = 0; r < reference->num_world_ranks(); ++r) {
+      const auto want = reference->rank_parameters(r), got = nccl->rank_parameters(r);
       ASSERT_EQ(want.size(), got.size());
       for (size_t i = 0; i < want.size(); ++i) {
         const auto w = to_vector_f32(want[i]->value), g = to_vector_f32(got[i]->value);
