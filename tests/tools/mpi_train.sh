@@ -25,7 +25,8 @@
 #   mpi_train.sh CONVEYOR eval         --eval-batches 2 under -np 2 --stages 2 (1f1b and
 #                                      interleaved) and -np 4 --stages 2 --dp 2: rank 0 alone
 #                                      prints the eval line, and it and the --log-json record's
-#                                      hex value equal the one-process run's, bit for bit
+#                                      hex value equal the one-process run's, bit for bit;
+#                                      so does a run resumed at step 2 by -np 2
 # CI runs as root and with fewer cores than ranks: --allow-run-as-root --oversubscribe.
 set -uo pipefail
 cli=$1 mode=$2
@@ -142,6 +143,18 @@ case $mode in
       same_run "$work" one mpi "of mpirun -np $np $layout"
       echo "mpirun -np $np $layout: $got"
     done
+    # A run stopped after step 2 and resumed by mpirun evaluates the tokens the uninterrupted
+    # run does, to the bit.
+    "$cli" "${common[@]}" --seed 7 --stages 2 --transport inproc --eval-batches 2 \
+      >"$work/one.out" 2>&1 || fail "one-process run failed: $(cat "$work/one.out")"
+    "$cli" "${common[@]}" --seed 7 --stages 1 --stop-after 2 --save-dir "$work/ckpt" \
+      >"$work/first.out" 2>&1 || fail "run to step 2 failed: $(cat "$work/first.out")"
+    timeout 60 "${mpirun[@]}" -np 2 "$cli" "${common[@]}" --seed 7 --stages 2 --eval-batches 2 \
+      --resume "$work/ckpt" >"$work/resumed.out" 2>&1 ||
+      fail "mpirun -np 2 resume failed: $(cat "$work/resumed.out")"
+    [ "$(eval_line resumed)" = "$(eval_line one)" ] ||
+      fail "resumed: '$(eval_line resumed)', uninterrupted: '$(eval_line one)'"
+    echo "resumed at step 2 under mpirun -np 2: $(eval_line resumed)"
     ;;
   mismatch)
     timeout 60 "${mpirun[@]}" -np 1 "$cli" "${common[@]}" --stages 2 --seed 7 : \
