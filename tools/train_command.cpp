@@ -3,6 +3,7 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <memory>
@@ -61,6 +62,7 @@ struct TrainFlags {
   CheckpointFlags checkpoint;
   std::string plan_file;  // --plan FILE
   bool weights_checksum = false;
+  int64_t eval_batches = 0;  // held-out batches after the training data; 0: none
 };
 
 void add_checkpoint_flags(CLI::App* cmd, CheckpointFlags& f) {
@@ -394,6 +396,7 @@ ConfigFields configuration_fields(const TrainFlags& f, const TrainConfig& c) {
       {"--transport", f.transport},
       {"--dp", std::to_string(c.data_parallel)},
       {"--shard-optimizer", c.shard_optimizer ? "on" : "off"},
+      {"--eval-batches", std::to_string(f.eval_batches)},
   };
 }
 
@@ -441,6 +444,33 @@ void print_summary(Trainer& trainer, const TrainConfig& config, const RunTotals&
   std::printf("\n");
 }
 
+// With --data, the held-out batches must follow the training data within the file: past its
+// end the source wraps and would evaluate on bytes the run trained on.
+void check_eval_fits(Trainer& trainer, const TrainConfig& config, int64_t eval_batches) {
+  const auto* file = dynamic_cast<const FileSource*>(&trainer.source());
+  if (eval_batches == 0 || file == nullptr) return;
+  const uint64_t needed = static_cast<uint64_t>(config.steps + eval_batches) *
+                          static_cast<uint64_t>(config.batch_tokens);
+  // One token per byte: the file's length is its token count.
+  const uint64_t have = static_cast<uint64_t>(std::filesystem::file_size(config.data_path));
+  if (needed > have)
+    throw UsageError("--eval-batches " + std::to_string(eval_batches) + " needs " +
+                     std::to_string(needed) + " tokens of --data (" + std::to_string(config.steps) +
+                     " training and " + std::to_string(eval_batches) + " held-out batches of " +
+                     std::to_string(config.batch_tokens) + ") but the file has " +
+                     std::to_string(have) + "; use fewer --eval-batches or --steps");
+}
+
+// Held-out loss on the `batches` batches that follow the trained ones in a fresh copy of the
+// run's source, so a resumed run evaluates on the same tokens as an uninterrupted one. A
+// collective under MPI.
+double evaluate_after_training(Trainer& trainer, int64_t batches) {
+  std::unique_ptr<TokenSource> held_out =
+      make_token_source(trainer.config(), trainer.model().vocab);
+  held_out->seek(trainer.source().position());
+  return trainer.evaluate(*held_out, batches);
+}
+
 void run_train(TrainFlags& f, const CLI::App& cmd) {
   TrainConfig config = resolve_config(f, cmd);
   // Before the trainer, which builds this rank's MPI transport; after it, MPI_Finalize.
@@ -486,6 +516,7 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
     std::printf("recompute %s (forward re-run in the backward)\n",
                 to_string(config.recompute).c_str());
   print_data_parallel(*trainer);
+  check_eval_fits(*trainer, config, f.eval_batches);
   std::unique_ptr<TrainerCheckpointer> checkpointer = setup_checkpoints(f.checkpoint, *trainer);
   const int64_t first_step = trainer->steps_done() + 1;
   const int64_t last_step_to_run =
@@ -552,6 +583,21 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
     last_step = std::move(st.pipeline);
     if (signal != 0) break;
   }
+  // An interrupted run stops at once: no evaluation.
+  std::optional<double> eval_loss;
+  const int64_t eval_tokens = f.eval_batches * config.batch_tokens;
+  if (f.eval_batches > 0 && signal == 0) {
+    eval_loss = evaluate_after_training(*trainer, f.eval_batches);
+    if (json_log) {
+      char hex[40];
+      std::snprintf(hex, sizeof hex, "%a", *eval_loss);
+      const nlohmann::json row = {{"eval_loss", *eval_loss},
+                                  {"eval_loss_hex", hex},
+                                  {"eval_batches", f.eval_batches},
+                                  {"eval_tokens", eval_tokens}};
+      json_log->write(row.dump() + "\n");
+    }
+  }
   if (json_log) json_log->close();
   // An interrupted run saves the last finished step too, when it saves at all.
   if (checkpointer) {
@@ -561,6 +607,10 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
                 f.checkpoint.save_dir.c_str());
   }
   print_summary(*trainer, config, t, signal);
+  if (eval_loss)
+    std::printf("eval   loss %.6f over %lld batch(es) (%lld tokens), exactly %a\n", *eval_loss,
+                static_cast<long long>(f.eval_batches), static_cast<long long>(eval_tokens),
+                *eval_loss);
   if (t.steps > 0)
     report_bubble(*trainer, last_step, trace ? &*trace : nullptr, run_trace,
                   checkpointer ? checkpointer->save_timings() : std::vector<SaveTiming>{});
@@ -638,6 +688,10 @@ void register_train_command(CLI::App& app) {
   cmd->add_option("--plan", flags->plan_file,
                   "Run the plan in FILE (written by `conveyor plan --out`)")
       ->type_name("FILE");
+  add_int_flag(cmd, "--eval-batches", flags->eval_batches, 0, 1000000,
+               "After the last step, print the mean loss on the N batches that follow the "
+               "training data in the same source (held out; with --data they must fit in the "
+               "file)");
   cmd->add_flag("--weights-checksum", flags->weights_checksum,
                 "Print an XXH3 checksum of the final weights (to compare runs bit for bit)");
   // Data parallelism.

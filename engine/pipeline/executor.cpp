@@ -179,6 +179,7 @@ size_t PipelineExecutor::optimizer_state_bytes(int rank) const {
 Stage& PipelineExecutor::stage(int stage) {
   return *held(schedule_.placement.rank_of(stage)).stages.at(stage);
 }
+comm::Transport& PipelineExecutor::transport(int rank) { return *held(rank).transport; }
 std::vector<Parameter*> PipelineExecutor::rank_parameters(int rank) {
   return held(rank).parameters();
 }

@@ -159,6 +159,10 @@ class PipelineExecutor {
   size_t optimizer_state_bytes(int rank) const;
   // Virtual stage `stage`, on the rank the schedule places it (forward-only evaluation).
   Stage& stage(int stage);
+  // The transport endpoint of a rank held here, for work outside run_step that moves
+  // tensors between processes in an order every process follows (forward-only evaluation).
+  // Not to be used while a step runs: its messages would interleave with the step's.
+  comm::Transport& transport(int rank);
 
   // The transport chosen at construction (kAuto resolved).
   TransportKind transport_kind() const { return transport_kind_; }

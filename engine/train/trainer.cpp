@@ -316,33 +316,36 @@ Tensor upload(DeviceContext& ctx, const std::vector<int32_t>& ids) {
   return t;
 }
 
-}  // namespace
-
-double Trainer::evaluate(const std::vector<MicroBatchData>& microbatches) {
-  if (microbatches.empty()) throw std::invalid_argument("evaluation needs at least 1 micro-batch");
-  if (!executor_->holds_all_ranks())
-    throw std::invalid_argument(
-        "evaluation runs every stage in this process, which holds only rank " +
-        std::to_string(executor_->local_ranks().front()) + " of " +
-        std::to_string(executor_->num_world_ranks()) +
-        "; evaluate in one process, from a checkpoint of this run");
-  const schedule::Schedule& sched = executor_->schedule();
+// The forward of every stage this process holds, micro-batch by micro-batch and stage by
+// stage in ascending order; an activation whose next stage is held here is copied (or kept,
+// on the same rank), one whose next stage is held by another process goes over the sending
+// rank's transport. Returns the sum of the token losses in micro-batch order when the last
+// stage is held here, else 0.0 (its holder's value is the one that counts).
+//
+// It cannot deadlock: every process walks the (micro-batch, stage) pairs it holds in the same
+// global order, a send never waits for its receiver (the transports enqueue it), and a
+// receive waits only for the previous pair. So the lowest pair not yet done anywhere always
+// has its input sent already, and its holder, having done every lower pair of its own, is
+// waiting on exactly that pair: it moves. Each link carries its messages in that global
+// order on both ends, so FIFO matching pairs them right.
+double forward_losses(PipelineExecutor& executor, const ModelDescription& model,
+                      const std::vector<StageRange>& ranges,
+                      const std::vector<MicroBatchData>& microbatches, float loss_scale) {
+  const schedule::Schedule& sched = executor.schedule();
   const int last = sched.num_stages() - 1;
-  int64_t tokens = 0;
-  for (const MicroBatchData& mb : microbatches) {
-    if (mb.tokens.empty() || mb.targets.size() != mb.tokens.size())
-      throw std::invalid_argument(
-          "an evaluation micro-batch needs as many targets as tokens, and at least one token");
-    tokens += static_cast<int64_t>(mb.tokens.size());
-  }
-  // The loss head's gradient scale, as in a training step; evaluation discards the gradient.
-  const float loss_scale = 1.0f / static_cast<float>(config_.batch_tokens);
-  DeviceContext& last_ctx = executor_->stage(last).context();
+  const std::vector<int> local = executor.local_ranks();
+  // Replica 0's ranks run the stages (a rank of another replica holds none of them).
+  std::vector<bool> here(sched.num_stages(), false);
+  for (int s = 0; s <= last; ++s)
+    here[s] = std::find(local.begin(), local.end(), sched.placement.rank_of(s)) != local.end();
   std::vector<Tensor> losses;
   for (const MicroBatchData& mb : microbatches) {
+    const int64_t n = static_cast<int64_t>(mb.tokens.size());
     Tensor x;
     for (int s = 0; s <= last; ++s) {
-      Stage& stage = executor_->stage(s);
+      if (!here[s]) continue;
+      const int rank = sched.placement.rank_of(s);
+      Stage& stage = executor.stage(s);
       DeviceContext& ctx = stage.context();
 #ifdef CONVEYOR_WITH_CUDA
       std::optional<DeviceScope> scope;
@@ -350,7 +353,11 @@ double Trainer::evaluate(const std::vector<MicroBatchData>& microbatches) {
 #endif
       if (s == 0) {
         x = upload(ctx, mb.tokens);
-      } else if (&executor_->stage(s - 1).context() != &ctx) {
+      } else if (!here[s - 1]) {
+        const ActivationSpec spec = model.activation_at(ranges[s].begin, n);
+        x = ctx.empty(spec.shape, spec.dtype);
+        executor.transport(rank).recv(x, sched.placement.rank_of(s - 1), ctx.compute_stream());
+      } else if (&executor.stage(s - 1).context() != &ctx) {
         // Another rank: its compute stream made `x`; a copy without a stream waits for it.
         Tensor moved = ctx.empty(x.shape(), x.dtype());
         copy_tensor(moved, x);
@@ -360,9 +367,17 @@ double Trainer::evaluate(const std::vector<MicroBatchData>& microbatches) {
       in.loss_scale = loss_scale;
       if (s == last) in.targets = upload(ctx, mb.targets);
       x = stage.forward_only(x, in);
+      if (s == last)
+        losses.push_back(x);
+      else if (!here[s + 1])
+        executor.transport(rank).send(x, sched.placement.rank_of(s + 1), ctx.compute_stream());
     }
-    losses.push_back(x);
   }
+  // Bounded: a transfer that waits on a dead peer fails instead of hanging here.
+  if (!executor.holds_all_ranks())
+    for (int r : local) executor.transport(r).synchronize(executor.context(r).compute_stream());
+  if (!here[last]) return 0.0;
+  DeviceContext& last_ctx = executor.stage(last).context();
   std::vector<double> sums;
   {
 #ifdef CONVEYOR_WITH_CUDA
@@ -373,8 +388,36 @@ double Trainer::evaluate(const std::vector<MicroBatchData>& microbatches) {
   }
   // Micro-batch order, as the training step adds them.
   double loss_sum = 0.0;
-  for (double s : sums) loss_sum += s;
-  return loss_sum / static_cast<double>(tokens);
+  for (double v : sums) loss_sum += v;
+  return loss_sum;
+}
+
+}  // namespace
+
+double Trainer::evaluate(const std::vector<MicroBatchData>& microbatches) {
+  if (microbatches.empty()) throw std::invalid_argument("evaluation needs at least 1 micro-batch");
+  int64_t tokens = 0;
+  for (const MicroBatchData& mb : microbatches) {
+    if (mb.tokens.empty() || mb.targets.size() != mb.tokens.size())
+      throw std::invalid_argument(
+          "an evaluation micro-batch needs as many targets as tokens, and at least one token");
+    tokens += static_cast<int64_t>(mb.tokens.size());
+  }
+  // The loss head's gradient scale, as in a training step; evaluation discards the gradient.
+  const float loss_scale = 1.0f / static_cast<float>(config_.batch_tokens);
+  double loss_sum = 0.0;
+  try {
+    loss_sum = forward_losses(*executor_, model_, ranges_, microbatches, loss_scale);
+  } catch (const std::exception& e) {
+    // The other processes would otherwise wait for this one until their deadlines.
+    if (!executor_->holds_all_ranks())
+      executor_->transport(executor_->local_ranks().front()).abort(e.what());
+    throw;
+  }
+  // Every process but the last stage's gives exactly 0.0, so the sum is that process's value.
+  std::vector<double> total{loss_sum};
+  executor_->sum_over_processes(total);
+  return total[0] / static_cast<double>(tokens);
 }
 
 }  // namespace conveyor

@@ -136,10 +136,17 @@ class Trainer {
   // gradients and optimizer state untouched. Each micro-batch runs through the stages one
   // after another from the calling thread (a forward pass has no backward to overlap, so no
   // schedule is needed); on the CPU its loss is bitwise the loss that step() would report
-  // for the same batch. Needs every rank in this process: throws std::invalid_argument
-  // when the ranks are processes (MPI).
+  // for the same batch. Replica 0's ranks evaluate; other replicas' ranks do no work.
+  //
+  // When the ranks are processes (MPI) this is a collective: every process calls it, at the
+  // same point of the run, with the same batches. Each runs the stages it holds and passes
+  // activations to the next stage's process over the transport; the last stage's process
+  // adds the losses and one sum over all processes shares them, so every process returns
+  // the same value, bit for bit the one a single process gives. A failure aborts the
+  // transport, so every process ends with an error (comm::TransportError on the others).
   double evaluate(TokenSource& source, int64_t batches = 1);
-  // The same over given micro-batches (any number, any sizes).
+  // The same over given micro-batches (any number, any sizes; under MPI the same on every
+  // process).
   double evaluate(const std::vector<MicroBatchData>& microbatches);
 
   int64_t steps_done() const { return steps_done_; }

@@ -22,6 +22,11 @@
 #                                      of the gradients), and -np 3 --dp 3 --shard-optimizer
 #                                      equals the one-process unsharded --dp 3 run; ranks started
 #                                      with another --dp are refused
+#   mpi_train.sh CONVEYOR eval         --eval-batches 2 under -np 2 --stages 2 (1f1b and
+#                                      interleaved) and -np 4 --stages 2 --dp 2: rank 0 alone
+#                                      prints the eval line, and it and the --log-json record's
+#                                      hex value equal the one-process run's, bit for bit;
+#                                      so does a run resumed at step 2 by -np 2
 # CI runs as root and with fewer cores than ranks: --allow-run-as-root --oversubscribe.
 set -uo pipefail
 cli=$1 mode=$2
@@ -110,6 +115,46 @@ case $mode in
     grep -q "disagree on --dp: rank 0 has '2'" "$work/mismatch.out" ||
       fail "the refusal does not name --dp: $(cat "$work/mismatch.out")"
     echo "mpirun -np 4 --stages 2 --dp 2: $(numbers "$work/mpi.jsonl" | wc -l) steps and $(checksum "$work/mpi.out") equal to the one-process run"
+    ;;
+  eval)
+    # eval_line NAME: the summary's eval line of $work/NAME.out, checked to be the only one.
+    eval_line() {
+      [ "$(grep -c '^eval ' "$work/$1.out")" = 1 ] || fail "not one eval line in $1: $(cat "$work/$1.out")"
+      grep '^eval ' "$work/$1.out"
+    }
+    for layout in "--stages 2" "--stages 2 --schedule interleaved" "--stages 2 --dp 2"; do
+      read -ra flags <<<"$layout"
+      np=2
+      [[ $layout == *"--dp 2"* ]] && np=4
+      "$cli" "${common[@]}" --seed 7 "${flags[@]}" --transport inproc --eval-batches 2 \
+        --log-json "$work/one.jsonl" >"$work/one.out" 2>&1 ||
+        fail "one-process $layout run failed: $(cat "$work/one.out")"
+      timeout 60 "${mpirun[@]}" -np "$np" "$cli" "${common[@]}" --seed 7 "${flags[@]}" \
+        --eval-batches 2 --log-json "$work/mpi.jsonl" >"$work/mpi.out" 2>&1 ||
+        fail "mpirun -np $np $layout failed: $(cat "$work/mpi.out")"
+      grep -q "transport mpi" "$work/mpi.out" || fail "the MPI run did not use MPI: $(cat "$work/mpi.out")"
+      want=$(eval_line one) got=$(eval_line mpi) || exit 1
+      [[ $want == *"over 2 batch(es) (1024 tokens), exactly 0x"* ]] || fail "unexpected eval line: $want"
+      [ "$got" = "$want" ] || fail "mpirun -np $np $layout: '$got', one process: '$want'"
+      hex() { jq -r 'select(.eval_loss_hex) | .eval_loss_hex' "$1"; }
+      [ -n "$(hex "$work/one.jsonl")" ] || fail "no eval record in --log-json"
+      [ "$(hex "$work/mpi.jsonl")" = "$(hex "$work/one.jsonl")" ] ||
+        fail "--log-json eval records differ for -np $np $layout"
+      same_run "$work" one mpi "of mpirun -np $np $layout"
+      echo "mpirun -np $np $layout: $got"
+    done
+    # A run stopped after step 2 and resumed by mpirun evaluates the tokens the uninterrupted
+    # run does, to the bit.
+    "$cli" "${common[@]}" --seed 7 --stages 2 --transport inproc --eval-batches 2 \
+      >"$work/one.out" 2>&1 || fail "one-process run failed: $(cat "$work/one.out")"
+    "$cli" "${common[@]}" --seed 7 --stages 1 --stop-after 2 --save-dir "$work/ckpt" \
+      >"$work/first.out" 2>&1 || fail "run to step 2 failed: $(cat "$work/first.out")"
+    timeout 60 "${mpirun[@]}" -np 2 "$cli" "${common[@]}" --seed 7 --stages 2 --eval-batches 2 \
+      --resume "$work/ckpt" >"$work/resumed.out" 2>&1 ||
+      fail "mpirun -np 2 resume failed: $(cat "$work/resumed.out")"
+    [ "$(eval_line resumed)" = "$(eval_line one)" ] ||
+      fail "resumed: '$(eval_line resumed)', uninterrupted: '$(eval_line one)'"
+    echo "resumed at step 2 under mpirun -np 2: $(eval_line resumed)"
     ;;
   mismatch)
     timeout 60 "${mpirun[@]}" -np 1 "$cli" "${common[@]}" --stages 2 --seed 7 : \
