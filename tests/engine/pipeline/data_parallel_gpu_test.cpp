@@ -37,9 +37,31 @@ std::unique_ptr<PipelineExecutor> make_gpu_executor(schedule::Schedule sched, bo
                                             std::move(devices), test_optimizer(), 17, options);
 }
 
+// Three steps of both on the same micro-batches (`total` of them per step): the same losses and
+// norms, and then the same weights on every rank, bit for bit.
+void expect_same_steps(PipelineExecutor& want_run, PipelineExecutor& got_run, int total) {
+  constexpr int kTokens = 5;
+  for (int step = 1; step <= 3; ++step) {
+    const auto batch = make_microbatches(total, kTokens, step);
+    const auto a = want_run.run_step(batch, 1.0f / (total * kTokens), step, 1e-2);
+    const auto b = got_run.run_step(batch, 1.0f / (total * kTokens), step, 1e-2);
+    EXPECT_EQ(a.loss_sum, b.loss_sum) << "step " << step;
+    EXPECT_EQ(a.grad_norm, b.grad_norm) << "step " << step;
+  }
+  for (int r = 0; r < want_run.num_world_ranks(); ++r) {
+    const auto want = want_run.rank_parameters(r), got = got_run.rank_parameters(r);
+    ASSERT_EQ(want.size(), got.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      const auto w = to_vector_f32(want[i]->value), g = to_vector_f32(got[i]->value);
+      ASSERT_EQ(w.size(), g.size());
+      EXPECT_EQ(std::memcmp(w.data(), g.data(), w.size() * sizeof(float)), 0)
+          << "rank " << r << " " << want[i]->name;
+    }
+  }
+}
+
 TEST(DataParallelGpu, ShardedWeightsAreBitwiseThoseOfTheUnshardedRun) {
   CONVEYOR_REQUIRE_GPU();
-  constexpr int kTokens = 5;
   for (int replicas : {2, 3}) {
     SCOPED_TRACE("replicas " + std::to_string(replicas));
     const int total = 2 * replicas;
@@ -47,23 +69,7 @@ TEST(DataParallelGpu, ShardedWeightsAreBitwiseThoseOfTheUnshardedRun) {
         schedule::generate(schedule::ScheduleKind::k1F1B, 2, 2, 1, replicas), false);
     auto sharded = make_gpu_executor(
         schedule::generate(schedule::ScheduleKind::k1F1B, 2, 2, 1, replicas), true);
-    for (int step = 1; step <= 3; ++step) {
-      const auto batch = make_microbatches(total, kTokens, step);
-      const auto a = plain->run_step(batch, 1.0f / (total * kTokens), step, 1e-2);
-      const auto b = sharded->run_step(batch, 1.0f / (total * kTokens), step, 1e-2);
-      EXPECT_EQ(a.loss_sum, b.loss_sum) << "step " << step;
-      EXPECT_EQ(a.grad_norm, b.grad_norm) << "step " << step;
-    }
-    for (int r = 0; r < plain->num_world_ranks(); ++r) {
-      const auto want = plain->rank_parameters(r), got = sharded->rank_parameters(r);
-      ASSERT_EQ(want.size(), got.size());
-      for (size_t i = 0; i < want.size(); ++i) {
-        const auto w = to_vector_f32(want[i]->value), g = to_vector_f32(got[i]->value);
-        ASSERT_EQ(w.size(), g.size());
-        EXPECT_EQ(std::memcmp(w.data(), g.data(), w.size() * sizeof(float)), 0)
-            << "rank " << r << " " << want[i]->name;
-      }
-    }
+    expect_same_steps(*plain, *sharded, total);
   }
 }
 
@@ -74,7 +80,7 @@ TEST(DataParallelGpu, OverNcclTheRunIsBitwiseTheInProcessOne) {
     GTEST_SKIP() << "data parallelism over NCCL needs a GPU per rank, two or more; found "
                  << cuda_device_count();
   const int stages = cuda_device_count() >= 4 ? 2 : 1;
-  constexpr int kTokens = 5, kReplicas = 2;
+  constexpr int kReplicas = 2;
   const int total = 2 * kReplicas;
   for (bool shard : {false, true}) {
     SCOPED_TRACE(shard ? "sharded" : "not sharded");
@@ -86,23 +92,7 @@ TEST(DataParallelGpu, OverNcclTheRunIsBitwiseTheInProcessOne) {
     auto reference = make(TransportKind::kInProcess);
     auto nccl = make(TransportKind::kNccl);
     ASSERT_TRUE(nccl->uses_nccl());
-    for (int step = 1; step <= 3; ++step) {
-      const auto batch = make_microbatches(total, kTokens, step);
-      const auto a = reference->run_step(batch, 1.0f / (total * kTokens), step, 1e-2);
-      const auto b = nccl->run_step(batch, 1.0f / (total * kTokens), step, 1e-2);
-      EXPECT_EQ(a.loss_sum, b.loss_sum) << "step " << step;
-      EXPECT_EQ(a.grad_norm, b.grad_norm) << "step " << step;
-    }
-    for (int r = 0; r < reference->num_world_ranks(); ++r) {
-      const auto want = reference->rank_parameters(r), got = nccl->rank_parameters(r);
-      ASSERT_EQ(want.size(), got.size());
-      for (size_t i = 0; i < want.size(); ++i) {
-        const auto w = to_vector_f32(want[i]->value), g = to_vector_f32(got[i]->value);
-        ASSERT_EQ(w.size(), g.size());
-        EXPECT_EQ(std::memcmp(w.data(), g.data(), w.size() * sizeof(float)), 0)
-            << "rank " << r << " " << want[i]->name;
-      }
-    }
+    expect_same_steps(*reference, *nccl, total);
   }
 }
 
