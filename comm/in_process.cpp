@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "comm/group_arithmetic.h"
+
 namespace conveyor::comm {
 namespace {
 
@@ -49,9 +51,9 @@ class InProcessGroupSum : public PendingGroupCall {
         hub_->fail(rank_, "group sum of " + std::to_string(values_.size()) + " values, but rank " +
                               std::to_string(group_[i]) + " gave " +
                               std::to_string(parts_[i]->size()));
-    std::fill(values_.begin(), values_.end(), 0.0f);
-    for (const auto& part : parts_)
-      for (size_t k = 0; k < values_.size(); ++k) values_[k] += (*part)[k];
+    std::vector<const float*> parts;
+    for (const auto& part : parts_) parts.push_back(part->data());
+    add_in_group_order(values_.data(), values_.size(), parts);
     parts_.clear();
     done_ = true;
     return true;
@@ -111,13 +113,11 @@ class InProcessGroupReduceScatter : public PendingGroupCall {
                               std::to_string(parts_[i]->size()));
     }
     if (!all) return false;
-    // The additions of the group sum on this range: from zero, in group order.
-    for (size_t k = begin_; k < end_; ++k) {
-      float sum = 0.0f;
-      for (size_t i = 0; i < group_.size(); ++i)
-        sum += i == me_ ? values_[k] : (*parts_[i])[k - begin_];
-      values_[k] = sum;
-    }
+    // The additions of the group sum on this range.
+    std::vector<const float*> parts;
+    for (size_t i = 0; i < group_.size(); ++i)
+      parts.push_back(i == me_ ? values_.data() + begin_ : parts_[i]->data());
+    add_in_group_order(values_.data() + begin_, end_ - begin_, parts);
     parts_.clear();
     done_ = true;
     return true;

@@ -8,6 +8,8 @@
 #include <thread>
 #include <vector>
 
+#include "comm/group_arithmetic.h"
+
 #ifdef CONVEYOR_WITH_MPI
 #include <mpi.h>
 #endif
@@ -290,11 +292,10 @@ class MpiTransport : public Transport {
     bool test() override {
       if (done_) return true;
       if (!exchanged()) return false;
-      std::fill(values_.begin(), values_.end(), 0.0f);
-      for (size_t i = 0; i < group_.size(); ++i) {
-        const std::vector<float>& part = group_[i] == t_.rank_ ? mine_ : parts_[i];
-        for (size_t k = 0; k < values_.size(); ++k) values_[k] += part[k];
-      }
+      std::vector<const float*> parts;
+      for (size_t i = 0; i < group_.size(); ++i)
+        parts.push_back(group_[i] == t_.rank_ ? mine_.data() : parts_[i].data());
+      add_in_group_order(values_.data(), values_.size(), parts);
       done_ = true;
       return true;
     }
@@ -333,12 +334,10 @@ class MpiTransport : public Transport {
     bool test() override {
       if (done_) return true;
       if (!exchanged()) return false;
-      for (size_t k = begin_; k < end_; ++k) {
-        float sum = 0.0f;
-        for (size_t i = 0; i < group_.size(); ++i)
-          sum += i == me_ ? values_[k] : parts_[i][k - begin_];
-        values_[k] = sum;
-      }
+      std::vector<const float*> parts;
+      for (size_t i = 0; i < group_.size(); ++i)
+        parts.push_back(i == me_ ? values_.data() + begin_ : parts_[i].data());
+      add_in_group_order(values_.data() + begin_, end_ - begin_, parts);
       done_ = true;
       return true;
     }

@@ -4,6 +4,7 @@
 #include <set>
 #include <stdexcept>
 
+#include "comm/group_arithmetic.h"
 #include "engine/core/device.h"
 
 #ifdef CONVEYOR_WITH_CUDA
@@ -913,11 +914,10 @@ std::unique_ptr<PendingGroupCall> NcclTransport::start_group_sum(std::vector<flo
       x.recvs.push_back({static_cast<int>(j), n + j * n, n});
     }
   x.finish = [&values, n, me, members](const float* received) {
-    for (size_t k = 0; k < n; ++k) {
-      float sum = 0.0f;
-      for (size_t i = 0; i < members; ++i) sum += i == me ? values[k] : received[i * n + k];
-      values[k] = sum;
-    }
+    std::vector<const float*> parts;
+    for (size_t i = 0; i < members; ++i)
+      parts.push_back(i == me ? values.data() : received + i * n);
+    add_in_group_order(values.data(), n, parts);
   };
   return detail::NcclGroupCall::start(*this, group, values, std::move(x),
                                       "the gradient sum over replicas");
@@ -942,12 +942,10 @@ std::unique_ptr<PendingGroupCall> NcclTransport::start_group_reduce_scatter(
     if (count > 0) x.recvs.push_back({static_cast<int>(j), n + j * count, count});
   }
   x.finish = [&values, begin, count, me, members](const float* received) {
-    for (size_t k = 0; k < count; ++k) {
-      float sum = 0.0f;
-      for (size_t i = 0; i < members; ++i)
-        sum += i == me ? values[begin + k] : received[i * count + k];
-      values[begin + k] = sum;
-    }
+    std::vector<const float*> parts;
+    for (size_t i = 0; i < members; ++i)
+      parts.push_back(i == me ? values.data() + begin : received + i * count);
+    add_in_group_order(values.data() + begin, count, parts);
   };
   return detail::NcclGroupCall::start(*this, group, values, std::move(x),
                                       "the gradient reduce-scatter over replicas");
