@@ -18,6 +18,7 @@
 #include <nccl.h>
 
 #include "kernels/cuda_check.h"
+#include "support/nccl_ids.h"
 #endif
 
 namespace conveyor::comm {
@@ -32,6 +33,8 @@ TEST(NcclGpu, AvailableWhenADeviceIs) {
 }
 
 #ifdef CONVEYOR_WITH_CUDA
+
+using conveyor::testing::make_unique_ids;
 
 NcclTransport& nccl(const std::unique_ptr<Transport>& t) {
   auto* n = dynamic_cast<NcclTransport*>(t.get());
@@ -284,17 +287,6 @@ TEST(NcclGpu, ARankThatNeverJoinsTheAllReduceFailsInsteadOfHanging) {
     EXPECT_NE(dynamic_cast<const TransportAborted*>(&e), nullptr) << e.what();
   }
   CONVEYOR_CUDA_CHECK(cudaSetDevice(0));
-}
-
-// Unique ids as a bootstrap hands them out (rank 0 makes them, every process gets the list).
-std::vector<std::string> make_unique_ids(int ranks) {
-  std::vector<std::string> ids;
-  for (int i = 0; i < nccl_slot_count(ranks); ++i) {
-    ncclUniqueId id;
-    if (ncclGetUniqueId(&id) != ncclSuccess) throw std::runtime_error("ncclGetUniqueId failed");
-    ids.emplace_back(id.internal, sizeof id);
-  }
-  return ids;
 }
 
 TEST(NcclGpu, AOneRankCliqueFromUniqueIdsAllReducesAndCopiesToSelf) {

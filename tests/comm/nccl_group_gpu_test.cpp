@@ -24,6 +24,7 @@
 #include <nccl.h>
 
 #include "kernels/cuda_check.h"
+#include "support/nccl_ids.h"
 #endif
 
 namespace conveyor::comm {
@@ -33,6 +34,8 @@ using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
 #ifdef CONVEYOR_WITH_CUDA
+
+using conveyor::testing::make_unique_ids;
 
 #define CONVEYOR_REQUIRE_TWO_GPUS()                                                       \
   do {                                                                                    \
@@ -206,17 +209,6 @@ TEST(NcclGroupGpu, SeveralGroupsOfOneCliqueEachGetTheirOwnSum) {
       for (size_t i = 0; i < want.size(); ++i) want[i] += inputs[member][i];
     EXPECT_TRUE(bitwise_equal(outputs[r], want)) << "rank " << r;
   }
-}
-
-// Unique ids as a bootstrap hands them out, one per slot of the clique with its groups.
-std::vector<std::string> make_unique_ids(int ranks, int groups) {
-  std::vector<std::string> ids;
-  for (int i = 0; i < nccl_slot_count(ranks, groups); ++i) {
-    ncclUniqueId id;
-    if (ncclGetUniqueId(&id) != ncclSuccess) throw std::runtime_error("ncclGetUniqueId failed");
-    ids.emplace_back(id.internal, sizeof id);
-  }
-  return ids;
 }
 
 // Each rank a "process" of its own (a thread making only its own ends from the unique ids),
