@@ -1,8 +1,11 @@
 // `conveyor train`: builds a TrainConfig from a preset and flags, trains, prints one line per
 // logged step and a summary, and optionally writes one JSON object per step.
+#include <unistd.h>
+
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -461,6 +464,16 @@ void check_eval_fits(Trainer& trainer, const TrainConfig& config, int64_t eval_b
                      std::to_string(have) + "; use fewer --eval-batches or --steps");
 }
 
+// A process started with CONVEYOR_TEST_PAUSE_IN_EVAL in its environment stops for good as the
+// evaluation starts, while the other processes are inside it: what the failure tests stop or
+// kill, to see every other rank end by itself instead of waiting forever.
+void pause_if_asked_in_evaluation() {
+  if (std::getenv("CONVEYOR_TEST_PAUSE_IN_EVAL") == nullptr) return;
+  std::fprintf(stderr, "conveyor: paused in evaluation\n");
+  std::fflush(stderr);
+  for (;;) ::pause();
+}
+
 // Held-out loss on the `batches` batches that follow the trained ones in a fresh copy of the
 // run's source, so a resumed run evaluates on the same tokens as an uninterrupted one. A
 // collective under MPI.
@@ -468,6 +481,7 @@ double evaluate_after_training(Trainer& trainer, int64_t batches) {
   std::unique_ptr<TokenSource> held_out =
       make_token_source(trainer.config(), trainer.model().vocab);
   held_out->seek(trainer.source().position());
+  pause_if_asked_in_evaluation();
   return trainer.evaluate(*held_out, batches);
 }
 

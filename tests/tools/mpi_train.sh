@@ -27,6 +27,12 @@
 #                                      prints the eval line, and it and the --log-json record's
 #                                      hex value equal the one-process run's, bit for bit;
 #                                      so does a run resumed at step 2 by -np 2
+#   mpi_train.sh CONVEYOR eval_stop    rank 1 of -np 2 stops for good as its evaluation starts
+#                                      (CONVEYOR_TEST_PAUSE_IN_EVAL): rank 0, inside the
+#                                      evaluation, gives up at its deadline naming rank 1; and
+#                                      the same with rank 0 stopped and rank 1 waiting
+#   mpi_train.sh CONVEYOR eval_kill    as eval_stop, then rank 1 is killed with SIGKILL: the
+#                                      job ends non-zero well within the timeout, naming rank 1
 # CI runs as root and with fewer cores than ranks: --allow-run-as-root --oversubscribe.
 set -uo pipefail
 cli=$1 mode=$2
@@ -52,6 +58,36 @@ signal_last_rank() {
   took=$(( $(date +%s) - start ))
   [ "$status" -ne 0 ] && [ "$status" -ne 124 ] || fail "status $status after ${took}s: $(cat "$work/out")"
   [ "$took" -le 30 ] || fail "took ${took}s, more than the $2 s timeout allows"
+  ended="status $status after ${took}s"
+}
+
+# Rank $3 of two pauses for good as its evaluation starts, after two training steps, with
+# --timeout $1; with $2 = kill, it is then killed with SIGKILL. The job must end non-zero, by
+# itself, within 30 s. Output in $work/out.
+pause_rank_in_evaluation() {
+  local start status took pid= paused=$3
+  start=$(date +%s)
+  timeout 60 "${mpirun[@]}" -np 2 bash -c \
+    'if [ "$OMPI_COMM_WORLD_RANK" = '"$paused"' ]; then echo $$ >"'"$work"'/paused.pid"; export CONVEYOR_TEST_PAUSE_IN_EVAL=1; fi; exec "$@"' _ \
+    "$cli" train --device cpu --stages 2 --layers 4 --microbatches 4 --batch-tokens 512 \
+    --steps 2 --quiet --eval-batches 4 --timeout "$1" \
+    >"$work/out" 2>&1 &
+  local job=$!
+  if [ "$2" = kill ]; then
+    for _ in $(seq 200); do
+      grep -q "paused in evaluation" "$work/out" 2>/dev/null && break
+      sleep 0.1
+    done
+    grep -q "paused in evaluation" "$work/out" || fail "rank $paused did not reach its evaluation: $(cat "$work/out")"
+    pid=$(cat "$work/paused.pid")
+    kill -KILL "$pid"
+  fi
+  wait "$job"
+  status=$?
+  took=$(( $(date +%s) - start ))
+  [ "$status" -ne 0 ] && [ "$status" -ne 124 ] || fail "status $status after ${took}s: $(cat "$work/out")"
+  [ "$took" -le 30 ] || fail "took ${took}s, more than the $1 s timeout allows"
+  grep -q "paused in evaluation" "$work/out" || fail "rank $paused did not reach its evaluation: $(cat "$work/out")"
   ended="status $status after ${took}s"
 }
 
@@ -204,6 +240,26 @@ case $mode in
       fail "the stopped rank 2 is not named as unknown: $block"
     echo "rank 2 stopped: rank 0's error marks rank 0 and rank 1, job ended with $ended"
     echo "$block"
+    ;;
+  eval_stop)
+    # Rank 0, the first stage, has sent its activations and waits in the closing sum.
+    pause_rank_in_evaluation 3 stop 1
+    grep -Eq "conveyor: error: rank 0: .*rank\(s\) 1 " "$work/out" ||
+      fail "rank 0 did not name rank 1: $(cat "$work/out")"
+    echo "rank 1 paused in evaluation: rank 0 gave up, job ended with $ended"
+    grep "conveyor: error" "$work/out"
+    # Rank 1, the last stage, waits for the first activation.
+    pause_rank_in_evaluation 3 stop 0
+    grep -Eq "conveyor: error: rank 1: .*from rank 0" "$work/out" ||
+      fail "rank 1 did not name rank 0: $(cat "$work/out")"
+    echo "rank 0 paused in evaluation: rank 1 gave up, job ended with $ended"
+    grep "conveyor: error" "$work/out"
+    ;;
+  eval_kill)
+    pause_rank_in_evaluation 20 kill 1
+    grep -Eq "rank 1 .*(signal 9|Killed)|process rank 1" "$work/out" ||
+      fail "the lost rank is not named: $(cat "$work/out")"
+    echo "rank 1 killed in evaluation: job ended with $ended"
     ;;
   *) fail "unknown mode $mode" ;;
 esac
