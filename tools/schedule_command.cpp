@@ -119,27 +119,39 @@ void write_file(const std::string& path, const std::string& content, const char*
   out.close();
 }
 
-// Largest p x m x v generated: the simulator, the timeline and the pictures walk every
-// action, so bigger schedules would run for minutes.
-constexpr int64_t kMaxScheduleCells = int64_t{1} << 20;
+// Largest p x m x v generated: 1F1B at p = 1024, m = 4096 (25 million actions) generates,
+// validates and simulates in a few seconds and about 1 GB; the printed timeline draws the
+// first ranks only, and --svg has caps of its own.
+constexpr int64_t kMaxScheduleCells = int64_t{1} << 22;
+// --trace and --dump write every action: a Chrome trace takes about 100 bytes per action, so
+// past a million (stage, micro-batch) cells the file would run to gigabytes.
+constexpr int64_t kMaxWrittenCells = int64_t{1} << 20;
 
-void check_pm(const ScheduleOptions& o) {
+// Checks p, m and the chunks `v` to generate with, before anything is generated.
+void check_pm(const ScheduleOptions& o, int v) {
   if (o.stages < 1)
     throw UsageError("--stages must be at least 1, got " + std::to_string(o.stages));
   if (o.microbatches < 1)
     throw UsageError("--microbatches must be at least 1, got " + std::to_string(o.microbatches));
   if (o.chunks < 0)
     throw UsageError("--chunks must be at least 1, got " + std::to_string(o.chunks));
-  const int64_t cells = int64_t{o.stages} * o.microbatches * std::max(o.chunks, 2);
+  const int64_t cells = int64_t{o.stages} * o.microbatches * v;
   if (cells > kMaxScheduleCells)
     throw UsageError("--stages x --microbatches x chunks is " + std::to_string(cells) +
                      "; at most " + std::to_string(kMaxScheduleCells) + " are generated");
+  for (const auto& [flag, file] : {std::pair{"--trace", &o.trace}, std::pair{"--dump", &o.dump}})
+    if (!file->empty() && cells > kMaxWrittenCells)
+      throw UsageError(std::string(flag) + " writes every action, for at most " +
+                       std::to_string(kMaxWrittenCells) +
+                       " cells of --stages x --microbatches x chunks; this schedule has " +
+                       std::to_string(cells) + " (leave " + flag +
+                       " out, or use fewer --stages or --microbatches)");
 }
 
 void run_compare(const ScheduleOptions& o, const Costs& costs) {
-  check_pm(o);
   const int p = o.stages, m = o.microbatches;
   const int v = o.chunks > 1 ? o.chunks : 2;
+  check_pm(o, v);
   std::printf("p=%d ranks, m=%d micro-batches, costs F=%s I=%s W=%s comm=%s\n", p, m,
               fmt(costs.f).c_str(), fmt(costs.i).c_str(), fmt(costs.w).c_str(),
               fmt(costs.comm).c_str());
@@ -192,7 +204,15 @@ void check_load_agrees(const ScheduleOptions& o, const CLI::App& cmd, const sc::
 
 void run(const ScheduleOptions& o, const CLI::App& cmd) {
   const Costs costs = parse_costs(o.costs);
-  if (o.compare) return run_compare(o, costs);
+  if (o.compare) {
+    // The table covers every kind and writes nothing: a flag for one schedule would be ignored.
+    for (const char* flag : {"--kind", "--load", "--svg", "--trace", "--dump"})
+      if (cmd.count(flag))
+        throw UsageError(std::string("--compare prints a table of every schedule kind and writes "
+                                     "no file; ") +
+                         flag + " is for one schedule: leave it out, or leave out --compare");
+    return run_compare(o, costs);
+  }
   sc::Schedule schedule;
   sc::SimResult sim;
   try {
@@ -204,8 +224,8 @@ void run(const ScheduleOptions& o, const CLI::App& cmd) {
       if (!kind)
         throw UsageError("unknown schedule kind '" + o.kind + "' (expected " +
                          sc::schedule_kind_choices() + ")");
-      check_pm(o);
       const int v = o.chunks > 0 ? o.chunks : (*kind == sc::ScheduleKind::kInterleaved ? 2 : 1);
+      check_pm(o, *kind == sc::ScheduleKind::kZBV ? 2 : v);
       schedule = make_schedule(*kind, o.stages, o.microbatches, v, costs, o.dp);
     }
     sim = sc::validate_and_simulate(schedule, cost_model(costs, schedule.placement.chunks, o));

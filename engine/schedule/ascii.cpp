@@ -89,7 +89,11 @@ std::string format_step_grid(const Schedule& schedule, const std::vector<GridMar
   return step_grid(schedule, marks, marks[0].rank, marks[0].index, max_columns, max_rows);
 }
 
-std::string format_timeline(const Schedule& schedule, const SimResult& sim, int max_columns) {
+std::string format_timeline(const Schedule& schedule, const SimResult& sim, int max_columns,
+                            int max_rows) {
+  const size_t all_ranks = schedule.ranks.size();
+  const size_t ranks =
+      max_rows > 0 ? std::min(all_ranks, static_cast<size_t>(max_rows)) : all_ranks;
   double unit = 0;
   for (size_t r = 0; r < schedule.ranks.size(); ++r)
     for (size_t i = 0; i < schedule.ranks[r].size(); ++i) {
@@ -99,10 +103,9 @@ std::string format_timeline(const Schedule& schedule, const SimResult& sim, int 
   if (unit == 0 || sim.makespan <= 0) return "(empty timeline)\n";
   if (sim.makespan / unit > max_columns) unit = sim.makespan / max_columns;
   const int columns = static_cast<int>(std::ceil(sim.makespan / unit - 1e-9));
-  std::vector<std::vector<std::string>> grid(schedule.ranks.size(),
-                                             std::vector<std::string>(columns, "."));
+  std::vector<std::vector<std::string>> grid(ranks, std::vector<std::string>(columns, "."));
   size_t width = 1;
-  for (size_t r = 0; r < schedule.ranks.size(); ++r)
+  for (size_t r = 0; r < ranks; ++r)
     for (size_t i = 0; i < schedule.ranks[r].size(); ++i) {
       const Action& a = schedule.ranks[r][i];
       if (!is_compute(a.kind)) continue;
@@ -118,8 +121,8 @@ std::string format_timeline(const Schedule& schedule, const SimResult& sim, int 
   // The gradient all-reduces run on a stream of their own: a row under each rank's.
   std::vector<std::vector<std::string>> reduce_grid;
   if (schedule.replicas > 1) {
-    reduce_grid.assign(schedule.ranks.size(), std::vector<std::string>(columns, " "));
-    for (size_t r = 0; r < schedule.ranks.size(); ++r)
+    reduce_grid.assign(ranks, std::vector<std::string>(columns, " "));
+    for (size_t r = 0; r < ranks; ++r)
       for (size_t i = 0; i < schedule.ranks[r].size(); ++i) {
         const Action& a = schedule.ranks[r][i];
         if (!is_reduce(a.kind)) continue;
@@ -145,6 +148,10 @@ std::string format_timeline(const Schedule& schedule, const SimResult& sim, int 
     put_row("r" + std::to_string(r) + ":", grid[r]);
     if (!reduce_grid.empty()) put_row("  ar:", reduce_grid[r]);
   }
+  if (ranks < all_ranks)
+    out += "(ranks " + std::to_string(ranks) + ".." + std::to_string(all_ranks - 1) +
+           " not drawn: the first " + std::to_string(ranks) + " of " + std::to_string(all_ranks) +
+           ")\n";
   return out;
 }
 

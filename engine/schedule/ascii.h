@@ -30,8 +30,10 @@ std::string format_step_grid(const Schedule& schedule, const std::vector<GridMar
 
 // One row per rank, one column per time unit (the shortest compute action, widened so at most
 // max_columns columns); compute actions only, labelled kind + micro-batch (kind + stage.mb
-// with several chunks per rank), continuation cells '~', idle '.'.
-std::string format_timeline(const Schedule& schedule, const SimResult& sim, int max_columns = 160);
+// with several chunks per rank), continuation cells '~', idle '.'. At most max_rows ranks are
+// drawn (0: all), the first ones, and a last line says how many were left out.
+std::string format_timeline(const Schedule& schedule, const SimResult& sim, int max_columns = 160,
+                            int max_rows = 64);
 
 // "F3" or "F5.3": a compute action's label in pictures.
 std::string compute_label(const Schedule& schedule, const Action& action);
