@@ -3,9 +3,12 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "comm/mpi_transport.h"
 #include "comm/nccl.h"
+#include "comm/report_channel.h"
 
 #ifdef CONVEYOR_WITH_CUDA
 #include <nccl.h>
@@ -92,8 +95,11 @@ std::unique_ptr<Transport> make_nccl_transport_over_mpi(
   std::vector<std::string> ids;
   for (int i = 0; i < slots; ++i)
     ids.emplace_back(message.data() + 1 + i * sizeof(ncclUniqueId), sizeof(ncclUniqueId));
-  return make_nccl_transport_from_ids(rank, ranks, cuda_device_per_rank[rank], ids, timeout,
-                                      groups);
+  // After a failure each process's position goes to rank 0 over MPI (NCCL cannot carry it).
+  std::unique_ptr<Transport> reports = make_mpi_transport(timeout);
+  return with_reports_over(make_nccl_transport_from_ids(rank, ranks, cuda_device_per_rank[rank],
+                                                        ids, timeout, groups),
+                           std::move(reports));
 }
 
 #endif  // CONVEYOR_WITH_MPI
