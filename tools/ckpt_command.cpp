@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -225,10 +226,6 @@ Tensor random_tensor(DeviceContext& ctx, DType dtype, const Shape& shape, std::m
 }
 
 void run_demo(const CkptFlags& flags) {
-  if (flags.ranks < 1)
-    throw UsageError("--ranks must be at least 1, got " + std::to_string(flags.ranks));
-  if (flags.step < 0) throw UsageError("--step must be >= 0, got " + std::to_string(flags.step));
-  if (flags.keep < 0) throw UsageError("--keep must be >= 0, got " + std::to_string(flags.keep));
   DeviceContext ctx(Device::cpu());
   // Rank r holds block r: a weight and bias with their AdamW moments, and a bf16 and an i32
   // tensor so that every dtype appears.
@@ -293,7 +290,8 @@ void register_ckpt_command(CLI::App& app) {
       "inspect", "Print a checkpoint's manifest and tensors (after checking all of it)");
   inspect->add_option("path", flags->path, "DIR, DIR/latest or DIR/step_<N>")->required();
   inspect->add_flag("--json", flags->json, "Print everything as one JSON document");
-  inspect->add_option("--values", flags->values, "Also print the first N elements of each tensor");
+  add_int_flag(inspect, "--values", flags->values, 0, int64_t{1} << 31,
+               "Also print the first N elements of each tensor");
   inspect->callback([flags] { run_inspect(*flags); });
 
   CLI::App* verify = ckpt->add_subcommand(
@@ -304,11 +302,11 @@ void register_ckpt_command(CLI::App& app) {
   CLI::App* demo = ckpt->add_subcommand("demo", "Write a checkpoint of random tensors into DIR");
   demo->group("");  // for tests and trials, not in the help
   demo->add_option("dir", flags->path, "Checkpoint folder")->required();
-  demo->add_option("--step", flags->step, "Step of the checkpoint")->capture_default_str();
-  demo->add_option("--ranks", flags->ranks, "Number of shards")->capture_default_str();
-  demo->add_option("--seed", flags->seed, "Seed of the random values")->capture_default_str();
-  demo->add_option("--keep", flags->keep, "Keep the newest K checkpoints (0: all)")
-      ->capture_default_str();
+  add_int_flag(demo, "--step", flags->step, 0, 1000000000, "Step of the checkpoint");
+  add_int_flag(demo, "--ranks", flags->ranks, 1, 1024, "Number of shards");
+  add_int_flag(demo, "--seed", flags->seed, 0, std::numeric_limits<int64_t>::max(),
+               "Seed of the random values");
+  add_int_flag(demo, "--keep", flags->keep, 0, 1000000, "Keep the newest K checkpoints (0: all)");
   demo->callback([flags] { run_demo(*flags); });
 }
 

@@ -47,9 +47,11 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    // CLI11 prints help/version itself (exit 0) and parse errors as one message (exit 2).
-    const int code = app.exit(e);
-    return code == 0 ? 0 : conveyor::cli::kExitUsage;
+    // Help and version are CLI11's to print (exit 0); its parse errors (an unknown flag, a
+    // missing value or argument) get the one line every other error gets.
+    if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) return app.exit(e);
+    print_error((std::string(e.what()) + " (see --help)").c_str());
+    return conveyor::cli::kExitUsage;
   } catch (const conveyor::cli::ExitRequest& e) {
     return e.code;
   } catch (const std::bad_alloc&) {

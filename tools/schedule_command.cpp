@@ -53,14 +53,15 @@ Costs parse_costs(const std::string& text) {
       if (used != item.size() || !std::isfinite(v) || v < 0) throw std::invalid_argument("");
       values.push_back(v);
     } catch (const std::exception&) {
-      throw UsageError("--costs expects non-negative numbers F,I,W[,comm], got '" + text + "'");
+      throw UsageError("--costs expects non-negative numbers F,I,W[,comm], got '" +
+                       escape_for_message(text) + "'");
     }
   }
   if (values.size() != 3 && values.size() != 4)
     throw UsageError(
         "--costs expects 3 or 4 numbers F,I,W[,comm] (forward, input-gradient and "
         "weight-gradient time per micro-batch and stage, transfer time), got '" +
-        text + "'");
+        escape_for_message(text) + "'");
   if (values[0] + values[1] + values[2] <= 0)
     throw UsageError("--costs: F + I + W must be positive");
   return {values[0], values[1], values[2], values.size() == 4 ? values[3] : 0.0};
@@ -315,15 +316,12 @@ void register_schedule_command(CLI::App& app) {
                "Data-parallel replicas D: each stage's gradients are all-reduced after its last "
                "weight gradient (AR actions, on a stream of their own)")
       ->capture_default_str();
-  cmd->add_option("--grad-bytes", opts->grad_bytes,
-                  "With --dp: one rank's gradient bytes (each chunk 1/v of it); an all-reduce "
-                  "takes bytes / --reduce-bandwidth")
-      ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
-  cmd->add_option("--reduce-bandwidth", opts->reduce_bandwidth,
-                  "With --dp: bytes per time unit of the gradient all-reduce (0: infinite)")
-      ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
+  constexpr double kMaxAmount = 1e30;  // bytes and bytes per time unit: finite, printable
+  add_float_flag(cmd, "--grad-bytes", opts->grad_bytes, 0.0, kMaxAmount, false,
+                 "With --dp: one rank's gradient bytes (each chunk 1/v of it); an all-reduce "
+                 "takes bytes / --reduce-bandwidth");
+  add_float_flag(cmd, "--reduce-bandwidth", opts->reduce_bandwidth, 0.0, kMaxAmount, false,
+                 "With --dp: bytes per time unit of the gradient all-reduce (0: infinite)");
   cmd->add_option("--svg", opts->svg,
                   "Write an SVG timeline to FILE (at most 256 ranks and 20000 boxes drawn)")
       ->type_name("FILE");

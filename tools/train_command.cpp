@@ -72,10 +72,9 @@ void add_checkpoint_flags(CLI::App* cmd, CheckpointFlags& f) {
   cmd->add_option(
       "--save-dir", f.save_dir,
       "Save checkpoints into DIR (DIR/step_<N>, DIR/latest), and at the end of the run");
-  cmd->add_option("--save-every", f.save_every, "Save every N steps (0: only at the end)")
-      ->capture_default_str();
-  cmd->add_option("--keep", f.keep, "Keep the newest K checkpoints (0: all)")
-      ->capture_default_str();
+  add_int_flag(cmd, "--save-every", f.save_every, 0, 1000000000,
+               "Save every N steps (0: only at the end)");
+  add_int_flag(cmd, "--keep", f.keep, 0, 1000000, "Keep the newest K checkpoints (0: all)");
   cmd->add_option("--on-save-error", f.on_save_error,
                   "stop (end the run) or continue (report and train on) when a save fails")
       ->capture_default_str();
@@ -83,8 +82,8 @@ void add_checkpoint_flags(CLI::App* cmd, CheckpointFlags& f) {
                 "Snapshot to host memory and write checkpoints in the background");
   cmd->add_option("--resume", f.resume,
                   "Resume from checkpoint DIR, DIR/step_<N>, or latest (of --save-dir)");
-  cmd->add_option("--stop-after", f.stop_after,
-                  "Stop after step N (the learning-rate schedule still spans --steps)");
+  add_int_flag(cmd, "--stop-after", f.stop_after, 0, 1000000000,
+               "Stop after step N (the learning-rate schedule still spans --steps; 0: never)");
 }
 
 // Resumes (when asked) and makes the checkpointer (when saving); checkpoint errors of the
@@ -92,9 +91,6 @@ void add_checkpoint_flags(CLI::App* cmd, CheckpointFlags& f) {
 std::unique_ptr<TrainerCheckpointer> setup_checkpoints(const CheckpointFlags& f, Trainer& trainer) {
   if (f.on_save_error != "stop" && f.on_save_error != "continue")
     throw UsageError("--on-save-error must be stop or continue, got '" + f.on_save_error + "'");
-  if (f.save_every < 0) throw UsageError("--save-every must be >= 0");
-  if (f.keep < 0) throw UsageError("--keep must be >= 0");
-  if (f.stop_after < 0) throw UsageError("--stop-after must be >= 0");
   if (f.save_dir.empty() && (f.save_every > 0 || f.async_save))
     throw UsageError("--save-every and --async-save need --save-dir");
   std::unique_ptr<TrainerCheckpointer> checkpointer;

@@ -2,11 +2,14 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <limits>
 #include <optional>
 #include <string>
 #include <tuple>
+#include <utility>
 
 #include "engine/schedule/action_index.h"
 #include "engine/schedule/checked_progress.h"
@@ -590,7 +593,39 @@ void detail::check_progress_of_checked(const Schedule& schedule) {
   StreamRun<false>(schedule, nullptr, nullptr, /*checked=*/true).run();
 }
 
+namespace {
+
+// Every time and size of the model a finite number >= 0: a NaN would pass through max()
+// unseen and a negative cost would run time backwards.
+void check_costs(const CostModel& c) {
+  auto check = [](const char* name, double v, size_t index, bool vector) {
+    if (std::isfinite(v) && v >= 0) return;
+    char value[32];
+    std::snprintf(value, sizeof value, "%g", v);
+    throw ScheduleError(std::string("cost model: ") + name +
+                        (vector ? "[" + std::to_string(index) + "]" : std::string()) + " is " +
+                        value + "; costs, sizes and bandwidths must be finite and >= 0");
+  };
+  const std::pair<const char*, const std::vector<double>*> vectors[] = {
+      {"forward", &c.forward},
+      {"backward_input", &c.backward_input},
+      {"backward_weight", &c.backward_weight},
+      {"backward", &c.backward},
+      {"message_bytes", &c.message_bytes},
+      {"activation_bytes", &c.activation_bytes},
+      {"gradient_bytes", &c.gradient_bytes}};
+  for (const auto& [name, values] : vectors)
+    for (size_t i = 0; i < values->size(); ++i) check(name, (*values)[i], i, true);
+  check("latency", c.latency, 0, false);
+  check("bandwidth", c.bandwidth, 0, false);
+  check("reduce_latency", c.reduce_latency, 0, false);
+  check("reduce_bandwidth", c.reduce_bandwidth, 0, false);
+}
+
+}  // namespace
+
 SimResult simulate(const Schedule& schedule, const CostModel& costs) {
+  check_costs(costs);
   const int R = static_cast<int>(schedule.ranks.size());
   SimResult result;
   StreamRun<true> run(schedule, &costs, &result.timing);
@@ -603,6 +638,11 @@ SimResult simulate(const Schedule& schedule, const CostModel& costs) {
     for (int r = 0; r < R; ++r) result.ranks[r].memory = memory[r];
   }
   for (int r = 0; r < R; ++r) result.makespan = std::max(result.makespan, result.ranks[r].end);
+  // Finite costs can still add up past the largest double (a huge size over a tiny bandwidth).
+  if (!std::isfinite(result.makespan))
+    throw ScheduleError(
+        "the cost model's times overflow: the makespan is not a finite number; use smaller "
+        "costs or sizes, or larger bandwidths");
   double total_idle = 0;
   for (auto& st : result.ranks) st.idle = result.makespan - st.busy, total_idle += st.idle;
   // idle / (R * makespan) rather than 1 - busy / (...): one rounding, so integer costs give

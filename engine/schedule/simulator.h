@@ -79,8 +79,9 @@ class DeadlockError : public ScheduleError {
 
 // Expects a schedule that passed the structural checks of validate() (validate() runs this
 // with zero costs to prove progress). Throws DeadlockError when the run cannot finish (an
-// input that no action produces included) and ScheduleError for a stage, micro-batch or peer
-// out of range.
+// input that no action produces included), and ScheduleError for a stage, micro-batch or peer
+// out of range, for a cost, size or bandwidth that is negative or not finite, and for costs
+// whose times add up past the largest double.
 SimResult simulate(const Schedule& schedule, const CostModel& costs = {});
 
 // The same run without times: proves that every stream reaches the end of its list (what

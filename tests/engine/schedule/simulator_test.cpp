@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <nlohmann/json.hpp>
 
 #include "engine/schedule/chrome_trace.h"
@@ -29,6 +31,36 @@ TEST(Simulator, BandwidthAndMessageBytes) {
   costs.message_bytes = {200};  // 2 time units per message
   const SimResult sim = simulate(generate_gpipe(2, 1), costs);
   EXPECT_DOUBLE_EQ(sim.makespan, 2 * 3 + 2 * 2.5);
+}
+
+// Refused with the field named, before anything runs: a NaN would pass through max() unseen
+// and a negative cost would run time backwards.
+TEST(Simulator, RefusesCostsThatAreNotFiniteOrNegative) {
+  const Schedule s = generate_1f1b(3, 4);
+  auto message = [&](const CostModel& costs) {
+    try {
+      simulate(s, costs);
+    } catch (const ScheduleError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  CostModel nan_forward;
+  nan_forward.forward = {1, std::nan(""), 1};
+  EXPECT_EQ(message(nan_forward),
+            "cost model: forward[1] is nan; costs, sizes and bandwidths must be finite and >= 0");
+  CostModel negative_latency = CostModel::uniform(1, 1, 1, -0.5);
+  EXPECT_NE(message(negative_latency).find("latency is -0.5;"), std::string::npos);
+  CostModel infinite_bytes = CostModel::uniform(1, 1, 1);
+  infinite_bytes.bandwidth = 1;
+  infinite_bytes.message_bytes = {INFINITY};
+  EXPECT_NE(message(infinite_bytes).find("message_bytes[0] is inf;"), std::string::npos);
+  // Finite, but a huge size over a tiny bandwidth overflows.
+  CostModel overflowing = CostModel::uniform(1, 1, 1);
+  overflowing.bandwidth = 1e-300;
+  overflowing.message_bytes = {1e300};
+  EXPECT_NE(message(overflowing).find("times overflow"), std::string::npos);
+  EXPECT_EQ(message(CostModel::uniform(1, 1, 1, 0.5)), "accepted");
 }
 
 TEST(Simulator, PerStageCostsBottleneck) {
