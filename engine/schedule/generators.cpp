@@ -283,6 +283,23 @@ Schedule generate_zbv(int p, int m) {
   return s;
 }
 
+namespace {
+
+// Whether the receives from `src` in `list` are exactly the messages `sent`, in that order:
+// then reordering them into the send order would give the list back unchanged.
+bool receives_in_send_order(const std::vector<Action>& list, int src,
+                            const std::vector<MessageKey>& sent) {
+  size_t next = 0;
+  for (const Action& a : list) {
+    if (!is_recv(a.kind) || a.peer != src) continue;
+    if (next == sent.size() || message_key(a) != sent[next]) return false;
+    ++next;
+  }
+  return next == sent.size();
+}
+
+}  // namespace
+
 void insert_transfers(Schedule* schedule) {
   const Placement& pl = schedule->placement;
   const int S = pl.num_stages();
@@ -313,16 +330,26 @@ void insert_transfers(Schedule* schedule) {
     schedule->ranks[r] = std::move(out);
   }
   // FIFO per link: reorder each rank's receives from one peer into the peer's send order,
-  // moving a receive earlier (never later than its consumer).
-  std::vector<std::vector<std::vector<MessageKey>>> sent_on(
-      R, std::vector<std::vector<MessageKey>>(R));
+  // moving a receive earlier (never later than its consumer). The messages of each existing
+  // link, kept per link (a table of every pair of ranks would grow with R^2), and visited
+  // by destination, then source in ascending order.
+  struct Link {
+    int src;
+    std::vector<MessageKey> sent;
+  };
+  std::vector<std::vector<Link>> into(R);
   for (int src = 0; src < R; ++src)
-    for (const auto& a : schedule->ranks[src])
-      if (is_send(a.kind)) sent_on[src][a.peer].push_back(message_key(a));
+    for (const auto& a : schedule->ranks[src]) {
+      if (!is_send(a.kind) || a.peer == src || a.peer < 0 || a.peer >= R) continue;
+      std::vector<Link>& links = into[a.peer];
+      if (links.empty() || links.back().src != src) links.push_back({src, {}});
+      links.back().sent.push_back(message_key(a));
+    }
   for (int dst = 0; dst < R; ++dst) {
-    for (int src = 0; src < R; ++src) {
-      const auto& sent = sent_on[src][dst];
-      if (src == dst || sent.empty()) continue;
+    for (const Link& link : into[dst]) {
+      const int src = link.src;
+      const auto& sent = link.sent;
+      if (receives_in_send_order(schedule->ranks[dst], src, sent)) continue;
       std::map<MessageKey, size_t> order;
       for (size_t i = 0; i < sent.size(); ++i) order[sent[i]] = i;
       // Drop this link's receives; remember where each was (its deadline) in the reduced list.
