@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "engine/core/device_context.h"
+#include "support/tensor_values.h"
 #include "support/test_util.h"
 
 namespace conveyor::comm {
@@ -14,11 +15,7 @@ namespace {
 
 using namespace std::chrono_literals;
 
-Tensor filled(DeviceContext& ctx, const std::vector<float>& values) {
-  Tensor t = ctx.empty({static_cast<int64_t>(values.size())});
-  copy_from_host(t, values.data(), values.size() * sizeof(float));
-  return t;
-}
+using testing::filled;
 
 TEST(InProcessTransport, MessagesArriveInOrderAndAreCopies) {
   auto hub = InProcessHub::create(2, 5000ms);

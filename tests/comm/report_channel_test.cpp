@@ -9,6 +9,7 @@
 
 #include "comm/in_process.h"
 #include "engine/core/device_context.h"
+#include "support/tensor_values.h"
 #include "support/test_util.h"
 
 namespace conveyor::comm {
@@ -52,11 +53,7 @@ class RecordingReports : public Transport {
   std::shared_ptr<Log> log_;
 };
 
-Tensor filled(DeviceContext& ctx, const std::vector<float>& values) {
-  Tensor t = ctx.empty({static_cast<int64_t>(values.size())});
-  copy_from_host(t, values.data(), values.size() * sizeof(float));
-  return t;
-}
+using testing::filled;
 
 TEST(ReportChannel, TensorsAndSumsGoOverTheDataTransport) {
   auto hub = InProcessHub::create(2, 5000ms);
