@@ -22,6 +22,7 @@
 #include <thread>
 
 #include "comm/nccl_check.h"
+#include "comm/poll.h"
 #include "engine/core/cuda_device_guard.h"
 #include "kernels/cuda_check.h"
 #endif
@@ -173,7 +174,8 @@ int set_up_entry_device(const std::vector<int>& clique_devices) {
 }
 
 // ncclGroupStart ... ncclGroupEnd, where the end also comes when a call in between throws
-// (an unclosed group would swallow every later NCCL call of this thread).
+// (an unclosed group would swallow every later NCCL call of this thread). Over non-blocking
+// communicators the end may leave the group's work in progress: settle each of them after.
 class NcclGroup {
  public:
   NcclGroup() { CONVEYOR_NCCL_CHECK(ncclGroupStart()); }
@@ -182,13 +184,20 @@ class NcclGroup {
   }
   void end() {
     open_ = false;
-    CONVEYOR_NCCL_CHECK(ncclGroupEnd());
+    CONVEYOR_NCCL_START(ncclGroupEnd());
   }
   NcclGroup(const NcclGroup&) = delete;
   NcclGroup& operator=(const NcclGroup&) = delete;
 
  private:
   bool open_ = true;
+};
+
+// What settle() throws when a communicator did not settle: raised where the caller may hold
+// the communicator's lock, it is turned into an abort of the clique once the lock is let go
+// (the abort takes every communicator's lock).
+struct NcclUnsettled {
+  std::string reason;
 };
 
 }  // namespace
@@ -318,8 +327,16 @@ class NcclClique {
     links_.resize(static_cast<size_t>(ranks) * ranks * 2);
     resize_group_comms();
     try {
-      // ncclCommInitRank takes the current device. One thread making several communicators
-      // needs a group, which also lets them form in any order across the processes.
+      // Non-blocking communicators: NCCL forms them in threads of its own while this one
+      // polls them against the timeout, so a process that never comes, or a host the others
+      // cannot reach, ends the set-up with an error where a blocking one would wait forever.
+      // (NCCL_COMM_BLOCKING=1 in the environment makes them blocking; every poll then finds
+      // them settled at once.)
+      ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+      config.blocking = 0;
+      // ncclCommInitRankConfig takes the current device. One thread making several
+      // communicators needs a group, which also lets them form in any order across the
+      // processes.
       CudaDeviceGuard guard(device);
       NcclGroup group;
       for (const NcclMembership& m : nccl_memberships(rank, ranks, groups_)) {
@@ -332,9 +349,14 @@ class NcclClique {
           world_[rank] = std::move(comm);
         else
           links_[link_index(m.src, m.dst, m.comm_rank)] = std::move(comm);
-        CONVEYOR_NCCL_CHECK(ncclCommInitRank(handle, m.comm_size, ids.at(m.slot), m.comm_rank));
+        CONVEYOR_NCCL_START(
+            ncclCommInitRankConfig(handle, m.comm_size, ids.at(m.slot), m.comm_rank, &config));
       }
       group.end();
+      for (NcclComm* comm : all_comms())
+        settle_now(rank, *comm,
+                   "making its NCCL communicators (every process must reach this, and each "
+                   "host must reach the others)");
       warm_up();
     } catch (...) {
       abort_all("set-up failed");
@@ -389,29 +411,64 @@ class NcclClique {
   // NCCL reports an asynchronous error on one of `rank`'s communicators, or the deadline
   // passes.
   void wait(int rank, const Stream& stream, const std::string& what) {
-    const auto deadline = Clock::now() + timeout_;
-    auto pause = std::chrono::microseconds(20);
-    for (;;) {
+    const bool done = poll_until(Clock::now() + timeout_, [&] {
       if (aborted()) throw TransportAborted(rank, abort_reason());
-      bool done = false;
+      bool finished = false;
       try {
-        done = stream.query();
+        finished = stream.query();
       } catch (const std::exception& e) {
         abort_all("rank " + std::to_string(rank) + ": CUDA error while waiting for " + what + ": " +
                   e.what());
         throw;
       }
-      if (done) return;
-      for (NcclComm* comm : comms_of(rank)) check_async_error(rank, *comm, what);
-      if (Clock::now() > deadline) {
-        const std::string reason = "rank " + std::to_string(rank) + ": " + what +
-                                   " did not finish within " + std::to_string(timeout_.count()) +
-                                   " ms";
-        abort_all(reason);
-        throw TransportError(reason);
-      }
-      std::this_thread::sleep_for(pause);
-      pause = std::min(pause * 2, std::chrono::microseconds(1000));
+      if (!finished)
+        for (NcclComm* comm : comms_of(rank)) check_async_error(rank, *comm, what);
+      return finished;
+    });
+    if (done) return;
+    const std::string reason = "rank " + std::to_string(rank) + ": " + what +
+                               " did not finish within " + std::to_string(timeout_.count()) + " ms";
+    abort_all(reason);
+    throw TransportError(reason);
+  }
+
+  // After a call on `comm` that NCCL may still be carrying out in its own threads (a call on a
+  // non-blocking communicator, or the end of a group over one): polls the communicator until
+  // that is done, as NCCL asks before the next call on it or the next work on the call's
+  // stream. A blocking communicator is settled at the first ask. Throws TransportAborted when
+  // the clique was aborted meanwhile, and NcclUnsettled (for the caller to abort the clique
+  // with, once it lets go of `comm`'s lock) on an NCCL error or when the timeout passes first.
+  // `what()` says what was waited for; it is only called on a failure, since sends and
+  // receives settle on every call.
+  template <class What>
+  void settle(int rank, const NcclComm& comm, What&& what) const {
+    ncclResult_t state = ncclInProgress;
+    const bool settled = poll_until(Clock::now() + timeout_, [&] {
+      if (aborted()) throw TransportAborted(rank, abort_reason());
+      const ncclResult_t asked = ncclCommGetAsyncError(comm.handle, &state);
+      if (asked != ncclSuccess) state = asked;
+      return state != ncclInProgress;
+    });
+    if (settled && state == ncclSuccess) return;
+    std::string reason = "rank " + std::to_string(rank) + ": ";
+    if (settled) {
+      reason += "NCCL error while " + what() + ": " + ncclGetErrorString(state);
+      const char* last = ncclGetLastError(comm.handle);
+      if (last && *last) reason += " (" + std::string(last) + ")";
+    } else {
+      reason += what() + " did not finish within " + std::to_string(timeout_.count()) + " ms";
+    }
+    throw NcclUnsettled{reason};
+  }
+
+  // settle() where this thread holds no communicator's lock: a communicator that does not
+  // settle aborts the clique here.
+  void settle_now(int rank, const NcclComm& comm, const std::string& what) {
+    try {
+      settle(rank, comm, [&] { return what; });
+    } catch (const NcclUnsettled& unsettled) {
+      abort_all(unsettled.reason);
+      throw TransportError(unsettled.reason);
     }
   }
 
@@ -540,18 +597,20 @@ class NcclClique {
           NcclGroup group;
           if (holds(src)) {
             CudaDeviceGuard guard(devices_[src]);
-            CONVEYOR_NCCL_CHECK(ncclSend(buffers[src], 1, ncclChar, /*peer=*/1,
+            CONVEYOR_NCCL_START(ncclSend(buffers[src], 1, ncclChar, /*peer=*/1,
                                          link_sender(src, dst).handle, cuda_stream(*streams[src])));
           }
           if (holds(dst)) {
             CudaDeviceGuard guard(devices_[dst]);
-            CONVEYOR_NCCL_CHECK(ncclRecv(buffers[dst] + sizeof(double) + src, 1, ncclChar,
+            CONVEYOR_NCCL_START(ncclRecv(buffers[dst] + sizeof(double) + src, 1, ncclChar,
                                          /*peer=*/0, link_receiver(src, dst).handle,
                                          cuda_stream(*streams[dst])));
           }
           group.end();
           const std::string what = "the NCCL set-up exchange on link " + std::to_string(src) +
                                    " -> " + std::to_string(dst);
+          if (holds(src)) settle_now(src, link_sender(src, dst), "connecting for " + what);
+          if (holds(dst)) settle_now(dst, link_receiver(src, dst), "connecting for " + what);
           if (holds(src)) wait(src, *streams[src], what);
           if (holds(dst)) wait(dst, *streams[dst], what);
         }
@@ -560,11 +619,13 @@ class NcclClique {
         for (int r = 0; r < p; ++r) {
           if (!holds(r)) continue;
           CudaDeviceGuard guard(devices_[r]);
-          CONVEYOR_NCCL_CHECK(ncclAllReduce(buffers[r], buffers[r], 1, ncclFloat64, ncclSum,
+          CONVEYOR_NCCL_START(ncclAllReduce(buffers[r], buffers[r], 1, ncclFloat64, ncclSum,
                                             world_[r]->handle, cuda_stream(*streams[r])));
         }
         group.end();
       }
+      for (int r = 0; r < p; ++r)
+        if (holds(r)) settle_now(r, *world_[r], "connecting for the NCCL set-up all-reduce");
       for (int r = 0; r < p; ++r)
         if (holds(r)) wait(r, *streams[r], "the NCCL set-up all-reduce");
       for (size_t g = 0; g < groups_.size(); ++g) {
@@ -579,15 +640,17 @@ class NcclClique {
             ncclComm_t comm = group_comms_[g][i]->handle;
             for (size_t j = 0; j < group.size(); ++j) {
               if (j == i) continue;
-              CONVEYOR_NCCL_CHECK(ncclSend(buffers[r], 1, ncclChar, static_cast<int>(j), comm,
+              CONVEYOR_NCCL_START(ncclSend(buffers[r], 1, ncclChar, static_cast<int>(j), comm,
                                            cuda_stream(*streams[r])));
-              CONVEYOR_NCCL_CHECK(ncclRecv(buffers[r] + sizeof(double) + group[j], 1, ncclChar,
+              CONVEYOR_NCCL_START(ncclRecv(buffers[r] + sizeof(double) + group[j], 1, ncclChar,
                                            static_cast<int>(j), comm, cuda_stream(*streams[r])));
             }
           }
           nccl_group.end();
         }
         const std::string what = "the NCCL set-up exchange in group " + describe_group(group);
+        for (size_t i = 0; i < group.size(); ++i)
+          if (holds(group[i])) settle_now(group[i], *group_comms_[g][i], "connecting for " + what);
         for (int r : group)
           if (holds(r)) wait(r, *streams[r], what);
       }
@@ -675,13 +738,23 @@ void NcclTransport::check_tensor(const Tensor& tensor, const char* what) const {
 
 namespace {
 
-// Runs `issue` on `comm` under its lock, with its device current; throws when aborted.
+// Runs `issue` on `comm` under its lock, with its device current; throws when aborted. When
+// `issue` finds the communicator unsettled (NcclClique::settle), the clique is aborted once
+// the lock is let go.
 template <class F>
-void with_comm(NcclComm& comm, int rank, const NcclClique& clique, F&& issue) {
-  std::unique_lock lock(comm.mutex);
-  if (comm.dead || clique.aborted()) throw TransportAborted(rank, clique.abort_reason());
-  CudaDeviceGuard guard(comm.device);
-  issue(comm.handle);
+void with_comm(NcclComm& comm, int rank, NcclClique& clique, F&& issue) {
+  std::string unsettled;
+  try {
+    std::unique_lock lock(comm.mutex);
+    if (comm.dead || clique.aborted()) throw TransportAborted(rank, clique.abort_reason());
+    CudaDeviceGuard guard(comm.device);
+    issue(comm.handle);
+    return;
+  } catch (const detail::NcclUnsettled& failure) {
+    unsettled = failure.reason;
+  }
+  clique.abort_all(unsettled);
+  throw TransportError(unsettled);
 }
 
 }  // namespace
@@ -691,9 +764,13 @@ void NcclTransport::send(const Tensor& tensor, int peer, const Stream& stream) {
   check_peer(peer, "send to");
   check_tensor(tensor, "send");
   auto s = cuda_stream(stream);
-  with_comm(clique_->link_sender(rank_, peer), rank_, *clique_, [&](ncclComm_t comm) {
-    CONVEYOR_NCCL_CHECK(ncclSend(tensor.raw(), nccl_count(tensor), nccl_type(tensor.dtype()),
+  NcclComm& link = clique_->link_sender(rank_, peer);
+  with_comm(link, rank_, *clique_, [&](ncclComm_t comm) {
+    CONVEYOR_NCCL_START(ncclSend(tensor.raw(), nccl_count(tensor), nccl_type(tensor.dtype()),
                                  /*peer=*/1, comm, s));
+    clique_->settle(rank_, link, [&] {
+      return "sending " + tensor.describe() + " to rank " + std::to_string(peer) + " over NCCL";
+    });
   });
   record_stream(tensor, stream.native());
 }
@@ -703,9 +780,13 @@ void NcclTransport::recv(const Tensor& tensor, int peer, const Stream& stream) {
   check_peer(peer, "receive from");
   check_tensor(tensor, "receive into");
   auto s = cuda_stream(stream);
-  with_comm(clique_->link_receiver(peer, rank_), rank_, *clique_, [&](ncclComm_t comm) {
-    CONVEYOR_NCCL_CHECK(ncclRecv(tensor.raw(), nccl_count(tensor), nccl_type(tensor.dtype()),
+  NcclComm& link = clique_->link_receiver(peer, rank_);
+  with_comm(link, rank_, *clique_, [&](ncclComm_t comm) {
+    CONVEYOR_NCCL_START(ncclRecv(tensor.raw(), nccl_count(tensor), nccl_type(tensor.dtype()),
                                  /*peer=*/0, comm, s));
+    clique_->settle(rank_, link, [&] {
+      return "receiving " + tensor.describe() + " from rank " + std::to_string(peer) + " over NCCL";
+    });
   });
   record_stream(tensor, stream.native());
 }
@@ -723,11 +804,13 @@ void NcclTransport::send_recv_self(const Tensor& src, const Tensor& dst, const S
     throw TransportError("rank " + std::to_string(rank_) + ": send to self of " + src.describe() +
                          " into " + dst.describe() + ": the byte counts differ");
   auto s = cuda_stream(stream);
-  with_comm(clique_->world(rank_), rank_, *clique_, [&](ncclComm_t comm) {
+  NcclComm& world = clique_->world(rank_);
+  with_comm(world, rank_, *clique_, [&](ncclComm_t comm) {
     detail::NcclGroup group;
-    CONVEYOR_NCCL_CHECK(ncclSend(src.raw(), src.nbytes(), ncclChar, rank_, comm, s));
-    CONVEYOR_NCCL_CHECK(ncclRecv(dst.raw(), dst.nbytes(), ncclChar, rank_, comm, s));
+    CONVEYOR_NCCL_START(ncclSend(src.raw(), src.nbytes(), ncclChar, rank_, comm, s));
+    CONVEYOR_NCCL_START(ncclRecv(dst.raw(), dst.nbytes(), ncclChar, rank_, comm, s));
     group.end();
+    clique_->settle(rank_, world, [] { return std::string("a send to itself over NCCL"); });
   });
   record_stream(src, stream.native());
   record_stream(dst, stream.native());
@@ -755,8 +838,10 @@ void NcclTransport::all_reduce_sum(std::vector<double>& values) {
   with_comm(world, rank_, *clique_, [&](ncclComm_t comm) {
     CONVEYOR_CUDA_CHECK(cudaMemcpyAsync(reduce_device_, reduce_host_, n * sizeof(double),
                                         cudaMemcpyHostToDevice, stream));
-    CONVEYOR_NCCL_CHECK(
+    CONVEYOR_NCCL_START(
         ncclAllReduce(reduce_device_, reduce_device_, n, ncclFloat64, ncclSum, comm, stream));
+    clique_->settle(rank_, world,
+                    [&] { return "starting the all-reduce of " + std::to_string(n) + " values"; });
     CONVEYOR_CUDA_CHECK(cudaMemcpyAsync(reduce_host_, reduce_device_, n * sizeof(double),
                                         cudaMemcpyDeviceToHost, stream));
   });
@@ -828,12 +913,13 @@ class NcclGroupCall : public PendingGroupCall {
                                             cudaMemcpyHostToDevice, stream));
       NcclGroup nccl_group;
       for (const auto& piece : exchange.sends)
-        CONVEYOR_NCCL_CHECK(ncclSend(staging.device + piece.at, piece.count, ncclFloat, piece.peer,
+        CONVEYOR_NCCL_START(ncclSend(staging.device + piece.at, piece.count, ncclFloat, piece.peer,
                                      handle, stream));
       for (const auto& piece : exchange.recvs)
-        CONVEYOR_NCCL_CHECK(ncclRecv(staging.device + piece.at, piece.count, ncclFloat, piece.peer,
+        CONVEYOR_NCCL_START(ncclRecv(staging.device + piece.at, piece.count, ncclFloat, piece.peer,
                                      handle, stream));
       nccl_group.end();
+      t.clique_->settle(t.rank_, comm, [&] { return "starting " + call->what_; });
       if (exchange.down_count > 0)
         CONVEYOR_CUDA_CHECK(
             cudaMemcpyAsync(staging.host + exchange.up_count, staging.device + exchange.down_from,

@@ -22,11 +22,11 @@
 // Within one process all of them are made with ncclCommInitAll, in one thread. Across
 // processes rank 0 makes one NCCL unique id per communicator (slots: nccl_link_slot,
 // nccl_world_slot, nccl_group_slot) and broadcasts them over MPI_COMM_WORLD; each process
-// then makes the ends of its own rank (nccl_memberships) with ncclCommInitRank inside one
-// NCCL group, as NCCL requires when one thread creates several communicators. That creation,
-// and the broadcast, are not bounded by the timeout: a process that never comes leaves the
-// others in NCCL's bootstrap until the launcher ends the job (mpirun does when a process
-// exits).
+// then makes the ends of its own rank (nccl_memberships) with ncclCommInitRankConfig inside
+// one NCCL group, as NCCL requires when one thread creates several communicators. Those are
+// non-blocking communicators: NCCL forms and connects them in its own threads while the
+// caller polls them against the timeout (as it polls the broadcast), so a process that never
+// comes ends the others' set-up with an error instead of holding it in NCCL's bootstrap.
 //
 // Constraints relied on (NCCL's thread-safety rules):
 //  - each communicator is used by one thread at a time: a rank's thread issues its own
@@ -205,7 +205,7 @@ std::unique_ptr<Transport> make_nccl_transport_from_ids(int rank, int ranks, int
 // This process's rank over NCCL, bootstrapped over MPI (initialised by the program, with
 // MPI_COMM_WORLD holding one process per rank): the process holds its MPI rank r, on CUDA
 // device cuda_device_per_rank[r]. Rank 0 makes the unique ids and broadcasts them with
-// MPI_Bcast; every process must call it. Throws std::invalid_argument when the process count
+// MPI_Ibcast, polled against `timeout`; every process must call it. Throws std::invalid_argument when the process count
 // is not the list's size or the build has no MPI, TransportError when MPI is not initialised.
 // Every process must pass the same `groups` (as for make_nccl_transports).
 std::unique_ptr<Transport> make_nccl_transport_over_mpi(

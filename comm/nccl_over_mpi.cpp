@@ -8,6 +8,7 @@
 
 #include "comm/mpi_transport.h"
 #include "comm/nccl.h"
+#include "comm/poll.h"
 #include "comm/report_channel.h"
 
 #ifdef CONVEYOR_WITH_CUDA
@@ -85,9 +86,25 @@ std::unique_ptr<Transport> make_nccl_transport_over_mpi(
       failure = e.what();
     }
   }
-  check_mpi(
-      MPI_Bcast(message.data(), static_cast<int>(message.size()), MPI_BYTE, 0, MPI_COMM_WORLD),
-      "MPI_Bcast");
+  // Polled against the timeout: a process that never comes to the broadcast (stopped, or
+  // stuck before it) ends the others' set-up with an error where MPI_Bcast would wait forever.
+  // The request is left behind then, as the process is on its way out (and never finalises
+  // MPI after a failure, which would wait for it).
+  MPI_Request request = MPI_REQUEST_NULL;
+  check_mpi(MPI_Ibcast(message.data(), static_cast<int>(message.size()), MPI_BYTE, 0,
+                       MPI_COMM_WORLD, &request),
+            "MPI_Ibcast");
+  const bool arrived = poll_until(PollClock::now() + timeout, [&] {
+    int done = 0;
+    check_mpi(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test");
+    return done != 0;
+  });
+  if (!arrived)
+    throw TransportError(
+        "rank " + std::to_string(rank) + ": the NCCL unique ids " +
+        (rank == 0 ? "did not leave for every process" : "did not arrive from rank 0") +
+        " within " + std::to_string(timeout.count()) +
+        " ms (every process must come to its NCCL set-up)");
   if (message[0] != 1)
     throw TransportError(rank == 0 ? failure
                                    : "rank 0 could not make the NCCL unique ids (its error says "
@@ -97,9 +114,9 @@ std::unique_ptr<Transport> make_nccl_transport_over_mpi(
     ids.emplace_back(message.data() + 1 + i * sizeof(ncclUniqueId), sizeof(ncclUniqueId));
   // After a failure each process's position goes to rank 0 over MPI (NCCL cannot carry it).
   std::unique_ptr<Transport> reports = make_mpi_transport(timeout);
-  return with_reports_over(make_nccl_transport_from_ids(rank, ranks, cuda_device_per_rank[rank],
-                                                        ids, timeout, groups),
-                           std::move(reports));
+  return with_reports_over(
+      make_nccl_transport_from_ids(rank, ranks, cuda_device_per_rank[rank], ids, timeout, groups),
+      std::move(reports));
 }
 
 #endif  // CONVEYOR_WITH_MPI
