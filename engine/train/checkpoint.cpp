@@ -309,7 +309,7 @@ fs::path resolve_checkpoint_directory(const fs::path& path) {
                         "' file nor a " + kManifestName);
 }
 
-Checkpoint open_checkpoint(const fs::path& path) {
+Checkpoint open_checkpoint(const fs::path& path, CheckpointCheck check) {
   Checkpoint ckpt;
   ckpt.dir_ = resolve_checkpoint_directory(path);
   const fs::path manifest_path = ckpt.dir_ / kManifestName;
@@ -344,7 +344,7 @@ Checkpoint open_checkpoint(const fs::path& path) {
   // Every tensor whole in one shard, or in pieces that tile it: gather them by name.
   std::map<std::string, CheckpointTensor> by_name;
   for (const ShardEntry& e : m.shards) {
-    auto shard = std::make_unique<ShardReader>(ckpt.dir_ / e.file);
+    auto shard = std::make_unique<ShardReader>(ckpt.dir_ / e.file, check);
     const std::string file = shard->path().string();
     if (shard->rank() != e.rank)
       throw CheckpointError(file + " is the shard of rank " + std::to_string(shard->rank()) +
@@ -356,8 +356,8 @@ Checkpoint open_checkpoint(const fs::path& path) {
     if (shard->file_bytes() != e.bytes)
       throw CheckpointError(file + " has " + std::to_string(shard->file_bytes()) + " bytes, but " +
                             manifest_file + " says " + std::to_string(e.bytes));
-    if (shard->file_checksum() != e.checksum)
-      throw CheckpointError(file + " has XXH3-64 " + checkpoint_io::hex64(shard->file_checksum()) +
+    if (shard->file_checksum() && *shard->file_checksum() != e.checksum)
+      throw CheckpointError(file + " has XXH3-64 " + checkpoint_io::hex64(*shard->file_checksum()) +
                             ", but " + manifest_file + " says " + checkpoint_io::hex64(e.checksum) +
                             ": the file was changed after it was saved");
     for (size_t i = 0; i < shard->tensors().size(); ++i) {
@@ -545,6 +545,19 @@ void Checkpoint::read_range(const std::string& name, int64_t offset, const Tenso
                           ") of it as " + dtype_name(dst.dtype()));
   const std::vector<unsigned char> bytes = read_bytes(name, offset, offset + dst.numel());
   copy_from_host(dst, bytes.data(), bytes.size());
+}
+
+void Checkpoint::verify(const std::vector<NamedTensor>& tensors) const {
+  for (const NamedTensor& t : tensors) {
+    const CheckpointTensor& saved = require(t.name);
+    // A whole tensor checks every piece, even an empty one (whose checksum is still the
+    // metadata's to get right); a range checks the pieces it overlaps.
+    const int64_t begin = t.piece ? t.piece->offset : 0;
+    const int64_t end = t.piece ? begin + t.tensor.numel() : 0;
+    for (const CheckpointPiece& p : saved.pieces)
+      if (!t.piece || std::max(begin, p.begin) < std::min(end, p.end))
+        shards_[p.rank]->verify(shards_[p.rank]->tensors()[p.index]);
+  }
 }
 
 void Checkpoint::read(const std::vector<NamedTensor>& tensors) const {

@@ -120,7 +120,9 @@ struct TensorSpec {
   Shape shape;
 };
 
-// A checkpoint whose files have all been checked. Reads are thread-safe (one rank per thread).
+// A checkpoint whose files have been checked: all of them, or (opened with kLayoutOnly) their
+// layout, with the bytes checked by verify() and every read. Reads are thread-safe (one rank
+// per thread).
 class Checkpoint {
  public:
   const std::filesystem::path& directory() const { return dir_; }
@@ -146,6 +148,10 @@ class Checkpoint {
   void read(const std::string& name, const Tensor& dst) const;
   // Each tensor whole, or (with a piece) the range it names.
   void read(const std::vector<NamedTensor>& tensors) const;
+  // Checks against their checksums every stored byte that read(tensors) would read, and
+  // writes nothing: what a process that loads part of a checkpoint opened with kLayoutOnly
+  // checks before it touches its model. Throws CheckpointError naming the file and tensor.
+  void verify(const std::vector<NamedTensor>& tensors) const;
   // Reads elements [offset, offset + dst.numel()) of the flattened tensor `name` into `dst`
   // (any shape and device, the saved dtype), from whichever pieces hold them.
   void read_range(const std::string& name, int64_t offset, const Tensor& dst) const;
@@ -154,7 +160,7 @@ class Checkpoint {
   std::vector<unsigned char> read_bytes(std::string_view name, int64_t begin, int64_t end) const;
 
  private:
-  friend Checkpoint open_checkpoint(const std::filesystem::path& path);
+  friend Checkpoint open_checkpoint(const std::filesystem::path& path, CheckpointCheck check);
   Checkpoint() = default;
   const CheckpointTensor& require(std::string_view name) const;
 
@@ -171,7 +177,10 @@ std::filesystem::path resolve_checkpoint_directory(const std::filesystem::path& 
 // Opens the checkpoint `path` names and checks all of it: the manifest, that its shards and
 // only those are present, each shard's layout, metadata and checksums, the file sizes and
 // checksums the manifest lists, and the step everywhere. Throws CheckpointError naming the
-// file and the problem.
-Checkpoint open_checkpoint(const std::filesystem::path& path);
+// file and the problem. With kLayoutOnly it reads the manifest and the shards' headers
+// alone and leaves the checksums of the data (the tensors' and the files') out, for
+// verify() of the tensors the caller will load.
+Checkpoint open_checkpoint(const std::filesystem::path& path,
+                           CheckpointCheck check = CheckpointCheck::kEveryByte);
 
 }  // namespace conveyor

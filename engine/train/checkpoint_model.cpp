@@ -79,6 +79,10 @@ void load_rank_checkpoint(const Checkpoint& checkpoint, PipelineExecutor& execut
   optimizer.set_steps_taken(checkpoint.state().optimizer_steps);
 }
 
+void verify_rank_checkpoint(const Checkpoint& checkpoint, PipelineExecutor& executor, int rank) {
+  checkpoint.verify(checkpoint_tensors(executor.optimizer(rank)));
+}
+
 std::vector<StagePlacement> stage_placements(const schedule::Schedule& schedule,
                                              const std::vector<StageRange>& ranges) {
   if (static_cast<int>(ranges.size()) != schedule.num_stages())

@@ -41,6 +41,9 @@ std::vector<TensorSpec> checkpoint_tensor_specs(PipelineExecutor& executor);
 // from `checkpoint`, wherever and however they were saved, and sets its optimizer's step
 // count. Any rank 0..P*D-1; callable from the rank's thread.
 void load_rank_checkpoint(const Checkpoint& checkpoint, PipelineExecutor& executor, int rank);
+// Checks against their checksums the stored bytes load_rank_checkpoint would read for `rank`,
+// loading nothing.
+void verify_rank_checkpoint(const Checkpoint& checkpoint, PipelineExecutor& executor, int rank);
 
 // The stage map of a schedule and the unit ranges of its stages.
 std::vector<StagePlacement> stage_placements(const schedule::Schedule& schedule,

@@ -159,7 +159,7 @@ ShardFileInfo write_shard_file(const std::filesystem::path& path, int64_t step, 
   return {total, file_hash.digest()};
 }
 
-ShardReader::ShardReader(const std::filesystem::path& path)
+ShardReader::ShardReader(const std::filesystem::path& path, CheckpointCheck check)
     : file_(checkpoint_io::File::open_for_reading(path)) {
   const std::string name = path.string();
   auto check_metadata = [&](const std::map<std::string, std::string>& metadata) {
@@ -227,7 +227,7 @@ ShardReader::ShardReader(const std::filesystem::path& path)
     if (!has_checksum[i])
       throw CheckpointError(name + ": tensor " + in_quotes(tensors_[i].name) +
                             " has no checksum in the metadata (xxh3_64:" + tensors_[i].name + ")");
-  verify_data(header.data_start);
+  if (check == CheckpointCheck::kEveryByte) verify_data(header.data_start);
 }
 
 void ShardReader::verify_data(uint64_t data_start) {
@@ -236,28 +236,38 @@ void ShardReader::verify_data(uint64_t data_start) {
   std::vector<unsigned char> buffer(
       static_cast<size_t>(std::min<uint64_t>(kReadChunk, std::max<uint64_t>(data_start, 1))));
   checkpoint_io::Xxh3Stream file_hash;
-  auto hash_range = [&](uint64_t begin, uint64_t end, checkpoint_io::Xxh3Stream* tensor_hash) {
-    for (uint64_t pos = begin; pos < end;) {
-      const size_t n = static_cast<size_t>(std::min<uint64_t>(end - pos, kReadChunk));
-      if (buffer.size() < n) buffer.resize(n);
-      file_.read_exactly_at(buffer.data(), n, pos);
-      file_hash.update(buffer.data(), n);
-      if (tensor_hash) tensor_hash->update(buffer.data(), n);
-      pos += n;
-    }
-  };
-  hash_range(0, data_start, nullptr);
-  for (const ShardTensor& t : tensors_) {
-    checkpoint_io::Xxh3Stream tensor_hash;
-    hash_range(data_start + t.begin, data_start + t.end, &tensor_hash);
-    const uint64_t actual = tensor_hash.digest();
-    if (actual != t.checksum)
-      throw CheckpointError(path().string() + ": checksum mismatch in tensor " + in_quotes(t.name) +
-                            ": its bytes hash to " + checkpoint_io::hex64(actual) +
-                            ", the metadata says " + checkpoint_io::hex64(t.checksum) +
-                            ": the data is corrupt");
-  }
+  hash_bytes(0, data_start, buffer, &file_hash);
+  for (const ShardTensor& t : tensors_)
+    check_tensor_hash(t, hash_bytes(data_start + t.begin, data_start + t.end, buffer, &file_hash));
   file_checksum_ = file_hash.digest();
+}
+
+uint64_t ShardReader::hash_bytes(uint64_t begin, uint64_t end, std::vector<unsigned char>& buffer,
+                                 checkpoint_io::Xxh3Stream* also) const {
+  checkpoint_io::Xxh3Stream hash;
+  for (uint64_t pos = begin; pos < end;) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(end - pos, kReadChunk));
+    if (buffer.size() < n) buffer.resize(n);
+    file_.read_exactly_at(buffer.data(), n, pos);
+    hash.update(buffer.data(), n);
+    if (also) also->update(buffer.data(), n);
+    pos += n;
+  }
+  return hash.digest();
+}
+
+void ShardReader::check_tensor_hash(const ShardTensor& tensor, uint64_t actual) const {
+  if (actual != tensor.checksum)
+    throw CheckpointError(path().string() + ": checksum mismatch in tensor " +
+                          in_quotes(tensor.name) + ": its bytes hash to " +
+                          checkpoint_io::hex64(actual) + ", the metadata says " +
+                          checkpoint_io::hex64(tensor.checksum) + ": the data is corrupt");
+}
+
+void ShardReader::verify(const ShardTensor& tensor) const {
+  std::vector<unsigned char> buffer;
+  check_tensor_hash(
+      tensor, hash_bytes(data_start_ + tensor.begin, data_start_ + tensor.end, buffer, nullptr));
 }
 
 void ShardReader::read(const ShardTensor& tensor, void* dst) const {

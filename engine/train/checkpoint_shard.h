@@ -59,32 +59,48 @@ struct ShardTensor : SafetensorsEntry {
   std::optional<PieceRange> piece;  // absent: the whole tensor, of `shape`
 };
 
-// An open shard whose every byte has been checked: the layout, the metadata and every
-// checksum (of each tensor, and of the whole file for the manifest to compare). Reads are
+// How much of a checkpoint's files opening it checks.
+enum class CheckpointCheck {
+  kEveryByte,   // the layout, the metadata and every byte against its checksum
+  kLayoutOnly,  // the layout and the metadata, from the headers alone; the bytes are checked
+                // by verify() and by every read
+};
+
+// An open shard whose layout and metadata have been checked, and with kEveryByte every
+// checksum too (of each tensor, and of the whole file for the manifest to compare). Reads are
 // thread-safe.
 class ShardReader {
  public:
-  explicit ShardReader(const std::filesystem::path& path);  // throws CheckpointError
+  // Throws CheckpointError.
+  explicit ShardReader(const std::filesystem::path& path,
+                       CheckpointCheck check = CheckpointCheck::kEveryByte);
 
   const std::filesystem::path& path() const { return file_.path(); }
   int64_t step() const { return step_; }
   int rank() const { return rank_; }
   uint64_t file_bytes() const { return file_bytes_; }
-  uint64_t file_checksum() const { return file_checksum_; }
+  // XXH3-64 of the whole file; only when opened with kEveryByte (which reads all of it).
+  std::optional<uint64_t> file_checksum() const { return file_checksum_; }
   const std::vector<ShardTensor>& tensors() const { return tensors_; }  // in data order
 
   // Reads the bytes of `tensor` (one of tensors()) into `dst` and checks them again, so that
   // a file changed since it was opened is caught rather than loaded.
   void read(const ShardTensor& tensor, void* dst) const;
+  // Checks the bytes of `tensor` against its checksum, reading them a chunk at a time.
+  void verify(const ShardTensor& tensor) const;
 
  private:
   void verify_data(uint64_t data_start);
+  // XXH3-64 of bytes [begin, end) of the file, also fed to `also` when given.
+  uint64_t hash_bytes(uint64_t begin, uint64_t end, std::vector<unsigned char>& buffer,
+                      checkpoint_io::Xxh3Stream* also) const;
+  void check_tensor_hash(const ShardTensor& tensor, uint64_t actual) const;
 
   checkpoint_io::File file_;
   int64_t step_ = 0;
   int rank_ = 0;
   uint64_t file_bytes_ = 0;
-  uint64_t file_checksum_ = 0;
+  std::optional<uint64_t> file_checksum_;
   uint64_t data_start_ = 0;
   std::vector<ShardTensor> tensors_;
 };

@@ -422,8 +422,17 @@ Checkpoint resume_trainer(Trainer& trainer, const fs::path& path) {
   std::optional<Checkpoint> opened;
   std::exception_ptr error;
   try {
-    opened = open_checkpoint(path);
+    // A process holding every rank checks every byte before it loads any. Processes holding
+    // some of the ranks check every shard's layout and the bytes of the tensors they load:
+    // together that is all the run loads, and none of them reads the whole checkpoint (on
+    // N processes that would be N times its size, from one shared file system). Each does so
+    // before any touches its model, since the first agreement below is on it.
+    const bool whole = executor.holds_all_ranks();
+    opened =
+        open_checkpoint(path, whole ? CheckpointCheck::kEveryByte : CheckpointCheck::kLayoutOnly);
     check_resumable(trainer, *opened);
+    if (!whole)
+      for (int rank : executor.local_ranks()) verify_rank_checkpoint(*opened, executor, rank);
   } catch (...) {
     error = std::current_exception();
   }

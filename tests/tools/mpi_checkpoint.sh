@@ -17,6 +17,9 @@
 #                                       folder the nodes do not share looks like): both ranks
 #                                       end at the first save, non-zero, well within the
 #                                       timeout, rank 1 saying why and rank 0 naming rank 1
+#   mpi_checkpoint.sh CONVEYOR corrupt  a byte of rank 1's shard flipped: under -np 2 only
+#                                       rank 1's process reads (and names) that tensor, rank 0
+#                                       names rank 1; one process checks every byte itself
 set -uo pipefail
 cli=$1 mode=$2
 work=$(mktemp -d)
@@ -116,6 +119,33 @@ case $mode in
       fail "rank 0 does not name rank 1: $(cat "$work/out")"
     [ ! -e "$work/a/latest" ] || fail "a checkpoint was published without rank 1's shard"
     echo "unshared --save-dir: both ranks ended in ${took}s, status $status"
+    grep "conveyor: error" "$work/out"
+    ;;
+  corrupt)
+    run saved -- --stages 2 --stop-after 2 --save-dir "$work/ckpt" --transport inproc
+    shard="$work/ckpt/step_2/rank_1.safetensors"
+    # The last byte of the file: data of the last tensor of stage 1, which rank 1 alone loads.
+    python3 -c 'import sys; f = open(sys.argv[1], "r+b"); f.seek(-1, 2); b = f.read(1)[0]; f.seek(-1, 2); f.write(bytes([b ^ 1]))' "$shard" ||
+      fail "cannot flip a byte of $shard"
+    start=$(date +%s)
+    timeout 60 "${mpirun[@]}" -np 2 "$cli" "${common[@]}" --steps 4 --stages 2 --resume "$work/ckpt" \
+      >"$work/out" 2>&1
+    status=$? took=$(( $(date +%s) - start ))
+    [ "$status" -ne 0 ] && [ "$status" -ne 124 ] || fail "status $status: $(cat "$work/out")"
+    [ "$took" -le 20 ] || fail "took ${took}s: the ranks did not agree on the failure"
+    grep -q "rank_1.safetensors: checksum mismatch in tensor '" "$work/out" ||
+      fail "rank 1 does not name the corrupt tensor: $(cat "$work/out")"
+    # Had rank 0 read rank 1's tensors, it would name the tensor too.
+    [ "$(grep -c "checksum mismatch" "$work/out")" = 1 ] ||
+      fail "a process checked bytes it does not load: $(cat "$work/out")"
+    grep -q "opening checkpoint $work/ckpt failed in the process of rank 1" "$work/out" ||
+      fail "rank 0 does not name rank 1: $(cat "$work/out")"
+    grep -q "^step " "$work/out" && fail "a step ran after the failed resume: $(cat "$work/out")"
+    timeout 60 "$cli" "${common[@]}" --steps 4 --stages 2 --resume "$work/ckpt" --transport inproc \
+      >"$work/one.out" 2>&1 && fail "one process resumed from the corrupt checkpoint"
+    grep -q "rank_1.safetensors: checksum mismatch in tensor '" "$work/one.out" ||
+      fail "one process does not name the corrupt tensor: $(cat "$work/one.out")"
+    echo "a corrupt tensor of rank 1: named by rank 1's process alone under mpirun (rank 0 names rank 1, ${took}s), and by one process"
     grep "conveyor: error" "$work/out"
     ;;
   *) fail "unknown mode $mode" ;;

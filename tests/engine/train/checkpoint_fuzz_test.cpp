@@ -113,7 +113,9 @@ size_t header_end(const std::string& shard) {
 
 // Corrupts copies of the checkpoint of `step` in `pristine_dir` (its `num_shards` shards, the
 // manifest or `latest`) for up to `iterations` rounds or `budget`: each load must end in a
-// CheckpointError naming a file of the checkpoint, or hold every tensor as saved.
+// CheckpointError naming a file of the checkpoint, or hold every tensor as saved. Every other
+// round opens the checkpoint as the processes of a run do (the layout alone, then verify()
+// of the tensors, then the reads).
 void fuzz_checkpoint(const fs::path& pristine_dir, int64_t step, int num_shards, int iterations,
                      std::chrono::seconds budget, uint64_t seed_base) {
   const fs::path pristine = pristine_dir / ("step_" + std::to_string(step));
@@ -163,9 +165,17 @@ void fuzz_checkpoint(const fs::path& pristine_dir, int64_t step, int num_shards,
       write_file(work / "latest", mutator.mutate(latest, 0, latest.size()));
       what = "latest";
     }
-    SCOPED_TRACE("iteration " + std::to_string(done) + ", corrupted " + what);
+    const bool layout_only = done % 2 == 1;
+    SCOPED_TRACE("iteration " + std::to_string(done) + ", corrupted " + what +
+                 (layout_only ? ", opened layout only" : ""));
     try {
-      const Checkpoint ckpt = open_checkpoint(work.path());
+      const Checkpoint ckpt = open_checkpoint(
+          work.path(), layout_only ? CheckpointCheck::kLayoutOnly : CheckpointCheck::kEveryByte);
+      if (layout_only) {
+        std::vector<NamedTensor> every;
+        for (const CheckpointTensor& t : ckpt.tensors()) every.push_back({t.name, Tensor{}});
+        ckpt.verify(every);
+      }
       ++loads;
       ASSERT_EQ(ckpt.tensors().size(), saved.size());
       for (const CheckpointTensor& t : ckpt.tensors()) {

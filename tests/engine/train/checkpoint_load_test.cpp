@@ -246,6 +246,58 @@ TEST_F(CheckpointLoad, AFileChangedAfterOpeningIsCaughtOnRead) {
   EXPECT_EQ(tensor_bytes(dst), before);
 }
 
+TEST_F(CheckpointLoad, LayoutOnlyLeavesTheBytesToVerify) {
+  std::string file = read_file(shard(0));
+  file[file.size() - 1] ^= 1;  // the last byte of blocks.0.scale
+  write_file(shard(0), file);
+  EXPECT_CHECKPOINT_ERROR(open_checkpoint(folder_), shard(0).string(),
+                          "checksum mismatch in tensor 'blocks.0.scale'");
+
+  const Checkpoint ckpt = open_checkpoint(folder_, CheckpointCheck::kLayoutOnly);
+  EXPECT_FALSE(ckpt.shard(0).file_checksum().has_value());
+  ckpt.verify(demo_tensors(1));  // the other shard's tensors are sound
+  ckpt.verify({demo_tensors(0)[0]});
+  EXPECT_CHECKPOINT_ERROR(ckpt.verify(demo_tensors(0)), shard(0).string(),
+                          "checksum mismatch in tensor 'blocks.0.scale'", "corrupt");
+  Tensor dst = random_tensor(DType::kF32, {}, 4);
+  EXPECT_CHECKPOINT_ERROR(ckpt.read("blocks.0.scale", dst), "checksum mismatch");
+  EXPECT_CHECKPOINT_ERROR(ckpt.verify({{"blocks.7.scale", dst}}), "no tensor 'blocks.7.scale'");
+}
+
+TEST_F(CheckpointLoad, LayoutOnlyStillChecksTheLayout) {
+  std::string file = read_file(shard(1));
+  write_file(shard(1), file.substr(0, file.size() - 3));
+  EXPECT_CHECKPOINT_ERROR(open_checkpoint(folder_, CheckpointCheck::kLayoutOnly),
+                          shard(1).string());
+  match_manifest_to_shards(folder_);
+  EXPECT_CHECKPOINT_ERROR(open_checkpoint(folder_, CheckpointCheck::kLayoutOnly),
+                          shard(1).string(), "truncated");
+  write_file(shard(1), file);
+  match_manifest_to_shards(folder_);
+  edit_manifest(folder_, [](auto& m) { m["step"] = 7; });
+  EXPECT_CHECKPOINT_ERROR(open_checkpoint(folder_, CheckpointCheck::kLayoutOnly), "step");
+}
+
+TEST(PiecedLayoutOnly, VerifyReadsOnlyThePiecesARangeOverlaps) {
+  TempDir dir;
+  const PiecedDemo saved;
+  const fs::path folder = saved.save(dir.path());
+  // Corrupt the last byte of rank 1's shard: its piece [10, 17) of optimizer.m.w.
+  const fs::path middle = folder / "rank_1.safetensors";
+  std::string file = read_file(middle);
+  file[file.size() - 1] ^= 1;
+  write_file(middle, file);
+  const Checkpoint ckpt = open_checkpoint(folder, CheckpointCheck::kLayoutOnly);
+  auto range = [](int64_t offset, int64_t count) {
+    return NamedTensor{"optimizer.m.w", cpu_context().empty({count}, DType::kF32),
+                       TensorPiece{{6, 4}, offset}};
+  };
+  ckpt.verify({range(0, 10), range(17, 7), {"w", Tensor{}}});
+  EXPECT_CHECKPOINT_ERROR(ckpt.verify({range(8, 3)}), middle.string(),
+                          "checksum mismatch in tensor 'optimizer.m.w'");
+  EXPECT_CHECKPOINT_ERROR(ckpt.verify({{"optimizer.m.w", Tensor{}}}), middle.string());
+}
+
 // Training state of a whole pipeline, saved from one stage layout and loaded into others.
 class CheckpointRepartition : public ::testing::Test {
  protected:
