@@ -474,11 +474,17 @@ void check_options(const UnitCosts& costs, const PlanOptions& options) {
                     " tokens; expected at least 1");
 }
 
-PlanCandidate data_parallel(const UnitCosts& costs, const PlanOptions& options) {
+// Every device a replica of the whole model; with `shard_optimizer` each keeps 1/p of the
+// optimizer state (ZeRO stage 1, --shard-optimizer). Its traffic is a reduce-scatter of the
+// gradients and an all-gather of the updated weights, p - 1 ring steps of 1/p of them each:
+// the 2(p - 1) steps of the ring all-reduce it replaces, so the step time is the same.
+PlanCandidate data_parallel(const UnitCosts& costs, const PlanOptions& options,
+                            bool shard_optimizer) {
   const int p = options.num_ranks;
   PlanCandidate c;
   c.layout = "data-parallel x" + std::to_string(p);
   c.pipelined = false;
+  c.shard_optimizer = shard_optimizer;
   c.ranges = {{0, static_cast<int64_t>(costs.units.size())}};
   if (options.batch_tokens % p != 0) {
     c.rejected = "the batch of " + std::to_string(options.batch_tokens) +
@@ -488,8 +494,8 @@ PlanCandidate data_parallel(const UnitCosts& costs, const PlanOptions& options) 
   const int64_t replica_tokens = options.batch_tokens / p;
   double state = 0, parameters = 0, compute = 0, activation = 0;
   for (const auto& u : costs.units)
-    state += u.state_bytes, parameters += u.parameter_bytes, compute += u.compute(),
-        activation += u.activation_bytes;
+    state += u.state_bytes - (shard_optimizer ? u.optimizer_bytes * (p - 1) / p : 0.0),
+        parameters += u.parameter_bytes, compute += u.compute(), activation += u.activation_bytes;
   // Each replica runs its share one micro-batch after another, accumulating gradients; the
   // fewest micro-batches whose activations fit.
   const double per_token = 1.0 / static_cast<double>(costs.microbatch_tokens);
@@ -618,8 +624,16 @@ Plan plan(const std::vector<UnitCosts>& measured, const PlanOptions& options) {
       if (retry) out.candidates.push_back(candidate(RecomputeSpec::every_unit()));
     }
   }
-  if (options.include_data_parallel && p > 1)
-    out.candidates.push_back(data_parallel(nearest(options.batch_tokens / p), options));
+  if (options.include_data_parallel && p > 1) {
+    const UnitCosts& costs = nearest(options.batch_tokens / p);
+    PlanCandidate replicas = data_parallel(costs, options, false);
+    // Short of memory: replicas that share the optimizer state may fit.
+    double optimizer = 0;
+    for (const auto& u : costs.units) optimizer += u.optimizer_bytes;
+    const bool retry = !replicas.rejected.empty() && replicas.microbatches == 0 && optimizer > 0;
+    out.candidates.push_back(std::move(replicas));
+    if (retry) out.candidates.push_back(data_parallel(costs, options, true));
+  }
   std::stable_sort(out.candidates.begin(), out.candidates.end(),
                    [](const PlanCandidate& a, const PlanCandidate& b) {
                      if (a.rejected.empty() != b.rejected.empty()) return a.rejected.empty();
@@ -646,10 +660,15 @@ std::string format_plan(const Plan& plan) {
           << std::setprecision(1) << std::setw(8) << c.bubble * 100 << "%  " << std::left
           << std::setw(11) << (c.pipelined ? to_string(c.recompute) : "none") << std::right
           << memory.str() << " / "
-          << (c.pipelined ? ranges_text(c.ranges) : "whole model on every device") << "\n";
+          << (c.pipelined         ? ranges_text(c.ranges)
+              : c.shard_optimizer ? "whole model on every device, optimizer state sharded "
+                                    "(--shard-optimizer)"
+                                  : "whole model on every device")
+          << "\n";
     } else {
       out << "  does not fit" << (c.recompute.any() ? " recomputing " + to_string(c.recompute) : "")
-          << ": " << c.rejected << "\n";
+          << (c.shard_optimizer ? " sharing the optimizer state" : "") << ": " << c.rejected
+          << "\n";
     }
   }
   const PlanCandidate* best_pipe = nullptr;
@@ -660,7 +679,9 @@ std::string format_plan(const Plan& plan) {
     if (!c.pipelined && !dp) dp = &c;
   }
   if (dp && (!best_pipe || dp->step_seconds <= best_pipe->step_seconds))
-    out << "pipelining loses for this model and batch: " << dp->layout << " is faster"
+    out << "pipelining loses for this model and batch: " << dp->layout
+        << (dp->shard_optimizer ? " sharing the optimizer state (--shard-optimizer)" : "")
+        << " is faster"
         << (best_pipe ? " than the best pipeline (" + best_pipe->layout + ")" : std::string())
         << "\n";
   return out.str();

@@ -30,6 +30,7 @@ struct UnitCost {
   double activation_bytes = 0;  // saved by the forward until the backward has used it
   double parameter_bytes = 0;   // the weights alone (the size of the gradient all-reduce)
   double state_bytes = 0;       // parameters + gradients + optimizer state
+  double optimizer_bytes = 0;   // the optimizer state's part of state_bytes
   double input_bytes = 0;       // the tensor entering the unit (0 for token ids)
   // Allocated for a moment during the unit's F, I or W beyond what it keeps (its output or
   // input gradient, temporaries): what a rank needs on top of its held activations.
@@ -118,6 +119,7 @@ struct PlanCandidate {
   double bubble = 0;                 // idle fraction of the ranks
   std::vector<double> busy_seconds;  // per rank, predicted compute time of a step (pipelined)
   std::vector<double> peak_bytes;    // per rank (data-parallel: per replica)
+  bool shard_optimizer = false;      // data-parallel: each replica keeps 1/p of the optimizer state
   std::string rejected;              // non-empty: why this candidate cannot run
 };
 

@@ -87,8 +87,9 @@ UnitCost profile_unit(const ModelDescription& model, int64_t u, DeviceContext& c
   ctx.synchronize();
   for (Parameter* p : stage.parameters())
     cost.parameter_bytes += static_cast<double>(p->value.nbytes());
+  cost.optimizer_bytes = options.optimizer_slots * cost.parameter_bytes;
   cost.state_bytes = static_cast<double>(ctx.allocator().stats().allocated_bytes - before_build) +
-                     options.optimizer_slots * cost.parameter_bytes;
+                     cost.optimizer_bytes;
 
   MicroBatchInputs in;
   in.targets = random_ids(ctx, n, model.vocab, options.seed + 17 * u + 1);

@@ -218,12 +218,69 @@ TEST(Planner, PlanRanksBySimulatedStepTimeAndGivesTheHeadItsOwnRoom) {
     EXPECT_GT(best.busy_seconds[r], 0.0);
     EXPECT_LE(best.busy_seconds[r], best.step_seconds);
   }
-  if (best.chunks == 1)
-    EXPECT_LT(best.step_seconds, simulate_ranges({{0, 5}, {5, 10}}).makespan);
+  if (best.chunks == 1) EXPECT_LT(best.step_seconds, simulate_ranges({{0, 5}, {5, 10}}).makespan);
   const std::string table = format_plan(result);
   EXPECT_NE(table.find("step (ms)"), std::string::npos) << table;
   EXPECT_NE(table.find(best.layout), std::string::npos) << table;
   EXPECT_EQ(table.find("pipelining loses"), std::string::npos) << table;
+}
+
+TEST(Planner, ReplicasSharingTheOptimizerStateFitWhereWholeOnesDoNot) {
+  PlanOptions options;
+  options.num_ranks = 2;
+  options.batch_tokens = 2048;  // free all-reduce: replicas beat the pipeline when they fit
+  UnitCosts costs = head_heavy(4);
+  double state = 0, optimizer = 0;
+  for (auto& u : costs.units) {
+    u.optimizer_bytes = 2 * u.parameter_bytes;  // AdamW's two moments
+    state += u.state_bytes, optimizer += u.optimizer_bytes;
+  }
+  auto replicas = [](const Plan& plan, bool sharded) -> const PlanCandidate* {
+    for (const auto& c : plan.candidates)
+      if (!c.pipelined && c.shard_optimizer == sharded) return &c;
+    return nullptr;
+  };
+  // Whole replicas fit: no sharded one is listed.
+  const Plan roomy = plan(costs, options);
+  ASSERT_NE(replicas(roomy, false), nullptr);
+  EXPECT_TRUE(replicas(roomy, false)->rejected.empty());
+  EXPECT_EQ(replicas(roomy, true), nullptr);
+
+  // A cap between the sharded and the whole state: only the sharded replicas fit, at the
+  // same predicted step time (reduce-scatter + all-gather move what the all-reduce did).
+  const double sharded_state = state - optimizer / 2;
+  options.memory_cap = (state + sharded_state) / 2;
+  const Plan capped = plan(costs, options);
+  const PlanCandidate* whole = replicas(capped, false);
+  const PlanCandidate* sharded = replicas(capped, true);
+  ASSERT_NE(whole, nullptr);
+  ASSERT_NE(sharded, nullptr);
+  EXPECT_NE(whole->rejected.find("does not fit"), std::string::npos) << whole->rejected;
+  ASSERT_TRUE(sharded->rejected.empty()) << sharded->rejected;
+  EXPECT_DOUBLE_EQ(sharded->step_seconds, replicas(roomy, false)->step_seconds);
+  ASSERT_EQ(sharded->peak_bytes.size(), 2u);
+  EXPECT_GE(sharded->peak_bytes[0], sharded_state);
+  EXPECT_LE(sharded->peak_bytes[0], options.memory_cap);
+  EXPECT_EQ(&capped.best(), sharded);
+  const std::string table = format_plan(capped);
+  EXPECT_NE(table.find("optimizer state sharded (--shard-optimizer)"), std::string::npos) << table;
+  EXPECT_NE(table.find("pipelining loses for this model and batch: data-parallel x2 sharing the "
+                       "optimizer state"),
+            std::string::npos)
+      << table;
+
+  // Below even the sharded state, both are refused, each saying so.
+  options.memory_cap = sharded_state * 0.9;
+  const Plan tight = plan(costs, options);
+  ASSERT_NE(replicas(tight, true), nullptr);
+  EXPECT_NE(replicas(tight, true)->rejected.find("does not fit"), std::string::npos);
+  EXPECT_NE(format_plan(tight).find("does not fit sharing the optimizer state"), std::string::npos)
+      << format_plan(tight);
+
+  // Without optimizer state (SGD without momentum) there is nothing to share.
+  for (auto& u : costs.units) u.state_bytes -= u.optimizer_bytes, u.optimizer_bytes = 0;
+  options.memory_cap = (state - optimizer) * 0.9;
+  EXPECT_EQ(replicas(plan(costs, options), true), nullptr);
 }
 
 TEST(Planner, SaysWhenDataParallelBeatsThePipeline) {

@@ -44,6 +44,7 @@ TEST(Profile, EveryUnitIsTimedAndItsBytesCounted) {
     // Value and gradient from the allocator (rounded up) plus two AdamW moments.
     EXPECT_GE(c.state_bytes, 4.0 * c.parameter_bytes);
     EXPECT_LT(c.state_bytes, 4.0 * c.parameter_bytes + 64.0 * 1024);
+    EXPECT_DOUBLE_EQ(c.optimizer_bytes, 2.0 * c.parameter_bytes);
     if (u > 0) EXPECT_GT(c.backward_input, 0.0);
   }
   // A block keeps at least its input rows (64 tokens x 16 floats) for the backward.
