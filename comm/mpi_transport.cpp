@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "comm/group_arithmetic.h"
+#include "comm/poll.h"
 
 #ifdef CONVEYOR_WITH_MPI
 #include <mpi.h>
@@ -63,6 +64,8 @@ int node_local_rank() {
 
 #ifndef CONVEYOR_WITH_MPI
 
+void mpi_roll_call(const std::string&, std::chrono::milliseconds) {}
+
 std::unique_ptr<Transport> make_mpi_transport(std::chrono::milliseconds) {
   throw std::invalid_argument(
       "this build has no MPI (install libopenmpi-dev and reconfigure); use the in-process "
@@ -82,6 +85,7 @@ constexpr int kGroupTag = 4;       // group sums and gathers: FIFO per pair of m
 constexpr int kScatterTag = 5;     // reduce-scatters: sized by the ranges, so apart from the others
 constexpr int kReportTag = 16;     // after a failure: where a rank stood, to the collector
 constexpr int kReportAckTag = 17;  // the collector is done: a reporter may end its process
+constexpr int kRollCallTag = 32;   // mpi_roll_call, on MPI_COMM_WORLD: empty messages
 
 std::string mpi_error_text(int code) {
   char text[MPI_MAX_ERROR_STRING];
@@ -103,6 +107,77 @@ class Backoff {
   int polls_ = 0;
 };
 
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string out;
+  for (int r : ranks) out += (out.empty() ? "" : ", ") + std::to_string(r);
+  return out;
+}
+
+// A request left unfinished past a deadline: a receive is cancelled, and either is freed
+// (a send then goes on by itself). The messages are empty, so nothing is written later.
+void drop(MPI_Request& request) {
+  if (request == MPI_REQUEST_NULL) return;
+  MPI_Cancel(&request);
+  MPI_Request_free(&request);
+}
+
+}  // namespace
+
+void mpi_roll_call(const std::string& what, std::chrono::milliseconds timeout) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (size == 1) return;
+  const auto deadline = PollClock::now() + timeout;
+  const std::string waited = " within " + std::to_string(timeout.count()) + " ms";
+  if (rank == 0) {
+    std::vector<MPI_Request> here(static_cast<size_t>(size), MPI_REQUEST_NULL);
+    for (int r = 1; r < size; ++r)
+      MPI_Irecv(nullptr, 0, MPI_BYTE, r, kRollCallTag, MPI_COMM_WORLD, &here[r]);
+    auto all_here = [&] {
+      bool all = true;
+      for (int r = 1; r < size; ++r) {
+        int done = 0;
+        if (here[r] != MPI_REQUEST_NULL) MPI_Test(&here[r], &done, MPI_STATUS_IGNORE);
+        all = all && here[r] == MPI_REQUEST_NULL;
+      }
+      return all;
+    };
+    if (!poll_until(deadline, all_here)) {
+      std::vector<int> missing;
+      for (int r = 1; r < size; ++r)
+        if (here[r] != MPI_REQUEST_NULL) missing.push_back(r), drop(here[r]);
+      throw TransportError("rank 0: rank(s) " + rank_list(missing) + " did not come to " + what +
+                           waited + " (stopped, hung, or slower to start than --timeout allows)");
+    }
+    // Every other process waits for this answer: sent, and left to MPI to deliver.
+    for (int r = 1; r < size; ++r) {
+      MPI_Request sent = MPI_REQUEST_NULL;
+      MPI_Isend(nullptr, 0, MPI_BYTE, r, kRollCallTag, MPI_COMM_WORLD, &sent);
+      MPI_Request_free(&sent);
+    }
+    return;
+  }
+  MPI_Request sent = MPI_REQUEST_NULL, answer = MPI_REQUEST_NULL;
+  MPI_Isend(nullptr, 0, MPI_BYTE, 0, kRollCallTag, MPI_COMM_WORLD, &sent);
+  MPI_Request_free(&sent);
+  MPI_Irecv(nullptr, 0, MPI_BYTE, 0, kRollCallTag, MPI_COMM_WORLD, &answer);
+  const bool answered = poll_until(deadline, [&] {
+    int done = 0;
+    MPI_Test(&answer, &done, MPI_STATUS_IGNORE);
+    return done != 0;
+  });
+  if (!answered) {
+    drop(answer);
+    throw TransportError("rank " + std::to_string(rank) + ": rank 0 did not answer at " + what +
+                         waited +
+                         " (rank 0, or a process it waits for, is stopped, hung, or slower to "
+                         "start than --timeout allows)");
+  }
+}
+
+namespace {
+
 class MpiTransport : public Transport {
  public:
   explicit MpiTransport(std::chrono::milliseconds timeout) : timeout_(timeout) {
@@ -118,6 +193,8 @@ class MpiTransport : public Transport {
       throw TransportError(
           "the MPI transport needs MPI_THREAD_SERIALIZED or more, MPI gave level " +
           std::to_string(level) + "; initialise MPI with MPI_Init_thread");
+    // MPI_Comm_dup waits for every process: only once all are known to be there.
+    mpi_roll_call("making the MPI transport", timeout_);
     if (const int code = MPI_Comm_dup(MPI_COMM_WORLD, &comm_); code != MPI_SUCCESS)
       throw TransportError("MPI_Comm_dup failed: " + mpi_error_text(code));
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);

@@ -20,6 +20,7 @@
 // All traffic runs on a duplicate of MPI_COMM_WORLD with errors returned, not fatal.
 #include <chrono>
 #include <memory>
+#include <string>
 
 #include "comm/transport.h"
 
@@ -39,6 +40,16 @@ int launched_process_count();
 // initialised (a collective: every process must ask), else 0. GPU processes take the GPU of
 // this number modulo the devices they see, so the processes of one node never share one.
 int node_local_rank();
+
+// Returns once every process of MPI_COMM_WORLD has called it (the k-th call of each process
+// meets the k-th of the others), before a step that only goes on when all of them are there
+// (MPI_Comm_dup, a blocking collective): each process tells rank 0 it is there and rank 0
+// answers once all are. Past `timeout` it throws TransportError: on rank 0 naming the
+// processes that did not come to `what` (e.g. "making the MPI transport"), on the others
+// saying rank 0 did not answer. A process that is stopped, hung or slow to start would
+// otherwise hold every other one inside the collective for good. Nothing to do in a build
+// without MPI or with one process.
+void mpi_roll_call(const std::string& what, std::chrono::milliseconds timeout);
 
 // This process's endpoint over MPI_COMM_WORLD: its rank() is the MPI rank. Throws
 // TransportError when MPI is not initialised or gives less than MPI_THREAD_SERIALIZED, and

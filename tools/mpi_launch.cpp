@@ -7,6 +7,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include "comm/mpi_transport.h"
 #include "engine/pipeline/executor.h"
 #include "tools/cli_common.h"
 
@@ -50,7 +51,7 @@ std::vector<std::string> all_gather_text(const std::string& text, int ranks) {
 
 }  // namespace
 
-MpiSession::MpiSession(bool wanted) {
+MpiSession::MpiSession(bool wanted, std::chrono::milliseconds timeout) : timeout_(timeout) {
   if (!wanted) return;
 #ifdef CONVEYOR_WITH_MPI
   int provided = MPI_THREAD_SINGLE;
@@ -81,6 +82,8 @@ MpiSession::~MpiSession() {
 void check_same_configuration(const MpiSession& session, const ConfigFields& fields) {
   if (!session.active()) return;
 #ifdef CONVEYOR_WITH_MPI
+  // The collectives below wait for every process: only once all are known to be there.
+  comm::mpi_roll_call("the configuration check", session.timeout());
   const int ranks = session.size();
   std::vector<uint64_t> mine;
   for (const auto& [name, value] : fields) mine.push_back(hash_bytes(value.data(), value.size()));
@@ -128,10 +131,12 @@ uint64_t weights_checksum(PipelineExecutor& executor, const MpiSession& session)
   }
 #ifdef CONVEYOR_WITH_MPI
   // Each slot has one contributor and zeros elsewhere, so OR gathers the digests exactly.
-  if (session.active())
+  if (session.active()) {
+    comm::mpi_roll_call("the weights checksum", session.timeout());
     check_mpi(MPI_Allreduce(MPI_IN_PLACE, digests.data(), static_cast<int>(digests.size()),
                             MPI_UINT64_T, MPI_BOR, MPI_COMM_WORLD),
               "MPI_Allreduce");
+  }
 #endif
   return hash_bytes(digests.data(), digests.size() * sizeof(uint64_t));
 }

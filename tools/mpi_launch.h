@@ -2,6 +2,7 @@
 // `conveyor train` across processes: MPI start-up and shutdown, the check that every rank
 // runs the same configuration, and what only makes sense over all ranks (the weights'
 // checksum). Without MPI in the build, MpiSession is never active and the rest is local.
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -16,9 +17,11 @@ namespace conveyor::cli {
 // MPI for the lifetime of the object, when `wanted`: MPI_Init_thread asking for
 // MPI_THREAD_SERIALIZED (the executor calls MPI from one thread at a time), the level given
 // checked; MPI_Finalize at the end, unless an exception is leaving (a peer may be gone).
+// `timeout` bounds the waits of the checks below for the other processes (the run's
+// --timeout).
 class MpiSession {
  public:
-  explicit MpiSession(bool wanted);
+  MpiSession(bool wanted, std::chrono::milliseconds timeout);
   ~MpiSession();
   MpiSession(const MpiSession&) = delete;
   MpiSession& operator=(const MpiSession&) = delete;
@@ -26,8 +29,10 @@ class MpiSession {
   bool active() const { return active_; }
   int rank() const { return rank_; }
   int size() const { return size_; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
 
  private:
+  std::chrono::milliseconds timeout_;
   bool active_ = false;
   int rank_ = 0;
   int size_ = 1;
@@ -38,12 +43,14 @@ using ConfigFields = std::vector<std::pair<std::string, std::string>>;
 
 // Compares a hash of every field over all ranks of `session`; throws UsageError naming the
 // first field that differs, with the value of each rank that differs from rank 0. Nothing to
-// do when the session is not active.
+// do when the session is not active. A process that does not come within the session's
+// timeout ends it with an error (comm::mpi_roll_call), on rank 0 naming that process.
 void check_same_configuration(const MpiSession& session, const ConfigFields& fields);
 
 // XXH3-64 over the XXH3-64 of every parameter's value bytes, in global parameter order,
 // gathered from every rank (over MPI when the session is active): one number that says
-// whether two runs ended with the same weights bit for bit.
+// whether two runs ended with the same weights bit for bit. Bounded by the session's timeout
+// as the configuration check is.
 uint64_t weights_checksum(PipelineExecutor& executor, const MpiSession& session);
 
 }  // namespace conveyor::cli

@@ -6,6 +6,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -460,12 +461,15 @@ void check_eval_fits(Trainer& trainer, const TrainConfig& config, int64_t eval_b
                      std::to_string(have) + "; use fewer --eval-batches or --steps");
 }
 
-// A process started with CONVEYOR_TEST_PAUSE_IN_EVAL in its environment stops for good as the
-// evaluation starts, while the other processes are inside it: what the failure tests stop or
-// kill, to see every other rank end by itself instead of waiting forever.
-void pause_if_asked_in_evaluation() {
-  if (std::getenv("CONVEYOR_TEST_PAUSE_IN_EVAL") == nullptr) return;
-  std::fprintf(stderr, "conveyor: paused in evaluation\n");
+// A process started with CONVEYOR_TEST_PAUSE_AT=<point> in its environment stops for good at
+// that point: "setup" (before the model, the data and the transport are made), "evaluation"
+// (as the held-out evaluation starts) or "checksum" (before the weights' checksum over every
+// rank), while the other processes go on into what waits for it. What the failure tests stop
+// or kill, to see every other rank end by itself instead of waiting forever.
+void pause_if_asked_at(const char* point) {
+  const char* wanted = std::getenv("CONVEYOR_TEST_PAUSE_AT");
+  if (wanted == nullptr || std::strcmp(wanted, point) != 0) return;
+  std::fprintf(stderr, "conveyor: paused at %s\n", point);
   std::fflush(stderr);
   for (;;) ::pause();
 }
@@ -477,14 +481,14 @@ double evaluate_after_training(Trainer& trainer, int64_t batches) {
   std::unique_ptr<TokenSource> held_out =
       make_token_source(trainer.config(), trainer.model().vocab);
   held_out->seek(trainer.source().position());
-  pause_if_asked_in_evaluation();
+  pause_if_asked_at("evaluation");
   return trainer.evaluate(*held_out, batches);
 }
 
 void run_train(TrainFlags& f, const CLI::App& cmd) {
   TrainConfig config = resolve_config(f, cmd);
   // Before the trainer, which builds this rank's MPI transport; after it, MPI_Finalize.
-  MpiSession mpi(wants_mpi(config));
+  MpiSession mpi(wants_mpi(config), config.transport_timeout);
   check_same_configuration(mpi, configuration_fields(f, config));
   quiet_unless_rank_zero(mpi, f);
   std::string note;
@@ -505,6 +509,7 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
   if (!f.trace.empty()) trace.emplace(f.trace, "--trace", /*lock=*/true);
 
   std::unique_ptr<Trainer> trainer;
+  pause_if_asked_at("setup");
   try {
     trainer = std::make_unique<Trainer>(config);
   } catch (const std::invalid_argument& e) {  // schedule, partition, placement, memory too
@@ -625,6 +630,7 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
     report_bubble(*trainer, last_step, trace ? &*trace : nullptr, run_trace,
                   checkpointer ? checkpointer->save_timings() : std::vector<SaveTiming>{});
   if (f.weights_checksum) {
+    pause_if_asked_at("checksum");
     const uint64_t checksum = weights_checksum(trainer->executor(), mpi);
     std::printf("weights xxh3 %016llx\n", static_cast<unsigned long long>(checksum));
   }

@@ -28,11 +28,16 @@
 #                                      hex value equal the one-process run's, bit for bit;
 #                                      so does a run resumed at step 2 by -np 2
 #   mpi_train.sh CONVEYOR eval_stop    rank 1 of -np 2 stops for good as its evaluation starts
-#                                      (CONVEYOR_TEST_PAUSE_IN_EVAL): rank 0, inside the
+#                                      (CONVEYOR_TEST_PAUSE_AT=evaluation): rank 0, inside the
 #                                      evaluation, gives up at its deadline naming rank 1; and
 #                                      the same with rank 0 stopped and rank 1 waiting
 #   mpi_train.sh CONVEYOR eval_kill    as eval_stop, then rank 1 is killed with SIGKILL: the
 #                                      job ends non-zero well within the timeout, naming rank 1
+#   mpi_train.sh CONVEYOR setup_stop   rank 1 of -np 2 stops for good before it makes its model,
+#                                      data and transport: rank 0, making the MPI transport,
+#                                      gives up at its deadline naming rank 1; rank 0 stopped
+#                                      there: rank 1 gives up saying rank 0 did not answer; rank
+#                                      1 stopped before the weights checksum: rank 0 names it
 # CI runs as root and with fewer cores than ranks: --allow-run-as-root --oversubscribe.
 set -uo pipefail
 cli=$1 mode=$2
@@ -61,24 +66,25 @@ signal_last_rank() {
   ended="status $status after ${took}s"
 }
 
-# Rank $3 of two pauses for good as its evaluation starts, after two training steps, with
+# Rank $3 of two pauses for good at point $4 (default evaluation: as its evaluation starts,
+# after two training steps; see CONVEYOR_TEST_PAUSE_AT in tools/train_command.cpp), with
 # --timeout $1; with $2 = kill, it is then killed with SIGKILL. The job must end non-zero, by
 # itself, within 30 s. Output in $work/out.
-pause_rank_in_evaluation() {
-  local start status took pid= paused=$3
+pause_rank_at() {
+  local start status took pid= paused=$3 point=${4:-evaluation}
   start=$(date +%s)
   timeout 60 "${mpirun[@]}" -np 2 bash -c \
-    'if [ "$OMPI_COMM_WORLD_RANK" = '"$paused"' ]; then echo $$ >"'"$work"'/paused.pid"; export CONVEYOR_TEST_PAUSE_IN_EVAL=1; fi; exec "$@"' _ \
+    'if [ "$OMPI_COMM_WORLD_RANK" = '"$paused"' ]; then echo $$ >"'"$work"'/paused.pid"; export CONVEYOR_TEST_PAUSE_AT='"$point"'; fi; exec "$@"' _ \
     "$cli" train --device cpu --stages 2 --layers 4 --microbatches 4 --batch-tokens 512 \
-    --steps 2 --quiet --eval-batches 4 --timeout "$1" \
+    --steps 2 --quiet --eval-batches 4 --weights-checksum --timeout "$1" \
     >"$work/out" 2>&1 &
   local job=$!
   if [ "$2" = kill ]; then
     for _ in $(seq 200); do
-      grep -q "paused in evaluation" "$work/out" 2>/dev/null && break
+      grep -q "paused at $point" "$work/out" 2>/dev/null && break
       sleep 0.1
     done
-    grep -q "paused in evaluation" "$work/out" || fail "rank $paused did not reach its evaluation: $(cat "$work/out")"
+    grep -q "paused at $point" "$work/out" || fail "rank $paused did not reach $point: $(cat "$work/out")"
     pid=$(cat "$work/paused.pid")
     kill -KILL "$pid"
   fi
@@ -87,7 +93,7 @@ pause_rank_in_evaluation() {
   took=$(( $(date +%s) - start ))
   [ "$status" -ne 0 ] && [ "$status" -ne 124 ] || fail "status $status after ${took}s: $(cat "$work/out")"
   [ "$took" -le 30 ] || fail "took ${took}s, more than the $1 s timeout allows"
-  grep -q "paused in evaluation" "$work/out" || fail "rank $paused did not reach its evaluation: $(cat "$work/out")"
+  grep -q "paused at $point" "$work/out" || fail "rank $paused did not reach $point: $(cat "$work/out")"
   ended="status $status after ${took}s"
 }
 
@@ -243,23 +249,41 @@ case $mode in
     ;;
   eval_stop)
     # Rank 0, the first stage, has sent its activations and waits in the closing sum.
-    pause_rank_in_evaluation 3 stop 1
+    pause_rank_at 3 stop 1
     grep -Eq "conveyor: error: rank 0: .*rank\(s\) 1 " "$work/out" ||
       fail "rank 0 did not name rank 1: $(cat "$work/out")"
-    echo "rank 1 paused in evaluation: rank 0 gave up, job ended with $ended"
+    echo "rank 1 paused at evaluation: rank 0 gave up, job ended with $ended"
     grep "conveyor: error" "$work/out"
     # Rank 1, the last stage, waits for the first activation.
-    pause_rank_in_evaluation 3 stop 0
+    pause_rank_at 3 stop 0
     grep -Eq "conveyor: error: rank 1: .*from rank 0" "$work/out" ||
       fail "rank 1 did not name rank 0: $(cat "$work/out")"
-    echo "rank 0 paused in evaluation: rank 1 gave up, job ended with $ended"
+    echo "rank 0 paused at evaluation: rank 1 gave up, job ended with $ended"
     grep "conveyor: error" "$work/out"
     ;;
   eval_kill)
-    pause_rank_in_evaluation 20 kill 1
+    pause_rank_at 20 kill 1
     grep -Eq "rank 1 .*(signal 9|Killed)|process rank 1" "$work/out" ||
       fail "the lost rank is not named: $(cat "$work/out")"
     echo "rank 1 killed in evaluation: job ended with $ended"
+    ;;
+  setup_stop)
+    # Rank 0 waits at the making of the MPI transport (MPI_Comm_dup waits for every process).
+    pause_rank_at 3 stop 1 setup
+    grep -q "conveyor: error: rank 0: rank(s) 1 did not come to making the MPI transport within 3000 ms" \
+      "$work/out" || fail "rank 0 did not name rank 1: $(cat "$work/out")"
+    echo "rank 1 paused before its set-up: rank 0 gave up, job ended with $ended"
+    grep "conveyor: error" "$work/out"
+    pause_rank_at 3 stop 0 setup
+    grep -q "conveyor: error: rank 1: rank 0 did not answer at making the MPI transport within 3000 ms" \
+      "$work/out" || fail "rank 1 did not name rank 0: $(cat "$work/out")"
+    echo "rank 0 paused before its set-up: rank 1 gave up, job ended with $ended"
+    grep "conveyor: error" "$work/out"
+    # After training and evaluation, the weights' checksum gathers from every process.
+    pause_rank_at 3 stop 1 checksum
+    grep -q "conveyor: error: rank 0: rank(s) 1 did not come to the weights checksum within 3000 ms" \
+      "$work/out" || fail "rank 0 did not name rank 1: $(cat "$work/out")"
+    echo "rank 1 paused before the weights checksum: rank 0 gave up, job ended with $ended"
     ;;
   *) fail "unknown mode $mode" ;;
 esac
