@@ -268,7 +268,9 @@ struct NcclStaging {
 
 class NcclClique {
  public:
-  // Every rank in this process, rank r on devices[r], made with ncclCommInitAll.
+  // Every rank in this process, rank r on devices[r], made with ncclCommInitAll. Those are
+  // blocking communicators, unless NCCL_COMM_BLOCKING=0 in the environment makes every
+  // communicator non-blocking: each is settled after it is made, so that works too.
   NcclClique(std::vector<int> devices, std::chrono::milliseconds timeout, NcclGroups groups)
       : devices_(std::move(devices)), timeout_(timeout), groups_(std::move(groups)) {
     const int p = size();
@@ -279,27 +281,31 @@ class NcclClique {
     try {
       CudaDeviceGuard restore(set_up_entry_device(devices_));
       std::vector<ncclComm_t> handles(p);
-      CONVEYOR_NCCL_CHECK(ncclCommInitAll(handles.data(), p, devices_.data()));
+      CONVEYOR_NCCL_START(ncclCommInitAll(handles.data(), p, devices_.data()));
       for (int r = 0; r < p; ++r) world_[r]->handle = handles[r], world_[r]->device = devices_[r];
+      for (int r = 0; r < p; ++r) settle_now(r, *world_[r], "making the NCCL communicators");
       for (int src = 0; src < p; ++src)
         for (int dst = 0; dst < p; ++dst) {
           if (src == dst) continue;
           ncclComm_t pair[2] = {nullptr, nullptr};
           const int pair_devices[2] = {devices_[src], devices_[dst]};
-          CONVEYOR_NCCL_CHECK(ncclCommInitAll(pair, 2, pair_devices));
+          CONVEYOR_NCCL_START(ncclCommInitAll(pair, 2, pair_devices));
           for (int side = 0; side < 2; ++side) {
             auto comm = std::make_unique<NcclComm>();
             comm->handle = pair[side];
             comm->device = pair_devices[side];
             links_[link_index(src, dst, side)] = std::move(comm);
           }
+          for (int side = 0; side < 2; ++side)
+            settle_now(side == 0 ? src : dst, *links_[link_index(src, dst, side)],
+                       "making the NCCL communicators");
         }
       for (size_t g = 0; g < groups_.size(); ++g) {
         const std::vector<int>& group = groups_[g];
         std::vector<ncclComm_t> members(group.size(), nullptr);
         std::vector<int> member_devices;
         for (int r : group) member_devices.push_back(devices_[r]);
-        CONVEYOR_NCCL_CHECK(
+        CONVEYOR_NCCL_START(
             ncclCommInitAll(members.data(), static_cast<int>(group.size()), member_devices.data()));
         for (size_t i = 0; i < group.size(); ++i) {
           auto comm = std::make_unique<NcclComm>();
@@ -307,7 +313,10 @@ class NcclClique {
           comm->device = member_devices[i];
           group_comms_[g][i] = std::move(comm);
         }
+        for (size_t i = 0; i < group.size(); ++i)
+          settle_now(group[i], *group_comms_[g][i], "making the NCCL communicators");
       }
+      formed_.store(true);
       warm_up();
     } catch (...) {
       abort_all("set-up failed");
@@ -357,6 +366,7 @@ class NcclClique {
         settle_now(rank, *comm,
                    "making its NCCL communicators (every process must reach this, and each "
                    "host must reach the others)");
+      formed_.store(true);
       warm_up();
     } catch (...) {
       abort_all("set-up failed");
@@ -507,7 +517,17 @@ class NcclClique {
   // issue 1013). Started together, every abort raises its communicator's abort flag without
   // waiting for the others, so every kernel a free waits for does exit. The lock waits run
   // side by side too, so the whole abort takes one timeout at most, not one per comm.
+  //
+  // Communicators still forming are aborted one after another instead: those made in one
+  // NCCL group share its set-up job, which only the first ncclCommAbort waits for, so aborts
+  // at once could free a communicator that job still uses. No kernel runs before they have
+  // formed, so the deadlock above cannot happen then.
   void abort_comms(const std::vector<NcclComm*>& comms) noexcept {
+    if (!formed_.load()) {
+      for (NcclComm* comm : comms)
+        if (comm->handle) abort_comm(*comm);
+      return;
+    }
     std::vector<std::thread> threads;
     for (NcclComm* comm : comms) {
       if (!comm->handle) continue;
@@ -669,6 +689,7 @@ class NcclClique {
   std::vector<std::unique_ptr<NcclComm>> links_;                     // (src * p + dst) * 2 + side
   std::vector<std::vector<std::unique_ptr<NcclComm>>> group_comms_;  // [group][position]
   std::atomic<bool> aborted_{false};
+  std::atomic<bool> formed_{false};  // every communicator made and settled
   mutable std::mutex reason_mutex_;
   std::string reason_;
 };

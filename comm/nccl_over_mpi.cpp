@@ -1,6 +1,7 @@
 // NCCL communicators of ranks that are processes: rank 0 makes the unique ids, MPI carries
 // them to every process, and each process makes its own rank's ends (comm/nccl.cpp).
 #include <cstring>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -72,7 +73,10 @@ std::unique_ptr<Transport> make_nccl_transport_over_mpi(
   // One byte saying whether rank 0 could make the ids, then the ids: a failure on rank 0
   // reaches every process instead of leaving them in the broadcast.
   const int slots = nccl_slot_count(ranks, static_cast<int>(groups.size()));
-  std::vector<char> message(1 + static_cast<size_t>(slots) * sizeof(ncclUniqueId), 0);
+  // On the heap: left to MPI when the broadcast does not finish (below).
+  auto message_owner = std::make_unique<std::vector<char> >(
+      1 + static_cast<size_t>(slots) * sizeof(ncclUniqueId), 0);
+  std::vector<char>& message = *message_owner;
   std::string failure;
   if (rank == 0) {
     try {
@@ -88,8 +92,9 @@ std::unique_ptr<Transport> make_nccl_transport_over_mpi(
   }
   // Polled against the timeout: a process that never comes to the broadcast (stopped, or
   // stuck before it) ends the others' set-up with an error where MPI_Bcast would wait forever.
-  // The request is left behind then, as the process is on its way out (and never finalises
-  // MPI after a failure, which would wait for it).
+  // A collective cannot be cancelled, so the request is left behind then, and its buffer with
+  // it (MPI may still write there), as the process is on its way out (it never finalises MPI
+  // after a failure, which would wait for the request).
   MPI_Request request = MPI_REQUEST_NULL;
   check_mpi(MPI_Ibcast(message.data(), static_cast<int>(message.size()), MPI_BYTE, 0,
                        MPI_COMM_WORLD, &request),
@@ -99,12 +104,14 @@ std::unique_ptr<Transport> make_nccl_transport_over_mpi(
     check_mpi(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test");
     return done != 0;
   });
-  if (!arrived)
+  if (!arrived) {
+    (void)message_owner.release();
     throw TransportError(
         "rank " + std::to_string(rank) + ": the NCCL unique ids " +
         (rank == 0 ? "did not leave for every process" : "did not arrive from rank 0") +
         " within " + std::to_string(timeout.count()) +
         " ms (every process must come to its NCCL set-up)");
+  }
   if (message[0] != 1)
     throw TransportError(rank == 0 ? failure
                                    : "rank 0 could not make the NCCL unique ids (its error says "
