@@ -569,6 +569,8 @@ class MpiTransport : public Transport {
     return static_cast<int>(bytes);
   }
 
+  void poll_abort() override { throw_if_aborted(); }
+
   // Reads an abort notice from any rank if one came, then throws if this transport is aborted.
   void throw_if_aborted() {
     if (!aborted_) {

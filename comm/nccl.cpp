@@ -198,6 +198,7 @@ class NcclGroup {
 // (the abort takes every communicator's lock).
 struct NcclUnsettled {
   std::string reason;
+  bool peer_aborted = false;  // the abort watch heard of another rank's abort
 };
 
 }  // namespace
@@ -398,6 +399,11 @@ class NcclClique {
     return *group_comms_.at(static_cast<size_t>(group)).at(position);
   }
 
+  void set_abort_watch(std::function<void()> check) {
+    std::lock_guard lock(watch_mutex_);
+    abort_watch_ = std::move(check);
+  }
+
   bool aborted() const { return aborted_.load(); }
   std::string abort_reason() const {
     std::lock_guard lock(reason_mutex_);
@@ -423,6 +429,10 @@ class NcclClique {
   void wait(int rank, const Stream& stream, const std::string& what) {
     const bool done = poll_until(Clock::now() + timeout_, [&] {
       if (aborted()) throw TransportAborted(rank, abort_reason());
+      if (const auto reason = watched_abort()) {
+        abort_all(*reason);
+        throw TransportAborted(rank, *reason);
+      }
       bool finished = false;
       try {
         finished = stream.query();
@@ -455,6 +465,7 @@ class NcclClique {
     ncclResult_t state = ncclInProgress;
     const bool settled = poll_until(Clock::now() + timeout_, [&] {
       if (aborted()) throw TransportAborted(rank, abort_reason());
+      if (const auto reason = watched_abort()) throw NcclUnsettled{*reason, true};
       const ncclResult_t asked = ncclCommGetAsyncError(comm.handle, &state);
       if (asked != ncclSuccess) state = asked;
       return state != ncclInProgress;
@@ -478,12 +489,27 @@ class NcclClique {
       settle(rank, comm, [&] { return what; });
     } catch (const NcclUnsettled& unsettled) {
       abort_all(unsettled.reason);
+      if (unsettled.peer_aborted) throw TransportAborted(rank, unsettled.reason);
       throw TransportError(unsettled.reason);
     }
   }
 
  private:
   static constexpr int kHeldElsewhere = -1;  // the device of a rank of another process
+
+  // The reason of another rank's abort, if the abort watch has heard of one. One thread asks
+  // at a time (an MPI transport's probe must not run in two threads at once); a thread that
+  // finds the watch in use goes on without it this time.
+  std::optional<std::string> watched_abort() const {
+    std::unique_lock lock(watch_mutex_, std::try_to_lock);
+    if (!lock.owns_lock() || !abort_watch_) return std::nullopt;
+    try {
+      abort_watch_();
+    } catch (const TransportAborted& e) {
+      return e.reason();
+    }
+    return std::nullopt;
+  }
 
   size_t link_index(int src, int dst, int side) const {
     return (static_cast<size_t>(src) * size() + dst) * 2 + side;
@@ -690,6 +716,8 @@ class NcclClique {
   std::vector<std::vector<std::unique_ptr<NcclComm>>> group_comms_;  // [group][position]
   std::atomic<bool> aborted_{false};
   std::atomic<bool> formed_{false};  // every communicator made and settled
+  mutable std::mutex watch_mutex_;
+  std::function<void()> abort_watch_;  // set_abort_watch
   mutable std::mutex reason_mutex_;
   std::string reason_;
 };
@@ -764,7 +792,7 @@ namespace {
 // the lock is let go.
 template <class F>
 void with_comm(NcclComm& comm, int rank, NcclClique& clique, F&& issue) {
-  std::string unsettled;
+  detail::NcclUnsettled unsettled;
   try {
     std::unique_lock lock(comm.mutex);
     if (comm.dead || clique.aborted()) throw TransportAborted(rank, clique.abort_reason());
@@ -772,10 +800,11 @@ void with_comm(NcclComm& comm, int rank, NcclClique& clique, F&& issue) {
     issue(comm.handle);
     return;
   } catch (const detail::NcclUnsettled& failure) {
-    unsettled = failure.reason;
+    unsettled = failure;
   }
-  clique.abort_all(unsettled);
-  throw TransportError(unsettled);
+  clique.abort_all(unsettled.reason);
+  if (unsettled.peer_aborted) throw TransportAborted(rank, unsettled.reason);
+  throw TransportError(unsettled.reason);
 }
 
 }  // namespace
@@ -877,6 +906,10 @@ void NcclTransport::synchronize(const Stream& stream) {
 }
 
 void NcclTransport::abort(const std::string& reason) { clique_->abort_all(reason); }
+
+void NcclTransport::check_while_waiting(std::function<void()> check) {
+  clique_->set_abort_watch(std::move(check));
+}
 
 namespace detail {
 

@@ -158,6 +158,11 @@ class NcclTransport : public Transport {
   // Aborts every communicator this process holds (thread-safe, idempotent); every later call
   // on every rank of this process throws TransportAborted with `reason`.
   void abort(const std::string& reason) override;
+  void poll_abort() override { throw_if_aborted(); }
+  // `check` is asked in every poll of every wait of the clique's ranks (one thread at a time;
+  // a thread that finds it in use goes on); the TransportAborted it throws aborts this
+  // process's communicators with its reason and ends the wait with it.
+  void check_while_waiting(std::function<void()> check) override;
 
   // Copies `src` into `dst` (same byte count, both on this GPU) with a send to self and a
   // receive from self in one NCCL group on the all-rank communicator, ordered on `stream`.
@@ -205,9 +210,9 @@ std::unique_ptr<Transport> make_nccl_transport_from_ids(int rank, int ranks, int
 // This process's rank over NCCL, bootstrapped over MPI (initialised by the program, with
 // MPI_COMM_WORLD holding one process per rank): the process holds its MPI rank r, on CUDA
 // device cuda_device_per_rank[r]. Rank 0 makes the unique ids and broadcasts them with
-// MPI_Ibcast, polled against `timeout`; every process must call it. Throws std::invalid_argument when the process count
-// is not the list's size or the build has no MPI, TransportError when MPI is not initialised.
-// Every process must pass the same `groups` (as for make_nccl_transports).
+// MPI_Ibcast, polled against `timeout`; every process must call it. Throws std::invalid_argument
+// when the process count is not the list's size or the build has no MPI, TransportError when MPI is
+// not initialised. Every process must pass the same `groups` (as for make_nccl_transports).
 std::unique_ptr<Transport> make_nccl_transport_over_mpi(
     const std::vector<int>& cuda_device_per_rank, std::chrono::milliseconds timeout,
     const NcclGroups& groups = {});

@@ -9,8 +9,13 @@ namespace {
 
 class ReportChannelTransport : public Transport {
  public:
+  // The data transport's waits also ask the report transport whether another rank aborted:
+  // its notice comes over the reports (NCCL cannot carry it), and should end the wait now
+  // rather than at its deadline.
   ReportChannelTransport(std::unique_ptr<Transport> data, std::unique_ptr<Transport> reports)
-      : data_(std::move(data)), reports_(std::move(reports)) {}
+      : data_(std::move(data)), reports_(std::move(reports)) {
+    check_while_waiting(nullptr);
+  }
 
   int rank() const override { return data_->rank(); }
   int size() const override { return data_->size(); }
@@ -44,6 +49,18 @@ class ReportChannelTransport : public Transport {
   void abort(const std::string& reason) override {
     data_->abort(reason);
     reports_->abort(reason);
+  }
+
+  void poll_abort() override {
+    data_->poll_abort();
+    reports_->poll_abort();
+  }
+  void check_while_waiting(std::function<void()> check) override {
+    Transport* reports = reports_.get();
+    data_->check_while_waiting([reports, check = std::move(check)] {
+      reports->poll_abort();
+      if (check) check();
+    });
   }
 
   std::map<int, std::vector<std::byte>> collect_failure_reports(

@@ -3,7 +3,9 @@
 // GPU ranks that are MPI processes move tensors over NCCL, which has no way to hand a rank's
 // position to rank 0 once a step has failed; MPI has, so those reports go over an MPI
 // transport beside it. Every call but collect_failure_reports goes to the data transport;
-// abort() goes to both, so every other process's report transport knows the reason too.
+// abort() goes to both, so every other process's report transport knows the reason too, and
+// the data transport's waits ask the report transport for such a notice (check_while_waiting),
+// so another process's failure ends them at once rather than at their deadline.
 #include <memory>
 
 #include "comm/transport.h"

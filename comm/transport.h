@@ -10,6 +10,7 @@
 // transport, which makes every pending and later call on every rank throw TransportAborted.
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <map>
 #include <memory>
 #include <stdexcept>
@@ -98,6 +99,14 @@ class Transport {
                                                                const std::vector<size_t>& bounds);
   // Fails the transport for every rank, with `reason` in the errors they see.
   virtual void abort(const std::string& reason) = 0;
+  // Throws TransportAborted when this transport has been aborted, by this rank or by another
+  // rank whose notice has arrived; never waits. The default knows of no abort.
+  virtual void poll_abort() {}
+  // Asks `check` now and then while this transport waits, and ends the wait with what it
+  // throws: another transport's poll_abort(), for a transport whose own waits cannot hear of
+  // a peer's failure (NCCL, beside the MPI transport that carries the failure reports). The
+  // default waits nowhere `check` could be asked, and drops it.
+  virtual void check_while_waiting(std::function<void()> check) { (void)check; }
   // Waits for `stream`; transports whose transfers can wait on a peer bound the wait.
   virtual void synchronize(const Stream& stream) { stream.synchronize(); }
   // After this rank's step failed: what each rank reports about where it stood (opaque bytes)

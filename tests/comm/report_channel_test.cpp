@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <thread>
 
 #include "comm/in_process.h"
@@ -27,6 +28,9 @@ class RecordingReports : public Transport {
     int collector = -1;
     std::chrono::milliseconds grace{0};
     std::vector<std::string> aborts;
+    std::string peer_abort;                // another rank's abort notice, once heard
+    std::atomic<bool> heard_abort{false};  // set after peer_abort, from any thread
+    std::atomic<int> polls{0};
   };
   RecordingReports(int rank, int size, std::shared_ptr<Log> log)
       : rank_(rank), size_(size), log_(std::move(log)) {}
@@ -40,6 +44,10 @@ class RecordingReports : public Transport {
   }
   void all_reduce_sum(std::vector<double>&) override { ADD_FAILURE() << "all-reduce on reports"; }
   void abort(const std::string& reason) override { log_->aborts.push_back(reason); }
+  void poll_abort() override {
+    ++log_->polls;
+    if (log_->heard_abort.load()) throw TransportAborted(rank_, log_->peer_abort);
+  }
   std::map<int, std::vector<std::byte>> collect_failure_reports(
       const std::vector<std::byte>& report, int collector,
       std::chrono::milliseconds grace) override {
@@ -118,6 +126,59 @@ TEST(ReportChannel, ReportsGoOverTheReportTransportAndAnAbortOverBoth) {
   } catch (const TransportAborted& e) {
     EXPECT_NE(std::string(e.what()).find("rank 0 gave up"), std::string::npos) << e.what();
   }
+}
+
+// A data transport whose receive waits by polling, as NCCL's do: it asks the check it was
+// given until its deadline.
+class PollingData : public Transport {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 2; }
+  void send(const Tensor&, int, const Stream&) override {}
+  void recv(const Tensor&, int, const Stream&) override {
+    const auto deadline = std::chrono::steady_clock::now() + 5s;
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (check_) check_();
+      std::this_thread::sleep_for(1ms);
+    }
+    throw TransportError("rank 0: nothing arrived within 5000 ms");
+  }
+  bool try_recv(const Tensor&, int, const Stream&) override { return false; }
+  void all_reduce_sum(std::vector<double>&) override {}
+  void abort(const std::string&) override {}
+  void check_while_waiting(std::function<void()> check) override { check_ = std::move(check); }
+
+ private:
+  std::function<void()> check_;
+};
+
+TEST(ReportChannel, AnAbortNoticeOverTheReportsEndsADataWait) {
+  auto log = std::make_shared<RecordingReports::Log>();
+  auto channel = with_reports_over(std::make_unique<PollingData>(),
+                                   std::make_unique<RecordingReports>(0, 2, log));
+  DeviceContext ctx(Device::cpu());
+  Tensor got = ctx.empty({1});
+  channel->poll_abort();  // nothing heard yet
+  EXPECT_EQ(log->polls, 1);
+
+  // The notice arrives while the data transport waits: the wait ends with it, long before
+  // its own deadline.
+  const auto start = std::chrono::steady_clock::now();
+  log->peer_abort = "rank 1: CUDA error in F1.3";
+  std::thread notice([&] {
+    std::this_thread::sleep_for(20ms);
+    log->heard_abort.store(true);
+  });
+  try {
+    channel->recv(got, 1, ctx.compute_stream());
+    ADD_FAILURE() << "the receive returned";
+  } catch (const TransportAborted& e) {
+    EXPECT_EQ(e.reason(), "rank 1: CUDA error in F1.3");
+  }
+  notice.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 4s);
+  EXPECT_GT(log->polls, 1);
+  EXPECT_THROW(channel->poll_abort(), TransportAborted);
 }
 
 TEST(ReportChannel, RefusesEndpointsOfDifferentRanks) {
