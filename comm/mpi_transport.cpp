@@ -85,7 +85,7 @@ constexpr int kGroupTag = 4;       // group sums and gathers: FIFO per pair of m
 constexpr int kScatterTag = 5;     // reduce-scatters: sized by the ranges, so apart from the others
 constexpr int kReportTag = 16;     // after a failure: where a rank stood, to the collector
 constexpr int kReportAckTag = 17;  // the collector is done: a reporter may end its process
-constexpr int kRollCallTag = 32;   // mpi_roll_call, on MPI_COMM_WORLD: empty messages
+constexpr int kRollCallTag = 32;   // mpi_roll_call, on MPI_COMM_WORLD
 
 std::string mpi_error_text(int code) {
   char text[MPI_MAX_ERROR_STRING];
@@ -114,12 +114,16 @@ std::string rank_list(const std::vector<int>& ranks) {
 }
 
 // A request left unfinished past a deadline: a receive is cancelled, and either is freed
-// (a send then goes on by itself). The messages are empty, so nothing is written later.
+// (a send then goes on by itself).
 void drop(MPI_Request& request) {
   if (request == MPI_REQUEST_NULL) return;
   MPI_Cancel(&request);
   MPI_Request_free(&request);
 }
+
+// Rank 0's answer to a roll call: every process came, or some did not.
+constexpr unsigned char kAllHere = 0, kSomeMissing = 1;
+const unsigned char kAnswers[2] = {kAllHere, kSomeMissing};  // static: sends may outlive a call
 
 }  // namespace
 
@@ -128,52 +132,64 @@ void mpi_roll_call(const std::string& what, std::chrono::milliseconds timeout) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   if (size == 1) return;
-  const auto deadline = PollClock::now() + timeout;
-  const std::string waited = " within " + std::to_string(timeout.count()) + " ms";
+  const std::string ms = " ms";
   if (rank == 0) {
+    // Rank 0 decides: it waits `timeout` for the others, then answers every one that came.
     std::vector<MPI_Request> here(static_cast<size_t>(size), MPI_REQUEST_NULL);
     for (int r = 1; r < size; ++r)
       MPI_Irecv(nullptr, 0, MPI_BYTE, r, kRollCallTag, MPI_COMM_WORLD, &here[r]);
-    auto all_here = [&] {
-      bool all = true;
+    std::vector<bool> came(static_cast<size_t>(size), false);
+    const bool all = poll_until(PollClock::now() + timeout, [&] {
+      bool every = true;
       for (int r = 1; r < size; ++r) {
         int done = 0;
-        if (here[r] != MPI_REQUEST_NULL) MPI_Test(&here[r], &done, MPI_STATUS_IGNORE);
-        all = all && here[r] == MPI_REQUEST_NULL;
+        if (!came[r]) MPI_Test(&here[r], &done, MPI_STATUS_IGNORE);
+        if (done) came[r] = true;
+        every = every && came[r];
       }
-      return all;
-    };
-    if (!poll_until(deadline, all_here)) {
-      std::vector<int> missing;
-      for (int r = 1; r < size; ++r)
-        if (here[r] != MPI_REQUEST_NULL) missing.push_back(r), drop(here[r]);
-      throw TransportError("rank 0: rank(s) " + rank_list(missing) + " did not come to " + what +
-                           waited + " (stopped, hung, or slower to start than --timeout allows)");
-    }
-    // Every other process waits for this answer: sent, and left to MPI to deliver.
+      return every;
+    });
+    std::vector<int> missing;
     for (int r = 1; r < size; ++r) {
+      if (!came[r]) {
+        missing.push_back(r);
+        drop(here[r]);
+        continue;
+      }
       MPI_Request sent = MPI_REQUEST_NULL;
-      MPI_Isend(nullptr, 0, MPI_BYTE, r, kRollCallTag, MPI_COMM_WORLD, &sent);
+      MPI_Isend(&kAnswers[all ? kAllHere : kSomeMissing], 1, MPI_BYTE, r, kRollCallTag,
+                MPI_COMM_WORLD, &sent);
       MPI_Request_free(&sent);
     }
+    if (!all)
+      throw TransportError("rank 0: rank(s) " + rank_list(missing) + " did not reach " + what +
+                           " within " + std::to_string(timeout.count()) + ms +
+                           " (stopped, hung, or slower than --timeout allows)");
     return;
   }
+  // The others wait twice as long, so that rank 0, which started its wait at most `timeout`
+  // after them unless it is the one late, always answers first and names who was missing.
   MPI_Request sent = MPI_REQUEST_NULL, answer = MPI_REQUEST_NULL;
   MPI_Isend(nullptr, 0, MPI_BYTE, 0, kRollCallTag, MPI_COMM_WORLD, &sent);
   MPI_Request_free(&sent);
-  MPI_Irecv(nullptr, 0, MPI_BYTE, 0, kRollCallTag, MPI_COMM_WORLD, &answer);
-  const bool answered = poll_until(deadline, [&] {
+  auto verdict = std::make_unique<unsigned char>(kAllHere);
+  MPI_Irecv(verdict.get(), 1, MPI_BYTE, 0, kRollCallTag, MPI_COMM_WORLD, &answer);
+  const bool answered = poll_until(PollClock::now() + 2 * timeout, [&] {
     int done = 0;
     MPI_Test(&answer, &done, MPI_STATUS_IGNORE);
     return done != 0;
   });
   if (!answered) {
     drop(answer);
-    throw TransportError("rank " + std::to_string(rank) + ": rank 0 did not answer at " + what +
-                         waited +
-                         " (rank 0, or a process it waits for, is stopped, hung, or slower to "
-                         "start than --timeout allows)");
+    (void)verdict.release();  // left to MPI with the request, should the cancel not take
+    throw TransportError("rank " + std::to_string(rank) + ": no word from rank 0 at " + what +
+                         " within " + std::to_string(2 * timeout.count()) + ms +
+                         " (rank 0 is stopped, hung, or slower than --timeout allows)");
   }
+  if (*verdict != kAllHere)
+    throw TransportError("rank " + std::to_string(rank) + ": another process did not reach " +
+                         what + " within " + std::to_string(timeout.count()) + ms +
+                         " (rank 0's error names it)");
 }
 
 namespace {
@@ -194,7 +210,7 @@ class MpiTransport : public Transport {
           "the MPI transport needs MPI_THREAD_SERIALIZED or more, MPI gave level " +
           std::to_string(level) + "; initialise MPI with MPI_Init_thread");
     // MPI_Comm_dup waits for every process: only once all are known to be there.
-    mpi_roll_call("making the MPI transport", timeout_);
+    mpi_roll_call("the MPI transport's set-up", timeout_);
     if (const int code = MPI_Comm_dup(MPI_COMM_WORLD, &comm_); code != MPI_SUCCESS)
       throw TransportError("MPI_Comm_dup failed: " + mpi_error_text(code));
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
@@ -517,6 +533,8 @@ class MpiTransport : public Transport {
     return reports;
   }
 
+  void poll_abort() override { throw_if_aborted(); }
+
   void abort(const std::string& reason) override {
     if (aborted_) return;
     aborted_ = true;
@@ -568,8 +586,6 @@ class MpiTransport : public Transport {
               std::to_string(INT32_MAX) + ")");
     return static_cast<int>(bytes);
   }
-
-  void poll_abort() override { throw_if_aborted(); }
 
   // Reads an abort notice from any rank if one came, then throws if this transport is aborted.
   void throw_if_aborted() {

@@ -43,12 +43,13 @@ int node_local_rank();
 
 // Returns once every process of MPI_COMM_WORLD has called it (the k-th call of each process
 // meets the k-th of the others), before a step that only goes on when all of them are there
-// (MPI_Comm_dup, a blocking collective): each process tells rank 0 it is there and rank 0
-// answers once all are. Past `timeout` it throws TransportError: on rank 0 naming the
-// processes that did not come to `what` (e.g. "making the MPI transport"), on the others
-// saying rank 0 did not answer. A process that is stopped, hung or slow to start would
-// otherwise hold every other one inside the collective for good. Nothing to do in a build
-// without MPI or with one process.
+// (MPI_Comm_dup, a blocking collective): each process tells rank 0 it is there, and rank 0
+// answers each once all are, or once `timeout` has passed. Then rank 0 throws TransportError
+// naming the processes that did not reach `what` (e.g. "the MPI transport's set-up"), and the
+// others that came throw one that points to rank 0's. A process that hears nothing from rank
+// 0 within twice `timeout` (rank 0 decides first) throws one saying so. A process that is
+// stopped, hung or slow would otherwise hold every other one inside the collective for good.
+// Nothing to do in a build without MPI or with one process.
 void mpi_roll_call(const std::string& what, std::chrono::milliseconds timeout);
 
 // This process's endpoint over MPI_COMM_WORLD: its rank() is the MPI rank. Throws

@@ -196,9 +196,9 @@ class NcclGroup {
 // What settle() throws when a communicator did not settle: raised where the caller may hold
 // the communicator's lock, it is turned into an abort of the clique once the lock is let go
 // (the abort takes every communicator's lock).
-struct NcclUnsettled {
-  std::string reason;
-  bool peer_aborted = false;  // the abort watch heard of another rank's abort
+struct NcclUnsettled : std::runtime_error {
+  NcclUnsettled(const std::string& why, bool peer) : std::runtime_error(why), peer_aborted(peer) {}
+  bool peer_aborted;  // the abort watch heard of another rank's abort
 };
 
 }  // namespace
@@ -465,7 +465,7 @@ class NcclClique {
     ncclResult_t state = ncclInProgress;
     const bool settled = poll_until(Clock::now() + timeout_, [&] {
       if (aborted()) throw TransportAborted(rank, abort_reason());
-      if (const auto reason = watched_abort()) throw NcclUnsettled{*reason, true};
+      if (const auto reason = watched_abort()) throw NcclUnsettled(*reason, true);
       const ncclResult_t asked = ncclCommGetAsyncError(comm.handle, &state);
       if (asked != ncclSuccess) state = asked;
       return state != ncclInProgress;
@@ -479,7 +479,7 @@ class NcclClique {
     } else {
       reason += what() + " did not finish within " + std::to_string(timeout_.count()) + " ms";
     }
-    throw NcclUnsettled{reason};
+    throw NcclUnsettled(reason, false);
   }
 
   // settle() where this thread holds no communicator's lock: a communicator that does not
@@ -488,18 +488,20 @@ class NcclClique {
     try {
       settle(rank, comm, [&] { return what; });
     } catch (const NcclUnsettled& unsettled) {
-      abort_all(unsettled.reason);
-      if (unsettled.peer_aborted) throw TransportAborted(rank, unsettled.reason);
-      throw TransportError(unsettled.reason);
+      abort_all(unsettled.what());
+      if (unsettled.peer_aborted) throw TransportAborted(rank, unsettled.what());
+      throw TransportError(unsettled.what());
     }
   }
 
  private:
   static constexpr int kHeldElsewhere = -1;  // the device of a rank of another process
 
-  // The reason of another rank's abort, if the abort watch has heard of one. One thread asks
-  // at a time (an MPI transport's probe must not run in two threads at once); a thread that
-  // finds the watch in use goes on without it this time.
+  // The reason of another rank's abort, if the abort watch has heard of one. One wait asks at
+  // a time; a wait that finds the watch in use goes on without it this time. (That orders the
+  // waits only: the MPI transport the watch asks is otherwise used by this process's one
+  // rank thread alone, its failure reports and abort included, as MPI_THREAD_SERIALIZED
+  // needs.)
   std::optional<std::string> watched_abort() const {
     std::unique_lock lock(watch_mutex_, std::try_to_lock);
     if (!lock.owns_lock() || !abort_watch_) return std::nullopt;
@@ -792,7 +794,8 @@ namespace {
 // the lock is let go.
 template <class F>
 void with_comm(NcclComm& comm, int rank, NcclClique& clique, F&& issue) {
-  detail::NcclUnsettled unsettled;
+  std::string reason;
+  bool peer_aborted = false;
   try {
     std::unique_lock lock(comm.mutex);
     if (comm.dead || clique.aborted()) throw TransportAborted(rank, clique.abort_reason());
@@ -800,11 +803,11 @@ void with_comm(NcclComm& comm, int rank, NcclClique& clique, F&& issue) {
     issue(comm.handle);
     return;
   } catch (const detail::NcclUnsettled& failure) {
-    unsettled = failure;
+    reason = failure.what(), peer_aborted = failure.peer_aborted;
   }
-  clique.abort_all(unsettled.reason);
-  if (unsettled.peer_aborted) throw TransportAborted(rank, unsettled.reason);
-  throw TransportError(unsettled.reason);
+  clique.abort_all(reason);
+  if (peer_aborted) throw TransportAborted(rank, reason);
+  throw TransportError(reason);
 }
 
 }  // namespace

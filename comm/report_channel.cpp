@@ -13,8 +13,8 @@ class ReportChannelTransport : public Transport {
   // its notice comes over the reports (NCCL cannot carry it), and should end the wait now
   // rather than at its deadline.
   ReportChannelTransport(std::unique_ptr<Transport> data, std::unique_ptr<Transport> reports)
-      : data_(std::move(data)), reports_(std::move(reports)) {
-    check_while_waiting(nullptr);
+      : reports_(std::move(reports)), data_(std::move(data)) {
+    ask_reports_while_waiting(nullptr);
   }
 
   int rank() const override { return data_->rank(); }
@@ -56,11 +56,7 @@ class ReportChannelTransport : public Transport {
     reports_->poll_abort();
   }
   void check_while_waiting(std::function<void()> check) override {
-    Transport* reports = reports_.get();
-    data_->check_while_waiting([reports, check = std::move(check)] {
-      reports->poll_abort();
-      if (check) check();
-    });
+    ask_reports_while_waiting(std::move(check));
   }
 
   std::map<int, std::vector<std::byte>> collect_failure_reports(
@@ -70,8 +66,18 @@ class ReportChannelTransport : public Transport {
   }
 
  private:
-  std::unique_ptr<Transport> data_;
+  // The data transport's waits ask the report transport for an abort notice, then `also`.
+  void ask_reports_while_waiting(std::function<void()> also) {
+    Transport* reports = reports_.get();
+    data_->check_while_waiting([reports, also = std::move(also)] {
+      reports->poll_abort();
+      if (also) also();
+    });
+  }
+
+  // Declared first, so gone last: the data transport's check points to it.
   std::unique_ptr<Transport> reports_;
+  std::unique_ptr<Transport> data_;
 };
 
 }  // namespace

@@ -71,6 +71,10 @@ MpiSession::MpiSession(bool wanted, std::chrono::milliseconds timeout) : timeout
 #endif
 }
 
+void MpiSession::meet_at_the_end() const {
+  if (active_) comm::mpi_roll_call("the end of the run", timeout_);
+}
+
 MpiSession::~MpiSession() {
 #ifdef CONVEYOR_WITH_MPI
   // On the way out of a failure, no MPI_Finalize: it waits for every rank, and the rank that

@@ -30,6 +30,10 @@ class MpiSession {
   int rank() const { return rank_; }
   int size() const { return size_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
+  // At the end of a run that went well, before MPI_Finalize (which waits for every process):
+  // a roll call, so that a process stopped or hung there ends the others with an error naming
+  // it instead of holding them. Nothing to do when the session is not active.
+  void meet_at_the_end() const;
 
  private:
   std::chrono::milliseconds timeout_;

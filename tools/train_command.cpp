@@ -463,8 +463,9 @@ void check_eval_fits(Trainer& trainer, const TrainConfig& config, int64_t eval_b
 
 // A process started with CONVEYOR_TEST_PAUSE_AT=<point> in its environment stops for good at
 // that point: "setup" (before the model, the data and the transport are made), "evaluation"
-// (as the held-out evaluation starts) or "checksum" (before the weights' checksum over every
-// rank), while the other processes go on into what waits for it. What the failure tests stop
+// (as the held-out evaluation starts), "checksum" (before the weights' checksum over every
+// rank) or "end" (before the processes meet at the end of the run), while the other
+// processes go on into what waits for it. What the failure tests stop
 // or kill, to see every other rank end by itself instead of waiting forever.
 void pause_if_asked_at(const char* point) {
   const char* wanted = std::getenv("CONVEYOR_TEST_PAUSE_AT");
@@ -636,6 +637,8 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
   }
   std::fflush(stdout);
   if (signal != 0) throw ExitRequest(signal == SIGTERM ? kExitSigterm : kExitSigint);
+  pause_if_asked_at("end");
+  mpi.meet_at_the_end();
 }
 
 }  // namespace

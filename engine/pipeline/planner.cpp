@@ -510,6 +510,7 @@ PlanCandidate data_parallel(const UnitCosts& costs, const PlanOptions& options,
     }
   }
   if (c.microbatches == 0) {
+    c.short_of_memory = true;
     c.rejected = "the model's state alone (" + bytes_text(state) + ") does not fit the cap of " +
                  bytes_text(options.memory_cap) + " on one device";
     c.peak_bytes = std::vector<double>(p, state);
@@ -630,7 +631,7 @@ Plan plan(const std::vector<UnitCosts>& measured, const PlanOptions& options) {
     // Short of memory: replicas that share the optimizer state may fit.
     double optimizer = 0;
     for (const auto& u : costs.units) optimizer += u.optimizer_bytes;
-    const bool retry = !replicas.rejected.empty() && replicas.microbatches == 0 && optimizer > 0;
+    const bool retry = replicas.short_of_memory && optimizer > 0;
     out.candidates.push_back(std::move(replicas));
     if (retry) out.candidates.push_back(data_parallel(costs, options, true));
   }

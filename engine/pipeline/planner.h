@@ -121,6 +121,7 @@ struct PlanCandidate {
   std::vector<double> peak_bytes;    // per rank (data-parallel: per replica)
   bool shard_optimizer = false;      // data-parallel: each replica keeps 1/p of the optimizer state
   std::string rejected;              // non-empty: why this candidate cannot run
+  bool short_of_memory = false;      // data-parallel: rejected because the state does not fit
 };
 
 struct Plan {

@@ -37,7 +37,8 @@
 #                                      data and transport: rank 0, making the MPI transport,
 #                                      gives up at its deadline naming rank 1; rank 0 stopped
 #                                      there: rank 1 gives up saying rank 0 did not answer; rank
-#                                      1 stopped before the weights checksum: rank 0 names it
+#                                      1 stopped before the weights checksum, or at the end of
+#                                      the run: rank 0 names it
 # CI runs as root and with fewer cores than ranks: --allow-run-as-root --oversubscribe.
 set -uo pipefail
 cli=$1 mode=$2
@@ -270,20 +271,25 @@ case $mode in
   setup_stop)
     # Rank 0 waits at the making of the MPI transport (MPI_Comm_dup waits for every process).
     pause_rank_at 3 stop 1 setup
-    grep -q "conveyor: error: rank 0: rank(s) 1 did not come to making the MPI transport within 3000 ms" \
+    grep -q "conveyor: error: rank 0: rank(s) 1 did not reach the MPI transport's set-up within 3000 ms" \
       "$work/out" || fail "rank 0 did not name rank 1: $(cat "$work/out")"
     echo "rank 1 paused before its set-up: rank 0 gave up, job ended with $ended"
     grep "conveyor: error" "$work/out"
     pause_rank_at 3 stop 0 setup
-    grep -q "conveyor: error: rank 1: rank 0 did not answer at making the MPI transport within 3000 ms" \
+    grep -q "conveyor: error: rank 1: no word from rank 0 at the MPI transport's set-up within 6000 ms" \
       "$work/out" || fail "rank 1 did not name rank 0: $(cat "$work/out")"
     echo "rank 0 paused before its set-up: rank 1 gave up, job ended with $ended"
     grep "conveyor: error" "$work/out"
     # After training and evaluation, the weights' checksum gathers from every process.
     pause_rank_at 3 stop 1 checksum
-    grep -q "conveyor: error: rank 0: rank(s) 1 did not come to the weights checksum within 3000 ms" \
+    grep -q "conveyor: error: rank 0: rank(s) 1 did not reach the weights checksum within 3000 ms" \
       "$work/out" || fail "rank 0 did not name rank 1: $(cat "$work/out")"
     echo "rank 1 paused before the weights checksum: rank 0 gave up, job ended with $ended"
+    # Then both meet once more before MPI_Finalize, which would wait for a hung process.
+    pause_rank_at 3 stop 1 end
+    grep -q "conveyor: error: rank 0: rank(s) 1 did not reach the end of the run within 3000 ms" \
+      "$work/out" || fail "rank 0 did not name rank 1: $(cat "$work/out")"
+    echo "rank 1 paused at the end: rank 0 gave up, job ended with $ended"
     ;;
   *) fail "unknown mode $mode" ;;
 esac
