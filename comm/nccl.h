@@ -110,6 +110,11 @@ struct NcclMembership {
 // to, in the order of `groups` (checked by check_nccl_groups).
 std::vector<NcclMembership> nccl_memberships(int rank, int ranks, const NcclGroups& groups = {});
 
+namespace detail {
+// "{0,2}": a group's ranks, for messages.
+std::string describe_group(const std::vector<int>& group);
+}  // namespace detail
+
 #ifdef CONVEYOR_WITH_CUDA
 
 namespace detail {
