@@ -655,7 +655,8 @@ std::string format_plan(const Plan& plan) {
     for (size_t r = 0; r < c.peak_bytes.size(); ++r)
       memory << (r ? " " : "") << bytes_text(c.peak_bytes[r]);
     out << std::left << std::setw(5) << (c.rejected.empty() ? std::to_string(++rank) : "-")
-        << std::setw(20) << c.layout << std::right << std::setw(5) << c.microbatches;
+        << std::setw(20) << c.layout << std::right << std::setw(5)
+        << (c.microbatches > 0 ? std::to_string(c.microbatches) : "-");
     if (c.rejected.empty()) {
       out << std::fixed << std::setprecision(3) << std::setw(14) << c.step_seconds * 1e3
           << std::setprecision(1) << std::setw(8) << c.bubble * 100 << "%  " << std::left
@@ -679,12 +680,15 @@ std::string format_plan(const Plan& plan) {
     if (c.pipelined && !best_pipe) best_pipe = &c;
     if (!c.pipelined && !dp) dp = &c;
   }
-  if (dp && (!best_pipe || dp->step_seconds <= best_pipe->step_seconds))
-    out << "pipelining loses for this model and batch: " << dp->layout
-        << (dp->shard_optimizer ? " sharing the optimizer state (--shard-optimizer)" : "")
-        << " is faster"
-        << (best_pipe ? " than the best pipeline (" + best_pipe->layout + ")" : std::string())
-        << "\n";
+  const std::string replicas =
+      dp ? dp->layout +
+               (dp->shard_optimizer ? " sharing the optimizer state (--shard-optimizer)" : "")
+         : std::string();
+  if (dp && !best_pipe)
+    out << "no pipeline layout fits; " << replicas << " does\n";
+  else if (dp && dp->step_seconds <= best_pipe->step_seconds)
+    out << "pipelining loses for this model and batch: " << replicas
+        << " is faster than the best pipeline (" << best_pipe->layout << ")\n";
   return out.str();
 }
 

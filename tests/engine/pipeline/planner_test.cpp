@@ -277,6 +277,25 @@ TEST(Planner, ReplicasSharingTheOptimizerStateFitWhereWholeOnesDoNot) {
   EXPECT_NE(format_plan(tight).find("does not fit sharing the optimizer state"), std::string::npos)
       << format_plan(tight);
 
+  // Activations too large for any pipeline's micro-batches, while replicas can run one token
+  // at a time: only the sharded replicas fit, and the table says so.
+  UnitCosts heavy = costs;
+  for (auto& u : heavy.units) u.activation_bytes = u.input_bytes = 1e6;
+  // A token's activations on one replica: 6 units x 1e6 / 256 bytes, about 23 KB.
+  options.memory_cap = sharded_state + 30e3;
+  ASSERT_LT(options.memory_cap, state + 23e3);
+  const Plan only_replicas = plan(heavy, options);
+  ASSERT_NE(replicas(only_replicas, true), nullptr);
+  EXPECT_TRUE(replicas(only_replicas, true)->rejected.empty())
+      << replicas(only_replicas, true)->rejected;
+  for (const auto& c : only_replicas.candidates)
+    if (c.pipelined) EXPECT_FALSE(c.rejected.empty()) << c.layout;
+  EXPECT_NE(format_plan(only_replicas)
+                .find("no pipeline layout fits; data-parallel x2 sharing the optimizer state "
+                      "(--shard-optimizer) does"),
+            std::string::npos)
+      << format_plan(only_replicas);
+
   // Without optimizer state (SGD without momentum) there is nothing to share.
   for (auto& u : costs.units) u.state_bytes -= u.optimizer_bytes, u.optimizer_bytes = 0;
   options.memory_cap = (state - optimizer) * 0.9;
