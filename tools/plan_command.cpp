@@ -88,12 +88,22 @@ PlannedRun plan_training(const TrainConfig& config, Device device, int repetitio
 const PlanCandidate& best_pipeline(const Plan& plan) {
   for (const auto& c : plan.candidates)
     if (c.rejected.empty() && c.pipelined) return c;
+  // Replicas of the whole model that fit where no pipeline does: how to run them instead.
+  std::string instead;
+  for (const auto& c : plan.candidates)
+    if (c.rejected.empty() && !c.pipelined) {
+      const std::string p = std::to_string(c.peak_bytes.size());
+      instead = "; " + c.layout + (c.shard_optimizer ? " sharing the optimizer state" : "") +
+                " fits: run --stages 1 --dp " + p +
+                (c.shard_optimizer ? " --shard-optimizer" : "") + " instead";
+      break;
+    }
   // Every reason reads alike; the first one says what fits.
   for (const auto& c : plan.candidates)
     if (c.pipelined)
       throw UsageError("no pipeline layout fits (" + std::to_string(plan.candidates.size()) +
                        " tried); " + c.layout + ", " + std::to_string(c.microbatches) +
-                       " micro-batches: " + c.rejected);
+                       " micro-batches: " + c.rejected + instead);
   throw UsageError("no pipeline layout was tried: the model has too few units for the devices");
 }
 

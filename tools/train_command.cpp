@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "comm/mpi_transport.h"
+#include "engine/pipeline/memory_estimate.h"
 #include "engine/schedule/chrome_trace.h"
 #include "engine/schedule/generators.h"
 #include "engine/schedule/measured_timing.h"
@@ -119,15 +120,6 @@ std::unique_ptr<TrainerCheckpointer> setup_checkpoints(const CheckpointFlags& f,
     throw UsageError(e.what());
   }
   return checkpointer;
-}
-
-std::string human_bytes(double bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (bytes >= 1024.0 && u < 4) bytes /= 1024.0, ++u;
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f %s", bytes, units[u]);
-  return buf;
 }
 
 std::string human_rate(double per_second) {
@@ -428,7 +420,7 @@ void print_summary(Trainer& trainer, const TrainConfig& config, const RunTotals&
   std::printf("done   %lld steps, %.0f tokens in %.1f s (%s tok/s), allocator peak %s\n",
               static_cast<long long>(t.steps), tokens, t.seconds,
               human_rate(t.seconds > 0 ? tokens / t.seconds : 0.0).c_str(),
-              human_bytes(static_cast<double>(t.peak)).c_str());
+              bytes_text(static_cast<double>(t.peak)).c_str());
   if (t.steps == 0) return;
   const size_t tail = std::min<size_t>(10, t.losses.size());
   double tail_loss = 0.0;
@@ -590,7 +582,7 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
       std::printf("step %5lld/%lld | loss %.4f | %s tok/s | lr %.2e | alloc peak %s | eta %.0fs\n",
                   static_cast<long long>(s), static_cast<long long>(config.steps), st.loss,
                   human_rate(rate).c_str(), st.lr,
-                  human_bytes(static_cast<double>(st.peak_bytes)).c_str(), eta);
+                  bytes_text(static_cast<double>(st.peak_bytes)).c_str(), eta);
       std::fflush(stdout);
     }
     // A signal ends the run after the step it came in (or the next one, when it came after

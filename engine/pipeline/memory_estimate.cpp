@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <fstream>
+#include <iomanip>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 
@@ -134,6 +136,20 @@ double cpu_available_bytes() {
   while (in >> key >> kib >> unit)
     if (key == "MemAvailable:") return kib * 1024.0;
   return 0.0;
+}
+
+std::string bytes_text(double bytes) {
+  std::ostringstream out;
+  out << std::fixed << std::setprecision(1);
+  if (bytes >= 1024.0 * 1024 * 1024)
+    out << bytes / (1024.0 * 1024 * 1024) << " GiB";
+  else if (bytes >= 1024.0 * 1024)
+    out << bytes / (1024.0 * 1024) << " MiB";
+  else if (bytes >= 1024.0)
+    out << bytes / 1024.0 << " KiB";
+  else
+    out << std::setprecision(0) << bytes << " B";
+  return out.str();
 }
 
 }  // namespace conveyor

@@ -68,4 +68,7 @@ std::vector<RankMemoryEstimate> estimate_rank_memory(
 // Bytes the CPU can still give: MemAvailable of /proc/meminfo, 0 when unknown.
 double cpu_available_bytes();
 
+// "512 B", "20.4 MiB", "1.5 GiB": bytes for people, in the unit that keeps them readable.
+std::string bytes_text(double bytes);
+
 }  // namespace conveyor

@@ -17,20 +17,6 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-std::string bytes_text(double bytes) {
-  std::ostringstream out;
-  out << std::fixed << std::setprecision(1);
-  if (bytes >= 1024.0 * 1024 * 1024)
-    out << bytes / (1024.0 * 1024 * 1024) << " GiB";
-  else if (bytes >= 1024.0 * 1024)
-    out << bytes / (1024.0 * 1024) << " MiB";
-  else if (bytes >= 1024.0)
-    out << bytes / 1024.0 << " KiB";
-  else
-    out << std::setprecision(0) << bytes << " B";
-  return out.str();
-}
-
 std::string ranges_text(const std::vector<StageRange>& ranges) {
   std::ostringstream out;
   for (size_t s = 0; s < ranges.size(); ++s)

@@ -24,12 +24,6 @@ std::string format_readable(double v) {
   return out.str();
 }
 
-std::string gib(double bytes) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.2f GiB", bytes / (1024.0 * 1024.0 * 1024.0));
-  return buf;
-}
-
 // Bytes the device can still give, and where that figure comes from; 0 when unknown.
 double device_available_bytes(Device device, std::string* source) {
 #ifdef CONVEYOR_WITH_CUDA
@@ -56,9 +50,13 @@ void check_memory_fits(const ModelDescription& model, const std::vector<StageRan
   const std::vector<RankMemoryEstimate> pipeline =
       estimate_rank_memory(model, ranges, schedule, config.optimizer.kind,
                            config.batch_tokens / config.microbatches, config.recompute);
-  // Every replica's rank r holds what the pipeline's rank r mod P does.
+  // Every replica's rank r holds what the pipeline's rank r mod P does, with a sharded
+  // optimizer state 1/D of its moments (a piece of each, rounded up).
   std::vector<RankMemoryEstimate> ranks;
   for (size_t r = 0; r < devices.size(); ++r) ranks.push_back(pipeline[r % pipeline.size()]);
+  if (config.shard_optimizer && config.data_parallel > 1)
+    for (RankMemoryEstimate& e : ranks)
+      e.optimizer_bytes = std::ceil(e.optimizer_bytes / config.data_parallel);
   // Ranks sharing a device share its memory.
   for (size_t r = 0; r < ranks.size(); ++r) {
     double on_device = 0.0;
@@ -77,11 +75,11 @@ void check_memory_fits(const ModelDescription& model, const std::vector<StageRan
     if (limit <= 0.0 || on_device <= limit) continue;
     const RankMemoryEstimate& e = ranks[r];
     throw std::invalid_argument(
-        "the run needs about " + gib(on_device) + " on " + devices[r].to_string() + " (" +
+        "the run needs about " + bytes_text(on_device) + " on " + devices[r].to_string() + " (" +
         std::to_string(sharing) + " rank(s); rank " + std::to_string(r) + ": parameters " +
-        gib(e.parameter_bytes) + ", gradients " + gib(e.gradient_bytes) + ", optimizer state " +
-        gib(e.optimizer_bytes) + ", in-flight activations at least " + gib(e.activation_bytes) +
-        ") but " + source + " is " + gib(limit) +
+        bytes_text(e.parameter_bytes) + ", gradients " + bytes_text(e.gradient_bytes) +
+        ", optimizer state " + bytes_text(e.optimizer_bytes) + ", in-flight activations at least " +
+        bytes_text(e.activation_bytes) + ") but " + source + " is " + bytes_text(limit) +
         "; use a smaller model, fewer tokens per micro-batch, more stages, or sgd");
   }
 }
