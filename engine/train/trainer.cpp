@@ -314,24 +314,26 @@ Tensor upload(DeviceContext& ctx, const std::vector<int32_t>& ids) {
   return t;
 }
 
-// The forward of every stage this process holds, micro-batch by micro-batch and stage by
-// stage in ascending order; an activation whose next stage is held here is copied (or kept,
-// on the same rank), one whose next stage is held by another process goes over the sending
-// rank's transport. Returns the sum of the token losses in micro-batch order when the last
-// stage is held here, else 0.0 (its holder's value is the one that counts).
+// The forward of every stage of the ranks `local` (of those this process holds), micro-batch
+// by micro-batch and stage by stage in ascending order; an activation whose next stage is
+// one of theirs is copied (or kept, on the same rank), one whose next stage is another rank's
+// goes over the sending rank's transport. Returns the sum of the token losses in micro-batch
+// order when the last stage is one of theirs, else 0.0 (its holder's value is the one that
+// counts).
 //
-// It cannot deadlock: every process walks the (micro-batch, stage) pairs it holds in the same
-// global order, a send never waits for its receiver (the transports enqueue it), and a
-// receive waits only for the previous pair. So the lowest pair not yet done anywhere always
-// has its input sent already, and its holder, having done every lower pair of its own, is
-// waiting on exactly that pair: it moves. Each link carries its messages in that global
-// order on both ends, so FIFO matching pairs them right.
+// It cannot deadlock, whether the callers are processes or threads: each walks the
+// (micro-batch, stage) pairs of its ranks in the same global order, a send never waits for
+// its receiver (the transports enqueue it), and a receive waits only for the previous pair.
+// So the lowest pair not yet done anywhere always has its input sent already, and its
+// holder, having done every lower pair of its own, is waiting on exactly that pair: it
+// moves. Each link carries its messages in that global order on both ends, so FIFO matching
+// pairs them right.
 double forward_losses(PipelineExecutor& executor, const ModelDescription& model,
                       const std::vector<StageRange>& ranges,
-                      const std::vector<MicroBatchData>& microbatches, float loss_scale) {
+                      const std::vector<MicroBatchData>& microbatches, float loss_scale,
+                      const std::vector<int>& local) {
   const schedule::Schedule& sched = executor.schedule();
   const int last = sched.num_stages() - 1;
-  const std::vector<int> local = executor.local_ranks();
   // Replica 0's ranks run the stages (a rank of another replica holds none of them).
   std::vector<bool> here(sched.num_stages(), false);
   for (int s = 0; s <= last; ++s)
@@ -372,8 +374,7 @@ double forward_losses(PipelineExecutor& executor, const ModelDescription& model,
     }
   }
   // Bounded: a transfer that waits on a dead peer fails instead of hanging here.
-  if (!executor.holds_all_ranks())
-    for (int r : local) executor.transport(r).synchronize(executor.context(r).compute_stream());
+  for (int r : local) executor.transport(r).synchronize(executor.context(r).compute_stream());
   if (!here[last]) return 0.0;
   DeviceContext& last_ctx = executor.stage(last).context();
   std::vector<double> sums;
@@ -404,13 +405,60 @@ double Trainer::evaluate(const std::vector<MicroBatchData>& microbatches) {
   // The loss head's gradient scale, as in a training step; evaluation discards the gradient.
   const float loss_scale = 1.0f / static_cast<float>(config_.batch_tokens);
   double loss_sum = 0.0;
-  try {
-    loss_sum = forward_losses(*executor_, model_, ranges_, microbatches, loss_scale);
-  } catch (const std::exception& e) {
-    // The other processes would otherwise wait for this one until their deadlines.
-    if (!executor_->holds_all_ranks())
+  if (!executor_->holds_all_ranks()) {
+    // This process's ranks, in step with the other processes'.
+    try {
+      loss_sum = forward_losses(*executor_, model_, ranges_, microbatches, loss_scale,
+                                executor_->local_ranks());
+    } catch (const std::exception& e) {
+      // The other processes would otherwise wait for this one until their deadlines.
       executor_->transport(executor_->local_ranks().front()).abort(e.what());
-    throw;
+      throw;
+    }
+  } else {
+    // One thread per rank of the pipeline, as the processes would be: the stages overlap,
+    // each rank's micro-batch b running while the next rank runs b - 1. A failure aborts the
+    // transport, so that the others' waits end too; the first error is the one rethrown.
+    const schedule::Schedule& sched = executor_->schedule();
+    std::vector<int> pipeline_ranks;
+    for (int s = 0; s < sched.num_stages(); ++s) {
+      const int r = sched.placement.rank_of(s);
+      if (std::find(pipeline_ranks.begin(), pipeline_ranks.end(), r) == pipeline_ranks.end())
+        pipeline_ranks.push_back(r);
+    }
+    std::vector<double> sums(pipeline_ranks.size(), 0.0);
+    std::vector<std::exception_ptr> errors(pipeline_ranks.size());
+    std::vector<std::thread> workers;
+    for (size_t i = 0; i < pipeline_ranks.size(); ++i)
+      workers.emplace_back([&, i] {
+        try {
+          sums[i] = forward_losses(*executor_, model_, ranges_, microbatches, loss_scale,
+                                   {pipeline_ranks[i]});
+        } catch (const std::exception& e) {
+          errors[i] = std::current_exception();
+          executor_->transport(pipeline_ranks[i]).abort(e.what());
+        } catch (...) {
+          errors[i] = std::current_exception();
+          executor_->transport(pipeline_ranks[i]).abort("evaluation failed");
+        }
+      });
+    for (std::thread& w : workers) w.join();
+    // The root failure, not the aborts it caused elsewhere.
+    std::exception_ptr first;
+    for (const std::exception_ptr& e : errors) {
+      if (!e) continue;
+      try {
+        std::rethrow_exception(e);
+      } catch (const comm::TransportAborted&) {
+        if (!first) first = e;
+        continue;
+      } catch (...) {
+        std::rethrow_exception(e);
+      }
+    }
+    if (first) std::rethrow_exception(first);
+    // Only the last stage's rank gives a non-zero sum.
+    for (double v : sums) loss_sum += v;
   }
   // Every process but the last stage's gives exactly 0.0, so the sum is that process's value.
   std::vector<double> total{loss_sum};

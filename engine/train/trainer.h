@@ -133,10 +133,14 @@ class Trainer {
 
   // Mean loss per token over `batches` global batches drawn from `source` (held-out data),
   // each split into the config's micro-batches. Forward only: no backward, no update,
-  // gradients and optimizer state untouched. Each micro-batch runs through the stages one
-  // after another from the calling thread (a forward pass has no backward to overlap, so no
-  // schedule is needed); on the CPU its loss is bitwise the loss that step() would report
-  // for the same batch. Replica 0's ranks evaluate; other replicas' ranks do no work.
+  // gradients and optimizer state untouched. Each rank of the pipeline runs the forward of
+  // its stages, micro-batch by micro-batch, on a thread of its own (in one process) or in
+  // its process (under MPI), passing activations to the next stage's rank over the
+  // transport, so the stages overlap as a forward-only pipeline (no schedule is needed: a
+  // forward pass has no backward to interleave). On the CPU the loss is bitwise the loss
+  // that step() would report for the same batch. Replica 0's ranks evaluate; other
+  // replicas' ranks do no work. A failure on one rank aborts the transport and is the error
+  // that comes out.
   //
   // When the ranks are processes (MPI) this is a collective: every process calls it, at the
   // same point of the run, with the same batches. Each runs the stages it holds and passes

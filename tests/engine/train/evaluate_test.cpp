@@ -2,8 +2,11 @@
 // CPU, for one stage and for pipelines; and nothing of the training state moves.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <string>
 #include <vector>
 
+#include "comm/transport.h"
 #include "engine/train/trainer.h"
 
 namespace conveyor {
@@ -153,6 +156,34 @@ TEST(Evaluate, BadRequestsAreClearErrors) {
   uneven.tokens = {1, 2, 3};
   uneven.targets = {2, 3};
   EXPECT_THROW(trainer.evaluate({uneven}), std::invalid_argument);
+}
+
+// The ranks of one process evaluate on threads of their own: a failure on one (here a token
+// id past the vocabulary, in the first stage's embedding) ends the others' waits, and the
+// error that comes out is that failure, not the aborts it caused.
+TEST(Evaluate, AFailingStageEndsTheOthersWithItsOwnError) {
+  for (const int stages : {2, 4}) {
+    SCOPED_TRACE("stages=" + std::to_string(stages));
+    TrainConfig c = eval_run(stages, schedule::ScheduleKind::k1F1B);
+    c.model.n_layers = 4;
+    c.transport_timeout = std::chrono::milliseconds(20000);
+    Trainer trainer(c);
+    MicroBatchData good, bad;
+    good.tokens = {1, 2, 3, 4};
+    good.targets = {2, 3, 4, 5};
+    bad.tokens = {1, 2, 99, 4};
+    bad.targets = {2, 3, 4, 5};
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      trainer.evaluate({good, bad, good});
+      ADD_FAILURE() << "an id past the vocabulary was evaluated";
+    } catch (const comm::TransportAborted& e) {
+      ADD_FAILURE() << "the abort came out, not its cause: " << e.what();
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find("99"), std::string::npos) << e.what();
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  }
 }
 
 }  // namespace
