@@ -132,26 +132,25 @@ void mpi_roll_call(const std::string& what, std::chrono::milliseconds timeout) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   if (size == 1) return;
-  const std::string ms = " ms";
   if (rank == 0) {
     // Rank 0 decides: it waits `timeout` for the others, then answers every one that came.
+    // A request MPI_Test finds done becomes MPI_REQUEST_NULL, so what is left names who has
+    // not come.
     std::vector<MPI_Request> here(static_cast<size_t>(size), MPI_REQUEST_NULL);
     for (int r = 1; r < size; ++r)
       MPI_Irecv(nullptr, 0, MPI_BYTE, r, kRollCallTag, MPI_COMM_WORLD, &here[r]);
-    std::vector<bool> came(static_cast<size_t>(size), false);
     const bool all = poll_until(PollClock::now() + timeout, [&] {
       bool every = true;
       for (int r = 1; r < size; ++r) {
         int done = 0;
-        if (!came[r]) MPI_Test(&here[r], &done, MPI_STATUS_IGNORE);
-        if (done) came[r] = true;
-        every = every && came[r];
+        if (here[r] != MPI_REQUEST_NULL) MPI_Test(&here[r], &done, MPI_STATUS_IGNORE);
+        every = every && here[r] == MPI_REQUEST_NULL;
       }
       return every;
     });
     std::vector<int> missing;
     for (int r = 1; r < size; ++r) {
-      if (!came[r]) {
+      if (here[r] != MPI_REQUEST_NULL) {
         missing.push_back(r);
         drop(here[r]);
         continue;
@@ -163,8 +162,8 @@ void mpi_roll_call(const std::string& what, std::chrono::milliseconds timeout) {
     }
     if (!all)
       throw TransportError("rank 0: rank(s) " + rank_list(missing) + " did not reach " + what +
-                           " within " + std::to_string(timeout.count()) + ms +
-                           " (stopped, hung, or slower than --timeout allows)");
+                           " within " + std::to_string(timeout.count()) +
+                           " ms (stopped, hung, or slower than --timeout allows)");
     return;
   }
   // The others wait twice as long, so that rank 0, which started its wait at most `timeout`
@@ -183,13 +182,13 @@ void mpi_roll_call(const std::string& what, std::chrono::milliseconds timeout) {
     drop(answer);
     (void)verdict.release();  // left to MPI with the request, should the cancel not take
     throw TransportError("rank " + std::to_string(rank) + ": no word from rank 0 at " + what +
-                         " within " + std::to_string(2 * timeout.count()) + ms +
-                         " (rank 0 is stopped, hung, or slower than --timeout allows)");
+                         " within " + std::to_string(2 * timeout.count()) +
+                         " ms (rank 0 is stopped, hung, or slower than --timeout allows)");
   }
   if (*verdict != kAllHere)
     throw TransportError("rank " + std::to_string(rank) + ": another process did not reach " +
-                         what + " within " + std::to_string(timeout.count()) + ms +
-                         " (rank 0's error names it)");
+                         what + " within " + std::to_string(timeout.count()) +
+                         " ms (rank 0's error names it)");
 }
 
 namespace {
