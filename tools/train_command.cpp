@@ -1,12 +1,10 @@
 // `conveyor train`: builds a TrainConfig from a preset and flags, trains, prints one line per
 // logged step and a summary, and optionally writes one JSON object per step.
-#include <unistd.h>
 
 #include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -18,6 +16,7 @@
 #include <vector>
 
 #include "comm/mpi_transport.h"
+#include "engine/core/test_pause.h"
 #include "engine/pipeline/memory_estimate.h"
 #include "engine/schedule/chrome_trace.h"
 #include "engine/schedule/generators.h"
@@ -457,15 +456,9 @@ void check_eval_fits(Trainer& trainer, const TrainConfig& config, int64_t eval_b
 // that point: "setup" (before the model, the data and the transport are made), "evaluation"
 // (as the held-out evaluation starts), "checksum" (before the weights' checksum over every
 // rank) or "end" (before the processes meet at the end of the run), while the other
-// processes go on into what waits for it. What the failure tests stop
-// or kill, to see every other rank end by itself instead of waiting forever.
-void pause_if_asked_at(const char* point) {
-  const char* wanted = std::getenv("CONVEYOR_TEST_PAUSE_AT");
-  if (wanted == nullptr || std::strcmp(wanted, point) != 0) return;
-  std::fprintf(stderr, "conveyor: paused at %s\n", point);
-  std::fflush(stderr);
-  for (;;) ::pause();
-}
+// processes go on into what waits for it: what the failure tests stop or kill, to see every
+// other rank end by itself instead of waiting forever.
+void pause_if_asked_at(const char* point) { pause_if_asked("CONVEYOR_TEST_PAUSE_AT", point, "at"); }
 
 // Held-out loss on the `batches` batches that follow the trained ones in a fresh copy of the
 // run's source, so a resumed run evaluates on the same tokens as an uninterrupted one. A

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine/core/test_pause.h"
 #include "engine/train/checkpoint_error.h"
 
 // The library's implementation compiled into this file (it is what libxxhash builds), so the
@@ -267,11 +268,7 @@ nlohmann::json parse_json_strictly(std::string_view text, const std::string& fil
 }
 
 void pause_for_crash_test(std::string_view point) {
-  const char* wanted = std::getenv("CONVEYOR_TEST_PAUSE_IN_SAVE");
-  if (wanted == nullptr || point != wanted) return;
-  std::fprintf(stderr, "conveyor: paused in save at %s\n", wanted);
-  std::fflush(stderr);
-  for (;;) ::pause();
+  pause_if_asked("CONVEYOR_TEST_PAUSE_IN_SAVE", point, "in save at");
 }
 
 }  // namespace conveyor::checkpoint_io
