@@ -419,44 +419,31 @@ double Trainer::evaluate(const std::vector<MicroBatchData>& microbatches) {
     // One thread per rank of the pipeline, as the processes would be: the stages overlap,
     // each rank's micro-batch b running while the next rank runs b - 1. A failure aborts the
     // transport, so that the others' waits end too; the first error is the one rethrown.
-    const schedule::Schedule& sched = executor_->schedule();
-    std::vector<int> pipeline_ranks;
-    for (int s = 0; s < sched.num_stages(); ++s) {
-      const int r = sched.placement.rank_of(s);
-      if (std::find(pipeline_ranks.begin(), pipeline_ranks.end(), r) == pipeline_ranks.end())
-        pipeline_ranks.push_back(r);
-    }
-    std::vector<double> sums(pipeline_ranks.size(), 0.0);
-    std::vector<std::exception_ptr> errors(pipeline_ranks.size());
+    // Replica 0's ranks are 0 .. P-1.
+    const int ranks = executor_->schedule().num_ranks();
+    std::vector<double> sums(ranks, 0.0);
+    // Per rank: a failure of its own, or the abort another rank's failure caused.
+    std::vector<std::exception_ptr> failures(ranks), aborts(ranks);
     std::vector<std::thread> workers;
-    for (size_t i = 0; i < pipeline_ranks.size(); ++i)
-      workers.emplace_back([&, i] {
+    for (int r = 0; r < ranks; ++r)
+      workers.emplace_back([&, r] {
         try {
-          sums[i] = forward_losses(*executor_, model_, ranges_, microbatches, loss_scale,
-                                   {pipeline_ranks[i]});
+          sums[r] = forward_losses(*executor_, model_, ranges_, microbatches, loss_scale, {r});
+        } catch (const comm::TransportAborted&) {
+          aborts[r] = std::current_exception();
         } catch (const std::exception& e) {
-          errors[i] = std::current_exception();
-          executor_->transport(pipeline_ranks[i]).abort(e.what());
+          failures[r] = std::current_exception();
+          executor_->transport(r).abort(e.what());
         } catch (...) {
-          errors[i] = std::current_exception();
-          executor_->transport(pipeline_ranks[i]).abort("evaluation failed");
+          failures[r] = std::current_exception();
+          executor_->transport(r).abort("evaluation failed");
         }
       });
     for (std::thread& w : workers) w.join();
     // The root failure, not the aborts it caused elsewhere.
-    std::exception_ptr first;
-    for (const std::exception_ptr& e : errors) {
-      if (!e) continue;
-      try {
-        std::rethrow_exception(e);
-      } catch (const comm::TransportAborted&) {
-        if (!first) first = e;
-        continue;
-      } catch (...) {
-        std::rethrow_exception(e);
-      }
-    }
-    if (first) std::rethrow_exception(first);
+    for (const auto* errors : {&failures, &aborts})
+      for (const std::exception_ptr& e : *errors)
+        if (e) std::rethrow_exception(e);
     // Only the last stage's rank gives a non-zero sum.
     for (double v : sums) loss_sum += v;
   }
