@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The prepared check for the GPU machine (one H200, Ubuntu 24.04, CUDA 13.0, no network,
 # 15 minutes of device time in all, at most 10 minutes a call). Two calls, each inside
-# CHECK_BUDGET_S (default 300 s); every step has a timeout, the script goes on after a failure,
-# prints a short table last and exits non-zero if any step failed:
+# CHECK_BUDGET_S (default 360 s with a carried build); every step has a timeout, the script
+# goes on after a failure, prints a short table last and exits non-zero if any step failed:
 #
-#   tools/gpu_check.sh [BUILD_DIR]          first call (about 5 minutes): the `gpu` tests, then
+#   tools/gpu_check.sh [BUILD_DIR]          first call (about 6 minutes): the `gpu` tests (the
+#                                           gtest cases, then NCCL across processes), then
 #                                           compute-sanitizer memcheck on short filters
 #   tools/gpu_check.sh --bench [BUILD_DIR]  optional second call: the GPU benchmarks
 #   tools/gpu_check.sh --prepare DIR        here, on the build machine: build the GPU targets
@@ -12,7 +13,9 @@
 #                                           DIR-carry: the same without object files and
 #                                           static libraries, plus carried-lib/ with the shared
 #                                           libraries the GPU machine lacks (Google Benchmark's
-#                                           soname differs between Debian 12 and Ubuntu 24.04).
+#                                           soname differs between Debian 12 and Ubuntu 24.04)
+#                                           and carried-lib/fallback/ with OpenMPI's, used only
+#                                           if that machine has none.
 #                                           Refused over 60 MiB (64 MiB travel in all). Carry
 #                                           DIR-carry and pass it as BUILD_DIR.
 #
@@ -26,8 +29,8 @@
 # above the 60 s deadline of the tests' NCCL transports, so a hung transfer reports its own
 # error first), written over the TIMEOUT property the build gives them, which
 # `ctest --timeout` cannot override.
-# Files that come back from $OUT: env.txt, build.log, summary.txt, and ctest_gpu.log and
-# sanitizer.log (tests) or bench.log, bench_kernels_gpu.json and bench_train.json (--bench).
+# Files that come back from $OUT: env.txt, build.log, summary.txt, and ctest_gpu.log,
+# ctest_nccl_mpi.log and sanitizer.log (tests) or bench.log, bench_kernels_gpu.json and bench_train.json (--bench).
 set -u
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -61,6 +64,12 @@ if [[ "${1:-}" == "--prepare" ]]; then
   for b in "${gpu_benches[@]}"; do
     ldd "$slim/bench/$b" | awk '/libbenchmark/ {print $3}' | xargs -r -I{} cp -L {} "$slim/carried-lib/"
   done
+  # OpenMPI's libraries, used only where that machine lacks them (every test binary links
+  # MPI, so without them none would start; a machine whose mpirun is another MPI has none).
+  mkdir -p "$slim/carried-lib/fallback"
+  ldd "$slim/tools/conveyor" |
+    awk '/lib(mpi|mpi_cxx|open-rte|open-pal|hwloc|event_core|event_pthreads)[-.0-9]*so/ {print $3}' |
+    xargs -r -I{} cp -L {} "$slim/carried-lib/fallback/"
   missing=()
   for t in "${gpu_tests[@]}"; do
     [[ -x "$slim/tests/$t" && -f "$slim/tests/${t}[1]_tests.cmake" ]] || missing+=("tests/$t")
@@ -95,7 +104,7 @@ esac
 build=${1:-}
 out=${OUT:-$root/gpu_check_out}
 mkdir -p "$out"
-budget=${CHECK_BUDGET_S:-$([[ -n "$build" ]] && echo 300 || echo 540)}
+budget=${CHECK_BUDGET_S:-$([[ -n "$build" ]] && echo 360 || echo 540)}
 test_timeout=${GPU_TEST_TIMEOUT_S:-90}
 if ! [[ $budget =~ ^[0-9]+$ && $test_timeout =~ ^[0-9]+$ ]]; then
   echo "gpu_check: CHECK_BUDGET_S and GPU_TEST_TIMEOUT_S must be whole seconds, got" \
@@ -220,6 +229,14 @@ export LD_LIBRARY_PATH="$cuda_lib:/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$
 if [[ -n "$build" ]]; then
   build=$(cd "$build" && pwd) || { echo "gpu_check: no build folder $1" >&2; exit 1; }
   [[ -d "$build/carried-lib" ]] && export LD_LIBRARY_PATH="$build/carried-lib:$LD_LIBRARY_PATH"
+  # The carried OpenMPI libraries only when this machine's are missing: searched before the
+  # system's, they would otherwise stand in for an installed OpenMPI its mpirun matches.
+  if [[ -d "$build/carried-lib/fallback" ]] &&
+     ldd "$build/tools/conveyor" 2>/dev/null | grep -q 'lib.*not found'; then
+    export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$build/carried-lib/fallback"
+    note "shared libraries" "carried OpenMPI libraries used: $(ldd "$build/tools/conveyor" 2>&1 |
+      grep -c 'not found') still missing"
+  fi
   original=$(sed -n 's/^CMAKE_CACHEFILE_DIR:INTERNAL=//p' "$build/CMakeCache.txt" 2>/dev/null)
   source_dir=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$build/CMakeCache.txt" 2>/dev/null)
   {
@@ -253,7 +270,7 @@ fi
   ls -l /usr/lib/x86_64-linux-gnu/libnccl.so* 2>&1
   echo "== commit"; git -C "$root" log --oneline -1 2>&1
   echo "== missing shared libraries"
-  for b in "$build"/tests/*_gpu_tests "$build"/bench/bench_*; do
+  for b in "$build"/tests/*_gpu_tests "$build"/bench/bench_* "$build"/tools/conveyor; do
     [[ -x "$b" ]] && ldd "$b" 2>&1 | grep "not found" | sed "s|^|$(basename "$b"): |"
   done
 } >"$out/env.txt" 2>&1
@@ -305,17 +322,27 @@ case $rc in
   *) fail "gpu test list" "INCOMPLETE (build.log)" ;;
 esac
 
-t=$(allow 150)
-echo "ctest -L gpu (timeout ${t}s, ${test_timeout}s per test)"
-timeout "$t" ctest --test-dir "$build" -L gpu --output-on-failure --timeout "$test_timeout" \
-  >"$out/ctest_gpu.log" 2>&1
-rc=$?
-passed=$(grep -c ' Passed ' "$out/ctest_gpu.log")
-skipped=$(grep -c '\*\*\*Skipped' "$out/ctest_gpu.log")
-failures=$(grep -cE '\*\*\*(Failed|Timeout|Exception|Not Run)' "$out/ctest_gpu.log")
-counts="passed $passed, failed $failures, skipped $skipped (rc $rc)"
-if [[ $rc == 0 ]]; then note "ctest -L gpu" "$counts"; else fail "ctest -L gpu" "$counts"; fi
-grep -E '\*\*\*(Failed|Timeout|Exception|Not Run)' "$out/ctest_gpu.log" | head -20
+# gpu_ctest NAME LOG CAP CTEST-ARGS...: one ctest run over gpu tests, counted in the table.
+gpu_ctest() {
+  local name=$1 log=$out/$2 t
+  t=$(allow "$3")
+  shift 3
+  echo "$name (timeout ${t}s, ${test_timeout}s per test)"
+  timeout "$t" ctest --test-dir "$build" -L gpu --output-on-failure --timeout "$test_timeout" \
+    "$@" >"$log" 2>&1
+  local rc=$?
+  local passed skipped failures
+  passed=$(grep -c ' Passed ' "$log")
+  skipped=$(grep -c '\*\*\*Skipped' "$log")
+  failures=$(grep -cE '\*\*\*(Failed|Timeout|Exception|Not Run)' "$log")
+  local counts="passed $passed, failed $failures, skipped $skipped (rc $rc)"
+  if [[ $rc == 0 ]]; then note "$name" "$counts"; else fail "$name" "$counts"; fi
+  grep -E '\*\*\*(Failed|Timeout|Exception|Not Run)' "$log" | head -20
+}
+# The gtest cases first; then NCCL across processes (mpirun; with one GPU each process is an
+# NCCL host of its own), whose runs each pay for CUDA and NCCL set-up.
+gpu_ctest "ctest -L gpu (gtest)" ctest_gpu.log 150 -E '^nccl_mpi_train_'
+gpu_ctest "ctest nccl_mpi_train_*" ctest_nccl_mpi.log 150 -R '^nccl_mpi_train_'
 
 # --- compute-sanitizer memcheck on short filters --------------------------------------
 : >"$out/sanitizer.log"

@@ -1,23 +1,43 @@
 #!/usr/bin/env bash
-# GPU ranks as processes: `mpirun -np 2 conveyor train --device cuda --stages 2`, its NCCL
-# communicators bootstrapped over MPI, against the one-process run of the same configuration.
-#   nccl_mpi_train.sh CONVEYOR
-# With 2 GPUs or more: per-step losses and gradient norms (--log-json) and the final weights'
-# checksum of the mpirun run (auto, and --transport nccl) equal, bit for bit, those of the
-# one-process --stages 2 runs over in-process NCCL and over the in-process transport (CUDA
-# runs are deterministic per device, and stage s runs on cuda:s in all of them); the same for
-# data parallelism, `--stages 1 --dp 2` under `mpirun -np 2` (rank r on cuda:r), plain and
-# with --shard-optimizer (the group sum, then the reduce-scatter and gather, over NCCL),
-# and with 4 GPUs or more `--stages 2 --dp 2` under `mpirun -np 4` (reported as skipped
-# with fewer); the difference to the CPU run is printed, not checked.
-# With one GPU: `mpirun -np 1 ... --transport nccl --stages 1` (the bootstrap over MPI and a
-# one-rank all-reduce over NCCL) equals the one-process run, then exit 77: two ranks over NCCL
-# need two GPUs (NCCL refuses two ranks of one communicator on one GPU).
-# Exit status 77 (skipped) with the reason where there is no GPU, no mpirun or no jq.
+# GPU ranks as processes: `mpirun -np N conveyor train --device cuda ...`, their NCCL
+# communicators bootstrapped over MPI, against the one-process runs of the same configuration.
+#   nccl_mpi_train.sh CONVEYOR equal   mpirun -np 2 --stages 2 (auto, and --transport nccl):
+#                                      per-step losses and gradient norms (--log-json) and the
+#                                      final weights' checksum equal, bit for bit, those of the
+#                                      one-process --stages 2 runs over the in-process transport
+#                                      and (with 2 GPUs or more) over in-process NCCL; so does
+#                                      the held-out evaluation's exact line (--eval-batches 2);
+#                                      with one GPU first mpirun -np 1 --transport nccl
+#                                      --stages 1 against the one-process run, and a launch of
+#                                      more processes than GPUs without NCCL_HOSTID refused
+#   nccl_mpi_train.sh CONVEYOR dp      data parallelism over NCCL: --stages 1 --dp 2 under
+#                                      mpirun -np 2, plain and with --shard-optimizer, and
+#                                      --stages 2 --dp 2 under mpirun -np 4, equal to the
+#                                      one-process runs of the same flags
+#   nccl_mpi_train.sh CONVEYOR stop    rank 1 of mpirun -np 2 stopped (SIGSTOP) mid-run: rank
+#                                      0's wait on NCCL ends at its --timeout, it aborts its
+#                                      communicators and the job ends within 30 s with rank 0's
+#                                      error and its position in the rank x action grid
+#   nccl_mpi_train.sh CONVEYOR kill    rank 1 killed (SIGKILL) mid-run: the job ends non-zero
+#                                      within 30 s, naming the lost rank
+# CUDA runs are deterministic per device: rank r runs on cuda:r, or on cuda:0 for all where
+# there are fewer GPUs than ranks, in the reference runs and under mpirun alike; the difference
+# to the CPU run is printed, not checked.
+#
+# Fewer GPUs than processes: each process is given an NCCL host id of its own (NCCL_HOSTID),
+# so NCCL takes each for a host of its own and lets their ranks share one GPU, connected over
+# sockets on the loopback interface. Slower than NVLink or PCIe, but the same NCCL calls,
+# set-up, waits and aborts, so one GPU tests every path of NCCL across processes. (NCCL
+# refuses two ranks of one communicator on one GPU of one host, and so does `conveyor train`
+# before NCCL is asked, unless NCCL_HOSTID is set.)
+# Exit status 77 (skipped) with the reason where there is no GPU, no OpenMPI mpirun or no jq.
 set -uo pipefail
-cli=$1
+cli=$1 mode=${2:-equal}
 skip() { echo "SKIP: $*"; exit 77; }
 command -v mpirun >/dev/null || skip "no mpirun"
+# The flags below and OMPI_COMM_WORLD_RANK are OpenMPI's, and so is the MPI the build links.
+mpirun --version 2>&1 | grep -q "Open MPI" ||
+  skip "mpirun is not OpenMPI's: $(mpirun --version 2>&1 | head -1)"
 command -v jq >/dev/null || skip "no jq"
 if [ -n "${CUDA_VISIBLE_DEVICES+set}" ]; then
   gpus=$(tr ',' '\n' <<<"$CUDA_VISIBLE_DEVICES" | grep -c .)
@@ -31,12 +51,30 @@ fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mpirun=(mpirun --allow-run-as-root --oversubscribe --bind-to none)
+device=(--device cuda)
 common=(train --layers 4 --microbatches 4 --batch-tokens 512 --steps 4 --seed 7
         --quiet --weights-checksum --timeout 60)
 # fail, numbers, checksum, same_run
 source "$(dirname "${BASH_SOURCE[0]}")/mpi_compare.sh"
 
-# run NAME ARGS...: a run leaving NAME.jsonl and NAME.out in the work folder.
+# launch N: sets `launched` to the command that starts `conveyor` as N processes under
+# mpirun, the arguments to follow; with fewer GPUs than N each process is a host of its own
+# to NCCL (above). CONVEYOR_TEST_PID_FILE, when set, receives the pid of rank
+# $CONVEYOR_TEST_PID_RANK (the process itself: exec keeps it).
+launch() {
+  local hosts=0
+  [ "$gpus" -lt "$1" ] && hosts=1
+  launched=("${mpirun[@]}" -np "$1" bash -c '
+    if [ "$0" = 1 ]; then
+      export NCCL_HOSTID=conveyor-test-host-$OMPI_COMM_WORLD_RANK NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1
+    fi
+    if [ -n "${CONVEYOR_TEST_PID_FILE:-}" ] && [ "$OMPI_COMM_WORLD_RANK" = "${CONVEYOR_TEST_PID_RANK:-}" ]; then
+      echo $$ >"$CONVEYOR_TEST_PID_FILE"
+    fi
+    exec "$@"' "$hosts" "$cli")
+}
+
+# run NAME COMMAND...: a run leaving NAME.jsonl and NAME.out in the work folder.
 run() {
   local name=$1
   shift
@@ -52,59 +90,124 @@ loss_difference() {
     echo "unknown"
 }
 
-if [ "$gpus" -lt 2 ]; then
-  run one1 "$cli" "${common[@]}" --device cuda --stages 1
-  run mpi1 "${mpirun[@]}" -np 1 "$cli" "${common[@]}" --device cuda --stages 1 --transport nccl
-  uses_nccl mpi1
-  same_run "$work" one1 mpi1 "of mpirun -np 1 --transport nccl"
-  echo "mpirun -np 1 --transport nccl: $(numbers "$work/mpi1.jsonl" | wc -l) steps and $(checksum "$work/mpi1.out") equal to the one-process run"
-  skip "two ranks over NCCL need two GPUs, found $gpus (the one-rank run above passed)"
-fi
-
-cuda=("${common[@]}" --device cuda --stages 2)
-run nccl "$cli" "${cuda[@]}"
-uses_nccl nccl
-run inproc "$cli" "${cuda[@]}" --transport inproc
-run mpi "${mpirun[@]}" -np 2 "$cli" "${cuda[@]}"
-uses_nccl mpi
-[ "$(grep -c '^done ' "$work/mpi.out")" = 1 ] || fail "ranks other than 0 printed: $(cat "$work/mpi.out")"
-run explicit "${mpirun[@]}" -np 2 "$cli" "${cuda[@]}" --transport nccl
-uses_nccl explicit
-[ "$(numbers "$work/mpi.jsonl" | wc -l)" = 4 ] || fail "expected 4 steps in --log-json"
-for ref in nccl inproc; do
-  same_run "$work" "$ref" mpi "of mpirun -np 2"
-  same_run "$work" "$ref" explicit "of mpirun -np 2 --transport nccl"
-done
-
-# Data parallelism over NCCL: the replicas' sums over the host in group order, so the bits
-# are those of the in-process transport, in one process and across processes.
-# dp_case NAME RANKS REFS ARGS...: mpirun -np RANKS equal to the one-process runs REFS
-# ("inproc", or "nccl inproc") of the same arguments. (The one-process NCCL run is made once
-# only: the gtest cases check its group calls, and every run costs communicator set-up.)
-dp_case() {
-  local name=$1 ranks=$2 refs=$3
-  shift 3
+# case_equal NAME RANKS ARGS...: `launch RANKS ARGS` equal to the one-process runs of ARGS
+# over the in-process transport and, with a GPU per rank, over in-process NCCL (made once
+# only where the gtest cases check its calls: every run costs communicator set-up).
+case_equal() {
+  local name=$1 ranks=$2
+  shift 2
+  local refs=inproc
+  [ "$gpus" -ge "$ranks" ] && refs="nccl inproc"
   for ref in $refs; do
     run "${name}_$ref" "$cli" "$@" --transport "$ref"
     [ "$ref" = inproc ] || uses_nccl "${name}_$ref"
   done
-  run "${name}_mpi" "${mpirun[@]}" -np "$ranks" "$cli" "$@"
+  launch "$ranks"
+  run "${name}_mpi" "${launched[@]}" "$@"
   uses_nccl "${name}_mpi"
+  [ "$(grep -c '^done ' "$work/${name}_mpi.out")" = 1 ] ||
+    fail "ranks other than 0 printed: $(cat "$work/${name}_mpi.out")"
+  [ "$(numbers "$work/${name}_mpi.jsonl" | wc -l)" = 4 ] || fail "expected 4 steps in ${name}'s --log-json"
   for ref in $refs; do
     same_run "$work" "${name}_$ref" "${name}_mpi" "of mpirun -np $ranks ($name)"
   done
-  echo "mpirun -np $ranks ($name): $(numbers "$work/${name}_mpi.jsonl" | wc -l) steps and $(checksum "$work/${name}_mpi.out") equal to the one-process $refs run(s)"
+  echo "mpirun -np $ranks ($name$([ "$gpus" -lt "$ranks" ] && echo ", $gpus GPU(s), processes as NCCL hosts")): $(numbers "$work/${name}_mpi.jsonl" | wc -l) steps and $(checksum "$work/${name}_mpi.out") equal to the one-process $refs run(s)"
 }
-dp_case dp 2 "nccl inproc" "${common[@]}" --device cuda --stages 1 --dp 2
-dp_case zero 2 inproc "${common[@]}" --device cuda --stages 1 --dp 2 --shard-optimizer
-if [ "$gpus" -ge 4 ]; then
-  dp_case dp4 4 inproc "${cuda[@]}" --dp 2
-  dp4="checked"
-else
-  dp4="skipped: 4 ranks need 4 GPUs, found $gpus"
-fi
 
-run cpu "$cli" "${common[@]}" --device cpu --stages 2
-echo "mpirun -np 2 --device cuda --stages 2: $(numbers "$work/mpi.jsonl" | wc -l) steps and $(checksum "$work/mpi.out") equal to the one-process NCCL and in-process runs"
-echo "against the CPU run (reported, not checked): largest loss difference $(loss_difference mpi cpu), CPU $(checksum "$work/cpu.out")"
-echo "--stages 2 --dp 2 over NCCL across processes: $dp4"
+# eval_line NAME: the summary's eval line of $work/NAME.out, checked to be the only one.
+eval_line() {
+  [ "$(grep -c '^eval ' "$work/$1.out")" = 1 ] || fail "not one eval line in $1: $(cat "$work/$1.out")"
+  grep '^eval ' "$work/$1.out"
+}
+
+# signal_rank_one SIGNAL TIMEOUT: rank 1 of `launch 2 ... --stages 2` gets SIGNAL once rank 0
+# has finished its first step of a run far longer than the test; the job must then end
+# non-zero, by itself, within 30 s. Output in $work/out.
+signal_rank_one() {
+  local sig=$1 deadline=$2 status took start job pid
+  rm -f "$work/rank1.pid"
+  launch 2
+  CONVEYOR_TEST_PID_FILE=$work/rank1.pid CONVEYOR_TEST_PID_RANK=1 timeout 120 "${launched[@]}" \
+    train "${device[@]}" --stages 2 --layers 4 --microbatches 4 --batch-tokens 512 \
+    --steps 1000000 --log-every 1000000 --timeout "$deadline" >"$work/out" 2>&1 &
+  job=$!
+  for _ in $(seq 600); do
+    grep -q '^step  *1/' "$work/out" 2>/dev/null && break
+    kill -0 "$job" 2>/dev/null || break
+    sleep 0.1
+  done
+  grep -q '^step  *1/' "$work/out" || fail "no first step within 60 s: $(cat "$work/out")"
+  pid=$(cat "$work/rank1.pid") || fail "rank 1 left no pid"
+  start=$(date +%s)
+  kill -"$sig" "$pid"
+  wait "$job"
+  status=$?
+  took=$(( $(date +%s) - start ))
+  kill -KILL "$pid" 2>/dev/null  # a stopped rank 1 would outlive the job
+  [ "$status" -ne 0 ] && [ "$status" -ne 124 ] || fail "status $status after ${took}s: $(cat "$work/out")"
+  [ "$took" -le 30 ] || fail "took ${took}s, more than the $deadline s timeout allows"
+  ended="status $status ${took}s after the signal"
+}
+
+case $mode in
+  equal)
+    if [ "$gpus" -lt 2 ]; then
+      run one1 "$cli" "${common[@]}" "${device[@]}" --stages 1
+      run mpi1 "${mpirun[@]}" -np 1 "$cli" "${common[@]}" "${device[@]}" --stages 1 --transport nccl
+      uses_nccl mpi1
+      same_run "$work" one1 mpi1 "of mpirun -np 1 --transport nccl"
+      echo "mpirun -np 1 --transport nccl: $(numbers "$work/mpi1.jsonl" | wc -l) steps and $(checksum "$work/mpi1.out") equal to the one-process run"
+      # Two processes on one GPU, without host ids of their own: refused before NCCL is asked.
+      timeout 120 "${mpirun[@]}" -np 2 "$cli" "${common[@]}" "${device[@]}" --stages 2 \
+        >"$work/shared.out" 2>&1
+      status=$?
+      [ "$status" -ne 0 ] && [ "$status" -ne 124 ] || fail "status $status: $(cat "$work/shared.out")"
+      grep -q "started 2 processes on this node, which sees $gpus GPU(s), and NCCL refuses two ranks on one GPU" \
+        "$work/shared.out" || fail "two processes on one GPU not refused by name: $(cat "$work/shared.out")"
+      echo "mpirun -np 2 on $gpus GPU without NCCL_HOSTID: refused, status $status"
+    fi
+    case_equal pipe 2 "${common[@]}" "${device[@]}" --stages 2
+    launch 2
+    run explicit "${launched[@]}" "${common[@]}" "${device[@]}" --stages 2 --transport nccl
+    uses_nccl explicit
+    same_run "$work" pipe_inproc explicit "of mpirun -np 2 --transport nccl"
+    # The held-out evaluation: activations between the processes over NCCL, the loss's sum
+    # over the world communicator; rank 0 alone prints it, exactly as one process does.
+    run eval_inproc "$cli" "${common[@]}" "${device[@]}" --stages 2 --eval-batches 2 --transport inproc
+    run eval_mpi "${launched[@]}" "${common[@]}" "${device[@]}" --stages 2 --eval-batches 2
+    want=$(eval_line eval_inproc) got=$(eval_line eval_mpi) || exit 1
+    [ "$got" = "$want" ] || fail "mpirun -np 2 --eval-batches 2: '$got', one process: '$want'"
+    echo "mpirun -np 2 --eval-batches 2: $got"
+    run cpu "$cli" "${common[@]}" --device cpu --stages 2
+    echo "against the CPU run (reported, not checked): largest loss difference $(loss_difference pipe_mpi cpu), CPU $(checksum "$work/cpu.out")"
+    ;;
+  dp)
+    # The replicas' sums over the host in group order, so the bits are those of the
+    # in-process transport, in one process and across processes.
+    case_equal dp 2 "${common[@]}" "${device[@]}" --stages 1 --dp 2
+    case_equal zero 2 "${common[@]}" "${device[@]}" --stages 1 --dp 2 --shard-optimizer
+    case_equal dp4 4 "${common[@]}" "${device[@]}" --stages 2 --dp 2
+    grep -q "2 replicas x 2 pipeline ranks" "$work/dp4_mpi.out" || fail "no replicas: $(cat "$work/dp4_mpi.out")"
+    ;;
+  stop)
+    signal_rank_one STOP 5
+    # Rank 0 waits on a stream NCCL work is queued on (a transfer from rank 1, or the step's
+    # all-reduce) and gives up at its deadline, naming what did not finish.
+    grep -Eq "conveyor: error: rank 0.*(did not finish within 5000 ms|NCCL error)" "$work/out" ||
+      fail "rank 0 did not give up at its deadline: $(cat "$work/out")"
+    grep -Eq "^r0: .*>>[A-Z]+[0-9.]+[<>]?[0-9]*<<" "$work/out" ||
+      fail "rank 0's position is not marked in the grid: $(cat "$work/out")"
+    grep -q "^rank(s) 1: held by other processes" "$work/out" ||
+      fail "rank 1 is not named as unknown here: $(cat "$work/out")"
+    echo "rank 1 stopped: rank 0 gave up, job ended with $ended"
+    sed -n '/^conveyor: error: rank 0/,/^rank(s) /p' "$work/out"
+    ;;
+  kill)
+    signal_rank_one KILL 20
+    grep -Eq "rank 1 .*(signal 9|Killed)|process rank 1|rank 0: .*(rank 1|NCCL error)" "$work/out" ||
+      fail "the lost rank is not named: $(cat "$work/out")"
+    echo "rank 1 killed: job ended with $ended"
+    cat "$work/out"
+    ;;
+  *) fail "unknown mode $mode (equal, dp, stop or kill)" ;;
+esac
