@@ -13,8 +13,10 @@
 namespace {
 
 // One error line: control characters in the message (echoed file names) are shown escaped,
-// line breaks kept for the validator's grid that may follow the sentence.
+// line breaks kept for the validator's grid that may follow the sentence. What the command
+// printed before goes out first, so that in one file or pipe the error comes last.
 void print_error(const char* message) {
+  std::fflush(stdout);
   std::string text;
   for (const char* c = message; *c; ++c)
     text += *c == '\n' ? std::string("\n") : conveyor::cli::escape_for_message(std::string(1, *c));
@@ -55,9 +57,7 @@ int main(int argc, char** argv) {
   } catch (const conveyor::cli::ExitRequest& e) {
     return e.code;
   } catch (const std::bad_alloc&) {
-    std::fprintf(stderr,
-                 "conveyor: error: out of memory while setting up the command; use smaller "
-                 "sizes\n");
+    print_error("out of memory while setting up the command; use smaller sizes");
     return conveyor::cli::kExitUsage;
   } catch (const conveyor::cli::UsageError& e) {
     print_error(e.what());
