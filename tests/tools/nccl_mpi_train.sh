@@ -51,6 +51,8 @@ fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mpirun=(mpirun --allow-run-as-root --oversubscribe --bind-to none)
+# NCCL's own reason for a failure (rank 0's; the others' output is silenced) in the log.
+export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
 device=(--device cuda)
 common=(train --layers 4 --microbatches 4 --batch-tokens 512 --steps 4 --seed 7
         --quiet --weights-checksum --timeout 60)
