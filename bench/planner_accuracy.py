@@ -1,10 +1,15 @@
 #!/usr/bin/env python3
-"""Planner accuracy on the CPU: plans a model whose loss head dominates for p ranks, runs the
-chosen plan, and runs the same schedule and micro-batch count with the `uniform` and `params`
-partitions; prints the predicted step time next to the measured median (steps 2..N) and each
-rank's measured compute time in the last step (from --trace).
-Usage: planner_accuracy.py CONVEYOR WORKDIR [model flags, default: d=128 L=8 V=16384, 4096
-tokens per step]"""
+"""Planner accuracy: plans a model for p ranks, runs the chosen plan, and runs the same
+schedule and micro-batch count with the `uniform` and `params` partitions; prints the
+predicted step time next to the measured median (steps 2..N) and each rank's measured compute
+time in the last step (from --trace).
+
+Usage: planner_accuracy.py CONVEYOR WORKDIR [--device cpu|cuda] [--stages P] [--steps N]
+                           [--repetitions R] [model flags of `conveyor plan` and `train`]
+Without model flags: a model whose loss head dominates (d=128 L=8 V=16384, 4096 tokens per
+step) on the CPU at p=2. On the H200: --device cuda --stages 4 --preset medium
+--batch-tokens 16384 (all ranks share the one GPU)."""
+import argparse
 import json
 import statistics
 import subprocess
@@ -12,7 +17,6 @@ import sys
 from pathlib import Path
 
 DEFAULT_MODEL = ["--d-model", "128", "--layers", "8", "--vocab", "16384", "--batch-tokens", "4096"]
-MODEL = []
 
 
 def run(cmd):
@@ -22,9 +26,9 @@ def run(cmd):
     return done.stdout
 
 
-def measured(conveyor, work, name, flags, steps):
+def measured(conveyor, model, work, name, flags, steps):
     log, trace = work / f"{name}.jsonl", work / f"{name}.trace.json"
-    run([conveyor, "train", *MODEL, *flags, "--steps", str(steps), "--quiet",
+    run([conveyor, "train", *model, *flags, "--steps", str(steps), "--quiet",
          "--log-json", str(log), "--trace", str(trace)])
     seconds = [json.loads(line)["seconds"] for line in log.read_text().splitlines()][1:]
     events = json.loads(trace.read_text())["traceEvents"]
@@ -36,25 +40,36 @@ def measured(conveyor, work, name, flags, steps):
 
 
 def main():
-    conveyor, work = sys.argv[1], Path(sys.argv[2])
-    global MODEL
-    MODEL = ["--device", "cpu"] + (sys.argv[3:] or DEFAULT_MODEL)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    parser.add_argument("conveyor")
+    parser.add_argument("workdir", type=Path)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--stages", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=6, help="steps of each run (the first is left out)")
+    parser.add_argument("--repetitions", type=int, default=5, help="of each unit in the profile")
+    args, model_flags = parser.parse_known_args()
+    if args.steps < 2:
+        parser.error("--steps must be at least 2: the first step is left out of the median")
+    model = ["--device", args.device] + (model_flags or DEFAULT_MODEL)
+    work = args.workdir
     work.mkdir(parents=True, exist_ok=True)
     plan_file = work / "plan.json"
-    run([conveyor, "plan", *MODEL, "--stages", "2", "--repetitions", "5", "--out", str(plan_file)])
+    run([args.conveyor, "plan", *model, "--stages", str(args.stages), "--repetitions",
+         str(args.repetitions), "--out", str(plan_file)])
     plan = json.loads(plan_file.read_text())
-    same = ["--stages", "2", "--schedule", plan["schedule"], "--microbatches",
+    same = ["--stages", str(args.stages), "--schedule", plan["schedule"], "--microbatches",
             str(plan["microbatches"])]
     if plan["chunks"] > 1:
         same += ["--chunks", str(plan["chunks"])]
     rows = [("auto", ["--plan", str(plan_file)])]
     rows += [(p, same + ["--partition", p]) for p in ("uniform", "params")]
+    print(f"{' '.join(model)} --stages {args.stages}")
     print(f"plan: {plan['schedule']} m={plan['microbatches']} partition {plan['partition']}, "
           f"predicted step {plan['predicted_step_seconds']:.3f} s")
     print("| partition | measured step (median) | predicted | ratio | compute per rank, last step | predicted |")
     print("| --- | --- | --- | --- | --- | --- |")
     for name, flags in rows:
-        step, busy = measured(conveyor, work, name, flags, steps=6)
+        step, busy = measured(args.conveyor, model, work, name, flags, args.steps)
         predicted = plan["predicted_step_seconds"] if name == "auto" else None
         ratio = f"{step / predicted:.2f}" if predicted else ""
         pred = f"{predicted:.3f} s" if predicted else ""
@@ -62,7 +77,7 @@ def main():
         if name == "auto" and "predicted_rank_compute_seconds" in plan:
             busy_pred = ", ".join(f"{b:.3f} s" for b in plan["predicted_rank_compute_seconds"])
         print(f"| {name} | {step:.3f} s | {pred} | {ratio} | "
-              + ", ".join(f"{b:.3f} s" for b in busy) + f" | {busy_pred} |")
+              + ", ".join(f"{b:.3f} s" for b in busy) + f" | {busy_pred} |", flush=True)
 
 
 if __name__ == "__main__":

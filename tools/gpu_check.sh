@@ -30,7 +30,8 @@
 # error first), written over the TIMEOUT property the build gives them, which
 # `ctest --timeout` cannot override.
 # Files that come back from $OUT: env.txt, build.log, summary.txt, and ctest_gpu.log,
-# ctest_nccl_mpi.log and sanitizer.log (tests) or bench.log, bench_kernels_gpu.json and bench_train.json (--bench).
+# ctest_nccl_mpi.log and sanitizer.log (tests) or bench.log, bench_kernels_gpu.json,
+# bench_train.json and planner.log (--bench).
 set -u
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -131,6 +132,7 @@ finish() {
     printf '%s\n' "${summary[@]}"
     if [[ $mode == bench ]]; then
       echo "---------------- benchmarks (median of CUDA-event times) ----------------"
+      [[ -s "$out/planner.log" ]] && tail -6 "$out/planner.log"
       for j in "$out"/bench_kernels_gpu.json "$out"/bench_train.json; do
         [[ -s "$j" ]] || continue
         python3 - "$j" <<'PY' 2>&1 || echo "(could not read $j)"
@@ -297,6 +299,18 @@ if [[ $mode == bench ]]; then
   if ((gpus > 0)); then
     bench bench_kernels_gpu 160 ${BENCH_KERNELS_FILTER:+--benchmark_filter=$BENCH_KERNELS_FILTER}
     bench bench_train 100 --benchmark_min_time=0.2
+    # The planner on the GPU: the medium preset at p = 4 on the one GPU, auto against uniform
+    # and params, predicted against measured (docs/PERF.md, "Planner").
+    t=$(allow 150)
+    planner_work=$(mktemp -d)
+    echo "== bench/planner_accuracy.py, medium, p=4 (timeout ${t}s)" >>"$out/bench.log"
+    timeout "$t" python3 "$root/bench/planner_accuracy.py" "$build/tools/conveyor" "$planner_work" \
+      --device cuda --stages 4 --steps 4 --repetitions 3 --preset medium --batch-tokens 16384 \
+      >"$out/planner.log" 2>&1
+    rc=$?
+    rm -rf "$planner_work"
+    if [[ $rc == 0 ]]; then note "planner, medium p=4" "ok (planner.log)"
+    else fail "planner, medium p=4" "rc $rc (124 = timed out; planner.log)"; fi
   else
     note "benchmarks" "skipped: no GPU"
   fi
