@@ -36,23 +36,12 @@ int launched_process_count() {
   return 0;
 }
 
-namespace {
-
-// A launcher's count from the environment, or -1 when it is absent or not a count >= `least`.
-int launcher_count(const char* name, long least) {
-  const char* value = std::getenv(name);
-  if (value == nullptr) return -1;
-  char* end = nullptr;
-  const long n = std::strtol(value, &end, 10);
-  return end != value && *end == '\0' && n >= least && n <= (1L << 30) ? static_cast<int>(n) : -1;
-}
-
-}  // namespace
-
-NodePlace node_place() {
-  const int rank = launcher_count("OMPI_COMM_WORLD_LOCAL_RANK", 0);
-  const int size = launcher_count("OMPI_COMM_WORLD_LOCAL_SIZE", 1);
-  if (rank >= 0 && size > rank) return {rank, size};
+int node_local_rank() {
+  if (const char* value = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK")) {
+    char* end = nullptr;
+    const long n = std::strtol(value, &end, 10);
+    if (end != value && *end == '\0' && n >= 0) return static_cast<int>(n);
+  }
 #ifdef CONVEYOR_WITH_MPI
   int initialised = 0, finalised = 0;
   MPI_Initialized(&initialised);
@@ -64,14 +53,13 @@ NodePlace node_place() {
       throw TransportError(
           "MPI_Comm_split_type failed, so this process cannot tell its rank on its node; name "
           "its GPU with --device cuda:N");
-    NodePlace place;
-    MPI_Comm_rank(node, &place.rank);
-    MPI_Comm_size(node, &place.size);
+    int rank = 0;
+    MPI_Comm_rank(node, &rank);
     MPI_Comm_free(&node);
-    return place;
+    return rank;
   }
 #endif
-  return {};
+  return 0;
 }
 
 #ifndef CONVEYOR_WITH_MPI

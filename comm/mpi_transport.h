@@ -35,17 +35,11 @@ bool mpi_built();
 // and in a build without MPI.
 int launched_process_count();
 
-// This process's place among the processes of its node: its rank and their number.
-struct NodePlace {
-  int rank = 0;
-  int size = 1;
-};
-
-// From OMPI_COMM_WORLD_LOCAL_RANK and _LOCAL_SIZE when OpenMPI's mpirun set them, else from
-// MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) when MPI is initialised (a collective: every
-// process must ask), else {0, 1}. GPU processes take the GPU of their rank here, modulo the
-// devices they see.
-NodePlace node_place();
+// This process's rank among the processes of its node: OMPI_COMM_WORLD_LOCAL_RANK when
+// OpenMPI's mpirun set it, else from MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) when MPI is
+// initialised (a collective: every process must ask), else 0. GPU processes take the GPU of
+// this number modulo the devices they see, so the processes of one node never share one.
+int node_local_rank();
 
 // Returns once every process of MPI_COMM_WORLD has called it (the k-th call of each process
 // meets the k-th of the others), before a step that only goes on when all of them are there

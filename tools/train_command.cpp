@@ -345,23 +345,12 @@ void apply_planning(const TrainFlags& f, const CLI::App& cmd, Device device, Tra
 // processes.
 bool wants_mpi(const TrainConfig& config) { return comm::one_rank_per_process(config.transport); }
 
-// A GPU process under mpirun takes the GPU of its node-local rank, modulo the GPUs it sees;
-// --device cuda:N pins it. More processes on a node than GPUs would put two ranks on one GPU,
-// which NCCL refuses with an error that names neither the cause nor the way out, so the
-// launch is refused here, unless NCCL_HOSTID is set: a different value in each process makes
-// each a host of its own to NCCL, whose ranks then share a GPU over sockets (how one GPU
-// tests NCCL across processes).
+// A GPU process under mpirun takes the GPU of its node-local rank, modulo the GPUs it sees,
+// so the processes of one node never share one (NCCL refuses that); --device cuda:N pins it.
 Device process_device(const MpiSession& mpi, const std::string& device_flag, Device resolved) {
   if (!mpi.active() || !resolved.is_cuda() || device_flag.find(':') != std::string::npos)
     return resolved;
-  const comm::NodePlace place = comm::node_place();
-  const int gpus = cuda_device_count();
-  if (place.size > gpus && std::getenv("NCCL_HOSTID") == nullptr)
-    throw UsageError("the launcher started " + std::to_string(place.size) +
-                     " processes on this node, which sees " + std::to_string(gpus) +
-                     " GPU(s), and NCCL refuses two ranks on one GPU: start at most " +
-                     std::to_string(gpus) + " per node, or run CPU ranks (--device cpu)");
-  return Device::cuda(place.rank % gpus);
+  return Device::cuda(comm::node_local_rank() % cuda_device_count());
 }
 
 std::string exact(double value) {
