@@ -1,5 +1,6 @@
 #include "tools/mpi_launch.h"
 
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <stdexcept>
@@ -8,6 +9,7 @@
 #include <xxhash.h>
 
 #include "comm/mpi_transport.h"
+#include "engine/core/device.h"
 #include "engine/pipeline/executor.h"
 #include "tools/cli_common.h"
 
@@ -119,6 +121,37 @@ void check_same_configuration(const MpiSession& session, const ConfigFields& fie
     throw UsageError("the ranks disagree on " + fields[i].first + ": rank 0 has '" + values[0] +
                      "', " + differing + "; start every rank with the same configuration");
   }
+#endif
+}
+
+void check_gpus_not_shared(const MpiSession& session, Device device) {
+  if (!session.active()) return;
+#ifdef CONVEYOR_WITH_MPI
+  // What two ranks share exactly when NCCL would call them one GPU of one host: the device's
+  // UUID and the host id NCCL was given (empty: the machine's own); then, after a line break,
+  // the device as the rank knows it, for the message. CPU ranks share nothing.
+  std::string mine = "cpu\ncpu";
+  if (device.is_cuda()) {
+    const char* host_id = std::getenv("NCCL_HOSTID");
+    mine = cuda_device_uuid(device.index) + " " + (host_id ? host_id : "") + "\n" +
+           device.to_string();
+  }
+  comm::mpi_roll_call("the GPU check", session.timeout());
+  const std::vector<std::string> all = all_gather_text(mine, session.size());
+  const auto key_of = [](const std::string& t) { return t.substr(0, t.find('\n')); };
+  const auto device_of = [](const std::string& t) { return t.substr(t.find('\n') + 1); };
+  for (int r = 0; r < session.size(); ++r)
+    for (int s = r + 1; s < session.size(); ++s) {
+      if (key_of(all[r]) == "cpu" || key_of(all[r]) != key_of(all[s])) continue;
+      throw UsageError("ranks " + std::to_string(r) + " and " + std::to_string(s) +
+                       " would run on the same GPU (" + all[r].substr(0, all[r].find(' ')) +
+                       ", their " + device_of(all[r]) + " and " + device_of(all[s]) +
+                       "), and NCCL refuses two ranks on one GPU: start at most as many "
+                       "processes on a node as it has GPUs, each taking the GPU of its "
+                       "node-local rank or seeing only its own (CUDA_VISIBLE_DEVICES)");
+    }
+#else
+  (void)device;
 #endif
 }
 

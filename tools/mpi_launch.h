@@ -8,6 +8,8 @@
 #include <utility>
 #include <vector>
 
+#include "engine/core/device.h"
+
 namespace conveyor {
 class PipelineExecutor;
 }
@@ -50,6 +52,14 @@ using ConfigFields = std::vector<std::pair<std::string, std::string>>;
 // do when the session is not active. A process that does not come within the session's
 // timeout ends it with an error (comm::mpi_roll_call), on rank 0 naming that process.
 void check_same_configuration(const MpiSession& session, const ConfigFields& fields);
+
+// Under an active session, a collective of every rank with the device it runs on: throws
+// UsageError naming two CUDA ranks that would run on one GPU (the same device UUID, gathered
+// from every rank), which NCCL refuses with an error that names neither the cause nor the
+// way out. Ranks whose NCCL_HOSTID differs are hosts of their own to NCCL, which lets them
+// share a GPU over sockets (how one GPU tests NCCL across processes), so they pass. Bounded
+// by the session's timeout as the configuration check is.
+void check_gpus_not_shared(const MpiSession& session, Device device);
 
 // XXH3-64 over the XXH3-64 of every parameter's value bytes, in global parameter order,
 // gathered from every rank (over MPI when the session is active): one number that says

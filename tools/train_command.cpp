@@ -345,8 +345,9 @@ void apply_planning(const TrainFlags& f, const CLI::App& cmd, Device device, Tra
 // processes.
 bool wants_mpi(const TrainConfig& config) { return comm::one_rank_per_process(config.transport); }
 
-// A GPU process under mpirun takes the GPU of its node-local rank, modulo the GPUs it sees,
-// so the processes of one node never share one (NCCL refuses that); --device cuda:N pins it.
+// A GPU process under mpirun takes the GPU of its node-local rank, modulo the GPUs it sees;
+// --device cuda:N pins it. Ranks that end up on one GPU are refused next
+// (check_gpus_not_shared).
 Device process_device(const MpiSession& mpi, const std::string& device_flag, Device resolved) {
   if (!mpi.active() || !resolved.is_cuda() || device_flag.find(':') != std::string::npos)
     return resolved;
@@ -486,6 +487,7 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
   }
   if (!note.empty()) std::printf("conveyor: %s\n", note.c_str());
   device = process_device(mpi, f.run.device, device);
+  check_gpus_not_shared(mpi, device);
   config.device = device;
   apply_planning(f, cmd, device, config);
 

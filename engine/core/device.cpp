@@ -47,6 +47,30 @@ int cuda_device_count() {
 #endif
 }
 
+std::string cuda_device_uuid(int index) {
+#ifdef CONVEYOR_WITH_CUDA
+  cudaDeviceProp prop{};
+  const cudaError_t err = cudaGetDeviceProperties(&prop, index);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw std::runtime_error("cudaGetDeviceProperties(cuda:" + std::to_string(index) +
+                             ") failed: " + cudaGetErrorString(err));
+  }
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string text = "GPU-";
+  for (int i = 0; i < 16; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) text += '-';
+    const auto byte = static_cast<unsigned char>(prop.uuid.bytes[i]);
+    text += kHex[byte >> 4];
+    text += kHex[byte & 15];
+  }
+  return text;
+#else
+  throw std::invalid_argument("cuda:" + std::to_string(index) +
+                              " has no identity in a build without CUDA");
+#endif
+}
+
 bool built_with_cuda() {
 #ifdef CONVEYOR_WITH_CUDA
   return true;

@@ -26,6 +26,12 @@ Device parse_device(const std::string& text);
 // device. Never throws.
 int cuda_device_count();
 
+// The identity of CUDA device `index` as nvidia-smi -L prints it ("GPU-" and the UUID's 32 hex
+// digits in groups of 8-4-4-4-12), the same for every process that sees the device, whatever
+// index CUDA_VISIBLE_DEVICES gives it there. Throws std::runtime_error when the device cannot
+// be queried, std::invalid_argument in a build without CUDA.
+std::string cuda_device_uuid(int index);
+
 // True when this binary was built with the CUDA backend.
 bool built_with_cuda();
 

@@ -164,7 +164,7 @@ case $mode in
         >"$work/shared.out" 2>&1
       status=$?
       [ "$status" -ne 0 ] && [ "$status" -ne 124 ] || fail "status $status: $(cat "$work/shared.out")"
-      grep -q "started 2 processes on this node, which sees $gpus GPU(s), and NCCL refuses two ranks on one GPU" \
+      grep -Eq "ranks 0 and 1 would run on the same GPU \(GPU-[0-9a-f-]{36}, their cuda:0 and cuda:0\), and NCCL refuses two ranks on one GPU" \
         "$work/shared.out" || fail "two processes on one GPU not refused by name: $(cat "$work/shared.out")"
       echo "mpirun -np 2 on $gpus GPU without NCCL_HOSTID: refused, status $status"
     fi
