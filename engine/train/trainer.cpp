@@ -142,8 +142,19 @@ schedule::Schedule make_schedule(const TrainConfig& config) {
   // With data parallelism the schedule is one replica's: its share of the micro-batches.
   const int d = std::max(config.data_parallel, 1);
   const int m = static_cast<int>(config.microbatches) / d;
-  if (config.schedule_file.empty())
-    return schedule::generate(config.schedule, config.stages, m, config.chunks, d);
+  if (config.schedule_file.empty()) {
+    try {
+      return schedule::generate(config.schedule, config.stages, m, config.chunks, d);
+    } catch (const schedule::ScheduleError& e) {
+      if (d == 1) throw;
+      // The generator speaks of one replica's m, which no flag sets directly.
+      throw schedule::ScheduleError(std::string(e.what()) + ", where m is each replica's share: " +
+                                    "--microbatches " + std::to_string(config.microbatches) +
+                                    " over --dp " + std::to_string(d) +
+                                    "; --microbatches must be " + std::to_string(d) +
+                                    " times such an m");
+    }
+  }
   schedule::Schedule loaded = schedule::load_schedule(config.schedule_file);
   if (loaded.num_microbatches != m)
     throw std::invalid_argument("schedule file '" + config.schedule_file + "' has " +
