@@ -48,6 +48,10 @@ else
 fi
 [ "$gpus" -ge 1 ] || skip "no CUDA device (nvidia-smi lists none)"
 [ -x "$cli" ] || { echo "FAIL: no conveyor binary at $cli (build the conveyor_cli target)"; exit 1; }
+# A GPU in an exclusive compute mode takes one process's context only.
+exclusive=0
+nvidia-smi --query-gpu=compute_mode --format=csv,noheader 2>/dev/null | grep -qi exclusive &&
+  exclusive=1
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mpirun=(mpirun --allow-run-as-root --oversubscribe --bind-to none)
@@ -66,6 +70,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/mpi_compare.sh"
 launch() {
   local hosts=0
   [ "$gpus" -lt "$1" ] && hosts=1
+  [ "$hosts" = 1 ] && [ "$exclusive" = 1 ] &&
+    skip "$1 processes on $gpus GPU(s) need the GPUs' default compute mode, not exclusive"
   launched=("${mpirun[@]}" -np "$1" bash -c '
     if [ "$0" = 1 ]; then
       export NCCL_HOSTID=conveyor-test-host-$OMPI_COMM_WORLD_RANK NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1
@@ -159,6 +165,7 @@ case $mode in
       uses_nccl mpi1
       same_run "$work" one1 mpi1 "of mpirun -np 1 --transport nccl"
       echo "mpirun -np 1 --transport nccl: $(numbers "$work/mpi1.jsonl" | wc -l) steps and $(checksum "$work/mpi1.out") equal to the one-process run"
+      [ "$exclusive" = 1 ] && skip "two processes on one GPU need its default compute mode, not exclusive"
       # Two processes on one GPU, without host ids of their own: refused before NCCL is asked.
       timeout 120 "${mpirun[@]}" -np 2 "$cli" "${common[@]}" "${device[@]}" --stages 2 \
         >"$work/shared.out" 2>&1
