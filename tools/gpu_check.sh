@@ -300,12 +300,12 @@ if [[ $mode == bench ]]; then
     bench bench_kernels_gpu 160 ${BENCH_KERNELS_FILTER:+--benchmark_filter=$BENCH_KERNELS_FILTER}
     bench bench_train 100 --benchmark_min_time=0.2
     # The planner on the GPU: the medium preset at p = 4 on the one GPU, auto against uniform
-    # and params, predicted against measured (docs/PERF.md, "Planner").
+    # and params, predicted against measured (docs/PERF.md, "Planner"); TF32, so that it fits.
     t=$(allow 150)
     planner_work=$(mktemp -d)
     echo "== bench/planner_accuracy.py, medium, p=4 (timeout ${t}s)" >>"$out/bench.log"
     timeout "$t" python3 "$root/bench/planner_accuracy.py" "$build/tools/conveyor" "$planner_work" \
-      --device cuda --stages 4 --steps 4 --repetitions 3 --preset medium --batch-tokens 16384 \
+      --device cuda --stages 4 --steps 4 --repetitions 3 --preset medium --batch-tokens 16384 --tf32 \
       >"$out/planner.log" 2>&1
     rc=$?
     rm -rf "$planner_work"

@@ -178,6 +178,7 @@ void run_plan(const PlanFlags& f, const CLI::App& cmd) {
   config.memory_limit_bytes = f.run.memory_limit_bytes();
   config.recompute = parse_recompute(f.run.recompute, config.model.num_units());
   config.cpu_threads = f.run.threads;
+  config.allow_tf32 = f.run.tf32;
   config.optimizer.kind = f.optimizer;
   config.seed = f.seed;
   try {

@@ -46,6 +46,7 @@ void add_run_flags(CLI::App* cmd, RunFlags& f) {
   add_float_flag(cmd, "--memory-limit-mb", f.memory_limit_mb, 0.0, 1073741824.0, false,
                  "Cap the device allocator in MiB, emulating a smaller device (0: the device's "
                  "own memory)");
+  cmd->add_flag("--tf32", f.tf32, "Let fp32 GEMMs use TF32 tensor cores (default off)");
   cmd->add_option("--recompute", f.recompute,
                   "Re-run the forward in the backward instead of keeping activations: none, "
                   "stage (every unit) or units:LIST of unit indices such as units:2,3,5")

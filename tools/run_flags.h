@@ -1,7 +1,8 @@
 #pragma once
 // The flags `conveyor train` and `conveyor plan` share, registered by one function so both
 // accept the same values with the same checks: the model (--preset and what overrides it),
-// the batch, the device and its memory cap, activation recomputation and the CPU threads.
+// the batch, the device and its memory cap, TF32, activation recomputation and the CPU
+// threads.
 #include <CLI/CLI.hpp>
 #include <cstddef>
 #include <cstdint>
@@ -20,6 +21,7 @@ struct RunFlags {
   int64_t batch_tokens = 4096;
   std::string device = "auto";
   double memory_limit_mb = 0.0;
+  bool tf32 = false;  // a plan profiled without TF32 would time another run's GEMMs
   std::string recompute = "none";
   int threads = 0;  // CPU kernel threads per rank; 0: the cores shared between the ranks
 
@@ -31,7 +33,7 @@ struct RunFlags {
 };
 
 // Registers --preset, --d-model, --layers, --vocab, --hidden, --batch-tokens, --device,
-// --memory-limit-mb, --recompute and --threads on `cmd`, the numbers range-checked.
+// --memory-limit-mb, --tf32, --recompute and --threads on `cmd`, the numbers range-checked.
 void add_run_flags(CLI::App* cmd, RunFlags& flags);
 
 // `text` of --recompute (or of `source`, e.g. a plan file) for a model of `num_units` units:

@@ -303,6 +303,7 @@ TrainConfig resolve_config(TrainFlags& f, const CLI::App& cmd) {
   config.memory_limit_bytes = f.run.memory_limit_bytes();
   config.recompute = parse_recompute(f.run.recompute, config.model.num_units());
   config.cpu_threads = f.run.threads;
+  config.allow_tf32 = f.run.tf32;
   config.transport_timeout = std::chrono::milliseconds(static_cast<int64_t>(f.timeout_s * 1000));
   try {
     config.model.validate();
@@ -385,6 +386,7 @@ ConfigFields configuration_fields(const TrainFlags& f, const TrainConfig& c) {
            " warmup=" + std::to_string(o.warmup_steps) + " weight_decay=" + exact(o.weight_decay) +
            " clip=" + exact(o.clip_norm)},
       {"--device", f.run.device},
+      {"--tf32", c.allow_tf32 ? "on" : "off"},
       {"--transport", f.transport},
       {"--dp", std::to_string(c.data_parallel)},
       {"--shard-optimizer", c.shard_optimizer ? "on" : "off"},
@@ -654,7 +656,6 @@ void register_train_command(CLI::App& app) {
                   "Train on the bytes of FILE (a regular file of at most 1024 MiB) instead of "
                   "the Markov source")
       ->type_name("FILE");
-  cmd->add_flag("--tf32", c.allow_tf32, "Let fp32 GEMMs use TF32 tensor cores (default off)");
   cmd->add_option("--log-json", flags->log_json,
                   "Write one JSON object per step to FILE (locked; flushed every line)")
       ->type_name("FILE");
