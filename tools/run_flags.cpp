@@ -3,6 +3,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "layers/ops.h"
 #include "tools/cli_common.h"
 
 namespace conveyor::cli {
@@ -12,7 +13,9 @@ namespace conveyor::cli {
 constexpr int64_t kMaxVocab = int64_t{1} << 24;
 
 ModelConfig RunFlags::model(const CLI::App& cmd) const {
-  return preset_with_overrides(preset, d_model, layers, hidden, vocab, cmd);
+  ModelConfig model = preset_with_overrides(preset, d_model, layers, hidden, vocab, cmd);
+  if (cmd.count("--activation")) model.activation = ops::parse_activation(activation);
+  return model;
 }
 
 std::optional<Device> RunFlags::device_choice() const {
@@ -37,9 +40,10 @@ void add_run_flags(CLI::App* cmd, RunFlags& f) {
   // Bounded up front: the partitioner and the model walk every block.
   add_int_flag(cmd, "--layers", f.layers, 1, 4096, "Number of MLP blocks")->default_str("preset");
   add_int_flag(cmd, "--vocab", f.vocab, 2, kMaxVocab, "Vocabulary size")
-      ->default_str("preset, 256 with --data");
+      ->default_str("preset, 256 with train --data");
   add_int_flag(cmd, "--hidden", f.hidden, 1, 1 << 20, "MLP hidden width")
       ->default_str("4 x d-model");
+  cmd->add_option("--activation", f.activation, "gelu or relu")->default_str("preset");
   add_int_flag(cmd, "--batch-tokens", f.batch_tokens, 1, int64_t{1} << 31,
                "Tokens per optimizer step");
   cmd->add_option("--device", f.device, "auto, cpu, cuda or cuda:N")->capture_default_str();

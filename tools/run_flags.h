@@ -18,6 +18,7 @@ namespace conveyor::cli {
 struct RunFlags {
   std::string preset = "tiny";
   int64_t d_model = 0, layers = 0, vocab = 0, hidden = 0;
+  std::string activation;  // empty: the preset's
   int64_t batch_tokens = 4096;
   std::string device = "auto";
   double memory_limit_mb = 0.0;
@@ -32,8 +33,9 @@ struct RunFlags {
   size_t memory_limit_bytes() const;
 };
 
-// Registers --preset, --d-model, --layers, --vocab, --hidden, --batch-tokens, --device,
-// --memory-limit-mb, --tf32, --recompute and --threads on `cmd`, the numbers range-checked.
+// Registers --preset, --d-model, --layers, --vocab, --hidden, --activation, --batch-tokens,
+// --device, --memory-limit-mb, --tf32, --recompute and --threads on `cmd`, the numbers
+// range-checked.
 void add_run_flags(CLI::App* cmd, RunFlags& flags);
 
 // `text` of --recompute (or of `source`, e.g. a plan file) for a model of `num_units` units:

@@ -50,9 +50,8 @@ struct CheckpointFlags {
 
 // Typed settings are spelled as words on the command line and parsed here.
 struct TrainFlags {
-  RunFlags run;    // model, batch, device, memory cap, recomputation (shared with plan)
+  RunFlags run;    // model, batch, device, memory cap, TF32, recomputation (shared with plan)
   int chunks = 0;  // 0: 2 for interleaved (as `conveyor schedule`), else 1
-  std::string activation;
   std::string schedule = "1f1b";
   std::string partition = "uniform";
   std::string placement = "auto";
@@ -299,7 +298,6 @@ TrainConfig resolve_config(TrainFlags& f, const CLI::App& cmd) {
   // Byte-level tokens of a file need 256 ids unless --vocab says otherwise.
   if (!cmd.count("--vocab") && !config.data_path.empty() && config.model.vocab < 256)
     config.model.vocab = 256;
-  if (cmd.count("--activation")) config.model.activation = ops::parse_activation(f.activation);
   config.memory_limit_bytes = f.run.memory_limit_bytes();
   config.recompute = parse_recompute(f.run.recompute, config.model.num_units());
   config.cpu_threads = f.run.threads;
@@ -637,7 +635,6 @@ void register_train_command(CLI::App& app) {
   TrainConfig& c = flags->config;
   CLI::App* cmd = app.add_subcommand("train", "Train the reference model");
   add_run_flags(cmd, flags->run);
-  cmd->add_option("--activation", flags->activation, "gelu or relu")->default_str("preset");
   add_int_flag(cmd, "--steps", c.steps, 1, 1000000000, "Optimizer steps");
   add_int_flag(cmd, "--microbatches", c.microbatches, 1, 65536, "Micro-batches per step");
   cmd->add_option("--optimizer", c.optimizer.kind, "adamw or sgd")->capture_default_str();
