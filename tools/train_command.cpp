@@ -314,15 +314,42 @@ TrainConfig resolve_config(TrainFlags& f, const CLI::App& cmd) {
 
 // --plan FILE and --partition auto: the pipeline settings come from a plan (a file, or one
 // made now by profiling on `device`); an explicit block list or --recompute still wins.
+// "3,5,5,3": the blocks per stage of an explicit partition.
+std::string block_counts_text(const PartitionSpec& partition) {
+  std::string out;
+  for (const int64_t b : partition.blocks) out += (out.empty() ? "" : ",") + std::to_string(b);
+  return out;
+}
+
 void apply_planning(const TrainFlags& f, const CLI::App& cmd, Device device, TrainConfig& config) {
   if (!f.plan_file.empty() && f.partition == "auto")
     throw UsageError("--plan and --partition auto both choose the layout; give one of them");
   const PartitionSpec given = config.partition;
   if (!f.plan_file.empty()) {
-    const RecomputeSpec given_recompute = config.recompute;
+    const TrainConfig flags = config;
     apply_plan_file(f.plan_file, config);
-    if (given.kind == PartitionSpec::Kind::kBlocks) config.partition = given;
-    if (cmd.count("--recompute")) config.recompute = given_recompute;
+    // The plan decides the layout, as a schedule file does; a flag that says otherwise is
+    // refused rather than ignored. Explicit block counts and --recompute win over the plan.
+    const std::string shown = "plan file '" + escape_for_message(f.plan_file) + "'";
+    auto agree = [&](const char* flag, const std::string& given, const std::string& planned) {
+      if (cmd.count(flag) && given != planned)
+        throw UsageError(std::string(flag) + " " + given + " disagrees with " + shown +
+                         ", which has " + planned + "; the plan decides, so leave " + flag +
+                         " out or make it agree");
+    };
+    agree("--stages", std::to_string(flags.stages), std::to_string(config.stages));
+    agree("--schedule", schedule::schedule_kind_name(flags.schedule),
+          schedule::schedule_kind_name(config.schedule));
+    agree("--chunks", std::to_string(flags.chunks), std::to_string(config.chunks));
+    agree("--microbatches", std::to_string(flags.microbatches),
+          std::to_string(config.microbatches));
+    if (given.kind == PartitionSpec::Kind::kBlocks)
+      config.partition = given;
+    else if (cmd.count("--partition"))
+      throw UsageError("--partition " + f.partition + " disagrees with " + shown +
+                       ", which has block counts " + block_counts_text(config.partition) +
+                       "; leave --partition out, or give block counts, which win over the plan");
+    if (cmd.count("--recompute")) config.recompute = flags.recompute;
   } else if (f.partition == "auto") {
     const PlannedRun run = plan_training(config, device, 3, !f.quiet);
     const PlanCandidate& best = best_pipeline(run.plan);
