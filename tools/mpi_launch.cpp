@@ -124,6 +124,18 @@ void check_same_configuration(const MpiSession& session, const ConfigFields& fie
 #endif
 }
 
+std::string rank_zero_text(const MpiSession& session, const std::string& mine,
+                           const std::string& what) {
+  if (!session.active()) return mine;
+#ifdef CONVEYOR_WITH_MPI
+  comm::mpi_roll_call(what, session.timeout());
+  return all_gather_text(mine, session.size()).front();
+#else
+  (void)what;
+  return mine;
+#endif
+}
+
 void check_gpus_not_shared(const MpiSession& session, Device device) {
   if (!session.active()) return;
 #ifdef CONVEYOR_WITH_MPI

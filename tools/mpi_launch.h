@@ -53,6 +53,13 @@ using ConfigFields = std::vector<std::pair<std::string, std::string>>;
 // timeout ends it with an error (comm::mpi_roll_call), on rank 0 naming that process.
 void check_same_configuration(const MpiSession& session, const ConfigFields& fields);
 
+// Rank 0's `mine` on every rank of an active session (`mine` itself without one): what one
+// process decides and all must follow, such as the plan of --partition auto, which each
+// process profiles on its own device. A collective, bounded by the session's timeout as the
+// configuration check is; `what` names it in a timeout's error.
+std::string rank_zero_text(const MpiSession& session, const std::string& mine,
+                           const std::string& what);
+
 // Under an active session, a collective of every rank with the device it runs on: throws
 // UsageError naming two CUDA ranks that would run on one GPU (the same device UUID, gathered
 // from every rank), which NCCL refuses with an error that names neither the cause nor the

@@ -9,6 +9,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <sstream>
 #include <string>
 
 #include "engine/pipeline/profile.h"
@@ -107,7 +108,7 @@ const PlanCandidate& best_pipeline(const Plan& plan) {
   throw UsageError("no pipeline layout was tried: the model has too few units for the devices");
 }
 
-void write_plan_file(OutputFile& file, const PlanCandidate& candidate, int stages) {
+std::string plan_text(const PlanCandidate& candidate, int stages) {
   nlohmann::json plan = {{"stages", stages},
                          {"schedule", schedule::schedule_kind_name(candidate.kind)},
                          {"chunks", candidate.chunks},
@@ -116,28 +117,21 @@ void write_plan_file(OutputFile& file, const PlanCandidate& candidate, int stage
                          {"recompute", to_string(candidate.recompute)},
                          {"predicted_step_seconds", candidate.step_seconds},
                          {"predicted_rank_compute_seconds", candidate.busy_seconds}};
-  file.write(plan.dump(2) + "\n");
+  return plan.dump(2) + "\n";
+}
+
+void write_plan_file(OutputFile& file, const PlanCandidate& candidate, int stages) {
+  file.write(plan_text(candidate, stages));
   file.close();
 }
 
-void apply_candidate(const PlanCandidate& candidate, TrainConfig& config) {
-  config.schedule = candidate.kind;
-  config.chunks = candidate.chunks;
-  config.microbatches = candidate.microbatches;
-  config.partition = PartitionSpec::explicit_blocks(blocks_of(candidate.ranges));
-  config.recompute = candidate.recompute;
-}
-
-void apply_plan_file(const std::string& path, TrainConfig& config) {
-  std::ifstream in(path);
-  if (!in) throw UsageError("cannot read plan file '" + path + "'");
-  nlohmann::json plan;
+void apply_plan_text(const std::string& text, const std::string& source, TrainConfig& config) {
   try {
-    plan = nlohmann::json::parse(in);
+    const nlohmann::json plan = nlohmann::json::parse(text);
     const std::string kind = plan.at("schedule").get<std::string>();
     const auto parsed = schedule::parse_schedule_kind(kind);
     if (!parsed)
-      throw UsageError("plan file '" + path + "' names schedule '" + kind + "', expected " +
+      throw UsageError(source + " names schedule '" + kind + "', expected " +
                        schedule::schedule_kind_choices());
     config.stages = plan.at("stages").get<int>();
     config.schedule = *parsed;
@@ -146,17 +140,24 @@ void apply_plan_file(const std::string& path, TrainConfig& config) {
     config.partition =
         PartitionSpec::explicit_blocks(plan.at("partition").get<std::vector<int64_t>>());
     // Plans written before recomputation existed keep every activation.
-    config.recompute =
-        plan.contains("recompute")
-            ? parse_recompute(plan.at("recompute").get<std::string>(), config.model.num_units(),
-                              "plan file '" + path + "' recompute")
-            : RecomputeSpec::none();
+    config.recompute = plan.contains("recompute")
+                           ? parse_recompute(plan.at("recompute").get<std::string>(),
+                                             config.model.num_units(), source + " recompute")
+                           : RecomputeSpec::none();
   } catch (const nlohmann::json::exception& e) {
-    throw UsageError("plan file '" + path +
-                     "' is not a plan written by `conveyor plan --out` (stages, schedule, "
+    throw UsageError(source +
+                     " is not a plan written by `conveyor plan --out` (stages, schedule, "
                      "chunks, microbatches, partition): " +
                      e.what());
   }
+}
+
+void apply_plan_file(const std::string& path, TrainConfig& config) {
+  std::ifstream in(path);
+  if (!in) throw UsageError("cannot read plan file '" + path + "'");
+  std::stringstream text;
+  text << in.rdbuf();
+  apply_plan_text(text.str(), "plan file '" + path + "'", config);
 }
 
 namespace {

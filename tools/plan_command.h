@@ -23,12 +23,15 @@ PlannedRun plan_training(const TrainConfig& config, Device device, int repetitio
 // The fastest feasible pipelined candidate (what the trainer can run); UsageError when none.
 const PlanCandidate& best_pipeline(const Plan& plan);
 
-// Writes the pipeline settings of `candidate` as JSON into `file` and closes it: stages,
-// schedule, chunks, micro-batches, blocks per stage, recomputation, the predicted step time.
+// The pipeline settings of `candidate` as the JSON of a plan file: stages, schedule, chunks,
+// micro-batches, blocks per stage, recomputation, the predicted step time. write_plan_file
+// writes it into `file` and closes it.
+std::string plan_text(const PlanCandidate& candidate, int stages);
 void write_plan_file(OutputFile& file, const PlanCandidate& candidate, int stages);
-// Sets stages, schedule, chunks, micro-batches and partition of `config` from `candidate` or
-// from a plan file; UsageError for a file that cannot be read or does not fit the model.
-void apply_candidate(const PlanCandidate& candidate, TrainConfig& config);
+// Sets stages, schedule, chunks, micro-batches, partition and recomputation of `config` from
+// the text of a plan (`source` names it in errors) or from a plan file; UsageError for a file
+// that cannot be read or a plan that does not fit the model.
+void apply_plan_text(const std::string& text, const std::string& source, TrainConfig& config);
 void apply_plan_file(const std::string& path, TrainConfig& config);
 
 }  // namespace conveyor::cli

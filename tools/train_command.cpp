@@ -321,7 +321,16 @@ std::string block_counts_text(const PartitionSpec& partition) {
   return out;
 }
 
-void apply_planning(const TrainFlags& f, const CLI::App& cmd, Device device, TrainConfig& config) {
+// What the ranks must run alike once a plan has set it.
+std::string layout_text(const TrainConfig& c) {
+  return "stages=" + std::to_string(c.stages) + " schedule=" +
+         schedule::schedule_kind_name(c.schedule) + " chunks=" + std::to_string(c.chunks) +
+         " microbatches=" + std::to_string(c.microbatches) +
+         " partition=" + block_counts_text(c.partition) + " recompute=" + to_string(c.recompute);
+}
+
+void apply_planning(const TrainFlags& f, const CLI::App& cmd, const MpiSession& mpi,
+                    Device device, TrainConfig& config) {
   if (!f.plan_file.empty() && f.partition == "auto")
     throw UsageError("--plan and --partition auto both choose the layout; give one of them");
   const PartitionSpec given = config.partition;
@@ -350,10 +359,16 @@ void apply_planning(const TrainFlags& f, const CLI::App& cmd, Device device, Tra
                        ", which has block counts " + block_counts_text(config.partition) +
                        "; leave --partition out, or give block counts, which win over the plan");
     if (cmd.count("--recompute")) config.recompute = flags.recompute;
+    // Under mpirun each process reads the file at its own path (a node's own copy, maybe).
+    check_same_configuration(mpi, {{"the layout of --plan (each process reads the file)",
+                                    layout_text(config)}});
   } else if (f.partition == "auto") {
     const PlannedRun run = plan_training(config, device, 3, !f.quiet);
     const PlanCandidate& best = best_pipeline(run.plan);
-    apply_candidate(best, config);
+    // Under mpirun every process profiles its own device, and close candidates can swap
+    // places between processes: all run rank 0's plan.
+    apply_plan_text(rank_zero_text(mpi, plan_text(best, config.stages), "the plan"),
+                    "rank 0's plan", config);
     std::printf("plan   %s, %lld micro-batches, predicted step %.3f ms\n", best.layout.c_str(),
                 static_cast<long long>(config.microbatches), best.step_seconds * 1e3);
   } else {
@@ -416,6 +431,7 @@ ConfigFields configuration_fields(const TrainFlags& f, const TrainConfig& c) {
       {"--dp", std::to_string(c.data_parallel)},
       {"--shard-optimizer", c.shard_optimizer ? "on" : "off"},
       {"--eval-batches", std::to_string(f.eval_batches)},
+      {"--plan", f.plan_file},
   };
 }
 
@@ -516,7 +532,7 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
   device = process_device(mpi, f.run.device, device);
   check_gpus_not_shared(mpi, device);
   config.device = device;
-  apply_planning(f, cmd, device, config);
+  apply_planning(f, cmd, mpi, device, config);
 
   // Every output file is opened (and the log locked) before any work, not after the last step.
   std::optional<OutputFile> json_log, trace;

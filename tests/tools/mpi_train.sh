@@ -33,6 +33,9 @@
 #                                      the same with rank 0 stopped and rank 1 waiting
 #   mpi_train.sh CONVEYOR eval_kill    as eval_stop, then rank 1 is killed with SIGKILL: the
 #                                      job ends non-zero well within the timeout, naming rank 1
+#   mpi_train.sh CONVEYOR plan         --partition auto under -np 2 runs rank 0's plan, printed
+#                                      once; --plan at a path that holds another plan for each
+#                                      process is refused, naming both layouts
 #   mpi_train.sh CONVEYOR setup_stop   rank 1 of -np 2 stops for good before it makes its model,
 #                                      data and transport: rank 0, making the MPI transport,
 #                                      gives up at its deadline naming rank 1; rank 0 stopped
@@ -290,6 +293,31 @@ case $mode in
     grep -q "conveyor: error: rank 0: rank(s) 1 did not reach the end of the run within 3000 ms" \
       "$work/out" || fail "rank 0 did not name rank 1: $(cat "$work/out")"
     echo "rank 1 paused at the end: rank 0 gave up, job ended with $ended"
+    ;;
+  plan)
+    # --partition auto: every process profiles, all run rank 0's plan, which rank 0 prints.
+    timeout 60 "${mpirun[@]}" -np 2 "$cli" train --device cpu --stages 2 --partition auto \
+      --batch-tokens 1024 --steps 2 --timeout 20 >"$work/auto.out" 2>&1 ||
+      fail "mpirun -np 2 --partition auto failed: $(cat "$work/auto.out")"
+    [ "$(grep -c '^plan ' "$work/auto.out")" = 1 ] || fail "not one plan line: $(cat "$work/auto.out")"
+    [ "$(grep -c '^done ' "$work/auto.out")" = 1 ] || fail "the run did not end once: $(cat "$work/auto.out")"
+    echo "mpirun -np 2 --partition auto: $(grep '^plan ' "$work/auto.out")"
+    # --plan FILE at one path that holds another plan in each process's folder: refused,
+    # naming both layouts.
+    mkdir -p "$work/a" "$work/b"
+    plan='{"stages": 2, "schedule": "zbh1", "chunks": 1, "microbatches": M, "partition": [1, 1]}'
+    echo "${plan/M/4}" >"$work/a/plan.json"
+    echo "${plan/M/8}" >"$work/b/plan.json"
+    here=$(cd "$(dirname "$cli")" && pwd)/$(basename "$cli")  # --wdir moves relative paths
+    timeout 60 "${mpirun[@]}" -np 1 --wdir "$work/a" "$here" train --device cpu --plan plan.json \
+      --steps 1 --timeout 20 : -np 1 --wdir "$work/b" "$here" train --device cpu --plan plan.json \
+      --steps 1 --timeout 20 >"$work/out" 2>&1
+    status=$?
+    [ "$status" -ne 0 ] && [ "$status" -ne 124 ] || fail "status $status: $(cat "$work/out")"
+    grep -q "disagree on the layout of --plan (each process reads the file): rank 0 has 'stages=2 schedule=zbh1 chunks=1 microbatches=4 partition=1,1 recompute=none', rank 1 has '.*microbatches=8" \
+      "$work/out" || fail "the differing plans are not named: $(cat "$work/out")"
+    grep -q "^step \|^done " "$work/out" && fail "a rank trained despite the differing plans"
+    echo "differing plan files refused at start, status $status"
     ;;
   *) fail "unknown mode $mode" ;;
 esac
