@@ -86,13 +86,23 @@ void add_checkpoint_flags(CLI::App* cmd, CheckpointFlags& f) {
                "Stop after step N (the learning-rate schedule still spans --steps; 0: never)");
 }
 
+// The saving flags on their own, before any work: each of them means nothing without
+// --save-dir, and one given without it is refused rather than ignored.
+void check_checkpoint_flags(const CheckpointFlags& f, const CLI::App& cmd) {
+  if (f.on_save_error != "stop" && f.on_save_error != "continue")
+    throw UsageError("--on-save-error must be stop or continue, got '" +
+                     escape_for_message(f.on_save_error) + "'");
+  if (!f.save_dir.empty()) return;
+  for (const char* flag : {"--save-every", "--keep", "--on-save-error", "--async-save"})
+    if (cmd.count(flag))
+      throw UsageError(std::string(flag) +
+                       " says how to save checkpoints, and the run saves none without --save-dir "
+                       "DIR; give --save-dir or leave " + flag + " out");
+}
+
 // Resumes (when asked) and makes the checkpointer (when saving); checkpoint errors of the
 // resume are the user's to fix, so they end the run as usage errors.
 std::unique_ptr<TrainerCheckpointer> setup_checkpoints(const CheckpointFlags& f, Trainer& trainer) {
-  if (f.on_save_error != "stop" && f.on_save_error != "continue")
-    throw UsageError("--on-save-error must be stop or continue, got '" + f.on_save_error + "'");
-  if (f.save_dir.empty() && (f.save_every > 0 || f.async_save))
-    throw UsageError("--save-every and --async-save need --save-dir");
   std::unique_ptr<TrainerCheckpointer> checkpointer;
   try {
     if (!f.save_dir.empty()) {
@@ -516,6 +526,7 @@ double evaluate_after_training(Trainer& trainer, int64_t batches) {
 }
 
 void run_train(TrainFlags& f, const CLI::App& cmd) {
+  check_checkpoint_flags(f.checkpoint, cmd);
   TrainConfig config = resolve_config(f, cmd);
   // Before the trainer, which builds this rank's MPI transport; after it, MPI_Finalize.
   MpiSession mpi(wants_mpi(config), config.transport_timeout);
