@@ -343,6 +343,9 @@ void apply_planning(const TrainFlags& f, const CLI::App& cmd, const MpiSession& 
                     Device device, TrainConfig& config) {
   if (!f.plan_file.empty() && f.partition == "auto")
     throw UsageError("--plan and --partition auto both choose the layout; give one of them");
+  if (!config.schedule_file.empty() && (!f.plan_file.empty() || f.partition == "auto"))
+    throw UsageError(std::string(f.plan_file.empty() ? "--partition auto" : "--plan") +
+                     " chooses the schedule, and so does --schedule-file; give one of them");
   const PartitionSpec given = config.partition;
   if (!f.plan_file.empty()) {
     const TrainConfig flags = config;
