@@ -356,7 +356,7 @@ gpu_ctest() {
 # The gtest cases first; then NCCL across processes (mpirun; with one GPU each process is an
 # NCCL host of its own), whose runs each pay for CUDA and NCCL set-up.
 gpu_ctest "ctest -L gpu (gtest)" ctest_gpu.log 150 -E '^nccl_mpi_train_'
-gpu_ctest "ctest nccl_mpi_train_*" ctest_nccl_mpi.log 150 -R '^nccl_mpi_train_'
+gpu_ctest "ctest nccl_mpi_train_*" ctest_nccl_mpi.log 180 -R '^nccl_mpi_train_'
 
 # --- compute-sanitizer memcheck on short filters --------------------------------------
 : >"$out/sanitizer.log"

@@ -14,6 +14,10 @@
 #                                      mpirun -np 2, plain and with --shard-optimizer, and
 #                                      --stages 2 --dp 2 under mpirun -np 4, equal to the
 #                                      one-process runs of the same flags
+#   nccl_mpi_train.sh CONVEYOR ckpt    a checkpoint saved after step 2 by mpirun -np 2 --stages 2
+#                                      and resumed by the same launch gives the uninterrupted
+#                                      run bit for bit; it verifies, and a one-stage CPU run
+#                                      resumes from it
 #   nccl_mpi_train.sh CONVEYOR stop    rank 1 of mpirun -np 2 stopped (SIGSTOP) mid-run: rank
 #                                      0's wait on NCCL ends at its --timeout, it aborts its
 #                                      communicators and the job ends within 30 s with rank 0's
@@ -198,6 +202,29 @@ case $mode in
     case_equal dp4 4 "${common[@]}" "${device[@]}" --stages 2 --dp 2
     grep -q "2 replicas x 2 pipeline ranks" "$work/dp4_mpi.out" || fail "no replicas: $(cat "$work/dp4_mpi.out")"
     ;;
+  ckpt)
+    # Checkpoints of GPU processes over NCCL: saved after step 2 by mpirun -np 2 and resumed by
+    # the same launch, the run is the uninterrupted one bit for bit (same GPUs, same ranks);
+    # the checkpoint verifies, and a CPU run of one stage resumes from it.
+    launch 2
+    run whole "${launched[@]}" "${common[@]}" "${device[@]}" --stages 2
+    uses_nccl whole
+    run first "${launched[@]}" "${common[@]}" "${device[@]}" --stages 2 --stop-after 2 \
+      --save-dir "$work/ckpt"
+    "$cli" ckpt verify "$work/ckpt/latest" >"$work/verify.out" 2>&1 ||
+      fail "the checkpoint of mpirun -np 2 does not verify: $(cat "$work/verify.out")"
+    run second "${launched[@]}" "${common[@]}" "${device[@]}" --stages 2 --save-dir "$work/ckpt" \
+      --resume latest
+    grep -q "^resume .*step_2 at step 2 (saved with 2 stage(s)" "$work/second.out" ||
+      fail "no resume line from rank 0: $(cat "$work/second.out")"
+    cat "$work/first.jsonl" "$work/second.jsonl" >"$work/joined.jsonl"
+    cp "$work/second.out" "$work/joined.out"
+    same_run "$work" whole joined "saved and resumed by mpirun -np 2 over NCCL"
+    run on_cpu "$cli" "${common[@]}" --device cpu --stages 1 --resume "$work/ckpt/step_2"
+    grep -q "^resume .*step_2 at step 2" "$work/on_cpu.out" ||
+      fail "the CPU run did not resume: $(cat "$work/on_cpu.out")"
+    echo "saved after step 2 and resumed by mpirun -np 2: $(checksum "$work/joined.out") as the uninterrupted run; the CPU resumed it, $(checksum "$work/on_cpu.out")"
+    ;;
   stop)
     signal_rank_one STOP 5
     # Rank 0 waits on a stream NCCL work is queued on (a transfer from rank 1, or the step's
@@ -218,5 +245,5 @@ case $mode in
     echo "rank 1 killed: job ended with $ended"
     cat "$work/out"
     ;;
-  *) fail "unknown mode $mode (equal, dp, stop or kill)" ;;
+  *) fail "unknown mode $mode (equal, dp, ckpt, stop or kill)" ;;
 esac
