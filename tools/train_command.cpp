@@ -24,7 +24,7 @@
 #include "engine/schedule/simulator.h"
 #include "engine/schedule/text_format.h"
 #include "engine/train/trainer.h"
-#include "engine/train/trainer_checkpoint.h"
+#include "tools/checkpoint_flags.h"
 #include "tools/cli_common.h"
 #include "tools/commands.h"
 #include "tools/interrupt.h"
@@ -36,17 +36,6 @@
 
 namespace conveyor::cli {
 namespace {
-
-// --save-dir, --resume and friends: saving and resuming checkpoints.
-struct CheckpointFlags {
-  std::string save_dir;
-  int64_t save_every = 0;
-  int keep = 0;
-  std::string on_save_error = "stop";
-  bool async_save = false;
-  std::string resume;
-  int64_t stop_after = 0;
-};
 
 // Typed settings are spelled as words on the command line and parsed here.
 struct TrainFlags {
@@ -67,68 +56,6 @@ struct TrainFlags {
   bool weights_checksum = false;
   int64_t eval_batches = 0;  // held-out batches after the training data; 0: none
 };
-
-void add_checkpoint_flags(CLI::App* cmd, CheckpointFlags& f) {
-  cmd->add_option(
-      "--save-dir", f.save_dir,
-      "Save checkpoints into DIR (DIR/step_<N>, DIR/latest), and at the end of the run");
-  add_int_flag(cmd, "--save-every", f.save_every, 0, 1000000000,
-               "Save every N steps (0: only at the end)");
-  add_int_flag(cmd, "--keep", f.keep, 0, 1000000, "Keep the newest K checkpoints (0: all)");
-  cmd->add_option("--on-save-error", f.on_save_error,
-                  "stop (end the run) or continue (report and train on) when a save fails")
-      ->capture_default_str();
-  cmd->add_flag("--async-save", f.async_save,
-                "Snapshot to host memory and write checkpoints in the background");
-  cmd->add_option("--resume", f.resume,
-                  "Resume from checkpoint DIR, DIR/step_<N>, or latest (of --save-dir)");
-  add_int_flag(cmd, "--stop-after", f.stop_after, 0, 1000000000,
-               "Stop after step N (the learning-rate schedule still spans --steps; 0: never)");
-}
-
-// The saving flags on their own, before any work: each of them means nothing without
-// --save-dir, and one given without it is refused rather than ignored.
-void check_checkpoint_flags(const CheckpointFlags& f, const CLI::App& cmd) {
-  if (f.on_save_error != "stop" && f.on_save_error != "continue")
-    throw UsageError("--on-save-error must be stop or continue, got '" +
-                     escape_for_message(f.on_save_error) + "'");
-  if (!f.save_dir.empty()) return;
-  for (const char* flag : {"--save-every", "--keep", "--on-save-error", "--async-save"})
-    if (cmd.count(flag))
-      throw UsageError(std::string(flag) +
-                       " says how to save checkpoints, and the run saves none without --save-dir "
-                       "DIR; give --save-dir or leave " + flag + " out");
-}
-
-// Resumes (when asked) and makes the checkpointer (when saving); checkpoint errors of the
-// resume are the user's to fix, so they end the run as usage errors.
-std::unique_ptr<TrainerCheckpointer> setup_checkpoints(const CheckpointFlags& f, Trainer& trainer) {
-  std::unique_ptr<TrainerCheckpointer> checkpointer;
-  try {
-    if (!f.save_dir.empty()) {
-      TrainerCheckpointOptions options;
-      options.directory = f.save_dir;
-      options.every = f.save_every;
-      options.keep_last = f.keep;
-      options.on_error =
-          f.on_save_error == "stop" ? SaveErrorPolicy::kStop : SaveErrorPolicy::kContinue;
-      options.async = f.async_save;
-      checkpointer = std::make_unique<TrainerCheckpointer>(trainer, std::move(options));
-    }
-    if (!f.resume.empty()) {
-      if (f.resume == "latest" && f.save_dir.empty())
-        throw UsageError("--resume latest needs --save-dir (the folder whose latest to resume)");
-      const std::string path = f.resume == "latest" ? f.save_dir : f.resume;
-      const Checkpoint ckpt = resume_trainer(trainer, path);
-      std::printf("resume %s at step %lld (saved with %zu stage(s), schedule %s)\n",
-                  ckpt.directory().string().c_str(), static_cast<long long>(ckpt.step()),
-                  ckpt.state().stages.size(), ckpt.state().schedule.c_str());
-    }
-  } catch (const CheckpointError& e) {
-    throw UsageError(e.what());
-  }
-  return checkpointer;
-}
 
 std::string human_rate(double per_second) {
   char buf[32];
@@ -322,8 +249,6 @@ TrainConfig resolve_config(TrainFlags& f, const CLI::App& cmd) {
   return config;
 }
 
-// --plan FILE and --partition auto: the pipeline settings come from a plan (a file, or one
-// made now by profiling on `device`); an explicit block list or --recompute still wins.
 // "3,5,5,3": the blocks per stage of an explicit partition.
 std::string block_counts_text(const PartitionSpec& partition) {
   std::string out;
@@ -339,6 +264,8 @@ std::string layout_text(const TrainConfig& c) {
          " partition=" + block_counts_text(c.partition) + " recompute=" + to_string(c.recompute);
 }
 
+// --plan FILE and --partition auto: the pipeline settings come from a plan (a file, or one
+// made now by profiling on `device`); an explicit block list or --recompute still wins.
 void apply_planning(const TrainFlags& f, const CLI::App& cmd, const MpiSession& mpi,
                     Device device, TrainConfig& config) {
   if (!f.plan_file.empty() && f.partition == "auto")

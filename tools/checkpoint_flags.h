@@ -1,0 +1,36 @@
+#pragma once
+// `conveyor train`'s checkpoint flags: --save-dir, --save-every, --keep, --on-save-error,
+// --async-save, --resume and --stop-after; their checks before any work, and the resume and
+// checkpointer they ask for once the trainer exists.
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "engine/train/trainer.h"
+#include "engine/train/trainer_checkpoint.h"
+
+namespace conveyor::cli {
+
+struct CheckpointFlags {
+  std::string save_dir;
+  int64_t save_every = 0;
+  int keep = 0;
+  std::string on_save_error = "stop";
+  bool async_save = false;
+  std::string resume;
+  int64_t stop_after = 0;
+};
+
+void add_checkpoint_flags(CLI::App* cmd, CheckpointFlags& flags);
+
+// The saving flags on their own, before any work: each of them means nothing without
+// --save-dir, and one given without it is refused rather than ignored (UsageError).
+void check_checkpoint_flags(const CheckpointFlags& flags, const CLI::App& cmd);
+
+// Resumes (when asked) and makes the checkpointer (when saving, else null); checkpoint errors
+// of the resume are the user's to fix, so they end the run as usage errors.
+std::unique_ptr<TrainerCheckpointer> setup_checkpoints(const CheckpointFlags& flags,
+                                                       Trainer& trainer);
+
+}  // namespace conveyor::cli
