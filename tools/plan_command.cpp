@@ -173,13 +173,8 @@ struct PlanFlags {
 
 void run_plan(const PlanFlags& f, const CLI::App& cmd) {
   TrainConfig config;
-  config.model = f.run.model(cmd);
+  f.run.apply(cmd, config);
   config.stages = f.stages;
-  config.batch_tokens = f.run.batch_tokens;
-  config.memory_limit_bytes = f.run.memory_limit_bytes();
-  config.recompute = parse_recompute(f.run.recompute, config.model.num_units());
-  config.cpu_threads = f.run.threads;
-  config.allow_tf32 = f.run.tf32;
   config.optimizer.kind = f.optimizer;
   config.seed = f.seed;
   try {
@@ -187,11 +182,10 @@ void run_plan(const PlanFlags& f, const CLI::App& cmd) {
   } catch (const std::invalid_argument& e) {
     throw UsageError(e.what());
   }
-  const std::optional<Device> choice = f.run.device_choice();
   std::string note;
   Device device;
   try {
-    device = resolve_device(choice, &note);
+    device = resolve_device(config.device, &note);
   } catch (const std::invalid_argument& e) {
     throw UsageError(e.what());
   }

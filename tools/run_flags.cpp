@@ -18,6 +18,16 @@ ModelConfig RunFlags::model(const CLI::App& cmd) const {
   return model;
 }
 
+void RunFlags::apply(const CLI::App& cmd, TrainConfig& config) const {
+  config.model = model(cmd);
+  config.batch_tokens = batch_tokens;
+  config.device = device_choice();
+  config.memory_limit_bytes = memory_limit_bytes();
+  config.allow_tf32 = tf32;
+  config.recompute = parse_recompute(recompute, config.model.num_units());
+  config.cpu_threads = threads;
+}
+
 std::optional<Device> RunFlags::device_choice() const {
   if (device == "auto") return std::nullopt;
   try {

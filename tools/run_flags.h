@@ -11,6 +11,7 @@
 
 #include "engine/core/device.h"
 #include "engine/pipeline/recompute.h"
+#include "engine/train/trainer.h"
 #include "layers/model.h"
 
 namespace conveyor::cli {
@@ -28,6 +29,9 @@ struct RunFlags {
 
   // The model of --preset with the overrides given on `cmd` (UsageError for a bad preset).
   ModelConfig model(const CLI::App& cmd) const;
+  // Sets what these flags decide of `config`: the model, batch, device choice, memory cap,
+  // TF32, recomputation and CPU threads, as `train` and `plan` both need them.
+  void apply(const CLI::App& cmd, TrainConfig& config) const;
   // --device: nothing for auto; UsageError for a device that cannot be parsed.
   std::optional<Device> device_choice() const;
   size_t memory_limit_bytes() const;

@@ -222,9 +222,7 @@ TransportKind parse_transport(const std::string& name) {
 
 TrainConfig resolve_config(TrainFlags& f, const CLI::App& cmd) {
   TrainConfig config = f.config;
-  config.model = f.run.model(cmd);
-  config.batch_tokens = f.run.batch_tokens;
-  config.device = f.run.device_choice();
+  f.run.apply(cmd, config);
   config.schedule = parse_schedule(f.schedule);
   config.partition = parse_partition(f.partition);
   config.placement = parse_placement(f.placement);
@@ -235,10 +233,6 @@ TrainConfig resolve_config(TrainFlags& f, const CLI::App& cmd) {
   // Byte-level tokens of a file need 256 ids unless --vocab says otherwise.
   if (!cmd.count("--vocab") && !config.data_path.empty() && config.model.vocab < 256)
     config.model.vocab = 256;
-  config.memory_limit_bytes = f.run.memory_limit_bytes();
-  config.recompute = parse_recompute(f.run.recompute, config.model.num_units());
-  config.cpu_threads = f.run.threads;
-  config.allow_tf32 = f.run.tf32;
   config.transport_timeout = std::chrono::milliseconds(static_cast<int64_t>(f.timeout_s * 1000));
   try {
     config.model.validate();
