@@ -465,7 +465,9 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
   }
   if (!note.empty()) std::printf("conveyor: %s\n", note.c_str());
   device = process_device(mpi, f.run.device, device);
-  check_gpus_not_shared(mpi, device);
+  // A collective: every rank asks or none, which the agreed --device flag decides; CPU runs
+  // have no GPU to share and skip its round trip.
+  if (f.run.device != "cpu") check_gpus_not_shared(mpi, device);
   config.device = device;
   apply_planning(f, cmd, mpi, device, config);
 
