@@ -16,3 +16,9 @@ same_run() {
   [ "$(checksum "$dir/$ref.out")" = "$(checksum "$dir/$got.out")" ] ||
     fail "final weights $what differ: $ref $(checksum "$dir/$ref.out"), $got $(checksum "$dir/$got.out")"
 }
+
+# eval_line DIR NAME: the summary's eval line of DIR/NAME.out, checked to be the only one.
+eval_line() {
+  [ "$(grep -c '^eval ' "$1/$2.out")" = 1 ] || fail "not one eval line in $2: $(cat "$1/$2.out")"
+  grep '^eval ' "$1/$2.out"
+}

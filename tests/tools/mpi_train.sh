@@ -50,7 +50,7 @@ trap 'rm -rf "$work"' EXIT
 mpirun=(mpirun --allow-run-as-root --oversubscribe --bind-to none)
 common=(train --device cpu --layers 4 --microbatches 4 --batch-tokens 512 --steps 4
         --quiet --weights-checksum --timeout 20)
-# fail, numbers, checksum, same_run
+# fail, numbers, checksum, same_run, eval_line
 source "$(dirname "${BASH_SOURCE[0]}")/mpi_compare.sh"
 
 # Signals the last of N ranks ($3, default 2) with $1 two seconds into a run far longer than
@@ -163,11 +163,6 @@ case $mode in
     echo "mpirun -np 4 --stages 2 --dp 2: $(numbers "$work/mpi.jsonl" | wc -l) steps and $(checksum "$work/mpi.out") equal to the one-process run"
     ;;
   eval)
-    # eval_line NAME: the summary's eval line of $work/NAME.out, checked to be the only one.
-    eval_line() {
-      [ "$(grep -c '^eval ' "$work/$1.out")" = 1 ] || fail "not one eval line in $1: $(cat "$work/$1.out")"
-      grep '^eval ' "$work/$1.out"
-    }
     for layout in "--stages 2" "--stages 2 --schedule interleaved" "--stages 2 --dp 2"; do
       read -ra flags <<<"$layout"
       np=2
@@ -179,7 +174,7 @@ case $mode in
         --eval-batches 2 --log-json "$work/mpi.jsonl" >"$work/mpi.out" 2>&1 ||
         fail "mpirun -np $np $layout failed: $(cat "$work/mpi.out")"
       grep -q "transport mpi" "$work/mpi.out" || fail "the MPI run did not use MPI: $(cat "$work/mpi.out")"
-      want=$(eval_line one) got=$(eval_line mpi) || exit 1
+      want=$(eval_line "$work" one) got=$(eval_line "$work" mpi) || exit 1
       [[ $want == *"over 2 batch(es) (1024 tokens), exactly 0x"* ]] || fail "unexpected eval line: $want"
       [ "$got" = "$want" ] || fail "mpirun -np $np $layout: '$got', one process: '$want'"
       hex() { jq -r 'select(.eval_loss_hex) | .eval_loss_hex' "$1"; }
@@ -198,9 +193,9 @@ case $mode in
     timeout 60 "${mpirun[@]}" -np 2 "$cli" "${common[@]}" --seed 7 --stages 2 --eval-batches 2 \
       --resume "$work/ckpt" >"$work/resumed.out" 2>&1 ||
       fail "mpirun -np 2 resume failed: $(cat "$work/resumed.out")"
-    [ "$(eval_line resumed)" = "$(eval_line one)" ] ||
-      fail "resumed: '$(eval_line resumed)', uninterrupted: '$(eval_line one)'"
-    echo "resumed at step 2 under mpirun -np 2: $(eval_line resumed)"
+    [ "$(eval_line "$work" resumed)" = "$(eval_line "$work" one)" ] ||
+      fail "resumed: '$(eval_line "$work" resumed)', uninterrupted: '$(eval_line "$work" one)'"
+    echo "resumed at step 2 under mpirun -np 2: $(eval_line "$work" resumed)"
     ;;
   mismatch)
     timeout 60 "${mpirun[@]}" -np 1 "$cli" "${common[@]}" --stages 2 --seed 7 : \

@@ -64,7 +64,7 @@ export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
 device=(--device cuda)
 common=(train --layers 4 --microbatches 4 --batch-tokens 512 --steps 4 --seed 7
         --quiet --weights-checksum --timeout 60)
-# fail, numbers, checksum, same_run
+# fail, numbers, checksum, same_run, eval_line
 source "$(dirname "${BASH_SOURCE[0]}")/mpi_compare.sh"
 
 # launch N: sets `launched` to the command that starts `conveyor` as N processes under
@@ -126,12 +126,6 @@ case_equal() {
   echo "mpirun -np $ranks ($name$([ "$gpus" -lt "$ranks" ] && echo ", $gpus GPU(s), processes as NCCL hosts")): $(numbers "$work/${name}_mpi.jsonl" | wc -l) steps and $(checksum "$work/${name}_mpi.out") equal to the one-process $refs run(s)"
 }
 
-# eval_line NAME: the summary's eval line of $work/NAME.out, checked to be the only one.
-eval_line() {
-  [ "$(grep -c '^eval ' "$work/$1.out")" = 1 ] || fail "not one eval line in $1: $(cat "$work/$1.out")"
-  grep '^eval ' "$work/$1.out"
-}
-
 # signal_rank_one SIGNAL TIMEOUT: rank 1 of `launch 2 ... --stages 2` gets SIGNAL once rank 0
 # has finished its first step of a run far longer than the test; the job must then end
 # non-zero, by itself, within 30 s. Output in $work/out.
@@ -188,7 +182,7 @@ case $mode in
     # over the world communicator; rank 0 alone prints it, exactly as one process does.
     run eval_inproc "$cli" "${common[@]}" "${device[@]}" --stages 2 --eval-batches 2 --transport inproc
     run eval_mpi "${launched[@]}" "${common[@]}" "${device[@]}" --stages 2 --eval-batches 2
-    want=$(eval_line eval_inproc) got=$(eval_line eval_mpi) || exit 1
+    want=$(eval_line "$work" eval_inproc) got=$(eval_line "$work" eval_mpi) || exit 1
     [ "$got" = "$want" ] || fail "mpirun -np 2 --eval-batches 2: '$got', one process: '$want'"
     echo "mpirun -np 2 --eval-batches 2: $got"
     run cpu "$cli" "${common[@]}" --device cpu --stages 2
