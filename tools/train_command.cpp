@@ -149,6 +149,16 @@ void report_bubble(Trainer& trainer, PipelineStepResult& last, OutputFile* trace
 }
 
 // --schedule-file fixes the ranks, chunks and kind; flags given next to it must agree.
+// A flag given next to a file that decides its setting (a schedule or a plan file) and says
+// otherwise: refused, naming the flag, the file (`shown`), the file's value and which of
+// them decides.
+[[noreturn]] void refuse_disagreement(const std::string& flag, const std::string& given,
+                                      const std::string& shown, const std::string& has,
+                                      const std::string& decider) {
+  throw UsageError(flag + " " + given + " disagrees with " + shown + ", which has " + has +
+                   "; " + decider + " decides, so leave " + flag + " out or make it agree");
+}
+
 void check_schedule_file_agrees(const TrainFlags& f, const CLI::App& cmd) {
   const std::string& file = f.config.schedule_file;
   schedule::Schedule loaded;
@@ -159,8 +169,7 @@ void check_schedule_file_agrees(const TrainFlags& f, const CLI::App& cmd) {
   }
   const std::string shown = "schedule file '" + escape_for_message(file) + "'";
   auto disagree = [&](const std::string& flag, const std::string& given, const std::string& has) {
-    throw UsageError(flag + " " + given + " disagrees with " + shown + ", which has " + has +
-                     "; the file decides, so leave " + flag + " out or make it agree");
+    refuse_disagreement(flag, given, shown, has, "the file");
   };
   if (cmd.count("--stages") && f.config.stages != loaded.num_ranks())
     disagree("--stages", std::to_string(f.config.stages),
@@ -276,9 +285,7 @@ void apply_planning(const TrainFlags& f, const CLI::App& cmd, const MpiSession& 
     const std::string shown = "plan file '" + escape_for_message(f.plan_file) + "'";
     auto agree = [&](const char* flag, const std::string& given, const std::string& planned) {
       if (cmd.count(flag) && given != planned)
-        throw UsageError(std::string(flag) + " " + given + " disagrees with " + shown +
-                         ", which has " + planned + "; the plan decides, so leave " + flag +
-                         " out or make it agree");
+        refuse_disagreement(flag, given, shown, planned, "the plan");
     };
     agree("--stages", std::to_string(flags.stages), std::to_string(config.stages));
     agree("--schedule", schedule::schedule_kind_name(flags.schedule),
