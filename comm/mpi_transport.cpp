@@ -25,43 +25,6 @@ bool mpi_built() {
 #endif
 }
 
-int launched_process_count() {
-  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"}) {
-    const char* value = std::getenv(name);
-    if (value == nullptr) continue;
-    char* end = nullptr;
-    const long n = std::strtol(value, &end, 10);
-    if (end != value && *end == '\0' && n > 0) return static_cast<int>(n);
-  }
-  return 0;
-}
-
-int node_local_rank() {
-  if (const char* value = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK")) {
-    char* end = nullptr;
-    const long n = std::strtol(value, &end, 10);
-    if (end != value && *end == '\0' && n >= 0) return static_cast<int>(n);
-  }
-#ifdef CONVEYOR_WITH_MPI
-  int initialised = 0, finalised = 0;
-  MPI_Initialized(&initialised);
-  MPI_Finalized(&finalised);
-  if (initialised && !finalised) {
-    MPI_Comm node = MPI_COMM_NULL;
-    if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) !=
-        MPI_SUCCESS)
-      throw TransportError(
-          "MPI_Comm_split_type failed, so this process cannot tell its rank on its node; name "
-          "its GPU with --device cuda:N");
-    int rank = 0;
-    MPI_Comm_rank(node, &rank);
-    MPI_Comm_free(&node);
-    return rank;
-  }
-#endif
-  return 0;
-}
-
 #ifndef CONVEYOR_WITH_MPI
 
 void mpi_roll_call(const std::string&, std::chrono::milliseconds) {}

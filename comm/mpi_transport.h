@@ -22,24 +22,13 @@
 #include <memory>
 #include <string>
 
+#include "comm/launch_environment.h"  // launched_process_count, node_local_rank
 #include "comm/transport.h"
 
 namespace conveyor::comm {
 
 // True when this binary was built with MPI.
 bool mpi_built();
-
-// The number of processes the launcher started this one among, read from the launcher's own
-// environment (OMPI_COMM_WORLD_SIZE for OpenMPI's mpirun, PMI_SIZE for MPICH/Hydra and
-// Slurm's PMI); 0 when no launcher says so. Needs no MPI call, so it works before MPI_Init
-// and in a build without MPI.
-int launched_process_count();
-
-// This process's rank among the processes of its node: OMPI_COMM_WORLD_LOCAL_RANK when
-// OpenMPI's mpirun set it, else from MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) when MPI is
-// initialised (a collective: every process must ask), else 0. GPU processes take the GPU of
-// this number modulo the devices they see, so the processes of one node never share one.
-int node_local_rank();
 
 // Returns once every process of MPI_COMM_WORLD has called it (the k-th call of each process
 // meets the k-th of the others), before a step that only goes on when all of them are there

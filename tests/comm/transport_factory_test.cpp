@@ -8,8 +8,11 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "comm/in_process.h"
+#include "comm/launch_environment.h"
 #include "comm/mpi_transport.h"
 #include "comm/nccl.h"
 #include "engine/core/device_context.h"
@@ -181,9 +184,108 @@ TEST(TransportFactory, TheNodeLocalRankComesFromTheLauncher) {
     ScopedEnv local("OMPI_COMM_WORLD_LOCAL_RANK", "3");
     EXPECT_EQ(node_local_rank(), 3);
   }
+  {
+    ScopedEnv local("MPI_LOCALRANKID", "2");  // MPICH/Hydra
+    EXPECT_EQ(node_local_rank(), 2);
+  }
+  {
+    // srun (any plugin): the task's rank on its node.
+    ScopedEnv step("SLURM_STEP_NUM_TASKS", "8");
+    ScopedEnv local("SLURM_LOCALID", "5");
+    EXPECT_EQ(node_local_rank(), 5);
+    // mpirun inside the step: its own count wins.
+    ScopedEnv ompi("OMPI_COMM_WORLD_LOCAL_RANK", "1");
+    EXPECT_EQ(node_local_rank(), 1);
+  }
+  {
+    // The batch script's SLURM_LOCALID, inherited by a process no srun started, says nothing
+    // of that process's place.
+    ScopedEnv local("SLURM_LOCALID", "5");
+    EXPECT_EQ(node_local_rank(), 0);
+  }
   ScopedEnv bad("OMPI_COMM_WORLD_LOCAL_RANK", "x");
   // Neither a number from the launcher nor MPI initialised: the only process of its node.
   EXPECT_EQ(node_local_rank(), 0);
+}
+
+// Every launcher variable that launch_environment() reads, cleared for the scope, so that a
+// test sets exactly the ones a launcher would.
+class NoLauncher {
+ public:
+  NoLauncher() {
+    for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS",
+                             "SLURM_NTASKS", "SLURM_PROCID", "PMIX_RANK"}) {
+      if (const char* old = std::getenv(name)) saved_.emplace_back(name, old);
+      unsetenv(name);
+    }
+  }
+  ~NoLauncher() {
+    for (const auto& [name, value] : saved_) setenv(name.c_str(), value.c_str(), 1);
+  }
+
+ private:
+  std::vector<std::pair<std::string, std::string>> saved_;
+};
+
+TEST(TransportFactory, EveryLauncherSaysHowManyProcessesItStarted) {
+  NoLauncher clean;
+  EXPECT_EQ(launched_process_count(), 0);
+  {
+    ScopedEnv size("OMPI_COMM_WORLD_SIZE", "4");  // OpenMPI's mpirun
+    EXPECT_EQ(launched_process_count(), 4);
+    EXPECT_EQ(launch_environment().source, "OMPI_COMM_WORLD_SIZE=4");
+  }
+  {
+    ScopedEnv size("PMI_SIZE", "3");  // Hydra, srun --mpi=pmi2
+    EXPECT_EQ(launched_process_count(), 3);
+  }
+  {
+    ScopedEnv size("SLURM_STEP_NUM_TASKS", "2");  // any srun step
+    ScopedEnv all("SLURM_NTASKS", "8");            // the allocation's, not the step's
+    EXPECT_EQ(launched_process_count(), 2);
+  }
+  {
+    // srun --mpi=pmix as Slurm's PMIx plugin leaves it: no PMI_SIZE, the size only in
+    // SLURM_NTASKS beside the PMIx rank.
+    ScopedEnv rank("PMIX_RANK", "0");
+    ScopedEnv ns("PMIX_NAMESPACE", "slurm.pmix.42.0");
+    ScopedEnv procid("SLURM_PROCID", "0");
+    ScopedEnv tasks("SLURM_NTASKS", "2");
+    EXPECT_EQ(launched_process_count(), 2);
+    EXPECT_TRUE(one_rank_per_process(TransportKind::kAuto));
+    EXPECT_TRUE(one_rank_per_process(TransportKind::kNccl));
+    if (mpi_built())
+      EXPECT_EQ(choose_transport(TransportKind::kAuto, {Device::cpu(), Device::cpu()}),
+                TransportKind::kMpi);
+  }
+  {
+    // A task above 0 of a step that names no size otherwise.
+    ScopedEnv procid("SLURM_PROCID", "1");
+    ScopedEnv tasks("SLURM_NTASKS", "2");
+    EXPECT_EQ(launched_process_count(), 2);
+  }
+  {
+    // A PMIx rank with no size anywhere: at least one more process than that rank.
+    ScopedEnv rank("PMIX_RANK", "2");
+    EXPECT_EQ(launched_process_count(), 3);
+    EXPECT_TRUE(launch_environment().at_least);
+  }
+  {
+    // The batch script of an sbatch --ntasks 4 allocation, and a plain process it starts:
+    // one process, which must run every rank itself.
+    ScopedEnv tasks("SLURM_NTASKS", "4");
+    ScopedEnv procid("SLURM_PROCID", "0");
+    ScopedEnv local("SLURM_LOCALID", "0");
+    EXPECT_EQ(launched_process_count(), 0);
+    EXPECT_FALSE(one_rank_per_process(TransportKind::kAuto));
+    EXPECT_EQ(choose_transport(TransportKind::kAuto, {Device::cpu(), Device::cpu()}),
+              TransportKind::kInProcess);
+  }
+  {
+    ScopedEnv garbage("OMPI_COMM_WORLD_SIZE", "2x");
+    ScopedEnv zero("PMI_SIZE", "0");
+    EXPECT_EQ(launched_process_count(), 0);
+  }
 }
 
 }  // namespace
