@@ -63,8 +63,8 @@ int launched_process_count() { return launch_environment().processes; }
 int node_local_rank() {
   // SLURM_LOCALID also reaches processes that mpirun starts inside an allocation, where it
   // is the batch script's, so Slurm's counts only in a step of its own.
-  const bool slurm_step = std::getenv("SLURM_STEP_NUM_TASKS") != nullptr ||
-                          std::getenv("PMIX_RANK") != nullptr;
+  const bool slurm_step =
+      std::getenv("SLURM_STEP_NUM_TASKS") != nullptr || std::getenv("PMIX_RANK") != nullptr;
   for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"}) {
     if (std::string(name) == "SLURM_LOCALID" && !slurm_step) continue;
     if (const auto n = number_from(name, 0)) return *n;

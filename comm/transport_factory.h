@@ -2,6 +2,7 @@
 // Chooses how pipeline ranks exchange tensors and builds one transport per rank.
 #include <chrono>
 #include <memory>
+#include <stdexcept>
 #include <vector>
 
 #include "comm/transport.h"
@@ -32,6 +33,14 @@ bool spans_processes(TransportKind kind);
 // rank's device.
 bool one_rank_per_process(TransportKind requested);
 
+// Thrown by make_transports when MPI started another number of processes than the pipeline
+// has ranks: every process reaches it, with the same sentence, so a launcher's output can
+// show it once.
+class ProcessCountMismatch : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
 struct Transports {
   std::vector<std::unique_ptr<Transport>> per_rank;  // rank r's endpoint at [r]
   TransportKind kind = TransportKind::kInProcess;    // what kAuto resolved to
@@ -51,6 +60,7 @@ TransportKind choose_transport(TransportKind requested, const std::vector<Device
 // only this process's endpoint: per_rank holds it alone, at [0], and its rank() is the rank the
 // process holds (MPI must be initialised, and have as many processes as `devices` has ranks); over
 // NCCL it runs on devices[its rank], every process making its communicators at the same time.
+// Throws ProcessCountMismatch when MPI has another number of processes than `devices` ranks.
 Transports make_transports(TransportKind requested, const std::vector<Device>& devices,
                            std::chrono::milliseconds timeout,
                            const std::vector<std::vector<int>>& groups = {});

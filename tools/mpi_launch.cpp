@@ -1,5 +1,7 @@
 #include "tools/mpi_launch.h"
 
+#include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -8,6 +10,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include "comm/launch_environment.h"
 #include "comm/mpi_transport.h"
 #include "engine/core/device.h"
 #include "engine/pipeline/executor.h"
@@ -53,8 +56,41 @@ std::vector<std::string> all_gather_text(const std::string& text, int ranks) {
 
 }  // namespace
 
+void refuse_on_every_rank(const MpiSession& session, const std::string& message) {
+  if (session.active() && session.rank() != 0) {
+    std::fflush(stdout);
+    throw ExitRequest{kExitUsage};
+  }
+  throw UsageError(message);
+}
+
+ConfigField file_field(const std::string& name, const std::string& path) {
+  if (path.empty()) return {name, ""};
+  std::string digest;
+  if (std::FILE* file = std::fopen(path.c_str(), "rb")) {
+    XXH3_state_t state;
+    XXH3_64bits_reset(&state);
+    std::vector<char> piece(1 << 20);
+    size_t got = 0;
+    while ((got = std::fread(piece.data(), 1, piece.size(), file)) > 0)
+      XXH3_64bits_update(&state, piece.data(), got);
+    const bool failed = std::ferror(file) != 0;
+    std::fclose(file);
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%016llx",
+                  static_cast<unsigned long long>(XXH3_64bits_digest(&state)));
+    digest = failed ? "a read error" : std::string("contents XXH3 ") + hex;
+  } else {
+    digest = std::string("cannot be opened: ") + std::strerror(errno);
+  }
+  return {name, digest, escape_for_message(path) + ", " + digest};
+}
+
 MpiSession::MpiSession(bool wanted, std::chrono::milliseconds timeout) : timeout_(timeout) {
   if (!wanted) return;
+  // Read before MPI_Init, which may rewrite the launcher's variables (OpenMPI's singleton
+  // start sets its own PMIx rank).
+  const comm::LaunchEnvironment launch = comm::launch_environment();
 #ifdef CONVEYOR_WITH_MPI
   int provided = MPI_THREAD_SINGLE;
   check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided), "MPI_Init_thread");
@@ -66,11 +102,26 @@ MpiSession::MpiSession(bool wanted, std::chrono::milliseconds timeout) : timeout
         "support");
   MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
   MPI_Comm_size(MPI_COMM_WORLD, &size_);
+  check_mpi_sees_the_launch(launch, size_);
 #else
   throw UsageError(
-      "this build has no MPI, so it cannot run as one rank of several processes; install "
-      "libopenmpi-dev and reconfigure, or run without mpirun");
+      "this build has no MPI, so it cannot run as one rank of several processes" +
+      (launch.processes > 1 ? " (the launcher says " + launch.source + ")" : std::string()) +
+      "; install libopenmpi-dev and reconfigure, or run one process without mpirun or srun");
 #endif
+}
+
+void check_mpi_sees_the_launch(const comm::LaunchEnvironment& launch, int mpi_processes) {
+  if (launch.processes <= 1) return;
+  if (launch.at_least ? mpi_processes >= launch.processes : mpi_processes == launch.processes)
+    return;
+  throw UsageError(
+      "the launcher started this process as one of " +
+      std::string(launch.at_least ? "at least " : "") + std::to_string(launch.processes) + " (" +
+      launch.source + ") but MPI sees " + std::to_string(mpi_processes) +
+      ", so MPI did not reach the launcher and each process would train the whole job alone; "
+      "under srun give the MPI plugin your MPI was built for (--mpi=pmix for Debian's OpenMPI), "
+      "or start the job with that MPI's own mpirun");
 }
 
 void MpiSession::meet_at_the_end() const {
@@ -92,7 +143,8 @@ void check_same_configuration(const MpiSession& session, const ConfigFields& fie
   comm::mpi_roll_call("the configuration check", session.timeout());
   const int ranks = session.size();
   std::vector<uint64_t> mine;
-  for (const auto& [name, value] : fields) mine.push_back(hash_bytes(value.data(), value.size()));
+  for (const ConfigField& field : fields)
+    mine.push_back(hash_bytes(field.value.data(), field.value.size()));
   const int count = static_cast<int>(mine.size());
   std::vector<int> counts(ranks);
   check_mpi(MPI_Allgather(&count, 1, MPI_INT, counts.data(), 1, MPI_INT, MPI_COMM_WORLD),
@@ -112,14 +164,18 @@ void check_same_configuration(const MpiSession& session, const ConfigFields& fie
     for (int r = 1; r < ranks; ++r) same = same && all[r * count + i] == all[i];
     if (same) continue;
     // Every rank sees the same table, so all of them gather the values of this field.
-    const std::vector<std::string> values = all_gather_text(fields[i].second, ranks);
+    const ConfigField& field = fields[i];
+    const std::vector<std::string> values =
+        all_gather_text(field.shown.empty() ? field.value : field.shown, ranks);
     std::string differing;
     for (int r = 1; r < ranks; ++r)
       if (all[r * count + i] != all[i])
         differing += (differing.empty() ? "" : ", ") + std::string("rank ") + std::to_string(r) +
                      " has '" + values[r] + "'";
-    throw UsageError("the ranks disagree on " + fields[i].first + ": rank 0 has '" + values[0] +
-                     "', " + differing + "; start every rank with the same configuration");
+    // Every rank builds this same sentence from the same table.
+    refuse_on_every_rank(session, "the ranks disagree on " + field.name + ": rank 0 has '" +
+                                      values[0] + "', " + differing +
+                                      "; start every rank with the same configuration");
   }
 #endif
 }

@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "comm/launch_environment.h"
 #include "engine/core/device.h"
 
 namespace conveyor {
@@ -18,7 +19,8 @@ namespace conveyor::cli {
 
 // MPI for the lifetime of the object, when `wanted`: MPI_Init_thread asking for
 // MPI_THREAD_SERIALIZED (the executor calls MPI from one thread at a time), the level given
-// checked; MPI_Finalize at the end, unless an exception is leaving (a peer may be gone).
+// checked, and as many processes as the launcher said (check_mpi_sees_the_launch);
+// MPI_Finalize at the end, unless an exception is leaving (a peer may be gone).
 // `timeout` bounds the waits of the checks below for the other processes (the run's
 // --timeout).
 class MpiSession {
@@ -44,8 +46,32 @@ class MpiSession {
   int size_ = 1;
 };
 
-// (name, value) of every setting the ranks must agree on, in the order they are checked.
-using ConfigFields = std::vector<std::pair<std::string, std::string>>;
+// Throws UsageError when the launcher said this process is one of several (`launch`) and MPI,
+// now initialised, disagrees with `mpi_processes`: MPI then runs as a singleton (srun
+// without the plugin of this MPI), and every process would train the whole job by itself.
+void check_mpi_sees_the_launch(const comm::LaunchEnvironment& launch, int mpi_processes);
+
+// Ends the run with `message` as a UsageError (exit status 2) where every rank of the session
+// reaches this same refusal: rank 0 alone prints it, the others end with the same status
+// silently, so that the sentence appears once, not once per process. Without an active
+// session, the UsageError.
+[[noreturn]] void refuse_on_every_rank(const MpiSession& session, const std::string& message);
+
+// A setting the ranks must agree on: `name` as the error names it, `value` what is compared
+// (by hash), `shown` what the error shows of each rank's value (`value` when empty).
+struct ConfigField {
+  std::string name;
+  std::string value;
+  std::string shown = {};
+};
+// Every setting the ranks must agree on, in the order they are checked.
+using ConfigFields = std::vector<ConfigField>;
+
+// The field for the file at `path` (empty: none given), compared by its contents, so that one
+// path naming different files on two nodes (or in two working directories) is refused, and
+// copies of one file at different paths are not. The XXH3-64 is taken in pieces, for data
+// files larger than memory; a file that cannot be read compares as such.
+ConfigField file_field(const std::string& name, const std::string& path);
 
 // Compares a hash of every field over all ranks of `session`; throws UsageError naming the
 // first field that differs, with the value of each rank that differs from rank 0. Nothing to

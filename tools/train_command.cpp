@@ -15,14 +15,18 @@
 #include <string>
 #include <vector>
 
+#include "comm/launch_environment.h"
 #include "comm/mpi_transport.h"
+#include "comm/transport_factory.h"
 #include "engine/core/test_pause.h"
+#include "engine/core/version.h"
 #include "engine/pipeline/memory_estimate.h"
 #include "engine/schedule/chrome_trace.h"
 #include "engine/schedule/generators.h"
 #include "engine/schedule/measured_timing.h"
 #include "engine/schedule/simulator.h"
 #include "engine/schedule/text_format.h"
+#include "engine/train/checkpoint_shard.h"
 #include "engine/train/trainer.h"
 #include "tools/checkpoint_flags.h"
 #include "tools/cli_common.h"
@@ -229,6 +233,20 @@ TransportKind parse_transport(const std::string& name) {
                    "'");
 }
 
+// Threads of one process cannot be spread over the processes of a launch: each process
+// would run every rank and train the whole job alone.
+void refuse_in_process_under_a_launcher(TransportKind transport) {
+  const comm::LaunchEnvironment launch = comm::launch_environment();
+  if (transport != TransportKind::kInProcess || launch.processes <= 1) return;
+  throw UsageError(
+      "--transport inproc runs every rank as a thread of one process, but the "
+      "launcher started " +
+      std::string(launch.at_least ? "at least " : "") + std::to_string(launch.processes) +
+      " processes (" + launch.source +
+      "), each of which would train the whole job alone; leave --transport out "
+      "(auto gives each process one rank) or run without mpirun or srun");
+}
+
 TrainConfig resolve_config(TrainFlags& f, const CLI::App& cmd) {
   TrainConfig config = f.config;
   f.run.apply(cmd, config);
@@ -236,6 +254,7 @@ TrainConfig resolve_config(TrainFlags& f, const CLI::App& cmd) {
   config.partition = parse_partition(f.partition);
   config.placement = parse_placement(f.placement);
   config.transport = parse_transport(f.transport);
+  refuse_in_process_under_a_launcher(config.transport);
   config.chunks =
       f.chunks > 0 ? f.chunks : (config.schedule == schedule::ScheduleKind::kInterleaved ? 2 : 1);
   if (!config.schedule_file.empty()) check_schedule_file_agrees(f, cmd);
@@ -355,13 +374,13 @@ ConfigFields configuration_fields(const TrainFlags& f, const TrainConfig& c) {
       {"--stages", std::to_string(c.stages)},
       {"--chunks", std::to_string(c.chunks)},
       {"--schedule", f.schedule},
-      {"--schedule-file", c.schedule_file},
+      file_field("--schedule-file", c.schedule_file),
       {"--partition", f.partition},
       {"--batch-tokens", std::to_string(c.batch_tokens)},
       {"--microbatches", std::to_string(c.microbatches)},
       {"--seed", std::to_string(c.seed)},
       {"--steps", std::to_string(c.steps)},
-      {"--data", c.data_path},
+      file_field("--data", c.data_path),
       {"the optimizer (--optimizer, --lr, --min-lr, --warmup, --weight-decay, --clip)",
        o.kind + " lr=" + exact(o.lr) + " min_lr=" + exact(o.min_lr) +
            " warmup=" + std::to_string(o.warmup_steps) + " weight_decay=" + exact(o.weight_decay) +
@@ -373,6 +392,12 @@ ConfigFields configuration_fields(const TrainFlags& f, const TrainConfig& c) {
       {"--shard-optimizer", c.shard_optimizer ? "on" : "off"},
       {"--eval-batches", std::to_string(f.eval_batches)},
       {"--plan", f.plan_file},
+      // Last: a rank whose binary reads files or saves checkpoints otherwise may still agree
+      // on every flag above.
+      {"the build (Conveyor version and commit, checkpoint and schedule file formats)",
+       std::string("conveyor ") + version() + " commit " + build_commit() + ", checkpoint format " +
+           std::to_string(kCheckpointFormatVersion) + ", schedule text format " +
+           std::to_string(schedule::kScheduleTextFormatVersion)},
   };
 }
 
@@ -487,6 +512,8 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
   pause_if_asked_at("setup");
   try {
     trainer = std::make_unique<Trainer>(config);
+  } catch (const comm::ProcessCountMismatch& e) {
+    refuse_on_every_rank(mpi, e.what());
   } catch (const std::invalid_argument& e) {  // schedule, partition, placement, memory too
     throw UsageError(e.what());
   } catch (const std::bad_alloc&) {
@@ -664,9 +691,9 @@ void register_train_command(CLI::App& app) {
                   "auto (one rank per GPU when there are enough) or shared (all on one GPU)")
       ->capture_default_str();
   cmd->add_option("--transport", flags->transport,
-                  "auto (under mpirun with several processes: NCCL bootstrapped over MPI for "
-                  "CUDA ranks, MPI for CPU ranks; else NCCL when every rank has its own GPU), "
-                  "inproc, nccl or mpi")
+                  "auto (under mpirun or srun with several processes: NCCL bootstrapped over "
+                  "MPI for CUDA ranks, MPI for CPU ranks; else NCCL when every rank has its own "
+                  "GPU), inproc (one process only), nccl or mpi")
       ->capture_default_str();
   add_float_flag(cmd, "--timeout", flags->timeout_s, 0.0, 1000000.0, true,
                  "Seconds a rank waits for a peer before failing");

@@ -18,6 +18,10 @@
 
 namespace conveyor::schedule {
 
+// The version of the text and CSV forms above; raised when a file would be read differently,
+// so that processes of one run built before and after such a change refuse to run together.
+inline constexpr int kScheduleTextFormatVersion = 1;
+
 std::string dump_text(const Schedule& schedule);
 std::string dump_csv(const Schedule& schedule);
 // Both throw ScheduleError naming the line and what was expected.

@@ -241,7 +241,7 @@ TEST(TransportFactory, EveryLauncherSaysHowManyProcessesItStarted) {
   }
   {
     ScopedEnv size("SLURM_STEP_NUM_TASKS", "2");  // any srun step
-    ScopedEnv all("SLURM_NTASKS", "8");            // the allocation's, not the step's
+    ScopedEnv all("SLURM_NTASKS", "8");           // the allocation's, not the step's
     EXPECT_EQ(launched_process_count(), 2);
   }
   {

@@ -6,7 +6,13 @@
 #                                      rank 0's --trace holds the run's steps and every rank's
 #                                      timeline of the last step, gathered, and the bubble is reported
 #   mpi_train.sh CONVEYOR mismatch     two ranks, one with another --seed: refused at start,
-#                                      naming --seed
+#                                      naming --seed, by rank 0 alone
+#   mpi_train.sh CONVEYOR files        an MPMD launch whose two working directories hold another
+#                                      --schedule-file (or --data) at the same path: refused at
+#                                      start, once, naming the flag; copies at two paths run
+#   mpi_train.sh CONVEYOR launch       --transport inproc under -np 2 refused; -np 3 for 4 ranks
+#                                      said once; a process with srun --mpi=pmix's environment
+#                                      but no PMIx server refused; one inside an allocation runs
 #   mpi_train.sh CONVEYOR kill         rank 1 killed with SIGKILL mid-run: the job ends non-zero
 #                                      within the timeout, and the output names the lost rank
 #   mpi_train.sh CONVEYOR stop         rank 1 stopped (SIGSTOP) mid-run, so mpirun sees nothing:
@@ -205,7 +211,72 @@ case $mode in
     grep -q "disagree on --seed: rank 0 has '7', rank 1 has '8'" "$work/out" ||
       fail "the refusal does not name --seed: $(cat "$work/out")"
     grep -q "^step \|^done " "$work/out" && fail "a rank trained despite the mismatch"
+    # Every rank reaches the refusal; rank 0 alone prints it.
+    [ "$(grep -c "conveyor: error" "$work/out")" = 1 ] ||
+      fail "the refusal is not printed once: $(cat "$work/out")"
     echo "mismatched --seed refused at start, status $status"
+    ;;
+  files)
+    # One relative path, another file behind it in each process's working directory (an MPMD
+    # launch with two --wdir): schedules that would deadlock each other, then two data files.
+    mkdir -p "$work/a" "$work/b" "$work/c"
+    "$cli" schedule --kind 1f1b -p 2 -m 4 --dump "$work/a/sched.txt" >/dev/null &&
+      "$cli" schedule --kind gpipe -p 2 -m 4 --dump "$work/b/sched.txt" >/dev/null ||
+      fail "cannot write the schedule files"
+    head -c 100000 /dev/urandom >"$work/a/data.bin"
+    head -c 100000 /dev/urandom >"$work/b/data.bin"
+    for flag in "--schedule-file sched.txt" "--data data.bin"; do
+      start=$(date +%s)
+      # shellcheck disable=SC2086  # $flag is a flag and its value
+      timeout 60 "${mpirun[@]}" -np 1 --wdir "$work/a" "$cli" "${common[@]}" --stages 2 $flag : \
+        -np 1 --wdir "$work/b" "$cli" "${common[@]}" --stages 2 $flag >"$work/out" 2>&1
+      status=$? took=$(( $(date +%s) - start ))
+      [ "$status" = 2 ] || fail "$flag: status $status after ${took}s: $(cat "$work/out")"
+      [ "$took" -le 15 ] || fail "$flag: refused only after ${took}s (--timeout 20)"
+      grep -Eq "disagree on ${flag%% *}: rank 0 has '[a-z.]+, contents XXH3 [0-9a-f]{16}', rank 1 has '[a-z.]+, contents XXH3 [0-9a-f]{16}'" \
+        "$work/out" || fail "the refusal does not name ${flag%% *}: $(cat "$work/out")"
+      [ "$(grep -c "conveyor: error" "$work/out")" = 1 ] ||
+        fail "the refusal is not printed once: $(cat "$work/out")"
+    done
+    # Copies of one file at different paths agree: the contents are compared, not the paths.
+    cp "$work/a/sched.txt" "$work/c/copy.txt"
+    timeout 60 "${mpirun[@]}" -np 1 --wdir "$work/a" "$cli" "${common[@]}" --stages 2 \
+      --schedule-file sched.txt : -np 1 --wdir "$work/c" "$cli" "${common[@]}" --stages 2 \
+      --schedule-file copy.txt >"$work/out" 2>&1 ||
+      fail "copies of one schedule file at two paths were refused: $(cat "$work/out")"
+    echo "another schedule file or data file at the same path refused at start; copies run"
+    ;;
+  launch)
+    # Threads of one process under a launcher of several: every process would run the job.
+    timeout 60 "${mpirun[@]}" -np 2 "$cli" "${common[@]}" --stages 2 --transport inproc \
+      >"$work/out" 2>&1
+    status=$?
+    [ "$status" = 2 ] || fail "--transport inproc under -np 2: status $status: $(cat "$work/out")"
+    grep -q "transport inproc runs every rank as a thread of one process, but the launcher started 2 processes (OMPI_COMM_WORLD_SIZE=2)" \
+      "$work/out" || fail "--transport inproc under -np 2 not refused: $(cat "$work/out")"
+    grep -q "^step \|^done " "$work/out" && fail "a rank trained with --transport inproc"
+    # A process count that every rank finds wrong is said once, by rank 0.
+    timeout 60 "${mpirun[@]}" -np 3 "$cli" "${common[@]}" --stages 2 --dp 2 >"$work/out" 2>&1
+    status=$?
+    [ "$status" = 2 ] || fail "-np 3 --stages 2 --dp 2: status $status: $(cat "$work/out")"
+    [ "$(grep -c "the pipeline has 4 ranks but MPI started 3 processes" "$work/out")" = 1 ] ||
+      fail "the wrong process count is not said exactly once: $(cat "$work/out")"
+    [ "$(grep -c "conveyor: error" "$work/out")" = 1 ] ||
+      fail "other errors beside the refusal: $(cat "$work/out")"
+    # srun --mpi=pmix's environment (Slurm's PMIx plugin sets no PMI_SIZE) with no PMIx
+    # server behind it, as srun without the right --mpi gives OpenMPI: MPI starts alone, and
+    # the process must refuse rather than train the whole job by itself.
+    timeout 60 env PMIX_RANK=1 PMIX_NAMESPACE=slurm.pmix.42.0 SLURM_PROCID=1 SLURM_LOCALID=1 \
+      SLURM_NTASKS=2 "$cli" "${common[@]}" --stages 2 >"$work/out" 2>&1
+    status=$?
+    [ "$status" = 2 ] || fail "a lone srun task: status $status: $(cat "$work/out")"
+    grep -q "one of 2 (SLURM_NTASKS=2 with PMIX_RANK=1) but MPI sees 1.*--mpi=pmix" "$work/out" ||
+      fail "a lone srun task is not refused: $(cat "$work/out")"
+    # A plain process inside an sbatch --ntasks 4 allocation is one process of its own.
+    timeout 60 env SLURM_NTASKS=4 SLURM_PROCID=0 SLURM_LOCALID=0 SLURM_JOB_ID=42 \
+      "$cli" "${common[@]}" --stages 2 >"$work/out" 2>&1 ||
+      fail "a plain process in an allocation did not run by itself: $(cat "$work/out")"
+    echo "--transport inproc under mpirun refused; a wrong -np said once; a lone srun task refused"
     ;;
   kill)
     signal_last_rank KILL 10
