@@ -11,6 +11,7 @@ namespace conveyor::cli {
 // Token ids are i32 and the embedding is a [vocab, d_model] table: beyond this the memory
 // estimate refuses anyway, so the flag says it at once.
 constexpr int64_t kMaxVocab = int64_t{1} << 24;
+constexpr double kMinMemoryCapBytes = 1024.0;
 
 ModelConfig RunFlags::model(const CLI::App& cmd) const {
   ModelConfig model = preset_with_overrides(preset, d_model, layers, hidden, vocab, cmd);
@@ -38,7 +39,15 @@ std::optional<Device> RunFlags::device_choice() const {
 }
 
 size_t RunFlags::memory_limit_bytes() const {
-  return static_cast<size_t>(memory_limit_mb * 1024.0 * 1024.0);
+  const double bytes = memory_limit_mb * 1024.0 * 1024.0;
+  // A cap that rounds to nothing would read as "no cap" (0), and under 1 KiB no allocation of
+  // the allocator's smallest block fits anyway.
+  if (memory_limit_mb > 0 && bytes < kMinMemoryCapBytes)
+    throw UsageError("--memory-limit-mb " + format_number(memory_limit_mb) +
+                     " is less than 1 KiB, the smallest cap accepted; give at least " +
+                     format_number(kMinMemoryCapBytes / (1024.0 * 1024.0)) +
+                     " MiB, or 0 for the device's own memory");
+  return static_cast<size_t>(bytes);
 }
 
 void add_run_flags(CLI::App* cmd, RunFlags& f) {
