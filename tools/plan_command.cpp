@@ -85,7 +85,7 @@ void check_units_fit(const ModelDescription& model, const TrainConfig& config, D
         (config.stages > 1 ? "1/" + std::to_string(config.stages) + " of " : std::string()) +
         "the optimizer state " + bytes_text(e.optimizer_bytes / ranks) +
         ") but the cap per rank is " + bytes_text(limit) + " (" + source + "); " +
-        (config.memory_limit_bytes > 0 ? "raise --memory-limit-mb, or use" : "use") +
+        (config.memory_limit_bytes > 0 ? "raise --memory-cap, or use" : "use") +
         " a smaller model (--d-model, --hidden, --vocab)");
   }
 }
