@@ -502,7 +502,7 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
   } catch (const std::bad_alloc&) {
     throw UsageError(
         "out of memory while building the model, its optimizer state and the pipeline; use a "
-        "smaller model or --memory-limit-mb to see the estimate");
+        "smaller model or --memory-cap to see the estimate");
   }
   std::printf("model  %s\n", trainer->model().name.c_str());
   std::printf("data   %s\n", trainer->source().describe().c_str());
