@@ -3,6 +3,8 @@
 // the ranked table, and optionally writes the chosen plan for `conveyor train --plan FILE`.
 #include "tools/plan_command.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <limits>
@@ -11,8 +13,14 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "comm/transport_factory.h"
+#include "engine/pipeline/memory_estimate.h"
 #include "engine/pipeline/profile.h"
+#include "engine/schedule/generators.h"
+#include "layers/ops.h"
 #include "tools/cli_common.h"
 #include "tools/commands.h"
 #include "tools/output_file.h"
@@ -20,7 +28,72 @@
 
 namespace conveyor::cli {
 
-PlannedRun plan_training(const TrainConfig& config, Device device, int repetitions, bool print) {
+namespace {
+
+// The transport the ranks of a run on `devices` would use, made in this process for timing:
+// what `requested` resolves to when it runs in one process, else the in-process one. `what`
+// names it, and says when it is not the run's.
+comm::Transports transports_to_time(comm::TransportKind requested,
+                                    const std::vector<Device>& devices, std::string* what) {
+  comm::TransportKind kind = comm::TransportKind::kInProcess;
+  std::string why_not;
+  try {
+    kind = comm::choose_transport(requested, devices);
+  } catch (const std::invalid_argument& e) {
+    why_not = e.what();
+  }
+  if (comm::spans_processes(kind)) {
+    why_not = std::string("the run's ") + comm::transport_name(kind) +
+              " transport spans processes and cannot be timed in one";
+    kind = comm::TransportKind::kInProcess;
+  }
+  std::vector<int> all(devices.size());
+  for (size_t r = 0; r < all.size(); ++r) all[r] = static_cast<int>(r);
+  *what = comm::transport_name(kind) == std::string("inproc") ? "in-process"
+                                                              : comm::transport_name(kind);
+  if (!why_not.empty()) *what += " (" + why_not + ")";
+  return comm::make_transports(kind, devices, std::chrono::milliseconds(60000), {all});
+}
+
+// Before anything is built: every unit must fit one device with the least any layout keeps
+// of it (its parameters and gradients, its share of an optimizer state sharded over every
+// rank, one token's activations; the trainer's up-front estimate), or no layout can hold it,
+// and profiling it would fail for want of memory after a long wait.
+void check_units_fit(const ModelDescription& model, const TrainConfig& config, Device device,
+                     double cap, const std::string& cap_source, int sharing) {
+  std::string source = cap_source;
+  double limit = cap;
+  const double available = device.is_cpu() ? cpu_available_bytes() : 0.0;
+  if (available > 0 && (limit <= 0 || available / sharing < limit)) {
+    limit = available / sharing;
+    source = "the memory available now" +
+             (sharing > 1 ? " shared by " + std::to_string(sharing) + " ranks" : std::string());
+  }
+  if (limit <= 0) return;
+  const schedule::Schedule one = schedule::generate(schedule::ScheduleKind::k1F1B, 1, 1, 1);
+  const double ranks = static_cast<double>(config.stages);
+  for (int64_t u = 0; u < model.num_units; ++u) {
+    const RankMemoryEstimate e =
+        estimate_rank_memory(model, {{u, u + 1}}, one, config.optimizer.kind, 1).front();
+    const double least =
+        e.parameter_bytes + e.gradient_bytes + e.optimizer_bytes / ranks + e.activation_bytes;
+    if (least <= limit) continue;
+    throw UsageError(
+        "unit " + std::to_string(u) + " of the model needs at least " + bytes_text(least) +
+        " on one device in any layout (parameters " + bytes_text(e.parameter_bytes) +
+        ", gradients " + bytes_text(e.gradient_bytes) + ", " +
+        (config.stages > 1 ? "1/" + std::to_string(config.stages) + " of " : std::string()) +
+        "the optimizer state " + bytes_text(e.optimizer_bytes / ranks) +
+        ") but the cap per rank is " + bytes_text(limit) + " (" + source + "); " +
+        (config.memory_limit_bytes > 0 ? "raise --memory-cap, or use" : "use") +
+        " a smaller model (--d-model, --hidden, --vocab)");
+  }
+}
+
+}  // namespace
+
+PlannedRun plan_training(const TrainConfig& config, Device device, int repetitions, bool print,
+                         const PlanConstraints& constraints) {
   if (repetitions < 1)
     throw UsageError("--repetitions must be at least 1, got " + std::to_string(repetitions));
   const ModelDescription model = reference_model(config.model);
@@ -28,6 +101,24 @@ PlannedRun plan_training(const TrainConfig& config, Device device, int repetitio
   if (config.batch_tokens < p)
     throw UsageError("a batch of " + std::to_string(config.batch_tokens) + " tokens cannot feed " +
                      std::to_string(p) + " devices; use at least " + std::to_string(p) + " tokens");
+  // Where the ranks of the run would be: a GPU each when there are enough, else all on one
+  // device, which then shares its memory between them.
+  std::vector<Device> devices(static_cast<size_t>(p), device);
+  if (device.is_cuda() && cuda_device_count() >= p)
+    for (int r = 0; r < p; ++r) devices[static_cast<size_t>(r)] = Device::cuda(r);
+  const int sharing = devices.back() == devices.front() ? p : 1;
+  std::string cap_source;
+  double cap = 0;
+  if (config.memory_limit_bytes > 0) {
+    cap = static_cast<double>(config.memory_limit_bytes);
+    cap_source = "the memory limit given";
+  } else if (const double memory = device_memory_bytes(device, &cap_source); memory > 0) {
+    cap = memory / sharing;
+    if (sharing > 1)
+      cap_source += " (" + bytes_text(memory) + ") shared by " + std::to_string(p) + " ranks";
+  } else {
+    cap_source = "none: the device's memory is unknown";
+  }
   // Profiled as the run will be: with each rank's share of the CPU threads, and on the CPU
   // with the other ranks' work running alongside on the same cores.
   DeviceContextOptions context_options;
@@ -47,23 +138,57 @@ PlannedRun plan_training(const TrainConfig& config, Device device, int repetitio
   PlanOptions options;
   options.num_ranks = p;
   options.batch_tokens = config.batch_tokens;
-  options.memory_cap = static_cast<double>(config.memory_limit_bytes);
+  options.memory_cap = cap;
   options.recompute = config.recompute;
-  for (int m : {p, 2 * p, 4 * p, 8 * p})
-    if (config.batch_tokens % m == 0) options.microbatch_counts.push_back(m);
-  if (options.microbatch_counts.empty()) options.microbatch_counts.push_back(1);
+  PlannedRun out;
+  out.units = model.num_units;
+  out.stages = p;
+  if (constraints.microbatches) {
+    options.microbatch_counts.push_back(static_cast<int>(*constraints.microbatches));
+    out.constraints += " --microbatches " + std::to_string(*constraints.microbatches);
+  } else {
+    for (int m : {p, 2 * p, 4 * p, 8 * p})
+      if (config.batch_tokens % m == 0) options.microbatch_counts.push_back(m);
+    if (options.microbatch_counts.empty()) options.microbatch_counts.push_back(1);
+  }
+  if (constraints.schedule)
+    out.constraints +=
+        std::string(" --schedule ") + schedule::schedule_kind_name(*constraints.schedule);
+  if (constraints.chunks) {
+    out.constraints += " --chunks " + std::to_string(*constraints.chunks);
+    if (*constraints.chunks >= 2) options.interleaved_chunks = {*constraints.chunks};
+  }
+  if (!out.constraints.empty()) out.constraints.erase(0, 1);
+  check_units_fit(model, config, device, cap, cap_source, sharing);
   std::vector<UnitCosts> measured;
   for (int m : options.microbatch_counts) {
     profile_options.microbatch_tokens = config.batch_tokens / m;
     measured.push_back(profile_units(model, ctx, profile_options));
   }
-  PlannedRun out;
+  // The gradient sum of data-parallel replicas, at the model's size, on the run's transport.
+  std::string transport;
+  AllReduceCost reduce;
+  double parameter_bytes = 0;
+  for (const UnitCost& u : measured.front().units) parameter_bytes += u.parameter_bytes;
+  if (p > 1) {
+    comm::Transports made = transports_to_time(config.transport, devices, &transport);
+    reduce = measure_allreduce(made.per_rank, static_cast<size_t>(parameter_bytes), 2,
+                               repetitions);
+    options.allreduce_latency = reduce.latency;
+    options.allreduce_bandwidth = reduce.bandwidth;
+  }
   out.costs = measured.front();
   try {
     out.plan = plan(measured, options);
   } catch (const PlanError& e) {
     throw UsageError(e.what());
   }
+  // What the caller fixed: the other pipelined layouts are dropped, the replicas stay (the
+  // verdict still says when they would be faster).
+  std::erase_if(out.plan.candidates, [&](const PlanCandidate& c) {
+    return c.pipelined && ((constraints.schedule && c.kind != *constraints.schedule) ||
+                           (constraints.chunks && c.chunks != *constraints.chunks));
+  });
   const int64_t tokens = out.costs.microbatch_tokens;
   if (print) {
     std::printf(
@@ -79,55 +204,145 @@ PlannedRun plan_training(const TrainConfig& config, Device device, int repetitio
                   c.backward_input * 1e3, c.backward_weight * 1e3, c.activation_bytes / 1024,
                   c.state_bytes / 1024);
     }
-    std::printf("transfer of one boundary activation: %.3f ms\n\n",
+    std::printf("transfer of one boundary activation: %.3f ms (in-process transport)\n",
                 out.costs.transfer_seconds * 1e3);
-    std::printf("%s", format_plan(out.plan).c_str());
+    if (p > 1)
+      std::printf(
+          "gradient all-reduce over %d ranks (%s transport): %.3f ms for %s, %.3f ms for %s "
+          "(latency %.1f us a step, %.2f GB/s)\n",
+          p, transport.c_str(), reduce.small_seconds * 1e3,
+          bytes_text(static_cast<double>(reduce.small_bytes)).c_str(), reduce.large_seconds * 1e3,
+          bytes_text(static_cast<double>(reduce.large_bytes)).c_str(), reduce.latency * 1e6,
+          reduce.bandwidth / 1e9);
+    std::printf("memory cap per rank: %s (%s)\n", cap > 0 ? bytes_text(cap).c_str() : "none",
+                cap_source.c_str());
+    if (!out.constraints.empty())
+      std::printf("only layouts with %s (as given)\n", out.constraints.c_str());
+    std::printf("\n%s", format_plan(out.plan).c_str());
   }
   return out;
 }
 
-const PlanCandidate& best_pipeline(const Plan& plan) {
-  for (const auto& c : plan.candidates)
-    if (c.rejected.empty() && c.pipelined) return c;
+namespace {
+
+// Why no candidate of `run` is feasible (pipelined ones only when `pipelines`), and what
+// would work.
+[[noreturn]] void refuse_plan(const PlannedRun& run, bool pipelines) {
+  const Plan& plan = run.plan;
+  const std::string stages = std::to_string(run.stages);
   // Replicas of the whole model that fit where no pipeline does: how to run them instead.
-  std::string instead;
+  std::string replicas;
   for (const auto& c : plan.candidates)
-    if (c.rejected.empty() && !c.pipelined) {
-      const std::string p = std::to_string(c.peak_bytes.size());
-      instead = "; " + c.layout + (c.shard_optimizer ? " sharing the optimizer state" : "") +
-                " fits: run --stages 1 --dp " + p +
-                (c.shard_optimizer ? " --shard-optimizer" : "") + " instead";
-      break;
+    if (!c.pipelined) {
+      if (c.rejected.empty()) {
+        const std::string p = std::to_string(c.peak_bytes.size());
+        replicas = "; " + c.layout + (c.shard_optimizer ? " sharing the optimizer state" : "") +
+                   " fits: run --stages 1 --dp " + p +
+                   (c.shard_optimizer ? " --shard-optimizer" : "") + " instead";
+        break;
+      }
+      if (replicas.empty()) replicas = "; " + c.layout + " does not fit either: " + c.rejected;
     }
-  // Every reason reads alike; the first one says what fits.
+  int tried = 0;
+  const PlanCandidate* first = nullptr;
   for (const auto& c : plan.candidates)
-    if (c.pipelined)
-      throw UsageError("no pipeline layout fits (" + std::to_string(plan.candidates.size()) +
-                       " tried); " + c.layout + ", " + std::to_string(c.microbatches) +
-                       " micro-batches: " + c.rejected + instead);
-  throw UsageError("no pipeline layout was tried: the model has too few units for the devices");
+    if (c.pipelined && ++tried == 1) first = &c;
+  if (first != nullptr)
+    throw UsageError("no " + std::string(pipelines ? "pipeline " : "") + "layout fits (" +
+                     std::to_string(tried) + " tried" +
+                     (run.constraints.empty() ? "" : " with " + run.constraints) + "); " +
+                     first->layout + ", " + std::to_string(first->microbatches) +
+                     " micro-batches: " + first->rejected + replicas);
+  if (run.units < run.stages)
+    throw UsageError("the model has " + std::to_string(run.units) +
+                     " units (the embedding, the blocks and the loss head), too few for " + stages +
+                     " pipeline stages" + replicas + "; use --stages " +
+                     std::to_string(run.units) + " or fewer, or more --layers");
+  throw UsageError("no pipeline layout of " + stages + " stages" +
+                   (run.constraints.empty() ? "" : " with " + run.constraints) +
+                   " can be made for this model of " + std::to_string(run.units) +
+                   " units and this batch" + replicas +
+                   (run.constraints.empty() ? "" : "; leave out or change " + run.constraints));
 }
 
-std::string plan_text(const PlanCandidate& candidate, int stages) {
-  nlohmann::json plan = {{"stages", stages},
+}  // namespace
+
+const PlanCandidate& best_pipeline(const PlannedRun& run) {
+  for (const auto& c : run.plan.candidates)
+    if (c.rejected.empty() && c.pipelined) return c;
+  refuse_plan(run, true);
+}
+
+void require_some_layout(const PlannedRun& run) {
+  for (const auto& c : run.plan.candidates)
+    if (c.rejected.empty()) return;
+  refuse_plan(run, false);
+}
+
+namespace {
+
+// What a plan is planned for, as the flags that set it name each field.
+nlohmann::json planned_for(const TrainConfig& config) {
+  const ModelConfig& m = config.model;
+  return {{"d_model", m.d_model},
+          {"layers", m.n_layers},
+          {"hidden", m.hidden},
+          {"vocab", m.vocab},
+          {"activation", ops::activation_name(m.activation)},
+          {"batch_tokens", config.batch_tokens},
+          {"device", config.device && config.device->is_cuda() ? "cuda" : "cpu"}};
+}
+
+// A plan's costs hold for the model, batch and device kind it was profiled with; another
+// run's would be mis-planned, or not fit. Plans written before these were recorded are not
+// checked.
+void check_planned_for(const nlohmann::json& plan, const std::string& source,
+                       const TrainConfig& config) {
+  if (!plan.contains("planned_for")) return;
+  const nlohmann::json& was = plan.at("planned_for");
+  const nlohmann::json now = planned_for(config);
+  for (const auto& [key, flag] : std::vector<std::pair<std::string, std::string>>{
+           {"d_model", "--d-model"},
+           {"layers", "--layers"},
+           {"hidden", "--hidden"},
+           {"vocab", "--vocab"},
+           {"activation", "--activation"},
+           {"batch_tokens", "--batch-tokens"},
+           {"device", "--device"}}) {
+    if (!was.contains(key) || was.at(key) == now.at(key)) continue;
+    auto text = [](const nlohmann::json& v) {
+      return v.is_string() ? v.get<std::string>() : v.dump();
+    };
+    throw UsageError(source + " was planned for " + flag + " " + text(was.at(key)) +
+                     " and this run has " + text(now.at(key)) + "; plan again for this run " +
+                     "(conveyor plan ... --out FILE) or give " + flag + " " + text(was.at(key)));
+  }
+}
+
+}  // namespace
+
+std::string plan_text(const PlanCandidate& candidate, const TrainConfig& config) {
+  nlohmann::json plan = {{"stages", config.stages},
                          {"schedule", schedule::schedule_kind_name(candidate.kind)},
                          {"chunks", candidate.chunks},
                          {"microbatches", candidate.microbatches},
                          {"partition", blocks_of(candidate.ranges)},
                          {"recompute", to_string(candidate.recompute)},
                          {"predicted_step_seconds", candidate.step_seconds},
-                         {"predicted_rank_compute_seconds", candidate.busy_seconds}};
+                         {"predicted_rank_compute_seconds", candidate.busy_seconds},
+                         {"planned_for", planned_for(config)}};
   return plan.dump(2) + "\n";
 }
 
-void write_plan_file(OutputFile& file, const PlanCandidate& candidate, int stages) {
-  file.write(plan_text(candidate, stages));
+void write_plan_file(OutputFile& file, const PlanCandidate& candidate, const TrainConfig& config) {
+  file.write(plan_text(candidate, config));
   file.close();
 }
 
 void apply_plan_text(const std::string& text, const std::string& source, TrainConfig& config) {
   try {
     const nlohmann::json plan = nlohmann::json::parse(text);
+    check_planned_for(plan, source, config);
     const std::string kind = plan.at("schedule").get<std::string>();
     const auto parsed = schedule::parse_schedule_kind(kind);
     if (!parsed)
@@ -194,11 +409,21 @@ void run_plan(const PlanFlags& f, const CLI::App& cmd) {
   std::optional<OutputFile> out;
   if (!f.out.empty()) out.emplace(f.out, "--out", /*lock=*/false);
   const PlannedRun run = plan_training(config, device, f.repetitions, true);
+  require_some_layout(run);
   if (out) {
-    const PlanCandidate& best = best_pipeline(run.plan);
-    write_plan_file(*out, best, f.stages);
+    const PlanCandidate& best = best_pipeline(run);
+    config.device = device;
+    write_plan_file(*out, best, config);
     std::printf("plan   %s, %d micro-batches, partition written to %s\n", best.layout.c_str(),
                 best.microbatches, f.out.c_str());
+    // A plan file holds a pipeline (what `train --plan` runs); replicas are run by flags.
+    const PlanCandidate& first = run.plan.candidates.front();
+    if (!first.pipelined)
+      std::printf(
+          "note   %s is faster, and a plan file holds only a pipeline: the file has the best "
+          "pipeline; for the replicas run conveyor train --stages 1 --dp %zu%s instead\n",
+          first.layout.c_str(), first.peak_bytes.size(),
+          first.shard_optimizer ? " --shard-optimizer" : "");
   }
 }
 

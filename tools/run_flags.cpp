@@ -11,6 +11,8 @@ namespace conveyor::cli {
 // Token ids are i32 and the embedding is a [vocab, d_model] table: beyond this the memory
 // estimate refuses anyway, so the flag says it at once.
 constexpr int64_t kMaxVocab = int64_t{1} << 24;
+constexpr double kMinMemoryCapBytes = 1024.0;
+constexpr double kMaxMemoryCapBytes = 1125899906842624.0;  // 2^50, as --memory-limit-mb's 2^30 MiB
 
 ModelConfig RunFlags::model(const CLI::App& cmd) const {
   ModelConfig model = preset_with_overrides(preset, d_model, layers, hidden, vocab, cmd);
@@ -38,7 +40,22 @@ std::optional<Device> RunFlags::device_choice() const {
 }
 
 size_t RunFlags::memory_limit_bytes() const {
-  return static_cast<size_t>(memory_limit_mb * 1024.0 * 1024.0);
+  const bool sized = !memory_cap.empty();
+  const double bytes = sized ? std::stod(memory_cap) : memory_limit_mb * 1024.0 * 1024.0;
+  // A cap that rounds to nothing would read as "no cap" (0), and under 1 KiB no allocation of
+  // the allocator's smallest block fits anyway.
+  if (sized && bytes > kMaxMemoryCapBytes)
+    throw UsageError("--memory-cap " + memory_cap + " bytes is more than 1 PiB, the largest cap "
+                     "accepted; give the device's size, or 0 for the device's own memory");
+  if (bytes > 0 && bytes < kMinMemoryCapBytes)
+    throw UsageError(sized ? "--memory-cap " + memory_cap +
+                                 " bytes is less than 1 KiB, the smallest cap accepted; give at "
+                                 "least 1KiB, or 0 for the device's own memory"
+                           : "--memory-limit-mb " + format_number(memory_limit_mb) +
+                                 " is less than 1 KiB, the smallest cap accepted; give at least " +
+                                 format_number(kMinMemoryCapBytes / (1024.0 * 1024.0)) +
+                                 " MiB, or 0 for the device's own memory");
+  return static_cast<size_t>(bytes);
 }
 
 void add_run_flags(CLI::App* cmd, RunFlags& f) {
@@ -57,9 +74,22 @@ void add_run_flags(CLI::App* cmd, RunFlags& f) {
   add_int_flag(cmd, "--batch-tokens", f.batch_tokens, 1, int64_t{1} << 31,
                "Tokens per optimizer step");
   cmd->add_option("--device", f.device, "auto, cpu, cuda or cuda:N")->capture_default_str();
+  // CLI11's size parser: a number of bytes with an optional unit (KiB, MiB, GiB; KB = 1000).
+  CLI::Option* cap =
+      cmd->add_option("--memory-cap", f.memory_cap,
+                      "Cap each device's memory, emulating a smaller device: bytes with a unit "
+                      "such as 512MiB or 80GiB (0: the device's own memory)")
+          // Before the transform, which would wrap a negative size around to 16 EiB.
+          ->check([](const std::string& text) {
+            return text.find('-') != std::string::npos
+                       ? "a size is a whole number of bytes, KiB, MiB or GiB, got '" + text + "'"
+                       : std::string();
+          })
+          ->transform(CLI::AsSizeValue(true))
+          ->type_name("SIZE");
   add_float_flag(cmd, "--memory-limit-mb", f.memory_limit_mb, 0.0, 1073741824.0, false,
-                 "Cap the device allocator in MiB, emulating a smaller device (0: the device's "
-                 "own memory)");
+                 "The same cap in MiB (--memory-cap is the documented name)")
+      ->excludes(cap);
   cmd->add_flag("--tf32", f.tf32, "Let fp32 GEMMs use TF32 tensor cores (default off)");
   cmd->add_option("--recompute", f.recompute,
                   "Re-run the forward in the backward instead of keeping activations: none, "

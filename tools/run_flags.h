@@ -23,6 +23,7 @@ struct RunFlags {
   int64_t batch_tokens = 4096;
   std::string device = "auto";
   double memory_limit_mb = 0.0;
+  std::string memory_cap;  // --memory-cap in bytes, as CLI11's size transform wrote it
   bool tf32 = false;  // a plan profiled without TF32 would time another run's GEMMs
   std::string recompute = "none";
   int threads = 0;  // CPU kernel threads per rank; 0: the cores shared between the ranks
@@ -34,11 +35,13 @@ struct RunFlags {
   void apply(const CLI::App& cmd, TrainConfig& config) const;
   // --device: nothing for auto; UsageError for a device that cannot be parsed.
   std::optional<Device> device_choice() const;
+  // --memory-cap or --memory-limit-mb (0: the device's memory); UsageError for a cap under
+  // 1 KiB.
   size_t memory_limit_bytes() const;
 };
 
 // Registers --preset, --d-model, --layers, --vocab, --hidden, --activation, --batch-tokens,
-// --device, --memory-limit-mb, --tf32, --recompute and --threads on `cmd`, the numbers
+// --device, --memory-cap (or --memory-limit-mb), --tf32, --recompute and --threads on `cmd`, the numbers
 // range-checked.
 void add_run_flags(CLI::App* cmd, RunFlags& flags);
 

@@ -257,6 +257,10 @@ TrainConfig resolve_config(TrainFlags& f, const CLI::App& cmd) {
   refuse_in_process_under_a_launcher(config.transport);
   config.chunks =
       f.chunks > 0 ? f.chunks : (config.schedule == schedule::ScheduleKind::kInterleaved ? 2 : 1);
+  // A plan chooses the micro-batch count; until then any count the batch allows stands in,
+  // so a batch the default of 4 does not divide is not refused before planning.
+  if ((f.partition == "auto" || !f.plan_file.empty()) && !cmd.count("--microbatches"))
+    config.microbatches = config.data_parallel;
   if (!config.schedule_file.empty()) check_schedule_file_agrees(f, cmd);
   // Byte-level tokens of a file need 256 ids unless --vocab says otherwise.
   if (!cmd.count("--vocab") && !config.data_path.empty() && config.model.vocab < 256)
@@ -296,6 +300,7 @@ void apply_planning(const TrainFlags& f, const CLI::App& cmd, const MpiSession& 
     throw UsageError(std::string(f.plan_file.empty() ? "--partition auto" : "--plan") +
                      " chooses the schedule, and so does --schedule-file; give one of them");
   const PartitionSpec given = config.partition;
+  const schedule::ScheduleKind flags_schedule = config.schedule;
   if (!f.plan_file.empty()) {
     const TrainConfig flags = config;
     apply_plan_file(f.plan_file, config);
@@ -323,11 +328,16 @@ void apply_planning(const TrainFlags& f, const CLI::App& cmd, const MpiSession& 
     check_same_configuration(mpi, {{"the layout of --plan (each process reads the file)",
                                     layout_text(config)}});
   } else if (f.partition == "auto") {
-    const PlannedRun run = plan_training(config, device, 3, !f.quiet);
-    const PlanCandidate& best = best_pipeline(run.plan);
+    // What is given explicitly limits the search, as it must agree with a plan file.
+    PlanConstraints constraints;
+    if (cmd.count("--schedule")) constraints.schedule = flags_schedule;
+    if (cmd.count("--chunks")) constraints.chunks = f.chunks;
+    if (cmd.count("--microbatches")) constraints.microbatches = f.config.microbatches;
+    const PlannedRun run = plan_training(config, device, 3, !f.quiet, constraints);
+    const PlanCandidate& best = best_pipeline(run);
     // Under mpirun every process profiles its own device, and close candidates can swap
     // places between processes: all run rank 0's plan.
-    apply_plan_text(rank_zero_text(mpi, plan_text(best, config.stages), "the plan"),
+    apply_plan_text(rank_zero_text(mpi, plan_text(best, config), "the plan"),
                     "rank 0's plan", config);
     std::printf("plan   %s, %lld micro-batches, predicted step %.3f ms\n", best.layout.c_str(),
                 static_cast<long long>(config.microbatches), best.step_seconds * 1e3);
@@ -519,7 +529,7 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
   } catch (const std::bad_alloc&) {
     throw UsageError(
         "out of memory while building the model, its optimizer state and the pipeline; use a "
-        "smaller model or --memory-limit-mb to see the estimate");
+        "smaller model or --memory-cap to see the estimate");
   }
   std::printf("model  %s\n", trainer->model().name.c_str());
   std::printf("data   %s\n", trainer->source().describe().c_str());

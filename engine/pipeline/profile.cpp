@@ -1,7 +1,10 @@
 #include "engine/pipeline/profile.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
+#include <barrier>
 #include <chrono>
 #include <exception>
 #include <latch>
@@ -13,6 +16,11 @@
 
 #include "comm/in_process.h"
 #include "engine/pipeline/stage.h"
+#ifdef CONVEYOR_WITH_CUDA
+#include <cuda_runtime_api.h>
+
+#include "engine/core/cuda_device_guard.h"
+#endif
 
 namespace conveyor {
 namespace {
@@ -258,6 +266,99 @@ UnitCosts profile_units(const ModelDescription& model, DeviceContext& ctx,
   neighbours.finish();
   costs.transfer_seconds = transfer_seconds(model, ctx, options);
   return costs;
+}
+
+}  // namespace conveyor
+
+namespace conveyor {
+namespace {
+
+// Rank 0's seconds for one group sum of `floats` values per rank, median over the timed
+// repetitions; every rank starts together, as the replicas of a step reach their sum.
+double group_sum_seconds(std::vector<std::unique_ptr<comm::Transport>>& transports,
+                         size_t floats, int warmup, int repetitions) {
+  const int p = static_cast<int>(transports.size());
+  std::vector<int> group(static_cast<size_t>(p));
+  for (int r = 0; r < p; ++r) group[static_cast<size_t>(r)] = r;
+  std::barrier together(p);
+  std::vector<double> times;
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(p));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < p; ++r)
+    threads.emplace_back([&, r] {
+      std::vector<float> values(floats, 1.0f + static_cast<float>(r));
+      for (int rep = 0; rep < warmup + repetitions; ++rep) {
+        together.arrive_and_wait();
+        const auto start = Clock::now();
+        try {
+          if (!errors[static_cast<size_t>(r)])
+            transports[static_cast<size_t>(r)]->start_group_sum(values, group)->wait();
+        } catch (...) {
+          // The others fail too (the transport's deadline); keep meeting at the barrier.
+          errors[static_cast<size_t>(r)] = std::current_exception();
+          transports[static_cast<size_t>(r)]->abort("the all-reduce measurement failed");
+        }
+        const double t = std::chrono::duration<double>(Clock::now() - start).count();
+        if (r == 0 && rep >= warmup) times.push_back(t);
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  return median(times);
+}
+
+}  // namespace
+
+AllReduceCost measure_allreduce(std::vector<std::unique_ptr<comm::Transport>>& transports,
+                                size_t bytes, int warmup, int repetitions) {
+  const size_t p = transports.size();
+  if (p < 2)
+    throw std::invalid_argument("measuring an all-reduce needs at least two ranks, got " +
+                                std::to_string(p));
+  if (repetitions < 1 || warmup < 0)
+    throw std::invalid_argument("measuring an all-reduce needs at least one repetition");
+  AllReduceCost cost;
+  cost.small_bytes = 4096;
+  cost.large_bytes = std::max(bytes / sizeof(float), size_t{2} * cost.small_bytes / sizeof(float)) *
+                     sizeof(float);
+  cost.small_seconds =
+      group_sum_seconds(transports, cost.small_bytes / sizeof(float), warmup, repetitions);
+  cost.large_seconds =
+      group_sum_seconds(transports, cost.large_bytes / sizeof(float), warmup, repetitions);
+  // t(b) = 2(p-1) latency + 2(p-1)/p b / bandwidth through both points; a noisy slope that is
+  // not positive leaves the large size's whole time to the bandwidth.
+  const double steps = 2.0 * static_cast<double>(p - 1);
+  const double slope = (cost.large_seconds - cost.small_seconds) /
+                       static_cast<double>(cost.large_bytes - cost.small_bytes);
+  if (slope > 0) {
+    cost.bandwidth = steps / static_cast<double>(p) / slope;
+    cost.latency = std::max(0.0, cost.small_seconds - slope * static_cast<double>(cost.small_bytes)) / steps;
+  } else {
+    cost.bandwidth = steps / static_cast<double>(p) * static_cast<double>(cost.large_bytes) /
+                     std::max(cost.large_seconds, 1e-9);
+    cost.latency = 0;
+  }
+  return cost;
+}
+
+double device_memory_bytes(Device device, std::string* what) {
+#ifdef CONVEYOR_WITH_CUDA
+  if (device.is_cuda()) {
+    detail::CudaDeviceGuard guard(device.index);
+    size_t free_bytes = 0, total_bytes = 0;
+    if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) return 0.0;
+    if (what) *what = "the memory of " + device.to_string();
+    return static_cast<double>(total_bytes);
+  }
+#endif
+  if (device.is_cpu()) {
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+    if (pages <= 0 || page <= 0) return 0.0;
+    if (what) *what = "the machine's physical memory";
+    return static_cast<double>(pages) * static_cast<double>(page);
+  }
+  return 0.0;
 }
 
 }  // namespace conveyor

@@ -3,10 +3,16 @@
 // and weight-gradient time of every unit (the first unit and the loss head included), the
 // bytes its forward keeps for the backward (and its input gradient for the weight gradient),
 // its input and its workspace, the bytes of its parameters, gradients and
-// optimizer state, and the time of one boundary activation on the in-process transport.
-// What the planner takes.
+// optimizer state, and the time of one boundary activation on the in-process transport; the
+// cost of the data-parallel gradient sum on a transport; the memory of a device. What the
+// planner takes.
+#include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
 
+#include "comm/transport.h"
 #include "engine/core/device_context.h"
 #include "engine/pipeline/planner.h"
 #include "layers/model.h"
@@ -35,5 +41,25 @@ struct ProfileOptions {
 // options that cannot be measured.
 UnitCosts profile_units(const ModelDescription& model, DeviceContext& ctx,
                         const ProfileOptions& options = {});
+
+// The data-parallel gradient sum as the planner models it: 2(p-1) steps of `latency` seconds
+// plus 1/p of the bytes at `bandwidth` bytes per second (PlanOptions::allreduce_*).
+struct AllReduceCost {
+  double latency = 0;
+  double bandwidth = 0;
+  size_t small_bytes = 0, large_bytes = 0;  // the sizes timed ...
+  double small_seconds = 0, large_seconds = 0;  // ... and their medians
+};
+
+// Times Transport::start_group_sum over every rank of `transports` (one thread per rank, each
+// starting and waiting as a rank's step does) at 4 KiB and at `bytes` of floats, medians of
+// `repetitions` after `warmup`, and fits latency and bandwidth to the two: the planner then
+// predicts both times exactly. Throws std::invalid_argument for fewer than two transports.
+AllReduceCost measure_allreduce(std::vector<std::unique_ptr<comm::Transport>>& transports,
+                                size_t bytes, int warmup = 2, int repetitions = 5);
+
+// The memory of `device` when nothing runs: a GPU's total memory, or for the CPU the
+// machine's physical memory; 0 when unknown. `what`, when given, says which it is.
+double device_memory_bytes(Device device, std::string* what = nullptr);
 
 }  // namespace conveyor
