@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <filesystem>
 #include <stdexcept>
 
 #define XXH_INLINE_ALL
@@ -67,7 +68,11 @@ void refuse_on_every_rank(const MpiSession& session, const std::string& message)
 ConfigField file_field(const std::string& name, const std::string& path) {
   if (path.empty()) return {name, ""};
   std::string digest;
-  if (std::FILE* file = std::fopen(path.c_str(), "rb")) {
+  std::error_code error;
+  // A FIFO or a device would never end; the data source refuses them with its own sentence.
+  if (!std::filesystem::is_regular_file(path, error)) {
+    digest = error ? std::string("cannot be opened: ") + error.message() : "not a regular file";
+  } else if (std::FILE* file = std::fopen(path.c_str(), "rb")) {
     XXH3_state_t state;
     XXH3_64bits_reset(&state);
     std::vector<char> piece(1 << 20);

@@ -70,7 +70,8 @@ using ConfigFields = std::vector<ConfigField>;
 // The field for the file at `path` (empty: none given), compared by its contents, so that one
 // path naming different files on two nodes (or in two working directories) is refused, and
 // copies of one file at different paths are not. The XXH3-64 is taken in pieces, for data
-// files larger than memory; a file that cannot be read compares as such.
+// files larger than memory; a file that cannot be read, or is not a regular file, compares as
+// such without being read.
 ConfigField file_field(const std::string& name, const std::string& path);
 
 // Compares a hash of every field over all ranks of `session`; throws UsageError naming the

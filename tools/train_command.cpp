@@ -496,7 +496,8 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
   TrainConfig config = resolve_config(f, cmd);
   // Before the trainer, which builds this rank's MPI transport; after it, MPI_Finalize.
   MpiSession mpi(wants_mpi(config), config.transport_timeout);
-  check_same_configuration(mpi, configuration_fields(f, config));
+  // Only under MPI: the fields read every file the run names.
+  if (mpi.active()) check_same_configuration(mpi, configuration_fields(f, config));
   quiet_unless_rank_zero(mpi, f);
   std::string note;
   Device device;

@@ -244,6 +244,13 @@ case $mode in
       --schedule-file sched.txt : -np 1 --wdir "$work/c" "$cli" "${common[@]}" --stages 2 \
       --schedule-file copy.txt >"$work/out" 2>&1 ||
       fail "copies of one schedule file at two paths were refused: $(cat "$work/out")"
+    # A device as the data file: the check must not read it forever, the data source refuses it.
+    timeout 60 "${mpirun[@]}" -np 2 "$cli" "${common[@]}" --stages 2 --data /dev/zero \
+      >"$work/out" 2>&1
+    status=$?
+    [ "$status" = 2 ] || fail "--data /dev/zero under -np 2: status $status: $(cat "$work/out")"
+    grep -q "data file '/dev/zero' is not a regular file" "$work/out" ||
+      fail "--data /dev/zero under -np 2 not refused by name: $(cat "$work/out")"
     echo "another schedule file or data file at the same path refused at start; copies run"
     ;;
   launch)
