@@ -593,7 +593,7 @@ void RankStep::end_of_step(PipelineStepResult& result) {
                                    [](double v) { return v != 0.0; });
     result.stop_signal = stop == reduced.end() ? 0 : static_cast<int>(*stop);
   }
-  if (rank_.replica == 0) result.timing[rank_.pipeline_rank] = std::move(timing_);
+  result.timing[r] = std::move(timing_);
   result.peak_activation_bytes[r] = peak_activations_;
   result.peak_allocated_bytes[r] = ctx_.allocator().stats().peak_allocated_bytes;
 }

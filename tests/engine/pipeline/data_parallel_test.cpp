@@ -14,6 +14,7 @@
 #include "engine/pipeline/executor.h"
 #include "engine/pipeline/rank_step.h"
 #include "engine/schedule/generators.h"
+#include "engine/schedule/measured_timing.h"
 #include "support/executor_fixture.h"
 
 namespace conveyor {
@@ -128,6 +129,45 @@ TEST(DataParallel, StageCountDoesNotChangeTheBits) {
   const auto a = one.ex->parameters(), b = two.ex->parameters();
   for (size_t i = 0; i < a.size(); ++i)
     EXPECT_TRUE(same_bits(to_vector_f32(a[i]->value), to_vector_f32(b[i]->value))) << a[i]->name;
+}
+
+TEST(DataParallel, EveryReplicasRanksAreTimed) {
+  // The trace draws every rank: each replica's timeline is measured, not only replica 0's.
+  const int p = 2, d = 2, m = 2;
+  auto sched = schedule::generate(ScheduleKind::k1F1B, p, m, 1, d);
+  auto ex = make_executor(sched);
+  const auto r = ex->run_step(make_microbatches(m * d, kTokens, 1), 0.1f, 1, 1e-2);
+  ASSERT_EQ(r.timing.size(), static_cast<size_t>(p * d));
+  for (int w = 0; w < p * d; ++w) {
+    const auto& list = sched.ranks[w % p];
+    ASSERT_EQ(r.timing[w].size(), list.size()) << "rank " << w;
+    for (size_t i = 0; i < list.size(); ++i) {
+      EXPECT_GT(r.timing[w][i].end, 0.0) << "rank " << w << " action " << i;
+      EXPECT_LE(r.timing[w][i].start, r.timing[w][i].end) << "rank " << w << " action " << i;
+    }
+  }
+  const auto replicas = schedule::summarize_replicas(sched, r.timing);
+  ASSERT_EQ(replicas.size(), 2u);
+  EXPECT_GT(replicas[1].ranks[1].busy, 0.0);
+}
+
+TEST(DataParallel, ReplicasThatWentApartAreNamed) {
+  DpRun got = run(schedule::generate(ScheduleKind::k1F1B, 2, 2, 1, 2), 4);
+  got.ex->check_replicas_agree();
+  // One element of the last parameter of replica 1's last stage (rank 3), one ulp off.
+  Tensor& value = got.ex->rank_parameters(3).back()->value;
+  std::vector<float> v = to_vector_f32(value);
+  v[0] = std::nextafter(v[0], 1e30f);
+  copy_from_host(value, v.data(), v.size() * sizeof(float));
+  try {
+    got.ex->check_replicas_agree();
+    ADD_FAILURE() << "replicas one ulp apart passed the check";
+  } catch (const ReplicasDiffer& e) {
+    EXPECT_NE(std::string(e.what()).find(
+                  "replica 1 (rank 3) ends with other weights of stage 1 than replica 0 (rank 1)"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(DataParallel, RefusesAStepWithAnotherMicroBatchCount) {

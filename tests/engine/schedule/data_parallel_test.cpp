@@ -9,6 +9,7 @@
 #include "engine/schedule/ascii.h"
 #include "engine/schedule/chrome_trace.h"
 #include "engine/schedule/generators.h"
+#include "engine/schedule/measured_timing.h"
 #include "engine/schedule/simulator.h"
 #include "engine/schedule/svg.h"
 #include "engine/schedule/text_format.h"
@@ -246,6 +247,32 @@ TEST(DataParallelSchedule, PicturesShowTheAllReduce) {
   EXPECT_EQ(format_timeline(plain, plain_sim).find("ar:"), std::string::npos);
   EXPECT_EQ(chrome_trace_json(plain, plain_sim).find("allreduce"), std::string::npos);
   EXPECT_EQ(render_svg(plain, plain_sim, {}).find("all-reduce"), std::string::npos);
+}
+
+TEST(DataParallelSchedule, TraceOfEveryReplicaNamesTheirRanks) {
+  // Measured runs draw each replica's ranks as processes of their own, replica d's pipeline
+  // rank r as d * P + r, on one clock.
+  const Schedule s = generate(ScheduleKind::k1F1B, 2, 2, 1, 2);
+  const SimResult sim = simulate(s, CostModel::uniform(1.0, 1.0, 1.0, 0.1));
+  std::vector<std::vector<ActionTiming>> world = sim.timing;
+  for (const auto& rank : sim.timing) {
+    world.push_back(rank);
+    for (auto& t : world.back()) t.start += 100, t.end += 100;  // replica 1 starts later
+  }
+  const auto replicas = summarize_replicas(s, world);
+  ASSERT_EQ(replicas.size(), 2u);
+  EXPECT_EQ(replica_timeline(s, world, 1)[0][0].start, sim.timing[0][0].start + 100);
+  EXPECT_EQ(replicas[1].timing[0][0].start - replicas[0].timing[0][0].start, 100.0);
+  const std::string trace = chrome_trace_json(s, replicas, 1.0);
+  EXPECT_NE(trace.find("\"rank 3 (replica 1, pipeline rank 1)\""), std::string::npos);
+  EXPECT_NE(trace.find("\"rank 1 (replica 0, pipeline rank 1)\""), std::string::npos);
+  EXPECT_NE(trace.find("\"pid\": 3"), std::string::npos);
+  EXPECT_EQ(trace.find("\"pid\": 4"), std::string::npos);
+  // One replica keeps its plain names.
+  const std::string one = chrome_trace_json(s, sim, 1.0);
+  EXPECT_NE(one.find("\"rank 1\""), std::string::npos);
+  EXPECT_EQ(one.find("replica"), std::string::npos);
+  EXPECT_THROW(replica_timeline(s, sim.timing, 0), std::invalid_argument);
 }
 
 TEST(DataParallelSchedule, RefusesNoReplicas) {
