@@ -249,6 +249,50 @@ TEST(ShardedOptimizer, WeightsAreBitwiseThoseOfTheUnshardedRunWithHalfTheState) 
   }
 }
 
+// `kind` at (2, 2) with each stage's gradients all-reduced in `buckets` buckets.
+schedule::Schedule bucketed(schedule::ScheduleKind kind, int buckets) {
+  const int v = kind == schedule::ScheduleKind::kInterleaved ? 2 : 1;
+  auto s = schedule::generate(kind, 2, 2, v, 2);
+  schedule::add_gradient_all_reduces(&s, 2, {buckets});
+  return s;
+}
+
+TEST(GradientBuckets, BucketedAllReducesGiveTheBitsOfOneMessagePerStage) {
+  // Every element is still summed over the replicas in replica order, whatever bucket it
+  // goes in: losses, norms and weights are bitwise those of the unbucketed run, sharded too.
+  for (auto kind : {schedule::ScheduleKind::k1F1B, schedule::ScheduleKind::kInterleaved})
+    for (bool shard : {false, true}) {
+      SCOPED_TRACE(std::string(schedule::schedule_kind_name(kind)) + (shard ? " sharded" : ""));
+      auto one = make_wide_executor(bucketed(kind, 1), shard);
+      auto many = make_wide_executor(bucketed(kind, 7), shard);
+      ASSERT_EQ(schedule::gradient_buckets(many->schedule(), 1), 7);
+      expect_same_steps(*one, *many, 4);
+      for (int r = 0; r < one->num_world_ranks(); ++r) {
+        const auto want = rank_values(*one, r), got = rank_values(*many, r);
+        ASSERT_EQ(want.size(), got.size());
+        for (size_t i = 0; i < want.size(); ++i)
+          EXPECT_TRUE(same_bits(want[i], got[i])) << "rank " << r << " parameter " << i;
+      }
+      many->check_replicas_agree();
+    }
+}
+
+TEST(GradientBuckets, EachBucketIsTimedOnTheReductionStream) {
+  auto ex = make_wide_executor(bucketed(schedule::ScheduleKind::k1F1B, 3), false);
+  const auto r = ex->run_step(make_microbatches(4, kTokens, 1), 0.05f, 1, 1e-2);
+  const auto& list = ex->schedule().ranks[0];
+  int buckets = 0;
+  double last_end = 0;
+  for (size_t i = 0; i < list.size(); ++i) {
+    if (!schedule::is_reduce(list[i].kind)) continue;
+    EXPECT_EQ(list[i].microbatch, buckets++);
+    // In list order, one after the other.
+    EXPECT_GE(r.timing[0][i].start, last_end);
+    last_end = r.timing[0][i].end;
+  }
+  EXPECT_EQ(buckets, 3);
+}
+
 // Gives every rank of `ex` an endpoint of `hub`, whose byte counts then show its traffic.
 void use_hub(PipelineExecutor& ex, comm::InProcessHub& hub) {
   std::vector<std::unique_ptr<comm::Transport>> transports;

@@ -105,9 +105,13 @@ TEST(DataParallelSchedule, TextAndCsvRoundTrip) {
   }
   EXPECT_EQ(to_string(allreduce_grad(12)), "AR12");
   EXPECT_EQ(parse_action("AR12"), allreduce_grad(12));
-  EXPECT_THROW(parse_action("AR1.0"), ScheduleError);
+  // A bucket after the stage: AR1.0 is bucket 0, which reads AR1.
+  EXPECT_EQ(parse_action("AR1.0"), allreduce_grad(1));
+  EXPECT_EQ(parse_action("AR1.2"), allreduce_grad(1, 2));
+  EXPECT_EQ(to_string(allreduce_grad(1, 2)), "AR1.2");
+  EXPECT_THROW(parse_action("AR1.x"), ScheduleError);
   EXPECT_THROW(parse_action("AR"), ScheduleError);
-  EXPECT_THROW(parse_csv("rank,step,kind,stage,microbatch,peer\n0,0,ALLREDUCE_GRAD,0,3,\n"),
+  EXPECT_THROW(parse_csv("rank,step,kind,stage,microbatch,peer\n0,0,ALLREDUCE_GRAD,0,x,\n"),
                ScheduleError);
 }
 
@@ -168,6 +172,61 @@ TEST(DataParallelSchedule, ValidatorNamesTheAllReduceRule) {
       EXPECT_NE(std::string(e.what()).find("comes before W"), std::string::npos) << e.what();
     }
   }
+}
+
+TEST(DataParallelSchedule, BucketsGoInOrderAfterTheLastWeightGradient) {
+  Schedule s = generate(ScheduleKind::k1F1B, 2, 2, 1, 2);
+  add_gradient_all_reduces(&s, 2, {3, 2});
+  validate(s);
+  EXPECT_EQ(gradient_buckets(s, 0), 3);
+  EXPECT_EQ(gradient_buckets(s, 1), 2);
+  // Right after B0.1, buckets 0, 1, 2; bucket 0 reads as before.
+  const std::string text = dump_text(s);
+  EXPECT_NE(text.find("B0.1 AR0 AR0.1 AR0.2"), std::string::npos) << text;
+  EXPECT_EQ(parse_text(text), s);
+  EXPECT_EQ(parse_csv(dump_csv(s)), s);
+  {  // a bucket twice
+    const auto e = rejection(replace(text, "AR0.1 AR0.2", "AR0.1 AR0.1 AR0.2"));
+    EXPECT_EQ(e.rule(), "allreduce");
+    EXPECT_NE(std::string(e.what()).find("stage 0 (bucket 1) appears twice"), std::string::npos)
+        << e.what();
+  }
+  {  // out of order
+    const auto e = rejection(replace(text, "AR0 AR0.1", "AR0.1 AR0"));
+    EXPECT_EQ(e.rule(), "allreduce");
+    EXPECT_NE(std::string(e.what()).find("bucket 1 of the gradient all-reduce of stage 0 comes "
+                                         "before bucket 0"),
+              std::string::npos)
+        << e.what();
+  }
+  // Fewer buckets is another valid schedule: every replica runs the same list.
+  EXPECT_NO_THROW(validate(parse_text(replace(text, " AR0.2", ""))));
+  EXPECT_THROW(add_gradient_all_reduces(&s, 2, {1, 2, 3}), ScheduleError);
+  EXPECT_THROW(add_gradient_all_reduces(&s, 2, {0}), ScheduleError);
+  // Equal parts of the flattened gradients, covering them.
+  EXPECT_EQ(gradient_bucket(10, 0, 3).begin, 0u);
+  EXPECT_EQ(gradient_bucket(10, 0, 3).end, 3u);
+  EXPECT_EQ(gradient_bucket(10, 1, 3).end, 6u);
+  EXPECT_EQ(gradient_bucket(10, 2, 3).end, 10u);
+}
+
+TEST(DataParallelSchedule, SimulatorSplitsAStagesAllReduceOverItsBuckets) {
+  // Each bucket costs the latency and its share of the bytes, one after another on the
+  // reduction stream: k buckets take k - 1 latencies more than one message.
+  Schedule one = generate(ScheduleKind::k1F1B, 2, 2, 1, 2);
+  Schedule four = one;
+  add_gradient_all_reduces(&four, 2, {4});
+  CostModel costs = CostModel::uniform(1, 1, 1);
+  costs.gradient_bytes = {80.0};
+  costs.reduce_bandwidth = 10.0;
+  costs.reduce_latency = 0.5;
+  const SimResult a = simulate(one, costs), b = simulate(four, costs);
+  for (int r = 0; r < 2; ++r)
+    EXPECT_DOUBLE_EQ(b.ranks[r].reduce, a.ranks[r].reduce + 3 * 0.5) << "rank " << r;
+  const auto& list = four.ranks[0];
+  for (size_t i = 0; i < list.size(); ++i)
+    if (is_reduce(list[i].kind))
+      EXPECT_DOUBLE_EQ(b.timing[0][i].end - b.timing[0][i].start, 0.5 + 2.0) << i;
 }
 
 TEST(DataParallelSchedule, SimulatorOverlapsTheAllReduceWithTheRemainingBackward) {
