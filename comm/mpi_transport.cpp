@@ -46,6 +46,7 @@ constexpr int kAbortTag = 2;       // the reason a rank aborted
 constexpr int kCountTag = 3;       // all-reduce value counts: who has come to the all-reduce
 constexpr int kGroupTag = 4;       // group sums and gathers: FIFO per pair of members
 constexpr int kScatterTag = 5;     // reduce-scatters: sized by the ranges, so apart from the others
+constexpr int kSumTag = 6;         // all-reduce values, after their counts
 constexpr int kReportTag = 16;     // after a failure: where a rank stood, to the collector
 constexpr int kReportAckTag = 17;  // the collector is done: a reporter may end its process
 constexpr int kRollCallTag = 32;   // mpi_roll_call, on MPI_COMM_WORLD
@@ -238,17 +239,34 @@ class MpiTransport : public Transport {
     throw_if_aborted();
     const int64_t count = static_cast<int64_t>(values.size());
     exchange_counts(count);
-    std::vector<double> all(values.size() * size_);
-    MPI_Request request;
-    check(MPI_Iallgather(values.data(), byte_count(values.size() * sizeof(double)), MPI_BYTE,
-                         all.data(), byte_count(values.size() * sizeof(double)), MPI_BYTE, comm_,
-                         &request),
-          "MPI_Iallgather");
-    wait_collective(request, "the all-reduce");
+    // Point to point rather than one collective: a wait then knows whose values have not
+    // come (a rank stopped inside a collective looks like every other rank waiting in it),
+    // and a receive can be cancelled where a collective cannot.
+    const size_t n = values.size(), bytes = n * sizeof(double);
+    std::vector<double> all(n * size_);
+    std::copy(values.begin(), values.end(), all.begin() + static_cast<std::ptrdiff_t>(rank_ * n));
+    std::vector<MPI_Request> arrived(size_, MPI_REQUEST_NULL);
+    for (int r = 0; r < size_; ++r)
+      if (r != rank_)
+        check(MPI_Irecv(all.data() + r * n, byte_count(bytes), MPI_BYTE, r, kSumTag, comm_,
+                        &arrived[r]),
+              "MPI_Irecv");
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      Pending& p = pending_.emplace_back();
+      p.bytes.resize(bytes);
+      std::memcpy(p.bytes.data(), values.data(), bytes);
+      check(MPI_Isend(p.bytes.data(), byte_count(bytes), MPI_BYTE, r, kSumTag, comm_, &p.request),
+            "MPI_Isend");
+    }
+    wait_for_arrivals(arrived, [&](const std::string& missing) {
+      return "the all-reduce waited " + std::to_string(timeout_.count()) + " ms for rank(s) " +
+             missing + " (their values did not come: did rank(s) " + missing + " stop?)";
+    });
     // Rank order from zero, as the in-process transport adds them.
-    for (size_t i = 0; i < values.size(); ++i) {
+    for (size_t i = 0; i < n; ++i) {
       double sum = 0.0;
-      for (int r = 0; r < size_; ++r) sum += all[static_cast<size_t>(r) * values.size() + i];
+      for (int r = 0; r < size_; ++r) sum += all[static_cast<size_t>(r) * n + i];
       values[i] = sum;
     }
   }
@@ -615,13 +633,6 @@ class MpiTransport : public Transport {
   void exchange_counts(int64_t count) {
     std::vector<int64_t> counts(size_, count);
     std::vector<MPI_Request> arrived(size_, MPI_REQUEST_NULL);
-    auto drop_pending = [&] {
-      for (MPI_Request& r : arrived)
-        if (r != MPI_REQUEST_NULL) {
-          MPI_Cancel(&r);
-          MPI_Request_free(&r);
-        }
-    };
     for (int r = 0; r < size_; ++r) {
       if (r == rank_) continue;
       check(MPI_Irecv(&counts[r], 1, MPI_INT64_T, r, kCountTag, comm_, &arrived[r]), "MPI_Irecv");
@@ -631,6 +642,28 @@ class MpiTransport : public Transport {
       check(MPI_Isend(p.bytes.data(), 1, MPI_INT64_T, r, kCountTag, comm_, &p.request),
             "MPI_Isend");
     }
+    wait_for_arrivals(arrived, [&](const std::string& missing) {
+      return "the all-reduce waited " + std::to_string(timeout_.count()) + " ms for rank(s) " +
+             missing + " (did rank " + missing + " stop?)";
+    });
+    for (int r = 0; r < size_; ++r)
+      if (counts[r] != count)
+        give_up("all-reduce of " + std::to_string(count) + " values, but rank " +
+                std::to_string(r) + " gave " + std::to_string(counts[r]));
+  }
+
+  // Polls the receives `arrived` (one per rank, null where none was posted) up to the
+  // deadline; past it, or on an abort, cancels those still pending and gives up with
+  // `message(missing)`, `missing` listing the ranks whose receive has not completed.
+  template <class Message>
+  void wait_for_arrivals(std::vector<MPI_Request>& arrived, Message message) {
+    auto drop_pending = [&] {
+      for (MPI_Request& r : arrived)
+        if (r != MPI_REQUEST_NULL) {
+          MPI_Cancel(&r);
+          MPI_Request_free(&r);
+        }
+    };
     const auto deadline = Clock::now() + timeout_;
     Backoff backoff;
     for (;;) {
@@ -641,7 +674,7 @@ class MpiTransport : public Transport {
         MPI_Test(&arrived[r], &done, MPI_STATUS_IGNORE);  // done: the request is nulled
         if (!done) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
       }
-      if (missing.empty()) break;
+      if (missing.empty()) return;
       try {
         throw_if_aborted();
       } catch (...) {
@@ -650,33 +683,7 @@ class MpiTransport : public Transport {
       }
       if (Clock::now() >= deadline) {
         drop_pending();
-        give_up("the all-reduce waited " + std::to_string(timeout_.count()) + " ms for rank(s) " +
-                missing + " (did rank " + missing + " stop?)");
-      }
-      reap_sends();
-      backoff.pause();
-    }
-    for (int r = 0; r < size_; ++r)
-      if (counts[r] != count)
-        give_up("all-reduce of " + std::to_string(count) + " values, but rank " +
-                std::to_string(r) + " gave " + std::to_string(counts[r]));
-  }
-
-  void wait_collective(MPI_Request& request, const char* what) {
-    const auto deadline = Clock::now() + timeout_;
-    Backoff backoff;
-    for (;;) {
-      int done = 0;
-      check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test");
-      if (done) return;
-      throw_if_aborted();  // a collective cannot be cancelled: the process must end after this
-      if (Clock::now() >= deadline) {
-        // Every rank came to it (their counts arrived), so one of them stopped inside it.
-        std::string others;
-        for (int r = 0; r < size_; ++r)
-          if (r != rank_) others += (others.empty() ? "" : ", ") + std::to_string(r);
-        give_up(std::string(what) + " waited " + std::to_string(timeout_.count()) +
-                " ms for rank(s) " + others + " to finish it (did one of them stop?)");
+        give_up(message(missing));
       }
       reap_sends();
       backoff.pause();

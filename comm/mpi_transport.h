@@ -9,8 +9,10 @@
 //   the deadline; try_recv() probes once. One tag carries every pipeline message, so each
 //   link is FIFO by MPI's non-overtaking rule, as the validator assumes.
 // - all_reduce_sum(): the value counts point to point (checked equal; a rank that does not
-//   come is named), then MPI_Iallgather of every rank's values and the sum in rank order on
-//   every rank, so the bits never depend on MPI's reduction algorithm.
+//   come is named), then every rank's values to every other point to point and the sum in
+//   rank order on every rank, so the bits never depend on MPI's reduction algorithm, and a
+//   rank that stops after its count is named alone (a collective would leave every waiting
+//   rank looking alike).
 // - start_group_sum / start_group_reduce_scatter / start_group_gather (data parallelism):
 //   MPI_Isend / MPI_Irecv between the group's members on tags of their own, polled with
 //   MPI_Testall against the deadline, the sums in group order here, never MPI's.

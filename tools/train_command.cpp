@@ -116,10 +116,12 @@ void report_bubble(Trainer& trainer, PipelineStepResult& last, OutputFile* trace
   const auto& sched = trainer.executor().schedule();
   // Under MPI every process takes part; rank 0 prints and writes the trace.
   trainer.executor().gather_timing(last);
-  const schedule::SimResult measured = summarize_timing(sched, last.timing);
+  // The printed figures are replica 0's, the trace draws every replica.
+  const auto replica0 = schedule::replica_timeline(sched, last.timing, 0);
+  const schedule::SimResult measured = summarize_timing(sched, replica0);
   if (sched.num_ranks() > 1) {
     const schedule::SimResult predicted =
-        schedule::simulate(sched, measured_costs(sched, last.timing));
+        schedule::simulate(sched, measured_costs(sched, replica0));
     std::printf(
         "bubble last step: measured %.3f, simulated %.3f | idle per rank, measured "
         "(simulated):",
@@ -143,11 +145,13 @@ void report_bubble(Trainer& trainer, PipelineStepResult& last, OutputFile* trace
   }
   if (trace) {
     trace->write(
-        run.to_json(schedule::chrome_trace_json(sched, measured, /*us_per_unit=*/1.0), saves));
+        run.to_json(schedule::chrome_trace_json(sched, summarize_replicas(sched, last.timing),
+                                                /*us_per_unit=*/1.0),
+                    saves));
     trace->close();
     std::printf(
         "trace  %s (the run's steps and checkpoint saves, and the last step's measured "
-        "timeline per rank)\n",
+        "timeline of every rank)\n",
         escape_for_message(trace->path()).c_str());
   }
 }
@@ -644,6 +648,12 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
                   checkpointer ? checkpointer->save_timings() : std::vector<SaveTiming>{});
   if (f.weights_checksum) {
     pause_if_asked_at("checksum");
+    // The checksum is replica 0's: the other replicas must hold the same bits.
+    if (trainer->executor().num_replicas() > 1) {
+      trainer->executor().check_replicas_agree();
+      std::printf("replicas agree: all %d hold replica 0's weights, bit for bit\n",
+                  trainer->executor().num_replicas());
+    }
     const uint64_t checksum = weights_checksum(trainer->executor(), mpi);
     std::printf("weights xxh3 %016llx\n", static_cast<unsigned long long>(checksum));
   }

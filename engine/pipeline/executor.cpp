@@ -1,5 +1,8 @@
 #include "engine/pipeline/executor.h"
 
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
 #include <algorithm>
 #include <exception>
 #include <map>
@@ -217,8 +220,7 @@ PipelineStepResult PipelineExecutor::run_step(const std::vector<MicroBatchData>&
       throw std::invalid_argument("micro-batches must all have the same number of tokens");
 
   PipelineStepResult result;
-  const int p = num_ranks();
-  result.timing.resize(p);
+  result.timing.resize(num_world_ranks());
   result.peak_activation_bytes.assign(num_world_ranks(), 0);
   result.peak_allocated_bytes.assign(num_world_ranks(), 0);
   const StepInputs inputs{.schedule = schedule_,
@@ -265,28 +267,29 @@ PipelineStepResult PipelineExecutor::run_step(const std::vector<MicroBatchData>&
 
 void PipelineExecutor::gather_timing(PipelineStepResult& result) {
   if (holds_all_ranks()) return;
-  const int p = num_ranks();
-  result.timing.resize(p);
+  const int world = num_world_ranks();
+  result.timing.resize(world);
   // Every rank's (start, end) pairs side by side; a process contributes the ranks it measured
   // and zeros elsewhere, so the global sum, exact for x + 0, is the gathered timeline.
-  std::vector<size_t> offset(p + 1, 0);
-  for (int r = 0; r < p; ++r) offset[r + 1] = offset[r] + 2 * schedule_.ranks[r].size();
-  std::vector<double> values(offset[p], 0.0);
-  for (int r = 0; r < p; ++r) {
+  auto actions_of = [&](int r) { return schedule_.ranks[r % num_ranks()].size(); };
+  std::vector<size_t> offset(world + 1, 0);
+  for (int r = 0; r < world; ++r) offset[r + 1] = offset[r] + 2 * actions_of(r);
+  std::vector<double> values(offset[world], 0.0);
+  for (int r = 0; r < world; ++r) {
     const auto& mine = result.timing[r];
     if (mine.empty()) continue;
-    if (mine.size() != schedule_.ranks[r].size())
+    if (mine.size() != actions_of(r))
       throw std::logic_error("rank " + std::to_string(r) + " measured " +
                              std::to_string(mine.size()) + " actions of its " +
-                             std::to_string(schedule_.ranks[r].size()));
+                             std::to_string(actions_of(r)));
     for (size_t i = 0; i < mine.size(); ++i) {
       values[offset[r] + 2 * i] = mine[i].start;
       values[offset[r] + 2 * i + 1] = mine[i].end;
     }
   }
   sum_over_processes(values);
-  for (int r = 0; r < p; ++r) {
-    result.timing[r].resize(schedule_.ranks[r].size());
+  for (int r = 0; r < world; ++r) {
+    result.timing[r].resize(actions_of(r));
     for (size_t i = 0; i < result.timing[r].size(); ++i)
       result.timing[r][i] = {values[offset[r] + 2 * i], values[offset[r] + 2 * i + 1]};
   }
@@ -295,6 +298,44 @@ void PipelineExecutor::gather_timing(PipelineStepResult& result) {
 void PipelineExecutor::sum_over_processes(std::vector<double>& values) {
   // One rank per process under such a transport: a sum over its ranks is one over processes.
   if (!holds_all_ranks()) ranks_.front()->transport->all_reduce_sum(values);
+}
+
+void PipelineExecutor::check_replicas_agree() {
+  const int replicas = num_replicas(), stages = schedule_.num_stages();
+  if (replicas == 1) return;
+  // A digest per (replica, stage) in two 32-bit halves, each exact in a double; a rank fills
+  // the slots of its stages, so the sum over the processes gathers them exactly.
+  std::vector<double> slots(static_cast<size_t>(replicas) * stages * 2, 0.0);
+  std::vector<std::byte> bytes;
+  for (auto& rank : ranks_) {
+    OnDevice on_device(rank->ctx->device());
+    for (auto& [id, stage] : rank->stages) {
+      XXH3_state_t* state = XXH3_createState();
+      XXH3_64bits_reset(state);
+      for (const Parameter* p : stage->parameters()) {
+        bytes.resize(p->value.nbytes());
+        copy_to_host(bytes.data(), p->value, bytes.size());
+        XXH3_64bits_update(state, bytes.data(), bytes.size());
+      }
+      const uint64_t digest = XXH3_64bits_digest(state);
+      XXH3_freeState(state);
+      const size_t at = (static_cast<size_t>(rank->replica) * stages + id) * 2;
+      slots[at] = static_cast<double>(digest >> 32);
+      slots[at + 1] = static_cast<double>(digest & 0xffffffffu);
+    }
+  }
+  sum_over_processes(slots);
+  const int p = num_ranks();
+  for (int d = 1; d < replicas; ++d)
+    for (int s = 0; s < stages; ++s) {
+      const size_t mine = (static_cast<size_t>(d) * stages + s) * 2, first = 2 * s;
+      if (slots[mine] == slots[first] && slots[mine + 1] == slots[first + 1]) continue;
+      const int r = schedule_.placement.rank_of(s);
+      throw ReplicasDiffer("replica " + std::to_string(d) + " (rank " + std::to_string(d * p + r) +
+                           ") ends with other weights of stage " + std::to_string(s) +
+                           " than replica 0 (rank " + std::to_string(r) +
+                           "): the replicas' gradient sums or optimizer steps went apart");
+    }
 }
 
 std::vector<RankPosition> PipelineExecutor::positions_of_other_processes() {

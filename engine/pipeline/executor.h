@@ -79,10 +79,14 @@ struct PipelineStepResult {
   // carries it.
   int stop_signal = 0;
   double seconds = 0.0;
-  // Measured timeline, parallel to Schedule::ranks, in microseconds from the step start.
+  // Measured timeline of every rank (all P*D, replica d's pipeline rank r at d*P + r, each
+  // parallel to its list of Schedule::ranks), in microseconds from the step start; the first
+  // P are replica 0's, which schedule::replica_timeline cuts out for the one-replica summaries.
+  // Under a transport that spans processes only the ranks this process holds, until
+  // PipelineExecutor::gather_timing.
   std::vector<std::vector<schedule::ActionTiming>> timing;
   // Per rank (all P*D): peak bytes of activations held by its stages (allocator-measured,
-  // excluding tensors in transit), and peak of all live allocations. `timing` is replica 0's.
+  // excluding tensors in transit), and peak of all live allocations.
   std::vector<size_t> peak_activation_bytes;
   std::vector<size_t> peak_allocated_bytes;
 };
@@ -95,6 +99,13 @@ struct RankPosition;  // where a rank stood in a failed step (rank_progress.h)
 // after it draw the rank x list-position grid with each rank's position marked, this
 // process's ranks only, and say what each waits on.
 class PipelineError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// The replicas of a data-parallel run do not hold the same weights (check_replicas_agree):
+// their gradient sums or optimizer steps went apart, which the run must not hide.
+class ReplicasDiffer : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
@@ -117,7 +128,7 @@ class PipelineExecutor {
                               int64_t step, double lr, bool update = true);
 
   // With a transport that spans processes, each process measured the timeline of the ranks
-  // it holds only: this fills `result.timing` with every rank of replica 0. A collective:
+  // it holds only: this fills `result.timing` with every rank of every replica. A collective:
   // every process calls it with the result of the same step. Each rank's timeline counts
   // from its own process's start of the step; the processes start a step together, after
   // the previous step's global sum, so they differ by that sum's exit skew. Nothing to do
@@ -129,6 +140,11 @@ class PipelineExecutor {
   // the run, from the thread that runs the steps. Nothing to do when this process holds
   // every rank.
   void sum_over_processes(std::vector<double>& values);
+  // Data parallelism: checks that every replica holds bitwise the weights of replica 0, stage
+  // by stage (an XXH3 digest of each stage's parameters, compared over the transport), and
+  // throws ReplicasDiffer naming the first replica and stage that do not. A collective under
+  // a transport that spans processes, as sum_over_processes. Nothing to do with one replica.
+  void check_replicas_agree();
 
   // Asked by every rank during each step's all-reduce: a nonzero value (a signal number)
   // asks the run to stop after this step. It travels with the losses, so every process

@@ -52,6 +52,21 @@ void for_each_piece(const std::vector<Parameter*>& params, const std::vector<siz
   }
 }
 
+// Calls visit(part, position) for the part of each segment of `layout` (a stage's flattened
+// gradients) within the flat positions [begin, end), `position` being where the part starts.
+template <class Visit>
+void for_each_segment(const std::vector<GradientSegment>& layout, size_t begin, size_t end,
+                      Visit visit) {
+  for (const GradientSegment& s : layout) {
+    const size_t lo = std::max(begin, s.at),
+                 hi = std::min(end, s.at + static_cast<size_t>(s.count));
+    if (lo >= hi) continue;
+    visit(s.parameter->grad.view(s.offset + static_cast<int64_t>(lo - s.at),
+                                 {static_cast<int64_t>(hi - lo)}),
+          lo);
+  }
+}
+
 Tensor flat_piece(const Tensor& t, ParameterShard piece) {
   return t.view(piece.offset, {piece.count});
 }
@@ -120,6 +135,8 @@ RankStep::RankStep(PipelineRank& rank, const StepInputs& in)
       n_(static_cast<int64_t>(in.microbatches[0].tokens.size())),
       handoffs_(in.schedule.num_stages(), m_),
       losses_(m_) {
+  for (const Action& a : actions_)
+    if (schedule::is_reduce(a.kind)) ++buckets_[a.stage];
   for (size_t i = 0; i < actions_.size(); ++i) {
     if (!schedule::is_weight_grad(actions_[i].kind)) continue;
     auto it = std::find_if(last_weight_grad_.begin(), last_weight_grad_.end(),
@@ -191,6 +208,13 @@ void RankStep::run_actions() {
         finish_reduce(reduce.index(), reduce.action());
         reduce.advance();
         moved = true;
+      } else if (reducing_ && staged_for_ != next_reduce(reduce.index())) {
+        // The next bucket is packed while this one is summed, once its gradients are final.
+        const size_t next = next_reduce(reduce.index());
+        if (next < actions_.size() && weight_grads_done(actions_[next], compute.index())) {
+          stage_next_reduce(reduce.index());
+          moved = true;
+        }
       }
     }
     if (moved) continue;
@@ -233,38 +257,85 @@ int RankStep::world_rank(int pipeline_peer) const {
   return rank_.replica * in_.schedule.num_ranks() + pipeline_peer;
 }
 
+std::vector<GradientSegment> RankStep::gradient_layout(int stage) {
+  const auto params = rank_.stages.at(stage)->parameters();
+  std::vector<GradientSegment> out;
+  for (const Parameter* p : params)
+    check_dtype(p->grad, DType::kF32, "a gradient summed over replicas");
+  if (rank_.optimizer->sharded()) {
+    // Each replica's range, packed; only this replica's comes back summed.
+    const std::vector<size_t>& bounds = shard_bounds_of(stage);
+    for (int d = 0; d < in_.schedule.replicas; ++d)
+      for_each_piece(params, bounds, d, [&](Parameter& p, ParameterShard piece, size_t at) {
+        out.push_back({&p, piece.offset, piece.count, at});
+      });
+  } else {
+    size_t at = 0;
+    for (Parameter* p : params) {
+      out.push_back({p, 0, p->grad.numel(), at});
+      at += static_cast<size_t>(p->grad.numel());
+    }
+  }
+  return out;
+}
+
+schedule::BucketRange RankStep::bucket_of(const Action& a,
+                                          const std::vector<GradientSegment>& layout) const {
+  const size_t total =
+      layout.empty() ? 0 : layout.back().at + static_cast<size_t>(layout.back().count);
+  const int buckets = buckets_.at(a.stage);
+  if (static_cast<size_t>(buckets) > std::max<size_t>(total, 1))
+    throw std::invalid_argument("stage " + std::to_string(a.stage) + " has " +
+                                std::to_string(total) + " gradient elements, too few for " +
+                                std::to_string(buckets) + " all-reduce buckets");
+  return schedule::gradient_bucket(total, a.microbatch, buckets);
+}
+
+void RankStep::pack_bucket(const Action& a, std::vector<float>& values) {
+  const auto layout = gradient_layout(a.stage);
+  const schedule::BucketRange range = bucket_of(a, layout);
+  values.resize(range.end - range.begin);
+  if (cuda_) compute_.synchronize();
+  for_each_segment(layout, range.begin, range.end, [&](const Tensor& part, size_t at) {
+    copy_to_host(values.data() + (at - range.begin), part, part.nbytes());
+  });
+}
+
+size_t RankStep::next_reduce(size_t i) const {
+  for (++i; i < actions_.size(); ++i)
+    if (schedule::is_reduce(actions_[i].kind)) return i;
+  return actions_.size();
+}
+
+void RankStep::stage_next_reduce(size_t i) {
+  const size_t next = next_reduce(i);
+  if (next == actions_.size() || staged_for_ == next) return;
+  pack_bucket(actions_[next], staged_values_);
+  staged_for_ = next;
+}
+
 void RankStep::start_reduce(size_t i, const Action& a) {
   rank_.progress.phase = RankProgress::Phase::kRunning;
   rank_.progress.action = i;
   reduce_start_ = Clock::now();
   try {
-    // The stage's gradients, flat on the host, in its parameter order.
-    const auto params = stage_of(a).parameters();
-    size_t total = 0;
-    for (const Parameter* p : params) {
-      check_dtype(p->grad, DType::kF32, "a gradient summed over replicas");
-      total += static_cast<size_t>(p->grad.numel());
-    }
-    reduce_values_.resize(total);
-    if (cuda_) compute_.synchronize();
-    if (rank_.optimizer->sharded()) {
-      // Each replica's range, packed; only this replica's comes back summed.
-      const std::vector<size_t>& bounds = shard_bounds_of(a.stage);
-      for (int d = 0; d < in_.schedule.replicas; ++d)
-        for_each_piece(params, bounds, d, [&](Parameter& p, ParameterShard piece, size_t at) {
-          const Tensor part = flat_piece(p.grad, piece);
-          copy_to_host(reduce_values_.data() + at, part, part.nbytes());
-        });
-      if (cuda_) rank_.starts[i].record(compute_);
-      reducing_ =
-          rank_.transport->start_group_reduce_scatter(reduce_values_, rank_.replica_group, bounds);
+    // The bucket's part of the stage's gradients, flat on the host: packed while the bucket
+    // before it was summed, or now.
+    if (staged_for_ == i) {
+      std::swap(reduce_values_, staged_values_);
+      staged_for_ = SIZE_MAX;
     } else {
-      size_t at = 0;
-      for (const Parameter* p : params) {
-        copy_to_host(reduce_values_.data() + at, p->grad, p->grad.nbytes());
-        at += static_cast<size_t>(p->grad.numel());
-      }
-      if (cuda_) rank_.starts[i].record(compute_);
+      pack_bucket(a, reduce_values_);
+    }
+    if (cuda_) rank_.starts[i].record(compute_);
+    if (rank_.optimizer->sharded()) {
+      const schedule::BucketRange range = bucket_of(a, gradient_layout(a.stage));
+      reduce_bounds_.clear();
+      for (size_t b : shard_bounds_of(a.stage))
+        reduce_bounds_.push_back(std::clamp(b, range.begin, range.end) - range.begin);
+      reducing_ = rank_.transport->start_group_reduce_scatter(reduce_values_, rank_.replica_group,
+                                                              reduce_bounds_);
+    } else {
       reducing_ = rank_.transport->start_group_sum(reduce_values_, rank_.replica_group);
     }
   } catch (const std::exception& e) {
@@ -275,22 +346,19 @@ void RankStep::start_reduce(size_t i, const Action& a) {
 }
 
 void RankStep::finish_reduce(size_t i, const Action& a) {
-  const auto params = stage_of(a).parameters();
+  const auto layout = gradient_layout(a.stage);
+  const schedule::BucketRange range = bucket_of(a, layout);
+  size_t begin = range.begin, end = range.end;
   if (rank_.optimizer->sharded()) {
     // The rest of the gradients stays this replica's own: nothing reads it (the optimizer and
     // the norm take this replica's pieces only).
-    for_each_piece(params, shard_bounds_of(a.stage), rank_.replica,
-                   [&](Parameter& p, ParameterShard piece, size_t at) {
-                     const Tensor part = flat_piece(p.grad, piece);
-                     copy_from_host(part, reduce_values_.data() + at, part.nbytes());
-                   });
-  } else {
-    size_t at = 0;
-    for (const Parameter* p : params) {
-      copy_from_host(p->grad, reduce_values_.data() + at, p->grad.nbytes());
-      at += static_cast<size_t>(p->grad.numel());
-    }
+    const std::vector<size_t>& bounds = shard_bounds_of(a.stage);
+    begin = std::clamp(bounds[rank_.replica], range.begin, range.end);
+    end = std::clamp(bounds[rank_.replica + 1], range.begin, range.end);
   }
+  for_each_segment(layout, begin, end, [&](const Tensor& part, size_t at) {
+    copy_from_host(part, reduce_values_.data() + (at - range.begin), part.nbytes());
+  });
   reducing_.reset();
   if (cuda_) {
     rank_.ends[i].record(compute_);
@@ -593,7 +661,7 @@ void RankStep::end_of_step(PipelineStepResult& result) {
                                    [](double v) { return v != 0.0; });
     result.stop_signal = stop == reduced.end() ? 0 : static_cast<int>(*stop);
   }
-  if (rank_.replica == 0) result.timing[rank_.pipeline_rank] = std::move(timing_);
+  result.timing[r] = std::move(timing_);
   result.peak_activation_bytes[r] = peak_activations_;
   result.peak_allocated_bytes[r] = ctx_.allocator().stats().peak_allocated_bytes;
 }

@@ -3,6 +3,7 @@
 // rank (RankStep), run as the execution model's three in-order streams over the rank's list
 // (docs/execution-model.md). executor.h is the public surface.
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
@@ -81,6 +82,15 @@ ParameterShard replica_piece(int64_t numel, int replica, int replicas);
 // elements are one range. Returns where each replica's range starts, and the end.
 std::vector<size_t> packed_shard_bounds(const std::vector<Parameter*>& params, int replicas);
 
+// A run of one parameter's gradient elements [offset, offset + count) at position `at` of its
+// stage's flattened gradients (in parameter order, or packed by replica when the optimizer is
+// sharded), which the all-reduce buckets cut into ranges.
+struct GradientSegment {
+  Parameter* parameter = nullptr;
+  int64_t offset = 0, count = 0;
+  size_t at = 0;
+};
+
 // What every rank of one step reads.
 struct StepInputs {
   const schedule::Schedule& schedule;
@@ -130,7 +140,16 @@ class RankStep {
   void send(size_t i, const Action& a);
   bool recv(size_t i, const Action& a, bool wait);
   // The reduction stream: the gradient all-reduce of a stage over the replicas.
+  // Each ALLREDUCE_GRAD sums one bucket of its stage's flattened gradients
+  // (schedule::gradient_bucket); one is in flight at a time, the next packed meanwhile.
   bool weight_grads_done(const Action& reduce, size_t compute_head) const;
+  std::vector<GradientSegment> gradient_layout(int stage);
+  schedule::BucketRange bucket_of(const Action& reduce,
+                                  const std::vector<GradientSegment>& layout) const;
+  void pack_bucket(const Action& reduce, std::vector<float>& values);
+  // The position of the first all-reduce after position i (the list's size: none).
+  size_t next_reduce(size_t i) const;
+  void stage_next_reduce(size_t i);
   void start_reduce(size_t i, const Action& a);
   void finish_reduce(size_t i, const Action& a);
   int world_rank(int pipeline_peer) const;
@@ -176,9 +195,15 @@ class RankStep {
   double reference_us_ = 0;  // host time of the reference event, from the step start
   std::vector<schedule::ActionTiming> timing_;
   std::vector<std::pair<int, size_t>> last_weight_grad_;  // (stage, position in the list)
-  // The stage's gradients, flat in parameter order; packed by replica when the optimizer is
-  // sharded, which sums only this replica's range (a reduce-scatter).
+  // The bucket in flight of the stage's gradients, flat in parameter order; packed by replica
+  // when the optimizer is sharded, which sums only this replica's range (a reduce-scatter).
   std::vector<float> reduce_values_;
+  std::vector<size_t> reduce_bounds_;  // of the reduce-scatter in flight, in its bucket
+  // The next bucket, packed while reduce_values_ is summed, and its position in the list
+  // (SIZE_MAX: none). Staging memory: two buckets.
+  std::vector<float> staged_values_;
+  size_t staged_for_ = SIZE_MAX;
+  std::map<int, int> buckets_;  // all-reduce buckets of each stage of this rank
   std::unique_ptr<comm::PendingGroupCall> reducing_;
   std::chrono::steady_clock::time_point reduce_start_{};
 };

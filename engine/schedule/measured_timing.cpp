@@ -75,13 +75,23 @@ CostModel measured_costs(const Schedule& sched,
   return costs;
 }
 
-SimResult summarize_timing(const Schedule& sched, std::vector<std::vector<ActionTiming>> timing) {
+namespace {
+
+double earliest_start(const std::vector<std::vector<ActionTiming>>& timing) {
+  double first = INFINITY;
+  for (const auto& rank : timing)
+    for (const auto& t : rank) first = std::min(first, t.start);
+  return std::isfinite(first) ? first : 0;
+}
+
+// The timeline shifted so that `first` is at 0.
+SimResult summarize_from(const Schedule& sched, std::vector<std::vector<ActionTiming>> timing,
+                         double first) {
   check_parallel(sched, timing);
   SimResult out;
-  double first = INFINITY, last = 0;
+  double last = 0;
   for (const auto& rank : timing)
-    for (const auto& t : rank) first = std::min(first, t.start), last = std::max(last, t.end);
-  if (!std::isfinite(first)) first = 0;
+    for (const auto& t : rank) last = std::max(last, t.end);
   for (auto& rank : timing)
     for (auto& t : rank) t.start -= first, t.end -= first;
   out.makespan = last - first;
@@ -98,6 +108,35 @@ SimResult summarize_timing(const Schedule& sched, std::vector<std::vector<Action
   }
   out.bubble_fraction = out.makespan > 0 ? idle / (sched.num_ranks() * out.makespan) : 0;
   out.timing = std::move(timing);
+  return out;
+}
+
+}  // namespace
+
+SimResult summarize_timing(const Schedule& sched, std::vector<std::vector<ActionTiming>> timing) {
+  const double first = earliest_start(timing);
+  return summarize_from(sched, std::move(timing), first);
+}
+
+std::vector<std::vector<ActionTiming>> replica_timeline(
+    const Schedule& sched, const std::vector<std::vector<ActionTiming>>& world, int replica) {
+  const auto p = static_cast<size_t>(sched.num_ranks());
+  if (replica < 0 || replica >= sched.replicas ||
+      world.size() != p * static_cast<size_t>(sched.replicas))
+    throw std::invalid_argument("the measured timeline has " + std::to_string(world.size()) +
+                                " ranks, the schedule " + std::to_string(p) + " x " +
+                                std::to_string(sched.replicas) + " replicas; replica " +
+                                std::to_string(replica) + " was asked for");
+  const auto begin = world.begin() + static_cast<std::ptrdiff_t>(p * replica);
+  return {begin, begin + static_cast<std::ptrdiff_t>(p)};
+}
+
+std::vector<SimResult> summarize_replicas(const Schedule& sched,
+                                          const std::vector<std::vector<ActionTiming>>& world) {
+  const double first = earliest_start(world);
+  std::vector<SimResult> out;
+  for (int d = 0; d < sched.replicas; ++d)
+    out.push_back(summarize_from(sched, replica_timeline(sched, world, d), first));
   return out;
 }
 

@@ -20,6 +20,18 @@ CostModel measured_costs(const Schedule& schedule,
 // timeline, with the timeline shifted to start at 0. Same precondition as measured_costs.
 SimResult summarize_timing(const Schedule& schedule, std::vector<std::vector<ActionTiming>> timing);
 
+// A measured step of every replica (`world`: replica d's pipeline rank r at d * P + r, as the
+// executor numbers its ranks) cut into replica `replica`'s timeline, parallel to
+// Schedule::ranks, for the functions above (whose figures are those of one replica).
+std::vector<std::vector<ActionTiming>> replica_timeline(
+    const Schedule& schedule, const std::vector<std::vector<ActionTiming>>& world, int replica);
+
+// summarize_timing of each replica of `world` (as for replica_timeline), all on one clock:
+// the earliest start of any rank of any replica at 0, so that the replicas line up when drawn
+// together (chrome_trace_json of several replicas).
+std::vector<SimResult> summarize_replicas(const Schedule& schedule,
+                                          const std::vector<std::vector<ActionTiming>>& world);
+
 // How much of the gradient all-reduces (AR actions) a timeline hides behind compute: the
 // time of all-reduce (in the timeline's unit), summed over the actions, and the part of them during
 // which some rank of the timeline was computing (the union of all ranks' compute intervals, so a

@@ -34,7 +34,9 @@ Action forward(int stage, int mb) { return {ActionKind::kForward, stage, mb, -1}
 Action backward(int stage, int mb) { return {ActionKind::kBackward, stage, mb, -1}; }
 Action backward_input(int stage, int mb) { return {ActionKind::kBackwardInput, stage, mb, -1}; }
 Action backward_weight(int stage, int mb) { return {ActionKind::kBackwardWeight, stage, mb, -1}; }
-Action allreduce_grad(int stage) { return {ActionKind::kAllReduceGrad, stage, 0, -1}; }
+Action allreduce_grad(int stage, int bucket) {
+  return {ActionKind::kAllReduceGrad, stage, bucket, -1};
+}
 
 void throw_not_a_transfer(const Action& a) {
   throw ScheduleError(to_string(a) + " is not a transfer; it carries no message");
@@ -68,7 +70,10 @@ bool parse_int(std::string_view text, int* out) {
 
 std::string to_string(const Action& a) {
   std::string out = short_name(a.kind);
-  if (is_reduce(a.kind)) return out + std::to_string(a.stage);
+  // Bucket 0 is written as the stage alone, so a stage of one bucket reads AR2.
+  if (is_reduce(a.kind))
+    return out + std::to_string(a.stage) +
+           (a.microbatch > 0 ? "." + std::to_string(a.microbatch) : std::string());
   out += std::to_string(a.stage) + "." + std::to_string(a.microbatch);
   if (is_send(a.kind)) out += ">" + std::to_string(a.peer);
   if (is_recv(a.kind)) out += "<" + std::to_string(a.peer);
@@ -79,7 +84,7 @@ Action parse_action(std::string_view token) {
   auto fail = [&](const char* why) {
     return ScheduleError("malformed action '" + std::string(token) + "': " + why +
                          " (expected e.g. F0.3, B0.3, I0.3, W0.3, SA0.3>1, RA1.3<0, SG1.3>0, "
-                         "RG0.3<1, AR0)");
+                         "RG0.3<1, AR0, AR0.1)");
   };
   static const std::pair<const char*, ActionKind> kPrefixes[] = {
       {"SA", ActionKind::kSendAct},       {"RA", ActionKind::kRecvAct},
@@ -101,7 +106,10 @@ Action parse_action(std::string_view token) {
   }
   if (!matched) throw fail("unknown kind");
   if (is_reduce(a.kind)) {
-    if (!parse_int(rest, &a.stage)) throw fail("an all-reduce names its stage only, as in AR2");
+    const auto dot = rest.find('.');
+    if (!parse_int(rest.substr(0, dot), &a.stage) ||
+        (dot != std::string_view::npos && !parse_int(rest.substr(dot + 1), &a.microbatch)))
+      throw fail("an all-reduce names its stage and maybe its bucket, as in AR2 or AR2.1");
     return a;
   }
   if (is_transfer(a.kind)) {
@@ -132,10 +140,20 @@ std::vector<int> Placement::stages_of(int rank) const {
   return out;
 }
 
-void add_gradient_all_reduces(Schedule* schedule, int replicas) {
+void add_gradient_all_reduces(Schedule* schedule, int replicas, const std::vector<int>& buckets) {
   if (replicas < 1)
     throw ScheduleError("data parallelism needs at least 1 replica, got " +
                         std::to_string(replicas));
+  const int stages = schedule->num_stages();
+  if (buckets.size() > 1 && static_cast<int>(buckets.size()) != stages)
+    throw ScheduleError("gradient buckets are given for " + std::to_string(buckets.size()) +
+                        " stages, the schedule has " + std::to_string(stages));
+  for (int k : buckets)
+    if (k < 1)
+      throw ScheduleError("a stage needs at least 1 gradient bucket, got " + std::to_string(k));
+  auto buckets_of = [&](int stage) {
+    return buckets.empty() ? 1 : buckets[buckets.size() == 1 ? 0 : stage];
+  };
   schedule->replicas = replicas;
   for (auto& list : schedule->ranks) {
     std::erase_if(list, [](const Action& a) { return is_reduce(a.kind); });
@@ -150,10 +168,23 @@ void add_gradient_all_reduces(Schedule* schedule, int replicas) {
     for (size_t i = 0; i < list.size(); ++i) {
       out.push_back(list[i]);
       if (is_weight_grad(list[i].kind) && last[list[i].stage] == i)
-        out.push_back(allreduce_grad(list[i].stage));
+        for (int b = 0; b < buckets_of(list[i].stage); ++b)
+          out.push_back(allreduce_grad(list[i].stage, b));
     }
     list = std::move(out);
   }
+}
+
+int gradient_buckets(const Schedule& schedule, int stage) {
+  int count = 0;
+  for (const auto& list : schedule.ranks)
+    for (const Action& a : list) count += is_reduce(a.kind) && a.stage == stage;
+  return count;
+}
+
+BucketRange gradient_bucket(size_t elements, int bucket, int buckets) {
+  const auto k = static_cast<size_t>(buckets), b = static_cast<size_t>(bucket);
+  return {elements * b / k, elements * (b + 1) / k};
 }
 
 bool Schedule::splits_backward() const {

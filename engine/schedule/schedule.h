@@ -59,8 +59,10 @@ const char* kind_name(ActionKind kind);
 struct Action {
   ActionKind kind = ActionKind::kForward;
   int stage = 0;
-  int microbatch = 0;  // 0 for ALLREDUCE_GRAD, which covers every micro-batch
-  int peer = -1;       // the other rank of a transfer; -1 for compute and all-reduce
+  // ALLREDUCE_GRAD covers every micro-batch: there, the bucket of the stage's gradients it
+  // sums (0 when the stage's gradients go as one).
+  int microbatch = 0;
+  int peer = -1;  // the other rank of a transfer; -1 for compute and all-reduce
 
   bool operator==(const Action&) const = default;
 };
@@ -69,7 +71,7 @@ Action forward(int stage, int mb);
 Action backward(int stage, int mb);
 Action backward_input(int stage, int mb);
 Action backward_weight(int stage, int mb);
-Action allreduce_grad(int stage);
+Action allreduce_grad(int stage, int bucket = 0);
 
 // The message a transfer carries, the same at both ends of the link: activation or
 // gradient, the stage that produced it, and the micro-batch. SEND_ACT(s) and RECV_ACT(s+1)
@@ -153,7 +155,25 @@ struct Schedule {
 // Sets schedule->replicas and places one ALLREDUCE_GRAD per stage right after the stage's
 // last weight-gradient action (B or W) when replicas > 1; removes any when replicas = 1.
 // Throws ScheduleError for replicas < 1.
-void add_gradient_all_reduces(Schedule* schedule, int replicas);
+//
+// Buckets: `buckets[s]` ALLREDUCE_GRADs for stage s (size 1: the same for every stage; empty:
+// one), buckets 0..k-1 in order, each summing the k-th part of the stage's flattened
+// gradients (gradient_bucket): k calls in flight one after the other on the reduction stream
+// instead of one message of the whole stage, so staging memory is bounded by a bucket and
+// the executor packs the next bucket while one is summed.
+void add_gradient_all_reduces(Schedule* schedule, int replicas,
+                              const std::vector<int>& buckets = {});
+
+// How many buckets stage `stage`'s gradients are all-reduced in (its ALLREDUCE_GRADs; 0 with
+// one replica).
+int gradient_buckets(const Schedule& schedule, int stage);
+
+// Elements [begin, end) of a stage's `elements` flattened gradients that bucket `bucket` of
+// `buckets` sums: equal parts, the last ones one element longer where they do not divide.
+struct BucketRange {
+  size_t begin = 0, end = 0;
+};
+BucketRange gradient_bucket(size_t elements, int bucket, int buckets);
 
 // Position of an action in its rank's list; {-1, -1} when absent.
 struct ActionRef {

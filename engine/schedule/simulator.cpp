@@ -291,6 +291,12 @@ class StreamRun {
     const auto& per_kind = kind_cost_[static_cast<int>(a.kind)];
     return per_kind ? *per_kind : costs_->cost(a);
   }
+  // One bucket of k of a stage's all-reduce: the latency, and its k-th of the bytes.
+  double reduce_cost(const Action& a) const {
+    const double whole = cost(a), latency = costs_->reduce_latency;
+    const int k = a.stage < static_cast<int>(reduce_buckets_.size()) ? reduce_buckets_[a.stage] : 1;
+    return k > 1 ? latency + (whole - latency) / k : whole;
+  }
 
   // Schedules that did not pass validate() may name stages, micro-batches or peers that do
   // not exist; they get an error, not an out-of-range read. Checked once, before the run, so
@@ -337,9 +343,10 @@ class StreamRun {
     unsigned stages, mbs, ranks;
     Bounds(int s, int m, int r)
         : stages(std::max(s, 0)), mbs(std::max(m, 0)), ranks(std::max(r, 0)) {}
+    // An all-reduce's micro-batch is its bucket, kept in order by the validator.
     bool hold(const Action& a) const {
       return (static_cast<unsigned>(a.stage) < stages) &
-             (static_cast<unsigned>(a.microbatch) < mbs) &
+             (is_reduce(a.kind) | (static_cast<unsigned>(a.microbatch) < mbs)) &
              (!is_transfer(a.kind) | (static_cast<unsigned>(a.peer) < ranks));
     }
   };
@@ -377,6 +384,9 @@ class StreamRun {
         else
           it->second = i;
       } else if (is_reduce(a.kind)) {
+        if (static_cast<int>(reduce_buckets_.size()) <= a.stage)
+          reduce_buckets_.resize(a.stage + 1, 0);
+        ++reduce_buckets_[a.stage];
         int dep = -1;
         for (const auto& [stage, at] : last_weight_grad)
           if (stage == a.stage) dep = at;
@@ -523,7 +533,7 @@ class StreamRun {
       if (dep >= 0 && q.compute <= dep) break;
       if constexpr (kTimed) {
         const double start = std::max(q.reduce_free, dep >= 0 ? q.timing[dep].end : 0.0);
-        q.timing[i] = {start, start + cost(q.actions[i])};
+        q.timing[i] = {start, start + reduce_cost(q.actions[i])};
         q.reduce_free = q.timing[i].end;
         q.reduce_time += q.timing[i].end - q.timing[i].start;
         q.end = std::max(q.end, q.timing[i].end);
@@ -577,6 +587,7 @@ class StreamRun {
   std::vector<int> last_use_;
   std::vector<Streams> streams_;
   std::vector<std::pair<int, int>> reduces_;  // every rank's: (position, its input), by rank
+  std::vector<int> reduce_buckets_;  // ALLREDUCE_GRADs per stage, on its rank (found there)
   std::array<std::optional<double>, kActionKinds> kind_cost_;
   size_t remaining_ = 0;
   std::vector<int> work_;

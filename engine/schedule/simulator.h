@@ -8,7 +8,8 @@
 // transfers take no time and the results are those of the pure dependency graph.
 // A data-parallel schedule's ALLREDUCE_GRAD actions run on a fourth stream per rank, the
 // reduction stream: each starts when the previous one has ended and every weight-gradient
-// action of its stage has run, and takes reduce_latency + gradient bytes / reduce_bandwidth,
+// action of its stage has run, and takes reduce_latency + gradient bytes / reduce_bandwidth
+// (a stage all-reduced in k buckets: k actions, each of the latency and a k-th of the bytes),
 // overlapping the computes that follow. Every replica runs the same lists at the same times,
 // so one replica is simulated; the rank's end, and the makespan, include its all-reduces.
 #include <string>
@@ -30,7 +31,8 @@ struct CostModel {
   std::vector<double> activation_bytes;  // saved by F(s, mb) until its last use
   // Data parallelism: the all-reduce of stage s's gradients takes
   // reduce_latency + gradient_bytes[s] / reduce_bandwidth (algorithm bandwidth of the
-  // all-reduce over the replicas; 0 = infinite).
+  // all-reduce over the replicas; 0 = infinite); in k buckets, each bucket the latency and a
+  // k-th of the bytes.
   std::vector<double> gradient_bytes;
   double reduce_latency = 0.0;
   double reduce_bandwidth = 0.0;

@@ -163,7 +163,7 @@ std::string dump_csv(const Schedule& s) {
       const auto& a = s.ranks[r][i];
       out += std::to_string(r) + "," + std::to_string(i) + "," + kind_name(a.kind) + "," +
              std::to_string(a.stage) + "," +
-             (is_reduce(a.kind) ? "" : std::to_string(a.microbatch)) + "," +
+             (is_reduce(a.kind) && a.microbatch == 0 ? "" : std::to_string(a.microbatch)) + "," +
              (is_transfer(a.kind) ? std::to_string(a.peer) : "") + "\n";
     }
   return out;
@@ -253,10 +253,9 @@ Schedule parse_csv(std::string_view text) {
                            "' (expected F, B, I, W, SEND_ACT, RECV_ACT, SEND_GRAD, RECV_GRAD, "
                            "ALLREDUCE_GRAD)");
     a.stage = to_int(f[3], line_no, "stage");
-    if (!is_reduce(a.kind))
-      a.microbatch = to_int(f[4], line_no, "microbatch");
-    else if (!trim(f[4]).empty())
-      throw line_error(line_no, "an ALLREDUCE_GRAD covers every micro-batch; leave it empty");
+    // An ALLREDUCE_GRAD covers every micro-batch: the column holds its bucket, empty for 0.
+    if (!is_reduce(a.kind) || !trim(f[4]).empty())
+      a.microbatch = to_int(f[4], line_no, is_reduce(a.kind) ? "bucket" : "microbatch");
     if (is_transfer(a.kind))
       a.peer = to_int(f[5], line_no, "peer");
     else if (!trim(f[5]).empty())

@@ -56,7 +56,8 @@ void check_structure(const Schedule& s) {
   std::vector<int> owner(S);  // rank of each stage, asked of every action
   for (int st = 0; st < S; ++st) owner[st] = pl.rank_of(st);
   ActionIndex index(pl.chunks, M);
-  std::vector<int> reduce_at(S, -1);  // position of each stage's ALLREDUCE_GRAD
+  std::vector<int> reduce_at(S, -1);   // position of each stage's first ALLREDUCE_GRAD
+  std::vector<int> next_bucket(S, 0);  // the bucket of each stage's next ALLREDUCE_GRAD
   auto check_actions = [&](int r) {
     for (int i = 0; i < static_cast<int>(s.ranks[r].size()); ++i) {
       const Action& a = s.ranks[r][i];
@@ -64,7 +65,7 @@ void check_structure(const Schedule& s) {
         fail(s, r, i, "placement",
              "stage " + std::to_string(a.stage) + " does not exist (stages 0.." +
                  std::to_string(S - 1) + ")");
-      if (a.microbatch < 0 || a.microbatch >= M)
+      if (!is_reduce(a.kind) && (a.microbatch < 0 || a.microbatch >= M))
         fail(s, r, i, "placement",
              "micro-batch " + std::to_string(a.microbatch) + " does not exist (micro-batches 0.." +
                  std::to_string(M - 1) + ")");
@@ -97,12 +98,22 @@ void check_structure(const Schedule& s) {
           fail(s, r, i, "allreduce",
                "a schedule of one replica has no gradient all-reduce (remove it, or say "
                "replicas=D in the header)");
-        if (reduce_at[a.stage] >= 0)
+        // Buckets 0, 1, ... of the stage, each once and in order: the members of a replica
+        // group start their sums in the same order.
+        if (a.microbatch < next_bucket[a.stage])
           fail(s, r, i, "allreduce",
                "the gradient all-reduce of stage " + std::to_string(a.stage) +
-                   " appears twice (first at position " + std::to_string(reduce_at[a.stage]) +
-                   "); each stage needs exactly one");
-        reduce_at[a.stage] = i;
+                   (a.microbatch > 0 ? " (bucket " + std::to_string(a.microbatch) + ")" : "") +
+                   " appears twice (stage first at position " + std::to_string(reduce_at[a.stage]) +
+                   "); each stage needs exactly one of "
+                   "each bucket");
+        if (a.microbatch > next_bucket[a.stage])
+          fail(s, r, i, "allreduce",
+               "bucket " + std::to_string(a.microbatch) + " of the gradient all-reduce of stage " +
+                   std::to_string(a.stage) + " comes before bucket " +
+                   std::to_string(next_bucket[a.stage]) + "; the buckets go in order from 0");
+        if (reduce_at[a.stage] < 0) reduce_at[a.stage] = i;
+        ++next_bucket[a.stage];
         continue;
       }
       const int first = index.insert(a.kind, pl.chunk_of(a.stage), a.microbatch, i);

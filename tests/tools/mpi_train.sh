@@ -33,6 +33,8 @@
 #                                      prints the eval line, and it and the --log-json record's
 #                                      hex value equal the one-process run's, bit for bit;
 #                                      so does a run resumed at step 2 by -np 2
+#   mpi_train.sh CONVEYOR stop_dp      as stop, for rank 3 of -np 4 --stages 2 --dp 2: the job
+#                                      ends within the timeout and a survivor names rank 3
 #   mpi_train.sh CONVEYOR eval_stop    rank 1 of -np 2 stops for good as its evaluation starts
 #                                      (CONVEYOR_TEST_PAUSE_AT=evaluation): rank 0, inside the
 #                                      evaluation, gives up at its deadline naming rank 1; and
@@ -60,14 +62,15 @@ common=(train --device cpu --layers 4 --microbatches 4 --batch-tokens 512 --step
 source "$(dirname "${BASH_SOURCE[0]}")/mpi_compare.sh"
 
 # Signals the last of N ranks ($3, default 2) with $1 two seconds into a run far longer than
-# that (exec keeps its pid), with --timeout $2; the job must end non-zero, by itself, within
-# 30 s. Output in $work/out.
+# that (exec keeps its pid), with --timeout $2 and the layout flags $4 (default --stages N);
+# the job must end non-zero, by itself, within 30 s. Output in $work/out.
 signal_last_rank() {
-  local start status took n=${3:-2}
+  local start status took n=${3:-2} layout
+  read -ra layout <<<"${4:---stages $n}"
   start=$(date +%s)
   timeout 60 "${mpirun[@]}" -np "$n" bash -c \
     'if [ "$OMPI_COMM_WORLD_RANK" = '"$((n - 1))"' ]; then (sleep 2; kill -'"$1"' $$) & fi; exec "$@"' _ \
-    "$cli" train --device cpu --stages "$n" --microbatches 4 --batch-tokens 512 --steps 1000000 \
+    "$cli" train --device cpu "${layout[@]}" --microbatches 4 --batch-tokens 512 --steps 1000000 \
     --quiet --timeout "$2" >"$work/out" 2>&1
   status=$?
   took=$(( $(date +%s) - start ))
@@ -136,15 +139,36 @@ case $mode in
       --log-json "$work/threads.jsonl" >"$work/threads.out" 2>&1 ||
       fail "one-process --stages 2 --dp 2 run failed: $(cat "$work/threads.out")"
     timeout 60 "${mpirun[@]}" -np 4 "$cli" "${common[@]}" --seed 7 --stages 2 --dp 2 \
-      --log-json "$work/mpi.jsonl" >"$work/mpi.out" 2>&1 ||
+      --log-json "$work/mpi.jsonl" --trace "$work/mpi.trace.json" >"$work/mpi.out" 2>&1 ||
       fail "mpirun -np 4 --stages 2 --dp 2 failed: $(cat "$work/mpi.out")"
+    # The gathered trace holds every rank of both replicas: the last step's forwards, 2 per
+    # rank (each replica has 2 of the 4 micro-batches), on each compute row, the processes
+    # named by replica.
+    for pid in 0 1 2 3; do
+      [ "$(jq "[.traceEvents[] | select(.ph == \"X\" and .tid == 0 and .pid == $pid and
+        (.name | startswith(\"F\")))] | length" "$work/mpi.trace.json")" = 2 ] ||
+        fail "rank 0's --trace lacks rank $pid's forwards: $(jq -c '[.traceEvents[] | select(.ph == "X") | [.pid, .tid, .name]]' "$work/mpi.trace.json")"
+    done
+    jq -e '[.traceEvents[] | select(.name == "process_name" and .pid == 2 and
+      .args.name == "rank 2 (replica 1, pipeline rank 0)")] | length == 1' \
+      "$work/mpi.trace.json" >/dev/null || fail "rank 2's process is not named by its replica"
     grep -q "transport mpi" "$work/mpi.out" || fail "the MPI run did not use MPI: $(cat "$work/mpi.out")"
     grep -q "2 replicas x 2 pipeline ranks" "$work/mpi.out" || fail "no replicas: $(cat "$work/mpi.out")"
+    # Every replica's weights were compared with replica 0's over MPI before the checksum.
+    grep -q "^replicas agree: all 2 hold replica 0's weights, bit for bit" "$work/mpi.out" ||
+      fail "the replicas' weights were not compared: $(cat "$work/mpi.out")"
     grep -Eq "all-reduce last step: [0-9.]+ ms in all, hidden behind compute: measured" "$work/mpi.out" ||
       fail "no all-reduce report from the gathered timelines: $(cat "$work/mpi.out")"
     [ "$(grep -c '^done ' "$work/mpi.out")" = 1 ] || fail "ranks other than 0 printed: $(cat "$work/mpi.out")"
     [ "$(numbers "$work/mpi.jsonl" | wc -l)" = 4 ] || fail "expected 4 steps in --log-json"
     same_run "$work" threads mpi "of mpirun -np 4 --dp 2"
+    # The same schedule with each stage's gradients all-reduced in 3 and 4 buckets: the same
+    # bits, since every element is still summed over the replicas in replica order.
+    timeout 60 "${mpirun[@]}" -np 4 "$cli" "${common[@]}" --seed 7 --dp 2 \
+      --schedule-file "$(dirname "${BASH_SOURCE[0]}")/two_stage_1f1b_dp2_buckets.txt" \
+      --log-json "$work/buckets.jsonl" >"$work/buckets.out" 2>&1 ||
+      fail "mpirun -np 4 with bucketed all-reduces failed: $(cat "$work/buckets.out")"
+    same_run "$work" threads buckets "with the gradients all-reduced in buckets"
     # ZeRO-1: the optimizer state sharded over the replicas leaves every bit of the weights.
     timeout 60 "${mpirun[@]}" -np 4 "$cli" "${common[@]}" --seed 7 --stages 2 --dp 2 \
       --shard-optimizer --log-json "$work/shard.jsonl" >"$work/shard.out" 2>&1 ||
@@ -323,6 +347,17 @@ case $mode in
       fail "the stopped rank 2 is not named as unknown: $block"
     echo "rank 2 stopped: rank 0's error marks rank 0 and rank 1, job ended with $ended"
     echo "$block"
+    ;;
+  stop_dp)
+    signal_last_rank STOP 3 4 "--stages 2 --dp 2"
+    # Rank 3 stops wherever it is (a transfer, a gradient sum, the step's all-reduce). A wait
+    # names the ranks whose part has not come: rank 3, or a live rank held up by it (rank 2
+    # waiting for rank 3's gradient is late to its own gradient sum with rank 0), never all
+    # the others by default as a collective's wait did.
+    grep -Eq "(for |from )rank(\(s\))? ([0-9], )*3\b" "$work/out" ||
+      fail "no survivor named the stopped rank 3: $(cat "$work/out")"
+    echo "rank 3 of (2, 2) stopped: job ended with $ended"
+    grep "conveyor: error" "$work/out"
     ;;
   eval_stop)
     # Rank 0, the first stage, has sent its activations and waits in the closing sum.

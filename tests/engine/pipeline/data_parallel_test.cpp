@@ -14,6 +14,7 @@
 #include "engine/pipeline/executor.h"
 #include "engine/pipeline/rank_step.h"
 #include "engine/schedule/generators.h"
+#include "engine/schedule/measured_timing.h"
 #include "support/executor_fixture.h"
 
 namespace conveyor {
@@ -130,6 +131,45 @@ TEST(DataParallel, StageCountDoesNotChangeTheBits) {
     EXPECT_TRUE(same_bits(to_vector_f32(a[i]->value), to_vector_f32(b[i]->value))) << a[i]->name;
 }
 
+TEST(DataParallel, EveryReplicasRanksAreTimed) {
+  // The trace draws every rank: each replica's timeline is measured, not only replica 0's.
+  const int p = 2, d = 2, m = 2;
+  auto sched = schedule::generate(ScheduleKind::k1F1B, p, m, 1, d);
+  auto ex = make_executor(sched);
+  const auto r = ex->run_step(make_microbatches(m * d, kTokens, 1), 0.1f, 1, 1e-2);
+  ASSERT_EQ(r.timing.size(), static_cast<size_t>(p * d));
+  for (int w = 0; w < p * d; ++w) {
+    const auto& list = sched.ranks[w % p];
+    ASSERT_EQ(r.timing[w].size(), list.size()) << "rank " << w;
+    for (size_t i = 0; i < list.size(); ++i) {
+      EXPECT_GT(r.timing[w][i].end, 0.0) << "rank " << w << " action " << i;
+      EXPECT_LE(r.timing[w][i].start, r.timing[w][i].end) << "rank " << w << " action " << i;
+    }
+  }
+  const auto replicas = schedule::summarize_replicas(sched, r.timing);
+  ASSERT_EQ(replicas.size(), 2u);
+  EXPECT_GT(replicas[1].ranks[1].busy, 0.0);
+}
+
+TEST(DataParallel, ReplicasThatWentApartAreNamed) {
+  DpRun got = run(schedule::generate(ScheduleKind::k1F1B, 2, 2, 1, 2), 4);
+  got.ex->check_replicas_agree();
+  // One element of the last parameter of replica 1's last stage (rank 3), one ulp off.
+  Tensor& value = got.ex->rank_parameters(3).back()->value;
+  std::vector<float> v = to_vector_f32(value);
+  v[0] = std::nextafter(v[0], 1e30f);
+  copy_from_host(value, v.data(), v.size() * sizeof(float));
+  try {
+    got.ex->check_replicas_agree();
+    ADD_FAILURE() << "replicas one ulp apart passed the check";
+  } catch (const ReplicasDiffer& e) {
+    EXPECT_NE(std::string(e.what()).find(
+                  "replica 1 (rank 3) ends with other weights of stage 1 than replica 0 (rank 1)"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(DataParallel, RefusesAStepWithAnotherMicroBatchCount) {
   auto ex = make_executor(schedule::generate(ScheduleKind::k1F1B, 2, 2, 1, 2));
   try {
@@ -207,6 +247,50 @@ TEST(ShardedOptimizer, WeightsAreBitwiseThoseOfTheUnshardedRunWithHalfTheState) 
       EXPECT_LT(half, full * 6 / 10) << "rank " << r;
     }
   }
+}
+
+// `kind` at (2, 2) with each stage's gradients all-reduced in `buckets` buckets.
+schedule::Schedule bucketed(schedule::ScheduleKind kind, int buckets) {
+  const int v = kind == schedule::ScheduleKind::kInterleaved ? 2 : 1;
+  auto s = schedule::generate(kind, 2, 2, v, 2);
+  schedule::add_gradient_all_reduces(&s, 2, {buckets});
+  return s;
+}
+
+TEST(GradientBuckets, BucketedAllReducesGiveTheBitsOfOneMessagePerStage) {
+  // Every element is still summed over the replicas in replica order, whatever bucket it
+  // goes in: losses, norms and weights are bitwise those of the unbucketed run, sharded too.
+  for (auto kind : {schedule::ScheduleKind::k1F1B, schedule::ScheduleKind::kInterleaved})
+    for (bool shard : {false, true}) {
+      SCOPED_TRACE(std::string(schedule::schedule_kind_name(kind)) + (shard ? " sharded" : ""));
+      auto one = make_wide_executor(bucketed(kind, 1), shard);
+      auto many = make_wide_executor(bucketed(kind, 7), shard);
+      ASSERT_EQ(schedule::gradient_buckets(many->schedule(), 1), 7);
+      expect_same_steps(*one, *many, 4);
+      for (int r = 0; r < one->num_world_ranks(); ++r) {
+        const auto want = rank_values(*one, r), got = rank_values(*many, r);
+        ASSERT_EQ(want.size(), got.size());
+        for (size_t i = 0; i < want.size(); ++i)
+          EXPECT_TRUE(same_bits(want[i], got[i])) << "rank " << r << " parameter " << i;
+      }
+      many->check_replicas_agree();
+    }
+}
+
+TEST(GradientBuckets, EachBucketIsTimedOnTheReductionStream) {
+  auto ex = make_wide_executor(bucketed(schedule::ScheduleKind::k1F1B, 3), false);
+  const auto r = ex->run_step(make_microbatches(4, kTokens, 1), 0.05f, 1, 1e-2);
+  const auto& list = ex->schedule().ranks[0];
+  int buckets = 0;
+  double last_end = 0;
+  for (size_t i = 0; i < list.size(); ++i) {
+    if (!schedule::is_reduce(list[i].kind)) continue;
+    EXPECT_EQ(list[i].microbatch, buckets++);
+    // In list order, one after the other.
+    EXPECT_GE(r.timing[0][i].start, last_end);
+    last_end = r.timing[0][i].end;
+  }
+  EXPECT_EQ(buckets, 3);
 }
 
 // Gives every rank of `ex` an endpoint of `hub`, whose byte counts then show its traffic.

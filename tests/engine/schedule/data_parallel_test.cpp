@@ -9,6 +9,7 @@
 #include "engine/schedule/ascii.h"
 #include "engine/schedule/chrome_trace.h"
 #include "engine/schedule/generators.h"
+#include "engine/schedule/measured_timing.h"
 #include "engine/schedule/simulator.h"
 #include "engine/schedule/svg.h"
 #include "engine/schedule/text_format.h"
@@ -104,9 +105,13 @@ TEST(DataParallelSchedule, TextAndCsvRoundTrip) {
   }
   EXPECT_EQ(to_string(allreduce_grad(12)), "AR12");
   EXPECT_EQ(parse_action("AR12"), allreduce_grad(12));
-  EXPECT_THROW(parse_action("AR1.0"), ScheduleError);
+  // A bucket after the stage: AR1.0 is bucket 0, which reads AR1.
+  EXPECT_EQ(parse_action("AR1.0"), allreduce_grad(1));
+  EXPECT_EQ(parse_action("AR1.2"), allreduce_grad(1, 2));
+  EXPECT_EQ(to_string(allreduce_grad(1, 2)), "AR1.2");
+  EXPECT_THROW(parse_action("AR1.x"), ScheduleError);
   EXPECT_THROW(parse_action("AR"), ScheduleError);
-  EXPECT_THROW(parse_csv("rank,step,kind,stage,microbatch,peer\n0,0,ALLREDUCE_GRAD,0,3,\n"),
+  EXPECT_THROW(parse_csv("rank,step,kind,stage,microbatch,peer\n0,0,ALLREDUCE_GRAD,0,x,\n"),
                ScheduleError);
 }
 
@@ -167,6 +172,61 @@ TEST(DataParallelSchedule, ValidatorNamesTheAllReduceRule) {
       EXPECT_NE(std::string(e.what()).find("comes before W"), std::string::npos) << e.what();
     }
   }
+}
+
+TEST(DataParallelSchedule, BucketsGoInOrderAfterTheLastWeightGradient) {
+  Schedule s = generate(ScheduleKind::k1F1B, 2, 2, 1, 2);
+  add_gradient_all_reduces(&s, 2, {3, 2});
+  validate(s);
+  EXPECT_EQ(gradient_buckets(s, 0), 3);
+  EXPECT_EQ(gradient_buckets(s, 1), 2);
+  // Right after B0.1, buckets 0, 1, 2; bucket 0 reads as before.
+  const std::string text = dump_text(s);
+  EXPECT_NE(text.find("B0.1 AR0 AR0.1 AR0.2"), std::string::npos) << text;
+  EXPECT_EQ(parse_text(text), s);
+  EXPECT_EQ(parse_csv(dump_csv(s)), s);
+  {  // a bucket twice
+    const auto e = rejection(replace(text, "AR0.1 AR0.2", "AR0.1 AR0.1 AR0.2"));
+    EXPECT_EQ(e.rule(), "allreduce");
+    EXPECT_NE(std::string(e.what()).find("stage 0 (bucket 1) appears twice"), std::string::npos)
+        << e.what();
+  }
+  {  // out of order
+    const auto e = rejection(replace(text, "AR0 AR0.1", "AR0.1 AR0"));
+    EXPECT_EQ(e.rule(), "allreduce");
+    EXPECT_NE(std::string(e.what()).find("bucket 1 of the gradient all-reduce of stage 0 comes "
+                                         "before bucket 0"),
+              std::string::npos)
+        << e.what();
+  }
+  // Fewer buckets is another valid schedule: every replica runs the same list.
+  EXPECT_NO_THROW(validate(parse_text(replace(text, " AR0.2", ""))));
+  EXPECT_THROW(add_gradient_all_reduces(&s, 2, {1, 2, 3}), ScheduleError);
+  EXPECT_THROW(add_gradient_all_reduces(&s, 2, {0}), ScheduleError);
+  // Equal parts of the flattened gradients, covering them.
+  EXPECT_EQ(gradient_bucket(10, 0, 3).begin, 0u);
+  EXPECT_EQ(gradient_bucket(10, 0, 3).end, 3u);
+  EXPECT_EQ(gradient_bucket(10, 1, 3).end, 6u);
+  EXPECT_EQ(gradient_bucket(10, 2, 3).end, 10u);
+}
+
+TEST(DataParallelSchedule, SimulatorSplitsAStagesAllReduceOverItsBuckets) {
+  // Each bucket costs the latency and its share of the bytes, one after another on the
+  // reduction stream: k buckets take k - 1 latencies more than one message.
+  Schedule one = generate(ScheduleKind::k1F1B, 2, 2, 1, 2);
+  Schedule four = one;
+  add_gradient_all_reduces(&four, 2, {4});
+  CostModel costs = CostModel::uniform(1, 1, 1);
+  costs.gradient_bytes = {80.0};
+  costs.reduce_bandwidth = 10.0;
+  costs.reduce_latency = 0.5;
+  const SimResult a = simulate(one, costs), b = simulate(four, costs);
+  for (int r = 0; r < 2; ++r)
+    EXPECT_DOUBLE_EQ(b.ranks[r].reduce, a.ranks[r].reduce + 3 * 0.5) << "rank " << r;
+  const auto& list = four.ranks[0];
+  for (size_t i = 0; i < list.size(); ++i)
+    if (is_reduce(list[i].kind))
+      EXPECT_DOUBLE_EQ(b.timing[0][i].end - b.timing[0][i].start, 0.5 + 2.0) << i;
 }
 
 TEST(DataParallelSchedule, SimulatorOverlapsTheAllReduceWithTheRemainingBackward) {
@@ -246,6 +306,32 @@ TEST(DataParallelSchedule, PicturesShowTheAllReduce) {
   EXPECT_EQ(format_timeline(plain, plain_sim).find("ar:"), std::string::npos);
   EXPECT_EQ(chrome_trace_json(plain, plain_sim).find("allreduce"), std::string::npos);
   EXPECT_EQ(render_svg(plain, plain_sim, {}).find("all-reduce"), std::string::npos);
+}
+
+TEST(DataParallelSchedule, TraceOfEveryReplicaNamesTheirRanks) {
+  // Measured runs draw each replica's ranks as processes of their own, replica d's pipeline
+  // rank r as d * P + r, on one clock.
+  const Schedule s = generate(ScheduleKind::k1F1B, 2, 2, 1, 2);
+  const SimResult sim = simulate(s, CostModel::uniform(1.0, 1.0, 1.0, 0.1));
+  std::vector<std::vector<ActionTiming>> world = sim.timing;
+  for (const auto& rank : sim.timing) {
+    world.push_back(rank);
+    for (auto& t : world.back()) t.start += 100, t.end += 100;  // replica 1 starts later
+  }
+  const auto replicas = summarize_replicas(s, world);
+  ASSERT_EQ(replicas.size(), 2u);
+  EXPECT_EQ(replica_timeline(s, world, 1)[0][0].start, sim.timing[0][0].start + 100);
+  EXPECT_EQ(replicas[1].timing[0][0].start - replicas[0].timing[0][0].start, 100.0);
+  const std::string trace = chrome_trace_json(s, replicas, 1.0);
+  EXPECT_NE(trace.find("\"rank 3 (replica 1, pipeline rank 1)\""), std::string::npos);
+  EXPECT_NE(trace.find("\"rank 1 (replica 0, pipeline rank 1)\""), std::string::npos);
+  EXPECT_NE(trace.find("\"pid\": 3"), std::string::npos);
+  EXPECT_EQ(trace.find("\"pid\": 4"), std::string::npos);
+  // One replica keeps its plain names.
+  const std::string one = chrome_trace_json(s, sim, 1.0);
+  EXPECT_NE(one.find("\"rank 1\""), std::string::npos);
+  EXPECT_EQ(one.find("replica"), std::string::npos);
+  EXPECT_THROW(replica_timeline(s, sim.timing, 0), std::invalid_argument);
 }
 
 TEST(DataParallelSchedule, RefusesNoReplicas) {
