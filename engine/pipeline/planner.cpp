@@ -6,6 +6,7 @@
 #include <functional>
 #include <iomanip>
 #include <limits>
+#include <optional>
 #include <sstream>
 
 #include "engine/core/allocator.h"
@@ -44,12 +45,15 @@ struct Prefix {
 bool fits(double bytes, double cap) { return cap <= 0 || bytes <= cap * (1 + 1e-9); }
 
 struct Sums {
-  Prefix compute, activation, state;
+  Prefix compute, activation, state, forward, input, weight;
   std::vector<double> workspace;  // per unit
   explicit Sums(const std::vector<UnitCost>& units)
       : compute(units, [](const UnitCost& u) { return u.compute(); }),
         activation(units, [](const UnitCost& u) { return u.activation_bytes; }),
-        state(units, [](const UnitCost& u) { return u.state_bytes; }) {
+        state(units, [](const UnitCost& u) { return u.state_bytes; }),
+        forward(units, [](const UnitCost& u) { return u.forward; }),
+        input(units, [](const UnitCost& u) { return u.backward_input; }),
+        weight(units, [](const UnitCost& u) { return u.backward_weight; }) {
     for (const auto& u : units) workspace.push_back(u.workspace_bytes);
   }
   // The largest workspace of units [begin, end): one unit runs at a time.
@@ -253,11 +257,23 @@ struct MemoryModel {
   }
 };
 
-std::vector<StageRange> from_cuts(const std::vector<int64_t>& starts, int64_t units) {
-  std::vector<StageRange> ranges;
-  for (size_t s = 0; s < starts.size(); ++s)
-    ranges.push_back({starts[s], s + 1 < starts.size() ? starts[s + 1] : units});
-  return ranges;
+// The simulator's costs of a partition: per stage, the sums over its units.
+schedule::CostModel cost_model(const std::vector<UnitCost>& units,
+                               const std::vector<StageRange>& ranges, double transfer) {
+  schedule::CostModel costs;
+  costs.forward.clear(), costs.backward_input.clear(), costs.backward_weight.clear();
+  for (const auto& r : ranges) {
+    double f = 0, i = 0, w = 0, a = 0;
+    for (int64_t u = r.begin; u < r.end; ++u)
+      f += units[u].forward, i += units[u].backward_input, w += units[u].backward_weight,
+          a += units[u].activation_bytes;
+    costs.forward.push_back(f);
+    costs.backward_input.push_back(i);
+    costs.backward_weight.push_back(w);
+    costs.activation_bytes.push_back(a);
+  }
+  costs.latency = transfer;
+  return costs;
 }
 
 // Min over contiguous partitions of max over stages of cost(stage, begin, end), where a cost of
@@ -285,42 +301,320 @@ std::vector<StageRange> min_max_partition(
   return ranges;
 }
 
-// Calls `visit` with every partition of `units` units into `stages` non-empty contiguous ranges.
-void for_each_partition(int64_t units, int stages,
-                        const std::function<void(const std::vector<StageRange>&)>& visit) {
-  std::vector<int64_t> starts(stages, 0);
-  std::function<void(int)> place = [&](int s) {
-    if (s == stages) return visit(from_cuts(starts, units));
-    for (int64_t b = starts[s - 1] + 1; b <= units - (stages - s); ++b) starts[s] = b, place(s + 1);
+// Lower bounds on the simulated step time of a partition, read off the schedule's lists. A rank
+// runs its computes one at a time, so it ends no earlier than
+//   head + busy + max(0, tail - after):
+// busy, the sum of its computes; head, the forwards of every stage below the one of its first
+// compute (that micro-batch must pass them first); tail, the gradient steps (I, or B when the
+// stage does not split) of every stage below the one of its last gradient step (that
+// micro-batch's gradient must pass them after it); after, the weight gradients the rank itself
+// runs after that last gradient step. Transfers are left out: they can only add time.
+struct StepBound {
+  struct Count {
+    double f = 0, i = 0, w = 0;  // how many F, I and W costs of a stage a rank runs
   };
-  place(1);
+  const schedule::Placement& placement;
+  std::vector<std::vector<Count>> counts;  // [rank][stage]
+  std::vector<std::vector<double>> after;  // [rank][stage]: W actions after the last gradient
+  std::vector<int> first, last;            // per rank: stage of the first F, of the last I or B
+  std::vector<bool> split;                 // per stage: its gradient step is I alone
+  std::vector<std::vector<int>> own;       // per rank: its stages
+  double multiple = kInf;  // the fewest F, I or W of one stage any rank runs (m, generated)
+
+  explicit StepBound(const schedule::Schedule& schedule) : placement(schedule.placement) {
+    using schedule::ActionKind;
+    const int ranks = schedule.num_ranks(), stages = schedule.num_stages();
+    counts.assign(ranks, std::vector<Count>(stages));
+    after.assign(ranks, std::vector<double>(stages, 0.0));
+    first.assign(ranks, 0), last.assign(ranks, 0), split.assign(stages, false);
+    for (int r = 0; r < ranks; ++r) own.push_back(placement.stages_of(r));
+    for (int r = 0; r < ranks; ++r) {
+      bool started = false;
+      for (const auto& a : schedule.ranks[r]) {
+        Count& c = counts[r][a.stage];
+        switch (a.kind) {
+          case ActionKind::kForward:
+            if (!started) first[r] = a.stage;
+            started = true, c.f += 1;
+            break;
+          case ActionKind::kBackward:
+          case ActionKind::kBackwardInput:
+            c.i += 1, c.w += a.kind == ActionKind::kBackward ? 1 : 0;
+            if (a.kind == ActionKind::kBackwardInput) split[a.stage] = true;
+            last[r] = a.stage, started = true;
+            std::fill(after[r].begin(), after[r].end(), 0.0);
+            break;
+          case ActionKind::kBackwardWeight:
+            c.w += 1, after[r][a.stage] += 1;
+            break;
+          default:
+            break;
+        }
+      }
+      for (int s : own[r])
+        multiple = std::min({multiple, counts[r][s].f, counts[r][s].i, counts[r][s].w});
+    }
+  }
+  // Rank r's busy time with stage costs F, I, W, over the stages [0, known) only.
+  double busy(int r, const std::vector<double>& f, const std::vector<double>& i,
+              const std::vector<double>& w, int known) const {
+    double total = 0;
+    for (int s : own[r])
+      if (s < known) total += counts[r][s].f * f[s] + counts[r][s].i * i[s] + counts[r][s].w * w[s];
+    return total;
+  }
+  // The bound of rank r when the stages [0, known) have their costs; exact once every stage of
+  // the rank and every stage below its first and last is known, smaller before.
+  double rank(int r, const std::vector<double>& f, const std::vector<double>& i,
+              const std::vector<double>& w, int known) const {
+    double head = 0, tail = 0, later = 0;
+    for (int s = 0; s < std::min(first[r], known); ++s) head += f[s];
+    bool complete = last[r] < known;
+    for (int s : own[r]) complete = complete && s < known;
+    if (complete) {
+      for (int s = 0; s < last[r]; ++s) tail += split[s] ? i[s] : i[s] + w[s];
+      for (int s : own[r]) later += after[r][s] * w[s];
+    }
+    return head + busy(r, f, i, w, known) + std::max(0.0, tail - later);
+  }
+};
+
+// Pruned comparisons leave a billionth of slack: the simulator adds times in another order,
+// and a bound a few ulps over a tie must not hide it.
+constexpr double kSlack = 1e-9;
+
+// Whether partition a (step time, bottleneck, ranges) is preferred to b: faster, then more
+// balanced, then the earlier cuts, so that ties are decided the same way every time.
+bool preferred(double step_a, double bottleneck_a, const std::vector<StageRange>& a,
+               double step_b, double bottleneck_b, const std::vector<StageRange>& b) {
+  if (step_a != step_b) return step_a < step_b;
+  if (bottleneck_a != bottleneck_b) return bottleneck_a < bottleneck_b;
+  for (size_t s = 0; s < a.size() && s < b.size(); ++s)
+    if (a[s].begin != b[s].begin) return a[s].begin < b[s].begin;
+  return false;
 }
 
-double partitions_count(int64_t units, int stages) {  // C(units - 1, stages - 1)
-  double c = 1;
-  for (int k = 1; k < stages; ++k) c = c * static_cast<double>(units - k) / k;
-  return c;
+struct Searched {
+  std::vector<StageRange> ranges;  // empty: none fits
+  double step = kInf;
+  bool proven = true;  // false: a budget ran out before every partition was ruled out
+  int64_t simulated = 0;
+};
+
+// Branch and bound over the contiguous partitions, stage by stage: a prefix is dropped when a
+// rank's bound (StepBound) or the least the remaining units add to the ranks still to come
+// already exceeds the best simulated step time, or when it overflows the cap; each complete
+// partition that survives and fits is simulated. Exact for the simulated step time: a dropped
+// partition is slower than one already simulated. `incumbent` (may be empty) is tried first.
+Searched search_partition(const Sums& sums, const std::vector<UnitCost>& timed,
+                          const MemoryModel& memory_of, const schedule::Schedule& schedule,
+                          double cap, double transfer, int64_t max_simulations,
+                          int64_t max_visits, const std::vector<StageRange>& incumbent) {
+  const int64_t n = static_cast<int64_t>(timed.size());
+  const int stages = schedule.num_stages(), ranks = schedule.num_ranks();
+  const schedule::Placement& placement = schedule.placement;
+  const bool one_stage_per_rank = placement.chunks == 1;
+  const StepBound bound(schedule);
+  Searched out;
+  double best_bottleneck = kInf;
+  int64_t visits = 0;
+
+  auto fits_cap = [&](const std::vector<StageRange>& ranges) {
+    const auto memory = memory_of(ranges);
+    return fits(*std::max_element(memory.begin(), memory.end()), cap);
+  };
+  auto try_partition = [&](const std::vector<StageRange>& ranges) {
+    if (out.simulated >= max_simulations) return void(out.proven = false);
+    ++out.simulated;
+    const double step =
+        schedule::simulate(schedule, cost_model(timed, ranges, transfer)).makespan;
+    const double bottleneck = bottleneck_of(sums, ranges, placement);
+    if (out.ranges.empty() ||
+        preferred(step, bottleneck, ranges, out.step, best_bottleneck, out.ranges))
+      out.ranges = ranges, out.step = step, best_bottleneck = bottleneck;
+  };
+  if (!incumbent.empty() && fits_cap(incumbent)) try_partition(incumbent);
+  // Moving one cut by one unit while that helps makes the incumbent nearly optimal, so the
+  // bounds below prune most prefixes: a few simulations bought here save many.
+  for (bool moved = !out.ranges.empty(); moved && out.proven;) {
+    moved = false;
+    for (int k = 1; k < stages && !moved && out.proven; ++k)
+      for (int delta : {-1, 1}) {
+        std::vector<StageRange> next = out.ranges;
+        next[k - 1].end += delta, next[k].begin += delta;
+        if (next[k - 1].end <= next[k - 1].begin || next[k].end <= next[k].begin) continue;
+        if (!fits_cap(next)) continue;
+        const double before = out.step;
+        try_partition(next);
+        if (out.step < before) {
+          moved = true;
+          break;
+        }
+      }
+  }
+
+  // Whether stage k of units [b, e) fits, remembered: the search asks again for every prefix.
+  std::vector<int8_t> stage_fit(one_stage_per_rank && cap > 0 ? stages * (n + 1) * (n + 1) : 0, -1);
+  auto stage_fits = [&](int k, int64_t b, int64_t e) {
+    if (stage_fit.empty()) return true;
+    int8_t& known = stage_fit[(k * (n + 1) + b) * (n + 1) + e];
+    if (known < 0) known = fits(memory_of.stage(k, b, e), cap) ? 1 : 0;
+    return known == 1;
+  };
+  std::vector<double> f(stages, 0.0), i(stages, 0.0), w(stages, 0.0), state(ranks, 0.0);
+  std::vector<StageRange> ranges(stages);
+  auto limit = [&] { return out.ranges.empty() ? kInf : out.step * (1 + kSlack); };
+  // The least largest busy time of the ranks holding stages after `k`, when the units [e, n)
+  // are still to be spread over them (water filling over their busy times so far).
+  auto remaining = [&](int k, int64_t e) {
+    std::vector<double> levels;
+    for (int r = 0; r < ranks; ++r)
+      if (std::any_of(bound.own[r].begin(), bound.own[r].end(), [&](int s) { return s > k; }))
+        levels.push_back(bound.busy(r, f, i, w, k + 1));
+    std::sort(levels.begin(), levels.end());
+    double water = bound.multiple * sums.compute.over(e, n), level = levels.front();
+    size_t under = 1;
+    for (; under < levels.size() && water >= (levels[under] - level) * under; ++under)
+      water -= (levels[under] - level) * under, level = levels[under];
+    return level + water / under + sums.forward.over(0, e) * (one_stage_per_rank ? 1 : 0);
+  };
+  std::function<void(int, int64_t)> place = [&](int k, int64_t b) {
+    if (!out.proven) return;
+    if (++visits > max_visits) return void(out.proven = false);
+    const int r = placement.rank_of(k);
+    const int64_t last_end = k == stages - 1 ? n : n - (stages - 1 - k);
+    for (int64_t e = k == stages - 1 ? n : b + 1; e <= last_end && out.proven; ++e) {
+      // One stage per rank: the stage's memory is its own, checked here. Several: a rank's
+      // state only grows with more units, so past the cap no longer cut helps.
+      if (one_stage_per_rank && !stage_fits(k, b, e)) continue;
+      if (!one_stage_per_rank && !fits(state[r] + sums.state.over(b, e), cap)) break;
+      ranges[k] = {b, e};
+      f[k] = sums.forward.over(b, e), i[k] = sums.input.over(b, e), w[k] = sums.weight.over(b, e);
+      // The rank's bound only grows with e: past the best step time, stop.
+      if (bound.rank(r, f, i, w, k + 1) > limit()) break;
+      if (k == stages - 1) {
+        bool within = true;
+        for (int q = 0; q < ranks && within; ++q) within = bound.rank(q, f, i, w, stages) <= limit();
+        if (within && (one_stage_per_rank || fits_cap(ranges))) try_partition(ranges);
+        break;
+      }
+      // Too few units here leave too much for the rest: try a later cut.
+      if (remaining(k, e) > limit()) continue;
+      state[r] += sums.state.over(b, e);
+      place(k + 1, e);
+      state[r] -= sums.state.over(b, e);
+    }
+    f[k] = i[k] = w[k] = 0;
+  };
+  place(0, 0);
+  return out;
 }
 
-[[noreturn]] void throw_no_fit(const std::vector<UnitCost>& units, const MemoryModel& memory_of,
-                               const schedule::Schedule& schedule, double cap,
-                               const std::vector<StageRange>& fastest,
-                               const std::vector<StageRange>& leanest) {
-  const auto memory = memory_of(fastest);
+// The partition whose largest rank memory is smallest, by the same search over memory: a
+// rank's state bounds its memory from below. Empty when `max_visits` ran out first.
+std::vector<StageRange> leanest_partition(const Sums& sums, const MemoryModel& memory_of,
+                                          const schedule::Schedule& schedule, int64_t max_visits) {
+  const int64_t n = static_cast<int64_t>(sums.compute.n);
+  const int stages = schedule.num_stages();
+  const schedule::Placement& placement = schedule.placement;
+  if (placement.chunks == 1)
+    return min_max_partition(n, stages, [&](int s, int64_t b, int64_t e) {
+      return memory_of.stage(s, b, e);
+    });
+  std::vector<StageRange> best, ranges(stages);
+  std::vector<double> state(schedule.num_ranks(), 0.0);
+  double lowest = kInf;
+  int64_t visits = 0;
+  std::function<bool(int, int64_t)> place = [&](int k, int64_t b) {
+    if (++visits > max_visits) return false;
+    const int r = placement.rank_of(k);
+    for (int64_t e = k == stages - 1 ? n : b + 1; e <= n - (stages - 1 - k); ++e) {
+      if (state[r] + sums.state.over(b, e) >= lowest) break;
+      ranges[k] = {b, e};
+      if (k == stages - 1) {
+        const auto memory = memory_of(ranges);
+        const double peak = *std::max_element(memory.begin(), memory.end());
+        if (peak < lowest) lowest = peak, best = ranges;
+        break;
+      }
+      state[r] += sums.state.over(b, e);
+      const bool finished = place(k + 1, e);
+      state[r] -= sums.state.over(b, e);
+      if (!finished) return false;
+    }
+    return true;
+  };
+  return place(0, 0) ? best : std::vector<StageRange>{};
+}
+
+// The same schedule with `ranks` ranks, when it is one the generators make (by its name).
+std::optional<schedule::Schedule> with_ranks(const schedule::Schedule& schedule, int ranks) {
+  const auto kind = schedule::parse_schedule_kind(schedule.name);
+  if (!kind) return std::nullopt;
+  try {
+    return schedule::generate(*kind, ranks, schedule.num_microbatches, schedule.placement.chunks);
+  } catch (const schedule::ScheduleError&) {
+    return std::nullopt;  // not defined for these values (interleaved needs m % p == 0)
+  }
+}
+
+// The fewest ranks, up to four times as many, on which some partition fits the cap; 0: none.
+int ranks_that_fit(const std::vector<UnitCost>& timed, const Sums& sums,
+                   const std::vector<bool>& recomputed, const schedule::Schedule& schedule,
+                   double cap) {
+  const int64_t n = static_cast<int64_t>(timed.size());
+  for (int p = schedule.num_ranks() + 1; p <= 4 * schedule.num_ranks(); ++p) {
+    if (static_cast<int64_t>(p) * schedule.placement.chunks > n) break;
+    const auto more = with_ranks(schedule, p);
+    if (!more) continue;
+    const MemoryModel memory_of(sums, timed, recomputed, *more);
+    const auto lean = leanest_partition(sums, memory_of, *more, 2000);
+    if (lean.empty()) continue;
+    const auto memory = memory_of(lean);
+    if (fits(*std::max_element(memory.begin(), memory.end()), cap)) return p;
+  }
+  return 0;
+}
+
+std::string stages_text(const schedule::Placement& placement, int rank) {
+  const auto stages = placement.stages_of(rank);
+  std::string out = stages.size() == 1 ? "stage " : "stages ";
+  for (size_t k = 0; k < stages.size(); ++k)
+    out += (k == 0 ? "" : k + 1 == stages.size() ? " and " : ", ") + std::to_string(stages[k]);
+  return out;
+}
+
+[[noreturn]] void throw_no_fit(const std::vector<UnitCost>& timed, const Sums& sums,
+                               const MemoryModel& memory_of, const schedule::Schedule& schedule,
+                               double cap, const std::vector<StageRange>& balanced) {
+  const auto memory = memory_of(balanced);
   const int worst =
       static_cast<int>(std::max_element(memory.begin(), memory.end()) - memory.begin());
   const auto held = schedule::in_flight_per_rank(schedule);
-  const auto leanest_memory = memory_of(leanest);
-  const double smallest = *std::max_element(leanest_memory.begin(), leanest_memory.end());
+  const auto leanest = leanest_partition(sums, memory_of, schedule, 20000);
+  const int more = ranks_that_fit(timed, sums, memory_of.recomputed, schedule, cap);
   std::ostringstream out;
-  out << "no partition of " << units.size() << " units into " << schedule.num_stages()
+  out << "no partition of " << timed.size() << " units into " << schedule.num_stages()
       << " stages fits " << bytes_text(cap) << " per device under " << schedule.name << " with "
-      << schedule.num_microbatches << " micro-batches: in the fastest partition "
-      << ranges_text(fastest) << " rank " << worst << " needs " << bytes_text(memory[worst]) << " ("
+      << schedule.num_microbatches << " micro-batches: in the most balanced partition "
+      << ranges_text(balanced) << " rank " << worst << " ("
+      << stages_text(schedule.placement, worst) << ") needs " << bytes_text(memory[worst]) << " ("
       << held[worst].peak_held << " micro-batches held), " << bytes_text(memory[worst] - cap)
-      << " over; the smallest cap any partition fits is " << bytes_text(smallest) << " ("
-      << ranges_text(leanest) << "); raise the cap, pick a schedule that holds fewer "
-      << "micro-batches" << (memory_of.recomputed.empty() ? " or recompute activations" : "");
+      << " over";
+  if (!leanest.empty()) {
+    const auto lean = memory_of(leanest);
+    out << "; the smallest cap any partition fits is "
+        << bytes_text(*std::max_element(lean.begin(), lean.end())) << " ("
+        << ranges_text(leanest) << ")";
+  }
+  out << "; ";
+  if (more > 0) {
+    out << "with " << more * schedule.placement.chunks << " stages";
+    if (schedule.placement.chunks > 1) out << " (" << more << " ranks)";
+    out << " every rank fits; or ";
+  }
+  out << "raise the cap, pick a schedule that holds fewer micro-batches"
+      << (memory_of.recomputed.empty() ? " or recompute activations" : "");
   throw PlanError(out.str());
 }
 
@@ -351,58 +645,54 @@ std::vector<int64_t> blocks_of(const std::vector<StageRange>& ranges) {
 }
 
 PartitionChoice best_partition(const std::vector<UnitCost>& units,
-                               const schedule::Schedule& schedule, double memory_cap,
-                               int64_t max_enumerated, const std::vector<bool>& recomputed) {
+                               const schedule::Schedule& schedule,
+                               const PartitionSearch& search) {
   check_shape(units, schedule);
+  const std::vector<bool>& recomputed = search.recomputed;
   if (!recomputed.empty() && recomputed.size() != units.size())
     throw PlanError("recomputation marks " + std::to_string(recomputed.size()) +
                     " units of a cost table of " + std::to_string(units.size()) +
                     "; expected one mark per unit");
-  if (memory_cap < 0)
-    throw PlanError("memory cap " + std::to_string(memory_cap) +
-                    " is negative; expected bytes "
-                    "> 0, or 0 for no cap");
+  if (search.memory_cap < 0)
+    throw PlanError("memory cap " + std::to_string(search.memory_cap) +
+                    " is negative; expected bytes > 0, or 0 for no cap");
+  if (search.max_simulations < 1)
+    throw PlanError("a search budget of " + std::to_string(search.max_simulations) +
+                    " simulations; expected at least 1");
+  const double cap = search.memory_cap;
   const std::vector<UnitCost> timed = with_recompute_time(units, recomputed);
   const Sums sums(timed);
   const MemoryModel memory_of(sums, timed, recomputed, schedule);
   const int64_t n = static_cast<int64_t>(units.size());
   const int stages = schedule.num_stages();
   const schedule::Placement& placement = schedule.placement;
-  std::vector<StageRange> chosen, fastest, leanest;
 
-  if (placement.chunks == 1) {
-    // One stage per rank: stage s's memory depends on its own units only, so both objective
-    // and cap are per stage.
-    auto stage_bytes = [&](int s, int64_t b, int64_t e) { return memory_of.stage(s, b, e); };
-    auto time = [&](int, int64_t b, int64_t e) { return sums.compute.over(b, e); };
-    chosen = min_max_partition(n, stages, [&](int s, int64_t b, int64_t e) {
-      return fits(stage_bytes(s, b, e), memory_cap) ? time(s, b, e) : kInf;
+  // The first incumbent: the smallest largest stage compute (F + I + W), within the cap per
+  // stage when each rank holds one stage. Close to the optimum, so the bounds prune early.
+  const auto compute = [&](int, int64_t b, int64_t e) { return sums.compute.over(b, e); };
+  std::vector<StageRange> balanced = min_max_partition(n, stages, compute), incumbent = balanced;
+  if (placement.chunks == 1)
+    incumbent = min_max_partition(n, stages, [&](int s, int64_t b, int64_t e) {
+      return fits(memory_of.stage(s, b, e), cap) ? sums.compute.over(b, e) : kInf;
     });
-    if (chosen.empty()) {
-      fastest = min_max_partition(n, stages, time);
-      leanest = min_max_partition(n, stages, stage_bytes);
-    }
-  } else {
-    // Several stages per rank: a rank's time and memory add up non-adjacent ranges, which a
-    // prefix recursion cannot see, so every partition is tried.
-    if (partitions_count(n, stages) > static_cast<double>(max_enumerated))
-      throw PlanError("the exact search over " + std::to_string(n) + " units in " +
-                      std::to_string(stages) + " stages would try " +
-                      std::to_string(static_cast<int64_t>(partitions_count(n, stages))) +
-                      " partitions, more than the limit of " + std::to_string(max_enumerated) +
-                      "; use one stage per rank (gpipe, 1f1b, zbh1) or fewer chunks");
-    double best = kInf, best_any = kInf, leanest_peak = kInf;
-    for_each_partition(n, stages, [&](const std::vector<StageRange>& ranges) {
-      const double t = bottleneck_of(sums, ranges, placement);
-      const auto memory = memory_of(ranges);
-      const double peak = *std::max_element(memory.begin(), memory.end());
-      if (t < best_any) best_any = t, fastest = ranges;
-      if (peak < leanest_peak) leanest_peak = peak, leanest = ranges;
-      if (fits(peak, memory_cap) && t < best) best = t, chosen = ranges;
-    });
+  const Searched found = search_partition(sums, timed, memory_of, schedule, cap,
+                                          search.transfer_seconds, search.max_simulations,
+                                          search.max_simulations * 20, incumbent);
+  if (found.ranges.empty()) {
+    if (found.proven) throw_no_fit(timed, sums, memory_of, schedule, cap, balanced);
+    throw PlanError("no partition of " + std::to_string(n) + " units into " +
+                    std::to_string(stages) + " stages fitting " + bytes_text(cap) +
+                    " was found within " + std::to_string(search.max_simulations) +
+                    " simulated partitions; raise the search budget or the cap");
   }
-  if (chosen.empty()) throw_no_fit(units, memory_of, schedule, memory_cap, fastest, leanest);
-  return {chosen, bottleneck_of(sums, chosen, placement), memory_of(chosen)};
+  PartitionChoice out;
+  out.ranges = found.ranges;
+  out.bottleneck = bottleneck_of(sums, found.ranges, placement);
+  out.rank_bytes = memory_of(found.ranges);
+  out.step_seconds = found.step;
+  out.proven = found.proven;
+  out.simulated = found.simulated;
+  return out;
 }
 
 const PlanCandidate& Plan::best() const {
@@ -425,24 +715,6 @@ std::vector<UnitCost> scaled(const std::vector<UnitCost>& units, double factor) 
     u.input_bytes *= factor;
   }
   return out;
-}
-
-schedule::CostModel cost_model(const std::vector<UnitCost>& units,
-                               const std::vector<StageRange>& ranges, double transfer) {
-  schedule::CostModel costs;
-  costs.forward.clear(), costs.backward_input.clear(), costs.backward_weight.clear();
-  for (const auto& r : ranges) {
-    double f = 0, i = 0, w = 0, a = 0;
-    for (int64_t u = r.begin; u < r.end; ++u)
-      f += units[u].forward, i += units[u].backward_input, w += units[u].backward_weight,
-          a += units[u].activation_bytes;
-    costs.forward.push_back(f);
-    costs.backward_input.push_back(i);
-    costs.backward_weight.push_back(w);
-    costs.activation_bytes.push_back(a);
-  }
-  costs.latency = transfer;
-  return costs;
 }
 
 void check_options(const UnitCosts& costs, const PlanOptions& options) {
@@ -588,9 +860,13 @@ Plan plan(const std::vector<UnitCosts>& measured, const PlanOptions& options) {
           const std::vector<bool> marks =
               recompute.any() ? recompute.per_unit(static_cast<int64_t>(units.size()))
                               : std::vector<bool>{};
-          const PartitionChoice choice =
-              best_partition(units, sched, options.memory_cap, 200000, marks);
+          PartitionSearch search;
+          search.memory_cap = options.memory_cap;
+          search.recomputed = marks;
+          search.transfer_seconds = costs.transfer_seconds * factor;
+          const PartitionChoice choice = best_partition(units, sched, search);
           c.ranges = choice.ranges;
+          c.partition_proven = choice.proven;
           c.peak_bytes = choice.rank_bytes;
           const auto sim =
               schedule::simulate(sched, cost_model(with_recompute_time(units, marks), choice.ranges,
@@ -652,6 +928,7 @@ std::string format_plan(const Plan& plan) {
               : c.shard_optimizer ? "whole model on every device, optimizer state sharded "
                                     "(--shard-optimizer)"
                                   : "whole model on every device")
+          << (c.partition_proven ? "" : " (not proven fastest: the partition search ran out of budget)")
           << "\n";
     } else {
       out << "  does not fit" << (c.recompute.any() ? " recomputing " + to_string(c.recompute) : "")
