@@ -5,17 +5,18 @@
 #include <cstdlib>
 #include <functional>
 #include <iomanip>
-#include <limits>
+#include <optional>
 #include <sstream>
 
 #include "engine/core/allocator.h"
 #include "engine/pipeline/memory_estimate.h"
+#include "engine/pipeline/partition_search.h"
 #include "engine/schedule/simulator.h"
 
 namespace conveyor {
 namespace {
 
-constexpr double kInf = std::numeric_limits<double>::infinity();
+using namespace planning;
 
 std::string ranges_text(const std::vector<StageRange>& ranges) {
   std::ostringstream out;
@@ -24,39 +25,6 @@ std::string ranges_text(const std::vector<StageRange>& ranges) {
   return out.str();
 }
 
-// Sums of one per-unit quantity over every range [b, e), each added up in unit order, so a
-// stage's total is the same number however it is reached (no prefix differences).
-struct Prefix {
-  int64_t n = 0;
-  std::vector<double> table;  // table[b * (n + 1) + e]
-  Prefix(const std::vector<UnitCost>& units, double (*of)(const UnitCost&))
-      : n(static_cast<int64_t>(units.size())), table((n + 1) * (n + 1), 0.0) {
-    for (int64_t b = 0; b < n; ++b)
-      for (int64_t e = b + 1; e <= n; ++e)
-        table[b * (n + 1) + e] = table[b * (n + 1) + e - 1] + of(units[e - 1]);
-  }
-  double over(int64_t begin, int64_t end) const { return table[begin * (n + 1) + end]; }
-  double over(const StageRange& r) const { return over(r.begin, r.end); }
-};
-
-// Bytes within a billionth of the cap fit: sums taken in another order may differ in the last
-// bits, and that must not decide whether a partition runs.
-bool fits(double bytes, double cap) { return cap <= 0 || bytes <= cap * (1 + 1e-9); }
-
-struct Sums {
-  Prefix compute, activation, state;
-  std::vector<double> workspace;  // per unit
-  explicit Sums(const std::vector<UnitCost>& units)
-      : compute(units, [](const UnitCost& u) { return u.compute(); }),
-        activation(units, [](const UnitCost& u) { return u.activation_bytes; }),
-        state(units, [](const UnitCost& u) { return u.state_bytes; }) {
-    for (const auto& u : units) workspace.push_back(u.workspace_bytes);
-  }
-  // The largest workspace of units [begin, end): one unit runs at a time.
-  double workspace_over(int64_t begin, int64_t end) const {
-    return *std::max_element(workspace.begin() + begin, workspace.begin() + end);
-  }
-};
 
 // Per rank, the largest workspace of the units of its stages.
 std::vector<double> workspace_of(const Sums& sums, const std::vector<StageRange>& ranges,
@@ -78,13 +46,6 @@ void check_shape(const std::vector<UnitCost>& units, const schedule::Schedule& s
                     std::to_string(units.size()) + " stages");
 }
 
-double bottleneck_of(const Sums& sums, const std::vector<StageRange>& ranges,
-                     const schedule::Placement& placement) {
-  std::vector<double> per_rank(placement.num_ranks, 0.0);
-  for (int s = 0; s < static_cast<int>(ranges.size()); ++s)
-    per_rank[placement.rank_of(s)] += sums.compute.over(ranges[s]);
-  return *std::max_element(per_rank.begin(), per_rank.end());
-}
 
 // Where one rank's memory can peak, counted in micro-batches and boundary tensors so that the
 // bytes of any stage can be put in: held[i] = (kept, rebuilt, pending) multiplicities of the
@@ -200,7 +161,7 @@ std::vector<double> transit_of(const schedule::Schedule& schedule, const std::ve
 // Per rank memory of a partition: the state of its units, the activations its stages hold at
 // the peak (with recomputed units their kept inputs and rebuilds, with a split backward what
 // I leaves for W), the boundary tensors waiting, and its largest unit workspace.
-struct MemoryModel {
+struct MemoryModel : PartitionMemory {
   const Sums& sums;
   const std::vector<UnitCost>& units;
   const std::vector<bool>& recomputed;
@@ -227,7 +188,7 @@ struct MemoryModel {
     return u < static_cast<int64_t>(units.size()) ? units[static_cast<size_t>(u)].input_bytes : 0.0;
   }
 
-  std::vector<double> operator()(const std::vector<StageRange>& ranges) const {
+  std::vector<double> operator()(const std::vector<StageRange>& ranges) const override {
     const auto held = peak_activation_bytes(schedule, activations(ranges), true);
     std::vector<double> in, out;
     for (const auto& r : ranges) in.push_back(boundary(r.begin)), out.push_back(boundary(r.end));
@@ -240,7 +201,7 @@ struct MemoryModel {
     return bytes;
   }
   // Stage s of units [b, e) on a rank that holds only it (chunks == 1).
-  double stage(int s, int64_t b, int64_t e) const {
+  double stage(int s, int64_t b, int64_t e) const override {
     const StageActivationBytes a = activations({{b, e}})[0];
     const PeakPoints& p = points[static_cast<size_t>(schedule.placement.rank_of(s))];
     double held = 0, transit = 0;
@@ -253,74 +214,75 @@ struct MemoryModel {
   }
 };
 
-std::vector<StageRange> from_cuts(const std::vector<int64_t>& starts, int64_t units) {
-  std::vector<StageRange> ranges;
-  for (size_t s = 0; s < starts.size(); ++s)
-    ranges.push_back({starts[s], s + 1 < starts.size() ? starts[s + 1] : units});
-  return ranges;
-}
 
-// Min over contiguous partitions of max over stages of cost(stage, begin, end), where a cost of
-// +inf marks a stage that is not allowed: O(S · U²) dynamic programming. Empty when every
-// partition has an infinite stage.
-std::vector<StageRange> min_max_partition(
-    int64_t units, int stages, const std::function<double(int, int64_t, int64_t)>& cost) {
-  // best[s][u]: the smallest largest-stage cost putting units [0, u) into stages [0, s).
-  std::vector<std::vector<double>> best(stages + 1, std::vector<double>(units + 1, kInf));
-  std::vector<std::vector<int64_t>> cut(stages + 1, std::vector<int64_t>(units + 1, -1));
-  best[0][0] = 0;
-  for (int s = 1; s <= stages; ++s)
-    for (int64_t u = s; u <= units - (stages - s); ++u)
-      for (int64_t start = s - 1; start < u; ++start) {
-        if (best[s - 1][start] == kInf) continue;
-        const double c = std::max(best[s - 1][start], cost(s - 1, start, u));
-        if (c < best[s][u]) best[s][u] = c, cut[s][u] = start;
-      }
-  if (best[stages][units] == kInf) return {};
-  std::vector<StageRange> ranges(stages);
-  for (int s = stages, u = static_cast<int>(units); s >= 1; --s) {
-    ranges[s - 1] = {cut[s][u], u};
-    u = static_cast<int>(cut[s][u]);
+// The same schedule with `ranks` ranks, when it is one the generators make (by its name).
+std::optional<schedule::Schedule> with_ranks(const schedule::Schedule& schedule, int ranks) {
+  const auto kind = schedule::parse_schedule_kind(schedule.name);
+  if (!kind) return std::nullopt;
+  try {
+    return schedule::generate(*kind, ranks, schedule.num_microbatches, schedule.placement.chunks);
+  } catch (const schedule::ScheduleError&) {
+    return std::nullopt;  // not defined for these values (interleaved needs m % p == 0)
   }
-  return ranges;
 }
 
-// Calls `visit` with every partition of `units` units into `stages` non-empty contiguous ranges.
-void for_each_partition(int64_t units, int stages,
-                        const std::function<void(const std::vector<StageRange>&)>& visit) {
-  std::vector<int64_t> starts(stages, 0);
-  std::function<void(int)> place = [&](int s) {
-    if (s == stages) return visit(from_cuts(starts, units));
-    for (int64_t b = starts[s - 1] + 1; b <= units - (stages - s); ++b) starts[s] = b, place(s + 1);
-  };
-  place(1);
+// The fewest ranks, up to four times as many, on which some partition fits the cap; 0: none.
+int ranks_that_fit(const std::vector<UnitCost>& timed, const Sums& sums,
+                   const std::vector<bool>& recomputed, const schedule::Schedule& schedule,
+                   double cap) {
+  const int64_t n = static_cast<int64_t>(timed.size());
+  for (int p = schedule.num_ranks() + 1; p <= 4 * schedule.num_ranks(); ++p) {
+    if (static_cast<int64_t>(p) * schedule.placement.chunks > n) break;
+    const auto more = with_ranks(schedule, p);
+    if (!more) continue;
+    const MemoryModel memory_of(sums, timed, recomputed, *more);
+    const auto lean = leanest_partition(sums, memory_of, *more, 2000);
+    if (lean.empty()) continue;
+    const auto memory = memory_of(lean);
+    if (fits(*std::max_element(memory.begin(), memory.end()), cap)) return p;
+  }
+  return 0;
 }
 
-double partitions_count(int64_t units, int stages) {  // C(units - 1, stages - 1)
-  double c = 1;
-  for (int k = 1; k < stages; ++k) c = c * static_cast<double>(units - k) / k;
-  return c;
+std::string stages_text(const schedule::Placement& placement, int rank) {
+  const auto stages = placement.stages_of(rank);
+  std::string out = stages.size() == 1 ? "stage " : "stages ";
+  for (size_t k = 0; k < stages.size(); ++k)
+    out += (k == 0 ? "" : k + 1 == stages.size() ? " and " : ", ") + std::to_string(stages[k]);
+  return out;
 }
 
-[[noreturn]] void throw_no_fit(const std::vector<UnitCost>& units, const MemoryModel& memory_of,
-                               const schedule::Schedule& schedule, double cap,
-                               const std::vector<StageRange>& fastest,
-                               const std::vector<StageRange>& leanest) {
-  const auto memory = memory_of(fastest);
+[[noreturn]] void throw_no_fit(const std::vector<UnitCost>& timed, const Sums& sums,
+                               const MemoryModel& memory_of, const schedule::Schedule& schedule,
+                               double cap, const std::vector<StageRange>& balanced) {
+  const auto memory = memory_of(balanced);
   const int worst =
       static_cast<int>(std::max_element(memory.begin(), memory.end()) - memory.begin());
   const auto held = schedule::in_flight_per_rank(schedule);
-  const auto leanest_memory = memory_of(leanest);
-  const double smallest = *std::max_element(leanest_memory.begin(), leanest_memory.end());
+  const auto leanest = leanest_partition(sums, memory_of, schedule, 20000);
+  const int more = ranks_that_fit(timed, sums, memory_of.recomputed, schedule, cap);
   std::ostringstream out;
-  out << "no partition of " << units.size() << " units into " << schedule.num_stages()
+  out << "no partition of " << timed.size() << " units into " << schedule.num_stages()
       << " stages fits " << bytes_text(cap) << " per device under " << schedule.name << " with "
-      << schedule.num_microbatches << " micro-batches: in the fastest partition "
-      << ranges_text(fastest) << " rank " << worst << " needs " << bytes_text(memory[worst]) << " ("
+      << schedule.num_microbatches << " micro-batches: in the most balanced partition "
+      << ranges_text(balanced) << " rank " << worst << " ("
+      << stages_text(schedule.placement, worst) << ") needs " << bytes_text(memory[worst]) << " ("
       << held[worst].peak_held << " micro-batches held), " << bytes_text(memory[worst] - cap)
-      << " over; the smallest cap any partition fits is " << bytes_text(smallest) << " ("
-      << ranges_text(leanest) << "); raise the cap, pick a schedule that holds fewer "
-      << "micro-batches" << (memory_of.recomputed.empty() ? " or recompute activations" : "");
+      << " over";
+  if (!leanest.empty()) {
+    const auto lean = memory_of(leanest);
+    out << "; the smallest cap any partition fits is "
+        << bytes_text(*std::max_element(lean.begin(), lean.end())) << " ("
+        << ranges_text(leanest) << ")";
+  }
+  out << "; ";
+  if (more > 0) {
+    out << "with " << more * schedule.placement.chunks << " stages";
+    if (schedule.placement.chunks > 1) out << " (" << more << " ranks)";
+    out << " every rank fits; or ";
+  }
+  out << "raise the cap, pick a schedule that holds fewer micro-batches"
+      << (memory_of.recomputed.empty() ? " or recompute activations" : "");
   throw PlanError(out.str());
 }
 
@@ -351,58 +313,55 @@ std::vector<int64_t> blocks_of(const std::vector<StageRange>& ranges) {
 }
 
 PartitionChoice best_partition(const std::vector<UnitCost>& units,
-                               const schedule::Schedule& schedule, double memory_cap,
-                               int64_t max_enumerated, const std::vector<bool>& recomputed) {
+                               const schedule::Schedule& schedule,
+                               const PartitionSearch& search) {
   check_shape(units, schedule);
+  const std::vector<bool>& recomputed = search.recomputed;
   if (!recomputed.empty() && recomputed.size() != units.size())
     throw PlanError("recomputation marks " + std::to_string(recomputed.size()) +
                     " units of a cost table of " + std::to_string(units.size()) +
                     "; expected one mark per unit");
-  if (memory_cap < 0)
-    throw PlanError("memory cap " + std::to_string(memory_cap) +
-                    " is negative; expected bytes "
-                    "> 0, or 0 for no cap");
+  if (search.memory_cap < 0)
+    throw PlanError("memory cap " + std::to_string(search.memory_cap) +
+                    " is negative; expected bytes > 0, or 0 for no cap");
+  if (search.max_simulations < 1)
+    throw PlanError("a search budget of " + std::to_string(search.max_simulations) +
+                    " simulations; expected at least 1");
+  const double cap = search.memory_cap;
   const std::vector<UnitCost> timed = with_recompute_time(units, recomputed);
   const Sums sums(timed);
   const MemoryModel memory_of(sums, timed, recomputed, schedule);
   const int64_t n = static_cast<int64_t>(units.size());
   const int stages = schedule.num_stages();
   const schedule::Placement& placement = schedule.placement;
-  std::vector<StageRange> chosen, fastest, leanest;
 
-  if (placement.chunks == 1) {
-    // One stage per rank: stage s's memory depends on its own units only, so both objective
-    // and cap are per stage.
-    auto stage_bytes = [&](int s, int64_t b, int64_t e) { return memory_of.stage(s, b, e); };
-    auto time = [&](int, int64_t b, int64_t e) { return sums.compute.over(b, e); };
-    chosen = min_max_partition(n, stages, [&](int s, int64_t b, int64_t e) {
-      return fits(stage_bytes(s, b, e), memory_cap) ? time(s, b, e) : kInf;
+  // The first incumbent: the smallest largest stage compute (F + I + W), within the cap per
+  // stage when each rank holds one stage. Close to the optimum, so the bounds prune early.
+  const auto compute = [&](int, int64_t b, int64_t e) { return sums.compute.over(b, e); };
+  std::vector<StageRange> balanced = min_max_partition(n, stages, compute), incumbent = balanced;
+  if (placement.chunks == 1)
+    incumbent = min_max_partition(n, stages, [&](int s, int64_t b, int64_t e) {
+      return fits(memory_of.stage(s, b, e), cap) ? sums.compute.over(b, e) : kInf;
     });
-    if (chosen.empty()) {
-      fastest = min_max_partition(n, stages, time);
-      leanest = min_max_partition(n, stages, stage_bytes);
-    }
-  } else {
-    // Several stages per rank: a rank's time and memory add up non-adjacent ranges, which a
-    // prefix recursion cannot see, so every partition is tried.
-    if (partitions_count(n, stages) > static_cast<double>(max_enumerated))
-      throw PlanError("the exact search over " + std::to_string(n) + " units in " +
-                      std::to_string(stages) + " stages would try " +
-                      std::to_string(static_cast<int64_t>(partitions_count(n, stages))) +
-                      " partitions, more than the limit of " + std::to_string(max_enumerated) +
-                      "; use one stage per rank (gpipe, 1f1b, zbh1) or fewer chunks");
-    double best = kInf, best_any = kInf, leanest_peak = kInf;
-    for_each_partition(n, stages, [&](const std::vector<StageRange>& ranges) {
-      const double t = bottleneck_of(sums, ranges, placement);
-      const auto memory = memory_of(ranges);
-      const double peak = *std::max_element(memory.begin(), memory.end());
-      if (t < best_any) best_any = t, fastest = ranges;
-      if (peak < leanest_peak) leanest_peak = peak, leanest = ranges;
-      if (fits(peak, memory_cap) && t < best) best = t, chosen = ranges;
-    });
+  const Searched found = search_partition(sums, timed, memory_of, schedule, cap,
+                                          search.transfer_seconds, search.max_simulations,
+                                          search.max_simulations * 20,
+                                          search.max_simulations, incumbent);
+  if (found.ranges.empty()) {
+    if (found.proven) throw_no_fit(timed, sums, memory_of, schedule, cap, balanced);
+    throw PlanError("no partition of " + std::to_string(n) + " units into " +
+                    std::to_string(stages) + " stages fitting " + bytes_text(cap) +
+                    " was found within " + std::to_string(search.max_simulations) +
+                    " simulated partitions; raise the search budget or the cap");
   }
-  if (chosen.empty()) throw_no_fit(units, memory_of, schedule, memory_cap, fastest, leanest);
-  return {chosen, bottleneck_of(sums, chosen, placement), memory_of(chosen)};
+  PartitionChoice out;
+  out.ranges = found.ranges;
+  out.bottleneck = bottleneck_of(sums, found.ranges, placement);
+  out.rank_bytes = memory_of(found.ranges);
+  out.step_seconds = found.step;
+  out.proven = found.proven;
+  out.simulated = found.simulated;
+  return out;
 }
 
 const PlanCandidate& Plan::best() const {
@@ -425,24 +384,6 @@ std::vector<UnitCost> scaled(const std::vector<UnitCost>& units, double factor) 
     u.input_bytes *= factor;
   }
   return out;
-}
-
-schedule::CostModel cost_model(const std::vector<UnitCost>& units,
-                               const std::vector<StageRange>& ranges, double transfer) {
-  schedule::CostModel costs;
-  costs.forward.clear(), costs.backward_input.clear(), costs.backward_weight.clear();
-  for (const auto& r : ranges) {
-    double f = 0, i = 0, w = 0, a = 0;
-    for (int64_t u = r.begin; u < r.end; ++u)
-      f += units[u].forward, i += units[u].backward_input, w += units[u].backward_weight,
-          a += units[u].activation_bytes;
-    costs.forward.push_back(f);
-    costs.backward_input.push_back(i);
-    costs.backward_weight.push_back(w);
-    costs.activation_bytes.push_back(a);
-  }
-  costs.latency = transfer;
-  return costs;
 }
 
 void check_options(const UnitCosts& costs, const PlanOptions& options) {
@@ -588,9 +529,13 @@ Plan plan(const std::vector<UnitCosts>& measured, const PlanOptions& options) {
           const std::vector<bool> marks =
               recompute.any() ? recompute.per_unit(static_cast<int64_t>(units.size()))
                               : std::vector<bool>{};
-          const PartitionChoice choice =
-              best_partition(units, sched, options.memory_cap, 200000, marks);
+          PartitionSearch search;
+          search.memory_cap = options.memory_cap;
+          search.recomputed = marks;
+          search.transfer_seconds = costs.transfer_seconds * factor;
+          const PartitionChoice choice = best_partition(units, sched, search);
           c.ranges = choice.ranges;
+          c.partition_proven = choice.proven;
           c.peak_bytes = choice.rank_bytes;
           const auto sim =
               schedule::simulate(sched, cost_model(with_recompute_time(units, marks), choice.ranges,
@@ -652,6 +597,7 @@ std::string format_plan(const Plan& plan) {
               : c.shard_optimizer ? "whole model on every device, optimizer state sharded "
                                     "(--shard-optimizer)"
                                   : "whole model on every device")
+          << (c.partition_proven ? "" : " (not proven fastest: the partition search ran out of budget)")
           << "\n";
     } else {
       out << "  does not fit" << (c.recompute.any() ? " recomputing " + to_string(c.recompute) : "")

@@ -56,25 +56,38 @@ class PlanError : public std::invalid_argument {
 
 struct PartitionChoice {
   std::vector<StageRange> ranges;  // per stage, in stage order
+  double step_seconds = 0;         // the simulated step time of `ranges`
   double bottleneck = 0;           // largest per-rank compute of one micro-batch (F + I + W)
   std::vector<double> rank_bytes;  // per rank, as rank_memory counts it
+  // False when the search budget ran out first: `ranges` is the fastest partition simulated,
+  // not proven the fastest of all.
+  bool proven = true;
+  int64_t simulated = 0;  // partitions simulated
 };
 
-// The contiguous unit ranges for the stages of `schedule` (each stage at least one unit) that
-// minimise the bottleneck — the largest sum over a rank's stages of F + I + W per micro-batch —
-// with every rank's memory within `memory_cap` bytes (0: no cap). Exact for that objective:
-// with one stage per rank by dynamic programming over (stages, unit prefix); with several
-// stages per rank (interleaved, zbv), where a rank's sums span non-adjacent ranges, by
-// enumerating every contiguous partition (PlanError when there are more than `max_enumerated`).
-// The simulator, not this objective, gives the step time; plan() uses it to rank candidates.
-// Throws PlanError when no partition fits the cap, naming the stage that overflows in the
-// fastest partition, by how much, and the smallest cap any partition fits. `recomputed[u]`
-// (empty: none) marks the units that recompute: their forward counts again in the backward,
-// and they keep their run's input instead of their activations.
+struct PartitionSearch {
+  double memory_cap = 0;          // bytes per device; 0 = no cap
+  std::vector<bool> recomputed;   // per unit (empty: none), as recompute.h marks them
+  double transfer_seconds = 0;    // one boundary transfer, as the simulator times it
+  int64_t max_simulations = 2000;  // partitions simulated at most (the search's budget)
+};
+
+// The contiguous unit ranges for the stages of `schedule` (each stage at least one unit) with
+// the smallest simulated step time (schedule::simulate with the ranges' summed costs and
+// `transfer_seconds` per transfer), with every rank's memory within the cap. Exact, by branch
+// and bound: a rank runs its computes one at a time, after the forwards of the stages before
+// its first and before the gradient steps of the stages below its last, so those sums bound
+// the step time from below, and a prefix of stage ranges whose bound already exceeds the best
+// simulated partition is dropped without simulating what it leads to. Ties go to the smaller
+// bottleneck, then to the earlier cuts. When `max_simulations` runs out, the fastest partition
+// simulated is returned with `proven` false.
+// Throws PlanError when no partition fits the cap, naming the rank (and its stages) that
+// overflows in the most balanced partition, by how much, the smallest cap any partition
+// fits, and how many stages would let every rank fit, when more would. Recomputed units count
+// their forward again in the backward and keep their run's input instead of their activations.
 PartitionChoice best_partition(const std::vector<UnitCost>& units,
-                               const schedule::Schedule& schedule, double memory_cap = 0,
-                               int64_t max_enumerated = 200000,
-                               const std::vector<bool>& recomputed = {});
+                               const schedule::Schedule& schedule,
+                               const PartitionSearch& search = {});
 
 // Per rank: state of its units plus the peak bytes of activations its stages hold, for the
 // given unit ranges per stage (and recomputed units, as best_partition takes them).
@@ -114,6 +127,7 @@ struct PlanCandidate {
   int chunks = 1;
   int microbatches = 1;              // per step (data-parallel: per replica)
   std::vector<StageRange> ranges;    // per stage; data-parallel: the whole model
+  bool partition_proven = true;      // false: the partition search ran out of budget
   RecomputeSpec recompute;           // what the pipelined candidate recomputes
   double step_seconds = 0;           // predicted by the simulator (data-parallel: compute + reduce)
   double bubble = 0;                 // idle fraction of the ranks

@@ -1,0 +1,106 @@
+#pragma once
+// The planner's search for the contiguous partition with the smallest simulated step time
+// under a memory cap (branch and bound), and the helpers it shares with the planner: sums of
+// unit costs over ranges and the cap test. The memory model stays the planner's; the search
+// sees it through PartitionMemory.
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <vector>
+
+#include "engine/pipeline/partition.h"
+#include "engine/pipeline/planner.h"
+#include "engine/schedule/schedule.h"
+#include "engine/schedule/simulator.h"
+
+namespace conveyor::planning {
+
+inline constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// Sums of one per-unit quantity over every range [b, e), each added up in unit order, so a
+// stage's total is the same number however it is reached (no prefix differences).
+struct Prefix {
+  int64_t n = 0;
+  std::vector<double> table;  // table[b * (n + 1) + e]
+  Prefix(const std::vector<UnitCost>& units, double (*of)(const UnitCost&))
+      : n(static_cast<int64_t>(units.size())), table((n + 1) * (n + 1), 0.0) {
+    for (int64_t b = 0; b < n; ++b)
+      for (int64_t e = b + 1; e <= n; ++e)
+        table[b * (n + 1) + e] = table[b * (n + 1) + e - 1] + of(units[e - 1]);
+  }
+  double over(int64_t begin, int64_t end) const { return table[begin * (n + 1) + end]; }
+  double over(const StageRange& r) const { return over(r.begin, r.end); }
+};
+
+// Bytes within a billionth of the cap fit: sums taken in another order may differ in the last
+// bits, and that must not decide whether a partition runs.
+inline bool fits(double bytes, double cap) { return cap <= 0 || bytes <= cap * (1 + 1e-9); }
+
+struct Sums {
+  Prefix compute, activation, state, forward, input, weight;
+  std::vector<double> workspace;  // per unit
+  explicit Sums(const std::vector<UnitCost>& units)
+      : compute(units, [](const UnitCost& u) { return u.compute(); }),
+        activation(units, [](const UnitCost& u) { return u.activation_bytes; }),
+        state(units, [](const UnitCost& u) { return u.state_bytes; }),
+        forward(units, [](const UnitCost& u) { return u.forward; }),
+        input(units, [](const UnitCost& u) { return u.backward_input; }),
+        weight(units, [](const UnitCost& u) { return u.backward_weight; }) {
+    for (const auto& u : units) workspace.push_back(u.workspace_bytes);
+  }
+  // The largest workspace of units [begin, end): one unit runs at a time.
+  double workspace_over(int64_t begin, int64_t end) const {
+    return *std::max_element(workspace.begin() + begin, workspace.begin() + end);
+  }
+};
+
+// Bytes per rank of a partition, as the planner's memory model counts them.
+class PartitionMemory {
+ public:
+  virtual ~PartitionMemory() = default;
+  virtual std::vector<double> operator()(const std::vector<StageRange>& ranges) const = 0;
+  // Stage s of units [b, e) on a rank that holds only it (placement.chunks == 1).
+  virtual double stage(int s, int64_t b, int64_t e) const = 0;
+};
+
+// The largest per-rank compute of one micro-batch (F + I + W).
+double bottleneck_of(const Sums& sums, const std::vector<StageRange>& ranges,
+                     const schedule::Placement& placement);
+
+// The simulator's costs of a partition: per stage, the sums over its units.
+schedule::CostModel cost_model(const std::vector<UnitCost>& units,
+                               const std::vector<StageRange>& ranges, double transfer);
+
+// Min over contiguous partitions of max over stages of cost(stage, begin, end), where a cost of
+// +inf marks a stage that is not allowed: O(S · U²) dynamic programming. Empty when every
+// partition has an infinite stage.
+std::vector<StageRange> min_max_partition(
+    int64_t units, int stages, const std::function<double(int, int64_t, int64_t)>& cost);
+
+// A lower bound on the simulated step time (`transfer` per transfer) of every partition of
+// `timed` whose first stages are `prefix`: the schedule simulated with the prefix's costs and,
+// for each later stage, the least F, I and W of a unit it must hold (relaxed_step).
+double relaxed_step_bound(const std::vector<UnitCost>& timed, const schedule::Schedule& schedule,
+                          const std::vector<StageRange>& prefix, double transfer);
+
+struct Searched {
+  std::vector<StageRange> ranges;  // empty: none fits
+  double step = kInf;
+  bool proven = true;  // false: a budget ran out before every partition was ruled out
+  int64_t simulated = 0;
+  int64_t relaxed = 0;  // relaxed simulations of prefixes (relaxed_step)
+};
+
+// Branch and bound over the contiguous partitions of `timed` (costs with recomputation
+// added) for the smallest simulated step time within `cap`; see the definition.
+Searched search_partition(const Sums& sums, const std::vector<UnitCost>& timed,
+                          const PartitionMemory& memory_of, const schedule::Schedule& schedule,
+                          double cap, double transfer, int64_t max_simulations,
+                          int64_t max_visits, int64_t max_relaxed,
+                          const std::vector<StageRange>& incumbent);
+
+// The partition whose largest rank memory is smallest. Empty when `max_visits` ran out first.
+std::vector<StageRange> leanest_partition(const Sums& sums, const PartitionMemory& memory_of,
+                                          const schedule::Schedule& schedule, int64_t max_visits);
+
+}  // namespace conveyor::planning
