@@ -71,12 +71,14 @@ bool parse_int(std::string_view text, int* out) {
 std::string to_string(const Action& a) {
   std::string out = short_name(a.kind);
   // Bucket 0 is written as the stage alone, so a stage of one bucket reads AR2.
-  if (is_reduce(a.kind))
-    return out + std::to_string(a.stage) +
-           (a.microbatch > 0 ? "." + std::to_string(a.microbatch) : std::string());
-  out += std::to_string(a.stage) + "." + std::to_string(a.microbatch);
-  if (is_send(a.kind)) out += ">" + std::to_string(a.peer);
-  if (is_recv(a.kind)) out += "<" + std::to_string(a.peer);
+  if (is_reduce(a.kind)) {
+    out += std::to_string(a.stage);
+    if (a.microbatch > 0) out.append(".").append(std::to_string(a.microbatch));
+    return out;
+  }
+  out.append(std::to_string(a.stage)).append(".").append(std::to_string(a.microbatch));
+  if (is_send(a.kind)) out.append(">").append(std::to_string(a.peer));
+  if (is_recv(a.kind)) out.append("<").append(std::to_string(a.peer));
   return out;
 }
 
