@@ -356,7 +356,15 @@ void TrainerCheckpointer::save() {
   PipelineExecutor& executor = trainer_.executor();
   const TrainingState state = trainer_training_state(trainer_);
   std::vector<RankShard> shards;
-  const auto host = options_.async ? make_cpu_allocator() : nullptr;
+  if (options_.async && !snapshot_memory_) {
+    // Pinned when a rank is on a GPU, so the snapshot that holds training up copies at the
+    // bus's speed; kept for the next saves, whose snapshots have the same sizes.
+    const std::vector<Device>& devices = trainer_.rank_devices();
+    const bool on_gpu =
+        std::any_of(devices.begin(), devices.end(), [](Device d) { return d.is_cuda(); });
+    snapshot_memory_ = on_gpu ? make_pinned_host_allocator() : make_cpu_allocator();
+  }
+  const auto host = options_.async ? snapshot_memory_ : nullptr;
   const int shard_count = checkpoint_shard_count(executor);
   for (int r : executor.local_ranks()) {
     if (r >= shard_count) continue;
