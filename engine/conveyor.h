@@ -9,6 +9,10 @@
 //   built-in layers     Linear, Activation, LayerNorm, Embedding, MlpBlock, LossHead
 //   data                TokenSource and the built-in MarkovSource, FileSource
 //   train               TrainConfig, Trainer (step, evaluate), PartitionSpec, ScheduleKind
+//   checkpoints         TrainerCheckpointer and resume_trainer (engine/train/trainer_checkpoint.h);
+//                       CheckpointWriter, open_checkpoint and Checkpoint::read, tensors by
+//                       global name (engine/train/checkpoint.h); a model's tensors under those
+//                       names (engine/train/checkpoint_model.h); docs/checkpoint-format.md
 //   devices             Device, resolve_device, cuda_device_count; version()
 // Only the headers this one includes (and theirs) are installed.
 #include "engine/core/device.h"
@@ -19,8 +23,11 @@
 #include "engine/pipeline/optimizer.h"
 #include "engine/pipeline/partition.h"
 #include "engine/schedule/generators.h"
+#include "engine/train/checkpoint.h"
+#include "engine/train/checkpoint_model.h"
 #include "engine/train/data.h"
 #include "engine/train/trainer.h"
+#include "engine/train/trainer_checkpoint.h"
 #include "layers/basic_layers.h"
 #include "layers/blocks.h"
 #include "layers/layer.h"

@@ -41,7 +41,7 @@ cmake -S "$headers_project" -B "$work/headers-build" -DCMAKE_PREFIX_PATH="$prefi
 cmake --build "$work/headers-build" -j2 >/dev/null
 echo "check_install: $(cd "$include" && find . -name '*.h' | wc -l) installed headers compile on their own"
 
-for example in minimal_train custom_model; do
+for example in minimal_train custom_model checkpoint_resume; do
   cmake -S "$root/examples/$example" -B "$work/$example" -DCMAKE_BUILD_TYPE=Release \
         -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
   cmake --build "$work/$example" -j2 >/dev/null

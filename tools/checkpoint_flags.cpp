@@ -35,7 +35,8 @@ void check_checkpoint_flags(const CheckpointFlags& f, const CLI::App& cmd) {
     if (cmd.count(flag))
       throw UsageError(std::string(flag) +
                        " says how to save checkpoints, and the run saves none without --save-dir "
-                       "DIR; give --save-dir or leave " + flag + " out");
+                       "DIR; give --save-dir or leave " +
+                       flag + " out");
 }
 
 std::unique_ptr<TrainerCheckpointer> setup_checkpoints(const CheckpointFlags& f, Trainer& trainer) {
@@ -59,6 +60,8 @@ std::unique_ptr<TrainerCheckpointer> setup_checkpoints(const CheckpointFlags& f,
       std::printf("resume %s at step %lld (saved with %zu stage(s), schedule %s)\n",
                   ckpt.directory().string().c_str(), static_cast<long long>(ckpt.step()),
                   ckpt.state().stages.size(), ckpt.state().schedule.c_str());
+      for (const std::string& change : resume_setting_changes(trainer, ckpt.state()))
+        std::printf("note: %s\n", change.c_str());
     }
   } catch (const CheckpointError& e) {
     throw UsageError(e.what());

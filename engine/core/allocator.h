@@ -132,5 +132,10 @@ class CachingAllocator {
 // Allocators for the CPU (malloc) and CUDA device `index` (cudaMalloc).
 std::shared_ptr<CachingAllocator> make_cpu_allocator(size_t limit_bytes = 0);
 std::shared_ptr<CachingAllocator> make_cuda_allocator(int index, size_t limit_bytes = 0);
+// Host memory (tensors in it are CPU tensors) for copies from and to CUDA devices: page-locked
+// (cudaHostAlloc), so a device-to-host copy runs at the bus's speed instead of being staged
+// through a bounce buffer. Keep the allocator to reuse its blocks, since pinning is slow.
+// Plain host memory in a build without CUDA or on a machine without a usable GPU.
+std::shared_ptr<CachingAllocator> make_pinned_host_allocator();
 
 }  // namespace conveyor

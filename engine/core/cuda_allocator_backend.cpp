@@ -1,5 +1,5 @@
 // The CUDA side of the caching allocator: cudaMalloc/cudaFree on one device and events that
-// mark when a stream has passed its last use of a freed block.
+// mark when a stream has passed its last use of a freed block; and page-locked host memory.
 #include <stdexcept>
 #include <string>
 
@@ -79,7 +79,36 @@ class CudaAllocatorBackend final : public AllocatorBackend {
   int index_;
 };
 
+// Page-locked host memory: CPU memory that CUDA copies reach directly.
+class PinnedHostBackend final : public AllocatorBackend {
+ public:
+  Device device() const override { return Device::cpu(); }
+
+  void* system_allocate(size_t bytes) override {
+    void* ptr = nullptr;
+    const cudaError_t err = cudaHostAlloc(&ptr, bytes, cudaHostAllocPortable);
+    if (err == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();
+      return nullptr;
+    }
+    CONVEYOR_CUDA_CHECK(err);
+    return ptr;
+  }
+
+  void system_free(void* ptr) override { CONVEYOR_CUDA_CHECK(cudaFreeHost(ptr)); }
+
+  // Copies into and out of these blocks are synchronous (copy_bytes): once freed, unused.
+  void* record_event(void*) override { return nullptr; }
+  bool event_done(void*) override { return true; }
+  void destroy_event(void*) override {}
+};
+
 }  // namespace
+
+std::shared_ptr<CachingAllocator> make_pinned_host_allocator() {
+  if (cuda_device_count() == 0) return make_cpu_allocator();
+  return std::make_shared<CachingAllocator>(std::make_unique<PinnedHostBackend>());
+}
 
 std::shared_ptr<CachingAllocator> make_cuda_allocator(int index, size_t limit_bytes) {
   const int count = cuda_device_count();
@@ -92,6 +121,8 @@ std::shared_ptr<CachingAllocator> make_cuda_allocator(int index, size_t limit_by
 }
 
 #else
+
+std::shared_ptr<CachingAllocator> make_pinned_host_allocator() { return make_cpu_allocator(); }
 
 std::shared_ptr<CachingAllocator> make_cuda_allocator(int index, size_t) {
   throw std::runtime_error("cannot create an allocator on cuda:" + std::to_string(index) +

@@ -230,7 +230,7 @@ CommitResult CheckpointWriter::commit(const TrainingState& state) {
   const std::string text = manifest_to_json(manifest).dump(2) + "\n";
   // What is committed must load: a state the loader would reject is the caller's mistake.
   try {
-    parse_manifest(text, manifest_path.string());
+    check_manifest_counters(parse_manifest(text, manifest_path.string()), manifest_path.string());
   } catch (const CheckpointError& e) {
     throw std::invalid_argument(std::string("commit: the training state cannot be saved: ") +
                                 e.what());
@@ -322,6 +322,7 @@ Checkpoint open_checkpoint(const fs::path& path, CheckpointCheck check) {
       folder_step && *folder_step != m.state.step)
     throw CheckpointError(manifest_file + " is of step " + std::to_string(m.state.step) +
                           ", but its folder is named for step " + std::to_string(*folder_step));
+  check_manifest_counters(m, manifest_file);
 
   // The shards: all those listed, and no others.
   std::set<std::string> listed;

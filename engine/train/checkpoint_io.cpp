@@ -29,6 +29,16 @@ std::string reason(int error) { return std::error_code(error, std::generic_categ
   throw CheckpointError("cannot " + what + " " + path.string() + ": " + reason(error));
 }
 
+// "a FIFO", "a directory", ...: what a file that should be a regular one is instead.
+std::string file_kind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "a special file";
+}
+
 }  // namespace
 
 // ------------------------------------------------------------------------------------ File
@@ -40,9 +50,19 @@ File File::create(const std::filesystem::path& path) {
 }
 
 File File::open_for_reading(const std::filesystem::path& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever. What is
+  // opened is checked, not the name, so a rename in between cannot slip a FIFO past.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) fail("open", path, errno);
-  return File(path, fd);
+  File file(path, fd);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) fail("stat", path, errno);
+  if (!S_ISREG(st.st_mode))
+    throw CheckpointError("cannot read " + path.string() + ": it is " + file_kind(st.st_mode) +
+                          ", not a regular file");
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags < 0 || ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) fail("open", path, errno);
+  return file;
 }
 
 File::File(File&& other) noexcept

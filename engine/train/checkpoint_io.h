@@ -19,6 +19,8 @@ class File {
  public:
   // For writing: created, or truncated if it exists.
   static File create(const std::filesystem::path& path);
+  // For reading a regular file; anything else (a FIFO, a device, a folder) is refused at once
+  // with a CheckpointError naming it, rather than blocking or reading forever.
   static File open_for_reading(const std::filesystem::path& path);
 
   File(File&& other) noexcept;

@@ -160,6 +160,22 @@ void check_stages(const std::vector<StagePlacement>& stages, size_t num_ranks,
                             ", which has a shard");
 }
 
+// The stages cut all of the model's units when its description says how many there are.
+void check_stage_units(const TrainingState& s, const std::string& file) {
+  if (!s.model.contains("num_units")) return;
+  const json& units = s.model["num_units"];
+  if (!units.is_number_unsigned() || units.get<uint64_t>() < 1 ||
+      units.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+    throw CheckpointError(file + ": manifest.model.num_units is " + excerpt(units) +
+                          ", expected an integer >= 1");
+  const int64_t end = s.stages.back().unit_end;
+  if (end != units.get<int64_t>())
+    throw CheckpointError(file + ": manifest.stages end at unit " + std::to_string(end) +
+                          " but manifest.model.num_units is " +
+                          std::to_string(units.get<int64_t>()) +
+                          " (the stages cut all of the model's units)");
+}
+
 }  // namespace
 
 void check_shard_file_name(const std::string& name, const std::string& file) {
@@ -202,6 +218,44 @@ json manifest_to_json(const CheckpointManifest& m) {
   // Written only when there is more than one, so a checkpoint of one replica stays as before.
   if (s.replicas != 1) out["replicas"] = s.replicas;
   return out;
+}
+
+// A resume seeks the data source to data.position, so a position the step does not explain
+// is refused here rather than replayed token by token.
+void check_manifest_counters(const CheckpointManifest& m, const std::string& file) {
+  const TrainingState& s = m.state;
+  auto fail = [&](const std::string& field, int64_t value, const std::string& expected) {
+    throw CheckpointError(file + ": manifest." + field + " is " + std::to_string(value) +
+                          ", expected " + expected);
+  };
+  const std::string step = std::to_string(s.step);
+  if (s.optimizer_steps > s.step)
+    fail("optimizer.steps_taken", s.optimizer_steps,
+         "at most the checkpoint's step " + step + " (an optimizer step per step)");
+  if (s.lr_schedule.step > s.step)
+    fail("lr_schedule.step", s.lr_schedule.step, "at most the checkpoint's step " + step);
+  if (s.lr_schedule.step > s.lr_schedule.total_steps)
+    fail("lr_schedule.step", s.lr_schedule.step,
+         "at most lr_schedule.total_steps " + std::to_string(s.lr_schedule.total_steps));
+  if (!s.rng.is_object() || !s.rng.contains("batch_tokens")) return;
+  const json& batch = s.rng["batch_tokens"];
+  if (!batch.is_number_unsigned() || batch.get<uint64_t>() < 1 ||
+      batch.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+    throw CheckpointError(file + ": manifest.rng.batch_tokens is " + excerpt(batch) +
+                          ", expected an integer >= 1");
+  const uint64_t tokens = batch.get<uint64_t>();
+  if (s.optimizer_steps != s.step)
+    fail("optimizer.steps_taken", s.optimizer_steps, "the checkpoint's step " + step);
+  if (s.lr_schedule.step != s.step)
+    fail("lr_schedule.step", s.lr_schedule.step, "the checkpoint's step " + step);
+  const auto steps = static_cast<uint64_t>(s.step);
+  const bool overflows = steps != 0 && tokens > std::numeric_limits<uint64_t>::max() / steps;
+  if (overflows || s.data.position != steps * tokens)
+    throw CheckpointError(
+        file + ": manifest.data.position is " + std::to_string(s.data.position) +
+        ", expected step x rng.batch_tokens = " + step + " x " + std::to_string(tokens) +
+        (overflows ? " (which overflows)" : " = " + std::to_string(steps * tokens)) +
+        " (every step draws batch_tokens tokens)");
 }
 
 CheckpointManifest parse_manifest(std::string_view text, const std::string& file) {
@@ -294,6 +348,7 @@ CheckpointManifest parse_manifest(std::string_view text, const std::string& file
     s.replicas = replicas.get<int>();
   }
   check_stages(s.stages, m.shards.size() / static_cast<size_t>(s.replicas), file);
+  check_stage_units(s, file);
   return m;
 }
 

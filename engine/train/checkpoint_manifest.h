@@ -70,6 +70,12 @@ nlohmann::json manifest_to_json(const CheckpointManifest& manifest);
 // Parses the text of `file` and checks every field: types, ranges, the stage map against the
 // shards, the format version. Throws CheckpointError naming the file and the field.
 CheckpointManifest parse_manifest(std::string_view text, const std::string& file);
+// Throws CheckpointError naming the file and the field unless the counters agree with the
+// step: optimizer.steps_taken and lr_schedule.step at most step (and lr_schedule.step at most
+// total_steps); and in a trainer's manifest, whose rng names batch_tokens (the tokens every
+// step draws), steps_taken and lr_schedule.step equal to step and data.position equal to
+// step x batch_tokens. open_checkpoint checks this after the folder's step.
+void check_manifest_counters(const CheckpointManifest& manifest, const std::string& file);
 // Throws CheckpointError unless `name` is a shard file name the format allows:
 // letters, digits, '.', '_', '-', not starting with '.', ending in ".safetensors".
 void check_shard_file_name(const std::string& name, const std::string& file);

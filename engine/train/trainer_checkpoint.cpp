@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "engine/core/allocator.h"
+#include "engine/train/checkpoint_io.h"
 #include "engine/train/checkpoint_model.h"
 
 namespace conveyor {
@@ -102,9 +103,15 @@ void check_resumable(Trainer& trainer, const Checkpoint& checkpoint) {
   const TrainingState ours = trainer_training_state(trainer);
   const TrainingState& saved = checkpoint.state();
   const std::string manifest = (checkpoint.directory() / "manifest.json").string();
-  if (saved.model_fingerprint != ours.model_fingerprint)
-    throw CheckpointError(manifest + " is a checkpoint of another model: " +
-                          model_differences(saved.model, ours.model));
+  if (saved.model_fingerprint != ours.model_fingerprint) {
+    std::string differences = model_differences(saved.model, ours.model);
+    // The same description under another fingerprint: the fingerprint alone was changed.
+    if (differences.empty())
+      differences = "model_fingerprint " + checkpoint_io::in_quotes(saved.model_fingerprint) +
+                    " in the checkpoint, '" + ours.model_fingerprint +
+                    "' in this run, though the model descriptions are the same";
+    throw CheckpointError(manifest + " is a checkpoint of another model: " + differences);
+  }
   if (saved.optimizer.kind != ours.optimizer.kind)
     throw CheckpointError(manifest + " holds the state of optimizer " + saved.optimizer.kind +
                           " but this run uses " + ours.optimizer.kind +
@@ -113,6 +120,14 @@ void check_resumable(Trainer& trainer, const Checkpoint& checkpoint) {
     throw CheckpointError(manifest + " was trained on " + saved.data.source +
                           " but this run reads " + ours.data.source +
                           "; resume with the same data and seed");
+  const nlohmann::json& rng = saved.rng;
+  if (rng.is_object() && rng.contains("batch_tokens") &&
+      rng["batch_tokens"] != trainer.config().batch_tokens)
+    throw CheckpointError(manifest + " was saved by a run of " + rng["batch_tokens"].dump() +
+                          " tokens per step, which fixes where each step's data starts, but "
+                          "this run draws " +
+                          std::to_string(trainer.config().batch_tokens) +
+                          "; resume with --batch-tokens " + rng["batch_tokens"].dump());
   if (saved.step > trainer.config().steps)
     throw CheckpointError(manifest + " is of step " + std::to_string(saved.step) +
                           " but this run has only " + std::to_string(trainer.config().steps) +
@@ -341,7 +356,15 @@ void TrainerCheckpointer::save() {
   PipelineExecutor& executor = trainer_.executor();
   const TrainingState state = trainer_training_state(trainer_);
   std::vector<RankShard> shards;
-  const auto host = options_.async ? make_cpu_allocator() : nullptr;
+  if (options_.async && !snapshot_memory_) {
+    // Pinned when a rank is on a GPU, so the snapshot that holds training up copies at the
+    // bus's speed; kept for the next saves, whose snapshots have the same sizes.
+    const std::vector<Device>& devices = trainer_.rank_devices();
+    const bool on_gpu =
+        std::any_of(devices.begin(), devices.end(), [](Device d) { return d.is_cuda(); });
+    snapshot_memory_ = on_gpu ? make_pinned_host_allocator() : make_cpu_allocator();
+  }
+  const auto host = options_.async ? snapshot_memory_ : nullptr;
   const int shard_count = checkpoint_shard_count(executor);
   for (int r : executor.local_ranks()) {
     if (r >= shard_count) continue;
@@ -415,6 +438,34 @@ void TrainerCheckpointer::save() {
 void TrainerCheckpointer::finish() {
   save();
   wait_for_background();
+}
+
+std::vector<std::string> resume_setting_changes(const Trainer& trainer,
+                                                const TrainingState& saved) {
+  const TrainConfig& config = trainer.config();
+  std::vector<std::string> out;
+  auto compare = [&](const std::string& setting, const nlohmann::json& then,
+                     const nlohmann::json& now, const std::string& effect = "") {
+    if (then != now)
+      out.push_back("resuming with " + setting + " " + now.dump() +
+                    " where the checkpoint was saved with " + then.dump() + effect);
+  };
+  const OptimizerConfig& o = saved.optimizer;
+  compare("--lr", o.lr, config.optimizer.lr);
+  compare("--min-lr", o.min_lr, config.optimizer.min_lr);
+  compare("--warmup", o.warmup_steps, config.optimizer.warmup_steps);
+  compare("--weight-decay", o.weight_decay, config.optimizer.weight_decay);
+  compare("--clip", o.clip_norm, config.optimizer.clip_norm);
+  compare("beta1", o.beta1, config.optimizer.beta1);
+  compare("beta2", o.beta2, config.optimizer.beta2);
+  compare("eps", o.eps, config.optimizer.eps);
+  compare("momentum", o.momentum, config.optimizer.momentum);
+  compare("--steps", saved.lr_schedule.total_steps, config.steps,
+          " (the learning-rate schedule now spans " + std::to_string(config.steps) + " steps)");
+  compare("--microbatches", saved.microbatches, config.microbatches,
+          " (the gradients are summed in another order, so the run departs from an "
+          "uninterrupted one by rounding)");
+  return out;
 }
 
 Checkpoint resume_trainer(Trainer& trainer, const fs::path& path) {

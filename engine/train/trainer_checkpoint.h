@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "engine/core/allocator.h"
 #include "engine/train/checkpoint.h"
 #include "engine/train/trainer.h"
 
@@ -111,13 +112,24 @@ class TrainerCheckpointer {
   int64_t last_saved_step_ = -1;
   double last_stall_seconds_ = 0.0;
   std::vector<SaveTiming> timings_;  // appended only after the background save is joined
+  // Host memory of the async snapshots (pinned on CUDA), made at the first and reused: a
+  // snapshot's blocks return to it when its background write ends, before the next save.
+  std::shared_ptr<CachingAllocator> snapshot_memory_;
 };
 
 // Restores the checkpoint `path` names (DIR, DIR/latest or DIR/step_<N>) into the trainer:
-// first checks every file, the model fingerprint, the tensors this layout expects and the data
-// source, then reads every rank's parameters and optimizer state (one thread per rank), and
-// sets the step and the data position. Throws CheckpointError naming what does not match;
-// the trainer is untouched when a check fails.
+// first checks every file, the model fingerprint, the tensors this layout expects, the data
+// source and the batch size, then reads every rank's parameters and optimizer state (one
+// thread per rank), and sets the step and the data position. Throws CheckpointError naming
+// what does not match; the trainer is untouched when a check fails.
 Checkpoint resume_trainer(Trainer& trainer, const std::filesystem::path& path);
+
+// The settings of this run that differ from those the checkpoint `saved` was trained with
+// and that a resume may change (learning rate, its schedule and warm-up, weight decay,
+// clipping, the optimizer's constants, the total steps, the micro-batches): one sentence
+// each, e.g. "resuming with --lr 0.1 where the checkpoint was saved with 0.001", for the
+// caller to show. The batch size is not among them: resume_trainer refuses another one,
+// since it fixes where each step's tokens start.
+std::vector<std::string> resume_setting_changes(const Trainer& trainer, const TrainingState& saved);
 
 }  // namespace conveyor

@@ -78,6 +78,20 @@ case $case_name in
     expect 1 "rank_0\.safetensors is listed in .*manifest\.json but missing" \
       "$conveyor" ckpt verify "$dir"
     ;;
+  verify_fifo)
+    # A FIFO where a shard or the manifest should be is refused at once: opening it for
+    # reading would otherwise wait for a writer forever (timeout turns a hang into a failure).
+    mv "$shard1" "$work/rank_1.safetensors"
+    mkfifo "$shard1"
+    expect 1 "cannot read .*rank_1\.safetensors: it is a FIFO \(named pipe\), not a regular file" \
+      timeout 20 "$conveyor" ckpt verify "$dir"
+    rm "$shard1"
+    mv "$work/rank_1.safetensors" "$shard1"
+    rm "$dir/step_2/manifest.json"
+    mkfifo "$dir/step_2/manifest.json"
+    expect 1 "manifest\.json: it is a FIFO \(named pipe\), not a regular file" \
+      timeout 20 "$conveyor" ckpt inspect "$dir"
+    ;;
   verify_manifest)
     sed -i 's/"step": 2/"step": 3/' "$dir/step_2/manifest.json"
     expect 1 "manifest\.json is of step 3, but its folder is named for step 2" \

@@ -109,6 +109,58 @@ case $case_name in
     grep -q "d_model 32 in the checkpoint, 16 in this run" <<<"$output" ||
       fail "the refusal does not name the difference"
     ;;
+  changed_settings)
+    # Another learning rate, warm-up or total steps is the user's call and is said, one line
+    # each; another batch size would start the next step's tokens elsewhere and is refused.
+    run --stop-after 2 --save-dir "$dir" --lr 0.002 --warmup 1
+    longer=("${common[@]}")
+    longer[3]=8  # the value of --steps
+    output=$("$conveyor" train "${longer[@]}" "${model[@]}" --lr 0.004 --warmup 1 --resume "$dir" 2>&1) ||
+      fail "the resume with another --lr failed: $output"
+    echo "$output"
+    grep -q "^note: resuming with --lr 0.004 where the checkpoint was saved with 0.002$" <<<"$output" ||
+      fail "the change of --lr is not said"
+    grep -q "^note: resuming with --steps 8 where the checkpoint was saved with 6 " <<<"$output" ||
+      fail "the change of --steps is not said"
+    [ "$(grep -c "^note: " <<<"$output")" -eq 2 ] || fail "expected exactly two notes"
+    smaller=("${common[@]}")
+    smaller[5]=256  # the value of --batch-tokens
+    output=$("$conveyor" train "${smaller[@]}" "${model[@]}" --resume "$dir" 2>&1)
+    status=$?
+    echo "$output"
+    [ "$status" -eq 2 ] || fail "another --batch-tokens: exit status $status, expected 2"
+    grep -q "resume with --batch-tokens 512" <<<"$output" || fail "the refusal does not say what to do"
+    ;;
+  bad_manifest)
+    # A manifest edited out of agreement with itself is refused at once (exit 2, naming the
+    # file and field), never replayed or loaded: a data position of 2^64-1 would take ages.
+    run --stop-after 2 --save-dir "$dir"
+    manifest=$dir/step_2/manifest.json
+    cp "$manifest" "$work/manifest.json"
+    refused() {  # refused EDIT PATTERN: the manifest with EDIT (python on m) is refused
+      python3 -c "import json,sys; m=json.load(open(sys.argv[1])); $1; json.dump(m, open(sys.argv[2], 'w'))" \
+        "$work/manifest.json" "$manifest" || fail "cannot edit the manifest"
+      for command in "train ${common[*]} ${model[*]} --resume $dir" "ckpt verify $dir"; do
+        output=$(timeout 60 "$conveyor" $command 2>&1)
+        status=$?
+        echo "$output"
+        case $command in train*) want=2 ;; *) want=1 ;; esac
+        [ "$status" -eq "$want" ] || fail "$1: '$command' exited with $status, expected $want"
+        grep -qF -- "$2" <<<"$output" || fail "$1: '$command' does not say '$2'"
+      done
+    }
+    refused "m['data']['position'] = 2**64 - 1" "manifest.json: manifest.data.position is 18446744073709551615, expected step x rng.batch_tokens = 2 x 512 = 1024"
+    refused "m['stages'][0]['units'][1] += 3" "manifest.stages end at unit"
+    refused "m['optimizer']['steps_taken'] = 10**15" "manifest.optimizer.steps_taken is 1000000000000000"
+    refused "m['lr_schedule']['step'] = 99" "manifest.lr_schedule.step is 99"
+    # Only the fingerprint edited: the shards verify, the resume names the fingerprints.
+    python3 -c "import json,sys; m=json.load(open(sys.argv[1])); m['model_fingerprint'] = 'xxh3_64:0000000000000000'; json.dump(m, open(sys.argv[2], 'w'))" \
+      "$work/manifest.json" "$manifest" || fail "cannot edit the manifest"
+    output=$("$conveyor" train "${common[@]}" "${model[@]}" --resume "$dir" 2>&1)
+    echo "$output"
+    grep -q "is a checkpoint of another model: model_fingerprint 'xxh3_64:0000000000000000' in the checkpoint, 'xxh3_64:[0-9a-f]\{16\}' in this run" <<<"$output" ||
+      fail "the refusal of another fingerprint does not name both"
+    ;;
   *) fail "unknown case" ;;
 esac
 echo "resume_cli $case_name: ok"

@@ -2,10 +2,13 @@
 // against it, the model and tensor checks, reads that verify again, and re-partitioning:
 // a checkpoint of one stage layout loads into another and training goes on bitwise.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
+#include <limits>
 #include <thread>
 
 #include "engine/schedule/generators.h"
+#include "engine/train/checkpoint_io.h"
 #include "engine/train/checkpoint_model.h"
 #include "support/executor_fixture.h"
 #include "tests/engine/train/checkpoint_fixture.h"
@@ -104,6 +107,17 @@ TEST_F(CheckpointLoad, ManifestFieldsAreChecked) {
       {"/stages/1/stage", 3, "stages[1] is stage 3, expected stage 1"},
       {"/stages/1/rank", 0, "place no stage on rank 1"},
       {"/extra", 1, "unknown field 'extra'"},
+      // The demo is of step 6 over 2 units, its schedule spanning 200 steps.
+      {"/optimizer/steps_taken", 1000000000000000,
+       "manifest.optimizer.steps_taken is 1000000000000000, expected at most the checkpoint's step "
+       "6"},
+      {"/lr_schedule/step", 99,
+       "manifest.lr_schedule.step is 99, expected at most the checkpoint's step 6"},
+      {"/lr_schedule/total_steps", 5,
+       "manifest.lr_schedule.step is 6, expected at most lr_schedule.total_steps 5"},
+      {"/model/num_units", 4, "manifest.stages end at unit 2 but manifest.model.num_units is 4"},
+      {"/model/num_units", 0, "manifest.model.num_units is 0, expected an integer >= 1"},
+      {"/rng/batch_tokens", 0, "manifest.rng.batch_tokens is 0, expected an integer >= 1"},
   };
   const std::string pristine = read_file(manifest());
   for (const Case& c : cases) {
@@ -115,6 +129,62 @@ TEST_F(CheckpointLoad, ManifestFieldsAreChecked) {
   write_file(manifest(), pristine);
   edit_manifest(folder_, [](auto& m) { m.erase("rng"); });
   EXPECT_CHECKPOINT_ERROR(open_checkpoint(folder_), "manifest has no field 'rng'");
+}
+
+// What the trainer writes: rng.batch_tokens, the tokens each step draws, ties the data
+// position and the other counters to the step.
+TEST_F(CheckpointLoad, ATrainersCountersAgreeWithItsStep) {
+  const std::string pristine = read_file(manifest());
+  auto trainer_like = [](nlohmann::json& m) {
+    m["rng"] = {{"seed", 1}, {"batch_tokens", 512}};
+    m["data"]["position"] = 6 * 512;
+  };
+  edit_manifest(folder_, trainer_like);
+  EXPECT_EQ(open_checkpoint(folder_).state().data.position, 6u * 512u);
+  struct Case {
+    const char* pointer;
+    nlohmann::json value;
+    const char* message;
+  };
+  const std::vector<Case> cases = {
+      {"/data/position", std::numeric_limits<uint64_t>::max(),
+       "manifest.data.position is 18446744073709551615, expected step x rng.batch_tokens = 6 x "
+       "512 = 3072"},
+      {"/data/position", 3071, "manifest.data.position is 3071"},
+      {"/rng/batch_tokens", std::numeric_limits<uint64_t>::max(),
+       "manifest.rng.batch_tokens is 18446744073709551615, expected an integer >= 1"},
+      {"/rng/batch_tokens", std::numeric_limits<uint64_t>::max() / 4, "(which overflows)"},
+      {"/optimizer/steps_taken", 5,
+       "manifest.optimizer.steps_taken is 5, expected the checkpoint's step 6"},
+      {"/lr_schedule/step", 5, "manifest.lr_schedule.step is 5, expected the checkpoint's step 6"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::string(c.pointer) + " = " + c.value.dump());
+    write_file(manifest(), pristine);
+    edit_manifest(folder_, [&](auto& m) {
+      trainer_like(m);
+      m[nlohmann::json::json_pointer(c.pointer)] = c.value;
+    });
+    EXPECT_CHECKPOINT_ERROR(open_checkpoint(folder_), manifest().string(), c.message);
+  }
+}
+
+// Opening a FIFO for reading blocks until a writer comes: a FIFO in place of a shard or of
+// the manifest must be refused at once, naming it.
+TEST_F(CheckpointLoad, AFifoInPlaceOfAFileIsRefusedNotWaitedOn) {
+  for (const fs::path& file : {shard(1), manifest()}) {
+    SCOPED_TRACE(file.string());
+    const fs::path kept = dir_ / "kept";
+    fs::rename(file, kept);
+    ASSERT_EQ(::mkfifo(file.c_str(), 0644), 0);
+    EXPECT_CHECKPOINT_ERROR(open_checkpoint(folder_), file.string(),
+                            "is a FIFO (named pipe), not a regular file");
+    fs::remove(file);
+    fs::rename(kept, file);
+  }
+  fs::create_directory(dir_ / "folder.safetensors");
+  EXPECT_THROW(checkpoint_io::File::open_for_reading(dir_ / "folder.safetensors"), CheckpointError);
+  EXPECT_NO_THROW(open_checkpoint(folder_));
 }
 
 TEST_F(CheckpointLoad, AShardListedButMissing) {
@@ -270,8 +340,8 @@ TEST_F(CheckpointLoad, LayoutOnlyStillChecksTheLayout) {
   EXPECT_CHECKPOINT_ERROR(open_checkpoint(folder_, CheckpointCheck::kLayoutOnly),
                           shard(1).string());
   match_manifest_to_shards(folder_);
-  EXPECT_CHECKPOINT_ERROR(open_checkpoint(folder_, CheckpointCheck::kLayoutOnly),
-                          shard(1).string(), "truncated");
+  EXPECT_CHECKPOINT_ERROR(open_checkpoint(folder_, CheckpointCheck::kLayoutOnly), shard(1).string(),
+                          "truncated");
   write_file(shard(1), file);
   match_manifest_to_shards(folder_);
   edit_manifest(folder_, [](auto& m) { m["step"] = 7; });
