@@ -22,7 +22,7 @@ void Transport::check_group(const std::vector<int>& group) const {
   }
   if (!ascending || !member) {
     std::string listed;
-    for (int g : group) listed += (listed.empty() ? "" : ",") + std::to_string(g);
+    for (int g : group) listed.append(listed.empty() ? "" : ",").append(std::to_string(g));
     throw TransportError("rank " + std::to_string(rank()) +
                          ": a group sum needs ascending ranks in 0.." + std::to_string(size() - 1) +
                          " that include this rank, got {" + listed + "}");
