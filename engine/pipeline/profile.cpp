@@ -268,9 +268,6 @@ UnitCosts profile_units(const ModelDescription& model, DeviceContext& ctx,
   return costs;
 }
 
-}  // namespace conveyor
-
-namespace conveyor {
 namespace {
 
 // Rank 0's seconds for one group sum of `floats` values per rank, median over the timed
