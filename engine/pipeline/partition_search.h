@@ -79,9 +79,12 @@ std::vector<StageRange> min_max_partition(
 
 // A lower bound on the simulated step time (`transfer` per transfer) of every partition of
 // `timed` whose first stages are `prefix`: the schedule simulated with the prefix's costs and,
-// for each later stage, the least F, I and W of a unit it must hold (relaxed_step).
+// for each later stage, the least F, I and W of a unit it must hold (relaxed_step); with
+// `rank_work`, raised by the compute of the remaining units that the ranks holding later
+// stages must run beyond those least units.
 double relaxed_step_bound(const std::vector<UnitCost>& timed, const schedule::Schedule& schedule,
-                          const std::vector<StageRange>& prefix, double transfer);
+                          const std::vector<StageRange>& prefix, double transfer,
+                          bool rank_work = true);
 
 struct Searched {
   std::vector<StageRange> ranges;  // empty: none fits

@@ -343,10 +343,12 @@ PartitionChoice best_partition(const std::vector<UnitCost>& units,
     incumbent = min_max_partition(n, stages, [&](int s, int64_t b, int64_t e) {
       return fits(memory_of.stage(s, b, e), cap) ? sums.compute.over(b, e) : kInf;
     });
+  // Relaxed simulations cost what a full one does but prune whole subtrees, so they get a
+  // larger share of the budget than the completions.
   const Searched found = search_partition(sums, timed, memory_of, schedule, cap,
                                           search.transfer_seconds, search.max_simulations,
                                           search.max_simulations * 20,
-                                          search.max_simulations, incumbent);
+                                          search.max_simulations * 20, incumbent);
   if (found.ranges.empty()) {
     if (found.proven) throw_no_fit(timed, sums, memory_of, schedule, cap, balanced);
     throw PlanError("no partition of " + std::to_string(n) + " units into " +
