@@ -74,7 +74,8 @@ TEST(DataParallelTrainer, BucketSizeSetsEachStagesBucketsAndLeavesTheBits) {
   // The default is PyTorch's 25 MiB, which holds each of these small stages whole.
   c.gradient_bucket_mib.reset();
   Trainer by_default(c);
-  for (int s = 0; s < 2; ++s) EXPECT_EQ(schedule::gradient_buckets(by_default.executor().schedule(), s), 1);
+  for (int s = 0; s < 2; ++s)
+    EXPECT_EQ(schedule::gradient_buckets(by_default.executor().schedule(), s), 1);
 }
 
 TEST(DataParallelTrainer, RefusesABucketThatIsNotASize) {
