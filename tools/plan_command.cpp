@@ -176,6 +176,8 @@ PlannedRun plan_training(const TrainConfig& config, Device device, int repetitio
                                repetitions);
     options.allreduce_latency = reduce.latency;
     options.allreduce_bandwidth = reduce.bandwidth;
+    options.gradient_bucket_bytes =
+        config.gradient_bucket_mib.value_or(kDefaultGradientBucketMiB) * 1024.0 * 1024.0;
   }
   out.costs = measured.front();
   try {

@@ -28,6 +28,13 @@ void RunFlags::apply(const CLI::App& cmd, TrainConfig& config) const {
   config.allow_tf32 = tf32;
   config.recompute = parse_recompute(recompute, config.model.num_units());
   config.cpu_threads = threads;
+  if (cmd.count("--bucket-mb")) {
+    if (bucket_mb > 0 && bucket_mb < kMinGradientBucketMiB)
+      throw UsageError("--bucket-mb " + format_number(bucket_mb) +
+                       " is less than 1 KiB, the smallest bucket accepted; give at least "
+                       "0.0009765625 (1 KiB), or 0 for one bucket per stage");
+    config.gradient_bucket_mib = bucket_mb;
+  }
 }
 
 std::optional<Device> RunFlags::device_choice() const {
@@ -97,6 +104,10 @@ void add_run_flags(CLI::App* cmd, RunFlags& f) {
       ->capture_default_str();
   add_int_flag(cmd, "--threads", f.threads, 0, 4096,
                "CPU kernel threads per rank (0: all cores, shared between the ranks)");
+  add_float_flag(cmd, "--bucket-mb", f.bucket_mb, 0.0, kMaxGradientBucketMiB, false,
+                 "With --dp: all-reduce each stage's gradients in buckets of at most this many "
+                 "MiB, ceil(stage gradient bytes / bucket) of them (0: one bucket per stage); "
+                 "a --schedule-file keeps its own buckets, and a size given with it must agree");
 }
 
 RecomputeSpec parse_recompute(const std::string& text, int64_t num_units,

@@ -1,8 +1,8 @@
 #pragma once
 // The flags `conveyor train` and `conveyor plan` share, registered by one function so both
 // accept the same values with the same checks: the model (--preset and what overrides it),
-// the batch, the device and its memory cap, TF32, activation recomputation and the CPU
-// threads.
+// the batch, the device and its memory cap, TF32, activation recomputation, the CPU threads
+// and the data-parallel gradient buckets.
 #include <CLI/CLI.hpp>
 #include <cstddef>
 #include <cstdint>
@@ -27,11 +27,13 @@ struct RunFlags {
   bool tf32 = false;  // a plan profiled without TF32 would time another run's GEMMs
   std::string recompute = "none";
   int threads = 0;  // CPU kernel threads per rank; 0: the cores shared between the ranks
+  double bucket_mb = kDefaultGradientBucketMiB;  // --bucket-mb; applied only when given
 
   // The model of --preset with the overrides given on `cmd` (UsageError for a bad preset).
   ModelConfig model(const CLI::App& cmd) const;
   // Sets what these flags decide of `config`: the model, batch, device choice, memory cap,
-  // TF32, recomputation and CPU threads, as `train` and `plan` both need them.
+  // TF32, recomputation, CPU threads and (when given) the gradient bucket size, as `train`
+  // and `plan` both need them.
   void apply(const CLI::App& cmd, TrainConfig& config) const;
   // --device: nothing for auto; UsageError for a device that cannot be parsed.
   std::optional<Device> device_choice() const;
@@ -41,8 +43,8 @@ struct RunFlags {
 };
 
 // Registers --preset, --d-model, --layers, --vocab, --hidden, --activation, --batch-tokens,
-// --device, --memory-cap (or --memory-limit-mb), --tf32, --recompute and --threads on `cmd`, the numbers
-// range-checked.
+// --device, --memory-cap (or --memory-limit-mb), --tf32, --recompute, --threads and
+// --bucket-mb on `cmd`, the numbers range-checked.
 void add_run_flags(CLI::App* cmd, RunFlags& flags);
 
 // `text` of --recompute (or of `source`, e.g. a plan file) for a model of `num_units` units:

@@ -76,11 +76,15 @@ std::string human_rate(double per_second) {
 void print_data_parallel(Trainer& trainer) {
   const auto& sched = trainer.executor().schedule();
   if (sched.replicas == 1) return;
+  std::string buckets;
+  for (int s = 0; s < sched.num_stages(); ++s)
+    buckets += (s == 0 ? "" : ",") + std::to_string(schedule::gradient_buckets(sched, s));
   std::printf(
       "data   %d replicas x %d pipeline ranks = %d ranks (rank r: pipeline rank r mod %d of "
-      "replica r div %d), %d micro-batches each, gradients summed per stage over the replicas\n",
+      "replica r div %d), %d micro-batches each, gradients summed per stage over the replicas "
+      "in %s bucket(s)\n",
       sched.replicas, sched.num_ranks(), sched.replicas * sched.num_ranks(), sched.num_ranks(),
-      sched.num_ranks(), sched.num_microbatches);
+      sched.num_ranks(), sched.num_microbatches, buckets.c_str());
 }
 
 // Where rank `rank` runs, as this process knows it: a GPU rank of another process (NCCL over
@@ -404,6 +408,7 @@ ConfigFields configuration_fields(const TrainFlags& f, const TrainConfig& c) {
       {"--transport", f.transport},
       {"--dp", std::to_string(c.data_parallel)},
       {"--shard-optimizer", c.shard_optimizer ? "on" : "off"},
+      {"--bucket-mb", c.gradient_bucket_mib ? exact(*c.gradient_bucket_mib) : "not given"},
       {"--eval-batches", std::to_string(f.eval_batches)},
       {"--plan", f.plan_file},
       // Last: a rank whose binary reads files or saves checkpoints otherwise may still agree

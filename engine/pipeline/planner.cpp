@@ -445,13 +445,18 @@ PlanCandidate data_parallel(const UnitCosts& costs, const PlanOptions& options,
     c.peak_bytes = std::vector<double>(p, state);
     return c;
   }
-  // Ring all-reduce of the gradients: 2(p-1) steps, each moving 1/p of them.
+  // Ring all-reduce of the gradients (one f32 gradient per weight): 2(p-1) steps, each moving
+  // 1/p of them; in k buckets, k such all-reduces of a k-th each, priced as the simulator
+  // prices a stage's buckets.
+  const double latency = 2.0 * (p - 1) * options.allreduce_latency;
+  const double whole =
+      latency + 2.0 * (p - 1) *
+                    (options.allreduce_bandwidth > 0
+                         ? parameters / p / options.allreduce_bandwidth
+                         : 0.0);
+  const int buckets = schedule::gradient_bucket_count(parameters, options.gradient_bucket_bytes);
   const double reduce =
-      p == 1 ? 0.0
-             : 2.0 * (p - 1) *
-                   (options.allreduce_latency + (options.allreduce_bandwidth > 0
-                                                     ? parameters / p / options.allreduce_bandwidth
-                                                     : 0.0));
+      p == 1 ? 0.0 : buckets * schedule::reduce_bucket_cost(whole, latency, buckets);
   c.step_seconds = compute * per_token * static_cast<double>(replica_tokens) + reduce;
   c.bubble = c.step_seconds > 0 ? reduce / c.step_seconds : 0.0;
   return c;

@@ -113,6 +113,9 @@ struct PlanOptions {
   double memory_cap = 0;           // bytes per device; 0 = unlimited
   double allreduce_bandwidth = 0;  // bytes per second of the data-parallel all-reduce; 0 = free
   double allreduce_latency = 0;    // seconds per all-reduce step
+  // The data-parallel candidate's gradients are all-reduced in buckets of at most this many
+  // bytes (TrainConfig::gradient_bucket_mib); each bucket pays the latency again. 0: one.
+  double gradient_bucket_bytes = 0;
   bool include_data_parallel = true;
   RecomputeSpec recompute;  // of every pipelined candidate
   // With `recompute` none: a pipelined candidate that does not fit the cap is tried again

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
+#include <limits>
 #include <map>
 
 namespace conveyor::schedule {
@@ -182,6 +184,14 @@ int gradient_buckets(const Schedule& schedule, int stage) {
   for (const auto& list : schedule.ranks)
     for (const Action& a : list) count += is_reduce(a.kind) && a.stage == stage;
   return count;
+}
+
+int gradient_bucket_count(double gradient_bytes, double bucket_bytes) {
+  if (!(bucket_bytes > 0) || !(gradient_bytes > bucket_bytes)) return 1;
+  const double elements = std::floor(gradient_bytes / 4.0);
+  const double count = std::min({std::ceil(gradient_bytes / bucket_bytes), elements,
+                                 static_cast<double>(std::numeric_limits<int>::max())});
+  return std::max(1, static_cast<int>(count));
 }
 
 BucketRange gradient_bucket(size_t elements, int bucket, int buckets) {

@@ -164,6 +164,12 @@ struct Schedule {
 void add_gradient_all_reduces(Schedule* schedule, int replicas,
                               const std::vector<int>& buckets = {});
 
+// How many buckets of at most `bucket_bytes` a stage of `gradient_bytes` of f32 gradients is
+// all-reduced in: ceil(gradient_bytes / bucket_bytes), at least 1 and at most one per element
+// (a bucket sums whole elements); `bucket_bytes` <= 0 means one bucket, as does a stage no
+// larger than a bucket.
+int gradient_bucket_count(double gradient_bytes, double bucket_bytes);
+
 // How many buckets stage `stage`'s gradients are all-reduced in (its ALLREDUCE_GRADs; 0 with
 // one replica).
 int gradient_buckets(const Schedule& schedule, int stage);

@@ -34,6 +34,10 @@ CostModel CostModel::uniform(double f, double i, double w, double comm) {
   return c;
 }
 
+double reduce_bucket_cost(double whole, double latency, int buckets) {
+  return buckets > 1 ? latency + (whole - latency) / buckets : whole;
+}
+
 double CostModel::cost(const Action& a) const {
   const int s = a.stage;
   switch (a.kind) {
@@ -295,7 +299,7 @@ class StreamRun {
   double reduce_cost(const Action& a) const {
     const double whole = cost(a), latency = costs_->reduce_latency;
     const int k = a.stage < static_cast<int>(reduce_buckets_.size()) ? reduce_buckets_[a.stage] : 1;
-    return k > 1 ? latency + (whole - latency) / k : whole;
+    return reduce_bucket_cost(whole, latency, k);
   }
 
   // Schedules that did not pass validate() may name stages, micro-batches or peers that do

@@ -42,6 +42,12 @@ struct CostModel {
   double cost(const Action& action) const;
 };
 
+// One bucket of k of an all-reduce that takes `whole` time as one message, `latency` of which
+// every message pays: the latency and a k-th of the rest. The k buckets together take k - 1
+// latencies more than one message. The simulator charges each ALLREDUCE_GRAD this, and the
+// planner's data-parallel candidate k of them, so both price buckets alike.
+double reduce_bucket_cost(double whole, double latency, int buckets);
+
 struct ActionTiming {
   double start = 0;
   double end = 0;

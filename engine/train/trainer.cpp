@@ -133,6 +133,14 @@ void TrainConfig::validate() const {
   if (!std::isfinite(optimizer.lr) || !std::isfinite(optimizer.weight_decay))
     fail("learning rate and weight decay must be finite");
   check_data_parallel(*this);
+  if (gradient_bucket_mib) {
+    const double b = *gradient_bucket_mib;
+    if (!std::isfinite(b) || b < 0 || b > kMaxGradientBucketMiB ||
+        (b > 0 && b < kMinGradientBucketMiB))
+      fail("a gradient bucket must be 0 MiB (one bucket per stage) or from 0.0009765625 MiB "
+           "(1 KiB) to 1e6 MiB, got " +
+           format_readable(b) + " MiB");
+  }
   if (transport_timeout.count() < 1)
     fail("transport timeout must be at least 1 ms, got " +
          std::to_string(transport_timeout.count()) + " ms");
@@ -171,6 +179,48 @@ schedule::Schedule make_schedule(const TrainConfig& config) {
         " (--dp); dump one with `conveyor schedule --dp " + std::to_string(d) + " --dump FILE`");
   return loaded;
 }
+
+std::vector<int> gradient_buckets_per_stage(const ModelDescription& model,
+                                            const std::vector<StageRange>& ranges,
+                                            double bucket_mib) {
+  const std::vector<int64_t> unit_params = model.unit_parameter_counts();
+  std::vector<int> out;
+  for (const StageRange& r : ranges) {
+    double params = 0;
+    for (int64_t u = r.begin; u < r.end; ++u)
+      params += static_cast<double>(unit_params[static_cast<size_t>(u)]);
+    // One f32 gradient per weight, as the executor sums them.
+    out.push_back(schedule::gradient_bucket_count(4.0 * params, bucket_mib * 1024.0 * 1024.0));
+  }
+  return out;
+}
+
+namespace {
+
+// A generated schedule gets the buckets of the config's size; a schedule file keeps its own,
+// and a size given next to it must give the same counts.
+void set_gradient_buckets(schedule::Schedule& sched, const ModelDescription& model,
+                          const std::vector<StageRange>& ranges, const TrainConfig& config) {
+  if (sched.replicas == 1) return;
+  const std::vector<int> wanted = gradient_buckets_per_stage(
+      model, ranges, config.gradient_bucket_mib.value_or(kDefaultGradientBucketMiB));
+  if (config.schedule_file.empty()) {
+    schedule::add_gradient_all_reduces(&sched, sched.replicas, wanted);
+    return;
+  }
+  if (!config.gradient_bucket_mib) return;
+  for (int s = 0; s < sched.num_stages(); ++s) {
+    const int has = schedule::gradient_buckets(sched, s);
+    if (has == wanted[static_cast<size_t>(s)]) continue;
+    throw std::invalid_argument(
+        "--bucket-mb " + format_readable(*config.gradient_bucket_mib) + " gives stage " +
+        std::to_string(s) + " " + std::to_string(wanted[static_cast<size_t>(s)]) +
+        " gradient bucket(s) but schedule file '" + config.schedule_file + "' has " +
+        std::to_string(has) + "; the file decides, so leave --bucket-mb out or make it agree");
+  }
+}
+
+}  // namespace
 
 Device resolve_device(const std::optional<Device>& requested, std::string* note) {
   if (requested) {
@@ -228,6 +278,7 @@ void Trainer::build() {
   schedule::Schedule sched = make_schedule(config_);
   ranges_ = conveyor::stage_ranges(model_,
                                    partition_blocks(model_, sched.num_stages(), config_.partition));
+  set_gradient_buckets(sched, model_, ranges_, config_);
   const int p = sched.num_ranks() * sched.replicas;  // every replica's ranks
   // GPU ranks as processes (NCCL over MPI): whichever rank this process holds runs on the
   // GPU the process was given; the other ranks run in other processes, on theirs.

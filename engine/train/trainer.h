@@ -31,6 +31,14 @@ namespace conveyor {
 // streams. kShared: always share. No effect on the CPU.
 enum class RankPlacement : uint8_t { kAuto, kShared };
 
+// PyTorch DDP's bucket_cap_mb: large enough that a bucket's latency is small next to its
+// transfer, small enough that summing starts before the last gradients of a large stage.
+inline constexpr double kDefaultGradientBucketMiB = 25.0;
+// Beyond 10^6 MiB (about 1 TiB) a bucket holds any stage whole; below 1 KiB the latency each
+// bucket pays would dwarf its transfer.
+inline constexpr double kMaxGradientBucketMiB = 1e6;
+inline constexpr double kMinGradientBucketMiB = 1.0 / 1024.0;
+
 struct TrainConfig {
   // The reference model, when the trainer is not given a ModelDescription.
   ModelConfig model;
@@ -70,6 +78,12 @@ struct TrainConfig {
   // stage's parameters (ExecutorOptions::shard_optimizer); the weights stay those of the
   // unsharded run. No checkpoints yet.
   bool shard_optimizer = false;
+  // With data_parallel > 1: each stage's gradients are all-reduced in buckets of at most this
+  // many MiB, ceil(stage gradient bytes / bucket bytes) of them (0, or a bucket at least as
+  // large as the stage: one). Unset: kDefaultGradientBucketMiB for a generated schedule, and a
+  // schedule file's own buckets; set with a schedule file, the file must agree. The bits of a
+  // run do not depend on it.
+  std::optional<double> gradient_bucket_mib;
 
   // Throws std::invalid_argument naming the first impossible setting. The reference model
   // is checked by ModelConfig::validate (the trainer of the reference model calls both).
@@ -105,6 +119,12 @@ int cpu_threads_per_rank(int requested, int ranks);
 // The schedule a config asks for: generated, or loaded from its file (then checked against
 // the config's micro-batches).
 schedule::Schedule make_schedule(const TrainConfig& config);
+
+// Per stage of `ranges`: how many buckets of at most `bucket_mib` MiB its f32 gradients are
+// all-reduced in (schedule::gradient_bucket_count; 0 MiB: one).
+std::vector<int> gradient_buckets_per_stage(const ModelDescription& model,
+                                            const std::vector<StageRange>& ranges,
+                                            double bucket_mib);
 
 // The built-in data source of a config for a model taking token ids in [0, vocab): the
 // file's bytes, or a Markov chain over the vocabulary.

@@ -169,6 +169,13 @@ case $mode in
       --log-json "$work/buckets.jsonl" >"$work/buckets.out" 2>&1 ||
       fail "mpirun -np 4 with bucketed all-reduces failed: $(cat "$work/buckets.out")"
     same_run "$work" threads buckets "with the gradients all-reduced in buckets"
+    # Buckets from --bucket-mb, a count per stage from its gradient bytes: the same bits.
+    timeout 60 "${mpirun[@]}" -np 4 "$cli" "${common[@]}" --seed 7 --stages 2 --dp 2 \
+      --bucket-mb 0.01 --log-json "$work/bucket_mb.jsonl" >"$work/bucket_mb.out" 2>&1 ||
+      fail "mpirun -np 4 --bucket-mb 0.01 failed: $(cat "$work/bucket_mb.out")"
+    grep -Eq "over the replicas in ([2-9]|[1-9][0-9]+),([2-9]|[1-9][0-9]+) bucket" "$work/bucket_mb.out" ||
+      fail "--bucket-mb 0.01 did not cut the stages into buckets: $(cat "$work/bucket_mb.out")"
+    same_run "$work" threads bucket_mb "with --bucket-mb 0.01"
     # ZeRO-1: the optimizer state sharded over the replicas leaves every bit of the weights.
     timeout 60 "${mpirun[@]}" -np 4 "$cli" "${common[@]}" --seed 7 --stages 2 --dp 2 \
       --shard-optimizer --log-json "$work/shard.jsonl" >"$work/shard.out" 2>&1 ||
@@ -239,6 +246,14 @@ case $mode in
     [ "$(grep -c "conveyor: error" "$work/out")" = 1 ] ||
       fail "the refusal is not printed once: $(cat "$work/out")"
     echo "mismatched --seed refused at start, status $status"
+    # Other bucket sizes would give the ranks other all-reduce lists, which never match up.
+    timeout 60 "${mpirun[@]}" -np 1 "$cli" "${common[@]}" --stages 2 --bucket-mb 1 : \
+      -np 1 "$cli" "${common[@]}" --stages 2 --bucket-mb 2 >"$work/out" 2>&1
+    status=$?
+    [ "$status" = 2 ] || fail "--bucket-mb mismatch: status $status: $(cat "$work/out")"
+    grep -q "disagree on --bucket-mb: rank 0 has '1', rank 1 has '2'" "$work/out" ||
+      fail "the refusal does not name --bucket-mb: $(cat "$work/out")"
+    echo "mismatched --bucket-mb refused at start"
     ;;
   files)
     # One relative path, another file behind it in each process's working directory (an MPMD

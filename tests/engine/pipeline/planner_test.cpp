@@ -8,8 +8,10 @@
 #include <algorithm>
 #include <functional>
 #include <random>
+#include <utility>
 
 #include "engine/pipeline/partition_search.h"
+#include "engine/schedule/generators.h"
 #include "engine/schedule/simulator.h"
 
 namespace conveyor {
@@ -524,6 +526,44 @@ TEST(Planner, SaysWhenDataParallelBeatsThePipeline) {
   EXPECT_TRUE(capped.best().pipelined);
   for (const auto& c : capped.candidates)
     if (!c.pipelined) EXPECT_NE(c.rejected.find("does not fit"), std::string::npos) << c.rejected;
+}
+
+// The replicas' all-reduce in k buckets costs what the simulator charges k buckets of one
+// stage: k - 1 latencies more than one message, the same bytes.
+TEST(Planner, DataParallelBucketsCostWhatTheSimulatorCharges) {
+  const int p = 3;
+  UnitCosts costs;
+  costs.microbatch_tokens = 256;
+  UnitCost unit;  // no compute: the step is the all-reduce alone
+  unit.parameter_bytes = 1000;
+  unit.state_bytes = 4000;
+  costs.units = {unit, unit, unit, unit};
+  PlanOptions options;
+  options.num_ranks = p;
+  options.batch_tokens = 256 * p;
+  options.allreduce_latency = 1e-3;
+  options.allreduce_bandwidth = 1e5;
+  auto replicas_step = [&](double bucket_bytes) {
+    options.gradient_bucket_bytes = bucket_bytes;
+    for (const PlanCandidate& c : plan(costs, options).candidates)
+      if (!c.pipelined) return c.step_seconds;
+    ADD_FAILURE() << "no data-parallel candidate";
+    return 0.0;
+  };
+  // The planner's ring (2(p-1) steps of a latency and 1/p of the bytes) as the simulator's
+  // latency and bandwidth of one all-reduce.
+  schedule::CostModel model = schedule::CostModel::uniform(0, 0, 0);
+  model.gradient_bytes = {4000.0};
+  model.reduce_latency = 2.0 * (p - 1) * options.allreduce_latency;
+  model.reduce_bandwidth = options.allreduce_bandwidth * p / (2.0 * (p - 1));
+  for (const auto& [bucket_bytes, k] : {std::pair{0.0, 1}, {4000.0, 1}, {1000.0, 4}, {900.0, 5}}) {
+    schedule::Schedule s = schedule::generate(ScheduleKind::k1F1B, 1, 1, 1, p);
+    schedule::add_gradient_all_reduces(&s, p, {k});
+    const double simulated = schedule::simulate(s, model).makespan;
+    EXPECT_NEAR(replicas_step(bucket_bytes), simulated, 1e-12 * simulated)
+        << bucket_bytes << " bytes a bucket, " << k << " bucket(s)";
+  }
+  EXPECT_NEAR(replicas_step(1000.0) - replicas_step(0.0), 3 * model.reduce_latency, 1e-12);
 }
 
 TEST(Planner, UsesTheTableMeasuredAtEachMicroBatchSize) {

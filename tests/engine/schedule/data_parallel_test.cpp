@@ -4,6 +4,8 @@
 // simulator runs it on a reduction stream of its own that overlaps the remaining backward.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
 #include <string>
 
 #include "engine/schedule/ascii.h"
@@ -208,6 +210,20 @@ TEST(DataParallelSchedule, BucketsGoInOrderAfterTheLastWeightGradient) {
   EXPECT_EQ(gradient_bucket(10, 0, 3).end, 3u);
   EXPECT_EQ(gradient_bucket(10, 1, 3).end, 6u);
   EXPECT_EQ(gradient_bucket(10, 2, 3).end, 10u);
+}
+
+TEST(DataParallelSchedule, BucketCountIsTheStagesBytesOverTheBucketRoundedUp) {
+  EXPECT_EQ(gradient_bucket_count(100.0, 0.0), 1);    // 0: one bucket
+  EXPECT_EQ(gradient_bucket_count(100.0, 100.0), 1);  // a stage no larger than a bucket
+  EXPECT_EQ(gradient_bucket_count(100.0, 1000.0), 1);
+  EXPECT_EQ(gradient_bucket_count(101.0, 100.0), 2);
+  EXPECT_EQ(gradient_bucket_count(400.0, 100.0), 4);
+  EXPECT_EQ(gradient_bucket_count(401.0, 100.0), 5);
+  // A bucket sums whole f32 elements: 8 bytes are at most 2 buckets, however small.
+  EXPECT_EQ(gradient_bucket_count(8.0, 1.0), 2);
+  EXPECT_EQ(gradient_bucket_count(0.0, 1.0), 1);
+  EXPECT_EQ(gradient_bucket_count(1e30, 1.0), std::numeric_limits<int>::max());
+  EXPECT_EQ(gradient_bucket_count(100.0, std::nan("")), 1);
 }
 
 TEST(DataParallelSchedule, SimulatorSplitsAStagesAllReduceOverItsBuckets) {

@@ -4,6 +4,7 @@
 // checkpoint_sharded_test.cpp).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -39,6 +40,49 @@ TEST(DataParallelTrainer, RefusesMicroBatchesTheReplicasCannotShare) {
     EXPECT_NE(std::string(e.what()).find("4 micro-batches cannot be shared equally by 3"),
               std::string::npos)
         << e.what();
+  }
+}
+
+// Each stage gets ceil(its gradient bytes / the bucket) buckets, so stages of other sizes get
+// other counts; the weights are those of one bucket per stage, bit for bit.
+TEST(DataParallelTrainer, BucketSizeSetsEachStagesBucketsAndLeavesTheBits) {
+  TrainConfig c = dp_config();
+  c.partition = PartitionSpec::by_parameters();
+  c.gradient_bucket_mib = 0.0;
+  Trainer whole(c);
+  const schedule::Schedule& one = whole.executor().schedule();
+  ASSERT_EQ(one.num_stages(), 2);
+  const std::vector<int> counts = gradient_buckets_per_stage(whole.model(), whole.stage_ranges(),
+                                                             kMinGradientBucketMiB);
+  for (int s = 0; s < 2; ++s) EXPECT_EQ(schedule::gradient_buckets(one, s), 1);
+  c.gradient_bucket_mib = kMinGradientBucketMiB;
+  Trainer bucketed(c);
+  const schedule::Schedule& many = bucketed.executor().schedule();
+  for (int s = 0; s < 2; ++s) {
+    EXPECT_GT(counts[s], 1) << "stage " << s;
+    EXPECT_EQ(schedule::gradient_buckets(many, s), counts[s]) << "stage " << s;
+  }
+  for (int s = 0; s < 3; ++s) {
+    whole.step();
+    bucketed.step();
+  }
+  const auto a = all_weights(whole), b = all_weights(bucketed);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i)
+    EXPECT_EQ(std::memcmp(a[i].data(), b[i].data(), a[i].size() * sizeof(float)), 0)
+        << "tensor " << i;
+  // The default is PyTorch's 25 MiB, which holds each of these small stages whole.
+  c.gradient_bucket_mib.reset();
+  Trainer by_default(c);
+  for (int s = 0; s < 2; ++s)
+    EXPECT_EQ(schedule::gradient_buckets(by_default.executor().schedule(), s), 1);
+}
+
+TEST(DataParallelTrainer, RefusesABucketThatIsNotASize) {
+  for (double mib : {-1.0, std::nan(""), 1e-4, 2e6}) {
+    TrainConfig c = dp_config();
+    c.gradient_bucket_mib = mib;
+    EXPECT_THROW(c.validate(), std::invalid_argument) << mib;
   }
 }
 
