@@ -13,8 +13,8 @@ std::string pad(std::string s, size_t width) {
 
 std::string compute_label(const Schedule& schedule, const Action& a) {
   std::string label = kind_name(a.kind);
-  if (schedule.placement.chunks > 1) label += std::to_string(a.stage) + ".";
-  return label + std::to_string(a.microbatch);
+  if (schedule.placement.chunks > 1) label.append(std::to_string(a.stage)).append(".");
+  return label.append(std::to_string(a.microbatch));
 }
 
 namespace {

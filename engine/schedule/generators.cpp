@@ -58,7 +58,7 @@ std::optional<ScheduleKind> parse_schedule_kind(std::string_view name) {
 
 std::string schedule_kind_choices() {
   std::string out;
-  for (const auto& k : schedule_kinds()) out += (out.empty() ? "" : "|") + std::string(k.name);
+  for (const auto& k : schedule_kinds()) out.append(out.empty() ? "" : "|").append(k.name);
   return out;
 }
 

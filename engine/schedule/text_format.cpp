@@ -148,8 +148,8 @@ void put(std::vector<std::vector<Action>>* ranks, int rank, int line, Action a) 
 std::string dump_text(const Schedule& s) {
   std::string out = header_line(s);
   for (size_t r = 0; r < s.ranks.size(); ++r) {
-    out += "r" + std::to_string(r) + ":";
-    for (const auto& a : s.ranks[r]) out += " " + to_string(a);
+    out.append("r").append(std::to_string(r)).append(":");
+    for (const auto& a : s.ranks[r]) out.append(" ").append(to_string(a));
     out += "\n";
   }
   return out;
