@@ -113,6 +113,17 @@ void MarkovSource::seek(uint64_t position) {
   position_ = position;
 }
 
+void MarkovSource::restore(uint64_t position, std::optional<int32_t> token) {
+  if (!token) return seek(position);
+  if (*token < 0 || *token >= vocab_)
+    throw std::invalid_argument("Markov source token " + std::to_string(*token) +
+                                " is not in [0, " + std::to_string(vocab_) + ")");
+  // The draw at each position is keyed by the position, so the chain from here on is
+  // a function of (position, token) alone: the same tokens as a replay that reached them.
+  position_ = position;
+  current_ = *token;
+}
+
 std::string MarkovSource::describe() const {
   std::ostringstream out;
   out << "Markov chain (vocab " << vocab_ << ", fanout " << fanout_ << ", seed " << seed_
