@@ -57,7 +57,8 @@ class MarkovSource : public TokenSource {
   const std::vector<std::pair<int32_t, double>>& row(int32_t state) const { return rows_[state]; }
 
  private:
-  int32_t step_from(int32_t state, uint64_t t) const;
+  int32_t step_from(int32_t state, uint64_t t) const;  // with the draw of position t
+  int32_t step_with(int32_t state, float u) const;      // with the uniform draw u
   void compute_entropy();
 
   int64_t vocab_;

@@ -56,6 +56,20 @@ TEST(MarkovSource, SeekReproducesTheStream) {
   EXPECT_NE(in_a, in_c);
 }
 
+// Seek draws four positions per generator call: every position within and across those
+// groups lands on the token the stream has there.
+TEST(MarkovSource, SeekLandsOnTheStreamsTokenAtEveryPosition) {
+  MarkovSource stream(50, 9);
+  std::vector<int32_t> in(41), out(41);
+  stream.next(in.data(), out.data(), 41);
+  for (uint64_t p = 0; p <= 40; ++p) {
+    MarkovSource sought(50, 9);
+    sought.seek(p);
+    EXPECT_EQ(sought.position(), p);
+    EXPECT_EQ(sought.current_token(), in[p]) << "position " << p;
+  }
+}
+
 TEST(MarkovSource, RestoreFromTheTokenGivesTheTokensOfAReplay) {
   MarkovSource replayed(50, 9), restored(50, 9);
   const uint64_t at = 100003;
