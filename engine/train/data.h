@@ -58,7 +58,7 @@ class MarkovSource : public TokenSource {
 
  private:
   int32_t step_from(int32_t state, uint64_t t) const;  // with the draw of position t
-  int32_t step_with(int32_t state, float u) const;      // with the uniform draw u
+  int32_t step_with(int32_t state, float u) const;     // with the uniform draw u
   void compute_entropy();
 
   int64_t vocab_;

@@ -150,8 +150,8 @@ TEST(TrainerResume, TheDataTokenRestoresTheSourceAndACheckpointWithoutOneReplays
   testing::edit_manifest(folder, [&](auto& m) { m["data"]["token"] = c.model.vocab; });
   {
     Trainer trainer(c);
-    EXPECT_CHECKPOINT_ERROR(resume_trainer(trainer, dir.path()), "manifest.data.token is " +
-                                                                     std::to_string(c.model.vocab));
+    EXPECT_CHECKPOINT_ERROR(resume_trainer(trainer, dir.path()),
+                            "manifest.data.token is " + std::to_string(c.model.vocab));
     EXPECT_EQ(trainer.steps_done(), 0);
   }
 
