@@ -153,7 +153,9 @@ void run_inspect(const CkptFlags& flags) {
               s.optimizer.warmup_steps, s.optimizer_steps);
   std::printf("  lr schedule  step %" PRId64 " of %" PRId64 "\n", s.lr_schedule.step,
               s.lr_schedule.total_steps);
-  std::printf("  data         %s, position %" PRIu64 "\n", s.data.source.c_str(), s.data.position);
+  std::printf("  data         %s, position %" PRIu64, s.data.source.c_str(), s.data.position);
+  if (s.data.token) std::printf(", token %" PRId32, *s.data.token);
+  std::printf("\n");
   std::printf("  rng          %s\n", s.rng.dump().c_str());
   if (s.replicas > 1)
     std::printf("  replicas     %d, each saving its pieces of the optimizer state\n", s.replicas);

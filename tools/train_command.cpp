@@ -494,8 +494,7 @@ void pause_if_asked_at(const char* point) { pause_if_asked("CONVEYOR_TEST_PAUSE_
 // collective under MPI.
 double evaluate_after_training(Trainer& trainer, int64_t batches) {
   std::unique_ptr<TokenSource> held_out =
-      make_token_source(trainer.config(), trainer.model().vocab);
-  held_out->seek(trainer.source().position());
+      make_token_source_at(trainer.config(), trainer.model().vocab, trainer.source());
   pause_if_asked_at("evaluation");
   return trainer.evaluate(*held_out, batches);
 }

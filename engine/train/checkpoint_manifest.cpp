@@ -215,6 +215,7 @@ json manifest_to_json(const CheckpointManifest& m) {
       {"data", {{"source", s.data.source}, {"position", s.data.position}}},
       {"rng", s.rng},
       {"shards", shards}};
+  if (s.data.token) out["data"]["token"] = *s.data.token;
   // Written only when there is more than one, so a checkpoint of one replica stays as before.
   if (s.replicas != 1) out["replicas"] = s.replicas;
   return out;
@@ -271,7 +272,7 @@ CheckpointManifest parse_manifest(std::string_view text, const std::string& file
                           " (this build reads version " + std::to_string(kCheckpointFormatVersion) +
                           ")");
 
-  // "replicas" is the one optional field.
+  // "replicas" is the one optional field at this level (data.token the other, below).
   json fields = root;
   fields.erase("replicas");
   const Fields f(fields, "manifest", file,
@@ -296,9 +297,17 @@ CheckpointManifest parse_manifest(std::string_view text, const std::string& file
   s.lr_schedule.step = lr.integer("step", 0);
   s.lr_schedule.total_steps = lr.integer("total_steps", 0);
 
-  const Fields data(f.object("data"), "manifest.data", file, {"source", "position"});
+  // "token" is optional: checkpoints written before it was recorded resume by replay.
+  json data_fields = f.object("data");
+  data_fields.erase("token");
+  const Fields data(data_fields, "manifest.data", file, {"source", "position"});
   s.data.source = data.string("source");
   s.data.position = data.unsigned_integer("position");
+  if (f.object("data").contains("token")) {
+    const Fields with_token(f.object("data"), "manifest.data", file,
+                            {"source", "position", "token"});
+    s.data.token = with_token.small_integer("token", 0);
+  }
 
   const json& shards = f.array("shards");
   if (shards.empty()) f.fail("shards", "is empty: a checkpoint has at least one shard");

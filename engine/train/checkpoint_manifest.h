@@ -3,6 +3,7 @@
 // the trainer needs besides tensors to resume exactly. docs/checkpoint-format.md shows it.
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -27,10 +28,13 @@ struct LrSchedulePosition {
   int64_t total_steps = 0;
 };
 
-// Where the token source stands (TokenSource::describe() and position()).
+// Where the token source stands (TokenSource::describe(), position() and current_token()).
 struct DataPosition {
   std::string source;
   uint64_t position = 0;
+  // The token at `position`: restores a Markov source at once instead of replaying it.
+  // Absent from checkpoints written before it was recorded, and for sources without one.
+  std::optional<int32_t> token;
 };
 
 // Everything a checkpoint records besides the tensors.

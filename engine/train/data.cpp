@@ -15,13 +15,18 @@
 namespace conveyor {
 namespace {
 
-// Uniform in [0, 1) from the counter-based generator: 24 random bits.
+// The counter-based generator's four words for counters [4 block, 4 block + 4).
+kernels::Philox4 philox_block(uint64_t seed, uint64_t stream, uint64_t block) {
+  return kernels::philox4x32_10(static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32),
+                                static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32),
+                                static_cast<uint32_t>(stream), static_cast<uint32_t>(stream >> 32));
+}
+
+// Uniform in [0, 1) from one word: its top 24 bits.
+float unit_float(uint32_t word) { return static_cast<float>(word >> 8) * (1.0f / 16777216.0f); }
+
 float uniform01(uint64_t seed, uint64_t stream, uint64_t counter) {
-  const kernels::Philox4 words = kernels::philox4x32_10(
-      static_cast<uint32_t>(counter / 4), static_cast<uint32_t>((counter / 4) >> 32),
-      static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32), static_cast<uint32_t>(stream),
-      static_cast<uint32_t>(stream >> 32));
-  return static_cast<float>(words.v[counter % 4] >> 8) * (1.0f / 16777216.0f);
+  return unit_float(philox_block(seed, stream, counter / 4).v[counter % 4]);
 }
 
 constexpr uint64_t kTableStream = 0x7461626c65ULL;  // draws that build the transition table
@@ -90,7 +95,10 @@ void MarkovSource::compute_entropy() {
 }
 
 int32_t MarkovSource::step_from(int32_t state, uint64_t t) const {
-  const float u = uniform01(seed_, kChainStream, t);
+  return step_with(state, uniform01(seed_, kChainStream, t));
+}
+
+int32_t MarkovSource::step_with(int32_t state, float u) const {
   const auto& cdf = cdf_[state];
   const size_t k = std::upper_bound(cdf.begin(), cdf.end(), u) - cdf.begin();
   return rows_[state][std::min(k, cdf.size() - 1)].first;
@@ -107,10 +115,26 @@ void MarkovSource::next(int32_t* inputs, int32_t* targets, int64_t n) {
 }
 
 void MarkovSource::seek(uint64_t position) {
-  position_ = 0;
-  current_ = 0;
-  for (uint64_t t = 0; t < position; ++t) current_ = step_from(current_, t);
+  // The draws of step_from, a generator call per four positions rather than per position.
+  int32_t state = 0;
+  for (uint64_t block = 0; block * 4 < position; ++block) {
+    const kernels::Philox4 words = philox_block(seed_, kChainStream, block);
+    const uint64_t in_block = std::min<uint64_t>(4, position - block * 4);
+    for (uint64_t k = 0; k < in_block; ++k) state = step_with(state, unit_float(words.v[k]));
+  }
   position_ = position;
+  current_ = state;
+}
+
+void MarkovSource::restore(uint64_t position, std::optional<int32_t> token) {
+  if (!token) return seek(position);
+  if (*token < 0 || *token >= vocab_)
+    throw std::invalid_argument("Markov source token " + std::to_string(*token) +
+                                " is not in [0, " + std::to_string(vocab_) + ")");
+  // The draw at each position is keyed by the position, so the chain from here on is
+  // a function of (position, token) alone: the same tokens as a replay that reached them.
+  position_ = position;
+  current_ = *token;
 }
 
 std::string MarkovSource::describe() const {

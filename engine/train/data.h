@@ -20,6 +20,13 @@ class TokenSource {
   // Tokens consumed so far, and moving there (for resuming).
   virtual uint64_t position() const = 0;
   virtual void seek(uint64_t position) = 0;
+  // The token at position(), the next pair's input, from a source whose later tokens depend
+  // only on it and the position: with it restore() moves there at once, where seek() may
+  // have to replay the stream. Sources whose seek is already cheap return nothing.
+  virtual std::optional<int32_t> current_token() const { return std::nullopt; }
+  // Moves to `position` given the current_token() a source of this kind had there, or seeks
+  // when there is none (a checkpoint written before tokens were recorded).
+  virtual void restore(uint64_t position, std::optional<int32_t> /*token*/) { seek(position); }
   virtual std::string describe() const = 0;
   // The best achievable mean loss (nats/token) of a model that sees one token, when known.
   virtual std::optional<double> entropy() const { return std::nullopt; }
@@ -39,7 +46,10 @@ class MarkovSource : public TokenSource {
   int64_t vocab() const override { return vocab_; }
   void next(int32_t* inputs, int32_t* targets, int64_t n) override;
   uint64_t position() const override { return position_; }
-  void seek(uint64_t position) override;  // replays the chain from the start
+  void seek(uint64_t position) override;  // replays the chain from the start: O(position)
+  std::optional<int32_t> current_token() const override { return current_; }
+  // O(1) with a token; throws std::invalid_argument if it is not in [0, vocab).
+  void restore(uint64_t position, std::optional<int32_t> token) override;
   std::string describe() const override;
   std::optional<double> entropy() const override { return entropy_; }
 
@@ -47,7 +57,8 @@ class MarkovSource : public TokenSource {
   const std::vector<std::pair<int32_t, double>>& row(int32_t state) const { return rows_[state]; }
 
  private:
-  int32_t step_from(int32_t state, uint64_t t) const;
+  int32_t step_from(int32_t state, uint64_t t) const;  // with the draw of position t
+  int32_t step_with(int32_t state, float u) const;     // with the uniform draw u
   void compute_entropy();
 
   int64_t vocab_;

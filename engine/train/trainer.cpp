@@ -250,6 +250,13 @@ std::unique_ptr<TokenSource> make_token_source(const TrainConfig& config, int64_
   return std::make_unique<MarkovSource>(vocab, config.seed);
 }
 
+std::unique_ptr<TokenSource> make_token_source_at(const TrainConfig& config, int64_t vocab,
+                                                  const TokenSource& run) {
+  std::unique_ptr<TokenSource> source = make_token_source(config, vocab);
+  source->restore(run.position(), run.current_token());
+  return source;
+}
+
 // model_ is declared before config_, so it is built from the argument before that moves.
 Trainer::Trainer(TrainConfig config, std::shared_ptr<TokenSource> source)
     : model_(reference_model(config.model)),

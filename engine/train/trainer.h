@@ -129,6 +129,10 @@ std::vector<int> gradient_buckets_per_stage(const ModelDescription& model,
 // The built-in data source of a config for a model taking token ids in [0, vocab): the
 // file's bytes, or a Markov chain over the vocabulary.
 std::unique_ptr<TokenSource> make_token_source(const TrainConfig& config, int64_t vocab);
+// The same, standing where `run` (such a source) stands: what follows the trained tokens, for
+// held-out data. Restored from run's current token, so at once however far the run has gone.
+std::unique_ptr<TokenSource> make_token_source_at(const TrainConfig& config, int64_t vocab,
+                                                  const TokenSource& run);
 
 // Refuses, with the estimate and what is available, a run whose parameters, gradients,
 // optimizer state and in-flight activations (engine/pipeline/memory_estimate.h) exceed, on

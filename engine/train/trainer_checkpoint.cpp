@@ -120,6 +120,10 @@ void check_resumable(Trainer& trainer, const Checkpoint& checkpoint) {
     throw CheckpointError(manifest + " was trained on " + saved.data.source +
                           " but this run reads " + ours.data.source +
                           "; resume with the same data and seed");
+  if (saved.data.token && *saved.data.token >= trainer.source().vocab())
+    throw CheckpointError(manifest + ": manifest.data.token is " +
+                          std::to_string(*saved.data.token) + " but " + saved.data.source +
+                          " has tokens in [0, " + std::to_string(trainer.source().vocab()) + ")");
   const nlohmann::json& rng = saved.rng;
   if (rng.is_object() && rng.contains("batch_tokens") &&
       rng["batch_tokens"] != trainer.config().batch_tokens)
@@ -168,7 +172,8 @@ TrainingState trainer_training_state(Trainer& trainer) {
   // Every rank's optimizer has taken the same steps; ask one this process holds.
   state.optimizer_steps = executor.optimizer(executor.local_ranks().front()).steps_taken();
   state.lr_schedule = {trainer.steps_done(), config.steps};
-  state.data = {trainer.source().describe(), trainer.source().position()};
+  state.data = {trainer.source().describe(), trainer.source().position(),
+                trainer.source().current_token()};
   // The built-in source and the weights are functions of the seed and the position alone;
   // the batch size fixes how the next step draws.
   state.rng = {{"seed", config.seed}, {"batch_tokens", config.batch_tokens}};
@@ -511,7 +516,7 @@ Checkpoint resume_trainer(Trainer& trainer, const fs::path& path) {
   for (const std::exception_ptr& e : errors)
     if (e && !error) error = e;
   agree_across_processes(executor, error, "loading checkpoint " + path.string());
-  trainer.source().seek(saved.data.position);
+  trainer.source().restore(saved.data.position, saved.data.token);
   trainer.resume_at(saved.step);
   return std::move(checkpoint);
 }

@@ -104,7 +104,7 @@ inline TrainingState demo_state(int64_t step, int num_ranks) {
   s.optimizer.lr = 0.1 / 3;  // not a short decimal: doubles must survive exactly
   s.optimizer_steps = step;
   s.lr_schedule = {step, 200};
-  s.data = {"Markov chain (vocab 19)", (uint64_t{1} << 63) + 12345};
+  s.data = {"Markov chain (vocab 19)", (uint64_t{1} << 63) + 12345, 13};
   s.rng = {{"philox", {{"seed", 17}, {"counter", "18446744073709551615"}}}};
   return s;
 }

@@ -96,6 +96,10 @@ TEST_F(CheckpointLoad, ManifestFieldsAreChecked) {
       {"/optimizer/kind", "lion", "kind must be adamw or sgd"},
       {"/optimizer/lr", nullptr, "manifest.optimizer.lr is null, expected a finite number"},
       {"/data/position", -5, "manifest.data.position is -5"},
+      {"/data/token", -1, "manifest.data.token is -1, expected an integer >= 0"},
+      {"/data/token", "13", "manifest.data.token is \"13\""},
+      {"/data/token", int64_t{1} << 31, "manifest.data.token is 2147483648, which is too large"},
+      {"/data/extra", 1, "manifest.data has an unknown field 'extra'"},
       {"/shards/1/rank", 0, "manifest.shards[1].rank is 0, expected 1"},
       {"/shards/1/file", "../rank_1.safetensors", "not a plain file name"},
       {"/shards/1/file", "rank_0.safetensors", "which another shard also names"},
@@ -129,6 +133,13 @@ TEST_F(CheckpointLoad, ManifestFieldsAreChecked) {
   write_file(manifest(), pristine);
   edit_manifest(folder_, [](auto& m) { m.erase("rng"); });
   EXPECT_CHECKPOINT_ERROR(open_checkpoint(folder_), "manifest has no field 'rng'");
+}
+
+// The data token is optional: a checkpoint written before it was recorded loads without one.
+TEST_F(CheckpointLoad, AManifestWithoutTheDataTokenLoads) {
+  EXPECT_EQ(open_checkpoint(folder_).state().data.token, std::optional<int32_t>(13));
+  edit_manifest(folder_, [](auto& m) { m["data"].erase("token"); });
+  EXPECT_FALSE(open_checkpoint(folder_).state().data.token.has_value());
 }
 
 // What the trainer writes: rng.batch_tokens, the tokens each step draws, ties the data

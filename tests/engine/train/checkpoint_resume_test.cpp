@@ -3,6 +3,7 @@
 // for bit as the run of 2N steps does; a failed save leaves the previous checkpoint in place;
 // a checkpoint of another model is refused naming the difference.
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -114,6 +115,80 @@ TEST(TrainerResume, BackgroundSaveContinuesBitForBit) {
   TempDir dir;
   const TrainConfig c = resume_config(4, schedule::ScheduleKind::k1F1B);
   expect_identical(straight(c), stopped_and_resumed(c, c, dir.path(), /*async=*/true));
+}
+
+// The manifest records the Markov source's token at its position, and the resume restores
+// the source from it; a checkpoint without it (written before it was recorded) replays the
+// source instead and continues bit for bit too. A token outside the vocab is refused.
+TEST(TrainerResume, TheDataTokenRestoresTheSourceAndACheckpointWithoutOneReplays) {
+  TempDir dir;
+  const TrainConfig c = resume_config(2, schedule::ScheduleKind::k1F1B);
+  const conveyor::Run want = straight(c);
+  conveyor::Run run;
+  std::optional<int32_t> token;
+  {
+    Trainer trainer(c);
+    TrainerCheckpointer checkpointer(trainer, {dir.path()});
+    for (int64_t s = 0; s < kHalf; ++s) run.losses.push_back(trainer.step().loss);
+    trainer.save_now();
+    token = trainer.source().current_token();
+  }
+  const std::filesystem::path folder = dir / ("step_" + std::to_string(kHalf));
+  ASSERT_TRUE(token.has_value());
+  EXPECT_EQ(open_checkpoint(folder).state().data.token, token);
+
+  // An edited token is what the resumed source starts from: it is not replayed.
+  const std::string pristine = testing::read_file(folder / "manifest.json");
+  const int32_t other = (*token + 1) % static_cast<int32_t>(c.model.vocab);
+  testing::edit_manifest(folder, [&](auto& m) { m["data"]["token"] = other; });
+  {
+    Trainer trainer(c);
+    resume_trainer(trainer, dir.path());
+    EXPECT_EQ(trainer.source().current_token(), other);
+    EXPECT_EQ(trainer.source().position(), static_cast<uint64_t>(kHalf * c.batch_tokens));
+  }
+  testing::edit_manifest(folder, [&](auto& m) { m["data"]["token"] = c.model.vocab; });
+  {
+    Trainer trainer(c);
+    EXPECT_CHECKPOINT_ERROR(resume_trainer(trainer, dir.path()),
+                            "manifest.data.token is " + std::to_string(c.model.vocab));
+    EXPECT_EQ(trainer.steps_done(), 0);
+  }
+
+  testing::write_file(folder / "manifest.json", pristine);
+  testing::edit_manifest(folder, [](auto& m) { m["data"].erase("token"); });
+  Trainer trainer(c);
+  const Checkpoint ckpt = resume_trainer(trainer, dir.path());
+  EXPECT_FALSE(ckpt.state().data.token.has_value());
+  EXPECT_EQ(trainer.source().current_token(), token);
+  for (int64_t s = kHalf; s < c.steps; ++s) run.losses.push_back(trainer.step().loss);
+  run.state = full_state(trainer);
+  expect_identical(want, run);
+}
+
+// A run 2^40 steps into its data: a replay of the source would not end, the token restores it
+// at once, and the resumed run goes on bit for bit as the one that saved.
+TEST(TrainerResume, FarIntoTheDataResumesWithoutReplayingTheSource) {
+  TempDir dir;
+  TrainConfig c = resume_config(2, schedule::ScheduleKind::k1F1B);
+  const int64_t far = int64_t{1} << 40;
+  c.steps = far + 2 * kHalf;
+  Trainer first(c);
+  first.source().restore(static_cast<uint64_t>(far * c.batch_tokens), 5);
+  first.resume_at(far);
+  for (int r : first.executor().local_ranks()) first.executor().optimizer(r).set_steps_taken(far);
+  TrainerCheckpointer checkpointer(first, {dir.path()});
+  first.step();
+  first.save_now();
+
+  Trainer second(c);
+  const Checkpoint ckpt = resume_trainer(second, dir.path());
+  EXPECT_EQ(ckpt.state().data.position, static_cast<uint64_t>((far + 1) * c.batch_tokens));
+  EXPECT_EQ(second.source().position(), first.source().position());
+  EXPECT_EQ(second.source().current_token(), first.source().current_token());
+  EXPECT_EQ(second.steps_done(), far + 1);
+  for (int64_t s = 0; s < kHalf; ++s) EXPECT_EQ(first.step().loss, second.step().loss) << s;
+  EXPECT_TRUE(full_state(first) == full_state(second));
 }
 
 TEST(TrainerResume, CheckpointOfAnotherModelIsRefusedNamingTheDifference) {

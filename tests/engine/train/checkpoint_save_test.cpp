@@ -139,6 +139,7 @@ TEST(CheckpointSave, TrainingStateRoundTripsExactly) {
   EXPECT_EQ(got.lr_schedule.total_steps, want.lr_schedule.total_steps);
   EXPECT_EQ(got.data.source, want.data.source);
   EXPECT_EQ(got.data.position, want.data.position);  // above 2^63
+  EXPECT_EQ(got.data.token, want.data.token);
   EXPECT_EQ(got.rng, want.rng);
 }
 

@@ -56,6 +56,66 @@ TEST(MarkovSource, SeekReproducesTheStream) {
   EXPECT_NE(in_a, in_c);
 }
 
+// Seek draws four positions per generator call: every position within and across those
+// groups lands on the token the stream has there.
+TEST(MarkovSource, SeekLandsOnTheStreamsTokenAtEveryPosition) {
+  MarkovSource stream(50, 9);
+  std::vector<int32_t> in(41), out(41);
+  stream.next(in.data(), out.data(), 41);
+  for (uint64_t p = 0; p <= 40; ++p) {
+    MarkovSource sought(50, 9);
+    sought.seek(p);
+    EXPECT_EQ(sought.position(), p);
+    EXPECT_EQ(sought.current_token(), in[p]) << "position " << p;
+  }
+}
+
+TEST(MarkovSource, RestoreFromTheTokenGivesTheTokensOfAReplay) {
+  MarkovSource replayed(50, 9), restored(50, 9);
+  const uint64_t at = 100003;
+  replayed.seek(at);
+  ASSERT_TRUE(replayed.current_token().has_value());
+  restored.restore(at, replayed.current_token());
+  EXPECT_EQ(restored.position(), at);
+  std::vector<int32_t> in_a(500), out_a(500), in_b(500), out_b(500);
+  replayed.next(in_a.data(), out_a.data(), 500);
+  restored.next(in_b.data(), out_b.data(), 500);
+  EXPECT_EQ(in_a, in_b);
+  EXPECT_EQ(out_a, out_b);
+  EXPECT_EQ(restored.current_token(), out_b.back());  // the token follows the draws
+  // Without a token, restore replays: the same tokens again.
+  MarkovSource fallback(50, 9);
+  fallback.restore(at, std::nullopt);
+  fallback.next(in_b.data(), out_b.data(), 500);
+  EXPECT_EQ(in_a, in_b);
+}
+
+// A position of 2^60 tokens, which a replay would take centuries to reach: restoring there
+// continues the chain exactly as the source restored earlier does when it gets there.
+TEST(MarkovSource, RestoresAtAHugePositionWithoutReplaying) {
+  const uint64_t at = uint64_t{1} << 60;
+  MarkovSource earlier(50, 9), later(50, 9);
+  earlier.restore(at, 7);
+  std::vector<int32_t> in_a(1000), out_a(1000), in_b(600), out_b(600);
+  earlier.next(in_a.data(), out_a.data(), 1000);
+  EXPECT_EQ(in_a[0], 7);
+  later.restore(at + 400, in_a[400]);
+  later.next(in_b.data(), out_b.data(), 600);
+  EXPECT_EQ(std::vector<int32_t>(in_a.begin() + 400, in_a.end()), in_b);
+  EXPECT_EQ(std::vector<int32_t>(out_a.begin() + 400, out_a.end()), out_b);
+  // Draws are keyed by the position: the same token elsewhere starts another stream.
+  MarkovSource elsewhere(50, 9);
+  elsewhere.restore(at + 1, 7);
+  elsewhere.next(in_b.data(), out_b.data(), 600);
+  EXPECT_NE(std::vector<int32_t>(out_a.begin(), out_a.begin() + 600), out_b);
+}
+
+TEST(MarkovSource, RestoreRefusesATokenOutsideTheVocab) {
+  MarkovSource source(50, 9);
+  EXPECT_THROW(source.restore(10, 50), std::invalid_argument);
+  EXPECT_THROW(source.restore(10, -1), std::invalid_argument);
+}
+
 TEST(MarkovSource, RejectsImpossibleSizes) {
   EXPECT_THROW(MarkovSource(1, 0), std::invalid_argument);
   EXPECT_THROW(MarkovSource(10, 0, 0), std::invalid_argument);
@@ -76,6 +136,11 @@ TEST(FileSource, ReadsBytesInOrderAndWraps) {
   source.seek(3);
   source.next(in.data(), out.data(), 1);
   EXPECT_EQ(in[0], 'd');
+  // Its seek is already O(1): no token to record, and restore seeks.
+  EXPECT_FALSE(source.current_token().has_value());
+  source.restore(5 * 1000000000000ULL + 1, std::nullopt);
+  source.next(in.data(), out.data(), 1);
+  EXPECT_EQ(in[0], 'b');
   std::remove(path.c_str());
 }
 
