@@ -40,11 +40,13 @@ TEST(Recompute, GradientsAndLossesAreBitwiseThoseOfKeepingTheActivations) {
       RecomputeSpec::every_unit(), RecomputeSpec::of_units({2, 3, 5}), RecomputeSpec::of_units({0}),
       RecomputeSpec::of_units({7}), RecomputeSpec::of_units({1, 2, 3, 4, 5, 6})};
   int configurations = 0;
-  for (ScheduleKind kind :
-       {ScheduleKind::k1F1B, ScheduleKind::kGPipe, ScheduleKind::kZBH1, ScheduleKind::kInterleaved})
+  for (const schedule::NamedScheduleKind& named : schedule::schedule_kinds())
     for (int p : {1, 2, 4})
       for (int m : {1, 4}) {
+        const ScheduleKind kind = named.kind;
+        // Two chunks per rank need 2p stages of the 8 units.
         if (kind == ScheduleKind::kInterleaved && (m % p != 0 || p * 2 > 8)) continue;
+        if (kind == ScheduleKind::kZBV && p * 2 > 8) continue;
         const RunRecord want = run_two_steps(*make(kind, p, m, RecomputeSpec::none()), m);
         for (const RecomputeSpec& spec : specs) {
           SCOPED_TRACE(std::string(schedule::schedule_kind_name(kind)) + " p=" + std::to_string(p) +
@@ -53,7 +55,7 @@ TEST(Recompute, GradientsAndLossesAreBitwiseThoseOfKeepingTheActivations) {
           ++configurations;
         }
       }
-  EXPECT_GE(configurations, 80);
+  EXPECT_GE(configurations, 140);
 }
 
 // The allocator's peak falls by what the estimate predicts: the units' saved bytes of every
