@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """`conveyor train --trace` with checkpoints: the trace holds every step on the training loop,
-each save's hold of the loop, and its write — on a thread of its own with --async-save (so it
-can overlap the steps that follow), on the loop itself otherwise — plus the last step's ranks
-on the run's clock.  Usage: run_trace_check.py CONVEYOR WORKDIR"""
+each save's hold of the loop, and its write — on a thread of its own with --async-save, where
+it overlaps the steps that follow, on the loop between two steps otherwise — plus the last
+step's ranks on the run's clock.  Usage: run_trace_check.py CONVEYOR WORKDIR"""
 import json
 import shutil
 import subprocess
@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 
 RUN_PID, LOOP, WRITER = 1000000, 0, 1
+# A save every 2 steps: three of them with steps after them, each a chance to show overlap.
+STEPS, EVERY = 8, 2
 
 
 def fail(message):
@@ -22,9 +24,9 @@ def traced_run(conveyor, work, name, extra):
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     trace = folder / "trace.json"
-    cmd = [conveyor, "train", "--device", "cpu", "--steps", "6", "--stages", "2",
-           "--batch-tokens", "512", "--microbatches", "4", "--vocab", "32", "--d-model", "32",
-           "--quiet", "--save-dir", str(folder / "ckpt"), "--save-every", "2",
+    cmd = [conveyor, "train", "--device", "cpu", "--steps", str(STEPS), "--stages", "2",
+           "--batch-tokens", "2048", "--microbatches", "4", "--vocab", "32", "--d-model", "32",
+           "--quiet", "--save-dir", str(folder / "ckpt"), "--save-every", str(EVERY),
            "--trace", str(trace)] + extra
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     if done.returncode != 0:
@@ -40,18 +42,18 @@ def slices(events, tid, prefix):
 
 def check(events, asynchronous):
     steps = slices(events, LOOP, "step ")
-    if sorted(steps, key=int) != [str(s) for s in range(1, 7)]:
-        fail(f"expected steps 1..6 on the training loop, got {sorted(steps)}")
+    if sorted(steps, key=int) != [str(s) for s in range(1, STEPS + 1)]:
+        fail(f"expected steps 1..{STEPS} on the training loop, got {sorted(steps)}")
     hold = slices(events, LOOP, "snapshot " if asynchronous else "save ")
     writes = slices(events, WRITER if asynchronous else LOOP, "write ")
-    expected = ["step_2", "step_4", "step_6"]
+    expected = sorted(f"step_{s}" for s in range(EVERY, STEPS + 1, EVERY))
     if sorted(hold) != expected or sorted(writes) != expected:
         fail(f"expected holds and writes of {expected}, got {sorted(hold)} and {sorted(writes)}")
     for name, (begin, end) in hold.items():
         step = int(name.split("_")[1])
         if begin < steps[str(step)][1]:
             fail(f"the save of {name} holds the loop before step {step} ends")
-        if step < 6 and end > steps[str(step + 1)][0]:
+        if step < STEPS and end > steps[str(step + 1)][0]:
             fail(f"the save of {name} still holds the loop when step {step + 1} begins")
     for name, (begin, end) in writes.items():
         if not hold[name][0] <= begin <= end:
@@ -60,9 +62,22 @@ def check(events, asynchronous):
         fail("an async save wrote on the training loop")
     if not asynchronous and slices(events, WRITER, ""):
         fail("a synchronous save left slices on the writer thread")
+    # With --async-save the writes run on while the loop trains: some write overlaps a step
+    # after its save. Any later step and any save count, so a writer thread that a loaded
+    # machine starts late still shows it. A synchronous write ends before the next step.
+    overlapping = []
+    for name, (begin, end) in writes.items():
+        step = int(name.split("_")[1])
+        later = [steps[str(s)] for s in range(step + 1, STEPS + 1)]
+        if any(begin < s_end and s_begin < end for s_begin, s_end in later):
+            overlapping.append(name)
+    if asynchronous and not overlapping:
+        fail(f"no async write overlaps a later step: writes {writes}, steps {steps}")
+    if not asynchronous and overlapping:
+        fail(f"the synchronous writes of {overlapping} overlap later steps")
     ranks = [e for e in events if e.get("pid") in (0, 1) and e["ph"] == "X"]
-    if not ranks or min(e["ts"] for e in ranks) < steps["6"][0] - 1:
-        fail("the last step's per-rank timeline is missing or not placed at step 6")
+    if not ranks or min(e["ts"] for e in ranks) < steps[str(STEPS)][0] - 1:
+        fail("the last step's per-rank timeline is missing or not placed at the last step")
 
 
 def main():
