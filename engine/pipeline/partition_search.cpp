@@ -59,6 +59,9 @@ std::vector<StageRange> min_max_partition(
 
 namespace {
 
+// See search_partition's budgets.
+constexpr int64_t kBudgetActions = 4096;
+
 // Lower bounds on the simulated step time of a partition, read off the schedule's lists. A rank
 // runs its computes one at a time, so it ends no earlier than
 //   head + busy + max(0, tail - after):
@@ -302,6 +305,12 @@ Searched search_partition(const Sums& sums, const std::vector<UnitCost>& timed,
   const bool one_stage_per_rank = placement.chunks == 1;
   const StepBound bound(schedule);
   schedule::Replay replay(schedule);
+  // The budgets count work: a simulation of a short schedule (few micro-batches) costs a
+  // fraction of a long one's, so it gets as many more simulations, up to those of a schedule
+  // of kBudgetActions actions; those with more keep the counts asked for.
+  const int64_t actions = std::max<int64_t>(replay.actions(), 1);
+  const int64_t scale = std::max<int64_t>(kBudgetActions / actions, 1);
+  max_simulations *= scale, max_relaxed *= scale;
   Searched out;
   double best_bottleneck = kInf;
   int64_t visits = 0;
