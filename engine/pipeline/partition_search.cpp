@@ -59,6 +59,9 @@ std::vector<StageRange> min_max_partition(
 
 namespace {
 
+// See search_partition's budgets.
+constexpr int64_t kBudgetActions = 4096;
+
 // Lower bounds on the simulated step time of a partition, read off the schedule's lists. A rank
 // runs its computes one at a time, so it ends no earlier than
 //   head + busy + max(0, tail - after):
@@ -160,7 +163,7 @@ struct Relaxed {
 // stages from j on. Each line (S_j + relaxed rest, c_j) is such a bound; the extra computes
 // sum to `extra` whatever the cuts, so the step time is at least the least level L at which
 // the ranks can absorb it: sum over ranks of min over lines (L - base) / c >= extra.
-double with_rank_work(const schedule::Schedule& schedule, const schedule::SimResult& sim,
+double with_rank_work(const schedule::Schedule& schedule, const schedule::Replay& sim,
                       int known, double extra) {
   using schedule::ActionKind;
   const int stages = schedule.num_stages(), ranks = schedule.num_ranks();
@@ -181,7 +184,7 @@ double with_rank_work(const schedule::Schedule& schedule, const schedule::SimRes
     for (size_t j = list.size(); j-- > 0;) {
       const schedule::Action& a = list[j];
       if (!schedule::is_compute(a.kind)) continue;
-      const schedule::ActionTiming& t = sim.timing[r][j];
+      const schedule::ActionTiming& t = sim.timing(r, static_cast<int>(j));
       rest += t.end - t.start;
       if (a.stage < known) continue;
       if (a.kind == ActionKind::kForward) count_f[a.stage] += 1;
@@ -211,7 +214,7 @@ double with_rank_work(const schedule::Schedule& schedule, const schedule::SimRes
     return total;
   };
   // Every base is at most the relaxed makespan, where each rank absorbs a share >= 0.
-  double low = sim.makespan;
+  double low = sim.makespan();
   if (absorbed(low) >= extra) return low;
   double high = low + extra * schedule.num_microbatches * 3;
   for (double step = extra; absorbed(high) < extra; step *= 2) high += step;
@@ -222,7 +225,8 @@ double with_rank_work(const schedule::Schedule& schedule, const schedule::SimRes
   return low;  // not enough at `low`: the least level is above it
 }
 
-Relaxed relaxed_step(const schedule::Schedule& schedule, const std::vector<UnitCost>& timed,
+Relaxed relaxed_step(const schedule::Schedule& schedule, schedule::Replay& replay,
+                     const std::vector<UnitCost>& timed,
                      const std::vector<double>& f, const std::vector<double>& i,
                      const std::vector<double>& w, int known, int64_t end, double transfer) {
   const int stages = schedule.num_stages();
@@ -246,9 +250,9 @@ Relaxed relaxed_step(const schedule::Schedule& schedule, const std::vector<UnitC
     extra -= least_f + least_i + least_w;
   }
   costs.latency = transfer;
-  const schedule::SimResult sim = schedule::simulate(schedule, costs);
-  Relaxed out{sim.makespan, sim.makespan};
-  if (known < stages && extra > 0) out.bound = with_rank_work(schedule, sim, known, extra);
+  const double makespan = replay.run(costs);
+  Relaxed out{makespan, makespan};
+  if (known < stages && extra > 0) out.bound = with_rank_work(schedule, replay, known, extra);
   return out;
 }
 
@@ -277,7 +281,9 @@ double relaxed_step_bound(const std::vector<UnitCost>& timed, const schedule::Sc
   for (size_t s = 0; s < prefix.size(); ++s)
     for (int64_t u = prefix[s].begin; u < prefix[s].end; ++u)
       f[s] += timed[u].forward, i[s] += timed[u].backward_input, w[s] += timed[u].backward_weight;
-  const Relaxed relaxed = relaxed_step(schedule, timed, f, i, w, static_cast<int>(prefix.size()),
+  schedule::Replay replay(schedule);
+  const Relaxed relaxed = relaxed_step(schedule, replay, timed, f, i, w,
+                                       static_cast<int>(prefix.size()),
                                        prefix.empty() ? 0 : prefix.back().end, transfer);
   return rank_work ? relaxed.bound : relaxed.simulated;
 }
@@ -298,6 +304,13 @@ Searched search_partition(const Sums& sums, const std::vector<UnitCost>& timed,
   const schedule::Placement& placement = schedule.placement;
   const bool one_stage_per_rank = placement.chunks == 1;
   const StepBound bound(schedule);
+  schedule::Replay replay(schedule);
+  // The budgets count work: a simulation of a short schedule (few micro-batches) costs a
+  // fraction of a long one's, so it gets as many more simulations, up to those of a schedule
+  // of kBudgetActions actions; those with more keep the counts asked for.
+  const int64_t actions = std::max<int64_t>(replay.actions(), 1);
+  const int64_t scale = std::max<int64_t>(kBudgetActions / actions, 1);
+  max_simulations *= scale, max_relaxed *= scale;
   Searched out;
   double best_bottleneck = kInf;
   int64_t visits = 0;
@@ -309,8 +322,7 @@ Searched search_partition(const Sums& sums, const std::vector<UnitCost>& timed,
   auto try_partition = [&](const std::vector<StageRange>& ranges) {
     if (out.simulated >= max_simulations) return void(out.proven = false);
     ++out.simulated;
-    const double step =
-        schedule::simulate(schedule, cost_model(timed, ranges, transfer)).makespan;
+    const double step = replay.run(cost_model(timed, ranges, transfer));
     const double bottleneck = bottleneck_of(sums, ranges, placement);
     if (out.ranges.empty() ||
         preferred(step, bottleneck, ranges, out.step, best_bottleneck, out.ranges))
@@ -392,7 +404,7 @@ Searched search_partition(const Sums& sums, const std::vector<UnitCost>& timed,
       // completion is simulated anyway.
       if (k + 2 < stages && 4 * k < 3 * stages && out.relaxed < max_relaxed) {
         ++out.relaxed;
-        const Relaxed relaxed = relaxed_step(schedule, timed, f, i, w, k + 1, e, transfer);
+        const Relaxed relaxed = relaxed_step(schedule, replay, timed, f, i, w, k + 1, e, transfer);
         if (relaxed.simulated > limit()) break;
         if (relaxed.bound > limit()) continue;
       }

@@ -69,7 +69,9 @@ struct PartitionSearch {
   double memory_cap = 0;          // bytes per device; 0 = no cap
   std::vector<bool> recomputed;   // per unit (empty: none), as recompute.h marks them
   double transfer_seconds = 0;    // one boundary transfer, as the simulator times it
-  int64_t max_simulations = 2000;  // partitions simulated at most (the search's budget)
+  // The search's budget: partitions simulated at most, counted as work, so a schedule of n <
+  // 4096 actions gets 4096 / n times as many (a short schedule's simulation is as much cheaper).
+  int64_t max_simulations = 2000;
 };
 
 // The contiguous unit ranges for the stages of `schedule` (each stage at least one unit) with

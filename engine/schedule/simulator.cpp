@@ -102,17 +102,23 @@ class Completions {
       __builtin_prefetch(&done_[cell], 1);
     }
   }
-  void mark(size_t cell, Kind kind, double end) {
-    if constexpr (kTimed)
+  void mark(size_t cell, Kind kind, double end, int by = -1) {
+    if constexpr (kTimed) {
       end_[cell * kKinds + kind] = end;
-    else
+      if (!by_.empty()) by_[cell * kKinds + kind] = by;
+    } else {
       done_[cell] |= uint8_t{1} << kind;
+    }
   }
+  // Which action (flat index) marked the entry; kept only after trace_markers().
+  void trace_markers() { by_.assign(end_.size(), -1); }
+  int by(size_t cell, Kind kind) const { return by_[cell * kKinds + kind]; }
 
  private:
   static constexpr double kNotDone = -1.0;
   std::vector<double> end_;
   std::vector<uint8_t> done_;
+  std::vector<int> by_;
 };
 
 // Whether receive `recv` takes the message of send `send`: message_key(recv) ==
@@ -142,8 +148,10 @@ class StreamRun {
  public:
   // `checked`: the schedule has passed the structural checks of validate().
   StreamRun(const Schedule& s, const CostModel* costs,
-            std::vector<std::vector<ActionTiming>>* timing, bool checked = false)
+            std::vector<std::vector<ActionTiming>>* timing, bool checked = false,
+            std::vector<ReplayStep>* trace = nullptr)
       : s_(s),
+        trace_(trace),
         costs_(costs),
         ranks_(static_cast<int>(s.ranks.size())),
         stages_(s.num_stages()),
@@ -183,6 +191,12 @@ class StreamRun {
       q.recv = seek(q, 0, is_recv);
     }
     queued_.assign(ranks_, 1);
+    if (trace_) {
+      done_.trace_markers();
+      first_.assign(ranks_ + 1, 0);
+      for (int r = 0; r < ranks_; ++r) first_[r + 1] = first_[r] + static_cast<int>(s.ranks[r].size());
+      last_.assign(4 * ranks_, -1);
+    }
     for (int r = 0; r < ranks_; ++r) {
       remaining_ += s.ranks[r].size();
       if constexpr (kTimed) {
@@ -411,7 +425,10 @@ class StreamRun {
     const int st = a.stage;
     auto need = [&](typename Done::Kind kind, size_t at) {
       if (!done_.done(at, kind)) return false;
-      if constexpr (kTimed) *ready = std::max(*ready, done_.end(at, kind));
+      if constexpr (kTimed) {
+        *ready = std::max(*ready, done_.end(at, kind));
+        if (trace_) inputs_[inputs_[2]++] = done_.by(at, kind);
+      }
       return true;
     };
     switch (a.kind) {
@@ -458,9 +475,17 @@ class StreamRun {
       const size_t c = cell(a);
       double ready = 0;
       if constexpr (kTimed) ready = q.compute_free;
+      inputs_ = {-1, -1, 0};
       if (!inputs_ready(r, a, c, &ready)) break;
       double end = 0;
       if constexpr (kTimed) {
+        if (trace_) {
+          int& prev = last_[4 * r];
+          const int at = first_[r] + q.compute;
+          trace_->push_back({at, -1, {prev, inputs_[0], inputs_[1]}, r, -1, a.kind, a.stage,
+                             ReplayStep::kCompute});
+          prev = at;
+        }
         end = ready + cost(a);
         q.timing[q.compute] = {ready, end};
         q.compute_free = end;
@@ -468,10 +493,11 @@ class StreamRun {
         q.end = std::max(q.end, end);
         if (q.last_use) count_activations(q, a, q.compute);
       }
+      const int by = trace_ ? first_[r] + q.compute : -1;
       if (a.kind == ActionKind::kForward)
-        done_.mark(c, Done::kForwardDone, end);
+        done_.mark(c, Done::kForwardDone, end, by);
       else if (a.kind != ActionKind::kBackwardWeight)
-        done_.mark(c, Done::kGradientDone, end);
+        done_.mark(c, Done::kGradientDone, end, by);
       q.compute = seek(q, q.compute + 1, is_compute);
       prefetch_ahead(q);
       --remaining_, moved = true;
@@ -498,7 +524,15 @@ class StreamRun {
       const Action& b = d.actions[d.recv];
       if (!takes(b, a)) break;
       double end = 0;
+      const int at_recv = trace_ ? first_[dst] + d.recv : -1;
       if constexpr (kTimed) {
+        if (trace_) {
+          int &sent = last_[4 * r + 1], &received = last_[4 * dst + 2];
+          const int at = first_[r] + q.send;
+          trace_->push_back({at, at_recv, {done_.by(c, produced), sent, received}, r, dst,
+                             a.kind, a.stage, ReplayStep::kTransfer});
+          sent = at, received = at_recv;
+        }
         const double start = std::max({done_.end(c, produced), q.send_free, d.recv_free});
         end = start + cost(a);
         q.timing[q.send] = d.timing[d.recv] = {start, end};
@@ -507,7 +541,7 @@ class StreamRun {
         d.end = std::max(d.end, end);
       }
       const size_t marked = cell(b);
-      done_.mark(marked, act ? Done::kActivationIn : Done::kGradientIn, end);
+      done_.mark(marked, act ? Done::kActivationIn : Done::kGradientIn, end, at_recv);
       unblocked |= marked == waits_on;
       q.send = seek(q, q.send + 1, is_send);
       d.recv = seek(d, d.recv + 1, is_recv);
@@ -536,6 +570,13 @@ class StreamRun {
       const auto [i, dep] = reduces_[q.reduce];
       if (dep >= 0 && q.compute <= dep) break;
       if constexpr (kTimed) {
+        if (trace_) {
+          int& prev = last_[4 * r + 3];
+          const int at = first_[r] + i;
+          trace_->push_back({at, -1, {prev, dep >= 0 ? first_[r] + dep : -1, -1}, r, -1,
+                             q.actions[i].kind, q.actions[i].stage, ReplayStep::kReduce});
+          prev = at;
+        }
         const double start = std::max(q.reduce_free, dep >= 0 ? q.timing[dep].end : 0.0);
         q.timing[i] = {start, start + reduce_cost(q.actions[i])};
         q.reduce_free = q.timing[i].end;
@@ -580,6 +621,12 @@ class StreamRun {
   }
 
   const Schedule& s_;
+  // When set, each action run is appended with the actions whose ends it waited on (flat
+  // indices: first_[rank] + position), and last_ holds each rank's last compute, send,
+  // receive and all-reduce; inputs_ collects a compute's inputs (two at most, and a count).
+  std::vector<ReplayStep>* trace_;
+  std::vector<int> first_, last_;
+  mutable std::array<int, 3> inputs_{-1, -1, 0};
   const CostModel* costs_;
   int ranks_, stages_, mbs_;
   Done done_;
@@ -665,6 +712,89 @@ SimResult simulate(const Schedule& schedule, const CostModel& costs) {
   result.bubble_fraction =
       result.makespan > 0 ? total_idle / (static_cast<double>(R) * result.makespan) : 0.0;
   return result;
+}
+
+}  // namespace conveyor::schedule
+
+namespace conveyor::schedule {
+
+namespace {
+constexpr int kKinds = static_cast<int>(ActionKind::kAllReduceGrad) + 1;
+}  // namespace
+
+Replay::Replay(const Schedule& schedule)
+    : ranks_(static_cast<int>(schedule.ranks.size())), stages_(schedule.num_stages()) {
+  first_.assign(ranks_ + 1, 0);
+  for (int r = 0; r < ranks_; ++r)
+    first_[r + 1] = first_[r] + static_cast<int>(schedule.ranks[r].size());
+  std::vector<std::vector<ActionTiming>> timing;
+  const CostModel unit;
+  StreamRun<true> recorded(schedule, &unit, &timing, /*checked=*/false, &steps_);
+  recorded.run();
+  buckets_.assign(std::max(stages_, 0), 0);
+  for (const auto& list : schedule.ranks)
+    for (const Action& a : list)
+      if (is_reduce(a.kind)) ++buckets_[a.stage];
+  // The (kind, stage) pairs the steps cost, each once.
+  std::vector<int> slot_of(static_cast<size_t>(kKinds) * std::max(stages_, 0), -1);
+  for (ReplayStep& s : steps_) {
+    int& slot = slot_of[static_cast<size_t>(s.kind) * stages_ + s.stage];
+    if (slot < 0) slot = static_cast<int>(slots_.size()), slots_.push_back({s.kind, s.stage, 0, -1});
+    s.stage = slot;
+  }
+  per_slot_.assign(slots_.size(), 0.0);
+  timing_.assign(first_[ranks_], {0, 0});
+  busy_.assign(ranks_, 0), reduce_.assign(ranks_, 0), end_.assign(ranks_, 0);
+}
+
+double Replay::run(const CostModel& costs) {
+  // CostModel::cost reads only the kind and the stage.
+  for (size_t k = 0; k < slots_.size(); ++k) {
+    const Action& a = slots_[k];
+    per_slot_[k] = a.kind == ActionKind::kAllReduceGrad
+                       ? reduce_bucket_cost(costs.cost(a), costs.reduce_latency,
+                                            std::max(buckets_[a.stage], 1))
+                       : costs.cost(a);
+  }
+  std::fill(busy_.begin(), busy_.end(), 0.0);
+  std::fill(reduce_.begin(), reduce_.end(), 0.0);
+  std::fill(end_.begin(), end_.end(), 0.0);
+  ActionTiming* const t = timing_.data();
+  for (const ReplayStep& s : steps_) {
+    double start = 0;
+    for (int d : s.after)
+      if (d >= 0) start = std::max(start, t[d].end);
+    const double end = start + per_slot_[s.stage];
+    t[s.action] = {start, end};
+    end_[s.rank] = std::max(end_[s.rank], end);
+    if (s.type == ReplayStep::kCompute) {
+      busy_[s.rank] += end - start;
+    } else if (s.type == ReplayStep::kReduce) {
+      reduce_[s.rank] += end - start;
+    } else {
+      t[s.received] = {start, end};
+      end_[s.receiver] = std::max(end_[s.receiver], end);
+    }
+  }
+  makespan_ = 0;
+  for (int r = 0; r < ranks_; ++r) makespan_ = std::max(makespan_, end_[r]);
+  return makespan_;
+}
+
+SimResult Replay::result() const {
+  SimResult out;
+  out.timing.resize(ranks_);
+  out.ranks.resize(ranks_);
+  for (int r = 0; r < ranks_; ++r) {
+    out.timing[r].assign(timing_.begin() + first_[r], timing_.begin() + first_[r + 1]);
+    out.ranks[r].busy = busy_[r], out.ranks[r].reduce = reduce_[r], out.ranks[r].end = end_[r];
+  }
+  out.makespan = makespan_;
+  double total_idle = 0;
+  for (auto& st : out.ranks) st.idle = out.makespan - st.busy, total_idle += st.idle;
+  out.bubble_fraction =
+      out.makespan > 0 ? total_idle / (static_cast<double>(ranks_) * out.makespan) : 0.0;
+  return out;
 }
 
 }  // namespace conveyor::schedule

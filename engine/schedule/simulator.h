@@ -12,6 +12,8 @@
 // (a stage all-reduced in k buckets: k actions, each of the latency and a k-th of the bytes),
 // overlapping the computes that follow. Every replica runs the same lists at the same times,
 // so one replica is simulated; the rank's end, and the makespan, include its all-reduces.
+#include <array>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -91,6 +93,50 @@ class DeadlockError : public ScheduleError {
 // out of range, for a cost, size or bandwidth that is negative or not finite, and for costs
 // whose times add up past the largest double.
 SimResult simulate(const Schedule& schedule, const CostModel& costs = {});
+
+// One action of a recorded run (Replay): the action(s) it times, by flat index (rank r's
+// position i is first[r] + i), and the actions whose ends it waited for (-1: none).
+struct ReplayStep {
+  enum Type : uint8_t { kCompute, kTransfer, kReduce };
+  int action = -1;    // the compute, the send, or the all-reduce
+  int received = -1;  // a transfer's receive, timed as its send
+  std::array<int, 3> after{-1, -1, -1};
+  int rank = -1, receiver = -1;
+  ActionKind kind = ActionKind::kForward;
+  int stage = 0;
+  Type type = kCompute;
+};
+
+// simulate() for one schedule under many cost models, as a search over partitions asks:
+// the order in which the actions run and what each waits for depend on the lists alone, so
+// they are found once, and each run() is one pass over the recorded steps that takes the same
+// maxima and sums as simulate() in the same order, so its times are the same numbers.
+// Memory is not counted.
+class Replay {
+ public:
+  // Throws what simulate() throws for the schedule.
+  explicit Replay(const Schedule& schedule);
+  // The makespan under `costs`, which must hold what simulate() accepts (not checked here);
+  // timing() and the rank summaries then hold that run.
+  double run(const CostModel& costs);
+  const ActionTiming& timing(int rank, int position) const { return timing_[first_[rank] + position]; }
+  double makespan() const { return makespan_; }
+  // The last run as simulate() reports it, memory left empty.
+  SimResult result() const;
+  // Actions timed per run: the measure of a run's work.
+  int64_t actions() const { return static_cast<int64_t>(timing_.size()); }
+
+ private:
+  int ranks_ = 0, stages_ = 0;
+  std::vector<int> first_;
+  std::vector<ReplayStep> steps_;
+  std::vector<int> buckets_;      // all-reduces per stage
+  std::vector<Action> slots_;      // the (kind, stage) pairs costed; a step's stage is its slot
+  std::vector<double> per_slot_;  // run(): their costs
+  std::vector<ActionTiming> timing_;
+  std::vector<double> busy_, reduce_, end_;
+  double makespan_ = 0;
+};
 
 // The same run without times: proves that every stream reaches the end of its list (what
 // validate() checks).

@@ -282,7 +282,8 @@ TEST(Planner, PicksTheFasterCutOverTheMoreBalancedOne) {
 // With a budget of one simulation the search cannot prove its answer, and says so.
 TEST(Planner, ABudgetTooSmallToProveTheOptimumIsReported) {
   const auto units = random_units(12, 5);
-  const auto sched = schedule::generate(ScheduleKind::kInterleaved, 2, 4, 2);
+  // Long enough (over 4096 actions) that the budget counts whole simulations.
+  const auto sched = schedule::generate(ScheduleKind::kInterleaved, 2, 256, 2);
   PartitionSearch search;
   search.max_simulations = 1;
   const auto choice = best_partition(units, sched, search);

@@ -4,11 +4,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <random>
+#include <string>
 
 #include <nlohmann/json.hpp>
 
 #include "engine/schedule/chrome_trace.h"
 #include "engine/schedule/generators.h"
+#include "engine/schedule/schedule.h"
 #include "engine/schedule/svg.h"
 
 namespace conveyor::schedule {
@@ -185,6 +188,82 @@ TEST(Output, SvgDrawsTransfersThatTakeTime) {
   const std::string free = render_svg(s, simulate(s, CostModel::uniform(1, 1, 1)));
   EXPECT_EQ(strips(free, "#76706b") + strips(free, "#b07aa1"), 0u);
   EXPECT_EQ(free.find("send (strip)"), std::string::npos);
+}
+
+// Replay re-times a recorded run; it must give simulate()'s numbers exactly, not nearly: the
+// partition search compares step times for equality when it breaks ties.
+TEST(Replay, SameTimesAsSimulateOnRandomSchedulesAndCosts) {
+  std::mt19937_64 rng(20240611);
+  std::uniform_real_distribution<double> cost(0.05, 3.0), bytes(1e3, 1e7);
+  const ScheduleKind kinds[] = {ScheduleKind::kGPipe, ScheduleKind::k1F1B,
+                                ScheduleKind::kInterleaved, ScheduleKind::kZBH1,
+                                ScheduleKind::kZBV};
+  int compared = 0;
+  for (ScheduleKind kind : kinds)
+    for (int p : {1, 2, 3, 4, 6})
+      for (int m : {1, 2, 3, 4, 8, 12})
+        for (int replicas : {1, 3}) {
+          const int v = kind == ScheduleKind::kInterleaved || kind == ScheduleKind::kZBV ? 2 : 1;
+          Schedule s;
+          try {
+            s = generate(kind, p, m, v, replicas);
+          } catch (const ScheduleError&) {
+            continue;  // a shape the kind does not take (interleaved needs m % p == 0)
+          }
+          if (replicas > 1 && rng() % 2) {
+            std::vector<int> buckets(s.num_stages());
+            for (int& b : buckets) b = 1 + static_cast<int>(rng() % 4);
+            add_gradient_all_reduces(&s, replicas, buckets);
+          }
+          const int stages = s.num_stages();
+          Replay replay(s);
+          for (int trial = 0; trial < 4; ++trial) {
+            CostModel c;
+            c.forward.clear(), c.backward_input.clear(), c.backward_weight.clear();
+            for (int st = 0; st < stages; ++st) {
+              c.forward.push_back(cost(rng)), c.backward_input.push_back(cost(rng));
+              c.backward_weight.push_back(cost(rng)), c.message_bytes.push_back(bytes(rng));
+              c.gradient_bytes.push_back(bytes(rng));
+            }
+            if (trial % 2) c.backward.assign(1, cost(rng));  // one B cost for every stage
+            c.latency = trial == 0 ? 0.0 : cost(rng) / 10;
+            c.bandwidth = trial < 2 ? 0.0 : 1e6 * cost(rng);
+            c.reduce_latency = cost(rng) / 5;
+            c.reduce_bandwidth = trial == 3 ? 0.0 : 2e6 * cost(rng);
+            const SimResult want = simulate(s, c);
+            const double makespan = replay.run(c);
+            const SimResult got = replay.result();
+            const std::string where = std::string(schedule_kind_name(kind)) +
+                                      " p=" + std::to_string(p) + " m=" + std::to_string(m) +
+                                      " D=" + std::to_string(replicas) +
+                                      " trial " + std::to_string(trial);
+            ASSERT_EQ(makespan, want.makespan) << where;
+            ASSERT_EQ(got.makespan, want.makespan) << where;
+            ASSERT_EQ(got.bubble_fraction, want.bubble_fraction) << where;
+            for (int r = 0; r < s.num_ranks(); ++r) {
+              ASSERT_EQ(got.ranks[r].busy, want.ranks[r].busy) << where << " rank " << r;
+              ASSERT_EQ(got.ranks[r].reduce, want.ranks[r].reduce) << where << " rank " << r;
+              ASSERT_EQ(got.ranks[r].end, want.ranks[r].end) << where << " rank " << r;
+              ASSERT_EQ(got.ranks[r].idle, want.ranks[r].idle) << where << " rank " << r;
+              for (size_t j = 0; j < s.ranks[r].size(); ++j) {
+                ASSERT_EQ(got.timing[r][j].start, want.timing[r][j].start)
+                    << where << " rank " << r << " position " << j;
+                ASSERT_EQ(got.timing[r][j].end, want.timing[r][j].end)
+                    << where << " rank " << r << " position " << j;
+                ASSERT_EQ(replay.timing(r, static_cast<int>(j)).end, want.timing[r][j].end);
+              }
+            }
+            ++compared;
+          }
+        }
+  EXPECT_GT(compared, 400);
+}
+
+TEST(Replay, RejectsWhatSimulateRejects) {
+  Schedule s = generate_1f1b(2, 2);
+  s.ranks[0].erase(s.ranks[0].begin());  // the first forward: nothing feeds the rest
+  EXPECT_THROW(simulate(s), DeadlockError);
+  EXPECT_THROW(Replay{s}, DeadlockError);
 }
 
 }  // namespace
