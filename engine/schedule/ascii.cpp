@@ -9,6 +9,12 @@ std::string pad(std::string s, size_t width) {
   if (s.size() < width) s.append(width - s.size(), ' ');
   return s;
 }
+
+// "r3:", the head of rank 3's row. Appended piece by piece: GCC 12 warns (-Wrestrict, a false
+// positive) on "r" + std::to_string(r) once this is inlined.
+std::string rank_head(size_t rank) {
+  return std::string("r").append(std::to_string(rank)).append(":");
+}
 }  // namespace
 
 std::string compute_label(const Schedule& schedule, const Action& a) {
@@ -61,7 +67,7 @@ std::string step_grid(const Schedule& schedule, const std::vector<GridMark>& mar
   out += "\n";
   if (row_first > 0) out += "... ranks 0.." + std::to_string(row_first - 1) + " not shown\n";
   for (size_t r = row_first; r < row_last; ++r) {
-    std::string row = pad("r" + std::to_string(r) + ":", 6);
+    std::string row = pad(rank_head(r), 6);
     if (first > 0) row += "... ";
     for (size_t i = first; i < last; ++i) row += pad(cell(r, i), width) + " ";
     if (last < schedule.ranks[r].size()) row += "...";
@@ -116,7 +122,7 @@ std::string format_timeline(const Schedule& schedule, const SimResult& sim, int 
       const std::string label = compute_label(schedule, a);
       width = std::max(width, label.size());
       grid[r][c0] = label;
-      for (int c = c0 + 1; c < c1; ++c) grid[r][c] = "~";
+      for (int c = c0 + 1; c < c1; ++c) grid[r][c].assign(1, '~');
     }
   // The gradient all-reduces run on a stream of their own: a row under each rank's.
   std::vector<std::vector<std::string>> reduce_grid;
@@ -134,7 +140,7 @@ std::string format_timeline(const Schedule& schedule, const SimResult& sim, int 
         const std::string label = to_string(a);
         width = std::max(width, label.size());
         reduce_grid[r][c0] = label;
-        for (int c = c0 + 1; c < c1; ++c) reduce_grid[r][c] = "=";
+        for (int c = c0 + 1; c < c1; ++c) reduce_grid[r][c].assign(1, '=');
       }
   }
   std::string out;
@@ -145,7 +151,7 @@ std::string format_timeline(const Schedule& schedule, const SimResult& sim, int 
     out += "\n";
   };
   for (size_t r = 0; r < grid.size(); ++r) {
-    put_row("r" + std::to_string(r) + ":", grid[r]);
+    put_row(rank_head(r), grid[r]);
     if (!reduce_grid.empty()) put_row("  ar:", reduce_grid[r]);
   }
   if (ranks < all_ranks)
