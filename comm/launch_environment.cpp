@@ -1,6 +1,8 @@
 #include "comm/launch_environment.h"
 
+#include <cerrno>
 #include <cstdlib>
+#include <stdexcept>
 #include <optional>
 
 #include "comm/transport.h"
@@ -12,13 +14,52 @@
 namespace conveyor::comm {
 namespace {
 
-// The variable's value when it is a whole number of at least `least`.
-std::optional<int> number_from(const char* name, long least) {
+// Launchers write these numbers plainly; the cap keeps PMIX_RANK + 1 and every count in an int.
+constexpr long kMaxProcesses = 1000000000L;
+
+// A launcher's value as it may be echoed on one line.
+std::string printable(const char* value) {
+  std::string out;
+  for (const char* c = value; *c != '\0'; ++c) {
+    const auto b = static_cast<unsigned char>(*c);
+    if (b >= 0x20 && b < 0x7f) {
+      out += *c;
+    } else {
+      static const char kHex[] = "0123456789abcdef";
+      out += std::string("\\x") + kHex[b >> 4] + kHex[b & 15];
+    }
+  }
+  return out;
+}
+
+// The variable's value, nothing when it is unset; set, it must be a whole number from `least`
+// to kMaxProcesses. Ignoring a damaged value would run this process alone, and every process
+// of the job would then train the whole job by itself.
+std::optional<int> launcher_number(const char* name, long least, const char* what) {
+  const char* value = std::getenv(name);
+  if (value == nullptr) return std::nullopt;
+  bool digits = *value != '\0';
+  for (const char* c = value; *c != '\0' && digits; ++c) digits = *c >= '0' && *c <= '9';
+  errno = 0;
+  const long n = digits ? std::strtol(value, nullptr, 10) : 0;
+  const long most = least == 0 ? kMaxProcesses - 1 : kMaxProcesses;
+  if (!digits || errno == ERANGE || n < least || n > most)
+    throw std::invalid_argument(std::string(name) + " is '" + printable(value) + "', not a " +
+                                what + " (a whole number from " + std::to_string(least) + " to " +
+                                std::to_string(most) +
+                                "); fix or unset it, as running alone would have every process "
+                                "train the whole job");
+  return static_cast<int>(n);
+}
+
+// A node-local rank: a bad one falls back to asking MPI, as an absent one does, since at worst
+// two processes then share a GPU.
+std::optional<int> local_rank_from(const char* name) {
   const char* value = std::getenv(name);
   if (value == nullptr) return std::nullopt;
   char* end = nullptr;
   const long n = std::strtol(value, &end, 10);
-  if (end == value || *end != '\0' || n < least || n > 1000000000L) return std::nullopt;
+  if (end == value || *end != '\0' || n < 0 || n >= kMaxProcesses) return std::nullopt;
   return static_cast<int>(n);
 }
 
@@ -31,14 +72,14 @@ std::string shown(const char* name, int value) {
 LaunchEnvironment launch_environment() {
   LaunchEnvironment out;
   for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS"})
-    if (const auto n = number_from(name, 1)) {
+    if (const auto n = launcher_number(name, 1, "process count")) {
       out.processes = *n;
       out.source = shown(name, *n);
       return out;
     }
-  const auto pmix_rank = number_from("PMIX_RANK", 0);
-  const auto slurm_rank = number_from("SLURM_PROCID", 0);
-  if (const auto n = number_from("SLURM_NTASKS", 1)) {
+  const auto pmix_rank = launcher_number("PMIX_RANK", 0, "process rank");
+  const auto slurm_rank = launcher_number("SLURM_PROCID", 0, "process rank");
+  if (const auto n = launcher_number("SLURM_NTASKS", 1, "process count")) {
     if (pmix_rank) {
       out.processes = *n;
       out.source = shown("SLURM_NTASKS", *n) + " with " + shown("PMIX_RANK", *pmix_rank);
@@ -67,7 +108,7 @@ int node_local_rank() {
       std::getenv("SLURM_STEP_NUM_TASKS") != nullptr || std::getenv("PMIX_RANK") != nullptr;
   for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"}) {
     if (std::string(name) == "SLURM_LOCALID" && !slurm_step) continue;
-    if (const auto n = number_from(name, 0)) return *n;
+    if (const auto n = local_rank_from(name)) return *n;
   }
 #ifdef CONVEYOR_WITH_MPI
   int initialised = 0, finalised = 0;

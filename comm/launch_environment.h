@@ -25,7 +25,9 @@ struct LaunchEnvironment {
 //   SLURM_NTASKS           only beside PMIX_RANK (srun --mpi=pmix) or a SLURM_PROCID above 0:
 //                          alone it is the allocation's size, also seen by the batch script
 //   PMIX_RANK + 1          a PMIx rank above 0 with no size: at least that many
-// Values that are not positive numbers are ignored.
+// A variable read here that is set but not a whole number in range (a count from 1, a rank
+// from 0, at most 1e9) throws std::invalid_argument naming it and its value: taken as unset,
+// it would have each process of a launch train the whole job alone.
 LaunchEnvironment launch_environment();
 
 // launch_environment().processes.

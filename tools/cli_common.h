@@ -2,9 +2,11 @@
 // Shared by the subcommands of the `conveyor` command line.
 #include <CLI/CLI.hpp>
 #include <cerrno>
+#include <charconv>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -114,7 +116,10 @@ inline int64_t parse_int(std::string_view text, std::string_view flag, int64_t l
 }
 
 // A finite number in [lo, hi]; `lo_open` excludes lo itself (rates and timeouts that must be
-// positive). nan and inf are refused by name.
+// positive). Plain decimal only (an optional sign, digits, a point, an exponent): no spaces
+// around it, no hex, which strtod would take. nan and inf are refused by name. A value too
+// small for a double stays a positive (or negative) number, the smallest there is, so a
+// check for "too small" sees it rather than 0.
 inline double parse_float(std::string_view text, std::string_view flag, double lo, double hi,
                           bool lo_open = false) {
   const std::string range =
@@ -123,13 +128,23 @@ inline double parse_float(std::string_view text, std::string_view flag, double l
     throw UsageError(std::string(flag) + " expects a finite number in " + range + ", got '" +
                      escape_for_message(text) + "'");
   };
-  const std::string s(text);
-  if (s.empty()) return fail();
-  char* end = nullptr;
-  errno = 0;
-  const double v = std::strtod(s.c_str(), &end);
-  if (end != s.c_str() + s.size() || errno == ERANGE || !std::isfinite(v)) return fail();
-  if (v < lo || v > hi || (lo_open && v == lo)) return fail();
+  std::string_view digits = text;
+  // from_chars takes '-' but not '+'; "+-5" stays refused.
+  if (!digits.empty() && digits[0] == '+') {
+    digits.remove_prefix(1);
+    if (!digits.empty() && digits[0] == '-') return fail();
+  }
+  if (digits.empty()) return fail();
+  double v = 0.0;
+  const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), v);
+  if (end != digits.data() + digits.size() || ec == std::errc::invalid_argument) return fail();
+  if (ec == std::errc::result_out_of_range) {
+    // Well-formed but beyond a double: strtod says which way (HUGE_VAL, or 0 on underflow).
+    const double rough = std::strtod(std::string(digits).c_str(), nullptr);
+    if (!(std::fabs(rough) < 1.0)) return fail();
+    v = std::copysign(std::numeric_limits<double>::denorm_min(), digits[0] == '-' ? -1.0 : 1.0);
+  }
+  if (!std::isfinite(v) || v < lo || v > hi || (lo_open && v == lo)) return fail();
   return v;
 }
 

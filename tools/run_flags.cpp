@@ -30,7 +30,7 @@ void RunFlags::apply(const CLI::App& cmd, TrainConfig& config) const {
   config.cpu_threads = threads;
   if (cmd.count("--bucket-mb")) {
     if (bucket_mb > 0 && bucket_mb < kMinGradientBucketMiB)
-      throw UsageError("--bucket-mb " + format_number(bucket_mb) +
+      throw UsageError("--bucket-mb " + escape_for_message(bucket_mb_text) +
                        " is less than 1 KiB, the smallest bucket accepted; give at least "
                        "0.0009765625 (1 KiB), or 0 for one bucket per stage");
     config.gradient_bucket_mib = bucket_mb;
@@ -104,10 +104,18 @@ void add_run_flags(CLI::App* cmd, RunFlags& f) {
       ->capture_default_str();
   add_int_flag(cmd, "--threads", f.threads, 0, 4096,
                "CPU kernel threads per rank (0: all cores, shared between the ranks)");
-  add_float_flag(cmd, "--bucket-mb", f.bucket_mb, 0.0, kMaxGradientBucketMiB, false,
-                 "With --dp: all-reduce each stage's gradients in buckets of at most this many "
-                 "MiB, ceil(stage gradient bytes / bucket) of them (0: one bucket per stage); "
-                 "a --schedule-file keeps its own buckets, and a size given with it must agree");
+  // Kept as written too, so a refusal quotes the user's text (1e-400 is no double).
+  cmd->add_option_function<std::string>(
+         "--bucket-mb",
+         [flags = &f](const std::string& text) {
+           flags->bucket_mb = parse_float(text, "--bucket-mb", 0.0, kMaxGradientBucketMiB);
+           flags->bucket_mb_text = text;
+         },
+         "With --dp: all-reduce each stage's gradients in buckets of at most this many "
+         "MiB, ceil(stage gradient bytes / bucket) of them (0: one bucket per stage); "
+         "a --schedule-file keeps its own buckets, and a size given with it must agree")
+      ->type_name("NUM")
+      ->default_str(format_number(f.bucket_mb));
 }
 
 RecomputeSpec parse_recompute(const std::string& text, int64_t num_units,

@@ -1,6 +1,7 @@
 // `conveyor train`: builds a TrainConfig from a preset and flags, trains, prints one line per
 // logged step and a summary, and optionally writes one JSON object per step.
 
+#include <charconv>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
@@ -274,6 +275,13 @@ TrainConfig resolve_config(TrainFlags& f, const CLI::App& cmd) {
   if (!cmd.count("--vocab") && !config.data_path.empty() && config.model.vocab < 256)
     config.model.vocab = 256;
   config.transport_timeout = std::chrono::milliseconds(static_cast<int64_t>(f.timeout_s * 1000));
+  // One replica all-reduces nothing, so a bucket size would be ignored without a word, as
+  // --shard-optimizer without --dp is refused. The default, written out, changes nothing.
+  if (cmd.count("--bucket-mb") && config.data_parallel < 2 &&
+      f.run.bucket_mb != kDefaultGradientBucketMiB)
+    throw UsageError("--bucket-mb " + escape_for_message(f.run.bucket_mb_text) +
+                     " sizes the gradient all-reduce buckets of data-parallel replicas, but this "
+                     "run has one replica; give --dp 2 or more, or leave --bucket-mb out");
   try {
     config.model.validate();
     config.validate();
@@ -373,10 +381,10 @@ Device process_device(const MpiSession& mpi, const std::string& device_flag, Dev
   return Device::cuda(comm::node_local_rank() % cuda_device_count());
 }
 
+// The shortest text that reads back as `value`: 0.0010001, not %.17g's 0.0010001000000000001.
 std::string exact(double value) {
   char buf[40];
-  std::snprintf(buf, sizeof buf, "%.17g", value);
-  return buf;
+  return std::string(buf, std::to_chars(buf, buf + sizeof buf, value).ptr);
 }
 
 // What every rank must agree on for the ranks to compute one model's step: a rank with

@@ -208,6 +208,21 @@ void set_gradient_buckets(schedule::Schedule& sched, const ModelDescription& mod
     schedule::add_gradient_all_reduces(&sched, sched.replicas, wanted);
     return;
   }
+  // Each bucket is a slice of the stage's gradients; more buckets than elements would leave
+  // one empty, which the all-reduce refuses only at the first step.
+  const std::vector<int64_t> unit_params = model.unit_parameter_counts();
+  for (int s = 0; s < sched.num_stages(); ++s) {
+    const StageRange& r = ranges[static_cast<size_t>(s)];
+    int64_t elements = 0;
+    for (int64_t u = r.begin; u < r.end; ++u) elements += unit_params[static_cast<size_t>(u)];
+    const int has = schedule::gradient_buckets(sched, s);
+    if (has > std::max<int64_t>(elements, 1))
+      throw std::invalid_argument(
+          "schedule file '" + config.schedule_file + "' has " + std::to_string(has) +
+          " all-reduce buckets for stage " + std::to_string(s) + ", which has " +
+          std::to_string(elements) +
+          " gradient elements; a stage takes at most one bucket per gradient element");
+  }
   if (!config.gradient_bucket_mib) return;
   for (int s = 0; s < sched.num_stages(); ++s) {
     const int has = schedule::gradient_buckets(sched, s);

@@ -247,11 +247,12 @@ case $mode in
       fail "the refusal is not printed once: $(cat "$work/out")"
     echo "mismatched --seed refused at start, status $status"
     # Other bucket sizes would give the ranks other all-reduce lists, which never match up.
-    timeout 60 "${mpirun[@]}" -np 1 "$cli" "${common[@]}" --stages 2 --bucket-mb 1 : \
-      -np 1 "$cli" "${common[@]}" --stages 2 --bucket-mb 2 >"$work/out" 2>&1
+    # Each size is shown as written, not as %.17g's 0.0010001000000000001.
+    timeout 60 "${mpirun[@]}" -np 1 "$cli" "${common[@]}" --stages 1 --dp 2 --bucket-mb 0.0010001 : \
+      -np 1 "$cli" "${common[@]}" --stages 1 --dp 2 --bucket-mb 2 >"$work/out" 2>&1
     status=$?
     [ "$status" = 2 ] || fail "--bucket-mb mismatch: status $status: $(cat "$work/out")"
-    grep -q "disagree on --bucket-mb: rank 0 has '1', rank 1 has '2'" "$work/out" ||
+    grep -q "disagree on --bucket-mb: rank 0 has '0.0010001', rank 1 has '2'" "$work/out" ||
       fail "the refusal does not name --bucket-mb: $(cat "$work/out")"
     echo "mismatched --bucket-mb refused at start"
     ;;

@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "checkpoint_fixture.h"
+#include "engine/schedule/generators.h"
+#include "engine/schedule/text_format.h"
 #include "engine/train/checkpoint.h"
 #include "engine/train/trainer.h"
 #include "engine/train/trainer_checkpoint.h"
@@ -83,6 +85,43 @@ TEST(DataParallelTrainer, RefusesABucketThatIsNotASize) {
     TrainConfig c = dp_config();
     c.gradient_bucket_mib = mib;
     EXPECT_THROW(c.validate(), std::invalid_argument) << mib;
+  }
+}
+
+// A schedule file with more buckets for a stage than it has gradient elements is refused
+// when the trainer is built, naming the file and the stage, not at the first all-reduce.
+TEST(DataParallelTrainer, RefusesAScheduleFileWithMoreBucketsThanGradientElements) {
+  TrainConfig c = dp_config();
+  const int m = static_cast<int>(c.microbatches) / 2;
+  int64_t stage0 = 0;
+  {
+    Trainer sized(c);
+    const StageRange& r = sized.stage_ranges().at(0);
+    const std::vector<int64_t> units = sized.model().unit_parameter_counts();
+    for (int64_t u = r.begin; u < r.end; ++u) stage0 += units[static_cast<size_t>(u)];
+  }
+  ASSERT_GT(stage0, 1);
+  TempDir dir;
+  for (const int64_t buckets : {stage0, stage0 + 1}) {
+    schedule::Schedule sched = schedule::generate(c.schedule, c.stages, m, c.chunks);
+    schedule::add_gradient_all_reduces(&sched, 2, {static_cast<int>(buckets), 1});
+    c.schedule_file = (dir.path() / ("buckets" + std::to_string(buckets) + ".txt")).string();
+    schedule::save_schedule(c.schedule_file, sched);
+    if (buckets == stage0) {
+      // One element per bucket is the finest cut, and it runs.
+      Trainer trainer(c);
+      EXPECT_TRUE(std::isfinite(trainer.step().loss));
+      continue;
+    }
+    try {
+      Trainer trainer(c);
+      ADD_FAILURE() << buckets << " buckets for " << stage0 << " elements were accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_EQ(std::string(e.what()),
+                "schedule file '" + c.schedule_file + "' has " + std::to_string(buckets) +
+                    " all-reduce buckets for stage 0, which has " + std::to_string(stage0) +
+                    " gradient elements; a stage takes at most one bucket per gradient element");
+    }
   }
 }
 
