@@ -137,9 +137,20 @@ TEST(TrainerResume, TheDataTokenRestoresTheSourceAndACheckpointWithoutOneReplays
   ASSERT_TRUE(token.has_value());
   EXPECT_EQ(open_checkpoint(folder).state().data.token, token);
 
-  // An edited token is what the resumed source starts from: it is not replayed.
+  // An edited token no longer matches the manifest's checksum of the training state: the
+  // resume is refused before it touches the trainer.
   const std::string pristine = testing::read_file(folder / "manifest.json");
   const int32_t other = (*token + 1) % static_cast<int32_t>(c.model.vocab);
+  testing::edit_manifest_only(folder, [&](auto& m) { m["data"]["token"] = other; });
+  {
+    Trainer trainer(c);
+    EXPECT_CHECKPOINT_ERROR(resume_trainer(trainer, dir.path()), "does not match its checksum");
+    EXPECT_EQ(trainer.steps_done(), 0);
+  }
+
+  // A token written so (its checksum recomputed) is what the resumed source starts from: it
+  // is not replayed.
+  testing::write_file(folder / "manifest.json", pristine);
   testing::edit_manifest(folder, [&](auto& m) { m["data"]["token"] = other; });
   {
     Trainer trainer(c);
