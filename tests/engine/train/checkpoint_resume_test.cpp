@@ -227,6 +227,38 @@ TEST(TrainerResume, CheckpointOfAnotherModelIsRefusedNamingTheDifference) {
   EXPECT_TRUE(before == full_state(other));
 }
 
+// The batch size fixes where each step's data starts, so a trainer's resume needs the
+// rng.batch_tokens its manifest records: a manifest without it (rng null, or an object of
+// the caller's without the field) is refused, whatever this run's --batch-tokens, where the
+// library alone loads it.
+TEST(TrainerResume, AManifestWithoutRngBatchTokensIsRefused) {
+  TempDir dir;
+  const TrainConfig c = resume_config(1, schedule::ScheduleKind::k1F1B);
+  {
+    Trainer trainer(c);
+    trainer.step();
+    TrainerCheckpointer checkpointer(trainer, {dir.path()});
+    checkpointer.finish();
+  }
+  const std::filesystem::path folder = dir / "step_1";
+  const std::string pristine = testing::read_file(folder / "manifest.json");
+  for (const nlohmann::json& rng : {nlohmann::json(nullptr), nlohmann::json{{"seed", c.seed}}}) {
+    SCOPED_TRACE(rng.dump());
+    testing::write_file(folder / "manifest.json", pristine);
+    testing::edit_manifest(folder, [&](auto& m) { m["rng"] = rng; });
+    EXPECT_NO_THROW(open_checkpoint(folder));
+    for (int64_t batch_tokens : {c.batch_tokens, 2 * c.batch_tokens}) {
+      TrainConfig other = c;
+      other.batch_tokens = batch_tokens;
+      Trainer trainer(other);
+      EXPECT_CHECKPOINT_ERROR(resume_trainer(trainer, dir.path()),
+                              "manifest.rng is " + rng.dump(),
+                              "without batch_tokens a resume cannot check");
+      EXPECT_EQ(trainer.steps_done(), 0);
+    }
+  }
+}
+
 // A save that cannot be made (its folder is taken by a file): `stop` throws naming it,
 // `continue` reports it and trains on; `latest` still names the previous checkpoint.
 TEST(TrainerResume, FailedSaveStopsOrContinuesAndKeepsThePreviousCheckpoint) {
