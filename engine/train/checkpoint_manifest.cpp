@@ -388,11 +388,13 @@ CheckpointManifest parse_manifest(std::string_view text, const std::string& file
   }
   if (root.contains("replicas")) {
     const json& replicas = root["replicas"];
-    if (!replicas.is_number_unsigned() || replicas.get<uint64_t>() < 1 ||
+    // One replica is written as no field: a manifest has one way to say it.
+    if (!replicas.is_number_unsigned() || replicas.get<uint64_t>() < 2 ||
         replicas.get<uint64_t>() > m.shards.size() || m.shards.size() % replicas.get<uint64_t>())
       throw CheckpointError(file + ": manifest.replicas is " + excerpt(replicas) +
-                            ", expected a number of replicas >= 1 that divides the " +
-                            std::to_string(m.shards.size()) + " shards");
+                            ", expected a number of replicas >= 2 that divides the " +
+                            std::to_string(m.shards.size()) +
+                            " shards (a checkpoint of one replica has no replicas field)");
     s.replicas = replicas.get<int>();
   }
   check_stages(s.stages, m.shards.size() / static_cast<size_t>(s.replicas), file);
