@@ -197,11 +197,12 @@ namespace {
 json training_state_sections(const TrainingState& s) {
   json data = {{"source", s.data.source}, {"position", s.data.position}};
   if (s.data.token) data["token"] = *s.data.token;
-  return {{"step", s.step},
-          {"optimizer", optimizer_to_json(s.optimizer, s.optimizer_steps)},
-          {"lr_schedule", {{"step", s.lr_schedule.step}, {"total_steps", s.lr_schedule.total_steps}}},
-          {"data", data},
-          {"rng", s.rng}};
+  return {
+      {"step", s.step},
+      {"optimizer", optimizer_to_json(s.optimizer, s.optimizer_steps)},
+      {"lr_schedule", {{"step", s.lr_schedule.step}, {"total_steps", s.lr_schedule.total_steps}}},
+      {"data", data},
+      {"rng", s.rng}};
 }
 
 }  // namespace
@@ -379,8 +380,9 @@ CheckpointManifest parse_manifest(std::string_view text, const std::string& file
   }
   if (root.contains("state_xxh3_64")) {
     const json& checksum = root["state_xxh3_64"];
-    const auto value =
-        checksum.is_string() ? checkpoint_io::parse_hex64(checksum.get<std::string>()) : std::nullopt;
+    const auto value = checksum.is_string()
+                           ? checkpoint_io::parse_hex64(checksum.get<std::string>())
+                           : std::nullopt;
     if (!value)
       throw CheckpointError(file + ": manifest.state_xxh3_64 is " + excerpt(checksum) +
                             ", expected 16 hex digits");

@@ -155,15 +155,13 @@ TEST_F(CheckpointLoad, AnEditedTrainingStateIsRefusedByItsChecksum) {
             checkpoint_io::parse_hex64(saved["state_xxh3_64"].get<std::string>()));
 
   const std::vector<std::pair<const char*, nlohmann::json>> edits = {
-      {"/data/token", 14},       {"/data/source", "other tokens"},
-      {"/rng/seed", 8},          {"/optimizer/lr", 0.5},
-      {"/optimizer/steps_taken", 5}, {"/lr_schedule/total_steps", 300},
+      {"/data/token", 14},    {"/data/source", "other tokens"}, {"/rng/seed", 8},
+      {"/optimizer/lr", 0.5}, {"/optimizer/steps_taken", 5},    {"/lr_schedule/total_steps", 300},
   };
   for (const auto& [pointer, value] : edits) {
     SCOPED_TRACE(std::string(pointer) + " = " + value.dump());
     write_file(manifest(), pristine);
-    edit_manifest_only(folder_,
-                       [&](auto& m) { m[nlohmann::json::json_pointer(pointer)] = value; });
+    edit_manifest_only(folder_, [&](auto& m) { m[nlohmann::json::json_pointer(pointer)] = value; });
     EXPECT_CHECKPOINT_ERROR(open_checkpoint(folder_), manifest().string(),
                             "the training state (step, optimizer, lr_schedule, data, rng) does not "
                             "match its checksum manifest.state_xxh3_64",

@@ -251,8 +251,7 @@ TEST(TrainerResume, AManifestWithoutRngBatchTokensIsRefused) {
       TrainConfig other = c;
       other.batch_tokens = batch_tokens;
       Trainer trainer(other);
-      EXPECT_CHECKPOINT_ERROR(resume_trainer(trainer, dir.path()),
-                              "manifest.rng is " + rng.dump(),
+      EXPECT_CHECKPOINT_ERROR(resume_trainer(trainer, dir.path()), "manifest.rng is " + rng.dump(),
                               "without batch_tokens a resume cannot check");
       EXPECT_EQ(trainer.steps_done(), 0);
     }
