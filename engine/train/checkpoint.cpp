@@ -226,11 +226,15 @@ CommitResult CheckpointWriter::commit(const TrainingState& state) {
                             " has not written its shard");
     manifest.shards.push_back({r, shard_file_name(r), written_[r]->bytes, written_[r]->checksum});
   }
+  manifest.state_checksum = training_state_checksum(manifest);
   const fs::path manifest_path = temp_ / kManifestName;
   const std::string text = manifest_to_json(manifest).dump(2) + "\n";
-  // What is committed must load: a state the loader would reject is the caller's mistake.
+  // What is committed must load: a state the loader would reject is the caller's mistake
+  // (an rng holding a NaN, which JSON writes as null, would not match its checksum).
   try {
-    check_manifest_counters(parse_manifest(text, manifest_path.string()), manifest_path.string());
+    const CheckpointManifest written = parse_manifest(text, manifest_path.string());
+    check_manifest_counters(written, manifest_path.string());
+    check_manifest_state_checksum(written, manifest_path.string());
   } catch (const CheckpointError& e) {
     throw std::invalid_argument(std::string("commit: the training state cannot be saved: ") +
                                 e.what());
@@ -323,6 +327,7 @@ Checkpoint open_checkpoint(const fs::path& path, CheckpointCheck check) {
     throw CheckpointError(manifest_file + " is of step " + std::to_string(m.state.step) +
                           ", but its folder is named for step " + std::to_string(*folder_step));
   check_manifest_counters(m, manifest_file);
+  check_manifest_state_checksum(m, manifest_file);
 
   // The shards: all those listed, and no others.
   std::set<std::string> listed;

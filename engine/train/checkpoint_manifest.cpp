@@ -191,6 +191,40 @@ void check_shard_file_name(const std::string& name, const std::string& file) {
                           "'.', '_', '-')");
 }
 
+namespace {
+
+// The fields a resume takes from the manifest alone, which state_xxh3_64 covers.
+json training_state_sections(const TrainingState& s) {
+  json data = {{"source", s.data.source}, {"position", s.data.position}};
+  if (s.data.token) data["token"] = *s.data.token;
+  return {
+      {"step", s.step},
+      {"optimizer", optimizer_to_json(s.optimizer, s.optimizer_steps)},
+      {"lr_schedule", {{"step", s.lr_schedule.step}, {"total_steps", s.lr_schedule.total_steps}}},
+      {"data", data},
+      {"rng", s.rng}};
+}
+
+}  // namespace
+
+uint64_t training_state_checksum(const CheckpointManifest& m) {
+  // dump() without indent writes no spaces and, an object being a sorted map, sorted keys.
+  const std::string text = training_state_sections(m.state).dump();
+  return checkpoint_io::xxh3_64(text.data(), text.size());
+}
+
+void check_manifest_state_checksum(const CheckpointManifest& m, const std::string& file) {
+  if (!m.state_checksum) return;
+  const uint64_t computed = training_state_checksum(m);
+  if (computed != *m.state_checksum)
+    throw CheckpointError(file +
+                          ": the training state (step, optimizer, lr_schedule, data, rng) does not "
+                          "match its checksum manifest.state_xxh3_64 (" +
+                          checkpoint_io::hex64(*m.state_checksum) + " recorded, " +
+                          checkpoint_io::hex64(computed) +
+                          " computed): the file was edited or corrupted");
+}
+
 json manifest_to_json(const CheckpointManifest& m) {
   const TrainingState& s = m.state;
   json stages = json::array();
@@ -202,20 +236,15 @@ json manifest_to_json(const CheckpointManifest& m) {
                       {"file", e.file},
                       {"bytes", e.bytes},
                       {"xxh3_64", checkpoint_io::hex64(e.checksum)}});
-  json out = {
-      {"format", "conveyor"},
-      {"format_version", m.format_version},
-      {"step", s.step},
-      {"model", s.model},
-      {"model_fingerprint", s.model_fingerprint},
-      {"stages", stages},
-      {"schedule", {{"name", s.schedule}, {"microbatches", s.microbatches}}},
-      {"optimizer", optimizer_to_json(s.optimizer, s.optimizer_steps)},
-      {"lr_schedule", {{"step", s.lr_schedule.step}, {"total_steps", s.lr_schedule.total_steps}}},
-      {"data", {{"source", s.data.source}, {"position", s.data.position}}},
-      {"rng", s.rng},
-      {"shards", shards}};
-  if (s.data.token) out["data"]["token"] = *s.data.token;
+  json out = training_state_sections(s);
+  out["format"] = "conveyor";
+  out["format_version"] = m.format_version;
+  out["model"] = s.model;
+  out["model_fingerprint"] = s.model_fingerprint;
+  out["stages"] = stages;
+  out["schedule"] = {{"name", s.schedule}, {"microbatches", s.microbatches}};
+  out["shards"] = shards;
+  if (m.state_checksum) out["state_xxh3_64"] = checkpoint_io::hex64(*m.state_checksum);
   // Written only when there is more than one, so a checkpoint of one replica stays as before.
   if (s.replicas != 1) out["replicas"] = s.replicas;
   return out;
@@ -272,9 +301,11 @@ CheckpointManifest parse_manifest(std::string_view text, const std::string& file
                           " (this build reads version " + std::to_string(kCheckpointFormatVersion) +
                           ")");
 
-  // "replicas" is the one optional field at this level (data.token the other, below).
+  // "replicas" and "state_xxh3_64" are the optional fields at this level (data.token the
+  // other, below).
   json fields = root;
   fields.erase("replicas");
+  fields.erase("state_xxh3_64");
   const Fields f(fields, "manifest", file,
                  {"format", "format_version", "step", "model", "model_fingerprint", "stages",
                   "schedule", "optimizer", "lr_schedule", "data", "rng", "shards"});
@@ -347,13 +378,25 @@ CheckpointManifest parse_manifest(std::string_view text, const std::string& file
     placement.unit_end = units[1].get<int64_t>();
     s.stages.push_back(placement);
   }
+  if (root.contains("state_xxh3_64")) {
+    const json& checksum = root["state_xxh3_64"];
+    const auto value = checksum.is_string()
+                           ? checkpoint_io::parse_hex64(checksum.get<std::string>())
+                           : std::nullopt;
+    if (!value)
+      throw CheckpointError(file + ": manifest.state_xxh3_64 is " + excerpt(checksum) +
+                            ", expected 16 hex digits");
+    m.state_checksum = *value;
+  }
   if (root.contains("replicas")) {
     const json& replicas = root["replicas"];
-    if (!replicas.is_number_unsigned() || replicas.get<uint64_t>() < 1 ||
+    // One replica is written as no field: a manifest has one way to say it.
+    if (!replicas.is_number_unsigned() || replicas.get<uint64_t>() < 2 ||
         replicas.get<uint64_t>() > m.shards.size() || m.shards.size() % replicas.get<uint64_t>())
       throw CheckpointError(file + ": manifest.replicas is " + excerpt(replicas) +
-                            ", expected a number of replicas >= 1 that divides the " +
-                            std::to_string(m.shards.size()) + " shards");
+                            ", expected a number of replicas >= 2 that divides the " +
+                            std::to_string(m.shards.size()) +
+                            " shards (a checkpoint of one replica has no replicas field)");
     s.replicas = replicas.get<int>();
   }
   check_stages(s.stages, m.shards.size() / static_cast<size_t>(s.replicas), file);

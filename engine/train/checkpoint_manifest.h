@@ -68,6 +68,10 @@ struct CheckpointManifest {
   int format_version = kCheckpointFormatVersion;
   TrainingState state;
   std::vector<ShardEntry> shards;  // shards[r] is rank r's
+  // state_xxh3_64 as read (the writer sets it to training_state_checksum): shards carry their
+  // own checksums, this one covers what a resume takes from the manifest alone. Absent from
+  // checkpoints written before it was recorded.
+  std::optional<uint64_t> state_checksum;
 };
 
 nlohmann::json manifest_to_json(const CheckpointManifest& manifest);
@@ -80,6 +84,13 @@ CheckpointManifest parse_manifest(std::string_view text, const std::string& file
 // step draws), steps_taken and lr_schedule.step equal to step and data.position equal to
 // step x batch_tokens. open_checkpoint checks this after the folder's step.
 void check_manifest_counters(const CheckpointManifest& manifest, const std::string& file);
+// XXH3-64 of the compact JSON of the manifest's step, optimizer, lr_schedule, data and rng
+// (docs/checkpoint-format.md spells out the bytes).
+uint64_t training_state_checksum(const CheckpointManifest& manifest);
+// Throws CheckpointError when the manifest has a state_xxh3_64 that training_state_checksum
+// does not reproduce. open_checkpoint checks this last, after the fields and the counters, so
+// that an edit those checks explain is named by them.
+void check_manifest_state_checksum(const CheckpointManifest& manifest, const std::string& file);
 // Throws CheckpointError unless `name` is a shard file name the format allows:
 // letters, digits, '.', '_', '-', not starting with '.', ending in ".safetensors".
 void check_shard_file_name(const std::string& name, const std::string& file);

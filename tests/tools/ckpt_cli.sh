@@ -86,6 +86,10 @@ case $case_name in
     expect 1 "cannot read .*rank_1\.safetensors: it is a FIFO \(named pipe\), not a regular file" \
       timeout 20 "$conveyor" ckpt verify "$dir"
     rm "$shard1"
+    # A folder there is a bad file as well: exit 1, as for any checkpoint that fails a check.
+    mkdir "$shard1"
+    expect 1 "rank_1\.safetensors: .*not a regular file" timeout 20 "$conveyor" ckpt verify "$dir"
+    rmdir "$shard1"
     mv "$work/rank_1.safetensors" "$shard1"
     rm "$dir/step_2/manifest.json"
     mkfifo "$dir/step_2/manifest.json"

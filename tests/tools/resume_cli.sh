@@ -154,6 +154,10 @@ case $case_name in
     refused "m['optimizer']['steps_taken'] = 10**15" "manifest.optimizer.steps_taken is 1000000000000000"
     refused "m['lr_schedule']['step'] = 99" "manifest.lr_schedule.step is 99"
     refused "m['data']['token'] = -1" "manifest.data.token is -1, expected an integer >= 0"
+    # A token that passes every check of its own is still another token: the manifest's
+    # checksum of its training state refuses it, and so any other edit of those fields.
+    refused "m['data']['token'] = (m['data']['token'] + 1) % 32" "manifest.json: the training state (step, optimizer, lr_schedule, data, rng) does not match its checksum"
+    refused "m['rng'] = None" "does not match its checksum"
     # Only the fingerprint edited: the shards verify, the resume names the fingerprints.
     python3 -c "import json,sys; m=json.load(open(sys.argv[1])); m['model_fingerprint'] = 'xxh3_64:0000000000000000'; json.dump(m, open(sys.argv[2], 'w'))" \
       "$work/manifest.json" "$manifest" || fail "cannot edit the manifest"

@@ -197,12 +197,31 @@ inline void match_manifest_to_shards(const fs::path& folder) {
   write_file(folder / "manifest.json", m.dump(2));
 }
 
-// Edits manifest.json of `folder` as JSON.
+// XXH3-64 of the compact JSON of a manifest's training-state fields, as
+// docs/checkpoint-format.md spells it out: the reference for manifest.state_xxh3_64.
+inline std::string state_checksum_of(const nlohmann::json& m) {
+  nlohmann::json sections = nlohmann::json::object();
+  for (const char* key : {"step", "optimizer", "lr_schedule", "data", "rng"})
+    if (m.contains(key)) sections[key] = m[key];
+  const std::string text = sections.dump();
+  return checkpoint_io::hex64(checkpoint_io::xxh3_64(text.data(), text.size()));
+}
+
+// Edits manifest.json of `folder` as JSON, as a writer of those values would have written it:
+// its state_xxh3_64, when it has one, is recomputed, so that the checks of the edited fields
+// are what a test sees. edit_manifest_only leaves it as it was: an edit or a corruption.
 template <class Edit>
-void edit_manifest(const fs::path& folder, Edit edit) {
+void edit_manifest_only(const fs::path& folder, Edit edit) {
   nlohmann::json m = nlohmann::json::parse(read_file(folder / "manifest.json"));
   edit(m);
   write_file(folder / "manifest.json", m.dump(2));
+}
+template <class Edit>
+void edit_manifest(const fs::path& folder, Edit edit) {
+  edit_manifest_only(folder, [&](nlohmann::json& m) {
+    edit(m);
+    if (m.contains("state_xxh3_64")) m["state_xxh3_64"] = state_checksum_of(m);
+  });
 }
 
 // The message of the CheckpointError `f` throws, or a failure when it throws none (or

@@ -142,6 +142,53 @@ TEST_F(CheckpointLoad, AManifestWithoutTheDataTokenLoads) {
   EXPECT_FALSE(open_checkpoint(folder_).state().data.token.has_value());
 }
 
+// The shards carry their own checksums; state_xxh3_64 covers what a resume takes from the
+// manifest alone, so an edited token, counter or setting is refused rather than loaded. The
+// checks of single fields come first and name the field; a manifest written before the
+// checksum was recorded loads without it.
+TEST_F(CheckpointLoad, AnEditedTrainingStateIsRefusedByItsChecksum) {
+  const std::string pristine = read_file(manifest());
+  const nlohmann::json saved = nlohmann::json::parse(pristine);
+  ASSERT_TRUE(saved.contains("state_xxh3_64"));
+  EXPECT_EQ(saved["state_xxh3_64"], state_checksum_of(saved));
+  EXPECT_EQ(open_checkpoint(folder_).manifest().state_checksum,
+            checkpoint_io::parse_hex64(saved["state_xxh3_64"].get<std::string>()));
+
+  const std::vector<std::pair<const char*, nlohmann::json>> edits = {
+      {"/data/token", 14},    {"/data/source", "other tokens"}, {"/rng/seed", 8},
+      {"/optimizer/lr", 0.5}, {"/optimizer/steps_taken", 5},    {"/lr_schedule/total_steps", 300},
+  };
+  for (const auto& [pointer, value] : edits) {
+    SCOPED_TRACE(std::string(pointer) + " = " + value.dump());
+    write_file(manifest(), pristine);
+    edit_manifest_only(folder_, [&](auto& m) { m[nlohmann::json::json_pointer(pointer)] = value; });
+    EXPECT_CHECKPOINT_ERROR(open_checkpoint(folder_), manifest().string(),
+                            "the training state (step, optimizer, lr_schedule, data, rng) does not "
+                            "match its checksum manifest.state_xxh3_64",
+                            "the file was edited or corrupted");
+    EXPECT_CHECKPOINT_ERROR(open_checkpoint(folder_, CheckpointCheck::kLayoutOnly),
+                            "does not match its checksum");
+  }
+
+  // Another layout of the same values is no edit.
+  write_file(manifest(), saved.dump(4));
+  EXPECT_NO_THROW(open_checkpoint(folder_));
+
+  write_file(manifest(), pristine);
+  edit_manifest_only(folder_, [](auto& m) { m["state_xxh3_64"] = "12"; });
+  EXPECT_CHECKPOINT_ERROR(open_checkpoint(folder_),
+                          "manifest.state_xxh3_64 is \"12\", expected 16 hex digits");
+
+  write_file(manifest(), pristine);
+  edit_manifest_only(folder_, [](auto& m) {
+    m.erase("state_xxh3_64");
+    m["data"]["token"] = 14;
+  });
+  const Checkpoint old = open_checkpoint(folder_);
+  EXPECT_FALSE(old.manifest().state_checksum.has_value());
+  EXPECT_EQ(old.state().data.token, std::optional<int32_t>(14));
+}
+
 // What the trainer writes: rng.batch_tokens, the tokens each step draws, ties the data
 // position and the other counters to the step.
 TEST_F(CheckpointLoad, ATrainersCountersAgreeWithItsStep) {

@@ -137,9 +137,20 @@ TEST(TrainerResume, TheDataTokenRestoresTheSourceAndACheckpointWithoutOneReplays
   ASSERT_TRUE(token.has_value());
   EXPECT_EQ(open_checkpoint(folder).state().data.token, token);
 
-  // An edited token is what the resumed source starts from: it is not replayed.
+  // An edited token no longer matches the manifest's checksum of the training state: the
+  // resume is refused before it touches the trainer.
   const std::string pristine = testing::read_file(folder / "manifest.json");
   const int32_t other = (*token + 1) % static_cast<int32_t>(c.model.vocab);
+  testing::edit_manifest_only(folder, [&](auto& m) { m["data"]["token"] = other; });
+  {
+    Trainer trainer(c);
+    EXPECT_CHECKPOINT_ERROR(resume_trainer(trainer, dir.path()), "does not match its checksum");
+    EXPECT_EQ(trainer.steps_done(), 0);
+  }
+
+  // A token written so (its checksum recomputed) is what the resumed source starts from: it
+  // is not replayed.
+  testing::write_file(folder / "manifest.json", pristine);
   testing::edit_manifest(folder, [&](auto& m) { m["data"]["token"] = other; });
   {
     Trainer trainer(c);
@@ -214,6 +225,37 @@ TEST(TrainerResume, CheckpointOfAnotherModelIsRefusedNamingTheDifference) {
   }
   EXPECT_EQ(other.steps_done(), 0);
   EXPECT_TRUE(before == full_state(other));
+}
+
+// The batch size fixes where each step's data starts, so a trainer's resume needs the
+// rng.batch_tokens its manifest records: a manifest without it (rng null, or an object of
+// the caller's without the field) is refused, whatever this run's --batch-tokens, where the
+// library alone loads it.
+TEST(TrainerResume, AManifestWithoutRngBatchTokensIsRefused) {
+  TempDir dir;
+  const TrainConfig c = resume_config(1, schedule::ScheduleKind::k1F1B);
+  {
+    Trainer trainer(c);
+    trainer.step();
+    TrainerCheckpointer checkpointer(trainer, {dir.path()});
+    checkpointer.finish();
+  }
+  const std::filesystem::path folder = dir / "step_1";
+  const std::string pristine = testing::read_file(folder / "manifest.json");
+  for (const nlohmann::json& rng : {nlohmann::json(nullptr), nlohmann::json{{"seed", c.seed}}}) {
+    SCOPED_TRACE(rng.dump());
+    testing::write_file(folder / "manifest.json", pristine);
+    testing::edit_manifest(folder, [&](auto& m) { m["rng"] = rng; });
+    EXPECT_NO_THROW(open_checkpoint(folder));
+    for (int64_t batch_tokens : {c.batch_tokens, 2 * c.batch_tokens}) {
+      TrainConfig other = c;
+      other.batch_tokens = batch_tokens;
+      Trainer trainer(other);
+      EXPECT_CHECKPOINT_ERROR(resume_trainer(trainer, dir.path()), "manifest.rng is " + rng.dump(),
+                              "without batch_tokens a resume cannot check");
+      EXPECT_EQ(trainer.steps_done(), 0);
+    }
+  }
 }
 
 // A save that cannot be made (its folder is taken by a file): `stop` throws naming it,

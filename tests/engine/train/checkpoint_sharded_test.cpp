@@ -134,6 +134,11 @@ TEST(PiecedCheckpoint, ReplicasMustDivideTheShards) {
   EXPECT_CHECKPOINT_ERROR(open_checkpoint(folder), "manifest.replicas is 2", "3 shards");
   edit_manifest(folder, [](auto& m) { m["replicas"] = "3"; });
   EXPECT_CHECKPOINT_ERROR(open_checkpoint(folder), "manifest.replicas");
+  // The writer leaves one replica out; the format says so one way only.
+  edit_manifest(folder, [](auto& m) { m["replicas"] = 1; });
+  EXPECT_CHECKPOINT_ERROR(open_checkpoint(folder), "manifest.replicas is 1",
+                          "expected a number of replicas >= 2",
+                          "a checkpoint of one replica has no replicas field");
 }
 
 TEST(PiecedCheckpoint, AWriterRefusesAPieceOutsideItsTensor) {
