@@ -336,11 +336,6 @@ std::string plan_text(const PlanCandidate& candidate, const TrainConfig& config)
   return plan.dump(2) + "\n";
 }
 
-void write_plan_file(OutputFile& file, const PlanCandidate& candidate, const TrainConfig& config) {
-  file.write(plan_text(candidate, config));
-  file.close();
-}
-
 void apply_plan_text(const std::string& text, const std::string& source, TrainConfig& config) {
   try {
     const nlohmann::json plan = nlohmann::json::parse(text);
@@ -407,26 +402,53 @@ void run_plan(const PlanFlags& f, const CLI::App& cmd) {
     throw UsageError(e.what());
   }
   if (!note.empty()) std::printf("conveyor: %s\n", note.c_str());
-  // Opened before the profile runs, so that a bad path fails at once.
-  std::optional<OutputFile> out;
-  if (!f.out.empty()) out.emplace(f.out, "--out", /*lock=*/false);
+  // Made before the profile runs, so that a bad path fails at once; the file itself is
+  // replaced only once a plan exists, so a failed run leaves an earlier plan as it was.
+  std::optional<ReplacedFile> out;
+  if (!f.out.empty()) out.emplace(f.out, "--out");
   const PlannedRun run = plan_training(config, device, f.repetitions, true);
   require_some_layout(run);
-  if (out) {
-    const PlanCandidate& best = best_pipeline(run);
-    config.device = device;
-    write_plan_file(*out, best, config);
-    std::printf("plan   %s, %d micro-batches, partition written to %s\n", best.layout.c_str(),
-                best.microbatches, f.out.c_str());
-    // A plan file holds a pipeline (what `train --plan` runs); replicas are run by flags.
-    const PlanCandidate& first = run.plan.candidates.front();
-    if (!first.pipelined)
+  const PlanCandidate* best = nullptr;
+  for (const auto& c : run.plan.candidates)
+    if (c.rejected.empty() && c.pipelined) {
+      best = &c;
+      break;
+    }
+  if (!out) {
+    // Replicas are a valid answer to `plan`; the table says so, and this says why.
+    if (best == nullptr && run.units < run.stages) {
+      const PlanCandidate& first = *std::find_if(
+          run.plan.candidates.begin(), run.plan.candidates.end(),
+          [](const PlanCandidate& c) { return c.rejected.empty(); });
       std::printf(
-          "note   %s is faster, and a plan file holds only a pipeline: the file has the best "
-          "pipeline; for the replicas run conveyor train --stages 1 --dp %zu%s instead\n",
-          first.layout.c_str(), first.peak_bytes.size(),
-          first.shard_optimizer ? " --shard-optimizer" : "");
+          "note   the model has %lld units (the embedding, the blocks and the loss head), too "
+          "few for %d pipeline stages; only %s fits: run conveyor train --stages 1 --dp %zu%s\n",
+          static_cast<long long>(run.units), run.stages, first.layout.c_str(),
+          first.peak_bytes.size(), first.shard_optimizer ? " --shard-optimizer" : "");
+    }
+    return;
   }
+  // A plan file holds a pipeline (what `train --plan` runs); replicas are run by flags.
+  if (best == nullptr) {
+    try {
+      best_pipeline(run);
+    } catch (const UsageError& e) {
+      throw UsageError("--out writes a plan file, which holds only a pipeline, and none can "
+                       "be made: " +
+                       std::string(e.what()));
+    }
+  }
+  config.device = device;
+  out->commit(plan_text(*best, config));
+  std::printf("plan   %s, %d micro-batches, partition written to %s\n", best->layout.c_str(),
+              best->microbatches, f.out.c_str());
+  const PlanCandidate& first = run.plan.candidates.front();
+  if (!first.pipelined)
+    std::printf(
+        "note   %s is faster, and a plan file holds only a pipeline: the file has the best "
+        "pipeline; for the replicas run conveyor train --stages 1 --dp %zu%s instead\n",
+        first.layout.c_str(), first.peak_bytes.size(),
+        first.shard_optimizer ? " --shard-optimizer" : "");
 }
 
 }  // namespace
