@@ -145,7 +145,10 @@ PlannedRun plan_training(const TrainConfig& config, Device device, int repetitio
   out.stages = p;
   if (constraints.microbatches) {
     options.microbatch_counts.push_back(static_cast<int>(*constraints.microbatches));
-    out.constraints += " --microbatches " + std::to_string(*constraints.microbatches);
+    out.constraints += " --microbatches " +
+                       std::to_string(*constraints.microbatches * constraints.replicas);
+    if (constraints.replicas > 1)
+      out.constraints += " over --dp " + std::to_string(constraints.replicas);
   } else {
     for (int m : {p, 2 * p, 4 * p, 8 * p})
       if (config.batch_tokens % m == 0) options.microbatch_counts.push_back(m);

@@ -24,7 +24,8 @@ struct PlannedRun {
 struct PlanConstraints {
   std::optional<schedule::ScheduleKind> schedule;
   std::optional<int> chunks;
-  std::optional<int64_t> microbatches;
+  std::optional<int64_t> microbatches;  // of one replica's share of the batch
+  int replicas = 1;  // --dp: named next to --microbatches, which is `microbatches` x this
 };
 
 // Profiles the reference model of `config` on `device` and plans for config.stages devices and
