@@ -299,13 +299,22 @@ nlohmann::json planned_for(const TrainConfig& config) {
 }
 
 // A plan's costs hold for the model, batch and device kind it was profiled with; another
-// run's would be mis-planned, or not fit. Plans written before these were recorded are not
-// checked.
+// run's would be mis-planned, or not fit. Plans written before these were recorded (no
+// planned_for at all) are not checked; a planned_for that is there must be whole.
 void check_planned_for(const nlohmann::json& plan, const std::string& source,
                        const TrainConfig& config) {
-  if (!plan.contains("planned_for")) return;
+  if (!plan.is_object() || !plan.contains("planned_for")) return;
   const nlohmann::json& was = plan.at("planned_for");
   const nlohmann::json now = planned_for(config);
+  auto shown = [](const nlohmann::json& v) {
+    std::string text = v.dump();
+    if (text.size() > 40) text = text.substr(0, 37) + "...";
+    return escape_for_message(text);
+  };
+  if (!was.is_object())
+    throw UsageError(source + ": planned_for must be an object (d_model, layers, hidden, vocab, "
+                     "activation, batch_tokens, device), got " + shown(was) +
+                     "; plan again (conveyor plan ... --out FILE)");
   for (const auto& [key, flag] : std::vector<std::pair<std::string, std::string>>{
            {"d_model", "--d-model"},
            {"layers", "--layers"},
@@ -314,13 +323,22 @@ void check_planned_for(const nlohmann::json& plan, const std::string& source,
            {"activation", "--activation"},
            {"batch_tokens", "--batch-tokens"},
            {"device", "--device"}}) {
-    if (!was.contains(key) || was.at(key) == now.at(key)) continue;
-    auto text = [](const nlohmann::json& v) {
-      return v.is_string() ? v.get<std::string>() : v.dump();
+    const bool text_field = now.at(key).is_string();
+    const std::string expected = text_field ? "a string" : "an integer";
+    if (!was.contains(key))
+      throw UsageError(source + ": planned_for." + key + " is missing (" + expected +
+                       " is expected); plan again (conveyor plan ... --out FILE)");
+    const nlohmann::json& v = was.at(key);
+    if (text_field ? !v.is_string() : !v.is_number_integer())
+      throw UsageError(source + ": planned_for." + key + " must be " + expected + ", got " +
+                       shown(v) + "; plan again (conveyor plan ... --out FILE)");
+    if (v == now.at(key)) continue;
+    auto text = [](const nlohmann::json& j) {
+      return escape_for_message(j.is_string() ? j.get<std::string>() : j.dump());
     };
-    throw UsageError(source + " was planned for " + flag + " " + text(was.at(key)) +
+    throw UsageError(source + " was planned for " + flag + " " + text(v) +
                      " and this run has " + text(now.at(key)) + "; plan again for this run " +
-                     "(conveyor plan ... --out FILE) or give " + flag + " " + text(was.at(key)));
+                     "(conveyor plan ... --out FILE) or give " + flag + " " + text(v));
   }
 }
 
