@@ -479,7 +479,7 @@ void register_plan_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "plan", "Profile the model and choose partition, schedule and micro-batches");
   PlanFlags& f = *flags;
-  add_run_flags(cmd, f.run);
+  add_run_flags(cmd, f.run, RunFlagsFor::kPlan);
   add_int_flag(cmd, "--stages", f.stages, 1, 1024, "Devices to plan for");
   cmd->add_option("--optimizer", f.optimizer, "adamw or sgd (its state counts)")
       ->check(CLI::IsMember({"adamw", "sgd"}))
@@ -491,7 +491,7 @@ void register_plan_command(CLI::App& app) {
       ->type_name("FILE");
   cmd->footer(std::string("Example: conveyor plan --stages 2 --d-model 128 --layers 8 --vocab "
                           "16384 --out plan.json, then conveyor train --plan plan.json\n") +
-              kExitStatusText);
+              exit_status_text("the plan file could not be written"));
   cmd->callback([flags, cmd] { run_plan(*flags, *cmd); });
 }
 

@@ -121,7 +121,7 @@ uint64_t parse_size(const std::string& text, const std::string& flag) {
   return static_cast<uint64_t>(bytes);
 }
 
-void add_run_flags(CLI::App* cmd, RunFlags& f) {
+void add_run_flags(CLI::App* cmd, RunFlags& f, RunFlagsFor command) {
   cmd->add_option("--preset", f.preset,
                   "Model preset: tiny, small, medium (the model flags below override it)")
       ->capture_default_str();
@@ -174,10 +174,15 @@ void add_run_flags(CLI::App* cmd, RunFlags& f) {
       ->capture_default_str();
   add_int_flag(cmd, "--threads", f.threads, 0, 4096,
                "CPU kernel threads per rank (0: all cores, shared between the ranks)");
-  add_float_flag(cmd, "--bucket-mb", f.bucket_mb, 0.0, kMaxGradientBucketMiB, false,
-                 "With --dp: all-reduce each stage's gradients in buckets of at most this many "
-                 "MiB, ceil(stage gradient bytes / bucket) of them (0: one bucket per stage); "
-                 "a --schedule-file keeps its own buckets, and a size given with it must agree");
+  add_float_flag(
+      cmd, "--bucket-mb", f.bucket_mb, 0.0, kMaxGradientBucketMiB, false,
+      command == RunFlagsFor::kTrain
+          ? "With --dp: all-reduce each stage's gradients in buckets of at most this many MiB, "
+            "ceil(stage gradient bytes / bucket) of them (0: one bucket per stage); a "
+            "--schedule-file keeps its own buckets, and a size given with it must agree"
+          : "Cost the all-reduce of the data-parallel row's gradients in buckets of at most "
+            "this many MiB, each paying the latency again, as train --bucket-mb would run them "
+            "(0: one bucket)");
 }
 
 RecomputeSpec parse_recompute(const std::string& text, int64_t num_units,

@@ -46,8 +46,10 @@ struct RunFlags {
 
 // Registers --preset, --d-model, --layers, --vocab, --hidden, --activation, --batch-tokens,
 // --device, --memory-cap (or --memory-limit-mb), --tf32, --recompute, --threads and
-// --bucket-mb on `cmd`, the numbers range-checked.
-void add_run_flags(CLI::App* cmd, RunFlags& flags);
+// --bucket-mb on `cmd`, the numbers range-checked. `command` picks help texts that name only
+// what that command has (plan has no --dp or --schedule-file).
+enum class RunFlagsFor { kTrain, kPlan };
+void add_run_flags(CLI::App* cmd, RunFlags& flags, RunFlagsFor command);
 
 // The bytes of a --memory-cap SIZE: a number without sign or exponent (a fraction is rounded
 // down to whole bytes) and an optional unit, B, KB, MB, GB, TB, PB (powers of 1000) or KiB,

@@ -695,7 +695,7 @@ void register_train_command(CLI::App& app) {
   auto flags = std::make_shared<TrainFlags>();
   TrainConfig& c = flags->config;
   CLI::App* cmd = app.add_subcommand("train", "Train the reference model");
-  add_run_flags(cmd, flags->run);
+  add_run_flags(cmd, flags->run, RunFlagsFor::kTrain);
   add_int_flag(cmd, "--steps", c.steps, 1, 1000000000, "Optimizer steps");
   add_int_flag(cmd, "--microbatches", c.microbatches, 1, 65536, "Micro-batches per step");
   cmd->add_option("--optimizer", c.optimizer.kind, "adamw or sgd")->capture_default_str();
