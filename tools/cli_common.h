@@ -30,10 +30,13 @@ inline constexpr int kExitUsage = 2;
 inline constexpr int kExitSigint = 130;
 inline constexpr int kExitSigterm = 143;
 
-// The exit status convention, as help texts show it.
-inline constexpr const char* kExitStatusText =
-    "Exit status: 0 ok, 1 training failed or diverged, 2 bad input, 130/143 interrupted "
-    "(SIGINT/SIGTERM).";
+// The exit status convention, as help texts show it; `failure` says what status 1 means for
+// the command showing it.
+inline std::string exit_status_text(const std::string& failure) {
+  return "Exit status: 0 ok, 1 " + failure + ", 2 bad input, 130/143 interrupted (SIGINT/SIGTERM).";
+}
+inline const std::string kExitStatusText =
+    exit_status_text("training failed or diverged, or an output file could not be written");
 
 // Thrown after a command has said everything it had to say, to end with `code` (an
 // interrupted run: 130 or 143).

@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <utility>
@@ -82,6 +84,50 @@ void OutputFile::close() {
   if (::close(fd) != 0)
     throw std::runtime_error("cannot write " + flag_ + " file '" + escape_for_message(path_) +
                              "' (close failed): " + std::strerror(errno));
+}
+
+ReplacedFile::ReplacedFile(const std::string& path, const std::string& flag)
+    : path_(path), flag_(flag) {
+  const std::string shown = "'" + escape_for_message(path) + "'";
+  if (path.empty()) throw UsageError(flag + " needs a file name");
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+    throw UsageError("cannot open " + flag + " file " + shown +
+                     " for writing: it is a directory; give a file name");
+  // In the same directory, so that the rename replaces the file in one step.
+  std::string temp = path + ".tmp.XXXXXX";
+  const int fd = ::mkstemp(temp.data());
+  if (fd < 0)
+    throw UsageError("cannot open " + flag + " file " + shown +
+                     " for writing: " + std::strerror(errno));
+  temp_ = temp;
+  // mkstemp makes the file 0600; the result gets the mode a new file would (or the old one's).
+  mode_t mode = 0;
+  if (::stat(path.c_str(), &st) == 0) {
+    mode = st.st_mode & 07777;
+  } else {
+    const mode_t mask = ::umask(0);
+    ::umask(mask);
+    mode = 0666 & ~mask;
+  }
+  ::fchmod(fd, mode);
+  ::close(fd);
+  out_ = OutputFile(temp_, flag, /*lock=*/false);
+}
+
+ReplacedFile::~ReplacedFile() {
+  if (!temp_.empty()) ::unlink(temp_.c_str());
+}
+
+void ReplacedFile::commit(const std::string& text) {
+  out_.write(text);
+  out_.close();
+  const std::string shown = "'" + escape_for_message(path_) + "'";
+  if (::rename(temp_.c_str(), path_.c_str()) != 0)
+    throw std::runtime_error("cannot write " + flag_ + " file " + shown +
+                             " (renaming the finished file over it failed): " +
+                             std::strerror(errno));
+  temp_.clear();
 }
 
 }  // namespace conveyor::cli

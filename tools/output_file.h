@@ -31,4 +31,27 @@ class OutputFile {
   int fd_ = -1;
 };
 
+// An output file that holds either its old contents or the whole new text, never a part: the
+// text goes to a temporary file next to `path`, made when this is constructed (so an
+// unwritable directory fails before any work), and is renamed over `path` by commit(). A run
+// that fails before commit() leaves `path` as it was and removes the temporary.
+class ReplacedFile {
+ public:
+  // Throws UsageError naming `flag` when `path` is a directory or its directory cannot take a
+  // new file.
+  ReplacedFile(const std::string& path, const std::string& flag);
+  ReplacedFile(const ReplacedFile&) = delete;
+  ReplacedFile& operator=(const ReplacedFile&) = delete;
+  ~ReplacedFile();
+
+  const std::string& path() const { return path_; }
+  // Writes `text` to the temporary, closes it and renames it over the file. Throws
+  // std::runtime_error naming the file and the system's reason.
+  void commit(const std::string& text);
+
+ private:
+  std::string path_, flag_, temp_;
+  OutputFile out_;
+};
+
 }  // namespace conveyor::cli

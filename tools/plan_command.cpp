@@ -145,7 +145,10 @@ PlannedRun plan_training(const TrainConfig& config, Device device, int repetitio
   out.stages = p;
   if (constraints.microbatches) {
     options.microbatch_counts.push_back(static_cast<int>(*constraints.microbatches));
-    out.constraints += " --microbatches " + std::to_string(*constraints.microbatches);
+    out.constraints += " --microbatches " +
+                       std::to_string(*constraints.microbatches * constraints.replicas);
+    if (constraints.replicas > 1)
+      out.constraints += " over --dp " + std::to_string(constraints.replicas);
   } else {
     for (int m : {p, 2 * p, 4 * p, 8 * p})
       if (config.batch_tokens % m == 0) options.microbatch_counts.push_back(m);
@@ -296,13 +299,22 @@ nlohmann::json planned_for(const TrainConfig& config) {
 }
 
 // A plan's costs hold for the model, batch and device kind it was profiled with; another
-// run's would be mis-planned, or not fit. Plans written before these were recorded are not
-// checked.
+// run's would be mis-planned, or not fit. Plans written before these were recorded (no
+// planned_for at all) are not checked; a planned_for that is there must be whole.
 void check_planned_for(const nlohmann::json& plan, const std::string& source,
                        const TrainConfig& config) {
-  if (!plan.contains("planned_for")) return;
+  if (!plan.is_object() || !plan.contains("planned_for")) return;
   const nlohmann::json& was = plan.at("planned_for");
   const nlohmann::json now = planned_for(config);
+  auto shown = [](const nlohmann::json& v) {
+    std::string text = v.dump();
+    if (text.size() > 40) text = text.substr(0, 37) + "...";
+    return escape_for_message(text);
+  };
+  if (!was.is_object())
+    throw UsageError(source + ": planned_for must be an object (d_model, layers, hidden, vocab, "
+                     "activation, batch_tokens, device), got " + shown(was) +
+                     "; plan again (conveyor plan ... --out FILE)");
   for (const auto& [key, flag] : std::vector<std::pair<std::string, std::string>>{
            {"d_model", "--d-model"},
            {"layers", "--layers"},
@@ -311,13 +323,22 @@ void check_planned_for(const nlohmann::json& plan, const std::string& source,
            {"activation", "--activation"},
            {"batch_tokens", "--batch-tokens"},
            {"device", "--device"}}) {
-    if (!was.contains(key) || was.at(key) == now.at(key)) continue;
-    auto text = [](const nlohmann::json& v) {
-      return v.is_string() ? v.get<std::string>() : v.dump();
+    const bool text_field = now.at(key).is_string();
+    const std::string expected = text_field ? "a string" : "an integer";
+    if (!was.contains(key))
+      throw UsageError(source + ": planned_for." + key + " is missing (" + expected +
+                       " is expected); plan again (conveyor plan ... --out FILE)");
+    const nlohmann::json& v = was.at(key);
+    if (text_field ? !v.is_string() : !v.is_number_integer())
+      throw UsageError(source + ": planned_for." + key + " must be " + expected + ", got " +
+                       shown(v) + "; plan again (conveyor plan ... --out FILE)");
+    if (v == now.at(key)) continue;
+    auto text = [](const nlohmann::json& j) {
+      return escape_for_message(j.is_string() ? j.get<std::string>() : j.dump());
     };
-    throw UsageError(source + " was planned for " + flag + " " + text(was.at(key)) +
+    throw UsageError(source + " was planned for " + flag + " " + text(v) +
                      " and this run has " + text(now.at(key)) + "; plan again for this run " +
-                     "(conveyor plan ... --out FILE) or give " + flag + " " + text(was.at(key)));
+                     "(conveyor plan ... --out FILE) or give " + flag + " " + text(v));
   }
 }
 
@@ -334,11 +355,6 @@ std::string plan_text(const PlanCandidate& candidate, const TrainConfig& config)
                          {"predicted_rank_compute_seconds", candidate.busy_seconds},
                          {"planned_for", planned_for(config)}};
   return plan.dump(2) + "\n";
-}
-
-void write_plan_file(OutputFile& file, const PlanCandidate& candidate, const TrainConfig& config) {
-  file.write(plan_text(candidate, config));
-  file.close();
 }
 
 void apply_plan_text(const std::string& text, const std::string& source, TrainConfig& config) {
@@ -407,26 +423,53 @@ void run_plan(const PlanFlags& f, const CLI::App& cmd) {
     throw UsageError(e.what());
   }
   if (!note.empty()) std::printf("conveyor: %s\n", note.c_str());
-  // Opened before the profile runs, so that a bad path fails at once.
-  std::optional<OutputFile> out;
-  if (!f.out.empty()) out.emplace(f.out, "--out", /*lock=*/false);
+  // Made before the profile runs, so that a bad path fails at once; the file itself is
+  // replaced only once a plan exists, so a failed run leaves an earlier plan as it was.
+  std::optional<ReplacedFile> out;
+  if (!f.out.empty()) out.emplace(f.out, "--out");
   const PlannedRun run = plan_training(config, device, f.repetitions, true);
   require_some_layout(run);
-  if (out) {
-    const PlanCandidate& best = best_pipeline(run);
-    config.device = device;
-    write_plan_file(*out, best, config);
-    std::printf("plan   %s, %d micro-batches, partition written to %s\n", best.layout.c_str(),
-                best.microbatches, f.out.c_str());
-    // A plan file holds a pipeline (what `train --plan` runs); replicas are run by flags.
-    const PlanCandidate& first = run.plan.candidates.front();
-    if (!first.pipelined)
+  const PlanCandidate* best = nullptr;
+  for (const auto& c : run.plan.candidates)
+    if (c.rejected.empty() && c.pipelined) {
+      best = &c;
+      break;
+    }
+  if (!out) {
+    // Replicas are a valid answer to `plan`; the table says so, and this says why.
+    if (best == nullptr && run.units < run.stages) {
+      const PlanCandidate& first = *std::find_if(
+          run.plan.candidates.begin(), run.plan.candidates.end(),
+          [](const PlanCandidate& c) { return c.rejected.empty(); });
       std::printf(
-          "note   %s is faster, and a plan file holds only a pipeline: the file has the best "
-          "pipeline; for the replicas run conveyor train --stages 1 --dp %zu%s instead\n",
-          first.layout.c_str(), first.peak_bytes.size(),
-          first.shard_optimizer ? " --shard-optimizer" : "");
+          "note   the model has %lld units (the embedding, the blocks and the loss head), too "
+          "few for %d pipeline stages; only %s fits: run conveyor train --stages 1 --dp %zu%s\n",
+          static_cast<long long>(run.units), run.stages, first.layout.c_str(),
+          first.peak_bytes.size(), first.shard_optimizer ? " --shard-optimizer" : "");
+    }
+    return;
   }
+  // A plan file holds a pipeline (what `train --plan` runs); replicas are run by flags.
+  if (best == nullptr) {
+    try {
+      best_pipeline(run);
+    } catch (const UsageError& e) {
+      throw UsageError("--out writes a plan file, which holds only a pipeline, and none can "
+                       "be made: " +
+                       std::string(e.what()));
+    }
+  }
+  config.device = device;
+  out->commit(plan_text(*best, config));
+  std::printf("plan   %s, %d micro-batches, partition written to %s\n", best->layout.c_str(),
+              best->microbatches, f.out.c_str());
+  const PlanCandidate& first = run.plan.candidates.front();
+  if (!first.pipelined)
+    std::printf(
+        "note   %s is faster, and a plan file holds only a pipeline: the file has the best "
+        "pipeline; for the replicas run conveyor train --stages 1 --dp %zu%s instead\n",
+        first.layout.c_str(), first.peak_bytes.size(),
+        first.shard_optimizer ? " --shard-optimizer" : "");
 }
 
 }  // namespace
@@ -436,7 +479,7 @@ void register_plan_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "plan", "Profile the model and choose partition, schedule and micro-batches");
   PlanFlags& f = *flags;
-  add_run_flags(cmd, f.run);
+  add_run_flags(cmd, f.run, RunFlagsFor::kPlan);
   add_int_flag(cmd, "--stages", f.stages, 1, 1024, "Devices to plan for");
   cmd->add_option("--optimizer", f.optimizer, "adamw or sgd (its state counts)")
       ->check(CLI::IsMember({"adamw", "sgd"}))
@@ -448,7 +491,7 @@ void register_plan_command(CLI::App& app) {
       ->type_name("FILE");
   cmd->footer(std::string("Example: conveyor plan --stages 2 --d-model 128 --layers 8 --vocab "
                           "16384 --out plan.json, then conveyor train --plan plan.json\n") +
-              kExitStatusText);
+              exit_status_text("the plan file could not be written"));
   cmd->callback([flags, cmd] { run_plan(*flags, *cmd); });
 }
 

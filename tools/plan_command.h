@@ -8,7 +8,6 @@
 
 #include "engine/pipeline/planner.h"
 #include "engine/train/trainer.h"
-#include "tools/output_file.h"
 
 namespace conveyor::cli {
 
@@ -25,7 +24,8 @@ struct PlannedRun {
 struct PlanConstraints {
   std::optional<schedule::ScheduleKind> schedule;
   std::optional<int> chunks;
-  std::optional<int64_t> microbatches;
+  std::optional<int64_t> microbatches;  // of one replica's share of the batch
+  int replicas = 1;  // --dp: named next to --microbatches, which is `microbatches` x this
 };
 
 // Profiles the reference model of `config` on `device` and plans for config.stages devices and
@@ -43,10 +43,8 @@ void require_some_layout(const PlannedRun& run);
 
 // The pipeline settings of `candidate` as the JSON of a plan file: stages, schedule, chunks,
 // micro-batches, blocks per stage, recomputation, the predicted step time, and what it was
-// planned for: the model, the batch and the device kind of `config`. write_plan_file writes it
-// into `file` and closes it.
+// planned for: the model, the batch and the device kind of `config`.
 std::string plan_text(const PlanCandidate& candidate, const TrainConfig& config);
-void write_plan_file(OutputFile& file, const PlanCandidate& candidate, const TrainConfig& config);
 // Sets stages, schedule, chunks, micro-batches, partition and recomputation of `config` from
 // the text of a plan (`source` names it in errors) or from a plan file; UsageError for a file
 // that cannot be read, a plan that does not fit the model, or one planned for another model,

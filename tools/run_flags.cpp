@@ -1,5 +1,10 @@
 #include "tools/run_flags.h"
 
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
 #include <stdexcept>
 #include <vector>
 
@@ -12,7 +17,8 @@ namespace conveyor::cli {
 // estimate refuses anyway, so the flag says it at once.
 constexpr int64_t kMaxVocab = int64_t{1} << 24;
 constexpr double kMinMemoryCapBytes = 1024.0;
-constexpr double kMaxMemoryCapBytes = 1125899906842624.0;  // 2^50, as --memory-limit-mb's 2^30 MiB
+constexpr double kMaxMemoryCapBytes = 1125899906842624.0;  // 2^50: 1 PiB
+constexpr double kMaxMemoryCapMiB = 1073741824.0;  // the same 1 PiB
 
 ModelConfig RunFlags::model(const CLI::App& cmd) const {
   ModelConfig model = preset_with_overrides(preset, d_model, layers, hidden, vocab, cmd);
@@ -47,25 +53,75 @@ std::optional<Device> RunFlags::device_choice() const {
 }
 
 size_t RunFlags::memory_limit_bytes() const {
-  const bool sized = !memory_cap.empty();
-  const double bytes = sized ? std::stod(memory_cap) : memory_limit_mb * 1024.0 * 1024.0;
+  const bool sized = memory_cap_bytes.has_value();
+  // Exact: a double times a power of two, and 2^50 bytes fit a double's mantissa.
+  const double bytes =
+      sized ? static_cast<double>(*memory_cap_bytes) : memory_limit_mb * 1024.0 * 1024.0;
+  const std::string given = sized ? "--memory-cap " + escape_for_message(memory_cap_text)
+                                  : "--memory-limit-mb " + escape_for_message(memory_cap_text);
+  if (bytes > kMaxMemoryCapBytes)
+    throw UsageError(given + " is more than 1 PiB, the largest cap accepted; give the device's "
+                     "size, or 0 for the device's own memory");
   // A cap that rounds to nothing would read as "no cap" (0), and under 1 KiB no allocation of
   // the allocator's smallest block fits anyway.
-  if (sized && bytes > kMaxMemoryCapBytes)
-    throw UsageError("--memory-cap " + memory_cap + " bytes is more than 1 PiB, the largest cap "
-                     "accepted; give the device's size, or 0 for the device's own memory");
   if (bytes > 0 && bytes < kMinMemoryCapBytes)
-    throw UsageError(sized ? "--memory-cap " + memory_cap +
-                                 " bytes is less than 1 KiB, the smallest cap accepted; give at "
-                                 "least 1KiB, or 0 for the device's own memory"
-                           : "--memory-limit-mb " + format_number(memory_limit_mb) +
-                                 " is less than 1 KiB, the smallest cap accepted; give at least " +
-                                 format_number(kMinMemoryCapBytes / (1024.0 * 1024.0)) +
-                                 " MiB, or 0 for the device's own memory");
+    throw UsageError(given +
+                     (sized ? " is " + std::to_string(*memory_cap_bytes) + " bytes," : " is") +
+                     " less than 1 KiB, the smallest cap accepted; give at least " +
+                     (sized ? "1KiB" : "0.0009765625 MiB (1 KiB)") +
+                     ", or 0 for the device's own memory");
   return static_cast<size_t>(bytes);
 }
 
-void add_run_flags(CLI::App* cmd, RunFlags& f) {
+uint64_t parse_size(const std::string& text, const std::string& flag) {
+  auto fail = [&](const char* why) -> uint64_t {
+    throw UsageError(flag + " expects a number of bytes with an optional unit (B, KB, MB, GB, "
+                     "TB, PB: powers of 1000; KiB, MiB, GiB, TiB, PiB: powers of 1024), without "
+                     "sign or exponent, such as 512MiB or 1.5GiB (rounded down to whole bytes); "
+                     "got '" + escape_for_message(text) + "'" + why);
+  };
+  size_t i = 0;
+  unsigned __int128 whole = 0, fraction = 0, scale = 1;
+  bool digits = false, overflow = false;
+  for (; i < text.size() && text[i] >= '0' && text[i] <= '9'; ++i, digits = true) {
+    whole = whole * 10 + static_cast<unsigned>(text[i] - '0');
+    overflow = overflow || whole > UINT64_MAX;
+    if (overflow) whole = UINT64_MAX;  // kept from wrapping; the size is too large anyway
+  }
+  if (i < text.size() && text[i] == '.') {
+    // Digits past the 18th change no byte count a unit up to 2^50 makes.
+    for (++i; i < text.size() && text[i] >= '0' && text[i] <= '9'; ++i, digits = true)
+      if (scale < 1000000000000000000ULL) {
+        fraction = fraction * 10 + static_cast<unsigned>(text[i] - '0');
+        scale *= 10;
+      }
+  }
+  if (!digits) return fail("");
+  while (i < text.size() && text[i] == ' ') ++i;
+  std::string unit;
+  for (; i < text.size(); ++i)
+    unit += static_cast<char>(std::tolower(static_cast<unsigned char>(text[i])));
+  static const std::vector<std::pair<std::string, uint64_t>> units = [] {
+    std::vector<std::pair<std::string, uint64_t>> out = {{"", 1}, {"b", 1}};
+    uint64_t k = 1, ki = 1;
+    for (const char* p : {"k", "m", "g", "t", "p"}) {
+      k *= 1000;
+      ki *= 1024;
+      out.insert(out.end(), {{p, k}, {std::string(p) + "b", k}, {std::string(p) + "i", ki},
+                             {std::string(p) + "ib", ki}});
+    }
+    return out;
+  }();
+  const auto found = std::find_if(units.begin(), units.end(),
+                                  [&](const auto& u) { return u.first == unit; });
+  if (found == units.end()) return fail(" (unknown unit)");
+  const unsigned __int128 bytes = whole * found->second + fraction * found->second / scale;
+  // Saturated: the caller's largest size refuses it with its own bound.
+  if (overflow || bytes > UINT64_MAX) return UINT64_MAX;
+  return static_cast<uint64_t>(bytes);
+}
+
+void add_run_flags(CLI::App* cmd, RunFlags& f, RunFlagsFor command) {
   cmd->add_option("--preset", f.preset,
                   "Model preset: tiny, small, medium (the model flags below override it)")
       ->capture_default_str();
@@ -81,21 +137,35 @@ void add_run_flags(CLI::App* cmd, RunFlags& f) {
   add_int_flag(cmd, "--batch-tokens", f.batch_tokens, 1, int64_t{1} << 31,
                "Tokens per optimizer step");
   cmd->add_option("--device", f.device, "auto, cpu, cuda or cuda:N")->capture_default_str();
-  // CLI11's size parser: a number of bytes with an optional unit (KiB, MiB, GiB; KB = 1000).
-  CLI::Option* cap =
-      cmd->add_option("--memory-cap", f.memory_cap,
-                      "Cap each device's memory, emulating a smaller device: bytes with a unit "
-                      "such as 512MiB or 80GiB (0: the device's own memory)")
-          // Before the transform, which would wrap a negative size around to 16 EiB.
-          ->check([](const std::string& text) {
-            return text.find('-') != std::string::npos
-                       ? "a size is a whole number of bytes, KiB, MiB or GiB, got '" + text + "'"
-                       : std::string();
-          })
-          ->transform(CLI::AsSizeValue(true))
-          ->type_name("SIZE");
-  add_float_flag(cmd, "--memory-limit-mb", f.memory_limit_mb, 0.0, 1073741824.0, false,
-                 "The same cap in MiB (--memory-cap is the documented name)")
+  CLI::Option* cap = cmd->add_option_function<std::string>(
+                             "--memory-cap",
+                             [&f](const std::string& text) {
+                               f.memory_cap_bytes = parse_size(text, "--memory-cap");
+                               f.memory_cap_text = text;
+                             },
+                             "Cap each device's memory, emulating a smaller device: bytes with "
+                             "an optional unit, B, KB, MB, GB, TB, PB (powers of 1000) or KiB, "
+                             "MiB, GiB, TiB, PiB (powers of 1024), such as 512MiB or 1.5GiB (a "
+                             "fraction is rounded down to whole bytes), up to 1PiB; 0: the "
+                             "device's own memory")
+                         ->type_name("SIZE");
+  cmd->add_option_function<std::string>(
+         "--memory-limit-mb",
+         [&f](const std::string& text) {
+           // The range printed exactly (parse_float's %g would show 1.07374e+09).
+           char* end = nullptr;
+           errno = 0;
+           const double mb = std::strtod(text.c_str(), &end);
+           if (text.empty() || end != text.c_str() + text.size() || errno == ERANGE ||
+               !std::isfinite(mb) || mb < 0 || mb > kMaxMemoryCapMiB)
+             throw UsageError("--memory-limit-mb expects a finite number of MiB in [0, "
+                              "1073741824] (1 PiB), got '" + escape_for_message(text) + "'");
+           f.memory_limit_mb = mb;
+           f.memory_cap_text = text;
+         },
+         "The same cap in MiB, in [0, 1073741824] (--memory-cap is the documented name)")
+      ->type_name("NUM")
+      ->default_str("0")
       ->excludes(cap);
   cmd->add_flag("--tf32", f.tf32, "Let fp32 GEMMs use TF32 tensor cores (default off)");
   cmd->add_option("--recompute", f.recompute,
@@ -111,9 +181,13 @@ void add_run_flags(CLI::App* cmd, RunFlags& f) {
            flags->bucket_mb = parse_float(text, "--bucket-mb", 0.0, kMaxGradientBucketMiB);
            flags->bucket_mb_text = text;
          },
-         "With --dp: all-reduce each stage's gradients in buckets of at most this many "
-         "MiB, ceil(stage gradient bytes / bucket) of them (0: one bucket per stage); "
-         "a --schedule-file keeps its own buckets, and a size given with it must agree")
+         command == RunFlagsFor::kTrain
+             ? "With --dp: all-reduce each stage's gradients in buckets of at most this many "
+               "MiB, ceil(stage gradient bytes / bucket) of them (0: one bucket per stage); a "
+               "--schedule-file keeps its own buckets, and a size given with it must agree"
+             : "Cost the all-reduce of the data-parallel row's gradients in buckets of at most "
+               "this many MiB, each paying the latency again, as train --bucket-mb would run "
+               "them (0: one bucket)")
       ->type_name("NUM")
       ->default_str(format_number(f.bucket_mb));
 }

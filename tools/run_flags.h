@@ -22,8 +22,10 @@ struct RunFlags {
   std::string activation;  // empty: the preset's
   int64_t batch_tokens = 4096;
   std::string device = "auto";
+  // --memory-cap in bytes, or --memory-limit-mb in MiB, and the text given, for messages.
+  std::optional<uint64_t> memory_cap_bytes;
   double memory_limit_mb = 0.0;
-  std::string memory_cap;  // --memory-cap in bytes, as CLI11's size transform wrote it
+  std::string memory_cap_text;
   bool tf32 = false;  // a plan profiled without TF32 would time another run's GEMMs
   std::string recompute = "none";
   int threads = 0;  // CPU kernel threads per rank; 0: the cores shared between the ranks
@@ -45,8 +47,16 @@ struct RunFlags {
 
 // Registers --preset, --d-model, --layers, --vocab, --hidden, --activation, --batch-tokens,
 // --device, --memory-cap (or --memory-limit-mb), --tf32, --recompute, --threads and
-// --bucket-mb on `cmd`, the numbers range-checked.
-void add_run_flags(CLI::App* cmd, RunFlags& flags);
+// --bucket-mb on `cmd`, the numbers range-checked. `command` picks help texts that name only
+// what that command has (plan has no --dp or --schedule-file).
+enum class RunFlagsFor { kTrain, kPlan };
+void add_run_flags(CLI::App* cmd, RunFlags& flags, RunFlagsFor command);
+
+// The bytes of a --memory-cap SIZE: a number without sign or exponent (a fraction is rounded
+// down to whole bytes) and an optional unit, B, KB, MB, GB, TB, PB (powers of 1000) or KiB,
+// MiB, GiB, TiB, PiB (powers of 1024; K, Ki, M, Mi... too), case-insensitive; UINT64_MAX for
+// sizes past it. UsageError naming `flag`, the accepted form and the value seen.
+uint64_t parse_size(const std::string& text, const std::string& flag);
 
 // `text` of --recompute (or of `source`, e.g. a plan file) for a model of `num_units` units:
 // none, stage, or units:LIST of comma-separated unit indices, each once. UsageError naming

@@ -337,7 +337,7 @@ void register_schedule_command(CLI::App& app) {
   cmd->add_flag("--compare", opts->compare,
                 "Print a table of all schedules for these p, m and costs (default off)");
   cmd->footer(std::string("Example: conveyor schedule --kind zbh1 -p 4 -m 8 --svg zbh1.svg\n") +
-              kExitStatusText);
+              exit_status_text("an output file could not be written"));
   cmd->callback([opts, cmd] { run(*opts, *cmd); });
 }
 

@@ -345,18 +345,40 @@ void apply_planning(const TrainFlags& f, const CLI::App& cmd, const MpiSession& 
                                     layout_text(config)}});
   } else if (f.partition == "auto") {
     // What is given explicitly limits the search, as it must agree with a plan file.
+    // With --dp D each replica's pipeline runs 1/D of the batch in M/D micro-batches: that
+    // share is what is planned, and the run's --microbatches is D times the planned count.
+    // config.validate() has checked that the replicas share the batch (and a given
+    // --microbatches) equally.
+    const int64_t replicas = config.data_parallel;
+    TrainConfig share = config;
+    share.batch_tokens = config.batch_tokens / replicas;
     PlanConstraints constraints;
     if (cmd.count("--schedule")) constraints.schedule = flags_schedule;
     if (cmd.count("--chunks")) constraints.chunks = f.chunks;
-    if (cmd.count("--microbatches")) constraints.microbatches = f.config.microbatches;
-    const PlannedRun run = plan_training(config, device, 3, !f.quiet, constraints);
+    if (cmd.count("--microbatches")) constraints.microbatches = f.config.microbatches / replicas;
+    constraints.replicas = static_cast<int>(replicas);
+    const PlannedRun run = plan_training(share, device, 3, !f.quiet, constraints);
     const PlanCandidate& best = best_pipeline(run);
     // Under mpirun every process profiles its own device, and close candidates can swap
     // places between processes: all run rank 0's plan.
-    apply_plan_text(rank_zero_text(mpi, plan_text(best, config), "the plan"),
-                    "rank 0's plan", config);
-    std::printf("plan   %s, %lld micro-batches, predicted step %.3f ms\n", best.layout.c_str(),
-                static_cast<long long>(config.microbatches), best.step_seconds * 1e3);
+    apply_plan_text(rank_zero_text(mpi, plan_text(best, share), "the plan"), "rank 0's plan",
+                    share);
+    config.stages = share.stages;
+    config.schedule = share.schedule;
+    config.chunks = share.chunks;
+    config.microbatches = share.microbatches * replicas;
+    config.partition = share.partition;
+    config.recompute = share.recompute;
+    if (replicas > 1)
+      std::printf(
+          "plan   %s, %lld micro-batches of each replica's %lld tokens (--microbatches %lld "
+          "over --dp %lld), predicted step %.3f ms\n",
+          best.layout.c_str(), static_cast<long long>(share.microbatches),
+          static_cast<long long>(share.batch_tokens), static_cast<long long>(config.microbatches),
+          static_cast<long long>(replicas), best.step_seconds * 1e3);
+    else
+      std::printf("plan   %s, %lld micro-batches, predicted step %.3f ms\n", best.layout.c_str(),
+                  static_cast<long long>(config.microbatches), best.step_seconds * 1e3);
   } else {
     return;
   }
@@ -681,7 +703,7 @@ void register_train_command(CLI::App& app) {
   auto flags = std::make_shared<TrainFlags>();
   TrainConfig& c = flags->config;
   CLI::App* cmd = app.add_subcommand("train", "Train the reference model");
-  add_run_flags(cmd, flags->run);
+  add_run_flags(cmd, flags->run, RunFlagsFor::kTrain);
   add_int_flag(cmd, "--steps", c.steps, 1, 1000000000, "Optimizer steps");
   add_int_flag(cmd, "--microbatches", c.microbatches, 1, 65536, "Micro-batches per step");
   cmd->add_option("--optimizer", c.optimizer.kind, "adamw or sgd")->capture_default_str();
