@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <stdexcept>
 #include <utility>
 
@@ -86,16 +87,44 @@ void OutputFile::close() {
                              "' (close failed): " + std::strerror(errno));
 }
 
+namespace {
+
+// `path` with its last component's symbolic links followed, also to a file not there yet.
+std::string followed_links(std::string path) {
+  for (int hops = 0; hops < 40; ++hops) {  // as the kernel's own limit of nested links
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) != 0 || !S_ISLNK(st.st_mode)) return path;
+    std::error_code error;
+    const std::filesystem::path to = std::filesystem::read_symlink(path, error);
+    if (error) return path;
+    path = to.is_absolute() ? to.string() : (std::filesystem::path(path).parent_path() / to).string();
+  }
+  return path;
+}
+
+}  // namespace
+
 ReplacedFile::ReplacedFile(const std::string& path, const std::string& flag)
     : path_(path), flag_(flag) {
   const std::string shown = "'" + escape_for_message(path) + "'";
   if (path.empty()) throw UsageError(flag + " needs a file name");
   struct stat st {};
-  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+  const bool exists = ::stat(path.c_str(), &st) == 0;
+  if (exists && S_ISDIR(st.st_mode))
     throw UsageError("cannot open " + flag + " file " + shown +
                      " for writing: it is a directory; give a file name");
+  if (exists && !S_ISREG(st.st_mode)) {
+    // A device or a FIFO holds no contents to keep, and a rename would replace the node
+    // itself (/dev/full turned into a regular file): write to it as it is.
+    out_ = OutputFile(path, flag, /*lock=*/false);
+    return;
+  }
+  // Through a link to the file it names (made if need be), so that the rename replaces that
+  // file, not the link.
+  const std::string target = followed_links(path);
+  target_ = target;
   // In the same directory, so that the rename replaces the file in one step.
-  std::string temp = path + ".tmp.XXXXXX";
+  std::string temp = target + ".tmp.XXXXXX";
   const int fd = ::mkstemp(temp.data());
   if (fd < 0)
     throw UsageError("cannot open " + flag + " file " + shown +
@@ -103,7 +132,7 @@ ReplacedFile::ReplacedFile(const std::string& path, const std::string& flag)
   temp_ = temp;
   // mkstemp makes the file 0600; the result gets the mode a new file would (or the old one's).
   mode_t mode = 0;
-  if (::stat(path.c_str(), &st) == 0) {
+  if (exists) {
     mode = st.st_mode & 07777;
   } else {
     const mode_t mask = ::umask(0);
@@ -122,8 +151,9 @@ ReplacedFile::~ReplacedFile() {
 void ReplacedFile::commit(const std::string& text) {
   out_.write(text);
   out_.close();
+  if (temp_.empty()) return;  // written in place (a device or a FIFO)
   const std::string shown = "'" + escape_for_message(path_) + "'";
-  if (::rename(temp_.c_str(), path_.c_str()) != 0)
+  if (::rename(temp_.c_str(), target_.c_str()) != 0)
     throw std::runtime_error("cannot write " + flag_ + " file " + shown +
                              " (renaming the finished file over it failed): " +
                              std::strerror(errno));

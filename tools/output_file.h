@@ -33,8 +33,9 @@ class OutputFile {
 
 // An output file that holds either its old contents or the whole new text, never a part: the
 // text goes to a temporary file next to `path`, made when this is constructed (so an
-// unwritable directory fails before any work), and is renamed over `path` by commit(). A run
-// that fails before commit() leaves `path` as it was and removes the temporary.
+// unwritable directory fails before any work), and is renamed over `path` by commit() (over
+// the file a link names, when `path` is a link). A run that fails before commit() leaves
+// `path` as it was and removes the temporary. A device or a FIFO is written in place.
 class ReplacedFile {
  public:
   // Throws UsageError naming `flag` when `path` is a directory or its directory cannot take a
@@ -50,7 +51,7 @@ class ReplacedFile {
   void commit(const std::string& text);
 
  private:
-  std::string path_, flag_, temp_;
+  std::string path_, flag_, target_, temp_;
   OutputFile out_;
 };
 

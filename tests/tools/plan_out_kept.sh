@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# A `plan --out FILE` that fails leaves FILE as it was (or absent), and no temporary beside it.
+# A `plan --out FILE` that fails leaves FILE as it was (or absent), and no temporary beside it;
+# through a link the plan goes to the file the link names.
 # Usage: plan_out_kept.sh CLI DIR
 set -u
 cli=$1
@@ -15,6 +16,12 @@ cmp "$dir/plan.json" "$dir/kept.json" || fail "a failed plan changed the existin
 "$cli" plan "${small[@]}" --stages 8 --out "$dir/eight.json"
 [ $? -eq 2 ] || fail "a plan of 8 stages for 4 units with --out did not exit 2"
 [ ! -e "$dir/eight.json" ] || fail "a failed plan left a file behind"
-left=$(ls "$dir" | grep -v -x -e plan.json -e kept.json)
+# Through a link: the file it names gets the plan, the link stays a link.
+mkdir -p "$dir/real" && ln -s real/named.json "$dir/link.json" || exit 1
+"$cli" plan "${small[@]}" --stages 2 --out "$dir/link.json" || fail "a plan through a link failed"
+[ -L "$dir/link.json" ] || fail "the link was replaced by a file"
+cmp -s "$dir/real/named.json" "$dir/kept.json" || [ -s "$dir/real/named.json" ] ||
+  fail "the file the link names did not get the plan"
+left=$(ls "$dir" | grep -v -x -e plan.json -e kept.json -e link.json -e real)
 [ -z "$left" ] || fail "temporary files left behind: $left"
 echo "plan_out_kept: ok"
