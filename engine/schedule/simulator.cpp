@@ -657,6 +657,17 @@ void detail::check_progress_of_checked(const Schedule& schedule) {
 
 namespace {
 
+// Each rank's idle time and the bubble, from the makespan and the ranks' busy times: what
+// simulate() and Replay report alike.
+void set_idle_and_bubble(SimResult& result) {
+  double total_idle = 0;
+  for (auto& st : result.ranks) st.idle = result.makespan - st.busy, total_idle += st.idle;
+  // idle / (R * makespan) rather than 1 - busy / (...): one rounding, so integer costs give
+  // the correctly rounded closed form.
+  const double ranks = static_cast<double>(result.ranks.size());
+  result.bubble_fraction = result.makespan > 0 ? total_idle / (ranks * result.makespan) : 0.0;
+}
+
 // Every time and size of the model a finite number >= 0: a NaN would pass through max()
 // unseen and a negative cost would run time backwards.
 void check_costs(const CostModel& c) {
@@ -705,18 +716,9 @@ SimResult simulate(const Schedule& schedule, const CostModel& costs) {
     throw ScheduleError(
         "the cost model's times overflow: the makespan is not a finite number; use smaller "
         "costs or sizes, or larger bandwidths");
-  double total_idle = 0;
-  for (auto& st : result.ranks) st.idle = result.makespan - st.busy, total_idle += st.idle;
-  // idle / (R * makespan) rather than 1 - busy / (...): one rounding, so integer costs give
-  // the correctly rounded closed form.
-  result.bubble_fraction =
-      result.makespan > 0 ? total_idle / (static_cast<double>(R) * result.makespan) : 0.0;
+  set_idle_and_bubble(result);
   return result;
 }
-
-}  // namespace conveyor::schedule
-
-namespace conveyor::schedule {
 
 namespace {
 constexpr int kKinds = static_cast<int>(ActionKind::kAllReduceGrad) + 1;
@@ -790,10 +792,7 @@ SimResult Replay::result() const {
     out.ranks[r].busy = busy_[r], out.ranks[r].reduce = reduce_[r], out.ranks[r].end = end_[r];
   }
   out.makespan = makespan_;
-  double total_idle = 0;
-  for (auto& st : out.ranks) st.idle = out.makespan - st.busy, total_idle += st.idle;
-  out.bubble_fraction =
-      out.makespan > 0 ? total_idle / (static_cast<double>(ranks_) * out.makespan) : 0.0;
+  set_idle_and_bubble(out);
   return out;
 }
 
