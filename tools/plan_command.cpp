@@ -101,12 +101,15 @@ PlannedRun plan_training(const TrainConfig& config, Device device, int repetitio
   if (config.batch_tokens < p)
     throw UsageError("a batch of " + std::to_string(config.batch_tokens) + " tokens cannot feed " +
                      std::to_string(p) + " devices; use at least " + std::to_string(p) + " tokens");
-  // Where the ranks of the run would be: a GPU each when there are enough, else all on one
-  // device, which then shares its memory between them.
+  // Where the ranks of the run would be, every replica's as the trainer places them: a GPU
+  // each when there are enough, else all on one device, which then shares its memory between
+  // them (the P x D ranks of --dp D, not the P of the pipeline planned).
+  const int ranks = p * constraints.replicas;
+  const bool spread = device.is_cuda() && cuda_device_count() >= ranks;
   std::vector<Device> devices(static_cast<size_t>(p), device);
-  if (device.is_cuda() && cuda_device_count() >= p)
+  if (spread)
     for (int r = 0; r < p; ++r) devices[static_cast<size_t>(r)] = Device::cuda(r);
-  const int sharing = devices.back() == devices.front() ? p : 1;
+  const int sharing = spread ? 1 : ranks;
   std::string cap_source;
   double cap = 0;
   if (config.memory_limit_bytes > 0) {
@@ -115,7 +118,11 @@ PlannedRun plan_training(const TrainConfig& config, Device device, int repetitio
   } else if (const double memory = device_memory_bytes(device, &cap_source); memory > 0) {
     cap = memory / sharing;
     if (sharing > 1)
-      cap_source += " (" + bytes_text(memory) + ") shared by " + std::to_string(p) + " ranks";
+      cap_source += " (" + bytes_text(memory) + ") shared by " + std::to_string(sharing) +
+                    " ranks" +
+                    (constraints.replicas > 1 ? " (" + std::to_string(p) + " stages x --dp " +
+                                                    std::to_string(constraints.replicas) + ")"
+                                              : std::string());
   } else {
     cap_source = "none: the device's memory is unknown";
   }
@@ -123,14 +130,14 @@ PlannedRun plan_training(const TrainConfig& config, Device device, int repetitio
   // with the other ranks' work running alongside on the same cores.
   DeviceContextOptions context_options;
   context_options.allow_tf32 = config.allow_tf32;
-  context_options.cpu_threads = cpu_threads_per_rank(config.cpu_threads, p);
+  context_options.cpu_threads = cpu_threads_per_rank(config.cpu_threads, ranks);
   DeviceContext ctx(device, context_options);
   ProfileOptions profile_options;
   profile_options.repetitions = repetitions;
   profile_options.seed = config.seed;
   profile_options.optimizer_slots = config.optimizer.kind == "sgd" ? 0 : 2;
   if (!device.is_cuda()) {
-    profile_options.neighbours = p - 1;
+    profile_options.neighbours = ranks - 1;
     profile_options.neighbour_context = context_options;
   }
   // Each candidate micro-batch count is measured at its own size: times do not scale linearly
