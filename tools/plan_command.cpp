@@ -150,6 +150,7 @@ PlannedRun plan_training(const TrainConfig& config, Device device, int repetitio
   PlannedRun out;
   out.units = model.num_units;
   out.stages = p;
+  out.replicas = constraints.replicas;
   if (constraints.microbatches) {
     options.microbatch_counts.push_back(static_cast<int>(*constraints.microbatches));
     out.constraints += " --microbatches " +
@@ -247,9 +248,17 @@ namespace {
   for (const auto& c : plan.candidates)
     if (!c.pipelined) {
       if (c.rejected.empty()) {
-        const std::string p = std::to_string(c.peak_bytes.size());
+        // Planned for one replica's share of --dp D: each of its P replicas is one of the
+        // run's, so the run needs P x D of them.
+        const size_t p = c.peak_bytes.size();
+        const std::string dp =
+            run.replicas > 1 ? std::to_string(p * static_cast<size_t>(run.replicas)) + " (" +
+                                   std::to_string(p) + " x --dp " +
+                                   std::to_string(run.replicas) + ")"
+                             : std::to_string(p);
         replicas = "; " + c.layout + (c.shard_optimizer ? " sharing the optimizer state" : "") +
-                   " fits: run --stages 1 --dp " + p +
+                   (run.replicas > 1 ? " fits each replica's share" : " fits") +
+                   ": run --stages 1 --dp " + dp +
                    (c.shard_optimizer ? " --shard-optimizer" : "") + " instead";
         break;
       }
