@@ -318,7 +318,7 @@ nlohmann::json planned_for(const TrainConfig& config) {
 // run's would be mis-planned, or not fit. Plans written before these were recorded (no
 // planned_for at all) are not checked; a planned_for that is there must be whole.
 void check_planned_for(const nlohmann::json& plan, const std::string& source,
-                       const TrainConfig& config) {
+                       const TrainConfig& config, int64_t replicas) {
   if (!plan.is_object() || !plan.contains("planned_for")) return;
   const nlohmann::json& was = plan.at("planned_for");
   const nlohmann::json now = planned_for(config);
@@ -352,6 +352,17 @@ void check_planned_for(const nlohmann::json& plan, const std::string& source,
     auto text = [](const nlohmann::json& j) {
       return escape_for_message(j.is_string() ? j.get<std::string>() : j.dump());
     };
+    if (key == "batch_tokens" && replicas > 1) {
+      const std::string d = std::to_string(replicas);
+      throw UsageError(source + " plans one pipeline over " + text(v) + " tokens, and each of " +
+                       "this run's --dp " + d + " replicas runs its pipeline over " +
+                       text(now.at(key)) + " of the " +
+                       std::to_string(now.at(key).get<int64_t>() * replicas) +
+                       " tokens of --batch-tokens; plan one replica's share (conveyor plan " +
+                       "--batch-tokens " + text(now.at(key)) + " ... --out FILE) or give " +
+                       "--batch-tokens " +
+                       std::to_string(v.get<int64_t>() * replicas));
+    }
     throw UsageError(source + " was planned for " + flag + " " + text(v) +
                      " and this run has " + text(now.at(key)) + "; plan again for this run " +
                      "(conveyor plan ... --out FILE) or give " + flag + " " + text(v));
@@ -373,10 +384,11 @@ std::string plan_text(const PlanCandidate& candidate, const TrainConfig& config)
   return plan.dump(2) + "\n";
 }
 
-void apply_plan_text(const std::string& text, const std::string& source, TrainConfig& config) {
+void apply_plan_text(const std::string& text, const std::string& source, TrainConfig& config,
+                     int64_t replicas) {
   try {
     const nlohmann::json plan = nlohmann::json::parse(text);
-    check_planned_for(plan, source, config);
+    check_planned_for(plan, source, config, replicas);
     const std::string kind = plan.at("schedule").get<std::string>();
     const auto parsed = schedule::parse_schedule_kind(kind);
     if (!parsed)
@@ -401,12 +413,12 @@ void apply_plan_text(const std::string& text, const std::string& source, TrainCo
   }
 }
 
-void apply_plan_file(const std::string& path, TrainConfig& config) {
+void apply_plan_file(const std::string& path, TrainConfig& config, int64_t replicas) {
   std::ifstream in(path);
   if (!in) throw UsageError("cannot read plan file '" + path + "'");
   std::stringstream text;
   text << in.rdbuf();
-  apply_plan_text(text.str(), "plan file '" + path + "'", config);
+  apply_plan_text(text.str(), "plan file '" + path + "'", config, replicas);
 }
 
 namespace {

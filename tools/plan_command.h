@@ -49,8 +49,11 @@ std::string plan_text(const PlanCandidate& candidate, const TrainConfig& config)
 // Sets stages, schedule, chunks, micro-batches, partition and recomputation of `config` from
 // the text of a plan (`source` names it in errors) or from a plan file; UsageError for a file
 // that cannot be read, a plan that does not fit the model, or one planned for another model,
-// batch or device kind than `config`'s (config.device must be set).
-void apply_plan_text(const std::string& text, const std::string& source, TrainConfig& config);
-void apply_plan_file(const std::string& path, TrainConfig& config);
+// batch or device kind than `config`'s (config.device must be set). A plan is of one
+// pipeline: with `replicas` (--dp D) > 1, `config` is one replica's share of the run's batch,
+// and the errors say so.
+void apply_plan_text(const std::string& text, const std::string& source, TrainConfig& config,
+                     int64_t replicas = 1);
+void apply_plan_file(const std::string& path, TrainConfig& config, int64_t replicas = 1);
 
 }  // namespace conveyor::cli

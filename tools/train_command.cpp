@@ -318,8 +318,21 @@ void apply_planning(const TrainFlags& f, const CLI::App& cmd, const MpiSession& 
   const PartitionSpec given = config.partition;
   const schedule::ScheduleKind flags_schedule = config.schedule;
   if (!f.plan_file.empty()) {
+    // A plan file describes one pipeline over the batch it was planned for, as --partition
+    // auto plans one: with --dp D each replica runs it on its batch/D tokens, and the run's
+    // --microbatches is D times the file's. config.validate() has checked that the replicas
+    // share the batch equally.
     const TrainConfig flags = config;
-    apply_plan_file(f.plan_file, config);
+    const int64_t replicas = config.data_parallel;
+    TrainConfig share = config;
+    share.batch_tokens = config.batch_tokens / replicas;
+    apply_plan_file(f.plan_file, share, replicas);
+    config.stages = share.stages;
+    config.schedule = share.schedule;
+    config.chunks = share.chunks;
+    config.microbatches = share.microbatches * replicas;
+    config.partition = share.partition;
+    config.recompute = share.recompute;
     // The plan decides the layout, as a schedule file does; a flag that says otherwise is
     // refused rather than ignored. Explicit block counts and --recompute win over the plan.
     const std::string shown = "plan file '" + escape_for_message(f.plan_file) + "'";
@@ -332,7 +345,10 @@ void apply_planning(const TrainFlags& f, const CLI::App& cmd, const MpiSession& 
           schedule::schedule_kind_name(config.schedule));
     agree("--chunks", std::to_string(flags.chunks), std::to_string(config.chunks));
     agree("--microbatches", std::to_string(flags.microbatches),
-          std::to_string(config.microbatches));
+          replicas > 1 ? std::to_string(share.microbatches) + " per replica, " +
+                             std::to_string(config.microbatches) + " over --dp " +
+                             std::to_string(replicas)
+                       : std::to_string(config.microbatches));
     if (given.kind == PartitionSpec::Kind::kBlocks)
       config.partition = given;
     else if (cmd.count("--partition"))
