@@ -306,6 +306,25 @@ std::string layout_text(const TrainConfig& c) {
          " partition=" + block_counts_text(c.partition) + " recompute=" + to_string(c.recompute);
 }
 
+// One replica's pipeline: 1/D of the batch, what a plan (a file or --partition auto) is made
+// for. config.validate() has checked that the replicas share the batch equally.
+TrainConfig replica_share(const TrainConfig& config) {
+  TrainConfig share = config;
+  share.batch_tokens = config.batch_tokens / config.data_parallel;
+  return share;
+}
+
+// The planned layout of one replica's pipeline, taken by the run: every replica runs it, so
+// the run's --microbatches is D times the planned count.
+void take_planned_layout(TrainConfig& config, const TrainConfig& share) {
+  config.stages = share.stages;
+  config.schedule = share.schedule;
+  config.chunks = share.chunks;
+  config.microbatches = share.microbatches * config.data_parallel;
+  config.partition = share.partition;
+  config.recompute = share.recompute;
+}
+
 // --plan FILE and --partition auto: the pipeline settings come from a plan (a file, or one
 // made now by profiling on `device`); an explicit block list or --recompute still wins.
 void apply_planning(const TrainFlags& f, const CLI::App& cmd, const MpiSession& mpi,
@@ -320,19 +339,12 @@ void apply_planning(const TrainFlags& f, const CLI::App& cmd, const MpiSession& 
   if (!f.plan_file.empty()) {
     // A plan file describes one pipeline over the batch it was planned for, as --partition
     // auto plans one: with --dp D each replica runs it on its batch/D tokens, and the run's
-    // --microbatches is D times the file's. config.validate() has checked that the replicas
-    // share the batch equally.
+    // --microbatches is D times the file's.
     const TrainConfig flags = config;
     const int64_t replicas = config.data_parallel;
-    TrainConfig share = config;
-    share.batch_tokens = config.batch_tokens / replicas;
+    TrainConfig share = replica_share(config);
     apply_plan_file(f.plan_file, share, replicas);
-    config.stages = share.stages;
-    config.schedule = share.schedule;
-    config.chunks = share.chunks;
-    config.microbatches = share.microbatches * replicas;
-    config.partition = share.partition;
-    config.recompute = share.recompute;
+    take_planned_layout(config, share);
     // The plan decides the layout, as a schedule file does; a flag that says otherwise is
     // refused rather than ignored. Explicit block counts and --recompute win over the plan.
     const std::string shown = "plan file '" + escape_for_message(f.plan_file) + "'";
@@ -363,11 +375,9 @@ void apply_planning(const TrainFlags& f, const CLI::App& cmd, const MpiSession& 
     // What is given explicitly limits the search, as it must agree with a plan file.
     // With --dp D each replica's pipeline runs 1/D of the batch in M/D micro-batches: that
     // share is what is planned, and the run's --microbatches is D times the planned count.
-    // config.validate() has checked that the replicas share the batch (and a given
-    // --microbatches) equally.
+    // config.validate() has checked that a given --microbatches divides by D.
     const int64_t replicas = config.data_parallel;
-    TrainConfig share = config;
-    share.batch_tokens = config.batch_tokens / replicas;
+    TrainConfig share = replica_share(config);
     PlanConstraints constraints;
     if (cmd.count("--schedule")) constraints.schedule = flags_schedule;
     if (cmd.count("--chunks")) constraints.chunks = f.chunks;
@@ -379,12 +389,7 @@ void apply_planning(const TrainFlags& f, const CLI::App& cmd, const MpiSession& 
     // places between processes: all run rank 0's plan.
     apply_plan_text(rank_zero_text(mpi, plan_text(best, share), "the plan"), "rank 0's plan",
                     share);
-    config.stages = share.stages;
-    config.schedule = share.schedule;
-    config.chunks = share.chunks;
-    config.microbatches = share.microbatches * replicas;
-    config.partition = share.partition;
-    config.recompute = share.recompute;
+    take_planned_layout(config, share);
     if (replicas > 1)
       std::printf(
           "plan   %s, %lld micro-batches of each replica's %lld tokens (--microbatches %lld "
