@@ -257,11 +257,13 @@ int RankStep::world_rank(int pipeline_peer) const {
   return rank_.replica * in_.schedule.num_ranks() + pipeline_peer;
 }
 
-std::vector<GradientSegment> RankStep::gradient_layout(int stage) {
+const std::vector<GradientSegment>& RankStep::gradient_layout(int stage) {
+  if (const auto known = gradient_layouts_.find(stage); known != gradient_layouts_.end())
+    return known->second;
   const auto params = rank_.stages.at(stage)->parameters();
-  std::vector<GradientSegment> out;
   for (const Parameter* p : params)
     check_dtype(p->grad, DType::kF32, "a gradient summed over replicas");
+  std::vector<GradientSegment>& out = gradient_layouts_[stage];
   if (rank_.optimizer->sharded()) {
     // Each replica's range, packed; only this replica's comes back summed.
     const std::vector<size_t>& bounds = shard_bounds_of(stage);
@@ -292,7 +294,7 @@ schedule::BucketRange RankStep::bucket_of(const Action& a,
 }
 
 void RankStep::pack_bucket(const Action& a, std::vector<float>& values) {
-  const auto layout = gradient_layout(a.stage);
+  const auto& layout = gradient_layout(a.stage);
   const schedule::BucketRange range = bucket_of(a, layout);
   values.resize(range.end - range.begin);
   if (cuda_) compute_.synchronize();
@@ -346,7 +348,7 @@ void RankStep::start_reduce(size_t i, const Action& a) {
 }
 
 void RankStep::finish_reduce(size_t i, const Action& a) {
-  const auto layout = gradient_layout(a.stage);
+  const auto& layout = gradient_layout(a.stage);
   const schedule::BucketRange range = bucket_of(a, layout);
   size_t begin = range.begin, end = range.end;
   if (rank_.optimizer->sharded()) {

@@ -143,7 +143,9 @@ class RankStep {
   // Each ALLREDUCE_GRAD sums one bucket of its stage's flattened gradients
   // (schedule::gradient_bucket); one is in flight at a time, the next packed meanwhile.
   bool weight_grads_done(const Action& reduce, size_t compute_head) const;
-  std::vector<GradientSegment> gradient_layout(int stage);
+  // The stage's flattened gradients as segments of its parameters, made at its first bucket
+  // and kept for the step's others (the parameters do not change within a step).
+  const std::vector<GradientSegment>& gradient_layout(int stage);
   schedule::BucketRange bucket_of(const Action& reduce,
                                   const std::vector<GradientSegment>& layout) const;
   void pack_bucket(const Action& reduce, std::vector<float>& values);
@@ -204,6 +206,7 @@ class RankStep {
   std::vector<float> staged_values_;
   size_t staged_for_ = SIZE_MAX;
   std::map<int, int> buckets_;  // all-reduce buckets of each stage of this rank
+  std::map<int, std::vector<GradientSegment>> gradient_layouts_;  // by stage
   std::unique_ptr<comm::PendingGroupCall> reducing_;
   std::chrono::steady_clock::time_point reduce_start_{};
 };
