@@ -180,17 +180,26 @@ schedule::Schedule make_schedule(const TrainConfig& config) {
   return loaded;
 }
 
+namespace {
+
+// The weights of the units in `range`: the gradient elements its stage's all-reduce sums.
+int64_t stage_parameters(const std::vector<int64_t>& unit_params, const StageRange& range) {
+  int64_t params = 0;
+  for (int64_t u = range.begin; u < range.end; ++u) params += unit_params[static_cast<size_t>(u)];
+  return params;
+}
+
+}  // namespace
+
 std::vector<int> gradient_buckets_per_stage(const ModelDescription& model,
                                             const std::vector<StageRange>& ranges,
                                             double bucket_mib) {
   const std::vector<int64_t> unit_params = model.unit_parameter_counts();
   std::vector<int> out;
   for (const StageRange& r : ranges) {
-    double params = 0;
-    for (int64_t u = r.begin; u < r.end; ++u)
-      params += static_cast<double>(unit_params[static_cast<size_t>(u)]);
     // One f32 gradient per weight, as the executor sums them.
-    out.push_back(schedule::gradient_bucket_count(4.0 * params, bucket_mib * 1024.0 * 1024.0));
+    const double bytes = 4.0 * static_cast<double>(stage_parameters(unit_params, r));
+    out.push_back(schedule::gradient_bucket_count(bytes, bucket_mib * 1024.0 * 1024.0));
   }
   return out;
 }
@@ -212,9 +221,7 @@ void set_gradient_buckets(schedule::Schedule& sched, const ModelDescription& mod
   // one empty, which the all-reduce refuses only at the first step.
   const std::vector<int64_t> unit_params = model.unit_parameter_counts();
   for (int s = 0; s < sched.num_stages(); ++s) {
-    const StageRange& r = ranges[static_cast<size_t>(s)];
-    int64_t elements = 0;
-    for (int64_t u = r.begin; u < r.end; ++u) elements += unit_params[static_cast<size_t>(u)];
+    const int64_t elements = stage_parameters(unit_params, ranges[static_cast<size_t>(s)]);
     const int has = schedule::gradient_buckets(sched, s);
     if (has > std::max<int64_t>(elements, 1))
       throw std::invalid_argument(
