@@ -2,9 +2,6 @@
 
 #include <algorithm>
 #include <cctype>
-#include <cerrno>
-#include <cmath>
-#include <cstdlib>
 #include <stdexcept>
 #include <vector>
 
@@ -152,15 +149,14 @@ void add_run_flags(CLI::App* cmd, RunFlags& f, RunFlagsFor command) {
   cmd->add_option_function<std::string>(
          "--memory-limit-mb",
          [&f](const std::string& text) {
-           // The range printed exactly (parse_float's %g would show 1.07374e+09).
-           char* end = nullptr;
-           errno = 0;
-           const double mb = std::strtod(text.c_str(), &end);
-           if (text.empty() || end != text.c_str() + text.size() || errno == ERANGE ||
-               !std::isfinite(mb) || mb < 0 || mb > kMaxMemoryCapMiB)
+           // The numbers every flag takes; the range said exactly (parse_float's %g would
+           // show 1.07374e+09).
+           try {
+             f.memory_limit_mb = parse_float(text, "--memory-limit-mb", 0.0, kMaxMemoryCapMiB);
+           } catch (const UsageError&) {
              throw UsageError("--memory-limit-mb expects a finite number of MiB in [0, "
                               "1073741824] (1 PiB), got '" + escape_for_message(text) + "'");
-           f.memory_limit_mb = mb;
+           }
            f.memory_cap_text = text;
          },
          "The same cap in MiB, in [0, 1073741824] (--memory-cap is the documented name)")
