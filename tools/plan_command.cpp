@@ -286,11 +286,17 @@ namespace {
                    (run.constraints.empty() ? "" : "; leave out or change " + run.constraints));
 }
 
+// The fastest pipelined candidate that fits (candidates are ranked); null when none does.
+const PlanCandidate* fastest_pipeline(const PlannedRun& run) {
+  for (const auto& c : run.plan.candidates)
+    if (c.rejected.empty() && c.pipelined) return &c;
+  return nullptr;
+}
+
 }  // namespace
 
 const PlanCandidate& best_pipeline(const PlannedRun& run) {
-  for (const auto& c : run.plan.candidates)
-    if (c.rejected.empty() && c.pipelined) return c;
+  if (const PlanCandidate* best = fastest_pipeline(run)) return *best;
   refuse_plan(run, true);
 }
 
@@ -457,12 +463,7 @@ void run_plan(const PlanFlags& f, const CLI::App& cmd) {
   if (!f.out.empty()) out.emplace(f.out, "--out");
   const PlannedRun run = plan_training(config, device, f.repetitions, true);
   require_some_layout(run);
-  const PlanCandidate* best = nullptr;
-  for (const auto& c : run.plan.candidates)
-    if (c.rejected.empty() && c.pipelined) {
-      best = &c;
-      break;
-    }
+  const PlanCandidate* best = fastest_pipeline(run);
   if (!out) {
     // Replicas are a valid answer to `plan`; the table says so, and this says why.
     if (best == nullptr && run.units < run.stages) {
@@ -480,7 +481,7 @@ void run_plan(const PlanFlags& f, const CLI::App& cmd) {
   // A plan file holds a pipeline (what `train --plan` runs); replicas are run by flags.
   if (best == nullptr) {
     try {
-      best_pipeline(run);
+      refuse_plan(run, true);
     } catch (const UsageError& e) {
       throw UsageError("--out writes a plan file, which holds only a pipeline, and none can "
                        "be made: " +
