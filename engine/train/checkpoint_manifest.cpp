@@ -160,19 +160,23 @@ void check_stages(const std::vector<StagePlacement>& stages, size_t num_ranks,
                             ", which has a shard");
 }
 
+// A count in one of the free-form sections (model, rng), which Fields does not check.
+int64_t positive_count(const json& value, const std::string& field, const std::string& file) {
+  if (!value.is_number_unsigned() || value.get<uint64_t>() < 1 ||
+      value.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+    throw CheckpointError(file + ": manifest." + field + " is " + excerpt(value) +
+                          ", expected an integer >= 1");
+  return value.get<int64_t>();
+}
+
 // The stages cut all of the model's units when its description says how many there are.
 void check_stage_units(const TrainingState& s, const std::string& file) {
   if (!s.model.contains("num_units")) return;
-  const json& units = s.model["num_units"];
-  if (!units.is_number_unsigned() || units.get<uint64_t>() < 1 ||
-      units.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
-    throw CheckpointError(file + ": manifest.model.num_units is " + excerpt(units) +
-                          ", expected an integer >= 1");
+  const int64_t units = positive_count(s.model["num_units"], "model.num_units", file);
   const int64_t end = s.stages.back().unit_end;
-  if (end != units.get<int64_t>())
+  if (end != units)
     throw CheckpointError(file + ": manifest.stages end at unit " + std::to_string(end) +
-                          " but manifest.model.num_units is " +
-                          std::to_string(units.get<int64_t>()) +
+                          " but manifest.model.num_units is " + std::to_string(units) +
                           " (the stages cut all of the model's units)");
 }
 
@@ -268,12 +272,8 @@ void check_manifest_counters(const CheckpointManifest& m, const std::string& fil
     fail("lr_schedule.step", s.lr_schedule.step,
          "at most lr_schedule.total_steps " + std::to_string(s.lr_schedule.total_steps));
   if (!s.rng.is_object() || !s.rng.contains("batch_tokens")) return;
-  const json& batch = s.rng["batch_tokens"];
-  if (!batch.is_number_unsigned() || batch.get<uint64_t>() < 1 ||
-      batch.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
-    throw CheckpointError(file + ": manifest.rng.batch_tokens is " + excerpt(batch) +
-                          ", expected an integer >= 1");
-  const uint64_t tokens = batch.get<uint64_t>();
+  const auto tokens =
+      static_cast<uint64_t>(positive_count(s.rng["batch_tokens"], "rng.batch_tokens", file));
   if (s.optimizer_steps != s.step)
     fail("optimizer.steps_taken", s.optimizer_steps, "the checkpoint's step " + step);
   if (s.lr_schedule.step != s.step)
