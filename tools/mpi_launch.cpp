@@ -216,12 +216,14 @@ void check_gpus_not_shared(const MpiSession& session, Device device) {
   for (int r = 0; r < session.size(); ++r)
     for (int s = r + 1; s < session.size(); ++s) {
       if (key_of(all[r]) == "cpu" || key_of(all[r]) != key_of(all[s])) continue;
-      throw UsageError("ranks " + std::to_string(r) + " and " + std::to_string(s) +
-                       " would run on the same GPU (" + all[r].substr(0, all[r].find(' ')) +
-                       ", their " + device_of(all[r]) + " and " + device_of(all[s]) +
-                       "), and NCCL refuses two ranks on one GPU: start at most as many "
-                       "processes on a node as it has GPUs, each taking the GPU of its "
-                       "node-local rank or seeing only its own (CUDA_VISIBLE_DEVICES)");
+      // Every rank gathered the same table and stops at this same pair, so one says it.
+      refuse_on_every_rank(session,
+                           "ranks " + std::to_string(r) + " and " + std::to_string(s) +
+                               " would run on the same GPU (" + all[r].substr(0, all[r].find(' ')) +
+                               ", their " + device_of(all[r]) + " and " + device_of(all[s]) +
+                               "), and NCCL refuses two ranks on one GPU: start at most as many "
+                               "processes on a node as it has GPUs, each taking the GPU of its "
+                               "node-local rank or seeing only its own (CUDA_VISIBLE_DEVICES)");
     }
 #else
   (void)device;

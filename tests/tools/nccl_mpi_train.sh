@@ -171,6 +171,8 @@ case $mode in
       [ "$status" -ne 0 ] && [ "$status" -ne 124 ] || fail "status $status: $(cat "$work/shared.out")"
       grep -Eq "ranks 0 and 1 would run on the same GPU \(GPU-[0-9a-f-]{36}, their cuda:0 and cuda:0\), and NCCL refuses two ranks on one GPU" \
         "$work/shared.out" || fail "two processes on one GPU not refused by name: $(cat "$work/shared.out")"
+      [ "$(grep -c "would run on the same GPU" "$work/shared.out")" -eq 1 ] ||
+        fail "the refusal of two processes on one GPU is not said once: $(cat "$work/shared.out")"
       echo "mpirun -np 2 on $gpus GPU without NCCL_HOSTID: refused, status $status"
     fi
     case_equal pipe 2 "${common[@]}" "${device[@]}" --stages 2
