@@ -2,7 +2,9 @@
 find_path(NCCL_INCLUDE_DIR nccl.h
   HINTS ${NCCL_ROOT} $ENV{NCCL_ROOT} ${CUDAToolkit_INCLUDE_DIRS}
   PATH_SUFFIXES include)
-find_library(NCCL_LIBRARY NAMES nccl
+# libnccl.so.2 too: a Python package's NCCL (nvidia-nccl-cu13) ships no unversioned name; per
+# folder, so that NCCL_ROOT's library is the one found with its header, not a system copy.
+find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2 NAMES_PER_DIR
   HINTS ${NCCL_ROOT} $ENV{NCCL_ROOT} ${CUDAToolkit_LIBRARY_DIR} ${CUDAToolkit_LIBRARY_ROOT}
   PATH_SUFFIXES lib lib64)
 include(FindPackageHandleStandardArgs)

@@ -12,8 +12,10 @@ void throw_cuda_error(cudaError_t err, const char* call, const char* file, int l
 }
 
 void throw_cublas_error(cublasStatus_t status, const char* call, const char* file, int line) {
-  throw std::runtime_error(std::string("cuBLAS error ") + std::to_string(static_cast<int>(status)) +
-                           " in " + call + " at " + file + ":" + std::to_string(line));
+  throw std::runtime_error(std::string("cuBLAS error ") + cublasLtGetStatusName(status) + " (" +
+                           std::to_string(static_cast<int>(status)) + ": " +
+                           cublasLtGetStatusString(status) + ") in " + call + " at " + file + ":" +
+                           std::to_string(line));
 }
 
 }  // namespace conveyor::kernels::cuda

@@ -226,6 +226,19 @@ PY
 
 export PATH="/usr/local/cuda-13.0/bin:/usr/local/cuda-13.0/compute-sanitizer:$PATH"
 export LD_LIBRARY_PATH="$cuda_lib:/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# NCCL is no part of the CUDA toolkit (the build machine's toolkit folder happens to hold it),
+# and the GPU machine may have it only inside a Python package (nvidia-nccl-cu13, PyTorch's),
+# as libnccl.so.2 alone. Prints the folder above that lib/ (include/ beside it), if any.
+nccl_root() {
+  local lib
+  lib=$(python3 -c 'import os, nvidia.nccl as n; print(os.path.join(list(n.__path__)[0], "lib"))' \
+        2>/dev/null)
+  if [[ -z "$lib" || ! -e "$lib/libnccl.so.2" ]]; then
+    lib=$(find /usr/local /opt /usr/lib -name libnccl.so.2 -print -quit 2>/dev/null)
+    lib=${lib%/*}
+  fi
+  [[ -n "$lib" && -e "$lib/libnccl.so.2" ]] && echo "${lib%/*}"
+}
 
 # --- the build ------------------------------------------------------------------------
 if [[ -n "$build" ]]; then
@@ -239,6 +252,15 @@ if [[ -n "$build" ]]; then
     note "shared libraries" "carried OpenMPI libraries used: $(ldd "$build/tools/conveyor" 2>&1 |
       grep -c 'not found') still missing"
   fi
+  # Without NCCL no binary that links it starts (comm, pipeline, train tests, the CLI).
+  if ldd "$build/tests/comm_gpu_tests" 2>/dev/null | grep -q 'libnccl.so.2 => not found'; then
+    if nccl=$(nccl_root); then
+      export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$nccl/lib"
+      note "NCCL" "from $nccl/lib"
+    else
+      fail "NCCL" "no libnccl.so.2 on this machine: the NCCL-linked tests cannot start"
+    fi
+  fi
   original=$(sed -n 's/^CMAKE_CACHEFILE_DIR:INTERNAL=//p' "$build/CMakeCache.txt" 2>/dev/null)
   source_dir=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$build/CMakeCache.txt" 2>/dev/null)
   {
@@ -251,6 +273,7 @@ else
   build=$root/build-gpu
   t=$(allow 330)
   {
+    nccl=$(nccl_root) && export NCCL_ROOT=$nccl LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$nccl/lib"
     timeout "$t" cmake -S "$root" -B "$build" -G Ninja -DCONVEYOR_CUDA=ON \
       -DCMAKE_CUDA_ARCHITECTURES=90 -DCONVEYOR_BUILD_EXAMPLES=OFF -DCMAKE_BUILD_TYPE=Release &&
     if [[ $mode == tests ]]; then

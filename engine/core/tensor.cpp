@@ -265,22 +265,22 @@ void copy_tensor(const Tensor& dst, const Tensor& src, void* stream) {
   copy_bytes(dst.raw(), dst.device(), src.raw(), src.device(), src.nbytes(), stream);
 }
 
-void copy_from_host(const Tensor& dst, const void* src, size_t bytes) {
+void copy_from_host(const Tensor& dst, const void* src, size_t bytes, void* stream) {
   check_defined(dst, "copy_from_host destination");
   if (bytes != dst.nbytes())
     throw std::invalid_argument("copy_from_host: " + std::to_string(bytes) + " bytes given for " +
                                 dst.describe() + " which holds " + std::to_string(dst.nbytes()) +
                                 " bytes");
-  copy_bytes(dst.raw(), dst.device(), src, Device::cpu(), bytes, nullptr);
+  copy_bytes(dst.raw(), dst.device(), src, Device::cpu(), bytes, stream);
 }
 
-void copy_to_host(void* dst, const Tensor& src, size_t bytes) {
+void copy_to_host(void* dst, const Tensor& src, size_t bytes, void* stream) {
   check_defined(src, "copy_to_host source");
   if (bytes != src.nbytes())
     throw std::invalid_argument("copy_to_host: room for " + std::to_string(bytes) +
                                 " bytes given for " + src.describe() + " which holds " +
                                 std::to_string(src.nbytes()) + " bytes");
-  copy_bytes(dst, Device::cpu(), src.raw(), src.device(), bytes, nullptr);
+  copy_bytes(dst, Device::cpu(), src.raw(), src.device(), bytes, stream);
 }
 
 std::vector<float> to_vector_f32(const Tensor& t) {

@@ -111,11 +111,14 @@ void check_device(const Tensor& t, Device expected, std::string_view what);
 // Copies src into dst (same numel and dtype; any pair of devices), enqueued on `stream`
 // (native handle; null = default / synchronous). Host<->device copies are synchronous.
 void copy_tensor(const Tensor& dst, const Tensor& src, void* stream = nullptr);
-// Host vectors <-> tensors (any device); these synchronise.
+// Host vectors <-> tensors (any device); these synchronise. Without a stream (native handle)
+// every device involved is waited for, all of its streams; with one, the copy is ordered on
+// that stream and only it is waited for, which a rank whose other streams may hold transfers
+// waiting on a peer (NCCL) needs, since a wait for those could wait on this rank itself.
 std::vector<float> to_vector_f32(const Tensor& t);
 std::vector<int32_t> to_vector_i32(const Tensor& t);
-void copy_from_host(const Tensor& dst, const void* src, size_t bytes);
-void copy_to_host(void* dst, const Tensor& src, size_t bytes);
+void copy_from_host(const Tensor& dst, const void* src, size_t bytes, void* stream = nullptr);
+void copy_to_host(void* dst, const Tensor& src, size_t bytes, void* stream = nullptr);
 
 // Marks that `stream` (native handle) also uses t's storage, so that its memory is not handed
 // out again until that stream has passed the point where the storage is freed (see

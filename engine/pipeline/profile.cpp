@@ -344,7 +344,12 @@ double device_memory_bytes(Device device, std::string* what) {
   if (device.is_cuda()) {
     detail::CudaDeviceGuard guard(device.index);
     size_t free_bytes = 0, total_bytes = 0;
-    if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) return 0.0;
+    if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
+      // Unknown is an answer here; the error must not stay behind as the thread's last one,
+      // which the next kernel launch check would throw.
+      (void)cudaGetLastError();
+      return 0.0;
+    }
     if (what) *what = "the memory of " + device.to_string();
     return static_cast<double>(total_bytes);
   }

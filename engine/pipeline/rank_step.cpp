@@ -297,9 +297,11 @@ void RankStep::pack_bucket(const Action& a, std::vector<float>& values) {
   const auto& layout = gradient_layout(a.stage);
   const schedule::BucketRange range = bucket_of(a, layout);
   values.resize(range.end - range.begin);
-  if (cuda_) compute_.synchronize();
+  // On the compute stream, which made the gradients, and waiting for it alone: a wait for the
+  // whole device would also wait for this rank's NCCL transfers, and a receive among them can
+  // wait for a peer that waits for a send this rank has not issued yet.
   for_each_segment(layout, range.begin, range.end, [&](const Tensor& part, size_t at) {
-    copy_to_host(values.data() + (at - range.begin), part, part.nbytes());
+    copy_to_host(values.data() + (at - range.begin), part, part.nbytes(), compute_.native());
   });
 }
 
@@ -358,8 +360,10 @@ void RankStep::finish_reduce(size_t i, const Action& a) {
     begin = std::clamp(bounds[rank_.replica], range.begin, range.end);
     end = std::clamp(bounds[rank_.replica + 1], range.begin, range.end);
   }
+  // On the compute stream, which reads the gradients next (see pack_bucket).
   for_each_segment(layout, begin, end, [&](const Tensor& part, size_t at) {
-    copy_from_host(part, reduce_values_.data() + (at - range.begin), part.nbytes());
+    copy_from_host(part, reduce_values_.data() + (at - range.begin), part.nbytes(),
+                   compute_.native());
   });
   reducing_.reset();
   if (cuda_) {
@@ -593,14 +597,14 @@ void RankStep::gather_weights() {
     for_each_piece(params, bounds, rank_.replica,
                    [&](Parameter& p, ParameterShard piece, size_t at) {
                      const Tensor part = flat_piece(p.value, piece);
-                     copy_to_host(values.data() + at, part, part.nbytes());
+                     copy_to_host(values.data() + at, part, part.nbytes(), compute_.native());
                    });
     rank_.transport->start_group_gather(values, rank_.replica_group, bounds)->wait();
     for (int d = 0; d < in_.schedule.replicas; ++d) {
       if (d == rank_.replica) continue;
       for_each_piece(params, bounds, d, [&](Parameter& p, ParameterShard piece, size_t at) {
         const Tensor part = flat_piece(p.value, piece);
-        copy_from_host(part, values.data() + at, part.nbytes());
+        copy_from_host(part, values.data() + at, part.nbytes(), compute_.native());
       });
     }
   }

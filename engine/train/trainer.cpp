@@ -30,7 +30,12 @@ double device_available_bytes(Device device, std::string* source) {
   if (device.is_cuda()) {
     detail::CudaDeviceGuard guard(device.index);
     size_t free_bytes = 0, total_bytes = 0;
-    if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) return 0.0;
+    if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
+      // Unknown is an answer here; the error must not stay behind as the thread's last one,
+      // which the next kernel launch check would throw.
+      (void)cudaGetLastError();
+      return 0.0;
+    }
     *source = "free memory of " + device.to_string();
     return static_cast<double>(free_bytes);
   }

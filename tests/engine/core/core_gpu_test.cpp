@@ -304,6 +304,27 @@ TEST(DeviceContextGpu, CopyRoundTripsAreBitExact) {
   EXPECT_EQ(to_vector_i32(di), ints);
 }
 
+// A host copy given a stream waits for that stream alone: another stream of the device may
+// hold a transfer that waits for a peer (NCCL), which may wait for this very rank.
+TEST(DeviceContextGpu, HostCopiesOnAStreamDoNotWaitForTheOtherStreams) {
+  CONVEYOR_REQUIRE_GPU();
+  HostGate gate;
+  DeviceContext ctx(Device::cuda(0));
+  Stream held(Device::cuda(0));
+  OpenOnExit opener{gate};
+  const auto host = random_floats(4096, 21);
+  Tensor t = ctx.empty({4096});
+  gate.close(held);  // until the gate opens, a wait for the whole device would block
+  copy_from_host(t, host.data(), t.nbytes(), ctx.compute_stream().native());
+  std::vector<float> back(host.size());
+  copy_to_host(back.data(), t, t.nbytes(), ctx.compute_stream().native());
+  EXPECT_FALSE(held.query()) << "the held stream finished before its gate opened";
+  gate.open();
+  held.synchronize();
+  EXPECT_FALSE(gate.timed_out) << "a copy on the compute stream waited for another stream";
+  EXPECT_EQ(back, host);
+}
+
 TEST(DeviceContextGpu, ZerosClearsAReusedDirtyBlock) {
   CONVEYOR_REQUIRE_GPU();
   DeviceContext ctx(Device::cuda(0));
