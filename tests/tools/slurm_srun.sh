@@ -53,9 +53,11 @@ source "$(dirname "${BASH_SOURCE[0]}")/mpi_compare.sh"
 skip() { echo "SKIP: $*"; exit 77; }
 
 for p in munged munge slurmctld slurmd srun sinfo scontrol; do
-  command -v "$p" >/dev/null || skip "$p is not installed (Debian: munge slurmctld slurmd slurm-client)"
+  command -v "$p" >/dev/null ||
+    skip "$p is not installed (Debian: munge slurmctld slurmd slurm-client)"
 done
-[ "$(id -u)" = 0 ] || skip "the private Slurm cluster's daemons run as root, and this is uid $(id -u)"
+[ "$(id -u)" = 0 ] ||
+  skip "the private Slurm cluster's daemons run as root, and this is uid $(id -u)"
 
 # A TCP port nothing on this machine uses now (from /proc/net/tcp*, in hex). Another cluster
 # taking it first makes slurmctld or slurmd fail to start, and the start is tried again.
@@ -78,7 +80,8 @@ munged --key-file="$work/munge/munge.key" --socket="$munge_sock" \
   --log-file="$work/munge/munged.log" >"$work/munge/out" 2>&1 ||
   skip "munged does not start here: $(cat "$work/munge/out")"
 for _ in $(seq 50); do
-  timeout 2 munge -n -S "$munge_sock" 2>/dev/null | timeout 2 unmunge -S "$munge_sock" >/dev/null 2>&1 && break
+  timeout 2 munge -n -S "$munge_sock" 2>/dev/null |
+    timeout 2 unmunge -S "$munge_sock" >/dev/null 2>&1 && break
   sleep 0.1
 done
 timeout 2 munge -n -S "$munge_sock" | timeout 2 unmunge -S "$munge_sock" >/dev/null 2>&1 ||
@@ -92,10 +95,10 @@ mkdir -p "$work/state" "$work/spool" "$work/log" "$work/pmix"
 # Slurm's PMIx plugin makes each step's client folder, spmix_appdir_<uid>_<job>.<step>, under
 # /tmp unless told; every private cluster numbers its jobs from 1, so they would meet there.
 echo "PMIxCliTmpDirBase=$work/pmix" >"$work/mpi.conf"
-# Job numbers of this run's own: OpenMPI names a step's shared-memory files after its PMIx
-# namespace, slurm.pmix.<job>.<step>, so two private clusters on one machine must not both
-# start at job 1. From this shell's process id, which no other running process has, with room
-# for the 6 jobs below (15 * the largest pid_max stays below Slurm's MaxJobId).
+# Job numbers of this run's own: OpenMPI names a step's shared-memory files after a hash
+# of its PMIx namespace, slurm.pmix.<job>.<step>, so two private clusters on one machine must
+# not both start at job 1. From this shell's process id, which no other running process
+# has, with room for the 4 jobs below (15 * the largest pid_max stays below Slurm's MaxJobId).
 first_job=$(($$ * 15 + 1))
 # write_conf CTLD_PORT SLURMD_PORT: no cgroups, no accounting, every file in the work folder.
 write_conf() {
@@ -153,7 +156,8 @@ for _ in 1 2 3; do
   [ -n "$started" ] && break
   stop "$ctld" "$slurmd"
 done
-[ -n "$started" ] || skip "slurmctld and slurmd did not start here: $(tail -2 "$work/log/slurmctld.out" "$work/log/slurmd.out" | tr '\n' ' ')"
+[ -n "$started" ] || skip "slurmctld and slurmd did not start here:" \
+  "$(tail -n 2 "$work/log/slurmctld.out" "$work/log/slurmd.out" | tr '\n' ' ')"
 
 common=(train --device cpu --layers 4 --microbatches 4 --batch-tokens 512 --steps 4 --seed 7
         --quiet --weights-checksum --timeout 20)
@@ -162,7 +166,8 @@ note='echo "$SLURM_PROCID ${PMIX_RANK-none} $$" >"$0/task.$SLURM_PROCID"; exec "
 # -O: more tasks than the node has CPUs, when it has fewer than 4.
 srun=(timeout 40 srun -O --job-name conveyor --time 2)
 
-timeout 30 "$cli" "${common[@]}" --stages 2 --dp 2 --log-json "$work/one.jsonl" >"$work/one.out" 2>&1 ||
+timeout 30 "$cli" "${common[@]}" --stages 2 --dp 2 --log-json "$work/one.jsonl" \
+  >"$work/one.out" 2>&1 ||
   fail "one-process --stages 2 --dp 2 run failed: $(cat "$work/one.out")"
 "${srun[@]}" -n 4 --mpi=pmix bash -c "$note" "$work" \
   "$cli" "${common[@]}" --stages 2 --dp 2 --log-json "$work/srun.jsonl" >"$work/srun.out" 2>&1 ||
@@ -186,7 +191,8 @@ timeout 30 "$cli" "${common[@]}" --stages 2 --log-json "$work/one2.jsonl" >"$wor
   fail "one-process --stages 2 run failed: $(cat "$work/one2.out")"
 "${srun[@]}" -n 2 "$cli" "${common[@]}" --stages 2 --log-json "$work/default.jsonl" \
   >"$work/default.out" 2>&1 || fail "srun -n 2 (MpiDefault=pmix) failed: $(cat "$work/default.out")"
-grep -q "transport mpi" "$work/default.out" || fail "srun -n 2 did not use MPI: $(cat "$work/default.out")"
+grep -q "transport mpi" "$work/default.out" ||
+  fail "srun -n 2 did not use MPI: $(cat "$work/default.out")"
 same_run "$work" one2 default "of srun -n 2 with the default plugin"
 
 # A step MPI cannot see: refused before MPI_Init, once, by the task srun numbers 0.
@@ -195,10 +201,14 @@ for plugin in none pmi2; do
   [ "$plugin" = none ] || timeout 10 srun --mpi=list 2>&1 | grep -qw "$plugin" || continue
   "${srun[@]}" -n 2 --mpi=$plugin "$cli" "${common[@]}" --stages 2 >"$work/$plugin.out" 2>&1
   status=$?
-  [ "$status" = 2 ] || fail "srun -n 2 --mpi=$plugin: status $status, not 2: $(cat "$work/$plugin.out")"
-  [ "$(grep -c "^conveyor: error: srun started this process .*give srun --mpi=pmix" "$work/$plugin.out")" = 1 ] ||
+  [ "$status" = 2 ] ||
+    fail "srun -n 2 --mpi=$plugin: status $status, not 2: $(cat "$work/$plugin.out")"
+  said=$(grep -c "^conveyor: error: srun started this process .*give srun --mpi=pmix" \
+         "$work/$plugin.out")
+  [ "$said" = 1 ] ||
     fail "srun -n 2 --mpi=$plugin is not refused once, naming --mpi=pmix: $(cat "$work/$plugin.out")"
-  grep -q "^step \|^done \|weights xxh3" "$work/$plugin.out" && fail "a task of srun --mpi=$plugin trained"
+  grep -q "^step \|^done \|weights xxh3" "$work/$plugin.out" &&
+    fail "a task of srun --mpi=$plugin trained"
   refused+=" --mpi=$plugin"
 done
 echo "srun --mpi=pmix (4 tasks, --dp 2) and MpiDefault=pmix (2 tasks): $(checksum "$work/srun.out") and every step equal to the one-process runs; refused:$refused: $(grep "^conveyor: error" "$work/none.out")"
