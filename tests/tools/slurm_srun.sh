@@ -149,15 +149,16 @@ for _ in 1 2 3; do
   slurmd -D -f "$conf" -N "$host" >"$work/log/slurmd.out" 2>&1 &
   slurmd=$!
   deadline=$((SECONDS + 15))
-  while ((SECONDS < deadline)) && kill -0 "$ctld" "$slurmd" 2>/dev/null; do
+  while ((SECONDS < deadline)) && running "$ctld" && running "$slurmd"; do
     [ "$(timeout 3 sinfo -h -n "$host" -o %T 2>/dev/null)" = idle ] && { started=yes; break; }
     sleep 0.2
   done
   [ -n "$started" ] && break
   stop "$ctld" "$slurmd"
+  wait "$ctld" "$slurmd" 2>/dev/null
 done
-[ -n "$started" ] || skip "slurmctld and slurmd did not start here:" \
-  "$(tail -n 2 "$work/log/slurmctld.out" "$work/log/slurmd.out" | tr '\n' ' ')"
+[ -n "$started" ] || skip "slurmctld and slurmd did not start here (last words:" \
+  "$(tail -n 1 "$work/log/slurmctld.out") / $(tail -n 1 "$work/log/slurmd.out"))"
 
 common=(train --device cpu --layers 4 --microbatches 4 --batch-tokens 512 --steps 4 --seed 7
         --quiet --weights-checksum --timeout 20)
