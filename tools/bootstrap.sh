@@ -8,6 +8,14 @@ build=${CONVEYOR_BUILD_DIR:-$root/build}
 
 packages=(cmake make g++ libeigen3-dev libgtest-dev libgmock-dev libbenchmark-dev
           libcli11-dev nlohmann-json3-dev libxxhash-dev openmpi-bin libopenmpi-dev jq iproute2)
+# For the tests (not for tools/train.sh, which builds none): the programs of the private
+# one-node Slurm cluster that ctest mpi_train_slurm_srun starts, to run conveyor under a real
+# srun --mpi=pmix. The test starts daemons of its own, with their own key, ports and folders,
+# and uses none of the packages' services (slurmd and slurmctld do not start without an
+# /etc/slurm/slurm.conf).
+if [[ "${CONVEYOR_CMAKE_ARGS:-}" != *CONVEYOR_BUILD_TESTS=OFF* ]]; then
+  packages+=(slurmctld slurmd slurm-client munge)
+fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

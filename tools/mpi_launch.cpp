@@ -53,6 +53,73 @@ std::vector<std::string> all_gather_text(const std::string& text, int ranks) {
   for (int r = 0; r < ranks; ++r) out.push_back(all.substr(offsets[r], lengths[r]));
   return out;
 }
+
+#ifdef OMPI_MAJOR_VERSION
+// True when this OpenMPI has a component that reaches srun through Slurm's PMI-1 or PMI-2
+// library (s1, s2: OpenMPI 2 to 4 built --with-pmi). MPI_T may start before MPI_Init, and
+// OpenMPI's registers every component's variables (pmix_<component>_...), which names them.
+bool openmpi_has_slurm_pmi() {
+#if OMPI_MAJOR_VERSION >= 5
+  return false;  // PMIx is its only way to a launcher
+#else
+  int provided = 0;
+  if (MPI_T_init_thread(MPI_THREAD_SINGLE, &provided) != MPI_SUCCESS) return true;  // unknown
+  int count = 0;
+  MPI_T_cvar_get_num(&count);
+  bool found = false;
+  for (int i = 0; i < count && !found; ++i) {
+    char name[256];
+    int name_length = sizeof name, description_length = 0, verbosity = 0, bind = 0, scope = 0;
+    MPI_Datatype type;
+    MPI_T_enum values;
+    if (MPI_T_cvar_get_info(i, name, &name_length, &verbosity, &type, &values, nullptr,
+                            &description_length, &bind, &scope) != MPI_SUCCESS)
+      continue;
+    const std::string n(name);
+    found = n.rfind("pmix_s1_", 0) == 0 || n.rfind("pmix_s2_", 0) == 0;
+  }
+  MPI_T_finalize();
+  return found;
+#endif
+}
+#endif
+
+// Before MPI_Init: under srun, OpenMPI's MPI_Init reaches srun through the PMIx server that
+// srun --mpi=pmix starts for the step, or through Slurm's PMI libraries (openmpi_has_slurm_pmi).
+// Without either it does not start alone, as it does outside Slurm: it prints a help text
+// that blames its build ("OMPI was not built with SLURM's PMI support") and ends the process
+// with status 1, before check_mpi_sees_the_launch could name the flag. OpenMPI takes a process
+// for one srun started when SLURM_NODELIST and SLURM_STEP_ID are set; so does this check.
+// Every task of the step is refused alike; the one srun numbers 0 says so, the others end
+// with the same status silently, so that the sentence appears once.
+void refuse_openmpi_without_pmix_under_srun(const comm::LaunchEnvironment& launch) {
+#ifdef OMPI_MAJOR_VERSION
+  if (std::getenv("SLURM_NODELIST") == nullptr || std::getenv("SLURM_STEP_ID") == nullptr ||
+      std::getenv("PMIX_RANK") != nullptr || openmpi_has_slurm_pmi())
+    return;
+  const char* procid = std::getenv("SLURM_PROCID");
+  if (procid != nullptr && std::string(procid) != "0") {
+    std::fflush(stdout);
+    throw ExitRequest{kExitUsage};
+  }
+  const char* plugin = std::getenv("SLURM_MPI_TYPE");
+  std::string started = "(SLURM_STEP_ID=" + escape_for_message(std::getenv("SLURM_STEP_ID")) + ")";
+  if (launch.processes > 1)
+    started = "as one of " + std::to_string(launch.processes) + " (" + launch.source + ")";
+  throw UsageError(
+      "srun started this process " + started + " " +
+      (plugin != nullptr && std::string(plugin) != "none"
+           ? "with its " + escape_for_message(plugin) + " plugin (SLURM_MPI_TYPE), not PMIx"
+           : std::string("without an MPI plugin (--mpi=none)")) +
+      ", and this OpenMPI " + std::to_string(OMPI_MAJOR_VERSION) + "." +
+      std::to_string(OMPI_MINOR_VERSION) + "." + std::to_string(OMPI_RELEASE_VERSION) +
+      " reaches srun only through PMIx: its MPI_Init would end the process; give srun "
+      "--mpi=pmix (srun --mpi=list shows what the cluster offers), or start the job with "
+      "OpenMPI's own mpirun");
+#else
+  (void)launch;
+#endif
+}
 #endif
 
 }  // namespace
@@ -97,6 +164,7 @@ MpiSession::MpiSession(bool wanted, std::chrono::milliseconds timeout) : timeout
   // start sets its own PMIx rank).
   const comm::LaunchEnvironment launch = comm::launch_environment();
 #ifdef CONVEYOR_WITH_MPI
+  refuse_openmpi_without_pmix_under_srun(launch);
   int provided = MPI_THREAD_SINGLE;
   check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided), "MPI_Init_thread");
   active_ = true;

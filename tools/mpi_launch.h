@@ -19,7 +19,9 @@ namespace conveyor::cli {
 
 // MPI for the lifetime of the object, when `wanted`: MPI_Init_thread asking for
 // MPI_THREAD_SERIALIZED (the executor calls MPI from one thread at a time), the level given
-// checked, and as many processes as the launcher said (check_mpi_sees_the_launch);
+// checked, and as many processes as the launcher said (check_mpi_sees_the_launch); a task of
+// an srun step that gave it no PMIx server is refused before MPI_Init when the MPI is an
+// OpenMPI, whose MPI_Init would end it with a text of its own (exit status 1);
 // MPI_Finalize at the end, unless an exception is leaving (a peer may be gone).
 // `timeout` bounds the waits of the checks below for the other processes (the run's
 // --timeout).

@@ -12,7 +12,9 @@
 #                                      start, once, naming the flag; copies at two paths run
 #   mpi_train.sh CONVEYOR launch       --transport inproc under -np 2 refused; -np 3 for 4 ranks
 #                                      said once; a process with srun --mpi=pmix's environment
-#                                      but no PMIx server refused; one inside an allocation runs
+#                                      but no PMIx server refused, and one with the environment
+#                                      of srun --mpi=none's step (before MPI_Init, which would
+#                                      end it); one inside an allocation runs
 #   mpi_train.sh CONVEYOR kill         rank 1 killed with SIGKILL mid-run: the job ends non-zero
 #                                      within the timeout, and the output names the lost rank
 #   mpi_train.sh CONVEYOR stop         rank 1 stopped (SIGSTOP) mid-run, so mpirun sees nothing:
@@ -310,8 +312,8 @@ case $mode in
       fail "the wrong process count is not said exactly once: $(cat "$work/out")"
     [ "$(grep -c "conveyor: error" "$work/out")" = 1 ] ||
       fail "other errors beside the refusal: $(cat "$work/out")"
-    # srun --mpi=pmix's environment (Slurm's PMIx plugin sets no PMI_SIZE) with no PMIx
-    # server behind it, as srun without the right --mpi gives OpenMPI: MPI starts alone, and
+    # srun --mpi=pmix's task variables (Slurm's PMIx plugin sets no PMI_SIZE) with no PMIx
+    # server behind them and no srun step around (no SLURM_STEP_ID): OpenMPI starts alone, and
     # the process must refuse rather than train the whole job by itself.
     timeout 60 env PMIX_RANK=1 PMIX_NAMESPACE=slurm.pmix.42.0 SLURM_PROCID=1 SLURM_LOCALID=1 \
       SLURM_NTASKS=2 "$cli" "${common[@]}" --stages 2 >"$work/out" 2>&1
@@ -319,11 +321,24 @@ case $mode in
     [ "$status" = 2 ] || fail "a lone srun task: status $status: $(cat "$work/out")"
     grep -q "one of 2 (SLURM_NTASKS=2 with PMIX_RANK=1) but MPI sees 1.*--mpi=pmix" "$work/out" ||
       fail "a lone srun task is not refused: $(cat "$work/out")"
+    # A task of an srun step without PMIx (srun --mpi=none; tests/tools/slurm_srun.sh runs the
+    # real one): OpenMPI's MPI_Init would end it with status 1 and a text blaming its build, so
+    # it is refused before, by the task srun numbers 0; the others end silently.
+    step=(SLURM_NODELIST=node1 SLURM_STEP_ID=0 SLURM_STEP_NUM_TASKS=2 SLURM_NTASKS=2 SLURM_LOCALID=0)
+    timeout 60 env "${step[@]}" SLURM_PROCID=0 "$cli" "${common[@]}" --stages 2 >"$work/out" 2>&1
+    status=$?
+    [ "$status" = 2 ] || fail "a task of srun --mpi=none: status $status: $(cat "$work/out")"
+    grep -q "^conveyor: error: srun started this process as one of 2 (SLURM_STEP_NUM_TASKS=2) without an MPI plugin (--mpi=none).*give srun --mpi=pmix" \
+      "$work/out" || fail "a task of srun --mpi=none is not refused: $(cat "$work/out")"
+    timeout 60 env "${step[@]}" SLURM_PROCID=1 "$cli" "${common[@]}" --stages 2 >"$work/out" 2>&1
+    status=$?
+    [ "$status" = 2 ] && [ ! -s "$work/out" ] ||
+      fail "task 1 of srun --mpi=none: status $status, not 2 in silence: $(cat "$work/out")"
     # A plain process inside an sbatch --ntasks 4 allocation is one process of its own.
     timeout 60 env SLURM_NTASKS=4 SLURM_PROCID=0 SLURM_LOCALID=0 SLURM_JOB_ID=42 \
       "$cli" "${common[@]}" --stages 2 >"$work/out" 2>&1 ||
       fail "a plain process in an allocation did not run by itself: $(cat "$work/out")"
-    echo "--transport inproc under mpirun refused; a wrong -np said once; a lone srun task refused"
+    echo "--transport inproc under mpirun refused; a wrong -np said once; a lone srun task and a task of srun --mpi=none refused"
     ;;
   kill)
     signal_last_rank KILL 10
