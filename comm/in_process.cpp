@@ -8,42 +8,73 @@
 namespace conveyor::comm {
 namespace {
 
-// Polls `call` until it completes, sleeping on the hub until a missing member posts; after
-// the hub's timeout fails it, naming the members whose part has not arrived (`arrived(i)`
-// says whether member i's has).
-template <class Arrived>
-void wait_for_group(PendingGroupCall& call, InProcessHub& hub, int rank,
-                    const std::vector<int>& group, Arrived arrived, const char* what) {
-  while (!call.test()) {
-    std::vector<int> missing;
-    for (size_t i = 0; i < group.size(); ++i)
-      if (!arrived(i)) missing.push_back(group[i]);
-    if (!hub.wait_group_values(rank, missing, rank)) {
-      std::string names;
-      for (int r : missing) names += (names.empty() ? "" : ", ") + std::to_string(r);
-      hub.fail(rank, std::string(what) + " waited " + std::to_string(hub.timeout().count()) +
-                         " ms for rank(s) " + names);
+// What the group calls share: at its start a call claims, on the queue from each other
+// member, the number of the post that member makes for it (InProcessHub::claim_group_slot),
+// and takes that post alone, so that calls in flight at once never take each other's parts,
+// whichever of them is tested first.
+class InProcessGroupCall : public PendingGroupCall {
+ public:
+  void wait() override {
+    while (!test()) {
+      std::vector<InProcessHub::GroupSlot> awaited;
+      std::vector<int> missing;
+      for (size_t i = 0; i < group_.size(); ++i)
+        if (i != me_ && !arrived(i)) {
+          awaited.push_back(slots_[i]);
+          missing.push_back(group_[i]);
+        }
+      if (!hub_->wait_group_values(rank_, awaited, rank_)) {
+        std::string names;
+        for (int r : missing) names += (names.empty() ? "" : ", ") + std::to_string(r);
+        hub_->fail(rank_, std::string(what_) + " waited " +
+                              std::to_string(hub_->timeout().count()) + " ms for rank(s) " + names);
+      }
     }
   }
-}
+
+ protected:
+  // `me`: this member's position in `group`; `what` names the call in a timeout's error.
+  InProcessGroupCall(std::shared_ptr<InProcessHub> hub, int rank, const std::vector<int>& group,
+                     size_t me, const char* what)
+      : hub_(std::move(hub)), rank_(rank), group_(group), me_(me), what_(what) {
+    for (size_t i = 0; i < group_.size(); ++i)
+      slots_.push_back({group_[i], i == me_ ? 0 : hub_->claim_group_slot(group_[i], rank_)});
+  }
+  // Whether the part of the member at position i (not this one) has been taken.
+  virtual bool arrived(size_t i) const = 0;
+  // The part of the member at position i for this call, if it came; never waits.
+  InProcessHub::GroupValues try_take(size_t i) {
+    return hub_->try_take_group_values(slots_[i], rank_, rank_);
+  }
+
+  std::shared_ptr<InProcessHub> hub_;
+  int rank_;
+  std::vector<int> group_;
+  size_t me_;  // this member's position in the group
+
+ private:
+  const char* what_;
+  std::vector<InProcessHub::GroupSlot> slots_;  // by position in the group; own unused
+};
 
 // One member's group sum: its own values are posted at the start; the others' are taken as
 // they come, and the sum runs in group order once all are in.
-class InProcessGroupSum : public PendingGroupCall {
+class InProcessGroupSum : public InProcessGroupCall {
  public:
   InProcessGroupSum(std::shared_ptr<InProcessHub> hub, int rank, std::vector<float>& values,
-                    const std::vector<int>& group)
-      : hub_(std::move(hub)), rank_(rank), values_(values), group_(group), parts_(group.size()) {
+                    const std::vector<int>& group, size_t me)
+      : InProcessGroupCall(std::move(hub), rank, group, me, "the gradient sum over replicas"),
+        values_(values),
+        parts_(group.size()) {
     auto mine = std::make_shared<const std::vector<float>>(values);
-    for (size_t i = 0; i < group_.size(); ++i)
-      if (group_[i] == rank_) parts_[i] = mine;
+    parts_[me_] = mine;
     hub_->post_group_values(rank_, group_, std::move(mine));
   }
 
   bool test() override {
     if (done_) return true;
     for (size_t i = 0; i < group_.size(); ++i)
-      if (!parts_[i]) parts_[i] = hub_->try_take_group_values(group_[i], rank_, rank_);
+      if (!parts_[i]) parts_[i] = try_take(i);
     for (const auto& part : parts_)
       if (!part) return false;
     for (size_t i = 0; i < group_.size(); ++i)
@@ -54,22 +85,15 @@ class InProcessGroupSum : public PendingGroupCall {
     std::vector<const float*> parts;
     for (const auto& part : parts_) parts.push_back(part->data());
     add_in_group_order(values_.data(), values_.size(), parts);
-    parts_.clear();
+    parts_.clear();  // the others' copies are not needed any more
     done_ = true;
     return true;
   }
 
-  void wait() override {
-    wait_for_group(
-        *this, *hub_, rank_, group_, [&](size_t i) { return parts_[i] != nullptr; },
-        "the gradient sum over replicas");
-  }
-
  private:
-  std::shared_ptr<InProcessHub> hub_;
-  int rank_;
+  bool arrived(size_t i) const override { return done_ || parts_[i] != nullptr; }
+
   std::vector<float>& values_;
-  std::vector<int> group_;
   std::vector<InProcessHub::GroupValues> parts_;  // by position in the group
   bool done_ = false;
 };
@@ -77,18 +101,16 @@ class InProcessGroupSum : public PendingGroupCall {
 // One member's reduce-scatter: each other member's range is posted to that member alone; the
 // others' parts of this member's range are taken as they come, and summed in group order,
 // with this member's own values in its place, once all are in.
-class InProcessGroupReduceScatter : public PendingGroupCall {
+class InProcessGroupReduceScatter : public InProcessGroupCall {
  public:
   InProcessGroupReduceScatter(std::shared_ptr<InProcessHub> hub, int rank,
                               std::vector<float>& values, const std::vector<int>& group,
                               const std::vector<size_t>& bounds, size_t me)
-      : hub_(std::move(hub)),
-        rank_(rank),
+      : InProcessGroupCall(std::move(hub), rank, group, me,
+                           "the gradient reduce-scatter over replicas"),
         values_(values),
-        group_(group),
         begin_(bounds[me]),
         end_(bounds[me + 1]),
-        me_(me),
         parts_(group.size()) {
     for (size_t i = 0; i < group_.size(); ++i)
       if (i != me_)
@@ -102,7 +124,7 @@ class InProcessGroupReduceScatter : public PendingGroupCall {
     bool all = true;
     for (size_t i = 0; i < group_.size(); ++i) {
       if (i == me_ || parts_[i]) continue;
-      parts_[i] = hub_->try_take_group_values(group_[i], rank_, rank_);
+      parts_[i] = try_take(i);
       if (!parts_[i]) {
         all = false;
         continue;
@@ -123,36 +145,26 @@ class InProcessGroupReduceScatter : public PendingGroupCall {
     return true;
   }
 
-  void wait() override {
-    wait_for_group(
-        *this, *hub_, rank_, group_, [&](size_t i) { return i == me_ || parts_[i] != nullptr; },
-        "the gradient reduce-scatter over replicas");
-  }
-
  private:
-  std::shared_ptr<InProcessHub> hub_;
-  int rank_;
+  bool arrived(size_t i) const override { return done_ || parts_[i] != nullptr; }
+
   std::vector<float>& values_;
-  std::vector<int> group_;
   size_t begin_, end_;                            // this member's range
-  size_t me_;                                     // this member's position in the group
   std::vector<InProcessHub::GroupValues> parts_;  // the others' parts of the range, by position
   bool done_ = false;
 };
 
 // One member's group gather: its own range is posted at the start; the others' ranges are
 // copied into place as they come.
-class InProcessGroupGather : public PendingGroupCall {
+class InProcessGroupGather : public InProcessGroupCall {
  public:
   InProcessGroupGather(std::shared_ptr<InProcessHub> hub, int rank, std::vector<float>& values,
                        const std::vector<int>& group, const std::vector<size_t>& bounds, size_t me)
-      : hub_(std::move(hub)),
-        rank_(rank),
+      : InProcessGroupCall(std::move(hub), rank, group, me, "the weight gather over replicas"),
         values_(values),
-        group_(group),
         bounds_(bounds),
         arrived_(group.size(), false) {
-    arrived_[me] = true;
+    arrived_[me_] = true;
     hub_->post_group_values(rank_, group_,
                             std::make_shared<const std::vector<float>>(
                                 values.begin() + bounds[me], values.begin() + bounds[me + 1]));
@@ -162,7 +174,7 @@ class InProcessGroupGather : public PendingGroupCall {
     bool all = true;
     for (size_t i = 0; i < group_.size(); ++i) {
       if (arrived_[i]) continue;
-      InProcessHub::GroupValues part = hub_->try_take_group_values(group_[i], rank_, rank_);
+      InProcessHub::GroupValues part = try_take(i);
       if (!part) {
         all = false;
         continue;
@@ -177,17 +189,10 @@ class InProcessGroupGather : public PendingGroupCall {
     return all;
   }
 
-  void wait() override {
-    wait_for_group(
-        *this, *hub_, rank_, group_, [&](size_t i) { return arrived_[i]; },
-        "the weight gather over replicas");
-  }
-
  private:
-  std::shared_ptr<InProcessHub> hub_;
-  int rank_;
+  bool arrived(size_t i) const override { return arrived_[i]; }
+
   std::vector<float>& values_;
-  std::vector<int> group_;
   std::vector<size_t> bounds_;
   std::vector<bool> arrived_;
 };
@@ -232,7 +237,7 @@ class InProcessTransport : public Transport {
   std::unique_ptr<PendingGroupCall> start_group_sum(std::vector<float>& values,
                                                     const std::vector<int>& group) override {
     check_group(group);
-    return std::make_unique<InProcessGroupSum>(hub_, rank_, values, group);
+    return std::make_unique<InProcessGroupSum>(hub_, rank_, values, group, position_in(group));
   }
   std::unique_ptr<PendingGroupCall> start_group_reduce_scatter(
       std::vector<float>& values, const std::vector<int>& group,
@@ -369,7 +374,8 @@ void InProcessHub::post_group_values(int src, const std::vector<int>& group, Gro
     throw_if_aborted(src);
     for (int dst : group)
       if (dst != src) {
-        group_links_[static_cast<size_t>(src) * size_ + dst].push_back(values);
+        GroupLink& link = group_link(src, dst);
+        link.posted.emplace(link.next_post++, values);
         group_bytes_sent_[src] += values->size() * sizeof(float);
       }
   }
@@ -382,7 +388,8 @@ void InProcessHub::post_group_values_to(int src, int dst, GroupValues values) {
     std::lock_guard lock(mutex_);
     throw_if_aborted(src);
     group_bytes_sent_[src] += values->size() * sizeof(float);
-    group_links_[static_cast<size_t>(src) * size_ + dst].push_back(std::move(values));
+    GroupLink& link = group_link(src, dst);
+    link.posted.emplace(link.next_post++, std::move(values));
   }
   arrived_for_[dst].notify_all();
 }
@@ -392,22 +399,30 @@ size_t InProcessHub::group_bytes_sent(int rank) const {
   return group_bytes_sent_.at(rank);
 }
 
-InProcessHub::GroupValues InProcessHub::try_take_group_values(int src, int dst, int waiting_rank) {
+uint64_t InProcessHub::claim_group_slot(int src, int dst) {
+  std::lock_guard lock(mutex_);
+  return group_link(src, dst).next_claim++;
+}
+
+InProcessHub::GroupValues InProcessHub::try_take_group_values(GroupSlot slot, int dst,
+                                                              int waiting_rank) {
   std::lock_guard lock(mutex_);
   throw_if_aborted(waiting_rank);
-  auto& queue = group_links_[static_cast<size_t>(src) * size_ + dst];
-  if (queue.empty()) return nullptr;
-  GroupValues values = std::move(queue.front());
-  queue.pop_front();
+  auto& posted = group_link(slot.src, dst).posted;
+  const auto found = posted.find(slot.number);
+  if (found == posted.end()) return nullptr;
+  GroupValues values = std::move(found->second);
+  posted.erase(found);
   return values;
 }
 
-bool InProcessHub::wait_group_values(int dst, const std::vector<int>& from, int waiting_rank) {
+bool InProcessHub::wait_group_values(int dst, const std::vector<GroupSlot>& awaited,
+                                     int waiting_rank) {
   std::unique_lock lock(mutex_);
   const bool ready = arrived_for_[dst].wait_for(lock, timeout_, [&] {
-    if (aborted_ || from.empty()) return true;
-    for (int src : from)
-      if (!group_links_[static_cast<size_t>(src) * size_ + dst].empty()) return true;
+    if (aborted_ || awaited.empty()) return true;
+    for (const GroupSlot& slot : awaited)
+      if (group_link(slot.src, dst).posted.count(slot.number)) return true;
     return false;
   });
   throw_if_aborted(waiting_rank);

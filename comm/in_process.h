@@ -8,7 +8,9 @@
 // until the message is in the link's queue, and try_recv() not even for that.
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -39,8 +41,12 @@ class InProcessHub : public std::enable_shared_from_this<InProcessHub> {
   // The next message on the link, if it has arrived; never waits.
   std::optional<Message> try_pop(int src, int dst, int waiting_rank);
   void all_reduce(int rank, std::vector<double>& values);
-  // Group sums: each member posts its values to every other member of the group; a member's
-  // sum is ready once the others' posts are in. Ordered per (src, dst) like the links.
+  // Group calls: each member posts its values to every other member of the group; a member's
+  // result is ready once the others' posts are in. Posts are numbered per (src, dst) in the
+  // order src makes them. Members start their calls of a group in the same order, so the
+  // k-th post from src to dst belongs to dst's k-th call with src: each call claims its
+  // number on every other member's queue when it starts (claim_group_slot), and takes that
+  // post and no other, whatever order the calls in flight are tested in.
   using GroupValues = std::shared_ptr<const std::vector<float>>;
   void post_group_values(int src, const std::vector<int>& group, GroupValues values);
   // The same to one member only (a reduce-scatter sends each member its own range).
@@ -48,11 +54,19 @@ class InProcessHub : public std::enable_shared_from_this<InProcessHub> {
   // Bytes of group values `rank` has posted so far, counted once per receiving member: what
   // a transport between processes would have sent.
   size_t group_bytes_sent(int rank) const;
-  // The next group values from `src` to `dst`, if they came; never waits.
-  GroupValues try_take_group_values(int src, int dst, int waiting_rank);
-  // Waits, up to the deadline, for a post to `dst` from one of `from` (empty: returns).
+  // The number of the next post from `src` to `dst` that no call of `dst` has claimed yet,
+  // claimed now.
+  uint64_t claim_group_slot(int src, int dst);
+  // A post awaited from `src`: the number its call claimed.
+  struct GroupSlot {
+    int src;
+    uint64_t number;
+  };
+  // The post of `slot` to `dst`, if it came; never waits.
+  GroupValues try_take_group_values(GroupSlot slot, int dst, int waiting_rank);
+  // Waits, up to the deadline, for the post of one of `awaited` to `dst` (empty: returns).
   // False when the deadline passed.
-  bool wait_group_values(int dst, const std::vector<int>& from, int waiting_rank);
+  bool wait_group_values(int dst, const std::vector<GroupSlot>& awaited, int waiting_rank);
   std::chrono::milliseconds timeout() const { return timeout_; }
   // Fails the transport for every rank, naming `rank` and `what`; throws TransportError.
   [[noreturn]] void fail(int rank, const std::string& what);
@@ -71,9 +85,17 @@ class InProcessHub : public std::enable_shared_from_this<InProcessHub> {
   // all-reduce has its own.
   std::vector<std::condition_variable> arrived_for_;
   std::condition_variable reduced_;
-  std::vector<std::deque<Message>> links_;            // src * size + dst
-  std::vector<std::deque<GroupValues>> group_links_;  // src * size + dst
-  std::vector<size_t> group_bytes_sent_;              // by src
+  std::vector<std::deque<Message>> links_;  // src * size + dst
+  // The group values from one member to another, by post number; each taken once.
+  struct GroupLink {
+    std::map<uint64_t, GroupValues> posted;  // not yet taken
+    uint64_t next_post = 0, next_claim = 0;
+  };
+  GroupLink& group_link(int src, int dst) {
+    return group_links_[static_cast<size_t>(src) * size_ + dst];
+  }
+  std::vector<GroupLink> group_links_;    // src * size + dst
+  std::vector<size_t> group_bytes_sent_;  // by src
   bool aborted_ = false;
   std::string abort_reason_;
   // All-reduce rendezvous: contributions of the current round, by rank.

@@ -273,16 +273,20 @@ class MpiTransport : public Transport {
 
   // What the group calls share: point-to-point requests on a tag of their own (no
   // communicator per group, which every process would have to create together), polled
-  // against one deadline, cancelled if the call is dropped unfinished.
+  // against the deadline, cancelled if the call is dropped unfinished.
+  //
+  // Several calls may be in flight: each posts its receives and sends when it starts, and
+  // members start their calls in the same order, so by MPI's non-overtaking rule (per source,
+  // tag and communicator, messages match receives in the order both were posted) the k-th
+  // call's receive from a member matches that member's k-th call's send on the same tag,
+  // whichever call is tested first. Sums and gathers share kGroupTag and reduce-scatters have
+  // kScatterTag: each tag's calls are a subsequence of the calls, in the same order on every
+  // member, so the pairing holds for any interleaving of the three.
   class GroupExchange : public PendingGroupCall {
    public:
     GroupExchange(MpiTransport& transport, std::vector<int> group, std::string what,
                   int tag = kGroupTag)
-        : t_(transport),
-          group_(std::move(group)),
-          what_(std::move(what)),
-          tag_(tag),
-          deadline_(Clock::now() + transport.timeout_) {}
+        : t_(transport), group_(std::move(group)), what_(std::move(what)), tag_(tag) {}
     ~GroupExchange() override {
       for (MPI_Request& r : requests_)
         if (r != MPI_REQUEST_NULL) {
@@ -291,10 +295,13 @@ class MpiTransport : public Transport {
         }
     }
 
+    // The deadline counts from the wait, not from the start: a call started long before it
+    // is waited for (one of several in flight, behind the others) has not waited yet.
     void wait() override {
+      const auto deadline = Clock::now() + t_.timeout_;
       Backoff backoff;
       while (!test()) {
-        if (Clock::now() >= deadline_) {
+        if (Clock::now() >= deadline) {
           std::string missing;
           for (size_t i = 0; i < receive_from_.size(); ++i)
             if (requests_[i] != MPI_REQUEST_NULL)
@@ -340,7 +347,6 @@ class MpiTransport : public Transport {
     int tag_;
     std::vector<MPI_Request> requests_;  // receives (in receive_from_ order), then sends
     std::vector<int> receive_from_;
-    Clock::time_point deadline_;
   };
 
   // Every member sends its values to every other member and receives theirs, then adds them

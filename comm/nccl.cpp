@@ -161,44 +161,92 @@ size_t nccl_count(const Tensor& t) {
   return nccl_type(t.dtype()) == ncclChar ? t.nbytes() : static_cast<size_t>(t.numel());
 }
 
-// The buffers of a transport's group calls: grown, never freed before the transport goes,
-// because cudaFree and cudaFreeHost can wait for the whole device, where NCCL kernels of the
-// pipeline's links may be waiting for a peer that waits for this rank. Buffers outgrown are
-// kept until then too.
-struct NcclStaging {
+// The buffers of one group call in flight: device staging, pinned host memory (so that the
+// copies stay asynchronous), and an event recorded on the group stream after the call's
+// last work, which says when the buffers are the host's again.
+struct NcclStagingSlot {
   float* device = nullptr;
   size_t device_floats = 0;
-  float* host = nullptr;  // pinned, so that the copies stay asynchronous
+  float* host = nullptr;
   size_t host_floats = 0;
+  std::unique_ptr<Event> done;
+  bool held = false;  // by a call not finished yet
+
+  // Not held, and the group stream has passed the work of its last call (one whose handle
+  // was dropped unfinished may still be running). An event that cannot be asked is busy.
+  bool available() const {
+    if (held) return false;
+    try {
+      return done->query();
+    } catch (...) {
+      return false;
+    }
+  }
+  bool fits(size_t device_need, size_t host_need) const {
+    return device_floats >= device_need && host_floats >= host_need;
+  }
+};
+
+// Every group call in flight has a slot of its own, so that a call never overwrites the
+// staging of one started before it: the pool grows to the most calls a rank has had in flight
+// at once and reuses them. Nothing is freed before the transport goes, because cudaFree and
+// cudaFreeHost can wait for the whole device, where NCCL kernels of the pipeline's links may
+// be waiting for a peer that waits for this rank; buffers outgrown are kept until then too.
+struct NcclStaging {
+  std::vector<std::unique_ptr<NcclStagingSlot>> slots;
   std::vector<float*> retired_device, retired_host;
 
-  void reserve(size_t device_need, size_t host_need) {
-    if (device_need > device_floats) {
-      float* grown = nullptr;
-      CONVEYOR_CUDA_CHECK(cudaMalloc(&grown, device_need * sizeof(float)));
-      if (device) retired_device.push_back(device);
-      device = grown;
-      device_floats = device_need;
+  // An available slot with at least these sizes (one that fits first, else one grown, else a
+  // new one), held until release_slot. With the transport's device current.
+  NcclStagingSlot& acquire(Device device, size_t device_need, size_t host_need) {
+    NcclStagingSlot* pick = nullptr;
+    for (const auto& slot : slots) {
+      if (!slot->available()) continue;
+      if (slot->fits(device_need, host_need)) {
+        pick = slot.get();
+        break;
+      }
+      if (!pick) pick = slot.get();
     }
-    if (host_need > host_floats) {
-      float* grown = nullptr;
-      CONVEYOR_CUDA_CHECK(cudaMallocHost(&grown, host_need * sizeof(float)));
-      if (host) retired_host.push_back(host);
-      host = grown;
-      host_floats = host_need;
+    if (!pick) {
+      slots.push_back(std::make_unique<NcclStagingSlot>());
+      pick = slots.back().get();
+      pick->done = std::make_unique<Event>(device, /*timing=*/false);
     }
+    grow(*pick, device_need, host_need);
+    pick->held = true;
+    return *pick;
   }
 
   // With the transport's device current, and no work left on its group stream.
   void release() noexcept {
-    if (device) retired_device.push_back(device);
-    if (host) retired_host.push_back(host);
+    for (const auto& slot : slots) {
+      if (slot->device) retired_device.push_back(slot->device);
+      if (slot->host) retired_host.push_back(slot->host);
+    }
+    slots.clear();
     for (float* d : retired_device) (void)cudaFree(d);
     for (float* h : retired_host) (void)cudaFreeHost(h);
     retired_device.clear();
     retired_host.clear();
-    device = host = nullptr;
-    device_floats = host_floats = 0;
+  }
+
+ private:
+  void grow(NcclStagingSlot& slot, size_t device_need, size_t host_need) {
+    if (device_need > slot.device_floats) {
+      float* grown = nullptr;
+      CONVEYOR_CUDA_CHECK(cudaMalloc(&grown, device_need * sizeof(float)));
+      if (slot.device) retired_device.push_back(slot.device);
+      slot.device = grown;
+      slot.device_floats = device_need;
+    }
+    if (host_need > slot.host_floats) {
+      float* grown = nullptr;
+      CONVEYOR_CUDA_CHECK(cudaMallocHost(&grown, host_need * sizeof(float)));
+      if (slot.host) retired_host.push_back(slot.host);
+      slot.host = grown;
+      slot.host_floats = host_need;
+    }
   }
 };
 
@@ -410,6 +458,9 @@ struct GroupExchange {
   std::function<void(const float* received)> finish;
 };
 
+// A group call in flight. Calls of one transport run on its group stream in start order,
+// each in a staging slot of its own, so several can be in flight: each finishes when the
+// event recorded after its own work has passed, whatever the later calls do.
 class NcclGroupCall : public PendingGroupCall {
  public:
   // Issues `exchange` for `t`'s member of `group` on its group stream; never waits.
@@ -432,37 +483,41 @@ class NcclGroupCall : public PendingGroupCall {
       return call;
     }
     CudaDeviceGuard guard(t.device_);
-    if (!t.group_stream_->query())
-      throw TransportError("rank " + std::to_string(t.rank_) + ": " + call->what_ +
-                           " was started while an earlier group call of this rank is still in "
-                           "flight; wait for each before starting the next");
-    NcclStaging& staging = *t.staging_;
-    staging.reserve(exchange.device_floats, exchange.up_count + exchange.down_count);
-    std::memcpy(staging.host, values.data() + exchange.up_from, exchange.up_count * sizeof(float));
+    // Held for good if issuing fails below: work already enqueued may still use it.
+    NcclStagingSlot& slot = t.staging_->acquire(Device::cuda(t.device_), exchange.device_floats,
+                                                exchange.up_count + exchange.down_count);
+    std::memcpy(slot.host, values.data() + exchange.up_from, exchange.up_count * sizeof(float));
     auto stream = cuda_stream(*t.group_stream_);
     NcclComm& comm = t.clique_->group_comm(index, t.position_in(group));
     with_comm(comm, t.rank_, *t.clique_, [&](ncclComm_t handle) {
       if (exchange.up_count > 0)
-        CONVEYOR_CUDA_CHECK(cudaMemcpyAsync(staging.device + exchange.up_to, staging.host,
+        CONVEYOR_CUDA_CHECK(cudaMemcpyAsync(slot.device + exchange.up_to, slot.host,
                                             exchange.up_count * sizeof(float),
                                             cudaMemcpyHostToDevice, stream));
       NcclGroup nccl_group;
       for (const auto& piece : exchange.sends)
-        CONVEYOR_NCCL_START(ncclSend(staging.device + piece.at, piece.count, ncclFloat, piece.peer,
-                                     handle, stream));
+        CONVEYOR_NCCL_START(
+            ncclSend(slot.device + piece.at, piece.count, ncclFloat, piece.peer, handle, stream));
       for (const auto& piece : exchange.recvs)
-        CONVEYOR_NCCL_START(ncclRecv(staging.device + piece.at, piece.count, ncclFloat, piece.peer,
-                                     handle, stream));
+        CONVEYOR_NCCL_START(
+            ncclRecv(slot.device + piece.at, piece.count, ncclFloat, piece.peer, handle, stream));
       nccl_group.end();
       t.clique_->settle(t.rank_, comm, [&] { return "starting " + call->what_; });
       if (exchange.down_count > 0)
         CONVEYOR_CUDA_CHECK(
-            cudaMemcpyAsync(staging.host + exchange.up_count, staging.device + exchange.down_from,
+            cudaMemcpyAsync(slot.host + exchange.up_count, slot.device + exchange.down_from,
                             exchange.down_count * sizeof(float), cudaMemcpyDeviceToHost, stream));
     });
-    call->received_ = staging.host + exchange.up_count;
-    call->generation_ = ++t.group_calls_started_;
+    slot.done->record(*t.group_stream_);
+    call->slot_ = &slot;
+    call->received_ = slot.host + exchange.up_count;
     return call;
+  }
+
+  ~NcclGroupCall() override {
+    // A call dropped unfinished gives its slot back; the pool reuses it once its event has
+    // passed.
+    if (slot_) slot_->held = false;
   }
 
   bool test() override {
@@ -471,33 +526,31 @@ class NcclGroupCall : public PendingGroupCall {
     CudaDeviceGuard guard(t_.device_);
     bool ready = false;
     try {
-      ready = t_.group_stream_->query();
+      ready = slot_->done->query();
     } catch (const std::exception& e) {
       t_.clique_->abort_all("rank " + std::to_string(t_.rank_) + ": CUDA error during " + what_ +
                             ": " + e.what());
       throw;
     }
     if (!ready) return false;
-    // The staging buffers are reused by the next call: a handle left behind by one must not
-    // read that call's values as its own.
-    if (generation_ != t_.group_calls_started_)
-      throw TransportError("rank " + std::to_string(t_.rank_) + ": " + what_ +
-                           " was not waited for before the next group call of this rank began");
     // An abort also ends the stream's work, with the data incomplete: it is set before any
     // communicator is aborted, so a stream that is done because of one is seen here.
     t_.throw_if_aborted();
     finish_(received_);
     done_ = true;
+    slot_->held = false;
+    slot_ = nullptr;
     return true;
   }
 
-  // NCCL cannot tell which member did not come: the error names the group.
+  // Waits for this call's work only, not for calls started after it. NCCL cannot tell which
+  // member did not come: the error names the group.
   void wait() override {
     if (done_) return;
     t_.throw_if_aborted();
     {
       CudaDeviceGuard guard(t_.device_);
-      t_.clique_->wait(t_.rank_, *t_.group_stream_, what_);
+      t_.clique_->wait(t_.rank_, *slot_->done, what_);
     }
     test();
   }
@@ -509,8 +562,8 @@ class NcclGroupCall : public PendingGroupCall {
   NcclTransport& t_;
   std::string what_;
   std::function<void(const float*)> finish_;
-  const float* received_ = nullptr;
-  uint64_t generation_ = 0;  // which of the transport's group calls with traffic this is
+  NcclStagingSlot* slot_ = nullptr;  // this call's, until it finishes
+  const float* received_ = nullptr;  // in the slot's host memory
   bool done_ = false;
 };
 

@@ -120,7 +120,7 @@ std::string describe_group(const std::vector<int>& group);
 namespace detail {
 class NcclClique;     // the communicators this process holds and their shared abort state
 class NcclGroupCall;  // a group call in flight
-struct NcclStaging;   // the device and pinned host buffers of the group calls
+struct NcclStaging;   // the device and pinned host buffers of the group calls in flight
 }  // namespace detail
 
 class NcclTransport : public Transport {
@@ -149,9 +149,11 @@ class NcclTransport : public Transport {
   // to each other member with ncclSend / ncclRecv on the group's stream of this transport,
   // and the sums are added on the host in group order from zero, as the other transports
   // add, so the bits are theirs (ncclAllReduce and ncclReduceScatter add in an order of
-  // their own). start_* never waits; test() asks the stream; wait() polls it against the
-  // deadline as synchronize() does. The handle must not outlive the transport. The members
-  // must agree on values.size() and `bounds`: NCCL does not check message sizes.
+  // their own). Several may be in flight, each in staging buffers of its own, run on the
+  // group stream in start order. start_* never waits; test() asks the event recorded after
+  // the call's work; wait() polls it against the deadline as synchronize() does. The handle
+  // must not outlive the transport. The members must agree on values.size() and `bounds`:
+  // NCCL does not check message sizes.
   std::unique_ptr<PendingGroupCall> start_group_sum(std::vector<float>& values,
                                                     const std::vector<int>& group) override;
   std::unique_ptr<PendingGroupCall> start_group_reduce_scatter(
@@ -189,9 +191,8 @@ class NcclTransport : public Transport {
   double* reduce_device_ = nullptr;
   double* reduce_host_ = nullptr;  // pinned, so the copy back never blocks the host
   size_t reduce_capacity_ = 0;
-  std::unique_ptr<Stream> group_stream_;  // for the group calls, one at a time
-  std::unique_ptr<detail::NcclStaging> staging_;
-  uint64_t group_calls_started_ = 0;  // those that move values, each reusing staging_
+  std::unique_ptr<Stream> group_stream_;          // for the group calls, in start order
+  std::unique_ptr<detail::NcclStaging> staging_;  // a slot per group call in flight
 };
 
 // One transport per rank; rank r runs on CUDA device cuda_device_per_rank[r]. The devices

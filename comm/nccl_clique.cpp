@@ -150,6 +150,17 @@ void NcclClique::abort_all(const std::string& reason) {
 }
 
 void NcclClique::wait(int rank, const Stream& stream, const std::string& what) {
+  wait_until(
+      rank, [&] { return stream.query(); }, what);
+}
+
+void NcclClique::wait(int rank, const Event& event, const std::string& what) {
+  wait_until(
+      rank, [&] { return event.query(); }, what);
+}
+
+void NcclClique::wait_until(int rank, const std::function<bool()>& finished_now,
+                            const std::string& what) {
   const bool done = poll_until(Clock::now() + timeout_, [&] {
     if (aborted()) throw TransportAborted(rank, abort_reason());
     if (const auto reason = watched_abort()) {
@@ -158,7 +169,7 @@ void NcclClique::wait(int rank, const Stream& stream, const std::string& what) {
     }
     bool finished = false;
     try {
-      finished = stream.query();
+      finished = finished_now();
     } catch (const std::exception& e) {
       abort_all("rank " + std::to_string(rank) + ": CUDA error while waiting for " + what + ": " +
                 e.what());

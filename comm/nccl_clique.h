@@ -124,6 +124,9 @@ class NcclClique {
   // NCCL reports an asynchronous error on one of `rank`'s communicators, or the deadline
   // passes.
   void wait(int rank, const Stream& stream, const std::string& what);
+  // The same for `event`: the work recorded before it, not what its stream was given since
+  // (a group call's, not those started after it).
+  void wait(int rank, const Event& event, const std::string& what);
 
   // After a call on `comm` that NCCL may still be carrying out in its own threads (a call on a
   // non-blocking communicator, or the end of a group over one): polls the communicator until
@@ -168,6 +171,9 @@ class NcclClique {
   // rank thread alone, its failure reports and abort included, as MPI_THREAD_SERIALIZED
   // needs.)
   std::optional<std::string> watched_abort() const;
+
+  // The waits above: polls `finished_now` (which may throw a CUDA error) as they say.
+  void wait_until(int rank, const std::function<bool()>& finished_now, const std::string& what);
 
   size_t link_index(int src, int dst, int side) const {
     return (static_cast<size_t>(src) * size() + dst) * 2 + side;

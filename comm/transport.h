@@ -76,9 +76,11 @@ class Transport {
   // Starts the element-wise sum of `values` over the ranks of `group` (ascending, this rank
   // among them), added in group order from zero, so every member gets the same bits whatever
   // the order of arrival. Never waits: the handle says when `values` holds the sum; until
-  // then `values` must stay alive and untouched. Members start their group sums of one group
-  // in the same order; each member has one in flight at a time. The default throws
-  // TransportError: the transport has no group sum.
+  // then `values` must stay alive and untouched. Members start their group calls (sums,
+  // reduce-scatters, gathers) of one group in the same order, the k-th call of each member
+  // meeting the k-th of the others; a member may have several in flight and test() or wait()
+  // them in any order, each call getting its own result. The default throws TransportError:
+  // the transport has no group sum.
   virtual std::unique_ptr<PendingGroupCall> start_group_sum(std::vector<float>& values,
                                                             const std::vector<int>& group);
   // Starts the reduce-scatter of `values` over `group` (as for start_group_sum): member i

@@ -125,6 +125,7 @@ PipelineExecutor::PipelineExecutor(const ModelDescription& model, schedule::Sche
     rank->optimizer =
         std::make_unique<Optimizer>(*rank->ctx, rank->parameters(), optimizer, std::move(shards));
     rank->optimizer_state_bytes = rank->ctx->allocator().stats().allocated_bytes - before;
+    rank->bucket_bytes_in_flight = options.bucket_bytes_in_flight;
     if (devices[r].is_cuda()) {
       const size_t n = schedule_.ranks[rank->pipeline_rank].size();
       for (size_t i = 0; i < n; ++i) {

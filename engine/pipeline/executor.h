@@ -62,6 +62,16 @@ struct ExecutorOptions {
   // range after the gradient all-reduce, and the replicas then gather each other's ranges, so
   // the weights are those of the unsharded run.
   bool shard_optimizer = false;
+  // Data parallelism: a rank starts each gradient all-reduce bucket as soon as its stage's
+  // gradients are final, so several may be in flight. This bounds their bytes (of f32
+  // gradients), except that two may always be in flight whatever their size (one summed
+  // while the next is packed and queued). Each bucket in flight holds a host copy of its
+  // values, and over NCCL device staging of D + 1 times them for a sum: the bound keeps that
+  // staging small next to the gradients. Ranks need not agree on it: it changes when calls
+  // start, not their order. The default lets four of the default 25 MiB buckets go at once,
+  // and every bucket of a smaller stage.
+  size_t bucket_bytes_in_flight = kDefaultBucketBytesInFlight;
+  static constexpr size_t kDefaultBucketBytesInFlight = size_t{100} << 20;
 };
 
 // One micro-batch of the step, on the host.

@@ -175,8 +175,11 @@ void RankStep::begin() {
 }
 
 void RankStep::run_actions() {
+  // The reduction stream has two heads: the next bucket to start, and the oldest in flight,
+  // which finishes first.
   StreamHead compute(actions_, schedule::is_compute), send(actions_, schedule::is_send),
-      recv(actions_, schedule::is_recv), reduce(actions_, schedule::is_reduce);
+      recv(actions_, schedule::is_recv), reduce_start(actions_, schedule::is_reduce),
+      reduce(actions_, schedule::is_reduce);
   RankProgress& progress = rank_.progress;
   while (!compute.done() || !send.done() || !recv.done() || !reduce.done()) {
     progress.compute = compute.index();
@@ -196,39 +199,32 @@ void RankStep::run_actions() {
       compute.advance();
       moved = true;
     }
-    // The reduction stream: an all-reduce starts once its stage's gradients are final and
-    // ends when every replica's part is in. No other stream waits for it, so it never blocks
-    // the pipeline; the step's end does.
-    if (!reduce.done()) {
-      if (!reducing_ && weight_grads_done(reduce.action(), compute.index())) {
-        start_reduce(reduce.index(), reduce.action());
-        moved = true;
-      }
-      if (reducing_ && reducing_->test()) {
-        finish_reduce(reduce.index(), reduce.action());
-        reduce.advance();
-        moved = true;
-      } else if (reducing_ && staged_for_ != next_reduce(reduce.index())) {
-        // The next bucket is packed while this one is summed, once its gradients are final.
-        const size_t next = next_reduce(reduce.index());
-        if (next < actions_.size() && weight_grads_done(actions_[next], compute.index())) {
-          stage_next_reduce(reduce.index());
-          moved = true;
-        }
-      }
+    // The reduction stream: a bucket starts once its stage's gradients are final (and the
+    // bound on the bytes in flight lets it) and ends when every replica's part is in. No other
+    // stream waits for it, so it never blocks the pipeline; the step's end does.
+    for (; !reduce_start.done() && weight_grads_done(reduce_start.action(), compute.index()) &&
+           may_start_reduce(reduce_start.action());
+         reduce_start.advance()) {
+      start_reduce(reduce_start.index(), reduce_start.action());
+      moved = true;
+    }
+    for (; !buckets_in_flight_.empty() && buckets_in_flight_.front().call->test();
+         reduce.advance()) {
+      finish_oldest_reduce();
+      moved = true;
     }
     if (moved) continue;
     // Nothing can start: only the message of the receive head can change that, or, when every
-    // receive is done, the other replicas' parts of the all-reduce in flight.
+    // receive is done, the other replicas' parts of the oldest all-reduce in flight.
     if (recv.done()) {
-      if (!reducing_)
+      if (buckets_in_flight_.empty())
         fail_stuck(!compute.done() ? compute.index()
                    : !send.done()  ? send.index()
                                    : reduce.index());
       progress.phase = RankProgress::Phase::kWaitingForSum;
       progress.action = reduce.index();
       try {
-        reducing_->wait();
+        buckets_in_flight_.front().call->wait();
       } catch (const std::exception& e) {
         std::throw_with_nested(PipelineError(
             "rank " + std::to_string(rank_.index) + ", action " + std::to_string(reduce.index()) +
@@ -305,42 +301,36 @@ void RankStep::pack_bucket(const Action& a, std::vector<float>& values) {
   });
 }
 
-size_t RankStep::next_reduce(size_t i) const {
-  for (++i; i < actions_.size(); ++i)
-    if (schedule::is_reduce(actions_[i].kind)) return i;
-  return actions_.size();
-}
-
-void RankStep::stage_next_reduce(size_t i) {
-  const size_t next = next_reduce(i);
-  if (next == actions_.size() || staged_for_ == next) return;
-  pack_bucket(actions_[next], staged_values_);
-  staged_for_ = next;
+bool RankStep::may_start_reduce(const Action& a) {
+  if (buckets_in_flight_.size() < 2) return true;
+  const schedule::BucketRange range = bucket_of(a, gradient_layout(a.stage));
+  const size_t bytes = (range.end - range.begin) * sizeof(float);
+  return bytes_in_flight_ + bytes <= rank_.bucket_bytes_in_flight;
 }
 
 void RankStep::start_reduce(size_t i, const Action& a) {
   rank_.progress.phase = RankProgress::Phase::kRunning;
   rank_.progress.action = i;
-  reduce_start_ = Clock::now();
   try {
-    // The bucket's part of the stage's gradients, flat on the host: packed while the bucket
-    // before it was summed, or now.
-    if (staged_for_ == i) {
-      std::swap(reduce_values_, staged_values_);
-      staged_for_ = SIZE_MAX;
-    } else {
-      pack_bucket(a, reduce_values_);
+    BucketInFlight& bucket = buckets_in_flight_.emplace_back();
+    bucket.action = i;
+    bucket.start = Clock::now();
+    if (!spare_values_.empty()) {
+      bucket.values = std::move(spare_values_.back());
+      spare_values_.pop_back();
     }
+    // The bucket's part of the stage's gradients, flat on the host.
+    pack_bucket(a, bucket.values);
+    bytes_in_flight_ += bucket.values.size() * sizeof(float);
     if (cuda_) rank_.starts[i].record(compute_);
     if (rank_.optimizer->sharded()) {
       const schedule::BucketRange range = bucket_of(a, gradient_layout(a.stage));
-      reduce_bounds_.clear();
       for (size_t b : shard_bounds_of(a.stage))
-        reduce_bounds_.push_back(std::clamp(b, range.begin, range.end) - range.begin);
-      reducing_ = rank_.transport->start_group_reduce_scatter(reduce_values_, rank_.replica_group,
-                                                              reduce_bounds_);
+        bucket.bounds.push_back(std::clamp(b, range.begin, range.end) - range.begin);
+      bucket.call = rank_.transport->start_group_reduce_scatter(bucket.values, rank_.replica_group,
+                                                                bucket.bounds);
     } else {
-      reducing_ = rank_.transport->start_group_sum(reduce_values_, rank_.replica_group);
+      bucket.call = rank_.transport->start_group_sum(bucket.values, rank_.replica_group);
     }
   } catch (const std::exception& e) {
     std::throw_with_nested(PipelineError("rank " + std::to_string(rank_.index) + ", action " +
@@ -349,7 +339,10 @@ void RankStep::start_reduce(size_t i, const Action& a) {
   }
 }
 
-void RankStep::finish_reduce(size_t i, const Action& a) {
+void RankStep::finish_oldest_reduce() {
+  BucketInFlight& bucket = buckets_in_flight_.front();
+  const size_t i = bucket.action;
+  const Action& a = actions_[i];
   const auto& layout = gradient_layout(a.stage);
   const schedule::BucketRange range = bucket_of(a, layout);
   size_t begin = range.begin, end = range.end;
@@ -362,16 +355,19 @@ void RankStep::finish_reduce(size_t i, const Action& a) {
   }
   // On the compute stream, which reads the gradients next (see pack_bucket).
   for_each_segment(layout, begin, end, [&](const Tensor& part, size_t at) {
-    copy_from_host(part, reduce_values_.data() + (at - range.begin), part.nbytes(),
+    copy_from_host(part, bucket.values.data() + (at - range.begin), part.nbytes(),
                    compute_.native());
   });
-  reducing_.reset();
   if (cuda_) {
     rank_.ends[i].record(compute_);
   } else {
-    timing_[i].start = microseconds_since(in_.start, reduce_start_);
+    timing_[i].start = microseconds_since(in_.start, bucket.start);
     timing_[i].end = microseconds_since(in_.start, Clock::now());
   }
+  bucket.call.reset();
+  bytes_in_flight_ -= bucket.values.size() * sizeof(float);
+  spare_values_.push_back(std::move(bucket.values));
+  buckets_in_flight_.pop_front();
 }
 
 bool RankStep::run_action(size_t i, bool wait) {

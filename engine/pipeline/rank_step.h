@@ -4,6 +4,7 @@
 // (docs/execution-model.md). executor.h is the public surface.
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -61,6 +62,8 @@ struct PipelineRank {
   // in the stage's packing by replica (packed_shard_bounds), and the end.
   std::vector<std::vector<size_t>> shard_bounds;
   size_t optimizer_state_bytes = 0;
+  // The bound on the all-reduce buckets in flight at once (ExecutorOptions).
+  size_t bucket_bytes_in_flight = 0;
   RankProgress progress;  // where the rank's current step stands, for a stalled run's report
   // CUDA: start/end timing events per action, one ordering event per action (recorded after
   // a receive, or after a compute whose output a send takes), and the step's reference event.
@@ -141,19 +144,22 @@ class RankStep {
   bool recv(size_t i, const Action& a, bool wait);
   // The reduction stream: the gradient all-reduce of a stage over the replicas.
   // Each ALLREDUCE_GRAD sums one bucket of its stage's flattened gradients
-  // (schedule::gradient_bucket); one is in flight at a time, the next packed meanwhile.
+  // (schedule::gradient_bucket). A bucket starts, in list order, as soon as its stage's
+  // gradients are final and the bound on the bytes in flight lets it; the buckets in flight
+  // finish in the order they started.
   bool weight_grads_done(const Action& reduce, size_t compute_head) const;
+  // Whether the bucket of all-reduce `reduce` may start beside those in flight: fewer than
+  // two are, or it fits the rank's bound with them.
+  bool may_start_reduce(const Action& reduce);
   // The stage's flattened gradients as segments of its parameters, made at its first bucket
   // and kept for the step's others (the parameters do not change within a step).
   const std::vector<GradientSegment>& gradient_layout(int stage);
   schedule::BucketRange bucket_of(const Action& reduce,
                                   const std::vector<GradientSegment>& layout) const;
   void pack_bucket(const Action& reduce, std::vector<float>& values);
-  // The position of the first all-reduce after position i (the list's size: none).
-  size_t next_reduce(size_t i) const;
-  void stage_next_reduce(size_t i);
   void start_reduce(size_t i, const Action& a);
-  void finish_reduce(size_t i, const Action& a);
+  // Copies the sum of the oldest bucket in flight back into the gradients, once it is there.
+  void finish_oldest_reduce();
   int world_rank(int pipeline_peer) const;
   void finish_transfers();
   // Where each replica's range of `stage` starts in its packing by replica, and the end.
@@ -197,18 +203,24 @@ class RankStep {
   double reference_us_ = 0;  // host time of the reference event, from the step start
   std::vector<schedule::ActionTiming> timing_;
   std::vector<std::pair<int, size_t>> last_weight_grad_;  // (stage, position in the list)
-  // The bucket in flight of the stage's gradients, flat in parameter order; packed by replica
-  // when the optimizer is sharded, which sums only this replica's range (a reduce-scatter).
-  std::vector<float> reduce_values_;
-  std::vector<size_t> reduce_bounds_;  // of the reduce-scatter in flight, in its bucket
-  // The next bucket, packed while reduce_values_ is summed, and its position in the list
-  // (SIZE_MAX: none). Staging memory: two buckets.
-  std::vector<float> staged_values_;
-  size_t staged_for_ = SIZE_MAX;
-  std::map<int, int> buckets_;  // all-reduce buckets of each stage of this rank
+  // An all-reduce bucket in flight: its part of the stage's gradients, flat on the host in
+  // parameter order, or packed by replica when the optimizer is sharded, which sums only this
+  // replica's range (a reduce-scatter, `bounds` its ranges in the bucket); the transport's
+  // call, which holds `values` until it is done; and when it started.
+  struct BucketInFlight {
+    size_t action = 0;  // its position in the list
+    std::vector<float> values;
+    std::vector<size_t> bounds;
+    std::unique_ptr<comm::PendingGroupCall> call;  // after what it holds: destroyed first
+    std::chrono::steady_clock::time_point start{};
+  };
+  // In start order, which is list order. A deque keeps each bucket's values in place while
+  // others come and go.
+  std::deque<BucketInFlight> buckets_in_flight_;
+  size_t bytes_in_flight_ = 0;                    // of their values
+  std::vector<std::vector<float>> spare_values_;  // of finished buckets, for the next ones
+  std::map<int, int> buckets_;                    // all-reduce buckets of each stage of this rank
   std::map<int, std::vector<GradientSegment>> gradient_layouts_;  // by stage
-  std::unique_ptr<comm::PendingGroupCall> reducing_;
-  std::chrono::steady_clock::time_point reduce_start_{};
 };
 
 }  // namespace conveyor

@@ -4,6 +4,7 @@
 // The group gather of a sharded optimizer: each member's range, bit for bit, to every member.
 // The reduce-scatter of a sharded optimizer: each member's range of the group sum, bit for
 // bit, whatever the order of arrival, sending only the others' ranges.
+// Several group calls in flight at once: each takes its own parts, whichever is tested first.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include <thread>
 
 #include "comm/in_process.h"
+#include "group_calls_in_flight.h"
 #include "support/test_util.h"
 
 namespace conveyor::comm {
@@ -67,6 +69,62 @@ TEST(GroupSum, RepeatedSumsStayInOrderAndTestNeverWaits) {
   EXPECT_EQ(b1, (std::vector<float>{4, 6}));
   EXPECT_EQ(a2, (std::vector<float>{40, 60}));
   EXPECT_EQ(b2, (std::vector<float>{40, 60}));
+}
+
+TEST(GroupCallsInFlight, ALaterCallTestedFirstTakesItsOwnParts) {
+  auto hub = InProcessHub::create(2, 5000ms);
+  auto a = hub->endpoint(0), b = hub->endpoint(1);
+  std::vector<float> a1{1, 2}, a2{10, 20}, b1{3, 4}, b2{30, 40};
+  auto pa1 = a->start_group_sum(a1, {0, 1});
+  auto pa2 = a->start_group_sum(a2, {0, 1});
+  auto pb1 = b->start_group_sum(b1, {0, 1});
+  auto pb2 = b->start_group_sum(b2, {0, 1});
+  // Both of rank 1's parts are there: the second call must take the second.
+  EXPECT_TRUE(pa2->test());
+  EXPECT_EQ(a2, (std::vector<float>{40, 60}));
+  EXPECT_TRUE(pa1->test());
+  EXPECT_EQ(a1, (std::vector<float>{4, 6}));
+  pb2->wait();
+  pb1->wait();
+  EXPECT_EQ(b1, (std::vector<float>{4, 6}));
+  EXPECT_EQ(b2, (std::vector<float>{40, 60}));
+}
+
+TEST(GroupCallsInFlight, ACallWaitedForFirstWaitsForItsOwnPartsOnly) {
+  // Rank 1 has started only the first of the two: rank 0's wait for the second must not end
+  // with the first's part.
+  auto hub = InProcessHub::create(2, 100ms);
+  auto a = hub->endpoint(0), b = hub->endpoint(1);
+  std::vector<float> a1{1}, a2{2}, b1{3};
+  auto pa1 = a->start_group_sum(a1, {0, 1});
+  auto pa2 = a->start_group_sum(a2, {0, 1});
+  auto pb1 = b->start_group_sum(b1, {0, 1});
+  EXPECT_FALSE(pa2->test());
+  EXPECT_THROW(pa2->wait(), TransportError);
+  EXPECT_EQ(a2, (std::vector<float>{2}));
+}
+
+TEST(GroupCallsInFlight, EachCallGetsItsOwnResultWhateverTheFinishOrder) {
+  const std::vector<int> group{0, 2, 3};  // rank 1 stays out
+  for (int round = 0; round < testing::kFinishOrders; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    auto hub = InProcessHub::create(4, 20000ms);
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < group.size(); ++i)
+      threads.emplace_back([&, i] {
+        auto t = hub->endpoint(group[i]);
+        // Members come at different times, so that parts of several calls wait in the queues.
+        std::this_thread::sleep_for(std::chrono::milliseconds(5 * ((i + round) % group.size())));
+        try {
+          testing::run_group_calls_in_flight(
+              *t, group, static_cast<testing::FinishOrder>((i + round) % testing::kFinishOrders));
+        } catch (const std::exception& e) {
+          ADD_FAILURE() << "rank " << group[i] << ": " << e.what();
+        }
+      });
+    for (auto& t : threads) t.join();
+    EXPECT_EQ(hub->group_bytes_sent(1), 0u);
+  }
 }
 
 TEST(GroupSum, AMemberThatNeverComesIsNamed) {

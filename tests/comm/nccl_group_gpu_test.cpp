@@ -1,8 +1,9 @@
 // The group calls of data parallelism over NCCL (sum, reduce-scatter, gather), bit for bit
 // against the in-process transport, on ranks that are threads of one process and on ranks
 // each holding only their own communicators (as processes do under mpirun); that start and
-// test never wait; and that an unknown group, a member that never comes, and an abort fail
-// instead of hanging. Needs two CUDA devices or more.
+// test never wait; that several calls in flight each get their own result, whatever order
+// they are finished in; and that an unknown group, a member that never comes, and an abort
+// fail instead of hanging. Needs two CUDA devices or more.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -17,6 +18,7 @@
 #include "comm/in_process.h"
 #include "comm/nccl.h"
 #include "engine/core/device.h"
+#include "group_calls_in_flight.h"
 #include "support/test_util.h"
 
 #ifdef CONVEYOR_WITH_CUDA
@@ -208,6 +210,34 @@ TEST(NcclGroupGpu, SeveralGroupsOfOneCliqueEachGetTheirOwnSum) {
     for (int member : groups[r % 2])
       for (size_t i = 0; i < want.size(); ++i) want[i] += inputs[member][i];
     EXPECT_TRUE(bitwise_equal(outputs[r], want)) << "rank " << r;
+  }
+}
+
+// Sums, reduce-scatters and gathers in flight at once, each rank finishing them in an order of
+// its own: each call keeps staging buffers of its own and ends with its own result.
+TEST(NcclGroupGpu, SeveralCallsInFlightEachGetTheirOwnResult) {
+  CONVEYOR_REQUIRE_TWO_GPUS();
+  const int n = group_ranks();
+  const std::vector<int> group = all_ranks(n);
+  auto transports = make_nccl_transports(group, 30000ms, {group});
+  for (int round = 0; round < testing::kFinishOrders; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    std::vector<std::string> errors(n);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < n; ++r)
+      threads.emplace_back([&, r] {
+        try {
+          CONVEYOR_CUDA_CHECK(cudaSetDevice(r));
+          testing::run_group_calls_in_flight(
+              *transports[r], group,
+              static_cast<testing::FinishOrder>((r + round) % testing::kFinishOrders));
+        } catch (const std::exception& e) {
+          errors[r] = e.what();
+          transports[r]->abort(e.what());
+        }
+      });
+    for (auto& t : threads) t.join();
+    for (int r = 0; r < n; ++r) ASSERT_EQ(errors[r], "") << "rank " << r;
   }
 }
 

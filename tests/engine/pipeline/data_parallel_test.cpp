@@ -196,7 +196,10 @@ TEST(DataParallel, NeedsOneDevicePerRankOfEveryReplica) {
 }
 
 // Wide enough that halving the state is visible through the allocator's 512-byte rounding.
-std::unique_ptr<PipelineExecutor> make_wide_executor(schedule::Schedule sched, bool shard) {
+// `in_flight`: ExecutorOptions::bucket_bytes_in_flight.
+std::unique_ptr<PipelineExecutor> make_wide_executor(
+    schedule::Schedule sched, bool shard,
+    size_t in_flight = ExecutorOptions::kDefaultBucketBytesInFlight) {
   ModelConfig c = test_model();
   c.d_model = 64;
   c.hidden = 256;
@@ -206,6 +209,7 @@ std::unique_ptr<PipelineExecutor> make_wide_executor(schedule::Schedule sched, b
       stage_ranges(model, partition_blocks(model, sched.num_stages(), PartitionSpec::uniform()));
   ExecutorOptions options;
   options.shard_optimizer = shard;
+  options.bucket_bytes_in_flight = in_flight;
   std::vector<Device> devices(static_cast<size_t>(sched.num_ranks()) * sched.replicas,
                               Device::cpu());
   return std::make_unique<PipelineExecutor>(model, std::move(sched), std::move(ranges),
@@ -249,48 +253,79 @@ TEST(ShardedOptimizer, WeightsAreBitwiseThoseOfTheUnshardedRunWithHalfTheState) 
   }
 }
 
-// `kind` at (2, 2) with each stage's gradients all-reduced in `buckets` buckets.
-schedule::Schedule bucketed(schedule::ScheduleKind kind, int buckets) {
+// `kind` at (2, D) with each stage's gradients all-reduced in `buckets` buckets.
+schedule::Schedule bucketed(schedule::ScheduleKind kind, int buckets, int replicas = 2) {
   const int v = kind == schedule::ScheduleKind::kInterleaved ? 2 : 1;
-  auto s = schedule::generate(kind, 2, 2, v, 2);
-  schedule::add_gradient_all_reduces(&s, 2, {buckets});
+  auto s = schedule::generate(kind, 2, 2, v, replicas);
+  schedule::add_gradient_all_reduces(&s, replicas, {buckets});
   return s;
 }
 
+// ExecutorOptions::bucket_bytes_in_flight that lets only two buckets go at once.
+constexpr size_t kTwoInFlight = 0;
+
 TEST(GradientBuckets, BucketedAllReducesGiveTheBitsOfOneMessagePerStage) {
   // Every element is still summed over the replicas in replica order, whatever bucket it
-  // goes in: losses, norms and weights are bitwise those of the unbucketed run, sharded too.
-  for (auto kind : {schedule::ScheduleKind::k1F1B, schedule::ScheduleKind::kInterleaved})
-    for (bool shard : {false, true}) {
-      SCOPED_TRACE(std::string(schedule::schedule_kind_name(kind)) + (shard ? " sharded" : ""));
-      auto one = make_wide_executor(bucketed(kind, 1), shard);
-      auto many = make_wide_executor(bucketed(kind, 7), shard);
-      ASSERT_EQ(schedule::gradient_buckets(many->schedule(), 1), 7);
-      expect_same_steps(*one, *many, 4);
-      for (int r = 0; r < one->num_world_ranks(); ++r) {
-        const auto want = rank_values(*one, r), got = rank_values(*many, r);
-        ASSERT_EQ(want.size(), got.size());
-        for (size_t i = 0; i < want.size(); ++i)
-          EXPECT_TRUE(same_bits(want[i], got[i])) << "rank " << r << " parameter " << i;
+  // goes in and however many buckets are in flight with it: losses, norms and weights are
+  // bitwise those of the unbucketed run, sharded too. The default bound lets all seven
+  // buckets of a stage (and, interleaved, the rank's other stage's) go at once.
+  struct Case {
+    schedule::ScheduleKind kind;
+    int replicas;
+  };
+  for (const Case c :
+       {Case{schedule::ScheduleKind::k1F1B, 2}, Case{schedule::ScheduleKind::kInterleaved, 2},
+        Case{schedule::ScheduleKind::k1F1B, 3}})
+    for (bool shard : {false, true})
+      for (size_t in_flight : {ExecutorOptions::kDefaultBucketBytesInFlight, kTwoInFlight}) {
+        SCOPED_TRACE(std::string(schedule::schedule_kind_name(c.kind)) +
+                     " D=" + std::to_string(c.replicas) + (shard ? " sharded" : "") +
+                     (in_flight == kTwoInFlight ? ", two in flight" : ", all in flight"));
+        auto one = make_wide_executor(bucketed(c.kind, 1, c.replicas), shard);
+        auto many = make_wide_executor(bucketed(c.kind, 7, c.replicas), shard, in_flight);
+        ASSERT_EQ(schedule::gradient_buckets(many->schedule(), 1), 7);
+        expect_same_steps(*one, *many, 2 * c.replicas);
+        for (int r = 0; r < one->num_world_ranks(); ++r) {
+          const auto want = rank_values(*one, r), got = rank_values(*many, r);
+          ASSERT_EQ(want.size(), got.size());
+          for (size_t i = 0; i < want.size(); ++i)
+            EXPECT_TRUE(same_bits(want[i], got[i])) << "rank " << r << " parameter " << i;
+        }
+        many->check_replicas_agree();
       }
-      many->check_replicas_agree();
-    }
 }
 
-TEST(GradientBuckets, EachBucketIsTimedOnTheReductionStream) {
-  auto ex = make_wide_executor(bucketed(schedule::ScheduleKind::k1F1B, 3), false);
+// The timing of rank 0's all-reduce buckets in one step, in list order.
+std::vector<schedule::ActionTiming> bucket_timing(size_t in_flight) {
+  auto ex = make_wide_executor(bucketed(schedule::ScheduleKind::k1F1B, 3), false, in_flight);
   const auto r = ex->run_step(make_microbatches(4, kTokens, 1), 0.05f, 1, 1e-2);
   const auto& list = ex->schedule().ranks[0];
-  int buckets = 0;
-  double last_end = 0;
+  std::vector<schedule::ActionTiming> out;
   for (size_t i = 0; i < list.size(); ++i) {
     if (!schedule::is_reduce(list[i].kind)) continue;
-    EXPECT_EQ(list[i].microbatch, buckets++);
-    // In list order, one after the other.
-    EXPECT_GE(r.timing[0][i].start, last_end);
-    last_end = r.timing[0][i].end;
+    EXPECT_EQ(list[i].microbatch, static_cast<int>(out.size()));
+    out.push_back(r.timing[0][i]);
   }
-  EXPECT_EQ(buckets, 3);
+  EXPECT_EQ(out.size(), 3u);
+  return out;
+}
+
+TEST(GradientBuckets, BucketsStartAsSoonAsTheirGradientsAreFinalAndEndInStartOrder) {
+  // With 1F1B every bucket's gradients are final after the stage's last backward: all three
+  // start together and are in flight at once.
+  const auto all = bucket_timing(ExecutorOptions::kDefaultBucketBytesInFlight);
+  ASSERT_EQ(all.size(), 3u);
+  for (size_t b = 1; b < all.size(); ++b) {
+    EXPECT_GE(all[b].start, all[b - 1].start) << "bucket " << b;
+    EXPECT_GE(all[b].end, all[b - 1].end) << "bucket " << b;
+    EXPECT_LT(all[b].start, all[0].end) << "bucket " << b << " waited for bucket 0";
+  }
+  // Bounded to two in flight: the third starts only once the first has ended.
+  const auto two = bucket_timing(kTwoInFlight);
+  ASSERT_EQ(two.size(), 3u);
+  EXPECT_LT(two[1].start, two[0].end);
+  EXPECT_GE(two[2].start, two[0].end);
+  EXPECT_GE(two[2].end, two[1].end);
 }
 
 // Gives every rank of `ex` an endpoint of `hub`, whose byte counts then show its traffic.

@@ -1,0 +1,76 @@
+// The MPI transport's group calls with several in flight, run as processes under mpirun
+// (ctest `mpi_group_calls`, 4 processes): sums, reduce-scatters and gathers started in the
+// same order on every member, finished in an order of each member's own, each get their own
+// result, bit for bit, over the whole world and over two groups at once, as the replica
+// groups of data parallelism are. Not a *_test.cpp: comm_tests runs without mpirun, and this
+// binary initialises MPI itself, as the program does.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <chrono>
+#include <thread>
+
+#include "comm/mpi_transport.h"
+#include "group_calls_in_flight.h"
+
+namespace conveyor::comm {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr auto kTimeout = 20000ms;
+
+// Every process runs `round` finishing its calls in another order than its neighbours', and
+// starting a little later or earlier, so that parts of several calls wait at once.
+void run_rounds(Transport& t, const std::vector<int>& group) {
+  for (int round = 0; round < testing::kFinishOrders; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    const int order = (t.rank() + round) % testing::kFinishOrders;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5 * ((t.rank() + round) % 3)));
+    testing::run_group_calls_in_flight(t, group, static_cast<testing::FinishOrder>(order));
+  }
+}
+
+TEST(MpiGroupCalls, EachCallGetsItsOwnResultWhateverTheFinishOrder) {
+  auto t = make_mpi_transport(kTimeout);
+  ASSERT_GE(t->size(), 2) << "run under mpirun -np 2 or more";
+  std::vector<int> everyone;
+  for (int r = 0; r < t->size(); ++r) everyone.push_back(r);
+  run_rounds(*t, everyone);
+}
+
+TEST(MpiGroupCalls, TwoGroupsAtOnceKeepTheirCallsApart) {
+  // The replica groups of two pipeline ranks: {0, 2} and {1, 3}.
+  auto t = make_mpi_transport(kTimeout);
+  ASSERT_EQ(t->size() % 2, 0) << "run under an even -np";
+  std::vector<int> group;
+  for (int r = t->rank() % 2; r < t->size(); r += 2) group.push_back(r);
+  run_rounds(*t, group);
+}
+
+TEST(MpiGroupCalls, ALaterCallTestedFirstGetsItsOwnSum) {
+  auto t = make_mpi_transport(kTimeout);
+  const std::vector<int> group{0, 1};
+  if (t->rank() < 2) {
+    const float me = static_cast<float>(t->rank());
+    std::vector<float> first{1 + me}, second{10 + me};
+    auto p1 = t->start_group_sum(first, group);
+    auto p2 = t->start_group_sum(second, group);
+    p2->wait();
+    EXPECT_EQ(second, std::vector<float>{21});
+    p1->wait();
+    EXPECT_EQ(first, std::vector<float>{3});
+  }
+}
+
+}  // namespace
+}  // namespace conveyor::comm
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
+  ::testing::InitGoogleTest(&argc, argv);
+  const int failed = RUN_ALL_TESTS();
+  MPI_Finalize();
+  return failed;
+}
