@@ -376,9 +376,12 @@ gpu_ctest() {
   if [[ $rc == 0 ]]; then note "$name" "$counts"; else fail "$name" "$counts"; fi
   grep -E '\*\*\*(Failed|Timeout|Exception|Not Run)' "$log" | head -20
 }
-# The gtest cases first; then NCCL across processes (mpirun; with one GPU each process is an
-# NCCL host of its own), whose runs each pay for CUDA and NCCL set-up.
-gpu_ctest "ctest -L gpu (gtest)" ctest_gpu.log 150 -E '^nccl_mpi_train_'
+# The gtest cases first, four processes at a time: each case is a process of its own that
+# pays for CUDA's start and cuBLASLt's load, which would take most of the step's cap one after
+# another, and their time limits are seconds where a shared GPU costs them milliseconds. Then
+# NCCL across processes (mpirun; with one GPU each process is an NCCL host of its own), one
+# test at a time, since each starts several processes that pay for CUDA and NCCL set-up.
+gpu_ctest "ctest -L gpu (gtest)" ctest_gpu.log 150 -j4 -E '^nccl_mpi_train_'
 gpu_ctest "ctest nccl_mpi_train_*" ctest_nccl_mpi.log 180 -R '^nccl_mpi_train_'
 
 # --- compute-sanitizer memcheck on short filters --------------------------------------
