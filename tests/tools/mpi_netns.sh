@@ -35,12 +35,18 @@ for i in 0 1; do
 done
 
 # OpenMPI's rsh launcher starts its daemon on each "host" through this agent: the host name
-# is a namespace, the command (one shell line, as ssh would pass it) runs inside it.
+# is a namespace, the command (one shell line, as ssh would pass it) runs inside it. The
+# "hosts" share one /tmp and one host name, so each daemon gets a session folder of its own:
+# in the shared one, the two daemons and mpirun make the same job's folder at once, and
+# OpenMPI 4.1.4's session_dir refuses the loser of that race ("mkdir ... File exists"), which
+# failed about one launch in twenty on a loaded machine.
 cat >"$work/agent" <<'AGENT'
 #!/usr/bin/env bash
 while [[ $# -gt 0 && $1 == -* ]]; do shift; done
 host=$1
 shift
+export OMPI_MCA_orte_tmpdir_base="$(dirname "$0")/session.$host"
+mkdir -p "$OMPI_MCA_orte_tmpdir_base" || exit 1
 exec ip netns exec "$host" sh -c "$*"
 AGENT
 chmod +x "$work/agent"
