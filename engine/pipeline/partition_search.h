@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <vector>
 
 #include "engine/pipeline/partition.h"
@@ -86,20 +87,61 @@ double relaxed_step_bound(const std::vector<UnitCost>& timed, const schedule::Sc
                           const std::vector<StageRange>& prefix, double transfer,
                           bool rank_work = true);
 
+struct SearchBudget {
+  int64_t simulations = 0;  // complete partitions simulated
+  int64_t visits = 0;       // prefixes descended into
+  int64_t relaxed = 0;      // relaxed simulations of prefixes (relaxed_step)
+};
+
 struct Searched {
-  std::vector<StageRange> ranges;  // empty: none fits
-  double step = kInf;
-  bool proven = true;  // false: a budget ran out before every partition was ruled out
-  int64_t simulated = 0;
-  int64_t relaxed = 0;  // relaxed simulations of prefixes (relaxed_step)
+  std::vector<StageRange> ranges;  // the fastest partition simulated that fits; empty: none
+  double step = kInf;              // its simulated step time
+  // No partition that fits the cap is faster than this (kInf: none fits). Equal to `step`
+  // when the search proved `ranges` the fastest; below it when the budget ran out first, or
+  // when the search skipped partitions slower than its ceiling (then above the ceiling).
+  double lower_bound = 0;
+  // Every partition faster than `ranges` was ruled out (with `ranges` empty: none fits).
+  bool proven = false;
+  int64_t simulated = 0;  // partitions simulated, every call together
+  int64_t relaxed = 0;    // relaxed simulations of prefixes
+  int64_t visits = 0;     // prefixes descended into
 };
 
 // Branch and bound over the contiguous partitions of `timed` (costs with recomputation
-// added) for the smallest simulated step time within `cap`; see the definition.
+// added) for the smallest simulated step time within `cap`; see the definition. Keeps the
+// fastest partition found across calls, so a search can be resumed with more budget or a
+// higher ceiling. The references must outlive it.
+class PartitionSearcher {
+ public:
+  PartitionSearcher(const Sums& sums, const std::vector<UnitCost>& timed,
+                    const PartitionMemory& memory_of, const schedule::Schedule& schedule,
+                    double cap, double transfer);
+  ~PartitionSearcher();
+  PartitionSearcher(const PartitionSearcher&) = delete;
+  PartitionSearcher& operator=(const PartitionSearcher&) = delete;
+
+  // A lower bound on the step time of every partition that fits, without searching.
+  double root_bound();
+  // Simulates `incumbent` when it fits, then moves one cut by one unit while that helps, at
+  // most `max_simulations` simulations (counted as work, as the search's are); they count
+  // against the next search's budget too.
+  void start_from(const std::vector<StageRange>& incumbent, int64_t max_simulations);
+  // Searches every partition, skipping those that cannot be faster than `ceiling` or than
+  // the best found so far; `budget` counts this call's work (simulations and relaxed
+  // simulations scaled as the search's budgets say).
+  Searched search(const SearchBudget& budget, double ceiling = kInf);
+  // The best found so far, with the lower bound of the last search.
+  const Searched& found() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// search() once from `incumbent`, which is first improved one cut at a time.
 Searched search_partition(const Sums& sums, const std::vector<UnitCost>& timed,
                           const PartitionMemory& memory_of, const schedule::Schedule& schedule,
-                          double cap, double transfer, int64_t max_simulations,
-                          int64_t max_visits, int64_t max_relaxed,
+                          double cap, double transfer, const SearchBudget& budget,
                           const std::vector<StageRange>& incumbent);
 
 // The partition whose largest rank memory is smallest. Empty when `max_visits` ran out first.

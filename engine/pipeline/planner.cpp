@@ -345,10 +345,10 @@ PartitionChoice best_partition(const std::vector<UnitCost>& units,
     });
   // Relaxed simulations cost what a full one does but prune whole subtrees, so they get a
   // larger share of the budget than the completions.
+  const SearchBudget budget{search.max_simulations, search.max_simulations * 20,
+                            search.max_simulations * 20};
   const Searched found = search_partition(sums, timed, memory_of, schedule, cap,
-                                          search.transfer_seconds, search.max_simulations,
-                                          search.max_simulations * 20,
-                                          search.max_simulations * 20, incumbent);
+                                          search.transfer_seconds, budget, incumbent);
   if (found.ranges.empty()) {
     if (found.proven) throw_no_fit(timed, sums, memory_of, schedule, cap, balanced);
     throw PlanError("no partition of " + std::to_string(n) + " units into " +
