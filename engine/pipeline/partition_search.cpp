@@ -157,22 +157,6 @@ struct StepBound {
   }
 };
 
-// Two lower bounds on the step time of every partition that begins with the stages
-// [0, known), which cost f, i and w; the prefix ends at unit `end`, so stage j >= known starts
-// within [end + j - known, n - stages + j] and holds at least the unit there with the least F,
-// I and W.
-struct Relaxed {
-  // The schedule simulated with each later stage at those least costs. With every rank's list
-  // fixed, the simulator's times are maxima and sums of the costs (no choice among ready
-  // actions depends on them), so they never decrease when a cost grows: this bounds from below
-  // the step time of every completion, bubbles included, and only grows with `end`.
-  double simulated = 0;
-  // At least `simulated`, and also counting the work the later stages must absorb: the units
-  // [end, n) cost `extra` more compute than the least units the later stages were credited
-  // with, and some rank runs that extra at least `multiple` times (see with_rank_work).
-  double bound = 0;
-};
-
 // Water filling of the extra compute over the ranks holding later stages. Rank r's action j
 // starts no earlier than its relaxed start S_j (monotone), and the rank then runs its later
 // actions one at a time, so it ends no earlier than S_j + (their relaxed durations) + c_j *
@@ -180,23 +164,50 @@ struct Relaxed {
 // stages from j on. Each line (S_j + relaxed rest, c_j) is such a bound; the extra computes
 // sum to `extra` whatever the cuts, so the step time is at least the least level L at which
 // the ranks can absorb it: sum over ranks of min over lines (L - base) / c >= extra.
-double with_rank_work(const schedule::Schedule& schedule, const schedule::Replay& sim,
-                      int known, double extra) {
-  using schedule::ActionKind;
-  const int stages = schedule.num_stages(), ranks = schedule.num_ranks();
+class RankWork {
+ public:
+  RankWork(const schedule::Schedule& schedule, const schedule::Replay& sim, int known, double extra)
+      : extra_(extra), makespan_(sim.makespan()), microbatches_(schedule.num_microbatches) {
+    if (known >= schedule.num_stages() || extra <= 0) return;
+    const int stages = schedule.num_stages(), ranks = schedule.num_ranks();
+    lines_.resize(ranks);
+    std::vector<double> count_f(stages), count_i(stages), count_w(stages);
+    for (int r = 0; r < ranks; ++r) {
+      std::vector<int> later;
+      for (int s : schedule.placement.stages_of(r))
+        if (s >= known) later.push_back(s);
+      if (later.empty()) continue;
+      for (int s : later) count_f[s] = count_i[s] = count_w[s] = 0;
+      add_lines(schedule.ranks[r], sim, r, known, later, count_f, count_i, count_w);
+    }
+  }
+  // Whether the bound is above `level`, without finding it: one pass over the lines.
+  bool above(double level) const {
+    return makespan_ > level || (!lines_.empty() && absorbed(level) < extra_);
+  }
+  // The bound: the relaxed makespan, raised to the least level that absorbs the extra work.
+  double level() const {
+    // Every base is at most the relaxed makespan, where each rank absorbs a share >= 0.
+    double low = makespan_;
+    if (lines_.empty() || absorbed(low) >= extra_) return low;
+    double high = low + extra_ * microbatches_ * 3;
+    for (double step = extra_; absorbed(high) < extra_; step *= 2) high += step;
+    for (int round = 0; round < 60 && high - low > 1e-12 * high; ++round) {
+      const double mid = 0.5 * (low + high);
+      (absorbed(mid) >= extra_ ? high : low) = mid;
+    }
+    return low;  // not enough at `low`: the least level is above it
+  }
+
+ private:
   struct Line {
     double base, per;
   };
-  std::vector<std::vector<Line>> lines(ranks);
-  std::vector<double> count_f(stages), count_i(stages), count_w(stages);
-  for (int r = 0; r < ranks; ++r) {
-    const std::vector<int> own = schedule.placement.stages_of(r);
-    std::vector<int> later;
-    for (int s : own)
-      if (s >= known) later.push_back(s);
-    if (later.empty()) continue;
-    for (int s : later) count_f[s] = count_i[s] = count_w[s] = 0;
-    const auto& list = schedule.ranks[r];
+
+  void add_lines(const std::vector<schedule::Action>& list, const schedule::Replay& sim, int r,
+                 int known, const std::vector<int>& later, std::vector<double>& count_f,
+                 std::vector<double>& count_i, std::vector<double>& count_w) {
+    using schedule::ActionKind;
     double rest = 0;
     for (size_t j = list.size(); j-- > 0;) {
       const schedule::Action& a = list[j];
@@ -215,32 +226,43 @@ double with_rank_work(const schedule::Schedule& schedule, const schedule::Replay
       // Scanning backwards `per` only grows: a line whose base is no higher than the new
       // one's is never the smaller (L - base) / per.
       const double base = t.start + rest;
-      auto& mine = lines[r];
+      auto& mine = lines_[r];
       while (!mine.empty() && mine.back().base <= base) mine.pop_back();
       mine.push_back({base, per});
     }
   }
-  auto absorbed = [&](double level) {
+
+  double absorbed(double level) const {
     double total = 0;
-    for (const auto& mine : lines) {
+    for (const auto& mine : lines_) {
       if (mine.empty()) continue;
       double least = kInf;
       for (const Line& l : mine) least = std::min(least, (level - l.base) / l.per);
       total += std::max(0.0, least);
     }
     return total;
-  };
-  // Every base is at most the relaxed makespan, where each rank absorbs a share >= 0.
-  double low = sim.makespan();
-  if (absorbed(low) >= extra) return low;
-  double high = low + extra * schedule.num_microbatches * 3;
-  for (double step = extra; absorbed(high) < extra; step *= 2) high += step;
-  for (int round = 0; round < 60 && high - low > 1e-12 * high; ++round) {
-    const double mid = 0.5 * (low + high);
-    (absorbed(mid) >= extra ? high : low) = mid;
   }
-  return low;  // not enough at `low`: the least level is above it
-}
+
+  std::vector<std::vector<Line>> lines_;  // per rank holding later stages
+  double extra_, makespan_;
+  int microbatches_;
+};
+
+// Two lower bounds on the step time of every partition that begins with the stages
+// [0, known), which cost f, i and w; the prefix ends at unit `end`, so stage j >= known starts
+// within [end + j - known, n - stages + j] and holds at least the unit there with the least F,
+// I and W.
+struct Relaxed {
+  // The schedule simulated with each later stage at those least costs. With every rank's list
+  // fixed, the simulator's times are maxima and sums of the costs (no choice among ready
+  // actions depends on them), so they never decrease when a cost grows: this bounds from below
+  // the step time of every completion, bubbles included, and only grows with `end`.
+  double simulated = 0;
+  // At least `simulated`, and also counting the work the later stages must absorb: the units
+  // [end, n) cost more compute than the least units the later stages were credited with, and
+  // some rank runs that extra at least `multiple` times.
+  RankWork work;
+};
 
 Relaxed relaxed_step(const schedule::Schedule& schedule, schedule::Replay& replay,
                      const std::vector<UnitCost>& timed,
@@ -268,14 +290,8 @@ Relaxed relaxed_step(const schedule::Schedule& schedule, schedule::Replay& repla
   }
   costs.latency = transfer;
   const double makespan = replay.run(costs);
-  Relaxed out{makespan, makespan};
-  if (known < stages && extra > 0) out.bound = with_rank_work(schedule, replay, known, extra);
-  return out;
+  return {makespan, RankWork(schedule, replay, known, extra)};
 }
-
-// Pruned comparisons leave a billionth of slack: the simulator adds times in another order,
-// and a bound a few ulps over a tie must not hide it.
-constexpr double kSlack = 1e-9;
 
 // Whether partition a (step time, bottleneck, ranges) is preferred to b: faster, then more
 // balanced, then the earlier cuts, so that ties are decided the same way every time.
@@ -302,7 +318,7 @@ double relaxed_step_bound(const std::vector<UnitCost>& timed, const schedule::Sc
   const Relaxed relaxed = relaxed_step(schedule, replay, timed, f, i, w,
                                        static_cast<int>(prefix.size()),
                                        prefix.empty() ? 0 : prefix.back().end, transfer);
-  return rank_work ? relaxed.bound : relaxed.simulated;
+  return rank_work ? relaxed.work.level() : relaxed.simulated;
 }
 
 // A path of the schedule's dependency graph (Replay::critical_path) as what it adds up: per
@@ -678,11 +694,13 @@ struct PartitionSearcher::Impl {
     const int r = schedule.placement.rank_of(k);
     const int64_t last_end = k == stages - 1 ? n : n - (stages - 1 - k);
     for (int64_t e = k == stages - 1 ? n : b + 1; e <= last_end; ++e) {
-      // One stage per rank: the stage's memory is its own, checked here. Several: a rank's
-      // state only grows with more units, so past the cap no longer cut helps.
-      if (one_stage_per_rank && !stage_fits(k, b, e)) continue;
-      if (!one_stage_per_rank && !fits(state[r] + sums.state.over(b, e), cap)) break;
+      // One stage per rank: the stage's memory is its own, checked here. Several: what the
+      // rank's known stages hold only grows with more units, so past the cap no later cut
+      // helps.
       ranges[k] = {b, e};
+      if (one_stage_per_rank && !stage_fits(k, b, e)) continue;
+      if (!one_stage_per_rank && cap > 0 && !fits(memory_of.known_stages(r, ranges, k + 1), cap))
+        break;
       known = k + 1;
       f[k] = sums.forward.over(b, e), i[k] = sums.input.over(b, e), w[k] = sums.weight.over(b, e);
       // The rank's bound only grows with e: past the limit, stop.
@@ -718,8 +736,11 @@ struct PartitionSearcher::Impl {
         // past the limit, stop; the bound with the later work spread over the ranks need
         // not, so it only skips e.
         if (drop(relaxed.simulated)) break;
-        if (drop(relaxed.bound)) continue;
-        least = std::max(least, relaxed.bound);
+        if (relaxed.work.above(limit())) {
+          drop_beyond_limit();
+          continue;
+        }
+        least = std::max(least, relaxed.simulated);
       }
       if (exhausted || visits_here >= budget.visits) {
         exhausted = true;
@@ -760,7 +781,7 @@ double PartitionSearcher::root_bound() {
   Impl& s = *impl_;
   std::vector<double> none(s.stages, 0.0);
   double least =
-      relaxed_step(s.schedule, s.replay, s.timed, none, none, none, 0, 0, s.transfer).bound;
+      relaxed_step(s.schedule, s.replay, s.timed, none, none, none, 0, 0, s.transfer).work.level();
   if (s.one_stage_per_rank) least = std::max(least, s.completion[0][0]);
   return least;
 }
@@ -809,8 +830,9 @@ Searched search_partition(const Sums& sums, const std::vector<UnitCost>& timed,
   return searcher.search(budget);
 }
 
-// The partition whose largest rank memory is smallest, by the same search over memory: a
-// rank's state bounds its memory from below. Empty when `max_visits` ran out first.
+// The partition whose largest rank memory is smallest, by the same search over memory: what
+// a rank's known stages hold bounds its memory from below. Empty when `max_visits` ran out
+// first.
 std::vector<StageRange> leanest_partition(const Sums& sums, const PartitionMemory& memory_of,
                                           const schedule::Schedule& schedule, int64_t max_visits) {
   const int64_t n = static_cast<int64_t>(sums.compute.n);
@@ -828,8 +850,8 @@ std::vector<StageRange> leanest_partition(const Sums& sums, const PartitionMemor
     if (++visits > max_visits) return false;
     const int r = placement.rank_of(k);
     for (int64_t e = k == stages - 1 ? n : b + 1; e <= n - (stages - 1 - k); ++e) {
-      if (state[r] + sums.state.over(b, e) >= lowest) break;
       ranges[k] = {b, e};
+      if (memory_of.known_stages(r, ranges, k + 1) >= lowest) break;
       if (k == stages - 1) {
         const auto memory = memory_of(ranges);
         const double peak = *std::max_element(memory.begin(), memory.end());

@@ -17,6 +17,9 @@
 namespace conveyor::planning {
 
 inline constexpr double kInf = std::numeric_limits<double>::infinity();
+// Bounds are compared with step times with a billionth of slack: the simulator adds times in
+// another order, and a bound a few ulps over a tie must not hide it.
+inline constexpr double kSlack = 1e-9;
 
 // Sums of one per-unit quantity over every range [b, e), each added up in unit order, so a
 // stage's total is the same number however it is reached (no prefix differences).
@@ -62,6 +65,9 @@ class PartitionMemory {
   virtual std::vector<double> operator()(const std::vector<StageRange>& ranges) const = 0;
   // Stage s of units [b, e) on a rank that holds only it (placement.chunks == 1).
   virtual double stage(int s, int64_t b, int64_t e) const = 0;
+  // A lower bound on rank r's bytes in every partition whose first `known` stages are those
+  // of `ranges`.
+  virtual double known_stages(int r, const std::vector<StageRange>& ranges, int known) const = 0;
 };
 
 // The largest per-rank compute of one micro-batch (F + I + W).

@@ -25,18 +25,6 @@ std::string ranges_text(const std::vector<StageRange>& ranges) {
   return out.str();
 }
 
-
-// Per rank, the largest workspace of the units of its stages.
-std::vector<double> workspace_of(const Sums& sums, const std::vector<StageRange>& ranges,
-                                 const schedule::Placement& placement) {
-  std::vector<double> out(placement.num_ranks, 0.0);
-  for (int s = 0; s < static_cast<int>(ranges.size()); ++s) {
-    double& w = out[placement.rank_of(s)];
-    w = std::max(w, sums.workspace_over(ranges[s].begin, ranges[s].end));
-  }
-  return out;
-}
-
 void check_shape(const std::vector<UnitCost>& units, const schedule::Schedule& schedule) {
   const int stages = schedule.num_stages();
   if (stages < 1) throw PlanError("the schedule has no stages; expected at least one");
@@ -46,116 +34,101 @@ void check_shape(const std::vector<UnitCost>& units, const schedule::Schedule& s
                     std::to_string(units.size()) + " stages");
 }
 
-
 // Where one rank's memory can peak, counted in micro-batches and boundary tensors so that the
-// bytes of any stage can be put in: held[i] = (kept, rebuilt, pending) multiplicities of the
-// stage's per-micro-batch bytes at one point of the rank's list; transit[i] = (inputs,
-// outputs), the boundary tensors at the stage's input and output that wait there to be
-// consumed or sent. For a rank holding one stage (chunks == 1).
-struct PeakPoints {
+// bytes of any partition can be put in. At each point of the rank's list: held[j] = (kept,
+// rebuilt, pending), how many micro-batches' bytes of its j-th stage are held there (until W,
+// as the planner counts them); transit[j] = (inputs, outputs), how many boundary tensors at
+// that stage's input and output wait there to be consumed or sent (the list start counts, with
+// none). A point another one holds at least as many of everywhere is left out: with bytes
+// >= 0 it never holds more.
+struct RankPeaks {
   struct Held {
     int kept = 0, rebuilt = 0, pending = 0;
+    bool operator<=(const Held& o) const {
+      return kept <= o.kept && rebuilt <= o.rebuilt && pending <= o.pending;
+    }
   };
   struct Transit {
     int inputs = 0, outputs = 0;
+    bool operator<=(const Transit& o) const { return inputs <= o.inputs && outputs <= o.outputs; }
   };
-  std::vector<Held> held;
-  std::vector<Transit> transit;
+  std::vector<int> stages;                    // the rank's, ascending
+  std::vector<std::vector<Held>> held;        // [point][index in stages]
+  std::vector<std::vector<Transit>> transit;  // [point][index in stages]
 };
 
-PeakPoints peak_points(const std::vector<schedule::Action>& list, int last_stage) {
+// Adds `point` to `points` unless one there holds at least as much everywhere; drops those it
+// holds at least as much as.
+template <typename Count>
+void add_peak(std::vector<std::vector<Count>>& points, const std::vector<Count>& point) {
+  auto at_most = [](const std::vector<Count>& a, const std::vector<Count>& b) {
+    for (size_t j = 0; j < a.size(); ++j)
+      if (!(a[j] <= b[j])) return false;
+    return true;
+  };
+  for (const auto& p : points)
+    if (at_most(point, p)) return;
+  std::erase_if(points, [&](const auto& p) { return at_most(p, point); });
+  points.push_back(point);
+}
+
+// The rank's peaks over its list, as peak_activation_bytes (held until W) and transit_of count
+// them: the same additions and releases, counted per stage.
+RankPeaks rank_peaks(const std::vector<schedule::Action>& list, std::vector<int> stages,
+                     int last_stage) {
   using schedule::ActionKind;
-  PeakPoints out;
-  int kept = 0, split = 0, inputs = 0, outputs = 0;
+  RankPeaks out;
+  out.stages = std::move(stages);
+  std::vector<RankPeaks::Held> held(out.stages.size());
+  std::vector<RankPeaks::Transit> transit(out.stages.size());
+  add_peak(out.transit, transit);
   for (const auto& a : list) {
+    const auto j = static_cast<size_t>(std::find(out.stages.begin(), out.stages.end(), a.stage) -
+                                       out.stages.begin());
+    if (j == out.stages.size()) continue;  // not the rank's: nothing of it is held here
+    RankPeaks::Held& h = held[j];
+    RankPeaks::Transit& t = transit[j];
+    const bool has_input = a.stage > 0, has_output = a.stage < last_stage;
     switch (a.kind) {
       case ActionKind::kForward:
-        ++kept;
-        out.held.push_back({kept, split, split});
-        if (a.stage > 0) --inputs;
-        if (a.stage < last_stage) ++outputs;
+        ++h.kept;
+        add_peak(out.held, held);
+        t.inputs -= has_input, t.outputs += has_output;
         break;
-      case ActionKind::kBackward:
+      case ActionKind::kBackward: {
+        auto peak = held;
+        ++peak[j].rebuilt, ++peak[j].pending;
+        add_peak(out.held, peak);
+        --h.kept;
+        t.outputs -= has_output, t.inputs += has_input;
+        break;
+      }
       case ActionKind::kBackwardInput:
-        if (a.kind == ActionKind::kBackward) {
-          out.held.push_back({kept, split + 1, split + 1});
-          --kept;
-        } else {
-          ++split;
-          out.held.push_back({kept, split, split});
-        }
-        if (a.stage < last_stage) --outputs;
-        if (a.stage > 0) ++inputs;
+        ++h.rebuilt, ++h.pending;
+        add_peak(out.held, held);
+        t.outputs -= has_output, t.inputs += has_input;
         break;
-      case ActionKind::kBackwardWeight:
-        --kept, --split;
+      case ActionKind::kBackwardWeight:  // releases what the stage held for it
+        --h.kept, --h.rebuilt, --h.pending;
         break;
       case ActionKind::kSendAct:
+        --t.outputs;
+        break;
       case ActionKind::kRecvGrad:
-        outputs += a.kind == ActionKind::kSendAct ? -1 : 1;
+        ++t.outputs;
         break;
       case ActionKind::kSendGrad:
+        --t.inputs;
+        break;
       case ActionKind::kRecvAct:
-        inputs += a.kind == ActionKind::kRecvAct ? 1 : -1;
+        ++t.inputs;
         break;
       case ActionKind::kAllReduceGrad:  // sums gradients: holds no activation
         break;
     }
-    out.transit.push_back({inputs, outputs});
+    add_peak(out.transit, transit);
   }
   return out;
-}
-
-// Per rank: the boundary tensors waiting on it, in its list order, for the given stage input
-// and output bytes (a received activation until its F takes it, an output until it is sent or
-// a local F takes it; gradients alike), plus one message per link received early.
-std::vector<double> transit_of(const schedule::Schedule& schedule, const std::vector<double>& in,
-                               const std::vector<double>& out) {
-  using schedule::ActionKind;
-  const int last = schedule.num_stages() - 1;
-  std::vector<double> peaks(schedule.ranks.size(), 0.0);
-  for (size_t r = 0; r < schedule.ranks.size(); ++r) {
-    double now = 0;
-    for (const auto& a : schedule.ranks[r]) {
-      const auto s = static_cast<size_t>(a.stage);
-      switch (a.kind) {
-        case ActionKind::kForward:
-          if (a.stage > 0) now -= in[s];
-          if (a.stage < last) now += out[s];
-          break;
-        case ActionKind::kBackward:
-        case ActionKind::kBackwardInput:
-          if (a.stage < last) now -= out[s];
-          if (a.stage > 0) now += in[s];
-          break;
-        case ActionKind::kBackwardWeight:
-          break;
-        case ActionKind::kSendAct:
-          now -= out[s];
-          break;
-        case ActionKind::kRecvGrad:
-          now += out[s];
-          break;
-        case ActionKind::kSendGrad:
-          now -= in[s];
-          break;
-        case ActionKind::kRecvAct:
-          now += in[s];
-          break;
-        case ActionKind::kAllReduceGrad:  // sums gradients: holds no activation
-          break;
-      }
-      peaks[r] = std::max(peaks[r], now);
-    }
-  }
-  // Receives run as soon as their message has arrived, ahead of the list: one more message
-  // per link and direction.
-  for (int s = 0; s <= last; ++s) {
-    double& peak = peaks[static_cast<size_t>(schedule.placement.rank_of(s))];
-    if (s > 0) peak += in[static_cast<size_t>(s)];
-    if (s < last) peak += out[static_cast<size_t>(s)];
-  }
-  return peaks;
 }
 
 // Per rank memory of a partition: the state of its units, the activations its stages hold at
@@ -166,51 +139,96 @@ struct MemoryModel : PartitionMemory {
   const std::vector<UnitCost>& units;
   const std::vector<bool>& recomputed;
   const schedule::Schedule& schedule;
-  std::vector<PeakPoints> points;  // per rank, when every rank holds one stage
+  std::vector<double> saved, input, pending;  // per unit
+  std::vector<RankPeaks> peaks;               // per rank
 
   MemoryModel(const Sums& sums, const std::vector<UnitCost>& units,
               const std::vector<bool>& recomputed, const schedule::Schedule& schedule)
       : sums(sums), units(units), recomputed(recomputed), schedule(schedule) {
-    if (schedule.placement.chunks == 1)
-      for (const auto& list : schedule.ranks)
-        points.push_back(peak_points(list, schedule.num_stages() - 1));
-  }
-
-  std::vector<StageActivationBytes> activations(const std::vector<StageRange>& ranges) const {
-    std::vector<double> saved, input, pending;
     for (const auto& u : units)
       saved.push_back(u.activation_bytes), input.push_back(u.input_bytes),
           pending.push_back(u.weight_pending_bytes);
-    return stage_activation_bytes(saved, input, ranges, recomputed, pending);
+    for (int r = 0; r < schedule.num_ranks(); ++r)
+      peaks.push_back(rank_peaks(schedule.ranks[static_cast<size_t>(r)],
+                                 schedule.placement.stages_of(r), schedule.num_stages() - 1));
+  }
+
+  StageActivationBytes activations(const StageRange& range) const {
+    return stage_activation_bytes(saved, input, {range}, recomputed, pending)[0];
   }
   // The boundary tensor entering unit `u` (none past the last unit).
   double boundary(int64_t u) const {
     return u < static_cast<int64_t>(units.size()) ? units[static_cast<size_t>(u)].input_bytes : 0.0;
   }
+  // The most rank r's held activations reach, with its j-th stage's bytes `bytes[j]`.
+  double held_peak(int r, const std::vector<StageActivationBytes>& bytes) const {
+    double peak = 0;
+    for (const auto& point : peaks[static_cast<size_t>(r)].held) {
+      double total = 0;
+      for (size_t j = 0; j < point.size(); ++j)
+        total += point[j].kept * bytes[j].kept + point[j].rebuilt * bytes[j].rebuilt +
+                 point[j].pending * bytes[j].weight_pending;
+      peak = std::max(peak, total);
+    }
+    return peak;
+  }
+  // Rank r's bytes with its stages holding `own[j]`: state, held activations, boundary tensors
+  // waiting (plus, as receives run ahead of the list, one more message per link and
+  // direction) and the largest workspace.
+  double rank_bytes(int r, const std::vector<StageRange>& own) const {
+    const RankPeaks& rank = peaks[static_cast<size_t>(r)];
+    const int last = schedule.num_stages() - 1;
+    std::vector<StageActivationBytes> bytes;
+    double state = 0, workspace = 0, early = 0;
+    std::vector<double> in, out;
+    for (size_t j = 0; j < own.size(); ++j) {
+      bytes.push_back(activations(own[j]));
+      state += sums.state.over(own[j]);
+      workspace = std::max(workspace, sums.workspace_over(own[j].begin, own[j].end));
+      in.push_back(boundary(own[j].begin)), out.push_back(boundary(own[j].end));
+      early += (rank.stages[j] > 0 ? in[j] : 0.0) + (rank.stages[j] < last ? out[j] : 0.0);
+    }
+    double transit = 0;
+    for (const auto& point : rank.transit) {
+      double total = 0;
+      for (size_t j = 0; j < point.size(); ++j)
+        total += point[j].inputs * in[j] + point[j].outputs * out[j];
+      transit = std::max(transit, total);
+    }
+    return state + held_peak(r, bytes) + transit + early + workspace;
+  }
 
   std::vector<double> operator()(const std::vector<StageRange>& ranges) const override {
-    const auto held = peak_activation_bytes(schedule, activations(ranges), true);
-    std::vector<double> in, out;
-    for (const auto& r : ranges) in.push_back(boundary(r.begin)), out.push_back(boundary(r.end));
-    const auto transit = transit_of(schedule, in, out);
-    const auto workspace = workspace_of(sums, ranges, schedule.placement);
-    std::vector<double> bytes(schedule.num_ranks(), 0.0);
-    for (int s = 0; s < static_cast<int>(ranges.size()); ++s)
-      bytes[schedule.placement.rank_of(s)] += sums.state.over(ranges[s]);
-    for (int r = 0; r < schedule.num_ranks(); ++r) bytes[r] += held[r] + transit[r] + workspace[r];
+    std::vector<double> bytes(static_cast<size_t>(schedule.num_ranks()));
+    std::vector<StageRange> own;
+    for (int r = 0; r < schedule.num_ranks(); ++r) {
+      own.clear();
+      for (int s : peaks[static_cast<size_t>(r)].stages)
+        own.push_back(ranges[static_cast<size_t>(s)]);
+      bytes[static_cast<size_t>(r)] = rank_bytes(r, own);
+    }
     return bytes;
   }
   // Stage s of units [b, e) on a rank that holds only it (chunks == 1).
   double stage(int s, int64_t b, int64_t e) const override {
-    const StageActivationBytes a = activations({{b, e}})[0];
-    const PeakPoints& p = points[static_cast<size_t>(schedule.placement.rank_of(s))];
-    double held = 0, transit = 0;
-    for (const auto& h : p.held)
-      held = std::max(held, h.kept * a.kept + h.rebuilt * a.rebuilt + h.pending * a.weight_pending);
-    const double in = boundary(b), out = boundary(e);
-    for (const auto& t : p.transit) transit = std::max(transit, t.inputs * in + t.outputs * out);
-    transit += (s > 0 ? in : 0.0) + (s < schedule.num_stages() - 1 ? out : 0.0);  // as transit_of
-    return sums.state.over(b, e) + held + transit + sums.workspace_over(b, e);
+    return rank_bytes(schedule.placement.rank_of(s), {{b, e}});
+  }
+  // Rank r's state, held activations and workspace over its stages among the first `known`
+  // of `ranges`, the others taken as empty: each term only grows with a stage's units.
+  // (Boundary tensors are left out: a stage's count of them can be negative at a point.)
+  double known_stages(int r, const std::vector<StageRange>& ranges, int known) const override {
+    const RankPeaks& rank = peaks[static_cast<size_t>(r)];
+    std::vector<StageActivationBytes> bytes(rank.stages.size());
+    double state = 0, workspace = 0;
+    for (size_t j = 0; j < rank.stages.size(); ++j) {
+      const int s = rank.stages[j];
+      if (s >= known) continue;
+      const StageRange& range = ranges[static_cast<size_t>(s)];
+      bytes[j] = activations(range);
+      state += sums.state.over(range);
+      workspace = std::max(workspace, sums.workspace_over(range.begin, range.end));
+    }
+    return state + held_peak(r, bytes) + workspace;
   }
 };
 

@@ -790,8 +790,9 @@ double Replay::run(const CostModel& costs) {
 
 std::vector<Action> Replay::critical_path() const {
   std::vector<Action> path;
+  // The steps that end last are recorded last: search from the end.
   int at = -1;
-  for (size_t i = 0; i < steps_.size() && at < 0; ++i)
+  for (size_t i = steps_.size(); i-- > 0 && at < 0;)
     if (timing_[steps_[i].action].end == makespan_) at = static_cast<int>(i);
   while (at >= 0) {
     const ReplayStep& s = steps_[at];
