@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <functional>
 #include <iomanip>
+#include <memory>
 #include <optional>
 #include <sstream>
 
@@ -330,9 +331,10 @@ std::vector<int64_t> blocks_of(const std::vector<StageRange>& ranges) {
   return blocks;
 }
 
-PartitionChoice best_partition(const std::vector<UnitCost>& units,
-                               const schedule::Schedule& schedule,
-                               const PartitionSearch& search) {
+namespace {
+
+void check_search(const std::vector<UnitCost>& units, const schedule::Schedule& schedule,
+                  const PartitionSearch& search) {
   check_shape(units, schedule);
   const std::vector<bool>& recomputed = search.recomputed;
   if (!recomputed.empty() && recomputed.size() != units.size())
@@ -345,43 +347,125 @@ PartitionChoice best_partition(const std::vector<UnitCost>& units,
   if (search.max_simulations < 1)
     throw PlanError("a search budget of " + std::to_string(search.max_simulations) +
                     " simulations; expected at least 1");
-  const double cap = search.memory_cap;
-  const std::vector<UnitCost> timed = with_recompute_time(units, recomputed);
-  const Sums sums(timed);
-  const MemoryModel memory_of(sums, timed, recomputed, schedule);
-  const int64_t n = static_cast<int64_t>(units.size());
-  const int stages = schedule.num_stages();
-  const schedule::Placement& placement = schedule.placement;
+}
 
-  // The first incumbent: the smallest largest stage compute (F + I + W), within the cap per
-  // stage when each rank holds one stage. Close to the optimum, so the bounds prune early.
-  const auto compute = [&](int, int64_t b, int64_t e) { return sums.compute.over(b, e); };
-  std::vector<StageRange> balanced = min_max_partition(n, stages, compute), incumbent = balanced;
-  if (placement.chunks == 1)
-    incumbent = min_max_partition(n, stages, [&](int s, int64_t b, int64_t e) {
-      return fits(memory_of.stage(s, b, e), cap) ? sums.compute.over(b, e) : kInf;
-    });
-  // Relaxed simulations cost what a full one does but prune whole subtrees, so they get a
-  // larger share of the budget than the completions.
-  const SearchBudget budget{search.max_simulations, search.max_simulations * 20,
-                            search.max_simulations * 20};
-  const Searched found = search_partition(sums, timed, memory_of, schedule, cap,
-                                          search.transfer_seconds, budget, incumbent);
-  if (found.ranges.empty()) {
-    if (found.proven) throw_no_fit(timed, sums, memory_of, schedule, cap, balanced);
-    throw PlanError("no partition of " + std::to_string(n) + " units into " +
-                    std::to_string(stages) + " stages fitting " + bytes_text(cap) +
-                    " was found within " + std::to_string(search.max_simulations) +
-                    " simulated partitions; raise the search budget or the cap");
+// One pipelined layout's partition problem, prepared to be searched in steps: its costs (with
+// recomputation), memory model and searcher, started from the most balanced partition that
+// fits. The planner first searches each layout only for what could beat the fastest layout
+// found so far, then each on its own, so the searcher keeps what it found between searches.
+class LayoutSearch {
+ public:
+  // PlanError for bad options, and for a cap that no partition fits.
+  LayoutSearch(const std::vector<UnitCost>& units, const schedule::Schedule& schedule,
+               const PartitionSearch& search)
+      : schedule_((check_search(units, schedule, search), schedule)),
+        recomputed_(search.recomputed),
+        timed_(with_recompute_time(units, recomputed_)),
+        sums_(timed_),
+        memory_(sums_, timed_, recomputed_, schedule_),
+        searcher_(sums_, timed_, memory_, schedule_, search.memory_cap, search.transfer_seconds),
+        cap_(search.memory_cap),
+        transfer_(search.transfer_seconds),
+        // Relaxed simulations cost what a full one does but prune whole subtrees, so they
+        // get a larger share of the budget than the completions.
+        budget_{search.max_simulations, search.max_simulations * 20, search.max_simulations * 20} {
+    const auto compute = [&](int, int64_t b, int64_t e) { return sums_.compute.over(b, e); };
+    balanced_ = min_max_partition(units_count(), schedule_.num_stages(), compute);
+    searcher_.start_from(first_incumbent(), budget_.simulations);
+    root_bound_ = searcher_.root_bound();
   }
-  PartitionChoice out;
-  out.ranges = found.ranges;
-  out.bottleneck = bottleneck_of(sums, found.ranges, placement);
-  out.rank_bytes = memory_of(found.ranges);
-  out.step_seconds = found.step;
-  out.proven = found.proven;
-  out.simulated = found.simulated;
-  return out;
+
+  // Searches with a fresh budget, skipping the partitions that cannot beat `ceiling`.
+  void search(double ceiling = kInf) {
+    searcher_.search(budget_, ceiling);
+    searched_ = true;
+  }
+  bool found_any() const { return !searcher_.found().ranges.empty(); }
+  // The fastest partition found is proven the fastest that fits (or, none found, none fits).
+  bool proven() const { return searched_ && searcher_.found().proven; }
+  // No partition that fits is faster than this.
+  double lower_bound() const {
+    const Searched& found = searcher_.found();
+    if (proven()) return found.step;
+    return std::min(found.step, std::max(root_bound_, searched_ ? found.lower_bound : 0.0));
+  }
+  double step() const { return searcher_.found().step; }
+
+  // PlanError when no partition that fits was found: none does, or the budget ran out.
+  PartitionChoice choice() const {
+    const Searched& found = searcher_.found();
+    if (found.ranges.empty()) {
+      if (proven()) throw_no_fit(timed_, sums_, memory_, schedule_, cap_, balanced_);
+      throw PlanError("no partition of " + std::to_string(units_count()) + " units into " +
+                      std::to_string(schedule_.num_stages()) + " stages fitting " +
+                      bytes_text(cap_) + " was found within " +
+                      std::to_string(budget_.simulations) +
+                      " simulated partitions; raise the search budget or the cap");
+    }
+    PartitionChoice out;
+    out.ranges = found.ranges;
+    out.bottleneck = bottleneck_of(sums_, found.ranges, schedule_.placement);
+    out.rank_bytes = memory_(found.ranges);
+    out.step_seconds = found.step;
+    out.lower_bound = lower_bound();
+    out.proven = proven();
+    out.simulated = found.simulated;
+    return out;
+  }
+  // The simulated run of `ranges` (what the plan reports of a layout besides its step time).
+  schedule::SimResult simulate(const std::vector<StageRange>& ranges) const {
+    return schedule::simulate(schedule_, cost_model(timed_, ranges, transfer_));
+  }
+
+ private:
+  int64_t units_count() const { return static_cast<int64_t>(timed_.size()); }
+
+  // The smallest largest stage compute (F + I + W), within the cap per stage when each rank
+  // holds one stage: close to the optimum, so the bounds prune early. With several stages a
+  // rank, when the most balanced partition overflows, the leanest one. Empty when the
+  // leanest was not found within the budget (the search then looks for one that fits);
+  // PlanError when no partition fits.
+  std::vector<StageRange> first_incumbent() const {
+    const int stages = schedule_.num_stages();
+    if (schedule_.placement.chunks == 1) {
+      const auto within =
+          min_max_partition(units_count(), stages, [&](int s, int64_t b, int64_t e) {
+            return fits(memory_.stage(s, b, e), cap_) ? sums_.compute.over(b, e) : kInf;
+          });
+      if (within.empty()) throw_no_fit(timed_, sums_, memory_, schedule_, cap_, balanced_);
+      return within;
+    }
+    if (fits_cap(balanced_)) return balanced_;
+    const auto leanest = leanest_partition(sums_, memory_, schedule_, budget_.visits);
+    if (!leanest.empty() && !fits_cap(leanest))
+      throw_no_fit(timed_, sums_, memory_, schedule_, cap_, balanced_);
+    return leanest;
+  }
+  bool fits_cap(const std::vector<StageRange>& ranges) const {
+    const auto memory = memory_(ranges);
+    return fits(*std::max_element(memory.begin(), memory.end()), cap_);
+  }
+
+  const schedule::Schedule schedule_;
+  const std::vector<bool> recomputed_;
+  const std::vector<UnitCost> timed_;
+  const Sums sums_;
+  const MemoryModel memory_;
+  PartitionSearcher searcher_;
+  const double cap_, transfer_;
+  const SearchBudget budget_;
+  std::vector<StageRange> balanced_;
+  double root_bound_ = 0;
+  bool searched_ = false;
+};
+
+}  // namespace
+
+PartitionChoice best_partition(const std::vector<UnitCost>& units,
+                               const schedule::Schedule& schedule, const PartitionSearch& search) {
+  LayoutSearch layout(units, schedule, search);
+  layout.search();
+  return layout.choice();
 }
 
 const PlanCandidate& Plan::best() const {
@@ -476,8 +560,116 @@ PlanCandidate data_parallel(const UnitCosts& costs, const PlanOptions& options,
   const double reduce =
       p == 1 ? 0.0 : buckets * schedule::reduce_bucket_cost(whole, latency, buckets);
   c.step_seconds = compute * per_token * static_cast<double>(replica_tokens) + reduce;
+  c.step_lower_bound = c.step_seconds;
   c.bubble = c.step_seconds > 0 ? reduce / c.step_seconds : 0.0;
   return c;
+}
+
+// A pipelined candidate with the search of its partition (none when it cannot run).
+struct PipelineRow {
+  PlanCandidate candidate;
+  std::unique_ptr<LayoutSearch> search;
+};
+
+// Prepares the row's search; a layout no partition fits, or none found fitting within the
+// budget, is rejected with the reason.
+void prepare(PipelineRow& row, const std::vector<UnitCost>& units,
+             const schedule::Schedule& schedule, const PartitionSearch& search) {
+  PlanCandidate& c = row.candidate;
+  try {
+    row.search = std::make_unique<LayoutSearch>(units, schedule, search);
+    if (row.search->found_any()) return;
+    row.search->search();  // the cap left no incumbent: look for any partition that fits
+    row.search->choice();  // PlanError when none was found
+  } catch (const std::invalid_argument& e) {  // PlanError, or units out of range
+    c.rejected = e.what();
+    // No partition runs, unless one was missed for want of budget.
+    c.step_lower_bound = row.search && !row.search->proven() ? row.search->lower_bound() : kInf;
+  }
+}
+
+// Searches the rows' partitions: first, in the order of their lower bounds, each only for
+// what could beat the fastest step time found so far (the one that wins is then proven, and
+// the others need not be searched to the end), then each on its own, for its row's exact
+// step time.
+void search_rows(std::vector<PipelineRow>& rows) {
+  std::vector<LayoutSearch*> open;
+  double fastest = kInf;
+  for (PipelineRow& row : rows)
+    if (row.candidate.rejected.empty()) {
+      open.push_back(row.search.get());
+      fastest = std::min(fastest, row.search->step());
+    }
+  std::stable_sort(open.begin(), open.end(), [](const LayoutSearch* a, const LayoutSearch* b) {
+    return a->lower_bound() < b->lower_bound();
+  });
+  for (LayoutSearch* layout : open) {
+    if (layout->proven() || layout->lower_bound() > fastest * (1 + kSlack)) continue;
+    layout->search(fastest);
+    fastest = std::min(fastest, layout->step());
+  }
+  for (LayoutSearch* layout : open)
+    if (!layout->proven()) layout->search();
+}
+
+// The row's partition and what its simulation says of it.
+void finish(PipelineRow& row) {
+  PlanCandidate& c = row.candidate;
+  if (!c.rejected.empty()) return;
+  const PartitionChoice choice = row.search->choice();
+  c.ranges = choice.ranges;
+  c.partition_proven = choice.proven;
+  c.step_lower_bound = choice.lower_bound;
+  c.peak_bytes = choice.rank_bytes;
+  const auto sim = row.search->simulate(choice.ranges);
+  c.step_seconds = sim.makespan;
+  c.bubble = sim.bubble_fraction;
+  for (const auto& rank : sim.ranks) c.busy_seconds.push_back(rank.busy);
+}
+
+// The step time the table shows of a feasible candidate: its lower bound when its partition
+// was not proven the fastest.
+double shown_step(const PlanCandidate& c) {
+  return c.partition_proven ? c.step_seconds : c.step_lower_bound;
+}
+
+// Feasible candidates first, by the step time shown, then by the fastest partition found;
+// the fastest found first of all, and the fastest pipeline before every other one, even when
+// a layout not searched to the end shows a lower bound below it.
+void rank(std::vector<PlanCandidate>& candidates) {
+  std::stable_sort(candidates.begin(), candidates.end(),
+                   [](const PlanCandidate& a, const PlanCandidate& b) {
+                     if (a.rejected.empty() != b.rejected.empty()) return a.rejected.empty();
+                     if (shown_step(a) != shown_step(b)) return shown_step(a) < shown_step(b);
+                     return a.step_seconds < b.step_seconds;
+                   });
+  auto fastest_first = [&](auto in) {
+    auto first = candidates.end(), fastest = candidates.end();
+    for (auto it = candidates.begin(); it != candidates.end(); ++it) {
+      if (!it->rejected.empty() || !in(*it)) continue;
+      if (first == candidates.end()) first = it;
+      if (fastest == candidates.end() || it->step_seconds < fastest->step_seconds) fastest = it;
+    }
+    if (first != candidates.end()) std::rotate(first, fastest, fastest + 1);
+  };
+  fastest_first([](const PlanCandidate& c) { return c.pipelined; });
+  fastest_first([](const PlanCandidate&) { return true; });
+}
+
+// Whether the fastest feasible pipeline's partition is proven the fastest of its layout and
+// no partition of any other pipelined layout (feasible or not found fitting) beats it.
+bool fastest_pipeline_proven(const std::vector<PlanCandidate>& candidates) {
+  const PlanCandidate* fastest = nullptr;
+  for (const auto& c : candidates)
+    if (c.pipelined && c.rejected.empty()) {
+      fastest = &c;
+      break;
+    }
+  if (!fastest || !fastest->partition_proven) return false;
+  for (const auto& c : candidates)
+    if (c.pipelined && &c != fastest && c.step_lower_bound < fastest->step_seconds * (1 - kSlack))
+      return false;
+  return true;
 }
 
 }  // namespace
@@ -518,6 +710,11 @@ Plan plan(const std::vector<UnitCosts>& measured, const PlanOptions& options) {
                              {schedule::ScheduleKind::kZBV, 2}};
   for (int v : options.interleaved_chunks)
     if (v >= 2) kinds.push_back({schedule::ScheduleKind::kInterleaved, v});
+  std::erase_if(kinds, [&](const Kind& k) {
+    return (options.schedule && k.kind != *options.schedule) ||
+           (options.chunks && k.chunks != *options.chunks);
+  });
+  std::vector<PipelineRow> rows;
   for (int m : counts) {
     if (m < 1 || options.batch_tokens % m != 0) continue;
     const UnitCosts& costs = nearest(options.batch_tokens / m);
@@ -541,8 +738,9 @@ Plan plan(const std::vector<UnitCosts>& measured, const PlanOptions& options) {
         continue;  // not defined for these values (interleaved needs m % p == 0)
       }
       if (sched.num_stages() > static_cast<int>(units.size())) continue;
-      auto candidate = [&](const RecomputeSpec& recompute) {
-        PlanCandidate c;
+      auto prepared = [&](const RecomputeSpec& recompute) {
+        PipelineRow row;
+        PlanCandidate& c = row.candidate;
         c.kind = k.kind;
         c.chunks = k.chunks;
         c.microbatches = m;
@@ -550,36 +748,27 @@ Plan plan(const std::vector<UnitCosts>& measured, const PlanOptions& options) {
         c.layout = schedule::schedule_kind_name(k.kind);
         if (k.kind == schedule::ScheduleKind::kInterleaved)
           c.layout += " v=" + std::to_string(k.chunks);
-        try {
-          const std::vector<bool> marks =
-              recompute.any() ? recompute.per_unit(static_cast<int64_t>(units.size()))
-                              : std::vector<bool>{};
-          PartitionSearch search;
-          search.memory_cap = options.memory_cap;
-          search.recomputed = marks;
-          search.transfer_seconds = costs.transfer_seconds * factor;
-          const PartitionChoice choice = best_partition(units, sched, search);
-          c.ranges = choice.ranges;
-          c.partition_proven = choice.proven;
-          c.peak_bytes = choice.rank_bytes;
-          const auto sim =
-              schedule::simulate(sched, cost_model(with_recompute_time(units, marks), choice.ranges,
-                                                   costs.transfer_seconds * factor));
-          c.step_seconds = sim.makespan;
-          c.bubble = sim.bubble_fraction;
-          for (const auto& rank : sim.ranks) c.busy_seconds.push_back(rank.busy);
-        } catch (const std::invalid_argument& e) {  // PlanError, or units out of range
-          c.rejected = e.what();
-        }
-        return c;
+        PartitionSearch search;
+        search.memory_cap = options.memory_cap;
+        search.transfer_seconds = costs.transfer_seconds * factor;
+        search.max_simulations = options.max_simulations;
+        if (recompute.any())
+          search.recomputed = recompute.per_unit(static_cast<int64_t>(units.size()));
+        prepare(row, units, sched, search);
+        return row;
       };
-      PlanCandidate c = candidate(options.recompute);
+      PipelineRow row = prepared(options.recompute);
       // Short of memory: the same layout recomputing every unit may fit.
-      const bool retry =
-          !c.rejected.empty() && !options.recompute.any() && options.recompute_when_short;
-      out.candidates.push_back(std::move(c));
-      if (retry) out.candidates.push_back(candidate(RecomputeSpec::every_unit()));
+      const bool retry = !row.candidate.rejected.empty() && !options.recompute.any() &&
+                         options.recompute_when_short;
+      rows.push_back(std::move(row));
+      if (retry) rows.push_back(prepared(RecomputeSpec::every_unit()));
     }
+  }
+  search_rows(rows);
+  for (PipelineRow& row : rows) {
+    finish(row);
+    out.candidates.push_back(std::move(row.candidate));
   }
   if (options.include_data_parallel && p > 1) {
     const UnitCosts& costs = nearest(options.batch_tokens / p);
@@ -591,13 +780,69 @@ Plan plan(const std::vector<UnitCosts>& measured, const PlanOptions& options) {
     out.candidates.push_back(std::move(replicas));
     if (retry) out.candidates.push_back(data_parallel(costs, options, true));
   }
-  std::stable_sort(out.candidates.begin(), out.candidates.end(),
-                   [](const PlanCandidate& a, const PlanCandidate& b) {
-                     if (a.rejected.empty() != b.rejected.empty()) return a.rejected.empty();
-                     return a.step_seconds < b.step_seconds;
-                   });
+  rank(out.candidates);
+  out.fastest_pipeline_proven = fastest_pipeline_proven(out.candidates);
   return out;
 }
+
+namespace {
+
+std::string milliseconds(double seconds) {
+  std::ostringstream out;
+  out << std::fixed << std::setprecision(3) << seconds * 1e3;
+  return out.str();
+}
+
+// The step column: the step time, or "≥ bound" for a partition not proven the fastest (the
+// sign takes three bytes and one column).
+std::string step_column(const PlanCandidate& c) {
+  std::ostringstream out;
+  if (c.partition_proven)
+    out << std::setw(14) << milliseconds(c.step_seconds);
+  else
+    out << std::setw(16) << "\u2265 " + milliseconds(c.step_lower_bound);
+  return out.str();
+}
+
+// What a row not proven the fastest of its layout says of its partition: the fastest found,
+// and why the search stopped.
+std::string unproven_note(const PlanCandidate& c, const PlanCandidate* fastest, int fastest_rank) {
+  const std::string found = " (fastest found " + milliseconds(c.step_seconds) + " ms; ";
+  if (fastest && c.step_lower_bound >= fastest->step_seconds * (1 - kSlack))
+    return found + "no partition of it beats rank " + std::to_string(fastest_rank) +
+           ", so the search stopped there)";
+  return found + "not proven fastest: the partition search ran out of budget)";
+}
+
+std::string feasible_row(const PlanCandidate& c, const PlanCandidate* fastest, int fastest_rank) {
+  std::ostringstream out, memory;
+  for (size_t r = 0; r < c.peak_bytes.size(); ++r)
+    memory << (r ? " " : "") << bytes_text(c.peak_bytes[r]);
+  out << step_column(c) << std::fixed << std::setprecision(1) << std::setw(8) << c.bubble * 100
+      << "%  " << std::left << std::setw(11) << (c.pipelined ? to_string(c.recompute) : "none")
+      << std::right << memory.str() << " / "
+      << (c.pipelined         ? ranges_text(c.ranges)
+          : c.shard_optimizer ? "whole model on every device, optimizer state sharded "
+                                "(--shard-optimizer)"
+                              : "whole model on every device")
+      << (c.partition_proven ? "" : unproven_note(c, fastest, fastest_rank));
+  return out.str();
+}
+
+// A layout that cannot run: none of its partitions fits, or none that fits was found within
+// the budget (then how fast one would be at best).
+std::string rejected_row(const PlanCandidate& c) {
+  const bool missed = c.pipelined && std::isfinite(c.step_lower_bound);
+  std::string out = missed ? "  none found fitting" : "  does not fit";
+  if (c.recompute.any()) out += " recomputing " + to_string(c.recompute);
+  if (c.shard_optimizer) out += " sharing the optimizer state";
+  out += ": " + c.rejected;
+  if (missed)
+    out += "; one that fits would take at least " + milliseconds(c.step_lower_bound) + " ms";
+  return out;
+}
+
+}  // namespace
 
 std::string format_plan(const Plan& plan) {
   std::ostringstream out;
@@ -605,37 +850,29 @@ std::string format_plan(const Plan& plan) {
       << std::setw(5) << "m" << std::setw(14) << "step (ms)" << std::setw(9) << "bubble"
       << "  " << std::left << std::setw(11) << "recompute"
       << "peak memory per rank / partition\n";
-  int rank = 0;
-  for (const auto& c : plan.candidates) {
-    std::ostringstream memory;
-    for (size_t r = 0; r < c.peak_bytes.size(); ++r)
-      memory << (r ? " " : "") << bytes_text(c.peak_bytes[r]);
-    out << std::left << std::setw(5) << (c.rejected.empty() ? std::to_string(++rank) : "-")
-        << std::setw(20) << c.layout << std::right << std::setw(5)
-        << (c.microbatches > 0 ? std::to_string(c.microbatches) : "-");
-    if (c.rejected.empty()) {
-      out << std::fixed << std::setprecision(3) << std::setw(14) << c.step_seconds * 1e3
-          << std::setprecision(1) << std::setw(8) << c.bubble * 100 << "%  " << std::left
-          << std::setw(11) << (c.pipelined ? to_string(c.recompute) : "none") << std::right
-          << memory.str() << " / "
-          << (c.pipelined         ? ranges_text(c.ranges)
-              : c.shard_optimizer ? "whole model on every device, optimizer state sharded "
-                                    "(--shard-optimizer)"
-                                  : "whole model on every device")
-          << (c.partition_proven ? "" : " (not proven fastest: the partition search ran out of budget)")
-          << "\n";
-    } else {
-      out << "  does not fit" << (c.recompute.any() ? " recomputing " + to_string(c.recompute) : "")
-          << (c.shard_optimizer ? " sharing the optimizer state" : "") << ": " << c.rejected
-          << "\n";
-    }
-  }
+  int rank = 0, best_pipe_rank = 0;
   const PlanCandidate* best_pipe = nullptr;
   const PlanCandidate* dp = nullptr;
   for (const auto& c : plan.candidates) {
-    if (!c.rejected.empty()) continue;
-    if (c.pipelined && !best_pipe) best_pipe = &c;
-    if (!c.pipelined && !dp) dp = &c;
+    if (c.rejected.empty()) {
+      ++rank;
+      if (c.pipelined && !best_pipe) best_pipe = &c, best_pipe_rank = rank;
+      if (!c.pipelined && !dp) dp = &c;
+    }
+    out << std::left << std::setw(5) << (c.rejected.empty() ? std::to_string(rank) : "-")
+        << std::setw(20) << c.layout << std::right << std::setw(5)
+        << (c.microbatches > 0 ? std::to_string(c.microbatches) : "-")
+        << (c.rejected.empty() ? feasible_row(c, best_pipe, best_pipe_rank) : rejected_row(c))
+        << "\n";
+  }
+  if (best_pipe) {
+    out << "rank " << best_pipe_rank << " (" << best_pipe->layout
+        << ", m=" << best_pipe->microbatches;
+    if (plan.fastest_pipeline_proven)
+      out << ") is proven the fastest pipeline: no partition of another layout beats it\n";
+    else
+      out << ") is the fastest pipeline found, not proven the fastest: a partition search ran "
+             "out of budget first\n";
   }
   const std::string replicas =
       dp ? dp->layout +
