@@ -181,10 +181,6 @@ class RankWork {
       add_lines(schedule.ranks[r], sim, r, known, later, count_f, count_i, count_w);
     }
   }
-  // Whether the bound is above `level`, without finding it: one pass over the lines.
-  bool above(double level) const {
-    return makespan_ > level || (!lines_.empty() && absorbed(level) < extra_);
-  }
   // The bound: the relaxed makespan, raised to the least level that absorbs the extra work.
   double level() const {
     // Every base is at most the relaxed makespan, where each rank absorbs a share >= 0.
@@ -258,10 +254,9 @@ struct Relaxed {
   // actions depends on them), so they never decrease when a cost grows: this bounds from below
   // the step time of every completion, bubbles included, and only grows with `end`.
   double simulated = 0;
-  // At least `simulated`, and also counting the work the later stages must absorb: the units
-  // [end, n) cost more compute than the least units the later stages were credited with, and
-  // some rank runs that extra at least `multiple` times.
-  RankWork work;
+  // What the units [end, n) cost beyond the least units the later stages were credited with:
+  // RankWork, over the replay's run of it, raises the bound with it.
+  double extra = 0;
 };
 
 Relaxed relaxed_step(const schedule::Schedule& schedule, schedule::Replay& replay,
@@ -289,8 +284,7 @@ Relaxed relaxed_step(const schedule::Schedule& schedule, schedule::Replay& repla
     extra -= least_f + least_i + least_w;
   }
   costs.latency = transfer;
-  const double makespan = replay.run(costs);
-  return {makespan, RankWork(schedule, replay, known, extra)};
+  return {replay.run(costs), extra};
 }
 
 // Whether partition a (step time, bottleneck, ranges) is preferred to b: faster, then more
@@ -318,7 +312,9 @@ double relaxed_step_bound(const std::vector<UnitCost>& timed, const schedule::Sc
   const Relaxed relaxed = relaxed_step(schedule, replay, timed, f, i, w,
                                        static_cast<int>(prefix.size()),
                                        prefix.empty() ? 0 : prefix.back().end, transfer);
-  return rank_work ? relaxed.work.level() : relaxed.simulated;
+  return rank_work
+             ? RankWork(schedule, replay, static_cast<int>(prefix.size()), relaxed.extra).level()
+             : relaxed.simulated;
 }
 
 // A path of the schedule's dependency graph (Replay::critical_path) as what it adds up: per
@@ -420,7 +416,7 @@ struct PartitionSearcher::Impl {
 
   // One search. Its simulations count those start_from ran since the last search.
   SearchBudget budget;
-  int64_t simulated_here = 0, relaxed_here = 0, visits_here = 0;
+  int64_t simulated_here = 0, relaxed_here = 0, visits_here = 0, actions_here = 0;
   double ceiling = kInf;
   bool exhausted = false;
   double least_open = kInf;  // the least bound of a prefix left for the ceiling or the budget
@@ -595,7 +591,7 @@ struct PartitionSearcher::Impl {
   void leave_open(double value) { least_open = std::min(least_open, value); }
 
   void try_partition(const std::vector<StageRange>& partition) {
-    ++simulated_here, ++out.simulated;
+    ++simulated_here, ++out.simulated, actions_here += replay.actions();
     const double step = replay.run(cost_model(timed, partition, transfer));
     remember_path();
     const double bottleneck = bottleneck_of(sums, partition, schedule.placement);
@@ -617,7 +613,7 @@ struct PartitionSearcher::Impl {
     }
     least = std::max(least, path.growing);
     if (!one_stage_per_rank && !fits_cap(ranges)) return;
-    if (exhausted || simulated_here >= budget.simulations) {
+    if (exhausted || simulated_here >= budget.simulations || !affords_run()) {
       exhausted = true;
       return leave_open(least);
     }
@@ -682,13 +678,19 @@ struct PartitionSearcher::Impl {
     return at == n;
   }
 
-  // The relaxed simulation sees the bubble the sums miss. Only in the first three quarters of
-  // the stages: deeper, a prune drops few partitions per simulation (measured at 8 ranks, 26
-  // units: the last quarter proved two more interleaved rows in three times the time); never
-  // next to the last stage, whose one completion is simulated anyway.
+  // The relaxed simulation sees the bubble the sums miss, and leaves its critical path for
+  // the path bounds. Only in the first quarter of the stages, where a prune drops the most:
+  // deeper, the remembered paths bound prefixes at a fraction of a simulation's cost
+  // (measured on bench_planner's table: relaxed simulations down to three quarters of the
+  // stages took plan() two to three times as long for the same rows proven; at 50 units and
+  // 16 ranks the first quarter proved the most rows). Never next to the last stage, whose one
+  // completion is simulated anyway.
   bool relaxes(int k) const {
-    return k + 2 < stages && 4 * k < 3 * stages && relaxed_here < budget.relaxed && !exhausted;
+    return k + 2 < stages && 4 * k < stages && relaxed_here < budget.relaxed && !exhausted &&
+           affords_run();
   }
+  // Whether one more run (a simulation, relaxed or not) fits the budget of actions.
+  bool affords_run() const { return actions_here <= budget.actions - replay.actions(); }
 
   void place(int k, int64_t b) {
     const int r = schedule.placement.rank_of(k);
@@ -729,20 +731,15 @@ struct PartitionSearcher::Impl {
       }
       least = std::max(least, path.spread);
       if (relaxes(k)) {
-        ++relaxed_here, ++out.relaxed;
+        ++relaxed_here, ++out.relaxed, actions_here += replay.actions();
         const Relaxed relaxed = relaxed_step(schedule, replay, timed, f, i, w, k + 1, e, transfer);
         remember_path();
         // Only grows with e (each later stage's least unit is taken over fewer units), so
-        // past the limit, stop; the bound with the later work spread over the ranks need
-        // not, so it only skips e.
+        // past the limit, stop.
         if (drop(relaxed.simulated)) break;
-        if (relaxed.work.above(limit())) {
-          drop_beyond_limit();
-          continue;
-        }
         least = std::max(least, relaxed.simulated);
       }
-      if (exhausted || visits_here >= budget.visits) {
+      if (exhausted || visits_here >= budget.visits || !affords_run()) {
         exhausted = true;
         leave_open(least);
         continue;
@@ -756,14 +753,16 @@ struct PartitionSearcher::Impl {
   }
 
   Searched search(const SearchBudget& asked, double asked_ceiling) {
-    budget = {asked.simulations * budget_scale, asked.visits, asked.relaxed * budget_scale};
-    relaxed_here = visits_here = 0;
+    budget = {asked.simulations * budget_scale, asked.visits, asked.relaxed * budget_scale,
+              asked.actions};
+    relaxed_here = visits_here = actions_here = 0;
     ceiling = asked_ceiling, exhausted = false, least_open = kInf;
     place(0, 0);
     // A prefix left with a bound tied with the best could only have won the tie.
     out.proven =
         least_open == kInf || (!out.ranges.empty() && least_open >= out.step * (1 - kSlack));
     out.lower_bound = out.proven ? out.step : std::min(out.step, least_open);
+    out.actions = actions_here;
     simulated_here = 0;
     return out;
   }
@@ -781,7 +780,10 @@ double PartitionSearcher::root_bound() {
   Impl& s = *impl_;
   std::vector<double> none(s.stages, 0.0);
   double least =
-      relaxed_step(s.schedule, s.replay, s.timed, none, none, none, 0, 0, s.transfer).work.level();
+      RankWork(
+          s.schedule, s.replay, 0,
+          relaxed_step(s.schedule, s.replay, s.timed, none, none, none, 0, 0, s.transfer).extra)
+          .level();
   if (s.one_stage_per_rank) least = std::max(least, s.completion[0][0]);
   return least;
 }

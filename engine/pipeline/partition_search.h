@@ -97,6 +97,8 @@ struct SearchBudget {
   int64_t simulations = 0;  // complete partitions simulated
   int64_t visits = 0;       // prefixes descended into
   int64_t relaxed = 0;      // relaxed simulations of prefixes (relaxed_step)
+  // Actions timed by all of them together (Replay::actions per run): what their time is.
+  int64_t actions = std::numeric_limits<int64_t>::max();
 };
 
 struct Searched {
@@ -111,6 +113,7 @@ struct Searched {
   int64_t simulated = 0;  // partitions simulated, every call together
   int64_t relaxed = 0;    // relaxed simulations of prefixes
   int64_t visits = 0;     // prefixes descended into
+  int64_t actions = 0;    // actions timed by the simulations of the last search, relaxed ones too
 };
 
 // Branch and bound over the contiguous partitions of `timed` (costs with recomputation

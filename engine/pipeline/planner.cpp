@@ -375,19 +375,27 @@ class LayoutSearch {
     root_bound_ = searcher_.root_bound();
   }
 
-  // Searches with a fresh budget, skipping the partitions that cannot beat `ceiling`.
-  void search(double ceiling = kInf) {
-    searcher_.search(budget_, ceiling);
+  // Searches with a fresh budget (`share` of the layout's), skipping the partitions that
+  // cannot beat `ceiling`, timing at most `actions` actions in its simulations; the actions it
+  // timed.
+  int64_t search(double ceiling = kInf, int64_t actions = std::numeric_limits<int64_t>::max(),
+                 int64_t share = 1) {
+    SearchBudget budget = budget_;
+    budget.simulations = std::max<int64_t>(budget.simulations / share, 1);
+    budget.visits = std::max<int64_t>(budget.visits / share, 1);
+    budget.relaxed = std::max<int64_t>(budget.relaxed / share, 1);
+    budget.actions = actions;
     searched_ = true;
+    const Searched& found = searcher_.search(budget, ceiling);
+    proved_ = std::max(proved_, found.proven ? found.step : found.lower_bound);
+    return found.actions;
   }
   bool found_any() const { return !searcher_.found().ranges.empty(); }
   // The fastest partition found is proven the fastest that fits (or, none found, none fits).
-  bool proven() const { return searched_ && searcher_.found().proven; }
-  // No partition that fits is faster than this.
+  bool proven() const { return searched_ && proved_ >= searcher_.found().step; }
+  // No partition that fits is faster than this: the most any search proved.
   double lower_bound() const {
-    const Searched& found = searcher_.found();
-    if (proven()) return found.step;
-    return std::min(found.step, std::max(root_bound_, searched_ ? found.lower_bound : 0.0));
+    return std::min(searcher_.found().step, std::max(root_bound_, proved_));
   }
   double step() const { return searcher_.found().step; }
 
@@ -456,6 +464,7 @@ class LayoutSearch {
   const SearchBudget budget_;
   std::vector<StageRange> balanced_;
   double root_bound_ = 0;
+  double proved_ = 0;  // the highest lower bound a search proved
   bool searched_ = false;
 };
 
@@ -588,11 +597,18 @@ void prepare(PipelineRow& row, const std::vector<UnitCost>& units,
   }
 }
 
-// Searches the rows' partitions: first, in the order of their lower bounds, each only for
-// what could beat the fastest step time found so far (the one that wins is then proven, and
-// the others need not be searched to the end), then each on its own, for its row's exact
-// step time.
-void search_rows(std::vector<PipelineRow>& rows) {
+// The rounds of search_rows: each layout still open is searched again with 1/64, 1/16, 1/4
+// and then all of its budget, so that those quick to prove are proven before a hard one
+// takes the budget of all of them. A search resumed with more budget walks again what it
+// walked before, faster with the incumbent and the paths it found: at most a third more.
+constexpr int64_t kRoundShares[] = {64, 16, 4, 1};
+
+// Searches the rows' partitions within `actions`, in rounds of growing budgets. In each
+// round, first, in the order of their lower bounds, the layouts that could still beat the
+// fastest step time found so far, each only for what could (the one that wins is then
+// proven, and the others need not be searched to the end); then the others not yet proven,
+// each for its own row's exact step time.
+void search_rows(std::vector<PipelineRow>& rows, int64_t actions) {
   std::vector<LayoutSearch*> open;
   double fastest = kInf;
   for (PipelineRow& row : rows)
@@ -600,16 +616,22 @@ void search_rows(std::vector<PipelineRow>& rows) {
       open.push_back(row.search.get());
       fastest = std::min(fastest, row.search->step());
     }
-  std::stable_sort(open.begin(), open.end(), [](const LayoutSearch* a, const LayoutSearch* b) {
-    return a->lower_bound() < b->lower_bound();
-  });
-  for (LayoutSearch* layout : open) {
-    if (layout->proven() || layout->lower_bound() > fastest * (1 + kSlack)) continue;
-    layout->search(fastest);
-    fastest = std::min(fastest, layout->step());
+  // A search stopped by the ceiling proved every partition above `fastest * (1 + kSlack)`.
+  auto could_win = [&](const LayoutSearch* layout) {
+    return layout->lower_bound() < fastest * (1 + kSlack);
+  };
+  for (const int64_t share : kRoundShares) {
+    std::stable_sort(open.begin(), open.end(), [](const LayoutSearch* a, const LayoutSearch* b) {
+      return a->lower_bound() < b->lower_bound();
+    });
+    for (const bool contenders : {true, false})
+      for (LayoutSearch* layout : open) {
+        if (layout->proven() || could_win(layout) != contenders) continue;
+        if (actions <= 0) return;
+        actions -= layout->search(contenders ? fastest : kInf, actions, share);
+        fastest = std::min(fastest, layout->step());
+      }
   }
-  for (LayoutSearch* layout : open)
-    if (!layout->proven()) layout->search();
 }
 
 // The row's partition and what its simulation says of it.
@@ -765,7 +787,7 @@ Plan plan(const std::vector<UnitCosts>& measured, const PlanOptions& options) {
       if (retry) rows.push_back(prepared(RecomputeSpec::every_unit()));
     }
   }
-  search_rows(rows);
+  search_rows(rows, options.max_search_actions);
   for (PipelineRow& row : rows) {
     finish(row);
     out.candidates.push_back(std::move(row.candidate));

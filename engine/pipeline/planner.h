@@ -131,6 +131,10 @@ struct PlanOptions {
   bool recompute_when_short = true;
   // Each layout's partition search budget (PartitionSearch::max_simulations), per search.
   int64_t max_simulations = PartitionSearch{}.max_simulations;
+  // The actions all the searches together may time in their simulations (each run times
+  // every action of the schedule): what keeps plan() interactive for large models, whose
+  // layouts no search finishes within its own budget.
+  int64_t max_search_actions = int64_t{1} << 28;
   // Only the pipelined layouts of this schedule kind, or of this many chunks (what the caller
   // fixed); the data-parallel ones stay.
   std::optional<schedule::ScheduleKind> schedule;
