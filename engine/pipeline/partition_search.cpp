@@ -382,14 +382,16 @@ struct CostPath {
 // The search's state: the bounds prepared once per schedule, the best partition found (kept
 // across searches), and one search's budget, ceiling and prefix.
 //
-// Branch and bound over the contiguous partitions, stage by stage: a prefix is dropped when a
-// rank's bound (StepBound), the least the remaining units add to the ranks still to come, or
-// the prefix's relaxed simulation (relaxed_step) already exceeds the best simulated step time
-// or the ceiling, or when it overflows the cap; each complete partition that survives and
-// fits is simulated. Exact for the simulated step time: a dropped partition is slower than
-// one already simulated, or than the ceiling. A prefix dropped for the ceiling alone, or left
-// when the budget ran out, keeps its bound, and the least such bound is what the search
-// proved of the partitions it did not simulate.
+// Branch and bound over the contiguous partitions, stage by stage: a prefix is dropped when it
+// overflows the cap, or when one of its lower bounds already exceeds the best simulated step
+// time or the ceiling: a rank's bound (StepBound); the least the remaining units add to the
+// ranks still to come (the DP over lone stages, or water filling); the furthest-cut test of
+// the later stages (completes_within); the remembered critical paths (path_bound); the
+// prefix's relaxed simulation (relaxed_step). Each complete partition that survives and fits
+// is simulated. Exact for the simulated step time: a dropped partition is slower than one
+// already simulated, or than the ceiling. A prefix dropped for the ceiling alone, or left when
+// the budget ran out, keeps its bound, and the least such bound is what the search proved of
+// the partitions it did not simulate.
 struct PartitionSearcher::Impl {
   const Sums& sums;
   const std::vector<UnitCost>& timed;
@@ -845,7 +847,6 @@ std::vector<StageRange> leanest_partition(const Sums& sums, const PartitionMemor
       return memory_of.stage(s, b, e);
     });
   std::vector<StageRange> best, ranges(stages);
-  std::vector<double> state(schedule.num_ranks(), 0.0);
   double lowest = kInf;
   int64_t visits = 0;
   std::function<bool(int, int64_t)> place = [&](int k, int64_t b) {
@@ -860,10 +861,7 @@ std::vector<StageRange> leanest_partition(const Sums& sums, const PartitionMemor
         if (peak < lowest) lowest = peak, best = ranges;
         break;
       }
-      state[r] += sums.state.over(b, e);
-      const bool finished = place(k + 1, e);
-      state[r] -= sums.state.over(b, e);
-      if (!finished) return false;
+      if (!place(k + 1, e)) return false;
     }
     return true;
   };
