@@ -152,11 +152,25 @@ struct MemoryModel : PartitionMemory {
     for (int r = 0; r < schedule.num_ranks(); ++r)
       peaks.push_back(rank_peaks(schedule.ranks[static_cast<size_t>(r)],
                                  schedule.placement.stages_of(r), schedule.num_stages() - 1));
+    activation_memo.resize((units.size() + 1) * (units.size() + 1));
+    activation_known.assign(activation_memo.size(), false);
   }
 
-  StageActivationBytes activations(const StageRange& range) const {
-    return stage_activation_bytes(saved, input, {range}, recomputed, pending)[0];
+  // What a stage of units `range` holds per micro-batch, remembered: the searches ask again
+  // for every prefix.
+  const StageActivationBytes& activations(const StageRange& range) const {
+    const size_t at =
+        static_cast<size_t>(range.begin) * (units.size() + 1) + static_cast<size_t>(range.end);
+    if (!activation_known[at]) {
+      activation_memo[at] = stage_activation_bytes(saved, input, {range}, recomputed, pending)[0];
+      activation_known[at] = true;
+    }
+    return activation_memo[at];
   }
+  mutable std::vector<StageActivationBytes> activation_memo;  // [begin * (n + 1) + end]
+  mutable std::vector<bool> activation_known;
+  mutable std::vector<StageActivationBytes> held_bytes;  // per stage of a rank: scratch
+  mutable std::vector<double> in_bytes, out_bytes;       // likewise
   // The boundary tensor entering unit `u` (none past the last unit).
   double boundary(int64_t u) const {
     return u < static_cast<int64_t>(units.size()) ? units[static_cast<size_t>(u)].input_bytes : 0.0;
@@ -179,24 +193,24 @@ struct MemoryModel : PartitionMemory {
   double rank_bytes(int r, const std::vector<StageRange>& own) const {
     const RankPeaks& rank = peaks[static_cast<size_t>(r)];
     const int last = schedule.num_stages() - 1;
-    std::vector<StageActivationBytes> bytes;
+    held_bytes.resize(own.size()), in_bytes.resize(own.size()), out_bytes.resize(own.size());
     double state = 0, workspace = 0, early = 0;
-    std::vector<double> in, out;
     for (size_t j = 0; j < own.size(); ++j) {
-      bytes.push_back(activations(own[j]));
+      held_bytes[j] = activations(own[j]);
       state += sums.state.over(own[j]);
       workspace = std::max(workspace, sums.workspace_over(own[j].begin, own[j].end));
-      in.push_back(boundary(own[j].begin)), out.push_back(boundary(own[j].end));
-      early += (rank.stages[j] > 0 ? in[j] : 0.0) + (rank.stages[j] < last ? out[j] : 0.0);
+      in_bytes[j] = boundary(own[j].begin), out_bytes[j] = boundary(own[j].end);
+      early +=
+          (rank.stages[j] > 0 ? in_bytes[j] : 0.0) + (rank.stages[j] < last ? out_bytes[j] : 0.0);
     }
     double transit = 0;
     for (const auto& point : rank.transit) {
       double total = 0;
       for (size_t j = 0; j < point.size(); ++j)
-        total += point[j].inputs * in[j] + point[j].outputs * out[j];
+        total += point[j].inputs * in_bytes[j] + point[j].outputs * out_bytes[j];
       transit = std::max(transit, total);
     }
-    return state + held_peak(r, bytes) + transit + early + workspace;
+    return state + held_peak(r, held_bytes) + transit + early + workspace;
   }
 
   std::vector<double> operator()(const std::vector<StageRange>& ranges) const override {
@@ -219,17 +233,17 @@ struct MemoryModel : PartitionMemory {
   // (Boundary tensors are left out: a stage's count of them can be negative at a point.)
   double known_stages(int r, const std::vector<StageRange>& ranges, int known) const override {
     const RankPeaks& rank = peaks[static_cast<size_t>(r)];
-    std::vector<StageActivationBytes> bytes(rank.stages.size());
+    held_bytes.assign(rank.stages.size(), {});
     double state = 0, workspace = 0;
     for (size_t j = 0; j < rank.stages.size(); ++j) {
       const int s = rank.stages[j];
       if (s >= known) continue;
       const StageRange& range = ranges[static_cast<size_t>(s)];
-      bytes[j] = activations(range);
+      held_bytes[j] = activations(range);
       state += sums.state.over(range);
       workspace = std::max(workspace, sums.workspace_over(range.begin, range.end));
     }
-    return state + held_peak(r, bytes) + workspace;
+    return state + held_peak(r, held_bytes) + workspace;
   }
 };
 
