@@ -426,6 +426,8 @@ struct PartitionSearcher::Impl {
   std::vector<StageRange> ranges;
   std::vector<double> rank_base, rank_slack;  // completes_within's, per rank
   std::vector<double> rank_compute;           // may_win_tie's, per rank
+  std::vector<std::vector<int>> ranks_after;  // [k]: the ranks holding a stage after k
+  std::vector<double> levels;                 // remaining's, per rank of ranks_after
   int known = 0;                              // stages of `ranges` placed
   // Critical paths of the partitions simulated last, distinct, at most kPaths of them.
   std::vector<CostPath> paths;
@@ -455,6 +457,11 @@ struct PartitionSearcher::Impl {
     f.assign(stages, 0.0), i.assign(stages, 0.0), w.assign(stages, 0.0), state.assign(ranks, 0.0);
     rank_base.assign(ranks, 0.0), rank_slack.assign(ranks, 0.0), rank_compute.assign(ranks, 0.0);
     ranges.resize(stages);
+    ranks_after.resize(stages);
+    for (int k = 0; k < stages; ++k)
+      for (int r = 0; r < ranks; ++r)
+        if (std::any_of(bound.own[r].begin(), bound.own[r].end(), [&](int s) { return s > k; }))
+          ranks_after[k].push_back(r);
     fill_least_units();
     node_f.assign(stages, 0.0), node_i.assign(stages, 0.0), node_w.assign(stages, 0.0);
   }
@@ -625,12 +632,10 @@ struct PartitionSearcher::Impl {
   // The least largest busy time of the ranks holding stages after `k`, when the units [e, n)
   // are still to be spread over them (water filling over their busy times so far); with one
   // stage per rank, the dynamic programming's exact completion bound, which is above it.
-  double remaining(int k, int64_t e) const {
+  double remaining(int k, int64_t e) {
     if (one_stage_per_rank) return completion[k + 1][e];
-    std::vector<double> levels;
-    for (int r = 0; r < ranks; ++r)
-      if (std::any_of(bound.own[r].begin(), bound.own[r].end(), [&](int s) { return s > k; }))
-        levels.push_back(bound.busy(r, f, i, w, k + 1));
+    levels.clear();
+    for (int r : ranks_after[k]) levels.push_back(bound.busy(r, f, i, w, k + 1));
     std::sort(levels.begin(), levels.end());
     double water = bound.multiple * sums.compute.over(e, n), level = levels.front();
     size_t under = 1;
