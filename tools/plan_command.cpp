@@ -162,6 +162,11 @@ PlannedRun plan_training(const TrainConfig& config, Device device, int repetitio
       if (config.batch_tokens % m == 0) options.microbatch_counts.push_back(m);
     if (options.microbatch_counts.empty()) options.microbatch_counts.push_back(1);
   }
+  // What the caller fixed: only those pipelined layouts are planned, so that the fastest of
+  // them is the one proven fastest; the replicas stay (the verdict still says when they
+  // would be faster).
+  options.schedule = constraints.schedule;
+  options.chunks = constraints.chunks;
   if (constraints.schedule)
     out.constraints +=
         std::string(" --schedule ") + schedule::schedule_kind_name(*constraints.schedule);
@@ -196,12 +201,6 @@ PlannedRun plan_training(const TrainConfig& config, Device device, int repetitio
   } catch (const PlanError& e) {
     throw UsageError(e.what());
   }
-  // What the caller fixed: the other pipelined layouts are dropped, the replicas stay (the
-  // verdict still says when they would be faster).
-  std::erase_if(out.plan.candidates, [&](const PlanCandidate& c) {
-    return c.pipelined && ((constraints.schedule && c.kind != *constraints.schedule) ||
-                           (constraints.chunks && c.chunks != *constraints.chunks));
-  });
   const int64_t tokens = out.costs.microbatch_tokens;
   if (print) {
     std::printf(

@@ -61,6 +61,8 @@ namespace {
 
 // See search_partition's budgets.
 constexpr int64_t kBudgetActions = 4096;
+// Critical paths the search keeps to bound prefixes and partitions before simulating them.
+constexpr size_t kPaths = 32;
 
 // Lower bounds on the simulated step time of a partition, read off the schedule's lists. A rank
 // runs its computes one at a time, so it ends no earlier than
@@ -79,6 +81,7 @@ struct StepBound {
   std::vector<std::vector<double>> after;  // [rank][stage]: W actions after the last gradient
   std::vector<int> first, last;            // per rank: stage of the first F, of the last I or B
   std::vector<bool> split;                 // per stage: its gradient step is I alone
+  std::vector<bool> split_below;           // per stage: some stage below it splits
   std::vector<std::vector<int>> own;       // per rank: its stages
   double multiple = kInf;  // the fewest F, I or W of one stage any rank runs (m, generated)
 
@@ -115,6 +118,8 @@ struct StepBound {
       for (int s : own[r])
         multiple = std::min({multiple, counts[r][s].f, counts[r][s].i, counts[r][s].w});
     }
+    split_below.assign(stages, false);
+    for (int s = 1; s < stages; ++s) split_below[s] = split_below[s - 1] || split[s - 1];
   }
   // Rank r's busy time with stage costs F, I, W, over the stages [0, known) only.
   double busy(int r, const std::vector<double>& f, const std::vector<double>& i,
@@ -138,22 +143,18 @@ struct StepBound {
     }
     return head + busy(r, f, i, w, known) + std::max(0.0, tail - later);
   }
-};
-
-// Two lower bounds on the step time of every partition that begins with the stages
-// [0, known), which cost f, i and w; the prefix ends at unit `end`, so stage j >= known starts
-// within [end + j - known, n - stages + j] and holds at least the unit there with the least F,
-// I and W.
-struct Relaxed {
-  // The schedule simulated with each later stage at those least costs. With every rank's list
-  // fixed, the simulator's times are maxima and sums of the costs (no choice among ready
-  // actions depends on them), so they never decrease when a cost grows: this bounds from below
-  // the step time of every completion, bubbles included, and only grows with `end`.
-  double simulated = 0;
-  // At least `simulated`, and also counting the work the later stages must absorb: the units
-  // [end, n) cost `extra` more compute than the least units the later stages were credited
-  // with, and some rank runs that extra at least `multiple` times (see with_rank_work).
-  double bound = 0;
+  // With one stage per rank (rank s holds stage s): rank s's bound when its stage holds the
+  // units [b, e). The stages below hold exactly the units [0, b), so the head is their
+  // forwards and the tail their gradient steps, whatever the cuts among them; when some
+  // stage below splits its backward, the tail counts the input gradients alone (still a
+  // lower bound). What rank() gives once the stages up to s are known, from the units alone.
+  double lone_stage(const Sums& sums, int s, int64_t b, int64_t e) const {
+    const Count& c = counts[s][s];
+    const double weight = sums.weight.over(b, e);
+    const double tail = sums.input.over(0, b) + (split_below[s] ? 0.0 : sums.weight.over(0, b));
+    return sums.forward.over(0, b) + c.f * sums.forward.over(b, e) + c.i * sums.input.over(b, e) +
+           c.w * weight + std::max(0.0, tail - after[s][s] * weight);
+  }
 };
 
 // Water filling of the extra compute over the ranks holding later stages. Rank r's action j
@@ -163,23 +164,46 @@ struct Relaxed {
 // stages from j on. Each line (S_j + relaxed rest, c_j) is such a bound; the extra computes
 // sum to `extra` whatever the cuts, so the step time is at least the least level L at which
 // the ranks can absorb it: sum over ranks of min over lines (L - base) / c >= extra.
-double with_rank_work(const schedule::Schedule& schedule, const schedule::Replay& sim,
-                      int known, double extra) {
-  using schedule::ActionKind;
-  const int stages = schedule.num_stages(), ranks = schedule.num_ranks();
+class RankWork {
+ public:
+  RankWork(const schedule::Schedule& schedule, const schedule::Replay& sim, int known, double extra)
+      : extra_(extra), makespan_(sim.makespan()), microbatches_(schedule.num_microbatches) {
+    if (known >= schedule.num_stages() || extra <= 0) return;
+    const int stages = schedule.num_stages(), ranks = schedule.num_ranks();
+    lines_.resize(ranks);
+    std::vector<double> count_f(stages), count_i(stages), count_w(stages);
+    for (int r = 0; r < ranks; ++r) {
+      std::vector<int> later;
+      for (int s : schedule.placement.stages_of(r))
+        if (s >= known) later.push_back(s);
+      if (later.empty()) continue;
+      for (int s : later) count_f[s] = count_i[s] = count_w[s] = 0;
+      add_lines(schedule.ranks[r], sim, r, known, later, count_f, count_i, count_w);
+    }
+  }
+  // The bound: the relaxed makespan, raised to the least level that absorbs the extra work.
+  double level() const {
+    // Every base is at most the relaxed makespan, where each rank absorbs a share >= 0.
+    double low = makespan_;
+    if (lines_.empty() || absorbed(low) >= extra_) return low;
+    double high = low + extra_ * microbatches_ * 3;
+    for (double step = extra_; absorbed(high) < extra_; step *= 2) high += step;
+    for (int round = 0; round < 60 && high - low > 1e-12 * high; ++round) {
+      const double mid = 0.5 * (low + high);
+      (absorbed(mid) >= extra_ ? high : low) = mid;
+    }
+    return low;  // not enough at `low`: the least level is above it
+  }
+
+ private:
   struct Line {
     double base, per;
   };
-  std::vector<std::vector<Line>> lines(ranks);
-  std::vector<double> count_f(stages), count_i(stages), count_w(stages);
-  for (int r = 0; r < ranks; ++r) {
-    const std::vector<int> own = schedule.placement.stages_of(r);
-    std::vector<int> later;
-    for (int s : own)
-      if (s >= known) later.push_back(s);
-    if (later.empty()) continue;
-    for (int s : later) count_f[s] = count_i[s] = count_w[s] = 0;
-    const auto& list = schedule.ranks[r];
+
+  void add_lines(const std::vector<schedule::Action>& list, const schedule::Replay& sim, int r,
+                 int known, const std::vector<int>& later, std::vector<double>& count_f,
+                 std::vector<double>& count_i, std::vector<double>& count_w) {
+    using schedule::ActionKind;
     double rest = 0;
     for (size_t j = list.size(); j-- > 0;) {
       const schedule::Action& a = list[j];
@@ -198,32 +222,42 @@ double with_rank_work(const schedule::Schedule& schedule, const schedule::Replay
       // Scanning backwards `per` only grows: a line whose base is no higher than the new
       // one's is never the smaller (L - base) / per.
       const double base = t.start + rest;
-      auto& mine = lines[r];
+      auto& mine = lines_[r];
       while (!mine.empty() && mine.back().base <= base) mine.pop_back();
       mine.push_back({base, per});
     }
   }
-  auto absorbed = [&](double level) {
+
+  double absorbed(double level) const {
     double total = 0;
-    for (const auto& mine : lines) {
+    for (const auto& mine : lines_) {
       if (mine.empty()) continue;
       double least = kInf;
       for (const Line& l : mine) least = std::min(least, (level - l.base) / l.per);
       total += std::max(0.0, least);
     }
     return total;
-  };
-  // Every base is at most the relaxed makespan, where each rank absorbs a share >= 0.
-  double low = sim.makespan();
-  if (absorbed(low) >= extra) return low;
-  double high = low + extra * schedule.num_microbatches * 3;
-  for (double step = extra; absorbed(high) < extra; step *= 2) high += step;
-  for (int round = 0; round < 60 && high - low > 1e-12 * high; ++round) {
-    const double mid = 0.5 * (low + high);
-    (absorbed(mid) >= extra ? high : low) = mid;
   }
-  return low;  // not enough at `low`: the least level is above it
-}
+
+  std::vector<std::vector<Line>> lines_;  // per rank holding later stages
+  double extra_, makespan_;
+  int microbatches_;
+};
+
+// Two lower bounds on the step time of every partition that begins with the stages
+// [0, known), which cost f, i and w; the prefix ends at unit `end`, so stage j >= known starts
+// within [end + j - known, n - stages + j] and holds at least the unit there with the least F,
+// I and W.
+struct Relaxed {
+  // The schedule simulated with each later stage at those least costs. With every rank's list
+  // fixed, the simulator's times are maxima and sums of the costs (no choice among ready
+  // actions depends on them), so they never decrease when a cost grows: this bounds from below
+  // the step time of every completion, bubbles included, and only grows with `end`.
+  double simulated = 0;
+  // What the units [end, n) cost beyond the least units the later stages were credited with:
+  // RankWork, over the replay's run of it, raises the bound with it.
+  double extra = 0;
+};
 
 Relaxed relaxed_step(const schedule::Schedule& schedule, schedule::Replay& replay,
                      const std::vector<UnitCost>& timed,
@@ -250,15 +284,8 @@ Relaxed relaxed_step(const schedule::Schedule& schedule, schedule::Replay& repla
     extra -= least_f + least_i + least_w;
   }
   costs.latency = transfer;
-  const double makespan = replay.run(costs);
-  Relaxed out{makespan, makespan};
-  if (known < stages && extra > 0) out.bound = with_rank_work(schedule, replay, known, extra);
-  return out;
+  return {replay.run(costs), extra};
 }
-
-// Pruned comparisons leave a billionth of slack: the simulator adds times in another order,
-// and a bound a few ulps over a tie must not hide it.
-constexpr double kSlack = 1e-9;
 
 // Whether partition a (step time, bottleneck, ranges) is preferred to b: faster, then more
 // balanced, then the earlier cuts, so that ties are decided the same way every time.
@@ -285,141 +312,536 @@ double relaxed_step_bound(const std::vector<UnitCost>& timed, const schedule::Sc
   const Relaxed relaxed = relaxed_step(schedule, replay, timed, f, i, w,
                                        static_cast<int>(prefix.size()),
                                        prefix.empty() ? 0 : prefix.back().end, transfer);
-  return rank_work ? relaxed.bound : relaxed.simulated;
+  return rank_work
+             ? RankWork(schedule, replay, static_cast<int>(prefix.size()), relaxed.extra).level()
+             : relaxed.simulated;
 }
 
-// Branch and bound over the contiguous partitions, stage by stage: a prefix is dropped when a
-// rank's bound (StepBound), the least the remaining units add to the ranks still to come, or
-// the prefix's relaxed simulation (relaxed_step, at most `max_relaxed` of them) already
-// exceeds the best simulated step time, or when it overflows the cap; each complete
-// partition that survives and fits is simulated. Exact for the simulated step time: a dropped
-// partition is slower than one already simulated. `incumbent` (may be empty) is tried first.
-Searched search_partition(const Sums& sums, const std::vector<UnitCost>& timed,
-                          const PartitionMemory& memory_of, const schedule::Schedule& schedule,
-                          double cap, double transfer, int64_t max_simulations,
-                          int64_t max_visits, int64_t max_relaxed,
-                          const std::vector<StageRange>& incumbent) {
-  const int64_t n = static_cast<int64_t>(timed.size());
-  const int stages = schedule.num_stages(), ranks = schedule.num_ranks();
-  const schedule::Placement& placement = schedule.placement;
-  const bool one_stage_per_rank = placement.chunks == 1;
-  const StepBound bound(schedule);
-  schedule::Replay replay(schedule);
+// A path of the schedule's dependency graph (Replay::critical_path) as what it adds up: per
+// stage, how many F, I and W costs, and how many transfers. Every step on it waits for the one
+// before, so under any partition's costs its length is at most that partition's step time.
+struct CostPath {
+  std::vector<double> f, i, w;
+  double transfers = 0;
+
+  CostPath(const std::vector<schedule::Action>& steps, int stages)
+      : f(stages, 0.0), i(stages, 0.0), w(stages, 0.0) {
+    using schedule::ActionKind;
+    for (const schedule::Action& a : steps) switch (a.kind) {
+        case ActionKind::kForward:
+          f[a.stage] += 1;
+          break;
+        case ActionKind::kBackward:
+          i[a.stage] += 1, w[a.stage] += 1;
+          break;
+        case ActionKind::kBackwardInput:
+          i[a.stage] += 1;
+          break;
+        case ActionKind::kBackwardWeight:
+          w[a.stage] += 1;
+          break;
+        case ActionKind::kAllReduceGrad:  // none in a planned schedule; left out, it only
+          break;                          // shortens the path
+        default:
+          transfers += schedule::is_send(a.kind) ? 1 : 0;
+          break;
+      }
+  }
+  // completion[k][e]: the least the stages [k, S) add to the path over every cut of the units
+  // [e, n) among them (kInf: no cut), by dynamic programming from the last stage; each stage
+  // adds its counts times its sums.
+  std::vector<std::vector<double>> completion;
+  int64_t used = 0;  // when it last dropped a prefix, or was remembered
+
+  bool same_counts(const CostPath& o) const {
+    return f == o.f && i == o.i && w == o.w && transfers == o.transfers;
+  }
+  // The path's time over stages [0, known) of the given costs, plus its transfers.
+  double known_length(const std::vector<double>& sf, const std::vector<double>& si,
+                      const std::vector<double>& sw, int known, double transfer) const {
+    double total = transfers * transfer;
+    for (int s = 0; s < known; ++s) total += f[s] * sf[s] + i[s] * si[s] + w[s] * sw[s];
+    return total;
+  }
+  void fill_completion(const Sums& sums) {
+    const int stages = static_cast<int>(f.size());
+    const int64_t n = sums.compute.n;
+    completion.assign(stages + 1, std::vector<double>(n + 1, kInf));
+    completion[stages][n] = 0;
+    for (int k = stages - 1; k >= 0; --k)
+      for (int64_t b = k; b <= n - (stages - k); ++b) {
+        double least = kInf;
+        for (int64_t e = k == stages - 1 ? n : b + 1; e <= n - (stages - 1 - k); ++e)
+          least = std::min(least, f[k] * sums.forward.over(b, e) + i[k] * sums.input.over(b, e) +
+                                      w[k] * sums.weight.over(b, e) + completion[k + 1][e]);
+        completion[k][b] = least;
+      }
+  }
+};
+
+// The search's state: the bounds prepared once per schedule, the best partition found (kept
+// across searches), and one search's budget, ceiling and prefix.
+//
+// Branch and bound over the contiguous partitions, stage by stage: a prefix is dropped when it
+// overflows the cap, or when one of its lower bounds already exceeds the best simulated step
+// time or the ceiling: a rank's bound (StepBound); the least the remaining units add to the
+// ranks still to come (the DP over lone stages, or water filling); the furthest-cut test of
+// the later stages (completes_within); the remembered critical paths (path_bound); the
+// prefix's relaxed simulation (relaxed_step). Each complete partition that survives and fits
+// is simulated. Exact for the simulated step time: a dropped partition is slower than one
+// already simulated, or than the ceiling. A prefix dropped for the ceiling alone, or left when
+// the budget ran out, keeps its bound, and the least such bound is what the search proved of
+// the partitions it did not simulate.
+struct PartitionSearcher::Impl {
+  const Sums& sums;
+  const std::vector<UnitCost>& timed;
+  const PartitionMemory& memory_of;
+  const schedule::Schedule& schedule;
+  const double cap, transfer;
+  const int64_t n;
+  const int stages, ranks;
+  const bool one_stage_per_rank;
+  const StepBound bound;
+  schedule::Replay replay;
   // The budgets count work: a simulation of a short schedule (few micro-batches) costs a
   // fraction of a long one's, so it gets as many more simulations, up to those of a schedule
   // of kBudgetActions actions; those with more keep the counts asked for.
-  const int64_t actions = std::max<int64_t>(replay.actions(), 1);
-  const int64_t scale = std::max<int64_t>(kBudgetActions / actions, 1);
-  max_simulations *= scale, max_relaxed *= scale;
+  const int64_t budget_scale;
+  // One stage per rank: whether stage k of [b, e) fits (-1: not asked yet).
+  std::vector<int8_t> stage_fit;
+  // One stage per rank: completion[k][e], the least largest lone-stage bound of the stages
+  // [k, S) over every cut of the units [e, n) among them that fits (kInf: none fits).
+  std::vector<std::vector<double>> completion;
+
   Searched out;
   double best_bottleneck = kInf;
-  int64_t visits = 0;
 
-  auto fits_cap = [&](const std::vector<StageRange>& ranges) {
-    const auto memory = memory_of(ranges);
-    return fits(*std::max_element(memory.begin(), memory.end()), cap);
-  };
-  auto try_partition = [&](const std::vector<StageRange>& ranges) {
-    if (out.simulated >= max_simulations) return void(out.proven = false);
-    ++out.simulated;
-    const double step = replay.run(cost_model(timed, ranges, transfer));
-    const double bottleneck = bottleneck_of(sums, ranges, placement);
-    if (out.ranges.empty() ||
-        preferred(step, bottleneck, ranges, out.step, best_bottleneck, out.ranges))
-      out.ranges = ranges, out.step = step, best_bottleneck = bottleneck;
-  };
-  if (!incumbent.empty() && fits_cap(incumbent)) try_partition(incumbent);
-  // Moving one cut by one unit while that helps makes the incumbent nearly optimal, so the
-  // bounds below prune most prefixes: a few simulations bought here save many.
-  for (bool moved = !out.ranges.empty(); moved && out.proven;) {
-    moved = false;
-    for (int k = 1; k < stages && !moved && out.proven; ++k)
-      for (int delta : {-1, 1}) {
-        std::vector<StageRange> next = out.ranges;
-        next[k - 1].end += delta, next[k].begin += delta;
-        if (next[k - 1].end <= next[k - 1].begin || next[k].end <= next[k].begin) continue;
-        if (!fits_cap(next)) continue;
-        const double before = out.step;
-        try_partition(next);
-        if (out.step < before) {
-          moved = true;
-          break;
-        }
-      }
+  // One search. Its simulations count those start_from ran since the last search.
+  SearchBudget budget;
+  int64_t simulated_here = 0, relaxed_here = 0, visits_here = 0, actions_here = 0;
+  double ceiling = kInf;
+  bool exhausted = false;
+  double least_open = kInf;  // the least bound of a prefix left for the ceiling or the budget
+  std::vector<double> f, i, w, state;
+  std::vector<StageRange> ranges;
+  std::vector<double> rank_base, rank_slack;  // completes_within's, per rank
+  std::vector<double> rank_compute;           // may_win_tie's, per rank
+  std::vector<std::vector<int>> ranks_after;  // [k]: the ranks holding a stage after k
+  std::vector<double> levels;                 // remaining's, per rank of ranks_after
+  int known = 0;                              // stages of `ranges` placed
+  // Critical paths of the partitions simulated last, distinct, at most kPaths of them.
+  std::vector<CostPath> paths;
+  int64_t path_clock = 0;  // counts drops by a path and paths remembered
+  // least_f[lo * (n + 1) + hi]: the least F of the units [lo, hi]; likewise I and W.
+  std::vector<double> least_f, least_i, least_w;
+  std::vector<double> node_f, node_i, node_w;  // path_bound's least costs of later stages
+
+  Impl(const Sums& sums, const std::vector<UnitCost>& timed, const PartitionMemory& memory_of,
+       const schedule::Schedule& schedule, double cap, double transfer)
+      : sums(sums),
+        timed(timed),
+        memory_of(memory_of),
+        schedule(schedule),
+        cap(cap),
+        transfer(transfer),
+        n(static_cast<int64_t>(timed.size())),
+        stages(schedule.num_stages()),
+        ranks(schedule.num_ranks()),
+        one_stage_per_rank(schedule.placement.chunks == 1),
+        bound(schedule),
+        replay(schedule),
+        budget_scale(
+            std::max<int64_t>(kBudgetActions / std::max<int64_t>(replay.actions(), 1), 1)) {
+    if (one_stage_per_rank && cap > 0) stage_fit.assign(stages * (n + 1) * (n + 1), -1);
+    if (one_stage_per_rank) fill_completion();
+    f.assign(stages, 0.0), i.assign(stages, 0.0), w.assign(stages, 0.0), state.assign(ranks, 0.0);
+    rank_base.assign(ranks, 0.0), rank_slack.assign(ranks, 0.0), rank_compute.assign(ranks, 0.0);
+    ranges.resize(stages);
+    ranks_after.resize(stages);
+    for (int k = 0; k < stages; ++k)
+      for (int r = 0; r < ranks; ++r)
+        if (std::any_of(bound.own[r].begin(), bound.own[r].end(), [&](int s) { return s > k; }))
+          ranks_after[k].push_back(r);
+    fill_least_units();
+    node_f.assign(stages, 0.0), node_i.assign(stages, 0.0), node_w.assign(stages, 0.0);
   }
 
   // Whether stage k of units [b, e) fits, remembered: the search asks again for every prefix.
-  std::vector<int8_t> stage_fit(one_stage_per_rank && cap > 0 ? stages * (n + 1) * (n + 1) : 0, -1);
-  auto stage_fits = [&](int k, int64_t b, int64_t e) {
+  bool stage_fits(int k, int64_t b, int64_t e) {
     if (stage_fit.empty()) return true;
     int8_t& known = stage_fit[(k * (n + 1) + b) * (n + 1) + e];
     if (known < 0) known = fits(memory_of.stage(k, b, e), cap) ? 1 : 0;
     return known == 1;
+  }
+
+  bool fits_cap(const std::vector<StageRange>& partition) const {
+    const auto memory = memory_of(partition);
+    return fits(*std::max_element(memory.begin(), memory.end()), cap);
+  }
+
+  // Dynamic programming from the last stage: each rank's lone-stage bound depends on its own
+  // stage's units alone.
+  void fill_completion() {
+    completion.assign(stages + 1, std::vector<double>(n + 1, kInf));
+    completion[stages][n] = 0;
+    for (int k = stages - 1; k >= 0; --k)
+      for (int64_t b = k; b <= n - (stages - k); ++b) {
+        double least = kInf;
+        for (int64_t e = k == stages - 1 ? n : b + 1; e <= n - (stages - 1 - k); ++e) {
+          if (completion[k + 1][e] == kInf || !stage_fits(k, b, e)) continue;
+          least = std::min(least, std::max(bound.lone_stage(sums, k, b, e), completion[k + 1][e]));
+        }
+        completion[k][b] = least;
+      }
+  }
+
+  void fill_least_units() {
+    least_f.assign((n + 1) * (n + 1), kInf), least_i = least_f, least_w = least_f;
+    for (int64_t lo = 0; lo < n; ++lo) {
+      double lf = kInf, li = kInf, lw = kInf;
+      for (int64_t hi = lo; hi < n; ++hi) {
+        lf = std::min(lf, timed[hi].forward), li = std::min(li, timed[hi].backward_input),
+        lw = std::min(lw, timed[hi].backward_weight);
+        least_f[lo * (n + 1) + hi] = lf, least_i[lo * (n + 1) + hi] = li,
+                               least_w[lo * (n + 1) + hi] = lw;
+      }
+    }
+  }
+
+  // Keeps the critical path of the last run when it is new, in place of the one that has
+  // gone longest without dropping a prefix.
+  void remember_path() {
+    CostPath path(replay.critical_path(), stages);
+    for (const CostPath& known : paths)
+      if (known.same_counts(path)) return;
+    path.fill_completion(sums);
+    path.used = ++path_clock;
+    if (paths.size() < kPaths) return paths.push_back(std::move(path));
+    *std::min_element(paths.begin(), paths.end(), [](const CostPath& a, const CostPath& b) {
+      return a.used < b.used;
+    }) = std::move(path);
+  }
+
+  // A path that dropped a prefix is kept longer.
+  void touch(CostPath* path) {
+    if (path) path->used = ++path_clock;
+  }
+
+  // Two lower bounds on the step time of every completion of the stages [0, known), which
+  // end at unit `end`, from the remembered paths: `growing`, each path's length with every
+  // later stage at the least F, I and W of a unit it must hold (as relaxed_step costs them),
+  // only grows with `end`, since every cost does; `spread`, each path's least length over the
+  // cuts of the later units (its completion), is at least as high but need not grow.
+  struct PathBound {
+    double growing = 0, spread = 0;
+    CostPath* growing_path = nullptr;  // the paths that gave them
+    CostPath* spread_path = nullptr;
   };
-  std::vector<double> f(stages, 0.0), i(stages, 0.0), w(stages, 0.0), state(ranks, 0.0);
-  std::vector<StageRange> ranges(stages);
-  auto limit = [&] { return out.ranges.empty() ? kInf : out.step * (1 + kSlack); };
+  PathBound path_bound(int known, int64_t end) {
+    PathBound out;
+    if (paths.empty()) return out;
+    for (int s = known; s < stages; ++s) {
+      // The last stage ends with the last unit.
+      const int64_t lo = s == stages - 1 ? n - 1 : end + (s - known), hi = n - stages + s;
+      node_f[s] = least_f[lo * (n + 1) + hi], node_i[s] = least_i[lo * (n + 1) + hi],
+      node_w[s] = least_w[lo * (n + 1) + hi];
+    }
+    for (CostPath& path : paths) {
+      const double prefix = path.known_length(f, i, w, known, transfer);
+      double least = 0;
+      for (int s = known; s < stages; ++s)
+        least += path.f[s] * node_f[s] + path.i[s] * node_i[s] + path.w[s] * node_w[s];
+      if (prefix + least > out.growing) out.growing = prefix + least, out.growing_path = &path;
+      const double spread = prefix + path.completion[known][end];
+      if (spread > out.spread) out.spread = spread, out.spread_path = &path;
+    }
+    return out;
+  }
+
+  double limit() const {
+    return std::min(out.ranges.empty() ? kInf : out.step, ceiling) * (1 + kSlack);
+  }
+
+  // Whether the prefix `ranges[0, known)` (or the partition, known = S), whose completions
+  // take at least `value`, is dropped: past the limit, or tied with the best (within the
+  // slack) where no completion could be preferred to it. One dropped for the ceiling alone
+  // keeps its bound for the search's lower bound. Every test below only tightens as the last
+  // known stage grows, so a drop of a bound that grows with it drops the later cuts too.
+  bool drop(double value) {
+    if (value > limit()) {
+      if (out.ranges.empty() || value <= out.step * (1 + kSlack))
+        least_open = std::min(least_open, value);
+      return true;
+    }
+    return !out.ranges.empty() && value >= out.step * (1 - kSlack) && !may_win_tie();
+  }
+
+  // In a tie on the step time, whether a completion of the known stages could still be
+  // preferred to the best: its bottleneck is at least the known stages' (sums of times only
+  // grow), and with an equal one the earlier cuts win.
+  bool may_win_tie() {
+    std::fill(rank_compute.begin(), rank_compute.end(), 0.0);
+    for (int s = 0; s < known; ++s)
+      rank_compute[schedule.placement.rank_of(s)] += sums.compute.over(ranges[s]);
+    const double least = *std::max_element(rank_compute.begin(), rank_compute.end());
+    if (least != best_bottleneck) return least < best_bottleneck;
+    for (int s = 0; s < known; ++s)
+      if (ranges[s].end != out.ranges[s].end) return ranges[s].end < out.ranges[s].end;
+    return true;
+  }
+
+  // A prefix every completion of which is past the limit, by a test that gives no bound of
+  // its own: the limit is all that is known of it.
+  void drop_beyond_limit() {
+    if (out.ranges.empty() || ceiling < out.step) least_open = std::min(least_open, limit());
+  }
+
+  // Left unsearched for want of budget: its bound is all the search proved of it.
+  void leave_open(double value) { least_open = std::min(least_open, value); }
+
+  void try_partition(const std::vector<StageRange>& partition) {
+    ++simulated_here, ++out.simulated, actions_here += replay.actions();
+    const double step = replay.run(cost_model(timed, partition, transfer));
+    remember_path();
+    const double bottleneck = bottleneck_of(sums, partition, schedule.placement);
+    if (out.ranges.empty() ||
+        preferred(step, bottleneck, partition, out.step, best_bottleneck, out.ranges))
+      out.ranges = partition, out.step = step, best_bottleneck = bottleneck;
+  }
+
+  // The complete partition `ranges`: simulated unless a rank's bound rules it out, or it
+  // does not fit.
+  void finish() {
+    double least = 0;
+    for (int q = 0; q < ranks; ++q) least = std::max(least, bound.rank(q, f, i, w, stages));
+    if (drop(least)) return;
+    const PathBound path = path_bound(stages, n);
+    if (drop(std::max(least, path.growing))) {
+      if (path.growing > least) touch(path.growing_path);
+      return;
+    }
+    least = std::max(least, path.growing);
+    if (!one_stage_per_rank && !fits_cap(ranges)) return;
+    if (exhausted || simulated_here >= budget.simulations || !affords_run()) {
+      exhausted = true;
+      return leave_open(least);
+    }
+    try_partition(ranges);
+  }
+
   // The least largest busy time of the ranks holding stages after `k`, when the units [e, n)
-  // are still to be spread over them (water filling over their busy times so far).
-  auto remaining = [&](int k, int64_t e) {
-    std::vector<double> levels;
-    for (int r = 0; r < ranks; ++r)
-      if (std::any_of(bound.own[r].begin(), bound.own[r].end(), [&](int s) { return s > k; }))
-        levels.push_back(bound.busy(r, f, i, w, k + 1));
+  // are still to be spread over them (water filling over their busy times so far); with one
+  // stage per rank, the dynamic programming's exact completion bound, which is above it.
+  double remaining(int k, int64_t e) {
+    if (one_stage_per_rank) return completion[k + 1][e];
+    levels.clear();
+    for (int r : ranks_after[k]) levels.push_back(bound.busy(r, f, i, w, k + 1));
     std::sort(levels.begin(), levels.end());
     double water = bound.multiple * sums.compute.over(e, n), level = levels.front();
     size_t under = 1;
     for (; under < levels.size() && water >= (levels[under] - level) * under; ++under)
       water -= (levels[under] - level) * under, level = levels[under];
-    return level + water / under + sums.forward.over(0, e) * (one_stage_per_rank ? 1 : 0);
-  };
-  std::function<void(int, int64_t)> place = [&](int k, int64_t b) {
-    if (!out.proven) return;
-    if (++visits > max_visits) return void(out.proven = false);
-    const int r = placement.rank_of(k);
+    return level + water / under;
+  }
+
+  // Whether the stages after `k` can hold the units [e, n) with every rank's bound within
+  // `level`, in a relaxation: a stage may be empty, and a rank's bound counts only its known
+  // stages and the one stage being placed (the other unknown ones at no cost, its head at
+  // least the forwards of the known stages, its tail the gradient steps of those alone). By
+  // monotonicity each of these is below the rank's bound in any completion. A stage's bound
+  // then grows with its units alone, so cutting each stage as late as its bound allows
+  // reaches the end whenever any cut does. False drops every completion of the prefix.
+  bool completes_within(int k, int64_t e, double level) {
+    const double known_forwards = sums.forward.over(0, e);
+    for (int r = 0; r < ranks; ++r) {
+      double tail = 0, later = 0;
+      for (int s = 0; s < std::min(bound.last[r], k + 1); ++s)
+        tail += bound.split[s] ? i[s] : i[s] + w[s];
+      for (int s : bound.own[r])
+        if (s <= k) later += bound.after[r][s] * w[s];
+      double head = known_forwards;
+      if (bound.first[r] <= k) {
+        head = 0;
+        for (int s = 0; s < bound.first[r]; ++s) head += f[s];
+      }
+      rank_base[r] = head + bound.busy(r, f, i, w, k + 1);
+      rank_slack[r] = tail - later;
+    }
+    int64_t at = e;
+    for (int s = k + 1; s < stages; ++s) {
+      const int r = schedule.placement.rank_of(s);
+      const StepBound::Count& c = bound.counts[r][s];
+      auto within = [&](int64_t end) {
+        const double weight = sums.weight.over(at, end);
+        const double rank = rank_base[r] + c.f * sums.forward.over(at, end) +
+                            c.i * sums.input.over(at, end) + c.w * weight +
+                            std::max(0.0, rank_slack[r] - bound.after[r][s] * weight);
+        return rank <= level && fits(state[r] + sums.state.over(at, end), cap);
+      };
+      int64_t end = at;
+      while (end < n && within(end + 1)) ++end;
+      at = end;
+    }
+    return at == n;
+  }
+
+  // The relaxed simulation sees the bubble the sums miss, and leaves its critical path for
+  // the path bounds. Only in the first quarter of the stages, where a prune drops the most:
+  // deeper, the remembered paths bound prefixes at a fraction of a simulation's cost
+  // (measured on bench_planner's table: relaxed simulations down to three quarters of the
+  // stages took plan() two to three times as long for the same rows proven; at 50 units and
+  // 16 ranks the first quarter proved the most rows). Never next to the last stage, whose one
+  // completion is simulated anyway.
+  bool relaxes(int k) const {
+    return k + 2 < stages && 4 * k < stages && relaxed_here < budget.relaxed && !exhausted &&
+           affords_run();
+  }
+  // Whether one more run (a simulation, relaxed or not) fits the budget of actions.
+  bool affords_run() const { return actions_here <= budget.actions - replay.actions(); }
+
+  void place(int k, int64_t b) {
+    const int r = schedule.placement.rank_of(k);
     const int64_t last_end = k == stages - 1 ? n : n - (stages - 1 - k);
-    for (int64_t e = k == stages - 1 ? n : b + 1; e <= last_end && out.proven; ++e) {
-      // One stage per rank: the stage's memory is its own, checked here. Several: a rank's
-      // state only grows with more units, so past the cap no longer cut helps.
-      if (one_stage_per_rank && !stage_fits(k, b, e)) continue;
-      if (!one_stage_per_rank && !fits(state[r] + sums.state.over(b, e), cap)) break;
+    for (int64_t e = k == stages - 1 ? n : b + 1; e <= last_end; ++e) {
+      // One stage per rank: the stage's memory is its own, checked here. Several: what the
+      // rank's known stages hold only grows with more units, so past the cap no later cut
+      // helps.
       ranges[k] = {b, e};
+      if (one_stage_per_rank && !stage_fits(k, b, e)) continue;
+      if (!one_stage_per_rank && cap > 0 && !fits(memory_of.known_stages(r, ranges, k + 1), cap))
+        break;
+      known = k + 1;
       f[k] = sums.forward.over(b, e), i[k] = sums.input.over(b, e), w[k] = sums.weight.over(b, e);
-      // The rank's bound only grows with e: past the best step time, stop.
-      if (bound.rank(r, f, i, w, k + 1) > limit()) break;
+      // The rank's bound only grows with e: past the limit, stop.
+      const double own = bound.rank(r, f, i, w, k + 1);
+      if (drop(own)) break;
       if (k == stages - 1) {
-        bool within = true;
-        for (int q = 0; q < ranks && within; ++q) within = bound.rank(q, f, i, w, stages) <= limit();
-        if (within && (one_stage_per_rank || fits_cap(ranges))) try_partition(ranges);
+        finish();
         break;
       }
       // Too few units here leave too much for the rest: try a later cut.
-      if (remaining(k, e) > limit()) continue;
-      // The relaxed simulation sees the bubble the sums above miss. It only grows with e
-      // (each later stage's least unit is taken over fewer units), so past the limit, stop;
-      // the bound with the later work spread over the ranks need not, so it only skips e.
-      // Only in the first three quarters of the stages: deeper, a prune drops few partitions
-      // per simulation (measured at 8 ranks, 26 units: the last quarter proved two more
-      // interleaved rows in three times the time); never next to the last stage, whose one
-      // completion is simulated anyway.
-      if (k + 2 < stages && 4 * k < 3 * stages && out.relaxed < max_relaxed) {
-        ++out.relaxed;
-        const Relaxed relaxed = relaxed_step(schedule, replay, timed, f, i, w, k + 1, e, transfer);
-        if (relaxed.simulated > limit()) break;
-        if (relaxed.bound > limit()) continue;
+      double least = std::max(own, remaining(k, e));
+      if (drop(least)) continue;
+      if (!one_stage_per_rank && !completes_within(k, e, limit())) {
+        drop_beyond_limit();
+        continue;
       }
+      // Grows with e, as the relaxed simulation does, which it bounds from below.
+      const PathBound path = path_bound(k + 1, e);
+      if (drop(path.growing)) {
+        touch(path.growing_path);
+        break;
+      }
+      if (drop(path.spread)) {
+        touch(path.spread_path);
+        continue;
+      }
+      least = std::max(least, path.spread);
+      if (relaxes(k)) {
+        ++relaxed_here, ++out.relaxed, actions_here += replay.actions();
+        const Relaxed relaxed = relaxed_step(schedule, replay, timed, f, i, w, k + 1, e, transfer);
+        remember_path();
+        // Only grows with e (each later stage's least unit is taken over fewer units), so
+        // past the limit, stop.
+        if (drop(relaxed.simulated)) break;
+        least = std::max(least, relaxed.simulated);
+      }
+      if (exhausted || visits_here >= budget.visits || !affords_run()) {
+        exhausted = true;
+        leave_open(least);
+        continue;
+      }
+      ++visits_here, ++out.visits;
       state[r] += sums.state.over(b, e);
       place(k + 1, e);
       state[r] -= sums.state.over(b, e);
     }
     f[k] = i[k] = w[k] = 0;
-  };
-  place(0, 0);
-  return out;
+  }
+
+  Searched search(const SearchBudget& asked, double asked_ceiling) {
+    budget = {asked.simulations * budget_scale, asked.visits, asked.relaxed * budget_scale,
+              asked.actions};
+    relaxed_here = visits_here = actions_here = 0;
+    ceiling = asked_ceiling, exhausted = false, least_open = kInf;
+    place(0, 0);
+    // A prefix left with a bound tied with the best could only have won the tie.
+    out.proven =
+        least_open == kInf || (!out.ranges.empty() && least_open >= out.step * (1 - kSlack));
+    out.lower_bound = out.proven ? out.step : std::min(out.step, least_open);
+    out.actions = actions_here;
+    simulated_here = 0;
+    return out;
+  }
+};
+
+PartitionSearcher::PartitionSearcher(const Sums& sums, const std::vector<UnitCost>& timed,
+                                     const PartitionMemory& memory_of,
+                                     const schedule::Schedule& schedule, double cap,
+                                     double transfer)
+    : impl_(std::make_unique<Impl>(sums, timed, memory_of, schedule, cap, transfer)) {}
+
+PartitionSearcher::~PartitionSearcher() = default;
+
+double PartitionSearcher::root_bound() {
+  Impl& s = *impl_;
+  std::vector<double> none(s.stages, 0.0);
+  double least =
+      RankWork(
+          s.schedule, s.replay, 0,
+          relaxed_step(s.schedule, s.replay, s.timed, none, none, none, 0, 0, s.transfer).extra)
+          .level();
+  if (s.one_stage_per_rank) least = std::max(least, s.completion[0][0]);
+  return least;
 }
 
-// The partition whose largest rank memory is smallest, by the same search over memory: a
-// rank's state bounds its memory from below. Empty when `max_visits` ran out first.
+// Moving one cut by one unit while that helps makes the incumbent nearly optimal, so the
+// bounds prune most prefixes: a few simulations bought here save many.
+void PartitionSearcher::start_from(const std::vector<StageRange>& incumbent,
+                                   int64_t max_simulations) {
+  Impl& s = *impl_;
+  const int64_t budget = max_simulations * s.budget_scale;
+  // Whether `partition` fits and is faster than the best so far.
+  auto attempt = [&](const std::vector<StageRange>& partition) {
+    if (s.simulated_here >= budget || !s.fits_cap(partition)) return false;
+    const double before = s.out.step;
+    s.try_partition(partition);
+    return s.out.step < before;
+  };
+  if (!incumbent.empty()) attempt(incumbent);
+  for (bool moved = !s.out.ranges.empty(); moved;) {
+    moved = false;
+    for (int k = 1; k < s.stages && !moved; ++k)
+      for (int delta : {-1, 1}) {
+        std::vector<StageRange> next = s.out.ranges;
+        next[k - 1].end += delta, next[k].begin += delta;
+        if (next[k - 1].end <= next[k - 1].begin || next[k].end <= next[k].begin) continue;
+        if (attempt(next)) {
+          moved = true;
+          break;
+        }
+      }
+  }
+}
+
+Searched PartitionSearcher::search(const SearchBudget& budget, double ceiling) {
+  return impl_->search(budget, ceiling);
+}
+
+const Searched& PartitionSearcher::found() const { return impl_->out; }
+
+Searched search_partition(const Sums& sums, const std::vector<UnitCost>& timed,
+                          const PartitionMemory& memory_of, const schedule::Schedule& schedule,
+                          double cap, double transfer, const SearchBudget& budget,
+                          const std::vector<StageRange>& incumbent) {
+  PartitionSearcher searcher(sums, timed, memory_of, schedule, cap, transfer);
+  searcher.start_from(incumbent, budget.simulations);
+  return searcher.search(budget);
+}
+
+// The partition whose largest rank memory is smallest, by the same search over memory: what
+// a rank's known stages hold bounds its memory from below. Empty when `max_visits` ran out
+// first.
 std::vector<StageRange> leanest_partition(const Sums& sums, const PartitionMemory& memory_of,
                                           const schedule::Schedule& schedule, int64_t max_visits) {
   const int64_t n = static_cast<int64_t>(sums.compute.n);
@@ -430,25 +852,21 @@ std::vector<StageRange> leanest_partition(const Sums& sums, const PartitionMemor
       return memory_of.stage(s, b, e);
     });
   std::vector<StageRange> best, ranges(stages);
-  std::vector<double> state(schedule.num_ranks(), 0.0);
   double lowest = kInf;
   int64_t visits = 0;
   std::function<bool(int, int64_t)> place = [&](int k, int64_t b) {
     if (++visits > max_visits) return false;
     const int r = placement.rank_of(k);
     for (int64_t e = k == stages - 1 ? n : b + 1; e <= n - (stages - 1 - k); ++e) {
-      if (state[r] + sums.state.over(b, e) >= lowest) break;
       ranges[k] = {b, e};
+      if (memory_of.known_stages(r, ranges, k + 1) >= lowest) break;
       if (k == stages - 1) {
         const auto memory = memory_of(ranges);
         const double peak = *std::max_element(memory.begin(), memory.end());
         if (peak < lowest) lowest = peak, best = ranges;
         break;
       }
-      state[r] += sums.state.over(b, e);
-      const bool finished = place(k + 1, e);
-      state[r] -= sums.state.over(b, e);
-      if (!finished) return false;
+      if (!place(k + 1, e)) return false;
     }
     return true;
   };

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <vector>
 
 #include "engine/pipeline/partition.h"
@@ -16,6 +17,9 @@
 namespace conveyor::planning {
 
 inline constexpr double kInf = std::numeric_limits<double>::infinity();
+// Bounds are compared with step times with a billionth of slack: the simulator adds times in
+// another order, and a bound a few ulps over a tie must not hide it.
+inline constexpr double kSlack = 1e-9;
 
 // Sums of one per-unit quantity over every range [b, e), each added up in unit order, so a
 // stage's total is the same number however it is reached (no prefix differences).
@@ -61,6 +65,9 @@ class PartitionMemory {
   virtual std::vector<double> operator()(const std::vector<StageRange>& ranges) const = 0;
   // Stage s of units [b, e) on a rank that holds only it (placement.chunks == 1).
   virtual double stage(int s, int64_t b, int64_t e) const = 0;
+  // A lower bound on rank r's bytes in every partition whose first `known` stages are those
+  // of `ranges`.
+  virtual double known_stages(int r, const std::vector<StageRange>& ranges, int known) const = 0;
 };
 
 // The largest per-rank compute of one micro-batch (F + I + W).
@@ -86,20 +93,64 @@ double relaxed_step_bound(const std::vector<UnitCost>& timed, const schedule::Sc
                           const std::vector<StageRange>& prefix, double transfer,
                           bool rank_work = true);
 
+struct SearchBudget {
+  int64_t simulations = 0;  // complete partitions simulated
+  int64_t visits = 0;       // prefixes descended into
+  int64_t relaxed = 0;      // relaxed simulations of prefixes (relaxed_step)
+  // Actions timed by all of them together (Replay::actions per run): what their time is.
+  int64_t actions = std::numeric_limits<int64_t>::max();
+};
+
 struct Searched {
-  std::vector<StageRange> ranges;  // empty: none fits
-  double step = kInf;
-  bool proven = true;  // false: a budget ran out before every partition was ruled out
-  int64_t simulated = 0;
-  int64_t relaxed = 0;  // relaxed simulations of prefixes (relaxed_step)
+  std::vector<StageRange> ranges;  // the fastest partition simulated that fits; empty: none
+  double step = kInf;              // its simulated step time
+  // No partition that fits the cap is faster than this (kInf: none fits). Equal to `step`
+  // when the search proved `ranges` the fastest; below it when the budget ran out first, or
+  // when the search skipped partitions slower than its ceiling (then above the ceiling).
+  double lower_bound = 0;
+  // Every partition faster than `ranges` was ruled out (with `ranges` empty: none fits).
+  bool proven = false;
+  int64_t simulated = 0;  // partitions simulated, every call together
+  int64_t relaxed = 0;    // relaxed simulations of prefixes
+  int64_t visits = 0;     // prefixes descended into
+  int64_t actions = 0;    // actions timed by the simulations of the last search, relaxed ones too
 };
 
 // Branch and bound over the contiguous partitions of `timed` (costs with recomputation
-// added) for the smallest simulated step time within `cap`; see the definition.
+// added) for the smallest simulated step time within `cap`; see the definition. Keeps the
+// fastest partition found across calls, so a search can be resumed with more budget or a
+// higher ceiling. The references must outlive it.
+class PartitionSearcher {
+ public:
+  PartitionSearcher(const Sums& sums, const std::vector<UnitCost>& timed,
+                    const PartitionMemory& memory_of, const schedule::Schedule& schedule,
+                    double cap, double transfer);
+  ~PartitionSearcher();
+  PartitionSearcher(const PartitionSearcher&) = delete;
+  PartitionSearcher& operator=(const PartitionSearcher&) = delete;
+
+  // A lower bound on the step time of every partition that fits, without searching.
+  double root_bound();
+  // Simulates `incumbent` when it fits, then moves one cut by one unit while that helps, at
+  // most `max_simulations` simulations (counted as work, as the search's are); they count
+  // against the next search's budget too.
+  void start_from(const std::vector<StageRange>& incumbent, int64_t max_simulations);
+  // Searches every partition, skipping those that cannot be faster than `ceiling` or than
+  // the best found so far; `budget` counts this call's work (simulations and relaxed
+  // simulations scaled as the search's budgets say).
+  Searched search(const SearchBudget& budget, double ceiling = kInf);
+  // The best found so far, with the lower bound of the last search.
+  const Searched& found() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// search() once from `incumbent`, which is first improved one cut at a time.
 Searched search_partition(const Sums& sums, const std::vector<UnitCost>& timed,
                           const PartitionMemory& memory_of, const schedule::Schedule& schedule,
-                          double cap, double transfer, int64_t max_simulations,
-                          int64_t max_visits, int64_t max_relaxed,
+                          double cap, double transfer, const SearchBudget& budget,
                           const std::vector<StageRange>& incumbent);
 
 // The partition whose largest rank memory is smallest. Empty when `max_visits` ran out first.

@@ -11,6 +11,7 @@
 // (recompute.h) keeps only the input of its run, and its forward time is added to its backward
 // (B, or I when split).
 #include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -62,6 +63,8 @@ struct PartitionChoice {
   // False when the search budget ran out first: `ranges` is the fastest partition simulated,
   // not proven the fastest of all.
   bool proven = true;
+  // No partition that fits is faster than this: step_seconds when proven.
+  double lower_bound = 0;
   int64_t simulated = 0;  // partitions simulated
 };
 
@@ -79,10 +82,13 @@ struct PartitionSearch {
 // `transfer_seconds` per transfer), with every rank's memory within the cap. Exact, by branch
 // and bound: a rank runs its computes one at a time, after the forwards of the stages before
 // its first and before the gradient steps of the stages below its last, so those sums bound
-// the step time from below, and a prefix of stage ranges whose bound already exceeds the best
-// simulated partition is dropped without simulating what it leads to. Ties go to the smaller
-// bottleneck, then to the earlier cuts. When `max_simulations` runs out, the fastest partition
-// simulated is returned with `proven` false.
+// the step time from below, as do the critical paths of partitions already simulated and the
+// simulation of a prefix with the later stages at their least costs; a prefix of stage ranges
+// whose bound already exceeds the best simulated partition is dropped without simulating what
+// it leads to (partition_search.h). Among partitions of the same step time (within a
+// billionth) the smaller bottleneck, then the earlier cuts, are preferred where the search
+// meets them. When `max_simulations` runs out, the fastest partition simulated is returned
+// with `proven` false and the lower bound the search proved.
 // Throws PlanError when no partition fits the cap, naming the rank (and its stages) that
 // overflows in the most balanced partition, by how much, the smallest cap any partition
 // fits, and how many stages would let every rank fit, when more would. Recomputed units count
@@ -123,6 +129,16 @@ struct PlanOptions {
   // With `recompute` none: a pipelined candidate that does not fit the cap is tried again
   // with every unit recomputed (RecomputeSpec::every_unit), listed next to it.
   bool recompute_when_short = true;
+  // Each layout's partition search budget (PartitionSearch::max_simulations), per search.
+  int64_t max_simulations = PartitionSearch{}.max_simulations;
+  // The actions all the searches together may time in their simulations (each run times
+  // every action of the schedule): what keeps plan() interactive for large models, whose
+  // layouts no search finishes within its own budget.
+  int64_t max_search_actions = int64_t{1} << 28;
+  // Only the pipelined layouts of this schedule kind, or of this many chunks (what the caller
+  // fixed); the data-parallel ones stay.
+  std::optional<schedule::ScheduleKind> schedule;
+  std::optional<int> chunks;
 };
 
 struct PlanCandidate {
@@ -132,7 +148,13 @@ struct PlanCandidate {
   int chunks = 1;
   int microbatches = 1;              // per step (data-parallel: per replica)
   std::vector<StageRange> ranges;    // per stage; data-parallel: the whole model
-  bool partition_proven = true;      // false: the partition search ran out of budget
+  // Whether `ranges` is proven the fastest partition of this layout that fits. Otherwise the
+  // search stopped first: no partition of it could beat the fastest layout's, or its budget
+  // ran out.
+  bool partition_proven = true;
+  // No partition of this layout that fits is faster than this: step_seconds when
+  // partition_proven; +inf when none fits.
+  double step_lower_bound = 0;
   RecomputeSpec recompute;           // what the pipelined candidate recomputes
   double step_seconds = 0;           // predicted by the simulator (data-parallel: compute + reduce)
   double bubble = 0;                 // idle fraction of the ranks
@@ -144,7 +166,12 @@ struct PlanCandidate {
 };
 
 struct Plan {
-  std::vector<PlanCandidate> candidates;  // feasible ones first, fastest first
+  // Feasible ones first, by the step time the table shows (a lower bound where the partition
+  // was not proven the fastest), the fastest found first, and the fastest pipeline before
+  // every other pipeline.
+  std::vector<PlanCandidate> candidates;
+  // The fastest pipeline's step time is proven the least of every pipelined layout's.
+  bool fastest_pipeline_proven = false;
   // The fastest feasible candidate; PlanError when none is.
   const PlanCandidate& best() const;
 };
@@ -152,6 +179,9 @@ struct Plan {
 // Every schedule kind and micro-batch count of `options`, with the exact partition of each,
 // simulated with the costs scaled linearly from the measured micro-batch size to the
 // candidate's (batch_tokens / m), and the data-parallel layout when the model fits one device.
+// The layouts are searched in the order of their lower bounds, first each only for partitions
+// that could beat the fastest found so far, so that the fastest pipeline is proven the fastest
+// of all early; then each to the end for its own row, within its budget.
 Plan plan(const UnitCosts& costs, const PlanOptions& options);
 // The same with costs measured at several micro-batch sizes: each candidate uses the table
 // measured nearest its micro-batch size (exactly its size when that was measured), since

@@ -746,6 +746,11 @@ Replay::Replay(const Schedule& schedule)
   }
   per_slot_.assign(slots_.size(), 0.0);
   timing_.assign(first_[ranks_], {0, 0});
+  step_of_.assign(first_[ranks_], -1);
+  for (size_t i = 0; i < steps_.size(); ++i) {
+    step_of_[steps_[i].action] = static_cast<int>(i);
+    if (steps_[i].received >= 0) step_of_[steps_[i].received] = static_cast<int>(i);
+  }
   busy_.assign(ranks_, 0), reduce_.assign(ranks_, 0), end_.assign(ranks_, 0);
 }
 
@@ -781,6 +786,26 @@ double Replay::run(const CostModel& costs) {
   makespan_ = 0;
   for (int r = 0; r < ranks_; ++r) makespan_ = std::max(makespan_, end_[r]);
   return makespan_;
+}
+
+std::vector<Action> Replay::critical_path() const {
+  std::vector<Action> path;
+  // The steps that end last are recorded last: search from the end.
+  int at = -1;
+  for (size_t i = steps_.size(); i-- > 0 && at < 0;)
+    if (timing_[steps_[i].action].end == makespan_) at = static_cast<int>(i);
+  while (at >= 0) {
+    const ReplayStep& s = steps_[at];
+    path.push_back(slots_[s.stage]);
+    // start = max(0, the ends of what the step waited for): the dependency that set it.
+    const double start = timing_[s.action].start;
+    int before = -1;
+    for (int d : s.after)
+      if (d >= 0 && timing_[d].end == start) before = d;
+    at = start > 0 && before >= 0 ? step_of_[before] : -1;
+  }
+  std::reverse(path.begin(), path.end());
+  return path;
 }
 
 SimResult Replay::result() const {

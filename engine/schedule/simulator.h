@@ -125,11 +125,17 @@ class Replay {
   SimResult result() const;
   // Actions timed per run: the measure of a run's work.
   int64_t actions() const { return static_cast<int64_t>(timing_.size()); }
+  // The last run's critical path, from its first step to one that ends at the makespan, as
+  // the (kind, stage) each of its steps is costed by (a transfer by its send): each step
+  // started when the one before it on the path ended. Under any costs every step still
+  // waits for the one before it, so the path's summed costs never exceed that makespan.
+  std::vector<Action> critical_path() const;
 
  private:
   int ranks_ = 0, stages_ = 0;
   std::vector<int> first_;
   std::vector<ReplayStep> steps_;
+  std::vector<int> step_of_;      // per action (flat index): the step that times it
   std::vector<int> buckets_;      // all-reduces per stage
   std::vector<Action> slots_;      // the (kind, stage) pairs costed; a step's stage is its slot
   std::vector<double> per_slot_;  // run(): their costs

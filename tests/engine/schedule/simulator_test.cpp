@@ -259,6 +259,58 @@ TEST(Replay, SameTimesAsSimulateOnRandomSchedulesAndCosts) {
   EXPECT_GT(compared, 400);
 }
 
+// The critical path adds up to the makespan of its run, and under any other costs to no more
+// than that run's makespan: the partition search bounds step times with it.
+TEST(Replay, CriticalPathIsTheMakespanAndBoundsOtherCosts) {
+  std::mt19937_64 rng(8128);
+  std::uniform_real_distribution<double> cost(0.05, 3.0), bytes(1e3, 1e7);
+  auto random_costs = [&](int stages, int trial) {
+    CostModel c;
+    c.forward.clear(), c.backward_input.clear(), c.backward_weight.clear();
+    for (int st = 0; st < stages; ++st) {
+      c.forward.push_back(cost(rng)), c.backward_input.push_back(cost(rng));
+      c.backward_weight.push_back(cost(rng)), c.message_bytes.push_back(bytes(rng));
+    }
+    c.latency = trial == 0 ? 0.0 : cost(rng) / 10;
+    c.bandwidth = trial < 2 ? 0.0 : 1e6 * cost(rng);
+    return c;
+  };
+  auto length = [](const std::vector<Action>& path, const CostModel& c) {
+    double total = 0;
+    for (const Action& a : path) total += c.cost(a);
+    return total;
+  };
+  int checked = 0;
+  for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved,
+                            ScheduleKind::kZBH1, ScheduleKind::kZBV})
+    for (int p : {1, 2, 3, 4})
+      for (int m : {1, 2, 4, 8}) {
+        const int v = kind == ScheduleKind::kInterleaved || kind == ScheduleKind::kZBV ? 2 : 1;
+        Schedule s;
+        try {
+          s = generate(kind, p, m, v);
+        } catch (const ScheduleError&) {
+          continue;
+        }
+        Replay replay(s);
+        for (int trial = 0; trial < 3; ++trial) {
+          SCOPED_TRACE(std::string(schedule_kind_name(kind)) + " p=" + std::to_string(p) +
+                       " m=" + std::to_string(m) + " trial " + std::to_string(trial));
+          const CostModel timed = random_costs(s.num_stages(), trial);
+          const double makespan = replay.run(timed);
+          const std::vector<Action> path = replay.critical_path();
+          ASSERT_FALSE(path.empty());
+          EXPECT_NEAR(length(path, timed), makespan, 1e-12 * makespan);
+          for (int other = 0; other < 3; ++other) {
+            const CostModel c = random_costs(s.num_stages(), trial);
+            EXPECT_LE(length(path, c), replay.run(c) * (1 + 1e-12));
+          }
+          ++checked;
+        }
+      }
+  EXPECT_GT(checked, 100);
+}
+
 TEST(Replay, RejectsWhatSimulateRejects) {
   Schedule s = generate_1f1b(2, 2);
   s.ranks[0].erase(s.ranks[0].begin());  // the first forward: nothing feeds the rest
