@@ -14,30 +14,12 @@
 #include "engine/pipeline/planner.h"
 #include "engine/schedule/generators.h"
 #include "engine/schedule/simulator.h"
+#include "support/contiguous_partitions.h"
 
 namespace conveyor {
 namespace {
 
 using schedule::ScheduleKind;
-
-void enumerate(int n, int stages, const std::function<void(const std::vector<StageRange>&)>& f) {
-  std::vector<StageRange> ranges;
-  std::function<void(int64_t)> rec = [&](int64_t begin) {
-    const int s = static_cast<int>(ranges.size());
-    if (s == stages - 1) {
-      ranges.push_back({begin, n});
-      f(ranges);
-      ranges.pop_back();
-      return;
-    }
-    for (int64_t end = begin + 1; end <= n - (stages - 1 - s); ++end) {
-      ranges.push_back({begin, end});
-      rec(end);
-      ranges.pop_back();
-    }
-  };
-  rec(0);
-}
 
 double simulated_step(const std::vector<UnitCost>& timed, const std::vector<StageRange>& ranges,
                       const schedule::Schedule& sched, double transfer) {
@@ -90,7 +72,7 @@ double brute_force(const PlanCandidate& c, const UnitCosts& costs, const PlanOpt
   const double factor = static_cast<double>(options.batch_tokens / c.microbatches) /
                         static_cast<double>(costs.microbatch_tokens);
   double best = planning::kInf;
-  enumerate(
+  testing::for_each_contiguous_partition(
       static_cast<int>(units.size()), sched.num_stages(), [&](const std::vector<StageRange>& r) {
         const auto memory = rank_memory(units, r, sched, marks);
         if (options.memory_cap > 0 &&
@@ -256,9 +238,10 @@ TEST(PlannerProof, SearchUnderACeilingProvesALowerBoundAboveIt) {
       const planning::Sums sums(costs.units);
       const StateOnly memory(sums, sched);
       double best = planning::kInf;
-      enumerate(n, sched.num_stages(), [&](const std::vector<StageRange>& r) {
-        best = std::min(best, simulated_step(costs.units, r, sched, 0.0));
-      });
+      testing::for_each_contiguous_partition(
+          n, sched.num_stages(), [&](const std::vector<StageRange>& r) {
+            best = std::min(best, simulated_step(costs.units, r, sched, 0.0));
+          });
       SCOPED_TRACE(std::string(schedule::schedule_kind_name(kind)) + " trial " +
                    std::to_string(trial));
       const planning::SearchBudget budget{100000, 1000000, 1000000};

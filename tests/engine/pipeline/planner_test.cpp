@@ -13,6 +13,7 @@
 #include "engine/pipeline/partition_search.h"
 #include "engine/schedule/generators.h"
 #include "engine/schedule/simulator.h"
+#include "support/contiguous_partitions.h"
 
 namespace conveyor {
 namespace {
@@ -58,25 +59,6 @@ Evaluated evaluate(const std::vector<UnitCost>& units, const std::vector<StageRa
   for (int r = 0; r < sched.num_ranks(); ++r) memory[r] += held[r].peak_held_bytes;
   return {*std::max_element(time.begin(), time.end()),
           *std::max_element(memory.begin(), memory.end())};
-}
-
-void enumerate(int n, int stages, const std::function<void(const std::vector<StageRange>&)>& f) {
-  std::vector<StageRange> ranges;
-  std::function<void(int64_t)> rec = [&](int64_t begin) {
-    const int s = static_cast<int>(ranges.size());
-    if (s == stages - 1) {
-      ranges.push_back({begin, n});
-      f(ranges);
-      ranges.pop_back();
-      return;
-    }
-    for (int64_t end = begin + 1; end <= n - (stages - 1 - s); ++end) {
-      ranges.push_back({begin, end});
-      rec(end);
-      ranges.pop_back();
-    }
-  };
-  rec(0);
 }
 
 // The simulator's step time of a partition, written out here: per stage, the sums of its
@@ -139,12 +121,13 @@ TEST(Planner, PartitionEqualsBruteForceWithAndWithoutCap) {
             double step, peak, bottleneck;
           };
           std::vector<Tried> all;
-          enumerate(n, sched.num_stages(), [&](const std::vector<StageRange>& r) {
-            const auto memory = rank_memory(units, r, sched, recomputed);
-            all.push_back({simulated_step(timed, r, sched, transfer),
-                           *std::max_element(memory.begin(), memory.end()),
-                           evaluate(timed, r, sched).bottleneck});
-          });
+          testing::for_each_contiguous_partition(
+              n, sched.num_stages(), [&](const std::vector<StageRange>& r) {
+                const auto memory = rank_memory(units, r, sched, recomputed);
+                all.push_back({simulated_step(timed, r, sched, transfer),
+                               *std::max_element(memory.begin(), memory.end()),
+                               evaluate(timed, r, sched).bottleneck});
+              });
           auto fastest_within = [&](double cap) {
             double best = 1e300;
             for (const auto& t : all)
@@ -213,21 +196,22 @@ TEST(Planner, RelaxedPrefixBoundNeverExceedsACompletion) {
           const double transfer = trial == 1 ? 0.2 : 0.0;
           SCOPED_TRACE(std::string(schedule::schedule_kind_name(kind)) + " p=" + std::to_string(p) +
                        " m=" + std::to_string(m) + " n=" + std::to_string(n));
-          enumerate(n, sched.num_stages(), [&](const std::vector<StageRange>& r) {
-            const double step = simulated_step(timed, r, sched, transfer);
-            for (size_t known = 0; known < r.size(); ++known) {
-              const std::vector<StageRange> prefix(r.begin(), r.begin() + known);
-              const double simulated =
-                  planning::relaxed_step_bound(timed, sched, prefix, transfer, false);
-              const double bound = planning::relaxed_step_bound(timed, sched, prefix, transfer);
-              EXPECT_LE(simulated, step * (1 + 1e-12)) << known << " stages known";
-              EXPECT_LE(bound, step * (1 + 1e-12)) << known << " stages known, rank work";
-              EXPECT_GE(bound, simulated);
-              if (bound >= step * (1 - 1e-12)) ++tight;
-              if (bound > simulated * (1 + 1e-9)) ++raised;
-              ++checked;
-            }
-          });
+          testing::for_each_contiguous_partition(
+              n, sched.num_stages(), [&](const std::vector<StageRange>& r) {
+                const double step = simulated_step(timed, r, sched, transfer);
+                for (size_t known = 0; known < r.size(); ++known) {
+                  const std::vector<StageRange> prefix(r.begin(), r.begin() + known);
+                  const double simulated =
+                      planning::relaxed_step_bound(timed, sched, prefix, transfer, false);
+                  const double bound = planning::relaxed_step_bound(timed, sched, prefix, transfer);
+                  EXPECT_LE(simulated, step * (1 + 1e-12)) << known << " stages known";
+                  EXPECT_LE(bound, step * (1 + 1e-12)) << known << " stages known, rank work";
+                  EXPECT_GE(bound, simulated);
+                  if (bound >= step * (1 - 1e-12)) ++tight;
+                  if (bound > simulated * (1 + 1e-9)) ++raised;
+                  ++checked;
+                }
+              });
         }
       }
   EXPECT_GT(checked, 1000);
@@ -243,11 +227,12 @@ TEST(Planner, RankMemoryIsStatePlusHeldActivations) {
   const auto units = random_units(7, 77);
   for (auto [kind, v] : {std::pair{ScheduleKind::k1F1B, 1}, std::pair{ScheduleKind::kZBV, 2}}) {
     const auto sched = schedule::generate(kind, 2, 4, v);
-    enumerate(7, sched.num_stages(), [&](const std::vector<StageRange>& r) {
-      const auto memory = rank_memory(units, r, sched);
-      const double peak = *std::max_element(memory.begin(), memory.end());
-      EXPECT_NEAR(peak, evaluate(units, r, sched).peak, 1e-9 * peak);
-    });
+    testing::for_each_contiguous_partition(
+        7, sched.num_stages(), [&](const std::vector<StageRange>& r) {
+          const auto memory = rank_memory(units, r, sched);
+          const double peak = *std::max_element(memory.begin(), memory.end());
+          EXPECT_NEAR(peak, evaluate(units, r, sched).peak, 1e-9 * peak);
+        });
   }
 }
 
@@ -296,11 +281,11 @@ TEST(Planner, ABudgetTooSmallToProveTheOptimumIsReported) {
 // The smallest largest rank memory of any partition under `sched`.
 double leanest_need(const std::vector<UnitCost>& units, const schedule::Schedule& sched) {
   double lean = 1e300;
-  enumerate(static_cast<int>(units.size()), sched.num_stages(),
-            [&](const std::vector<StageRange>& r) {
-              const auto memory = rank_memory(units, r, sched);
-              lean = std::min(lean, *std::max_element(memory.begin(), memory.end()));
-            });
+  testing::for_each_contiguous_partition(
+      static_cast<int>(units.size()), sched.num_stages(), [&](const std::vector<StageRange>& r) {
+        const auto memory = rank_memory(units, r, sched);
+        lean = std::min(lean, *std::max_element(memory.begin(), memory.end()));
+      });
   return lean;
 }
 
