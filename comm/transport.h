@@ -76,11 +76,15 @@ class Transport {
   // Starts the element-wise sum of `values` over the ranks of `group` (ascending, this rank
   // among them), added in group order from zero, so every member gets the same bits whatever
   // the order of arrival. Never waits: the handle says when `values` holds the sum; until
-  // then `values` must stay alive and untouched. Members start their group calls (sums,
-  // reduce-scatters, gathers) of one group in the same order, the k-th call of each member
-  // meeting the k-th of the others; a member may have several in flight and test() or wait()
-  // them in any order, each call getting its own result. The default throws TransportError:
-  // the transport has no group sum.
+  // then `values` must stay alive and untouched. Any two ranks start the group calls (sums,
+  // reduce-scatters, gathers) they both take part in in the same order, over every group they
+  // share, not only within each group: the transports pair calls per pair of ranks (in one
+  // process by post number, under MPI by one tag for all groups, over NCCL on one stream), so
+  // two groups' calls started in other orders by two common members would take each other's
+  // values or wait on each other. The k-th such call of each member meets the k-th of the
+  // others; a member may have several in flight and test() or wait() them in any order, each
+  // call getting its own result. The default throws TransportError: the transport has no
+  // group sum.
   virtual std::unique_ptr<PendingGroupCall> start_group_sum(std::vector<float>& values,
                                                             const std::vector<int>& group);
   // Starts the reduce-scatter of `values` over `group` (as for start_group_sum): member i
