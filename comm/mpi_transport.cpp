@@ -1,8 +1,10 @@
 #include "comm/mpi_transport.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <list>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -187,7 +189,7 @@ class MpiTransport : public Transport {
     const auto deadline = Clock::now() + std::min<std::chrono::milliseconds>(
                                              timeout_, std::chrono::milliseconds(2000));
     Backoff backoff;
-    while (!pending_.empty() && Clock::now() < deadline) {
+    while ((!pending_.empty() || !dropped_.empty()) && Clock::now() < deadline) {
       reap_sends();
       backoff.pause();
     }
@@ -196,6 +198,18 @@ class MpiTransport : public Transport {
       MPI_Request_free(&p.request);
     }
     pending_.clear();
+    // A freed request that MPI had matched may still complete into its buffer (a cancel
+    // cannot stop it), so the dropped calls' buffers are left allocated, not freed: the
+    // process is ending, and a leak cannot corrupt what is still running.
+    for (Dropped& d : dropped_) {
+      for (MPI_Request& r : d.requests)
+        if (r != MPI_REQUEST_NULL) {
+          MPI_Cancel(&r);
+          MPI_Request_free(&r);
+        }
+      for (auto& buffer : d.buffers) (void)buffer.release();
+    }
+    dropped_.clear();
     MPI_Comm_free(&comm_);
   }
 
@@ -287,12 +301,16 @@ class MpiTransport : public Transport {
     GroupExchange(MpiTransport& transport, std::vector<int> group, std::string what,
                   int tag = kGroupTag)
         : t_(transport), group_(std::move(group)), what_(std::move(what)), tag_(tag) {}
+    // Dropped unfinished (an error elsewhere in the rank, while peers still run): MPI may go
+    // on reading or writing the buffers of requests it has matched, which a cancel cannot
+    // stop, so the requests go to the transport with the buffers they use, kept until they
+    // complete (or, at the transport's end, beyond). Every buffer a request uses is owned
+    // here, never the caller's, for this reason.
     ~GroupExchange() override {
-      for (MPI_Request& r : requests_)
-        if (r != MPI_REQUEST_NULL) {
-          MPI_Cancel(&r);
-          MPI_Request_free(&r);
-        }
+      std::vector<MPI_Request> open;
+      for (MPI_Request r : requests_)
+        if (r != MPI_REQUEST_NULL) open.push_back(r);
+      if (!open.empty()) t_.keep_until_done(std::move(open), std::move(buffers_));
     }
 
     // The deadline counts from the wait, not from the start: a call started long before it
@@ -315,17 +333,23 @@ class MpiTransport : public Transport {
     }
 
    protected:
+    // A buffer of the call's own (see the destructor), in place until the call is gone.
+    std::vector<float>& own_buffer(size_t floats) {
+      return *buffers_.emplace_back(std::make_unique<std::vector<float> >(floats));
+    }
     // Every receive is posted before any send, so that receives_from_ matches requests_.
-    void receive(void* data, size_t bytes, int peer) {
+    void receive(std::vector<float>& into, int peer) {
       MPI_Request request;
-      t_.check(MPI_Irecv(data, t_.byte_count(bytes), MPI_BYTE, peer, tag_, t_.comm_, &request),
+      t_.check(MPI_Irecv(into.data(), t_.byte_count(into.size() * sizeof(float)), MPI_BYTE, peer,
+                         tag_, t_.comm_, &request),
                "MPI_Irecv");
       requests_.push_back(request);
       receive_from_.push_back(peer);
     }
-    void send(const void* data, size_t bytes, int peer) {
+    void send(const std::vector<float>& from, int peer) {
       MPI_Request request;
-      t_.check(MPI_Isend(data, t_.byte_count(bytes), MPI_BYTE, peer, tag_, t_.comm_, &request),
+      t_.check(MPI_Isend(from.data(), t_.byte_count(from.size() * sizeof(float)), MPI_BYTE, peer,
+                         tag_, t_.comm_, &request),
                "MPI_Isend");
       requests_.push_back(request);
     }
@@ -347,6 +371,7 @@ class MpiTransport : public Transport {
     int tag_;
     std::vector<MPI_Request> requests_;  // receives (in receive_from_ order), then sends
     std::vector<int> receive_from_;
+    std::vector<std::unique_ptr<std::vector<float> > > buffers_;  // what the requests use
   };
 
   // Every member sends its values to every other member and receives theirs, then adds them
@@ -356,16 +381,16 @@ class MpiTransport : public Transport {
     GroupSum(MpiTransport& transport, std::vector<float>& values, const std::vector<int>& group)
         : GroupExchange(transport, group, "the gradient sum over replicas"),
           values_(values),
-          mine_(values),
-          parts_(group.size()) {
-      const size_t bytes = values.size() * sizeof(float);
+          mine_(own_buffer(values.size())),
+          parts_(group.size(), nullptr) {
+      std::copy(values.begin(), values.end(), mine_.begin());
       for (size_t i = 0; i < group_.size(); ++i) {
         if (group_[i] == t_.rank_) continue;
-        parts_[i].resize(values.size());
-        receive(parts_[i].data(), bytes, group_[i]);
+        parts_[i] = &own_buffer(values.size());
+        receive(*parts_[i], group_[i]);
       }
       for (int peer : group_)
-        if (peer != t_.rank_) send(mine_.data(), bytes, peer);
+        if (peer != t_.rank_) send(mine_, peer);
     }
 
     bool test() override {
@@ -373,7 +398,7 @@ class MpiTransport : public Transport {
       if (!exchanged()) return false;
       std::vector<const float*> parts;
       for (size_t i = 0; i < group_.size(); ++i)
-        parts.push_back(group_[i] == t_.rank_ ? mine_.data() : parts_[i].data());
+        parts.push_back(group_[i] == t_.rank_ ? mine_.data() : parts_[i]->data());
       add_in_group_order(values_.data(), values_.size(), parts);
       done_ = true;
       return true;
@@ -381,13 +406,12 @@ class MpiTransport : public Transport {
 
    private:
     std::vector<float>& values_;
-    std::vector<float> mine_;                 // sent from here until the sends complete
-    std::vector<std::vector<float> > parts_;  // the other members', by position in the group
+    std::vector<float>& mine_;                // sent from here
+    std::vector<std::vector<float>*> parts_;  // the other members', by position in the group
     bool done_ = false;
   };
 
-  // The reduce-scatter: to each other member its range, straight from the caller's vector
-  // (the call leaves those ranges alone until the sends are done); from each, its part of the
+  // The reduce-scatter: to each other member its range, copied; from each, its part of the
   // own range; then the own range summed in group order, as GroupSum adds.
   class GroupReduceScatter : public GroupExchange {
    public:
@@ -398,16 +422,18 @@ class MpiTransport : public Transport {
           begin_(bounds[me]),
           end_(bounds[me + 1]),
           me_(me),
-          parts_(group.size()) {
-      const size_t count = end_ - begin_;
+          parts_(group.size(), nullptr) {
       for (size_t i = 0; i < group_.size(); ++i) {
         if (i == me_) continue;
-        parts_[i].resize(count);
-        receive(parts_[i].data(), count * sizeof(float), group_[i]);
+        parts_[i] = &own_buffer(end_ - begin_);
+        receive(*parts_[i], group_[i]);
       }
-      for (size_t i = 0; i < group_.size(); ++i)
-        if (i != me_)
-          send(values.data() + bounds[i], (bounds[i + 1] - bounds[i]) * sizeof(float), group_[i]);
+      for (size_t i = 0; i < group_.size(); ++i) {
+        if (i == me_) continue;
+        std::vector<float>& range = own_buffer(bounds[i + 1] - bounds[i]);
+        std::copy(values.begin() + bounds[i], values.begin() + bounds[i + 1], range.begin());
+        send(range, group_[i]);
+      }
     }
 
     bool test() override {
@@ -415,7 +441,7 @@ class MpiTransport : public Transport {
       if (!exchanged()) return false;
       std::vector<const float*> parts;
       for (size_t i = 0; i < group_.size(); ++i)
-        parts.push_back(i == me_ ? values_.data() + begin_ : parts_[i].data());
+        parts.push_back(i == me_ ? values_.data() + begin_ : parts_[i]->data());
       add_in_group_order(values_.data() + begin_, end_ - begin_, parts);
       done_ = true;
       return true;
@@ -425,29 +451,47 @@ class MpiTransport : public Transport {
     std::vector<float>& values_;
     size_t begin_, end_;  // this member's range
     size_t me_;
-    std::vector<std::vector<float> > parts_;  // the others' parts of the range, by position
+    std::vector<std::vector<float>*> parts_;  // the others' parts of the range, by position
     bool done_ = false;
   };
 
-  // The gather: the own range to every other member, the others' received in place.
+  // The gather: the own range to every other member, the others' received, then copied into
+  // their ranges.
   class GroupGather : public GroupExchange {
    public:
     GroupGather(MpiTransport& transport, std::vector<float>& values, const std::vector<int>& group,
                 const std::vector<size_t>& bounds, size_t me)
         : GroupExchange(transport, group, "the weight gather over replicas"),
-          mine_(values.begin() + bounds[me], values.begin() + bounds[me + 1]) {
+          values_(values),
+          bounds_(bounds),
+          me_(me),
+          parts_(group.size(), nullptr) {
+      for (size_t i = 0; i < group_.size(); ++i) {
+        if (i == me) continue;
+        parts_[i] = &own_buffer(bounds[i + 1] - bounds[i]);
+        receive(*parts_[i], group_[i]);
+      }
+      std::vector<float>& mine = own_buffer(bounds[me + 1] - bounds[me]);
+      std::copy(values.begin() + bounds[me], values.begin() + bounds[me + 1], mine.begin());
       for (size_t i = 0; i < group_.size(); ++i)
-        if (i != me)
-          receive(values.data() + bounds[i], (bounds[i + 1] - bounds[i]) * sizeof(float),
-                  group_[i]);
-      for (size_t i = 0; i < group_.size(); ++i)
-        if (i != me) send(mine_.data(), mine_.size() * sizeof(float), group_[i]);
+        if (i != me) send(mine, group_[i]);
     }
 
-    bool test() override { return done_ || (done_ = exchanged()); }
+    bool test() override {
+      if (done_) return true;
+      if (!exchanged()) return false;
+      for (size_t i = 0; i < group_.size(); ++i)
+        if (i != me_)
+          std::copy(parts_[i]->begin(), parts_[i]->end(), values_.begin() + bounds_[i]);
+      done_ = true;
+      return true;
+    }
 
    private:
-    std::vector<float> mine_;  // sent from here until the sends complete
+    std::vector<float>& values_;
+    std::vector<size_t> bounds_;
+    size_t me_;
+    std::vector<std::vector<float>*> parts_;  // the others' ranges, by position in the group
     bool done_ = false;
   };
 
@@ -537,6 +581,16 @@ class MpiTransport : public Transport {
     std::vector<std::byte> bytes;  // owned by the send until it completes
     MPI_Request request = MPI_REQUEST_NULL;
   };
+  // The requests of a group call dropped unfinished, with the buffers they use.
+  struct Dropped {
+    std::vector<MPI_Request> requests;
+    std::vector<std::unique_ptr<std::vector<float> > > buffers;
+  };
+
+  void keep_until_done(std::vector<MPI_Request> requests,
+                       std::vector<std::unique_ptr<std::vector<float> > > buffers) {
+    dropped_.push_back({std::move(requests), std::move(buffers)});
+  }
 
   // A best-effort send of `bytes` that nobody waits for: left to the destructor's bounded
   // wait, dropped if MPI refuses it.
@@ -596,6 +650,12 @@ class MpiTransport : public Transport {
       int done = 0;
       MPI_Test(&it->request, &done, MPI_STATUS_IGNORE);
       it = done ? pending_.erase(it) : std::next(it);
+    }
+    for (auto it = dropped_.begin(); it != dropped_.end();) {
+      int done = 0;
+      MPI_Testall(static_cast<int>(it->requests.size()), it->requests.data(), &done,
+                  MPI_STATUSES_IGNORE);
+      it = done ? dropped_.erase(it) : std::next(it);
     }
   }
 
@@ -701,6 +761,7 @@ class MpiTransport : public Transport {
   int rank_ = 0;
   int size_ = 1;
   std::list<Pending> pending_;  // sends not yet complete; std::list keeps buffers in place
+  std::list<Dropped> dropped_;  // group calls dropped unfinished, until their requests complete
   bool aborted_ = false;
   std::string abort_reason_;
 };
