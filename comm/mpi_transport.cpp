@@ -481,8 +481,7 @@ class MpiTransport : public Transport {
       if (done_) return true;
       if (!exchanged()) return false;
       for (size_t i = 0; i < group_.size(); ++i)
-        if (i != me_)
-          std::copy(parts_[i]->begin(), parts_[i]->end(), values_.begin() + bounds_[i]);
+        if (i != me_) std::copy(parts_[i]->begin(), parts_[i]->end(), values_.begin() + bounds_[i]);
       done_ = true;
       return true;
     }
