@@ -317,6 +317,123 @@ double relaxed_step_bound(const std::vector<UnitCost>& timed, const schedule::Sc
              : relaxed.simulated;
 }
 
+OwnStageBound::OwnStageBound(const schedule::Schedule& schedule, const Sums& sums)
+    : sums_(sums), n_(sums.compute.n) {
+  using schedule::ActionKind;
+  const int stages = schedule.num_stages();
+  std::vector<bool> split(stages, false);
+  for (const auto& list : schedule.ranks)
+    for (const auto& a : list)
+      if (a.kind == ActionKind::kBackwardInput) split[a.stage] = true;
+  split_below_.assign(stages, false), split_above_.assign(stages, false);
+  for (int s = 1; s < stages; ++s) split_below_[s] = split_below_[s - 1] || split[s - 1];
+  for (int s = stages - 2; s >= 0; --s) split_above_[s] = split_above_[s + 1] || split[s + 1];
+  for (int r = 0; r < schedule.num_ranks(); ++r) {
+    Rank rank;
+    rank.stages = schedule.placement.stages_of(r);
+    const size_t own = rank.stages.size();
+    std::vector<int> index_of(stages, -1);
+    for (size_t k = 0; k < own; ++k) index_of[rank.stages[k]] = static_cast<int>(k);
+    const auto& list = schedule.ranks[r];
+    auto gradient = [](ActionKind k) {
+      return k == ActionKind::kBackward || k == ActionKind::kBackwardInput;
+    };
+    int last = -1;
+    for (int j = 0; j < static_cast<int>(list.size()); ++j)
+      if (gradient(list[j].kind)) last = j;
+    // Counts from each action on, scanning backwards; a line opens at the first forward and
+    // the first gradient step of each own stage.
+    std::vector<double> f(own, 0.0), i(own, 0.0), w(own, 0.0);
+    rank.after_f = rank.after_i = rank.after_w = f;
+    std::vector<Line> first_forward(own), first_gradient(own);
+    std::vector<bool> has_forward(own, false), has_gradient(own, false);
+    for (int j = static_cast<int>(list.size()); j-- > 0;) {
+      const schedule::Action& a = list[j];
+      if (!schedule::is_compute(a.kind) || a.kind == ActionKind::kAllReduceGrad) continue;
+      const int k = index_of[a.stage];
+      if (k < 0) continue;
+      const bool forward = a.kind == ActionKind::kForward;
+      f[k] += forward, i[k] += gradient(a.kind),
+          w[k] += a.kind == ActionKind::kBackward || a.kind == ActionKind::kBackwardWeight;
+      if (j > last) rank.after_f = f, rank.after_i = i, rank.after_w = w;
+      if (j == last) rank.last_own = k;
+      if (forward) first_forward[k] = {k, false, j <= last, f, i, w}, has_forward[k] = true;
+      if (gradient(a.kind)) first_gradient[k] = {k, true, j <= last, f, i, w}, has_gradient[k] = true;
+    }
+    for (size_t k = 0; k < own; ++k) {
+      if (has_forward[k]) rank.lines.push_back(first_forward[k]);
+      if (has_gradient[k]) rank.lines.push_back(first_gradient[k]);
+    }
+    ranks_.push_back(std::move(rank));
+  }
+}
+
+double OwnStageBound::rank(int r, const StageRange* own) const {
+  const Rank& rank = ranks_[r];
+  const size_t count = rank.stages.size();
+  double fs[8], is[8], ws[8];  // two to a few stages a rank
+  std::vector<double> heap;
+  double* F = fs;
+  double* I = is;
+  double* W = ws;
+  if (count > 8) heap.resize(3 * count), F = heap.data(), I = F + count, W = I + count;
+  double later = 0;
+  for (size_t k = 0; k < count; ++k) {
+    F[k] = sums_.forward.over(own[k]), I[k] = sums_.input.over(own[k]),
+    W[k] = sums_.weight.over(own[k]);
+    later += rank.after_f[k] * F[k] + rank.after_i[k] * I[k] + rank.after_w[k] * W[k];
+  }
+  double tail = 0;
+  if (rank.last_own >= 0) {
+    const int s = rank.stages[rank.last_own];
+    const int64_t b = own[rank.last_own].begin;
+    tail = sums_.input.over(0, b) + (split_below_[s] ? 0.0 : sums_.weight.over(0, b));
+  }
+  const double beyond = std::max(0.0, tail - later);
+  const double all_forwards = sums_.forward.over(0, n_);
+  double best = 0;
+  for (const Line& line : rank.lines) {
+    const int s = rank.stages[line.own_index];
+    const StageRange& at = own[line.own_index];
+    double start = sums_.forward.over(0, at.begin);
+    if (line.gradient)
+      start = all_forwards + sums_.input.over(at.end, n_) +
+              (split_above_[s] ? 0.0 : sums_.weight.over(at.end, n_));
+    double work = 0;
+    for (size_t k = 0; k < count; ++k) work += line.f[k] * F[k] + line.i[k] * I[k] + line.w[k] * W[k];
+    best = std::max(best, start + work + (line.with_tail ? beyond : 0.0));
+  }
+  return best;
+}
+
+PairedStageBound::PairedStageBound(const schedule::Schedule& schedule, const Sums& sums)
+    : own_(schedule, sums), n_(sums.compute.n) {
+  const int p = schedule.num_ranks();
+  const int64_t n = n_;
+  table_.assign(static_cast<size_t>(p + 1) * (n + 1) * (n + 1), kInf);
+  auto at = [&](int r, int64_t a, int64_t b) -> double& {
+    return table_[(static_cast<size_t>(r) * (n + 1) + a) * (n + 1) + b];
+  };
+  for (int64_t x = 0; x <= n; ++x) at(p, x, x) = 0;
+  StageRange mine[2];
+  for (int r = p - 1; r >= 0; --r) {
+    // The ranks r .. p-1 hold 2(p - r) stages of at least one unit each.
+    const int64_t inner_stages = 2 * (p - r - 1);
+    for (int64_t a = r; a <= n; ++a)
+      for (int64_t b = a + 2 + inner_stages; b <= n - r; ++b) {
+        double least = kInf;
+        for (int64_t a2 = a + 1; a2 + inner_stages < b; ++a2)
+          for (int64_t b2 = a2 + inner_stages; b2 < b; ++b2) {
+            const double rest = at(r + 1, a2, b2);
+            if (rest >= least) continue;
+            mine[0] = {a, a2}, mine[1] = {b2, b};
+            least = std::min(least, std::max(rest, own_.rank(r, mine)));
+          }
+        at(r, a, b) = least;
+      }
+  }
+}
+
 // A path of the schedule's dependency graph (Replay::critical_path) as what it adds up: per
 // stage, how many F, I and W costs, and how many transfers. Every step on it waits for the one
 // before, so under any partition's costs its length is at most that partition's step time.
@@ -402,6 +519,9 @@ struct PartitionSearcher::Impl {
   const int stages, ranks;
   const bool one_stage_per_rank;
   const StepBound bound;
+  // Two stages a rank in a V: the search places the ranks' pairs of stages from the outside
+  // in, each bounded by the pairs still open (PairedStageBound); null otherwise.
+  const std::unique_ptr<PairedStageBound> paired;
   schedule::Replay replay;
   // The budgets count work: a simulation of a short schedule (few micro-batches) costs a
   // fraction of a long one's, so it gets as many more simulations, up to those of a schedule
@@ -449,6 +569,9 @@ struct PartitionSearcher::Impl {
         ranks(schedule.num_ranks()),
         one_stage_per_rank(schedule.placement.chunks == 1),
         bound(schedule),
+        paired(PairedStageBound::applies(schedule.placement)
+                   ? std::make_unique<PairedStageBound>(schedule, sums)
+                   : nullptr),
         replay(schedule),
         budget_scale(
             std::max<int64_t>(kBudgetActions / std::max<int64_t>(replay.actions(), 1), 1)) {
@@ -759,12 +882,69 @@ struct PartitionSearcher::Impl {
     f[k] = i[k] = w[k] = 0;
   }
 
+  // The V of two stages a rank, placed a rank at a time from the outside in: rank r's stages
+  // r and 2p-1-r take the units [a, a2) and [b2, b) within the [a, b) the outer ranks left.
+  // A choice is bounded by the largest OwnStageBound of the ranks placed and the paired bound
+  // of those still to place, and the choices are tried from the least bound up, so the first
+  // past the limit ends the rank. Prefix order does not apply, so a tie is never dropped.
+  struct PairChoice {
+    double bound, own;
+    int64_t a2, b2;
+  };
+  void place_pairs(int r, double placed) {
+    const int p = ranks, mirror = 2 * p - 1 - r;
+    const int64_t a = r == 0 ? 0 : ranges[r - 1].end, b = r == 0 ? n : ranges[mirror + 1].begin;
+    const int64_t inner_stages = 2 * (p - r - 1);
+    std::vector<PairChoice> choices;
+    StageRange mine[2];
+    for (int64_t a2 = a + 1; a2 + inner_stages < b; ++a2)
+      for (int64_t b2 = a2 + inner_stages; b2 < b; ++b2) {
+        const double rest = paired->inner(r + 1, a2, b2);
+        if (rest == kInf) continue;
+        mine[0] = {a, a2}, mine[1] = {b2, b};
+        const double own = std::max(placed, paired->own().rank(r, mine));
+        const double least = std::max(own, rest);
+        if (least > limit()) {
+          drop(least);  // keeps it for the lower bound when only the ceiling is past
+          continue;
+        }
+        choices.push_back({least, own, a2, b2});
+      }
+    std::sort(choices.begin(), choices.end(), [](const PairChoice& x, const PairChoice& y) {
+      return x.bound != y.bound ? x.bound < y.bound : x.a2 != y.a2 ? x.a2 < y.a2 : x.b2 < y.b2;
+    });
+    for (const PairChoice& choice : choices) {
+      known = 0;  // no prefix to compare in a tie
+      if (drop(choice.bound)) break;  // the rest are no lower
+      ranges[r] = {a, choice.a2}, ranges[mirror] = {choice.b2, b};
+      for (int s : {r, mirror})
+        f[s] = sums.forward.over(ranges[s]), i[s] = sums.input.over(ranges[s]),
+        w[s] = sums.weight.over(ranges[s]);
+      if (r == p - 1) {
+        known = stages;
+        finish();
+        continue;
+      }
+      if (exhausted || visits_here >= budget.visits || !affords_run()) {
+        exhausted = true;
+        leave_open(choice.bound);
+        continue;
+      }
+      ++visits_here, ++out.visits;
+      place_pairs(r + 1, choice.own);
+    }
+    f[r] = i[r] = w[r] = f[mirror] = i[mirror] = w[mirror] = 0;
+  }
+
   Searched search(const SearchBudget& asked, double asked_ceiling) {
     budget = {asked.simulations * budget_scale, asked.visits, asked.relaxed * budget_scale,
               asked.actions};
     relaxed_here = visits_here = actions_here = 0;
     ceiling = asked_ceiling, exhausted = false, least_open = kInf;
-    place(0, 0);
+    if (paired)
+      place_pairs(0, 0.0);
+    else
+      place(0, 0);
     // A prefix left with a bound tied with the best could only have won the tie.
     out.proven =
         least_open == kInf || (!out.ranges.empty() && least_open >= out.step * (1 - kSlack));
@@ -792,6 +972,7 @@ double PartitionSearcher::root_bound() {
           relaxed_step(s.schedule, s.replay, s.timed, none, none, none, 0, 0, s.transfer).extra)
           .level();
   if (s.one_stage_per_rank) least = std::max(least, s.completion[0][0]);
+  if (s.paired) least = std::max(least, s.paired->inner(0, 0, s.n));
   return least;
 }
 
