@@ -434,6 +434,49 @@ PairedStageBound::PairedStageBound(const schedule::Schedule& schedule, const Sum
   }
 }
 
+double looped_pair_bound(const schedule::Schedule& schedule, const Sums& sums) {
+  const OwnStageBound own(schedule, sums);
+  const int p = schedule.num_ranks();
+  const int64_t n = sums.compute.n;
+  // Middle cuts from the centre outwards: a good one found first lets the others skip the
+  // choices that cannot go below it (a value only needs to be right below `best`).
+  std::vector<int64_t> middles;
+  for (int64_t d = 0; d <= n; ++d)
+    for (int64_t middle : {n / 2 - d, n / 2 + d + 1})
+      if (middle >= p && middle <= n - p) middles.push_back(middle);
+  double best = kInf;
+  std::vector<double> later((n + 1) * (n + 1)), here((n + 1) * (n + 1));
+  StageRange mine[2];
+  for (int64_t middle : middles) {
+    // later[a * (n + 1) + b]: the least largest bound of the ranks after r when c_{r+1} = a and
+    // c_{p+r+1} = b (capped at `best`).
+    for (int r = p - 1; r >= 0; --r) {
+      const int64_t a_last = middle - (p - r), b_last = n - (p - r);
+      for (int64_t a = r; a <= a_last; ++a)
+        for (int64_t b = middle + r; b <= b_last; ++b) {
+          if (r == 0 && (a != 0 || b != middle)) continue;
+          double least = best;
+          if (r == p - 1) {
+            mine[0] = {a, middle}, mine[1] = {b, n};
+            least = std::min(least, own.rank(r, mine));
+          } else {
+            for (int64_t a2 = a + 1; a2 <= a_last + 1; ++a2)
+              for (int64_t b2 = b + 1; b2 <= b_last + 1; ++b2) {
+                const double rest = later[a2 * (n + 1) + b2];
+                if (rest >= least) continue;
+                mine[0] = {a, a2}, mine[1] = {b, b2};
+                least = std::min(least, std::max(rest, own.rank(r, mine)));
+              }
+          }
+          here[a * (n + 1) + b] = least;
+        }
+      std::swap(later, here);
+    }
+    best = std::min(best, later[0 * (n + 1) + middle]);
+  }
+  return best;
+}
+
 // A path of the schedule's dependency graph (Replay::critical_path) as what it adds up: per
 // stage, how many F, I and W costs, and how many transfers. Every step on it waits for the one
 // before, so under any partition's costs its length is at most that partition's step time.
@@ -887,6 +930,21 @@ struct PartitionSearcher::Impl {
   // A choice is bounded by the largest OwnStageBound of the ranks placed and the paired bound
   // of those still to place, and the choices are tried from the least bound up, so the first
   // past the limit ends the rank. Prefix order does not apply, so a tie is never dropped.
+  // path_bound for the pairs: the stages r+1 .. 2p-2-r hold the units [a2, b2).
+  double paired_path_bound(int r, int64_t a2, int64_t b2, CostPath** longest) {
+    if (paths.empty()) return 0;
+    const int64_t at = a2 * (n + 1) + (b2 - 1);
+    const double lf = least_f[at], li = least_i[at], lw = least_w[at];
+    double most = 0;
+    for (CostPath& path : paths) {
+      double length = path.known_length(f, i, w, stages, transfer);  // unknown stages are 0
+      for (int s = r + 1; s < stages - 1 - r; ++s)
+        length += path.f[s] * lf + path.i[s] * li + path.w[s] * lw;
+      if (length > most) most = length, *longest = &path;
+    }
+    return most;
+  }
+
   struct PairChoice {
     double bound, own;
     int64_t a2, b2;
@@ -923,6 +981,14 @@ struct PartitionSearcher::Impl {
       if (r == p - 1) {
         known = stages;
         finish();
+        continue;
+      }
+      // The remembered critical paths, each later stage at the least F, I and W of a unit
+      // of the middle: they see the bubbles of partitions like those simulated.
+      CostPath* longest = nullptr;
+      const double path = paired_path_bound(r, choice.a2, choice.b2, &longest);
+      if (path > choice.bound && drop(path)) {
+        touch(longest);
         continue;
       }
       if (exhausted || visits_here >= budget.visits || !affords_run()) {
@@ -973,6 +1039,8 @@ double PartitionSearcher::root_bound() {
           .level();
   if (s.one_stage_per_rank) least = std::max(least, s.completion[0][0]);
   if (s.paired) least = std::max(least, s.paired->inner(0, 0, s.n));
+  if (looped_pair_bound_applies(s.schedule.placement))
+    least = std::max(least, looped_pair_bound(s.schedule, s.sums));
   return least;
 }
 

@@ -151,6 +151,15 @@ class PairedStageBound {
   std::vector<double> table_;  // [r][a][b]
 };
 
+// For a looped placement of two stages a rank (rank r holds stages r and p+r): the least over
+// every partition of the largest OwnStageBound, by dynamic programming over the pairs of cuts
+// (c_r, c_{p+r}), which advance together, once for each middle cut c_p; the memory cap is left
+// out, which only lowers it. A lower bound on every partition's step time.
+double looped_pair_bound(const schedule::Schedule& schedule, const Sums& sums);
+inline bool looped_pair_bound_applies(const schedule::Placement& placement) {
+  return placement.layout == schedule::Layout::kLooped && placement.chunks == 2;
+}
+
 struct SearchBudget {
   int64_t simulations = 0;  // complete partitions simulated
   int64_t visits = 0;       // prefixes descended into

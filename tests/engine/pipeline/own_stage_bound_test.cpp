@@ -114,6 +114,35 @@ TEST(PairedStageBound, NeverExceedsAnyCompletionsStepTime) {
   EXPECT_GT(tight, 0);  // the bound is not trivially low
 }
 
+// The looped pairs' bound (interleaved, two stages a rank) against every partition's step.
+TEST(LoopedPairBound, NeverExceedsTheOptimum) {
+  std::mt19937_64 rng(73);
+  int checked = 0, tight = 0;
+  for (int p : {2, 3, 4})
+    for (int m : {p, 2 * p, 4 * p})
+      for (int trial = 0; trial < 3; ++trial) {
+        const auto sched = schedule::generate(ScheduleKind::kInterleaved, p, m, 2);
+        ASSERT_TRUE(planning::looped_pair_bound_applies(sched.placement));
+        const int stages = sched.num_stages();
+        const int n = stages + 1 + static_cast<int>(rng() % (p == 4 ? 2 : 4));
+        const auto units = random_units(n, rng);
+        const double transfer = trial == 1 ? 0.05 : 0.0;
+        const planning::Sums sums(units);
+        double best = planning::kInf;
+        testing::for_each_contiguous_partition(
+            n, stages, [&](const std::vector<StageRange>& ranges) {
+              best = std::min(best, step_of(units, ranges, sched, transfer));
+            });
+        const double bound = planning::looped_pair_bound(sched, sums);
+        SCOPED_TRACE("p=" + std::to_string(p) + " m=" + std::to_string(m) +
+                     " n=" + std::to_string(n));
+        EXPECT_LE(bound, best * (1 + 1e-9));
+        ++checked, tight += bound >= 0.9 * best;
+      }
+  EXPECT_EQ(checked, 27);
+  EXPECT_GT(tight, 0);
+}
+
 // A memory model that counts each rank's state alone.
 struct StateOnly : planning::PartitionMemory {
   const planning::Sums& sums;
