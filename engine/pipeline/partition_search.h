@@ -144,11 +144,15 @@ class PairedStageBound {
     return table_[(static_cast<size_t>(r) * (n_ + 1) + a) * (n_ + 1) + b];
   }
   const OwnStageBound& own() const { return own_; }
+  // A partition that attains inner(0, 0, n): a good first incumbent, as the bound is close.
+  std::vector<StageRange> least_partition() const;
 
  private:
   OwnStageBound own_;
   int64_t n_;
-  std::vector<double> table_;  // [r][a][b]
+  int ranks_;
+  std::vector<double> table_;              // [r][a][b]
+  std::vector<std::pair<int64_t, int64_t>> choice_;  // [r][a][b]: the inner cuts (a2, b2)
 };
 
 // For a looped placement of two stages a rank (rank r holds stages r and p+r): the least over
