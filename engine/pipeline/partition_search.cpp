@@ -436,6 +436,13 @@ PairedStageBound::PairedStageBound(const schedule::Schedule& schedule, const Sum
         at(r, a, b) = least;
       }
   }
+  prefix_.assign(static_cast<size_t>(p + 1) * (n + 1), kInf);
+  for (int k = 0; k <= p; ++k)
+    for (int64_t a = 0; a <= n; ++a) {
+      double least = kInf;
+      for (int64_t b = a; b <= n; ++b) least = std::min(least, at(k, a, b));
+      prefix_[static_cast<size_t>(k) * (n + 1) + a] = least;
+    }
 }
 
 std::vector<StageRange> PairedStageBound::least_partition() const {
@@ -905,6 +912,8 @@ struct PartitionSearcher::Impl {
       }
       // Too few units here leave too much for the rest: try a later cut.
       double least = std::max(own, remaining(k, e));
+      // Two stages a rank in a V: the ranks whose both stages are still to come.
+      if (paired && k + 1 <= ranks) least = std::max(least, paired->after_prefix(k + 1, e));
       if (drop(least)) continue;
       if (!one_stage_per_rank && !completes_within(k, e, limit())) {
         drop_beyond_limit();
@@ -1025,7 +1034,8 @@ struct PartitionSearcher::Impl {
               asked.actions};
     relaxed_here = visits_here = actions_here = 0;
     ceiling = asked_ceiling, exhausted = false, least_open = kInf;
-    if (paired)
+    // Under a cap, stage by stage: a prefix's memory is known there, and it prunes the most.
+    if (paired && cap <= 0)
       place_pairs(0, 0.0);
     else
       place(0, 0);

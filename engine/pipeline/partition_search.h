@@ -143,6 +143,11 @@ class PairedStageBound {
   double inner(int r, int64_t a, int64_t b) const {
     return table_[(static_cast<size_t>(r) * (n_ + 1) + a) * (n_ + 1) + b];
   }
+  // With the stages [0, k) placed and ending at unit a (k <= p): the least inner(k, a, b) over
+  // every b, a bound on the ranks k .. p-1 whatever the later cuts.
+  double after_prefix(int k, int64_t a) const {
+    return prefix_[static_cast<size_t>(k) * (n_ + 1) + a];
+  }
   const OwnStageBound& own() const { return own_; }
   // A partition that attains inner(0, 0, n): a good first incumbent, as the bound is close.
   std::vector<StageRange> least_partition() const;
@@ -152,6 +157,7 @@ class PairedStageBound {
   int64_t n_;
   int ranks_;
   std::vector<double> table_;              // [r][a][b]
+  std::vector<double> prefix_;             // [k][a]: after_prefix
   std::vector<std::pair<int64_t, int64_t>> choice_;  // [r][a][b]: the inner cuts (a2, b2)
 };
 

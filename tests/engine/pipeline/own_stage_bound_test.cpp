@@ -78,7 +78,8 @@ TEST(OwnStageBound, NeverExceedsThePartitionsStepTime) {
 
 // inner(r, c_r, c_{2p-r}) bounds the ranks r .. p-1 of every partition with those cuts, so
 // every node of the outside-in search (the outer ranks placed) is bounded below its
-// completions' optimum; inner(0, 0, n) below every partition's.
+// completions' optimum; inner(0, 0, n) below every partition's; after_prefix(k, c_k) below
+// that of every partition with that prefix.
 TEST(PairedStageBound, NeverExceedsAnyCompletionsStepTime) {
   std::mt19937_64 rng(57);
   int checked = 0, tight = 0;
@@ -104,6 +105,11 @@ TEST(PairedStageBound, NeverExceedsAnyCompletionsStepTime) {
                 const int64_t a = r == 0 ? 0 : ranges[r - 1].end;
                 const int64_t b = r == 0 ? n : ranges[stages - r].begin;
                 EXPECT_LE(paired.inner(r, a, b), step * (1 + 1e-9)) << "rank " << r;
+              }
+              // The bound of a left-to-right prefix of k <= p stages.
+              for (int k = 0; k <= p; ++k) {
+                const int64_t a = k == 0 ? 0 : ranges[k - 1].end;
+                EXPECT_LE(paired.after_prefix(k, a), step * (1 + 1e-9)) << "prefix " << k;
               }
               ++checked;
             });
