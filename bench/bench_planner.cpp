@@ -5,6 +5,8 @@
 // and whether the chosen pipeline is proven the fastest of every layout.
 #include <benchmark/benchmark.h>
 
+#include <cstdlib>
+#include <iostream>
 #include <random>
 
 #include "engine/pipeline/planner.h"
@@ -60,6 +62,9 @@ void BM_Plan(benchmark::State& state) {
     fastest_proven = plan.fastest_pipeline_proven;
     benchmark::DoNotOptimize(plan.candidates.data());
   }
+  // CONVEYOR_BENCH_PRINT_PLAN=1 prints the last plan's table: which rows stay unproven.
+  if (std::getenv("CONVEYOR_BENCH_PRINT_PLAN"))
+    std::cerr << conveyor::format_plan(conveyor::plan(costs, options)) << "\n";
   state.counters["candidates"] = static_cast<double>(candidates);
   state.counters["feasible"] = static_cast<double>(feasible);
   state.counters["unproven"] = static_cast<double>(unproven);

@@ -317,6 +317,191 @@ double relaxed_step_bound(const std::vector<UnitCost>& timed, const schedule::Sc
              : relaxed.simulated;
 }
 
+OwnStageBound::OwnStageBound(const schedule::Schedule& schedule, const Sums& sums)
+    : sums_(sums), n_(sums.compute.n) {
+  using schedule::ActionKind;
+  const int stages = schedule.num_stages();
+  std::vector<bool> split(stages, false);
+  for (const auto& list : schedule.ranks)
+    for (const auto& a : list)
+      if (a.kind == ActionKind::kBackwardInput) split[a.stage] = true;
+  split_below_.assign(stages, false), split_above_.assign(stages, false);
+  for (int s = 1; s < stages; ++s) split_below_[s] = split_below_[s - 1] || split[s - 1];
+  for (int s = stages - 2; s >= 0; --s) split_above_[s] = split_above_[s + 1] || split[s + 1];
+  for (int r = 0; r < schedule.num_ranks(); ++r) {
+    Rank rank;
+    rank.stages = schedule.placement.stages_of(r);
+    const size_t own = rank.stages.size();
+    std::vector<int> index_of(stages, -1);
+    for (size_t k = 0; k < own; ++k) index_of[rank.stages[k]] = static_cast<int>(k);
+    const auto& list = schedule.ranks[r];
+    auto gradient = [](ActionKind k) {
+      return k == ActionKind::kBackward || k == ActionKind::kBackwardInput;
+    };
+    int last = -1;
+    for (int j = 0; j < static_cast<int>(list.size()); ++j)
+      if (gradient(list[j].kind)) last = j;
+    // Counts from each action on, scanning backwards; a line opens at the first forward and
+    // the first gradient step of each own stage.
+    std::vector<double> f(own, 0.0), i(own, 0.0), w(own, 0.0);
+    rank.after_f = rank.after_i = rank.after_w = f;
+    std::vector<Line> first_forward(own), first_gradient(own);
+    std::vector<bool> has_forward(own, false), has_gradient(own, false);
+    for (int j = static_cast<int>(list.size()); j-- > 0;) {
+      const schedule::Action& a = list[j];
+      if (!schedule::is_compute(a.kind) || a.kind == ActionKind::kAllReduceGrad) continue;
+      const int k = index_of[a.stage];
+      if (k < 0) continue;
+      const bool forward = a.kind == ActionKind::kForward;
+      f[k] += forward, i[k] += gradient(a.kind),
+          w[k] += a.kind == ActionKind::kBackward || a.kind == ActionKind::kBackwardWeight;
+      if (j > last) rank.after_f = f, rank.after_i = i, rank.after_w = w;
+      if (j == last) rank.last_own = k;
+      if (forward) first_forward[k] = {k, false, j <= last, f, i, w}, has_forward[k] = true;
+      if (gradient(a.kind)) first_gradient[k] = {k, true, j <= last, f, i, w}, has_gradient[k] = true;
+    }
+    for (size_t k = 0; k < own; ++k) {
+      if (has_forward[k]) rank.lines.push_back(first_forward[k]);
+      if (has_gradient[k]) rank.lines.push_back(first_gradient[k]);
+    }
+    ranks_.push_back(std::move(rank));
+  }
+}
+
+double OwnStageBound::rank(int r, const StageRange* own) const {
+  const Rank& rank = ranks_[r];
+  const size_t count = rank.stages.size();
+  double fs[8], is[8], ws[8];  // two to a few stages a rank
+  std::vector<double> heap;
+  double* F = fs;
+  double* I = is;
+  double* W = ws;
+  if (count > 8) heap.resize(3 * count), F = heap.data(), I = F + count, W = I + count;
+  double later = 0;
+  for (size_t k = 0; k < count; ++k) {
+    F[k] = sums_.forward.over(own[k]), I[k] = sums_.input.over(own[k]),
+    W[k] = sums_.weight.over(own[k]);
+    later += rank.after_f[k] * F[k] + rank.after_i[k] * I[k] + rank.after_w[k] * W[k];
+  }
+  double tail = 0;
+  if (rank.last_own >= 0) {
+    const int s = rank.stages[rank.last_own];
+    const int64_t b = own[rank.last_own].begin;
+    tail = sums_.input.over(0, b) + (split_below_[s] ? 0.0 : sums_.weight.over(0, b));
+  }
+  const double beyond = std::max(0.0, tail - later);
+  const double all_forwards = sums_.forward.over(0, n_);
+  double best = 0;
+  for (const Line& line : rank.lines) {
+    const int s = rank.stages[line.own_index];
+    const StageRange& at = own[line.own_index];
+    double start = sums_.forward.over(0, at.begin);
+    if (line.gradient)
+      start = all_forwards + sums_.input.over(at.end, n_) +
+              (split_above_[s] ? 0.0 : sums_.weight.over(at.end, n_));
+    double work = 0;
+    for (size_t k = 0; k < count; ++k) work += line.f[k] * F[k] + line.i[k] * I[k] + line.w[k] * W[k];
+    best = std::max(best, start + work + (line.with_tail ? beyond : 0.0));
+  }
+  return best;
+}
+
+PairedStageBound::PairedStageBound(const schedule::Schedule& schedule, const Sums& sums)
+    : own_(schedule, sums), n_(sums.compute.n), ranks_(schedule.num_ranks()) {
+  const int p = schedule.num_ranks();
+  const int64_t n = n_;
+  table_.assign(static_cast<size_t>(p + 1) * (n + 1) * (n + 1), kInf);
+  choice_.assign(table_.size(), {-1, -1});
+  auto at = [&](int r, int64_t a, int64_t b) -> double& {
+    return table_[(static_cast<size_t>(r) * (n + 1) + a) * (n + 1) + b];
+  };
+  for (int64_t x = 0; x <= n; ++x) at(p, x, x) = 0;
+  StageRange mine[2];
+  for (int r = p - 1; r >= 0; --r) {
+    // The ranks r .. p-1 hold 2(p - r) stages of at least one unit each.
+    const int64_t inner_stages = 2 * (p - r - 1);
+    for (int64_t a = r; a <= n; ++a)
+      for (int64_t b = a + 2 + inner_stages; b <= n - r; ++b) {
+        double least = kInf;
+        for (int64_t a2 = a + 1; a2 + inner_stages < b; ++a2)
+          for (int64_t b2 = a2 + inner_stages; b2 < b; ++b2) {
+            const double rest = at(r + 1, a2, b2);
+            if (rest >= least) continue;
+            mine[0] = {a, a2}, mine[1] = {b2, b};
+            const double value = std::max(rest, own_.rank(r, mine));
+            if (value < least)
+              least = value,
+              choice_[(static_cast<size_t>(r) * (n + 1) + a) * (n + 1) + b] = {a2, b2};
+          }
+        at(r, a, b) = least;
+      }
+  }
+  prefix_.assign(static_cast<size_t>(p + 1) * (n + 1), kInf);
+  for (int k = 0; k <= p; ++k)
+    for (int64_t a = 0; a <= n; ++a) {
+      double least = kInf;
+      for (int64_t b = a; b <= n; ++b) least = std::min(least, at(k, a, b));
+      prefix_[static_cast<size_t>(k) * (n + 1) + a] = least;
+    }
+}
+
+std::vector<StageRange> PairedStageBound::least_partition() const {
+  const int p = ranks_;
+  const int64_t n = n_;
+  if (inner(0, 0, n) == kInf) return {};
+  std::vector<StageRange> ranges(2 * p);
+  int64_t a = 0, b = n;
+  for (int r = 0; r < p; ++r) {
+    const auto [a2, b2] = choice_[(static_cast<size_t>(r) * (n + 1) + a) * (n + 1) + b];
+    ranges[r] = {a, a2}, ranges[2 * p - 1 - r] = {b2, b};
+    a = a2, b = b2;
+  }
+  return ranges;
+}
+
+double looped_pair_bound(const schedule::Schedule& schedule, const Sums& sums) {
+  const OwnStageBound own(schedule, sums);
+  const int p = schedule.num_ranks();
+  const int64_t n = sums.compute.n;
+  // Middle cuts from the centre outwards: a good one found first lets the others skip the
+  // choices that cannot go below it (a value only needs to be right below `best`).
+  std::vector<int64_t> middles;
+  for (int64_t d = 0; d <= n; ++d)
+    for (int64_t middle : {n / 2 - d, n / 2 + d + 1})
+      if (middle >= p && middle <= n - p) middles.push_back(middle);
+  double best = kInf;
+  std::vector<double> later((n + 1) * (n + 1)), here((n + 1) * (n + 1));
+  StageRange mine[2];
+  for (int64_t middle : middles) {
+    // later[a * (n + 1) + b]: the least largest bound of the ranks after r when c_{r+1} = a and
+    // c_{p+r+1} = b (capped at `best`).
+    for (int r = p - 1; r >= 0; --r) {
+      const int64_t a_last = middle - (p - r), b_last = n - (p - r);
+      for (int64_t a = r; a <= a_last; ++a)
+        for (int64_t b = middle + r; b <= b_last; ++b) {
+          if (r == 0 && (a != 0 || b != middle)) continue;
+          double least = best;
+          if (r == p - 1) {
+            mine[0] = {a, middle}, mine[1] = {b, n};
+            least = std::min(least, own.rank(r, mine));
+          } else {
+            for (int64_t a2 = a + 1; a2 <= a_last + 1; ++a2)
+              for (int64_t b2 = b + 1; b2 <= b_last + 1; ++b2) {
+                const double rest = later[a2 * (n + 1) + b2];
+                if (rest >= least) continue;
+                mine[0] = {a, a2}, mine[1] = {b, b2};
+                least = std::min(least, std::max(rest, own.rank(r, mine)));
+              }
+          }
+          here[a * (n + 1) + b] = least;
+        }
+      std::swap(later, here);
+    }
+    best = std::min(best, later[0 * (n + 1) + middle]);
+  }
+  return best;
+}
+
 // A path of the schedule's dependency graph (Replay::critical_path) as what it adds up: per
 // stage, how many F, I and W costs, and how many transfers. Every step on it waits for the one
 // before, so under any partition's costs its length is at most that partition's step time.
@@ -402,6 +587,9 @@ struct PartitionSearcher::Impl {
   const int stages, ranks;
   const bool one_stage_per_rank;
   const StepBound bound;
+  // Two stages a rank in a V: the search places the ranks' pairs of stages from the outside
+  // in, each bounded by the pairs still open (PairedStageBound); null otherwise.
+  const std::unique_ptr<PairedStageBound> paired;
   schedule::Replay replay;
   // The budgets count work: a simulation of a short schedule (few micro-batches) costs a
   // fraction of a long one's, so it gets as many more simulations, up to those of a schedule
@@ -449,6 +637,9 @@ struct PartitionSearcher::Impl {
         ranks(schedule.num_ranks()),
         one_stage_per_rank(schedule.placement.chunks == 1),
         bound(schedule),
+        paired(PairedStageBound::applies(schedule.placement)
+                   ? std::make_unique<PairedStageBound>(schedule, sums)
+                   : nullptr),
         replay(schedule),
         budget_scale(
             std::max<int64_t>(kBudgetActions / std::max<int64_t>(replay.actions(), 1), 1)) {
@@ -721,6 +912,8 @@ struct PartitionSearcher::Impl {
       }
       // Too few units here leave too much for the rest: try a later cut.
       double least = std::max(own, remaining(k, e));
+      // Two stages a rank in a V: the ranks whose both stages are still to come.
+      if (paired && k + 1 <= ranks) least = std::max(least, paired->after_prefix(k + 1, e));
       if (drop(least)) continue;
       if (!one_stage_per_rank && !completes_within(k, e, limit())) {
         drop_beyond_limit();
@@ -759,12 +952,93 @@ struct PartitionSearcher::Impl {
     f[k] = i[k] = w[k] = 0;
   }
 
+  // The V of two stages a rank, placed a rank at a time from the outside in: rank r's stages
+  // r and 2p-1-r take the units [a, a2) and [b2, b) within the [a, b) the outer ranks left.
+  // A choice is bounded by the largest OwnStageBound of the ranks placed and the paired bound
+  // of those still to place, and the choices are tried from the least bound up, so the first
+  // past the limit ends the rank. Prefix order does not apply, so a tie is never dropped.
+  // path_bound for the pairs: the stages r+1 .. 2p-2-r hold the units [a2, b2).
+  double paired_path_bound(int r, int64_t a2, int64_t b2, CostPath** longest) {
+    if (paths.empty()) return 0;
+    const int64_t at = a2 * (n + 1) + (b2 - 1);
+    const double lf = least_f[at], li = least_i[at], lw = least_w[at];
+    double most = 0;
+    for (CostPath& path : paths) {
+      double length = path.known_length(f, i, w, stages, transfer);  // unknown stages are 0
+      for (int s = r + 1; s < stages - 1 - r; ++s)
+        length += path.f[s] * lf + path.i[s] * li + path.w[s] * lw;
+      if (length > most) most = length, *longest = &path;
+    }
+    return most;
+  }
+
+  struct PairChoice {
+    double bound, own;
+    int64_t a2, b2;
+  };
+  void place_pairs(int r, double placed) {
+    const int p = ranks, mirror = 2 * p - 1 - r;
+    const int64_t a = r == 0 ? 0 : ranges[r - 1].end, b = r == 0 ? n : ranges[mirror + 1].begin;
+    const int64_t inner_stages = 2 * (p - r - 1);
+    std::vector<PairChoice> choices;
+    StageRange mine[2];
+    for (int64_t a2 = a + 1; a2 + inner_stages < b; ++a2)
+      for (int64_t b2 = a2 + inner_stages; b2 < b; ++b2) {
+        const double rest = paired->inner(r + 1, a2, b2);
+        if (rest == kInf) continue;
+        mine[0] = {a, a2}, mine[1] = {b2, b};
+        const double own = std::max(placed, paired->own().rank(r, mine));
+        const double least = std::max(own, rest);
+        if (least > limit()) {
+          drop(least);  // keeps it for the lower bound when only the ceiling is past
+          continue;
+        }
+        choices.push_back({least, own, a2, b2});
+      }
+    std::sort(choices.begin(), choices.end(), [](const PairChoice& x, const PairChoice& y) {
+      return x.bound != y.bound ? x.bound < y.bound : x.a2 != y.a2 ? x.a2 < y.a2 : x.b2 < y.b2;
+    });
+    for (const PairChoice& choice : choices) {
+      known = 0;  // no prefix to compare in a tie
+      if (drop(choice.bound)) break;  // the rest are no lower
+      ranges[r] = {a, choice.a2}, ranges[mirror] = {choice.b2, b};
+      for (int s : {r, mirror})
+        f[s] = sums.forward.over(ranges[s]), i[s] = sums.input.over(ranges[s]),
+        w[s] = sums.weight.over(ranges[s]);
+      if (r == p - 1) {
+        known = stages;
+        finish();
+        continue;
+      }
+      // The remembered critical paths, each later stage at the least F, I and W of a unit
+      // of the middle: they see the bubbles of partitions like those simulated.
+      CostPath* longest = nullptr;
+      const double path = paired_path_bound(r, choice.a2, choice.b2, &longest);
+      if (path > choice.bound && drop(path)) {
+        touch(longest);
+        continue;
+      }
+      if (exhausted || visits_here >= budget.visits || !affords_run()) {
+        exhausted = true;
+        leave_open(choice.bound);
+        continue;
+      }
+      ++visits_here, ++out.visits;
+      place_pairs(r + 1, choice.own);
+    }
+    f[r] = i[r] = w[r] = f[mirror] = i[mirror] = w[mirror] = 0;
+  }
+
   Searched search(const SearchBudget& asked, double asked_ceiling) {
     budget = {asked.simulations * budget_scale, asked.visits, asked.relaxed * budget_scale,
               asked.actions};
     relaxed_here = visits_here = actions_here = 0;
     ceiling = asked_ceiling, exhausted = false, least_open = kInf;
-    place(0, 0);
+    // Under a cap, stage by stage: a prefix's memory is known there, and it prunes the most.
+    if (paired && cap <= 0)
+      place_pairs(0, 0.0);
+    else
+      place(0, 0);
     // A prefix left with a bound tied with the best could only have won the tie.
     out.proven =
         least_open == kInf || (!out.ranges.empty() && least_open >= out.step * (1 - kSlack));
@@ -792,6 +1066,9 @@ double PartitionSearcher::root_bound() {
           relaxed_step(s.schedule, s.replay, s.timed, none, none, none, 0, 0, s.transfer).extra)
           .level();
   if (s.one_stage_per_rank) least = std::max(least, s.completion[0][0]);
+  if (s.paired) least = std::max(least, s.paired->inner(0, 0, s.n));
+  if (looped_pair_bound_applies(s.schedule.placement))
+    least = std::max(least, looped_pair_bound(s.schedule, s.sums));
   return least;
 }
 
@@ -809,6 +1086,9 @@ void PartitionSearcher::start_from(const std::vector<StageRange>& incumbent,
     return s.out.step < before;
   };
   if (!incumbent.empty()) attempt(incumbent);
+  // The partition the paired bound is least for: its bound is close to the optimum, so it
+  // is often nearly as fast.
+  if (s.paired) attempt(s.paired->least_partition());
   for (bool moved = !s.out.ranges.empty(); moved;) {
     moved = false;
     for (int k = 1; k < s.stages && !moved; ++k)

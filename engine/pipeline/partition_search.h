@@ -93,6 +93,83 @@ double relaxed_step_bound(const std::vector<UnitCost>& timed, const schedule::Sc
                           const std::vector<StageRange>& prefix, double transfer,
                           bool rank_work = true);
 
+// A lower bound on the simulated step time from one rank's own stages alone: every action of
+// a rank is of one of its stages, so where each of them begins and ends fixes, from the unit
+// sums, when the rank's actions can start and what the gradient still has to cross after its
+// last one. For each own stage, the first forward and the first gradient step (I, or B where
+// the stage does not split) open a line: the action starts no earlier than the chain of its
+// micro-batch before it (the forwards of every stage below; for a gradient step, every forward
+// and the gradient steps of every stage above), then the rank runs the rest of its list one
+// action at a time, and after its last gradient step that gradient still crosses the stages
+// below (their I, and W too where none of them splits) while the rank runs what follows it.
+// Transfers are left out: they only add time.
+class OwnStageBound {
+ public:
+  OwnStageBound(const schedule::Schedule& schedule, const Sums& sums);
+  // Rank r's bound when its stages (placement.stages_of(r), in that order) hold `own`.
+  double rank(int r, const StageRange* own) const;
+
+ private:
+  struct Line {
+    int own_index;   // the stage whose action opens it, as an index into stages_of(r)
+    bool gradient;   // a gradient step (else a forward)
+    bool with_tail;  // at or before the rank's last gradient step
+    std::vector<double> f, i, w;  // per own stage: F, I and W costs from the action on
+  };
+  struct Rank {
+    std::vector<int> stages;
+    std::vector<Line> lines;
+    std::vector<double> after_f, after_i, after_w;  // per own stage: after the last gradient
+    int last_own = -1;  // own index of the last gradient step's stage (-1: none)
+  };
+  const Sums& sums_;
+  int64_t n_;
+  std::vector<Rank> ranks_;
+  std::vector<bool> split_below_, split_above_;  // per stage: some stage below (above) splits
+};
+
+// For a V-shaped placement of two stages a rank (rank r holds stages r and 2p-1-r, nested):
+// inner(r, a, b), the least over every cut of the units [a, b) into the stages r .. 2p-1-r of
+// the largest OwnStageBound of the ranks r .. p-1, by dynamic programming from the middle
+// pair outwards (the memory cap is left out, which only lowers it). inner(0, 0, n) bounds
+// every partition's step time; with the ranks before r placed, inner(r, c_r, c_{2p-r}) bounds
+// every completion.
+class PairedStageBound {
+ public:
+  PairedStageBound(const schedule::Schedule& schedule, const Sums& sums);
+  static bool applies(const schedule::Placement& placement) {
+    return placement.layout == schedule::Layout::kVShape && placement.chunks == 2;
+  }
+  double inner(int r, int64_t a, int64_t b) const {
+    return table_[(static_cast<size_t>(r) * (n_ + 1) + a) * (n_ + 1) + b];
+  }
+  // With the stages [0, k) placed and ending at unit a (k <= p): the least inner(k, a, b) over
+  // every b, a bound on the ranks k .. p-1 whatever the later cuts.
+  double after_prefix(int k, int64_t a) const {
+    return prefix_[static_cast<size_t>(k) * (n_ + 1) + a];
+  }
+  const OwnStageBound& own() const { return own_; }
+  // A partition that attains inner(0, 0, n): a good first incumbent, as the bound is close.
+  std::vector<StageRange> least_partition() const;
+
+ private:
+  OwnStageBound own_;
+  int64_t n_;
+  int ranks_;
+  std::vector<double> table_;              // [r][a][b]
+  std::vector<double> prefix_;             // [k][a]: after_prefix
+  std::vector<std::pair<int64_t, int64_t>> choice_;  // [r][a][b]: the inner cuts (a2, b2)
+};
+
+// For a looped placement of two stages a rank (rank r holds stages r and p+r): the least over
+// every partition of the largest OwnStageBound, by dynamic programming over the pairs of cuts
+// (c_r, c_{p+r}), which advance together, once for each middle cut c_p; the memory cap is left
+// out, which only lowers it. A lower bound on every partition's step time.
+double looped_pair_bound(const schedule::Schedule& schedule, const Sums& sums);
+inline bool looped_pair_bound_applies(const schedule::Placement& placement) {
+  return placement.layout == schedule::Layout::kLooped && placement.chunks == 2;
+}
+
 struct SearchBudget {
   int64_t simulations = 0;  // complete partitions simulated
   int64_t visits = 0;       // prefixes descended into
