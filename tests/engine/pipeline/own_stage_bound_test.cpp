@@ -14,6 +14,7 @@
 #include "engine/schedule/generators.h"
 #include "engine/schedule/simulator.h"
 #include "support/contiguous_partitions.h"
+#include "support/state_only_memory.h"
 
 namespace conveyor {
 namespace {
@@ -149,27 +150,6 @@ TEST(LoopedPairBound, NeverExceedsTheOptimum) {
   EXPECT_GT(tight, 0);
 }
 
-// A memory model that counts each rank's state alone.
-struct StateOnly : planning::PartitionMemory {
-  const planning::Sums& sums;
-  const schedule::Schedule& sched;
-  StateOnly(const planning::Sums& sums, const schedule::Schedule& sched)
-      : sums(sums), sched(sched) {}
-  std::vector<double> operator()(const std::vector<StageRange>& ranges) const override {
-    std::vector<double> bytes(sched.num_ranks(), 0.0);
-    for (int s = 0; s < static_cast<int>(ranges.size()); ++s)
-      bytes[sched.placement.rank_of(s)] += sums.state.over(ranges[s]);
-    return bytes;
-  }
-  double stage(int, int64_t b, int64_t e) const override { return sums.state.over(b, e); }
-  double known_stages(int r, const std::vector<StageRange>& ranges, int known) const override {
-    double bytes = 0;
-    for (int s = 0; s < known; ++s)
-      if (sched.placement.rank_of(s) == r) bytes += sums.state.over(ranges[s]);
-    return bytes;
-  }
-};
-
 TEST(PairedStageBound, OutsideInSearchFindsTheBruteForceOptimum) {
   std::mt19937_64 rng(91);
   int searched = 0, capped = 0;
@@ -182,7 +162,7 @@ TEST(PairedStageBound, OutsideInSearchFindsTheBruteForceOptimum) {
         const auto units = random_units(n, rng);
         const double transfer = trial == 1 ? 0.05 : 0.0;
         const planning::Sums sums(units);
-        const StateOnly memory(sums, sched);
+        const testing::StateOnlyMemory memory(sums, sched);
         // Trial 2: a cap between the leanest partition's largest rank and the most's.
         double cap = 0;
         if (trial == 2) {

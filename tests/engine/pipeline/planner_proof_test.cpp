@@ -15,6 +15,7 @@
 #include "engine/schedule/generators.h"
 #include "engine/schedule/simulator.h"
 #include "support/contiguous_partitions.h"
+#include "support/state_only_memory.h"
 
 namespace conveyor {
 namespace {
@@ -201,27 +202,6 @@ TEST(PlannerProof, RowsNotSearchedToTheEndShowAProvenLowerBound) {
   EXPECT_GT(bounded, 0);  // the budget did stop some searches
 }
 
-// A memory model that counts each rank's state alone.
-struct StateOnly : planning::PartitionMemory {
-  const planning::Sums& sums;
-  const schedule::Schedule& sched;
-  StateOnly(const planning::Sums& sums, const schedule::Schedule& sched)
-      : sums(sums), sched(sched) {}
-  std::vector<double> operator()(const std::vector<StageRange>& ranges) const override {
-    std::vector<double> bytes(sched.num_ranks(), 0.0);
-    for (int s = 0; s < static_cast<int>(ranges.size()); ++s)
-      bytes[sched.placement.rank_of(s)] += sums.state.over(ranges[s]);
-    return bytes;
-  }
-  double stage(int, int64_t b, int64_t e) const override { return sums.state.over(b, e); }
-  double known_stages(int r, const std::vector<StageRange>& ranges, int known) const override {
-    double bytes = 0;
-    for (int s = 0; s < known; ++s)
-      if (sched.placement.rank_of(s) == r) bytes += sums.state.over(ranges[s]);
-    return bytes;
-  }
-};
-
 // Under a ceiling below the optimum the search proves every partition slower than the
 // ceiling (unless what it simulated on the way is proven the fastest); under one above it, it
 // proves the optimum. Resumed without the ceiling, it proves the optimum too.
@@ -236,7 +216,7 @@ TEST(PlannerProof, SearchUnderACeilingProvesALowerBoundAboveIt) {
       const int n = sched.num_stages() + 3 + trial;
       const UnitCosts costs = random_costs(n, rng);
       const planning::Sums sums(costs.units);
-      const StateOnly memory(sums, sched);
+      const testing::StateOnlyMemory memory(sums, sched);
       double best = planning::kInf;
       testing::for_each_contiguous_partition(
           n, sched.num_stages(), [&](const std::vector<StageRange>& r) {
