@@ -2,6 +2,8 @@
 # for bit. A run NAME left NAME.jsonl (--log-json) and NAME.out (stdout with
 # --weights-checksum) in the work folder.
 fail() { echo "FAIL: $*"; exit 1; }
+# Exit status 77: ctest reports the test as skipped, with this reason.
+skip() { echo "SKIP: $*"; exit 77; }
 # The bitwise part of a --log-json file: step, loss and gradient norm of every step.
 numbers() { jq -c '[.step, .loss, .grad_norm]' "$1"; }
 checksum() { grep -o 'weights xxh3 [0-9a-f]*' "$1"; }

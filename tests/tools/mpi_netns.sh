@@ -16,9 +16,8 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
-# fail, numbers, checksum, same_run
+# fail, skip, numbers, checksum, same_run
 source "$(dirname "${BASH_SOURCE[0]}")/mpi_compare.sh"
-skip() { echo "SKIP: $*"; exit 77; }
 
 command -v ip >/dev/null || skip "the ip command (iproute2) is not installed"
 command -v mpirun >/dev/null || skip "mpirun is not installed"

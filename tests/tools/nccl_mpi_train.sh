@@ -37,7 +37,8 @@
 # Exit status 77 (skipped) with the reason where there is no GPU, no OpenMPI mpirun or no jq.
 set -uo pipefail
 cli=$1 mode=${2:-equal}
-skip() { echo "SKIP: $*"; exit 77; }
+# fail, skip, numbers, checksum, same_run, eval_line
+source "$(dirname "${BASH_SOURCE[0]}")/mpi_compare.sh"
 command -v mpirun >/dev/null || skip "no mpirun"
 # The flags below and OMPI_COMM_WORLD_RANK are OpenMPI's, and so is the MPI the build links.
 mpirun --version 2>&1 | grep -q "Open MPI" ||
@@ -64,8 +65,6 @@ export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
 device=(--device cuda)
 common=(train --layers 4 --microbatches 4 --batch-tokens 512 --steps 4 --seed 7
         --quiet --weights-checksum --timeout 60)
-# fail, numbers, checksum, same_run, eval_line
-source "$(dirname "${BASH_SOURCE[0]}")/mpi_compare.sh"
 
 # launch N: sets `launched` to the command that starts `conveyor` as N processes under
 # mpirun, the arguments to follow; with fewer GPUs than N each process is a host of its own
