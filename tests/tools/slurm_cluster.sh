@@ -98,7 +98,8 @@ start_munge() {
 }
 
 # write_conf CTLD_PORT SLURMD_PORT: no cgroups, no accounting, every file in the work folder,
-# each node's spool, pid file and log its own (%n: the node's name).
+# each node's spool, pid file and log its own (%n: the node's name). A batch job is scheduled
+# as soon as it is submitted: by default slurmctld may delay it up to 3 s (batch_sched_delay).
 write_conf() {
   local i
   {
@@ -125,6 +126,7 @@ JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
 MailProg=/bin/true
+SchedulerParameters=batch_sched_delay=0
 MpiDefault=$mpi_default
 ReturnToService=2
 EOF
