@@ -100,20 +100,22 @@ veth_bytes() {
 on0=("${ctld_at[@]}" timeout 40)
 alloc=(-N 2 -n 4 -O --job-name conveyor --time 2)
 
-# check_run NAME REF "NODE OF RANK 0..3" WHAT BYTES_BEFORE: the tasks of the run NAME ran on
-# the nodes given, each in its node's namespaces; it crossed the veth pair; it equals REF.
+# check_run NAME REF "NODE OF RANK 0..3" WHAT "TX RX BEFORE": the tasks of the run NAME ran
+# on the nodes given, each in its node's namespaces; it crossed the veth pair; it equals REF.
 check_run() {
-  local name=$1 ref=$2 placed=($3) what=$4 before=($5) after r node host ns sent got
+  local name=$1 ref=$2 what=$4 placed r node host ns tx0 rx0 tx1 rx1 sent got
+  read -ra placed <<<"$3"
+  read -r tx0 rx0 <<<"$5"
   for r in 0 1 2 3; do
     read -r node host ns <"$work/$name.task.$r" 2>/dev/null || fail "task $r $what did not run"
     [[ $node =~ ^[01]$ ]] && [ "$node" = "${placed[r]}" ] && [ "$host" = "${nodes[node]}" ] &&
       [ "$ns" = "${netns[node]}" ] ||
       fail "task $r $what ran on node $node ($host, $ns), not on node ${placed[r]} (${nodes[placed[r]]}, ${netns[placed[r]]})"
   done
-  after=($(veth_bytes))
+  read -r tx1 rx1 <<<"$(veth_bytes)"
   # At least one pipeline link, or the replicas' all-reduce, crosses the pair both ways:
   # 4 steps x 4 micro-batches of 128 tokens x 64 floats, 512 KiB, or more.
-  sent=$((after[0] - before[0])) got=$((after[1] - before[1]))
+  sent=$((tx1 - tx0)) got=$((rx1 - rx0))
   [ "$sent" -gt 524288 ] && [ "$got" -gt 524288 ] ||
     fail "$sent bytes sent and $got received over the veth pair $what: the nodes did not talk over it"
   grep -q "transport mpi" "$work/$name.out" || fail "$what did not use MPI: $(cat "$work/$name.out")"
@@ -123,18 +125,18 @@ check_run() {
 }
 summary=""
 
-before=$(veth_bytes)
+bytes=$(veth_bytes)
 "${on0[@]}" srun "${alloc[@]}" --mpi=pmix bash -c "$note" "$work/srun.task" \
   "$cli" "${common[@]}" --stages 2 --dp 2 --log-json "$work/srun.jsonl" >"$work/srun.out" 2>&1 ||
   fail "srun -N 2 -n 4 --mpi=pmix failed: $(cat "$work/srun.out")"
-check_run srun dp "0 0 1 1" "of srun -N 2 -n 4 --mpi=pmix" "$before"
+check_run srun dp "0 0 1 1" "of srun -N 2 -n 4 --mpi=pmix" "$bytes"
 
 # An allocation, its step with the cluster's default plugin (MpiDefault=pmix).
-before=$(veth_bytes)
+bytes=$(veth_bytes)
 "${on0[@]}" salloc "${alloc[@]}" srun -m cyclic bash -c "$note" "$work/salloc.task" \
   "$cli" "${common[@]}" --stages 4 --log-json "$work/salloc.jsonl" >"$work/salloc.out" 2>&1 ||
   fail "salloc -N 2 -n 4 srun -m cyclic failed: $(cat "$work/salloc.out")"
-check_run salloc pp "0 1 0 1" "of salloc -N 2 -n 4 srun -m cyclic" "$before"
+check_run salloc pp "0 1 0 1" "of salloc -N 2 -n 4 srun -m cyclic" "$bytes"
 
 # A batch job: its script runs on the allocation's first node and starts the step.
 cat >"$work/job.sh" <<'JOB'
@@ -143,7 +145,7 @@ echo "$(uname -n) $(readlink /proc/self/ns/net)" >"$1"
 shift
 exec srun "$@"
 JOB
-before=$(veth_bytes)
+bytes=$(veth_bytes)
 "${on0[@]}" sbatch --parsable "${alloc[@]}" -o "$work/sbatch.out" "$work/job.sh" \
   "$work/sbatch.where" -m cyclic bash -c "$note" "$work/sbatch.task" \
   "$cli" "${common[@]}" --stages 2 --dp 2 --log-json "$work/sbatch.jsonl" \
@@ -166,17 +168,17 @@ done
   fail "batch job $job of sbatch -N 2 -n 4 ended ${state:-unseen}: $(cat "$work/sbatch.out")"
 [ "$(cat "$work/sbatch.where" 2>/dev/null)" = "${nodes[0]} ${netns[0]}" ] ||
   fail "the batch script did not run on ${nodes[0]} (${netns[0]}): $(cat "$work/sbatch.where")"
-check_run sbatch dp "0 1 0 1" "of sbatch -N 2 -n 4, srun -m cyclic" "$before"
+check_run sbatch dp "0 1 0 1" "of sbatch -N 2 -n 4, srun -m cyclic" "$bytes"
 
 # OpenMPI's own mpirun inside an allocation: it starts its daemon on each node through srun
 # and the ranks through them. The daemon otherwise shares its hwloc topology through a segment
 # mapped at a guessed hole of its address space, where OpenMPI 4.1.4's orted crashed in about
 # one launch of six on namespaces of one machine (see mpi_netns.sh).
-before=$(veth_bytes)
+bytes=$(veth_bytes)
 "${on0[@]}" salloc "${alloc[@]}" mpirun --allow-run-as-root --bind-to none \
   --mca rtc_hwloc_vmhole none bash -c "$note" "$work/mpirun.task" \
   "$cli" "${common[@]}" --stages 4 --log-json "$work/mpirun.jsonl" >"$work/mpirun.out" 2>&1 ||
   fail "salloc -N 2 -n 4 mpirun failed: $(cat "$work/mpirun.out")"
-check_run mpirun pp "0 0 1 1" "of salloc -N 2 -n 4 mpirun" "$before"
+check_run mpirun pp "0 0 1 1" "of salloc -N 2 -n 4 mpirun" "$bytes"
 
 echo "two nodes (${addrs[*]}), 2 tasks each, $(checksum "$work/srun.out") and $(checksum "$work/salloc.out") equal to the one-process runs; ${summary%; }"
