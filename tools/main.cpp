@@ -13,13 +13,16 @@
 namespace {
 
 // One error line: control characters in the message (echoed file names) are shown escaped,
-// line breaks kept for the validator's grid that may follow the sentence. What the command
-// printed before goes out first, so that in one file or pipe the error comes last.
+// line breaks kept for the validator's grid that may follow the sentence. Backslashes pass
+// as they are: many messages hold names escaped already, whose \t would otherwise print as
+// \\t. What the command printed before goes out first, so that in one file or pipe the
+// error comes last.
 void print_error(const char* message) {
   std::fflush(stdout);
   std::string text;
   for (const char* c = message; *c; ++c)
-    text += *c == '\n' ? std::string("\n") : conveyor::cli::escape_for_message(std::string(1, *c));
+    text += *c == '\n' || *c == '\\' ? std::string(1, *c)
+                                     : conveyor::cli::escape_for_message(std::string(1, *c));
   std::fprintf(stderr, "conveyor: error: %s\n", text.c_str());
 }
 

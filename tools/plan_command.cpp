@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <memory>
@@ -389,41 +390,136 @@ std::string plan_text(const PlanCandidate& candidate, const TrainConfig& config)
   return plan.dump(2) + "\n";
 }
 
+namespace {
+
+// nlohmann's messages start with their id ("[json.exception.parse_error.101] "): the rest
+// is the sentence.
+std::string json_error_text(const nlohmann::json::exception& e) {
+  const std::string what = e.what();
+  const size_t end = what.find("] ");
+  return what.starts_with("[json.exception.") && end != std::string::npos ? what.substr(end + 2)
+                                                                          : what;
+}
+
+std::string shown_json(const nlohmann::json& v) {
+  std::string text = v.dump();
+  if (text.size() > 40) text = text.substr(0, 37) + "...";
+  return escape_for_message(text);
+}
+
+constexpr const char* kPlanAgain = "; plan again (conveyor plan ... --out FILE)";
+
+// A whole number of the plan within what the flag that sets it accepts: a value the run's
+// int fields would narrow (2^40 stages read as 0, 2.5 as 2) is refused as it is written.
+int64_t plan_integer(const nlohmann::json& v, const std::string& source, const std::string& key,
+                     int64_t lo, int64_t hi) {
+  bool ok = false;
+  int64_t value = 0;
+  if (v.is_number_unsigned()) {
+    const uint64_t u = v.get<uint64_t>();
+    ok = u <= static_cast<uint64_t>(hi);
+    value = ok ? static_cast<int64_t>(u) : 0;
+    ok = ok && value >= lo;
+  } else if (v.is_number_integer()) {
+    value = v.get<int64_t>();
+    ok = value >= lo && value <= hi;
+  }
+  if (!ok)
+    throw UsageError(source + ": " + key + " must be a whole number in [" + std::to_string(lo) +
+                     ", " + std::to_string(hi) + "], got " + shown_json(v) + kPlanAgain);
+  return value;
+}
+
+const nlohmann::json& plan_field(const nlohmann::json& plan, const std::string& source,
+                                 const std::string& key) {
+  if (!plan.contains(key))
+    throw UsageError(source + " has no " + key + " (a plan file holds stages, schedule, chunks, " +
+                     "microbatches and partition)" + kPlanAgain);
+  return plan.at(key);
+}
+
+std::string plan_string(const nlohmann::json& v, const std::string& source,
+                        const std::string& key) {
+  if (!v.is_string())
+    throw UsageError(source + ": " + key + " must be a string, got " + shown_json(v) + kPlanAgain);
+  return v.get<std::string>();
+}
+
+}  // namespace
+
 void apply_plan_text(const std::string& text, const std::string& source, TrainConfig& config,
                      int64_t replicas) {
+  nlohmann::json plan;
   try {
-    const nlohmann::json plan = nlohmann::json::parse(text);
+    plan = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw UsageError(source + " is not JSON (" + json_error_text(e) +
+                     "); expected the file `conveyor plan --out` writes");
+  }
+  if (!plan.is_object())
+    throw UsageError(source + " holds " + shown_json(plan) +
+                     ", not the JSON object `conveyor plan --out` writes (stages, schedule, "
+                     "chunks, microbatches, partition)");
+  try {
     check_planned_for(plan, source, config, replicas);
-    const std::string kind = plan.at("schedule").get<std::string>();
+    const std::string kind = plan_string(plan_field(plan, source, "schedule"), source, "schedule");
     const auto parsed = schedule::parse_schedule_kind(kind);
     if (!parsed)
-      throw UsageError(source + " names schedule '" + kind + "', expected " +
+      throw UsageError(source + " names schedule '" + escape_for_message(kind) + "', expected " +
                        schedule::schedule_kind_choices());
-    config.stages = plan.at("stages").get<int>();
+    // The ranges of --stages, --chunks, --microbatches and --layers.
+    const auto stages = plan_integer(plan_field(plan, source, "stages"), source, "stages", 1, 1024);
+    const auto chunks = plan_integer(plan_field(plan, source, "chunks"), source, "chunks", 1, 64);
+    const auto microbatches = plan_integer(plan_field(plan, source, "microbatches"), source,
+                                           "microbatches", 1, 65536);
+    const nlohmann::json& partition = plan_field(plan, source, "partition");
+    if (!partition.is_array() || partition.empty())
+      throw UsageError(source + ": partition must be a list of block counts, got " +
+                       shown_json(partition) + kPlanAgain);
+    std::vector<int64_t> blocks;
+    for (const nlohmann::json& b : partition)
+      blocks.push_back(plan_integer(b, source, "partition", 0, 4096));
+    config.stages = static_cast<int>(stages);
     config.schedule = *parsed;
-    config.chunks = plan.at("chunks").get<int>();
-    config.microbatches = plan.at("microbatches").get<int64_t>();
-    config.partition =
-        PartitionSpec::explicit_blocks(plan.at("partition").get<std::vector<int64_t>>());
+    config.chunks = static_cast<int>(chunks);
+    config.microbatches = microbatches;
+    config.partition = PartitionSpec::explicit_blocks(std::move(blocks));
     // Plans written before recomputation existed keep every activation.
-    config.recompute = plan.contains("recompute")
-                           ? parse_recompute(plan.at("recompute").get<std::string>(),
-                                             config.model.num_units(), source + " recompute")
-                           : RecomputeSpec::none();
+    config.recompute =
+        plan.contains("recompute")
+            ? parse_recompute(plan_string(plan.at("recompute"), source, "recompute"),
+                              config.model.num_units(), source + " recompute")
+            : RecomputeSpec::none();
   } catch (const nlohmann::json::exception& e) {
-    throw UsageError(source +
-                     " is not a plan written by `conveyor plan --out` (stages, schedule, "
+    throw UsageError(source + " is not a plan written by `conveyor plan --out` (stages, schedule, "
                      "chunks, microbatches, partition): " +
-                     e.what());
+                     json_error_text(e));
   }
 }
 
 void apply_plan_file(const std::string& path, TrainConfig& config, int64_t replicas) {
+  // Plans are small; a device or a pipe would be read without end (/dev/zero) or wait for a
+  // writer, so only a regular file is read.
+  constexpr uintmax_t kMaxPlanFileBytes = uintmax_t{1} << 20;
+  const std::string shown = "plan file '" + escape_for_message(path) + "'";
+  std::error_code ec;
+  const auto status = std::filesystem::status(path, ec);
+  if (ec || !std::filesystem::exists(status))
+    throw UsageError("cannot read " + shown + ": no such file");
+  if (std::filesystem::is_directory(status))
+    throw UsageError(shown + " is a directory; give the JSON file `conveyor plan --out` writes");
+  if (!std::filesystem::is_regular_file(status))
+    throw UsageError(shown + " is not a regular file (a device, pipe or socket); give the JSON " +
+                     "file `conveyor plan --out` writes");
+  const uintmax_t size = std::filesystem::file_size(path, ec);
+  if (!ec && size > kMaxPlanFileBytes)
+    throw UsageError(shown + " has " + std::to_string(size) +
+                     " bytes; a plan file has at most 1 MiB");
   std::ifstream in(path);
-  if (!in) throw UsageError("cannot read plan file '" + path + "'");
+  if (!in) throw UsageError("cannot read " + shown);
   std::stringstream text;
   text << in.rdbuf();
-  apply_plan_text(text.str(), "plan file '" + path + "'", config, replicas);
+  apply_plan_text(text.str(), shown, config, replicas);
 }
 
 namespace {
