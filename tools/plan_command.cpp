@@ -479,9 +479,6 @@ void apply_plan_text(const std::string& text, const std::string& source, TrainCo
     std::vector<int64_t> blocks;
     for (const nlohmann::json& b : partition)
       blocks.push_back(plan_integer(b, source, "partition", 0, 4096));
-    if (static_cast<int64_t>(blocks.size()) != stages)
-      throw UsageError(source + ": partition has " + std::to_string(blocks.size()) +
-                       " block count(s) for " + std::to_string(stages) + " stages" + kPlanAgain);
     config.stages = static_cast<int>(stages);
     config.schedule = *parsed;
     config.chunks = static_cast<int>(chunks);
