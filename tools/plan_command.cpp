@@ -611,7 +611,7 @@ void register_plan_command(CLI::App& app) {
   add_int_flag(cmd, "--seed", f.seed, 0, std::numeric_limits<int64_t>::max(),
                "Seed of the profiled weights");
   add_int_flag(cmd, "--repetitions", f.repetitions, 1, 1000, "Timed runs per unit (median)");
-  cmd->add_option("--out", f.out, "Write the chosen plan (JSON) for `train --plan FILE`")
+  add_path_flag(cmd, "--out", f.out, "Write the chosen plan (JSON) for `train --plan FILE`")
       ->type_name("FILE");
   cmd->footer(std::string("Example: conveyor plan --stages 2 --d-model 128 --layers 8 --vocab "
                           "16384 --out plan.json, then conveyor train --plan plan.json\n") +

@@ -322,17 +322,17 @@ void register_schedule_command(CLI::App& app) {
                  "takes bytes / --reduce-bandwidth");
   add_float_flag(cmd, "--reduce-bandwidth", opts->reduce_bandwidth, 0.0, kMaxAmount, false,
                  "With --dp: bytes per time unit of the gradient all-reduce (0: infinite)");
-  cmd->add_option("--svg", opts->svg,
-                  "Write an SVG timeline to FILE (at most 256 ranks and 20000 boxes drawn)")
+  add_path_flag(cmd, "--svg", opts->svg,
+                "Write an SVG timeline to FILE (at most 256 ranks and 20000 boxes drawn)")
       ->type_name("FILE");
-  cmd->add_option("--trace", opts->trace, "Write Chrome-trace JSON (Perfetto) to FILE")
+  add_path_flag(cmd, "--trace", opts->trace, "Write Chrome-trace JSON (Perfetto) to FILE")
       ->type_name("FILE");
-  cmd->add_option("--dump", opts->dump,
-                  "Write the schedule to FILE as text (or CSV if the name ends in .csv)")
+  add_path_flag(cmd, "--dump", opts->dump,
+                "Write the schedule to FILE as text (or CSV if the name ends in .csv)")
       ->type_name("FILE");
-  cmd->add_option("--load", opts->load,
-                  "Read a schedule from FILE (text or CSV, a regular file of at most 64 MiB) "
-                  "instead of generating one")
+  add_path_flag(cmd, "--load", opts->load,
+                "Read a schedule from FILE (text or CSV, a regular file of at most 64 MiB) "
+                "instead of generating one")
       ->type_name("FILE");
   cmd->add_flag("--compare", opts->compare,
                 "Print a table of all schedules for these p, m and costs (default off)");

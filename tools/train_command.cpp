@@ -739,12 +739,12 @@ void register_train_command(CLI::App& app) {
                  "Clip the global gradient norm to this (0 disables clipping)");
   add_int_flag(cmd, "--seed", c.seed, 0, std::numeric_limits<int64_t>::max(),
                "Seed of the weights and of the Markov source");
-  cmd->add_option("--data", c.data_path,
-                  "Train on the bytes of FILE (a regular file of at most 1024 MiB) instead of "
-                  "the Markov source")
+  add_path_flag(cmd, "--data", c.data_path,
+                "Train on the bytes of FILE (a regular file of at most 1024 MiB) instead of "
+                "the Markov source")
       ->type_name("FILE");
-  cmd->add_option("--log-json", flags->log_json,
-                  "Write one JSON object per step to FILE (locked; flushed every line)")
+  add_path_flag(cmd, "--log-json", flags->log_json,
+                "Write one JSON object per step to FILE (locked; flushed every line)")
       ->type_name("FILE");
   add_int_flag(cmd, "--log-every", flags->log_every, 1, 1000000000, "Print every N steps");
   cmd->add_flag("--quiet", flags->quiet, "Only print the summary (default off)");
@@ -754,10 +754,10 @@ void register_train_command(CLI::App& app) {
       ->default_str("2 for interleaved, else 1");
   cmd->add_option("--schedule", flags->schedule, "Schedule: " + schedule_choices_text())
       ->capture_default_str();
-  cmd->add_option("--schedule-file", c.schedule_file,
-                  "Run the schedule in FILE (text or CSV, see `conveyor schedule --dump`); it "
-                  "fixes the ranks, chunks and kind, and --stages, --chunks or --schedule given "
-                  "with it must agree")
+  add_path_flag(cmd, "--schedule-file", c.schedule_file,
+                "Run the schedule in FILE (text or CSV, see `conveyor schedule --dump`); it "
+                "fixes the ranks, chunks and kind, and --stages, --chunks or --schedule given "
+                "with it must agree")
       ->type_name("FILE");
   cmd->add_option(
          "--partition", flags->partition,
@@ -773,14 +773,14 @@ void register_train_command(CLI::App& app) {
       ->capture_default_str();
   add_float_flag(cmd, "--timeout", flags->timeout_s, 0.0, 1000000.0, true,
                  "Seconds a rank waits for a peer before failing");
-  cmd->add_option("--trace", flags->trace,
-                  "Write a Chrome trace to FILE: the run's steps and checkpoint saves (a "
-                  "background save on its own thread), and the last step's measured timeline "
-                  "per rank")
+  add_path_flag(cmd, "--trace", flags->trace,
+                "Write a Chrome trace to FILE: the run's steps and checkpoint saves (a "
+                "background save on its own thread), and the last step's measured timeline "
+                "per rank")
       ->type_name("FILE");
   add_checkpoint_flags(cmd, flags->checkpoint);
-  cmd->add_option("--plan", flags->plan_file,
-                  "Run the plan in FILE (written by `conveyor plan --out`)")
+  add_path_flag(cmd, "--plan", flags->plan_file,
+                "Run the plan in FILE (written by `conveyor plan --out`)")
       ->type_name("FILE");
   add_int_flag(cmd, "--eval-batches", flags->eval_batches, 0, 1000000,
                "After the last step, print the mean loss on the N batches that follow the "
