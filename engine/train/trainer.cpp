@@ -69,13 +69,19 @@ void check_memory_fits(const ModelDescription& model, const std::vector<StageRan
     for (size_t q = 0; q < ranks.size(); ++q)
       if (devices[q] == devices[r] && (q == r || !one_device_per_process))
         on_device += ranks[q].total(), ++sharing;
-    std::string source;
-    double limit = 0.0;
+    // A limit emulates a smaller device: one above what the device can give now would let
+    // through a run the device cannot hold, which the system then ends (on the CPU, the
+    // kernel's out-of-memory killer).
+    std::string source, below_the_limit;
+    double limit = device_available_bytes(devices[r], &source);
     if (config.memory_limit_bytes > 0) {
-      limit = static_cast<double>(config.memory_limit_bytes);
-      source = "the memory limit";
-    } else {
-      limit = device_available_bytes(devices[r], &source);
+      const double cap = static_cast<double>(config.memory_limit_bytes);
+      if (limit <= 0.0 || cap <= limit) {
+        limit = cap;
+        source = "the memory limit";
+      } else {
+        below_the_limit = ", less than the memory limit (" + bytes_text(cap) + ")";
+      }
     }
     if (limit <= 0.0 || on_device <= limit) continue;
     const RankMemoryEstimate& e = ranks[r];
@@ -85,7 +91,7 @@ void check_memory_fits(const ModelDescription& model, const std::vector<StageRan
         bytes_text(e.parameter_bytes) + ", gradients " + bytes_text(e.gradient_bytes) +
         ", optimizer state " + bytes_text(e.optimizer_bytes) + ", in-flight activations at least " +
         bytes_text(e.activation_bytes) + ") but " + source + " is " + bytes_text(limit) +
-        "; use a smaller model, fewer tokens per micro-batch, more stages, or sgd");
+        below_the_limit + "; use a smaller model, fewer tokens per micro-batch, more stages, or sgd");
   }
 }
 

@@ -136,7 +136,8 @@ std::unique_ptr<TokenSource> make_token_source_at(const TrainConfig& config, int
 
 // Refuses, with the estimate and what is available, a run whose parameters, gradients,
 // optimizer state and in-flight activations (engine/pipeline/memory_estimate.h) exceed, on
-// some device, config.memory_limit_bytes or else the device's free memory. The trainer calls
+// some device, config.memory_limit_bytes or the device's free memory, whichever is smaller
+// (a limit emulates a smaller device, never a larger one). The trainer calls
 // it before allocating anything. Throws std::invalid_argument. `one_device_per_process`:
 // every rank runs in a process of its own on a GPU of its own (NCCL over MPI), so no two
 // ranks share a device, whatever their entries in `devices` say.
