@@ -10,6 +10,7 @@
 #include <fstream>
 #include <limits>
 #include <memory>
+#include <new>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "comm/transport_factory.h"
+#include "engine/core/allocator.h"
 #include "engine/pipeline/memory_estimate.h"
 #include "engine/pipeline/profile.h"
 #include "engine/schedule/generators.h"
@@ -91,6 +93,45 @@ void check_units_fit(const ModelDescription& model, const TrainConfig& config, D
   }
 }
 
+// Profiling runs each unit alone on a micro-batch of batch / m tokens, on the CPU with the
+// other ranks' copies alongside (`copies` in all), each within its share of the memory
+// `available` now. A count m whose micro-batch some unit cannot hold in that share (by the
+// estimate of its state and the activation entering it, a lower bound) is dropped from
+// `options` and named in `dropped`; UsageError when no count is left.
+void keep_profilable_counts(const ModelDescription& model, const TrainConfig& config,
+                            double available, int copies, PlanOptions& options,
+                            std::string& dropped, std::string& why) {
+  if (available <= 0) return;
+  const schedule::Schedule one = schedule::generate(schedule::ScheduleKind::k1F1B, 1, 1, 1);
+  std::vector<int> kept;
+  for (const int m : options.microbatch_counts) {
+    const int64_t tokens = config.batch_tokens / m;
+    double need = 0;
+    int64_t unit = 0;
+    for (int64_t u = 0; u < model.num_units; ++u) {
+      const double total =
+          estimate_rank_memory(model, {{u, u + 1}}, one, config.optimizer.kind, tokens)
+              .front()
+              .total();
+      if (total > need) need = total, unit = u;
+    }
+    if (need * copies <= available) {
+      kept.push_back(m);
+      continue;
+    }
+    dropped += (dropped.empty() ? "" : ", ") + std::to_string(m);
+    why = "a micro-batch of " + std::to_string(tokens) + " tokens needs at least " +
+          bytes_text(need) + " for unit " + std::to_string(unit) + " alone" +
+          (copies > 1 ? " on each of the " + std::to_string(copies) + " ranks sharing the CPU"
+                      : std::string()) +
+          ", and the memory available now is " + bytes_text(available);
+  }
+  if (kept.empty())
+    throw UsageError("cannot profile the model: " + why +
+                     "; give fewer --batch-tokens, or more --microbatches (smaller micro-batches)");
+  options.microbatch_counts = kept;
+}
+
 }  // namespace
 
 PlannedRun plan_training(const TrainConfig& config, Device device, int repetitions, bool print,
@@ -132,6 +173,12 @@ PlannedRun plan_training(const TrainConfig& config, Device device, int repetitio
   DeviceContextOptions context_options;
   context_options.allow_tf32 = config.allow_tf32;
   context_options.cpu_threads = cpu_threads_per_rank(config.cpu_threads, ranks);
+  // On the CPU each copy of the profile takes at most its share of the memory available now:
+  // past it the allocator fails with a sentence, where the system would end the process (the
+  // kernel's out-of-memory killer) with none.
+  const int copies = device.is_cuda() ? 1 : ranks;
+  const double available = device.is_cpu() ? cpu_available_bytes() : 0.0;
+  if (available > 0) context_options.memory_limit_bytes = static_cast<size_t>(available / copies);
   DeviceContext ctx(device, context_options);
   ProfileOptions profile_options;
   profile_options.repetitions = repetitions;
@@ -177,11 +224,30 @@ PlannedRun plan_training(const TrainConfig& config, Device device, int repetitio
   }
   if (!out.constraints.empty()) out.constraints.erase(0, 1);
   check_units_fit(model, config, device, cap, cap_source, sharing);
+  std::string dropped, why;
+  keep_profilable_counts(model, config, available, copies, options, dropped, why);
   std::vector<UnitCosts> measured;
+  std::vector<int> profiled;
   for (int m : options.microbatch_counts) {
     profile_options.microbatch_tokens = config.batch_tokens / m;
-    measured.push_back(profile_units(model, ctx, profile_options));
+    // The estimate is a lower bound: a unit's inner activations may still not fit.
+    try {
+      measured.push_back(profile_units(model, ctx, profile_options));
+      profiled.push_back(m);
+      continue;
+    } catch (const OutOfMemoryError& e) {
+      why = "at micro-batches of " + std::to_string(profile_options.microbatch_tokens) +
+            " tokens, " + e.what();
+    } catch (const std::bad_alloc&) {
+      why = "at micro-batches of " + std::to_string(profile_options.microbatch_tokens) +
+            " tokens the host ran out of memory";
+    }
+    dropped += (dropped.empty() ? "" : ", ") + std::to_string(m);
   }
+  if (profiled.empty())
+    throw UsageError("cannot profile the model: " + why +
+                     "; give fewer --batch-tokens, or more --microbatches (smaller micro-batches)");
+  options.microbatch_counts = profiled;
   // The gradient sum of data-parallel replicas, at the model's size, on the run's transport.
   std::string transport;
   AllReduceCost reduce;
@@ -229,6 +295,8 @@ PlannedRun plan_training(const TrainConfig& config, Device device, int repetitio
           reduce.bandwidth / 1e9);
     std::printf("memory cap per rank: %s (%s)\n", cap > 0 ? bytes_text(cap).c_str() : "none",
                 cap_source.c_str());
+    if (!dropped.empty())
+      std::printf("note   micro-batch count(s) %s not planned: %s\n", dropped.c_str(), why.c_str());
     if (!out.constraints.empty())
       std::printf("only layouts with %s (as given)\n", out.constraints.c_str());
     std::printf("\n%s", format_plan(out.plan).c_str());
