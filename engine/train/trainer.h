@@ -173,7 +173,13 @@ class Trainer {
   // adds the losses and one sum over all processes shares them, so every process returns
   // the same value, bit for bit the one a single process gives. A failure aborts the
   // transport, so every process ends with an error (comm::TransportError on the others).
-  double evaluate(TokenSource& source, int64_t batches = 1);
+  //
+  // The batches are drawn and run at most `tokens_at_once` tokens at a time (at least one
+  // batch), so that host memory for the ids does not grow with `batches`; the value is bit
+  // for bit the same whatever it is.
+  static constexpr int64_t kEvaluationTokensAtOnce = int64_t{1} << 22;
+  double evaluate(TokenSource& source, int64_t batches = 1,
+                  int64_t tokens_at_once = kEvaluationTokensAtOnce);
   // The same over given micro-batches (any number, any sizes; under MPI the same on every
   // process).
   double evaluate(const std::vector<MicroBatchData>& microbatches);
@@ -198,6 +204,9 @@ class Trainer {
  private:
   void build();  // everything after the model, config and source are set
   std::vector<MicroBatchData> draw_batch(TokenSource& source) const;
+  // This process's sum of the token losses of `microbatches`, added after `start` in
+  // micro-batch order on the process that holds the last stage (0.0 on the others).
+  double local_loss_sum(const std::vector<MicroBatchData>& microbatches, double start);
 
   ModelDescription model_;
   TrainConfig config_;

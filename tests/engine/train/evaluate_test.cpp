@@ -109,6 +109,28 @@ TEST(Evaluate, SeveralBatchesAreTheMeanOfTheirLosses) {
   EXPECT_EQ(all.position(), 3u * 192u);
 }
 
+// Held-out batches are drawn and run a few at a time, so that memory does not grow with
+// their number; the value is bit for bit the one of all of them at once, in one process and
+// in a pipeline, and the source ends at the same position.
+TEST(Evaluate, BatchesRunAFewAtATimeGiveTheValueOfAllAtOnce) {
+  for (const int stages : {1, 2}) {
+    SCOPED_TRACE("stages=" + std::to_string(stages));
+    TrainConfig c = eval_run(stages, schedule::ScheduleKind::k1F1B);
+    Trainer trainer(c);
+    trainer.step();
+    MarkovSource whole(c.model.vocab, c.seed + 7), grouped(c.model.vocab, c.seed + 7);
+    const double at_once = trainer.evaluate(whole, 7);
+    // Two batches at a time (2 x 192 tokens), the last group one batch.
+    const double two_by_two = trainer.evaluate(grouped, 7, 2 * 192 + 100);
+    EXPECT_GT(at_once, 0.0);
+    EXPECT_EQ(two_by_two, at_once);
+    EXPECT_EQ(grouped.position(), whole.position());
+    // Fewer tokens at once than one batch still runs one batch at a time.
+    MarkovSource single(c.model.vocab, c.seed + 7);
+    EXPECT_EQ(trainer.evaluate(single, 7, 1), at_once);
+  }
+}
+
 struct Snapshot {
   std::vector<std::vector<float>> values, grads, state;
   std::vector<int64_t> steps_taken;
