@@ -147,6 +147,12 @@ PlannedRun plan_training(const TrainConfig& config, Device device, int repetitio
   // each when there are enough, else all on one device, which then shares its memory between
   // them (the P x D ranks of --dp D, not the P of the pipeline planned).
   const int ranks = p * constraints.replicas;
+  // Every rank's profile runs in this process, under a launcher too.
+  check_threads_in_process(config.cpu_threads, ranks, device,
+                           constraints.replicas > 1
+                               ? std::to_string(p) + " stages x --dp " +
+                                     std::to_string(constraints.replicas)
+                               : "--stages " + std::to_string(p));
   const bool spread = device.is_cuda() && cuda_device_count() >= ranks;
   std::vector<Device> devices(static_cast<size_t>(p), device);
   if (spread)

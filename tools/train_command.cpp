@@ -572,6 +572,13 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
   if (f.run.device != "cpu") check_gpus_not_shared(mpi, device);
   config.device = device;
   apply_planning(f, cmd, mpi, device, config);
+  // Under a launcher of several processes each process holds one rank.
+  check_threads_in_process(
+      config.cpu_threads,
+      comm::launched_process_count() > 1 ? 1 : int64_t{config.stages} * config.data_parallel,
+      device,
+      "--stages " + std::to_string(config.stages) + " x --dp " +
+          std::to_string(config.data_parallel));
 
   // Every output file is opened (and the log locked) before any work, not after the last step.
   std::optional<OutputFile> json_log, trace;
