@@ -2,11 +2,14 @@
 // cost model, print the timeline and statistics, and write SVG, Chrome trace or text/CSV.
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <numeric>
 #include <sstream>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "engine/schedule/ascii.h"
@@ -130,10 +133,13 @@ constexpr int64_t kMaxWrittenCells = int64_t{1} << 20;
 
 // Checks p, m and the chunks `v` to generate with, before anything is generated.
 void check_pm(const ScheduleOptions& o, int v) {
-  if (o.stages < 1)
-    throw UsageError("--stages must be at least 1, got " + std::to_string(o.stages));
-  if (o.microbatches < 1)
-    throw UsageError("--microbatches must be at least 1, got " + std::to_string(o.microbatches));
+  // The flags themselves are range-checked as they are parsed: 0 here is a flag left out.
+  for (const auto& [flag, value, example] :
+       {std::tuple{"--stages (-p)", o.stages, "-p 4"},
+        std::tuple{"--microbatches (-m)", o.microbatches, "-m 8"}})
+    if (value < 1)
+      throw UsageError(std::string(flag) + " is needed to generate a schedule (such as " +
+                       example + ")" + (o.compare ? "" : ", or give --load FILE"));
   if (o.chunks < 0)
     throw UsageError("--chunks must be at least 1, got " + std::to_string(o.chunks));
   const int64_t cells = int64_t{o.stages} * o.microbatches * v;
@@ -214,6 +220,23 @@ void run(const ScheduleOptions& o, const CLI::App& cmd) {
                          flag + " is for one schedule: leave it out, or leave out --compare");
     return run_compare(o, costs);
   }
+  // Each output flag writes a file of its own: a name given twice would end with the second
+  // file over the first and "wrote" printed for both.
+  const std::vector<std::pair<const char*, const std::string*>> outputs = {
+      {"--dump", &o.dump}, {"--svg", &o.svg}, {"--trace", &o.trace}};
+  for (size_t a = 0; a < outputs.size(); ++a)
+    for (size_t b = a + 1; b < outputs.size(); ++b) {
+      const std::string& x = *outputs[a].second;
+      const std::string& y = *outputs[b].second;
+      if (x.empty() || y.empty()) continue;
+      std::error_code ex, ey;
+      const auto cx = std::filesystem::weakly_canonical(x, ex);
+      const auto cy = std::filesystem::weakly_canonical(y, ey);
+      if (x == y || (!ex && !ey && cx == cy))
+        throw UsageError(std::string(outputs[a].first) + " and " + outputs[b].first +
+                         " both name '" + escape_for_message(y) +
+                         "'; each writes a file of its own, so give each its own name");
+    }
   sc::Schedule schedule;
   sc::SimResult sim;
   try {
