@@ -274,6 +274,20 @@ TrainConfig resolve_config(TrainFlags& f, const CLI::App& cmd) {
   // Byte-level tokens of a file need 256 ids unless --vocab says otherwise.
   if (!cmd.count("--vocab") && !config.data_path.empty() && config.model.vocab < 256)
     config.model.vocab = 256;
+  // Said with the flags' names here; the optimizer's and the transport's own checks name
+  // their fields (min_lr, "transport timeout"), not what the user typed.
+  const OptimizerConfig& opt = config.optimizer;
+  if (opt.kind != "adamw" && opt.kind != "sgd")
+    throw UsageError("--optimizer must be adamw or sgd, got '" + escape_for_message(opt.kind) +
+                     "'");
+  if (opt.min_lr > opt.lr)
+    throw UsageError("--min-lr " + format_number(opt.min_lr) + " is more than --lr " +
+                     format_number(opt.lr) +
+                     "; the learning rate decays from --lr to --min-lr, which must be in [0, "
+                     "--lr]");
+  if (f.timeout_s * 1000 < 1)
+    throw UsageError("--timeout " + format_number(f.timeout_s) +
+                     " is less than 1 ms, the shortest wait accepted (seconds, such as 0.5)");
   config.transport_timeout = std::chrono::milliseconds(static_cast<int64_t>(f.timeout_s * 1000));
   // One replica all-reduces nothing, so a bucket size would be ignored without a word, as
   // --shard-optimizer without --dp is refused. The default, written out, changes nothing.
