@@ -691,12 +691,17 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
     last_step = std::move(st.pipeline);
     if (signal != 0) break;
   }
-  // An interrupted run stops at once: no evaluation.
+  // An interrupted run stops at once: no evaluation; a signal during it ends it too (between
+  // groups of batches, as the steps end after the one in progress).
   std::optional<double> eval_loss;
   const int64_t eval_tokens = f.eval_batches * config.batch_tokens;
   if (f.eval_batches > 0 && signal == 0) {
-    eval_loss = evaluate_after_training(*trainer, f.eval_batches);
-    if (json_log) {
+    try {
+      eval_loss = evaluate_after_training(*trainer, f.eval_batches);
+    } catch (const EvaluationStopped& e) {
+      signal = e.signal();
+    }
+    if (eval_loss && json_log) {
       char hex[40];
       std::snprintf(hex, sizeof hex, "%a", *eval_loss);
       const nlohmann::json row = {{"eval_loss", *eval_loss},

@@ -412,6 +412,8 @@ double Trainer::evaluate(TokenSource& source, int64_t batches, int64_t tokens_at
       for (MicroBatchData& mb : draw_batch(source)) microbatches.push_back(std::move(mb));
     loss_sum = local_loss_sum(microbatches, loss_sum);
     done += now;
+    if (done < batches)
+      if (const int signal = agreed_stop_request()) throw EvaluationStopped(signal);
   }
   std::vector<double> total{loss_sum};
   executor_->sum_over_processes(total);
@@ -522,6 +524,19 @@ double Trainer::evaluate(const std::vector<MicroBatchData>& microbatches) {
   std::vector<double> total{local_loss_sum(microbatches, 0.0)};
   executor_->sum_over_processes(total);
   return total[0] / static_cast<double>(tokens);
+}
+
+int Trainer::agreed_stop_request() {
+  const int asked = executor_->stop_requested();
+  if (executor_->holds_all_ranks()) return asked;
+  // One slot per process (each holds one rank), so the sum gathers every answer as it is.
+  const int me = executor_->local_ranks().front();
+  std::vector<double> slots(static_cast<size_t>(executor_->transport(me).size()), 0.0);
+  slots[static_cast<size_t>(me)] = asked;
+  executor_->sum_over_processes(slots);
+  for (const double s : slots)
+    if (s != 0) return static_cast<int>(s);
+  return 0;
 }
 
 double Trainer::local_loss_sum(const std::vector<MicroBatchData>& microbatches, double start) {

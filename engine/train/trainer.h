@@ -145,6 +145,18 @@ void check_memory_fits(const ModelDescription& model, const std::vector<StageRan
                        const schedule::Schedule& schedule, const std::vector<Device>& devices,
                        const TrainConfig& config, bool one_device_per_process = false);
 
+// Trainer::evaluate stopped by the executor's stop request; `signal()` is what it gave.
+class EvaluationStopped : public std::runtime_error {
+ public:
+  explicit EvaluationStopped(int signal)
+      : std::runtime_error("evaluation stopped by signal " + std::to_string(signal)),
+        signal_(signal) {}
+  int signal() const { return signal_; }
+
+ private:
+  int signal_;
+};
+
 class Trainer {
  public:
   // The reference model of config.model.
@@ -176,8 +188,11 @@ class Trainer {
   //
   // The batches are drawn and run at most `tokens_at_once` tokens at a time (at least one
   // batch), so that host memory for the ids does not grow with `batches`; the value is bit
-  // for bit the same whatever it is.
-  static constexpr int64_t kEvaluationTokensAtOnce = int64_t{1} << 22;
+  // for bit the same whatever it is. Between two such groups the executor's stop request
+  // (PipelineExecutor::set_stop_request) is asked, on every process at the same point, and
+  // when it asks on any, every process throws EvaluationStopped with the signal of the
+  // lowest one asked: a long evaluation ends on a signal as a step does.
+  static constexpr int64_t kEvaluationTokensAtOnce = int64_t{1} << 20;
   double evaluate(TokenSource& source, int64_t batches = 1,
                   int64_t tokens_at_once = kEvaluationTokensAtOnce);
   // The same over given micro-batches (any number, any sizes; under MPI the same on every
@@ -207,6 +222,9 @@ class Trainer {
   // This process's sum of the token losses of `microbatches`, added after `start` in
   // micro-batch order on the process that holds the last stage (0.0 on the others).
   double local_loss_sum(const std::vector<MicroBatchData>& microbatches, double start);
+  // The executor's stop request, agreed over the processes (a collective under MPI): the
+  // signal of the lowest process asked, or 0.
+  int agreed_stop_request();
 
   ModelDescription model_;
   TrainConfig config_;

@@ -131,6 +131,28 @@ TEST(Evaluate, BatchesRunAFewAtATimeGiveTheValueOfAllAtOnce) {
   }
 }
 
+// The executor's stop request, asked between groups of batches, ends an evaluation with its
+// signal; asked for nothing, it changes nothing.
+TEST(Evaluate, AStopRequestEndsItBetweenGroupsOfBatches) {
+  TrainConfig c = eval_run(2, schedule::ScheduleKind::k1F1B);
+  Trainer trainer(c);
+  MarkovSource plain(c.model.vocab, c.seed + 7), asked(c.model.vocab, c.seed + 7),
+      stopped(c.model.vocab, c.seed + 7);
+  const double value = trainer.evaluate(plain, 6, 2 * 192);
+  int asks = 0;
+  trainer.executor().set_stop_request([&] { return ++asks, 0; });
+  EXPECT_EQ(trainer.evaluate(asked, 6, 2 * 192), value);
+  EXPECT_EQ(asks, 2);  // after the first and the second pair, not after the last
+  trainer.executor().set_stop_request([] { return 15; });
+  try {
+    trainer.evaluate(stopped, 6, 2 * 192);
+    ADD_FAILURE() << "the evaluation was not stopped";
+  } catch (const EvaluationStopped& e) {
+    EXPECT_EQ(e.signal(), 15);
+  }
+  EXPECT_EQ(stopped.position(), 2u * 192u);  // one pair of batches drawn, then stopped
+}
+
 struct Snapshot {
   std::vector<std::vector<float>> values, grads, state;
   std::vector<int64_t> steps_taken;
