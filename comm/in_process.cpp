@@ -32,11 +32,25 @@ class InProcessGroupCall : public PendingGroupCall {
     }
   }
 
+  // Dropped unfinished (its rank failed elsewhere with calls in flight, while the peers run
+  // on): the posts it claimed and has not taken would stay in the hub until the hub goes.
+  ~InProcessGroupCall() override {
+    std::vector<InProcessHub::GroupSlot> untaken;
+    for (size_t i = 0; i < group_.size(); ++i)
+      if (i != me_ && !taken_[i]) untaken.push_back(slots_[i]);
+    if (!untaken.empty()) hub_->release_group_slots(rank_, untaken);
+  }
+
  protected:
   // `me`: this member's position in `group`; `what` names the call in a timeout's error.
   InProcessGroupCall(std::shared_ptr<InProcessHub> hub, int rank, const std::vector<int>& group,
                      size_t me, const char* what)
-      : hub_(std::move(hub)), rank_(rank), group_(group), me_(me), what_(what) {
+      : hub_(std::move(hub)),
+        rank_(rank),
+        group_(group),
+        me_(me),
+        what_(what),
+        taken_(group.size(), false) {
     for (size_t i = 0; i < group_.size(); ++i)
       slots_.push_back({group_[i], i == me_ ? 0 : hub_->claim_group_slot(group_[i], rank_)});
   }
@@ -44,7 +58,9 @@ class InProcessGroupCall : public PendingGroupCall {
   virtual bool arrived(size_t i) const = 0;
   // The part of the member at position i for this call, if it came; never waits.
   InProcessHub::GroupValues try_take(size_t i) {
-    return hub_->try_take_group_values(slots_[i], rank_, rank_);
+    InProcessHub::GroupValues part = hub_->try_take_group_values(slots_[i], rank_, rank_);
+    if (part) taken_[i] = true;
+    return part;
   }
 
   std::shared_ptr<InProcessHub> hub_;
@@ -55,6 +71,7 @@ class InProcessGroupCall : public PendingGroupCall {
  private:
   const char* what_;
   std::vector<InProcessHub::GroupSlot> slots_;  // by position in the group; own unused
+  std::vector<bool> taken_;                     // by position: its post taken by this call
 };
 
 // One member's group sum: its own values are posted at the start; the others' are taken as
@@ -374,8 +391,7 @@ void InProcessHub::post_group_values(int src, const std::vector<int>& group, Gro
     throw_if_aborted(src);
     for (int dst : group)
       if (dst != src) {
-        GroupLink& link = group_link(src, dst);
-        link.posted.emplace(link.next_post++, values);
+        group_link(src, dst).post(values);
         group_bytes_sent_[src] += values->size() * sizeof(float);
       }
   }
@@ -388,8 +404,7 @@ void InProcessHub::post_group_values_to(int src, int dst, GroupValues values) {
     std::lock_guard lock(mutex_);
     throw_if_aborted(src);
     group_bytes_sent_[src] += values->size() * sizeof(float);
-    GroupLink& link = group_link(src, dst);
-    link.posted.emplace(link.next_post++, std::move(values));
+    group_link(src, dst).post(std::move(values));
   }
   arrived_for_[dst].notify_all();
 }
@@ -427,6 +442,26 @@ bool InProcessHub::wait_group_values(int dst, const std::vector<GroupSlot>& awai
   });
   throw_if_aborted(waiting_rank);
   return ready;
+}
+
+void InProcessHub::release_group_slots(int dst, const std::vector<GroupSlot>& slots) noexcept {
+  std::lock_guard lock(mutex_);
+  for (const GroupSlot& slot : slots) {
+    GroupLink& link = group_link(slot.src, dst);
+    if (link.posted.erase(slot.number) > 0 || slot.number < link.next_post) continue;
+    try {
+      link.released.insert(slot.number);
+    } catch (...) {
+      // Out of memory: the post is kept when it comes, as before, held until the hub goes.
+    }
+  }
+}
+
+size_t InProcessHub::group_posts_held() const {
+  std::lock_guard lock(mutex_);
+  size_t held = 0;
+  for (const GroupLink& link : group_links_) held += link.posted.size();
+  return held;
 }
 
 void InProcessHub::fail(int rank, const std::string& what) {

@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -67,6 +68,14 @@ class InProcessHub : public std::enable_shared_from_this<InProcessHub> {
   // Waits, up to the deadline, for the post of one of `awaited` to `dst` (empty: returns).
   // False when the deadline passed.
   bool wait_group_values(int dst, const std::vector<GroupSlot>& awaited, int waiting_rank);
+  // A call of `dst` dropped unfinished gives back the posts it claimed and did not take:
+  // those that came are freed now, and those still to come when they come. No other call can
+  // take them (claims only move forward), and the peers' own calls do not need them (each
+  // takes what `dst` posted for it, which stays), so nothing any call waits for goes.
+  // Never throws: it runs while the dropping rank unwinds.
+  void release_group_slots(int dst, const std::vector<GroupSlot>& slots) noexcept;
+  // Posts made and not yet taken, over every link: what the hub holds for group calls.
+  size_t group_posts_held() const;
   std::chrono::milliseconds timeout() const { return timeout_; }
   // Fails the transport for every rank, naming `rank` and `what`; throws TransportError.
   [[noreturn]] void fail(int rank, const std::string& what);
@@ -89,7 +98,13 @@ class InProcessHub : public std::enable_shared_from_this<InProcessHub> {
   // The group values from one member to another, by post number; each taken once.
   struct GroupLink {
     std::map<uint64_t, GroupValues> posted;  // not yet taken
+    std::set<uint64_t> released;             // not yet posted, and dropped: not to be kept
     uint64_t next_post = 0, next_claim = 0;
+    // Keeps the post of number `next_post` unless its call was dropped; the next number.
+    void post(GroupValues values) {
+      const uint64_t number = next_post++;
+      if (released.erase(number) == 0) posted.emplace(number, std::move(values));
+    }
   };
   GroupLink& group_link(int src, int dst) {
     return group_links_[static_cast<size_t>(src) * size_ + dst];

@@ -9,9 +9,10 @@
 namespace conveyor::cli {
 
 void add_checkpoint_flags(CLI::App* cmd, CheckpointFlags& f) {
-  cmd->add_option(
-      "--save-dir", f.save_dir,
-      "Save checkpoints into DIR (DIR/step_<N>, DIR/latest), and at the end of the run");
+  add_path_flag(cmd, "--save-dir", f.save_dir,
+                "Save checkpoints into DIR (DIR/step_<N>, DIR/latest), and at the end of the run",
+                "a folder name")
+      ->type_name("TEXT");
   add_int_flag(cmd, "--save-every", f.save_every, 0, 1000000000,
                "Save every N steps (0: only at the end)");
   add_int_flag(cmd, "--keep", f.keep, 0, 1000000, "Keep the newest K checkpoints (0: all)");
@@ -20,8 +21,10 @@ void add_checkpoint_flags(CLI::App* cmd, CheckpointFlags& f) {
       ->capture_default_str();
   cmd->add_flag("--async-save", f.async_save,
                 "Snapshot to host memory and write checkpoints in the background");
-  cmd->add_option("--resume", f.resume,
-                  "Resume from checkpoint DIR, DIR/step_<N>, or latest (of --save-dir)");
+  add_path_flag(cmd, "--resume", f.resume,
+                "Resume from checkpoint DIR, DIR/step_<N>, or latest (of --save-dir)",
+                "a checkpoint (DIR, DIR/step_<N> or latest)")
+      ->type_name("TEXT");
   add_int_flag(cmd, "--stop-after", f.stop_after, 0, 1000000000,
                "Stop after step N (the learning-rate schedule still spans --steps; 0: never)");
 }

@@ -186,6 +186,22 @@ inline CLI::Option* add_float_flag(CLI::App* cmd, const std::string& name, doubl
   return opt;
 }
 
+// A flag naming a file or a folder. An empty name is refused: `--save-dir "$DIR"` with DIR
+// unset would otherwise train without saving, `--resume ""` start afresh and `--plan ""`
+// run uniform stages, each without a word.
+inline CLI::Option* add_path_flag(CLI::App* cmd, const std::string& name, std::string& target,
+                                  const std::string& description,
+                                  const std::string& expected = "a file name") {
+  const std::string flag = name.substr(0, name.find(','));
+  return cmd->add_option_function<std::string>(
+      name,
+      [&target, flag, expected](const std::string& text) {
+        if (text.empty()) throw UsageError(flag + " expects " + expected + ", got an empty one");
+        target = text;
+      },
+      description);
+}
+
 // The model of --preset with what --d-model, --layers, --hidden and --vocab override (train
 // and plan take the same model flags). Without --hidden, a given --d-model keeps the preset's
 // 4x MLP width.

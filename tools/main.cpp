@@ -13,13 +13,16 @@
 namespace {
 
 // One error line: control characters in the message (echoed file names) are shown escaped,
-// line breaks kept for the validator's grid that may follow the sentence. What the command
-// printed before goes out first, so that in one file or pipe the error comes last.
+// line breaks kept for the validator's grid that may follow the sentence. Backslashes pass
+// as they are: many messages hold names escaped already, whose \t would otherwise print as
+// \\t. What the command printed before goes out first, so that in one file or pipe the
+// error comes last.
 void print_error(const char* message) {
   std::fflush(stdout);
   std::string text;
   for (const char* c = message; *c; ++c)
-    text += *c == '\n' ? std::string("\n") : conveyor::cli::escape_for_message(std::string(1, *c));
+    text += *c == '\n' || *c == '\\' ? std::string(1, *c)
+                                     : conveyor::cli::escape_for_message(std::string(1, *c));
   std::fprintf(stderr, "conveyor: error: %s\n", text.c_str());
 }
 
@@ -32,19 +35,34 @@ int main(int argc, char** argv) {
   app.footer(std::string("Example: conveyor train --stages 2 --steps 50\n") +
              conveyor::cli::kExitStatusText);
   conveyor::cli::register_commands(app);
-  // CLI11 would only say "A subcommand is required"; name the word it did not know.
-  if (argc > 1 && argv[1][0] != '-') {
+  // CLI11 would only say "A subcommand is required"; name the word it did not know, at the
+  // top (`conveyor trian`) and under a command of subcommands (`conveyor ckpt verfy`).
+  CLI::App* level = &app;
+  auto offered = [](const CLI::App* parent) {
     std::string known;
-    bool found = false;
-    for (const CLI::App* sub : app.get_subcommands({})) {
-      known += (known.empty() ? "" : ", ") + sub->get_name();
-      found = found || sub->get_name() == argv[1];
-    }
-    if (!found) {
-      std::fprintf(stderr, "conveyor: error: unknown subcommand '%s', expected one of: %s\n",
-                   conveyor::cli::escape_for_message(argv[1]).c_str(), known.c_str());
+    for (const CLI::App* sub : parent->get_subcommands({}))
+      if (!sub->get_group().empty())  // hidden ones (`ckpt demo`) are not offered
+        known += (known.empty() ? "" : ", ") + sub->get_name();
+    return known;
+  };
+  int i = 1;
+  for (; i < argc && argv[i][0] != '-' && !level->get_subcommands({}).empty(); ++i) {
+    CLI::App* found = nullptr;
+    for (CLI::App* sub : level->get_subcommands({}))
+      if (sub->get_name() == argv[i]) found = sub;
+    if (found == nullptr) {
+      const std::string of = level == &app ? "" : level->get_name() + " ";
+      std::fprintf(stderr, "conveyor: error: unknown %ssubcommand '%s', expected one of: %s\n",
+                   of.c_str(), conveyor::cli::escape_for_message(argv[i]).c_str(),
+                   offered(level).c_str());
       return conveyor::cli::kExitUsage;
     }
+    level = found;
+  }
+  if (i == argc && level != &app && !level->get_subcommands({}).empty()) {
+    std::fprintf(stderr, "conveyor: error: %s needs a subcommand, one of: %s\n",
+                 level->get_name().c_str(), offered(level).c_str());
+    return conveyor::cli::kExitUsage;
   }
   try {
     app.parse(argc, argv);

@@ -6,9 +6,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <memory>
+#include <new>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
@@ -17,6 +19,7 @@
 #include <vector>
 
 #include "comm/transport_factory.h"
+#include "engine/core/allocator.h"
 #include "engine/pipeline/memory_estimate.h"
 #include "engine/pipeline/profile.h"
 #include "engine/schedule/generators.h"
@@ -90,6 +93,45 @@ void check_units_fit(const ModelDescription& model, const TrainConfig& config, D
   }
 }
 
+// Profiling runs each unit alone on a micro-batch of batch / m tokens, on the CPU with the
+// other ranks' copies alongside (`copies` in all), each within its share of the memory
+// `available` now. A count m whose micro-batch some unit cannot hold in that share (by the
+// estimate of its state and the activation entering it, a lower bound) is dropped from
+// `options` and named in `dropped`; UsageError when no count is left.
+void keep_profilable_counts(const ModelDescription& model, const TrainConfig& config,
+                            double available, int copies, PlanOptions& options,
+                            std::string& dropped, std::string& why) {
+  if (available <= 0) return;
+  const schedule::Schedule one = schedule::generate(schedule::ScheduleKind::k1F1B, 1, 1, 1);
+  std::vector<int> kept;
+  for (const int m : options.microbatch_counts) {
+    const int64_t tokens = config.batch_tokens / m;
+    double need = 0;
+    int64_t unit = 0;
+    for (int64_t u = 0; u < model.num_units; ++u) {
+      const double total =
+          estimate_rank_memory(model, {{u, u + 1}}, one, config.optimizer.kind, tokens)
+              .front()
+              .total();
+      if (total > need) need = total, unit = u;
+    }
+    if (need * copies <= available) {
+      kept.push_back(m);
+      continue;
+    }
+    dropped += (dropped.empty() ? "" : ", ") + std::to_string(m);
+    why = "a micro-batch of " + std::to_string(tokens) + " tokens needs at least " +
+          bytes_text(need) + " for unit " + std::to_string(unit) + " alone" +
+          (copies > 1 ? " on each of the " + std::to_string(copies) + " ranks sharing the CPU"
+                      : std::string()) +
+          ", and the memory available now is " + bytes_text(available);
+  }
+  if (kept.empty())
+    throw UsageError("cannot profile the model: " + why +
+                     "; give fewer --batch-tokens, or more --microbatches (smaller micro-batches)");
+  options.microbatch_counts = kept;
+}
+
 }  // namespace
 
 PlannedRun plan_training(const TrainConfig& config, Device device, int repetitions, bool print,
@@ -105,6 +147,12 @@ PlannedRun plan_training(const TrainConfig& config, Device device, int repetitio
   // each when there are enough, else all on one device, which then shares its memory between
   // them (the P x D ranks of --dp D, not the P of the pipeline planned).
   const int ranks = p * constraints.replicas;
+  // Every rank's profile runs in this process, under a launcher too.
+  check_threads_in_process(config.cpu_threads, ranks, device,
+                           constraints.replicas > 1
+                               ? std::to_string(p) + " stages x --dp " +
+                                     std::to_string(constraints.replicas)
+                               : "--stages " + std::to_string(p));
   const bool spread = device.is_cuda() && cuda_device_count() >= ranks;
   std::vector<Device> devices(static_cast<size_t>(p), device);
   if (spread)
@@ -131,6 +179,12 @@ PlannedRun plan_training(const TrainConfig& config, Device device, int repetitio
   DeviceContextOptions context_options;
   context_options.allow_tf32 = config.allow_tf32;
   context_options.cpu_threads = cpu_threads_per_rank(config.cpu_threads, ranks);
+  // On the CPU each copy of the profile takes at most its share of the memory available now:
+  // past it the allocator fails with a sentence, where the system would end the process (the
+  // kernel's out-of-memory killer) with none.
+  const int copies = device.is_cuda() ? 1 : ranks;
+  const double available = device.is_cpu() ? cpu_available_bytes() : 0.0;
+  if (available > 0) context_options.memory_limit_bytes = static_cast<size_t>(available / copies);
   DeviceContext ctx(device, context_options);
   ProfileOptions profile_options;
   profile_options.repetitions = repetitions;
@@ -176,11 +230,30 @@ PlannedRun plan_training(const TrainConfig& config, Device device, int repetitio
   }
   if (!out.constraints.empty()) out.constraints.erase(0, 1);
   check_units_fit(model, config, device, cap, cap_source, sharing);
+  std::string dropped, why;
+  keep_profilable_counts(model, config, available, copies, options, dropped, why);
   std::vector<UnitCosts> measured;
+  std::vector<int> profiled;
   for (int m : options.microbatch_counts) {
     profile_options.microbatch_tokens = config.batch_tokens / m;
-    measured.push_back(profile_units(model, ctx, profile_options));
+    // The estimate is a lower bound: a unit's inner activations may still not fit.
+    try {
+      measured.push_back(profile_units(model, ctx, profile_options));
+      profiled.push_back(m);
+      continue;
+    } catch (const OutOfMemoryError& e) {
+      why = "at micro-batches of " + std::to_string(profile_options.microbatch_tokens) +
+            " tokens, " + e.what();
+    } catch (const std::bad_alloc&) {
+      why = "at micro-batches of " + std::to_string(profile_options.microbatch_tokens) +
+            " tokens the host ran out of memory";
+    }
+    dropped += (dropped.empty() ? "" : ", ") + std::to_string(m);
   }
+  if (profiled.empty())
+    throw UsageError("cannot profile the model: " + why +
+                     "; give fewer --batch-tokens, or more --microbatches (smaller micro-batches)");
+  options.microbatch_counts = profiled;
   // The gradient sum of data-parallel replicas, at the model's size, on the run's transport.
   std::string transport;
   AllReduceCost reduce;
@@ -228,6 +301,8 @@ PlannedRun plan_training(const TrainConfig& config, Device device, int repetitio
           reduce.bandwidth / 1e9);
     std::printf("memory cap per rank: %s (%s)\n", cap > 0 ? bytes_text(cap).c_str() : "none",
                 cap_source.c_str());
+    if (!dropped.empty())
+      std::printf("note   micro-batch count(s) %s not planned: %s\n", dropped.c_str(), why.c_str());
     if (!out.constraints.empty())
       std::printf("only layouts with %s (as given)\n", out.constraints.c_str());
     std::printf("\n%s", format_plan(out.plan).c_str());
@@ -389,41 +464,136 @@ std::string plan_text(const PlanCandidate& candidate, const TrainConfig& config)
   return plan.dump(2) + "\n";
 }
 
+namespace {
+
+// nlohmann's messages start with their id ("[json.exception.parse_error.101] "): the rest
+// is the sentence.
+std::string json_error_text(const nlohmann::json::exception& e) {
+  const std::string what = e.what();
+  const size_t end = what.find("] ");
+  return what.starts_with("[json.exception.") && end != std::string::npos ? what.substr(end + 2)
+                                                                          : what;
+}
+
+std::string shown_json(const nlohmann::json& v) {
+  std::string text = v.dump();
+  if (text.size() > 40) text = text.substr(0, 37) + "...";
+  return escape_for_message(text);
+}
+
+constexpr const char* kPlanAgain = "; plan again (conveyor plan ... --out FILE)";
+
+// A whole number of the plan within what the flag that sets it accepts: a value the run's
+// int fields would narrow (2^40 stages read as 0, 2.5 as 2) is refused as it is written.
+int64_t plan_integer(const nlohmann::json& v, const std::string& source, const std::string& key,
+                     int64_t lo, int64_t hi) {
+  bool ok = false;
+  int64_t value = 0;
+  if (v.is_number_unsigned()) {
+    const uint64_t u = v.get<uint64_t>();
+    ok = u <= static_cast<uint64_t>(hi);
+    value = ok ? static_cast<int64_t>(u) : 0;
+    ok = ok && value >= lo;
+  } else if (v.is_number_integer()) {
+    value = v.get<int64_t>();
+    ok = value >= lo && value <= hi;
+  }
+  if (!ok)
+    throw UsageError(source + ": " + key + " must be a whole number in [" + std::to_string(lo) +
+                     ", " + std::to_string(hi) + "], got " + shown_json(v) + kPlanAgain);
+  return value;
+}
+
+const nlohmann::json& plan_field(const nlohmann::json& plan, const std::string& source,
+                                 const std::string& key) {
+  if (!plan.contains(key))
+    throw UsageError(source + " has no " + key + " (a plan file holds stages, schedule, chunks, " +
+                     "microbatches and partition)" + kPlanAgain);
+  return plan.at(key);
+}
+
+std::string plan_string(const nlohmann::json& v, const std::string& source,
+                        const std::string& key) {
+  if (!v.is_string())
+    throw UsageError(source + ": " + key + " must be a string, got " + shown_json(v) + kPlanAgain);
+  return v.get<std::string>();
+}
+
+}  // namespace
+
 void apply_plan_text(const std::string& text, const std::string& source, TrainConfig& config,
                      int64_t replicas) {
+  nlohmann::json plan;
   try {
-    const nlohmann::json plan = nlohmann::json::parse(text);
+    plan = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw UsageError(source + " is not JSON (" + json_error_text(e) +
+                     "); expected the file `conveyor plan --out` writes");
+  }
+  if (!plan.is_object())
+    throw UsageError(source + " holds " + shown_json(plan) +
+                     ", not the JSON object `conveyor plan --out` writes (stages, schedule, "
+                     "chunks, microbatches, partition)");
+  try {
     check_planned_for(plan, source, config, replicas);
-    const std::string kind = plan.at("schedule").get<std::string>();
+    const std::string kind = plan_string(plan_field(plan, source, "schedule"), source, "schedule");
     const auto parsed = schedule::parse_schedule_kind(kind);
     if (!parsed)
-      throw UsageError(source + " names schedule '" + kind + "', expected " +
+      throw UsageError(source + " names schedule '" + escape_for_message(kind) + "', expected " +
                        schedule::schedule_kind_choices());
-    config.stages = plan.at("stages").get<int>();
+    // The ranges of --stages, --chunks, --microbatches and --layers.
+    const auto stages = plan_integer(plan_field(plan, source, "stages"), source, "stages", 1, 1024);
+    const auto chunks = plan_integer(plan_field(plan, source, "chunks"), source, "chunks", 1, 64);
+    const auto microbatches = plan_integer(plan_field(plan, source, "microbatches"), source,
+                                           "microbatches", 1, 65536);
+    const nlohmann::json& partition = plan_field(plan, source, "partition");
+    if (!partition.is_array() || partition.empty())
+      throw UsageError(source + ": partition must be a list of block counts, got " +
+                       shown_json(partition) + kPlanAgain);
+    std::vector<int64_t> blocks;
+    for (const nlohmann::json& b : partition)
+      blocks.push_back(plan_integer(b, source, "partition", 0, 4096));
+    config.stages = static_cast<int>(stages);
     config.schedule = *parsed;
-    config.chunks = plan.at("chunks").get<int>();
-    config.microbatches = plan.at("microbatches").get<int64_t>();
-    config.partition =
-        PartitionSpec::explicit_blocks(plan.at("partition").get<std::vector<int64_t>>());
+    config.chunks = static_cast<int>(chunks);
+    config.microbatches = microbatches;
+    config.partition = PartitionSpec::explicit_blocks(std::move(blocks));
     // Plans written before recomputation existed keep every activation.
-    config.recompute = plan.contains("recompute")
-                           ? parse_recompute(plan.at("recompute").get<std::string>(),
-                                             config.model.num_units(), source + " recompute")
-                           : RecomputeSpec::none();
+    config.recompute =
+        plan.contains("recompute")
+            ? parse_recompute(plan_string(plan.at("recompute"), source, "recompute"),
+                              config.model.num_units(), source + " recompute")
+            : RecomputeSpec::none();
   } catch (const nlohmann::json::exception& e) {
-    throw UsageError(source +
-                     " is not a plan written by `conveyor plan --out` (stages, schedule, "
+    throw UsageError(source + " is not a plan written by `conveyor plan --out` (stages, schedule, "
                      "chunks, microbatches, partition): " +
-                     e.what());
+                     json_error_text(e));
   }
 }
 
 void apply_plan_file(const std::string& path, TrainConfig& config, int64_t replicas) {
+  // Plans are small; a device or a pipe would be read without end (/dev/zero) or wait for a
+  // writer, so only a regular file is read.
+  constexpr uintmax_t kMaxPlanFileBytes = uintmax_t{1} << 20;
+  const std::string shown = "plan file '" + escape_for_message(path) + "'";
+  std::error_code ec;
+  const auto status = std::filesystem::status(path, ec);
+  if (ec || !std::filesystem::exists(status))
+    throw UsageError("cannot read " + shown + ": no such file");
+  if (std::filesystem::is_directory(status))
+    throw UsageError(shown + " is a directory; give the JSON file `conveyor plan --out` writes");
+  if (!std::filesystem::is_regular_file(status))
+    throw UsageError(shown + " is not a regular file (a device, pipe or socket); give the JSON " +
+                     "file `conveyor plan --out` writes");
+  const uintmax_t size = std::filesystem::file_size(path, ec);
+  if (!ec && size > kMaxPlanFileBytes)
+    throw UsageError(shown + " has " + std::to_string(size) +
+                     " bytes; a plan file has at most 1 MiB");
   std::ifstream in(path);
-  if (!in) throw UsageError("cannot read plan file '" + path + "'");
+  if (!in) throw UsageError("cannot read " + shown);
   std::stringstream text;
   text << in.rdbuf();
-  apply_plan_text(text.str(), "plan file '" + path + "'", config, replicas);
+  apply_plan_text(text.str(), shown, config, replicas);
 }
 
 namespace {
@@ -515,7 +685,7 @@ void register_plan_command(CLI::App& app) {
   add_int_flag(cmd, "--seed", f.seed, 0, std::numeric_limits<int64_t>::max(),
                "Seed of the profiled weights");
   add_int_flag(cmd, "--repetitions", f.repetitions, 1, 1000, "Timed runs per unit (median)");
-  cmd->add_option("--out", f.out, "Write the chosen plan (JSON) for `train --plan FILE`")
+  add_path_flag(cmd, "--out", f.out, "Write the chosen plan (JSON) for `train --plan FILE`")
       ->type_name("FILE");
   cmd->footer(std::string("Example: conveyor plan --stages 2 --d-model 128 --layers 8 --vocab "
                           "16384 --out plan.json, then conveyor train --plan plan.json\n") +

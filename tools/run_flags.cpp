@@ -188,6 +188,28 @@ void add_run_flags(CLI::App* cmd, RunFlags& f, RunFlagsFor command) {
       ->default_str(format_number(f.bucket_mb));
 }
 
+void check_threads_in_process(int threads, int64_t ranks, Device device,
+                              const std::string& what) {
+  // Every thread is a process id of the machine's (32768 of them on some systems): tens of
+  // thousands would leave the other programs there unable to start one.
+  const int64_t per_rank =
+      device.is_cpu() ? cpu_threads_per_rank(threads, static_cast<int>(std::min<int64_t>(
+                                                         ranks, kMaxThreadsInProcess)))
+                      : 1;
+  if (ranks * per_rank <= kMaxThreadsInProcess) return;
+  const std::string limit = "at most " + std::to_string(kMaxThreadsInProcess) +
+                            " are started in one process";
+  if (ranks > kMaxThreadsInProcess)
+    throw UsageError(std::to_string(ranks) + " ranks in one process (" + what +
+                     "), each a thread of its own; " + limit +
+                     ": use fewer, or run one rank per process under mpirun");
+  throw UsageError("--threads " + std::to_string(threads) + " for each of " +
+                   std::to_string(ranks) + " ranks in one process (" + what + ") is " +
+                   std::to_string(ranks * per_rank) + " kernel threads; " + limit +
+                   ": give --threads " + std::to_string(kMaxThreadsInProcess / ranks) +
+                   " or fewer, or 0 to share the cores between the ranks");
+}
+
 RecomputeSpec parse_recompute(const std::string& text, int64_t num_units,
                               const std::string& source) {
   const std::string last = std::to_string(num_units - 1);

@@ -64,4 +64,11 @@ uint64_t parse_size(const std::string& text, const std::string& flag);
 RecomputeSpec parse_recompute(const std::string& text, int64_t num_units,
                               const std::string& source = "--recompute");
 
+// The threads one process would start for `ranks` ranks of its own on `device`: a thread
+// per rank, and on the CPU --threads kernel threads each (`threads`, 0: the cores shared
+// between them). UsageError past kMaxThreadsInProcess, naming the flags and what would fit;
+// `what` names the ranks (e.g. "--stages 16 x --dp 2").
+inline constexpr int64_t kMaxThreadsInProcess = 4096;
+void check_threads_in_process(int threads, int64_t ranks, Device device, const std::string& what);
+
 }  // namespace conveyor::cli

@@ -2,11 +2,14 @@
 // cost model, print the timeline and statistics, and write SVG, Chrome trace or text/CSV.
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <numeric>
 #include <sstream>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "engine/schedule/ascii.h"
@@ -130,10 +133,13 @@ constexpr int64_t kMaxWrittenCells = int64_t{1} << 20;
 
 // Checks p, m and the chunks `v` to generate with, before anything is generated.
 void check_pm(const ScheduleOptions& o, int v) {
-  if (o.stages < 1)
-    throw UsageError("--stages must be at least 1, got " + std::to_string(o.stages));
-  if (o.microbatches < 1)
-    throw UsageError("--microbatches must be at least 1, got " + std::to_string(o.microbatches));
+  // The flags themselves are range-checked as they are parsed: 0 here is a flag left out.
+  for (const auto& [flag, value, example] :
+       {std::tuple{"--stages (-p)", o.stages, "-p 4"},
+        std::tuple{"--microbatches (-m)", o.microbatches, "-m 8"}})
+    if (value < 1)
+      throw UsageError(std::string(flag) + " is needed to generate a schedule (such as " +
+                       example + ")" + (o.compare ? "" : ", or give --load FILE"));
   if (o.chunks < 0)
     throw UsageError("--chunks must be at least 1, got " + std::to_string(o.chunks));
   const int64_t cells = int64_t{o.stages} * o.microbatches * v;
@@ -214,6 +220,23 @@ void run(const ScheduleOptions& o, const CLI::App& cmd) {
                          flag + " is for one schedule: leave it out, or leave out --compare");
     return run_compare(o, costs);
   }
+  // Each output flag writes a file of its own: a name given twice would end with the second
+  // file over the first and "wrote" printed for both.
+  const std::vector<std::pair<const char*, const std::string*>> outputs = {
+      {"--dump", &o.dump}, {"--svg", &o.svg}, {"--trace", &o.trace}};
+  for (size_t a = 0; a < outputs.size(); ++a)
+    for (size_t b = a + 1; b < outputs.size(); ++b) {
+      const std::string& x = *outputs[a].second;
+      const std::string& y = *outputs[b].second;
+      if (x.empty() || y.empty()) continue;
+      std::error_code ex, ey;
+      const auto cx = std::filesystem::weakly_canonical(x, ex);
+      const auto cy = std::filesystem::weakly_canonical(y, ey);
+      if (x == y || (!ex && !ey && cx == cy))
+        throw UsageError(std::string(outputs[a].first) + " and " + outputs[b].first +
+                         " both name '" + escape_for_message(y) +
+                         "'; each writes a file of its own, so give each its own name");
+    }
   sc::Schedule schedule;
   sc::SimResult sim;
   try {
@@ -322,17 +345,17 @@ void register_schedule_command(CLI::App& app) {
                  "takes bytes / --reduce-bandwidth");
   add_float_flag(cmd, "--reduce-bandwidth", opts->reduce_bandwidth, 0.0, kMaxAmount, false,
                  "With --dp: bytes per time unit of the gradient all-reduce (0: infinite)");
-  cmd->add_option("--svg", opts->svg,
-                  "Write an SVG timeline to FILE (at most 256 ranks and 20000 boxes drawn)")
+  add_path_flag(cmd, "--svg", opts->svg,
+                "Write an SVG timeline to FILE (at most 256 ranks and 20000 boxes drawn)")
       ->type_name("FILE");
-  cmd->add_option("--trace", opts->trace, "Write Chrome-trace JSON (Perfetto) to FILE")
+  add_path_flag(cmd, "--trace", opts->trace, "Write Chrome-trace JSON (Perfetto) to FILE")
       ->type_name("FILE");
-  cmd->add_option("--dump", opts->dump,
-                  "Write the schedule to FILE as text (or CSV if the name ends in .csv)")
+  add_path_flag(cmd, "--dump", opts->dump,
+                "Write the schedule to FILE as text (or CSV if the name ends in .csv)")
       ->type_name("FILE");
-  cmd->add_option("--load", opts->load,
-                  "Read a schedule from FILE (text or CSV, a regular file of at most 64 MiB) "
-                  "instead of generating one")
+  add_path_flag(cmd, "--load", opts->load,
+                "Read a schedule from FILE (text or CSV, a regular file of at most 64 MiB) "
+                "instead of generating one")
       ->type_name("FILE");
   cmd->add_flag("--compare", opts->compare,
                 "Print a table of all schedules for these p, m and costs (default off)");

@@ -274,6 +274,20 @@ TrainConfig resolve_config(TrainFlags& f, const CLI::App& cmd) {
   // Byte-level tokens of a file need 256 ids unless --vocab says otherwise.
   if (!cmd.count("--vocab") && !config.data_path.empty() && config.model.vocab < 256)
     config.model.vocab = 256;
+  // Said with the flags' names here; the optimizer's and the transport's own checks name
+  // their fields (min_lr, "transport timeout"), not what the user typed.
+  const OptimizerConfig& opt = config.optimizer;
+  if (opt.kind != "adamw" && opt.kind != "sgd")
+    throw UsageError("--optimizer must be adamw or sgd, got '" + escape_for_message(opt.kind) +
+                     "'");
+  if (opt.min_lr > opt.lr)
+    throw UsageError("--min-lr " + format_number(opt.min_lr) + " is more than --lr " +
+                     format_number(opt.lr) +
+                     "; the learning rate decays from --lr to --min-lr, which must be in [0, "
+                     "--lr]");
+  if (f.timeout_s * 1000 < 1)
+    throw UsageError("--timeout " + format_number(f.timeout_s) +
+                     " is less than 1 ms, the shortest wait accepted (seconds, such as 0.5)");
   config.transport_timeout = std::chrono::milliseconds(static_cast<int64_t>(f.timeout_s * 1000));
   // One replica all-reduces nothing, so a bucket size would be ignored without a word, as
   // --shard-optimizer without --dp is refused. The default, written out, changes nothing.
@@ -572,6 +586,13 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
   if (f.run.device != "cpu") check_gpus_not_shared(mpi, device);
   config.device = device;
   apply_planning(f, cmd, mpi, device, config);
+  // Under a launcher of several processes each process holds one rank.
+  check_threads_in_process(
+      config.cpu_threads,
+      comm::launched_process_count() > 1 ? 1 : int64_t{config.stages} * config.data_parallel,
+      device,
+      "--stages " + std::to_string(config.stages) + " x --dp " +
+          std::to_string(config.data_parallel));
 
   // Every output file is opened (and the log locked) before any work, not after the last step.
   std::optional<OutputFile> json_log, trace;
@@ -670,12 +691,17 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
     last_step = std::move(st.pipeline);
     if (signal != 0) break;
   }
-  // An interrupted run stops at once: no evaluation.
+  // An interrupted run stops at once: no evaluation; a signal during it ends it too (between
+  // groups of batches, as the steps end after the one in progress).
   std::optional<double> eval_loss;
   const int64_t eval_tokens = f.eval_batches * config.batch_tokens;
   if (f.eval_batches > 0 && signal == 0) {
-    eval_loss = evaluate_after_training(*trainer, f.eval_batches);
-    if (json_log) {
+    try {
+      eval_loss = evaluate_after_training(*trainer, f.eval_batches);
+    } catch (const EvaluationStopped& e) {
+      signal = e.signal();
+    }
+    if (eval_loss && json_log) {
       char hex[40];
       std::snprintf(hex, sizeof hex, "%a", *eval_loss);
       const nlohmann::json row = {{"eval_loss", *eval_loss},
@@ -739,12 +765,12 @@ void register_train_command(CLI::App& app) {
                  "Clip the global gradient norm to this (0 disables clipping)");
   add_int_flag(cmd, "--seed", c.seed, 0, std::numeric_limits<int64_t>::max(),
                "Seed of the weights and of the Markov source");
-  cmd->add_option("--data", c.data_path,
-                  "Train on the bytes of FILE (a regular file of at most 1024 MiB) instead of "
-                  "the Markov source")
+  add_path_flag(cmd, "--data", c.data_path,
+                "Train on the bytes of FILE (a regular file of at most 1024 MiB) instead of "
+                "the Markov source")
       ->type_name("FILE");
-  cmd->add_option("--log-json", flags->log_json,
-                  "Write one JSON object per step to FILE (locked; flushed every line)")
+  add_path_flag(cmd, "--log-json", flags->log_json,
+                "Write one JSON object per step to FILE (locked; flushed every line)")
       ->type_name("FILE");
   add_int_flag(cmd, "--log-every", flags->log_every, 1, 1000000000, "Print every N steps");
   cmd->add_flag("--quiet", flags->quiet, "Only print the summary (default off)");
@@ -754,10 +780,10 @@ void register_train_command(CLI::App& app) {
       ->default_str("2 for interleaved, else 1");
   cmd->add_option("--schedule", flags->schedule, "Schedule: " + schedule_choices_text())
       ->capture_default_str();
-  cmd->add_option("--schedule-file", c.schedule_file,
-                  "Run the schedule in FILE (text or CSV, see `conveyor schedule --dump`); it "
-                  "fixes the ranks, chunks and kind, and --stages, --chunks or --schedule given "
-                  "with it must agree")
+  add_path_flag(cmd, "--schedule-file", c.schedule_file,
+                "Run the schedule in FILE (text or CSV, see `conveyor schedule --dump`); it "
+                "fixes the ranks, chunks and kind, and --stages, --chunks or --schedule given "
+                "with it must agree")
       ->type_name("FILE");
   cmd->add_option(
          "--partition", flags->partition,
@@ -773,14 +799,14 @@ void register_train_command(CLI::App& app) {
       ->capture_default_str();
   add_float_flag(cmd, "--timeout", flags->timeout_s, 0.0, 1000000.0, true,
                  "Seconds a rank waits for a peer before failing");
-  cmd->add_option("--trace", flags->trace,
-                  "Write a Chrome trace to FILE: the run's steps and checkpoint saves (a "
-                  "background save on its own thread), and the last step's measured timeline "
-                  "per rank")
+  add_path_flag(cmd, "--trace", flags->trace,
+                "Write a Chrome trace to FILE: the run's steps and checkpoint saves (a "
+                "background save on its own thread), and the last step's measured timeline "
+                "per rank")
       ->type_name("FILE");
   add_checkpoint_flags(cmd, flags->checkpoint);
-  cmd->add_option("--plan", flags->plan_file,
-                  "Run the plan in FILE (written by `conveyor plan --out`)")
+  add_path_flag(cmd, "--plan", flags->plan_file,
+                "Run the plan in FILE (written by `conveyor plan --out`)")
       ->type_name("FILE");
   add_int_flag(cmd, "--eval-batches", flags->eval_batches, 0, 1000000,
                "After the last step, print the mean loss on the N batches that follow the "

@@ -162,6 +162,8 @@ class PipelineExecutor {
   // process stopping alone would leave the others waiting in the next step). Called from
   // the rank threads at once: it must be thread-safe. Null: never.
   void set_stop_request(std::function<int()> request) { stop_request_ = std::move(request); }
+  // What the stop request gives now, asked from the calling thread; 0 when none is set.
+  int stop_requested() const { return stop_request_ ? stop_request_() : 0; }
 
   const schedule::Schedule& schedule() const { return schedule_; }
   // Pipeline ranks P (of one replica). The ranks of replica 0 are 0..P-1, so the accessors

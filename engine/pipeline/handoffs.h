@@ -26,8 +26,20 @@ class Handoffs {
  public:
   enum Kind { kOutAct, kOutGrad, kInAct, kInGrad, kKinds };
 
-  Handoffs(int stages, int microbatches) : m_(microbatches) {
-    for (auto& slots : slots_) slots.resize(static_cast<size_t>(stages) * microbatches);
+  // Slots for `held`, the rank's own stages (of `num_stages`), only: every tensor handed
+  // between its actions is keyed by one of them. Slots for every stage made each rank of a
+  // deep pipeline keep 4 x stages x micro-batches of them, and the ranks together a cube of
+  // the depth (1024 stages and micro-batches: hundreds of GB before the first step).
+  Handoffs(const std::vector<int>& held, int num_stages, int microbatches)
+      : m_(microbatches), local_(static_cast<size_t>(num_stages), -1) {
+    int count = 0;
+    for (const int s : held) {
+      if (s < 0 || s >= num_stages)
+        throw std::logic_error("stage " + std::to_string(s) + " is not one of the pipeline's " +
+                               std::to_string(num_stages));
+      if (local_[static_cast<size_t>(s)] < 0) local_[static_cast<size_t>(s)] = count++;
+    }
+    for (auto& slots : slots_) slots.resize(static_cast<size_t>(count) * microbatches);
   }
   void put(Kind kind, int stage, int mb, Tensor tensor, Event* ready = nullptr) {
     Handoff& h = slots_[kind][index(stage, mb)];
@@ -53,8 +65,15 @@ class Handoffs {
   size_t bytes() const { return bytes_; }
 
  private:
-  size_t index(int stage, int mb) const { return static_cast<size_t>(stage) * m_ + mb; }
+  size_t index(int stage, int mb) const {
+    const int local =
+        stage >= 0 && static_cast<size_t>(stage) < local_.size() ? local_[stage] : -1;
+    if (local < 0)
+      throw std::logic_error("stage " + std::to_string(stage) + " is not one of this rank's");
+    return static_cast<size_t>(local) * m_ + mb;
+  }
   int m_;
+  std::vector<int> local_;  // per stage of the pipeline: its slots' index here, or -1
   std::vector<Handoff> slots_[kKinds];
   size_t bytes_ = 0;
 };

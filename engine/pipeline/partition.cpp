@@ -29,6 +29,12 @@ void check_counts(const ModelDescription& model, int num_stages,
     if (c < 0)
       throw std::invalid_argument("partition " + join(counts) +
                                   " has a negative block count; expected counts >= 0");
+  // Each count at most the model's blocks first, so that the sum below cannot overflow.
+  for (size_t s = 0; s < counts.size(); ++s)
+    if (counts[s] > blocks)
+      throw std::invalid_argument("partition " + join(counts) + " gives stage " +
+                                  std::to_string(s) + " " + std::to_string(counts[s]) +
+                                  " blocks, the model has " + std::to_string(blocks));
   const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
   if (total != blocks)
     throw std::invalid_argument("partition " + join(counts) + " places " + std::to_string(total) +

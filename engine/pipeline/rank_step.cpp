@@ -37,6 +37,12 @@ std::vector<size_t> packed_shard_bounds(const std::vector<Parameter*>& params, i
 
 namespace {
 
+std::vector<int> held_stages(const PipelineRank& rank) {
+  std::vector<int> held;
+  for (const auto& [id, stage] : rank.stages) held.push_back(id);
+  return held;
+}
+
 // Calls visit(parameter, piece, position) for replica d's piece of each of `params` that is
 // not empty, with the piece's position in the packing by replica whose bounds are `bounds`.
 template <class Visit>
@@ -133,7 +139,7 @@ RankStep::RankStep(PipelineRank& rank, const StepInputs& in)
       m_(in.schedule.num_microbatches),
       first_mb_(rank.replica * m_),
       n_(static_cast<int64_t>(in.microbatches[0].tokens.size())),
-      handoffs_(in.schedule.num_stages(), m_),
+      handoffs_(held_stages(rank), in.schedule.num_stages(), m_),
       losses_(m_) {
   for (const Action& a : actions_)
     if (schedule::is_reduce(a.kind)) ++buckets_[a.stage];

@@ -288,8 +288,28 @@ fs::path resolve_checkpoint_directory(const fs::path& path) {
   if (!fs::exists(status))
     throw CheckpointError("no checkpoint at " + p.string() + ": it does not exist");
   if (fs::is_regular_file(status)) {
-    // A `latest` file: one line naming a sibling folder.
-    const std::string name = read_latest_name(p);
+    // A `latest` file: one line naming a sibling folder. Another file that does not name one
+    // is most likely a file of a checkpoint (its manifest, a shard): say so, not that it
+    // holds the wrong text.
+    const bool named_latest = p.filename() == kLatestName;
+    const auto not_a_checkpoint = [&] {
+      const fs::path folder = p.has_parent_path() ? p.parent_path() : fs::path(".");
+      std::error_code exists_error;
+      if (fs::exists(folder / kManifestName, exists_error))
+        return CheckpointError(p.string() + " is a file of the checkpoint folder " +
+                               folder.string() + "; give the folder itself");
+      return CheckpointError(p.string() +
+                             " is a file, neither a checkpoint folder nor a 'latest' file naming "
+                             "one; give DIR, DIR/latest or DIR/step_<N>");
+    };
+    std::string name;
+    try {
+      name = read_latest_name(p);
+    } catch (const CheckpointError&) {
+      if (named_latest) throw;
+      throw not_a_checkpoint();
+    }
+    if (!named_latest && !step_of_folder(name, /*temp=*/false)) throw not_a_checkpoint();
     if (!step_of_folder(name, /*temp=*/false))
       throw CheckpointError(p.string() +
                             " should name a checkpoint folder step_<N>, but it holds " +

@@ -69,13 +69,19 @@ void check_memory_fits(const ModelDescription& model, const std::vector<StageRan
     for (size_t q = 0; q < ranks.size(); ++q)
       if (devices[q] == devices[r] && (q == r || !one_device_per_process))
         on_device += ranks[q].total(), ++sharing;
-    std::string source;
-    double limit = 0.0;
+    // A limit emulates a smaller device: one above what the device can give now would let
+    // through a run the device cannot hold, which the system then ends (on the CPU, the
+    // kernel's out-of-memory killer).
+    std::string source, below_the_limit;
+    double limit = device_available_bytes(devices[r], &source);
     if (config.memory_limit_bytes > 0) {
-      limit = static_cast<double>(config.memory_limit_bytes);
-      source = "the memory limit";
-    } else {
-      limit = device_available_bytes(devices[r], &source);
+      const double cap = static_cast<double>(config.memory_limit_bytes);
+      if (limit <= 0.0 || cap <= limit) {
+        limit = cap;
+        source = "the memory limit";
+      } else {
+        below_the_limit = ", less than the memory limit (" + bytes_text(cap) + ")";
+      }
     }
     if (limit <= 0.0 || on_device <= limit) continue;
     const RankMemoryEstimate& e = ranks[r];
@@ -85,7 +91,7 @@ void check_memory_fits(const ModelDescription& model, const std::vector<StageRan
         bytes_text(e.parameter_bytes) + ", gradients " + bytes_text(e.gradient_bytes) +
         ", optimizer state " + bytes_text(e.optimizer_bytes) + ", in-flight activations at least " +
         bytes_text(e.activation_bytes) + ") but " + source + " is " + bytes_text(limit) +
-        "; use a smaller model, fewer tokens per micro-batch, more stages, or sgd");
+        below_the_limit + "; use a smaller model, fewer tokens per micro-batch, more stages, or sgd");
   }
 }
 
@@ -383,7 +389,7 @@ void Trainer::resume_at(int64_t steps_done) {
   steps_done_ = steps_done;
 }
 
-double Trainer::evaluate(TokenSource& source, int64_t batches) {
+double Trainer::evaluate(TokenSource& source, int64_t batches, int64_t tokens_at_once) {
   if (batches < 1)
     throw std::invalid_argument("evaluation needs at least 1 batch, got " +
                                 std::to_string(batches));
@@ -391,10 +397,27 @@ double Trainer::evaluate(TokenSource& source, int64_t batches) {
     throw std::invalid_argument("the evaluation source has token ids up to " +
                                 std::to_string(source.vocab() - 1) +
                                 " but the model takes ids below " + std::to_string(model_.vocab));
-  std::vector<MicroBatchData> microbatches;
-  for (int64_t b = 0; b < batches; ++b)
-    for (MicroBatchData& mb : draw_batch(source)) microbatches.push_back(std::move(mb));
-  return evaluate(microbatches);
+  if (tokens_at_once < 1)
+    throw std::invalid_argument("evaluation needs at least 1 token at once, got " +
+                                std::to_string(tokens_at_once));
+  // A bounded number of batches at a time: all of them at once held every id in memory
+  // (--eval-batches 1000000 asked for 32 GB), and their losses on the device. The running
+  // sum goes on in micro-batch order, so the value does not depend on the grouping.
+  const int64_t at_once = std::max<int64_t>(1, tokens_at_once / config_.batch_tokens);
+  double loss_sum = 0.0;
+  for (int64_t done = 0; done < batches;) {
+    const int64_t now = std::min(at_once, batches - done);
+    std::vector<MicroBatchData> microbatches;
+    for (int64_t b = 0; b < now; ++b)
+      for (MicroBatchData& mb : draw_batch(source)) microbatches.push_back(std::move(mb));
+    loss_sum = local_loss_sum(microbatches, loss_sum);
+    done += now;
+    if (done < batches)
+      if (const int signal = agreed_stop_request()) throw EvaluationStopped(signal);
+  }
+  std::vector<double> total{loss_sum};
+  executor_->sum_over_processes(total);
+  return total[0] / static_cast<double>(batches * config_.batch_tokens);
 }
 
 namespace {
@@ -414,8 +437,8 @@ Tensor upload(DeviceContext& ctx, const std::vector<int32_t>& ids) {
 // by micro-batch and stage by stage in ascending order; an activation whose next stage is
 // one of theirs is copied (or kept, on the same rank), one whose next stage is another rank's
 // goes over the sending rank's transport. Returns the sum of the token losses in micro-batch
-// order when the last stage is one of theirs, else 0.0 (its holder's value is the one that
-// counts).
+// order after `start` when the last stage is one of theirs, else 0.0 (its holder's value is
+// the one that counts).
 //
 // It cannot deadlock, whether the callers are processes or threads: each walks the
 // (micro-batch, stage) pairs of its ranks in the same global order, a send never waits for
@@ -427,7 +450,7 @@ Tensor upload(DeviceContext& ctx, const std::vector<int32_t>& ids) {
 double forward_losses(PipelineExecutor& executor, const ModelDescription& model,
                       const std::vector<StageRange>& ranges,
                       const std::vector<MicroBatchData>& microbatches, float loss_scale,
-                      const std::vector<int>& local) {
+                      const std::vector<int>& local, double start) {
   const schedule::Schedule& sched = executor.schedule();
   const int last = sched.num_stages() - 1;
   // Replica 0's ranks run the stages (a rank of another replica holds none of them).
@@ -482,7 +505,7 @@ double forward_losses(PipelineExecutor& executor, const ModelDescription& model,
     sums = ops::sum_each(last_ctx, losses);
   }
   // Micro-batch order, as the training step adds them.
-  double loss_sum = 0.0;
+  double loss_sum = start;
   for (double v : sums) loss_sum += v;
   return loss_sum;
 }
@@ -498,6 +521,25 @@ double Trainer::evaluate(const std::vector<MicroBatchData>& microbatches) {
           "an evaluation micro-batch needs as many targets as tokens, and at least one token");
     tokens += static_cast<int64_t>(mb.tokens.size());
   }
+  std::vector<double> total{local_loss_sum(microbatches, 0.0)};
+  executor_->sum_over_processes(total);
+  return total[0] / static_cast<double>(tokens);
+}
+
+int Trainer::agreed_stop_request() {
+  const int asked = executor_->stop_requested();
+  if (executor_->holds_all_ranks()) return asked;
+  // One slot per process (each holds one rank), so the sum gathers every answer as it is.
+  const int me = executor_->local_ranks().front();
+  std::vector<double> slots(static_cast<size_t>(executor_->transport(me).size()), 0.0);
+  slots[static_cast<size_t>(me)] = asked;
+  executor_->sum_over_processes(slots);
+  for (const double s : slots)
+    if (s != 0) return static_cast<int>(s);
+  return 0;
+}
+
+double Trainer::local_loss_sum(const std::vector<MicroBatchData>& microbatches, double start) {
   // The loss head's gradient scale, as in a training step; evaluation discards the gradient.
   const float loss_scale = 1.0f / static_cast<float>(config_.batch_tokens);
   double loss_sum = 0.0;
@@ -505,7 +547,7 @@ double Trainer::evaluate(const std::vector<MicroBatchData>& microbatches) {
     // This process's ranks, in step with the other processes'.
     try {
       loss_sum = forward_losses(*executor_, model_, ranges_, microbatches, loss_scale,
-                                executor_->local_ranks());
+                                executor_->local_ranks(), start);
     } catch (const std::exception& e) {
       // The other processes would otherwise wait for this one until their deadlines.
       executor_->transport(executor_->local_ranks().front()).abort(e.what());
@@ -524,7 +566,8 @@ double Trainer::evaluate(const std::vector<MicroBatchData>& microbatches) {
     for (int r = 0; r < ranks; ++r)
       workers.emplace_back([&, r] {
         try {
-          sums[r] = forward_losses(*executor_, model_, ranges_, microbatches, loss_scale, {r});
+          sums[r] = forward_losses(*executor_, model_, ranges_, microbatches, loss_scale, {r},
+                                   start);
         } catch (const comm::TransportAborted&) {
           aborts[r] = std::current_exception();
         } catch (const std::exception& e) {
@@ -543,10 +586,9 @@ double Trainer::evaluate(const std::vector<MicroBatchData>& microbatches) {
     // Only the last stage's rank gives a non-zero sum.
     for (double v : sums) loss_sum += v;
   }
-  // Every process but the last stage's gives exactly 0.0, so the sum is that process's value.
-  std::vector<double> total{loss_sum};
-  executor_->sum_over_processes(total);
-  return total[0] / static_cast<double>(tokens);
+  // Every process but the last stage's gives exactly 0.0, so the sum over processes is that
+  // process's value.
+  return loss_sum;
 }
 
 }  // namespace conveyor

@@ -136,13 +136,26 @@ std::unique_ptr<TokenSource> make_token_source_at(const TrainConfig& config, int
 
 // Refuses, with the estimate and what is available, a run whose parameters, gradients,
 // optimizer state and in-flight activations (engine/pipeline/memory_estimate.h) exceed, on
-// some device, config.memory_limit_bytes or else the device's free memory. The trainer calls
+// some device, config.memory_limit_bytes or the device's free memory, whichever is smaller
+// (a limit emulates a smaller device, never a larger one). The trainer calls
 // it before allocating anything. Throws std::invalid_argument. `one_device_per_process`:
 // every rank runs in a process of its own on a GPU of its own (NCCL over MPI), so no two
 // ranks share a device, whatever their entries in `devices` say.
 void check_memory_fits(const ModelDescription& model, const std::vector<StageRange>& ranges,
                        const schedule::Schedule& schedule, const std::vector<Device>& devices,
                        const TrainConfig& config, bool one_device_per_process = false);
+
+// Trainer::evaluate stopped by the executor's stop request; `signal()` is what it gave.
+class EvaluationStopped : public std::runtime_error {
+ public:
+  explicit EvaluationStopped(int signal)
+      : std::runtime_error("evaluation stopped by signal " + std::to_string(signal)),
+        signal_(signal) {}
+  int signal() const { return signal_; }
+
+ private:
+  int signal_;
+};
 
 class Trainer {
  public:
@@ -172,7 +185,16 @@ class Trainer {
   // adds the losses and one sum over all processes shares them, so every process returns
   // the same value, bit for bit the one a single process gives. A failure aborts the
   // transport, so every process ends with an error (comm::TransportError on the others).
-  double evaluate(TokenSource& source, int64_t batches = 1);
+  //
+  // The batches are drawn and run at most `tokens_at_once` tokens at a time (at least one
+  // batch), so that host memory for the ids does not grow with `batches`; the value is bit
+  // for bit the same whatever it is. Between two such groups the executor's stop request
+  // (PipelineExecutor::set_stop_request) is asked, on every process at the same point, and
+  // when it asks on any, every process throws EvaluationStopped with the signal of the
+  // lowest one asked: a long evaluation ends on a signal as a step does.
+  static constexpr int64_t kEvaluationTokensAtOnce = int64_t{1} << 20;
+  double evaluate(TokenSource& source, int64_t batches = 1,
+                  int64_t tokens_at_once = kEvaluationTokensAtOnce);
   // The same over given micro-batches (any number, any sizes; under MPI the same on every
   // process).
   double evaluate(const std::vector<MicroBatchData>& microbatches);
@@ -197,6 +219,12 @@ class Trainer {
  private:
   void build();  // everything after the model, config and source are set
   std::vector<MicroBatchData> draw_batch(TokenSource& source) const;
+  // This process's sum of the token losses of `microbatches`, added after `start` in
+  // micro-batch order on the process that holds the last stage (0.0 on the others).
+  double local_loss_sum(const std::vector<MicroBatchData>& microbatches, double start);
+  // The executor's stop request, agreed over the processes (a collective under MPI): the
+  // signal of the lowest process asked, or 0.
+  int agreed_stop_request();
 
   ModelDescription model_;
   TrainConfig config_;

@@ -127,6 +127,75 @@ TEST(GroupCallsInFlight, EachCallGetsItsOwnResultWhateverTheFinishOrder) {
   }
 }
 
+// A call dropped unfinished (its rank failed elsewhere) gives back the post it claimed,
+// whether the post came before the drop or after it; the peer's call still gets its sum
+// from what the dropping rank posted at the start, and the calls after it pair as before.
+TEST(GroupCallsInFlight, ADroppedCallReleasesItsPostAndTheOthersStillPair) {
+  auto hub = InProcessHub::create(3, 5000ms);
+  auto a = hub->endpoint(0), b = hub->endpoint(1), c = hub->endpoint(2);
+  const std::vector<int> group{0, 1, 2};
+  // The others' posts came before the drop.
+  std::vector<float> a1{1, 2}, b1{3, 4}, c1{5, 6};
+  auto pb1 = b->start_group_sum(b1, group);
+  auto pc1 = c->start_group_sum(c1, group);
+  EXPECT_EQ(hub->group_posts_held(), 4u);
+  {
+    auto pa1 = a->start_group_sum(a1, group);  // posts to 1 and 2, and is dropped untested
+  }
+  EXPECT_EQ(hub->group_posts_held(), 4u);  // 0's posts to 1 and 2, 1 <-> 2's; not 1's, 2's to 0
+  pb1->wait();
+  pc1->wait();
+  EXPECT_EQ(b1, (std::vector<float>{9, 12}));
+  EXPECT_EQ(c1, (std::vector<float>{9, 12}));
+  EXPECT_EQ(hub->group_posts_held(), 0u);
+  // The others' posts come after the drop, and after a part was taken.
+  std::vector<float> a2{10, 20}, b2{30, 40}, c2{50, 60};
+  auto pb2 = b->start_group_sum(b2, group);
+  {
+    auto pa2 = a->start_group_sum(a2, group);
+    EXPECT_FALSE(pa2->test());  // takes 1's part, 2's has not come
+  }
+  auto pc2 = c->start_group_sum(c2, group);
+  pb2->wait();
+  pc2->wait();
+  EXPECT_EQ(b2, (std::vector<float>{90, 120}));
+  EXPECT_EQ(c2, (std::vector<float>{90, 120}));
+  EXPECT_EQ(hub->group_posts_held(), 0u);
+  // The next calls meet as before, each with the others' third call.
+  std::vector<float> a3{100}, b3{300}, c3{500};
+  auto pa3 = a->start_group_sum(a3, group);
+  auto pb3 = b->start_group_sum(b3, group);
+  auto pc3 = c->start_group_sum(c3, group);
+  pa3->wait();
+  pb3->wait();
+  pc3->wait();
+  for (const auto* v : {&a3, &b3, &c3}) EXPECT_EQ(*v, (std::vector<float>{900}));
+  EXPECT_EQ(hub->group_posts_held(), 0u);
+}
+
+// The same for the reduce-scatter and the gather, whose posts go to one member or all.
+TEST(GroupCallsInFlight, DroppedReduceScattersAndGathersReleaseTheirPosts) {
+  auto hub = InProcessHub::create(2, 5000ms);
+  auto a = hub->endpoint(0), b = hub->endpoint(1);
+  const std::vector<int> group{0, 1};
+  const std::vector<size_t> bounds{0, 1, 2};
+  std::vector<float> a1{1, 2}, b1{3, 4};
+  {
+    auto pa1 = a->start_group_reduce_scatter(a1, group, bounds);
+  }
+  auto pb1 = b->start_group_reduce_scatter(b1, group, bounds);
+  pb1->wait();
+  EXPECT_EQ(b1, (std::vector<float>{3, 6}));  // its own range summed, the rest its own
+  std::vector<float> a2{7, 0}, b2{0, 8};
+  auto pb2 = b->start_group_gather(b2, group, bounds);
+  {
+    auto pa2 = a->start_group_gather(a2, group, bounds);
+  }
+  pb2->wait();
+  EXPECT_EQ(b2, (std::vector<float>{7, 8}));
+  EXPECT_EQ(hub->group_posts_held(), 0u);
+}
+
 TEST(GroupSum, AMemberThatNeverComesIsNamed) {
   auto hub = InProcessHub::create(3, 100ms);
   auto a = hub->endpoint(0);

@@ -43,6 +43,9 @@
 #                                      the same with rank 0 stopped and rank 1 waiting
 #   mpi_train.sh CONVEYOR eval_kill    as eval_stop, then rank 1 is killed with SIGKILL: the
 #                                      job ends non-zero well within the timeout, naming rank 1
+#   mpi_train.sh CONVEYOR eval_signal  SIGINT to rank 1 of -np 2 only, in a held-out evaluation
+#                                      of hours: both processes stop after the same group of
+#                                      batches, say so, and end with status 130, no eval line
 #   mpi_train.sh CONVEYOR plan         --partition auto under -np 2 runs rank 0's plan, printed
 #                                      once; --plan at a path that holds another plan for each
 #                                      process is refused, naming both layouts
@@ -403,6 +406,33 @@ case $mode in
       fail "rank 1 did not name rank 0: $(cat "$work/out")"
     echo "rank 0 paused at evaluation: rank 1 gave up, job ended with $ended"
     grep "conveyor: error" "$work/out"
+    ;;
+  eval_signal)
+    start=$(date +%s)
+    timeout 60 "${mpirun[@]}" -np 2 bash -c \
+      'if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then echo $$ >"'"$work"'/rank1.pid"; fi; exec "$@"' _ \
+      "$cli" train --device cpu --stages 2 --d-model 8 --hidden 8 --vocab 16 --layers 2 \
+      --batch-tokens 64 --microbatches 2 --steps 2 --eval-batches 1000000 --timeout 20 \
+      --log-json "$work/eval.jsonl" >"$work/out" 2>&1 &
+    job=$!
+    # Rank 0 logs step 2 before the evaluation starts.
+    for _ in $(seq 300); do
+      [ -f "$work/eval.jsonl" ] && [ "$(wc -l <"$work/eval.jsonl")" -ge 2 ] && break
+      sleep 0.1
+    done
+    [ "$(wc -l <"$work/eval.jsonl" 2>/dev/null)" = 2 ] || fail "step 2 was not logged: $(cat "$work/out")"
+    sleep 1
+    kill -INT "$(cat "$work/rank1.pid")"
+    wait "$job"
+    status=$?
+    took=$(( $(date +%s) - start ))
+    [ "$status" -eq 130 ] || fail "status $status after ${took}s, expected 130: $(cat "$work/out")"
+    [ "$took" -le 40 ] || fail "took ${took}s"
+    grep -q "^interrupted at step 2 of 2 by SIGINT" "$work/out" ||
+      fail "no 'interrupted at step 2 of 2': $(cat "$work/out")"
+    ! grep -q "^eval " "$work/out" || fail "an interrupted evaluation printed its loss: $(cat "$work/out")"
+    [ "$(wc -l <"$work/eval.jsonl")" = 2 ] || fail "the log holds more than the two steps"
+    echo "SIGINT to rank 1 in the evaluation: both stopped, status 130 after ${took}s"
     ;;
   eval_kill)
     pause_rank_at 20 kill 1

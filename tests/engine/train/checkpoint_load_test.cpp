@@ -57,6 +57,24 @@ TEST_F(CheckpointLoad, LatestNamingSomethingElse) {
   }
 }
 
+// A file of the checkpoint given for the checkpoint: the folder is named, not the file's text.
+TEST_F(CheckpointLoad, AFileOfTheCheckpointNamesItsFolder) {
+  save_demo(dir_.path(), 9);
+  const fs::path step = dir_ / "step_9";
+  EXPECT_CHECKPOINT_ERROR(open_checkpoint(step / "manifest.json"),
+                          "is a file of the checkpoint folder " + step.string(),
+                          "give the folder itself");
+  EXPECT_CHECKPOINT_ERROR(open_checkpoint(step / "rank_0.safetensors"),
+                          "is a file of the checkpoint folder " + step.string());
+  write_file(dir_ / "notes.txt", "not a checkpoint\n");
+  EXPECT_CHECKPOINT_ERROR(open_checkpoint(dir_ / "notes.txt"),
+                          "is a file, neither a checkpoint folder nor a 'latest' file",
+                          "give DIR, DIR/latest or DIR/step_<N>");
+  // A copy of `latest` under another name still opens what it names.
+  write_file(dir_ / "latest.kept", "step_9\n");
+  EXPECT_EQ(open_checkpoint(dir_ / "latest.kept").step(), 9);
+}
+
 TEST_F(CheckpointLoad, MalformedManifest) {
   std::string text = read_file(manifest());
   write_file(manifest(), text.substr(0, text.size() / 2));

@@ -109,6 +109,50 @@ TEST(Evaluate, SeveralBatchesAreTheMeanOfTheirLosses) {
   EXPECT_EQ(all.position(), 3u * 192u);
 }
 
+// Held-out batches are drawn and run a few at a time, so that memory does not grow with
+// their number; the value is bit for bit the one of all of them at once, in one process and
+// in a pipeline, and the source ends at the same position.
+TEST(Evaluate, BatchesRunAFewAtATimeGiveTheValueOfAllAtOnce) {
+  for (const int stages : {1, 2}) {
+    SCOPED_TRACE("stages=" + std::to_string(stages));
+    TrainConfig c = eval_run(stages, schedule::ScheduleKind::k1F1B);
+    Trainer trainer(c);
+    trainer.step();
+    MarkovSource whole(c.model.vocab, c.seed + 7), grouped(c.model.vocab, c.seed + 7);
+    const double at_once = trainer.evaluate(whole, 7);
+    // Two batches at a time (2 x 192 tokens), the last group one batch.
+    const double two_by_two = trainer.evaluate(grouped, 7, 2 * 192 + 100);
+    EXPECT_GT(at_once, 0.0);
+    EXPECT_EQ(two_by_two, at_once);
+    EXPECT_EQ(grouped.position(), whole.position());
+    // Fewer tokens at once than one batch still runs one batch at a time.
+    MarkovSource single(c.model.vocab, c.seed + 7);
+    EXPECT_EQ(trainer.evaluate(single, 7, 1), at_once);
+  }
+}
+
+// The executor's stop request, asked between groups of batches, ends an evaluation with its
+// signal; asked for nothing, it changes nothing.
+TEST(Evaluate, AStopRequestEndsItBetweenGroupsOfBatches) {
+  TrainConfig c = eval_run(2, schedule::ScheduleKind::k1F1B);
+  Trainer trainer(c);
+  MarkovSource plain(c.model.vocab, c.seed + 7), asked(c.model.vocab, c.seed + 7),
+      stopped(c.model.vocab, c.seed + 7);
+  const double value = trainer.evaluate(plain, 6, 2 * 192);
+  int asks = 0;
+  trainer.executor().set_stop_request([&] { return ++asks, 0; });
+  EXPECT_EQ(trainer.evaluate(asked, 6, 2 * 192), value);
+  EXPECT_EQ(asks, 2);  // after the first and the second pair, not after the last
+  trainer.executor().set_stop_request([] { return 15; });
+  try {
+    trainer.evaluate(stopped, 6, 2 * 192);
+    ADD_FAILURE() << "the evaluation was not stopped";
+  } catch (const EvaluationStopped& e) {
+    EXPECT_EQ(e.signal(), 15);
+  }
+  EXPECT_EQ(stopped.position(), 2u * 192u);  // one pair of batches drawn, then stopped
+}
+
 struct Snapshot {
   std::vector<std::vector<float>> values, grads, state;
   std::vector<int64_t> steps_taken;
