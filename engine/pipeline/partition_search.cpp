@@ -531,12 +531,19 @@ struct CostPath {
           transfers += schedule::is_send(a.kind) ? 1 : 0;
           break;
       }
+    below_f.assign(stages + 1, 0.0), below_i = below_f, below_w = below_f;
+    for (int s = 0; s < stages; ++s)
+      below_f[s + 1] = below_f[s] + f[s], below_i[s + 1] = below_i[s] + i[s],
+                  below_w[s + 1] = below_w[s] + w[s];
   }
+  // below_f[s]: the F counts of the stages [0, s); likewise I and W.
+  std::vector<double> below_f, below_i, below_w;
   // completion[k][e]: the least the stages [k, S) add to the path over every cut of the units
   // [e, n) among them (kInf: no cut), by dynamic programming from the last stage; each stage
   // adds its counts times its sums.
   std::vector<std::vector<double>> completion;
   int64_t used = 0;  // when it last dropped a prefix, or was remembered
+  int64_t serial = 0;  // which path remembered this is
 
   bool same_counts(const CostPath& o) const {
     return f == o.f && i == o.i && w == o.w && transfers == o.transfers;
@@ -620,6 +627,7 @@ struct PartitionSearcher::Impl {
   // Critical paths of the partitions simulated last, distinct, at most kPaths of them.
   std::vector<CostPath> paths;
   int64_t path_clock = 0;  // counts drops by a path and paths remembered
+  int64_t path_serial = 0;  // counts paths remembered
   // least_f[lo * (n + 1) + hi]: the least F of the units [lo, hi]; likewise I and W.
   std::vector<double> least_f, least_i, least_w;
   std::vector<double> node_f, node_i, node_w;  // path_bound's least costs of later stages
@@ -706,7 +714,7 @@ struct PartitionSearcher::Impl {
     for (const CostPath& known : paths)
       if (known.same_counts(path)) return;
     path.fill_completion(sums);
-    path.used = ++path_clock;
+    path.used = ++path_clock, path.serial = ++path_serial;
     if (paths.size() < kPaths) return paths.push_back(std::move(path));
     *std::min_element(paths.begin(), paths.end(), [](const CostPath& a, const CostPath& b) {
       return a.used < b.used;
@@ -958,15 +966,33 @@ struct PartitionSearcher::Impl {
   // of those still to place, and the choices are tried from the least bound up, so the first
   // past the limit ends the rank. Prefix order does not apply, so a tie is never dropped.
   // path_bound for the pairs: the stages r+1 .. 2p-2-r hold the units [a2, b2).
-  double paired_path_bound(int r, int64_t a2, int64_t b2, CostPath** longest) {
+  // `outer` keeps, per path, what the stages of the ranks before r add to it (the same for
+  // every choice of rank r), with the serial of the path it was taken of.
+  double paired_path_bound(int r, int64_t a2, int64_t b2, CostPath** longest,
+                           std::vector<std::pair<int64_t, double>>& outer) {
     if (paths.empty()) return 0;
     const int64_t at = a2 * (n + 1) + (b2 - 1);
     const double lf = least_f[at], li = least_i[at], lw = least_w[at];
+    const int mirror = stages - 1 - r;
+    if (outer.size() < paths.size()) outer.resize(paths.size(), {-1, 0.0});
     double most = 0;
-    for (CostPath& path : paths) {
-      double length = path.known_length(f, i, w, stages, transfer);  // unknown stages are 0
-      for (int s = r + 1; s < stages - 1 - r; ++s)
-        length += path.f[s] * lf + path.i[s] * li + path.w[s] * lw;
+    for (size_t k = 0; k < paths.size(); ++k) {
+      CostPath& path = paths[k];
+      if (outer[k].first != path.serial) {
+        double placed = transfer * path.transfers;
+        for (int s = 0; s < r; ++s)
+          placed += path.f[s] * f[s] + path.i[s] * i[s] + path.w[s] * w[s];
+        for (int s = mirror + 1; s < stages; ++s)
+          placed += path.f[s] * f[s] + path.i[s] * i[s] + path.w[s] * w[s];
+        outer[k] = {path.serial, placed};
+      }
+      // Rank r's stages at their costs, the middle ones each at the least unit's.
+      const double length = outer[k].second + path.f[r] * f[r] + path.i[r] * i[r] +
+                            path.w[r] * w[r] + path.f[mirror] * f[mirror] +
+                            path.i[mirror] * i[mirror] + path.w[mirror] * w[mirror] +
+                            (path.below_f[mirror] - path.below_f[r + 1]) * lf +
+                            (path.below_i[mirror] - path.below_i[r + 1]) * li +
+                            (path.below_w[mirror] - path.below_w[r + 1]) * lw;
       if (length > most) most = length, *longest = &path;
     }
     return most;
@@ -981,11 +1007,15 @@ struct PartitionSearcher::Impl {
     const int64_t a = r == 0 ? 0 : ranges[r - 1].end, b = r == 0 ? n : ranges[mirror + 1].begin;
     const int64_t inner_stages = 2 * (p - r - 1);
     std::vector<PairChoice> choices;
+    std::vector<std::pair<int64_t, double>> outer;
     StageRange mine[2];
     for (int64_t a2 = a + 1; a2 + inner_stages < b; ++a2)
       for (int64_t b2 = a2 + inner_stages; b2 < b; ++b2) {
         const double rest = paired->inner(r + 1, a2, b2);
         if (rest == kInf) continue;
+        // Slower than the best found whatever rank r's own bound: dropped without it, as
+        // drop() would, keeping nothing; most choices at the ranks placed first are.
+        if (!out.ranges.empty() && std::max(placed, rest) > out.step * (1 + kSlack)) continue;
         mine[0] = {a, a2}, mine[1] = {b2, b};
         const double own = std::max(placed, paired->own().rank(r, mine));
         const double least = std::max(own, rest);
@@ -1013,7 +1043,7 @@ struct PartitionSearcher::Impl {
       // The remembered critical paths, each later stage at the least F, I and W of a unit
       // of the middle: they see the bubbles of partitions like those simulated.
       CostPath* longest = nullptr;
-      const double path = paired_path_bound(r, choice.a2, choice.b2, &longest);
+      const double path = paired_path_bound(r, choice.a2, choice.b2, &longest, outer);
       if (path > choice.bound && drop(path)) {
         touch(longest);
         continue;
