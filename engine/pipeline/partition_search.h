@@ -172,8 +172,10 @@ inline bool looped_pair_bound_applies(const schedule::Placement& placement) {
 
 struct SearchBudget {
   int64_t simulations = 0;  // complete partitions simulated
-  int64_t visits = 0;       // prefixes descended into
-  int64_t relaxed = 0;      // relaxed simulations of prefixes (relaxed_step)
+  // Prefixes descended into; for zbv without a cap, the walks under ceilings below the best
+  // found take up to a quarter as many again (PartitionSearcher::search).
+  int64_t visits = 0;
+  int64_t relaxed = 0;  // relaxed simulations of prefixes (relaxed_step)
   // Actions timed by all of them together (Replay::actions per run): what their time is.
   int64_t actions = std::numeric_limits<int64_t>::max();
 };
@@ -206,7 +208,8 @@ class PartitionSearcher {
   PartitionSearcher(const PartitionSearcher&) = delete;
   PartitionSearcher& operator=(const PartitionSearcher&) = delete;
 
-  // A lower bound on the step time of every partition that fits, without searching.
+  // A lower bound on the step time of every partition that fits: the root's bounds, or what
+  // the searches so far proved when that is more.
   double root_bound();
   // Simulates `incumbent` when it fits, then moves one cut by one unit while that helps, at
   // most `max_simulations` simulations (counted as work, as the search's are); they count
@@ -214,7 +217,9 @@ class PartitionSearcher {
   void start_from(const std::vector<StageRange>& incumbent, int64_t max_simulations);
   // Searches every partition, skipping those that cannot be faster than `ceiling` or than
   // the best found so far; `budget` counts this call's work (simulations and relaxed
-  // simulations scaled as the search's budgets say).
+  // simulations scaled as the search's budgets say). For zbv without a cap, first under
+  // growing ceilings below both (iterative deepening on the bound), which finds a fast
+  // partition early when the bound is close; a search resumed goes on from the last of them.
   Searched search(const SearchBudget& budget, double ceiling = kInf);
   // The best found so far, with the lower bound of the last search.
   const Searched& found() const;

@@ -1,7 +1,9 @@
 // What plan() proves: on random small cost tables, every row's step time against brute force
 // over every contiguous partition of its layout (exact where the row says so, never below its
 // lower bound), and the chosen pipeline against the best of every layout; a search under a
-// ceiling stops with a lower bound above it; rows not searched to the end show that bound.
+// ceiling stops with a lower bound above it; rows not searched to the end show that bound; a
+// search from a slow incumbent, which first walks under lower ceilings, never proves more
+// than the optimum.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -251,6 +253,70 @@ TEST(PlannerProof, SearchUnderACeilingProvesALowerBoundAboveIt) {
     }
   EXPECT_EQ(checked, 16);
   EXPECT_LT(proven_anyway, checked);  // most stopped at the ceiling
+}
+
+// From the slowest partition as the incumbent, the outside-in search of the V walks under
+// ceilings below it first (iterative deepening). Resumed with budgets too small to finish,
+// which cut those walks and the last one, every lower bound it reports is at most the
+// brute-force optimum and never falls (within the slack of sums taken in another order), and
+// it ends proving the optimum; under a ceiling below the optimum it proves a bound above the
+// ceiling.
+TEST(PlannerProof, DeepeningFromASlowIncumbentNeverProvesMoreThanTheOptimum) {
+  std::mt19937_64 rng(123);
+  int checked = 0, resumed = 0, slow = 0;
+  for (int p : {3, 4, 5})
+    for (int m : {p, 2 * p + 1})
+      for (int trial = 0; trial < 2; ++trial) {
+        const auto sched = schedule::generate(ScheduleKind::kZBV, p, m, 2);
+        const int n = sched.num_stages() + 3 + static_cast<int>(rng() % 3);
+        const UnitCosts costs = random_costs(n, rng);
+        const double transfer = costs.transfer_seconds;
+        const planning::Sums sums(costs.units);
+        const testing::StateOnlyMemory memory(sums, sched);
+        double best = planning::kInf, slowest_step = 0;
+        std::vector<StageRange> slowest;
+        testing::for_each_contiguous_partition(
+            n, sched.num_stages(), [&](const std::vector<StageRange>& r) {
+              const double step = simulated_step(costs.units, r, sched, transfer);
+              best = std::min(best, step);
+              if (step > slowest_step) slowest_step = step, slowest = r;
+            });
+        SCOPED_TRACE("p=" + std::to_string(p) + " m=" + std::to_string(m) +
+                     " n=" + std::to_string(n));
+        planning::PartitionSearcher searcher(sums, costs.units, memory, sched, 0, transfer);
+        // One simulation, counted as work: a short schedule's budget buys the improvement of
+        // the slowest partition a few moves of one cut.
+        searcher.start_from(slowest, 1);
+        ASSERT_FALSE(searcher.found().ranges.empty());
+        slow += searcher.found().step > best * (1 + 1e-9);
+        double proved = 0;
+        for (int64_t visits = 1;; visits += 1 + visits / 8) {
+          ASSERT_LE(visits, 1 << 20);
+          const planning::Searched found = searcher.search({1 << 20, visits, 1 << 20});
+          EXPECT_LE(found.lower_bound, best * (1 + 1e-9));
+          EXPECT_GE(found.lower_bound, proved * (1 - 1e-9));
+          EXPECT_GE(found.step, best * (1 - 1e-9));
+          proved = found.lower_bound;
+          if (found.proven) {
+            EXPECT_NEAR(found.step, best, 1e-9 * best);
+            EXPECT_EQ(found.lower_bound, found.step);
+            break;
+          }
+          ++resumed;
+        }
+        planning::PartitionSearcher under(sums, costs.units, memory, sched, 0, transfer);
+        under.start_from(slowest, 1);
+        const planning::Searched bounded = under.search({1 << 20, 1 << 20, 1 << 20}, 0.97 * best);
+        if (bounded.proven)  // the incumbent was improved to the optimum before the search
+          EXPECT_NEAR(bounded.step, best, 1e-9 * best);
+        else
+          EXPECT_GT(bounded.lower_bound, 0.97 * best);
+        EXPECT_LE(bounded.lower_bound, best * (1 + 1e-9));
+        ++checked;
+      }
+  EXPECT_EQ(checked, 12);
+  EXPECT_GT(slow, 2);      // some searches started from a partition slower than the optimum
+  EXPECT_GT(resumed, 12);  // the small budgets did stop searches
 }
 
 }  // namespace
