@@ -140,7 +140,8 @@ RankStep::RankStep(PipelineRank& rank, const StepInputs& in)
       first_mb_(rank.replica * m_),
       n_(static_cast<int64_t>(in.microbatches[0].tokens.size())),
       handoffs_(held_stages(rank), in.schedule.num_stages(), m_),
-      losses_(m_) {
+      // Only the last stage makes losses.
+      losses_(rank.stages.count(last_stage_) ? static_cast<size_t>(m_) : 0) {
   for (const Action& a : actions_)
     if (schedule::is_reduce(a.kind)) ++buckets_[a.stage];
   for (size_t i = 0; i < actions_.size(); ++i) {
