@@ -235,7 +235,7 @@ void RankStep::run_actions() {
       } catch (const std::exception& e) {
         std::throw_with_nested(PipelineError(
             "rank " + std::to_string(rank_.index) + ", action " + std::to_string(reduce.index()) +
-            " (" + schedule::to_string(reduce.action()) + "): " + e.what()));
+            " (" + schedule::to_string(reduce.action()) + "): " + error_sentence(e)));
       }
       continue;
     }
@@ -342,7 +342,7 @@ void RankStep::start_reduce(size_t i, const Action& a) {
   } catch (const std::exception& e) {
     std::throw_with_nested(PipelineError("rank " + std::to_string(rank_.index) + ", action " +
                                          std::to_string(i) + " (" + schedule::to_string(a) +
-                                         "): " + e.what()));
+                                         "): " + error_sentence(e)));
   }
 }
 
@@ -418,7 +418,7 @@ bool RankStep::run_action(size_t i, bool wait) {
     // transport aborted) from the failure that started it.
     std::throw_with_nested(PipelineError("rank " + std::to_string(rank_.index) + ", action " +
                                          std::to_string(i) + " (" + schedule::to_string(a) +
-                                         "): " + e.what()));
+                                         "): " + error_sentence(e)));
   }
   if (cuda_) {
     rank_.ends[i].record(stream);
