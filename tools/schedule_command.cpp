@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <numeric>
 #include <sstream>
@@ -50,12 +51,10 @@ Costs parse_costs(const std::string& text) {
   std::stringstream in(text);
   std::string item;
   while (std::getline(in, item, ',')) {
+    // Plain decimal, as every number flag: stod took spaces around it and hex (0x10).
     try {
-      size_t used = 0;
-      const double v = std::stod(item, &used);
-      if (used != item.size() || !std::isfinite(v) || v < 0) throw std::invalid_argument("");
-      values.push_back(v);
-    } catch (const std::exception&) {
+      values.push_back(parse_float(item, "--costs", 0.0, std::numeric_limits<double>::max()));
+    } catch (const UsageError&) {
       throw UsageError("--costs expects non-negative numbers F,I,W[,comm], got '" +
                        escape_for_message(text) + "'");
     }

@@ -209,10 +209,11 @@ PartitionSpec parse_partition(const std::string& text) {
   std::stringstream in(text);
   std::string item;
   while (std::getline(in, item, ',')) {
+    // Digits only, as every integer flag: stoll took spaces before them and a sign.
     size_t used = 0;
     int64_t value = -1;
     try {
-      value = std::stoll(item, &used);
+      if (!item.empty() && item[0] >= '0' && item[0] <= '9') value = std::stoll(item, &used);
     } catch (const std::exception&) {
       used = 0;
     }
