@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <numeric>
 #include <sstream>
@@ -50,12 +51,10 @@ Costs parse_costs(const std::string& text) {
   std::stringstream in(text);
   std::string item;
   while (std::getline(in, item, ',')) {
+    // Plain decimal, as every number flag: stod took spaces around it and hex (0x10).
     try {
-      size_t used = 0;
-      const double v = std::stod(item, &used);
-      if (used != item.size() || !std::isfinite(v) || v < 0) throw std::invalid_argument("");
-      values.push_back(v);
-    } catch (const std::exception&) {
+      values.push_back(parse_float(item, "--costs", 0.0, std::numeric_limits<double>::max()));
+    } catch (const UsageError&) {
       throw UsageError("--costs expects non-negative numbers F,I,W[,comm], got '" +
                        escape_for_message(text) + "'");
     }
@@ -155,6 +154,19 @@ void check_pm(const ScheduleOptions& o, int v) {
                        " out, or use fewer --stages or --microbatches)");
 }
 
+// --grad-bytes and --reduce-bandwidth price the all-reduce of data-parallel replicas: with one
+// replica there is none, and they would change nothing without a word (as train refuses
+// --bucket-mb without --dp).
+void refuse_reduce_flags_without_replicas(const CLI::App& cmd, int replicas) {
+  if (replicas > 1) return;
+  for (const char* flag : {"--grad-bytes", "--reduce-bandwidth"})
+    if (cmd.count(flag))
+      throw UsageError(std::string(flag) +
+                       " prices the gradient all-reduce of data-parallel replicas, and this "
+                       "schedule has one replica; give --dp 2 or more, or leave " +
+                       flag + " out");
+}
+
 void run_compare(const ScheduleOptions& o, const Costs& costs) {
   const int p = o.stages, m = o.microbatches;
   const int v = o.chunks > 1 ? o.chunks : 2;
@@ -218,6 +230,7 @@ void run(const ScheduleOptions& o, const CLI::App& cmd) {
         throw UsageError(std::string("--compare prints a table of every schedule kind and writes "
                                      "no file; ") +
                          flag + " is for one schedule: leave it out, or leave out --compare");
+    refuse_reduce_flags_without_replicas(cmd, o.dp);
     return run_compare(o, costs);
   }
   // Each output flag writes a file of its own: a name given twice would end with the second
@@ -256,6 +269,7 @@ void run(const ScheduleOptions& o, const CLI::App& cmd) {
   } catch (const sc::ScheduleError& e) {
     throw UsageError(e.what());
   }
+  refuse_reduce_flags_without_replicas(cmd, schedule.replicas);
   const int p = schedule.num_ranks(), m = schedule.num_microbatches, v = schedule.placement.chunks;
   std::printf("schedule %s: p=%d ranks, v=%d chunk%s per rank (%s), m=%d micro-batches\n",
               schedule.name.empty() ? "(loaded)" : schedule.name.c_str(), p, v, v == 1 ? "" : "s",

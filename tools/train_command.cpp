@@ -209,10 +209,11 @@ PartitionSpec parse_partition(const std::string& text) {
   std::stringstream in(text);
   std::string item;
   while (std::getline(in, item, ',')) {
+    // Digits only, as every integer flag: stoll took spaces before them and a sign.
     size_t used = 0;
     int64_t value = -1;
     try {
-      value = std::stoll(item, &used);
+      if (!item.empty() && item[0] >= '0' && item[0] <= '9') value = std::stoll(item, &used);
     } catch (const std::exception&) {
       used = 0;
     }
@@ -634,6 +635,22 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
     throw UsageError("nothing to train: the run is at step " + std::to_string(first_step - 1) +
                      " and stops at step " + std::to_string(last_step_to_run) +
                      "; raise --steps or --stop-after");
+  if (checkpointer) {
+    // A first save the folder would refuse (the same command run again, into a folder whose
+    // `latest` is at or past that step) is refused now, not once training has reached it:
+    // a final save refused lost the whole run. Rank 0 looks, as it prepares the saves.
+    const int64_t every = f.checkpoint.save_every;
+    const int64_t first_save =
+        every > 0 ? std::min(last_step_to_run, (first_step + every - 1) / every * every)
+                  : last_step_to_run;
+    std::string why;
+    if (!mpi.active() || mpi.rank() == 0)
+      if (const auto refusal = save_refusal(f.checkpoint.save_dir, first_save))
+        why = "--save-dir " + escape_for_message(f.checkpoint.save_dir) +
+              " would refuse this run's first save: " + *refusal;
+    why = rank_zero_text(mpi, why, "the check of --save-dir");
+    if (!why.empty()) refuse_on_every_rank(mpi, why);
+  }
   std::fflush(stdout);
 
   install_interrupt_handlers();

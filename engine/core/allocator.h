@@ -21,6 +21,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
@@ -46,6 +47,14 @@ class OutOfMemoryError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
+
+// The sentence of an error for a message: a failed host allocation (std::bad_alloc, whose own
+// text is only "std::bad_alloc") said as one.
+inline std::string error_sentence(const std::exception& e) {
+  if (dynamic_cast<const std::bad_alloc*>(&e) != nullptr)
+    return "out of memory on the host: an allocation of its memory failed";
+  return e.what();
+}
 
 // What the caching logic needs from a device.
 class AllocatorBackend {

@@ -245,7 +245,7 @@ PipelineStepResult PipelineExecutor::run_step(const std::vector<MicroBatchData>&
     try {
       RankStep(rank, inputs).run(result);
     } catch (const std::exception& e) {
-      const std::string what = e.what();
+      const std::string what = error_sentence(e);
       rank.transport->abort(what);
       std::lock_guard lock(errors_mutex);
       errors[r] = what;

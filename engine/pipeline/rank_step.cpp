@@ -140,7 +140,8 @@ RankStep::RankStep(PipelineRank& rank, const StepInputs& in)
       first_mb_(rank.replica * m_),
       n_(static_cast<int64_t>(in.microbatches[0].tokens.size())),
       handoffs_(held_stages(rank), in.schedule.num_stages(), m_),
-      losses_(m_) {
+      // Only the last stage makes losses.
+      losses_(rank.stages.count(last_stage_) ? static_cast<size_t>(m_) : 0) {
   for (const Action& a : actions_)
     if (schedule::is_reduce(a.kind)) ++buckets_[a.stage];
   for (size_t i = 0; i < actions_.size(); ++i) {
@@ -234,7 +235,7 @@ void RankStep::run_actions() {
       } catch (const std::exception& e) {
         std::throw_with_nested(PipelineError(
             "rank " + std::to_string(rank_.index) + ", action " + std::to_string(reduce.index()) +
-            " (" + schedule::to_string(reduce.action()) + "): " + e.what()));
+            " (" + schedule::to_string(reduce.action()) + "): " + error_sentence(e)));
       }
       continue;
     }
@@ -341,7 +342,7 @@ void RankStep::start_reduce(size_t i, const Action& a) {
   } catch (const std::exception& e) {
     std::throw_with_nested(PipelineError("rank " + std::to_string(rank_.index) + ", action " +
                                          std::to_string(i) + " (" + schedule::to_string(a) +
-                                         "): " + e.what()));
+                                         "): " + error_sentence(e)));
   }
 }
 
@@ -417,7 +418,7 @@ bool RankStep::run_action(size_t i, bool wait) {
     // transport aborted) from the failure that started it.
     std::throw_with_nested(PipelineError("rank " + std::to_string(rank_.index) + ", action " +
                                          std::to_string(i) + " (" + schedule::to_string(a) +
-                                         "): " + e.what()));
+                                         "): " + error_sentence(e)));
   }
   if (cuda_) {
     rank_.ends[i].record(stream);

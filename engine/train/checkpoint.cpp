@@ -105,20 +105,7 @@ CheckpointWriter::CheckpointWriter(fs::path dir, int64_t step, int num_ranks,
     throw CheckpointError("cannot create checkpoint folder " + dir_.string() + ": " +
                           (ec ? ec.message() : "a file of that name is in the way"));
   if (fs::exists(final_, ec)) {
-    // A step folder newer than what `latest` names was renamed into place by a save that
-    // stopped before publishing it (a crash between the two): the run that resumed from
-    // `latest` is redoing that step and replaces it. Any other existing step is a checkpoint
-    // someone may rely on, and is never overwritten.
-    const std::optional<int64_t> published = published_step(dir_);
-    const bool a_checkpoint =
-        fs::is_directory(final_, ec) && fs::is_regular_file(final_ / kManifestName, ec);
-    if (!a_checkpoint || (published && *published >= step))
-      throw CheckpointError("cannot save step " + std::to_string(step) + ": " + final_.string() +
-                            " exists already" +
-                            (!a_checkpoint        ? " and is not a checkpoint folder"
-                             : *published == step ? " and is the one 'latest' names"
-                                                  : "") +
-                            "; remove it or save into another folder");
+    if (std::optional<std::string> why = save_refusal(dir_, step)) throw CheckpointError(*why);
     // Out of the way first, as an unfinished save (which the loader ignores), then removed
     // with the others below.
     fs::remove_all(temp_, ec);
@@ -277,6 +264,26 @@ CommitResult CheckpointWriter::commit(const TrainingState& state) {
       result.removed.push_back(saved[i].second);
   }
   return result;
+}
+
+std::optional<std::string> save_refusal(const fs::path& dir, int64_t step) {
+  const fs::path final_folder = dir / step_folder_name(step);
+  std::error_code ec;
+  if (!fs::exists(final_folder, ec)) return std::nullopt;
+  // A step folder newer than what `latest` names was renamed into place by a save that
+  // stopped before publishing it (a crash between the two): the run that resumed from
+  // `latest` is redoing that step and replaces it. Any other existing step is a checkpoint
+  // someone may rely on, and is never overwritten.
+  const std::optional<int64_t> published = published_step(dir);
+  const bool a_checkpoint =
+      fs::is_directory(final_folder, ec) && fs::is_regular_file(final_folder / kManifestName, ec);
+  if (a_checkpoint && !(published && *published >= step)) return std::nullopt;
+  return "cannot save step " + std::to_string(step) + ": " + final_folder.string() +
+         " exists already" +
+         (!a_checkpoint        ? " and is not a checkpoint folder"
+          : *published == step ? " and is the one 'latest' names"
+                               : "") +
+         "; remove it or save into another folder";
 }
 
 // ---------------------------------------------------------------------------------- Loader

@@ -34,6 +34,12 @@ struct CommitResult {
   std::vector<std::string> warnings;  // removals that failed; the new checkpoint is complete
 };
 
+// Why a CheckpointWriter of `step` into `dir` would be refused as `dir` stands now (its
+// DIR/step_<N> exists and is not a checkpoint folder, or is one that `latest` names or that
+// is older than it), or nullopt when it would save. Lets a run refuse at its start a save it
+// could only fail at its end.
+std::optional<std::string> save_refusal(const std::filesystem::path& dir, int64_t step);
+
 // One save: construct it, let every rank call write_shard (from its own thread, at the same
 // time), then call commit once. Saves into one DIR must not overlap in time.
 class CheckpointWriter {

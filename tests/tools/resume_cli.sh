@@ -3,7 +3,9 @@
 # uninterrupted one (also re-partitioned, also with --async-save); a run killed (SIGKILL)
 # while writing a shard, committing, or between the folder's rename and `latest` leaves the
 # previous checkpoint loadable and `latest` naming it, and the resumed run saves that step
-# again; a checkpoint of another model is refused with exit 2 naming the difference.
+# again; a checkpoint of another model is refused with exit 2 naming the difference; the same
+# command run again into the folder of its saves is refused before it trains, not at its
+# first save.
 # Usage: resume_cli.sh CONVEYOR WORKDIR CASE
 set -u
 conveyor=$1
@@ -100,6 +102,22 @@ case $case_name in
   kill_in_shard) killed_in_save shard ;;
   kill_in_commit) killed_in_save commit ;;
   kill_before_publish) killed_in_save publish ;;
+  rerun_into_saves)
+    run --save-dir "$dir" --save-every 2
+    output=$("$conveyor" train "${common[@]}" "${model[@]}" --save-dir "$dir" --save-every 2 2>&1)
+    status=$?
+    echo "$output"
+    [ "$status" -eq 2 ] || fail "exit status $status, expected 2"
+    grep -q "^conveyor: error: --save-dir .* would refuse this run's first save: cannot save step 2: .*step_2 exists already; remove it or save into another folder$" \
+      <<<"$output" || fail "the refusal does not name the first save and its folder"
+    ! grep -q "^done " <<<"$output" || fail "the run trained before refusing"
+    # Resumed from there it saves on.
+    longer=("${common[@]}")
+    longer[3]=8  # the value of --steps
+    "$conveyor" train "${longer[@]}" "${model[@]}" --save-dir "$dir" --save-every 2 --resume latest \
+      >>"$work/log" 2>&1 || fail "the resumed run failed: $(tail -5 "$work/log")"
+    [ "$(cat "$dir/latest")" = "step_8" ] || fail "latest is '$(cat "$dir/latest")', expected step_8"
+    ;;
   other_model)
     run --stop-after 2 --save-dir "$dir"
     output=$("$conveyor" train "${common[@]}" --d-model 16 --resume "$dir" 2>&1)

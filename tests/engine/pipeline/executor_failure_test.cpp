@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <new>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -18,7 +19,8 @@ namespace {
 
 using namespace conveyor::testing;
 
-// An in-process endpoint that throws `message` on its n-th send or on its all-reduce.
+// An in-process endpoint that throws `message` on its n-th send or on its all-reduce; an
+// empty `message` throws std::bad_alloc there, as a failed host allocation does.
 class FaultyTransport : public comm::Transport {
  public:
   FaultyTransport(std::unique_ptr<comm::Transport> inner, int fail_at_send, bool fail_reduce,
@@ -30,7 +32,10 @@ class FaultyTransport : public comm::Transport {
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
   void send(const Tensor& t, int peer, const Stream& s) override {
-    if (++sends_ == fail_at_send_) throw std::runtime_error(message_);
+    if (++sends_ == fail_at_send_) {
+      if (message_.empty()) throw std::bad_alloc();
+      throw std::runtime_error(message_);
+    }
     inner_->send(t, peer, s);
   }
   void recv(const Tensor& t, int peer, const Stream& s) override { inner_->recv(t, peer, s); }
@@ -87,6 +92,14 @@ TEST(ExecutorFailure, AFailureOutsideAnyActionIsTheRootToo) {
   // Rank 1 fails in the end-of-step all-reduce; the others, waiting in it, are aborted.
   const std::string what = failed_step(1, 0, true, "injected all-reduce failure");
   EXPECT_EQ(what, "injected all-reduce failure");
+}
+
+TEST(ExecutorFailure, AFailedHostAllocationIsSaidAsOne) {
+  // std::bad_alloc's own text is "std::bad_alloc", which the error printed as it was.
+  const std::string what = failed_step(2, 1, false, "");
+  EXPECT_EQ(what.rfind("rank 2, action ", 0), 0u) << what;
+  EXPECT_NE(what.find("out of memory on the host"), std::string::npos) << what;
+  EXPECT_EQ(what.find("std::bad_alloc"), std::string::npos) << what;
 }
 
 // An in-process endpoint whose n-th send stalls for `stall` before it goes out, as on a
