@@ -24,14 +24,7 @@ command -v mpirun >/dev/null || skip "mpirun is not installed"
 ip netns add "${ns[0]}" 2>"$work/err" ||
   skip "ip netns add is not permitted here: $(cat "$work/err")"
 ip netns add "${ns[1]}" || fail "a second namespace could not be made"
-ip link add "${veth[0]}" type veth peer name "${veth[1]}" 2>"$work/err" ||
-  skip "a veth pair cannot be made here: $(cat "$work/err")"
-for i in 0 1; do
-  ip link set "${veth[i]}" netns "${ns[i]}" &&
-    ip -n "${ns[i]}" addr add "${addr[i]}/24" dev "${veth[i]}" &&
-    ip -n "${ns[i]}" link set "${veth[i]}" up &&
-    ip -n "${ns[i]}" link set lo up || fail "setting up ${ns[i]} failed"
-done
+join_namespaces "${ns[@]}" "${veth[@]}" "${addr[@]}"
 
 # OpenMPI's rsh launcher starts its daemon on each "host" through this agent: the host name
 # is a namespace, the command (one shell line, as ssh would pass it) runs inside it. The

@@ -42,14 +42,7 @@ for i in 0 1; do
     skip "ip netns add is not permitted here: $(cat "$work/err")"
   made+=("${nodes[i]}")
 done
-ip link add "${veth[0]}" type veth peer name "${veth[1]}" 2>"$work/err" ||
-  skip "a veth pair cannot be made here: $(cat "$work/err")"
-for i in 0 1; do
-  ip link set "${veth[i]}" netns "${nodes[i]}" &&
-    ip -n "${nodes[i]}" addr add "${addrs[i]}/24" dev "${veth[i]}" &&
-    ip -n "${nodes[i]}" link set "${veth[i]}" up &&
-    ip -n "${nodes[i]}" link set lo up || fail "setting up ${nodes[i]} failed"
-done
+join_namespaces "${nodes[@]}" "${veth[@]}" "${addrs[@]}"
 
 # Programs enter a node's network namespace through nsenter, not `ip netns exec`, which
 # mounts a sysfs of that namespace over /sys and so hides /sys/fs/cgroup, without which slurmd
