@@ -62,11 +62,11 @@ comm::Transports transports_to_time(comm::TransportKind requested,
 // of it (its parameters and gradients, its share of an optimizer state sharded over every
 // rank, one token's activations; the trainer's up-front estimate), or no layout can hold it,
 // and profiling it would fail for want of memory after a long wait.
-void check_units_fit(const ModelDescription& model, const TrainConfig& config, Device device,
-                     double cap, const std::string& cap_source, int sharing) {
+// `available`: the host memory available now on the CPU, 0 on a GPU (the cap is the limit).
+void check_units_fit(const ModelDescription& model, const TrainConfig& config, double cap,
+                     const std::string& cap_source, int sharing, double available) {
   std::string source = cap_source;
   double limit = cap;
-  const double available = device.is_cpu() ? cpu_available_bytes() : 0.0;
   if (available > 0 && (limit <= 0 || available / sharing < limit)) {
     limit = available / sharing;
     source = "the memory available now" +
@@ -229,7 +229,7 @@ PlannedRun plan_training(const TrainConfig& config, Device device, int repetitio
     if (*constraints.chunks >= 2) options.interleaved_chunks = {*constraints.chunks};
   }
   if (!out.constraints.empty()) out.constraints.erase(0, 1);
-  check_units_fit(model, config, device, cap, cap_source, sharing);
+  check_units_fit(model, config, cap, cap_source, sharing, available);
   std::string dropped, why;
   keep_profilable_counts(model, config, available, copies, options, dropped, why);
   std::vector<UnitCosts> measured;
