@@ -286,11 +286,13 @@ class InProcessTransport : public Transport {
       return;
     }
     // Device data: order the copy after the producer, on the receiver's stream, and keep the
-    // sender's block from being reused until that stream has passed the copy.
+    // sender's block, and the receiving one if it was made for another stream, from being
+    // reused until that stream has passed the copy (as the NCCL transport marks both).
     message.ready->wait(stream);
     copy_tensor(tensor, message.device_tensor, stream.native());
     const auto& storage = message.device_tensor.storage();
     storage->allocator().record_stream(storage->data(), stream.native());
+    record_stream(tensor, stream.native());
   }
 
   std::shared_ptr<InProcessHub> hub_;
