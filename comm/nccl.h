@@ -170,6 +170,7 @@ class NcclTransport : public Transport {
   // a thread that finds it in use goes on); the TransportAborted it throws aborts this
   // process's communicators with its reason and ends the wait with it.
   void check_while_waiting(std::function<void()> check) override;
+  bool queues_kernels_that_wait_on_peers() const override { return true; }
 
   // Copies `src` into `dst` (same byte count, both on this GPU) with a send to self and a
   // receive from self in one NCCL group on the all-rank communicator, ordered on `stream`.

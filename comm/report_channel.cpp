@@ -29,6 +29,9 @@ class ReportChannelTransport : public Transport {
     return data_->try_recv(tensor, peer, stream);
   }
   void all_reduce_sum(std::vector<double>& values) override { data_->all_reduce_sum(values); }
+  bool queues_kernels_that_wait_on_peers() const override {
+    return data_->queues_kernels_that_wait_on_peers();
+  }
   std::unique_ptr<PendingGroupCall> start_group_sum(std::vector<float>& values,
                                                     const std::vector<int>& group) override {
     return data_->start_group_sum(values, group);

@@ -115,6 +115,10 @@ class Transport {
   virtual void check_while_waiting(std::function<void()> check) { (void)check; }
   // Waits for `stream`; transports whose transfers can wait on a peer bound the wait.
   virtual void synchronize(const Stream& stream) { stream.synchronize(); }
+  // Whether this transport queues device kernels that wait on a peer (NCCL): while they may
+  // run, the device's allocator must not synchronise the device, which could wait on them
+  // while the peer waits for this rank.
+  virtual bool queues_kernels_that_wait_on_peers() const { return false; }
   // After this rank's step failed: what each rank reports about where it stood (opaque bytes)
   // goes to rank `collector`, which returns those of the other ranks that came within
   // `grace`, by rank; a dead or stopped rank sends none. Every other rank sends its

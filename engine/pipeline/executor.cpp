@@ -141,10 +141,6 @@ PipelineExecutor::PipelineExecutor(const ModelDescription& model, schedule::Sche
     transports =
         comm::make_transports(transport_kind_, devices, options.transport_timeout, replica_groups);
   set_transports(std::move(transports.per_rank));
-  // NCCL kernels of a step can wait on a peer: an allocator that released its cache then
-  // (cudaFree synchronises the device) could wait for them while the peer waits for this rank.
-  if (uses_nccl())
-    for (auto& rank : ranks_) rank->ctx->allocator().set_device_may_run_communication_kernels(true);
   threads_ = std::make_unique<RankThreads>(static_cast<int>(ranks_.size()));
 }
 
@@ -202,6 +198,14 @@ void PipelineExecutor::set_transports(std::vector<std::unique_ptr<comm::Transpor
   if (transports.size() != ranks_.size())
     throw std::invalid_argument("one transport per rank is needed");
   for (size_t r = 0; r < ranks_.size(); ++r) ranks_[r]->transport = std::move(transports[r]);
+  // NCCL kernels of a step can wait on a peer: an allocator that released its cache then
+  // (cudaFree synchronises the device) could wait for them while the peer waits for this rank.
+  // Ranks sharing a device share its kernels, so one such transport marks every allocator.
+  bool waits_on_peers = false;
+  for (const auto& rank : ranks_)
+    waits_on_peers = waits_on_peers || rank->transport->queues_kernels_that_wait_on_peers();
+  for (auto& rank : ranks_)
+    rank->ctx->allocator().set_device_may_run_communication_kernels(waits_on_peers);
 }
 
 PipelineStepResult PipelineExecutor::run_step(const std::vector<MicroBatchData>& microbatches,

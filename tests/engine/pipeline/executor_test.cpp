@@ -163,6 +163,36 @@ TEST(Executor, AFailingRankEndsTheRunWithAnErrorNamingIt) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
 }
 
+// A transport that says its transfers are device kernels waiting on peers, as NCCL's are.
+class PeerWaitingTransport : public FailingTransport {
+ public:
+  explicit PeerWaitingTransport(std::unique_ptr<comm::Transport> inner)
+      : FailingTransport(std::move(inner), 0) {}
+  bool queues_kernels_that_wait_on_peers() const override { return true; }
+};
+
+TEST(Executor, TransportsSetLaterTellTheAllocatorsWhetherKernelsWaitOnPeers) {
+  auto ex = make_executor(schedule::generate(ScheduleKind::k1F1B, 2, 2));
+  const auto set = [&](bool peer_waiting_rank_1) {
+    auto hub = comm::InProcessHub::create(2, std::chrono::milliseconds(60000));
+    std::vector<std::unique_ptr<comm::Transport>> transports;
+    transports.push_back(hub->endpoint(0));
+    transports.push_back(peer_waiting_rank_1
+                             ? std::make_unique<PeerWaitingTransport>(hub->endpoint(1))
+                             : hub->endpoint(1));
+    ex->set_transports(std::move(transports));
+  };
+  for (int r = 0; r < 2; ++r)
+    EXPECT_FALSE(ex->context(r).allocator().device_may_run_communication_kernels());
+  // One rank's transport marks every rank's allocator: ranks may share a device.
+  set(true);
+  for (int r = 0; r < 2; ++r)
+    EXPECT_TRUE(ex->context(r).allocator().device_may_run_communication_kernels()) << r;
+  set(false);
+  for (int r = 0; r < 2; ++r)
+    EXPECT_FALSE(ex->context(r).allocator().device_may_run_communication_kernels()) << r;
+}
+
 TEST(Executor, MismatchedInputsAreClearErrors) {
   auto ex = make_executor(schedule::generate(ScheduleKind::k1F1B, 2, 2));
   EXPECT_THROW(ex->run_step(make_microbatches(3, 5, 1), 0.1f, 1, 1e-2), std::invalid_argument);
