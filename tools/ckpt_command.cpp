@@ -25,6 +25,7 @@
 #include "engine/train/safetensors.h"
 #include "tools/cli_common.h"
 #include "tools/commands.h"
+#include "tools/output_file.h"
 
 namespace conveyor::cli {
 namespace {
@@ -254,6 +255,7 @@ void run_demo(const CkptFlags& flags) {
   }
   // A folder that cannot take the checkpoint (a file in the way, a step there already) is
   // refused before anything is written, as train refuses its --save-dir.
+  refuse_kernel_file_system(flags.path, "folder '" + escape_for_message(flags.path) + "'");
   std::optional<CheckpointWriter> prepared;
   try {
     prepared.emplace(flags.path, flags.step, flags.ranks, CheckpointWriterOptions{flags.keep});

@@ -99,11 +99,8 @@ CheckpointWriter::CheckpointWriter(Joined joined, fs::path dir, int64_t step, in
 CheckpointWriter::CheckpointWriter(fs::path dir, int64_t step, int num_ranks,
                                    CheckpointWriterOptions options)
     : CheckpointWriter(Joined{false}, std::move(dir), step, num_ranks, options) {
+  checkpoint_io::create_checkpoint_folder(dir_);
   std::error_code ec;
-  fs::create_directories(dir_, ec);
-  if (ec || !fs::is_directory(dir_))
-    throw CheckpointError("cannot create checkpoint folder " + dir_.string() + ": " +
-                          (ec ? ec.message() : "a file of that name is in the way"));
   if (fs::exists(final_, ec)) {
     if (std::optional<std::string> why = save_refusal(dir_, step)) throw CheckpointError(*why);
     // Out of the way first, as an unfinished save (which the loader ignores), then removed
