@@ -5,6 +5,7 @@
 
 #include "engine/train/checkpoint.h"
 #include "tools/cli_common.h"
+#include "tools/output_file.h"
 
 namespace conveyor::cli {
 
@@ -33,7 +34,11 @@ void check_checkpoint_flags(const CheckpointFlags& f, const CLI::App& cmd) {
   if (f.on_save_error != "stop" && f.on_save_error != "continue")
     throw UsageError("--on-save-error must be stop or continue, got '" +
                      escape_for_message(f.on_save_error) + "'");
-  if (!f.save_dir.empty()) return;
+  if (!f.save_dir.empty()) {
+    refuse_kernel_file_system(f.save_dir,
+                              "--save-dir folder '" + escape_for_message(f.save_dir) + "'");
+    return;
+  }
   for (const char* flag : {"--save-every", "--keep", "--on-save-error", "--async-save"})
     if (cmd.count(flag))
       throw UsageError(std::string(flag) +

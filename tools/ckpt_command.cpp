@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
@@ -24,6 +25,7 @@
 #include "engine/train/safetensors.h"
 #include "tools/cli_common.h"
 #include "tools/commands.h"
+#include "tools/output_file.h"
 
 namespace conveyor::cli {
 namespace {
@@ -42,10 +44,14 @@ struct CkptFlags {
   int keep = 0;
 };
 
+// A path that names no checkpoint is bad input (exit 2); a checkpoint that fails a check is
+// what verify and inspect are there to find (exit 1).
 Checkpoint open_for_command(const std::string& path) {
-  std::error_code ec;
-  if (!fs::exists(path, ec)) throw UsageError("no checkpoint at " + path + ": it does not exist");
-  return open_checkpoint(path);
+  try {
+    return open_checkpoint(path);
+  } catch (const NotACheckpointError& e) {
+    throw UsageError(e.what());
+  }
 }
 
 // The first `count` elements of tensor `t`, as numbers (bf16 widened to float exactly).
@@ -247,7 +253,16 @@ void run_demo(const CkptFlags& flags) {
     t.push_back({b + ".gain", random_tensor(ctx, DType::kBF16, {3, 5}, rng)});
     t.push_back({b + ".token_counts", random_tensor(ctx, DType::kI32, {6}, rng)});
   }
-  CheckpointWriter writer(flags.path, flags.step, flags.ranks, {flags.keep});
+  // A folder that cannot take the checkpoint (a file in the way, a step there already) is
+  // refused before anything is written, as train refuses its --save-dir.
+  refuse_kernel_file_system(flags.path, "folder '" + escape_for_message(flags.path) + "'");
+  std::optional<CheckpointWriter> prepared;
+  try {
+    prepared.emplace(flags.path, flags.step, flags.ranks, CheckpointWriterOptions{flags.keep});
+  } catch (const CheckpointError& e) {
+    throw UsageError(e.what());
+  }
+  CheckpointWriter& writer = *prepared;
   std::vector<std::thread> threads;
   for (int r = 0; r < flags.ranks; ++r)
     threads.emplace_back([&, r] {
@@ -285,8 +300,9 @@ void register_ckpt_command(CLI::App& app) {
   ckpt->require_subcommand(1);
   ckpt->footer(
       "Example: conveyor ckpt verify runs/ckpt/latest\nExit status: 0 every check passed, 1 a "
-      "file or checksum is bad (the message names it), 2 bad input (no checkpoint at PATH, a "
-      "bad flag).");
+      "file or checksum of the checkpoint is bad (the message names it), 2 bad input (PATH "
+      "names no checkpoint: nothing there, a file that is neither the checkpoint's folder nor "
+      "its 'latest', a folder holding none; a bad flag).");
 
   CLI::App* inspect = ckpt->add_subcommand(
       "inspect", "Print a checkpoint's manifest and tensors (after checking all of it)");

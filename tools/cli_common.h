@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -86,7 +87,25 @@ inline std::string escape_for_message(std::string_view text) {
   return out;
 }
 
-// A whole number in base 10 (leading zeros do not mean octal, no 0x), within [lo, hi].
+// Plain decimal digits, the one way a count is written on the command line: no sign, space,
+// 0x or exponent, and leading zeros do not mean octal. nullopt for anything else; digits past
+// UINT64_MAX give UINT64_MAX, which each caller's own bound refuses. Every integer and size
+// flag reads its digits here: add_int_flag, --partition's block counts, --recompute's units
+// and --memory-cap.
+inline std::optional<uint64_t> parse_decimal_digits(std::string_view text) {
+  if (text.empty()) return std::nullopt;
+  constexpr uint64_t kMax = std::numeric_limits<uint64_t>::max();
+  uint64_t value = 0;
+  for (const char c : text) {
+    if (c < '0' || c > '9') return std::nullopt;
+    const auto digit = static_cast<uint64_t>(c - '0');
+    value = value > (kMax - digit) / 10 ? kMax : value * 10 + digit;
+  }
+  return value;
+}
+
+// A whole number in plain decimal (parse_decimal_digits), within [lo, hi]. A minus sign is
+// read only to say that a negative value is below the range; `+1` and `-0` are refused.
 // Throws UsageError naming the flag, the accepted range and the value seen.
 inline int64_t parse_int(std::string_view text, std::string_view flag, int64_t lo, int64_t hi) {
   const std::string range = "[" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
@@ -94,23 +113,15 @@ inline int64_t parse_int(std::string_view text, std::string_view flag, int64_t l
     throw UsageError(std::string(flag) + " expects a whole number in " + range + ", got '" +
                      escape_for_message(text) + "'" + why);
   };
-  size_t i = 0;
-  bool negative = false;
-  if (i < text.size() && (text[i] == '-' || text[i] == '+')) negative = text[i++] == '-';
-  if (i == text.size()) return fail("");
-  // Accumulate as a negative magnitude so INT64_MIN fits; stop once outside every range.
-  constexpr int64_t kMin = std::numeric_limits<int64_t>::min();
-  int64_t value = 0;
-  bool overflow = false;
-  for (; i < text.size(); ++i) {
-    const char c = text[i];
-    if (c < '0' || c > '9') return fail(" (base-10 digits only)");
-    const int digit = c - '0';
-    if (value < (kMin + digit) / 10) overflow = true;
-    if (!overflow) value = value * 10 - digit;
-  }
-  if (overflow || (!negative && value == kMin)) return fail(" (out of range)");
-  if (!negative) value = -value;
+  const bool negative = !text.empty() && text[0] == '-';
+  const std::optional<uint64_t> magnitude = parse_decimal_digits(text.substr(negative ? 1 : 0));
+  if (!magnitude) return fail(text.empty() ? "" : " (base-10 digits only)");
+  if (negative && *magnitude == 0) return fail(" (base-10 digits only)");
+  // 2^63: the magnitude of INT64_MIN, the largest a negative value has.
+  constexpr uint64_t kNegativeLimit = uint64_t{1} << 63;
+  if (*magnitude > (negative ? kNegativeLimit : kNegativeLimit - 1)) return fail(" (out of range)");
+  const int64_t value = negative ? static_cast<int64_t>(0 - *magnitude)
+                                 : static_cast<int64_t>(*magnitude);
   if (value < lo)
     throw UsageError(std::string(flag) + " must be at least " + std::to_string(lo) + ", got '" +
                      escape_for_message(text) + "' (a whole number in " + range + ")");

@@ -6,6 +6,7 @@
 #include <new>
 #include <string>
 
+#include "engine/core/allocator.h"
 #include "engine/core/version.h"
 #include "tools/cli_common.h"
 #include "tools/commands.h"
@@ -74,8 +75,10 @@ int main(int argc, char** argv) {
     return conveyor::cli::kExitUsage;
   } catch (const conveyor::cli::ExitRequest& e) {
     return e.code;
-  } catch (const std::bad_alloc&) {
-    print_error("out of memory while setting up the command; use smaller sizes");
+  } catch (const std::bad_alloc& e) {
+    // Commands that know where they were say so themselves (train: building the model, a
+    // training step); one that reaches here may have failed at any point of its work.
+    print_error((conveyor::error_sentence(e) + "; use smaller sizes or free some memory").c_str());
     return conveyor::cli::kExitUsage;
   } catch (const conveyor::cli::UsageError& e) {
     print_error(e.what());

@@ -1,7 +1,9 @@
 #include "tools/output_file.h"
 
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <sys/file.h>
+#include <sys/statfs.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -17,15 +19,77 @@
 
 namespace conveyor::cli {
 
+namespace {
+
+// The name of the kernel file system `magic` (statfs's f_type) is, or null for any other.
+const char* kernel_file_system_name(uint64_t magic) {
+  switch (magic) {
+    case PROC_SUPER_MAGIC: return "proc";
+    case SYSFS_MAGIC: return "sysfs";
+    case DEBUGFS_MAGIC: return "debugfs";
+    case TRACEFS_MAGIC: return "tracefs";
+    case SECURITYFS_MAGIC: return "securityfs";
+    case CGROUP_SUPER_MAGIC: return "cgroup";
+    case CGROUP2_SUPER_MAGIC: return "cgroup2";
+    case BPF_FS_MAGIC: return "bpf";
+    case PSTOREFS_MAGIC: return "pstore";
+    case EFIVARFS_MAGIC: return "efivarfs";
+    default: return nullptr;
+  }
+}
+
+// The folder a file at `path` is made in.
+std::string folder_of(const std::string& path) {
+  const std::filesystem::path folder = std::filesystem::path(path).parent_path();
+  return folder.empty() ? "." : folder.string();
+}
+
+// Why a file cannot be made at `path`, given the error `err` of the attempt: a missing folder,
+// or a file where a folder should be, named as such (the system says only "No such file or
+// directory" or "Not a directory"); otherwise the system's reason.
+std::string reason_no_file_is_made(const std::string& path, int err) {
+  if (err == ENOENT || err == ENOTDIR) {
+    const std::string folder = folder_of(path);
+    struct stat st {};
+    const std::string shown = "'" + escape_for_message(folder) + "'";
+    if (::stat(folder.c_str(), &st) != 0) return "its folder " + shown + " does not exist";
+    if (!S_ISDIR(st.st_mode)) return shown + " is not a folder";
+  }
+  return std::strerror(err);
+}
+
+}  // namespace
+
+void refuse_kernel_file_system(const std::string& path, const std::string& shown) {
+  struct stat st {};
+  const bool exists = ::stat(path.c_str(), &st) == 0;
+  if (exists && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) return;
+  // A path not made yet: the nearest folder above it that exists, where it would be made.
+  std::filesystem::path at = path.empty() ? "." : path;
+  struct statfs fs {};
+  while (::statfs(at.c_str(), &fs) != 0) {
+    if (errno != ENOENT && errno != ENOTDIR) return;  // the open that follows says why
+    const std::filesystem::path up = at.has_relative_path() && at.has_parent_path()
+                                         ? at.parent_path()
+                                         : std::filesystem::path(".");
+    if (up == at) return;
+    at = up;
+  }
+  if (const char* name = kernel_file_system_name(static_cast<uint64_t>(fs.f_type)))
+    throw UsageError(shown + " is on the kernel's " + name +
+                     " file system, which stores nothing written to it; give a path on a disk");
+}
+
 OutputFile::OutputFile(const std::string& path, const std::string& flag, bool lock)
     : path_(path), flag_(flag) {
   const std::string shown = "'" + escape_for_message(path) + "'";
   if (path.empty()) throw UsageError(flag + " needs a file name");
+  refuse_kernel_file_system(path, flag + " file " + shown);
   // Not O_TRUNC: a file another run holds must not be emptied before its lock is seen.
   fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
   if (fd_ < 0)
     throw UsageError("cannot open " + flag + " file " + shown +
-                     " for writing: " + std::strerror(errno));
+                     " for writing: " + reason_no_file_is_made(path, errno));
   struct stat st {};
   const bool regular = ::fstat(fd_, &st) == 0 && S_ISREG(st.st_mode);
   if (lock && regular && ::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
@@ -119,6 +183,7 @@ ReplacedFile::ReplacedFile(const std::string& path, const std::string& flag)
     out_ = OutputFile(path, flag, /*lock=*/false);
     return;
   }
+  refuse_kernel_file_system(path, flag + " file " + shown);
   // Through a link to the file it names (made if need be), so that the rename replaces that
   // file, not the link.
   const std::string target = followed_links(path);
@@ -126,9 +191,18 @@ ReplacedFile::ReplacedFile(const std::string& path, const std::string& flag)
   // In the same directory, so that the rename replaces the file in one step.
   std::string temp = target + ".tmp.XXXXXX";
   const int fd = ::mkstemp(temp.data());
-  if (fd < 0)
-    throw UsageError("cannot open " + flag + " file " + shown +
-                     " for writing: " + std::strerror(errno));
+  if (fd < 0) {
+    const int err = errno;
+    const std::string reason = reason_no_file_is_made(target, err);
+    // A folder that is there but takes no new file: the file itself may well be writable,
+    // so say that it is the folder the whole-file replacement needs.
+    throw UsageError("cannot open " + flag + " file " + shown + " for writing: " +
+                     (reason != std::strerror(err)
+                          ? reason
+                          : "no new file can be made in its folder '" +
+                                escape_for_message(folder_of(target)) + "' (" + reason +
+                                "), and the file is replaced by one made there"));
+  }
   temp_ = temp;
   // mkstemp makes the file 0600; the result gets the mode a new file would (or the old one's).
   mode_t mode = 0;

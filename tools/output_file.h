@@ -5,6 +5,14 @@
 
 namespace conveyor::cli {
 
+// Throws UsageError when `path` (a file or a folder), or the folder a path not made yet would
+// be made in, is on one of the kernel's own file systems (/proc, /sys, debugfs, cgroup, ...):
+// their files store nothing written to them and their folders take no new files, and a write
+// there fails late with a misleading reason (EIO, EINVAL, ENOENT). A device or a FIFO is left
+// alone: it is written in place, wherever it is. `shown` names the path for the message
+// ("--out file '/proc/version'").
+void refuse_kernel_file_system(const std::string& path, const std::string& shown);
+
 class OutputFile {
  public:
   OutputFile() = default;

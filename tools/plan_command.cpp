@@ -6,14 +6,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <limits>
 #include <memory>
 #include <new>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -23,6 +20,7 @@
 #include "engine/pipeline/memory_estimate.h"
 #include "engine/pipeline/profile.h"
 #include "engine/schedule/generators.h"
+#include "engine/schedule/input_file.h"
 #include "layers/ops.h"
 #include "tools/cli_common.h"
 #include "tools/commands.h"
@@ -576,24 +574,14 @@ void apply_plan_file(const std::string& path, TrainConfig& config, int64_t repli
   // writer, so only a regular file is read.
   constexpr uintmax_t kMaxPlanFileBytes = uintmax_t{1} << 20;
   const std::string shown = "plan file '" + escape_for_message(path) + "'";
-  std::error_code ec;
-  const auto status = std::filesystem::status(path, ec);
-  if (ec || !std::filesystem::exists(status))
-    throw UsageError("cannot read " + shown + ": no such file");
-  if (std::filesystem::is_directory(status))
-    throw UsageError(shown + " is a directory; give the JSON file `conveyor plan --out` writes");
-  if (!std::filesystem::is_regular_file(status))
-    throw UsageError(shown + " is not a regular file (a device, pipe or socket); give the JSON " +
-                     "file `conveyor plan --out` writes");
-  const uintmax_t size = std::filesystem::file_size(path, ec);
-  if (!ec && size > kMaxPlanFileBytes)
-    throw UsageError(shown + " has " + std::to_string(size) +
-                     " bytes; a plan file has at most 1 MiB");
-  std::ifstream in(path);
-  if (!in) throw UsageError("cannot read " + shown);
-  std::stringstream text;
-  text << in.rdbuf();
-  apply_plan_text(text.str(), shown, config, replicas);
+  std::string text;
+  try {
+    text = read_input_file(path, {shown, "the JSON file `conveyor plan --out` writes",
+                                  kMaxPlanFileBytes, "are accepted as a plan"});
+  } catch (const InputFileError& e) {
+    throw UsageError(e.what());
+  }
+  apply_plan_text(text, shown, config, replicas);
 }
 
 namespace {

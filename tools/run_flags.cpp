@@ -77,23 +77,23 @@ uint64_t parse_size(const std::string& text, const std::string& flag) {
                      "sign or exponent, such as 512MiB or 1.5GiB (rounded down to whole bytes); "
                      "got '" + escape_for_message(text) + "'" + why);
   };
-  size_t i = 0;
-  unsigned __int128 whole = 0, fraction = 0, scale = 1;
-  bool digits = false, overflow = false;
-  for (; i < text.size() && text[i] >= '0' && text[i] <= '9'; ++i, digits = true) {
-    whole = whole * 10 + static_cast<unsigned>(text[i] - '0');
-    overflow = overflow || whole > UINT64_MAX;
-    if (overflow) whole = UINT64_MAX;  // kept from wrapping; the size is too large anyway
-  }
-  if (i < text.size() && text[i] == '.') {
-    // Digits past the 18th change no byte count a unit up to 2^50 makes.
-    for (++i; i < text.size() && text[i] >= '0' && text[i] <= '9'; ++i, digits = true)
-      if (scale < 1000000000000000000ULL) {
-        fraction = fraction * 10 + static_cast<unsigned>(text[i] - '0');
-        scale *= 10;
-      }
-  }
-  if (!digits) return fail("");
+  // The number: whole digits, and a fraction after a point; either may be left out, not both.
+  size_t i = std::min(text.find_first_not_of("0123456789."), text.size());
+  const std::string_view number = std::string_view(text).substr(0, i);
+  const size_t point = std::min(number.find('.'), number.size());
+  const std::string_view whole_digits = number.substr(0, point);
+  const std::string_view fraction_digits = number.substr(std::min(point + 1, number.size()));
+  if (whole_digits.empty() && fraction_digits.empty()) return fail("");
+  // Each part is plain digits (a second point is not).
+  const std::optional<uint64_t> whole =
+      whole_digits.empty() ? 0 : parse_decimal_digits(whole_digits);
+  if (!whole || (!fraction_digits.empty() && !parse_decimal_digits(fraction_digits)))
+    return fail("");
+  // Digits past the 18th change no byte count a unit up to 2^50 makes.
+  const std::string_view kept_fraction = fraction_digits.substr(0, 18);
+  const uint64_t fraction = kept_fraction.empty() ? 0 : *parse_decimal_digits(kept_fraction);
+  uint64_t scale = 1;
+  for (size_t d = 0; d < kept_fraction.size(); ++d) scale *= 10;
   while (i < text.size() && text[i] == ' ') ++i;
   std::string unit;
   for (; i < text.size(); ++i)
@@ -112,9 +112,10 @@ uint64_t parse_size(const std::string& text, const std::string& flag) {
   const auto found = std::find_if(units.begin(), units.end(),
                                   [&](const auto& u) { return u.first == unit; });
   if (found == units.end()) return fail(" (unknown unit)");
-  const unsigned __int128 bytes = whole * found->second + fraction * found->second / scale;
+  const unsigned __int128 bytes = static_cast<unsigned __int128>(*whole) * found->second +
+                                 static_cast<unsigned __int128>(fraction) * found->second / scale;
   // Saturated: the caller's largest size refuses it with its own bound.
-  if (overflow || bytes > UINT64_MAX) return UINT64_MAX;
+  if (bytes > UINT64_MAX) return UINT64_MAX;
   return static_cast<uint64_t>(bytes);
 }
 
@@ -229,11 +230,11 @@ RecomputeSpec parse_recompute(const std::string& text, int64_t num_units,
   while (true) {
     const size_t comma = text.find(',', at);
     const std::string item = text.substr(at, comma == std::string::npos ? comma : comma - at);
-    bool digits = !item.empty() && item.size() <= 18;
-    for (const char c : item) digits = digits && c >= '0' && c <= '9';
-    if (!digits) return fail(" ('" + escape_for_message(item) + "' is not a unit index)");
-    const int64_t u = std::stoll(item);
-    if (u >= num_units) return fail(" (unit " + item + " is out of range)");
+    const std::optional<uint64_t> index = parse_decimal_digits(item);
+    if (!index) return fail(" ('" + escape_for_message(item) + "' is not a unit index)");
+    if (*index >= static_cast<uint64_t>(num_units))
+      return fail(" (unit " + item + " is out of range)");
+    const auto u = static_cast<int64_t>(*index);
     if (seen[static_cast<size_t>(u)]) return fail(" (unit " + item + " is listed twice)");
     seen[static_cast<size_t>(u)] = true;
     units.push_back(u);

@@ -209,18 +209,12 @@ PartitionSpec parse_partition(const std::string& text) {
   std::stringstream in(text);
   std::string item;
   while (std::getline(in, item, ',')) {
-    // Digits only, as every integer flag: stoll took spaces before them and a sign.
-    size_t used = 0;
-    int64_t value = -1;
-    try {
-      if (!item.empty() && item[0] >= '0' && item[0] <= '9') value = std::stoll(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used == 0 || used != item.size() || value < 0)
+    // Digits only, as every integer flag.
+    const std::optional<uint64_t> value = parse_decimal_digits(item);
+    if (!value || *value > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
       throw UsageError("partition '" + text +
                        "' is not uniform, params or a list of block counts such as 3,5,5,3");
-    counts.push_back(value);
+    counts.push_back(static_cast<int64_t>(*value));
   }
   if (counts.empty())
     throw UsageError("partition '" + text +

@@ -20,9 +20,11 @@ Device parse_device(const std::string& text) {
   if (text.rfind(prefix, 0) == 0 && text.size() > prefix.size()) {
     const char* first = text.data() + prefix.size();
     const char* last = text.data() + text.size();
+    // Digits only, as every number of the command line: from_chars would take "-0".
     int index = -1;
     const auto [end, err] = std::from_chars(first, last, index);
-    if (err == std::errc() && end == last && index >= 0) return Device::cuda(index);
+    if (*first >= '0' && *first <= '9' && err == std::errc() && end == last)
+      return Device::cuda(index);
   }
   throw std::invalid_argument("unknown device '" + text +
                               "': expected 'cpu', 'cuda' or 'cuda:N' with N >= 0");

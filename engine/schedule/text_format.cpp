@@ -2,10 +2,11 @@
 
 #include <algorithm>
 #include <charconv>
-#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <vector>
+
+#include "engine/schedule/input_file.h"
 
 namespace conveyor::schedule {
 namespace {
@@ -285,30 +286,16 @@ void save_schedule(const std::string& path, const Schedule& schedule) {
 }
 
 Schedule load_schedule(const std::string& path) {
-  std::error_code ec;
-  const auto status = std::filesystem::status(path, ec);
-  if (ec || !std::filesystem::exists(status))
-    throw ScheduleError("cannot open schedule file '" + path + "': no such file");
-  if (std::filesystem::is_directory(status))
-    throw ScheduleError("schedule file '" + path +
-                        "' is a directory; give a text or CSV file written by "
-                        "`conveyor schedule --dump`");
-  if (!std::filesystem::is_regular_file(status))
-    throw ScheduleError("schedule file '" + path +
-                        "' is not a regular file (a device, pipe or socket); give a text or CSV "
-                        "file of at most " +
-                        std::to_string(kMaxScheduleFileBytes >> 20) + " MiB");
-  const uintmax_t size = std::filesystem::file_size(path, ec);
-  if (!ec && size > kMaxScheduleFileBytes)
-    throw ScheduleError("schedule file '" + path + "' has " + std::to_string(size) +
-                        " bytes; at most " + std::to_string(kMaxScheduleFileBytes >> 20) +
-                        " MiB are accepted");
-  std::ifstream in(path);
-  if (!in) throw ScheduleError("cannot open schedule file '" + path + "'");
-  std::ostringstream text;
-  text << in.rdbuf();
+  std::string text;
   try {
-    return parse_schedule(text.str());
+    text = read_input_file(path, {"schedule file '" + path + "'",
+                                  "a text or CSV file written by `conveyor schedule --dump`",
+                                  kMaxScheduleFileBytes, "are accepted"});
+  } catch (const InputFileError& e) {
+    throw ScheduleError(e.what());
+  }
+  try {
+    return parse_schedule(text);
   } catch (const ScheduleError& e) {
     throw ScheduleError(path + ": " + e.what());
   }

@@ -99,11 +99,8 @@ CheckpointWriter::CheckpointWriter(Joined joined, fs::path dir, int64_t step, in
 CheckpointWriter::CheckpointWriter(fs::path dir, int64_t step, int num_ranks,
                                    CheckpointWriterOptions options)
     : CheckpointWriter(Joined{false}, std::move(dir), step, num_ranks, options) {
+  checkpoint_io::create_checkpoint_folder(dir_);
   std::error_code ec;
-  fs::create_directories(dir_, ec);
-  if (ec || !fs::is_directory(dir_))
-    throw CheckpointError("cannot create checkpoint folder " + dir_.string() + ": " +
-                          (ec ? ec.message() : "a file of that name is in the way"));
   if (fs::exists(final_, ec)) {
     if (std::optional<std::string> why = save_refusal(dir_, step)) throw CheckpointError(*why);
     // Out of the way first, as an unfinished save (which the loader ignores), then removed
@@ -292,8 +289,12 @@ fs::path resolve_checkpoint_directory(const fs::path& path) {
   const fs::path p = normalized(path);
   std::error_code ec;
   const fs::file_status status = fs::status(p, ec);
+  if (ec && ec != std::errc::no_such_file_or_directory)
+    throw NotACheckpointError("cannot look at " + p.string() + ": " + ec.message() +
+                              "; give a checkpoint this process may read");
   if (!fs::exists(status))
-    throw CheckpointError("no checkpoint at " + p.string() + ": it does not exist");
+    throw NotACheckpointError("no checkpoint at " + p.string() +
+                              ": it does not exist; give DIR, DIR/latest or DIR/step_<N>");
   if (fs::is_regular_file(status)) {
     // A `latest` file: one line naming a sibling folder. Another file that does not name one
     // is most likely a file of a checkpoint (its manifest, a shard): say so, not that it
@@ -303,11 +304,11 @@ fs::path resolve_checkpoint_directory(const fs::path& path) {
       const fs::path folder = p.has_parent_path() ? p.parent_path() : fs::path(".");
       std::error_code exists_error;
       if (fs::exists(folder / kManifestName, exists_error))
-        return CheckpointError(p.string() + " is a file of the checkpoint folder " +
-                               folder.string() + "; give the folder itself");
-      return CheckpointError(p.string() +
-                             " is a file, neither a checkpoint folder nor a 'latest' file naming "
-                             "one; give DIR, DIR/latest or DIR/step_<N>");
+        return NotACheckpointError(p.string() + " is a file of the checkpoint folder " +
+                                   folder.string() + "; give the folder itself");
+      return NotACheckpointError(p.string() +
+                                 " is a file, neither a checkpoint folder nor a 'latest' file "
+                                 "naming one; give DIR, DIR/latest or DIR/step_<N>");
     };
     std::string name;
     try {
@@ -328,16 +329,21 @@ fs::path resolve_checkpoint_directory(const fs::path& path) {
     return target;
   }
   if (!fs::is_directory(status))
-    throw CheckpointError(p.string() + " is neither a checkpoint folder nor a 'latest' file");
+    throw NotACheckpointError(p.string() +
+                              " is neither a folder nor a regular file (a device, pipe or "
+                              "socket), so neither a checkpoint folder nor a 'latest' file; give "
+                              "DIR, DIR/latest or DIR/step_<N>");
   const std::string name = p.filename().string();
   if (name.ends_with(".tmp"))
-    throw CheckpointError(p.string() +
-                          " is an unfinished save (it was never committed); open its parent "
-                          "folder to load the newest complete checkpoint");
+    throw NotACheckpointError(p.string() +
+                              " is an unfinished save (it was never committed); open its parent "
+                              "folder to load the newest complete checkpoint");
   if (fs::exists(p / kManifestName, ec)) return p;
   if (fs::exists(p / kLatestName, ec)) return resolve_checkpoint_directory(p / kLatestName);
-  throw CheckpointError(p.string() + " holds no checkpoint: it has neither a '" + kLatestName +
-                        "' file nor a " + kManifestName);
+  throw NotACheckpointError(p.string() + " holds no checkpoint: it has neither a '" +
+                            kLatestName + "' file nor a " + kManifestName +
+                            "; give a folder that checkpoints were saved into, or one of its "
+                            "step_<N> folders");
 }
 
 Checkpoint open_checkpoint(const fs::path& path, CheckpointCheck check) {

@@ -11,4 +11,13 @@ class CheckpointError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A path that names no checkpoint at all (nothing there, an ordinary file, a folder holding
+// neither `latest` nor a manifest, an unfinished save), as opposed to a checkpoint that fails
+// a check: a tool that checks checkpoints reports the first as bad input, the second as its
+// finding.
+class NotACheckpointError : public CheckpointError {
+ public:
+  using CheckpointError::CheckpointError;
+};
+
 }  // namespace conveyor

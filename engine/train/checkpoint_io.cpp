@@ -157,6 +157,23 @@ void write_file_atomically(const std::filesystem::path& path, std::string_view c
   sync_directory(path.parent_path().empty() ? std::filesystem::path(".") : path.parent_path());
 }
 
+void create_checkpoint_folder(const std::filesystem::path& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (!ec && std::filesystem::is_directory(dir)) return;
+  std::filesystem::path at;
+  for (const std::filesystem::path& part : dir) {
+    at /= part;
+    std::error_code status_error;
+    const std::filesystem::file_status status = std::filesystem::status(at, status_error);
+    if (std::filesystem::exists(status) && !std::filesystem::is_directory(status))
+      throw CheckpointError("cannot create checkpoint folder " + dir.string() + ": " +
+                            at.string() + " is a file, not a folder");
+  }
+  throw CheckpointError("cannot create checkpoint folder " + dir.string() + ": " +
+                        (ec ? ec.message() : "it is not a folder"));
+}
+
 std::string read_small_file(const std::filesystem::path& path, uint64_t max_bytes) {
   File file = File::open_for_reading(path);
   const uint64_t size = file.size();

@@ -45,6 +45,10 @@ class File {
   uint64_t written_ = 0;  // bytes written so far, for error messages
 };
 
+// Makes the checkpoint folder `dir` and those above it as needed. Throws a CheckpointError
+// naming the file that stands where a folder should be (the system says only "Not a
+// directory"), or the system's reason.
+void create_checkpoint_folder(const std::filesystem::path& dir);
 // fsync of a folder, so that entries created, renamed or removed in it are durable.
 void sync_directory(const std::filesystem::path& dir);
 // Renames `from` to `to` (same file system), throwing a CheckpointError naming both.

@@ -3,13 +3,12 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
-#include <filesystem>
-#include <fstream>
 #include <iterator>
 #include <map>
 #include <sstream>
 #include <stdexcept>
 
+#include "engine/schedule/input_file.h"
 #include "kernels/init.h"
 
 namespace conveyor {
@@ -145,29 +144,10 @@ std::string MarkovSource::describe() const {
 }
 
 FileSource::FileSource(const std::string& path) : path_(path) {
-  std::error_code ec;
-  const auto status = std::filesystem::status(path, ec);
-  if (ec || !std::filesystem::exists(status))
-    throw std::invalid_argument("cannot open data file '" + path + "': no such file");
-  if (std::filesystem::is_directory(status))
-    throw std::invalid_argument("data file '" + path +
-                                "' is a directory; give a regular file whose bytes are the text");
-  if (!std::filesystem::is_regular_file(status))
-    throw std::invalid_argument("data file '" + path +
-                                "' is not a regular file (a device, pipe or socket); give a "
-                                "regular file of at most " +
-                                std::to_string(kMaxBytes >> 20) + " MiB");
-  const uintmax_t size = std::filesystem::file_size(path, ec);
-  if (ec) throw std::invalid_argument("cannot read the size of data file '" + path + "'");
-  if (size > kMaxBytes)
-    throw std::invalid_argument("data file '" + path + "' has " + std::to_string(size) +
-                                " bytes; at most " + std::to_string(kMaxBytes >> 20) +
-                                " MiB are read into memory");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::invalid_argument("cannot open data file '" + path + "'");
-  bytes_.resize(static_cast<size_t>(size));
-  in.read(reinterpret_cast<char*>(bytes_.data()), static_cast<std::streamsize>(size));
-  bytes_.resize(static_cast<size_t>(in.gcount()));
+  const std::string text = read_input_file(
+      path, {"data file '" + path + "'", "a regular file whose bytes are the text", kMaxBytes,
+             "are read into memory"});
+  bytes_.assign(text.begin(), text.end());
   if (bytes_.size() < 2)
     throw std::invalid_argument("data file '" + path + "' has " + std::to_string(bytes_.size()) +
                                 " bytes; at least 2 are needed to form an (input, target) pair");

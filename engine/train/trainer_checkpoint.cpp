@@ -191,11 +191,8 @@ TrainingState trainer_training_state(Trainer& trainer) {
 }
 
 void check_checkpoint_directory(const fs::path& dir) {
+  checkpoint_io::create_checkpoint_folder(dir);
   std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec || !fs::is_directory(dir))
-    throw CheckpointError("cannot create checkpoint folder " + dir.string() + ": " +
-                          (ec ? ec.message() : "a file of that name is in the way"));
   // Named per process: the processes of one run probe one shared folder at the same time.
   const fs::path probe = dir / (".conveyor_write_test." + std::to_string(::getpid()));
   {

@@ -102,10 +102,43 @@ case $case_name in
       "$conveyor" ckpt verify "$dir"
     ;;
   verify_unfinished)
+    # A save that never finished is no checkpoint: bad input, as an empty folder is.
     mv "$dir/step_2" "$dir/step_2.tmp"
     rm "$dir/latest"
-    expect 1 "holds no checkpoint" "$conveyor" ckpt verify "$dir"
-    expect 1 "step_2\.tmp is an unfinished save" "$conveyor" ckpt verify "$dir/step_2.tmp"
+    expect 2 "holds no checkpoint" "$conveyor" ckpt verify "$dir"
+    expect 2 "step_2\.tmp is an unfinished save" "$conveyor" ckpt verify "$dir/step_2.tmp"
+    ;;
+  not_a_checkpoint)
+    # A path that names no checkpoint is bad input (2) for inspect and verify alike, each with
+    # a sentence saying what was expected; a checkpoint that fails a check is their finding (1).
+    mkdir "$work/empty"
+    echo "not a checkpoint" >"$work/notes.txt"
+    mkfifo "$work/fifo"
+    for action in inspect verify; do
+      expect 2 "^conveyor: error: no checkpoint at $work/absent: it does not exist; give DIR, DIR/latest or DIR/step_<N>$" \
+        "$conveyor" ckpt "$action" "$work/absent"
+      expect 2 "^conveyor: error: .*notes\.txt is a file, neither a checkpoint folder nor a 'latest' file naming one; give DIR, DIR/latest or DIR/step_<N>$" \
+        "$conveyor" ckpt "$action" "$work/notes.txt"
+      expect 2 "^conveyor: error: .*empty holds no checkpoint: it has neither a 'latest' file nor a manifest\.json; give a folder that checkpoints were saved into, or one of its step_<N> folders$" \
+        "$conveyor" ckpt "$action" "$work/empty"
+      expect 2 "^conveyor: error: .*fifo is neither a folder nor a regular file \(a device, pipe or socket\), so neither a checkpoint folder nor a 'latest' file; give DIR, DIR/latest or DIR/step_<N>$" \
+        timeout 20 "$conveyor" ckpt "$action" "$work/fifo"
+      expect 2 "^conveyor: error: /dev/null is neither a folder nor a regular file" \
+        "$conveyor" ckpt "$action" /dev/null
+      expect 2 "^conveyor: error: .*manifest\.json is a file of the checkpoint folder .*step_2; give the folder itself$" \
+        "$conveyor" ckpt "$action" "$dir/step_2/manifest.json"
+    done
+    truncate -s -1 "$shard1"
+    for action in inspect verify; do
+      expect 1 "^conveyor: error: .*rank_1\.safetensors: .*the file is truncated$" \
+        "$conveyor" ckpt "$action" "$dir"
+    done
+    # demo writes a checkpoint: a folder that cannot take one is refused before anything is
+    # written, as train refuses its --save-dir.
+    expect 2 "^conveyor: error: cannot create checkpoint folder .*notes\.txt" \
+      "$conveyor" ckpt demo "$work/notes.txt"
+    expect 2 "^conveyor: error: cannot save step 2: .*step_2 exists already" \
+      "$conveyor" ckpt demo "$dir" --step 2
     ;;
   keep_last)
     expect 0 "step_3" "$conveyor" ckpt demo "$dir" --step 3 --keep 2

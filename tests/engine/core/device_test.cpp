@@ -18,7 +18,8 @@ TEST(Device, ParsesAndPrints) {
   EXPECT_EQ(parse_device("cuda:3"), Device::cuda(3));
   EXPECT_EQ(Device::cuda(2).to_string(), "cuda:2");
   EXPECT_EQ(Device::cpu().to_string(), "cpu");
-  for (const char* bad : {"", "gpu", "CPU", "cuda:", "cuda:-1", "cuda:1x", "cuda:x", "cuda0"}) {
+  for (const char* bad : {"", "gpu", "CPU", "cuda:", "cuda:-1", "cuda:-0", "cuda:+1", "cuda: 1",
+                          "cuda:0x1", "cuda:1e0", "cuda:1x", "cuda:x", "cuda0"}) {
     EXPECT_THROW(parse_device(bad), std::invalid_argument) << bad;
   }
   try {

@@ -44,6 +44,27 @@ TEST_F(CheckpointLoad, NothingThere) {
   EXPECT_CHECKPOINT_ERROR(open_checkpoint(dir_ / "empty"), "empty", "holds no checkpoint");
 }
 
+// Paths that name no checkpoint throw NotACheckpointError (a tool's bad input); a checkpoint
+// folder whose own files fail a check throws a CheckpointError of the other kind.
+TEST_F(CheckpointLoad, NamingNoCheckpointIsToldApartFromADamagedOne) {
+  save_demo(dir_.path(), 9);
+  fs::create_directory(dir_ / "empty");
+  fs::create_directory(dir_ / "step_10.tmp");
+  write_file(dir_ / "notes.txt", "not a checkpoint\n");
+  for (const fs::path& path : {dir_ / "nope", dir_ / "empty", dir_ / "notes.txt",
+                               dir_ / "step_10.tmp", dir_ / "step_9" / "manifest.json",
+                               fs::path("/dev/null")})
+    EXPECT_THROW(open_checkpoint(path), NotACheckpointError) << path;
+  write_file(dir_ / "latest", "step_77\n");
+  try {
+    open_checkpoint(dir_.path());
+    ADD_FAILURE() << "a 'latest' naming a missing folder was opened";
+  } catch (const NotACheckpointError& e) {
+    ADD_FAILURE() << "a damaged checkpoint folder said to be none: " << e.what();
+  } catch (const CheckpointError&) {
+  }
+}
+
 TEST_F(CheckpointLoad, LatestNamingAMissingFolder) {
   write_file(dir_ / "latest", "step_77\n");
   EXPECT_CHECKPOINT_ERROR(open_checkpoint(dir_.path()), "latest names step_77", "does not exist");

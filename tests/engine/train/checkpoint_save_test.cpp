@@ -256,10 +256,12 @@ TEST(CheckpointSave, MisuseIsAnInvalidArgument) {
 TEST(CheckpointSave, AFolderThatCannotBeCreatedIsNamed) {
   TempDir dir;
   write_file(dir / "a_file", "not a folder");
+  // The file in the way is named, not only the system's "Not a directory".
+  const std::string in_the_way = (dir / "a_file").string() + " is a file, not a folder";
   EXPECT_CHECKPOINT_ERROR(CheckpointWriter(dir / "a_file" / "ckpt", 1, 1), "a_file/ckpt",
-                          "cannot create checkpoint folder");
+                          "cannot create checkpoint folder", in_the_way);
   EXPECT_CHECKPOINT_ERROR(CheckpointWriter(dir / "a_file", 1, 1), "a_file",
-                          "cannot create checkpoint folder");
+                          "cannot create checkpoint folder", in_the_way);
 }
 
 TEST(CheckpointSave, AShardWriteErrorNamesTheFileAndKeepsThePreviousCheckpoint) {

@@ -1,0 +1,42 @@
+#pragma once
+// Reading a file a user named (a data file, a schedule file, a plan file): the checks every
+// such reader makes before it trusts the bytes, written once. It lives in the schedule layer
+// because that is the one layer the schedule loader, the trainer's data source and the
+// command line may all include (engine/schedule includes only itself); nothing in it is
+// about schedules.
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+namespace conveyor {
+
+// How a reader names its file and what it expects of it, for its messages.
+struct InputFileRules {
+  // The file as messages name it, e.g. "data file 'corpus.txt'" (with any escaping done).
+  std::string shown;
+  // What to give instead of a directory or a device, e.g. "a regular file whose bytes are the
+  // text".
+  std::string expected;
+  // The most bytes read; a larger file is refused before it is read.
+  uint64_t max_bytes = 0;
+  // Ends the sentence refusing a larger file, after "at most N MiB", e.g. "are read into
+  // memory".
+  std::string over_the_limit;
+};
+
+// A file that cannot be used as input; an invalid_argument, as any bad input to the engine.
+class InputFileError : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+// The whole of the file at `path`, once it has passed every check: it exists; it is a regular
+// file (a directory, and a device, FIFO or socket, are refused by name: a device would be
+// read without end, a FIFO wait for a writer); it has at most `rules.max_bytes` bytes (files
+// whose size the kernel does not report, such as those of /proc, are read up to that limit);
+// it can be opened and read. What is opened is what is checked, so a rename in between
+// cannot slip a FIFO past. Throws InputFileError with one sentence naming the file as
+// `rules.shown` does.
+std::string read_input_file(const std::string& path, const InputFileRules& rules);
+
+}  // namespace conveyor
