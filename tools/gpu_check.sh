@@ -393,15 +393,26 @@ sanitize() {  # name binary filter cap
   if ! command -v compute-sanitizer >/dev/null; then fail "memcheck $1" "no compute-sanitizer"; return; fi
   local t
   t=$(allow "$4")
-  echo "== compute-sanitizer memcheck $2 --gtest_filter=$3 (timeout ${t}s)" >>"$out/sanitizer.log"
+  local log="$out/sanitizer.$1.log"
+  echo "== compute-sanitizer memcheck $2 --gtest_filter=$3 (timeout ${t}s)" >"$log"
   timeout "$t" compute-sanitizer --tool memcheck --error-exitcode 86 --leak-check no \
-    "$bin" --gtest_filter="$3" >>"$out/sanitizer.log" 2>&1
+    "$bin" --gtest_filter="$3" >>"$log" 2>&1
   local rc=$?
-  local errors
-  errors=$(grep -o 'ERROR SUMMARY: [0-9]* error' "$out/sanitizer.log" | tail -1)
+  local errors reported not_ready
+  errors=$(grep -o 'ERROR SUMMARY: [0-9]* error' "$log" | tail -1)
+  reported=$(grep -o 'ERROR SUMMARY: [0-9]*' <<<"$errors" | grep -o '[0-9]*$')
+  # Polling an event or a stream that has not finished returns cudaErrorNotReady by design
+  # (the executor and the NCCL transport poll so that a wait can be bounded); a memcheck that
+  # counts those API returns as errors has found nothing else when they are all it reports.
+  not_ready=$(grep -c 'Program hit cudaErrorNotReady' "$log")
+  cat "$log" >>"$out/sanitizer.log" && rm -f "$log"
+  if ((rc == 86)) && [[ -n "$reported" ]] && ((reported == not_ready)); then
+    note "memcheck $1" "clean but for ${not_ready} cudaErrorNotReady poll(s)"
+    return
+  fi
   case $rc in
     0) note "memcheck $1" "clean (${errors:-no summary})" ;;
-    86) fail "memcheck $1" "ERRORS: ${errors}" ;;
+    86) fail "memcheck $1" "ERRORS: ${errors} (${not_ready} of them cudaErrorNotReady polls)" ;;
     124) fail "memcheck $1" "timed out after ${t}s" ;;
     *) fail "memcheck $1" "rc $rc (test failure?) ${errors}" ;;
   esac
