@@ -9,7 +9,6 @@
 #include <optional>
 #include <sstream>
 
-#include "engine/core/allocator.h"
 #include "engine/pipeline/memory_estimate.h"
 #include "engine/pipeline/partition_search.h"
 #include "engine/schedule/simulator.h"
@@ -509,6 +508,8 @@ std::vector<UnitCost> scaled(const std::vector<UnitCost>& units, double factor) 
     u.backward_weight *= factor;
     u.activation_bytes *= factor;
     u.input_bytes *= factor;
+    u.weight_pending_bytes *= factor;
+    u.workspace_bytes *= factor;
   }
   return out;
 }
@@ -758,13 +759,10 @@ Plan plan(const std::vector<UnitCosts>& measured, const PlanOptions& options) {
                           static_cast<double>(costs.microbatch_tokens);
     auto units = scaled(costs.units, factor);
     // The step's token ids live where the first stage does, its targets and per-token losses
-    // (one tensor per micro-batch) where the last one does, for the whole step.
-    const auto round = [](int64_t bytes) {
-      return static_cast<double>(CachingAllocator::round_size(static_cast<size_t>(bytes)));
-    };
-    const double ids = round(options.batch_tokens * 4);
-    units.front().state_bytes += ids;
-    units.back().state_bytes += ids + m * round(options.batch_tokens / m * 4);
+    // where the last one does, for the whole step.
+    const StepInputBytes step = step_input_bytes(options.batch_tokens / m, m);
+    units.front().state_bytes += step.first_unit;
+    units.back().state_bytes += step.last_unit;
     for (const auto& k : kinds) {
       if (p == 1 && k.kind != schedule::ScheduleKind::k1F1B) continue;
       schedule::Schedule sched;
