@@ -32,7 +32,10 @@ std::vector<StageActivationBytes> stage_activation_bytes(const std::vector<doubl
       // first unit saves the kept input again on the rebuild, without a new allocation.
       const bool starts_run = u == ranges[s].begin || !recomputed[i - 1];
       if (starts_run) out[s].kept += input[i];
-      out[s].rebuilt += starts_run ? std::max(0.0, saved[i] - input[i]) : saved[i];
+      const double saved_again = starts_run ? std::max(0.0, saved[i] - input[i]) : saved[i];
+      out[s].rebuilt += saved_again;
+      // The forward drops a unit's saved tensors once the next unit has run.
+      out[s].forward_extra = std::max(out[s].forward_extra, saved_again);
     }
   }
   return out;
@@ -49,8 +52,8 @@ std::vector<double> peak_activation_bytes(const schedule::Schedule& schedule,
       const StageActivationBytes& b = stages[static_cast<size_t>(a.stage)];
       switch (a.kind) {
         case schedule::ActionKind::kForward:
+          peak = std::max(peak, held + b.kept + b.forward_extra);
           held += b.kept;
-          peak = std::max(peak, held);
           break;
         case schedule::ActionKind::kBackward:
           // A stage's backward runs every unit's input half before the weight halves.

@@ -36,12 +36,15 @@ struct RankMemoryEstimate {
 
 // One micro-batch's activations on one stage: what its forward keeps until the backward (the
 // saved tensors of the units that keep theirs, the input of each recomputed run), what the
-// backward allocates again when it re-runs the recomputed units' forward, and what a split
-// input gradient leaves for the weight gradient on top (the output gradients W reads).
+// backward allocates again when it re-runs the recomputed units' forward, what a split
+// input gradient leaves for the weight gradient on top (the output gradients W reads), and
+// what the forward holds for a moment beyond what it keeps: a recomputed unit's saved tensors,
+// which go once the next unit has run (the largest of them; its run's kept input aside).
 struct StageActivationBytes {
   double kept = 0;
   double rebuilt = 0;
   double weight_pending = 0;
+  double forward_extra = 0;
 };
 
 // Per stage, from per-unit bytes of one micro-batch: `saved[u]`, what unit u's forward saves
@@ -54,12 +57,12 @@ std::vector<StageActivationBytes> stage_activation_bytes(const std::vector<doubl
                                                          const std::vector<bool>& recomputed,
                                                          const std::vector<double>& pending = {});
 
-// Per rank, the peak over its list of the activation bytes its stages hold: F(s, mb) adds
-// kept[s]; the backward of (s, mb) — B, or I when split — holds rebuilt[s] and
-// weight_pending[s] on top while it runs, then releases kept[s]. With `until_weight`, what I used
-// stays until its W instead (kept[s], rebuilt[s] and weight_pending[s]), as a split backward keeps
-// it for the weight gradient. With only kept bytes this is schedule::in_flight_per_rank's
-// peak bytes (in flight, or held with `until_weight`).
+// Per rank, the peak over its list of the activation bytes its stages hold: F(s, mb) holds
+// forward_extra[s] on top while it runs, then adds kept[s]; the backward of (s, mb) — B, or I when
+// split — holds rebuilt[s] and weight_pending[s] on top while it runs, then releases kept[s]. With
+// `until_weight`, what I used stays until its W instead (kept[s], rebuilt[s] and
+// weight_pending[s]), as a split backward keeps it for the weight gradient. With only kept bytes
+// this is schedule::in_flight_per_rank's peak bytes (in flight, or held with `until_weight`).
 std::vector<double> peak_activation_bytes(const schedule::Schedule& schedule,
                                           const std::vector<StageActivationBytes>& stages,
                                           bool until_weight);

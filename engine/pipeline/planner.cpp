@@ -36,16 +36,16 @@ void check_shape(const std::vector<UnitCost>& units, const schedule::Schedule& s
 
 // Where one rank's memory can peak, counted in micro-batches and boundary tensors so that the
 // bytes of any partition can be put in. At each point of the rank's list: held[j] = (kept,
-// rebuilt, pending), how many micro-batches' bytes of its j-th stage are held there (until W,
-// as the planner counts them); transit[j] = (inputs, outputs), how many boundary tensors at
-// that stage's input and output wait there to be consumed or sent (the list start counts, with
-// none). A point another one holds at least as many of everywhere is left out: with bytes
+// rebuilt, pending, forward), how many micro-batches' bytes of its j-th stage are held there (until
+// W, as the planner counts them); transit[j] = (inputs, outputs), how many boundary tensors at that
+// stage's input and output wait there to be consumed or sent (the list start counts, with none). A
+// point another one holds at least as many of everywhere is left out: with bytes
 // >= 0 it never holds more.
 struct RankPeaks {
   struct Held {
-    int kept = 0, rebuilt = 0, pending = 0;
+    int kept = 0, rebuilt = 0, pending = 0, forward = 0;
     bool operator<=(const Held& o) const {
-      return kept <= o.kept && rebuilt <= o.rebuilt && pending <= o.pending;
+      return kept <= o.kept && rebuilt <= o.rebuilt && pending <= o.pending && forward <= o.forward;
     }
   };
   struct Transit {
@@ -90,11 +90,14 @@ RankPeaks rank_peaks(const std::vector<schedule::Action>& list, std::vector<int>
     RankPeaks::Transit& t = transit[j];
     const bool has_input = a.stage > 0, has_output = a.stage < last_stage;
     switch (a.kind) {
-      case ActionKind::kForward:
+      case ActionKind::kForward: {
         ++h.kept;
-        add_peak(out.held, held);
+        auto peak = held;  // what the forward holds for a moment on top
+        ++peak[j].forward;
+        add_peak(out.held, peak);
         t.inputs -= has_input, t.outputs += has_output;
         break;
+      }
       case ActionKind::kBackward: {
         auto peak = held;
         ++peak[j].rebuilt, ++peak[j].pending;
@@ -181,7 +184,8 @@ struct MemoryModel : PartitionMemory {
       double total = 0;
       for (size_t j = 0; j < point.size(); ++j)
         total += point[j].kept * bytes[j].kept + point[j].rebuilt * bytes[j].rebuilt +
-                 point[j].pending * bytes[j].weight_pending;
+                 point[j].pending * bytes[j].weight_pending +
+                 point[j].forward * bytes[j].forward_extra;
       peak = std::max(peak, total);
     }
     return peak;
