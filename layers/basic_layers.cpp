@@ -1,5 +1,6 @@
 #include "layers/basic_layers.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace conveyor {
@@ -52,6 +53,16 @@ void Linear::backward_weight(DeviceContext& ctx, SavedTensors& saved) {
   saved.clear();
 }
 
+std::optional<ActivationMemory> Linear::activation_memory(const Shape& input) const {
+  const int64_t n = input.front();
+  const double x = allocated_bytes({n, in_}), y = allocated_bytes({n, out_});
+  ActivationMemory m;
+  m.saved = x;           // the input, for the weight gradient
+  m.weight_pending = y;  // the output gradient, likewise
+  m.workspace = y + x;   // forward: the output; input gradient: dy and dx
+  return m;
+}
+
 Activation::Activation(std::string name, ops::ActivationKind kind)
     : name_(std::move(name)), kind_(kind) {}
 
@@ -68,6 +79,14 @@ Tensor Activation::backward_input(DeviceContext& ctx, const Tensor& dy, SavedTen
   ops::activation_backward(ctx, kind_, dx, dy, saved[kInput]);
   saved.clear();  // nothing left for the weight half
   return dx;
+}
+
+std::optional<ActivationMemory> Activation::activation_memory(const Shape& input) const {
+  const double x = allocated_bytes(input);
+  ActivationMemory m;
+  m.saved = x;  // the input; released by the input gradient, nothing kept for the weight half
+  m.workspace = 2 * x;  // forward: the output; input gradient: dy and dx, before the input goes
+  return m;
 }
 
 LayerNorm::LayerNorm(std::string name, int64_t width, float eps)
@@ -103,6 +122,16 @@ void LayerNorm::backward_weight(DeviceContext& ctx, SavedTensors& saved) {
   saved.clear();
 }
 
+std::optional<ActivationMemory> LayerNorm::activation_memory(const Shape& input) const {
+  const int64_t n = input.front();
+  const double x = allocated_bytes({n, width_}), row_stat = allocated_bytes({n});
+  ActivationMemory m;
+  m.saved = x + 2 * row_stat;  // the input, mean and rstd
+  m.weight_pending = x;        // the output gradient
+  m.workspace = 2 * x;         // forward: the output; input gradient: dy and dx
+  return m;
+}
+
 Embedding::Embedding(std::string name, int64_t vocab, int64_t width)
     : name_(std::move(name)), vocab_(vocab), width_(width) {
   // U(-a, a) has standard deviation a/√3: a = 0.02·√3 gives std 0.02.
@@ -126,6 +155,14 @@ Tensor Embedding::backward_input(DeviceContext&, const Tensor& dy, SavedTensors&
 void Embedding::backward_weight(DeviceContext& ctx, SavedTensors& saved) {
   ops::embedding_backward(ctx, table_.grad, saved[kOutputGrad], saved[kInput]);
   saved.clear();
+}
+
+std::optional<ActivationMemory> Embedding::activation_memory(const Shape& input) const {
+  const double y = allocated_bytes({input.front(), width_});
+  ActivationMemory m;
+  m.weight_pending = y;  // the output gradient, for the table's gradient
+  m.workspace = y;       // forward: the output; input gradient: dy
+  return m;
 }
 
 }  // namespace conveyor

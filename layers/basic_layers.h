@@ -19,6 +19,7 @@ class Linear : public Layer {
                  SavedTensors& saved) override;
   Tensor backward_input(DeviceContext& ctx, const Tensor& dy, SavedTensors& saved) override;
   void backward_weight(DeviceContext& ctx, SavedTensors& saved) override;
+  std::optional<ActivationMemory> activation_memory(const Shape& input) const override;
 
   Parameter& weight() { return weight_; }
 
@@ -38,6 +39,7 @@ class Activation : public Layer {
                  SavedTensors& saved) override;
   Tensor backward_input(DeviceContext& ctx, const Tensor& dy, SavedTensors& saved) override;
   void backward_weight(DeviceContext& ctx, SavedTensors& saved) override { saved.clear(); }
+  std::optional<ActivationMemory> activation_memory(const Shape& input) const override;
 
  private:
   std::string name_;
@@ -54,6 +56,7 @@ class LayerNorm : public Layer {
                  SavedTensors& saved) override;
   Tensor backward_input(DeviceContext& ctx, const Tensor& dy, SavedTensors& saved) override;
   void backward_weight(DeviceContext& ctx, SavedTensors& saved) override;
+  std::optional<ActivationMemory> activation_memory(const Shape& input) const override;
 
  private:
   std::string name_;
@@ -73,6 +76,8 @@ class Embedding : public Layer {
                  SavedTensors& saved) override;
   Tensor backward_input(DeviceContext& ctx, const Tensor& dy, SavedTensors& saved) override;
   void backward_weight(DeviceContext& ctx, SavedTensors& saved) override;
+  // Its token ids are a view of the step's, which hold them for the whole step: not counted.
+  std::optional<ActivationMemory> activation_memory(const Shape& input) const override;
 
  private:
   std::string name_;

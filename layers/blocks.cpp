@@ -1,5 +1,7 @@
 #include "layers/blocks.h"
 
+#include <algorithm>
+
 namespace conveyor {
 namespace {
 
@@ -19,6 +21,8 @@ enum HeadSlot : size_t { kLogitGrad = 0 };
 MlpBlock::MlpBlock(std::string name, int64_t width, int64_t hidden, ops::ActivationKind activation,
                    float eps)
     : name_(std::move(name)),
+      width_(width),
+      hidden_(hidden),
       ln_(name_ + ".ln", width, eps),
       fc1_(name_ + ".fc1", width, hidden),
       act_(name_ + ".act", activation),
@@ -54,8 +58,25 @@ void MlpBlock::backward_weight(DeviceContext& ctx, SavedTensors& saved) {
   saved.clear();
 }
 
+std::optional<ActivationMemory> MlpBlock::activation_memory(const Shape& input) const {
+  const int64_t n = input.front();
+  const double x = allocated_bytes({n, width_}), h = allocated_bytes({n, hidden_}),
+               row_stat = allocated_bytes({n});
+  ActivationMemory m;
+  // Each sub-layer keeps its input: ln the block's (with mean and rstd), fc1 ln's output, act
+  // fc1's, fc2 act's.
+  m.saved = 2 * x + 2 * row_stat + 2 * h;
+  // fc2 keeps dy, fc1 act's dx (h) and ln fc1's dx; act gave back its input (h).
+  m.weight_pending = 2 * x;
+  // Forward: the output. Input gradient: dy with fc2's and act's dx before act's input goes;
+  // later dy with fc1's and ln's dx.
+  m.workspace = std::max({x, x + 2 * h, 3 * x});
+  return m;
+}
+
 LossHead::LossHead(std::string name, int64_t width, int64_t vocab, float eps)
     : name_(std::move(name)),
+      width_(width),
       vocab_(vocab),
       ln_(name_ + ".ln", width, eps),
       proj_(name_ + ".proj", width, vocab) {}
@@ -86,6 +107,19 @@ void LossHead::backward_weight(DeviceContext& ctx, SavedTensors& saved) {
   proj_.backward_weight(ctx, saved.child(kHeadProj));
   ln_.backward_weight(ctx, saved.child(kHeadLn));
   saved.clear();
+}
+
+std::optional<ActivationMemory> LossHead::activation_memory(const Shape& input) const {
+  const int64_t n = input.front();
+  const double x = allocated_bytes({n, width_}), row_stat = allocated_bytes({n}),
+               logits = allocated_bytes({n, vocab_});
+  ActivationMemory m;
+  // ln keeps the input with mean and rstd, proj ln's output; the logits' gradient stays.
+  m.saved = 2 * x + 2 * row_stat + logits;
+  m.weight_pending = x;  // ln keeps proj's dx (proj's dy is the logits' gradient, kept)
+  // Forward: the losses. Input gradient: proj's dx and ln's dx.
+  m.workspace = std::max(row_stat, 2 * x);
+  return m;
 }
 
 }  // namespace conveyor

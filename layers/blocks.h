@@ -19,9 +19,11 @@ class MlpBlock : public Layer {
                  SavedTensors& saved) override;
   Tensor backward_input(DeviceContext& ctx, const Tensor& dy, SavedTensors& saved) override;
   void backward_weight(DeviceContext& ctx, SavedTensors& saved) override;
+  std::optional<ActivationMemory> activation_memory(const Shape& input) const override;
 
  private:
   std::string name_;
+  int64_t width_, hidden_;
   LayerNorm ln_;
   Linear fc1_;
   Activation act_;
@@ -39,10 +41,11 @@ class LossHead : public Layer {
                  SavedTensors& saved) override;
   Tensor backward_input(DeviceContext& ctx, const Tensor& dy, SavedTensors& saved) override;
   void backward_weight(DeviceContext& ctx, SavedTensors& saved) override;
+  std::optional<ActivationMemory> activation_memory(const Shape& input) const override;
 
  private:
   std::string name_;
-  int64_t vocab_;
+  int64_t width_, vocab_;
   LayerNorm ln_;
   Linear proj_;
 };

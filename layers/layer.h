@@ -7,9 +7,11 @@
 // backward() runs both. Outputs and input gradients are fresh tensors (`=`); parameter
 // gradients accumulate (`+=`) across the micro-batches of a step.
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "engine/core/allocator.h"
 #include "engine/core/device_context.h"
 #include "engine/core/tensor.h"
 #include "layers/parameter.h"
@@ -43,6 +45,28 @@ struct MicroBatchInputs {
   int32_t ignore_index = -1;
 };
 
+// What one micro-batch holds of a layer's memory, in bytes as the caching allocator counts
+// them (each tensor rounded up by CachingAllocator::round_size), its input and its output
+// gradient being fresh tensors that nothing else holds, as they are in a pipeline stage:
+//   saved: left allocated by forward until the backward (the input included when kept);
+//   weight_pending: left by backward_input on top of that for backward_weight (0 when it
+//     releases at least as much as it keeps);
+//   workspace: the most allocated at once on top of what forward leaves, during forward (its
+//     output included) or backward_input (the output gradient and the input gradient
+//     included), or on top of what backward_input leaves, during backward_weight.
+// profile_units (engine/pipeline/profile.h) measures the same three on a device's allocator.
+struct ActivationMemory {
+  double saved = 0;
+  double weight_pending = 0;
+  double workspace = 0;
+};
+
+// The bytes the caching allocator gives a tensor of `shape`.
+inline double allocated_bytes(const Shape& shape, DType dtype = DType::kF32) {
+  return static_cast<double>(
+      CachingAllocator::round_size(static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype)));
+}
+
 class Layer {
  public:
   virtual ~Layer() = default;
@@ -56,6 +80,13 @@ class Layer {
   // ignores dy: its gradient was fixed by the loss in forward.
   virtual Tensor backward_input(DeviceContext& ctx, const Tensor& dy, SavedTensors& saved) = 0;
   virtual void backward_weight(DeviceContext& ctx, SavedTensors& saved) = 0;
+  // What one micro-batch whose input has shape `input` holds (see ActivationMemory), from the
+  // shapes the forward and backward allocate; empty when the layer does not say, and a
+  // memory estimate then counts its input alone, a lower bound.
+  virtual std::optional<ActivationMemory> activation_memory(const Shape& input) const {
+    (void)input;
+    return std::nullopt;
+  }
 
   Tensor backward(DeviceContext& ctx, const Tensor& dy, SavedTensors& saved) {
     Tensor dx = backward_input(ctx, dy, saved);

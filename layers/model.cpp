@@ -67,6 +67,11 @@ ActivationSpec ModelDescription::activation_at(int64_t boundary, int64_t tokens)
   return activation(boundary, tokens);
 }
 
+std::optional<ActivationMemory> ModelDescription::unit_memory(int64_t index, int64_t tokens) const {
+  const std::unique_ptr<Layer> layer = unit(index);
+  return layer->activation_memory(index == 0 ? Shape{tokens} : activation_at(index, tokens).shape);
+}
+
 std::vector<int64_t> ModelDescription::unit_parameter_counts() const {
   std::vector<int64_t> counts;
   for (int64_t i = 0; i < num_units; ++i) {

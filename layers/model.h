@@ -10,6 +10,7 @@
 // (unit 0 the embedding, units 1..L the blocks, unit L+1 the head), configured by ModelConfig.
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -50,6 +51,10 @@ struct ModelDescription {
   std::vector<std::unique_ptr<Layer>> units(int64_t begin, int64_t end) const;
   // The activation at `boundary` for `tokens` tokens, checked against the range.
   ActivationSpec activation_at(int64_t boundary, int64_t tokens) const;
+  // What unit `index` holds for a micro-batch of `tokens` tokens (Layer::activation_memory of
+  // the unit on its input: token ids [tokens] for the first unit, else activation_at(index,
+  // tokens)); empty when the unit's layer does not say.
+  std::optional<ActivationMemory> unit_memory(int64_t index, int64_t tokens) const;
   // Parameters (elements) of each unit, and of the whole model.
   std::vector<int64_t> unit_parameter_counts() const;
   int64_t count_parameters() const;

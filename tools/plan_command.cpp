@@ -58,8 +58,8 @@ comm::Transports transports_to_time(comm::TransportKind requested,
 
 // Before anything is built: every unit must fit one device with the least any layout keeps
 // of it (its parameters and gradients, its share of an optimizer state sharded over every
-// rank, one token's activations; the trainer's up-front estimate), or no layout can hold it,
-// and profiling it would fail for want of memory after a long wait.
+// rank, what it keeps of one token; the trainer's up-front estimate), or no layout can hold
+// it, and profiling it would fail for want of memory after a long wait.
 // `available`: the host memory available now on the CPU, 0 on a GPU (the cap is the limit).
 void check_units_fit(const ModelDescription& model, const TrainConfig& config, double cap,
                      const std::string& cap_source, int sharing, double available) {
@@ -94,8 +94,9 @@ void check_units_fit(const ModelDescription& model, const TrainConfig& config, d
 // Profiling runs each unit alone on a micro-batch of batch / m tokens, on the CPU with the
 // other ranks' copies alongside (`copies` in all), each within its share of the memory
 // `available` now. A count m whose micro-batch some unit cannot hold in that share (by the
-// estimate of its state and the activation entering it, a lower bound) is dropped from
-// `options` and named in `dropped`; UsageError when no count is left.
+// trainer's estimate of the unit alone, from the model description: its parameters and
+// gradients, what it keeps, its workspace and the step's ids) is dropped from `options` and named
+// in `dropped`; UsageError when no count is left.
 void keep_profilable_counts(const ModelDescription& model, const TrainConfig& config,
                             double available, int copies, PlanOptions& options,
                             std::string& dropped, std::string& why) {
@@ -107,10 +108,10 @@ void keep_profilable_counts(const ModelDescription& model, const TrainConfig& co
     double need = 0;
     int64_t unit = 0;
     for (int64_t u = 0; u < model.num_units; ++u) {
-      const double total =
-          estimate_rank_memory(model, {{u, u + 1}}, one, config.optimizer.kind, tokens)
-              .front()
-              .total();
+      // A profile counts the optimizer state without allocating it.
+      const RankMemoryEstimate e =
+          estimate_rank_memory(model, {{u, u + 1}}, one, config.optimizer.kind, tokens).front();
+      const double total = e.total() - e.optimizer_bytes;
       if (total > need) need = total, unit = u;
     }
     if (need * copies <= available) {
@@ -118,8 +119,8 @@ void keep_profilable_counts(const ModelDescription& model, const TrainConfig& co
       continue;
     }
     dropped += (dropped.empty() ? "" : ", ") + std::to_string(m);
-    why = "a micro-batch of " + std::to_string(tokens) + " tokens needs at least " +
-          bytes_text(need) + " for unit " + std::to_string(unit) + " alone" +
+    why = "a micro-batch of " + std::to_string(tokens) + " tokens needs about " + bytes_text(need) +
+          " for unit " + std::to_string(unit) + " alone" +
           (copies > 1 ? " on each of the " + std::to_string(copies) + " ranks sharing the CPU"
                       : std::string()) +
           ", and the memory available now is " + bytes_text(available);
@@ -187,7 +188,7 @@ PlannedRun plan_training(const TrainConfig& config, Device device, int repetitio
   ProfileOptions profile_options;
   profile_options.repetitions = repetitions;
   profile_options.seed = config.seed;
-  profile_options.optimizer_slots = config.optimizer.kind == "sgd" ? 0 : 2;
+  profile_options.optimizer_slots = config.optimizer.kind == "sgd" ? 1 : 2;
   if (!device.is_cuda()) {
     profile_options.neighbours = ranks - 1;
     profile_options.neighbour_context = context_options;
@@ -234,7 +235,9 @@ PlannedRun plan_training(const TrainConfig& config, Device device, int repetitio
   std::vector<int> profiled;
   for (int m : options.microbatch_counts) {
     profile_options.microbatch_tokens = config.batch_tokens / m;
-    // The estimate is a lower bound: a unit's inner activations may still not fit.
+    // The estimate counts live bytes; the allocator's share is of bytes held from the system,
+    // which its cache of freed blocks can take past the live ones: a profile may still not
+    // fit.
     try {
       measured.push_back(profile_units(model, ctx, profile_options));
       profiled.push_back(m);

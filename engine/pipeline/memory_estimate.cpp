@@ -9,6 +9,7 @@
 
 #include "engine/core/allocator.h"
 #include "engine/core/tensor.h"
+#include "layers/layer.h"
 
 namespace conveyor {
 
@@ -31,7 +32,10 @@ std::vector<StageActivationBytes> stage_activation_bytes(const std::vector<doubl
       // first unit saves the kept input again on the rebuild, without a new allocation.
       const bool starts_run = u == ranges[s].begin || !recomputed[i - 1];
       if (starts_run) out[s].kept += input[i];
-      out[s].rebuilt += starts_run ? std::max(0.0, saved[i] - input[i]) : saved[i];
+      const double saved_again = starts_run ? std::max(0.0, saved[i] - input[i]) : saved[i];
+      out[s].rebuilt += saved_again;
+      // The forward drops a unit's saved tensors once the next unit has run.
+      out[s].forward_extra = std::max(out[s].forward_extra, saved_again);
     }
   }
   return out;
@@ -48,8 +52,8 @@ std::vector<double> peak_activation_bytes(const schedule::Schedule& schedule,
       const StageActivationBytes& b = stages[static_cast<size_t>(a.stage)];
       switch (a.kind) {
         case schedule::ActionKind::kForward:
+          peak = std::max(peak, held + b.kept + b.forward_extra);
           held += b.kept;
-          peak = std::max(peak, held);
           break;
         case schedule::ActionKind::kBackward:
           // A stage's backward runs every unit's input half before the weight halves.
@@ -77,6 +81,43 @@ std::vector<double> peak_activation_bytes(const schedule::Schedule& schedule,
   return out;
 }
 
+std::vector<UnitCost> described_unit_costs(const ModelDescription& model, int64_t microbatch_tokens,
+                                           const std::string& optimizer_kind, bool* complete) {
+  const double slots = optimizer_kind == "sgd" ? 1.0 : 2.0;
+  std::vector<UnitCost> units(static_cast<size_t>(model.num_units));
+  for (int64_t u = 0; u < model.num_units; ++u) {
+    UnitCost& cost = units[static_cast<size_t>(u)];
+    const std::unique_ptr<Layer> layer = model.unit(u);  // outlives the pointers to its parameters
+    double allocated = 0;  // one value or one gradient of each parameter
+    for (Parameter* p : layer->parameters()) {
+      cost.parameter_bytes += 4.0 * static_cast<double>(shape_numel(p->shape));
+      allocated += allocated_bytes(p->shape);
+    }
+    cost.optimizer_bytes = slots * allocated;
+    cost.state_bytes = 2 * allocated + cost.optimizer_bytes;
+    // The first unit's token ids are a view of the step's ids.
+    if (u > 0) {
+      const ActivationSpec spec = model.activation_at(u, microbatch_tokens);
+      cost.input_bytes = allocated_bytes(spec.shape, spec.dtype);
+    }
+    const std::optional<ActivationMemory> memory = model.unit_memory(u, microbatch_tokens);
+    if (!memory) {
+      cost.activation_bytes = cost.input_bytes;
+      if (complete != nullptr) *complete = false;
+      continue;
+    }
+    cost.activation_bytes = memory->saved;
+    cost.weight_pending_bytes = memory->weight_pending;
+    cost.workspace_bytes = memory->workspace;
+  }
+  return units;
+}
+
+StepInputBytes step_input_bytes(int64_t microbatch_tokens, int microbatches) {
+  const double ids = allocated_bytes({microbatches, microbatch_tokens}, DType::kI32);
+  return {ids, ids + microbatches * allocated_bytes({microbatch_tokens})};
+}
+
 std::vector<RankMemoryEstimate> estimate_rank_memory(const ModelDescription& model,
                                                      const std::vector<StageRange>& ranges,
                                                      const schedule::Schedule& schedule,
@@ -88,43 +129,53 @@ std::vector<RankMemoryEstimate> estimate_rank_memory(const ModelDescription& mod
     throw std::invalid_argument("memory estimate: " + std::to_string(ranges.size()) +
                                 " stage ranges for a schedule of " +
                                 std::to_string(schedule.num_stages()) + " stages");
-  const auto units = static_cast<size_t>(model.num_units);
-  if (!unit_saved_bytes.empty() && unit_saved_bytes.size() != units)
+  const auto num_units = static_cast<size_t>(model.num_units);
+  if (!unit_saved_bytes.empty() && unit_saved_bytes.size() != num_units)
     throw std::invalid_argument("memory estimate: saved bytes of " +
                                 std::to_string(unit_saved_bytes.size()) + " units for a model of " +
-                                std::to_string(units) + " units");
-  const std::vector<int64_t> unit_params = model.unit_parameter_counts();
-  const double states = optimizer_kind == "sgd" ? 1.0 : 2.0;
-  // The tensor entering each unit; the first unit's token ids are a view of the step's ids.
-  std::vector<double> input(units, 0.0), boundary(units, 0.0);
-  for (size_t u = 0; u < units; ++u) {
-    if (u == 0) {
-      boundary[u] = static_cast<double>(microbatch_tokens) * 4.0;
-      continue;
-    }
-    const ActivationSpec spec = model.activation_at(static_cast<int64_t>(u), microbatch_tokens);
-    double elements = 1.0;
-    for (const int64_t d : spec.shape) elements *= static_cast<double>(d);
-    boundary[u] = elements * static_cast<double>(dtype_size(spec.dtype));
-    input[u] = static_cast<double>(CachingAllocator::round_size(static_cast<size_t>(boundary[u])));
+                                std::to_string(num_units) + " units");
+  bool complete = true;
+  std::vector<UnitCost> units =
+      described_unit_costs(model, microbatch_tokens, optimizer_kind, &complete);
+  std::vector<double> saved, input, pending;
+  for (size_t u = 0; u < num_units; ++u) {
+    if (!unit_saved_bytes.empty()) units[u].activation_bytes = unit_saved_bytes[u];
+    saved.push_back(units[u].activation_bytes);
+    input.push_back(units[u].input_bytes);
+    pending.push_back(units[u].weight_pending_bytes);
   }
-  const std::vector<double>& saved = unit_saved_bytes.empty() ? boundary : unit_saved_bytes;
-  const std::vector<StageActivationBytes> stages = stage_activation_bytes(
-      saved, input, ranges,
-      recompute.any() ? recompute.per_unit(model.num_units) : std::vector<bool>{});
-  const std::vector<double> activations = peak_activation_bytes(schedule, stages, false);
   std::vector<RankMemoryEstimate> out(static_cast<size_t>(schedule.num_ranks()));
   for (size_t s = 0; s < ranges.size(); ++s) {
-    double params = 0.0;
-    for (int64_t u = ranges[s].begin; u < ranges[s].end; ++u)
-      params += static_cast<double>(unit_params[static_cast<size_t>(u)]);
     RankMemoryEstimate& r =
         out[static_cast<size_t>(schedule.placement.rank_of(static_cast<int>(s)))];
-    r.parameter_bytes += 4.0 * params;
-    r.gradient_bytes += 4.0 * params;
-    r.optimizer_bytes += 4.0 * states * params;
+    for (int64_t u = ranges[s].begin; u < ranges[s].end; ++u) {
+      const UnitCost& unit = units[static_cast<size_t>(u)];
+      const double value = (unit.state_bytes - unit.optimizer_bytes) / 2;
+      r.parameter_bytes += value;
+      r.gradient_bytes += value;
+      r.optimizer_bytes += unit.optimizer_bytes;
+    }
   }
-  for (size_t r = 0; r < out.size(); ++r) out[r].activation_bytes = activations[r];
+  // The step's inputs count as state of the first and last units, as the planner counts them.
+  const StepInputBytes step = step_input_bytes(microbatch_tokens, schedule.num_microbatches);
+  units.front().state_bytes += step.first_unit;
+  units.back().state_bytes += step.last_unit;
+  out[static_cast<size_t>(schedule.placement.rank_of(0))].batch_bytes += step.first_unit;
+  out[static_cast<size_t>(schedule.placement.rank_of(schedule.num_stages() - 1))].batch_bytes +=
+      step.last_unit;
+
+  const std::vector<bool> recomputed =
+      recompute.any() ? recompute.per_unit(model.num_units) : std::vector<bool>{};
+  const std::vector<double> held = peak_activation_bytes(
+      schedule, stage_activation_bytes(saved, input, ranges, recomputed, pending), true);
+  const std::vector<double> totals = rank_memory(units, ranges, schedule, recomputed);
+  for (size_t r = 0; r < out.size(); ++r) {
+    RankMemoryEstimate& e = out[r];
+    e.activation_bytes = held[r];
+    e.transient_bytes = totals[r] - (e.parameter_bytes + e.gradient_bytes + e.optimizer_bytes +
+                                     e.activation_bytes + e.batch_bytes);
+    e.complete = complete;
+  }
   return out;
 }
 

@@ -9,7 +9,6 @@
 #include <optional>
 #include <sstream>
 
-#include "engine/core/allocator.h"
 #include "engine/pipeline/memory_estimate.h"
 #include "engine/pipeline/partition_search.h"
 #include "engine/schedule/simulator.h"
@@ -37,16 +36,16 @@ void check_shape(const std::vector<UnitCost>& units, const schedule::Schedule& s
 
 // Where one rank's memory can peak, counted in micro-batches and boundary tensors so that the
 // bytes of any partition can be put in. At each point of the rank's list: held[j] = (kept,
-// rebuilt, pending), how many micro-batches' bytes of its j-th stage are held there (until W,
-// as the planner counts them); transit[j] = (inputs, outputs), how many boundary tensors at
-// that stage's input and output wait there to be consumed or sent (the list start counts, with
-// none). A point another one holds at least as many of everywhere is left out: with bytes
+// rebuilt, pending, forward), how many micro-batches' bytes of its j-th stage are held there (until
+// W, as the planner counts them); transit[j] = (inputs, outputs), how many boundary tensors at that
+// stage's input and output wait there to be consumed or sent (the list start counts, with none). A
+// point another one holds at least as many of everywhere is left out: with bytes
 // >= 0 it never holds more.
 struct RankPeaks {
   struct Held {
-    int kept = 0, rebuilt = 0, pending = 0;
+    int kept = 0, rebuilt = 0, pending = 0, forward = 0;
     bool operator<=(const Held& o) const {
-      return kept <= o.kept && rebuilt <= o.rebuilt && pending <= o.pending;
+      return kept <= o.kept && rebuilt <= o.rebuilt && pending <= o.pending && forward <= o.forward;
     }
   };
   struct Transit {
@@ -91,11 +90,14 @@ RankPeaks rank_peaks(const std::vector<schedule::Action>& list, std::vector<int>
     RankPeaks::Transit& t = transit[j];
     const bool has_input = a.stage > 0, has_output = a.stage < last_stage;
     switch (a.kind) {
-      case ActionKind::kForward:
+      case ActionKind::kForward: {
         ++h.kept;
-        add_peak(out.held, held);
+        auto peak = held;  // what the forward holds for a moment on top
+        ++peak[j].forward;
+        add_peak(out.held, peak);
         t.inputs -= has_input, t.outputs += has_output;
         break;
+      }
       case ActionKind::kBackward: {
         auto peak = held;
         ++peak[j].rebuilt, ++peak[j].pending;
@@ -182,7 +184,8 @@ struct MemoryModel : PartitionMemory {
       double total = 0;
       for (size_t j = 0; j < point.size(); ++j)
         total += point[j].kept * bytes[j].kept + point[j].rebuilt * bytes[j].rebuilt +
-                 point[j].pending * bytes[j].weight_pending;
+                 point[j].pending * bytes[j].weight_pending +
+                 point[j].forward * bytes[j].forward_extra;
       peak = std::max(peak, total);
     }
     return peak;
@@ -509,6 +512,8 @@ std::vector<UnitCost> scaled(const std::vector<UnitCost>& units, double factor) 
     u.backward_weight *= factor;
     u.activation_bytes *= factor;
     u.input_bytes *= factor;
+    u.weight_pending_bytes *= factor;
+    u.workspace_bytes *= factor;
   }
   return out;
 }
@@ -758,13 +763,10 @@ Plan plan(const std::vector<UnitCosts>& measured, const PlanOptions& options) {
                           static_cast<double>(costs.microbatch_tokens);
     auto units = scaled(costs.units, factor);
     // The step's token ids live where the first stage does, its targets and per-token losses
-    // (one tensor per micro-batch) where the last one does, for the whole step.
-    const auto round = [](int64_t bytes) {
-      return static_cast<double>(CachingAllocator::round_size(static_cast<size_t>(bytes)));
-    };
-    const double ids = round(options.batch_tokens * 4);
-    units.front().state_bytes += ids;
-    units.back().state_bytes += ids + m * round(options.batch_tokens / m * 4);
+    // where the last one does, for the whole step.
+    const StepInputBytes step = step_input_bytes(options.batch_tokens / m, m);
+    units.front().state_bytes += step.first_unit;
+    units.back().state_bytes += step.last_unit;
     for (const auto& k : kinds) {
       if (p == 1 && k.kind != schedule::ScheduleKind::k1F1B) continue;
       schedule::Schedule sched;

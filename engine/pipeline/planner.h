@@ -8,7 +8,8 @@
 // over the rank's list in the IR, never from a closed form: kept from F; what the backward
 // rebuilds or leaves for W held until W), the boundary tensors waiting to be consumed or sent,
 // the largest workspace of one of its units, and the step's ids and losses. A recomputed unit
-// (recompute.h) keeps only the input of its run, and its forward time is added to its backward
+// (recompute.h) keeps only the input of its run, holds its saved tensors for a moment while its
+// forward runs (until the next unit has run), and its forward time is added to its backward
 // (B, or I when split).
 #include <cstdint>
 #include <optional>

@@ -93,9 +93,12 @@ UnitCost profile_unit(const ModelDescription& model, int64_t u, DeviceContext& c
   const size_t before_build = ctx.allocator().stats().allocated_bytes;
   Stage stage(model, u, u + 1, ctx, options.seed);
   ctx.synchronize();
-  for (Parameter* p : stage.parameters())
+  double allocated = 0;  // a tensor of each parameter's shape, as the allocator gives it
+  for (Parameter* p : stage.parameters()) {
     cost.parameter_bytes += static_cast<double>(p->value.nbytes());
-  cost.optimizer_bytes = options.optimizer_slots * cost.parameter_bytes;
+    allocated += static_cast<double>(CachingAllocator::round_size(p->value.nbytes()));
+  }
+  cost.optimizer_bytes = options.optimizer_slots * allocated;
   cost.state_bytes = static_cast<double>(ctx.allocator().stats().allocated_bytes - before_build) +
                      cost.optimizer_bytes;
 
@@ -254,7 +257,7 @@ UnitCosts profile_units(const ModelDescription& model, DeviceContext& ctx,
         std::to_string(options.repetitions) + " and " + std::to_string(options.warmup));
   if (options.optimizer_slots < 0)
     throw std::invalid_argument("optimizer slots " + std::to_string(options.optimizer_slots) +
-                                " is negative; expected 0 (SGD) or 2 (AdamW)");
+                                " is negative; expected 1 (SGD) or 2 (AdamW)");
   if (options.neighbours < 0)
     throw std::invalid_argument("profiling alongside " + std::to_string(options.neighbours) +
                                 " neighbours; expected 0 or more");

@@ -23,7 +23,7 @@ struct ProfileOptions {
   int64_t microbatch_tokens = 256;
   int warmup = 2;           // runs per unit before timing (caches, allocator, GEMM plans)
   int repetitions = 5;      // timed runs per unit; the median is kept
-  int optimizer_slots = 2;  // optimizer tensors per parameter (AdamW: 2, SGD: 0)
+  int optimizer_slots = 2;  // optimizer tensors per parameter (AdamW: 2, SGD: 1)
   uint64_t seed = 1;
   // Other ranks that will share this device's host during training (CPU ranks of one
   // machine share its cores, caches and memory bandwidth, and each runs while the others

@@ -85,13 +85,19 @@ void check_memory_fits(const ModelDescription& model, const std::vector<StageRan
     }
     if (limit <= 0.0 || on_device <= limit) continue;
     const RankMemoryEstimate& e = ranks[r];
+    // Incomplete when a unit's layer does not say what it keeps: its activations are then
+    // counted as the tensor entering it.
+    const std::string at_least = e.complete ? "" : "at least ";
     throw std::invalid_argument(
-        "the run needs about " + bytes_text(on_device) + " on " + devices[r].to_string() + " (" +
-        std::to_string(sharing) + " rank(s); rank " + std::to_string(r) + ": parameters " +
-        bytes_text(e.parameter_bytes) + ", gradients " + bytes_text(e.gradient_bytes) +
-        ", optimizer state " + bytes_text(e.optimizer_bytes) + ", in-flight activations at least " +
-        bytes_text(e.activation_bytes) + ") but " + source + " is " + bytes_text(limit) +
-        below_the_limit + "; use a smaller model, fewer tokens per micro-batch, more stages, or sgd");
+        "the run needs " + (e.complete ? std::string("about ") : at_least) + bytes_text(on_device) +
+        " on " + devices[r].to_string() + " (" + std::to_string(sharing) + " rank(s); rank " +
+        std::to_string(r) + ": parameters " + bytes_text(e.parameter_bytes) + ", gradients " +
+        bytes_text(e.gradient_bytes) + ", optimizer state " + bytes_text(e.optimizer_bytes) +
+        ", in-flight activations " + at_least + bytes_text(e.activation_bytes) +
+        ", the step's token ids and losses " + bytes_text(e.batch_bytes) +
+        ", boundary tensors and workspace " + bytes_text(e.transient_bytes) + ") but " + source +
+        " is " + bytes_text(limit) + below_the_limit +
+        "; use a smaller model, fewer tokens per micro-batch, more stages, or sgd");
   }
 }
 

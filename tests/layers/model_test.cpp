@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -93,6 +94,37 @@ TEST(ModelDescription, IncompleteDescriptionsAreRejectedByName) {
   model.make_unit = [](int64_t) { return std::unique_ptr<Layer>(); };
   EXPECT_THROW(model.unit(0), std::invalid_argument);
   EXPECT_THROW(activation_rows(0), std::invalid_argument);
+}
+
+// Each unit's own account of what it keeps, on the input the description gives it; that the
+// figures are what the allocator measures is checked in engine/pipeline's unit_memory_test.
+TEST(ModelDescription, UnitMemoryAsksEachUnitOnItsInput) {
+  ModelConfig config = model_preset("tiny");
+  config.d_model = 12;
+  config.hidden = 20;
+  config.n_layers = 3;
+  const ModelDescription model = reference_model(config);
+  std::vector<ActivationMemory> memory;
+  for (int64_t u = 0; u < model.num_units; ++u) {
+    const std::optional<ActivationMemory> m = model.unit_memory(u, 7);
+    ASSERT_TRUE(m.has_value()) << "unit " << u;
+    memory.push_back(*m);
+  }
+  // The embedding keeps nothing of its own: its ids are a view of the step's.
+  EXPECT_EQ(memory[0].saved, 0.0);
+  EXPECT_EQ(memory[0].weight_pending, allocated_bytes({7, 12}));
+  for (int64_t u = 2; u <= 3; ++u) {  // identical blocks
+    EXPECT_EQ(memory[u].saved, memory[1].saved);
+    EXPECT_EQ(memory[u].weight_pending, memory[1].weight_pending);
+    EXPECT_EQ(memory[u].workspace, memory[1].workspace);
+  }
+  // A block keeps its input among other tensors; the head keeps its logits' gradient.
+  EXPECT_GT(memory[1].saved, allocated_bytes({7, 12}));
+  EXPECT_GT(memory[4].saved, allocated_bytes({7, config.vocab}));
+  // A Linear unit sizes what it keeps from the activation the description gives it.
+  ModelDescription linears = two_linear_units();
+  EXPECT_EQ(linears.unit_memory(1, 300)->saved, allocated_bytes({300, 4}));
+  EXPECT_THROW(model.unit_memory(5, 7), std::out_of_range);
 }
 
 }  // namespace
