@@ -24,11 +24,17 @@ TEST(ModelPresets, KnownAndUnknown) {
   EXPECT_THROW(bad.validate(), std::invalid_argument);
 }
 
-TEST(ModelDescription, TheReferenceModelIsOne) {
+// The tiny preset made smaller: d=12, hidden 20, 3 blocks (5 units).
+ModelConfig small_tiny() {
   ModelConfig config = model_preset("tiny");
   config.d_model = 12;
   config.hidden = 20;
   config.n_layers = 3;
+  return config;
+}
+
+TEST(ModelDescription, TheReferenceModelIsOne) {
+  ModelConfig config = small_tiny();
   const ModelDescription model = reference_model(config);
   EXPECT_NO_THROW(model.validate());
   EXPECT_EQ(model.num_units, 5);
@@ -99,10 +105,7 @@ TEST(ModelDescription, IncompleteDescriptionsAreRejectedByName) {
 // Each unit's own account of what it keeps, on the input the description gives it; that the
 // figures are what the allocator measures is checked in engine/pipeline's unit_memory_test.
 TEST(ModelDescription, UnitMemoryAsksEachUnitOnItsInput) {
-  ModelConfig config = model_preset("tiny");
-  config.d_model = 12;
-  config.hidden = 20;
-  config.n_layers = 3;
+  ModelConfig config = small_tiny();
   const ModelDescription model = reference_model(config);
   std::vector<ActivationMemory> memory;
   for (int64_t u = 0; u < model.num_units; ++u) {
