@@ -23,9 +23,11 @@ using conveyor::UnitCosts;
 // - equal blocks: 1 ms each for F, I and W, 6 MB of activations, 3 MB of weights (12 MB of
 //   state with gradients and optimizer), a 1 MiB input, 2 MiB workspace, 1 MB left from I to W;
 // - a loss head four times a block's time, with 16 MB of activations and 8 MiB workspace.
-// A boundary transfer takes 20 µs.
+// A boundary transfer takes 20 µs. CONVEYOR_BENCH_PLANNER_SEED (default 11) seeds the jitter, so
+// that other tables of the same shape can be tried.
 UnitCosts model_costs(int blocks) {
-  std::mt19937_64 rng(11);
+  const char* seed = std::getenv("CONVEYOR_BENCH_PLANNER_SEED");
+  std::mt19937_64 rng(seed ? std::strtoull(seed, nullptr, 10) : 11);
   std::uniform_real_distribution<double> jitter(0.9, 1.1);
   UnitCosts c;
   c.microbatch_tokens = 256;

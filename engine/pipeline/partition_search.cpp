@@ -336,6 +336,7 @@ OwnStageBound::OwnStageBound(const schedule::Schedule& schedule, const Sums& sum
   split_below_.assign(stages, false), split_above_.assign(stages, false);
   for (int s = 1; s < stages; ++s) split_below_[s] = split_below_[s - 1] || split[s - 1];
   for (int s = stages - 2; s >= 0; --s) split_above_[s] = split_above_[s + 1] || split[s + 1];
+  const int last_microbatch = schedule.num_microbatches - 1;
   for (int r = 0; r < schedule.num_ranks(); ++r) {
     Rank rank;
     rank.stages = schedule.placement.stages_of(r);
@@ -353,6 +354,7 @@ OwnStageBound::OwnStageBound(const schedule::Schedule& schedule, const Sums& sum
     // the first gradient step of each own stage.
     std::vector<double> f(own, 0.0), i(own, 0.0), w(own, 0.0);
     rank.after_f = rank.after_i = rank.after_w = f;
+    rank.relays.resize(own);
     std::vector<Line> first_forward(own), first_gradient(own);
     std::vector<bool> has_forward(own, false), has_gradient(own, false);
     for (int j = static_cast<int>(list.size()); j-- > 0;) {
@@ -360,14 +362,21 @@ OwnStageBound::OwnStageBound(const schedule::Schedule& schedule, const Sums& sum
       if (!schedule::is_compute(a.kind) || a.kind == ActionKind::kAllReduceGrad) continue;
       const int k = index_of[a.stage];
       if (k < 0) continue;
+      // The counts after this action, before it adds its own.
+      if (gradient(a.kind) && a.microbatch == last_microbatch)
+        rank.relays[k] = {j, {}, {}, {}, f, i, w};
       const bool forward = a.kind == ActionKind::kForward;
       f[k] += forward, i[k] += gradient(a.kind),
           w[k] += a.kind == ActionKind::kBackward || a.kind == ActionKind::kBackwardWeight;
       if (j > last) rank.after_f = f, rank.after_i = i, rank.after_w = w;
       if (j == last) rank.last_own = k;
-      if (forward) first_forward[k] = {k, false, j <= last, f, i, w}, has_forward[k] = true;
-      if (gradient(a.kind)) first_gradient[k] = {k, true, j <= last, f, i, w}, has_gradient[k] = true;
+      if (gradient(a.kind) && a.microbatch == last_microbatch)
+        rank.relays[k].from_f = f, rank.relays[k].from_i = i, rank.relays[k].from_w = w;
+      if (forward) first_forward[k] = {k, j, false, j <= last, f, i, w}, has_forward[k] = true;
+      if (gradient(a.kind))
+        first_gradient[k] = {k, j, true, j <= last, f, i, w}, has_gradient[k] = true;
     }
+    rank.total_f = f, rank.total_i = i, rank.total_w = w;
     for (size_t k = 0; k < own; ++k) {
       if (has_forward[k]) rank.lines.push_back(first_forward[k]);
       if (has_gradient[k]) rank.lines.push_back(first_gradient[k]);
@@ -376,7 +385,17 @@ OwnStageBound::OwnStageBound(const schedule::Schedule& schedule, const Sums& sum
   }
 }
 
-double OwnStageBound::rank(int r, const StageRange* own) const {
+double OwnStageBound::busy(int r, const StageRange* own) const {
+  const Rank& rank = ranks_[r];
+  double total = 0;
+  for (size_t k = 0; k < rank.stages.size(); ++k)
+    total += rank.total_f[k] * sums_.forward.over(own[k]) +
+             rank.total_i[k] * sums_.input.over(own[k]) +
+             rank.total_w[k] * sums_.weight.over(own[k]);
+  return total;
+}
+
+OwnStageBound::Terms OwnStageBound::terms(int r, const StageRange* own, int relay_own) const {
   const Rank& rank = ranks_[r];
   const size_t count = rank.stages.size();
   double fs[8], is[8], ws[8];  // two to a few stages a rank
@@ -385,12 +404,16 @@ double OwnStageBound::rank(int r, const StageRange* own) const {
   double* I = is;
   double* W = ws;
   if (count > 8) heap.resize(3 * count), F = heap.data(), I = F + count, W = I + count;
-  double later = 0;
-  for (size_t k = 0; k < count; ++k) {
+  auto work = [&](const std::vector<double>& cf, const std::vector<double>& ci,
+                  const std::vector<double>& cw) {
+    double total = 0;
+    for (size_t k = 0; k < count; ++k) total += cf[k] * F[k] + ci[k] * I[k] + cw[k] * W[k];
+    return total;
+  };
+  for (size_t k = 0; k < count; ++k)
     F[k] = sums_.forward.over(own[k]), I[k] = sums_.input.over(own[k]),
     W[k] = sums_.weight.over(own[k]);
-    later += rank.after_f[k] * F[k] + rank.after_i[k] * I[k] + rank.after_w[k] * W[k];
-  }
+  const double later = work(rank.after_f, rank.after_i, rank.after_w);
   double tail = 0;
   if (rank.last_own >= 0) {
     const int s = rank.stages[rank.last_own];
@@ -399,7 +422,11 @@ double OwnStageBound::rank(int r, const StageRange* own) const {
   }
   const double beyond = std::max(0.0, tail - later);
   const double all_forwards = sums_.forward.over(0, n_);
-  double best = 0;
+  const Relay* relay =
+      relay_own >= 0 && rank.relays[relay_own].at >= 0 ? &rank.relays[relay_own] : nullptr;
+  const double after_relay = relay ? work(relay->after_f, relay->after_i, relay->after_w) : 0;
+  Terms out{0, -kInf, -kInf};
+  if (relay) out.relay_rest = work(relay->from_f, relay->from_i, relay->from_w) + beyond;
   for (const Line& line : rank.lines) {
     const int s = rank.stages[line.own_index];
     const StageRange& at = own[line.own_index];
@@ -407,11 +434,12 @@ double OwnStageBound::rank(int r, const StageRange* own) const {
     if (line.gradient)
       start = all_forwards + sums_.input.over(at.end, n_) +
               (split_above_[s] ? 0.0 : sums_.weight.over(at.end, n_));
-    double work = 0;
-    for (size_t k = 0; k < count; ++k) work += line.f[k] * F[k] + line.i[k] * I[k] + line.w[k] * W[k];
-    best = std::max(best, start + work + (line.with_tail ? beyond : 0.0));
+    const double from_line = work(line.f, line.i, line.w);
+    out.bound = std::max(out.bound, start + from_line + (line.with_tail ? beyond : 0.0));
+    if (relay && line.at <= relay->at)
+      out.relay_end = std::max(out.relay_end, start + from_line - after_relay);
   }
-  return best;
+  return out;
 }
 
 PairedStageBound::PairedStageBound(const schedule::Schedule& schedule, const Sums& sums)
@@ -419,38 +447,60 @@ PairedStageBound::PairedStageBound(const schedule::Schedule& schedule, const Sum
   const int p = schedule.num_ranks();
   const int64_t n = n_;
   table_.assign(static_cast<size_t>(p + 1) * (n + 1) * (n + 1), kInf);
+  relay_.assign(table_.size(), kInf);
   choice_.assign(table_.size(), {-1, -1});
-  auto at = [&](int r, int64_t a, int64_t b) -> double& {
-    return table_[(static_cast<size_t>(r) * (n + 1) + a) * (n + 1) + b];
+  auto index = [&](int r, int64_t a, int64_t b) {
+    return (static_cast<size_t>(r) * (n + 1) + a) * (n + 1) + b;
   };
-  for (int64_t x = 0; x <= n; ++x) at(p, x, x) = 0;
+  // No rank inside the middle pair: nothing for a relay to reach.
+  for (int64_t x = 0; x <= n; ++x) table_[index(p, x, x)] = 0, relay_[index(p, x, x)] = -kInf;
   StageRange mine[2];
   for (int r = p - 1; r >= 0; --r) {
     // The ranks r .. p-1 hold 2(p - r) stages of at least one unit each.
     const int64_t inner_stages = 2 * (p - r - 1);
     for (int64_t a = r; a <= n; ++a)
       for (int64_t b = a + 2 + inner_stages; b <= n - r; ++b) {
-        double least = kInf;
+        double least = kInf, least_relay = kInf;
         for (int64_t a2 = a + 1; a2 + inner_stages < b; ++a2)
           for (int64_t b2 = a2 + inner_stages; b2 < b; ++b2) {
-            const double rest = at(r + 1, a2, b2);
-            if (rest >= least) continue;
+            const double rest = table_[index(r + 1, a2, b2)];
+            if (rest == kInf) continue;
+            const double inner_relay = relay_[index(r + 1, a2, b2)];
+            const double entering = sums.input.over(b2, b) + inner_relay;
+            if (rest >= least && entering >= least_relay) continue;
             mine[0] = {a, a2}, mine[1] = {b2, b};
-            const double value = std::max(rest, own_.rank(r, mine));
-            if (value < least)
-              least = value,
-              choice_[(static_cast<size_t>(r) * (n + 1) + a) * (n + 1) + b] = {a2, b2};
+            // Rank r's returning stage [b2, b) is right above the inner ranks' ones.
+            const OwnStageBound::Terms t = own_.terms(r, mine, 1);
+            const double value = std::max({rest, t.bound, t.relay_end + inner_relay});
+            if (value < least) least = value, choice_[index(r, a, b)] = {a2, b2};
+            least_relay = std::min(least_relay, std::max(t.relay_rest, entering));
           }
-        at(r, a, b) = least;
+        table_[index(r, a, b)] = least, relay_[index(r, a, b)] = least_relay;
       }
   }
   prefix_.assign(static_cast<size_t>(p + 1) * (n + 1), kInf);
   for (int k = 0; k <= p; ++k)
     for (int64_t a = 0; a <= n; ++a) {
       double least = kInf;
-      for (int64_t b = a; b <= n; ++b) least = std::min(least, at(k, a, b));
+      for (int64_t b = a; b <= n; ++b) least = std::min(least, table_[index(k, a, b)]);
       prefix_[static_cast<size_t>(k) * (n + 1) + a] = least;
     }
+}
+
+PairedStageBound::Placed PairedStageBound::place(int r, const Outer& outer, int64_t a, int64_t a2,
+                                                 int64_t b2, int64_t b) const {
+  const StageRange mine[2] = {{a, a2}, {b2, b}};
+  const OwnStageBound::Terms t = own_.terms(r, mine, 1);
+  Placed out;
+  // Rank r as a relay's end, after the ranks placed; then as its start, with them, for the
+  // ranks inside, whose returning stages the last micro-batch's gradient enters at b2.
+  out.next.placed = std::max({outer.placed, t.bound, outer.arrival + t.relay_rest});
+  out.next.arrival = std::max(outer.arrival + own_.sums().input.over(b2, b), t.relay_end);
+  out.bound = out.next.placed;
+  if (r + 1 < ranks_)
+    out.bound =
+        std::max({out.bound, inner(r + 1, a2, b2), out.next.arrival + relay(r + 1, a2, b2)});
+  return out;
 }
 
 std::vector<StageRange> PairedStageBound::least_partition() const {
@@ -467,47 +517,106 @@ std::vector<StageRange> PairedStageBound::least_partition() const {
   return ranges;
 }
 
-double looped_pair_bound(const schedule::Schedule& schedule, const Sums& sums) {
-  const OwnStageBound own(schedule, sums);
-  const int p = schedule.num_ranks();
-  const int64_t n = sums.compute.n;
-  // Middle cuts from the centre outwards: a good one found first lets the others skip the
-  // choices that cannot go below it (a value only needs to be right below `best`).
-  std::vector<int64_t> middles;
-  for (int64_t d = 0; d <= n; ++d)
-    for (int64_t middle : {n / 2 - d, n / 2 + d + 1})
-      if (middle >= p && middle <= n - p) middles.push_back(middle);
-  double best = kInf;
-  std::vector<double> later((n + 1) * (n + 1)), here((n + 1) * (n + 1));
-  StageRange mine[2];
-  for (int64_t middle : middles) {
-    // later[a * (n + 1) + b]: the least largest bound of the ranks after r when c_{r+1} = a and
-    // c_{p+r+1} = b (capped at `best`).
-    for (int r = p - 1; r >= 0; --r) {
-      const int64_t a_last = middle - (p - r), b_last = n - (p - r);
-      for (int64_t a = r; a <= a_last; ++a)
-        for (int64_t b = middle + r; b <= b_last; ++b) {
-          if (r == 0 && (a != 0 || b != middle)) continue;
-          double least = best;
-          if (r == p - 1) {
-            mine[0] = {a, middle}, mine[1] = {b, n};
-            least = std::min(least, own.rank(r, mine));
-          } else {
-            for (int64_t a2 = a + 1; a2 <= a_last + 1; ++a2)
-              for (int64_t b2 = b + 1; b2 <= b_last + 1; ++b2) {
-                const double rest = later[a2 * (n + 1) + b2];
-                if (rest >= least) continue;
-                mine[0] = {a, a2}, mine[1] = {b, b2};
-                least = std::min(least, std::max(rest, own.rank(r, mine)));
-              }
-          }
-          here[a * (n + 1) + b] = least;
-        }
-      std::swap(later, here);
-    }
-    best = std::min(best, later[0 * (n + 1) + middle]);
+LoopedPairBound::LoopedPairBound(const schedule::Schedule& schedule, const Sums& sums)
+    : own_(schedule, sums), n_(sums.compute.n), ranks_(schedule.num_ranks()) {}
+
+void LoopedPairBound::prepare(double cap) {
+  if (cap_ >= 0 && cap <= cap_) return;
+  cap_ = cap;
+  middle_.assign(n_ + 1, kInf);
+  tables_.assign(n_ + 1, {});
+  choices_.assign(n_ + 1, {});
+  prefix_.assign(static_cast<size_t>(ranks_ + 1) * (n_ + 1), kInf);
+  for (int64_t m = ranks_; m <= n_ - ranks_; ++m) {
+    fill(m);
+    prefix_[static_cast<size_t>(ranks_) * (n_ + 1) + m] = middle_[m];
+    for (int k = 1; k < ranks_; ++k)
+      for (int64_t e = k; e <= m - (ranks_ - k); ++e) {
+        double& least = prefix_[static_cast<size_t>(k) * (n_ + 1) + e];
+        for (int64_t b = m + k; b <= n_ - (ranks_ - k); ++b)
+          least = std::min(least, inner(m, k, e, b));
+      }
   }
-  return best;
+}
+
+void LoopedPairBound::fill(int64_t m) {
+  const int p = ranks_;
+  const int64_t n = n_;
+  const size_t size = static_cast<size_t>(p) * (n + 1) * (n + 1);
+  std::vector<double>& table = tables_[m];
+  std::vector<std::pair<int32_t, int32_t>>& choice = choices_[m];
+  table.assign(size, kInf);
+  choice.assign(size, {-1, -1});
+  auto index = [&](int r, int64_t a, int64_t b) {
+    return (static_cast<size_t>(r) * (n + 1) + a) * (n + 1) + b;
+  };
+  StageRange mine[2];
+  for (int r = p - 1; r >= 0; --r) {
+    // c_r = a and c_{p+r} = b, each of the stages r .. p-1 and p+r .. 2p-1 at least a unit.
+    const int64_t a_last = m - (p - r), b_last = n - (p - r);
+    for (int64_t a = r; a <= a_last; ++a)
+      for (int64_t b = m + r; b <= b_last; ++b) {
+        if (r == 0 && (a != 0 || b != m)) continue;
+        double least = cap_;
+        if (r == p - 1) {
+          mine[0] = {a, m}, mine[1] = {b, n};
+          least = std::min(least, std::max(own_.busy(r, mine), own_.rank(r, mine)));
+        } else {
+          // The busy time grows with either cut: past the least, no later one helps.
+          for (int64_t a2 = a + 1; a2 <= a_last + 1; ++a2) {
+            mine[0] = {a, a2}, mine[1] = {b, b + 1};
+            if (own_.busy(r, mine) >= least) break;
+            for (int64_t b2 = b + 1; b2 <= b_last + 1; ++b2) {
+              const double rest = table[index(r + 1, a2, b2)];
+              if (rest >= least) continue;
+              mine[1] = {b, b2};
+              const double busy = own_.busy(r, mine);
+              if (busy >= least) break;
+              const double value = std::max({rest, busy, own_.rank(r, mine)});
+              if (value < least)
+                least = value,
+                choice[index(r, a, b)] = {static_cast<int32_t>(a2), static_cast<int32_t>(b2)};
+            }
+          }
+        }
+        table[index(r, a, b)] = least;
+      }
+  }
+  middle_[m] = table[index(0, 0, m)];
+  // A middle cut whose bound reached the cap is never searched: its table goes.
+  if (middle_[m] >= cap_)
+    table.clear(), table.shrink_to_fit(), choice.clear(), choice.shrink_to_fit();
+}
+
+double LoopedPairBound::place(int64_t m, int r, double placed, int64_t a, int64_t a2, int64_t b,
+                              int64_t b2, double* own) const {
+  const StageRange mine[2] = {{a, a2}, {b, b2}};
+  *own = std::max({placed, own_.busy(r, mine), own_.rank(r, mine)});
+  return r + 1 < ranks_ ? std::max(*own, inner(m, r + 1, a2, b2)) : *own;
+}
+
+double LoopedPairBound::least() const {
+  return middle_.empty() ? 0 : *std::min_element(middle_.begin(), middle_.end());
+}
+
+std::vector<StageRange> LoopedPairBound::least_partition() const {
+  const int p = ranks_;
+  const int64_t n = n_;
+  if (middle_.empty()) return {};
+  const int64_t m = std::min_element(middle_.begin(), middle_.end()) - middle_.begin();
+  if (middle_[m] >= cap_) return {};
+  std::vector<StageRange> ranges(2 * p);
+  int64_t a = 0, b = m;
+  for (int r = 0; r < p; ++r) {
+    int64_t a2 = m, b2 = n;
+    if (r < p - 1) {
+      const auto [x, y] = choices_[m][(static_cast<size_t>(r) * (n + 1) + a) * (n + 1) + b];
+      a2 = x, b2 = y;
+    }
+    ranges[r] = {a, a2}, ranges[p + r] = {b, b2};
+    a = a2, b = b2;
+  }
+  return ranges;
 }
 
 // A path of the schedule's dependency graph (Replay::critical_path) as what it adds up: per
@@ -605,6 +714,9 @@ struct PartitionSearcher::Impl {
   // Two stages a rank in a V: the search places the ranks' pairs of stages from the outside
   // in, each bounded by the pairs still open (PairedStageBound); null otherwise.
   const std::unique_ptr<PairedStageBound> paired;
+  // Two stages a rank in a loop (interleaved, v = 2): likewise, under each middle cut
+  // (LoopedPairBound); null otherwise.
+  const std::unique_ptr<LoopedPairBound> looped;
   schedule::Replay replay;
   // The budgets count work: a simulation of a short schedule (few micro-batches) costs a
   // fraction of a long one's, so it gets as many more simulations, up to those of a schedule
@@ -656,6 +768,9 @@ struct PartitionSearcher::Impl {
         bound(schedule),
         paired(PairedStageBound::applies(schedule.placement)
                    ? std::make_unique<PairedStageBound>(schedule, sums)
+                   : nullptr),
+        looped(LoopedPairBound::applies(schedule.placement)
+                   ? std::make_unique<LoopedPairBound>(schedule, sums)
                    : nullptr),
         replay(schedule),
         budget_scale(
@@ -933,6 +1048,12 @@ struct PartitionSearcher::Impl {
       double least = std::max(own, remaining(k, e));
       // Two stages a rank in a V: the ranks whose both stages are still to come.
       if (paired && k + 1 <= ranks) least = std::max(least, paired->after_prefix(k + 1, e));
+      // Two stages a rank in a loop: the ranks whose both stages are still to come, or,
+      // past the middle cut, those whose second stage is.
+      if (looped && k + 1 <= ranks) least = std::max(least, looped->after_prefix(k + 1, e));
+      if (looped && k + 1 > ranks)
+        least = std::max(
+            least, looped->inner(ranges[ranks - 1].end, k + 1 - ranks, ranges[k - ranks].end, e));
       if (drop(least)) continue;
       if (!one_stage_per_rank && !completes_within(k, e, limit())) {
         drop_beyond_limit();
@@ -971,20 +1092,29 @@ struct PartitionSearcher::Impl {
     f[k] = i[k] = w[k] = 0;
   }
 
-  // The V of two stages a rank, placed a rank at a time from the outside in: rank r's stages
-  // r and 2p-1-r take the units [a, a2) and [b2, b) within the [a, b) the outer ranks left.
-  // A choice is bounded by the largest OwnStageBound of the ranks placed and the paired bound
-  // of those still to place, and the choices are tried from the least bound up, so the first
-  // past the limit ends the rank. Prefix order does not apply, so a tie is never dropped.
-  // path_bound for the pairs: the stages r+1 .. 2p-2-r hold the units [a2, b2).
-  // `outer` keeps, per path, what the stages of the ranks before r add to it (the same for
-  // every choice of rank r), with the serial of the path it was taken of.
+  // Two stages a rank, placed a rank at a time from the outside in. In the V (zbv), rank r's
+  // stages r and 2p-1-r take the units [a, a2) and [b2, b) within the [a, b) the outer ranks
+  // left, and the stages r+1 .. 2p-2-r of the ranks still to place hold [a2, b2). In the loop
+  // (interleaved, v = 2) under the middle cut m = c_p, rank r's stages r and p+r take [a, a2)
+  // and [b, b2), where a and b end the stages r-1 and p+r-1, and the ranks still to place hold
+  // [a2, m) and [b2, n). A choice is bounded by the largest OwnStageBound of the ranks placed
+  // and the pair table of those still to place, and the choices are tried from the least
+  // bound up, so the first past the limit ends the rank. Prefix order does not apply, so a tie
+  // is never dropped.
+  int64_t middle = 0;  // the loop's middle cut, while one is searched
+  int partner(int r) const { return paired ? stages - 1 - r : ranks + r; }
+
+  // path_bound for the pairs, the stages of the ranks still to place each at the least F, I
+  // and W of a unit they may hold. `outer` keeps, per path, what the stages of the ranks
+  // before r add to it (the same for every choice of rank r), with the serial of the path it
+  // was taken of.
   double paired_path_bound(int r, int64_t a2, int64_t b2, CostPath** longest,
                            std::vector<std::pair<int64_t, double>>& outer) {
     if (paths.empty()) return 0;
-    const int64_t at = a2 * (n + 1) + (b2 - 1);
-    const double lf = least_f[at], li = least_i[at], lw = least_w[at];
-    const int mirror = stages - 1 - r;
+    const int mine = partner(r);
+    // The inner stages: one run of units in the V; two in the loop, [a2, m) and [b2, n).
+    const int64_t low = a2 * (n + 1) + ((paired ? b2 : middle) - 1);
+    const int64_t high = b2 * (n + 1) + (n - 1);
     if (outer.size() < paths.size()) outer.resize(paths.size(), {-1, 0.0});
     double most = 0;
     for (size_t k = 0; k < paths.size(); ++k) {
@@ -993,57 +1123,80 @@ struct PartitionSearcher::Impl {
         double placed = transfer * path.transfers;
         for (int s = 0; s < r; ++s)
           placed += path.f[s] * f[s] + path.i[s] * i[s] + path.w[s] * w[s];
-        for (int s = mirror + 1; s < stages; ++s)
+        for (int s = paired ? mine + 1 : ranks; s < (paired ? stages : mine); ++s)
           placed += path.f[s] * f[s] + path.i[s] * i[s] + path.w[s] * w[s];
         outer[k] = {path.serial, placed};
       }
-      // Rank r's stages at their costs, the middle ones each at the least unit's.
-      const double length = outer[k].second + path.f[r] * f[r] + path.i[r] * i[r] +
-                            path.w[r] * w[r] + path.f[mirror] * f[mirror] +
-                            path.i[mirror] * i[mirror] + path.w[mirror] * w[mirror] +
-                            (path.below_f[mirror] - path.below_f[r + 1]) * lf +
-                            (path.below_i[mirror] - path.below_i[r + 1]) * li +
-                            (path.below_w[mirror] - path.below_w[r + 1]) * lw;
+      double length = outer[k].second + path.f[r] * f[r] + path.i[r] * i[r] + path.w[r] * w[r] +
+                      path.f[mine] * f[mine] + path.i[mine] * i[mine] + path.w[mine] * w[mine];
+      // The stages [r+1, partner) of the V, or [r+1, p) of the loop, over the first run.
+      const int first_end = paired ? mine : ranks;
+      length += (path.below_f[first_end] - path.below_f[r + 1]) * least_f[low] +
+                (path.below_i[first_end] - path.below_i[r + 1]) * least_i[low] +
+                (path.below_w[first_end] - path.below_w[r + 1]) * least_w[low];
+      if (!paired)
+        length += (path.below_f[stages] - path.below_f[mine + 1]) * least_f[high] +
+                  (path.below_i[stages] - path.below_i[mine + 1]) * least_i[high] +
+                  (path.below_w[stages] - path.below_w[mine + 1]) * least_w[high];
       if (length > most) most = length, *longest = &path;
     }
     return most;
   }
 
   struct PairChoice {
-    double bound, own;
+    double bound;
+    PairedStageBound::Outer next;  // the loop's uses `placed` alone
     int64_t a2, b2;
   };
-  void place_pairs(int r, double placed) {
-    const int p = ranks, mirror = 2 * p - 1 - r;
-    const int64_t a = r == 0 ? 0 : ranges[r - 1].end, b = r == 0 ? n : ranges[mirror + 1].begin;
-    const int64_t inner_stages = 2 * (p - r - 1);
+  void place_pairs(int r, const PairedStageBound::Outer& placed) {
+    const int p = ranks, mine = partner(r);
+    const int64_t a = r == 0 ? 0 : ranges[r - 1].end;
+    const int64_t b =
+        paired ? (r == 0 ? n : ranges[mine + 1].begin) : (r == 0 ? middle : ranges[mine - 1].end);
     std::vector<PairChoice> choices;
     std::vector<std::pair<int64_t, double>> outer;
-    StageRange mine[2];
-    for (int64_t a2 = a + 1; a2 + inner_stages < b; ++a2)
-      for (int64_t b2 = a2 + inner_stages; b2 < b; ++b2) {
-        const double rest = paired->inner(r + 1, a2, b2);
-        if (rest == kInf) continue;
-        // Slower than the best found whatever rank r's own bound: dropped without it, as
-        // drop() would, keeping nothing; most choices at the ranks placed first are.
-        if (!out.ranges.empty() && std::max(placed, rest) > out.step * (1 + kSlack)) continue;
-        mine[0] = {a, a2}, mine[1] = {b2, b};
-        const double own = std::max(placed, paired->own().rank(r, mine));
-        const double least = std::max(own, rest);
-        if (least > limit()) {
-          drop(least);  // keeps it for the lower bound when only the ceiling is past
-          continue;
-        }
-        choices.push_back({least, own, a2, b2});
+    auto consider = [&](int64_t a2, int64_t b2) {
+      // The ranks after r: their pair table.
+      // (In the V, inner(p, a2, b2) is finite only where the middle stages meet, a2 = b2.)
+      const double rest = paired       ? paired->inner(r + 1, a2, b2)
+                          : r == p - 1 ? 0.0
+                                       : looped->inner(middle, r + 1, a2, b2);
+      if (rest == kInf) return;
+      // Slower than the best found whatever rank r's own bound: dropped without it, as
+      // drop() would, keeping nothing; most choices at the ranks placed first are.
+      if (!out.ranges.empty() && std::max(placed.placed, rest) > out.step * (1 + kSlack)) return;
+      PairChoice choice{0, {}, a2, b2};
+      if (paired) {
+        const PairedStageBound::Placed next = paired->place(r, placed, a, a2, b2, b);
+        choice.bound = next.bound, choice.next = next.next;
+      } else {
+        choice.bound = looped->place(middle, r, placed.placed, a, a2, b, b2, &choice.next.placed);
       }
+      if (choice.bound > limit()) {
+        drop(choice.bound);  // keeps it for the lower bound when only the ceiling is past
+        return;
+      }
+      choices.push_back(choice);
+    };
+    if (paired) {
+      const int64_t inner_stages = 2 * (p - r - 1);
+      for (int64_t a2 = a + 1; a2 + inner_stages < b; ++a2)
+        for (int64_t b2 = a2 + inner_stages; b2 < b; ++b2) consider(a2, b2);
+    } else if (r == p - 1) {
+      consider(middle, n);
+    } else {
+      for (int64_t a2 = a + 1; a2 <= middle - (p - 1 - r); ++a2)
+        for (int64_t b2 = b + 1; b2 <= n - (p - 1 - r); ++b2) consider(a2, b2);
+    }
     std::sort(choices.begin(), choices.end(), [](const PairChoice& x, const PairChoice& y) {
       return x.bound != y.bound ? x.bound < y.bound : x.a2 != y.a2 ? x.a2 < y.a2 : x.b2 < y.b2;
     });
     for (const PairChoice& choice : choices) {
       known = 0;  // no prefix to compare in a tie
       if (drop(choice.bound)) break;  // the rest are no lower
-      ranges[r] = {a, choice.a2}, ranges[mirror] = {choice.b2, b};
-      for (int s : {r, mirror})
+      ranges[r] = {a, choice.a2};
+      ranges[mine] = paired ? StageRange{choice.b2, b} : StageRange{b, choice.b2};
+      for (int s : {r, mine})
         f[s] = sums.forward.over(ranges[s]), i[s] = sums.input.over(ranges[s]),
         w[s] = sums.weight.over(ranges[s]);
       if (r == p - 1) {
@@ -1052,7 +1205,7 @@ struct PartitionSearcher::Impl {
         continue;
       }
       // The remembered critical paths, each later stage at the least F, I and W of a unit
-      // of the middle: they see the bubbles of partitions like those simulated.
+      // it may hold: they see the bubbles of partitions like those simulated.
       CostPath* longest = nullptr;
       const double path = paired_path_bound(r, choice.a2, choice.b2, &longest, outer);
       if (path > choice.bound && drop(path)) {
@@ -1065,9 +1218,42 @@ struct PartitionSearcher::Impl {
         continue;
       }
       ++visits_here, ++out.visits;
-      place_pairs(r + 1, choice.own);
+      place_pairs(r + 1, choice.next);
     }
-    f[r] = i[r] = w[r] = f[mirror] = i[mirror] = w[mirror] = 0;
+    f[r] = i[r] = w[r] = f[mine] = i[mine] = w[mine] = 0;
+  }
+
+  // The loop: each middle cut from the least bound up, then its ranks' pairs.
+  void place_middles() {
+    prepare_looped();
+    std::vector<std::pair<double, int64_t>> order;
+    for (int64_t m = ranks; m <= n - ranks; ++m) {
+      const double least = looped->middle(m);
+      if (least > limit()) {
+        drop(least);
+        continue;
+      }
+      order.push_back({least, m});
+    }
+    std::sort(order.begin(), order.end());
+    for (const auto& [least, m] : order) {
+      known = 0;
+      if (drop(least)) break;
+      if (exhausted || visits_here >= visit_limit || !affords_run()) {
+        exhausted = true;
+        leave_open(least);
+        continue;
+      }
+      ++visits_here, ++out.visits;
+      middle = m;
+      place_pairs(0, {});
+    }
+  }
+
+  // The loop's pair tables under the best found: a search drops every prefix past it, so a
+  // value past it need not be exact (a little above, so that a tie still counts as one).
+  void prepare_looped() {
+    if (looped) looped->prepare(out.ranges.empty() ? kInf : out.step * (1 + 4 * kSlack));
   }
 
   // No partition that fits is faster than this: what the searches proved, and the root's
@@ -1085,25 +1271,37 @@ struct PartitionSearcher::Impl {
             .level();
     if (one_stage_per_rank) least = std::max(least, completion[0][0]);
     if (paired) least = std::max(least, paired->inner(0, 0, n));
-    if (looped_pair_bound_applies(schedule.placement))
-      least = std::max(least, looped_pair_bound(schedule, sums));
+    if (looped) {
+      prepare_looped();
+      least = std::max(least, looped->least());
+    }
     proved = std::max(proved, least);
   }
 
   // One walk of the tree under `ceiling`; whether it proved the best found the fastest.
   bool walk() {
     least_open = kInf;
+    prepare_looped();
     // Under a cap, stage by stage: a prefix's memory is known there, and it prunes the most.
+    // The loop's pairs only under a ceiling below the best found: its own-stage bounds fall
+    // far short of its step times (7 % at the optimum of bench_planner's 26-unit model at p =
+    // 8), which the stage-by-stage bounds (relaxed simulations, critical paths) see, while
+    // under a ceiling near the DP's least the pair tables drop nearly every choice (there, at
+    // 50 units, 510 prefixes prove a bound above zbv's step time where the stages by stage
+    // took 90 thousand).
     if (paired && cap <= 0)
-      place_pairs(0, 0.0);
+      place_pairs(0, {});
+    else if (looped && cap <= 0 && ceiling < out.step)
+      place_middles();
     else
       place(0, 0);
     // A prefix left with a bound tied with the best could only have won the tie.
     return least_open == kInf || (!out.ranges.empty() && least_open >= out.step * (1 - kSlack));
   }
 
-  // Iterative deepening on the bound where each node's bound is the paired DP's (zbv without
-  // a cap): walks under growing ceilings below the best found, then the walk under it. A
+  // Iterative deepening on the bound where each node's bound is a pair table's (zbv without a
+  // cap; interleaved v=2 without one under a ceiling below the best found, every walk of it
+  // by pairs): walks under growing ceilings below the best found, then the walk under it. A
   // depth-first walk under the best found descends into every subtree whose bound is below
   // it, most of them far from the optimum, before it meets a partition near the proven bound;
   // a walk under a lower ceiling visits only the subtrees that could hold so fast a
@@ -1112,9 +1310,9 @@ struct PartitionSearcher::Impl {
   // this one count kGrowth times the prefixes this one visited. The walks below the best
   // found take at most a quarter of the search's prefixes, on top of those of the last walk,
   // which keeps the whole budget it has without them. Measured on bench_planner's 50-unit
-  // model at p = 8 (zbv, m = 64, one search with a large budget from the first incumbent): 15
-  // thousand prefixes to prove the optimum rather than 58 thousand in one walk, which met it
-  // only after 47 thousand.
+  // model at p = 8 (zbv, m = 64, one search with a large budget from the first incumbent),
+  // before the relays: 15 thousand prefixes to prove the optimum rather than 58 thousand in
+  // one walk, which met it only after 47 thousand (with them, 1.1 thousand).
   double next_ceiling = -1;  // of the next walk below the best found; -1: the root's bound
   bool counting = false;     // the walk counts the bounds it drops in (ceiling, counted_top)
   double counted_top = 0;
@@ -1131,7 +1329,7 @@ struct PartitionSearcher::Impl {
               asked.actions};
     relaxed_here = visits_here = actions_here = 0;
     exhausted = false;
-    const bool deepens = paired && cap <= 0;
+    const bool deepens = cap <= 0 && (paired || (looped && asked_ceiling < out.step));
     if (deepens) take_root_bound();
     if (next_ceiling < 0) next_ceiling = proved;
     const int64_t lower_visits = budget.visits / kLowerShare;
@@ -1204,6 +1402,11 @@ void PartitionSearcher::start_from(const std::vector<StageRange>& incumbent,
   // The partition the paired bound is least for: its bound is close to the optimum, so it
   // is often nearly as fast.
   if (s.paired) attempt(s.paired->least_partition());
+  if (s.looped) {
+    s.prepare_looped();
+    const auto least = s.looped->least_partition();
+    if (!least.empty()) attempt(least);
+  }
   for (bool moved = !s.out.ranges.empty(); moved;) {
     moved = false;
     for (int k = 1; k < s.stages && !moved; ++k)
