@@ -2,8 +2,8 @@
 
 #include <cerrno>
 #include <cstdlib>
-#include <stdexcept>
 #include <optional>
+#include <stdexcept>
 
 #include "comm/transport.h"
 

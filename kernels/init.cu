@@ -12,8 +12,8 @@ namespace {
 constexpr int kBlock = 256;
 
 // Thread g produces elements 4g .. 4g+3 from the Philox block with counter g.
-__global__ void init_uniform_kernel(float* __restrict__ out, int64_t n, uint64_t seed,
-                                    uint64_t key, float low, float high, bool vec) {
+__global__ void init_uniform_kernel(float* __restrict__ out, int64_t n, uint64_t seed, uint64_t key,
+                                    float low, float high, bool vec) {
   const int64_t groups = (n + 3) / 4;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t g = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; g < groups;
@@ -21,9 +21,10 @@ __global__ void init_uniform_kernel(float* __restrict__ out, int64_t n, uint64_t
     const philox::Block w = philox::init_block(static_cast<uint64_t>(g), seed, key);
     const int64_t i = 4 * g;
     if (vec && i + 3 < n) {
-      reinterpret_cast<float4*>(out)[g] = make_float4(
-          philox::uniform_from_word(w.v[0], low, high), philox::uniform_from_word(w.v[1], low, high),
-          philox::uniform_from_word(w.v[2], low, high), philox::uniform_from_word(w.v[3], low, high));
+      reinterpret_cast<float4*>(out)[g] = make_float4(philox::uniform_from_word(w.v[0], low, high),
+                                                      philox::uniform_from_word(w.v[1], low, high),
+                                                      philox::uniform_from_word(w.v[2], low, high),
+                                                      philox::uniform_from_word(w.v[3], low, high));
     } else {
       for (int j = 0; j < 4 && i + j < n; ++j)
         out[i + j] = philox::uniform_from_word(w.v[j], low, high);

@@ -240,8 +240,8 @@ void softmax_cross_entropy(DeviceContext& ctx, const Tensor& losses, const Tenso
   check_shape(targets, {n}, "cross-entropy targets");
   check_f32(ctx, losses, {n}, "cross-entropy losses");
   check_f32(ctx, dlogits, {n, vocab}, "cross-entropy logit gradient");
-  CONVEYOR_DISPATCH_WITH_POOL(ctx, softmax_cross_entropy, f32(losses), f32(dlogits),
-                              f32(logits), i32(targets), n, vocab, ignore_index, grad_scale);
+  CONVEYOR_DISPATCH_WITH_POOL(ctx, softmax_cross_entropy, f32(losses), f32(dlogits), f32(logits),
+                              i32(targets), n, vocab, ignore_index, grad_scale);
 }
 
 namespace {

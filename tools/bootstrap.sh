@@ -15,6 +15,8 @@ packages=(cmake make g++ libeigen3-dev libgtest-dev libgmock-dev libbenchmark-de
 # /etc/slurm/slurm.conf).
 if [[ "${CONVEYOR_CMAKE_ARGS:-}" != *CONVEYOR_BUILD_TESTS=OFF* ]]; then
   packages+=(slurmctld slurmd slurm-client munge)
+  # ctest format_check lays every source out with it and compares.
+  packages+=(clang-format)
 fi
 missing=()
 for p in "${packages[@]}"; do

@@ -11,8 +11,8 @@
 #include <filesystem>
 #include <limits>
 #include <memory>
-#include <optional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>

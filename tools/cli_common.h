@@ -120,8 +120,8 @@ inline int64_t parse_int(std::string_view text, std::string_view flag, int64_t l
   // 2^63: the magnitude of INT64_MIN, the largest a negative value has.
   constexpr uint64_t kNegativeLimit = uint64_t{1} << 63;
   if (*magnitude > (negative ? kNegativeLimit : kNegativeLimit - 1)) return fail(" (out of range)");
-  const int64_t value = negative ? static_cast<int64_t>(0 - *magnitude)
-                                 : static_cast<int64_t>(*magnitude);
+  const int64_t value =
+      negative ? static_cast<int64_t>(0 - *magnitude) : static_cast<int64_t>(*magnitude);
   if (value < lo)
     throw UsageError(std::string(flag) + " must be at least " + std::to_string(lo) + ", got '" +
                      escape_for_message(text) + "' (a whole number in " + range + ")");

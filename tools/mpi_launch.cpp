@@ -274,8 +274,8 @@ void check_gpus_not_shared(const MpiSession& session, Device device) {
   std::string mine = "cpu\ncpu";
   if (device.is_cuda()) {
     const char* host_id = std::getenv("NCCL_HOSTID");
-    mine = cuda_device_uuid(device.index) + " " + (host_id ? host_id : "") + "\n" +
-           device.to_string();
+    mine =
+        cuda_device_uuid(device.index) + " " + (host_id ? host_id : "") + "\n" + device.to_string();
   }
   comm::mpi_roll_call("the GPU check", session.timeout());
   const std::vector<std::string> all = all_gather_text(mine, session.size());

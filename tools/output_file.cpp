@@ -3,8 +3,8 @@
 #include <fcntl.h>
 #include <linux/magic.h>
 #include <sys/file.h>
-#include <sys/statfs.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -24,17 +24,28 @@ namespace {
 // The name of the kernel file system `magic` (statfs's f_type) is, or null for any other.
 const char* kernel_file_system_name(uint64_t magic) {
   switch (magic) {
-    case PROC_SUPER_MAGIC: return "proc";
-    case SYSFS_MAGIC: return "sysfs";
-    case DEBUGFS_MAGIC: return "debugfs";
-    case TRACEFS_MAGIC: return "tracefs";
-    case SECURITYFS_MAGIC: return "securityfs";
-    case CGROUP_SUPER_MAGIC: return "cgroup";
-    case CGROUP2_SUPER_MAGIC: return "cgroup2";
-    case BPF_FS_MAGIC: return "bpf";
-    case PSTOREFS_MAGIC: return "pstore";
-    case EFIVARFS_MAGIC: return "efivarfs";
-    default: return nullptr;
+    case PROC_SUPER_MAGIC:
+      return "proc";
+    case SYSFS_MAGIC:
+      return "sysfs";
+    case DEBUGFS_MAGIC:
+      return "debugfs";
+    case TRACEFS_MAGIC:
+      return "tracefs";
+    case SECURITYFS_MAGIC:
+      return "securityfs";
+    case CGROUP_SUPER_MAGIC:
+      return "cgroup";
+    case CGROUP2_SUPER_MAGIC:
+      return "cgroup2";
+    case BPF_FS_MAGIC:
+      return "bpf";
+    case PSTOREFS_MAGIC:
+      return "pstore";
+    case EFIVARFS_MAGIC:
+      return "efivarfs";
+    default:
+      return nullptr;
   }
 }
 
@@ -161,7 +172,8 @@ std::string followed_links(std::string path) {
     std::error_code error;
     const std::filesystem::path to = std::filesystem::read_symlink(path, error);
     if (error) return path;
-    path = to.is_absolute() ? to.string() : (std::filesystem::path(path).parent_path() / to).string();
+    path =
+        to.is_absolute() ? to.string() : (std::filesystem::path(path).parent_path() / to).string();
   }
   return path;
 }
@@ -228,9 +240,9 @@ void ReplacedFile::commit(const std::string& text) {
   if (temp_.empty()) return;  // written in place (a device or a FIFO)
   const std::string shown = "'" + escape_for_message(path_) + "'";
   if (::rename(temp_.c_str(), target_.c_str()) != 0)
-    throw std::runtime_error("cannot write " + flag_ + " file " + shown +
-                             " (renaming the finished file over it failed): " +
-                             std::strerror(errno));
+    throw std::runtime_error(
+        "cannot write " + flag_ + " file " + shown +
+        " (renaming the finished file over it failed): " + std::strerror(errno));
   temp_.clear();
 }
 

@@ -148,10 +148,9 @@ PlannedRun plan_training(const TrainConfig& config, Device device, int repetitio
   const int ranks = p * constraints.replicas;
   // Every rank's profile runs in this process, under a launcher too.
   check_threads_in_process(config.cpu_threads, ranks, device,
-                           constraints.replicas > 1
-                               ? std::to_string(p) + " stages x --dp " +
-                                     std::to_string(constraints.replicas)
-                               : "--stages " + std::to_string(p));
+                           constraints.replicas > 1 ? std::to_string(p) + " stages x --dp " +
+                                                          std::to_string(constraints.replicas)
+                                                    : "--stages " + std::to_string(p));
   const bool spread = device.is_cuda() && cuda_device_count() >= ranks;
   std::vector<Device> devices(static_cast<size_t>(p), device);
   if (spread)
@@ -206,8 +205,8 @@ PlannedRun plan_training(const TrainConfig& config, Device device, int repetitio
   out.replicas = constraints.replicas;
   if (constraints.microbatches) {
     options.microbatch_counts.push_back(static_cast<int>(*constraints.microbatches));
-    out.constraints += " --microbatches " +
-                       std::to_string(*constraints.microbatches * constraints.replicas);
+    out.constraints +=
+        " --microbatches " + std::to_string(*constraints.microbatches * constraints.replicas);
     if (constraints.replicas > 1)
       out.constraints += " over --dp " + std::to_string(constraints.replicas);
   } else {
@@ -262,8 +261,7 @@ PlannedRun plan_training(const TrainConfig& config, Device device, int repetitio
   for (const UnitCost& u : measured.front().units) parameter_bytes += u.parameter_bytes;
   if (p > 1) {
     comm::Transports made = transports_to_time(config.transport, devices, &transport);
-    reduce = measure_allreduce(made.per_rank, static_cast<size_t>(parameter_bytes), 2,
-                               repetitions);
+    reduce = measure_allreduce(made.per_rank, static_cast<size_t>(parameter_bytes), 2, repetitions);
     options.allreduce_latency = reduce.latency;
     options.allreduce_bandwidth = reduce.bandwidth;
     options.gradient_bucket_bytes =
@@ -326,15 +324,15 @@ namespace {
         // Planned for one replica's share of --dp D: each of its P replicas is one of the
         // run's, so the run needs P x D of them.
         const size_t p = c.peak_bytes.size();
-        const std::string dp =
-            run.replicas > 1 ? std::to_string(p * static_cast<size_t>(run.replicas)) + " (" +
-                                   std::to_string(p) + " x --dp " +
-                                   std::to_string(run.replicas) + ")"
-                             : std::to_string(p);
+        const std::string dp = run.replicas > 1
+                                   ? std::to_string(p * static_cast<size_t>(run.replicas)) + " (" +
+                                         std::to_string(p) + " x --dp " +
+                                         std::to_string(run.replicas) + ")"
+                                   : std::to_string(p);
         replicas = "; " + c.layout + (c.shard_optimizer ? " sharing the optimizer state" : "") +
                    (run.replicas > 1 ? " fits each replica's share" : " fits") +
-                   ": run --stages 1 --dp " + dp +
-                   (c.shard_optimizer ? " --shard-optimizer" : "") + " instead";
+                   ": run --stages 1 --dp " + dp + (c.shard_optimizer ? " --shard-optimizer" : "") +
+                   " instead";
         break;
       }
       if (replicas.empty()) replicas = "; " + c.layout + " does not fit either: " + c.rejected;
@@ -352,8 +350,8 @@ namespace {
   if (run.units < run.stages)
     throw UsageError("the model has " + std::to_string(run.units) +
                      " units (the embedding, the blocks and the loss head), too few for " + stages +
-                     " pipeline stages" + replicas + "; use --stages " +
-                     std::to_string(run.units) + " or fewer, or more --layers");
+                     " pipeline stages" + replicas + "; use --stages " + std::to_string(run.units) +
+                     " or fewer, or more --layers");
   throw UsageError("no pipeline layout of " + stages + " stages" +
                    (run.constraints.empty() ? "" : " with " + run.constraints) +
                    " can be made for this model of " + std::to_string(run.units) +
@@ -409,17 +407,18 @@ void check_planned_for(const nlohmann::json& plan, const std::string& source,
     return escape_for_message(text);
   };
   if (!was.is_object())
-    throw UsageError(source + ": planned_for must be an object (d_model, layers, hidden, vocab, "
-                     "activation, batch_tokens, device), got " + shown(was) +
-                     "; plan again (conveyor plan ... --out FILE)");
-  for (const auto& [key, flag] : std::vector<std::pair<std::string, std::string>>{
-           {"d_model", "--d-model"},
-           {"layers", "--layers"},
-           {"hidden", "--hidden"},
-           {"vocab", "--vocab"},
-           {"activation", "--activation"},
-           {"batch_tokens", "--batch-tokens"},
-           {"device", "--device"}}) {
+    throw UsageError(source +
+                     ": planned_for must be an object (d_model, layers, hidden, vocab, "
+                     "activation, batch_tokens, device), got " +
+                     shown(was) + "; plan again (conveyor plan ... --out FILE)");
+  for (const auto& [key, flag] :
+       std::vector<std::pair<std::string, std::string>>{{"d_model", "--d-model"},
+                                                        {"layers", "--layers"},
+                                                        {"hidden", "--hidden"},
+                                                        {"vocab", "--vocab"},
+                                                        {"activation", "--activation"},
+                                                        {"batch_tokens", "--batch-tokens"},
+                                                        {"device", "--device"}}) {
     const bool text_field = now.at(key).is_string();
     const std::string expected = text_field ? "a string" : "an integer";
     if (!was.contains(key))
@@ -441,11 +440,10 @@ void check_planned_for(const nlohmann::json& plan, const std::string& source,
                        std::to_string(now.at(key).get<int64_t>() * replicas) +
                        " tokens of --batch-tokens; plan one replica's share (conveyor plan " +
                        "--batch-tokens " + text(now.at(key)) + " ... --out FILE) or give " +
-                       "--batch-tokens " +
-                       std::to_string(v.get<int64_t>() * replicas));
+                       "--batch-tokens " + std::to_string(v.get<int64_t>() * replicas));
     }
-    throw UsageError(source + " was planned for " + flag + " " + text(v) +
-                     " and this run has " + text(now.at(key)) + "; plan again for this run " +
+    throw UsageError(source + " was planned for " + flag + " " + text(v) + " and this run has " +
+                     text(now.at(key)) + "; plan again for this run " +
                      "(conveyor plan ... --out FILE) or give " + flag + " " + text(v));
   }
 }
@@ -545,8 +543,8 @@ void apply_plan_text(const std::string& text, const std::string& source, TrainCo
     // The ranges of --stages, --chunks, --microbatches and --layers.
     const auto stages = plan_integer(plan_field(plan, source, "stages"), source, "stages", 1, 1024);
     const auto chunks = plan_integer(plan_field(plan, source, "chunks"), source, "chunks", 1, 64);
-    const auto microbatches = plan_integer(plan_field(plan, source, "microbatches"), source,
-                                           "microbatches", 1, 65536);
+    const auto microbatches =
+        plan_integer(plan_field(plan, source, "microbatches"), source, "microbatches", 1, 65536);
     const nlohmann::json& partition = plan_field(plan, source, "partition");
     if (!partition.is_array() || partition.empty())
       throw UsageError(source + ": partition must be a list of block counts, got " +
@@ -560,13 +558,13 @@ void apply_plan_text(const std::string& text, const std::string& source, TrainCo
     config.microbatches = microbatches;
     config.partition = PartitionSpec::explicit_blocks(std::move(blocks));
     // Plans written before recomputation existed keep every activation.
-    config.recompute =
-        plan.contains("recompute")
-            ? parse_recompute(plan_string(plan.at("recompute"), source, "recompute"),
-                              config.model.num_units(), source + " recompute")
-            : RecomputeSpec::none();
+    config.recompute = plan.contains("recompute")
+                           ? parse_recompute(plan_string(plan.at("recompute"), source, "recompute"),
+                                             config.model.num_units(), source + " recompute")
+                           : RecomputeSpec::none();
   } catch (const nlohmann::json::exception& e) {
-    throw UsageError(source + " is not a plan written by `conveyor plan --out` (stages, schedule, "
+    throw UsageError(source +
+                     " is not a plan written by `conveyor plan --out` (stages, schedule, "
                      "chunks, microbatches, partition): " +
                      json_error_text(e));
   }
@@ -627,9 +625,9 @@ void run_plan(const PlanFlags& f, const CLI::App& cmd) {
   if (!out) {
     // Replicas are a valid answer to `plan`; the table says so, and this says why.
     if (best == nullptr && run.units < run.stages) {
-      const PlanCandidate& first = *std::find_if(
-          run.plan.candidates.begin(), run.plan.candidates.end(),
-          [](const PlanCandidate& c) { return c.rejected.empty(); });
+      const PlanCandidate& first =
+          *std::find_if(run.plan.candidates.begin(), run.plan.candidates.end(),
+                        [](const PlanCandidate& c) { return c.rejected.empty(); });
       std::printf(
           "note   the model has %lld units (the embedding, the blocks and the loss head), too "
           "few for %d pipeline stages; only %s fits: run conveyor train --stages 1 --dp %zu%s\n",
@@ -643,9 +641,10 @@ void run_plan(const PlanFlags& f, const CLI::App& cmd) {
     try {
       refuse_plan(run, true);
     } catch (const UsageError& e) {
-      throw UsageError("--out writes a plan file, which holds only a pipeline, and none can "
-                       "be made: " +
-                       std::string(e.what()));
+      throw UsageError(
+          "--out writes a plan file, which holds only a pipeline, and none can "
+          "be made: " +
+          std::string(e.what()));
     }
   }
   config.device = device;

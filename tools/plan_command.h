@@ -16,7 +16,7 @@ struct PlannedRun {
   Plan plan;
   int64_t units = 0;  // of the model planned for
   int stages = 0;
-  int replicas = 1;  // --dp D: the plan is of one replica's share of the batch
+  int replicas = 1;         // --dp D: the plan is of one replica's share of the batch
   std::string constraints;  // "--schedule gpipe", ...: what limited the search; empty: nothing
 };
 

@@ -15,7 +15,7 @@ namespace conveyor::cli {
 constexpr int64_t kMaxVocab = int64_t{1} << 24;
 constexpr double kMinMemoryCapBytes = 1024.0;
 constexpr double kMaxMemoryCapBytes = 1125899906842624.0;  // 2^50: 1 PiB
-constexpr double kMaxMemoryCapMiB = 1073741824.0;  // the same 1 PiB
+constexpr double kMaxMemoryCapMiB = 1073741824.0;          // the same 1 PiB
 
 ModelConfig RunFlags::model(const CLI::App& cmd) const {
   ModelConfig model = preset_with_overrides(preset, d_model, layers, hidden, vocab, cmd);
@@ -57,25 +57,27 @@ size_t RunFlags::memory_limit_bytes() const {
   const std::string given = sized ? "--memory-cap " + escape_for_message(memory_cap_text)
                                   : "--memory-limit-mb " + escape_for_message(memory_cap_text);
   if (bytes > kMaxMemoryCapBytes)
-    throw UsageError(given + " is more than 1 PiB, the largest cap accepted; give the device's "
+    throw UsageError(given +
+                     " is more than 1 PiB, the largest cap accepted; give the device's "
                      "size, or 0 for the device's own memory");
   // A cap that rounds to nothing would read as "no cap" (0), and under 1 KiB no allocation of
   // the allocator's smallest block fits anyway.
   if (bytes > 0 && bytes < kMinMemoryCapBytes)
-    throw UsageError(given +
-                     (sized ? " is " + std::to_string(*memory_cap_bytes) + " bytes," : " is") +
-                     " less than 1 KiB, the smallest cap accepted; give at least " +
-                     (sized ? "1KiB" : "0.0009765625 MiB (1 KiB)") +
-                     ", or 0 for the device's own memory");
+    throw UsageError(
+        given + (sized ? " is " + std::to_string(*memory_cap_bytes) + " bytes," : " is") +
+        " less than 1 KiB, the smallest cap accepted; give at least " +
+        (sized ? "1KiB" : "0.0009765625 MiB (1 KiB)") + ", or 0 for the device's own memory");
   return static_cast<size_t>(bytes);
 }
 
 uint64_t parse_size(const std::string& text, const std::string& flag) {
   auto fail = [&](const char* why) -> uint64_t {
-    throw UsageError(flag + " expects a number of bytes with an optional unit (B, KB, MB, GB, "
+    throw UsageError(flag +
+                     " expects a number of bytes with an optional unit (B, KB, MB, GB, "
                      "TB, PB: powers of 1000; KiB, MiB, GiB, TiB, PiB: powers of 1024), without "
                      "sign or exponent, such as 512MiB or 1.5GiB (rounded down to whole bytes); "
-                     "got '" + escape_for_message(text) + "'" + why);
+                     "got '" +
+                     escape_for_message(text) + "'" + why);
   };
   // The number: whole digits, and a fraction after a point; either may be left out, not both.
   size_t i = std::min(text.find_first_not_of("0123456789."), text.size());
@@ -104,16 +106,18 @@ uint64_t parse_size(const std::string& text, const std::string& flag) {
     for (const char* p : {"k", "m", "g", "t", "p"}) {
       k *= 1000;
       ki *= 1024;
-      out.insert(out.end(), {{p, k}, {std::string(p) + "b", k}, {std::string(p) + "i", ki},
+      out.insert(out.end(), {{p, k},
+                             {std::string(p) + "b", k},
+                             {std::string(p) + "i", ki},
                              {std::string(p) + "ib", ki}});
     }
     return out;
   }();
-  const auto found = std::find_if(units.begin(), units.end(),
-                                  [&](const auto& u) { return u.first == unit; });
+  const auto found =
+      std::find_if(units.begin(), units.end(), [&](const auto& u) { return u.first == unit; });
   if (found == units.end()) return fail(" (unknown unit)");
   const unsigned __int128 bytes = static_cast<unsigned __int128>(*whole) * found->second +
-                                 static_cast<unsigned __int128>(fraction) * found->second / scale;
+                                  static_cast<unsigned __int128>(fraction) * found->second / scale;
   // Saturated: the caller's largest size refuses it with its own bound.
   if (bytes > UINT64_MAX) return UINT64_MAX;
   return static_cast<uint64_t>(bytes);
@@ -136,16 +140,16 @@ void add_run_flags(CLI::App* cmd, RunFlags& f, RunFlagsFor command) {
                "Tokens per optimizer step");
   cmd->add_option("--device", f.device, "auto, cpu, cuda or cuda:N")->capture_default_str();
   CLI::Option* cap = cmd->add_option_function<std::string>(
-                             "--memory-cap",
-                             [&f](const std::string& text) {
-                               f.memory_cap_bytes = parse_size(text, "--memory-cap");
-                               f.memory_cap_text = text;
-                             },
-                             "Cap each device's memory, emulating a smaller device: bytes with "
-                             "an optional unit, B, KB, MB, GB, TB, PB (powers of 1000) or KiB, "
-                             "MiB, GiB, TiB, PiB (powers of 1024), such as 512MiB or 1.5GiB (a "
-                             "fraction is rounded down to whole bytes), up to 1PiB; 0: the "
-                             "device's own memory")
+                            "--memory-cap",
+                            [&f](const std::string& text) {
+                              f.memory_cap_bytes = parse_size(text, "--memory-cap");
+                              f.memory_cap_text = text;
+                            },
+                            "Cap each device's memory, emulating a smaller device: bytes with "
+                            "an optional unit, B, KB, MB, GB, TB, PB (powers of 1000) or KiB, "
+                            "MiB, GiB, TiB, PiB (powers of 1024), such as 512MiB or 1.5GiB (a "
+                            "fraction is rounded down to whole bytes), up to 1PiB; 0: the "
+                            "device's own memory")
                          ->type_name("SIZE");
   cmd->add_option_function<std::string>(
          "--memory-limit-mb",
@@ -155,8 +159,10 @@ void add_run_flags(CLI::App* cmd, RunFlags& f, RunFlagsFor command) {
            try {
              f.memory_limit_mb = parse_float(text, "--memory-limit-mb", 0.0, kMaxMemoryCapMiB);
            } catch (const UsageError&) {
-             throw UsageError("--memory-limit-mb expects a finite number of MiB in [0, "
-                              "1073741824] (1 PiB), got '" + escape_for_message(text) + "'");
+             throw UsageError(
+                 "--memory-limit-mb expects a finite number of MiB in [0, "
+                 "1073741824] (1 PiB), got '" +
+                 escape_for_message(text) + "'");
            }
            f.memory_cap_text = text;
          },
@@ -189,17 +195,17 @@ void add_run_flags(CLI::App* cmd, RunFlags& f, RunFlagsFor command) {
       ->default_str(format_number(f.bucket_mb));
 }
 
-void check_threads_in_process(int threads, int64_t ranks, Device device,
-                              const std::string& what) {
+void check_threads_in_process(int threads, int64_t ranks, Device device, const std::string& what) {
   // Every thread is a process id of the machine's (32768 of them on some systems): tens of
   // thousands would leave the other programs there unable to start one.
   const int64_t per_rank =
-      device.is_cpu() ? cpu_threads_per_rank(threads, static_cast<int>(std::min<int64_t>(
-                                                         ranks, kMaxThreadsInProcess)))
-                      : 1;
+      device.is_cpu()
+          ? cpu_threads_per_rank(threads,
+                                 static_cast<int>(std::min<int64_t>(ranks, kMaxThreadsInProcess)))
+          : 1;
   if (ranks * per_rank <= kMaxThreadsInProcess) return;
-  const std::string limit = "at most " + std::to_string(kMaxThreadsInProcess) +
-                            " are started in one process";
+  const std::string limit =
+      "at most " + std::to_string(kMaxThreadsInProcess) + " are started in one process";
   if (ranks > kMaxThreadsInProcess)
     throw UsageError(std::to_string(ranks) + " ranks in one process (" + what +
                      "), each a thread of its own; " + limit +

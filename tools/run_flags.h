@@ -30,7 +30,7 @@ struct RunFlags {
   std::string recompute = "none";
   int threads = 0;  // CPU kernel threads per rank; 0: the cores shared between the ranks
   double bucket_mb = kDefaultGradientBucketMiB;  // --bucket-mb; applied only when given
-  std::string bucket_mb_text;  // --bucket-mb as given, for messages
+  std::string bucket_mb_text;                    // --bucket-mb as given, for messages
 
   // The model of --preset with the overrides given on `cmd` (UsageError for a bad preset).
   ModelConfig model(const CLI::App& cmd) const;

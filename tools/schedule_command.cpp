@@ -137,8 +137,8 @@ void check_pm(const ScheduleOptions& o, int v) {
        {std::tuple{"--stages (-p)", o.stages, "-p 4"},
         std::tuple{"--microbatches (-m)", o.microbatches, "-m 8"}})
     if (value < 1)
-      throw UsageError(std::string(flag) + " is needed to generate a schedule (such as " +
-                       example + ")" + (o.compare ? "" : ", or give --load FILE"));
+      throw UsageError(std::string(flag) + " is needed to generate a schedule (such as " + example +
+                       ")" + (o.compare ? "" : ", or give --load FILE"));
   if (o.chunks < 0)
     throw UsageError("--chunks must be at least 1, got " + std::to_string(o.chunks));
   const int64_t cells = int64_t{o.stages} * o.microbatches * v;

@@ -168,8 +168,8 @@ void report_bubble(Trainer& trainer, PipelineStepResult& last, OutputFile* trace
 [[noreturn]] void refuse_disagreement(const std::string& flag, const std::string& given,
                                       const std::string& shown, const std::string& has,
                                       const std::string& decider) {
-  throw UsageError(flag + " " + given + " disagrees with " + shown + ", which has " + has +
-                   "; " + decider + " decides, so leave " + flag + " out or make it agree");
+  throw UsageError(flag + " " + given + " disagrees with " + shown + ", which has " + has + "; " +
+                   decider + " decides, so leave " + flag + " out or make it agree");
 }
 
 void check_schedule_file_agrees(const TrainFlags& f, const CLI::App& cmd) {
@@ -309,9 +309,9 @@ std::string block_counts_text(const PartitionSpec& partition) {
 
 // What the ranks must run alike once a plan has set it.
 std::string layout_text(const TrainConfig& c) {
-  return "stages=" + std::to_string(c.stages) + " schedule=" +
-         schedule::schedule_kind_name(c.schedule) + " chunks=" + std::to_string(c.chunks) +
-         " microbatches=" + std::to_string(c.microbatches) +
+  return "stages=" + std::to_string(c.stages) +
+         " schedule=" + schedule::schedule_kind_name(c.schedule) +
+         " chunks=" + std::to_string(c.chunks) + " microbatches=" + std::to_string(c.microbatches) +
          " partition=" + block_counts_text(c.partition) + " recompute=" + to_string(c.recompute);
 }
 
@@ -336,8 +336,8 @@ void take_planned_layout(TrainConfig& config, const TrainConfig& share) {
 
 // --plan FILE and --partition auto: the pipeline settings come from a plan (a file, or one
 // made now by profiling on `device`); an explicit block list or --recompute still wins.
-void apply_planning(const TrainFlags& f, const CLI::App& cmd, const MpiSession& mpi,
-                    Device device, TrainConfig& config) {
+void apply_planning(const TrainFlags& f, const CLI::App& cmd, const MpiSession& mpi, Device device,
+                    TrainConfig& config) {
   if (!f.plan_file.empty() && f.partition == "auto")
     throw UsageError("--plan and --partition auto both choose the layout; give one of them");
   if (!config.schedule_file.empty() && (!f.plan_file.empty() || f.partition == "auto"))
@@ -366,10 +366,10 @@ void apply_planning(const TrainFlags& f, const CLI::App& cmd, const MpiSession& 
           schedule::schedule_kind_name(config.schedule));
     agree("--chunks", std::to_string(flags.chunks), std::to_string(config.chunks));
     agree("--microbatches", std::to_string(flags.microbatches),
-          replicas > 1 ? std::to_string(share.microbatches) + " per replica, " +
-                             std::to_string(config.microbatches) + " over --dp " +
-                             std::to_string(replicas)
-                       : std::to_string(config.microbatches));
+          replicas > 1
+              ? std::to_string(share.microbatches) + " per replica, " +
+                    std::to_string(config.microbatches) + " over --dp " + std::to_string(replicas)
+              : std::to_string(config.microbatches));
     if (given.kind == PartitionSpec::Kind::kBlocks)
       config.partition = given;
     else if (cmd.count("--partition"))
@@ -378,8 +378,8 @@ void apply_planning(const TrainFlags& f, const CLI::App& cmd, const MpiSession& 
                        "; leave --partition out, or give block counts, which win over the plan");
     if (cmd.count("--recompute")) config.recompute = flags.recompute;
     // Under mpirun each process reads the file at its own path (a node's own copy, maybe).
-    check_same_configuration(mpi, {{"the layout of --plan (each process reads the file)",
-                                    layout_text(config)}});
+    check_same_configuration(
+        mpi, {{"the layout of --plan (each process reads the file)", layout_text(config)}});
   } else if (f.partition == "auto") {
     // What is given explicitly limits the search, as it must agree with a plan file.
     // With --dp D each replica's pipeline runs 1/D of the batch in M/D micro-batches: that

@@ -63,15 +63,12 @@ class Handoffs {
   }
   // Whether a tensor is waiting: the producer ran (or the receive completed) and no one has
   // taken it yet.
-  bool has(Kind kind, int stage, int mb) const {
-    return waiting_[kind].count(key(stage, mb)) > 0;
-  }
+  bool has(Kind kind, int stage, int mb) const { return waiting_[kind].count(key(stage, mb)) > 0; }
   size_t bytes() const { return bytes_; }
 
  private:
   uint64_t key(int stage, int mb) const {
-    const int local =
-        stage >= 0 && static_cast<size_t>(stage) < local_.size() ? local_[stage] : -1;
+    const int local = stage >= 0 && static_cast<size_t>(stage) < local_.size() ? local_[stage] : -1;
     if (local < 0)
       throw std::logic_error("stage " + std::to_string(stage) + " is not one of this rank's");
     return static_cast<uint64_t>(local) * static_cast<uint64_t>(m_) + static_cast<uint64_t>(mb);

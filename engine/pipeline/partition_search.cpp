@@ -268,9 +268,9 @@ struct Relaxed {
 };
 
 Relaxed relaxed_step(const schedule::Schedule& schedule, schedule::Replay& replay,
-                     const std::vector<UnitCost>& timed,
-                     const std::vector<double>& f, const std::vector<double>& i,
-                     const std::vector<double>& w, int known, int64_t end, double transfer) {
+                     const std::vector<UnitCost>& timed, const std::vector<double>& f,
+                     const std::vector<double>& i, const std::vector<double>& w, int known,
+                     int64_t end, double transfer) {
   const int stages = schedule.num_stages();
   const int64_t n = static_cast<int64_t>(timed.size());
   schedule::CostModel costs;
@@ -297,8 +297,8 @@ Relaxed relaxed_step(const schedule::Schedule& schedule, schedule::Replay& repla
 
 // Whether partition a (step time, bottleneck, ranges) is preferred to b: faster, then more
 // balanced, then the earlier cuts, so that ties are decided the same way every time.
-bool preferred(double step_a, double bottleneck_a, const std::vector<StageRange>& a,
-               double step_b, double bottleneck_b, const std::vector<StageRange>& b) {
+bool preferred(double step_a, double bottleneck_a, const std::vector<StageRange>& a, double step_b,
+               double bottleneck_b, const std::vector<StageRange>& b) {
   if (step_a != step_b) return step_a < step_b;
   if (bottleneck_a != bottleneck_b) return bottleneck_a < bottleneck_b;
   for (size_t s = 0; s < a.size() && s < b.size(); ++s)
@@ -309,17 +309,16 @@ bool preferred(double step_a, double bottleneck_a, const std::vector<StageRange>
 }  // namespace
 
 double relaxed_step_bound(const std::vector<UnitCost>& timed, const schedule::Schedule& schedule,
-                          const std::vector<StageRange>& prefix, double transfer,
-                          bool rank_work) {
+                          const std::vector<StageRange>& prefix, double transfer, bool rank_work) {
   const int stages = schedule.num_stages();
   std::vector<double> f(stages, 0.0), i(stages, 0.0), w(stages, 0.0);
   for (size_t s = 0; s < prefix.size(); ++s)
     for (int64_t u = prefix[s].begin; u < prefix[s].end; ++u)
       f[s] += timed[u].forward, i[s] += timed[u].backward_input, w[s] += timed[u].backward_weight;
   schedule::Replay replay(schedule);
-  const Relaxed relaxed = relaxed_step(schedule, replay, timed, f, i, w,
-                                       static_cast<int>(prefix.size()),
-                                       prefix.empty() ? 0 : prefix.back().end, transfer);
+  const Relaxed relaxed =
+      relaxed_step(schedule, replay, timed, f, i, w, static_cast<int>(prefix.size()),
+                   prefix.empty() ? 0 : prefix.back().end, transfer);
   return rank_work
              ? RankWork(schedule, replay, static_cast<int>(prefix.size()), relaxed.extra).level()
              : relaxed.simulated;
@@ -659,7 +658,7 @@ struct CostPath {
   // [e, n) among them (kInf: no cut), by dynamic programming from the last stage; each stage
   // adds its counts times its sums.
   std::vector<std::vector<double>> completion;
-  int64_t used = 0;  // when it last dropped a prefix, or was remembered
+  int64_t used = 0;    // when it last dropped a prefix, or was remembered
   int64_t serial = 0;  // which path remembered this is
 
   bool same_counts(const CostPath& o) const {
@@ -747,7 +746,7 @@ struct PartitionSearcher::Impl {
   int known = 0;                              // stages of `ranges` placed
   // Critical paths of the partitions simulated last, distinct, at most kPaths of them.
   std::vector<CostPath> paths;
-  int64_t path_clock = 0;  // counts drops by a path and paths remembered
+  int64_t path_clock = 0;   // counts drops by a path and paths remembered
   int64_t path_serial = 0;  // counts paths remembered
   // least_f[lo * (n + 1) + hi]: the least F of the units [lo, hi]; likewise I and W.
   std::vector<double> least_f, least_i, least_w;
@@ -1192,7 +1191,7 @@ struct PartitionSearcher::Impl {
       return x.bound != y.bound ? x.bound < y.bound : x.a2 != y.a2 ? x.a2 < y.a2 : x.b2 < y.b2;
     });
     for (const PairChoice& choice : choices) {
-      known = 0;  // no prefix to compare in a tie
+      known = 0;                      // no prefix to compare in a tie
       if (drop(choice.bound)) break;  // the rest are no lower
       ranges[r] = {a, choice.a2};
       ranges[mine] = paired ? StageRange{choice.b2, b} : StageRange{b, choice.b2};
@@ -1446,9 +1445,8 @@ std::vector<StageRange> leanest_partition(const Sums& sums, const PartitionMemor
   const int stages = schedule.num_stages();
   const schedule::Placement& placement = schedule.placement;
   if (placement.chunks == 1)
-    return min_max_partition(n, stages, [&](int s, int64_t b, int64_t e) {
-      return memory_of.stage(s, b, e);
-    });
+    return min_max_partition(n, stages,
+                             [&](int s, int64_t b, int64_t e) { return memory_of.stage(s, b, e); });
   std::vector<StageRange> best, ranges(stages);
   double lowest = kInf;
   int64_t visits = 0;

@@ -81,8 +81,8 @@ schedule::CostModel cost_model(const std::vector<UnitCost>& units,
 // Min over contiguous partitions of max over stages of cost(stage, begin, end), where a cost of
 // +inf marks a stage that is not allowed: O(S · U²) dynamic programming. Empty when every
 // partition has an infinite stage.
-std::vector<StageRange> min_max_partition(
-    int64_t units, int stages, const std::function<double(int, int64_t, int64_t)>& cost);
+std::vector<StageRange> min_max_partition(int64_t units, int stages,
+                                          const std::function<double(int, int64_t, int64_t)>& cost);
 
 // A lower bound on the simulated step time (`transfer` per transfer) of every partition of
 // `timed` whose first stages are `prefix`: the schedule simulated with the prefix's costs and,
@@ -130,10 +130,10 @@ class OwnStageBound {
 
  private:
   struct Line {
-    int own_index;   // the stage whose action opens it, as an index into stages_of(r)
-    int at;          // the action's index in the rank's list
-    bool gradient;   // a gradient step (else a forward)
-    bool with_tail;  // at or before the rank's last gradient step
+    int own_index;                // the stage whose action opens it, as an index into stages_of(r)
+    int at;                       // the action's index in the rank's list
+    bool gradient;                // a gradient step (else a forward)
+    bool with_tail;               // at or before the rank's last gradient step
     std::vector<double> f, i, w;  // per own stage: F, I and W costs from the action on
   };
   struct Relay {
@@ -145,8 +145,8 @@ class OwnStageBound {
     std::vector<int> stages;
     std::vector<Line> lines;
     std::vector<double> after_f, after_i, after_w;  // per own stage: after the last gradient
-    int last_own = -1;  // own index of the last gradient step's stage (-1: none)
-    std::vector<Relay> relays;                      // per own stage
+    int last_own = -1;          // own index of the last gradient step's stage (-1: none)
+    std::vector<Relay> relays;  // per own stage
     std::vector<double> total_f, total_i, total_w;  // per own stage: all its actions
   };
   const Sums& sums_;
@@ -206,9 +206,9 @@ class PairedStageBound {
   OwnStageBound own_;
   int64_t n_;
   int ranks_;
-  std::vector<double> table_;              // [r][a][b]
-  std::vector<double> relay_;              // [r][a][b]
-  std::vector<double> prefix_;             // [k][a]: after_prefix
+  std::vector<double> table_;                        // [r][a][b]
+  std::vector<double> relay_;                        // [r][a][b]
+  std::vector<double> prefix_;                       // [k][a]: after_prefix
   std::vector<std::pair<int64_t, int64_t>> choice_;  // [r][a][b]: the inner cuts (a2, b2)
 };
 

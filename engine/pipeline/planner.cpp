@@ -250,7 +250,6 @@ struct MemoryModel : PartitionMemory {
   }
 };
 
-
 // The same schedule with `ranks` ranks, when it is one the generators make (by its name).
 std::optional<schedule::Schedule> with_ranks(const schedule::Schedule& schedule, int ranks) {
   const auto kind = schedule::parse_schedule_kind(schedule.name);
@@ -308,8 +307,8 @@ std::string stages_text(const schedule::Placement& placement, int rank) {
   if (!leanest.empty()) {
     const auto lean = memory_of(leanest);
     out << "; the smallest cap any partition fits is "
-        << bytes_text(*std::max_element(lean.begin(), lean.end())) << " ("
-        << ranges_text(leanest) << ")";
+        << bytes_text(*std::max_element(lean.begin(), lean.end())) << " (" << ranges_text(leanest)
+        << ")";
   }
   out << "; ";
   if (more > 0) {
@@ -580,10 +579,9 @@ PlanCandidate data_parallel(const UnitCosts& costs, const PlanOptions& options,
   // prices a stage's buckets.
   const double latency = 2.0 * (p - 1) * options.allreduce_latency;
   const double whole =
-      latency + 2.0 * (p - 1) *
-                    (options.allreduce_bandwidth > 0
-                         ? parameters / p / options.allreduce_bandwidth
-                         : 0.0);
+      latency +
+      2.0 * (p - 1) *
+          (options.allreduce_bandwidth > 0 ? parameters / p / options.allreduce_bandwidth : 0.0);
   const int buckets = schedule::gradient_bucket_count(parameters, options.gradient_bucket_bytes);
   const double reduce =
       p == 1 ? 0.0 : buckets * schedule::reduce_bucket_cost(whole, latency, buckets);

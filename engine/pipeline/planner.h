@@ -70,9 +70,9 @@ struct PartitionChoice {
 };
 
 struct PartitionSearch {
-  double memory_cap = 0;          // bytes per device; 0 = no cap
-  std::vector<bool> recomputed;   // per unit (empty: none), as recompute.h marks them
-  double transfer_seconds = 0;    // one boundary transfer, as the simulator times it
+  double memory_cap = 0;         // bytes per device; 0 = no cap
+  std::vector<bool> recomputed;  // per unit (empty: none), as recompute.h marks them
+  double transfer_seconds = 0;   // one boundary transfer, as the simulator times it
   // The search's budget: partitions simulated at most, counted as work, so a schedule of n <
   // 4096 actions gets 4096 / n times as many (a short schedule's simulation is as much cheaper).
   int64_t max_simulations = 2000;
@@ -147,8 +147,8 @@ struct PlanCandidate {
   bool pipelined = true;
   schedule::ScheduleKind kind = schedule::ScheduleKind::k1F1B;
   int chunks = 1;
-  int microbatches = 1;              // per step (data-parallel: per replica)
-  std::vector<StageRange> ranges;    // per stage; data-parallel: the whole model
+  int microbatches = 1;            // per step (data-parallel: per replica)
+  std::vector<StageRange> ranges;  // per stage; data-parallel: the whole model
   // Whether `ranges` is proven the fastest partition of this layout that fits. Otherwise the
   // search stopped first: no partition of it could beat the fastest layout's, or its budget
   // ran out.

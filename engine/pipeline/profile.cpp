@@ -275,8 +275,8 @@ namespace {
 
 // Rank 0's seconds for one group sum of `floats` values per rank, median over the timed
 // repetitions; every rank starts together, as the replicas of a step reach their sum.
-double group_sum_seconds(std::vector<std::unique_ptr<comm::Transport>>& transports,
-                         size_t floats, int warmup, int repetitions) {
+double group_sum_seconds(std::vector<std::unique_ptr<comm::Transport>>& transports, size_t floats,
+                         int warmup, int repetitions) {
   const int p = static_cast<int>(transports.size());
   std::vector<int> group(static_cast<size_t>(p));
   for (int r = 0; r < p; ++r) group[static_cast<size_t>(r)] = r;
@@ -320,8 +320,8 @@ AllReduceCost measure_allreduce(std::vector<std::unique_ptr<comm::Transport>>& t
     throw std::invalid_argument("measuring an all-reduce needs at least one repetition");
   AllReduceCost cost;
   cost.small_bytes = 4096;
-  cost.large_bytes = std::max(bytes / sizeof(float), size_t{2} * cost.small_bytes / sizeof(float)) *
-                     sizeof(float);
+  cost.large_bytes =
+      std::max(bytes / sizeof(float), size_t{2} * cost.small_bytes / sizeof(float)) * sizeof(float);
   cost.small_seconds =
       group_sum_seconds(transports, cost.small_bytes / sizeof(float), warmup, repetitions);
   cost.large_seconds =
@@ -333,7 +333,8 @@ AllReduceCost measure_allreduce(std::vector<std::unique_ptr<comm::Transport>>& t
                        static_cast<double>(cost.large_bytes - cost.small_bytes);
   if (slope > 0) {
     cost.bandwidth = steps / static_cast<double>(p) / slope;
-    cost.latency = std::max(0.0, cost.small_seconds - slope * static_cast<double>(cost.small_bytes)) / steps;
+    cost.latency =
+        std::max(0.0, cost.small_seconds - slope * static_cast<double>(cost.small_bytes)) / steps;
   } else {
     cost.bandwidth = steps / static_cast<double>(p) * static_cast<double>(cost.large_bytes) /
                      std::max(cost.large_seconds, 1e-9);

@@ -47,7 +47,7 @@ UnitCosts profile_units(const ModelDescription& model, DeviceContext& ctx,
 struct AllReduceCost {
   double latency = 0;
   double bandwidth = 0;
-  size_t small_bytes = 0, large_bytes = 0;  // the sizes timed ...
+  size_t small_bytes = 0, large_bytes = 0;      // the sizes timed ...
   double small_seconds = 0, large_seconds = 0;  // ... and their medians
 };
 

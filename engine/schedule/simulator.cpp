@@ -194,7 +194,8 @@ class StreamRun {
     if (trace_) {
       done_.trace_markers();
       first_.assign(ranks_ + 1, 0);
-      for (int r = 0; r < ranks_; ++r) first_[r + 1] = first_[r] + static_cast<int>(s.ranks[r].size());
+      for (int r = 0; r < ranks_; ++r)
+        first_[r + 1] = first_[r] + static_cast<int>(s.ranks[r].size());
       last_.assign(4 * ranks_, -1);
     }
     for (int r = 0; r < ranks_; ++r) {
@@ -482,7 +483,13 @@ class StreamRun {
         if (trace_) {
           int& prev = last_[4 * r];
           const int at = first_[r] + q.compute;
-          trace_->push_back({at, -1, {prev, inputs_[0], inputs_[1]}, r, -1, a.kind, a.stage,
+          trace_->push_back({at,
+                             -1,
+                             {prev, inputs_[0], inputs_[1]},
+                             r,
+                             -1,
+                             a.kind,
+                             a.stage,
                              ReplayStep::kCompute});
           prev = at;
         }
@@ -529,8 +536,14 @@ class StreamRun {
         if (trace_) {
           int &sent = last_[4 * r + 1], &received = last_[4 * dst + 2];
           const int at = first_[r] + q.send;
-          trace_->push_back({at, at_recv, {done_.by(c, produced), sent, received}, r, dst,
-                             a.kind, a.stage, ReplayStep::kTransfer});
+          trace_->push_back({at,
+                             at_recv,
+                             {done_.by(c, produced), sent, received},
+                             r,
+                             dst,
+                             a.kind,
+                             a.stage,
+                             ReplayStep::kTransfer});
           sent = at, received = at_recv;
         }
         const double start = std::max({done_.end(c, produced), q.send_free, d.recv_free});
@@ -573,8 +586,14 @@ class StreamRun {
         if (trace_) {
           int& prev = last_[4 * r + 3];
           const int at = first_[r] + i;
-          trace_->push_back({at, -1, {prev, dep >= 0 ? first_[r] + dep : -1, -1}, r, -1,
-                             q.actions[i].kind, q.actions[i].stage, ReplayStep::kReduce});
+          trace_->push_back({at,
+                             -1,
+                             {prev, dep >= 0 ? first_[r] + dep : -1, -1},
+                             r,
+                             -1,
+                             q.actions[i].kind,
+                             q.actions[i].stage,
+                             ReplayStep::kReduce});
           prev = at;
         }
         const double start = std::max(q.reduce_free, dep >= 0 ? q.timing[dep].end : 0.0);
@@ -741,7 +760,8 @@ Replay::Replay(const Schedule& schedule)
   std::vector<int> slot_of(static_cast<size_t>(kKinds) * std::max(stages_, 0), -1);
   for (ReplayStep& s : steps_) {
     int& slot = slot_of[static_cast<size_t>(s.kind) * stages_ + s.stage];
-    if (slot < 0) slot = static_cast<int>(slots_.size()), slots_.push_back({s.kind, s.stage, 0, -1});
+    if (slot < 0)
+      slot = static_cast<int>(slots_.size()), slots_.push_back({s.kind, s.stage, 0, -1});
     s.stage = slot;
   }
   per_slot_.assign(slots_.size(), 0.0);

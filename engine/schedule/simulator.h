@@ -119,7 +119,9 @@ class Replay {
   // The makespan under `costs`, which must hold what simulate() accepts (not checked here);
   // timing() and the rank summaries then hold that run.
   double run(const CostModel& costs);
-  const ActionTiming& timing(int rank, int position) const { return timing_[first_[rank] + position]; }
+  const ActionTiming& timing(int rank, int position) const {
+    return timing_[first_[rank] + position];
+  }
   double makespan() const { return makespan_; }
   // The last run as simulate() reports it, memory left empty.
   SimResult result() const;
@@ -137,7 +139,7 @@ class Replay {
   std::vector<ReplayStep> steps_;
   std::vector<int> step_of_;      // per action (flat index): the step that times it
   std::vector<int> buckets_;      // all-reduces per stage
-  std::vector<Action> slots_;      // the (kind, stage) pairs costed; a step's stage is its slot
+  std::vector<Action> slots_;     // the (kind, stage) pairs costed; a step's stage is its slot
   std::vector<double> per_slot_;  // run(): their costs
   std::vector<ActionTiming> timing_;
   std::vector<double> busy_, reduce_, end_;

@@ -340,8 +340,8 @@ fs::path resolve_checkpoint_directory(const fs::path& path) {
                               "folder to load the newest complete checkpoint");
   if (fs::exists(p / kManifestName, ec)) return p;
   if (fs::exists(p / kLatestName, ec)) return resolve_checkpoint_directory(p / kLatestName);
-  throw NotACheckpointError(p.string() + " holds no checkpoint: it has neither a '" +
-                            kLatestName + "' file nor a " + kManifestName +
+  throw NotACheckpointError(p.string() + " holds no checkpoint: it has neither a '" + kLatestName +
+                            "' file nor a " + kManifestName +
                             "; give a folder that checkpoints were saved into, or one of its "
                             "step_<N> folders");
 }

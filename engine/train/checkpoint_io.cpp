@@ -167,8 +167,8 @@ void create_checkpoint_folder(const std::filesystem::path& dir) {
     std::error_code status_error;
     const std::filesystem::file_status status = std::filesystem::status(at, status_error);
     if (std::filesystem::exists(status) && !std::filesystem::is_directory(status))
-      throw CheckpointError("cannot create checkpoint folder " + dir.string() + ": " +
-                            at.string() + " is a file, not a folder");
+      throw CheckpointError("cannot create checkpoint folder " + dir.string() + ": " + at.string() +
+                            " is a file, not a folder");
   }
   throw CheckpointError("cannot create checkpoint folder " + dir.string() + ": " +
                         (ec ? ec.message() : "it is not a folder"));

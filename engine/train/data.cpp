@@ -144,9 +144,9 @@ std::string MarkovSource::describe() const {
 }
 
 FileSource::FileSource(const std::string& path) : path_(path) {
-  const std::string text = read_input_file(
-      path, {"data file '" + path + "'", "a regular file whose bytes are the text", kMaxBytes,
-             "are read into memory"});
+  const std::string text =
+      read_input_file(path, {"data file '" + path + "'", "a regular file whose bytes are the text",
+                             kMaxBytes, "are read into memory"});
   bytes_.assign(text.begin(), text.end());
   if (bytes_.size() < 2)
     throw std::invalid_argument("data file '" + path + "' has " + std::to_string(bytes_.size()) +

@@ -154,9 +154,10 @@ void TrainConfig::validate() const {
     const double b = *gradient_bucket_mib;
     if (!std::isfinite(b) || b < 0 || b > kMaxGradientBucketMiB ||
         (b > 0 && b < kMinGradientBucketMiB))
-      fail("a gradient bucket must be 0 MiB (one bucket per stage) or from 0.0009765625 MiB "
-           "(1 KiB) to 1e6 MiB, got " +
-           format_readable(b) + " MiB");
+      fail(
+          "a gradient bucket must be 0 MiB (one bucket per stage) or from 0.0009765625 MiB "
+          "(1 KiB) to 1e6 MiB, got " +
+          format_readable(b) + " MiB");
   }
   if (transport_timeout.count() < 1)
     fail("transport timeout must be at least 1 ms, got " +
@@ -173,11 +174,10 @@ schedule::Schedule make_schedule(const TrainConfig& config) {
     } catch (const schedule::ScheduleError& e) {
       if (d == 1) throw;
       // The generator speaks of one replica's m, which no flag sets directly.
-      throw schedule::ScheduleError(std::string(e.what()) + ", where m is each replica's share: " +
-                                    "--microbatches " + std::to_string(config.microbatches) +
-                                    " over --dp " + std::to_string(d) +
-                                    "; --microbatches must be " + std::to_string(d) +
-                                    " times such an m");
+      throw schedule::ScheduleError(
+          std::string(e.what()) + ", where m is each replica's share: " + "--microbatches " +
+          std::to_string(config.microbatches) + " over --dp " + std::to_string(d) +
+          "; --microbatches must be " + std::to_string(d) + " times such an m");
     }
   }
   schedule::Schedule loaded = schedule::load_schedule(config.schedule_file);
@@ -572,8 +572,8 @@ double Trainer::local_loss_sum(const std::vector<MicroBatchData>& microbatches, 
     for (int r = 0; r < ranks; ++r)
       workers.emplace_back([&, r] {
         try {
-          sums[r] = forward_losses(*executor_, model_, ranges_, microbatches, loss_scale, {r},
-                                   start);
+          sums[r] =
+              forward_losses(*executor_, model_, ranges_, microbatches, loss_scale, {r}, start);
         } catch (const comm::TransportAborted&) {
           aborts[r] = std::current_exception();
         } catch (const std::exception& e) {

@@ -180,17 +180,13 @@ TEST(GroupCallsInFlight, DroppedReduceScattersAndGathersReleaseTheirPosts) {
   const std::vector<int> group{0, 1};
   const std::vector<size_t> bounds{0, 1, 2};
   std::vector<float> a1{1, 2}, b1{3, 4};
-  {
-    auto pa1 = a->start_group_reduce_scatter(a1, group, bounds);
-  }
+  { auto pa1 = a->start_group_reduce_scatter(a1, group, bounds); }
   auto pb1 = b->start_group_reduce_scatter(b1, group, bounds);
   pb1->wait();
   EXPECT_EQ(b1, (std::vector<float>{3, 6}));  // its own range summed, the rest its own
   std::vector<float> a2{7, 0}, b2{0, 8};
   auto pb2 = b->start_group_gather(b2, group, bounds);
-  {
-    auto pa2 = a->start_group_gather(a2, group, bounds);
-  }
+  { auto pa2 = a->start_group_gather(a2, group, bounds); }
   pb2->wait();
   EXPECT_EQ(b2, (std::vector<float>{7, 8}));
   EXPECT_EQ(hub->group_posts_held(), 0u);

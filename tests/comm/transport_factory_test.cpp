@@ -284,20 +284,24 @@ TEST(TransportFactory, EveryLauncherSaysHowManyProcessesItStarted) {
 }
 
 // Compares the start of a message, which goes on to say what to do.
-#define EXPECT_PREFIX(text, prefix)                                   \
-  EXPECT_EQ(std::string(text).substr(0, std::string(prefix).size()), \
-            std::string(prefix))
+#define EXPECT_PREFIX(text, prefix) \
+  EXPECT_EQ(std::string(text).substr(0, std::string(prefix).size()), std::string(prefix))
 
 // A launcher variable that is set but damaged is refused, not read as "no launcher": that
 // would have every process of the job train the whole job alone.
 TEST(TransportFactory, AMalformedLauncherVariableIsRefusedByName) {
   NoLauncher clean;
   const std::vector<std::pair<const char*, const char*>> counts = {
-      {"OMPI_COMM_WORLD_SIZE", "2x"}, {"PMI_SIZE", "0"},
-      {"SLURM_STEP_NUM_TASKS", "abc"}, {"SLURM_STEP_NUM_TASKS", "-3"},
-      {"SLURM_STEP_NUM_TASKS", "99999999999"}, {"SLURM_STEP_NUM_TASKS", "1000000001"},
-      {"SLURM_STEP_NUM_TASKS", ""}, {"SLURM_STEP_NUM_TASKS", " 4"},
-      {"SLURM_STEP_NUM_TASKS", "+4"}, {"SLURM_NTASKS", "four"}};
+      {"OMPI_COMM_WORLD_SIZE", "2x"},
+      {"PMI_SIZE", "0"},
+      {"SLURM_STEP_NUM_TASKS", "abc"},
+      {"SLURM_STEP_NUM_TASKS", "-3"},
+      {"SLURM_STEP_NUM_TASKS", "99999999999"},
+      {"SLURM_STEP_NUM_TASKS", "1000000001"},
+      {"SLURM_STEP_NUM_TASKS", ""},
+      {"SLURM_STEP_NUM_TASKS", " 4"},
+      {"SLURM_STEP_NUM_TASKS", "+4"},
+      {"SLURM_NTASKS", "four"}};
   for (const auto& [name, value] : counts) {
     ScopedEnv bad(name, value);
     try {
@@ -305,8 +309,8 @@ TEST(TransportFactory, AMalformedLauncherVariableIsRefusedByName) {
       ADD_FAILURE() << name << "='" << value << "' was accepted";
     } catch (const std::invalid_argument& e) {
       EXPECT_PREFIX(e.what(), (std::string(name) + " is '" + value +
-                                                  "', not a process count (a whole number "
-                                                  "from 1 to 1000000000)"));
+                               "', not a process count (a whole number "
+                               "from 1 to 1000000000)"));
     }
   }
   for (const char* name : {"PMIX_RANK", "SLURM_PROCID"}) {
@@ -315,9 +319,8 @@ TEST(TransportFactory, AMalformedLauncherVariableIsRefusedByName) {
       launch_environment();
       ADD_FAILURE() << name << "=-1 was accepted";
     } catch (const std::invalid_argument& e) {
-      EXPECT_PREFIX(e.what(), (std::string(name) +
-                                                  " is '-1', not a process rank (a whole "
-                                                  "number from 0 to 999999999)"));
+      EXPECT_PREFIX(e.what(), (std::string(name) + " is '-1', not a process rank (a whole "
+                                                   "number from 0 to 999999999)"));
     }
   }
   {

@@ -2,9 +2,9 @@
 // ignore_index, grad_scale, unaligned rows, determinism.
 #include <gtest/gtest.h>
 
-#include "support/test_util.h"
 #include "kernels/cross_entropy.h"
 #include "support/gpu_buffer.h"
+#include "support/test_util.h"
 
 namespace conveyor {
 namespace {

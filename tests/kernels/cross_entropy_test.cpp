@@ -9,8 +9,8 @@
 #include <stdexcept>
 #include <vector>
 
-#include "support/test_util.h"
 #include "support/kernel_test_util.h"
+#include "support/test_util.h"
 
 namespace conveyor::testing {
 namespace {

@@ -1,9 +1,9 @@
 // CUDA init_uniform must reproduce the CPU bits exactly (the recipe in init.h); fill is exact.
 #include <gtest/gtest.h>
 
-#include "support/test_util.h"
 #include "kernels/init.h"
 #include "support/gpu_buffer.h"
+#include "support/test_util.h"
 
 namespace conveyor {
 namespace {

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "support/test_util.h"
 #include "support/kernel_test_util.h"
+#include "support/test_util.h"
 
 namespace conveyor::testing {
 namespace {

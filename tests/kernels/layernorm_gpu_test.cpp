@@ -2,9 +2,9 @@
 // backward_weight accumulated over micro-batches, determinism, unaligned rows.
 #include <gtest/gtest.h>
 
-#include "support/test_util.h"
 #include "kernels/layernorm.h"
 #include "support/gpu_buffer.h"
+#include "support/test_util.h"
 
 namespace conveyor {
 namespace {

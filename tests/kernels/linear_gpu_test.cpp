@@ -5,9 +5,9 @@
 
 #include <cmath>
 
-#include "support/test_util.h"
 #include "kernels/linear.h"
 #include "support/gpu_buffer.h"
+#include "support/test_util.h"
 
 namespace conveyor {
 namespace {

@@ -5,9 +5,9 @@
 
 #include <memory>
 
-#include "support/test_util.h"
 #include "kernels/optimizer.h"
 #include "support/gpu_buffer.h"
+#include "support/test_util.h"
 
 namespace conveyor {
 namespace {

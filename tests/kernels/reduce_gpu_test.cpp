@@ -3,9 +3,9 @@
 
 #include <cmath>
 
-#include "support/test_util.h"
 #include "kernels/reduce.h"
 #include "support/gpu_buffer.h"
+#include "support/test_util.h"
 
 namespace conveyor {
 namespace {

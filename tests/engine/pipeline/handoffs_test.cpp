@@ -21,12 +21,13 @@ TEST(Handoffs, KeepsTheHeldStagesApartAndRefusesTheOthers) {
   EXPECT_TRUE(handoffs.has(Handoffs::kOutAct, 3, 1023));
   EXPECT_FALSE(handoffs.has(Handoffs::kInAct, 3, 1023));
   EXPECT_FALSE(handoffs.has(Handoffs::kOutAct, 700, 0));
-  EXPECT_EQ(handoffs.bytes(), CachingAllocator::round_size(a.nbytes()) +
-                                  CachingAllocator::round_size(b.nbytes()));
+  EXPECT_EQ(handoffs.bytes(),
+            CachingAllocator::round_size(a.nbytes()) + CachingAllocator::round_size(b.nbytes()));
   // Each stage's tensor comes back from its own slot.
-  EXPECT_EQ(handoffs.take(Handoffs::kOutAct, 700, 1023, schedule::forward(701, 1023)).tensor.numel(),
-            7);
-  EXPECT_EQ(handoffs.take(Handoffs::kOutAct, 3, 1023, schedule::forward(4, 1023)).tensor.numel(), 5);
+  EXPECT_EQ(
+      handoffs.take(Handoffs::kOutAct, 700, 1023, schedule::forward(701, 1023)).tensor.numel(), 7);
+  EXPECT_EQ(handoffs.take(Handoffs::kOutAct, 3, 1023, schedule::forward(4, 1023)).tensor.numel(),
+            5);
   EXPECT_EQ(handoffs.bytes(), 0u);
   // A stage the rank does not hold has no slot: a logic error, not another stage's slot.
   EXPECT_THROW(handoffs.put(Handoffs::kInAct, 4, 0, a), std::logic_error);

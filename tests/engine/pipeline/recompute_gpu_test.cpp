@@ -32,10 +32,10 @@ TEST(RecomputeGpu, RecomputingMatchesKeepingTheActivations) {
            {RecomputeSpec::every_unit(), RecomputeSpec::of_units({2, 3, 5})}) {
         SCOPED_TRACE(std::string(schedule::schedule_kind_name(kind)) + " p=" + std::to_string(p) +
                      " " + to_string(spec));
-        const RunRecord got = run_two_steps(
-            *make_executor(schedule::generate(kind, p, m), devices, PartitionSpec::uniform(),
-                           test_optimizer(), spec),
-            m);
+        const RunRecord got =
+            run_two_steps(*make_executor(schedule::generate(kind, p, m), devices,
+                                         PartitionSpec::uniform(), test_optimizer(), spec),
+                          m);
         EXPECT_TRUE(all_close(got.losses, want.losses, kRtol, 0.0));
         ASSERT_EQ(got.values.size(), want.values.size());
         for (size_t i = 0; i < got.values.size(); ++i)

@@ -4,10 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
-
-#include <nlohmann/json.hpp>
 
 #include "engine/schedule/chrome_trace.h"
 #include "engine/schedule/generators.h"
@@ -235,8 +234,8 @@ TEST(Replay, SameTimesAsSimulateOnRandomSchedulesAndCosts) {
             const SimResult got = replay.result();
             const std::string where = std::string(schedule_kind_name(kind)) +
                                       " p=" + std::to_string(p) + " m=" + std::to_string(m) +
-                                      " D=" + std::to_string(replicas) +
-                                      " trial " + std::to_string(trial);
+                                      " D=" + std::to_string(replicas) + " trial " +
+                                      std::to_string(trial);
             ASSERT_EQ(makespan, want.makespan) << where;
             ASSERT_EQ(got.makespan, want.makespan) << where;
             ASSERT_EQ(got.bubble_fraction, want.bubble_fraction) << where;

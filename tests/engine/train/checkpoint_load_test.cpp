@@ -51,9 +51,9 @@ TEST_F(CheckpointLoad, NamingNoCheckpointIsToldApartFromADamagedOne) {
   fs::create_directory(dir_ / "empty");
   fs::create_directory(dir_ / "step_10.tmp");
   write_file(dir_ / "notes.txt", "not a checkpoint\n");
-  for (const fs::path& path : {dir_ / "nope", dir_ / "empty", dir_ / "notes.txt",
-                               dir_ / "step_10.tmp", dir_ / "step_9" / "manifest.json",
-                               fs::path("/dev/null")})
+  for (const fs::path& path :
+       {dir_ / "nope", dir_ / "empty", dir_ / "notes.txt", dir_ / "step_10.tmp",
+        dir_ / "step_9" / "manifest.json", fs::path("/dev/null")})
     EXPECT_THROW(open_checkpoint(path), NotACheckpointError) << path;
   write_file(dir_ / "latest", "step_77\n");
   try {

@@ -54,8 +54,8 @@ TEST(DataParallelTrainer, BucketSizeSetsEachStagesBucketsAndLeavesTheBits) {
   Trainer whole(c);
   const schedule::Schedule& one = whole.executor().schedule();
   ASSERT_EQ(one.num_stages(), 2);
-  const std::vector<int> counts = gradient_buckets_per_stage(whole.model(), whole.stage_ranges(),
-                                                             kMinGradientBucketMiB);
+  const std::vector<int> counts =
+      gradient_buckets_per_stage(whole.model(), whole.stage_ranges(), kMinGradientBucketMiB);
   for (int s = 0; s < 2; ++s) EXPECT_EQ(schedule::gradient_buckets(one, s), 1);
   c.gradient_bucket_mib = kMinGradientBucketMiB;
   Trainer bucketed(c);
