@@ -199,7 +199,10 @@ void RankStep::run_actions() {
       run_action(send.index(), /*wait=*/false);
       moved = true;
     }
-    for (; !recv.done() && run_action(recv.index(), /*wait=*/false); recv.advance()) moved = true;
+    for (; !recv.done() && may_receive(recv.index(), compute.index()) &&
+           run_action(recv.index(), /*wait=*/false);
+         recv.advance())
+      moved = true;
     // One compute at a time, so that the sends it makes possible go out before the next.
     if (!compute.done() && inputs_ready(compute.action())) {
       run_action(compute.index(), /*wait=*/false);
@@ -239,6 +242,8 @@ void RankStep::run_actions() {
       }
       continue;
     }
+    // A receive held back waits for a compute that can run: not reached for a valid list.
+    if (!may_receive(recv.index(), compute.index())) fail_stuck(compute.index());
     progress.phase = RankProgress::Phase::kWaitingForReceive;
     progress.action = recv.index();
     run_action(recv.index(), /*wait=*/true);
@@ -445,6 +450,12 @@ bool RankStep::inputs_ready(const Action& c) const {
          handoffs_.has(Handoffs::kInGrad, c.stage, c.microbatch);
 }
 
+bool RankStep::may_receive(size_t i, size_t compute_head) const {
+  if (i < compute_head) return true;
+  const auto last = last_received_.find({actions_[i].stage, actions_[i].kind});
+  return last == last_received_.end() || last->second < compute_head;
+}
+
 bool RankStep::produced(const Action& s) const {
   const auto kind = s.kind == ActionKind::kSendAct ? Handoffs::kOutAct : Handoffs::kOutGrad;
   return handoffs_.has(kind, s.stage, s.microbatch);
@@ -561,6 +572,7 @@ bool RankStep::recv(size_t i, const Action& a, bool wait) {
   }
   const auto kind = a.kind == ActionKind::kRecvAct ? Handoffs::kInAct : Handoffs::kInGrad;
   handoffs_.put(kind, a.stage, a.microbatch, t, ready);
+  last_received_[{a.stage, a.kind}] = i;
   return true;
 }
 

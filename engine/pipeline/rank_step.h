@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "comm/transport.h"
@@ -134,6 +135,13 @@ class RankStep {
   // nothing, only for a receive whose message has not arrived when `wait` is false.
   bool run_action(size_t i, bool wait);
   bool inputs_ready(const Action& compute) const;
+  // Whether receive i may complete with the compute stream's head at `compute_head`: always
+  // once every compute listed before it has run; ahead of that only while no other message
+  // of its stage and direction is, so a rank that falls behind its peers takes at most one
+  // message per stage and direction ahead of its list (what the memory model counts) and the
+  // others wait in the transport, outside its allocator. Never what a compute waits for: the
+  // head's inputs come from receives listed before it.
+  bool may_receive(size_t i, size_t compute_head) const;
   bool produced(const Action& send) const;
   [[noreturn]] void fail_stuck(size_t i) const;
 
@@ -196,6 +204,8 @@ class RankStep {
 
   Tensor tokens_, targets_;  // [m, n] ids, where the first / last stage lives
   Handoffs handoffs_;
+  // The list position of the last receive completed, per (stage, received kind).
+  std::map<std::pair<int, schedule::ActionKind>, size_t> last_received_;
   std::vector<Tensor> losses_;  // per micro-batch, on the last stage
   size_t loss_bytes_ = 0;
   size_t baseline_bytes_ = 0;  // allocated before the first action

@@ -5,11 +5,16 @@
 #include <algorithm>
 #include <chrono>
 #include <limits>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
+#include "comm/in_process.h"
 #include "engine/pipeline/memory_estimate.h"
 #include "engine/schedule/generators.h"
 #include "engine/train/data.h"
@@ -86,10 +91,9 @@ TEST(MemoryEstimate, TrainerRefusesARunOverTheLimitBeforeAllocating) {
 
 // The estimate against real runs on the CPU: every rank's allocator peak over two steps, for
 // every kind of schedule, keeping or recomputing activations, is at most the estimate and at
-// least 1/1.25 of it, within one allowance: the executor receives a message as soon as it
-// arrives, while the estimate counts one message per link and direction waiting early beside
-// those its list order holds, so a rank that falls behind its peer may hold up to all m of a
-// link's messages at once, m - 1 more than counted for each link into the rank.
+// least 1/1.25 of it. No allowance: the executor takes at most one message per stage and
+// direction ahead of its list, which the estimate counts beside those its list order holds
+// (BoundsTheAllocatorPeakWhenARankFallsBehind holds it to that when messages pile up).
 TEST(MemoryEstimate, BoundsTheAllocatorPeakOfARun) {
   struct Layout {
     schedule::ScheduleKind kind;
@@ -109,8 +113,8 @@ TEST(MemoryEstimate, BoundsTheAllocatorPeakOfARun) {
       c.model.n_layers = 6;
       c.device = Device::cpu();
       c.steps = 2;
-      c.batch_tokens = 512;
-      c.microbatches = 4;
+      c.batch_tokens = 1024;
+      c.microbatches = 8;
       c.stages = layout.stages;
       c.chunks = layout.chunks;
       c.schedule = layout.kind;
@@ -126,17 +130,10 @@ TEST(MemoryEstimate, BoundsTheAllocatorPeakOfARun) {
         for (size_t r = 0; r < peak.size(); ++r)
           peak[r] = std::max(peak[r], stats.pipeline.peak_allocated_bytes[r]);
       }
-      const double boundary = allocated_bytes({tokens, c.model.d_model});
-      const int last = sched.num_stages() - 1;
       for (int r = 0; r < layout.stages; ++r) {
         SCOPED_TRACE(std::string(schedule::schedule_kind_name(layout.kind)) +
                      " p=" + std::to_string(layout.stages) + " recompute " + to_string(recompute) +
                      ", rank " + std::to_string(r));
-        int links_in = 0;
-        for (int s : sched.placement.stages_of(r))
-          links_in += (s > 0 && sched.placement.rank_of(s - 1) != r) +
-                      (s < last && sched.placement.rank_of(s + 1) != r);
-        const double early = (c.microbatches - 1) * links_in * boundary;
         const double measured = static_cast<double>(peak[static_cast<size_t>(r)]);
         // Kept in the XML report (--gtest_output=xml:FILE): estimate / measured peak.
         ::testing::Test::RecordProperty(std::string(schedule::schedule_kind_name(layout.kind)) +
@@ -144,9 +141,126 @@ TEST(MemoryEstimate, BoundsTheAllocatorPeakOfARun) {
                                             to_string(recompute) + "_rank" + std::to_string(r),
                                         std::to_string(estimate[r].total() / measured));
         EXPECT_TRUE(estimate[r].complete);
-        EXPECT_LE(measured, estimate[r].total() + early);
+        EXPECT_LE(measured, estimate[r].total());
         EXPECT_LE(estimate[r].total(), 1.25 * measured);
       }
+    }
+}
+
+// Messages sent and received per link (source, destination) of a run, and the most seen
+// still waiting in the transport right after a receive (a lower bound of that moment's).
+struct LinkMessages {
+  std::mutex mutex;
+  std::map<std::pair<int, int>, int> sent, received, most_waiting;
+};
+
+// An in-process endpoint that sleeps `lag` before every send and receive it is asked for, and
+// counts them in `messages`. With a lag its rank falls behind its peers: its executor asks at
+// least once between two computes while the rank has sends or receives left, so the peers
+// run ahead and their messages arrive long before its list reaches them.
+class LaggingTransport : public comm::Transport {
+ public:
+  LaggingTransport(std::unique_ptr<comm::Transport> inner, std::chrono::microseconds lag,
+                   std::shared_ptr<LinkMessages> messages)
+      : inner_(std::move(inner)), lag_(lag), messages_(std::move(messages)) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  void send(const Tensor& t, int peer, const Stream& s) override {
+    std::this_thread::sleep_for(lag_);
+    inner_->send(t, peer, s);
+    std::lock_guard lock(messages_->mutex);
+    ++messages_->sent[{rank(), peer}];
+  }
+  void recv(const Tensor& t, int peer, const Stream& s) override {
+    std::this_thread::sleep_for(lag_);
+    inner_->recv(t, peer, s);
+    count_received(peer);
+  }
+  bool try_recv(const Tensor& t, int peer, const Stream& s) override {
+    std::this_thread::sleep_for(lag_);
+    if (!inner_->try_recv(t, peer, s)) return false;
+    count_received(peer);
+    return true;
+  }
+  void all_reduce_sum(std::vector<double>& v) override { inner_->all_reduce_sum(v); }
+  void abort(const std::string& reason) override { inner_->abort(reason); }
+
+ private:
+  void count_received(int peer) {
+    // The sender counts a message after it is queued: at most this many still are.
+    std::lock_guard lock(messages_->mutex);
+    const std::pair<int, int> link{peer, rank()};
+    const int waiting = messages_->sent[link] - ++messages_->received[link];
+    messages_->most_waiting[link] = std::max(messages_->most_waiting[link], waiting);
+  }
+
+  std::unique_ptr<comm::Transport> inner_;
+  std::chrono::microseconds lag_;
+  std::shared_ptr<LinkMessages> messages_;
+};
+
+// The estimate bounds the allocator peak whatever the timing: with the first or the last
+// rank lagging behind the other, so that messages arrive long before the lagging rank's list
+// reaches them (with GPipe all m = 8 gradients of a step can reach the first rank before its
+// first backward), every rank's peak is still at most the estimate, with no allowance beyond
+// what the model counts: one message per stage and direction taken ahead of the list, the
+// others left waiting in the transport.
+TEST(MemoryEstimate, BoundsTheAllocatorPeakWhenARankFallsBehind) {
+  struct Layout {
+    schedule::ScheduleKind kind;
+    int chunks;
+  };
+  const std::vector<Layout> layouts = {{schedule::ScheduleKind::kGPipe, 1},
+                                       {schedule::ScheduleKind::k1F1B, 1},
+                                       {schedule::ScheduleKind::kInterleaved, 2},
+                                       {schedule::ScheduleKind::kZBV, 2}};
+  const int ranks = 2;
+  for (const Layout& layout : layouts)
+    for (int lagging = 0; lagging < ranks; ++lagging) {
+      const std::string name = std::string(schedule::schedule_kind_name(layout.kind)) +
+                               ", rank " + std::to_string(lagging) + " lagging";
+      TrainConfig c;
+      c.model = small_model();
+      c.model.d_model = 32;
+      c.model.hidden = 128;
+      c.model.vocab = 512;
+      c.model.n_layers = 6;
+      c.device = Device::cpu();
+      c.steps = 2;
+      c.batch_tokens = 1024;
+      c.microbatches = 8;
+      c.stages = ranks;
+      c.chunks = layout.chunks;
+      c.schedule = layout.kind;
+      Trainer trainer(c);
+      auto hub = comm::InProcessHub::create(ranks, std::chrono::milliseconds(60000));
+      auto messages = std::make_shared<LinkMessages>();
+      std::vector<std::unique_ptr<comm::Transport>> transports;
+      for (int r = 0; r < ranks; ++r)
+        transports.push_back(std::make_unique<LaggingTransport>(
+            hub->endpoint(r), std::chrono::milliseconds(r == lagging ? 3 : 0), messages));
+      trainer.executor().set_transports(std::move(transports));
+      const schedule::Schedule& sched = trainer.executor().schedule();
+      const int64_t tokens = c.batch_tokens / c.microbatches;
+      const auto estimate = estimate_rank_memory(trainer.model(), trainer.stage_ranges(), sched,
+                                                 c.optimizer.kind, tokens, c.recompute);
+      std::vector<size_t> peak(static_cast<size_t>(ranks), 0);
+      for (int step = 0; step < c.steps; ++step) {
+        const StepStats stats = trainer.step();
+        for (size_t r = 0; r < peak.size(); ++r)
+          peak[r] = std::max(peak[r], stats.pipeline.peak_allocated_bytes[r]);
+      }
+      const double boundary = allocated_bytes({tokens, c.model.d_model});
+      for (int r = 0; r < ranks; ++r) {
+        SCOPED_TRACE(name + ", rank " + std::to_string(r));
+        const double measured = static_cast<double>(peak[static_cast<size_t>(r)]);
+        EXPECT_LE(measured, estimate[r].total())
+            << "over by " << (measured - estimate[r].total()) / boundary << " boundary tensors";
+      }
+      // The lag does what it is for: GPipe's gradients pile up for the lagging first rank,
+      // more than the one it may take ahead of its list and the one its list has reached.
+      if (layout.kind == schedule::ScheduleKind::kGPipe && lagging == 0)
+        EXPECT_GE((messages->most_waiting[{1, 0}]), 3) << name;
     }
 }
 
