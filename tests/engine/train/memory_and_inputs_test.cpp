@@ -217,8 +217,8 @@ TEST(MemoryEstimate, BoundsTheAllocatorPeakWhenARankFallsBehind) {
   const int ranks = 2;
   for (const Layout& layout : layouts)
     for (int lagging = 0; lagging < ranks; ++lagging) {
-      const std::string name = std::string(schedule::schedule_kind_name(layout.kind)) +
-                               ", rank " + std::to_string(lagging) + " lagging";
+      const std::string name = std::string(schedule::schedule_kind_name(layout.kind)) + ", rank " +
+                               std::to_string(lagging) + " lagging";
       TrainConfig c;
       c.model = small_model();
       c.model.d_model = 32;
