@@ -23,7 +23,8 @@ struct RankMemoryEstimate {
   double activation_bytes = 0;  // peak of what the stages hold for micro-batches in flight
   double batch_bytes = 0;       // the step's token ids, targets and losses held on the rank
   // On top at the peak: the boundary tensors waiting to be used or sent (with one message per
-  // link and direction received early) and the largest workspace of one of its units.
+  // stage and direction received ahead of the list, the most the executor takes ahead) and
+  // the largest workspace of one of its units.
   double transient_bytes = 0;
   // False when some unit's layer does not say what it keeps (Layer::activation_memory): its
   // activations are then counted as the tensor entering it, and the estimate is a lower bound.
@@ -94,8 +95,10 @@ StepInputBytes step_input_bytes(int64_t microbatch_tokens, int microbatches);
 // and losses, the boundary tensors waiting and the largest unit workspace. A unit keeps
 // `unit_saved_bytes[u]` per micro-batch when given (measured, e.g. by profile_units) instead
 // of what its layer says. Not counted: host memory outside the allocator (a CPU message on
-// its way, the data-parallel buckets, CUDA's pinned staging), and on CUDA each rank's
-// cuBLAS workspace and kernel scratch.
+// its way or waiting in the transport for its receiver's list, the data-parallel buckets,
+// CUDA's pinned staging); on CUDA each rank's cuBLAS workspace and kernel scratch; and on
+// CUDA between threads of one process, a sent message its receiver has not taken yet, which
+// keeps the sender's tensor.
 std::vector<RankMemoryEstimate> estimate_rank_memory(
     const ModelDescription& model, const std::vector<StageRange>& ranges,
     const schedule::Schedule& schedule, const std::string& optimizer_kind,

@@ -191,8 +191,8 @@ struct MemoryModel : PartitionMemory {
     return peak;
   }
   // Rank r's bytes with its stages holding `own[j]`: state, held activations, boundary tensors
-  // waiting (plus, as receives run ahead of the list, one more message per link and
-  // direction) and the largest workspace.
+  // waiting (plus one more message per stage and direction: the executor takes no more ahead
+  // of the list, RankStep::may_receive) and the largest workspace.
   double rank_bytes(int r, const std::vector<StageRange>& own) const {
     const RankPeaks& rank = peaks[static_cast<size_t>(r)];
     const int last = schedule.num_stages() - 1;

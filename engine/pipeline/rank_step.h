@@ -116,7 +116,8 @@ struct StepInputs {
 //
 // The host keeps the heads of the rank's three streams (compute, send, receive), each going
 // through its kind of action in list order, and runs whichever can start: sends whose tensor
-// has been produced, receives whose message has arrived, computes whose inputs are there.
+// has been produced, receives whose message has arrived (ahead of the computes, at most one
+// per stage and direction: may_receive), computes whose inputs are there.
 // Only when none can start does it wait, for the message of the receive head, up to the
 // transport's deadline. Computes run in list order, so the arithmetic is that of a list walk.
 class RankStep {
