@@ -42,6 +42,25 @@ double step_of(const std::vector<UnitCost>& units, const std::vector<StageRange>
   return schedule::simulate(sched, planning::cost_model(units, ranges, transfer)).makespan;
 }
 
+// For each of `kinds` (kind, stages per rank) at p = 2 and 3 and m = p, 2p + 1 and 3p (where
+// the kind is defined), a table of a few more random units than stages and a transfer time of 0
+// or 0.05, drawn from `rng`: fn(schedule, units, transfer), under a trace naming the case.
+template <typename Fn>
+void for_each_random_case(std::mt19937_64& rng,
+                          std::initializer_list<std::pair<ScheduleKind, int>> kinds, Fn&& fn) {
+  for (auto [kind, v] : kinds)
+    for (int p : {2, 3})
+      for (int m : {p, 2 * p + 1, 3 * p}) {
+        if (kind == ScheduleKind::kInterleaved && m % p != 0) continue;
+        const auto sched = schedule::generate(kind, p, m, v);
+        const int n = sched.num_stages() + 3 + static_cast<int>(rng() % 3);
+        const auto units = random_units(n, rng);
+        const double transfer = rng() % 2 ? 0.05 : 0.0;
+        SCOPED_TRACE(sched.name + " p=" + std::to_string(p) + " m=" + std::to_string(m));
+        fn(sched, units, transfer);
+      }
+}
+
 std::vector<StageRange> own_ranges(const schedule::Schedule& sched, int r,
                                    const std::vector<StageRange>& ranges) {
   std::vector<StageRange> own;
@@ -52,30 +71,28 @@ std::vector<StageRange> own_ranges(const schedule::Schedule& sched, int r,
 TEST(OwnStageBound, NeverExceedsThePartitionsStepTime) {
   std::mt19937_64 rng(31);
   int checked = 0;
-  for (auto [kind, v] :
-       {std::pair{ScheduleKind::kGPipe, 1}, std::pair{ScheduleKind::k1F1B, 1},
-        std::pair{ScheduleKind::kZBH1, 1}, std::pair{ScheduleKind::kInterleaved, 2},
-        std::pair{ScheduleKind::kInterleaved, 3}, std::pair{ScheduleKind::kZBV, 2}})
-    for (int p : {2, 3})
-      for (int m : {p, 2 * p + 1, 3 * p}) {
-        if (kind == ScheduleKind::kInterleaved && m % p != 0) continue;
-        const auto sched = schedule::generate(kind, p, m, v);
-        const int n = sched.num_stages() + 3 + static_cast<int>(rng() % 3);
-        const auto units = random_units(n, rng);
-        const double transfer = rng() % 2 ? 0.05 : 0.0;
+  for_each_random_case(
+      rng,
+      {{ScheduleKind::kGPipe, 1},
+       {ScheduleKind::k1F1B, 1},
+       {ScheduleKind::kZBH1, 1},
+       {ScheduleKind::kInterleaved, 2},
+       {ScheduleKind::kInterleaved, 3},
+       {ScheduleKind::kZBV, 2}},
+      [&](const schedule::Schedule& sched, const std::vector<UnitCost>& units, double transfer) {
         const planning::Sums sums(units);
         const planning::OwnStageBound bound(sched, sums);
-        SCOPED_TRACE(sched.name + " p=" + std::to_string(p) + " m=" + std::to_string(m));
         testing::for_each_contiguous_partition(
-            n, sched.num_stages(), [&](const std::vector<StageRange>& ranges) {
+            static_cast<int>(units.size()), sched.num_stages(),
+            [&](const std::vector<StageRange>& ranges) {
               const double step = step_of(units, ranges, sched, transfer);
-              for (int r = 0; r < p; ++r) {
+              for (int r = 0; r < sched.num_ranks(); ++r) {
                 const auto own = own_ranges(sched, r, ranges);
                 EXPECT_LE(bound.rank(r, own.data()), step * (1 + 1e-9)) << "rank " << r;
               }
               ++checked;
             });
-      }
+      });
   EXPECT_GT(checked, 1000);
 }
 
@@ -85,25 +102,23 @@ TEST(OwnStageBound, NeverExceedsThePartitionsStepTime) {
 TEST(OwnStageBound, RelayTermsNeverExceedTheSimulatedTimes) {
   std::mt19937_64 rng(37);
   int checked = 0, relays = 0;
-  for (auto [kind, v] :
-       {std::pair{ScheduleKind::kGPipe, 1}, std::pair{ScheduleKind::k1F1B, 1},
-        std::pair{ScheduleKind::kZBH1, 1}, std::pair{ScheduleKind::kInterleaved, 2},
-        std::pair{ScheduleKind::kZBV, 2}})
-    for (int p : {2, 3})
-      for (int m : {p, 2 * p + 1, 3 * p}) {
-        if (kind == ScheduleKind::kInterleaved && m % p != 0) continue;
-        const auto sched = schedule::generate(kind, p, m, v);
-        const int n = sched.num_stages() + 3 + static_cast<int>(rng() % 3);
-        const auto units = random_units(n, rng);
-        const double transfer = rng() % 2 ? 0.05 : 0.0;
+  for_each_random_case(
+      rng,
+      {{ScheduleKind::kGPipe, 1},
+       {ScheduleKind::k1F1B, 1},
+       {ScheduleKind::kZBH1, 1},
+       {ScheduleKind::kInterleaved, 2},
+       {ScheduleKind::kZBV, 2}},
+      [&](const schedule::Schedule& sched, const std::vector<UnitCost>& units, double transfer) {
+        const int m = sched.num_microbatches;
         const planning::Sums sums(units);
         const planning::OwnStageBound bound(sched, sums);
         schedule::Replay replay(sched);
-        SCOPED_TRACE(sched.name + " p=" + std::to_string(p) + " m=" + std::to_string(m));
         testing::for_each_contiguous_partition(
-            n, sched.num_stages(), [&](const std::vector<StageRange>& ranges) {
+            static_cast<int>(units.size()), sched.num_stages(),
+            [&](const std::vector<StageRange>& ranges) {
               const double step = replay.run(planning::cost_model(units, ranges, transfer));
-              for (int r = 0; r < p; ++r) {
+              for (int r = 0; r < sched.num_ranks(); ++r) {
                 const auto own = own_ranges(sched, r, ranges);
                 const auto stages = sched.placement.stages_of(r);
                 EXPECT_LE(bound.busy(r, own.data()), step * (1 + 1e-9));
@@ -126,7 +141,7 @@ TEST(OwnStageBound, RelayTermsNeverExceedTheSimulatedTimes) {
               }
               ++checked;
             });
-      }
+      });
   EXPECT_GT(checked, 1000);
   EXPECT_GT(relays, 5000);
 }
