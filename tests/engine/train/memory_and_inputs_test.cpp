@@ -89,6 +89,45 @@ TEST(MemoryEstimate, TrainerRefusesARunOverTheLimitBeforeAllocating) {
   EXPECT_NO_THROW(Trainer trainer(c));
 }
 
+// The runs whose allocator peaks the estimate is held to: d=32, L=6, V=512, hidden 128,
+// 1024 tokens in 8 micro-batches, 2 steps on the CPU.
+TrainConfig peak_test_config(schedule::ScheduleKind kind, int stages, int chunks) {
+  TrainConfig c;
+  c.model = small_model();
+  c.model.d_model = 32;
+  c.model.hidden = 128;
+  c.model.vocab = 512;
+  c.model.n_layers = 6;
+  c.device = Device::cpu();
+  c.steps = 2;
+  c.batch_tokens = 1024;
+  c.microbatches = 8;
+  c.stages = stages;
+  c.chunks = chunks;
+  c.schedule = kind;
+  return c;
+}
+
+// The estimate of `trainer`'s run, on its own config, schedule and partition.
+std::vector<RankMemoryEstimate> estimate_of(Trainer& trainer) {
+  const TrainConfig& c = trainer.config();
+  return estimate_rank_memory(trainer.model(), trainer.stage_ranges(),
+                              trainer.executor().schedule(), c.optimizer.kind,
+                              c.batch_tokens / c.microbatches, c.recompute);
+}
+
+// Each pipeline rank's allocator peak over the configured steps of `trainer`.
+std::vector<size_t> peaks_of_steps(Trainer& trainer) {
+  const TrainConfig& c = trainer.config();
+  std::vector<size_t> peak(static_cast<size_t>(c.stages), 0);
+  for (int step = 0; step < c.steps; ++step) {
+    const StepStats stats = trainer.step();
+    for (size_t r = 0; r < peak.size(); ++r)
+      peak[r] = std::max(peak[r], stats.pipeline.peak_allocated_bytes[r]);
+  }
+  return peak;
+}
+
 // The estimate against real runs on the CPU: every rank's allocator peak over two steps, for
 // every kind of schedule, keeping or recomputing activations, is at most the estimate and at
 // least 1/1.25 of it. No allowance: the executor takes at most one message per stage and
@@ -105,31 +144,11 @@ TEST(MemoryEstimate, BoundsTheAllocatorPeakOfARun) {
       {schedule::ScheduleKind::kZBH1, 2, 1},  {schedule::ScheduleKind::kZBV, 2, 2}};
   for (const RecomputeSpec& recompute : {RecomputeSpec::none(), RecomputeSpec::every_unit()})
     for (const Layout& layout : layouts) {
-      TrainConfig c;
-      c.model = small_model();
-      c.model.d_model = 32;
-      c.model.hidden = 128;
-      c.model.vocab = 512;
-      c.model.n_layers = 6;
-      c.device = Device::cpu();
-      c.steps = 2;
-      c.batch_tokens = 1024;
-      c.microbatches = 8;
-      c.stages = layout.stages;
-      c.chunks = layout.chunks;
-      c.schedule = layout.kind;
+      TrainConfig c = peak_test_config(layout.kind, layout.stages, layout.chunks);
       c.recompute = recompute;
       Trainer trainer(c);
-      const schedule::Schedule& sched = trainer.executor().schedule();
-      const int64_t tokens = c.batch_tokens / c.microbatches;
-      const auto estimate = estimate_rank_memory(trainer.model(), trainer.stage_ranges(), sched,
-                                                 c.optimizer.kind, tokens, recompute);
-      std::vector<size_t> peak(static_cast<size_t>(layout.stages), 0);
-      for (int step = 0; step < c.steps; ++step) {
-        const StepStats stats = trainer.step();
-        for (size_t r = 0; r < peak.size(); ++r)
-          peak[r] = std::max(peak[r], stats.pipeline.peak_allocated_bytes[r]);
-      }
+      const auto estimate = estimate_of(trainer);
+      const std::vector<size_t> peak = peaks_of_steps(trainer);
       for (int r = 0; r < layout.stages; ++r) {
         SCOPED_TRACE(std::string(schedule::schedule_kind_name(layout.kind)) +
                      " p=" + std::to_string(layout.stages) + " recompute " + to_string(recompute) +
@@ -219,19 +238,7 @@ TEST(MemoryEstimate, BoundsTheAllocatorPeakWhenARankFallsBehind) {
     for (int lagging = 0; lagging < ranks; ++lagging) {
       const std::string name = std::string(schedule::schedule_kind_name(layout.kind)) + ", rank " +
                                std::to_string(lagging) + " lagging";
-      TrainConfig c;
-      c.model = small_model();
-      c.model.d_model = 32;
-      c.model.hidden = 128;
-      c.model.vocab = 512;
-      c.model.n_layers = 6;
-      c.device = Device::cpu();
-      c.steps = 2;
-      c.batch_tokens = 1024;
-      c.microbatches = 8;
-      c.stages = ranks;
-      c.chunks = layout.chunks;
-      c.schedule = layout.kind;
+      const TrainConfig c = peak_test_config(layout.kind, ranks, layout.chunks);
       Trainer trainer(c);
       auto hub = comm::InProcessHub::create(ranks, std::chrono::milliseconds(60000));
       auto messages = std::make_shared<LinkMessages>();
@@ -240,17 +247,9 @@ TEST(MemoryEstimate, BoundsTheAllocatorPeakWhenARankFallsBehind) {
         transports.push_back(std::make_unique<LaggingTransport>(
             hub->endpoint(r), std::chrono::milliseconds(r == lagging ? 3 : 0), messages));
       trainer.executor().set_transports(std::move(transports));
-      const schedule::Schedule& sched = trainer.executor().schedule();
-      const int64_t tokens = c.batch_tokens / c.microbatches;
-      const auto estimate = estimate_rank_memory(trainer.model(), trainer.stage_ranges(), sched,
-                                                 c.optimizer.kind, tokens, c.recompute);
-      std::vector<size_t> peak(static_cast<size_t>(ranks), 0);
-      for (int step = 0; step < c.steps; ++step) {
-        const StepStats stats = trainer.step();
-        for (size_t r = 0; r < peak.size(); ++r)
-          peak[r] = std::max(peak[r], stats.pipeline.peak_allocated_bytes[r]);
-      }
-      const double boundary = allocated_bytes({tokens, c.model.d_model});
+      const auto estimate = estimate_of(trainer);
+      const std::vector<size_t> peak = peaks_of_steps(trainer);
+      const double boundary = allocated_bytes({c.batch_tokens / c.microbatches, c.model.d_model});
       for (int r = 0; r < ranks; ++r) {
         SCOPED_TRACE(name + ", rank " + std::to_string(r));
         const double measured = static_cast<double>(peak[static_cast<size_t>(r)]);
