@@ -13,6 +13,12 @@
 //                       CheckpointWriter, open_checkpoint and Checkpoint::read, tensors by
 //                       global name (engine/train/checkpoint.h); a model's tensors under those
 //                       names (engine/train/checkpoint_model.h); docs/checkpoint-format.md
+//   balance             profile_units (engine/pipeline/profile.h) measures each unit's time
+//                       and memory on a device; plan() (engine/pipeline/planner.h) ranks the
+//                       schedules, micro-batch counts and exact partitions by simulated step
+//                       time, and apply_plan sets a TrainConfig from the chosen one;
+//                       described_unit_costs (engine/pipeline/memory_estimate.h) is what the
+//                       layers say they keep (Layer::activation_memory), to check against it
 //   devices             Device, resolve_device, cuda_device_count; version()
 // Only the headers this one includes (and theirs) are installed.
 #include "engine/core/device.h"
@@ -20,8 +26,11 @@
 #include "engine/core/tensor.h"
 #include "engine/core/version.h"
 #include "engine/pipeline/executor.h"
+#include "engine/pipeline/memory_estimate.h"
 #include "engine/pipeline/optimizer.h"
 #include "engine/pipeline/partition.h"
+#include "engine/pipeline/planner.h"
+#include "engine/pipeline/profile.h"
 #include "engine/schedule/generators.h"
 #include "engine/train/checkpoint.h"
 #include "engine/train/checkpoint_model.h"

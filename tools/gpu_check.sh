@@ -5,8 +5,8 @@
 # goes on after a failure, prints a short table last and exits non-zero if any step failed:
 #
 #   tools/gpu_check.sh [BUILD_DIR]          first call (about 6 minutes): the `gpu` tests (the
-#                                           gtest cases, then NCCL across processes), then
-#                                           compute-sanitizer memcheck on short filters
+#                                           gtest cases), compute-sanitizer memcheck on short
+#                                           filters, then NCCL across processes
 #   tools/gpu_check.sh --bench [BUILD_DIR]  optional second call: the GPU benchmarks
 #   tools/gpu_check.sh --prepare DIR        here, on the build machine: build the GPU targets
 #                                           in DIR (fails if one does not build), then make
@@ -378,11 +378,8 @@ gpu_ctest() {
 }
 # The gtest cases first, four processes at a time: each case is a process of its own that
 # pays for CUDA's start and cuBLASLt's load, which would take most of the step's cap one after
-# another, and their time limits are seconds where a shared GPU costs them milliseconds. Then
-# NCCL across processes (mpirun; with one GPU each process is an NCCL host of its own), one
-# test at a time, since each starts several processes that pay for CUDA and NCCL set-up.
+# another, and their time limits are seconds where a shared GPU costs them milliseconds.
 gpu_ctest "ctest -L gpu (gtest)" ctest_gpu.log 150 -j4 -E '^nccl_mpi_train_'
-gpu_ctest "ctest nccl_mpi_train_*" ctest_nccl_mpi.log 180 -R '^nccl_mpi_train_'
 
 # --- compute-sanitizer memcheck on short filters --------------------------------------
 : >"$out/sanitizer.log"
@@ -420,4 +417,10 @@ sanitize() {  # name binary filter cap
 sanitize kernels kernels_gpu_tests \
   'LayerNormGpu.*:ActivationGpu.*:CrossEntropyGpu.*:EmbeddingGpu.*:ReduceGpu.*:OptimizerGpu.SgdMatchesCpu' 75
 sanitize pipeline pipeline_gpu_tests 'ExecutorGpu.OneStageCudaRunAgreesWithTheCpuRun' 50
+
+# NCCL across processes last (mpirun; with one GPU each process is an NCCL host of its own),
+# one test at a time, since each starts several processes that pay for CUDA and NCCL set-up:
+# the step most likely to wait out its cap (a hung communicator) gets what the budget has
+# left, after the steps above have had theirs.
+gpu_ctest "ctest nccl_mpi_train_*" ctest_nccl_mpi.log 180 -R '^nccl_mpi_train_'
 finish

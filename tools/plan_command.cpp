@@ -359,17 +359,10 @@ namespace {
                    (run.constraints.empty() ? "" : "; leave out or change " + run.constraints));
 }
 
-// The fastest pipelined candidate that fits (candidates are ranked); null when none does.
-const PlanCandidate* fastest_pipeline(const PlannedRun& run) {
-  for (const auto& c : run.plan.candidates)
-    if (c.rejected.empty() && c.pipelined) return &c;
-  return nullptr;
-}
-
 }  // namespace
 
 const PlanCandidate& best_pipeline(const PlannedRun& run) {
-  if (const PlanCandidate* best = fastest_pipeline(run)) return *best;
+  if (const PlanCandidate* best = run.plan.fastest_pipeline()) return *best;
   refuse_plan(run, true);
 }
 
@@ -621,7 +614,7 @@ void run_plan(const PlanFlags& f, const CLI::App& cmd) {
   if (!f.out.empty()) out.emplace(f.out, "--out");
   const PlannedRun run = plan_training(config, device, f.repetitions, true);
   require_some_layout(run);
-  const PlanCandidate* best = fastest_pipeline(run);
+  const PlanCandidate* best = run.plan.fastest_pipeline();
   if (!out) {
     // Replicas are a valid answer to `plan`; the table says so, and this says why.
     if (best == nullptr && run.units < run.stages) {

@@ -501,6 +501,12 @@ const PlanCandidate& Plan::best() const {
   throw PlanError("no layout fits:" + why);
 }
 
+const PlanCandidate* Plan::fastest_pipeline() const {
+  for (const auto& c : candidates)
+    if (c.rejected.empty() && c.pipelined) return &c;
+  return nullptr;
+}
+
 namespace {
 
 std::vector<UnitCost> scaled(const std::vector<UnitCost>& units, double factor) {

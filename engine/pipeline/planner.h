@@ -175,6 +175,9 @@ struct Plan {
   bool fastest_pipeline_proven = false;
   // The fastest feasible candidate; PlanError when none is.
   const PlanCandidate& best() const;
+  // The fastest feasible pipelined candidate (what a Trainer runs: apply_plan,
+  // engine/train/trainer.h); null when none is.
+  const PlanCandidate* fastest_pipeline() const;
 };
 
 // Every schedule kind and micro-batch count of `options`, with the exact partition of each,

@@ -128,6 +128,31 @@ void check_data_parallel(const TrainConfig& c) {
 
 }  // namespace
 
+void apply_plan(const PlanCandidate& candidate, TrainConfig& config) {
+  const std::string shown = "plan candidate '" + candidate.layout + "'";
+  if (!candidate.pipelined)
+    throw std::invalid_argument(shown + " is not a pipeline; train it as " + candidate.layout +
+                                " replicas (stages 1, data_parallel " +
+                                std::to_string(candidate.peak_bytes.size()) + ")");
+  if (!candidate.rejected.empty())
+    throw std::invalid_argument(shown + " cannot run: " + candidate.rejected);
+  const size_t chunks = static_cast<size_t>(std::max(candidate.chunks, 1));
+  if (candidate.ranges.empty() || candidate.ranges.size() % chunks != 0 ||
+      candidate.microbatches < 1)
+    throw std::invalid_argument(shown + " has " + std::to_string(candidate.ranges.size()) +
+                                " stage ranges for " + std::to_string(chunks) + " chunks and " +
+                                std::to_string(candidate.microbatches) +
+                                " micro-batches; expected a whole number of ranks and at least "
+                                "one micro-batch");
+  config.stages = static_cast<int>(candidate.ranges.size() / chunks);
+  config.schedule = candidate.kind;
+  config.chunks = static_cast<int>(chunks);
+  config.schedule_file.clear();
+  config.microbatches = static_cast<int64_t>(candidate.microbatches) * config.data_parallel;
+  config.partition = PartitionSpec::explicit_blocks(blocks_of(candidate.ranges));
+  config.recompute = candidate.recompute;
+}
+
 void TrainConfig::validate() const {
   optimizer.validate();
   auto fail = [](const std::string& what) { throw std::invalid_argument(what); };

@@ -20,6 +20,7 @@
 #include "engine/pipeline/executor.h"
 #include "engine/pipeline/optimizer.h"
 #include "engine/pipeline/partition.h"
+#include "engine/pipeline/planner.h"
 #include "engine/schedule/generators.h"
 #include "engine/train/data.h"
 #include "layers/model.h"
@@ -76,7 +77,7 @@ struct TrainConfig {
   int data_parallel = 1;
   // ZeRO-1 with data_parallel > 1: each replica keeps the optimizer state of 1/D of every
   // stage's parameters (ExecutorOptions::shard_optimizer); the weights stay those of the
-  // unsharded run. No checkpoints yet.
+  // unsharded run. Each rank's checkpoint shard holds its part of the moments.
   bool shard_optimizer = false;
   // With data_parallel > 1: each stage's gradients are all-reduced in buckets of at most this
   // many MiB, ceil(stage gradient bytes / bucket bytes) of them (0, or a bucket at least as
@@ -115,6 +116,15 @@ Device resolve_device(const std::optional<Device>& requested, std::string* note 
 // CPU kernel threads for each of `ranks` ranks in one process: `requested`, or with 0 the
 // machine's cores shared between the ranks (their threads run at once), at least one each.
 int cpu_threads_per_rank(int requested, int ranks);
+
+// Sets the layout of `config` to a pipelined candidate of a plan (plan(),
+// engine/pipeline/planner.h; Plan::fastest_pipeline picks one): stages, schedule, chunks,
+// micro-batches, blocks per stage and recomputation; a schedule file is dropped. A plan is of
+// one pipeline: with config.data_parallel D > 1 it was planned for one replica's share of the
+// batch (batch_tokens / D) and each replica runs the plan's micro-batches, D times as many in
+// all. Throws std::invalid_argument for a candidate that is not a pipeline, one the planner
+// rejected (saying why), or one whose partition does not fit its chunks.
+void apply_plan(const PlanCandidate& candidate, TrainConfig& config);
 
 // The schedule a config asks for: generated, or loaded from its file (then checked against
 // the config's micro-batches).

@@ -1,10 +1,15 @@
 // A model of one's own, trained through a pipeline: a residual block written here (its
-// forward and backward by hand, through Conveyor's tensor ops), a model description built
-// from it, a data source of one's own, two pipeline stages under 1F1B on the CPU, and a
-// held-out evaluation at the end. Exits with status 1 unless the loss fell clearly.
+// forward and backward by hand, through Conveyor's tensor ops, and what it keeps for the
+// backward), a model description built from it, a data source of one's own, a plan for two
+// pipeline ranks on the CPU from the units' measured costs (schedule, micro-batch count and
+// partition), training under it, and a held-out evaluation at the end. Exits with status 1
+// when the block's declared memory differs from what the allocator measures, or unless the
+// loss fell clearly.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,7 +24,8 @@ using namespace conveyor;
 // written (`=`), parameter gradients accumulate (`+=`) over the micro-batches of a step.
 class ShortcutBlock : public Layer {
  public:
-  ShortcutBlock(std::string name, int64_t width, int64_t inner) : name_(std::move(name)) {
+  ShortcutBlock(std::string name, int64_t width, int64_t inner)
+      : name_(std::move(name)), width_(width), inner_(inner) {
     const float up_bound = 1.0f / std::sqrt(static_cast<float>(width));
     const float down_bound = 1.0f / std::sqrt(static_cast<float>(inner));
     gamma_ = parameter("ln.weight", {width}, InitSpec::constant(1.0f), false);
@@ -86,6 +92,24 @@ class ShortcutBlock : public Layer {
     saved.clear();
   }
 
+  // What one micro-batch holds, in the allocator's rounded bytes (ActivationMemory,
+  // layers/layer.h), read off the tensors above. The memory estimate that refuses a run too
+  // large for its device, and the planner's memory cap, count on it; without it they would
+  // count the block's input alone. main() checks it against what profile_units measures.
+  std::optional<ActivationMemory> activation_memory(const Shape& input) const override {
+    const int64_t n = input.front();
+    const double rows = allocated_bytes({n, width_}), inner_rows = allocated_bytes({n, inner_}),
+                 row_stat = allocated_bytes({n});
+    ActivationMemory m;
+    // Forward keeps x, mean, rstd, h (rows), u and a.
+    m.saved = 2 * rows + 2 * row_stat + 2 * inner_rows;
+    // backward_input keeps dy, du and dh for the weight half and lets u go.
+    m.weight_pending = 2 * rows;
+    // Forward: y and the shortcut at once. Input gradient: dy, da, du, dh, dh_shortcut and dx.
+    m.workspace = std::max(2 * rows, 4 * rows + 2 * inner_rows);
+    return m;
+  }
+
  private:
   enum Slot : size_t { kX, kMean, kRstd, kH, kU, kA, kDy, kDu, kDh };
 
@@ -101,6 +125,7 @@ class ShortcutBlock : public Layer {
   }
 
   std::string name_;
+  int64_t width_, inner_;
   Parameter gamma_, beta_, up_, up_bias_, down_, down_bias_, skip_;
 };
 
@@ -148,21 +173,81 @@ const char* kText =
 
 }  // namespace
 
+// The bytes each unit's layer says it keeps (described_unit_costs) against what the
+// allocator measured while profiling it; false, after saying where, when they differ.
+bool memory_declared_as_measured(const ModelDescription& model, const UnitCosts& measured,
+                                 const std::string& optimizer) {
+  const std::vector<UnitCost> described =
+      described_unit_costs(model, measured.microbatch_tokens, optimizer);
+  bool same = true;
+  for (size_t u = 0; u < described.size(); ++u) {
+    const UnitCost &d = described[u], &m = measured.units[u];
+    auto check = [&](const char* what, double declared, double allocated) {
+      if (declared == allocated) return;
+      std::printf(
+          "unit %zu (%s) declares %.0f bytes %s at %lld tokens; the allocator measured %.0f\n", u,
+          model.unit(static_cast<int64_t>(u))->name().c_str(), declared, what,
+          static_cast<long long>(measured.microbatch_tokens), allocated);
+      same = false;
+    };
+    check("kept for the backward", d.activation_bytes, m.activation_bytes);
+    check("kept for the weight gradient", d.weight_pending_bytes, m.weight_pending_bytes);
+    check("of workspace", d.workspace_bytes, m.workspace_bytes);
+  }
+  return same;
+}
+
 int main() {
   TrainConfig config;
   config.steps = 40;
   config.batch_tokens = 1024;
-  config.microbatches = 4;
-  config.stages = 2;
-  config.schedule = schedule::ScheduleKind::k1F1B;
-  config.partition = PartitionSpec::by_parameters();
   config.device = Device::cpu();
   config.optimizer.lr = 1e-2;
   config.optimizer.warmup_steps = 5;
+  const ModelDescription model = shortcut_model(128, 48, 96, 2);
+  std::printf("conveyor %s | model %s, %lld parameters\n", version(), model.name.c_str(),
+              static_cast<long long>(model.count_parameters()));
 
-  Trainer trainer(shortcut_model(128, 48, 96, 2), config, std::make_shared<TextSource>(kText, 0));
-  std::printf("conveyor %s | model %s, %lld parameters\n", version(), trainer.model().name.c_str(),
-              static_cast<long long>(trainer.model().count_parameters()));
+  // Plan for two ranks on this machine's cores: each unit timed at the micro-batch size of
+  // each candidate count, with a copy of the profile running alongside as the other rank
+  // would, then every schedule, count and exact partition simulated with those costs.
+  const int ranks = 2;
+  DeviceContextOptions share;
+  share.cpu_threads = cpu_threads_per_rank(0, ranks);
+  DeviceContext ctx(*config.device, share);
+  PlanOptions options;
+  options.num_ranks = ranks;
+  options.batch_tokens = config.batch_tokens;
+  options.microbatch_counts = {2, 4, 8};
+  options.memory_cap = device_memory_bytes(*config.device) / ranks;
+  options.include_data_parallel = false;  // pricing replicas needs their all-reduce timed
+  std::vector<UnitCosts> measured;
+  for (const int m : options.microbatch_counts) {
+    ProfileOptions profile;
+    profile.microbatch_tokens = config.batch_tokens / m;
+    profile.neighbours = ranks - 1;
+    profile.neighbour_context = share;
+    measured.push_back(profile_units(model, ctx, profile));
+    if (!memory_declared_as_measured(model, measured.back(), config.optimizer.kind)) return 1;
+  }
+  std::printf(
+      "memory each unit declares = what the allocator measured, at %lld, %lld and %lld "
+      "tokens per micro-batch\n",
+      static_cast<long long>(measured[0].microbatch_tokens),
+      static_cast<long long>(measured[1].microbatch_tokens),
+      static_cast<long long>(measured[2].microbatch_tokens));
+  const Plan ranked = plan(measured, options);
+  std::printf("%s", format_plan(ranked).c_str());
+  const PlanCandidate* chosen = ranked.fastest_pipeline();
+  if (chosen == nullptr) {
+    std::printf("no pipeline of %d ranks fits\n", ranks);
+    return 1;
+  }
+  apply_plan(*chosen, config);
+  std::printf("plan   %s, %lld micro-batches, predicted step %.3f ms\n", chosen->layout.c_str(),
+              static_cast<long long>(config.microbatches), chosen->step_seconds * 1e3);
+
+  Trainer trainer(model, config, std::make_shared<TextSource>(kText, 0));
   std::printf("data   %s\n", trainer.source().describe().c_str());
   for (size_t s = 0; s < trainer.stage_ranges().size(); ++s)
     std::printf("stage %zu: units [%lld, %lld)\n", s,
