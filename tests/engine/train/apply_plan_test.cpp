@@ -12,20 +12,15 @@
 
 #include "engine/pipeline/planner.h"
 #include "engine/train/trainer.h"
+#include "support/train_config.h"
 
 namespace conveyor {
 namespace {
 
+// Six blocks: eight units to cut.
 TrainConfig tiny_run() {
-  TrainConfig c;
-  c.model = model_preset("tiny");
-  c.model.d_model = 16;
-  c.model.hidden = 32;
-  c.model.vocab = 16;
+  TrainConfig c = testing::small_train_config(1, 1);
   c.model.n_layers = 6;
-  c.steps = 2;
-  c.batch_tokens = 96;
-  c.device = Device::cpu();
   return c;
 }
 
@@ -33,7 +28,7 @@ TrainConfig tiny_run() {
 // uniform ones.
 UnitCosts made_up_costs() {
   UnitCosts costs;
-  costs.microbatch_tokens = 24;
+  costs.microbatch_tokens = 64;
   for (int u = 0; u < 8; ++u) {
     UnitCost c;
     c.forward = u == 7 ? 3e-3 : 1e-3;
