@@ -13,6 +13,7 @@
 #include <string>
 
 #include "engine/pipeline/partition_search.h"
+#include "engine/pipeline/stage_bounds.h"
 #include "engine/schedule/generators.h"
 #include "engine/schedule/simulator.h"
 #include "support/contiguous_partitions.h"
