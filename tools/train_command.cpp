@@ -14,6 +14,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "comm/launch_environment.h"
@@ -559,8 +560,79 @@ double evaluate_after_training(Trainer& trainer, int64_t batches) {
   return trainer.evaluate(*held_out, batches);
 }
 
+// `path` as the file system resolves it (links followed, `.` and `..` gone), also for a file
+// not made yet, so that two spellings of one name compare equal.
+std::filesystem::path resolved(const std::string& path) {
+  std::error_code error;
+  std::filesystem::path out = std::filesystem::weakly_canonical(path, error);
+  if (error) out = std::filesystem::absolute(path, error).lexically_normal();
+  // "ck/" and "ck" name one folder.
+  return out.has_filename() ? out : out.parent_path();
+}
+
+bool same_file(const std::string& a, const std::string& b) {
+  std::error_code error;
+  return std::filesystem::equivalent(a, b, error) || resolved(a) == resolved(b);
+}
+
+// Whether `path` is checkpoint folder `root` itself or a name its checkpoints own there
+// (`latest`, step_<N>, step_<N>.tmp and what they hold). Other files in the folder, such as
+// a log kept next to the checkpoints, are the user's.
+bool in_checkpoint_layout(const std::string& path, const std::string& root) {
+  const std::filesystem::path rel = resolved(path).lexically_relative(resolved(root));
+  if (rel.empty()) return false;
+  if (rel == ".") return true;
+  const std::string first = rel.begin()->string();
+  return first == "latest" || first.rfind("step_", 0) == 0;
+}
+
+// The output files are opened, and emptied, before any work: one that names an input of the
+// run, the other output or a checkpoint would destroy it before the run reads it (a --data
+// file read as empty, a `latest` emptied before --resume reads it).
+void refuse_outputs_over_inputs(const TrainFlags& f) {
+  const std::vector<std::pair<const char*, const std::string*>> outputs = {
+      {"--log-json", &f.log_json}, {"--trace", &f.trace}};
+  const std::vector<std::pair<const char*, const std::string*>> inputs = {
+      {"--data", &f.config.data_path},
+      {"--schedule-file", &f.config.schedule_file},
+      {"--plan", &f.plan_file}};
+  // --resume DIR/latest or DIR/step_<N>: the checkpoints of DIR.
+  std::string resumed = f.checkpoint.resume == "latest" ? "" : f.checkpoint.resume;
+  if (!resumed.empty()) {
+    const std::string name = resolved(resumed).filename().string();
+    if (name == "latest" || name.rfind("step_", 0) == 0)
+      resumed = resolved(resumed).parent_path().string();
+  }
+  // (flag, its value as given, the checkpoint folder it names)
+  const std::vector<std::tuple<const char*, const std::string*, std::string>> checkpoints = {
+      {"--save-dir", &f.checkpoint.save_dir, f.checkpoint.save_dir},
+      {"--resume", &f.checkpoint.resume, resumed}};
+  for (size_t o = 0; o < outputs.size(); ++o) {
+    const auto& [flag, path] = outputs[o];
+    if (path->empty()) continue;
+    const std::string shown = "'" + escape_for_message(*path) + "'";
+    for (size_t other = o + 1; other < outputs.size(); ++other)
+      if (!outputs[other].second->empty() && same_file(*path, *outputs[other].second))
+        throw UsageError(std::string(flag) + " and " + outputs[other].first + " both name " +
+                         shown + "; each writes a file of its own, so give each its own name");
+    for (const auto& [input, input_path] : inputs)
+      if (!input_path->empty() && same_file(*path, *input_path))
+        throw UsageError(std::string(flag) + " file " + shown + " is the file " + input +
+                         " reads, which writing it would destroy; give " + flag +
+                         " a file of its own");
+    for (const auto& [folder_flag, given, folder] : checkpoints)
+      if (!folder.empty() && in_checkpoint_layout(*path, folder))
+        throw UsageError(std::string(flag) + " file " + shown +
+                         " would overwrite the checkpoints of " + folder_flag + " '" +
+                         escape_for_message(*given) +
+                         "' (the folder itself, its latest or a step_<N>); give " + flag +
+                         " a file outside them");
+  }
+}
+
 void run_train(TrainFlags& f, const CLI::App& cmd) {
   check_checkpoint_flags(f.checkpoint, cmd);
+  refuse_outputs_over_inputs(f);
   TrainConfig config = resolve_config(f, cmd);
   // Before the trainer, which builds this rank's MPI transport; after it, MPI_Finalize.
   MpiSession mpi(wants_mpi(config), config.transport_timeout);
