@@ -272,7 +272,10 @@ TrainConfig resolve_config(TrainFlags& f, const CLI::App& cmd) {
     config.model.vocab = 256;
   // Said with the flags' names here; the optimizer's and the transport's own checks name
   // their fields (min_lr, "transport timeout"), not what the user typed.
-  const OptimizerConfig& opt = config.optimizer;
+  OptimizerConfig& opt = config.optimizer;
+  // The default final rate is for the default peak: a smaller --lr given alone decays to
+  // itself, rather than being refused for a --min-lr the user never gave.
+  if (!cmd.count("--min-lr")) opt.min_lr = std::min(opt.min_lr, opt.lr);
   if (opt.kind != "adamw" && opt.kind != "sgd")
     throw UsageError("--optimizer must be adamw or sgd, got '" + escape_for_message(opt.kind) +
                      "'");
@@ -840,7 +843,8 @@ void register_train_command(CLI::App& app) {
   constexpr double kMax = std::numeric_limits<double>::max();
   add_float_flag(cmd, "--lr", c.optimizer.lr, 0.0, kMax, true, "Peak learning rate");
   add_float_flag(cmd, "--min-lr", c.optimizer.min_lr, 0.0, kMax, false,
-                 "Final learning rate of the cosine decay");
+                 "Final learning rate of the cosine decay (left out: 0.0003, or --lr when "
+                 "that is smaller)");
   add_int_flag(cmd, "--warmup", c.optimizer.warmup_steps, 0, 1000000000, "Linear warm-up steps");
   add_float_flag(cmd, "--weight-decay", c.optimizer.weight_decay, 0.0, kMax, false,
                  "Decoupled weight decay");
