@@ -217,7 +217,8 @@ PartitionSpec parse_partition(const std::string& text) {
                        "' is not uniform, params or a list of block counts such as 3,5,5,3");
     counts.push_back(static_cast<int64_t>(*value));
   }
-  if (counts.empty())
+  // getline drops an empty last item: "3,5," would run as "3,5".
+  if (counts.empty() || text.back() == ',')
     throw UsageError("partition '" + text +
                      "' is not uniform, params or a list of block counts such as 3,5,5,3");
   return PartitionSpec::explicit_blocks(std::move(counts));
