@@ -45,6 +45,9 @@ refuse "--log-json file '.*/ckpt/step_2/manifest.json' would overwrite the check
   --steps 4 --resume "$dir/ckpt/step_2" --log-json "$dir/ckpt/step_2/manifest.json"
 refuse "--trace file '.*/ckpt' would overwrite the checkpoints of --save-dir" \
   --steps 4 --save-dir "$dir/ckpt" --trace "$dir/ckpt"
+# Both thrown away: nothing to destroy.
+"$cli" train "${small[@]}" --steps 1 --log-json /dev/null --trace /dev/null >/dev/null ||
+  fail "--log-json and --trace both /dev/null were refused"
 # Next to the checkpoints: written.
 "$cli" train "${small[@]}" --steps 4 --save-dir "$dir/ckpt" --resume latest \
   --log-json "$dir/ckpt/log.jsonl" >/dev/null || fail "a log next to the checkpoints was refused"
