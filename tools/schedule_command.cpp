@@ -260,6 +260,12 @@ void run(const ScheduleOptions& o, const CLI::App& cmd) {
     if (!o.load.empty()) {
       schedule = sc::load_schedule(o.load);
       check_load_agrees(o, cmd, schedule);
+      try {
+        sc::validate(schedule);
+      } catch (const sc::ScheduleError& e) {
+        throw UsageError("schedule file '" + escape_for_message(o.load) +
+                         "' is not a valid schedule: " + e.what());
+      }
     } else {
       const auto kind = sc::parse_schedule_kind(o.kind);
       if (!kind)

@@ -28,6 +28,7 @@
 #include "engine/schedule/measured_timing.h"
 #include "engine/schedule/simulator.h"
 #include "engine/schedule/text_format.h"
+#include "engine/schedule/validator.h"
 #include "engine/train/checkpoint_shard.h"
 #include "engine/train/trainer.h"
 #include "tools/checkpoint_flags.h"
@@ -182,6 +183,12 @@ void check_schedule_file_agrees(const TrainFlags& f, const CLI::App& cmd) {
     throw UsageError(e.what());
   }
   const std::string shown = "schedule file '" + escape_for_message(file) + "'";
+  // The trainer validates it too, but its message would not say which input was wrong.
+  try {
+    schedule::validate(loaded);
+  } catch (const schedule::ScheduleError& e) {
+    throw UsageError(shown + " is not a valid schedule: " + e.what());
+  }
   auto disagree = [&](const std::string& flag, const std::string& given, const std::string& has) {
     refuse_disagreement(flag, given, shown, has, "the file");
   };
