@@ -59,6 +59,10 @@ Costs parse_costs(const std::string& text) {
                        escape_for_message(text) + "'");
     }
   }
+  // getline drops an empty last item: "1,1,1," would read as "1,1,1".
+  if (!text.empty() && text.back() == ',')
+    throw UsageError("--costs expects non-negative numbers F,I,W[,comm], got '" +
+                     escape_for_message(text) + "'");
   if (values.size() != 3 && values.size() != 4)
     throw UsageError(
         "--costs expects 3 or 4 numbers F,I,W[,comm] (forward, input-gradient and "
@@ -256,6 +260,12 @@ void run(const ScheduleOptions& o, const CLI::App& cmd) {
     if (!o.load.empty()) {
       schedule = sc::load_schedule(o.load);
       check_load_agrees(o, cmd, schedule);
+      try {
+        sc::validate(schedule);
+      } catch (const sc::ScheduleError& e) {
+        throw UsageError("schedule file '" + escape_for_message(o.load) +
+                         "' is not a valid schedule: " + e.what());
+      }
     } else {
       const auto kind = sc::parse_schedule_kind(o.kind);
       if (!kind)

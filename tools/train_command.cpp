@@ -14,6 +14,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "comm/launch_environment.h"
@@ -27,6 +28,7 @@
 #include "engine/schedule/measured_timing.h"
 #include "engine/schedule/simulator.h"
 #include "engine/schedule/text_format.h"
+#include "engine/schedule/validator.h"
 #include "engine/train/checkpoint_shard.h"
 #include "engine/train/trainer.h"
 #include "tools/checkpoint_flags.h"
@@ -181,6 +183,12 @@ void check_schedule_file_agrees(const TrainFlags& f, const CLI::App& cmd) {
     throw UsageError(e.what());
   }
   const std::string shown = "schedule file '" + escape_for_message(file) + "'";
+  // The trainer validates it too, but its message would not say which input was wrong.
+  try {
+    schedule::validate(loaded);
+  } catch (const schedule::ScheduleError& e) {
+    throw UsageError(shown + " is not a valid schedule: " + e.what());
+  }
   auto disagree = [&](const std::string& flag, const std::string& given, const std::string& has) {
     refuse_disagreement(flag, given, shown, has, "the file");
   };
@@ -216,7 +224,8 @@ PartitionSpec parse_partition(const std::string& text) {
                        "' is not uniform, params or a list of block counts such as 3,5,5,3");
     counts.push_back(static_cast<int64_t>(*value));
   }
-  if (counts.empty())
+  // getline drops an empty last item: "3,5," would run as "3,5".
+  if (counts.empty() || text.back() == ',')
     throw UsageError("partition '" + text +
                      "' is not uniform, params or a list of block counts such as 3,5,5,3");
   return PartitionSpec::explicit_blocks(std::move(counts));
@@ -271,7 +280,10 @@ TrainConfig resolve_config(TrainFlags& f, const CLI::App& cmd) {
     config.model.vocab = 256;
   // Said with the flags' names here; the optimizer's and the transport's own checks name
   // their fields (min_lr, "transport timeout"), not what the user typed.
-  const OptimizerConfig& opt = config.optimizer;
+  OptimizerConfig& opt = config.optimizer;
+  // The default final rate is for the default peak: a smaller --lr given alone decays to
+  // itself, rather than being refused for a --min-lr the user never gave.
+  if (!cmd.count("--min-lr")) opt.min_lr = std::min(opt.min_lr, opt.lr);
   if (opt.kind != "adamw" && opt.kind != "sgd")
     throw UsageError("--optimizer must be adamw or sgd, got '" + escape_for_message(opt.kind) +
                      "'");
@@ -559,8 +571,85 @@ double evaluate_after_training(Trainer& trainer, int64_t batches) {
   return trainer.evaluate(*held_out, batches);
 }
 
+// `path` as the file system resolves it (links followed, `.` and `..` gone), also for a file
+// not made yet, so that two spellings of one name compare equal.
+std::filesystem::path resolved(const std::string& path) {
+  std::error_code error;
+  std::filesystem::path out = std::filesystem::weakly_canonical(path, error);
+  if (error) out = std::filesystem::absolute(path, error).lexically_normal();
+  // "ck/" and "ck" name one folder.
+  return out.has_filename() ? out : out.parent_path();
+}
+
+bool same_file(const std::string& a, const std::string& b) {
+  std::error_code error;
+  return std::filesystem::equivalent(a, b, error) || resolved(a) == resolved(b);
+}
+
+// Whether `path` is checkpoint folder `root` itself or a name its checkpoints own there
+// (`latest`, step_<N>, step_<N>.tmp and what they hold). Other files in the folder, such as
+// a log kept next to the checkpoints, are the user's.
+bool in_checkpoint_layout(const std::string& path, const std::string& root) {
+  const std::filesystem::path rel = resolved(path).lexically_relative(resolved(root));
+  if (rel.empty()) return false;
+  if (rel == ".") return true;
+  const std::string first = rel.begin()->string();
+  return first == "latest" || first.rfind("step_", 0) == 0;
+}
+
+// The output files are opened, and emptied, before any work: one that names an input of the
+// run, the other output or a checkpoint would destroy it before the run reads it (a --data
+// file read as empty, a `latest` emptied before --resume reads it).
+void refuse_outputs_over_inputs(const TrainFlags& f) {
+  const std::vector<std::pair<const char*, const std::string*>> outputs = {
+      {"--log-json", &f.log_json}, {"--trace", &f.trace}};
+  const std::vector<std::pair<const char*, const std::string*>> inputs = {
+      {"--data", &f.config.data_path},
+      {"--schedule-file", &f.config.schedule_file},
+      {"--plan", &f.plan_file}};
+  // --resume DIR/latest or DIR/step_<N>: the checkpoints of DIR.
+  std::string resumed = f.checkpoint.resume == "latest" ? "" : f.checkpoint.resume;
+  if (!resumed.empty()) {
+    const std::string name = resolved(resumed).filename().string();
+    if (name == "latest" || name.rfind("step_", 0) == 0)
+      resumed = resolved(resumed).parent_path().string();
+  }
+  // (flag, its value as given, the checkpoint folder it names)
+  const std::vector<std::tuple<const char*, const std::string*, std::string>> checkpoints = {
+      {"--save-dir", &f.checkpoint.save_dir, f.checkpoint.save_dir},
+      {"--resume", &f.checkpoint.resume, resumed}};
+  for (size_t o = 0; o < outputs.size(); ++o) {
+    const auto& [flag, path] = outputs[o];
+    if (path->empty()) continue;
+    // A device or a FIFO (/dev/null for both) holds nothing to destroy.
+    std::error_code error;
+    const auto type = std::filesystem::status(*path, error).type();
+    if (!error && type != std::filesystem::file_type::regular &&
+        type != std::filesystem::file_type::directory)
+      continue;
+    const std::string shown = "'" + escape_for_message(*path) + "'";
+    for (size_t other = o + 1; other < outputs.size(); ++other)
+      if (!outputs[other].second->empty() && same_file(*path, *outputs[other].second))
+        throw UsageError(std::string(flag) + " and " + outputs[other].first + " both name " +
+                         shown + "; each writes a file of its own, so give each its own name");
+    for (const auto& [input, input_path] : inputs)
+      if (!input_path->empty() && same_file(*path, *input_path))
+        throw UsageError(std::string(flag) + " file " + shown + " is the file " + input +
+                         " reads, which writing it would destroy; give " + flag +
+                         " a file of its own");
+    for (const auto& [folder_flag, given, folder] : checkpoints)
+      if (!folder.empty() && in_checkpoint_layout(*path, folder))
+        throw UsageError(std::string(flag) + " file " + shown +
+                         " would overwrite the checkpoints of " + folder_flag + " '" +
+                         escape_for_message(*given) +
+                         "' (the folder itself, its latest or a step_<N>); give " + flag +
+                         " a file outside them");
+  }
+}
+
 void run_train(TrainFlags& f, const CLI::App& cmd) {
   check_checkpoint_flags(f.checkpoint, cmd);
+  refuse_outputs_over_inputs(f);
   TrainConfig config = resolve_config(f, cmd);
   // Before the trainer, which builds this rank's MPI transport; after it, MPI_Finalize.
   MpiSession mpi(wants_mpi(config), config.transport_timeout);
@@ -768,7 +857,8 @@ void register_train_command(CLI::App& app) {
   constexpr double kMax = std::numeric_limits<double>::max();
   add_float_flag(cmd, "--lr", c.optimizer.lr, 0.0, kMax, true, "Peak learning rate");
   add_float_flag(cmd, "--min-lr", c.optimizer.min_lr, 0.0, kMax, false,
-                 "Final learning rate of the cosine decay");
+                 "Final learning rate of the cosine decay (left out: 0.0003, or --lr when "
+                 "that is smaller)");
   add_int_flag(cmd, "--warmup", c.optimizer.warmup_steps, 0, 1000000000, "Linear warm-up steps");
   add_float_flag(cmd, "--weight-decay", c.optimizer.weight_decay, 0.0, kMax, false,
                  "Decoupled weight decay");
