@@ -7,6 +7,7 @@
 #include <limits>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <tuple>
@@ -119,12 +120,24 @@ sc::Schedule make_schedule(sc::ScheduleKind kind, int p, int m, int v, const Cos
   return sc::generate(kind, p, m, v, dp);
 }
 
-// Every write and the close are checked: "wrote FILE" is printed only for a complete file.
-void write_file(const std::string& path, const std::string& content, const char* flag) {
-  OutputFile out(path, flag, /*lock=*/false);
-  out.write(content);
-  out.close();
-}
+// An output flag's file, opened before any work so that a bad path (a folder, a folder that
+// takes no new file) fails at once, and replaced only by the whole text: a run that fails, or
+// a full disk, leaves the old file as it was, also when it is the --load file itself.
+// "wrote FILE" is printed only for a complete file.
+class ScheduleOutput {
+ public:
+  ScheduleOutput(const std::string& path, const char* flag) {
+    if (!path.empty()) file_.emplace(path, flag);
+  }
+  explicit operator bool() const { return file_.has_value(); }
+  void write(const std::string& content) {
+    file_->commit(content);
+    std::printf("wrote %s\n", escape_for_message(file_->path()).c_str());
+  }
+
+ private:
+  std::optional<ReplacedFile> file_;
+};
 
 // Largest p x m x v generated: 1F1B at p = 1024, m = 4096 (25 million actions) generates,
 // validates and simulates in a few seconds and about 1 GB; the printed timeline draws the
@@ -254,6 +267,7 @@ void run(const ScheduleOptions& o, const CLI::App& cmd) {
                          " both name '" + escape_for_message(y) +
                          "'; each writes a file of its own, so give each its own name");
     }
+  ScheduleOutput dump(o.dump, "--dump"), svg_file(o.svg, "--svg"), trace(o.trace, "--trace");
   sc::Schedule schedule;
   sc::SimResult sim;
   try {
@@ -314,12 +328,11 @@ void run(const ScheduleOptions& o, const CLI::App& cmd) {
       std::printf("%-6d %10s %14s\n", r, fmt(sim.ranks[r].reduce).c_str(),
                   fmt(sim.ranks[r].end).c_str());
   }
-  if (!o.dump.empty()) {
+  if (dump) {
     const bool csv = o.dump.size() >= 4 && o.dump.substr(o.dump.size() - 4) == ".csv";
-    write_file(o.dump, csv ? sc::dump_csv(schedule) : sc::dump_text(schedule), "--dump");
-    std::printf("wrote %s\n", escape_for_message(o.dump).c_str());
+    dump.write(csv ? sc::dump_csv(schedule) : sc::dump_text(schedule));
   }
-  if (!o.svg.empty()) {
+  if (svg_file) {
     sc::SvgOptions svg;
     char title[160];
     const std::string comm = costs.comm != 0 ? " comm=" + fmt(costs.comm) : "";
@@ -330,13 +343,9 @@ void run(const ScheduleOptions& o, const CLI::App& cmd) {
     svg.title = title;
     // A fixed 30 px per time unit keeps pictures of different schedules comparable.
     if (sim.makespan * 30 <= 1600) svg.px_per_unit = 30;
-    write_file(o.svg, sc::render_svg(schedule, sim, svg), "--svg");
-    std::printf("wrote %s\n", escape_for_message(o.svg).c_str());
+    svg_file.write(sc::render_svg(schedule, sim, svg));
   }
-  if (!o.trace.empty()) {
-    write_file(o.trace, sc::chrome_trace_json(schedule, sim), "--trace");
-    std::printf("wrote %s\n", escape_for_message(o.trace).c_str());
-  }
+  if (trace) trace.write(sc::chrome_trace_json(schedule, sim));
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <charconv>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <vector>
 
@@ -51,21 +52,23 @@ ScheduleError line_error(int line, const std::string& what) {
   return ScheduleError("line " + std::to_string(line) + ": " + what);
 }
 
-int to_int(std::string_view v, int line, const std::string& field) {
+// A non-negative integer of at most `max`.
+int to_int(std::string_view v, int line, const std::string& field,
+           int max = std::numeric_limits<int>::max()) {
   int out = 0;
   v = trim(v);
   auto [ptr, ec] = std::from_chars(v.data(), v.data() + v.size(), out);
-  if (v.empty() || ec != std::errc() || ptr != v.data() + v.size() || out < 0)
+  const bool digits = !v.empty() && ptr == v.data() + v.size() && v.front() != '-';
+  // Digits past the range are a number, only too large: said so, not "not an integer".
+  if (digits && (ec == std::errc::result_out_of_range || (ec == std::errc() && out > max)))
+    throw line_error(line, field + " " + std::string(v) + " is larger than supported (" +
+                               std::to_string(max) + ")");
+  if (!digits || ec != std::errc() || out < 0)
     throw line_error(line, field + " must be a non-negative integer, got '" + std::string(v) + "'");
   return out;
 }
 
-int to_rank(std::string_view v, int line) {
-  const int rank = to_int(v, line, "rank");
-  if (rank >= 65536)
-    throw line_error(line, "rank " + std::to_string(rank) + " is larger than supported (65535)");
-  return rank;
-}
+int to_rank(std::string_view v, int line) { return to_int(v, line, "rank", 65535); }
 
 // Header values; -1 means "not given, infer".
 struct Header {
@@ -86,13 +89,13 @@ void parse_header(std::string_view line, int line_no, Header* h) {
     if (key == "name")
       h->name = value;
     else if (key == "ranks")
-      h->ranks = to_int(value, line_no, "ranks");
+      h->ranks = to_int(value, line_no, "ranks", 65536);
     else if (key == "chunks")
-      h->chunks = to_int(value, line_no, "chunks");
+      h->chunks = to_int(value, line_no, "chunks", 65536);
     else if (key == "microbatches")
-      h->microbatches = to_int(value, line_no, "microbatches");
+      h->microbatches = to_int(value, line_no, "microbatches", 1048576);
     else if (key == "replicas")
-      h->replicas = to_int(value, line_no, "replicas");
+      h->replicas = to_int(value, line_no, "replicas", 65536);
     else if (key == "layout") {
       if (value == "looped")
         h->layout = Layout::kLooped;
@@ -117,6 +120,14 @@ Schedule finish(const Header& h, std::vector<std::vector<Action>> ranks) {
       static_cast<long long>(std::max(h.ranks, 1)) * std::max(h.chunks, 1) > 65536)
     throw ScheduleError(
         "the header asks for more than 65536 stages or replicas, or 1048576 micro-batches");
+  // The same limits for the stages and micro-batches the actions name, from which the counts
+  // the header leaves out are inferred.
+  if (max_stage >= 65536)
+    throw ScheduleError("an action names stage " + std::to_string(max_stage) +
+                        "; at most 65536 stages (0 to 65535) are supported");
+  if (max_mb >= 1048576)
+    throw ScheduleError("an action names micro-batch " + std::to_string(max_mb) +
+                        "; at most 1048576 micro-batches (0 to 1048575) are supported");
   Schedule s;
   s.name = h.name;
   s.placement.num_ranks = h.ranks >= 0 ? h.ranks : static_cast<int>(ranks.size());

@@ -109,5 +109,32 @@ TEST(TextFormat, ErrorsNameTheLine) {
             std::string::npos);
 }
 
+// Numbers past what a schedule may hold are refused as too large (naming the limit), before
+// the counts inferred from them are computed; the stage and micro-batch limits are the
+// header's, for files without one.
+TEST(TextFormat, NumbersPastTheLimitsAreTooLarge) {
+  auto message_of = [](const std::string& text) {
+    try {
+      parse_schedule(text);
+    } catch (const ScheduleError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(message_of("r99999999999: F0.0\n"),
+            "line 1: rank 99999999999 is larger than supported (65535)");
+  EXPECT_EQ(message_of("r65536: F0.0\n"), "line 1: rank 65536 is larger than supported (65535)");
+  EXPECT_EQ(message_of("# conveyor schedule: ranks=4294967296\nr0: F0.0\n"),
+            "line 1: ranks 4294967296 is larger than supported (65536)");
+  EXPECT_EQ(message_of("# conveyor schedule: microbatches=1048577\nr0: F0.0\n"),
+            "line 1: microbatches 1048577 is larger than supported (1048576)");
+  EXPECT_EQ(message_of("r0: F2147483647.0\n"),
+            "an action names stage 2147483647; at most 65536 stages (0 to 65535) are supported");
+  EXPECT_EQ(message_of("r0: F0.1048576\n"),
+            "an action names micro-batch 1048576; at most 1048576 micro-batches (0 to 1048575) "
+            "are supported");
+  EXPECT_EQ(message_of("r0: F65535.1048575\n"), "no error");
+}
+
 }  // namespace
 }  // namespace conveyor::schedule
