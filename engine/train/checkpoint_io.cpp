@@ -166,9 +166,13 @@ void create_checkpoint_folder(const std::filesystem::path& dir) {
     at /= part;
     std::error_code status_error;
     const std::filesystem::file_status status = std::filesystem::status(at, status_error);
+    struct stat st {};
     if (std::filesystem::exists(status) && !std::filesystem::is_directory(status))
-      throw CheckpointError("cannot create checkpoint folder " + dir.string() + ": " + at.string() +
-                            " is a file, not a folder");
+      throw CheckpointError(
+          "cannot create checkpoint folder " + dir.string() + ": " + at.string() + " is " +
+          (::stat(at.c_str(), &st) == 0 && !S_ISREG(st.st_mode) ? file_kind(st.st_mode)
+                                                                : std::string("a file")) +
+          ", not a folder");
   }
   throw CheckpointError("cannot create checkpoint folder " + dir.string() + ": " +
                         (ec ? ec.message() : "it is not a folder"));

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 
 #include <cstdlib>
 #include <thread>
@@ -262,6 +263,11 @@ TEST(CheckpointSave, AFolderThatCannotBeCreatedIsNamed) {
                           "cannot create checkpoint folder", in_the_way);
   EXPECT_CHECKPOINT_ERROR(CheckpointWriter(dir / "a_file", 1, 1), "a_file",
                           "cannot create checkpoint folder", in_the_way);
+  // Something else than a regular file is named for what it is.
+  ASSERT_EQ(::mkfifo((dir / "a_pipe").c_str(), 0600), 0);
+  EXPECT_CHECKPOINT_ERROR(CheckpointWriter(dir / "a_pipe", 1, 1), "a_pipe",
+                          "cannot create checkpoint folder",
+                          (dir / "a_pipe").string() + " is a FIFO (named pipe), not a folder");
 }
 
 TEST(CheckpointSave, AShardWriteErrorNamesTheFileAndKeepsThePreviousCheckpoint) {
