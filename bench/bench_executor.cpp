@@ -10,13 +10,16 @@
 //   us/action        step wall time / actions over all ranks
 //   us/action_rank   step wall time / actions of the busiest rank (the per-rank cost, since
 //                    ranks run concurrently)
-//   launch_us        mean over ranks of the first action's start: thread start, zeroing the
-//                    gradients and uploading the token ids
-//   tail_us          step wall time minus the last action's end: all-reduce, optimizer, join
+//   launch_us        mean over ranks of the first action's start: waking the rank's
+//                    thread (rank 0 runs on the caller's), zeroing the gradients and
+//                    uploading the token ids
+//   tail_us          step wall time minus the last action's end: all-reduce, optimizer, and
+//                    the wait for every rank to finish
 //   in_action_us     mean host time inside one action (a receive includes its wait)
-// Thread start per step is included in the wall time: run_step starts one thread per rank
-// on every call. With --benchmark_repetitions=N the "min" row (besides mean/median) is the
-// best repetition, the least disturbed figure on a shared machine.
+// The rank threads live across steps (RankThreads: started once, woken by each run_step), so
+// the wall time of a step holds their wake-up, not their start. With
+// --benchmark_repetitions=N the "min" row (besides mean/median) is the best repetition, the
+// least disturbed figure on a shared machine.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>

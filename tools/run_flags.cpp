@@ -127,8 +127,7 @@ void add_run_flags(CLI::App* cmd, RunFlags& f, RunFlagsFor command) {
   cmd->add_option("--preset", f.preset,
                   "Model preset: tiny, small, medium (the model flags below override it)")
       ->capture_default_str();
-  // 0 is left to the model's own check, which names the field.
-  add_int_flag(cmd, "--d-model", f.d_model, 0, 65536, "Model width")->default_str("preset");
+  add_int_flag(cmd, "--d-model", f.d_model, 1, 65536, "Model width")->default_str("preset");
   // Bounded up front: the partitioner and the model walk every block.
   add_int_flag(cmd, "--layers", f.layers, 1, 4096, "Number of MLP blocks")->default_str("preset");
   add_int_flag(cmd, "--vocab", f.vocab, 2, kMaxVocab, "Vocabulary size")
