@@ -71,6 +71,18 @@ std::string reason_no_file_is_made(const std::string& path, int err) {
 
 }  // namespace
 
+std::filesystem::path resolved_path(const std::string& path) {
+  std::error_code error;
+  std::filesystem::path out = std::filesystem::weakly_canonical(path, error);
+  if (error) out = std::filesystem::absolute(path, error).lexically_normal();
+  return out.has_filename() ? out : out.parent_path();
+}
+
+bool same_file(const std::string& a, const std::string& b) {
+  std::error_code error;
+  return std::filesystem::equivalent(a, b, error) || resolved_path(a) == resolved_path(b);
+}
+
 void refuse_kernel_file_system(const std::string& path, const std::string& shown) {
   struct stat st {};
   const bool exists = ::stat(path.c_str(), &st) == 0;

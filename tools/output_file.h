@@ -1,6 +1,7 @@
 #pragma once
 // Output files of the command line, opened and checked before any work starts and written
 // with every write checked, so a full disk or a bad path fails loudly instead of "wrote ...".
+#include <filesystem>
 #include <string>
 
 namespace conveyor::cli {
@@ -12,6 +13,13 @@ namespace conveyor::cli {
 // alone: it is written in place, wherever it is. `shown` names the path for the message
 // ("--out file '/proc/version'").
 void refuse_kernel_file_system(const std::string& path, const std::string& shown);
+
+// `path` as the file system resolves it (links followed, `.` and `..` gone), also for a file
+// not made yet, so that two spellings of one name compare equal; "ck/" and "ck" alike.
+std::filesystem::path resolved_path(const std::string& path);
+// Whether `a` and `b` name one file: the same inode when both exist, else the same resolved
+// path. What two output flags, or an output and an input, must not share.
+bool same_file(const std::string& a, const std::string& b);
 
 class OutputFile {
  public:

@@ -259,10 +259,7 @@ void run(const ScheduleOptions& o, const CLI::App& cmd) {
       const std::string& x = *outputs[a].second;
       const std::string& y = *outputs[b].second;
       if (x.empty() || y.empty()) continue;
-      std::error_code ex, ey;
-      const auto cx = std::filesystem::weakly_canonical(x, ex);
-      const auto cy = std::filesystem::weakly_canonical(y, ey);
-      if (x == y || (!ex && !ey && cx == cy))
+      if (same_file(x, y))
         throw UsageError(std::string(outputs[a].first) + " and " + outputs[b].first +
                          " both name '" + escape_for_message(y) +
                          "'; each writes a file of its own, so give each its own name");

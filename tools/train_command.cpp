@@ -571,26 +571,11 @@ double evaluate_after_training(Trainer& trainer, int64_t batches) {
   return trainer.evaluate(*held_out, batches);
 }
 
-// `path` as the file system resolves it (links followed, `.` and `..` gone), also for a file
-// not made yet, so that two spellings of one name compare equal.
-std::filesystem::path resolved(const std::string& path) {
-  std::error_code error;
-  std::filesystem::path out = std::filesystem::weakly_canonical(path, error);
-  if (error) out = std::filesystem::absolute(path, error).lexically_normal();
-  // "ck/" and "ck" name one folder.
-  return out.has_filename() ? out : out.parent_path();
-}
-
-bool same_file(const std::string& a, const std::string& b) {
-  std::error_code error;
-  return std::filesystem::equivalent(a, b, error) || resolved(a) == resolved(b);
-}
-
 // Whether `path` is checkpoint folder `root` itself or a name its checkpoints own there
 // (`latest`, step_<N>, step_<N>.tmp and what they hold). Other files in the folder, such as
 // a log kept next to the checkpoints, are the user's.
 bool in_checkpoint_layout(const std::string& path, const std::string& root) {
-  const std::filesystem::path rel = resolved(path).lexically_relative(resolved(root));
+  const std::filesystem::path rel = resolved_path(path).lexically_relative(resolved_path(root));
   if (rel.empty()) return false;
   if (rel == ".") return true;
   const std::string first = rel.begin()->string();
@@ -610,9 +595,9 @@ void refuse_outputs_over_inputs(const TrainFlags& f) {
   // --resume DIR/latest or DIR/step_<N>: the checkpoints of DIR.
   std::string resumed = f.checkpoint.resume == "latest" ? "" : f.checkpoint.resume;
   if (!resumed.empty()) {
-    const std::string name = resolved(resumed).filename().string();
+    const std::string name = resolved_path(resumed).filename().string();
     if (name == "latest" || name.rfind("step_", 0) == 0)
-      resumed = resolved(resumed).parent_path().string();
+      resumed = resolved_path(resumed).parent_path().string();
   }
   // (flag, its value as given, the checkpoint folder it names)
   const std::vector<std::tuple<const char*, const std::string*, std::string>> checkpoints = {

@@ -80,15 +80,17 @@ TEST(TextFormat, HandWrittenWithoutHeaderIsInferred) {
   EXPECT_NO_THROW(validate(s));
 }
 
+// The message parse_schedule throws for `text`, or "no error".
+std::string message_of(const std::string& text) {
+  try {
+    parse_schedule(text);
+  } catch (const ScheduleError& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
 TEST(TextFormat, ErrorsNameTheLine) {
-  auto message_of = [](const std::string& text) {
-    try {
-      parse_schedule(text);
-    } catch (const ScheduleError& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
   EXPECT_NE(message_of("r0: F0.0\nr1: F1.0 Q1.0\n").find("line 2"), std::string::npos);
   EXPECT_NE(message_of("# conveyor schedule: ranks=two\nr0: F0.0\n").find("ranks"),
             std::string::npos);
@@ -113,14 +115,6 @@ TEST(TextFormat, ErrorsNameTheLine) {
 // the counts inferred from them are computed; the stage and micro-batch limits are the
 // header's, for files without one.
 TEST(TextFormat, NumbersPastTheLimitsAreTooLarge) {
-  auto message_of = [](const std::string& text) {
-    try {
-      parse_schedule(text);
-    } catch (const ScheduleError& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
   EXPECT_EQ(message_of("r99999999999: F0.0\n"),
             "line 1: rank 99999999999 is larger than supported (65535)");
   EXPECT_EQ(message_of("r65536: F0.0\n"), "line 1: rank 65536 is larger than supported (65535)");
