@@ -78,6 +78,7 @@ class Embedding : public Layer {
   void backward_weight(DeviceContext& ctx, SavedTensors& saved) override;
   // Its token ids are a view of the step's, which hold them for the whole step: not counted.
   std::optional<ActivationMemory> activation_memory(const Shape& input) const override;
+  std::optional<int64_t> accepted_ids() const override { return vocab_; }
 
  private:
   std::string name_;

@@ -42,6 +42,7 @@ class LossHead : public Layer {
   Tensor backward_input(DeviceContext& ctx, const Tensor& dy, SavedTensors& saved) override;
   void backward_weight(DeviceContext& ctx, SavedTensors& saved) override;
   std::optional<ActivationMemory> activation_memory(const Shape& input) const override;
+  std::optional<int64_t> accepted_ids() const override { return vocab_; }
 
  private:
   std::string name_;

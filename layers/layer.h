@@ -40,6 +40,9 @@ struct SavedTensors {
 
 // Per micro-batch inputs that only some layers read (the loss head reads the targets).
 struct MicroBatchInputs {
+  // The micro-batch's token count, the n of its ids [n]: a stage checks what crosses each of
+  // its unit boundaries against the model's description for this many (Stage::forward).
+  int64_t tokens = 0;
   Tensor targets;           // i32 [n]
   float loss_scale = 1.0f;  // d(step loss)/d(token loss): 1 / valid tokens of the step
   int32_t ignore_index = -1;
@@ -87,6 +90,12 @@ class Layer {
     (void)input;
     return std::nullopt;
   }
+
+  // For a layer that reads ids (an embedding its inputs, a loss head its targets): it accepts
+  // ids in [0, n) and returns n. ModelDescription::validate refuses a model whose vocab is
+  // larger, since ids the data may hold would index past the layer's table; a CUDA kernel
+  // could not report them. Empty when the layer reads no ids or does not say.
+  virtual std::optional<int64_t> accepted_ids() const { return std::nullopt; }
 
   Tensor backward(DeviceContext& ctx, const Tensor& dy, SavedTensors& saved) {
     Tensor dx = backward_input(ctx, dy, saved);

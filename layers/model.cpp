@@ -1,5 +1,6 @@
 #include "layers/model.h"
 
+#include <map>
 #include <sstream>
 #include <stdexcept>
 
@@ -39,6 +40,41 @@ void ModelDescription::validate() const {
                                   shape_to_string(spec.shape) +
                                   " for one token; expected positive dimensions");
   }
+  // Every unit built once, so that a factory that fails, or a parameter that could never be
+  // allocated, initialised or saved under its name, is reported here rather than by the stage
+  // or checkpoint that first meets it.
+  std::map<std::string, int64_t> unit_of_name;
+  for (int64_t index = 0; index < num_units; ++index) {
+    const std::unique_ptr<Layer> layer = unit(index);
+    const std::string where = label + " unit " + std::to_string(index);
+    const std::optional<int64_t> ids = layer->accepted_ids();
+    if (ids && (index == 0 || index == num_units - 1) && vocab > *ids)
+      throw std::invalid_argument(where + " accepts " + (index == 0 ? "token" : "target") +
+                                  " ids below " + std::to_string(*ids) +
+                                  " but the model's vocab is " + std::to_string(vocab) +
+                                  "; ids of the data could index past its table");
+    for (const Parameter* p : layer->parameters()) {
+      if (p == nullptr) throw std::invalid_argument(where + " lists a null parameter");
+      if (p->name.empty())
+        throw std::invalid_argument(where +
+                                    " has a parameter without a name; expected a global "
+                                    "name such as \"blocks.3.fc1.weight\"");
+      bool positive = !p->shape.empty();
+      for (int64_t d : p->shape) positive = positive && d > 0;
+      if (!positive)
+        throw std::invalid_argument(where + " gives parameter '" + p->name + "' the shape " +
+                                    shape_to_string(p->shape) +
+                                    "; expected positive dimensions (a single value is [1])");
+      const auto [it, added] = unit_of_name.emplace(p->name, index);
+      if (!added)
+        throw std::invalid_argument(
+            where + " has a parameter named '" + p->name + "', as " +
+            (it->second == index ? "it already has"
+                                 : "unit " + std::to_string(it->second) + " has") +
+            "; names must be unique across the model (they key initial values and "
+            "checkpoints)");
+    }
+  }
 }
 
 std::unique_ptr<Layer> ModelDescription::unit(int64_t index) const {
@@ -65,6 +101,30 @@ ActivationSpec ModelDescription::activation_at(int64_t boundary, int64_t tokens)
                             " out of range [1, " + std::to_string(num_units) + ")");
   if (!activation) throw std::invalid_argument(label_of(*this) + " has no activation shape");
   return activation(boundary, tokens);
+}
+
+ActivationSpec ModelDescription::boundary_spec(int64_t boundary, int64_t tokens) const {
+  if (boundary == 0) return {{tokens}, DType::kI32};
+  if (boundary == num_units) return {{tokens}, DType::kF32};
+  return activation_at(boundary, tokens);
+}
+
+void ModelDescription::check_boundary(int64_t boundary, int64_t tokens, const Tensor& tensor,
+                                      const std::string& what) const {
+  const ActivationSpec expected = boundary_spec(boundary, tokens);
+  if (tensor.defined() && tensor.shape() == expected.shape && tensor.dtype() == expected.dtype)
+    return;
+  const std::string found = tensor.defined() ? std::string(dtype_name(tensor.dtype())) + " " +
+                                                   shape_to_string(tensor.shape())
+                                             : std::string("undefined");
+  const std::string says = boundary == 0 ? "token ids"
+                           : boundary == num_units
+                               ? "the per-token losses of the last unit"
+                               : "the activation entering unit " + std::to_string(boundary);
+  throw std::invalid_argument(label_of(*this) + ": " + what + " is " + found +
+                              " for a micro-batch of " + std::to_string(tokens) +
+                              " tokens; expected " + dtype_name(expected.dtype) + " " +
+                              shape_to_string(expected.shape) + " (" + says + ")");
 }
 
 std::optional<ActivationMemory> ModelDescription::unit_memory(int64_t index, int64_t tokens) const {

@@ -43,7 +43,9 @@ struct ModelDescription {
   // activations and gradients it receives from this.
   std::function<ActivationSpec(int64_t boundary, int64_t tokens)> activation;
 
-  // Throws std::invalid_argument naming the first missing or impossible field.
+  // Throws std::invalid_argument naming the first missing or impossible field. It builds
+  // every unit once (parameters not materialised): each must come back, and its parameters
+  // must have names, unique across the model, and positive dimensions.
   void validate() const;
   // Unit `index`, checked: the index is in range and the factory returned a layer.
   std::unique_ptr<Layer> unit(int64_t index) const;
@@ -51,6 +53,15 @@ struct ModelDescription {
   std::vector<std::unique_ptr<Layer>> units(int64_t begin, int64_t end) const;
   // The activation at `boundary` for `tokens` tokens, checked against the range.
   ActivationSpec activation_at(int64_t boundary, int64_t tokens) const;
+  // What crosses `boundary` in [0, num_units] for a micro-batch of `tokens` tokens: token ids,
+  // i32 [tokens], entering unit 0; activation_at(boundary, tokens) between two units (their
+  // gradient too); the per-token losses, f32 [tokens], leaving the last unit.
+  ActivationSpec boundary_spec(int64_t boundary, int64_t tokens) const;
+  // Throws std::invalid_argument when `tensor` is not boundary_spec(boundary, tokens), naming
+  // it by `what` ("the output of unit 3"): a unit that returns another shape than the
+  // description says is found where it does, not by a kernel of the next unit or stage.
+  void check_boundary(int64_t boundary, int64_t tokens, const Tensor& tensor,
+                      const std::string& what) const;
   // What unit `index` holds for a micro-batch of `tokens` tokens (Layer::activation_memory of
   // the unit on its input: token ids [tokens] for the first unit, else activation_at(index,
   // tokens)); empty when the unit's layer does not say.

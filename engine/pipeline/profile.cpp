@@ -103,6 +103,7 @@ UnitCost profile_unit(const ModelDescription& model, int64_t u, DeviceContext& c
                      cost.optimizer_bytes;
 
   MicroBatchInputs in;
+  in.tokens = n;
   in.targets = random_ids(ctx, n, model.vocab, options.seed + 17 * u + 1);
   in.loss_scale = 1.0f / static_cast<float>(n);
   const Tensor input =

@@ -510,6 +510,7 @@ void RankStep::forward(size_t i, const Action& a, Stage& stage) {
   else
     input = take_for_compute(Handoffs::kInAct, a.stage, mb, a);
   MicroBatchInputs inputs;
+  inputs.tokens = n_;
   inputs.loss_scale = in_.loss_scale;
   if (a.stage == last_stage_) inputs.targets = targets_.slice_rows(mb, 1).reshape({n_});
   Tensor out = stage.forward(mb, input, inputs);

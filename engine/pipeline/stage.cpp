@@ -7,7 +7,7 @@ namespace conveyor {
 
 Stage::Stage(const ModelDescription& model, int64_t begin, int64_t end, DeviceContext& ctx,
              uint64_t seed, const RecomputeSpec& recompute)
-    : ctx_(ctx), begin_(begin), end_(end), num_units_(model.num_units) {
+    : model_(model), ctx_(ctx), begin_(begin), end_(end), num_units_(model.num_units) {
   model.validate();
   if (begin < 0 || end > num_units_ || begin >= end)
     throw std::invalid_argument("stage units [" + std::to_string(begin) + ", " +
@@ -48,26 +48,53 @@ Stage::Held& Stage::held_for(int64_t microbatch, const char* action) {
   return it->second;
 }
 
+int64_t Stage::tokens_of(const MicroBatchInputs& in) const {
+  if (in.tokens < 1)
+    throw std::invalid_argument(
+        "a stage's forward needs the micro-batch's token count "
+        "(MicroBatchInputs::tokens), got " +
+        std::to_string(in.tokens));
+  return in.tokens;
+}
+
+Tensor Stage::run_unit(size_t u, const Tensor& x, const MicroBatchInputs& in, SavedTensors& saved) {
+  const int64_t global = begin_ + static_cast<int64_t>(u);
+  Tensor y = units_[u]->forward(ctx_, x, in, saved);
+  model_.check_boundary(global + 1, in.tokens, y, "the output of unit " + std::to_string(global));
+  return y;
+}
+
+Tensor Stage::unit_input_grad(size_t u, const Tensor& dy, int64_t tokens, SavedTensors& saved) {
+  const int64_t global = begin_ + static_cast<int64_t>(u);
+  Tensor dx = units_[u]->backward_input(ctx_, dy, saved);
+  if (global > 0)  // the first unit takes token ids: no gradient
+    model_.check_boundary(global, tokens, dx,
+                          "the input gradient of unit " + std::to_string(global));
+  return dx;
+}
+
 Tensor Stage::forward(int64_t microbatch, const Tensor& input, const MicroBatchInputs& in) {
   if (held_.count(microbatch))
     throw std::logic_error("forward of micro-batch " + std::to_string(microbatch) +
                            " run twice before its backward");
+  model_.check_boundary(begin_, tokens_of(in), input,
+                        "the input of unit " + std::to_string(begin_));
   Held& held = held_[microbatch];
+  held.tokens = in.tokens;
   held.saved.resize(units_.size());
   held.run_inputs.resize(runs_.size());
   Tensor x = input;
   for (size_t r = 0; r < runs_.size(); ++r) {
     const Run& run = runs_[r];
     if (!run.recompute) {
-      for (size_t u = run.begin; u < run.end; ++u)
-        x = units_[u]->forward(ctx_, x, in, held.saved[u]);
+      for (size_t u = run.begin; u < run.end; ++u) x = run_unit(u, x, in, held.saved[u]);
       continue;
     }
     // Only the run's input stays; each unit's saved tensors go as soon as the next has run.
     held.run_inputs[r] = x;
     for (size_t u = run.begin; u < run.end; ++u) {
       SavedTensors discarded;
-      x = units_[u]->forward(ctx_, x, in, discarded);
+      x = run_unit(u, x, in, discarded);
     }
   }
   if (recomputes()) held.inputs = in;
@@ -75,10 +102,12 @@ Tensor Stage::forward(int64_t microbatch, const Tensor& input, const MicroBatchI
 }
 
 Tensor Stage::forward_only(const Tensor& input, const MicroBatchInputs& in) {
+  model_.check_boundary(begin_, tokens_of(in), input,
+                        "the input of unit " + std::to_string(begin_));
   SavedTensors discarded;
   Tensor x = input;
-  for (auto& unit : units_) {
-    x = unit->forward(ctx_, x, in, discarded);
+  for (size_t u = 0; u < units_.size(); ++u) {
+    x = run_unit(u, x, in, discarded);
     discarded.clear();
   }
   return x;
@@ -89,6 +118,9 @@ Tensor Stage::backward_input(int64_t microbatch, const Tensor& dy) {
   if (held.input_grad_done)
     throw std::logic_error("input gradient of micro-batch " + std::to_string(microbatch) +
                            " computed twice");
+  if (!is_last())  // the loss head makes its own gradient
+    model_.check_boundary(end_, held.tokens, dy,
+                          "the output gradient given to unit " + std::to_string(end_ - 1));
   Tensor g = dy;
   for (size_t r = runs_.size(); r-- > 0;) {
     const Run& run = runs_[r];
@@ -100,7 +132,7 @@ Tensor Stage::backward_input(int64_t microbatch, const Tensor& dy) {
       held.run_inputs[r] = Tensor();  // the first unit keeps it when its backward needs it
     }
     for (size_t u = run.end; u-- > run.begin;)
-      g = units_[u]->backward_input(ctx_, g, held.saved[u]);
+      g = unit_input_grad(u, g, held.tokens, held.saved[u]);
   }
   held.input_grad_done = true;
   return g;

@@ -30,7 +30,10 @@ class Stage {
   int64_t unit_end() const { return end_; }
 
   // Input: i32 tokens on the first stage, activations otherwise. Output: activations, or
-  // per-token losses [n] on the last stage.
+  // per-token losses [n] on the last stage. `in.tokens` must be the micro-batch's n: the
+  // input, the output of every unit and, in the backward, every gradient are checked against
+  // the model's description for it (ModelDescription::check_boundary), so a unit returning
+  // another shape is named when it does, in a std::invalid_argument.
   Tensor forward(int64_t microbatch, const Tensor& input, const MicroBatchInputs& in);
   // Gradient w.r.t. the stage input (undefined on the first stage); `dy` is ignored on the
   // last stage. Re-runs the forward of recomputed runs first; keeps what backward_weight
@@ -61,11 +64,19 @@ class Stage {
     std::vector<SavedTensors> saved;  // per unit; empty for recomputed units until rebuilt
     std::vector<Tensor> run_inputs;   // per run: its input, kept for recomputed runs only
     MicroBatchInputs inputs;          // kept when a run is recomputed (views, no new bytes)
+    int64_t tokens = 0;
     bool input_grad_done = false;
   };
 
   Held& held_for(int64_t microbatch, const char* action);
+  // in.tokens, checked to be at least 1.
+  int64_t tokens_of(const MicroBatchInputs& in) const;
+  // Unit u (local index) on x, with the boundary after it checked.
+  Tensor run_unit(size_t u, const Tensor& x, const MicroBatchInputs& in, SavedTensors& saved);
+  // The input gradient of unit u (local index), with the boundary before it checked.
+  Tensor unit_input_grad(size_t u, const Tensor& dy, int64_t tokens, SavedTensors& saved);
 
+  ModelDescription model_;  // a copy: the boundary checks outlive the caller's
   DeviceContext& ctx_;
   int64_t begin_, end_, num_units_;
   std::vector<std::unique_ptr<Layer>> units_;

@@ -109,6 +109,10 @@ int cpu_threads_per_rank(int requested, int ranks) {
 
 namespace {
 
+// A PipelineError's first line names the rank, the action and the cause; the lines after it
+// draw where every rank stood, too much to repeat in a later refusal.
+std::string first_line(const std::string& message) { return message.substr(0, message.find('\n')); }
+
 void check_data_parallel(const TrainConfig& c) {
   if (c.data_parallel < 1)
     throw std::invalid_argument("data-parallel replicas must be at least 1, got " +
@@ -383,13 +387,51 @@ std::vector<MicroBatchData> Trainer::draw_batch(TokenSource& source) const {
   return microbatches;
 }
 
+void Trainer::check_usable(const char* action) const {
+  if (!failure_.empty())
+    throw std::logic_error("the trainer cannot " + std::string(action) + ": " + failure_ +
+                           ", which left its stages and transports unusable; build a new "
+                           "Trainer (from the last checkpoint to go on)");
+}
+
+void Trainer::check_token_ids(const std::vector<MicroBatchData>& microbatches) const {
+  if (model_.vocab <= 0) return;  // the model does not say; its own units must check
+  // Checked here, once on the host: a CUDA embedding or loss kernel cannot report an id out
+  // of range, it would read past its table.
+  const MicroBatchInputs defaults;
+  for (size_t m = 0; m < microbatches.size(); ++m)
+    for (const auto* ids : {&microbatches[m].tokens, &microbatches[m].targets})
+      for (size_t i = 0; i < ids->size(); ++i) {
+        const int32_t id = (*ids)[i];
+        if ((id >= 0 && id < model_.vocab) ||
+            (ids == &microbatches[m].targets && id == defaults.ignore_index))
+          continue;
+        throw std::invalid_argument(
+            std::string(ids == &microbatches[m].tokens ? "token id " : "target id ") +
+            std::to_string(id) + " at position " + std::to_string(i) + " of micro-batch " +
+            std::to_string(m) + " is outside [0, " + std::to_string(model_.vocab) +
+            "), the model's vocabulary" +
+            (ids == &microbatches[m].targets
+                 ? " (and is not the ignored target " + std::to_string(defaults.ignore_index) + ")"
+                 : std::string()));
+      }
+}
+
 StepStats Trainer::step() {
+  check_usable("run a step");
   const int64_t step = steps_done_ + 1;
   const std::vector<MicroBatchData> microbatches = draw_batch(*source_);
+  check_token_ids(microbatches);
   for (int r : executor_->local_ranks()) executor_->context(r).allocator().reset_peak();
   const double lr = learning_rate(config_.optimizer, step, config_.steps);
-  PipelineStepResult result =
-      executor_->run_step(microbatches, 1.0f / static_cast<float>(config_.batch_tokens), step, lr);
+  PipelineStepResult result;
+  try {
+    result = executor_->run_step(microbatches, 1.0f / static_cast<float>(config_.batch_tokens),
+                                 step, lr);
+  } catch (const std::exception& e) {
+    failure_ = "step " + std::to_string(step) + " failed (" + first_line(e.what()) + ")";
+    throw;
+  }
   const double loss = result.loss_sum / static_cast<double>(config_.batch_tokens);
   if (result.diverged) {
     std::ostringstream msg;
@@ -421,6 +463,7 @@ void Trainer::resume_at(int64_t steps_done) {
 }
 
 double Trainer::evaluate(TokenSource& source, int64_t batches, int64_t tokens_at_once) {
+  check_usable("evaluate");
   if (batches < 1)
     throw std::invalid_argument("evaluation needs at least 1 batch, got " +
                                 std::to_string(batches));
@@ -514,6 +557,7 @@ double forward_losses(PipelineExecutor& executor, const ModelDescription& model,
         x = moved;
       }
       MicroBatchInputs in;
+      in.tokens = n;
       in.loss_scale = loss_scale;
       if (s == last) in.targets = upload(ctx, mb.targets);
       x = stage.forward_only(x, in);
@@ -544,6 +588,7 @@ double forward_losses(PipelineExecutor& executor, const ModelDescription& model,
 }  // namespace
 
 double Trainer::evaluate(const std::vector<MicroBatchData>& microbatches) {
+  check_usable("evaluate");
   if (microbatches.empty()) throw std::invalid_argument("evaluation needs at least 1 micro-batch");
   int64_t tokens = 0;
   for (const MicroBatchData& mb : microbatches) {
@@ -571,6 +616,18 @@ int Trainer::agreed_stop_request() {
 }
 
 double Trainer::local_loss_sum(const std::vector<MicroBatchData>& microbatches, double start) {
+  check_token_ids(microbatches);
+  try {
+    return forward_loss_sum(microbatches, start);
+  } catch (const EvaluationStopped&) {
+    throw;
+  } catch (const std::exception& e) {
+    failure_ = "an evaluation failed (" + first_line(e.what()) + ")";
+    throw;
+  }
+}
+
+double Trainer::forward_loss_sum(const std::vector<MicroBatchData>& microbatches, double start) {
   // The loss head's gradient scale, as in a training step; evaluation discards the gradient.
   const float loss_scale = 1.0f / static_cast<float>(config_.batch_tokens);
   double loss_sum = 0.0;

@@ -177,7 +177,12 @@ class Trainer {
   Trainer(ModelDescription model, TrainConfig config,
           std::shared_ptr<TokenSource> source = nullptr);
 
-  StepStats step();  // runs the next step
+  // Runs the next step. The batch's ids are checked against the model's vocab first
+  // (std::invalid_argument, nothing run). A step that fails once it has started (a
+  // PipelineError, a transport error) leaves the trainer unusable: step() and evaluate()
+  // then throw std::logic_error saying so. A diverged step (TrainingDiverged) applied no
+  // update and leaves it usable.
+  StepStats step();
 
   // Mean loss per token over `batches` global batches drawn from `source` (held-out data),
   // each split into the config's micro-batches. Forward only: no backward, no update,
@@ -231,8 +236,15 @@ class Trainer {
   void build();  // everything after the model, config and source are set
   std::vector<MicroBatchData> draw_batch(TokenSource& source) const;
   // This process's sum of the token losses of `microbatches`, added after `start` in
-  // micro-batch order on the process that holds the last stage (0.0 on the others).
+  // micro-batch order on the process that holds the last stage (0.0 on the others); the ids
+  // checked first, and a failure of the forward recorded in failure_.
   double local_loss_sum(const std::vector<MicroBatchData>& microbatches, double start);
+  double forward_loss_sum(const std::vector<MicroBatchData>& microbatches, double start);
+  // Throws std::logic_error, saying what failed, once a step or an evaluation has failed.
+  void check_usable(const char* action) const;
+  // Throws std::invalid_argument for an id outside the model's vocabulary (a target may be
+  // the ignored one), naming the micro-batch and position.
+  void check_token_ids(const std::vector<MicroBatchData>& microbatches) const;
   // The executor's stop request, agreed over the processes (a collective under MPI): the
   // signal of the lowest process asked, or 0.
   int agreed_stop_request();
@@ -246,6 +258,9 @@ class Trainer {
   std::unique_ptr<PipelineExecutor> executor_;
   int64_t steps_done_ = 0;
   std::function<void()> save_handler_;
+  // What failed in a step or an evaluation, which leaves the executor with micro-batches in
+  // flight and its transports aborted; empty while the trainer is usable.
+  std::string failure_;
 };
 
 }  // namespace conveyor

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "layers/basic_layers.h"
+#include "layers/blocks.h"
 
 namespace conveyor {
 namespace {
@@ -100,6 +101,97 @@ TEST(ModelDescription, IncompleteDescriptionsAreRejectedByName) {
   model.make_unit = [](int64_t) { return std::unique_ptr<Layer>(); };
   EXPECT_THROW(model.unit(0), std::invalid_argument);
   EXPECT_THROW(activation_rows(0), std::invalid_argument);
+}
+
+// A unit that only lists parameters: what validate() inspects without running anything.
+class ListedParameters : public Layer {
+ public:
+  ListedParameters(std::vector<Parameter> params, bool with_null = false)
+      : params_(std::move(params)), with_null_(with_null) {}
+  const std::string& name() const override { return name_; }
+  std::vector<Parameter*> parameters() override {
+    std::vector<Parameter*> out;
+    for (Parameter& p : params_) out.push_back(&p);
+    if (with_null_) out.push_back(nullptr);
+    return out;
+  }
+  Tensor forward(DeviceContext&, const Tensor& x, const MicroBatchInputs&, SavedTensors&) override {
+    return x;
+  }
+  Tensor backward_input(DeviceContext&, const Tensor& dy, SavedTensors&) override { return dy; }
+  void backward_weight(DeviceContext&, SavedTensors&) override {}
+
+ private:
+  std::string name_ = "listed";
+  std::vector<Parameter> params_;
+  bool with_null_;
+};
+
+Parameter named(std::string name, Shape shape) {
+  Parameter p;
+  p.name = std::move(name);
+  p.shape = std::move(shape);
+  return p;
+}
+
+// Two units whose parameters are `first` and `second`.
+ModelDescription listing(std::vector<Parameter> first, std::vector<Parameter> second,
+                         bool null_in_second = false) {
+  ModelDescription model = two_linear_units();
+  model.make_unit = [=](int64_t index) -> std::unique_ptr<Layer> {
+    return std::make_unique<ListedParameters>(index == 0 ? first : second,
+                                              index == 1 && null_in_second);
+  };
+  return model;
+}
+
+TEST(ModelDescription, ParametersThatCouldNotBeBuiltOrSavedAreRejected) {
+  EXPECT_EQ(error_of(listing({named("a", {2, 3})}, {named("b", {3})})), "");
+  // The same name in two units, or twice in one: initial values and checkpoints collide.
+  std::string error = error_of(listing({named("w", {2})}, {named("w", {2})}));
+  EXPECT_NE(error.find("unit 1 has a parameter named 'w', as unit 0 has"), std::string::npos)
+      << error;
+  error = error_of(listing({}, {named("w", {2}), named("w", {3})}));
+  EXPECT_NE(error.find("as it already has"), std::string::npos) << error;
+  error = error_of(listing({named("", {2})}, {}));
+  EXPECT_NE(error.find("unit 0 has a parameter without a name"), std::string::npos) << error;
+  error = error_of(listing({}, {named("b", {4, 0})}));
+  EXPECT_NE(error.find("gives parameter 'b' the shape [4, 0]"), std::string::npos) << error;
+  error = error_of(listing({}, {named("scalar", {})}));
+  EXPECT_NE(error.find("parameter 'scalar'"), std::string::npos) << error;
+  error = error_of(listing({}, {}, /*null_in_second=*/true));
+  EXPECT_NE(error.find("unit 1 lists a null parameter"), std::string::npos) << error;
+  // A factory that fails for one unit fails validation, not the stage that builds it.
+  ModelDescription model = two_linear_units();
+  model.make_unit = [](int64_t index) -> std::unique_ptr<Layer> {
+    if (index == 1) return nullptr;
+    return std::make_unique<Linear>("unit.0", 4, 4);
+  };
+  EXPECT_NE(error_of(model).find("returned no layer for unit 1"), std::string::npos)
+      << error_of(model);
+}
+
+TEST(ModelDescription, AVocabularyLargerThanAnIdTableIsRejected) {
+  // embed (ids < e) -> head (targets < h), for a model of vocab 8.
+  auto embed_and_head = [](int64_t e, int64_t h) {
+    ModelDescription model;
+    model.name = "ids";
+    model.num_units = 2;
+    model.vocab = 8;
+    model.activation = activation_rows(4);
+    model.make_unit = [e, h](int64_t index) -> std::unique_ptr<Layer> {
+      if (index == 0) return std::make_unique<Embedding>("embed", e, 4);
+      return std::make_unique<LossHead>("head", 4, h);
+    };
+    return model;
+  };
+  EXPECT_EQ(error_of(embed_and_head(8, 8)), "");
+  EXPECT_EQ(error_of(embed_and_head(9, 10)), "");  // larger tables take every id
+  EXPECT_EQ(error_of(embed_and_head(5, 8)),
+            "model 'ids' unit 0 accepts token ids below 5 but the model's vocab is 8; ids of "
+            "the data could index past its table");
+  EXPECT_NE(error_of(embed_and_head(8, 7)).find("unit 1 accepts target ids below 7"),
+            std::string::npos);
 }
 
 // Each unit's own account of what it keeps, on the input the description gives it; that the

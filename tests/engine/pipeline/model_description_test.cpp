@@ -107,9 +107,14 @@ TEST(ModelDescriptionPipeline, AMisstatedWidthIsAnErrorNamingTheSizes) {
                       OptimizerConfig{}, 5, options);
   try {
     ex.run_step(microbatches(m, 6, 1), 1.0f / 12, 1, 1e-2);
-    FAIL() << "a receive buffer of the wrong size went unnoticed";
+    FAIL() << "a unit wider than the description went unnoticed";
   } catch (const PipelineError& e) {
-    EXPECT_NE(std::string(e.what()).find("bytes"), std::string::npos) << e.what();
+    // Named by the unit that widens, on its rank, before any transfer of the wrong size.
+    EXPECT_NE(std::string(e.what()).find("rank 0, action 0 (F0.0): model 'widening': the output "
+                                         "of unit 1 is f32 [6, 12] for a micro-batch of 6 "
+                                         "tokens; expected f32 [6, 8]"),
+              std::string::npos)
+        << e.what();
   }
 }
 

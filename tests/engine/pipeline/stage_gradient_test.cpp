@@ -40,6 +40,7 @@ Batch make_batch(DeviceContext& ctx, const ModelConfig& c, int64_t n, uint64_t s
   copy_from_host(b.tokens, tokens.data(), n * sizeof(int32_t));
   copy_from_host(b.in.targets, targets.data(), n * sizeof(int32_t));
   b.in.loss_scale = loss_scale;
+  b.in.tokens = n;
   return b;
 }
 
@@ -123,6 +124,7 @@ TEST(ModelGradient, MicroBatchesAccumulateIntoTheStepGradient) {
     part.tokens = all.tokens.slice_rows(4 * mb, 4);
     part.in = all.in;
     part.in.targets = all.in.targets.slice_rows(4 * mb, 4);
+    part.in.tokens = 4;
     parts.forward(mb, part.tokens, part.in);
     parts.backward(mb, Tensor());
   }

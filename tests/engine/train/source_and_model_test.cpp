@@ -5,6 +5,7 @@
 #include <cmath>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "engine/train/trainer.h"
 #include "layers/basic_layers.h"
@@ -120,6 +121,87 @@ TEST(TrainerModel, TheBuiltInSourceNeedsTheDescriptionsVocabulary) {
   // With the vocabulary stated, the built-in Markov source is the default.
   Trainer trainer(custom_description(16), small_run());
   EXPECT_TRUE(trainer.source().entropy().has_value());
+}
+
+// Says vocab 16 and gives a 16 (one past its last id) at one position of its first batch.
+class OnceOutOfRangeSource : public AffineSource {
+ public:
+  OnceOutOfRangeSource() : AffineSource(16) {}
+  void next(int32_t* inputs, int32_t* targets, int64_t n) override {
+    AffineSource::next(inputs, targets, n);
+    if (!lied_ && n > 5) {
+      inputs[5] = 16;
+      lied_ = true;
+    }
+  }
+
+ private:
+  bool lied_ = false;
+};
+
+TEST(TrainerSource, AnIdOutsideTheVocabularyIsRefusedBeforeTheStepRuns) {
+  // On a GPU the embedding would read past its table; the trainer checks the ids on the host.
+  Trainer trainer(small_run(), std::make_shared<OnceOutOfRangeSource>());
+  try {
+    trainer.step();
+    FAIL() << "token id 16 reached a model of vocab 16";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(
+        std::string(e.what()).find("token id 16 at position 5 of micro-batch 0 is outside [0, 16)"),
+        std::string::npos)
+        << e.what();
+  }
+  // Nothing ran: the trainer goes on with the next batch.
+  EXPECT_EQ(trainer.steps_done(), 0);
+  EXPECT_TRUE(std::isfinite(trainer.step().loss));
+  // Evaluation batches of the caller's are checked too; an ignored target (-1) is no error.
+  std::vector<MicroBatchData> batch(1);
+  batch[0].tokens = {1, 2, 3};
+  batch[0].targets = {2, -1, 4};
+  EXPECT_TRUE(std::isfinite(trainer.evaluate(batch)));
+  batch[0].targets[2] = 99;
+  try {
+    trainer.evaluate(batch);
+    FAIL() << "target id 99 was evaluated";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("target id 99 at position 2 of micro-batch 0"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_TRUE(std::isfinite(trainer.step().loss));
+}
+
+TEST(TrainerModel, AUnitOfAnotherShapeFailsTheStepAndTheTrainerStopsThere) {
+  // Unit 2 returns rows of 12 where the description says 24.
+  ModelDescription model = custom_description(16);
+  model.make_unit = [inner = model.make_unit](int64_t index) -> std::unique_ptr<Layer> {
+    if (index == 2) return std::make_unique<Linear>("narrow", 24, 12);
+    return inner(index);
+  };
+  TrainConfig c = small_run();
+  c.stages = 2;
+  Trainer trainer(model, c, std::make_shared<AffineSource>(16));
+  try {
+    trainer.step();
+    FAIL() << "a unit of the wrong width trained";
+  } catch (const PipelineError& e) {
+    EXPECT_NE(std::string(e.what()).find("the output of unit 2 is f32 [128, 12] for a "
+                                         "micro-batch of 128 tokens; expected f32 [128, 24]"),
+              std::string::npos)
+        << e.what();
+  }
+  // Its stages hold micro-batches and its transports are aborted: it says so, every time.
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    try {
+      trainer.step();
+      FAIL() << "a trainer whose step failed ran another";
+    } catch (const std::logic_error& e) {
+      EXPECT_NE(std::string(e.what()).find("cannot run a step: step 1 failed (rank"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  EXPECT_THROW(trainer.evaluate(trainer.source(), 1), std::logic_error);
 }
 
 }  // namespace
