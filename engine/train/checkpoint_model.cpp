@@ -13,6 +13,18 @@ std::vector<std::string> optimizer_state_names(const std::string& kind,
   throw std::invalid_argument("optimizer kind must be adamw or sgd, got '" + kind + "'");
 }
 
+void check_checkpoint_names(const ModelDescription& model) {
+  for (int64_t index = 0; index < model.num_units; ++index) {
+    const std::unique_ptr<Layer> unit = model.unit(index);
+    for (const Parameter* p : unit->parameters())
+      if (p->name.rfind("optimizer.", 0) == 0 || p->name == "__metadata__")
+        throw std::invalid_argument(
+            "parameter '" + p->name + "' of unit " + std::to_string(index) +
+            " cannot be checkpointed under its name: names beginning \"optimizer.\" hold "
+            "optimizer state, and \"__metadata__\" is the safetensors header's; rename it");
+  }
+}
+
 std::vector<NamedTensor> checkpoint_tensors(Optimizer& optimizer, bool with_parameters) {
   std::vector<NamedTensor> out;
   const auto& params = optimizer.parameters();

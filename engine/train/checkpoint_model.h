@@ -22,6 +22,12 @@ namespace conveyor {
 std::vector<std::string> optimizer_state_names(const std::string& kind,
                                                const std::string& parameter);
 
+// Throws std::invalid_argument for a parameter of `model` whose name a checkpoint could not
+// hold as itself: one beginning "optimizer." (it would stand for, or collide with, the
+// optimizer state of another) or the safetensors header's "__metadata__". Checked when a run
+// that saves or resumes starts, not at its first save.
+void check_checkpoint_names(const ModelDescription& model);
+
 // What a rank's shard holds: the optimizer's parameters (values, unless `with_parameters` is
 // false), then its state; a sharded optimizer's state as pieces of the parameters' shapes
 // (none for a parameter whose range is empty on this rank). The tensors are the live ones

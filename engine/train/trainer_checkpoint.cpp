@@ -207,6 +207,7 @@ void check_checkpoint_directory(const fs::path& dir) {
 
 TrainerCheckpointer::TrainerCheckpointer(Trainer& trainer, TrainerCheckpointOptions options)
     : trainer_(trainer), options_(std::move(options)) {
+  check_checkpoint_names(trainer_.model());
   if (options_.every < 0)
     throw std::invalid_argument("save every N steps needs N >= 0, got " +
                                 std::to_string(options_.every));
@@ -480,6 +481,7 @@ std::vector<std::string> resume_setting_changes(const Trainer& trainer,
 }
 
 Checkpoint resume_trainer(Trainer& trainer, const fs::path& path) {
+  check_checkpoint_names(trainer.model());
   PipelineExecutor& executor = trainer.executor();
   std::optional<Checkpoint> opened;
   std::exception_ptr error;

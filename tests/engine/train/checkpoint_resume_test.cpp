@@ -319,5 +319,33 @@ TEST(TrainerResume, UnwritableFolderIsRefusedBeforeTheFirstStep) {
   EXPECT_THROW(TrainerCheckpointer(trainer, {dir / "file" / "ckpt"}), CheckpointError);
 }
 
+TEST(TrainerResume, AParameterNamedLikeCheckpointStateIsRefusedBeforeTheFirstStep) {
+  // The reference model with its head's parameters renamed: "optimizer.m.<x>" would be read
+  // back as AdamW's moment of <x>, and "__metadata__" is the safetensors header's key.
+  for (const std::string name : {"optimizer.m.embed.weight", "__metadata__"}) {
+    TrainConfig c = resume_config(1, schedule::ScheduleKind::k1F1B);
+    ModelDescription model = reference_model(c.model);
+    model.make_unit = [inner = model.make_unit, name, last = model.num_units - 1](int64_t index) {
+      std::unique_ptr<Layer> unit = inner(index);
+      if (index == last) unit->parameters().front()->name = name;
+      return unit;
+    };
+    Trainer trainer(model, c);
+    TempDir dir;
+    try {
+      TrainerCheckpointer checkpointer(trainer, {dir.path()});
+      FAIL() << "a parameter named " << name << " was to be checkpointed";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("parameter '" + name +
+                                           "' of unit 3 cannot be "
+                                           "checkpointed under its name"),
+                std::string::npos)
+          << e.what();
+    }
+    EXPECT_THROW(resume_trainer(trainer, dir.path()), std::invalid_argument);
+    EXPECT_TRUE(std::filesystem::is_empty(dir.path()));
+  }
+}
+
 }  // namespace
 }  // namespace conveyor
