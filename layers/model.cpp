@@ -110,7 +110,7 @@ ActivationSpec ModelDescription::boundary_spec(int64_t boundary, int64_t tokens)
 }
 
 void ModelDescription::check_boundary(int64_t boundary, int64_t tokens, const Tensor& tensor,
-                                      const std::string& what) const {
+                                      const char* role, int64_t unit) const {
   const ActivationSpec expected = boundary_spec(boundary, tokens);
   if (tensor.defined() && tensor.shape() == expected.shape && tensor.dtype() == expected.dtype)
     return;
@@ -121,8 +121,8 @@ void ModelDescription::check_boundary(int64_t boundary, int64_t tokens, const Te
                            : boundary == num_units
                                ? "the per-token losses of the last unit"
                                : "the activation entering unit " + std::to_string(boundary);
-  throw std::invalid_argument(label_of(*this) + ": " + what + " is " + found +
-                              " for a micro-batch of " + std::to_string(tokens) +
+  throw std::invalid_argument(label_of(*this) + ": " + role + " unit " + std::to_string(unit) +
+                              " is " + found + " for a micro-batch of " + std::to_string(tokens) +
                               " tokens; expected " + dtype_name(expected.dtype) + " " +
                               shape_to_string(expected.shape) + " (" + says + ")");
 }

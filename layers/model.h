@@ -58,10 +58,11 @@ struct ModelDescription {
   // gradient too); the per-token losses, f32 [tokens], leaving the last unit.
   ActivationSpec boundary_spec(int64_t boundary, int64_t tokens) const;
   // Throws std::invalid_argument when `tensor` is not boundary_spec(boundary, tokens), naming
-  // it by `what` ("the output of unit 3"): a unit that returns another shape than the
-  // description says is found where it does, not by a kernel of the next unit or stage.
-  void check_boundary(int64_t boundary, int64_t tokens, const Tensor& tensor,
-                      const std::string& what) const;
+  // it by `role` and `unit` ("the output of" unit 3): a unit that returns another shape than
+  // the description says is found where it does, not by a kernel of the next unit or stage.
+  // Nothing is formatted unless it throws (a stage asks at every unit of every micro-batch).
+  void check_boundary(int64_t boundary, int64_t tokens, const Tensor& tensor, const char* role,
+                      int64_t unit) const;
   // What unit `index` holds for a micro-batch of `tokens` tokens (Layer::activation_memory of
   // the unit on its input: token ids [tokens] for the first unit, else activation_at(index,
   // tokens)); empty when the unit's layer does not say.

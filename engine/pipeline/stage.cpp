@@ -60,7 +60,7 @@ int64_t Stage::tokens_of(const MicroBatchInputs& in) const {
 Tensor Stage::run_unit(size_t u, const Tensor& x, const MicroBatchInputs& in, SavedTensors& saved) {
   const int64_t global = begin_ + static_cast<int64_t>(u);
   Tensor y = units_[u]->forward(ctx_, x, in, saved);
-  model_.check_boundary(global + 1, in.tokens, y, "the output of unit " + std::to_string(global));
+  model_.check_boundary(global + 1, in.tokens, y, "the output of", global);
   return y;
 }
 
@@ -68,8 +68,7 @@ Tensor Stage::unit_input_grad(size_t u, const Tensor& dy, int64_t tokens, SavedT
   const int64_t global = begin_ + static_cast<int64_t>(u);
   Tensor dx = units_[u]->backward_input(ctx_, dy, saved);
   if (global > 0)  // the first unit takes token ids: no gradient
-    model_.check_boundary(global, tokens, dx,
-                          "the input gradient of unit " + std::to_string(global));
+    model_.check_boundary(global, tokens, dx, "the input gradient of", global);
   return dx;
 }
 
@@ -77,8 +76,7 @@ Tensor Stage::forward(int64_t microbatch, const Tensor& input, const MicroBatchI
   if (held_.count(microbatch))
     throw std::logic_error("forward of micro-batch " + std::to_string(microbatch) +
                            " run twice before its backward");
-  model_.check_boundary(begin_, tokens_of(in), input,
-                        "the input of unit " + std::to_string(begin_));
+  model_.check_boundary(begin_, tokens_of(in), input, "the input of", begin_);
   Held& held = held_[microbatch];
   held.tokens = in.tokens;
   held.saved.resize(units_.size());
@@ -102,8 +100,7 @@ Tensor Stage::forward(int64_t microbatch, const Tensor& input, const MicroBatchI
 }
 
 Tensor Stage::forward_only(const Tensor& input, const MicroBatchInputs& in) {
-  model_.check_boundary(begin_, tokens_of(in), input,
-                        "the input of unit " + std::to_string(begin_));
+  model_.check_boundary(begin_, tokens_of(in), input, "the input of", begin_);
   SavedTensors discarded;
   Tensor x = input;
   for (size_t u = 0; u < units_.size(); ++u) {
@@ -119,8 +116,7 @@ Tensor Stage::backward_input(int64_t microbatch, const Tensor& dy) {
     throw std::logic_error("input gradient of micro-batch " + std::to_string(microbatch) +
                            " computed twice");
   if (!is_last())  // the loss head makes its own gradient
-    model_.check_boundary(end_, held.tokens, dy,
-                          "the output gradient given to unit " + std::to_string(end_ - 1));
+    model_.check_boundary(end_, held.tokens, dy, "the output gradient given to", end_ - 1);
   Tensor g = dy;
   for (size_t r = runs_.size(); r-- > 0;) {
     const Run& run = runs_[r];
