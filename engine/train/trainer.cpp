@@ -351,6 +351,17 @@ void Trainer::build() {
         "; use a model of vocab " + std::to_string(source_->vocab()) + " or more");
   }
   schedule::Schedule sched = make_schedule(config_);
+  if (sched.num_stages() > sched.num_ranks() && sched.num_stages() > model_.num_units) {
+    // partition_blocks would say so in stages alone, which the user did not ask for.
+    const int chunks = sched.num_stages() / sched.num_ranks();
+    throw std::invalid_argument(
+        "the pipeline has " + std::to_string(sched.num_stages()) + " stages (" +
+        std::to_string(sched.num_ranks()) + " ranks x " + std::to_string(chunks) + " chunks of " +
+        sched.name + ") but the model has " + std::to_string(model_.num_units) +
+        " units, at least one for each stage; use fewer ranks (--stages)" +
+        (config_.schedule == schedule::ScheduleKind::kZBV ? "" : " or chunks (--chunks)") +
+        ", or more layers");
+  }
   ranges_ = conveyor::stage_ranges(model_,
                                    partition_blocks(model_, sched.num_stages(), config_.partition));
   set_gradient_buckets(sched, model_, ranges_, config_);
