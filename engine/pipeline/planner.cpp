@@ -772,7 +772,9 @@ Plan plan(const std::vector<UnitCosts>& measured, const PlanOptions& options) {
     units.front().state_bytes += step.first_unit;
     units.back().state_bytes += step.last_unit;
     for (const auto& k : kinds) {
-      if (p == 1 && k.kind != schedule::ScheduleKind::k1F1B) continue;
+      // On one rank every schedule runs the same actions in a row: 1F1B stands for them,
+      // unless the caller asked for another.
+      if (p == 1 && !options.schedule && k.kind != schedule::ScheduleKind::k1F1B) continue;
       schedule::Schedule sched;
       try {
         sched = schedule::generate(k.kind, p, m, k.chunks);

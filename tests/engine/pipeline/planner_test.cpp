@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <functional>
 #include <random>
+#include <set>
 #include <utility>
 
 #include "engine/pipeline/partition_search.h"
@@ -413,6 +414,26 @@ TEST(Planner, PlanRanksBySimulatedStepTimeAndGivesTheHeadItsOwnRoom) {
   EXPECT_NE(table.find("step (ms)"), std::string::npos) << table;
   EXPECT_NE(table.find(best.layout), std::string::npos) << table;
   EXPECT_EQ(table.find("pipelining loses"), std::string::npos) << table;
+}
+
+TEST(Planner, OneRankPlansTheScheduleAskedFor) {
+  // On one rank 1F1B stands for every schedule, unless the run fixed another: then that one
+  // is planned (train --stages 1 --schedule zbh1 --partition auto found no layout before).
+  PlanOptions options;
+  options.num_ranks = 1;
+  options.batch_tokens = 2048;
+  std::set<schedule::ScheduleKind> kinds;
+  for (const PlanCandidate& c : plan(head_heavy(4), options).candidates)
+    if (c.pipelined) kinds.insert(c.kind);
+  EXPECT_EQ(kinds, std::set<schedule::ScheduleKind>{schedule::ScheduleKind::k1F1B});
+  for (const auto kind : {schedule::ScheduleKind::kZBH1, schedule::ScheduleKind::kGPipe}) {
+    options.schedule = kind;
+    const Plan planned = plan(head_heavy(4), options);
+    const PlanCandidate* chosen = planned.fastest_pipeline();
+    ASSERT_NE(chosen, nullptr) << schedule::schedule_kind_name(kind);
+    EXPECT_EQ(chosen->kind, kind);
+    EXPECT_EQ(chosen->ranges, (std::vector<StageRange>{{0, 6}}));
+  }
 }
 
 TEST(Planner, ReplicasSharingTheOptimizerStateFitWhereWholeOnesDoNot) {
