@@ -404,6 +404,19 @@ void apply_planning(const TrainFlags& f, const CLI::App& cmd, const MpiSession& 
     if (cmd.count("--chunks")) constraints.chunks = f.chunks;
     if (cmd.count("--microbatches")) constraints.microbatches = f.config.microbatches / replicas;
     constraints.replicas = static_cast<int>(replicas);
+    // A schedule the flags fix whole that cannot be generated says why, as it does without
+    // auto, before profiling; the planner would only find no layout. Interleaved without
+    // --chunks is left to the planner, which tries several chunk counts.
+    const bool whole =
+        constraints.schedule && constraints.microbatches &&
+        (constraints.chunks || *constraints.schedule != schedule::ScheduleKind::kInterleaved);
+    if (whole) {
+      try {
+        make_schedule(config);
+      } catch (const schedule::ScheduleError& e) {
+        throw UsageError(e.what());
+      }
+    }
     const PlannedRun run = plan_training(share, device, 3, !f.quiet, constraints);
     const PlanCandidate& best = best_pipeline(run);
     // Under mpirun every process profiles its own device, and close candidates can swap
