@@ -82,18 +82,23 @@ Tensor Stage::forward(int64_t microbatch, const Tensor& input, const MicroBatchI
   held.saved.resize(units_.size());
   held.run_inputs.resize(runs_.size());
   Tensor x = input;
-  for (size_t r = 0; r < runs_.size(); ++r) {
-    const Run& run = runs_[r];
-    if (!run.recompute) {
-      for (size_t u = run.begin; u < run.end; ++u) x = run_unit(u, x, in, held.saved[u]);
-      continue;
+  try {
+    for (size_t r = 0; r < runs_.size(); ++r) {
+      const Run& run = runs_[r];
+      if (!run.recompute) {
+        for (size_t u = run.begin; u < run.end; ++u) x = run_unit(u, x, in, held.saved[u]);
+        continue;
+      }
+      // Only the run's input stays; each unit's saved tensors go as soon as the next has run.
+      held.run_inputs[r] = x;
+      for (size_t u = run.begin; u < run.end; ++u) {
+        SavedTensors discarded;
+        x = run_unit(u, x, in, discarded);
+      }
     }
-    // Only the run's input stays; each unit's saved tensors go as soon as the next has run.
-    held.run_inputs[r] = x;
-    for (size_t u = run.begin; u < run.end; ++u) {
-      SavedTensors discarded;
-      x = run_unit(u, x, in, discarded);
-    }
+  } catch (...) {
+    held_.erase(microbatch);  // a failed forward holds nothing for a backward
+    throw;
   }
   if (recomputes()) held.inputs = in;
   return x;

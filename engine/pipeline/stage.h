@@ -33,7 +33,8 @@ class Stage {
   // per-token losses [n] on the last stage. `in.tokens` must be the micro-batch's n: the
   // input, the output of every unit and, in the backward, every gradient are checked against
   // the model's description for it (ModelDescription::check_boundary), so a unit returning
-  // another shape is named when it does, in a std::invalid_argument.
+  // another shape is named when it does, in a std::invalid_argument. A forward that throws
+  // holds nothing of the micro-batch.
   Tensor forward(int64_t microbatch, const Tensor& input, const MicroBatchInputs& in);
   // Gradient w.r.t. the stage input (undefined on the first stage); `dy` is ignored on the
   // last stage. Re-runs the forward of recomputed runs first; keeps what backward_weight

@@ -121,6 +121,7 @@ TEST(StageBoundaries, AUnitReturningAnotherShapeIsNamed) {
       "model 'misshapen': the output of unit 1 is f32 [6, 3] for a micro-batch of 6 tokens; "
       "expected f32 [6, 4] (the activation entering unit 2)";
   EXPECT_EQ(error_of([&] { wide.forward(0, b.tokens, b.in); }), expected);
+  EXPECT_EQ(wide.in_flight(), 0u);  // the failed forward holds nothing for a backward
   EXPECT_EQ(error_of([&] { wide.forward_only(b.tokens, b.in); }), expected);
   // Another dtype of the right shape is no better.
   Stage ints(misshapen_at(1, [](const Tensor&) { return rows_of(4, DType::kI32); }), 0, 3, ctx, 1);
