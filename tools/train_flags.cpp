@@ -1,0 +1,369 @@
+#include "tools/train_flags.h"
+
+#include <charconv>
+#include <cstdio>
+#include <limits>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "comm/launch_environment.h"
+#include "comm/mpi_transport.h"
+#include "comm/transport_factory.h"
+#include "engine/core/version.h"
+#include "engine/schedule/generators.h"
+#include "engine/schedule/text_format.h"
+#include "engine/schedule/validator.h"
+#include "engine/train/checkpoint_shard.h"
+#include "engine/train/trainer.h"
+#include "tools/cli_common.h"
+#include "tools/mpi_launch.h"
+#include "tools/plan_command.h"
+
+namespace conveyor::cli {
+namespace {
+
+// --schedule-file fixes the ranks, chunks and kind; flags given next to it must agree.
+// A flag given next to a file that decides its setting (a schedule or a plan file) and says
+// otherwise: refused, naming the flag, the file (`shown`), the file's value and which of
+// them decides.
+[[noreturn]] void refuse_disagreement(const std::string& flag, const std::string& given,
+                                      const std::string& shown, const std::string& has,
+                                      const std::string& decider) {
+  throw UsageError(flag + " " + given + " disagrees with " + shown + ", which has " + has + "; " +
+                   decider + " decides, so leave " + flag + " out or make it agree");
+}
+
+void check_schedule_file_agrees(const TrainFlags& f, const CLI::App& cmd) {
+  const std::string& file = f.config.schedule_file;
+  schedule::Schedule loaded;
+  try {
+    loaded = schedule::load_schedule(file);
+  } catch (const schedule::ScheduleError& e) {
+    throw UsageError(e.what());
+  }
+  const std::string shown = "schedule file '" + escape_for_message(file) + "'";
+  // The trainer validates it too, but its message would not say which input was wrong.
+  try {
+    schedule::validate(loaded);
+  } catch (const schedule::ScheduleError& e) {
+    throw UsageError(shown + " is not a valid schedule: " + e.what());
+  }
+  auto disagree = [&](const std::string& flag, const std::string& given, const std::string& has) {
+    refuse_disagreement(flag, given, shown, has, "the file");
+  };
+  if (cmd.count("--stages") && f.config.stages != loaded.num_ranks())
+    disagree("--stages", std::to_string(f.config.stages),
+             std::to_string(loaded.num_ranks()) + " rank(s)");
+  if (cmd.count("--chunks") && f.chunks != loaded.placement.chunks)
+    disagree("--chunks", std::to_string(f.chunks),
+             std::to_string(loaded.placement.chunks) + " chunk(s) per rank");
+  if (cmd.count("--schedule") && !loaded.name.empty() && f.schedule != loaded.name)
+    disagree("--schedule", f.schedule, "schedule '" + escape_for_message(loaded.name) + "'");
+}
+
+schedule::ScheduleKind parse_schedule(const std::string& name) {
+  if (const auto kind = schedule::parse_schedule_kind(name)) return *kind;
+  throw UsageError("unknown schedule '" + name + "', expected " +
+                   schedule::schedule_kind_choices());
+}
+
+// "uniform", "params", or blocks per stage such as "3,5,5,3".
+PartitionSpec parse_partition(const std::string& text) {
+  if (text == "auto") return PartitionSpec::uniform();  // replaced by apply_planning
+  if (text == "uniform") return PartitionSpec::uniform();
+  if (text == "params") return PartitionSpec::by_parameters();
+  std::vector<int64_t> counts;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    // Digits only, as every integer flag.
+    const std::optional<uint64_t> value = parse_decimal_digits(item);
+    if (!value || *value > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+      throw UsageError("partition '" + text +
+                       "' is not uniform, params or a list of block counts such as 3,5,5,3");
+    counts.push_back(static_cast<int64_t>(*value));
+  }
+  // getline drops an empty last item: "3,5," would run as "3,5".
+  if (counts.empty() || text.back() == ',')
+    throw UsageError("partition '" + text +
+                     "' is not uniform, params or a list of block counts such as 3,5,5,3");
+  return PartitionSpec::explicit_blocks(std::move(counts));
+}
+
+RankPlacement parse_placement(const std::string& name) {
+  if (name == "auto") return RankPlacement::kAuto;
+  if (name == "shared") return RankPlacement::kShared;
+  throw UsageError("placement must be auto or shared, got '" + name + "'");
+}
+
+TransportKind parse_transport(const std::string& name) {
+  if (name == "auto") return TransportKind::kAuto;
+  if (name == "inproc") return TransportKind::kInProcess;
+  if (name == "nccl") return TransportKind::kNccl;
+  if (name == "mpi") return TransportKind::kMpi;
+  throw UsageError("transport must be auto, inproc or nccl, or mpi under mpirun, got '" + name +
+                   "'");
+}
+
+// Threads of one process cannot be spread over the processes of a launch: each process
+// would run every rank and train the whole job alone.
+void refuse_in_process_under_a_launcher(TransportKind transport) {
+  const comm::LaunchEnvironment launch = comm::launch_environment();
+  if (transport != TransportKind::kInProcess || launch.processes <= 1) return;
+  throw UsageError(
+      "--transport inproc runs every rank as a thread of one process, but the "
+      "launcher started " +
+      std::string(launch.at_least ? "at least " : "") + std::to_string(launch.processes) +
+      " processes (" + launch.source +
+      "), each of which would train the whole job alone; leave --transport out "
+      "(auto gives each process one rank) or run without mpirun or srun");
+}
+
+}  // namespace
+
+TrainConfig resolve_config(TrainFlags& f, const CLI::App& cmd) {
+  TrainConfig config = f.config;
+  f.run.apply(cmd, config);
+  config.schedule = parse_schedule(f.schedule);
+  config.partition = parse_partition(f.partition);
+  config.placement = parse_placement(f.placement);
+  config.transport = parse_transport(f.transport);
+  refuse_in_process_under_a_launcher(config.transport);
+  config.chunks =
+      f.chunks > 0 ? f.chunks : (config.schedule == schedule::ScheduleKind::kInterleaved ? 2 : 1);
+  // A plan chooses the micro-batch count; until then any count the batch allows stands in,
+  // so a batch the default of 4 does not divide is not refused before planning.
+  if ((f.partition == "auto" || !f.plan_file.empty()) && !cmd.count("--microbatches"))
+    config.microbatches = config.data_parallel;
+  if (!config.schedule_file.empty()) check_schedule_file_agrees(f, cmd);
+  // Byte-level tokens of a file need 256 ids unless --vocab says otherwise.
+  if (!cmd.count("--vocab") && !config.data_path.empty() && config.model.vocab < 256)
+    config.model.vocab = 256;
+  // Said with the flags' names here; the optimizer's and the transport's own checks name
+  // their fields (min_lr, "transport timeout"), not what the user typed.
+  OptimizerConfig& opt = config.optimizer;
+  // The default final rate is for the default peak: a smaller --lr given alone decays to
+  // itself, rather than being refused for a --min-lr the user never gave.
+  if (!cmd.count("--min-lr")) opt.min_lr = std::min(opt.min_lr, opt.lr);
+  if (opt.kind != "adamw" && opt.kind != "sgd")
+    throw UsageError("--optimizer must be adamw or sgd, got '" + escape_for_message(opt.kind) +
+                     "'");
+  if (opt.min_lr > opt.lr)
+    throw UsageError("--min-lr " + format_number(opt.min_lr) + " is more than --lr " +
+                     format_number(opt.lr) +
+                     "; the learning rate decays from --lr to --min-lr, which must be in [0, "
+                     "--lr]");
+  if (f.timeout_s * 1000 < 1)
+    throw UsageError("--timeout " + format_number(f.timeout_s) +
+                     " is less than 1 ms, the shortest wait accepted (seconds, such as 0.5)");
+  config.transport_timeout = std::chrono::milliseconds(static_cast<int64_t>(f.timeout_s * 1000));
+  // One replica all-reduces nothing, so a bucket size would be ignored without a word, as
+  // --shard-optimizer without --dp is refused. The default, written out, changes nothing.
+  if (cmd.count("--bucket-mb") && config.data_parallel < 2 &&
+      f.run.bucket_mb != kDefaultGradientBucketMiB)
+    throw UsageError("--bucket-mb " + escape_for_message(f.run.bucket_mb_text) +
+                     " sizes the gradient all-reduce buckets of data-parallel replicas, but this "
+                     "run has one replica; give --dp 2 or more, or leave --bucket-mb out");
+  try {
+    config.model.validate();
+    config.validate();
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
+  return config;
+}
+
+// "3,5,5,3": the blocks per stage of an explicit partition.
+namespace {
+
+std::string block_counts_text(const PartitionSpec& partition) {
+  std::string out;
+  for (const int64_t b : partition.blocks) out += (out.empty() ? "" : ",") + std::to_string(b);
+  return out;
+}
+
+// What the ranks must run alike once a plan has set it.
+std::string layout_text(const TrainConfig& c) {
+  return "stages=" + std::to_string(c.stages) +
+         " schedule=" + schedule::schedule_kind_name(c.schedule) +
+         " chunks=" + std::to_string(c.chunks) + " microbatches=" + std::to_string(c.microbatches) +
+         " partition=" + block_counts_text(c.partition) + " recompute=" + to_string(c.recompute);
+}
+
+// One replica's pipeline: 1/D of the batch, what a plan (a file or --partition auto) is made
+// for. config.validate() has checked that the replicas share the batch equally.
+TrainConfig replica_share(const TrainConfig& config) {
+  TrainConfig share = config;
+  share.batch_tokens = config.batch_tokens / config.data_parallel;
+  return share;
+}
+
+// The planned layout of one replica's pipeline, taken by the run: every replica runs it, so
+// the run's --microbatches is D times the planned count.
+void take_planned_layout(TrainConfig& config, const TrainConfig& share) {
+  config.stages = share.stages;
+  config.schedule = share.schedule;
+  config.chunks = share.chunks;
+  config.microbatches = share.microbatches * config.data_parallel;
+  config.partition = share.partition;
+  config.recompute = share.recompute;
+}
+
+}  // namespace
+
+void apply_planning(const TrainFlags& f, const CLI::App& cmd, const MpiSession& mpi, Device device,
+                    TrainConfig& config) {
+  if (!f.plan_file.empty() && f.partition == "auto")
+    throw UsageError("--plan and --partition auto both choose the layout; give one of them");
+  if (!config.schedule_file.empty() && (!f.plan_file.empty() || f.partition == "auto"))
+    throw UsageError(std::string(f.plan_file.empty() ? "--partition auto" : "--plan") +
+                     " chooses the schedule, and so does --schedule-file; give one of them");
+  const PartitionSpec given = config.partition;
+  const schedule::ScheduleKind flags_schedule = config.schedule;
+  if (!f.plan_file.empty()) {
+    // A plan file describes one pipeline over the batch it was planned for, as --partition
+    // auto plans one: with --dp D each replica runs it on its batch/D tokens, and the run's
+    // --microbatches is D times the file's.
+    const TrainConfig flags = config;
+    const int64_t replicas = config.data_parallel;
+    TrainConfig share = replica_share(config);
+    apply_plan_file(f.plan_file, share, replicas);
+    take_planned_layout(config, share);
+    // The plan decides the layout, as a schedule file does; a flag that says otherwise is
+    // refused rather than ignored. Explicit block counts and --recompute win over the plan.
+    const std::string shown = "plan file '" + escape_for_message(f.plan_file) + "'";
+    auto agree = [&](const char* flag, const std::string& given, const std::string& planned) {
+      if (cmd.count(flag) && given != planned)
+        refuse_disagreement(flag, given, shown, planned, "the plan");
+    };
+    agree("--stages", std::to_string(flags.stages), std::to_string(config.stages));
+    agree("--schedule", schedule::schedule_kind_name(flags.schedule),
+          schedule::schedule_kind_name(config.schedule));
+    agree("--chunks", std::to_string(flags.chunks), std::to_string(config.chunks));
+    agree("--microbatches", std::to_string(flags.microbatches),
+          replicas > 1
+              ? std::to_string(share.microbatches) + " per replica, " +
+                    std::to_string(config.microbatches) + " over --dp " + std::to_string(replicas)
+              : std::to_string(config.microbatches));
+    if (given.kind == PartitionSpec::Kind::kBlocks)
+      config.partition = given;
+    else if (cmd.count("--partition"))
+      throw UsageError("--partition " + f.partition + " disagrees with " + shown +
+                       ", which has block counts " + block_counts_text(config.partition) +
+                       "; leave --partition out, or give block counts, which win over the plan");
+    if (cmd.count("--recompute")) config.recompute = flags.recompute;
+    // Under mpirun each process reads the file at its own path (a node's own copy, maybe).
+    check_same_configuration(
+        mpi, {{"the layout of --plan (each process reads the file)", layout_text(config)}});
+  } else if (f.partition == "auto") {
+    // What is given explicitly limits the search, as it must agree with a plan file.
+    // With --dp D each replica's pipeline runs 1/D of the batch in M/D micro-batches: that
+    // share is what is planned, and the run's --microbatches is D times the planned count.
+    // config.validate() has checked that a given --microbatches divides by D.
+    const int64_t replicas = config.data_parallel;
+    TrainConfig share = replica_share(config);
+    PlanConstraints constraints;
+    if (cmd.count("--schedule")) constraints.schedule = flags_schedule;
+    if (cmd.count("--chunks")) constraints.chunks = f.chunks;
+    if (cmd.count("--microbatches")) constraints.microbatches = f.config.microbatches / replicas;
+    constraints.replicas = static_cast<int>(replicas);
+    // A schedule the flags fix whole that cannot be generated says why, as it does without
+    // auto, before profiling; the planner would only find no layout. Interleaved without
+    // --chunks is left to the planner, which tries several chunk counts.
+    const bool whole =
+        constraints.schedule && constraints.microbatches &&
+        (constraints.chunks || *constraints.schedule != schedule::ScheduleKind::kInterleaved);
+    if (whole) {
+      try {
+        make_schedule(config);
+      } catch (const schedule::ScheduleError& e) {
+        throw UsageError(e.what());
+      }
+    }
+    const PlannedRun run = plan_training(share, device, 3, !f.quiet, constraints);
+    const PlanCandidate& best = best_pipeline(run);
+    // Under mpirun every process profiles its own device, and close candidates can swap
+    // places between processes: all run rank 0's plan.
+    apply_plan_text(rank_zero_text(mpi, plan_text(best, share), "the plan"), "rank 0's plan",
+                    share);
+    take_planned_layout(config, share);
+    if (replicas > 1)
+      std::printf(
+          "plan   %s, %lld micro-batches of each replica's %lld tokens (--microbatches %lld "
+          "over --dp %lld), predicted step %.3f ms\n",
+          best.layout.c_str(), static_cast<long long>(share.microbatches),
+          static_cast<long long>(share.batch_tokens), static_cast<long long>(config.microbatches),
+          static_cast<long long>(replicas), best.step_seconds * 1e3);
+    else
+      std::printf("plan   %s, %lld micro-batches, predicted step %.3f ms\n", best.layout.c_str(),
+                  static_cast<long long>(config.microbatches), best.step_seconds * 1e3);
+  } else {
+    return;
+  }
+  try {
+    config.validate();
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
+}
+
+bool wants_mpi(const TrainConfig& config) { return comm::one_rank_per_process(config.transport); }
+
+Device process_device(const MpiSession& mpi, const std::string& device_flag, Device resolved) {
+  if (!mpi.active() || !resolved.is_cuda() || device_flag.find(':') != std::string::npos)
+    return resolved;
+  return Device::cuda(comm::node_local_rank() % cuda_device_count());
+}
+
+namespace {
+
+// The shortest text that reads back as `value`: 0.0010001, not %.17g's 0.0010001000000000001.
+std::string exact(double value) {
+  char buf[40];
+  return std::string(buf, std::to_chars(buf, buf + sizeof buf, value).ptr);
+}
+
+}  // namespace
+
+ConfigFields configuration_fields(const TrainFlags& f, const TrainConfig& c) {
+  const auto& m = c.model;
+  const auto& o = c.optimizer;
+  return {
+      {"the model (--preset, --d-model, --layers, --hidden, --vocab, --activation)",
+       "d_model=" + std::to_string(m.d_model) + " layers=" + std::to_string(m.n_layers) +
+           " hidden=" + std::to_string(m.hidden) + " vocab=" + std::to_string(m.vocab) +
+           " activation=" + ops::activation_name(m.activation) + " ln_eps=" + exact(m.ln_eps)},
+      {"--stages", std::to_string(c.stages)},
+      {"--chunks", std::to_string(c.chunks)},
+      {"--schedule", f.schedule},
+      file_field("--schedule-file", c.schedule_file),
+      {"--partition", f.partition},
+      {"--batch-tokens", std::to_string(c.batch_tokens)},
+      {"--microbatches", std::to_string(c.microbatches)},
+      {"--seed", std::to_string(c.seed)},
+      {"--steps", std::to_string(c.steps)},
+      file_field("--data", c.data_path),
+      {"the optimizer (--optimizer, --lr, --min-lr, --warmup, --weight-decay, --clip)",
+       o.kind + " lr=" + exact(o.lr) + " min_lr=" + exact(o.min_lr) +
+           " warmup=" + std::to_string(o.warmup_steps) + " weight_decay=" + exact(o.weight_decay) +
+           " clip=" + exact(o.clip_norm)},
+      {"--device", f.run.device},
+      {"--tf32", c.allow_tf32 ? "on" : "off"},
+      {"--transport", f.transport},
+      {"--dp", std::to_string(c.data_parallel)},
+      {"--shard-optimizer", c.shard_optimizer ? "on" : "off"},
+      {"--bucket-mb", c.gradient_bucket_mib ? exact(*c.gradient_bucket_mib) : "not given"},
+      {"--eval-batches", std::to_string(f.eval_batches)},
+      {"--plan", f.plan_file},
+      // Last: a rank whose binary reads files or saves checkpoints otherwise may still agree
+      // on every flag above.
+      {"the build (Conveyor version and commit, checkpoint and schedule file formats)",
+       std::string("conveyor ") + version() + " commit " + build_commit() + ", checkpoint format " +
+           std::to_string(kCheckpointFormatVersion) + ", schedule text format " +
+           std::to_string(schedule::kScheduleTextFormatVersion)},
+  };
+}
+
+}  // namespace conveyor::cli

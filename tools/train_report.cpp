@@ -1,0 +1,146 @@
+#include "tools/train_report.h"
+
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "comm/transport_factory.h"
+#include "engine/pipeline/memory_estimate.h"
+#include "engine/schedule/chrome_trace.h"
+#include "engine/schedule/measured_timing.h"
+#include "engine/schedule/simulator.h"
+#include "engine/train/trainer.h"
+#include "tools/cli_common.h"
+#include "tools/output_file.h"
+#include "tools/run_trace.h"
+
+namespace conveyor::cli {
+
+std::string human_rate(double per_second) {
+  char buf[32];
+  if (per_second >= 1e6)
+    std::snprintf(buf, sizeof buf, "%.2fM", per_second / 1e6);
+  else if (per_second >= 1e3)
+    std::snprintf(buf, sizeof buf, "%.1fk", per_second / 1e3);
+  else
+    std::snprintf(buf, sizeof buf, "%.0f", per_second);
+  return buf;
+}
+
+void print_data_parallel(Trainer& trainer) {
+  const auto& sched = trainer.executor().schedule();
+  if (sched.replicas == 1) return;
+  std::string buckets;
+  for (int s = 0; s < sched.num_stages(); ++s)
+    buckets += (s == 0 ? "" : ",") + std::to_string(schedule::gradient_buckets(sched, s));
+  std::printf(
+      "data   %d replicas x %d pipeline ranks = %d ranks (rank r: pipeline rank r mod %d of "
+      "replica r div %d), %d micro-batches each, gradients summed per stage over the replicas "
+      "in %s bucket(s)\n",
+      sched.replicas, sched.num_ranks(), sched.replicas * sched.num_ranks(), sched.num_ranks(),
+      sched.num_ranks(), sched.num_microbatches, buckets.c_str());
+}
+
+namespace {
+
+// Where rank `rank` runs, as this process knows it: a GPU rank of another process (NCCL over
+// MPI) runs on that process's GPU, which only that process knows.
+std::string rank_device_text(Trainer& trainer, int rank) {
+  const PipelineExecutor& executor = trainer.executor();
+  const Device device = trainer.rank_devices()[rank];
+  if (!device.is_cuda() || executor.holds_all_ranks() || executor.local_ranks().front() == rank)
+    return device.to_string();
+  return "rank " + std::to_string(rank) + "'s GPU";
+}
+
+}  // namespace
+
+void print_pipeline(Trainer& trainer) {
+  const auto& sched = trainer.executor().schedule();
+  std::printf("pipeline %d rank(s) x %d chunk(s), schedule %s, transport %s, stages (units):",
+              sched.num_ranks(), sched.placement.chunks, sched.name.c_str(),
+              trainer.executor().transport_kind() == TransportKind::kMpi ? "mpi"
+              : trainer.executor().uses_nccl()                           ? "nccl"
+                                                                         : "in-process");
+  const auto& ranges = trainer.stage_ranges();
+  for (size_t s = 0; s < ranges.size(); ++s)
+    std::printf(" %zu:[%lld,%lld)@%s", s, static_cast<long long>(ranges[s].begin),
+                static_cast<long long>(ranges[s].end),
+                rank_device_text(trainer, sched.placement.rank_of(static_cast<int>(s))).c_str());
+  std::printf("\n");
+}
+
+void report_bubble(Trainer& trainer, PipelineStepResult& last, OutputFile* trace,
+                   const RunTrace& run, const std::vector<SaveTiming>& saves) {
+  const auto& sched = trainer.executor().schedule();
+  // Under MPI every process takes part; rank 0 prints and writes the trace.
+  trainer.executor().gather_timing(last);
+  // The printed figures are replica 0's, the trace draws every replica.
+  const auto replica0 = schedule::replica_timeline(sched, last.timing, 0);
+  const schedule::SimResult measured = summarize_timing(sched, replica0);
+  if (sched.num_ranks() > 1) {
+    const schedule::SimResult predicted =
+        schedule::simulate(sched, measured_costs(sched, replica0));
+    std::printf(
+        "bubble last step: measured %.3f, simulated %.3f | idle per rank, measured "
+        "(simulated):",
+        measured.bubble_fraction, predicted.bubble_fraction);
+    for (int r = 0; r < sched.num_ranks(); ++r) {
+      const double m_idle = measured.makespan > 0 ? measured.ranks[r].idle / measured.makespan : 0;
+      const double p_idle =
+          predicted.makespan > 0 ? predicted.ranks[r].idle / predicted.makespan : 0;
+      std::printf(" r%d %.3f (%.3f)", r, m_idle, p_idle);
+    }
+    std::printf("\n");
+    const schedule::ReductionOverlap m_reduce = reduction_overlap(sched, measured);
+    if (m_reduce.reduce_time > 0) {
+      const schedule::ReductionOverlap p_reduce = reduction_overlap(sched, predicted);
+      std::printf(
+          "all-reduce last step: %.1f ms in all, hidden behind compute: measured %.3f, "
+          "simulated %.3f\n",
+          m_reduce.reduce_time / 1e3,  // the step's timeline is in microseconds
+          m_reduce.hidden_fraction(), p_reduce.hidden_fraction());
+    }
+  }
+  if (trace) {
+    trace->write(
+        run.to_json(schedule::chrome_trace_json(sched, summarize_replicas(sched, last.timing),
+                                                /*us_per_unit=*/1.0),
+                    saves));
+    trace->close();
+    std::printf(
+        "trace  %s (the run's steps and checkpoint saves, and the last step's measured "
+        "timeline of every rank)\n",
+        escape_for_message(trace->path()).c_str());
+  }
+}
+
+void print_summary(Trainer& trainer, const TrainConfig& config, const RunTotals& t, int signal) {
+  const double tokens = static_cast<double>(t.steps * config.batch_tokens);
+  if (signal != 0)
+    std::printf("interrupted at step %lld of %lld by %s; the log holds every finished step\n",
+                static_cast<long long>(t.last_step), static_cast<long long>(config.steps),
+                signal == SIGINT ? "SIGINT" : "SIGTERM");
+  std::printf("done   %lld steps, %.0f tokens in %.1f s (%s tok/s), allocator peak %s\n",
+              static_cast<long long>(t.steps), tokens, t.seconds,
+              human_rate(t.seconds > 0 ? tokens / t.seconds : 0.0).c_str(),
+              bytes_text(static_cast<double>(t.peak)).c_str());
+  if (t.steps == 0) return;
+  const size_t tail = std::min<size_t>(10, t.losses.size());
+  double tail_loss = 0.0;
+  for (size_t i = t.losses.size() - tail; i < t.losses.size(); ++i)
+    tail_loss += t.losses[i] / static_cast<double>(tail);
+  std::printf("loss   final %.4f, mean of last %zu steps %.4f", t.last_loss, tail, tail_loss);
+  if (const auto entropy = trainer.source().entropy())
+    std::printf(" | source entropy %.4f, gap %+.1f%%", *entropy,
+                100.0 * (tail_loss - *entropy) / *entropy);
+  if (const auto* file = dynamic_cast<const FileSource*>(&trainer.source()))
+    std::printf(" | %.3f bits/byte (the file's unigram entropy: %.3f bits/byte)",
+                tail_loss / std::log(2.0), file->unigram_entropy() / std::log(2.0));
+  std::printf("\n");
+}
+
+}  // namespace conveyor::cli
