@@ -1,29 +1,22 @@
 #include "engine/pipeline/planner.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstdlib>
 #include <functional>
-#include <iomanip>
 #include <memory>
 #include <optional>
 #include <sstream>
 
 #include "engine/pipeline/memory_estimate.h"
 #include "engine/pipeline/partition_search.h"
+#include "engine/pipeline/plan_format.h"
+#include "engine/pipeline/planner_memory.h"
 #include "engine/schedule/simulator.h"
 
 namespace conveyor {
 namespace {
 
 using namespace planning;
-
-std::string ranges_text(const std::vector<StageRange>& ranges) {
-  std::ostringstream out;
-  for (size_t s = 0; s < ranges.size(); ++s)
-    out << (s ? " " : "") << "[" << ranges[s].begin << "," << ranges[s].end << ")";
-  return out.str();
-}
 
 void check_shape(const std::vector<UnitCost>& units, const schedule::Schedule& schedule) {
   const int stages = schedule.num_stages();
@@ -33,222 +26,6 @@ void check_shape(const std::vector<UnitCost>& units, const schedule::Schedule& s
                     std::to_string(stages) + " stages: every stage needs a unit; use at most " +
                     std::to_string(units.size()) + " stages");
 }
-
-// Where one rank's memory can peak, counted in micro-batches and boundary tensors so that the
-// bytes of any partition can be put in. At each point of the rank's list: held[j] = (kept,
-// rebuilt, pending, forward), how many micro-batches' bytes of its j-th stage are held there (until
-// W, as the planner counts them); transit[j] = (inputs, outputs), how many boundary tensors at that
-// stage's input and output wait there to be consumed or sent (the list start counts, with none). A
-// point another one holds at least as many of everywhere is left out: with bytes
-// >= 0 it never holds more.
-struct RankPeaks {
-  struct Held {
-    int kept = 0, rebuilt = 0, pending = 0, forward = 0;
-    bool operator<=(const Held& o) const {
-      return kept <= o.kept && rebuilt <= o.rebuilt && pending <= o.pending && forward <= o.forward;
-    }
-  };
-  struct Transit {
-    int inputs = 0, outputs = 0;
-    bool operator<=(const Transit& o) const { return inputs <= o.inputs && outputs <= o.outputs; }
-  };
-  std::vector<int> stages;                    // the rank's, ascending
-  std::vector<std::vector<Held>> held;        // [point][index in stages]
-  std::vector<std::vector<Transit>> transit;  // [point][index in stages]
-};
-
-// Adds `point` to `points` unless one there holds at least as much everywhere; drops those it
-// holds at least as much as.
-template <typename Count>
-void add_peak(std::vector<std::vector<Count>>& points, const std::vector<Count>& point) {
-  auto at_most = [](const std::vector<Count>& a, const std::vector<Count>& b) {
-    for (size_t j = 0; j < a.size(); ++j)
-      if (!(a[j] <= b[j])) return false;
-    return true;
-  };
-  for (const auto& p : points)
-    if (at_most(point, p)) return;
-  std::erase_if(points, [&](const auto& p) { return at_most(p, point); });
-  points.push_back(point);
-}
-
-// The rank's peaks over its list, as peak_activation_bytes (held until W) and transit_of count
-// them: the same additions and releases, counted per stage.
-RankPeaks rank_peaks(const std::vector<schedule::Action>& list, std::vector<int> stages,
-                     int last_stage) {
-  using schedule::ActionKind;
-  RankPeaks out;
-  out.stages = std::move(stages);
-  std::vector<RankPeaks::Held> held(out.stages.size());
-  std::vector<RankPeaks::Transit> transit(out.stages.size());
-  add_peak(out.transit, transit);
-  for (const auto& a : list) {
-    const auto j = static_cast<size_t>(std::find(out.stages.begin(), out.stages.end(), a.stage) -
-                                       out.stages.begin());
-    if (j == out.stages.size()) continue;  // not the rank's: nothing of it is held here
-    RankPeaks::Held& h = held[j];
-    RankPeaks::Transit& t = transit[j];
-    const bool has_input = a.stage > 0, has_output = a.stage < last_stage;
-    switch (a.kind) {
-      case ActionKind::kForward: {
-        ++h.kept;
-        auto peak = held;  // what the forward holds for a moment on top
-        ++peak[j].forward;
-        add_peak(out.held, peak);
-        t.inputs -= has_input, t.outputs += has_output;
-        break;
-      }
-      case ActionKind::kBackward: {
-        auto peak = held;
-        ++peak[j].rebuilt, ++peak[j].pending;
-        add_peak(out.held, peak);
-        --h.kept;
-        t.outputs -= has_output, t.inputs += has_input;
-        break;
-      }
-      case ActionKind::kBackwardInput:
-        ++h.rebuilt, ++h.pending;
-        add_peak(out.held, held);
-        t.outputs -= has_output, t.inputs += has_input;
-        break;
-      case ActionKind::kBackwardWeight:  // releases what the stage held for it
-        --h.kept, --h.rebuilt, --h.pending;
-        break;
-      case ActionKind::kSendAct:
-        --t.outputs;
-        break;
-      case ActionKind::kRecvGrad:
-        ++t.outputs;
-        break;
-      case ActionKind::kSendGrad:
-        --t.inputs;
-        break;
-      case ActionKind::kRecvAct:
-        ++t.inputs;
-        break;
-      case ActionKind::kAllReduceGrad:  // sums gradients: holds no activation
-        break;
-    }
-    add_peak(out.transit, transit);
-  }
-  return out;
-}
-
-// Per rank memory of a partition: the state of its units, the activations its stages hold at
-// the peak (with recomputed units their kept inputs and rebuilds, with a split backward what
-// I leaves for W), the boundary tensors waiting, and its largest unit workspace.
-struct MemoryModel : PartitionMemory {
-  const Sums& sums;
-  const std::vector<UnitCost>& units;
-  const std::vector<bool>& recomputed;
-  const schedule::Schedule& schedule;
-  std::vector<double> saved, input, pending;  // per unit
-  std::vector<RankPeaks> peaks;               // per rank
-
-  MemoryModel(const Sums& sums, const std::vector<UnitCost>& units,
-              const std::vector<bool>& recomputed, const schedule::Schedule& schedule)
-      : sums(sums), units(units), recomputed(recomputed), schedule(schedule) {
-    for (const auto& u : units)
-      saved.push_back(u.activation_bytes), input.push_back(u.input_bytes),
-          pending.push_back(u.weight_pending_bytes);
-    for (int r = 0; r < schedule.num_ranks(); ++r)
-      peaks.push_back(rank_peaks(schedule.ranks[static_cast<size_t>(r)],
-                                 schedule.placement.stages_of(r), schedule.num_stages() - 1));
-    activation_memo.resize((units.size() + 1) * (units.size() + 1));
-    activation_known.assign(activation_memo.size(), false);
-  }
-
-  // What a stage of units `range` holds per micro-batch, remembered: the searches ask again
-  // for every prefix.
-  const StageActivationBytes& activations(const StageRange& range) const {
-    const size_t at =
-        static_cast<size_t>(range.begin) * (units.size() + 1) + static_cast<size_t>(range.end);
-    if (!activation_known[at]) {
-      activation_memo[at] = stage_activation_bytes(saved, input, {range}, recomputed, pending)[0];
-      activation_known[at] = true;
-    }
-    return activation_memo[at];
-  }
-  mutable std::vector<StageActivationBytes> activation_memo;  // [begin * (n + 1) + end]
-  mutable std::vector<bool> activation_known;
-  mutable std::vector<StageActivationBytes> held_bytes;  // per stage of a rank: scratch
-  mutable std::vector<double> in_bytes, out_bytes;       // likewise
-  // The boundary tensor entering unit `u` (none past the last unit).
-  double boundary(int64_t u) const {
-    return u < static_cast<int64_t>(units.size()) ? units[static_cast<size_t>(u)].input_bytes : 0.0;
-  }
-  // The most rank r's held activations reach, with its j-th stage's bytes `bytes[j]`.
-  double held_peak(int r, const std::vector<StageActivationBytes>& bytes) const {
-    double peak = 0;
-    for (const auto& point : peaks[static_cast<size_t>(r)].held) {
-      double total = 0;
-      for (size_t j = 0; j < point.size(); ++j)
-        total += point[j].kept * bytes[j].kept + point[j].rebuilt * bytes[j].rebuilt +
-                 point[j].pending * bytes[j].weight_pending +
-                 point[j].forward * bytes[j].forward_extra;
-      peak = std::max(peak, total);
-    }
-    return peak;
-  }
-  // Rank r's bytes with its stages holding `own[j]`: state, held activations, boundary tensors
-  // waiting (plus one more message per stage and direction: the executor takes no more ahead
-  // of the list, RankStep::may_receive) and the largest workspace.
-  double rank_bytes(int r, const std::vector<StageRange>& own) const {
-    const RankPeaks& rank = peaks[static_cast<size_t>(r)];
-    const int last = schedule.num_stages() - 1;
-    held_bytes.resize(own.size()), in_bytes.resize(own.size()), out_bytes.resize(own.size());
-    double state = 0, workspace = 0, early = 0;
-    for (size_t j = 0; j < own.size(); ++j) {
-      held_bytes[j] = activations(own[j]);
-      state += sums.state.over(own[j]);
-      workspace = std::max(workspace, sums.workspace_over(own[j].begin, own[j].end));
-      in_bytes[j] = boundary(own[j].begin), out_bytes[j] = boundary(own[j].end);
-      early +=
-          (rank.stages[j] > 0 ? in_bytes[j] : 0.0) + (rank.stages[j] < last ? out_bytes[j] : 0.0);
-    }
-    double transit = 0;
-    for (const auto& point : rank.transit) {
-      double total = 0;
-      for (size_t j = 0; j < point.size(); ++j)
-        total += point[j].inputs * in_bytes[j] + point[j].outputs * out_bytes[j];
-      transit = std::max(transit, total);
-    }
-    return state + held_peak(r, held_bytes) + transit + early + workspace;
-  }
-
-  std::vector<double> operator()(const std::vector<StageRange>& ranges) const override {
-    std::vector<double> bytes(static_cast<size_t>(schedule.num_ranks()));
-    std::vector<StageRange> own;
-    for (int r = 0; r < schedule.num_ranks(); ++r) {
-      own.clear();
-      for (int s : peaks[static_cast<size_t>(r)].stages)
-        own.push_back(ranges[static_cast<size_t>(s)]);
-      bytes[static_cast<size_t>(r)] = rank_bytes(r, own);
-    }
-    return bytes;
-  }
-  // Stage s of units [b, e) on a rank that holds only it (chunks == 1).
-  double stage(int s, int64_t b, int64_t e) const override {
-    return rank_bytes(schedule.placement.rank_of(s), {{b, e}});
-  }
-  // Rank r's state, held activations and workspace over its stages among the first `known`
-  // of `ranges`, the others taken as empty: each term only grows with a stage's units.
-  // (Boundary tensors are left out: a stage's count of them can be negative at a point.)
-  double known_stages(int r, const std::vector<StageRange>& ranges, int known) const override {
-    const RankPeaks& rank = peaks[static_cast<size_t>(r)];
-    held_bytes.assign(rank.stages.size(), {});
-    double state = 0, workspace = 0;
-    for (size_t j = 0; j < rank.stages.size(); ++j) {
-      const int s = rank.stages[j];
-      if (s >= known) continue;
-      const StageRange& range = ranges[static_cast<size_t>(s)];
-      held_bytes[j] = activations(range);
-      state += sums.state.over(range);
-      workspace = std::max(workspace, sums.workspace_over(range.begin, range.end));
-    }
-    return state + held_peak(r, held_bytes) + workspace;
-  }
-};
 
 // The same schedule with `ranks` ranks, when it is one the generators make (by its name).
 std::optional<schedule::Schedule> with_ranks(const schedule::Schedule& schedule, int ranks) {
@@ -320,34 +97,6 @@ std::string stages_text(const schedule::Placement& placement, int rank) {
       << (memory_of.recomputed.empty() ? " or recompute activations" : "");
   throw PlanError(out.str());
 }
-
-}  // namespace
-
-std::vector<double> rank_memory(const std::vector<UnitCost>& units,
-                                const std::vector<StageRange>& ranges,
-                                const schedule::Schedule& schedule,
-                                const std::vector<bool>& recomputed) {
-  const Sums sums(units);
-  return MemoryModel(sums, units, recomputed, schedule)(ranges);
-}
-
-std::vector<UnitCost> with_recompute_time(const std::vector<UnitCost>& units,
-                                          const std::vector<bool>& recomputed) {
-  std::vector<UnitCost> out = units;
-  for (size_t u = 0; u < out.size() && u < recomputed.size(); ++u)
-    if (recomputed[u]) out[u].backward_input += out[u].forward;
-  return out;
-}
-
-std::vector<int64_t> blocks_of(const std::vector<StageRange>& ranges) {
-  std::vector<int64_t> blocks;
-  for (size_t s = 0; s < ranges.size(); ++s)
-    blocks.push_back(ranges[s].end - ranges[s].begin - (s == 0 ? 1 : 0) -
-                     (s + 1 == ranges.size() ? 1 : 0));
-  return blocks;
-}
-
-namespace {
 
 void check_search(const std::vector<UnitCost>& units, const schedule::Schedule& schedule,
                   const PartitionSearch& search) {
@@ -827,107 +576,6 @@ Plan plan(const std::vector<UnitCosts>& measured, const PlanOptions& options) {
   rank(out.candidates);
   out.fastest_pipeline_proven = fastest_pipeline_proven(out.candidates);
   return out;
-}
-
-namespace {
-
-std::string milliseconds(double seconds) {
-  std::ostringstream out;
-  out << std::fixed << std::setprecision(3) << seconds * 1e3;
-  return out.str();
-}
-
-// The step column: the step time, or "≥ bound" for a partition not proven the fastest (the
-// sign takes three bytes and one column).
-std::string step_column(const PlanCandidate& c) {
-  std::ostringstream out;
-  if (c.partition_proven)
-    out << std::setw(14) << milliseconds(c.step_seconds);
-  else
-    out << std::setw(16) << "\u2265 " + milliseconds(c.step_lower_bound);
-  return out.str();
-}
-
-// What a row not proven the fastest of its layout says of its partition: the fastest found,
-// and why the search stopped.
-std::string unproven_note(const PlanCandidate& c, const PlanCandidate* fastest, int fastest_rank) {
-  const std::string found = " (fastest found " + milliseconds(c.step_seconds) + " ms; ";
-  if (fastest && c.step_lower_bound >= fastest->step_seconds * (1 - kSlack))
-    return found + "no partition of it beats rank " + std::to_string(fastest_rank) +
-           ", so the search stopped there)";
-  return found + "not proven fastest: the partition search ran out of budget)";
-}
-
-std::string feasible_row(const PlanCandidate& c, const PlanCandidate* fastest, int fastest_rank) {
-  std::ostringstream out, memory;
-  for (size_t r = 0; r < c.peak_bytes.size(); ++r)
-    memory << (r ? " " : "") << bytes_text(c.peak_bytes[r]);
-  out << step_column(c) << std::fixed << std::setprecision(1) << std::setw(8) << c.bubble * 100
-      << "%  " << std::left << std::setw(11) << (c.pipelined ? to_string(c.recompute) : "none")
-      << std::right << memory.str() << " / "
-      << (c.pipelined         ? ranges_text(c.ranges)
-          : c.shard_optimizer ? "whole model on every device, optimizer state sharded "
-                                "(--shard-optimizer)"
-                              : "whole model on every device")
-      << (c.partition_proven ? "" : unproven_note(c, fastest, fastest_rank));
-  return out.str();
-}
-
-// A layout that cannot run: none of its partitions fits, or none that fits was found within
-// the budget (then how fast one would be at best).
-std::string rejected_row(const PlanCandidate& c) {
-  const bool missed = c.pipelined && std::isfinite(c.step_lower_bound);
-  std::string out = missed ? "  none found fitting" : "  does not fit";
-  if (c.recompute.any()) out += " recomputing " + to_string(c.recompute);
-  if (c.shard_optimizer) out += " sharing the optimizer state";
-  out += ": " + c.rejected;
-  if (missed)
-    out += "; one that fits would take at least " + milliseconds(c.step_lower_bound) + " ms";
-  return out;
-}
-
-}  // namespace
-
-std::string format_plan(const Plan& plan) {
-  std::ostringstream out;
-  out << std::left << std::setw(5) << "rank" << std::setw(20) << "layout" << std::right
-      << std::setw(5) << "m" << std::setw(14) << "step (ms)" << std::setw(9) << "bubble"
-      << "  " << std::left << std::setw(11) << "recompute"
-      << "peak memory per rank / partition\n";
-  int rank = 0, best_pipe_rank = 0;
-  const PlanCandidate* best_pipe = nullptr;
-  const PlanCandidate* dp = nullptr;
-  for (const auto& c : plan.candidates) {
-    if (c.rejected.empty()) {
-      ++rank;
-      if (c.pipelined && !best_pipe) best_pipe = &c, best_pipe_rank = rank;
-      if (!c.pipelined && !dp) dp = &c;
-    }
-    out << std::left << std::setw(5) << (c.rejected.empty() ? std::to_string(rank) : "-")
-        << std::setw(20) << c.layout << std::right << std::setw(5)
-        << (c.microbatches > 0 ? std::to_string(c.microbatches) : "-")
-        << (c.rejected.empty() ? feasible_row(c, best_pipe, best_pipe_rank) : rejected_row(c))
-        << "\n";
-  }
-  if (best_pipe) {
-    out << "rank " << best_pipe_rank << " (" << best_pipe->layout
-        << ", m=" << best_pipe->microbatches;
-    if (plan.fastest_pipeline_proven)
-      out << ") is proven the fastest pipeline: no partition of another layout beats it\n";
-    else
-      out << ") is the fastest pipeline found, not proven the fastest: a partition search ran "
-             "out of budget first\n";
-  }
-  const std::string replicas =
-      dp ? dp->layout +
-               (dp->shard_optimizer ? " sharing the optimizer state (--shard-optimizer)" : "")
-         : std::string();
-  if (dp && !best_pipe)
-    out << "no pipeline layout fits; " << replicas << " does\n";
-  else if (dp && dp->step_seconds <= best_pipe->step_seconds)
-    out << "pipelining loses for this model and batch: " << replicas
-        << " is faster than the best pipeline (" << best_pipe->layout << ")\n";
-  return out.str();
 }
 
 }  // namespace conveyor
