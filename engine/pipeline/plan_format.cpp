@@ -1,5 +1,6 @@
 #include "engine/pipeline/plan_format.h"
 
+#include <algorithm>
 #include <cmath>
 #include <iomanip>
 #include <sstream>
@@ -51,13 +52,27 @@ std::string unproven_note(const PlanCandidate& c, const PlanCandidate* fastest, 
   return found + "not proven fastest: the partition search ran out of budget)";
 }
 
+// Each rank's peak, or one figure for ranks that all peak alike (the data-parallel row, whose
+// rank list would otherwise run on for as many ranks as the plan has).
+std::string memory_column(const std::vector<double>& peaks) {
+  const bool alike = peaks.size() > 2 && std::all_of(peaks.begin(), peaks.end(), [&](double b) {
+                       return bytes_text(b) == bytes_text(peaks.front());
+                     });
+  if (alike) return bytes_text(peaks.front()) + " on each of " + std::to_string(peaks.size());
+  std::string out;
+  for (size_t r = 0; r < peaks.size(); ++r) {
+    if (r > 0) out += ' ';
+    out += bytes_text(peaks[r]);
+  }
+  return out;
+}
+
 std::string feasible_row(const PlanCandidate& c, const PlanCandidate* fastest, int fastest_rank) {
-  std::ostringstream out, memory;
-  for (size_t r = 0; r < c.peak_bytes.size(); ++r)
-    memory << (r ? " " : "") << bytes_text(c.peak_bytes[r]);
+  std::ostringstream out;
+  const std::string memory = memory_column(c.peak_bytes);
   out << step_column(c) << std::fixed << std::setprecision(1) << std::setw(8) << c.bubble * 100
       << "%  " << std::left << std::setw(11) << (c.pipelined ? to_string(c.recompute) : "none")
-      << std::right << memory.str() << " / "
+      << std::right << memory << " / "
       << (c.pipelined         ? ranges_text(c.ranges)
           : c.shard_optimizer ? "whole model on every device, optimizer state sharded "
                                 "(--shard-optimizer)"

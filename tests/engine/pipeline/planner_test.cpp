@@ -11,6 +11,7 @@
 #include <set>
 #include <utility>
 
+#include "engine/pipeline/memory_estimate.h"
 #include "engine/pipeline/partition_search.h"
 #include "engine/schedule/generators.h"
 #include "engine/schedule/simulator.h"
@@ -533,6 +534,30 @@ TEST(Planner, SaysWhenDataParallelBeatsThePipeline) {
   EXPECT_TRUE(capped.best().pipelined);
   for (const auto& c : capped.candidates)
     if (!c.pipelined) EXPECT_NE(c.rejected.find("does not fit"), std::string::npos) << c.rejected;
+}
+
+TEST(Planner, RanksThatPeakAlikeShowOneFigure) {
+  // Eight replicas peak alike: one figure, not eight; pipeline rows keep one per rank.
+  PlanOptions options;
+  options.num_ranks = 8;
+  options.batch_tokens = 8192;
+  const Plan result = plan(head_heavy(8), options);
+  const std::string table = format_plan(result);
+  const PlanCandidate* replicas = nullptr;
+  for (const auto& c : result.candidates)
+    if (!c.pipelined && c.rejected.empty()) replicas = &c;
+  ASSERT_NE(replicas, nullptr) << table;
+  const std::string one = bytes_text(replicas->peak_bytes[0]);
+  EXPECT_NE(table.find("  " + one + " on each of 8 / whole model on every device"),
+            std::string::npos)
+      << table;
+  EXPECT_EQ(table.find(one + " " + one), std::string::npos) << table;
+  const PlanCandidate* pipeline = result.fastest_pipeline();
+  ASSERT_NE(pipeline, nullptr);
+  EXPECT_NE(
+      table.find(bytes_text(pipeline->peak_bytes[0]) + " " + bytes_text(pipeline->peak_bytes[1])),
+      std::string::npos)
+      << table;
 }
 
 // The replicas' all-reduce in k buckets costs what the simulator charges k buckets of one
