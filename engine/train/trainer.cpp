@@ -630,8 +630,6 @@ double Trainer::local_loss_sum(const std::vector<MicroBatchData>& microbatches, 
   check_token_ids(microbatches);
   try {
     return forward_loss_sum(microbatches, start);
-  } catch (const EvaluationStopped&) {
-    throw;
   } catch (const std::exception& e) {
     failure_ = "an evaluation failed (" + first_line(e.what()) + ")";
     throw;
