@@ -216,6 +216,9 @@ class Trainer {
   double evaluate(const std::vector<MicroBatchData>& microbatches);
 
   int64_t steps_done() const { return steps_done_; }
+  // Empty while the trainer is usable; once a step or an evaluation has failed after it
+  // started, what failed (step() and evaluate() then refuse with std::logic_error).
+  const std::string& failure() const { return failure_; }
   // After restoring a checkpoint of `steps_done` steps: the next step() runs steps_done + 1.
   void resume_at(int64_t steps_done);
   // A save on request (e.g. on a signal, between steps), by whatever the caller installed

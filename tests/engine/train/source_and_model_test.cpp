@@ -153,6 +153,7 @@ TEST(TrainerSource, AnIdOutsideTheVocabularyIsRefusedBeforeTheStepRuns) {
   }
   // Nothing ran: the trainer goes on with the next batch.
   EXPECT_EQ(trainer.steps_done(), 0);
+  EXPECT_EQ(trainer.failure(), "");
   EXPECT_TRUE(std::isfinite(trainer.step().loss));
   // Evaluation batches of the caller's are checked too; an ignored target (-1) is no error.
   std::vector<MicroBatchData> batch(1);
@@ -190,6 +191,7 @@ TEST(TrainerModel, AUnitOfAnotherShapeFailsTheStepAndTheTrainerStopsThere) {
               std::string::npos)
         << e.what();
   }
+  EXPECT_NE(trainer.failure().find("step 1 failed (rank"), std::string::npos) << trainer.failure();
   // Its stages hold micro-batches and its transports are aborted: it says so, every time.
   for (int attempt = 0; attempt < 2; ++attempt) {
     try {
