@@ -206,5 +206,37 @@ TEST(TrainerModel, AUnitOfAnotherShapeFailsTheStepAndTheTrainerStopsThere) {
   EXPECT_THROW(trainer.evaluate(trainer.source(), 1), std::logic_error);
 }
 
+TEST(TrainerModel, AnEvaluationThatFailsLeavesTheTrainerRefusingToo) {
+  ModelDescription model = custom_description(16);
+  model.make_unit = [inner = model.make_unit](int64_t index) -> std::unique_ptr<Layer> {
+    if (index == 2) return std::make_unique<Linear>("narrow", 24, 12);
+    return inner(index);
+  };
+  TrainConfig c = small_run();
+  c.stages = 2;
+  Trainer trainer(model, c, std::make_shared<AffineSource>(16));
+  std::vector<MicroBatchData> batch(1);
+  batch[0].tokens = {1, 2, 3};
+  batch[0].targets = {2, 3, 4};
+  try {
+    trainer.evaluate(batch);
+    FAIL() << "a unit of the wrong width was evaluated";
+  } catch (const std::exception& e) {  // the unit's own error, not a refusal
+    EXPECT_NE(std::string(e.what()).find("the output of unit 2 is f32 [3, 12]"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_NE(trainer.failure().find("an evaluation failed (model 'custom': the output of unit 2"),
+            std::string::npos)
+      << trainer.failure();
+  try {
+    trainer.step();
+    FAIL() << "a trainer whose evaluation failed ran a step";
+  } catch (const std::logic_error& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot run a step: an evaluation failed"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace conveyor
