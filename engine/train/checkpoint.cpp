@@ -218,6 +218,7 @@ CommitResult CheckpointWriter::commit(const TrainingState& state) {
   try {
     const CheckpointManifest written = parse_manifest(text, manifest_path.string());
     check_manifest_counters(written, manifest_path.string());
+    check_manifest_model_fingerprint(written, manifest_path.string());
     check_manifest_state_checksum(written, manifest_path.string());
   } catch (const CheckpointError& e) {
     throw std::invalid_argument(std::string("commit: the training state cannot be saved: ") +
@@ -360,6 +361,7 @@ Checkpoint open_checkpoint(const fs::path& path, CheckpointCheck check) {
     throw CheckpointError(manifest_file + " is of step " + std::to_string(m.state.step) +
                           ", but its folder is named for step " + std::to_string(*folder_step));
   check_manifest_counters(m, manifest_file);
+  check_manifest_model_fingerprint(m, manifest_file);
   check_manifest_state_checksum(m, manifest_file);
 
   // The shards: all those listed, and no others.

@@ -217,6 +217,24 @@ uint64_t training_state_checksum(const CheckpointManifest& m) {
   return checkpoint_io::xxh3_64(text.data(), text.size());
 }
 
+std::string model_fingerprint(const nlohmann::json& description) {
+  const std::string canonical = description.dump();  // object keys are sorted
+  return "xxh3_64:" +
+         checkpoint_io::hex64(checkpoint_io::xxh3_64(canonical.data(), canonical.size()));
+}
+
+void check_manifest_model_fingerprint(const CheckpointManifest& m, const std::string& file) {
+  const std::string& stored = m.state.model_fingerprint;
+  const std::string prefix = "xxh3_64:";
+  if (stored.rfind(prefix, 0) != 0 || !checkpoint_io::parse_hex64(stored.substr(prefix.size())))
+    return;
+  const std::string computed = model_fingerprint(m.state.model);
+  if (computed != stored)
+    throw CheckpointError(file + ": the model description does not match its fingerprint " +
+                          "manifest.model_fingerprint (" + stored + "; the description's is " +
+                          computed + "): the file was edited or corrupted");
+}
+
 void check_manifest_state_checksum(const CheckpointManifest& m, const std::string& file) {
   if (!m.state_checksum) return;
   const uint64_t computed = training_state_checksum(m);

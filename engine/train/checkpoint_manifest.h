@@ -91,6 +91,14 @@ uint64_t training_state_checksum(const CheckpointManifest& manifest);
 // does not reproduce. open_checkpoint checks this last, after the fields and the counters, so
 // that an edit those checks explain is named by them.
 void check_manifest_state_checksum(const CheckpointManifest& manifest, const std::string& file);
+// The fingerprint of a model description: "xxh3_64:" and the XXH3-64 of its canonical JSON
+// (sorted keys, compact), so equal models match.
+std::string model_fingerprint(const nlohmann::json& description);
+// Throws CheckpointError when the manifest's model_fingerprint has the form model_fingerprint
+// writes ("xxh3_64:" and 16 hex digits) but is not the fingerprint of its model description:
+// one of the two was edited or corrupted. A fingerprint of another form is the caller's own
+// and is not checked. open_checkpoint checks this with the state checksum.
+void check_manifest_model_fingerprint(const CheckpointManifest& manifest, const std::string& file);
 // Throws CheckpointError unless `name` is a shard file name the format allows:
 // letters, digits, '.', '_', '-', not starting with '.', ending in ".safetensors".
 void check_shard_file_name(const std::string& name, const std::string& file);

@@ -114,10 +114,4 @@ nlohmann::json describe_model(const ModelConfig& model) {
           {"ln_eps", model.ln_eps}};
 }
 
-std::string model_fingerprint(const nlohmann::json& description) {
-  const std::string canonical = description.dump();  // object keys are sorted
-  return "xxh3_64:" +
-         checkpoint_io::hex64(checkpoint_io::xxh3_64(canonical.data(), canonical.size()));
-}
-
 }  // namespace conveyor

@@ -55,9 +55,8 @@ void verify_rank_checkpoint(const Checkpoint& checkpoint, PipelineExecutor& exec
 std::vector<StagePlacement> stage_placements(const schedule::Schedule& schedule,
                                              const std::vector<StageRange>& ranges);
 
-// A description of the reference model (every field of its config), and the fingerprint of
-// any description: XXH3-64 of its canonical JSON (sorted keys), so equal models match.
+// A description of the reference model (every field of its config); model_fingerprint
+// (checkpoint_manifest.h) fingerprints any description.
 nlohmann::json describe_model(const ModelConfig& model);
-std::string model_fingerprint(const nlohmann::json& description);
 
 }  // namespace conveyor

@@ -176,13 +176,14 @@ case $case_name in
     # checksum of its training state refuses it, and so any other edit of those fields.
     refused "m['data']['token'] = (m['data']['token'] + 1) % 32" "manifest.json: the training state (step, optimizer, lr_schedule, data, rng) does not match its checksum"
     refused "m['rng'] = None" "does not match its checksum"
-    # Only the fingerprint edited: the shards verify, the resume names the fingerprints.
+    # Only the fingerprint edited: it no longer fingerprints the model description beside it,
+    # which the loader names, with both fingerprints, before any comparison with this run.
     python3 -c "import json,sys; m=json.load(open(sys.argv[1])); m['model_fingerprint'] = 'xxh3_64:0000000000000000'; json.dump(m, open(sys.argv[2], 'w'))" \
       "$work/manifest.json" "$manifest" || fail "cannot edit the manifest"
     output=$("$conveyor" train "${common[@]}" "${model[@]}" --resume "$dir" 2>&1)
     echo "$output"
-    grep -q "is a checkpoint of another model: model_fingerprint 'xxh3_64:0000000000000000' in the checkpoint, 'xxh3_64:[0-9a-f]\{16\}' in this run" <<<"$output" ||
-      fail "the refusal of another fingerprint does not name both"
+    grep -q "the model description does not match its fingerprint manifest.model_fingerprint (xxh3_64:0000000000000000; the description's is xxh3_64:[0-9a-f]\{16\}): the file was edited or corrupted" <<<"$output" ||
+      fail "the refusal of an edited fingerprint does not name both"
     ;;
   *) fail "unknown case" ;;
 esac

@@ -96,7 +96,7 @@ inline TrainingState demo_state(int64_t step, int num_ranks) {
   TrainingState s;
   s.step = step;
   s.model = {{"preset", "demo"}, {"d_model", 4}, {"n_layers", num_ranks}};
-  s.model_fingerprint = "xxh3_64:0123456789abcdef";
+  s.model_fingerprint = model_fingerprint(s.model);
   for (int r = 0; r < num_ranks; ++r) s.stages.push_back({r, r, r, r + 1});
   s.schedule = "1f1b";
   s.microbatches = 4;
@@ -208,8 +208,9 @@ inline std::string state_checksum_of(const nlohmann::json& m) {
 }
 
 // Edits manifest.json of `folder` as JSON, as a writer of those values would have written it:
-// its state_xxh3_64, when it has one, is recomputed, so that the checks of the edited fields
-// are what a test sees. edit_manifest_only leaves it as it was: an edit or a corruption.
+// its state_xxh3_64, when it has one, and its model_fingerprint, when it is of the form
+// model_fingerprint writes, are recomputed, so that the checks of the edited fields are what a
+// test sees. edit_manifest_only leaves it as it was: an edit or a corruption.
 template <class Edit>
 void edit_manifest_only(const fs::path& folder, Edit edit) {
   nlohmann::json m = nlohmann::json::parse(read_file(folder / "manifest.json"));
@@ -221,6 +222,10 @@ void edit_manifest(const fs::path& folder, Edit edit) {
   edit_manifest_only(folder, [&](nlohmann::json& m) {
     edit(m);
     if (m.contains("state_xxh3_64")) m["state_xxh3_64"] = state_checksum_of(m);
+    const nlohmann::json& fingerprint = m["model_fingerprint"];
+    if (m.contains("model") && fingerprint.is_string() &&
+        fingerprint.get<std::string>().rfind("xxh3_64:", 0) == 0)
+      m["model_fingerprint"] = model_fingerprint(m["model"]);
   });
 }
 

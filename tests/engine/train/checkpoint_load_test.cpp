@@ -228,6 +228,34 @@ TEST_F(CheckpointLoad, AnEditedTrainingStateIsRefusedByItsChecksum) {
   EXPECT_EQ(old.state().data.token, std::optional<int32_t>(14));
 }
 
+// The model description is covered by its fingerprint: a resume compares fingerprints, and
+// a description that no longer matches its own fingerprint (a flipped d_model) was edited or
+// corrupted, which verify must say rather than pass.
+TEST_F(CheckpointLoad, AnEditedModelDescriptionIsRefusedByItsFingerprint) {
+  const std::string pristine = read_file(manifest());
+  const std::vector<std::pair<const char*, nlohmann::json>> edits = {
+      {"/model/d_model", 6},
+      {"/model/preset", "demo2"},
+      {"/model_fingerprint", "xxh3_64:fedcba9876543210"},
+  };
+  for (const auto& [pointer, value] : edits) {
+    SCOPED_TRACE(std::string(pointer) + " = " + value.dump());
+    write_file(manifest(), pristine);
+    edit_manifest_only(folder_, [&](auto& m) { m[nlohmann::json::json_pointer(pointer)] = value; });
+    EXPECT_CHECKPOINT_ERROR(open_checkpoint(folder_), manifest().string(),
+                            "the model description does not match its fingerprint "
+                            "manifest.model_fingerprint",
+                            "the file was edited or corrupted");
+  }
+  // A fingerprint of the caller's own form is theirs to keep: not recomputed, not checked.
+  write_file(manifest(), pristine);
+  edit_manifest_only(folder_, [](auto& m) {
+    m["model_fingerprint"] = "my-model-v3";
+    m["model"]["d_model"] = 6;
+  });
+  EXPECT_EQ(open_checkpoint(folder_).state().model_fingerprint, "my-model-v3");
+}
+
 // What the trainer writes: rng.batch_tokens, the tokens each step draws, ties the data
 // position and the other counters to the step.
 TEST_F(CheckpointLoad, ATrainersCountersAgreeWithItsStep) {
@@ -359,7 +387,7 @@ TEST_F(CheckpointLoad, ABadShardIsNamedEvenWhenTheManifestAgrees) {
 
 TEST_F(CheckpointLoad, AnotherModel) {
   const Checkpoint ckpt = open_checkpoint(folder_);
-  ckpt.check_model("xxh3_64:0123456789abcdef");
+  ckpt.check_model(model_fingerprint(testing::demo_state(2, 2).model));
   EXPECT_CHECKPOINT_ERROR(ckpt.check_model("xxh3_64:fedcba9876543210"), manifest().string(),
                           "another model", "fedcba9876543210", "\"preset\":\"demo\"");
 }
