@@ -225,9 +225,6 @@ std::string model_fingerprint(const nlohmann::json& description) {
 
 void check_manifest_model_fingerprint(const CheckpointManifest& m, const std::string& file) {
   const std::string& stored = m.state.model_fingerprint;
-  const std::string prefix = "xxh3_64:";
-  if (stored.rfind(prefix, 0) != 0 || !checkpoint_io::parse_hex64(stored.substr(prefix.size())))
-    return;
   const std::string computed = model_fingerprint(m.state.model);
   if (computed != stored)
     throw CheckpointError(file + ": the model description does not match its fingerprint " +

@@ -41,9 +41,11 @@ struct DataPosition {
 struct TrainingState {
   int64_t step = 0;                                 // optimizer steps completed
   nlohmann::json model = nlohmann::json::object();  // a description, e.g. the preset's fields
-  std::string model_fingerprint;                    // equal fingerprints: the same model
-  std::vector<StagePlacement> stages;               // model units -> stage -> rank, by stage
-  std::string schedule;                             // e.g. "1f1b", or a schedule file
+  // model_fingerprint(model) (below); equal fingerprints: the same model. A commit refuses
+  // another value, and the loader a manifest whose two disagree.
+  std::string model_fingerprint;
+  std::vector<StagePlacement> stages;  // model units -> stage -> rank, by stage
+  std::string schedule;                // e.g. "1f1b", or a schedule file
   int64_t microbatches = 1;
   OptimizerConfig optimizer;    // kind and hyper-parameters
   int64_t optimizer_steps = 0;  // Optimizer::steps_taken()
@@ -94,10 +96,9 @@ void check_manifest_state_checksum(const CheckpointManifest& manifest, const std
 // The fingerprint of a model description: "xxh3_64:" and the XXH3-64 of its canonical JSON
 // (sorted keys, compact), so equal models match.
 std::string model_fingerprint(const nlohmann::json& description);
-// Throws CheckpointError when the manifest's model_fingerprint has the form model_fingerprint
-// writes ("xxh3_64:" and 16 hex digits) but is not the fingerprint of its model description:
-// one of the two was edited or corrupted. A fingerprint of another form is the caller's own
-// and is not checked. open_checkpoint checks this with the state checksum.
+// Throws CheckpointError when the manifest's model_fingerprint is not model_fingerprint of its
+// model description: one of the two was edited or corrupted. open_checkpoint checks this
+// before the state checksum, and a commit refuses a state whose fingerprint is another.
 void check_manifest_model_fingerprint(const CheckpointManifest& manifest, const std::string& file);
 // Throws CheckpointError unless `name` is a shard file name the format allows:
 // letters, digits, '.', '_', '-', not starting with '.', ending in ".safetensors".

@@ -208,9 +208,9 @@ inline std::string state_checksum_of(const nlohmann::json& m) {
 }
 
 // Edits manifest.json of `folder` as JSON, as a writer of those values would have written it:
-// its state_xxh3_64, when it has one, and its model_fingerprint, when it is of the form
-// model_fingerprint writes, are recomputed, so that the checks of the edited fields are what a
-// test sees. edit_manifest_only leaves it as it was: an edit or a corruption.
+// its state_xxh3_64, when it has one, and its model_fingerprint are recomputed, so that the
+// checks of the edited fields are what a test sees. edit_manifest_only leaves it as it was: an edit
+// or a corruption.
 template <class Edit>
 void edit_manifest_only(const fs::path& folder, Edit edit) {
   nlohmann::json m = nlohmann::json::parse(read_file(folder / "manifest.json"));
@@ -220,11 +220,11 @@ void edit_manifest_only(const fs::path& folder, Edit edit) {
 template <class Edit>
 void edit_manifest(const fs::path& folder, Edit edit) {
   edit_manifest_only(folder, [&](nlohmann::json& m) {
+    const nlohmann::json fingerprint = m.value("model_fingerprint", nlohmann::json());
     edit(m);
     if (m.contains("state_xxh3_64")) m["state_xxh3_64"] = state_checksum_of(m);
-    const nlohmann::json& fingerprint = m["model_fingerprint"];
-    if (m.contains("model") && fingerprint.is_string() &&
-        fingerprint.get<std::string>().rfind("xxh3_64:", 0) == 0)
+    // Unless the edit is of the fingerprint itself.
+    if (m.contains("model") && m.value("model_fingerprint", nlohmann::json()) == fingerprint)
       m["model_fingerprint"] = model_fingerprint(m["model"]);
   });
 }

@@ -247,13 +247,13 @@ TEST_F(CheckpointLoad, AnEditedModelDescriptionIsRefusedByItsFingerprint) {
                             "manifest.model_fingerprint",
                             "the file was edited or corrupted");
   }
-  // A fingerprint of the caller's own form is theirs to keep: not recomputed, not checked.
+  // A fingerprint corrupted out of its form is no less an edit.
   write_file(manifest(), pristine);
-  edit_manifest_only(folder_, [](auto& m) {
-    m["model_fingerprint"] = "my-model-v3";
-    m["model"]["d_model"] = 6;
-  });
-  EXPECT_EQ(open_checkpoint(folder_).state().model_fingerprint, "my-model-v3");
+  edit_manifest_only(folder_, [](auto& m) { m["model_fingerprint"] = "xxh3]64:0123"; });
+  EXPECT_CHECKPOINT_ERROR(open_checkpoint(folder_), "does not match its fingerprint");
+  // Another layout of the same description is no edit.
+  write_file(manifest(), nlohmann::json::parse(pristine).dump(4));
+  EXPECT_NO_THROW(open_checkpoint(folder_));
 }
 
 // What the trainer writes: rng.batch_tokens, the tokens each step draws, ties the data
