@@ -211,6 +211,7 @@ CommitResult CheckpointWriter::commit(const TrainingState& state) {
     manifest.shards.push_back({r, shard_file_name(r), written_[r]->bytes, written_[r]->checksum});
   }
   manifest.state_checksum = training_state_checksum(manifest);
+  manifest.manifest_checksum = manifest_checksum(manifest);
   const fs::path manifest_path = temp_ / kManifestName;
   const std::string text = manifest_to_json(manifest).dump(2) + "\n";
   // What is committed must load: a state the loader would reject is the caller's mistake
@@ -220,6 +221,7 @@ CommitResult CheckpointWriter::commit(const TrainingState& state) {
     check_manifest_counters(written, manifest_path.string());
     check_manifest_model_fingerprint(written, manifest_path.string());
     check_manifest_state_checksum(written, manifest_path.string());
+    check_manifest_checksum(written, manifest_path.string());
   } catch (const CheckpointError& e) {
     throw std::invalid_argument(std::string("commit: the training state cannot be saved: ") +
                                 e.what());
@@ -363,6 +365,7 @@ Checkpoint open_checkpoint(const fs::path& path, CheckpointCheck check) {
   check_manifest_counters(m, manifest_file);
   check_manifest_model_fingerprint(m, manifest_file);
   check_manifest_state_checksum(m, manifest_file);
+  check_manifest_checksum(m, manifest_file);
 
   // The shards: all those listed, and no others.
   std::set<std::string> listed;

@@ -244,6 +244,25 @@ void check_manifest_state_checksum(const CheckpointManifest& m, const std::strin
                           " computed): the file was edited or corrupted");
 }
 
+uint64_t manifest_checksum(const CheckpointManifest& m) {
+  CheckpointManifest without = m;
+  without.manifest_checksum.reset();
+  const std::string text = manifest_to_json(without).dump();  // compact, keys sorted
+  return checkpoint_io::xxh3_64(text.data(), text.size());
+}
+
+void check_manifest_checksum(const CheckpointManifest& m, const std::string& file) {
+  if (!m.manifest_checksum) return;
+  const uint64_t computed = manifest_checksum(m);
+  if (computed != *m.manifest_checksum)
+    throw CheckpointError(file +
+                          ": the manifest does not match its checksum "
+                          "manifest.manifest_xxh3_64 (" +
+                          checkpoint_io::hex64(*m.manifest_checksum) + " recorded, " +
+                          checkpoint_io::hex64(computed) +
+                          " computed): the file was edited or corrupted");
+}
+
 json manifest_to_json(const CheckpointManifest& m) {
   const TrainingState& s = m.state;
   json stages = json::array();
@@ -264,6 +283,7 @@ json manifest_to_json(const CheckpointManifest& m) {
   out["schedule"] = {{"name", s.schedule}, {"microbatches", s.microbatches}};
   out["shards"] = shards;
   if (m.state_checksum) out["state_xxh3_64"] = checkpoint_io::hex64(*m.state_checksum);
+  if (m.manifest_checksum) out["manifest_xxh3_64"] = checkpoint_io::hex64(*m.manifest_checksum);
   // Written only when there is more than one, so a checkpoint of one replica stays as before.
   if (s.replicas != 1) out["replicas"] = s.replicas;
   return out;
@@ -316,11 +336,12 @@ CheckpointManifest parse_manifest(std::string_view text, const std::string& file
                           " (this build reads version " + std::to_string(kCheckpointFormatVersion) +
                           ")");
 
-  // "replicas" and "state_xxh3_64" are the optional fields at this level (data.token the
-  // other, below).
+  // "replicas", "state_xxh3_64" and "manifest_xxh3_64" are the optional fields at this level
+  // (data.token the other, below).
   json fields = root;
   fields.erase("replicas");
   fields.erase("state_xxh3_64");
+  fields.erase("manifest_xxh3_64");
   const Fields f(fields, "manifest", file,
                  {"format", "format_version", "step", "model", "model_fingerprint", "stages",
                   "schedule", "optimizer", "lr_schedule", "data", "rng", "shards"});
@@ -393,15 +414,17 @@ CheckpointManifest parse_manifest(std::string_view text, const std::string& file
     placement.unit_end = units[1].get<int64_t>();
     s.stages.push_back(placement);
   }
-  if (root.contains("state_xxh3_64")) {
-    const json& checksum = root["state_xxh3_64"];
+  for (const auto& [key, target] : {std::pair{"state_xxh3_64", &m.state_checksum},
+                                    {"manifest_xxh3_64", &m.manifest_checksum}}) {
+    if (!root.contains(key)) continue;
+    const json& checksum = root[key];
     const auto value = checksum.is_string()
                            ? checkpoint_io::parse_hex64(checksum.get<std::string>())
                            : std::nullopt;
     if (!value)
-      throw CheckpointError(file + ": manifest.state_xxh3_64 is " + excerpt(checksum) +
+      throw CheckpointError(file + ": manifest." + key + " is " + excerpt(checksum) +
                             ", expected 16 hex digits");
-    m.state_checksum = *value;
+    *target = *value;
   }
   if (root.contains("replicas")) {
     const json& replicas = root["replicas"];

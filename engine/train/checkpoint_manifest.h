@@ -74,6 +74,10 @@ struct CheckpointManifest {
   // own checksums, this one covers what a resume takes from the manifest alone. Absent from
   // checkpoints written before it was recorded.
   std::optional<uint64_t> state_checksum;
+  // manifest_xxh3_64 as read (the writer sets it to manifest_checksum): every other field of
+  // the manifest, those no other check covers (the schedule's) included. Absent from
+  // checkpoints written before it was recorded.
+  std::optional<uint64_t> manifest_checksum;
 };
 
 nlohmann::json manifest_to_json(const CheckpointManifest& manifest);
@@ -100,6 +104,13 @@ std::string model_fingerprint(const nlohmann::json& description);
 // model description: one of the two was edited or corrupted. open_checkpoint checks this
 // before the state checksum, and a commit refuses a state whose fingerprint is another.
 void check_manifest_model_fingerprint(const CheckpointManifest& manifest, const std::string& file);
+// XXH3-64 of the compact JSON (keys sorted) of the manifest as manifest_to_json writes it,
+// without its manifest_xxh3_64 (docs/checkpoint-format.md).
+uint64_t manifest_checksum(const CheckpointManifest& manifest);
+// Throws CheckpointError when the manifest has a manifest_xxh3_64 that manifest_checksum does
+// not reproduce. open_checkpoint checks this after every other check of the manifest, so that
+// an edit one of those explains is named by it.
+void check_manifest_checksum(const CheckpointManifest& manifest, const std::string& file);
 // Throws CheckpointError unless `name` is a shard file name the format allows:
 // letters, digits, '.', '_', '-', not starting with '.', ending in ".safetensors".
 void check_shard_file_name(const std::string& name, const std::string& file);

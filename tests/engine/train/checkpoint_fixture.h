@@ -185,8 +185,17 @@ void edit_shard_header(const fs::path& path, Edit edit) {
   write_file(path, raw_safetensors(json.dump(), data));
 }
 
-// Makes manifest.json of `folder` list the present sizes and checksums of its shards, so a
-// test of a bad shard meets the shard's own checks rather than the manifest's.
+// XXH3-64 of the compact JSON of a manifest without its manifest_xxh3_64, as
+// docs/checkpoint-format.md spells it out: the reference for manifest.manifest_xxh3_64.
+inline std::string manifest_checksum_of(nlohmann::json m) {
+  m.erase("manifest_xxh3_64");
+  const std::string text = m.dump();
+  return checkpoint_io::hex64(checkpoint_io::xxh3_64(text.data(), text.size()));
+}
+
+// Makes manifest.json of `folder` list the present sizes and checksums of its shards (and
+// agree with its own checksum), so a test of a bad shard meets the shard's own checks rather
+// than the manifest's.
 inline void match_manifest_to_shards(const fs::path& folder) {
   nlohmann::json m = nlohmann::json::parse(read_file(folder / "manifest.json"));
   for (auto& shard : m["shards"]) {
@@ -194,6 +203,7 @@ inline void match_manifest_to_shards(const fs::path& folder) {
     shard["bytes"] = bytes.size();
     shard["xxh3_64"] = checkpoint_io::hex64(checkpoint_io::xxh3_64(bytes.data(), bytes.size()));
   }
+  if (m.contains("manifest_xxh3_64")) m["manifest_xxh3_64"] = manifest_checksum_of(m);
   write_file(folder / "manifest.json", m.dump(2));
 }
 
@@ -208,9 +218,9 @@ inline std::string state_checksum_of(const nlohmann::json& m) {
 }
 
 // Edits manifest.json of `folder` as JSON, as a writer of those values would have written it:
-// its state_xxh3_64, when it has one, and its model_fingerprint are recomputed, so that the
-// checks of the edited fields are what a test sees. edit_manifest_only leaves it as it was: an edit
-// or a corruption.
+// its state_xxh3_64 and manifest_xxh3_64, when it has them, and its model_fingerprint are
+// recomputed, so that the checks of the edited fields are what a test sees. edit_manifest_only
+// leaves it as it was: an edit or a corruption.
 template <class Edit>
 void edit_manifest_only(const fs::path& folder, Edit edit) {
   nlohmann::json m = nlohmann::json::parse(read_file(folder / "manifest.json"));
@@ -226,6 +236,7 @@ void edit_manifest(const fs::path& folder, Edit edit) {
     // Unless the edit is of the fingerprint itself.
     if (m.contains("model") && m.value("model_fingerprint", nlohmann::json()) == fingerprint)
       m["model_fingerprint"] = model_fingerprint(m["model"]);
+    if (m.contains("manifest_xxh3_64")) m["manifest_xxh3_64"] = manifest_checksum_of(m);
   });
 }
 

@@ -221,6 +221,7 @@ TEST_F(CheckpointLoad, AnEditedTrainingStateIsRefusedByItsChecksum) {
   write_file(manifest(), pristine);
   edit_manifest_only(folder_, [](auto& m) {
     m.erase("state_xxh3_64");
+    m.erase("manifest_xxh3_64");
     m["data"]["token"] = 14;
   });
   const Checkpoint old = open_checkpoint(folder_);
@@ -254,6 +255,37 @@ TEST_F(CheckpointLoad, AnEditedModelDescriptionIsRefusedByItsFingerprint) {
   // Another layout of the same description is no edit.
   write_file(manifest(), nlohmann::json::parse(pristine).dump(4));
   EXPECT_NO_THROW(open_checkpoint(folder_));
+}
+
+// manifest_xxh3_64 covers every other field, those no check of their own covers (the
+// schedule's) included; a manifest without it (written before it was recorded) loads
+// unchecked, and another layout of the same values is no edit.
+TEST_F(CheckpointLoad, AnEditedManifestIsRefusedByItsChecksum) {
+  const std::string pristine = read_file(manifest());
+  const nlohmann::json saved = nlohmann::json::parse(pristine);
+  ASSERT_TRUE(saved.contains("manifest_xxh3_64"));
+  EXPECT_EQ(saved["manifest_xxh3_64"], manifest_checksum_of(saved));
+  for (const auto& [pointer, value] : std::vector<std::pair<const char*, nlohmann::json>>{
+           {"/schedule/microbatches", 6}, {"/schedule/name", "3f1b"}}) {
+    SCOPED_TRACE(std::string(pointer) + " = " + value.dump());
+    write_file(manifest(), pristine);
+    edit_manifest_only(folder_, [&](auto& m) { m[nlohmann::json::json_pointer(pointer)] = value; });
+    EXPECT_CHECKPOINT_ERROR(open_checkpoint(folder_), manifest().string(),
+                            "the manifest does not match its checksum manifest.manifest_xxh3_64",
+                            "the file was edited or corrupted");
+  }
+  write_file(manifest(), saved.dump(4));
+  EXPECT_NO_THROW(open_checkpoint(folder_));
+  write_file(manifest(), pristine);
+  edit_manifest_only(folder_, [](auto& m) {
+    m.erase("manifest_xxh3_64");
+    m["schedule"]["name"] = "3f1b";
+  });
+  EXPECT_EQ(open_checkpoint(folder_).state().schedule, "3f1b");
+  write_file(manifest(), pristine);
+  edit_manifest_only(folder_, [](auto& m) { m["manifest_xxh3_64"] = 7; });
+  EXPECT_CHECKPOINT_ERROR(open_checkpoint(folder_),
+                          "manifest.manifest_xxh3_64 is 7, expected 16 hex digits");
 }
 
 // What the trainer writes: rng.batch_tokens, the tokens each step draws, ties the data
