@@ -1,5 +1,6 @@
 #include "layers/model.h"
 
+#include <algorithm>
 #include <map>
 #include <sstream>
 #include <stdexcept>
@@ -12,6 +13,11 @@ namespace {
 
 std::string label_of(const ModelDescription& model) {
   return model.name.empty() ? "the model description" : "model '" + model.name + "'";
+}
+
+// At least one dimension, each at least 1: what an activation or a parameter needs.
+bool has_positive_dimensions(const Shape& shape) {
+  return !shape.empty() && std::all_of(shape.begin(), shape.end(), [](int64_t d) { return d > 0; });
 }
 
 }  // namespace
@@ -32,9 +38,7 @@ void ModelDescription::validate() const {
                                 "width d use activation_rows(d)");
   for (int64_t boundary = 1; boundary < num_units; ++boundary) {
     const ActivationSpec spec = activation(boundary, 1);
-    bool positive = !spec.shape.empty();
-    for (int64_t d : spec.shape) positive = positive && d > 0;
-    if (!positive)
+    if (!has_positive_dimensions(spec.shape))
       throw std::invalid_argument(label + " gives the activation entering unit " +
                                   std::to_string(boundary) + " the shape " +
                                   shape_to_string(spec.shape) +
@@ -59,9 +63,7 @@ void ModelDescription::validate() const {
         throw std::invalid_argument(where +
                                     " has a parameter without a name; expected a global "
                                     "name such as \"blocks.3.fc1.weight\"");
-      bool positive = !p->shape.empty();
-      for (int64_t d : p->shape) positive = positive && d > 0;
-      if (!positive)
+      if (!has_positive_dimensions(p->shape))
         throw std::invalid_argument(where + " gives parameter '" + p->name + "' the shape " +
                                     shape_to_string(p->shape) +
                                     "; expected positive dimensions (a single value is [1])");
@@ -129,7 +131,7 @@ void ModelDescription::check_boundary(int64_t boundary, int64_t tokens, const Te
 
 std::optional<ActivationMemory> ModelDescription::unit_memory(int64_t index, int64_t tokens) const {
   const std::unique_ptr<Layer> layer = unit(index);
-  return layer->activation_memory(index == 0 ? Shape{tokens} : activation_at(index, tokens).shape);
+  return layer->activation_memory(boundary_spec(index, tokens).shape);
 }
 
 std::vector<int64_t> ModelDescription::unit_parameter_counts() const {

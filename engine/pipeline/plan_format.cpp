@@ -55,10 +55,11 @@ std::string unproven_note(const PlanCandidate& c, const PlanCandidate* fastest, 
 // Each rank's peak, or one figure for ranks that all peak alike (the data-parallel row, whose
 // rank list would otherwise run on for as many ranks as the plan has).
 std::string memory_column(const std::vector<double>& peaks) {
+  const std::string first = peaks.empty() ? std::string() : bytes_text(peaks.front());
   const bool alike = peaks.size() > 2 && std::all_of(peaks.begin(), peaks.end(), [&](double b) {
-                       return bytes_text(b) == bytes_text(peaks.front());
+                       return bytes_text(b) == first;
                      });
-  if (alike) return bytes_text(peaks.front()) + " on each of " + std::to_string(peaks.size());
+  if (alike) return first + " on each of " + std::to_string(peaks.size());
   std::string out;
   for (size_t r = 0; r < peaks.size(); ++r) {
     if (r > 0) out += ' ';

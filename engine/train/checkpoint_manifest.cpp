@@ -223,6 +223,18 @@ std::string model_fingerprint(const nlohmann::json& description) {
          checkpoint_io::hex64(checkpoint_io::xxh3_64(canonical.data(), canonical.size()));
 }
 
+namespace {
+
+// A value the manifest records of some of its own fields that those fields no longer give.
+[[noreturn]] void refuse_edited(const std::string& file, const std::string& what,
+                                const std::string& field, const std::string& recorded,
+                                const std::string& computed) {
+  throw CheckpointError(file + ": " + what + " does not match its " + field + " (" + recorded +
+                        " recorded, " + computed + " computed): the file was edited or corrupted");
+}
+
+}  // namespace
+
 void check_manifest_model_fingerprint(const CheckpointManifest& m, const std::string& file) {
   const std::string& stored = m.state.model_fingerprint;
   const std::string computed = model_fingerprint(m.state.model);
@@ -236,18 +248,15 @@ void check_manifest_state_checksum(const CheckpointManifest& m, const std::strin
   if (!m.state_checksum) return;
   const uint64_t computed = training_state_checksum(m);
   if (computed != *m.state_checksum)
-    throw CheckpointError(file +
-                          ": the training state (step, optimizer, lr_schedule, data, rng) does not "
-                          "match its checksum manifest.state_xxh3_64 (" +
-                          checkpoint_io::hex64(*m.state_checksum) + " recorded, " +
-                          checkpoint_io::hex64(computed) +
-                          " computed): the file was edited or corrupted");
+    refuse_edited(file, "the training state (step, optimizer, lr_schedule, data, rng)",
+                  "checksum manifest.state_xxh3_64", checkpoint_io::hex64(*m.state_checksum),
+                  checkpoint_io::hex64(computed));
 }
 
 uint64_t manifest_checksum(const CheckpointManifest& m) {
-  CheckpointManifest without = m;
-  without.manifest_checksum.reset();
-  const std::string text = manifest_to_json(without).dump();  // compact, keys sorted
+  json without = manifest_to_json(m);
+  without.erase("manifest_xxh3_64");
+  const std::string text = without.dump();  // compact, keys sorted
   return checkpoint_io::xxh3_64(text.data(), text.size());
 }
 
@@ -255,12 +264,8 @@ void check_manifest_checksum(const CheckpointManifest& m, const std::string& fil
   if (!m.manifest_checksum) return;
   const uint64_t computed = manifest_checksum(m);
   if (computed != *m.manifest_checksum)
-    throw CheckpointError(file +
-                          ": the manifest does not match its checksum "
-                          "manifest.manifest_xxh3_64 (" +
-                          checkpoint_io::hex64(*m.manifest_checksum) + " recorded, " +
-                          checkpoint_io::hex64(computed) +
-                          " computed): the file was edited or corrupted");
+    refuse_edited(file, "the manifest", "checksum manifest.manifest_xxh3_64",
+                  checkpoint_io::hex64(*m.manifest_checksum), checkpoint_io::hex64(computed));
 }
 
 json manifest_to_json(const CheckpointManifest& m) {

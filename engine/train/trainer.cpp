@@ -409,23 +409,23 @@ void Trainer::check_token_ids(const std::vector<MicroBatchData>& microbatches) c
   if (model_.vocab <= 0) return;  // the model does not say; its own units must check
   // Checked here, once on the host: a CUDA embedding or loss kernel cannot report an id out
   // of range, it would read past its table.
-  const MicroBatchInputs defaults;
-  for (size_t m = 0; m < microbatches.size(); ++m)
-    for (const auto* ids : {&microbatches[m].tokens, &microbatches[m].targets})
-      for (size_t i = 0; i < ids->size(); ++i) {
-        const int32_t id = (*ids)[i];
-        if ((id >= 0 && id < model_.vocab) ||
-            (ids == &microbatches[m].targets && id == defaults.ignore_index))
-          continue;
-        throw std::invalid_argument(
-            std::string(ids == &microbatches[m].tokens ? "token id " : "target id ") +
-            std::to_string(id) + " at position " + std::to_string(i) + " of micro-batch " +
-            std::to_string(m) + " is outside [0, " + std::to_string(model_.vocab) +
-            "), the model's vocabulary" +
-            (ids == &microbatches[m].targets
-                 ? " (and is not the ignored target " + std::to_string(defaults.ignore_index) + ")"
-                 : std::string()));
-      }
+  const int32_t ignored = MicroBatchInputs().ignore_index;
+  auto check = [&](const std::vector<int32_t>& ids, size_t m, bool targets) {
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const int32_t id = ids[i];
+      if ((id >= 0 && id < model_.vocab) || (targets && id == ignored)) continue;
+      throw std::invalid_argument(
+          std::string(targets ? "target id " : "token id ") + std::to_string(id) + " at position " +
+          std::to_string(i) + " of micro-batch " + std::to_string(m) + " is outside [0, " +
+          std::to_string(model_.vocab) + "), the model's vocabulary" +
+          (targets ? " (and is not the ignored target " + std::to_string(ignored) + ")"
+                   : std::string()));
+    }
+  };
+  for (size_t m = 0; m < microbatches.size(); ++m) {
+    check(microbatches[m].tokens, m, false);
+    check(microbatches[m].targets, m, true);
+  }
 }
 
 StepStats Trainer::step() {

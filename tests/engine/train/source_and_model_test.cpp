@@ -172,8 +172,9 @@ TEST(TrainerSource, AnIdOutsideTheVocabularyIsRefusedBeforeTheStepRuns) {
   EXPECT_TRUE(std::isfinite(trainer.step().loss));
 }
 
-TEST(TrainerModel, AUnitOfAnotherShapeFailsTheStepAndTheTrainerStopsThere) {
-  // Unit 2 returns rows of 12 where the description says 24.
+// custom_description's model on two stages, its unit 2 returning rows of 12 where the
+// description says 24.
+Trainer trainer_with_a_narrow_unit() {
   ModelDescription model = custom_description(16);
   model.make_unit = [inner = model.make_unit](int64_t index) -> std::unique_ptr<Layer> {
     if (index == 2) return std::make_unique<Linear>("narrow", 24, 12);
@@ -181,7 +182,11 @@ TEST(TrainerModel, AUnitOfAnotherShapeFailsTheStepAndTheTrainerStopsThere) {
   };
   TrainConfig c = small_run();
   c.stages = 2;
-  Trainer trainer(model, c, std::make_shared<AffineSource>(16));
+  return Trainer(model, c, std::make_shared<AffineSource>(16));
+}
+
+TEST(TrainerModel, AUnitOfAnotherShapeFailsTheStepAndTheTrainerStopsThere) {
+  Trainer trainer = trainer_with_a_narrow_unit();
   try {
     trainer.step();
     FAIL() << "a unit of the wrong width trained";
@@ -207,14 +212,7 @@ TEST(TrainerModel, AUnitOfAnotherShapeFailsTheStepAndTheTrainerStopsThere) {
 }
 
 TEST(TrainerModel, AnEvaluationThatFailsLeavesTheTrainerRefusingToo) {
-  ModelDescription model = custom_description(16);
-  model.make_unit = [inner = model.make_unit](int64_t index) -> std::unique_ptr<Layer> {
-    if (index == 2) return std::make_unique<Linear>("narrow", 24, 12);
-    return inner(index);
-  };
-  TrainConfig c = small_run();
-  c.stages = 2;
-  Trainer trainer(model, c, std::make_shared<AffineSource>(16));
+  Trainer trainer = trainer_with_a_narrow_unit();
   std::vector<MicroBatchData> batch(1);
   batch[0].tokens = {1, 2, 3};
   batch[0].targets = {2, 3, 4};
