@@ -29,6 +29,8 @@ TEST(InitGpu, UniformIsBitIdenticalToCpu) {
       {1000, 123456789, kernels::parameter_key("head.weight"), -0.02f, 0.02f},
       {4097, 99, 1ull << 40, 1.0f, 1.5f},
       {(size_t{1} << 20) + 3, 2024, kernels::parameter_key("blocks.7.fc2.weight"), -0.01f, 0.01f},
+      // More groups of four than a launch has threads: the grid-stride loop wraps.
+      {4'500'003, 3, kernels::parameter_key("blocks.3.attn.weight"), -0.1f, 0.1f},
   };
   for (const Case& c : cases) {
     for (size_t pad : {size_t{0}, size_t{1}}) {
@@ -54,7 +56,8 @@ TEST(InitGpu, UniformIsBitIdenticalToCpu) {
 TEST(InitGpu, FillWritesEveryElement) {
   CONVEYOR_REQUIRE_GPU();
   GpuContext gpu;
-  for (size_t n : {size_t{1}, size_t{3}, size_t{17}, size_t{4097}, size_t{1} << 20}) {
+  for (size_t n :
+       {size_t{1}, size_t{3}, size_t{17}, size_t{4097}, size_t{1} << 20, size_t{4'500'003}}) {
     for (size_t pad : {size_t{0}, size_t{1}}) {
       DeviceBuffer<float> out(testing::random_floats(n, n + pad), pad);
       kernels::cuda::fill(gpu.ctx(), out.data(), static_cast<int64_t>(n), 0.375f);
