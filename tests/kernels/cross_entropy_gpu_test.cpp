@@ -2,6 +2,9 @@
 // ignore_index, grad_scale, unaligned rows, determinism.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstddef>
+
 #include "kernels/cross_entropy.h"
 #include "support/gpu_buffer.h"
 #include "support/test_util.h"
@@ -90,6 +93,39 @@ TEST(CrossEntropyGpu, LargeLogitsStayFinite) {
                                        d_targets.data(), n, vocab, kIgnore, 1.0f);
   EXPECT_TRUE(all_close(d_loss.download(), loss_ref, 1e-5, 1e-5));
   EXPECT_TRUE(all_close(d_logits.download(), dl_ref, 1e-4, 1e-7));
+}
+
+// A target outside [0, vocab) that is not the ignore_index: the CPU throws; the kernel gives
+// that row a NaN loss, reads and writes nothing out of bounds, and leaves the other rows right.
+TEST(CrossEntropyGpu, TargetOutsideVocabGivesNaNLoss) {
+  CONVEYOR_REQUIRE_GPU();
+  GpuContext gpu;
+  for (int64_t vocab : {int64_t{37}, int64_t{40}}) {  // scalar and float4 paths
+    SCOPED_TRACE("vocab=" + std::to_string(vocab));
+    const int64_t n = 3;
+    const auto logits = random_floats(static_cast<size_t>(n * vocab), 41, -3.0f, 3.0f);
+    const std::vector<int32_t> targets = {static_cast<int32_t>(vocab), -1, 5};
+    DeviceBuffer<float> d_logits(logits), d_dlogits(logits.size()), d_loss(n);
+    DeviceBuffer<int32_t> d_targets(targets);
+    kernels::cuda::softmax_cross_entropy(gpu.ctx(), d_loss.data(), d_dlogits.data(),
+                                         d_logits.data(), d_targets.data(), n, vocab, kIgnore,
+                                         1.0f);
+    const auto loss = d_loss.download();
+    EXPECT_TRUE(std::isnan(loss[0]));
+    EXPECT_TRUE(std::isnan(loss[1]));
+    // The valid last row against the CPU on that row alone.
+    const size_t row = static_cast<size_t>(2 * vocab);
+    const std::vector<float> last(logits.begin() + static_cast<std::ptrdiff_t>(row), logits.end());
+    float loss_ref = 0.0f;
+    std::vector<float> dl_ref(last.size());
+    kernels::cpu::softmax_cross_entropy(&loss_ref, dl_ref.data(), last.data(), &targets[2], 1,
+                                        vocab, kIgnore, 1.0f);
+    EXPECT_NEAR(loss[2], loss_ref, 1e-5 * std::abs(loss_ref) + 1e-5);
+    const auto dlogits = d_dlogits.download();
+    EXPECT_TRUE(all_close(
+        std::vector<float>(dlogits.begin() + static_cast<std::ptrdiff_t>(row), dlogits.end()),
+        dl_ref, 1e-4, 1e-7));
+  }
 }
 
 TEST(CrossEntropyGpu, EmptyBatchIsANoOp) {

@@ -113,6 +113,59 @@ TEST(LinearGpu, Tf32MatchesCpuLoosely) {
   check_linear(true);
 }
 
+// A bias view at a 4-byte offset next to aligned operands: the GEMM may take the fast kernels,
+// and the bias goes through our own kernel instead of the fused epilogue.
+TEST(LinearGpu, UnalignedBiasAloneMatchesCpu) {
+  CONVEYOR_REQUIRE_GPU();
+  for (bool tf32 : {false, true}) {
+    GpuContext gpu(tf32);
+    const int64_t n = 64, in = 256, out = 128;
+    const auto x = random_floats(static_cast<size_t>(n * in), 71);
+    const auto w = random_floats(static_cast<size_t>(out * in), 72);
+    const auto b = random_floats(static_cast<size_t>(out), 73);
+    std::vector<float> y_ref(static_cast<size_t>(n * out));
+    kernels::cpu::linear_forward(y_ref.data(), x.data(), w.data(), b.data(), n, in, out);
+    DeviceBuffer<float> d_x(x), d_w(w), d_b(b, /*pad=*/1), d_y(y_ref.size());
+    kernels::cuda::linear_forward(gpu.ctx(), d_y.data(), d_x.data(), d_w.data(), d_b.data(), n, in,
+                                  out);
+    EXPECT_TRUE(all_close(d_y.download(), y_ref, rtol_for(tf32), atol_for(tf32, in)))
+        << (tf32 ? "tf32" : "fp32");
+  }
+}
+
+// in = 0: y is the bias (or 0) and db still sums dy; out = 0: dx is 0. The outputs start
+// non-zero, so they must be written.
+TEST(LinearGpu, EmptyProductsMatchCpu) {
+  CONVEYOR_REQUIRE_GPU();
+  GpuContext gpu;
+  const int64_t n = 37, in = 11, out = 13;
+  const size_t ny = static_cast<size_t>(n * out), nx = static_cast<size_t>(n * in);
+  const auto b = random_floats(static_cast<size_t>(out), 81);
+  const auto dy = random_floats(ny, 82);
+  const auto db0 = random_floats(static_cast<size_t>(out), 83);
+  std::vector<float> none(1);  // operands of zero extent
+
+  DeviceBuffer<float> d_b(b), d_y(random_floats(ny, 84));
+  kernels::cuda::linear_forward(gpu.ctx(), d_y.data(), nullptr, nullptr, d_b.data(), n, 0, out);
+  std::vector<float> y_ref(ny);
+  for (size_t i = 0; i < ny; ++i) y_ref[i] = b[i % static_cast<size_t>(out)];
+  EXPECT_TRUE(bitwise_equal(d_y.download(), y_ref));
+  kernels::cuda::linear_forward(gpu.ctx(), d_y.data(), nullptr, nullptr, nullptr, n, 0, out);
+  EXPECT_TRUE(bitwise_equal(d_y.download(), std::vector<float>(ny, 0.0f)));
+
+  DeviceBuffer<float> d_dx(random_floats(nx, 85));
+  kernels::cuda::linear_backward_input(gpu.ctx(), d_dx.data(), nullptr, nullptr, n, in, 0);
+  EXPECT_TRUE(bitwise_equal(d_dx.download(), std::vector<float>(nx, 0.0f)));
+
+  std::vector<float> db_ref = db0;
+  kernels::cpu::linear_backward_weight(none.data(), db_ref.data(), dy.data(), none.data(), n, 0,
+                                       out);
+  DeviceBuffer<float> d_db(db0), d_dy(dy);
+  kernels::cuda::linear_backward_weight(gpu.ctx(), nullptr, d_db.data(), d_dy.data(), nullptr, n, 0,
+                                        out);
+  EXPECT_TRUE(all_close(d_db.download(), db_ref, 1e-5, 1e-6));
+}
+
 TEST(LinearGpu, EmptyBatchIsANoOp) {
   CONVEYOR_REQUIRE_GPU();
   GpuContext gpu;
