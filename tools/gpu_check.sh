@@ -415,7 +415,7 @@ sanitize() {  # name binary filter cap
   esac
 }
 sanitize kernels kernels_gpu_tests \
-  'LayerNormGpu.*:ActivationGpu.*:CrossEntropyGpu.*:EmbeddingGpu.*:ReduceGpu.*:OptimizerGpu.SgdMatchesCpu' 75
+  'LayerNormGpu.*:ActivationGpu.*:CrossEntropyGpu.*:EmbeddingGpu.*:ReduceGpu.*:ElementwiseGpu.*:OptimizerGpu.SgdMatchesCpu' 75
 sanitize pipeline pipeline_gpu_tests 'ExecutorGpu.OneStageCudaRunAgreesWithTheCpuRun' 50
 
 # NCCL across processes last (mpirun; with one GPU each process is an NCCL host of its own),
