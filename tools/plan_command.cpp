@@ -515,9 +515,18 @@ std::string plan_string(const nlohmann::json& v, const std::string& source,
 
 void apply_plan_text(const std::string& text, const std::string& source, TrainConfig& config,
                      int64_t replicas) {
+  // A plan nests three levels deep. Printing or copying a value recurses once per level, so a
+  // file of a million '[' would overflow the stack when an error message shows it.
+  constexpr int kMaxPlanDepth = 16;
+  const auto limit_depth = [&](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
+    if (depth > kMaxPlanDepth)
+      throw UsageError(source + " nests JSON deeper than " + std::to_string(kMaxPlanDepth) +
+                       " levels; expected the file `conveyor plan --out` writes");
+    return true;
+  };
   nlohmann::json plan;
   try {
-    plan = nlohmann::json::parse(text);
+    plan = nlohmann::json::parse(text, limit_depth);
   } catch (const nlohmann::json::exception& e) {
     throw UsageError(source + " is not JSON (" + json_error_text(e) +
                      "); expected the file `conveyor plan --out` writes");
