@@ -112,10 +112,15 @@ void parse_header(std::string_view line, int line_no, Header* h) {
 }
 
 Schedule finish(const Header& h, std::vector<std::vector<Action>> ranks) {
-  int max_stage = -1, max_mb = -1;
+  // An all-reduce's second number is its bucket, not a micro-batch: it says nothing of how many
+  // micro-batches there are.
+  int max_stage = -1, max_mb = -1, max_bucket = -1;
   for (const auto& list : ranks)
-    for (const auto& a : list)
-      max_stage = std::max(max_stage, a.stage), max_mb = std::max(max_mb, a.microbatch);
+    for (const auto& a : list) {
+      max_stage = std::max(max_stage, a.stage);
+      int& max_index = is_reduce(a.kind) ? max_bucket : max_mb;
+      max_index = std::max(max_index, a.microbatch);
+    }
   if (h.ranks > 65536 || h.chunks > 65536 || h.microbatches > 1048576 || h.replicas > 65536 ||
       static_cast<long long>(std::max(h.ranks, 1)) * std::max(h.chunks, 1) > 65536)
     throw ScheduleError(
@@ -128,6 +133,9 @@ Schedule finish(const Header& h, std::vector<std::vector<Action>> ranks) {
   if (max_mb >= 1048576)
     throw ScheduleError("an action names micro-batch " + std::to_string(max_mb) +
                         "; at most 1048576 micro-batches (0 to 1048575) are supported");
+  if (max_bucket >= 1048576)
+    throw ScheduleError("an action names all-reduce bucket " + std::to_string(max_bucket) +
+                        "; at most 1048576 buckets (0 to 1048575) are supported");
   Schedule s;
   s.name = h.name;
   s.placement.num_ranks = h.ranks >= 0 ? h.ranks : static_cast<int>(ranks.size());

@@ -128,6 +128,20 @@ TEST(TextFormat, NumbersPastTheLimitsAreTooLarge) {
             "an action names micro-batch 1048576; at most 1048576 micro-batches (0 to 1048575) "
             "are supported");
   EXPECT_EQ(message_of("r0: F65535.1048575\n"), "no error");
+  EXPECT_EQ(message_of("# conveyor schedule: replicas=2\nr0: F0.0 B0.0 AR0.1048576\n"),
+            "an action names all-reduce bucket 1048576; at most 1048576 buckets (0 to 1048575) "
+            "are supported");
+}
+
+// The buckets of an all-reduce (AR0.3) are not micro-batches: a header without `microbatches`
+// leaves the count to the forwards and backwards alone.
+TEST(TextFormat, BucketsDoNotCountAsMicrobatches) {
+  const Schedule s = parse_text(
+      "# conveyor schedule: ranks=2 replicas=2\n"
+      "r0: F0.0 SA0.0>1 F0.1 SA0.1>1 RG0.0<1 B0.0 RG0.1<1 B0.1 AR0 AR0.1 AR0.2\n"
+      "r1: RA1.0<0 F1.0 B1.0 SG1.0>0 RA1.1<0 F1.1 B1.1 AR1 AR1.1 AR1.2 AR1.3 SG1.1>0\n");
+  EXPECT_EQ(s.num_microbatches, 2);
+  EXPECT_NO_THROW(validate(s));
 }
 
 }  // namespace
