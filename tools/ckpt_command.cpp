@@ -306,7 +306,9 @@ void register_ckpt_command(CLI::App& app) {
 
   CLI::App* inspect = ckpt->add_subcommand(
       "inspect", "Print a checkpoint's manifest and tensors (after checking all of it)");
-  inspect->add_option("path", flags->path, "DIR, DIR/latest or DIR/step_<N>")->required();
+  add_path_flag(inspect, "path", flags->path, "DIR, DIR/latest or DIR/step_<N>",
+                "a checkpoint path (DIR, DIR/latest or DIR/step_<N>)")
+      ->required();
   inspect->add_flag("--json", flags->json, "Print everything as one JSON document");
   add_int_flag(inspect, "--values", flags->values, 0, int64_t{1} << 31,
                "Also print the first N elements of each tensor");
@@ -314,12 +316,14 @@ void register_ckpt_command(CLI::App& app) {
 
   CLI::App* verify = ckpt->add_subcommand(
       "verify", "Check every file and checksum: exit 0 if all match, 1 naming the first bad one");
-  verify->add_option("path", flags->path, "DIR, DIR/latest or DIR/step_<N>")->required();
+  add_path_flag(verify, "path", flags->path, "DIR, DIR/latest or DIR/step_<N>",
+                "a checkpoint path (DIR, DIR/latest or DIR/step_<N>)")
+      ->required();
   verify->callback([flags] { run_verify(*flags); });
 
   CLI::App* demo = ckpt->add_subcommand("demo", "Write a checkpoint of random tensors into DIR");
   demo->group("");  // for tests and trials, not in the help
-  demo->add_option("dir", flags->path, "Checkpoint folder")->required();
+  add_path_flag(demo, "dir", flags->path, "Checkpoint folder", "a folder name")->required();
   add_int_flag(demo, "--step", flags->step, 0, 1000000000, "Step of the checkpoint");
   add_int_flag(demo, "--ranks", flags->ranks, 1, 1024, "Number of shards");
   add_int_flag(demo, "--seed", flags->seed, 0, std::numeric_limits<int64_t>::max(),
