@@ -298,11 +298,16 @@ void run(const ScheduleOptions& o, const CLI::App& cmd) {
   std::printf("costs: F=%s I=%s W=%s (B=I+W=%s) per rank%s, transfer=%s\n\n", fmt(costs.f).c_str(),
               fmt(costs.i).c_str(), fmt(costs.w).c_str(), fmt(costs.i + costs.w).c_str(),
               v > 1 ? ", each chunk 1/v of it" : "", fmt(costs.comm).c_str());
-  if (schedule.replicas > 1)
+  if (schedule.replicas > 1) {
+    // --reduce-bandwidth 0 prices the all-reduce at nothing, not at an endless 0 bytes a unit.
+    const std::string rate = o.reduce_bandwidth > 0
+                                 ? "at " + fmt(o.reduce_bandwidth) + " bytes per time unit"
+                                 : "in no time (--reduce-bandwidth 0: infinite)";
     std::printf(
-        "data parallel: %d replicas, each rank's gradients (%s bytes) all-reduced at %s bytes "
-        "per time unit, on a stream of their own (rows 'ar')\n\n",
-        schedule.replicas, fmt(o.grad_bytes).c_str(), fmt(o.reduce_bandwidth).c_str());
+        "data parallel: %d replicas, each rank's gradients (%s bytes) all-reduced %s, on a "
+        "stream of their own (rows 'ar')\n\n",
+        schedule.replicas, fmt(o.grad_bytes).c_str(), rate.c_str());
+  }
   std::printf("%s\n", sc::format_timeline(schedule, sim).c_str());
   std::printf("makespan: %s\n", fmt(sim.makespan).c_str());
   // The closed forms are for one pipeline; the all-reduces at the end add to its makespan.
