@@ -25,6 +25,26 @@ struct ClosedOnExit {
 
 }  // namespace
 
+std::string quoted_file_name(std::string_view path) {
+  std::string out = "'";
+  for (const char ch : path) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (c == '\\') {
+      out += "\\\\";
+    } else if (c < 0x20 || c >= 0x7f) {
+      static constexpr char kDigits[] = "0123456789abcdef";
+      out.append("\\x").append(1, kDigits[c >> 4]).append(1, kDigits[c & 0xf]);
+    } else {
+      out += ch;
+    }
+  }
+  return out + "'";
+}
+
 std::string read_input_file(const std::string& path, const InputFileRules& rules) {
   const std::string& shown = rules.shown;
   const auto fail = [](const std::string& sentence) { throw InputFileError(sentence); };

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 namespace conveyor {
 
@@ -38,5 +39,10 @@ class InputFileError : public std::invalid_argument {
 // cannot slip a FIFO past. Throws InputFileError with one sentence naming the file as
 // `rules.shown` does.
 std::string read_input_file(const std::string& path, const InputFileRules& rules);
+
+// `path` between single quotes for a one-line message: a line break, a tab, other control
+// characters and bytes past ASCII as \n, \t and \xHH, a backslash doubled (as the command line
+// echoes names). A file name may hold any of them; the message must stay one line.
+std::string quoted_file_name(std::string_view path);
 
 }  // namespace conveyor

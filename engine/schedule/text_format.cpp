@@ -307,7 +307,7 @@ void save_schedule(const std::string& path, const Schedule& schedule) {
 Schedule load_schedule(const std::string& path) {
   std::string text;
   try {
-    text = read_input_file(path, {"schedule file '" + path + "'",
+    text = read_input_file(path, {"schedule file " + quoted_file_name(path),
                                   "a text or CSV file written by `conveyor schedule --dump`",
                                   kMaxScheduleFileBytes, "are accepted"});
   } catch (const InputFileError& e) {
@@ -316,7 +316,7 @@ Schedule load_schedule(const std::string& path) {
   try {
     return parse_schedule(text);
   } catch (const ScheduleError& e) {
-    throw ScheduleError(path + ": " + e.what());
+    throw ScheduleError("schedule file " + quoted_file_name(path) + ": " + e.what());
   }
 }
 

@@ -144,12 +144,13 @@ std::string MarkovSource::describe() const {
 }
 
 FileSource::FileSource(const std::string& path) : path_(path) {
-  const std::string text =
-      read_input_file(path, {"data file '" + path + "'", "a regular file whose bytes are the text",
-                             kMaxBytes, "are read into memory"});
+  const std::string text = read_input_file(
+      path, {"data file " + quoted_file_name(path), "a regular file whose bytes are the text",
+             kMaxBytes, "are read into memory"});
   bytes_.assign(text.begin(), text.end());
   if (bytes_.size() < 2)
-    throw std::invalid_argument("data file '" + path + "' has " + std::to_string(bytes_.size()) +
+    throw std::invalid_argument("data file " + quoted_file_name(path) + " has " +
+                                std::to_string(bytes_.size()) +
                                 " bytes; at least 2 are needed to form an (input, target) pair");
   std::array<uint64_t, 256> counts{};
   for (const uint8_t b : bytes_) ++counts[b];
