@@ -1,6 +1,7 @@
 #include "engine/pipeline/rank_progress.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include "engine/schedule/ascii.h"
@@ -44,6 +45,16 @@ std::string waits_on(const schedule::Schedule& schedule, const RankPosition& ran
       return "done with the step";
   }
   return "";
+}
+
+// Rank indices, comma-separated, the first 16 of them and then how many there are in all.
+std::string rank_list(const std::vector<int>& ranks) {
+  constexpr size_t kShown = 16;
+  std::string out;
+  for (size_t i = 0; i < ranks.size() && i < kShown; ++i)
+    out += (i ? ", " : "") + std::to_string(ranks[i]);
+  if (ranks.size() > kShown) out += ", ... (" + std::to_string(ranks.size()) + " in all)";
+  return out;
 }
 
 }  // namespace
@@ -126,8 +137,21 @@ std::string format_positions(const schedule::Schedule& schedule,
   std::string out = "where the ranks stood";
   if (schedule.replicas > 1) out += " (replica " + std::to_string(replica) + "'s rows)";
   out += ", >>marked<<:\n" + schedule::format_step_grid(schedule, marks, 12, 16);
-  std::vector<int> named;
+  // One line for each of the kMaxListed known ranks nearest the focus by index, in rank order:
+  // a run of a thousand ranks would otherwise bury the grid and the first error under them.
+  constexpr size_t kMaxListed = 16;
+  std::vector<int> by_distance;
+  for (const RankPosition& r : known) by_distance.push_back(r.index);
+  std::stable_sort(by_distance.begin(), by_distance.end(),
+                   [&](int a, int b) { return std::abs(a - focus) < std::abs(b - focus); });
+  if (by_distance.size() > kMaxListed) by_distance.resize(kMaxListed);
+  std::vector<int> named, unlisted;
   for (const RankPosition& r : known) {
+    named.push_back(r.index);
+    if (std::find(by_distance.begin(), by_distance.end(), r.index) == by_distance.end()) {
+      unlisted.push_back(r.index);
+      continue;
+    }
     const auto& list = schedule.ranks[r.pipeline_rank];
     const RankProgress& pr = r.progress;
     out += "rank " + std::to_string(r.index);
@@ -138,16 +162,15 @@ std::string format_positions(const schedule::Schedule& schedule,
            ", send " + head_text(list, pr.send) + ", receive " + head_text(list, pr.recv);
     if (schedule.replicas > 1) out += ", sum " + head_text(list, pr.reduce);
     out += "\n";
-    named.push_back(r.index);
   }
+  if (!unlisted.empty())
+    out += "rank(s) " + rank_list(unlisted) + ": known here, not listed (the " +
+           std::to_string(kMaxListed) + " nearest rank " + std::to_string(focus) + " are)\n";
   if (static_cast<int>(named.size()) < world) {
-    std::string others;
-    int shown = 0;
-    for (int r = 0; r < world && shown < 16; ++r)
-      if (std::find(named.begin(), named.end(), r) == named.end())
-        others += (shown++ ? ", " : "") + std::to_string(r);
-    if (world - static_cast<int>(named.size()) > shown) others += ", ...";
-    out += "rank(s) " + others +
+    std::vector<int> others;
+    for (int r = 0; r < world; ++r)
+      if (std::find(named.begin(), named.end(), r) == named.end()) others.push_back(r);
+    out += "rank(s) " + rank_list(others) +
            ": held by other processes, positions not known here (dead or stopped ranks "
            "cannot report; rank 0's process gathers those that can)\n";
   }

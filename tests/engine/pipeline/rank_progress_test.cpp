@@ -113,5 +113,26 @@ TEST(RankPositions, AReportedRankIsMarkedAndDescribedLikeALocalOne) {
   EXPECT_NE(text.find("rank(s) 2: held by other processes"), std::string::npos) << text;
 }
 
+TEST(RankPositions, ARunOfManyRanksListsTheSixteenNearestTheFocus) {
+  constexpr int kRanks = 40, kFocus = 35;
+  const schedule::Schedule s = schedule::generate(schedule::ScheduleKind::k1F1B, kRanks, kRanks);
+  std::vector<RankPosition> known;
+  for (int r = 0; r < kRanks; ++r)
+    known.push_back({r, r, 0, {r}, {Phase::kWaitingForReceive, 0, 0, 0, 0, 0}});
+  const std::string text = format_positions(s, known, kFocus, kRanks);
+  int lines = 0;
+  for (int r = 0; r < kRanks; ++r) {
+    const bool listed = text.find("\nrank " + std::to_string(r) + ": ") != std::string::npos;
+    EXPECT_EQ(listed, r >= 24) << "rank " << r << "\n" << text;  // 24..39: within 11 of 35
+    lines += listed;
+  }
+  EXPECT_EQ(lines, 16);
+  EXPECT_NE(text.find("rank(s) 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, ... (24 in "
+                      "all): known here, not listed (the 16 nearest rank 35 are)"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("held by other processes"), std::string::npos) << text;
+}
+
 }  // namespace
 }  // namespace conveyor
