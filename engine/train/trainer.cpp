@@ -447,7 +447,11 @@ StepStats Trainer::step() {
   if (result.diverged) {
     std::ostringstream msg;
     msg << "loss became " << loss << " (gradient norm " << result.grad_norm << ") at step " << step
-        << "; lower the learning rate (--lr) or enable clipping (--clip)";
+        << "; lower the learning rate (--lr)";
+    if (config_.optimizer.clip_norm > 0)
+      msg << " or the clipping norm (--clip, now " << config_.optimizer.clip_norm << ")";
+    else
+      msg << " or enable clipping (--clip)";
     throw TrainingDiverged(msg.str());
   }
   steps_done_ = step;

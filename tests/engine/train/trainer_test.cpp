@@ -80,6 +80,26 @@ TEST(Trainer, DivergenceNamesTheStep) {
     FAIL() << "training with lr 1e30 did not diverge";
   } catch (const TrainingDiverged& e) {
     EXPECT_NE(std::string(e.what()).find("at step"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("or enable clipping (--clip)"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(Trainer, DivergenceWithClippingOnSuggestsALowerNorm) {
+  TrainConfig c = quick_config();
+  c.optimizer.kind = "sgd";
+  c.optimizer.lr = 1e30;
+  c.optimizer.min_lr = 0;
+  c.optimizer.warmup_steps = 0;
+  c.optimizer.clip_norm = 0.5;
+  Trainer trainer(c);
+  try {
+    for (int s = 0; s < 10; ++s) trainer.step();
+    FAIL() << "training with lr 1e30 did not diverge";
+  } catch (const TrainingDiverged& e) {
+    EXPECT_NE(std::string(e.what()).find("or the clipping norm (--clip, now 0.5)"),
+              std::string::npos)
+        << e.what();
   }
 }
 
