@@ -313,6 +313,11 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
                 static_cast<long long>(checkpointer->last_saved_step()),
                 f.checkpoint.save_dir.c_str());
   }
+  if (signal == 0 && t.steps > 0 && t.last_step < config.steps)
+    std::printf(
+        "stopped at step %lld of %lld (--stop-after)%s\n", static_cast<long long>(t.last_step),
+        static_cast<long long>(config.steps),
+        checkpointer ? "" : "; nothing was saved to resume from: the run has no --save-dir");
   print_summary(*trainer, config, t, signal);
   if (eval_loss)
     std::printf("eval   loss %.6f over %lld batch(es) (%lld tokens), exactly %a\n", *eval_loss,
