@@ -86,6 +86,9 @@ void parse_header(std::string_view line, int line_no, Header* h) {
     if (eq == std::string::npos)
       throw line_error(line_no, "header entry '" + kv + "' is not key=value");
     const std::string key = kv.substr(0, eq), value = kv.substr(eq + 1);
+    if (value.empty())
+      throw line_error(line_no, "header entry '" + kv + "' has no value; give one or leave " +
+                                    (key.empty() ? "it" : key) + " out");
     if (key == "name")
       h->name = value;
     else if (key == "ranks")

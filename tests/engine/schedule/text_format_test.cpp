@@ -101,6 +101,8 @@ TEST(TextFormat, ErrorsNameTheLine) {
   EXPECT_NE(message_of("# conveyor schedule: ranks=1\nr0: F0.0\nr1: F1.0\n").find("ranks=1"),
             std::string::npos);
   EXPECT_NE(message_of("").find("empty"), std::string::npos);
+  EXPECT_EQ(message_of("# conveyor schedule: name= ranks=1\nr0: F0.0\n"),
+            "line 1: header entry 'name=' has no value; give one or leave name out");
   EXPECT_NE(message_of("rank,step,kind,stage,microbatch,peer\n0,1,F,0,0,\n").find("step"),
             std::string::npos);
   EXPECT_NE(message_of("rank,step,kind,stage,microbatch,peer\n0,0,FWD,0,0,\n").find("unknown kind"),
