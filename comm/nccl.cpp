@@ -286,8 +286,10 @@ NcclTransport::~NcclTransport() {
   if (!done(*group_stream_))
     clique_->abort_all("rank " + std::to_string(rank_) +
                        ": transport destroyed during a group call");
-  if (reduce_device_) (void)cudaFree(reduce_device_);
-  if (reduce_host_) (void)cudaFreeHost(reduce_host_);
+  if (reduce_device_) retired_reduce_device_.push_back(reduce_device_);
+  if (reduce_host_) retired_reduce_host_.push_back(reduce_host_);
+  for (double* d : retired_reduce_device_) (void)cudaFree(d);
+  for (double* h : retired_reduce_host_) (void)cudaFreeHost(h);
   reduce_stream_.reset();
   // After an abort the aborted kernels end; the stream is waited for so that no copy still
   // reads the buffers when they go.
@@ -402,15 +404,22 @@ void NcclTransport::all_reduce_sum(std::vector<double>& values) {
   const size_t n = values.size();
   auto stream = cuda_stream(*reduce_stream_);
   if (n > reduce_capacity_) {
-    // Nothing is in flight on the stream between calls (each call waits for it).
-    if (reduce_device_) CONVEYOR_CUDA_CHECK(cudaFree(reduce_device_));
-    if (reduce_host_) CONVEYOR_CUDA_CHECK(cudaFreeHost(reduce_host_));
-    reduce_device_ = nullptr;
-    reduce_host_ = nullptr;
-    reduce_capacity_ = 0;
-    CONVEYOR_CUDA_CHECK(cudaMalloc(&reduce_device_, n * sizeof(double)));
-    CONVEYOR_CUDA_CHECK(cudaMallocHost(&reduce_host_, n * sizeof(double)));
-    reduce_capacity_ = n;
+    // Doubling bounds the retired buffers by the live ones; the retired are freed with the
+    // transport (see retired_reduce_device_).
+    const size_t capacity = std::max(n, 2 * reduce_capacity_);
+    double* grown_device = nullptr;
+    double* grown_host = nullptr;
+    CONVEYOR_CUDA_CHECK(cudaMalloc(&grown_device, capacity * sizeof(double)));
+    const cudaError_t host_status = cudaMallocHost(&grown_host, capacity * sizeof(double));
+    if (host_status != cudaSuccess) {
+      retired_reduce_device_.push_back(grown_device);
+      CONVEYOR_CUDA_CHECK(host_status);
+    }
+    if (reduce_device_) retired_reduce_device_.push_back(reduce_device_);
+    if (reduce_host_) retired_reduce_host_.push_back(reduce_host_);
+    reduce_device_ = grown_device;
+    reduce_host_ = grown_host;
+    reduce_capacity_ = capacity;
   }
   std::memcpy(reduce_host_, values.data(), n * sizeof(double));
   NcclComm& world = clique_->world(rank_);

@@ -42,7 +42,9 @@
 // (src, dst) order, one all-reduce, and an exchange between every two members of each group,
 // in group order, issued in NCCL groups) so that no later call blocks the host waiting for a
 // peer's connection handshake, where no deadline could be kept. Every process walks the links
-// and groups in the same order, so the exchanges cannot wait on each other in a cycle.
+// and groups in the same order, so the exchanges cannot wait on each other in a cycle. (NCCL
+// connects an all-reduce algorithm at its first use: the one-value warm-up connects the one
+// for small sizes, which the step's all-reduce of kilobytes is; docs/distributed.md.)
 //
 // Deadlines: send, recv, try_recv and the group calls' start only enqueue work and never
 // block the host (their test() only asks the stream). all_reduce_sum, synchronize() and a
@@ -192,6 +194,9 @@ class NcclTransport : public Transport {
   double* reduce_device_ = nullptr;
   double* reduce_host_ = nullptr;  // pinned, so the copy back never blocks the host
   size_t reduce_capacity_ = 0;
+  // Outgrown all-reduce buffers, freed with the transport: cudaFree and cudaFreeHost wait for
+  // the whole device, where a link kernel may be waiting on a peer with no deadline kept.
+  std::vector<double*> retired_reduce_device_, retired_reduce_host_;
   std::unique_ptr<Stream> group_stream_;          // for the group calls, in start order
   std::unique_ptr<detail::NcclStaging> staging_;  // a slot per group call in flight
 };

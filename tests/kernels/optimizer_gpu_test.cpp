@@ -121,6 +121,15 @@ TEST(OptimizerGpu, AdamWOverManyTensorsMatchesCpu) {
   check_adamw(many_sizes());
 }
 
+// A launch has at most kFixedSmCount * 8 = 1056 blocks, each taking one 2^16-element chunk
+// at a time (69,206,016 elements in all, on any device); a larger call makes the blocks go
+// round again (grid stride), here with a tensor straddling the first pass's end.
+TEST(OptimizerGpu, AdamWBeyondOnePassOfTheGridMatchesCpu) {
+  CONVEYOR_REQUIRE_GPU();
+  const size_t one_pass = size_t{132} * 8 * (size_t{1} << 16);
+  check_adamw({one_pass - 4099, 3, 70001, (size_t{1} << 16) + 1});
+}
+
 TEST(OptimizerGpu, SgdMatchesCpu) {
   CONVEYOR_REQUIRE_GPU();
   check_sgd(awkward_sizes());
