@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Step time of (P, D) = (2, 2): `mpirun -np 4` against the same configuration as 4 rank
 # threads of one process, and each run's measured gradient all-reduce (AR) times from the
-# last step's timeline in --trace (where the run writes one: under mpirun the file stays empty).
+# last step's timeline in --trace (under mpirun, every rank's, gathered to rank 0).
 #   bench/dp_mpi_step_time.sh [CONVEYOR] [STEPS] [MORE TRAIN FLAGS...]   (e.g. --shard-optimizer)
 # Prints, per run: median step seconds (steps 2.., from --log-json), tokens/s, and the AR
 # actions' durations. Not a test: the figures depend on the machine and its load.
@@ -21,7 +21,7 @@ steps = [json.loads(l) for l in open(jsonl)]
 secs = sorted(s["seconds"] for s in steps[1:])
 tokens = steps[0]["tokens"]
 text = open(trace).read()
-ev = json.loads(text) if text.strip() else []  # under mpirun the file stays empty today
+ev = json.loads(text) if text.strip() else []  # a run that failed early leaves it empty
 ev = ev["traceEvents"] if isinstance(ev, dict) else ev
 ar = [f'{e["name"]}@pid{e["pid"]} {e["dur"] / 1000:.2f} ms' for e in ev
       if e.get("cat") == "ALLREDUCE_GRAD"]

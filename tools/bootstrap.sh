@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages Conveyor needs (only those missing), then configures and
 # builds into build/ (or $CONVEYOR_BUILD_DIR). Extra CMake flags: $CONVEYOR_CMAKE_ARGS.
-# The CUDA backend is built when a CUDA toolkit is installed (CONVEYOR_CUDA=AUTO).
+# The CUDA backend is built when a CUDA toolkit and NCCL are found (CONVEYOR_CUDA=AUTO).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${CONVEYOR_BUILD_DIR:-$root/build}
