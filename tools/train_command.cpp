@@ -223,7 +223,7 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
     std::string why;
     if (!mpi.active() || mpi.rank() == 0)
       if (const auto refusal = save_refusal(f.checkpoint.save_dir, first_save))
-        why = "--save-dir " + escape_for_message(f.checkpoint.save_dir) +
+        why = "--save-dir '" + escape_for_message(f.checkpoint.save_dir) + "'" +
               " would refuse this run's first save: " + *refusal;
     why = rank_zero_text(mpi, why, "the check of --save-dir");
     if (!why.empty()) refuse_on_every_rank(mpi, why);
@@ -311,7 +311,7 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
     checkpointer->finish();
     std::printf("saved  step %lld into %s\n",
                 static_cast<long long>(checkpointer->last_saved_step()),
-                f.checkpoint.save_dir.c_str());
+                escape_for_message(f.checkpoint.save_dir).c_str());
   }
   if (signal == 0 && t.steps > 0 && t.last_step < config.steps)
     std::printf(

@@ -9,6 +9,7 @@
 
 #include "comm/transport_factory.h"
 #include "engine/pipeline/memory_estimate.h"
+#include "engine/schedule/input_file.h"
 #include "engine/schedule/text_format.h"
 #include "layers/ops.h"
 #ifdef CONVEYOR_WITH_CUDA
@@ -211,18 +212,19 @@ schedule::Schedule make_schedule(const TrainConfig& config) {
   }
   schedule::Schedule loaded = schedule::load_schedule(config.schedule_file);
   if (loaded.num_microbatches != m)
-    throw std::invalid_argument("schedule file '" + config.schedule_file + "' has " +
-                                std::to_string(loaded.num_microbatches) +
+    throw std::invalid_argument("schedule file " + quoted_file_name(config.schedule_file) +
+                                " has " + std::to_string(loaded.num_microbatches) +
                                 " micro-batches but the run uses " + std::to_string(m) +
                                 (d > 1 ? " per replica (--microbatches " +
                                              std::to_string(config.microbatches) + " over --dp " +
                                              std::to_string(d) + ")"
                                        : std::string(" (--microbatches)")));
   if (loaded.replicas != d)
-    throw std::invalid_argument(
-        "schedule file '" + config.schedule_file + "' is for " + std::to_string(loaded.replicas) +
-        " data-parallel replica(s) but the run uses " + std::to_string(d) +
-        " (--dp); dump one with `conveyor schedule --dp " + std::to_string(d) + " --dump FILE`");
+    throw std::invalid_argument("schedule file " + quoted_file_name(config.schedule_file) +
+                                " is for " + std::to_string(loaded.replicas) +
+                                " data-parallel replica(s) but the run uses " + std::to_string(d) +
+                                " (--dp); dump one with `conveyor schedule --dp " +
+                                std::to_string(d) + " --dump FILE`");
   return loaded;
 }
 
@@ -271,9 +273,9 @@ void set_gradient_buckets(schedule::Schedule& sched, const ModelDescription& mod
     const int has = schedule::gradient_buckets(sched, s);
     if (has > std::max<int64_t>(elements, 1))
       throw std::invalid_argument(
-          "schedule file '" + config.schedule_file + "' has " + std::to_string(has) +
-          " all-reduce buckets for stage " + std::to_string(s) + ", which has " +
-          std::to_string(elements) +
+          "schedule file " + quoted_file_name(config.schedule_file) + " has " +
+          std::to_string(has) + " all-reduce buckets for stage " + std::to_string(s) +
+          ", which has " + std::to_string(elements) +
           " gradient elements; a stage takes at most one bucket per gradient element");
   }
   if (!config.gradient_bucket_mib) return;
@@ -283,8 +285,9 @@ void set_gradient_buckets(schedule::Schedule& sched, const ModelDescription& mod
     throw std::invalid_argument(
         "--bucket-mb " + format_readable(*config.gradient_bucket_mib) + " gives stage " +
         std::to_string(s) + " " + std::to_string(wanted[static_cast<size_t>(s)]) +
-        " gradient bucket(s) but schedule file '" + config.schedule_file + "' has " +
-        std::to_string(has) + "; the file decides, so leave --bucket-mb out or make it agree");
+        " gradient bucket(s) but schedule file " + quoted_file_name(config.schedule_file) +
+        " has " + std::to_string(has) +
+        "; the file decides, so leave --bucket-mb out or make it agree");
   }
 }
 

@@ -44,6 +44,23 @@ TEST_F(CheckpointLoad, NothingThere) {
   EXPECT_CHECKPOINT_ERROR(open_checkpoint(dir_ / "empty"), "empty", "holds no checkpoint");
 }
 
+// A folder name may hold a line break; every message names it escaped, on one line.
+TEST_F(CheckpointLoad, AFolderNamedWithALineBreakIsNamedOnOneLine) {
+  const fs::path odd = dir_ / "two\nlines";
+  const auto one_line = [](const std::string& message) {
+    EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+    EXPECT_NE(message.find("two\\nlines"), std::string::npos) << message;
+  };
+  one_line(checkpoint_error_of([&] { open_checkpoint(odd); }));
+  fs::create_directory(odd);
+  one_line(checkpoint_error_of([&] { open_checkpoint(odd); }));
+  save_demo(odd, 3);
+  one_line(checkpoint_error_of([&] { open_checkpoint(odd / "step_3" / "manifest.json"); }));
+  fs::remove(odd / "step_3" / "rank_1.safetensors");
+  one_line(checkpoint_error_of([&] { open_checkpoint(odd); }));
+  one_line(*save_refusal(odd, 3));
+}
+
 // Paths that name no checkpoint throw NotACheckpointError (a tool's bad input); a checkpoint
 // folder whose own files fail a check throws a CheckpointError of the other kind.
 TEST_F(CheckpointLoad, NamingNoCheckpointIsToldApartFromADamagedOne) {
@@ -67,7 +84,7 @@ TEST_F(CheckpointLoad, NamingNoCheckpointIsToldApartFromADamagedOne) {
 
 TEST_F(CheckpointLoad, LatestNamingAMissingFolder) {
   write_file(dir_ / "latest", "step_77\n");
-  EXPECT_CHECKPOINT_ERROR(open_checkpoint(dir_.path()), "latest names step_77", "does not exist");
+  EXPECT_CHECKPOINT_ERROR(open_checkpoint(dir_.path()), "latest' names step_77", "does not exist");
 }
 
 TEST_F(CheckpointLoad, LatestNamingSomethingElse) {
@@ -83,10 +100,10 @@ TEST_F(CheckpointLoad, AFileOfTheCheckpointNamesItsFolder) {
   save_demo(dir_.path(), 9);
   const fs::path step = dir_ / "step_9";
   EXPECT_CHECKPOINT_ERROR(open_checkpoint(step / "manifest.json"),
-                          "is a file of the checkpoint folder " + step.string(),
+                          "is a file of the checkpoint folder '" + step.string() + "'",
                           "give the folder itself");
   EXPECT_CHECKPOINT_ERROR(open_checkpoint(step / "rank_0.safetensors"),
-                          "is a file of the checkpoint folder " + step.string());
+                          "is a file of the checkpoint folder '" + step.string() + "'");
   write_file(dir_ / "notes.txt", "not a checkpoint\n");
   EXPECT_CHECKPOINT_ERROR(open_checkpoint(dir_ / "notes.txt"),
                           "is a file, neither a checkpoint folder nor a 'latest' file",
@@ -347,7 +364,7 @@ TEST_F(CheckpointLoad, AFifoInPlaceOfAFileIsRefusedNotWaitedOn) {
 TEST_F(CheckpointLoad, AShardListedButMissing) {
   fs::remove(shard(1));
   EXPECT_CHECKPOINT_ERROR(open_checkpoint(dir_.path()), shard(1).string(),
-                          "is listed in " + manifest().string() + " but missing");
+                          "is listed in '" + manifest().string() + "' but missing");
 }
 
 TEST_F(CheckpointLoad, AShardPresentButNotListed) {
@@ -406,8 +423,8 @@ TEST_F(CheckpointLoad, ATensorInTwoShards) {
   });
   match_manifest_to_shards(folder_);
   EXPECT_CHECKPOINT_ERROR(open_checkpoint(folder_),
-                          "rank_1.safetensors holds tensor 'blocks.0.scale'",
-                          "rank_0.safetensors holds too");
+                          "rank_1.safetensors' holds tensor 'blocks.0.scale'",
+                          "rank_0.safetensors' holds too");
 }
 
 TEST_F(CheckpointLoad, ABadShardIsNamedEvenWhenTheManifestAgrees) {
@@ -439,7 +456,7 @@ TEST_F(CheckpointLoad, TensorsMissingExtraOrMisshapen) {
   auto extra = specs;
   extra.erase(extra.begin() + 1);
   EXPECT_CHECKPOINT_ERROR(ckpt.check_tensors(extra),
-                          "rank_0.safetensors holds tensor 'blocks.0.fc1.bias'", "does not have");
+                          "rank_0.safetensors' holds tensor 'blocks.0.fc1.bias'", "does not have");
   auto shape = specs;
   shape[0].shape = {4, 6};
   EXPECT_CHECKPOINT_ERROR(ckpt.check_tensors(shape), "tensor 'blocks.0.fc1.weight' is f32[6, 4]",

@@ -97,7 +97,7 @@ TEST(PiecedCheckpoint, OverlapsGapsAndRangesBeyondTheTensorAreRefused) {
   // Rank 1's 7 elements moved to [9, 16): they overlap rank 0's [0, 10) and leave [16, 17).
   set_piece(folder, 1, R"({"shape":[6,4],"elements":[9,16]})");
   EXPECT_CHECKPOINT_ERROR(open_checkpoint(folder), "pieces of tensor 'optimizer.m.w' overlap",
-                          "rank_0.safetensors (elements [0, 10))", rank1);
+                          "rank_0.safetensors' (elements [0, 10))", rank1);
   fresh();
   set_piece(folder, 1, R"({"shape":[6,4],"elements":[11,18]})");
   set_piece(folder, 2, R"({"shape":[6,4],"elements":[18,25]})");
