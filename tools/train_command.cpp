@@ -351,7 +351,8 @@ void register_train_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("train", "Train the reference model");
   add_run_flags(cmd, flags->run, RunFlagsFor::kTrain);
   add_int_flag(cmd, "--steps", c.steps, 1, 1000000000, "Optimizer steps");
-  add_int_flag(cmd, "--microbatches", c.microbatches, 1, 65536, "Micro-batches per step");
+  add_int_flag(cmd, "--microbatches", c.microbatches, 1, kMaxMicrobatches,
+               "Micro-batches per step");
   cmd->add_option("--optimizer", c.optimizer.kind, "adamw or sgd")->capture_default_str();
   constexpr double kMax = std::numeric_limits<double>::max();
   add_float_flag(cmd, "--lr", c.optimizer.lr, 0.0, kMax, true, "Peak learning rate");
@@ -374,8 +375,8 @@ void register_train_command(CLI::App& app) {
       ->type_name("FILE");
   add_int_flag(cmd, "--log-every", flags->log_every, 1, 1000000000, "Print every N steps");
   cmd->add_flag("--quiet", flags->quiet, "Only print the summary (default off)");
-  add_int_flag(cmd, "--stages", c.stages, 1, 1024, "Pipeline ranks (p)");
-  add_int_flag(cmd, "--chunks", flags->chunks, 1, 64,
+  add_int_flag(cmd, "--stages", c.stages, 1, kMaxStages, "Pipeline ranks (p)");
+  add_int_flag(cmd, "--chunks", flags->chunks, 1, kMaxChunks,
                "Virtual stages per rank (interleaved; zbv always has 2)")
       ->default_str("2 for interleaved, else 1");
   cmd->add_option("--schedule", flags->schedule, "Schedule: " + schedule_choices_text())
@@ -415,7 +416,7 @@ void register_train_command(CLI::App& app) {
   cmd->add_flag("--weights-checksum", flags->weights_checksum,
                 "Print an XXH3 checksum of the final weights (to compare runs bit for bit)");
   // Data parallelism.
-  add_int_flag(cmd, "--dp", c.data_parallel, 1, 1024,
+  add_int_flag(cmd, "--dp", c.data_parallel, 1, kMaxReplicas,
                "Data-parallel replicas D: --stages x D ranks (rank r is pipeline rank r mod "
                "--stages of replica r div --stages; under mpirun -np stages x D), each on "
                "--microbatches / D of the step's micro-batches (a multiple of D)");

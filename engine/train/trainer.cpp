@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <sstream>
 #include <thread>
+#include <tuple>
 #include <utility>
 
 #include "comm/transport_factory.h"
@@ -173,6 +174,15 @@ void TrainConfig::validate() const {
          std::to_string(microbatches) + " equal micro-batches; choose a divisor of the batch");
   if (stages < 1) fail("stages must be at least 1, got " + std::to_string(stages));
   if (chunks < 1) fail("chunks must be at least 1, got " + std::to_string(chunks));
+  // What a checkpoint records must load again: its manifest takes no larger counts.
+  for (const auto& [what, value, max] :
+       {std::tuple{"micro-batches", microbatches, kMaxMicrobatches},
+        {"stages", int64_t{stages}, kMaxStages},
+        {"chunks", int64_t{chunks}, kMaxChunks},
+        {"data-parallel replicas", int64_t{data_parallel}, kMaxReplicas}})
+    if (value > max)
+      fail(std::string(what) + " must be at most " + std::to_string(max) + ", got " +
+           std::to_string(value));
   // Negative clipping would silently mean "off"; only 0 says that.
   if (!std::isfinite(optimizer.clip_norm) || optimizer.clip_norm < 0)
     fail("clip norm must be a finite number >= 0 (0 disables clipping), got " +

@@ -178,6 +178,14 @@ TEST_F(CheckpointLoad, ManifestFieldsAreChecked) {
       {"/model/num_units", 4, "manifest.stages end at unit 2 but manifest.model.num_units is 4"},
       {"/model/num_units", 0, "manifest.model.num_units is 0, expected an integer >= 1"},
       {"/rng/batch_tokens", 0, "manifest.rng.batch_tokens is 0, expected an integer >= 1"},
+      // Counts past the range of train's flags, which no run writes: a manifest re-sealed
+      // with fresh checksums must not pass them.
+      {"/schedule/microbatches", int64_t{1} << 40,
+       "manifest.schedule.microbatches is 1099511627776, expected an integer in [1, 65536] (the "
+       "range of train's --microbatches)"},
+      {"/schedule/microbatches", uint64_t{1} << 63, "manifest.schedule.microbatches is "},
+      {"/replicas", 2048,
+       "manifest.replicas is 2048, expected a number of replicas from 2 to 1024"},
   };
   const std::string pristine = read_file(manifest());
   for (const Case& c : cases) {
@@ -189,6 +197,33 @@ TEST_F(CheckpointLoad, ManifestFieldsAreChecked) {
   write_file(manifest(), pristine);
   edit_manifest(folder_, [](auto& m) { m.erase("rng"); });
   EXPECT_CHECKPOINT_ERROR(open_checkpoint(folder_), "manifest has no field 'rng'");
+}
+
+// Pipeline ranks and stages past train's --stages and --chunks are refused as the fields are
+// read, before any of the shards they would name is looked for.
+TEST_F(CheckpointLoad, MoreRanksOrStagesThanARunTakesAreRefused) {
+  const std::string pristine = read_file(manifest());
+  edit_manifest(folder_, [](auto& m) {
+    nlohmann::json shard = m["shards"][0];
+    m["shards"] = nlohmann::json::array();
+    for (int r = 0; r <= 1024; ++r) {
+      shard["rank"] = r;
+      shard["file"] = "rank_" + std::to_string(r) + ".safetensors";
+      m["shards"].push_back(shard);
+    }
+  });
+  EXPECT_CHECKPOINT_ERROR(open_checkpoint(folder_),
+                          "manifest.shards lists 1025 shards, 1025 pipeline ranks per replica, "
+                          "expected at most 1024 (the range of train's --stages)");
+  write_file(manifest(), pristine);
+  edit_manifest(folder_, [](auto& m) {
+    const nlohmann::json stage = m["stages"][0];
+    m["stages"] = nlohmann::json::array();
+    for (int s = 0; s <= 128; ++s) m["stages"].push_back(stage);
+  });
+  EXPECT_CHECKPOINT_ERROR(open_checkpoint(folder_),
+                          "manifest.stages has 129 stages on 2 pipeline rank(s), expected at most "
+                          "64 per rank (the range of train's --chunks)");
 }
 
 // The data token is optional: a checkpoint written before it was recorded loads without one.

@@ -137,7 +137,7 @@ TEST(PiecedCheckpoint, ReplicasMustDivideTheShards) {
   // The writer leaves one replica out; the format says so one way only.
   edit_manifest(folder, [](auto& m) { m["replicas"] = 1; });
   EXPECT_CHECKPOINT_ERROR(open_checkpoint(folder), "manifest.replicas is 1",
-                          "expected a number of replicas >= 2",
+                          "expected a number of replicas from 2 to 1024",
                           "a checkpoint of one replica has no replicas field");
 }
 
