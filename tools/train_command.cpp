@@ -46,20 +46,22 @@ void quiet_unless_rank_zero(const MpiSession& mpi, TrainFlags& f) {
 }
 
 // With --data, the held-out batches must follow the training data within the file: past its
-// end the source wraps and would evaluate on bytes the run trained on.
+// end the source wraps and would evaluate on bytes the run trained on. The last pair's target
+// is the byte after its input, so the file needs one byte more than the tokens.
 void check_eval_fits(Trainer& trainer, const TrainConfig& config, int64_t eval_batches) {
   const auto* file = dynamic_cast<const FileSource*>(&trainer.source());
   if (eval_batches == 0 || file == nullptr) return;
   const uint64_t needed = static_cast<uint64_t>(config.steps + eval_batches) *
                           static_cast<uint64_t>(config.batch_tokens);
-  // One token per byte: the file's length is its token count.
-  const uint64_t have = static_cast<uint64_t>(std::filesystem::file_size(config.data_path));
-  if (needed > have)
-    throw UsageError("--eval-batches " + std::to_string(eval_batches) + " needs " +
-                     std::to_string(needed) + " tokens of --data (" + std::to_string(config.steps) +
-                     " training and " + std::to_string(eval_batches) + " held-out batches of " +
-                     std::to_string(config.batch_tokens) + ") but the file has " +
-                     std::to_string(have) + "; use fewer --eval-batches or --steps");
+  // One token per byte, as read when the run started (the file may have changed since).
+  const uint64_t have = file->bytes();
+  if (needed + 1 > have)
+    throw UsageError(
+        "--eval-batches " + std::to_string(eval_batches) + " needs " + std::to_string(needed + 1) +
+        " bytes of --data (" + std::to_string(config.steps) + " training and " +
+        std::to_string(eval_batches) + " held-out batches of " +
+        std::to_string(config.batch_tokens) + " tokens, and the last target) but the file has " +
+        std::to_string(have) + "; use fewer --eval-batches or --steps");
 }
 
 // A process started with CONVEYOR_TEST_PAUSE_AT=<point> in its environment stops for good at

@@ -322,6 +322,16 @@ std::unique_ptr<TokenSource> make_token_source(const TrainConfig& config, int64_
     if (vocab < source->vocab())
       throw std::invalid_argument("data file tokens are bytes (vocab 256) but the model vocab is " +
                                   std::to_string(vocab) + "; use --vocab 256 or more");
+    // A batch is a run of consecutive (input, target) pairs: a file with fewer would wrap
+    // around inside every batch, training on its bytes over and over in one step.
+    const uint64_t pairs = source->bytes() - 1;
+    if (pairs < static_cast<uint64_t>(config.batch_tokens))
+      throw std::invalid_argument(
+          "data file " + quoted_file_name(config.data_path) + " has " +
+          std::to_string(source->bytes()) + " bytes, " + std::to_string(pairs) +
+          " (input, target) pairs, but one step's batch of " + std::to_string(config.batch_tokens) +
+          " tokens needs " + std::to_string(config.batch_tokens + 1) +
+          " bytes; give a larger file or --batch-tokens " + std::to_string(pairs) + " or fewer");
     return source;
   }
   if (vocab < 1)
