@@ -66,8 +66,9 @@ std::unique_ptr<TrainerCheckpointer> setup_checkpoints(const CheckpointFlags& f,
       const std::string path = f.resume == "latest" ? f.save_dir : f.resume;
       const Checkpoint ckpt = resume_trainer(trainer, path);
       std::printf("resume %s at step %lld (saved with %zu stage(s), schedule %s)\n",
-                  ckpt.directory().string().c_str(), static_cast<long long>(ckpt.step()),
-                  ckpt.state().stages.size(), ckpt.state().schedule.c_str());
+                  escape_for_message(ckpt.directory().native()).c_str(),
+                  static_cast<long long>(ckpt.step()), ckpt.state().stages.size(),
+                  ckpt.state().schedule.c_str());
       for (const std::string& change : resume_setting_changes(trainer, ckpt.state()))
         std::printf("note: %s\n", change.c_str());
     }

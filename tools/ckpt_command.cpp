@@ -140,12 +140,14 @@ void run_inspect(const CkptFlags& flags) {
       tensors.push_back(entry);
     }
     out["tensors"] = tensors;
-    std::printf("%s\n", out.dump(2).c_str());
+    // JSON holds only UTF-8: a folder name of other bytes is written with U+FFFD in their
+    // place rather than refused (the manifest's own strings were checked when it was read).
+    std::printf("%s\n", out.dump(2, ' ', false, json::error_handler_t::replace).c_str());
     return;
   }
 
   std::printf("checkpoint %s (format version %d), step %" PRId64 "\n",
-              ckpt.directory().string().c_str(), m.format_version, s.step);
+              escape_for_message(ckpt.directory().native()).c_str(), m.format_version, s.step);
   std::printf("  model        %s %s\n", s.model_fingerprint.c_str(), s.model.dump().c_str());
   std::string stages;
   for (const StagePlacement& p : s.stages)
@@ -216,8 +218,8 @@ void run_verify(const CkptFlags& flags) {
   for (const ShardEntry& e : ckpt.manifest().shards) bytes += e.bytes;
   std::printf("ok: %s, step %" PRId64 ": %zu tensors in %zu shards (%" PRIu64
               " bytes), every checksum matches\n",
-              ckpt.directory().string().c_str(), ckpt.step(), ckpt.tensors().size(),
-              ckpt.manifest().shards.size(), bytes);
+              escape_for_message(ckpt.directory().native()).c_str(), ckpt.step(),
+              ckpt.tensors().size(), ckpt.manifest().shards.size(), bytes);
 }
 
 // A tensor of random values on the CPU.
@@ -287,7 +289,8 @@ void run_demo(const CkptFlags& flags) {
   state.data = {"demo tokens", static_cast<uint64_t>(flags.step) * 1024};
   state.rng = {{"seed", flags.seed}};
   const CommitResult result = writer.commit(state);
-  std::printf("wrote %s (%d shards)\n", result.directory.string().c_str(), flags.ranks);
+  std::printf("wrote %s (%d shards)\n", escape_for_message(result.directory.native()).c_str(),
+              flags.ranks);
   for (const std::string& w : result.warnings)
     std::fprintf(stderr, "conveyor: warning: %s\n", w.c_str());
 }

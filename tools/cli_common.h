@@ -14,6 +14,7 @@
 #include <string_view>
 
 #include "engine/schedule/generators.h"
+#include "engine/schedule/input_file.h"
 #include "layers/model.h"
 
 namespace conveyor::cli {
@@ -65,27 +66,9 @@ inline std::string format_number(double v) {
 }
 
 // Text taken from the user (file names, flag values), safe to echo on one terminal line:
-// control characters and bytes that are not printable ASCII become \n, \t or \xHH.
-inline std::string escape_for_message(std::string_view text) {
-  std::string out;
-  for (const char ch : text) {
-    const auto c = static_cast<unsigned char>(ch);
-    if (c == '\n') {
-      out += "\\n";
-    } else if (c == '\t') {
-      out += "\\t";
-    } else if (c == '\\') {
-      out += "\\\\";
-    } else if (c < 0x20 || c >= 0x7f) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\x%02x", c);
-      out += buf;
-    } else {
-      out += ch;
-    }
-  }
-  return out;
-}
+// control characters and bytes that are not printable ASCII become \n, \t or \xHH. The
+// engine's messages escape the names they hold the same way.
+inline std::string escape_for_message(std::string_view text) { return escaped_for_message(text); }
 
 // Plain decimal digits, the one way a count is written on the command line: no sign, space,
 // 0x or exponent, and leading zeros do not mean octal. nullopt for anything else; digits past

@@ -244,10 +244,10 @@ void check_same_configuration(const MpiSession& session, const ConfigFields& fie
     for (int r = 1; r < ranks; ++r)
       if (all[r * count + i] != all[i])
         differing += (differing.empty() ? "" : ", ") + std::string("rank ") + std::to_string(r) +
-                     " has '" + values[r] + "'";
+                     " has '" + escape_for_message(values[r]) + "'";
     // Every rank builds this same sentence from the same table.
     refuse_on_every_rank(session, "the ranks disagree on " + field.name + ": rank 0 has '" +
-                                      values[0] + "', " + differing +
+                                      escape_for_message(values[0]) + "', " + differing +
                                       "; start every rank with the same configuration");
   }
 #endif

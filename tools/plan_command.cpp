@@ -652,7 +652,7 @@ void run_plan(const PlanFlags& f, const CLI::App& cmd) {
   config.device = device;
   out->commit(plan_text(*best, config));
   std::printf("plan   %s, %d micro-batches, partition written to %s\n", best->layout.c_str(),
-              best->microbatches, f.out.c_str());
+              best->microbatches, escape_for_message(f.out).c_str());
   const PlanCandidate& first = run.plan.candidates.front();
   if (!first.pipelined)
     std::printf(

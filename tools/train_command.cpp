@@ -46,20 +46,48 @@ void quiet_unless_rank_zero(const MpiSession& mpi, TrainFlags& f) {
 }
 
 // With --data, the held-out batches must follow the training data within the file: past its
-// end the source wraps and would evaluate on bytes the run trained on.
+// end the source wraps and would evaluate on bytes the run trained on. The last pair's target
+// is the byte after its input, so the file needs one byte more than the tokens.
 void check_eval_fits(Trainer& trainer, const TrainConfig& config, int64_t eval_batches) {
   const auto* file = dynamic_cast<const FileSource*>(&trainer.source());
   if (eval_batches == 0 || file == nullptr) return;
   const uint64_t needed = static_cast<uint64_t>(config.steps + eval_batches) *
                           static_cast<uint64_t>(config.batch_tokens);
-  // One token per byte: the file's length is its token count.
-  const uint64_t have = static_cast<uint64_t>(std::filesystem::file_size(config.data_path));
-  if (needed > have)
-    throw UsageError("--eval-batches " + std::to_string(eval_batches) + " needs " +
-                     std::to_string(needed) + " tokens of --data (" + std::to_string(config.steps) +
-                     " training and " + std::to_string(eval_batches) + " held-out batches of " +
-                     std::to_string(config.batch_tokens) + ") but the file has " +
-                     std::to_string(have) + "; use fewer --eval-batches or --steps");
+  // One token per byte, as read when the run started (the file may have changed since).
+  const uint64_t have = file->bytes();
+  if (needed + 1 > have)
+    throw UsageError(
+        "--eval-batches " + std::to_string(eval_batches) + " needs " + std::to_string(needed + 1) +
+        " bytes of --data (" + std::to_string(config.steps) + " training and " +
+        std::to_string(eval_batches) + " held-out batches of " +
+        std::to_string(config.batch_tokens) + " tokens, and the last target) but the file has " +
+        std::to_string(have) + "; use fewer --eval-batches or --steps");
+}
+
+// Replicas in one process sum their gradients through the in-process transport, where each
+// replica adds up all D replicas' gradients of its stage: D x D additions per parameter and
+// step, against about 6 x batch tokens multiply-adds per parameter for the step's own work.
+// Past that the sum is most of the run (--dp 1024 on the tiny model: 160 s a step, where
+// --dp 1 takes 0.03 s), and the run sat silent before its first step; it is refused before
+// any work with the ways out. A sharded optimizer's reduce-scatter adds D x 1 per parameter,
+// and ranks in processes of their own sum through MPI or NCCL.
+void check_in_process_gradient_sum(const TrainConfig& config, const Device& device) {
+  const int64_t d = config.data_parallel;
+  const bool in_process = comm::launched_process_count() <= 1 &&
+                          (config.transport == TransportKind::kInProcess ||
+                           (config.transport == TransportKind::kAuto && device.is_cpu()));
+  if (d < 2 || config.shard_optimizer || !in_process) return;
+  const int64_t step_work = 6 * config.batch_tokens;
+  if (d * d <= step_work) return;
+  int64_t most = 1;
+  while ((most + 1) * (most + 1) <= step_work) ++most;
+  throw UsageError(
+      "--dp " + std::to_string(d) + " replicas in one process: each adds up every replica's " +
+      "gradients, " + std::to_string(d * d) + " additions per parameter and step, more than " +
+      "the step's own work (about 6 x --batch-tokens = " + std::to_string(step_work) +
+      " per parameter), so the sum would take most of the run; use --dp " + std::to_string(most) +
+      " or fewer, --shard-optimizer (each replica adds up its share " + "only), --batch-tokens " +
+      std::to_string((d * d + 5) / 6) + " or more, or one process per rank under mpirun");
 }
 
 // A process started with CONVEYOR_TEST_PAUSE_AT=<point> in its environment stops for good at
@@ -171,6 +199,7 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
       device,
       "--stages " + std::to_string(config.stages) + " x --dp " +
           std::to_string(config.data_parallel));
+  check_in_process_gradient_sum(config, device);
 
   // Every output file is opened (and the log locked) before any work, not after the last step.
   std::optional<OutputFile> json_log, trace;
@@ -223,7 +252,7 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
     std::string why;
     if (!mpi.active() || mpi.rank() == 0)
       if (const auto refusal = save_refusal(f.checkpoint.save_dir, first_save))
-        why = "--save-dir " + escape_for_message(f.checkpoint.save_dir) +
+        why = "--save-dir '" + escape_for_message(f.checkpoint.save_dir) + "'" +
               " would refuse this run's first save: " + *refusal;
     why = rank_zero_text(mpi, why, "the check of --save-dir");
     if (!why.empty()) refuse_on_every_rank(mpi, why);
@@ -311,7 +340,7 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
     checkpointer->finish();
     std::printf("saved  step %lld into %s\n",
                 static_cast<long long>(checkpointer->last_saved_step()),
-                f.checkpoint.save_dir.c_str());
+                escape_for_message(f.checkpoint.save_dir).c_str());
   }
   if (signal == 0 && t.steps > 0 && t.last_step < config.steps)
     std::printf(
@@ -351,7 +380,8 @@ void register_train_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("train", "Train the reference model");
   add_run_flags(cmd, flags->run, RunFlagsFor::kTrain);
   add_int_flag(cmd, "--steps", c.steps, 1, 1000000000, "Optimizer steps");
-  add_int_flag(cmd, "--microbatches", c.microbatches, 1, 65536, "Micro-batches per step");
+  add_int_flag(cmd, "--microbatches", c.microbatches, 1, kMaxMicrobatches,
+               "Micro-batches per step");
   cmd->add_option("--optimizer", c.optimizer.kind, "adamw or sgd")->capture_default_str();
   constexpr double kMax = std::numeric_limits<double>::max();
   add_float_flag(cmd, "--lr", c.optimizer.lr, 0.0, kMax, true, "Peak learning rate");
@@ -374,8 +404,8 @@ void register_train_command(CLI::App& app) {
       ->type_name("FILE");
   add_int_flag(cmd, "--log-every", flags->log_every, 1, 1000000000, "Print every N steps");
   cmd->add_flag("--quiet", flags->quiet, "Only print the summary (default off)");
-  add_int_flag(cmd, "--stages", c.stages, 1, 1024, "Pipeline ranks (p)");
-  add_int_flag(cmd, "--chunks", flags->chunks, 1, 64,
+  add_int_flag(cmd, "--stages", c.stages, 1, kMaxStages, "Pipeline ranks (p)");
+  add_int_flag(cmd, "--chunks", flags->chunks, 1, kMaxChunks,
                "Virtual stages per rank (interleaved; zbv always has 2)")
       ->default_str("2 for interleaved, else 1");
   cmd->add_option("--schedule", flags->schedule, "Schedule: " + schedule_choices_text())
@@ -415,7 +445,7 @@ void register_train_command(CLI::App& app) {
   cmd->add_flag("--weights-checksum", flags->weights_checksum,
                 "Print an XXH3 checksum of the final weights (to compare runs bit for bit)");
   // Data parallelism.
-  add_int_flag(cmd, "--dp", c.data_parallel, 1, 1024,
+  add_int_flag(cmd, "--dp", c.data_parallel, 1, kMaxReplicas,
                "Data-parallel replicas D: --stages x D ranks (rank r is pipeline rank r mod "
                "--stages of replica r div --stages; under mpirun -np stages x D), each on "
                "--microbatches / D of the step's micro-batches (a multiple of D)");

@@ -25,9 +25,9 @@ struct ClosedOnExit {
 
 }  // namespace
 
-std::string quoted_file_name(std::string_view path) {
-  std::string out = "'";
-  for (const char ch : path) {
+std::string escaped_for_message(std::string_view text) {
+  std::string out;
+  for (const char ch : text) {
     const auto c = static_cast<unsigned char>(ch);
     if (c == '\n') {
       out += "\\n";
@@ -42,7 +42,14 @@ std::string quoted_file_name(std::string_view path) {
       out += ch;
     }
   }
-  return out + "'";
+  return out;
+}
+
+std::string quoted_file_name(std::string_view path) {
+  std::string out = "'";
+  out += escaped_for_message(path);
+  out += '\'';
+  return out;
 }
 
 std::string read_input_file(const std::string& path, const InputFileRules& rules) {

@@ -40,9 +40,12 @@ class InputFileError : public std::invalid_argument {
 // `rules.shown` does.
 std::string read_input_file(const std::string& path, const InputFileRules& rules);
 
-// `path` between single quotes for a one-line message: a line break, a tab, other control
-// characters and bytes past ASCII as \n, \t and \xHH, a backslash doubled (as the command line
-// echoes names). A file name may hold any of them; the message must stay one line.
+// `text` taken from a user (a file name, a flag's value) made safe for one message line: a
+// line break, a tab, other control characters and bytes past ASCII as \n, \t and \xHH, a
+// backslash doubled. A file name may hold any of them; the message must stay one line.
+std::string escaped_for_message(std::string_view text);
+
+// `path` escaped as escaped_for_message does, between single quotes.
 std::string quoted_file_name(std::string_view path);
 
 }  // namespace conveyor

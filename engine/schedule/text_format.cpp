@@ -300,11 +300,12 @@ Schedule parse_schedule(std::string_view text) {
 void save_schedule(const std::string& path, const Schedule& schedule) {
   const bool csv = path.size() >= 4 && path.substr(path.size() - 4) == ".csv";
   std::ofstream out(path);
-  if (!out) throw ScheduleError("cannot open '" + path + "' for writing");
+  if (!out) throw ScheduleError("cannot open " + quoted_file_name(path) + " for writing");
   out << (csv ? dump_csv(schedule) : dump_text(schedule));
   // Buffered bytes fail only when flushed (a full disk, /dev/full): check the close too.
   out.close();
-  if (out.fail()) throw ScheduleError("cannot write '" + path + "' (disk full or write error)");
+  if (out.fail())
+    throw ScheduleError("cannot write " + quoted_file_name(path) + " (disk full or write error)");
 }
 
 Schedule load_schedule(const std::string& path) {

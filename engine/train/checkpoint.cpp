@@ -16,6 +16,7 @@ namespace fs = std::filesystem;
 namespace {
 
 using checkpoint_io::in_quotes;
+using checkpoint_io::shown_path;
 
 constexpr const char* kManifestName = "manifest.json";
 constexpr const char* kLatestName = "latest";
@@ -117,15 +118,16 @@ CheckpointWriter::CheckpointWriter(fs::path dir, int64_t step, int num_ranks,
       unfinished.push_back(entry.path());
   }
   if (ec)
-    throw CheckpointError("cannot list checkpoint folder " + dir_.string() + ": " + ec.message());
+    throw CheckpointError("cannot list checkpoint folder " + shown_path(dir_) + ": " +
+                          ec.message());
   for (const fs::path& p : unfinished) {
     fs::remove_all(p, ec);
     if (ec)
-      throw CheckpointError("cannot remove the unfinished save " + p.string() + ": " +
+      throw CheckpointError("cannot remove the unfinished save " + shown_path(p) + ": " +
                             ec.message());
   }
   if (!fs::create_directory(temp_, ec) || ec)
-    throw CheckpointError("cannot create folder " + temp_.string() + ": " +
+    throw CheckpointError("cannot create folder " + shown_path(temp_) + ": " +
                           (ec ? ec.message() : "it exists already"));
   owns_temp_ = true;
 }
@@ -137,7 +139,7 @@ std::unique_ptr<CheckpointWriter> CheckpointWriter::join(fs::path dir, int64_t s
   std::error_code ec;
   if (!fs::is_directory(writer->temp_, ec))
     throw CheckpointError("cannot save step " + std::to_string(step) + ": " +
-                          writer->temp_.string() +
+                          shown_path(writer->temp_) +
                           ", which the process of rank 0 made, is not there; every process "
                           "must see the same --save-dir (a file system all nodes share)");
   return writer;
@@ -206,7 +208,7 @@ CommitResult CheckpointWriter::commit(const TrainingState& state) {
   manifest.state = state;
   for (int r = 0; r < num_ranks_; ++r) {
     if (!written_[r])
-      throw CheckpointError("cannot commit " + final_.string() + ": rank " + std::to_string(r) +
+      throw CheckpointError("cannot commit " + shown_path(final_) + ": rank " + std::to_string(r) +
                             " has not written its shard");
     manifest.shards.push_back({r, shard_file_name(r), written_[r]->bytes, written_[r]->checksum});
   }
@@ -217,11 +219,11 @@ CommitResult CheckpointWriter::commit(const TrainingState& state) {
   // What is committed must load: a state the loader would reject is the caller's mistake
   // (an rng holding a NaN, which JSON writes as null, would not match its checksum).
   try {
-    const CheckpointManifest written = parse_manifest(text, manifest_path.string());
-    check_manifest_counters(written, manifest_path.string());
-    check_manifest_model_fingerprint(written, manifest_path.string());
-    check_manifest_state_checksum(written, manifest_path.string());
-    check_manifest_checksum(written, manifest_path.string());
+    const CheckpointManifest written = parse_manifest(text, shown_path(manifest_path));
+    check_manifest_counters(written, shown_path(manifest_path));
+    check_manifest_model_fingerprint(written, shown_path(manifest_path));
+    check_manifest_state_checksum(written, shown_path(manifest_path));
+    check_manifest_checksum(written, shown_path(manifest_path));
   } catch (const CheckpointError& e) {
     throw std::invalid_argument(std::string("commit: the training state cannot be saved: ") +
                                 e.what());
@@ -250,7 +252,7 @@ CommitResult CheckpointWriter::commit(const TrainingState& state) {
       saved.emplace_back(*step, entry.path());
   }
   if (list_error)
-    result.warnings.push_back("cannot list " + dir_.string() + ": " + list_error.message());
+    result.warnings.push_back("cannot list " + shown_path(dir_) + ": " + list_error.message());
   std::error_code ec;
   std::sort(saved.begin(), saved.end(),
             [](const auto& a, const auto& b) { return a.first > b.first; });
@@ -258,8 +260,8 @@ CommitResult CheckpointWriter::commit(const TrainingState& state) {
     if (saved[i].second == final_) continue;  // what `latest` names stays, whatever its step
     fs::remove_all(saved[i].second, ec);
     if (ec)
-      result.warnings.push_back("cannot remove old checkpoint " + saved[i].second.string() + ": " +
-                                ec.message());
+      result.warnings.push_back("cannot remove old checkpoint " + shown_path(saved[i].second) +
+                                ": " + ec.message());
     else
       result.removed.push_back(saved[i].second);
   }
@@ -278,7 +280,7 @@ std::optional<std::string> save_refusal(const fs::path& dir, int64_t step) {
   const bool a_checkpoint =
       fs::is_directory(final_folder, ec) && fs::is_regular_file(final_folder / kManifestName, ec);
   if (a_checkpoint && !(published && *published >= step)) return std::nullopt;
-  return "cannot save step " + std::to_string(step) + ": " + final_folder.string() +
+  return "cannot save step " + std::to_string(step) + ": " + shown_path(final_folder) +
          " exists already" +
          (!a_checkpoint        ? " and is not a checkpoint folder"
           : *published == step ? " and is the one 'latest' names"
@@ -293,10 +295,10 @@ fs::path resolve_checkpoint_directory(const fs::path& path) {
   std::error_code ec;
   const fs::file_status status = fs::status(p, ec);
   if (ec && ec != std::errc::no_such_file_or_directory)
-    throw NotACheckpointError("cannot look at " + p.string() + ": " + ec.message() +
+    throw NotACheckpointError("cannot look at " + shown_path(p) + ": " + ec.message() +
                               "; give a checkpoint this process may read");
   if (!fs::exists(status))
-    throw NotACheckpointError("no checkpoint at " + p.string() +
+    throw NotACheckpointError("no checkpoint at " + shown_path(p) +
                               ": it does not exist; give DIR, DIR/latest or DIR/step_<N>");
   if (fs::is_regular_file(status)) {
     // A `latest` file: one line naming a sibling folder. Another file that does not name one
@@ -307,9 +309,9 @@ fs::path resolve_checkpoint_directory(const fs::path& path) {
       const fs::path folder = p.has_parent_path() ? p.parent_path() : fs::path(".");
       std::error_code exists_error;
       if (fs::exists(folder / kManifestName, exists_error))
-        return NotACheckpointError(p.string() + " is a file of the checkpoint folder " +
-                                   folder.string() + "; give the folder itself");
-      return NotACheckpointError(p.string() +
+        return NotACheckpointError(shown_path(p) + " is a file of the checkpoint folder " +
+                                   shown_path(folder) + "; give the folder itself");
+      return NotACheckpointError(shown_path(p) +
                                  " is a file, neither a checkpoint folder nor a 'latest' file "
                                  "naming one; give DIR, DIR/latest or DIR/step_<N>");
     };
@@ -322,29 +324,29 @@ fs::path resolve_checkpoint_directory(const fs::path& path) {
     }
     if (!named_latest && !step_of_folder(name, /*temp=*/false)) throw not_a_checkpoint();
     if (!step_of_folder(name, /*temp=*/false))
-      throw CheckpointError(p.string() +
+      throw CheckpointError(shown_path(p) +
                             " should name a checkpoint folder step_<N>, but it holds " +
                             in_quotes(name));
     const fs::path target = p.parent_path() / name;
     if (!fs::is_directory(target, ec))
-      throw CheckpointError(p.string() + " names " + name + ", but " + target.string() +
+      throw CheckpointError(shown_path(p) + " names " + name + ", but " + shown_path(target) +
                             " does not exist");
     return target;
   }
   if (!fs::is_directory(status))
-    throw NotACheckpointError(p.string() +
+    throw NotACheckpointError(shown_path(p) +
                               " is neither a folder nor a regular file (a device, pipe or "
                               "socket), so neither a checkpoint folder nor a 'latest' file; give "
                               "DIR, DIR/latest or DIR/step_<N>");
   const std::string name = p.filename().string();
   if (name.ends_with(".tmp"))
-    throw NotACheckpointError(p.string() +
+    throw NotACheckpointError(shown_path(p) +
                               " is an unfinished save (it was never committed); open its parent "
                               "folder to load the newest complete checkpoint");
   if (fs::exists(p / kManifestName, ec)) return p;
   if (fs::exists(p / kLatestName, ec)) return resolve_checkpoint_directory(p / kLatestName);
-  throw NotACheckpointError(p.string() + " holds no checkpoint: it has neither a '" + kLatestName +
-                            "' file nor a " + kManifestName +
+  throw NotACheckpointError(shown_path(p) + " holds no checkpoint: it has neither a '" +
+                            kLatestName + "' file nor a " + kManifestName +
                             "; give a folder that checkpoints were saved into, or one of its "
                             "step_<N> folders");
 }
@@ -353,7 +355,7 @@ Checkpoint open_checkpoint(const fs::path& path, CheckpointCheck check) {
   Checkpoint ckpt;
   ckpt.dir_ = resolve_checkpoint_directory(path);
   const fs::path manifest_path = ckpt.dir_ / kManifestName;
-  const std::string manifest_file = manifest_path.string();
+  const std::string manifest_file = shown_path(manifest_path);
   ckpt.manifest_ = parse_manifest(checkpoint_io::read_small_file(manifest_path, kMaxManifestBytes),
                                   manifest_file);
   const CheckpointManifest& m = ckpt.manifest_;
@@ -374,22 +376,22 @@ Checkpoint open_checkpoint(const fs::path& path, CheckpointCheck check) {
   for (const auto& entry : fs::directory_iterator(ckpt.dir_, ec)) {
     const std::string name = entry.path().filename().string();
     if (name.ends_with(".safetensors") && !listed.count(name))
-      throw CheckpointError(entry.path().string() + " is present but not listed in " +
+      throw CheckpointError(shown_path(entry.path()) + " is present but not listed in " +
                             manifest_file + ": a shard of another save or layout?");
   }
   if (ec)
-    throw CheckpointError("cannot list checkpoint folder " + ckpt.dir_.string() + ": " +
+    throw CheckpointError("cannot list checkpoint folder " + shown_path(ckpt.dir_) + ": " +
                           ec.message());
   for (const ShardEntry& e : m.shards)
     if (!fs::exists(ckpt.dir_ / e.file, ec))
-      throw CheckpointError((ckpt.dir_ / e.file).string() + " is listed in " + manifest_file +
+      throw CheckpointError(shown_path(ckpt.dir_ / e.file) + " is listed in " + manifest_file +
                             " but missing");
 
   // Every tensor whole in one shard, or in pieces that tile it: gather them by name.
   std::map<std::string, CheckpointTensor> by_name;
   for (const ShardEntry& e : m.shards) {
     auto shard = std::make_unique<ShardReader>(ckpt.dir_ / e.file, check);
-    const std::string file = shard->path().string();
+    const std::string file = shown_path(shard->path());
     if (shard->rank() != e.rank)
       throw CheckpointError(file + " is the shard of rank " + std::to_string(shard->rank()) +
                             ", but " + manifest_file + " lists it for rank " +
@@ -415,7 +417,7 @@ Checkpoint open_checkpoint(const fs::path& path, CheckpointCheck check) {
         entry = {
             t.name, t.dtype, shape, 0, t.piece ? 0 : t.checksum, e.rank, {}, t.piece.has_value()};
       } else if (!entry.pieced || !t.piece) {
-        const std::string other = (ckpt.dir_ / m.shards[entry.rank].file).string();
+        const std::string other = shown_path(ckpt.dir_ / m.shards[entry.rank].file);
         if (!entry.pieced && !t.piece)
           throw CheckpointError(file + " holds tensor " + in_quotes(t.name) + ", which " + other +
                                 " holds too");
@@ -426,7 +428,7 @@ Checkpoint open_checkpoint(const fs::path& path, CheckpointCheck check) {
       } else if (entry.dtype != t.dtype || entry.shape != shape) {
         throw CheckpointError(file + " holds a piece of tensor " + in_quotes(t.name) + " of " +
                               describe(t.dtype, shape) + ", but " +
-                              (ckpt.dir_ / m.shards[entry.rank].file).string() +
+                              shown_path(ckpt.dir_ / m.shards[entry.rank].file) +
                               " holds a piece of it of " + describe(entry.dtype, entry.shape));
       }
       entry.bytes += t.bytes();
@@ -448,7 +450,7 @@ Checkpoint open_checkpoint(const fs::path& path, CheckpointCheck check) {
     const CheckpointPiece* previous = nullptr;
     for (const CheckpointPiece& p : t.pieces) {
       auto where = [&](const CheckpointPiece& q) {
-        return (ckpt.dir_ / m.shards[q.rank].file).string() + " (elements [" +
+        return shown_path(ckpt.dir_ / m.shards[q.rank].file) + " (elements [" +
                std::to_string(q.begin) + ", " + std::to_string(q.end) + "))";
       };
       if (p.begin < next)
@@ -467,7 +469,7 @@ Checkpoint open_checkpoint(const fs::path& path, CheckpointCheck check) {
                             describe(t.dtype, t.shape) + " leave elements [" +
                             std::to_string(next) + ", " + std::to_string(numel) +
                             ") in no shard; the last piece is in " +
-                            (ckpt.dir_ / m.shards[previous->rank].file).string());
+                            shown_path(ckpt.dir_ / m.shards[previous->rank].file));
     t.rank = t.pieces.front().rank;
     ckpt.tensors_.push_back(std::move(t));
   }
@@ -486,7 +488,7 @@ const CheckpointTensor* Checkpoint::find(std::string_view name) const {
 const CheckpointTensor& Checkpoint::require(std::string_view name) const {
   const CheckpointTensor* t = find(name);
   if (!t)
-    throw CheckpointError(dir_.string() + ": the checkpoint has no tensor " + in_quotes(name));
+    throw CheckpointError(shown_path(dir_) + ": the checkpoint has no tensor " + in_quotes(name));
   return *t;
 }
 
@@ -494,7 +496,7 @@ void Checkpoint::check_model(std::string_view fingerprint) const {
   if (fingerprint == manifest_.state.model_fingerprint) return;
   std::string model = manifest_.state.model.dump();
   if (model.size() > 200) model = model.substr(0, 200) + "...";
-  throw CheckpointError((dir_ / kManifestName).string() +
+  throw CheckpointError(shown_path(dir_ / kManifestName) +
                         " is a checkpoint of another model: its fingerprint is " +
                         in_quotes(manifest_.state.model_fingerprint) + ", this model's is " +
                         in_quotes(fingerprint) + " (the checkpoint's model: " + model + ")");
@@ -506,7 +508,7 @@ void Checkpoint::check_tensors(const std::vector<TensorSpec>& expected) const {
   for (const TensorSpec& spec : expected) wanted.insert(spec.name);
   for (const CheckpointTensor& t : tensors_)
     if (!wanted.count(t.name))
-      throw CheckpointError(shard_path(t.rank).string() + " holds tensor " + in_quotes(t.name) +
+      throw CheckpointError(shown_path(shard_path(t.rank)) + " holds tensor " + in_quotes(t.name) +
                             " (" + describe(t.dtype, t.shape) + "), which the model does not have");
 }
 
@@ -518,11 +520,11 @@ void Checkpoint::check_holds(const std::vector<TensorSpec>& expected) const {
                                   " is expected twice");
     const CheckpointTensor* t = find(spec.name);
     if (!t)
-      throw CheckpointError(dir_.string() + ": the checkpoint has no tensor " +
+      throw CheckpointError(shown_path(dir_) + ": the checkpoint has no tensor " +
                             in_quotes(spec.name) + " (" + describe(spec.dtype, spec.shape) +
                             "), which the model needs");
     if (t->dtype != spec.dtype || t->shape != spec.shape)
-      throw CheckpointError(shard_path(t->rank).string() + ": tensor " + in_quotes(t->name) +
+      throw CheckpointError(shown_path(shard_path(t->rank)) + ": tensor " + in_quotes(t->name) +
                             " is " + describe(t->dtype, t->shape) + ", the model expects " +
                             describe(spec.dtype, spec.shape));
   }
@@ -569,7 +571,7 @@ void Checkpoint::read(const std::string& name, const Tensor& dst) const {
     throw std::invalid_argument("checkpoint read of " + in_quotes(name) +
                                 ": the destination tensor is undefined");
   if (dst.dtype() != t.dtype || dst.shape() != t.shape)
-    throw CheckpointError(shard_path(t.rank).string() + ": tensor " + in_quotes(name) + " is " +
+    throw CheckpointError(shown_path(shard_path(t.rank)) + ": tensor " + in_quotes(name) + " is " +
                           describe(t.dtype, t.shape) + ", the model expects " +
                           describe(dst.dtype(), dst.shape()));
   const std::vector<unsigned char> bytes = read_bytes(name);
@@ -583,7 +585,7 @@ void Checkpoint::read_range(const std::string& name, int64_t offset, const Tenso
                                 ": the destination tensor is undefined");
   const int64_t numel = shape_numel(t.shape);
   if (dst.dtype() != t.dtype || offset < 0 || offset + dst.numel() > numel)
-    throw CheckpointError(shard_path(t.rank).string() + ": tensor " + in_quotes(name) + " is " +
+    throw CheckpointError(shown_path(shard_path(t.rank)) + ": tensor " + in_quotes(name) + " is " +
                           describe(t.dtype, t.shape) + ", the model expects elements [" +
                           std::to_string(offset) + ", " + std::to_string(offset + dst.numel()) +
                           ") of it as " + dtype_name(dst.dtype()));
@@ -609,7 +611,7 @@ void Checkpoint::read(const std::vector<NamedTensor>& tensors) const {
     if (t.piece) {
       const CheckpointTensor& saved = require(t.name);
       if (saved.shape != t.piece->shape || saved.dtype != t.tensor.dtype())
-        throw CheckpointError(shard_path(saved.rank).string() + ": tensor " + in_quotes(t.name) +
+        throw CheckpointError(shown_path(shard_path(saved.rank)) + ": tensor " + in_quotes(t.name) +
                               " is " + describe(saved.dtype, saved.shape) + ", the model expects " +
                               describe(t.tensor.dtype(), t.piece->shape));
       read_range(t.name, t.piece->offset, t.tensor);

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "engine/core/test_pause.h"
+#include "engine/schedule/input_file.h"
 #include "engine/train/checkpoint_error.h"
 
 // The library's implementation compiled into this file (it is what libxxhash builds), so the
@@ -26,7 +27,7 @@ namespace {
 std::string reason(int error) { return std::error_code(error, std::generic_category()).message(); }
 
 [[noreturn]] void fail(const std::string& what, const std::filesystem::path& path, int error) {
-  throw CheckpointError("cannot " + what + " " + path.string() + ": " + reason(error));
+  throw CheckpointError("cannot " + what + " " + shown_path(path) + ": " + reason(error));
 }
 
 // "a FIFO", "a directory", ...: what a file that should be a regular one is instead.
@@ -40,6 +41,10 @@ std::string file_kind(mode_t mode) {
 }
 
 }  // namespace
+
+std::string shown_path(const std::filesystem::path& path) {
+  return quoted_file_name(path.native());
+}
 
 // ------------------------------------------------------------------------------------ File
 
@@ -58,7 +63,7 @@ File File::open_for_reading(const std::filesystem::path& path) {
   struct stat st {};
   if (::fstat(fd, &st) != 0) fail("stat", path, errno);
   if (!S_ISREG(st.st_mode))
-    throw CheckpointError("cannot read " + path.string() + ": it is " + file_kind(st.st_mode) +
+    throw CheckpointError("cannot read " + shown_path(path) + ": it is " + file_kind(st.st_mode) +
                           ", not a regular file");
   const int flags = ::fcntl(fd, F_GETFL);
   if (flags < 0 || ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) fail("open", path, errno);
@@ -96,7 +101,7 @@ void File::write_all(const void* data, size_t bytes) {
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       const int error = n < 0 ? errno : EIO;
-      throw CheckpointError("cannot write " + path_.string() + ": " + reason(error) + " (" +
+      throw CheckpointError("cannot write " + shown_path(path_) + ": " + reason(error) + " (" +
                             std::to_string(written_ + done) + " bytes written, " +
                             std::to_string(bytes - done) + " more to go)");
     }
@@ -113,7 +118,7 @@ void File::read_exactly_at(void* dst, size_t bytes, uint64_t offset) const {
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) fail("read", path_, errno);
     if (n == 0)
-      throw CheckpointError("cannot read " + path_.string() + ": it ends at byte " +
+      throw CheckpointError("cannot read " + shown_path(path_) + ": it ends at byte " +
                             std::to_string(offset + done) + ", expected " +
                             std::to_string(offset + bytes) + " (truncated while being read?)");
     done += static_cast<size_t>(n);
@@ -142,7 +147,7 @@ void sync_directory(const std::filesystem::path& dir) {
 
 void rename_path(const std::filesystem::path& from, const std::filesystem::path& to) {
   if (::rename(from.c_str(), to.c_str()) != 0)
-    throw CheckpointError("cannot rename " + from.string() + " to " + to.string() + ": " +
+    throw CheckpointError("cannot rename " + shown_path(from) + " to " + shown_path(to) + ": " +
                           reason(errno));
 }
 
@@ -169,12 +174,12 @@ void create_checkpoint_folder(const std::filesystem::path& dir) {
     struct stat st {};
     if (std::filesystem::exists(status) && !std::filesystem::is_directory(status))
       throw CheckpointError(
-          "cannot create checkpoint folder " + dir.string() + ": " + at.string() + " is " +
+          "cannot create checkpoint folder " + shown_path(dir) + ": " + shown_path(at) + " is " +
           (::stat(at.c_str(), &st) == 0 && !S_ISREG(st.st_mode) ? file_kind(st.st_mode)
                                                                 : std::string("a file")) +
           ", not a folder");
   }
-  throw CheckpointError("cannot create checkpoint folder " + dir.string() + ": " +
+  throw CheckpointError("cannot create checkpoint folder " + shown_path(dir) + ": " +
                         (ec ? ec.message() : "it is not a folder"));
 }
 
@@ -182,8 +187,8 @@ std::string read_small_file(const std::filesystem::path& path, uint64_t max_byte
   File file = File::open_for_reading(path);
   const uint64_t size = file.size();
   if (size > max_bytes)
-    throw CheckpointError(path.string() + " is " + std::to_string(size) + " bytes, more than the " +
-                          std::to_string(max_bytes) +
+    throw CheckpointError(shown_path(path) + " is " + std::to_string(size) +
+                          " bytes, more than the " + std::to_string(max_bytes) +
                           " this file may have: it is not what it should be");
   std::string content(size, '\0');
   file.read_exactly_at(content.data(), content.size(), 0);

@@ -83,6 +83,10 @@ std::optional<uint64_t> parse_hex64(std::string_view text);
 // characters as \xNN (names read from a corrupt file may be megabytes of anything).
 std::string in_quotes(std::string_view text);
 
+// `path` as every checkpoint message names it: quoted, with a line break or another control
+// character escaped (quoted_file_name), so that the message stays on one line.
+std::string shown_path(const std::filesystem::path& path);
+
 // Parses JSON `text` from `file`, throwing a CheckpointError naming the file for malformed
 // JSON, a key that appears twice in one object, or nesting deeper than `max_depth`.
 nlohmann::json parse_json_strictly(std::string_view text, const std::string& file,

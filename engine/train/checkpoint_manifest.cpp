@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "engine/train/checkpoint_error.h"
+#include "engine/train/run_limits.h"
 
 namespace conveyor {
 namespace {
@@ -44,6 +45,16 @@ class Fields {
         (v.is_number_unsigned() &&
          v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())))
       fail(key, "is " + excerpt(v) + ", expected an integer >= " + std::to_string(min));
+    return v.get<int64_t>();
+  }
+  // An integer in [min, max], a count a run records: `flag` names the setting that gives it,
+  // whose range it has.
+  int64_t count(const char* key, int64_t min, int64_t max, const char* flag) const {
+    const json& v = any(key);
+    if (!v.is_number_integer() || v.get<int64_t>() < min || v.get<int64_t>() > max ||
+        (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(max)))
+      fail(key, "is " + excerpt(v) + ", expected an integer in [" + std::to_string(min) + ", " +
+                    std::to_string(max) + "] (the range of train's " + flag + ")");
     return v.get<int64_t>();
   }
   int small_integer(const char* key, int min) const {
@@ -361,7 +372,7 @@ CheckpointManifest parse_manifest(std::string_view text, const std::string& file
 
   const Fields schedule(f.object("schedule"), "manifest.schedule", file, {"name", "microbatches"});
   s.schedule = schedule.string("name");
-  s.microbatches = schedule.integer("microbatches", 1);
+  s.microbatches = schedule.count("microbatches", 1, kMaxMicrobatches, "--microbatches");
 
   parse_optimizer(f.object("optimizer"), file, s);
 
@@ -435,13 +446,27 @@ CheckpointManifest parse_manifest(std::string_view text, const std::string& file
     const json& replicas = root["replicas"];
     // One replica is written as no field: a manifest has one way to say it.
     if (!replicas.is_number_unsigned() || replicas.get<uint64_t>() < 2 ||
+        replicas.get<uint64_t>() > static_cast<uint64_t>(kMaxReplicas) ||
         replicas.get<uint64_t>() > m.shards.size() || m.shards.size() % replicas.get<uint64_t>())
       throw CheckpointError(file + ": manifest.replicas is " + excerpt(replicas) +
-                            ", expected a number of replicas >= 2 that divides the " +
+                            ", expected a number of replicas from 2 to " +
+                            std::to_string(kMaxReplicas) + " (train's --dp) that divides the " +
                             std::to_string(m.shards.size()) +
                             " shards (a checkpoint of one replica has no replicas field)");
     s.replicas = replicas.get<int>();
   }
+  // Each replica has a shard per pipeline rank, and each rank at most kMaxChunks stages.
+  const size_t ranks = m.shards.size() / static_cast<size_t>(s.replicas);
+  if (ranks > static_cast<size_t>(kMaxStages))
+    throw CheckpointError(file + ": manifest.shards lists " + std::to_string(m.shards.size()) +
+                          " shards, " + std::to_string(ranks) + " pipeline ranks per replica, " +
+                          "expected at most " + std::to_string(kMaxStages) +
+                          " (the range of train's --stages)");
+  if (s.stages.size() > ranks * static_cast<size_t>(kMaxChunks))
+    throw CheckpointError(file + ": manifest.stages has " + std::to_string(s.stages.size()) +
+                          " stages on " + std::to_string(ranks) +
+                          " pipeline rank(s), expected at most " + std::to_string(kMaxChunks) +
+                          " per rank (the range of train's --chunks)");
   check_stages(s.stages, m.shards.size() / static_cast<size_t>(s.replicas), file);
   check_stage_units(s, file);
   return m;

@@ -147,7 +147,7 @@ ShardFileInfo write_shard_file(const std::filesystem::path& path, int64_t step, 
     const HostBytes bytes(tensors[i].tensor);
     if (checkpoint_io::xxh3_64(bytes.data(), bytes.size()) != checksums[i])
       throw CheckpointError("tensor " + in_quotes(tensors[i].name) + " changed while " +
-                            path.string() +
+                            checkpoint_io::shown_path(path) +
                             " was being written; tensors must not be updated during a save");
     file.write_all(bytes.data(), bytes.size());
     file_hash.update(bytes.data(), bytes.size());
@@ -161,7 +161,7 @@ ShardFileInfo write_shard_file(const std::filesystem::path& path, int64_t step, 
 
 ShardReader::ShardReader(const std::filesystem::path& path, CheckpointCheck check)
     : file_(checkpoint_io::File::open_for_reading(path)) {
-  const std::string name = path.string();
+  const std::string name = checkpoint_io::shown_path(path);
   auto check_metadata = [&](const std::map<std::string, std::string>& metadata) {
     auto entry = [&](const char* key) -> const std::string& {
       const auto it = metadata.find(key);
@@ -258,7 +258,7 @@ uint64_t ShardReader::hash_bytes(uint64_t begin, uint64_t end, std::vector<unsig
 
 void ShardReader::check_tensor_hash(const ShardTensor& tensor, uint64_t actual) const {
   if (actual != tensor.checksum)
-    throw CheckpointError(path().string() + ": checksum mismatch in tensor " +
+    throw CheckpointError(checkpoint_io::shown_path(path()) + ": checksum mismatch in tensor " +
                           in_quotes(tensor.name) + ": its bytes hash to " +
                           checkpoint_io::hex64(actual) + ", the metadata says " +
                           checkpoint_io::hex64(tensor.checksum) + ": the data is corrupt");
@@ -274,7 +274,7 @@ void ShardReader::read(const ShardTensor& tensor, void* dst) const {
   file_.read_exactly_at(dst, static_cast<size_t>(tensor.bytes()), data_start_ + tensor.begin);
   const uint64_t actual = checkpoint_io::xxh3_64(dst, static_cast<size_t>(tensor.bytes()));
   if (actual != tensor.checksum)
-    throw CheckpointError(path().string() + ": checksum mismatch in tensor " +
+    throw CheckpointError(checkpoint_io::shown_path(path()) + ": checksum mismatch in tensor " +
                           in_quotes(tensor.name) + " (hashes to " + checkpoint_io::hex64(actual) +
                           ", the metadata says " + checkpoint_io::hex64(tensor.checksum) +
                           "): the file changed after it was verified");

@@ -172,7 +172,8 @@ void FileSource::next(int32_t* inputs, int32_t* targets, int64_t n) {
 }
 
 std::string FileSource::describe() const {
-  return "bytes of '" + path_ + "' (" + std::to_string(bytes_.size()) + " tokens, vocab 256)";
+  return "bytes of " + quoted_file_name(path_) + " (" + std::to_string(bytes_.size()) +
+         " tokens, vocab 256)";
 }
 
 }  // namespace conveyor

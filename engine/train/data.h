@@ -85,6 +85,8 @@ class FileSource : public TokenSource {
   // Entropy (nats/byte) of the file's byte frequencies: what a model that ignores context
   // reaches, a reference for the loss.
   double unigram_entropy() const { return unigram_entropy_; }
+  // The file's length: its tokens, the last of which is only a target.
+  uint64_t bytes() const { return bytes_.size(); }
 
  private:
   std::string path_;

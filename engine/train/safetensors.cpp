@@ -244,7 +244,7 @@ SafetensorsHeader decode_safetensors_header(std::string_view text, uint64_t file
 
 SafetensorsHeader read_safetensors_header(const checkpoint_io::File& file,
                                           const MetadataCheck& check_metadata) {
-  const std::string name = file.path().string();
+  const std::string name = checkpoint_io::shown_path(file.path());
   const uint64_t size = file.size();
   unsigned char prefix[8] = {};
   if (size >= 8) file.read_exactly_at(prefix, sizeof prefix, 0);

@@ -5,10 +5,12 @@
 #include <cstdio>
 #include <sstream>
 #include <thread>
+#include <tuple>
 #include <utility>
 
 #include "comm/transport_factory.h"
 #include "engine/pipeline/memory_estimate.h"
+#include "engine/schedule/input_file.h"
 #include "engine/schedule/text_format.h"
 #include "layers/ops.h"
 #ifdef CONVEYOR_WITH_CUDA
@@ -172,6 +174,15 @@ void TrainConfig::validate() const {
          std::to_string(microbatches) + " equal micro-batches; choose a divisor of the batch");
   if (stages < 1) fail("stages must be at least 1, got " + std::to_string(stages));
   if (chunks < 1) fail("chunks must be at least 1, got " + std::to_string(chunks));
+  // What a checkpoint records must load again: its manifest takes no larger counts.
+  for (const auto& [what, value, max] :
+       {std::tuple{"micro-batches", microbatches, kMaxMicrobatches},
+        {"stages", int64_t{stages}, kMaxStages},
+        {"chunks", int64_t{chunks}, kMaxChunks},
+        {"data-parallel replicas", int64_t{data_parallel}, kMaxReplicas}})
+    if (value > max)
+      fail(std::string(what) + " must be at most " + std::to_string(max) + ", got " +
+           std::to_string(value));
   // Negative clipping would silently mean "off"; only 0 says that.
   if (!std::isfinite(optimizer.clip_norm) || optimizer.clip_norm < 0)
     fail("clip norm must be a finite number >= 0 (0 disables clipping), got " +
@@ -211,18 +222,19 @@ schedule::Schedule make_schedule(const TrainConfig& config) {
   }
   schedule::Schedule loaded = schedule::load_schedule(config.schedule_file);
   if (loaded.num_microbatches != m)
-    throw std::invalid_argument("schedule file '" + config.schedule_file + "' has " +
-                                std::to_string(loaded.num_microbatches) +
+    throw std::invalid_argument("schedule file " + quoted_file_name(config.schedule_file) +
+                                " has " + std::to_string(loaded.num_microbatches) +
                                 " micro-batches but the run uses " + std::to_string(m) +
                                 (d > 1 ? " per replica (--microbatches " +
                                              std::to_string(config.microbatches) + " over --dp " +
                                              std::to_string(d) + ")"
                                        : std::string(" (--microbatches)")));
   if (loaded.replicas != d)
-    throw std::invalid_argument(
-        "schedule file '" + config.schedule_file + "' is for " + std::to_string(loaded.replicas) +
-        " data-parallel replica(s) but the run uses " + std::to_string(d) +
-        " (--dp); dump one with `conveyor schedule --dp " + std::to_string(d) + " --dump FILE`");
+    throw std::invalid_argument("schedule file " + quoted_file_name(config.schedule_file) +
+                                " is for " + std::to_string(loaded.replicas) +
+                                " data-parallel replica(s) but the run uses " + std::to_string(d) +
+                                " (--dp); dump one with `conveyor schedule --dp " +
+                                std::to_string(d) + " --dump FILE`");
   return loaded;
 }
 
@@ -271,9 +283,9 @@ void set_gradient_buckets(schedule::Schedule& sched, const ModelDescription& mod
     const int has = schedule::gradient_buckets(sched, s);
     if (has > std::max<int64_t>(elements, 1))
       throw std::invalid_argument(
-          "schedule file '" + config.schedule_file + "' has " + std::to_string(has) +
-          " all-reduce buckets for stage " + std::to_string(s) + ", which has " +
-          std::to_string(elements) +
+          "schedule file " + quoted_file_name(config.schedule_file) + " has " +
+          std::to_string(has) + " all-reduce buckets for stage " + std::to_string(s) +
+          ", which has " + std::to_string(elements) +
           " gradient elements; a stage takes at most one bucket per gradient element");
   }
   if (!config.gradient_bucket_mib) return;
@@ -283,8 +295,9 @@ void set_gradient_buckets(schedule::Schedule& sched, const ModelDescription& mod
     throw std::invalid_argument(
         "--bucket-mb " + format_readable(*config.gradient_bucket_mib) + " gives stage " +
         std::to_string(s) + " " + std::to_string(wanted[static_cast<size_t>(s)]) +
-        " gradient bucket(s) but schedule file '" + config.schedule_file + "' has " +
-        std::to_string(has) + "; the file decides, so leave --bucket-mb out or make it agree");
+        " gradient bucket(s) but schedule file " + quoted_file_name(config.schedule_file) +
+        " has " + std::to_string(has) +
+        "; the file decides, so leave --bucket-mb out or make it agree");
   }
 }
 
@@ -309,6 +322,16 @@ std::unique_ptr<TokenSource> make_token_source(const TrainConfig& config, int64_
     if (vocab < source->vocab())
       throw std::invalid_argument("data file tokens are bytes (vocab 256) but the model vocab is " +
                                   std::to_string(vocab) + "; use --vocab 256 or more");
+    // A batch is a run of consecutive (input, target) pairs: a file with fewer would wrap
+    // around inside every batch, training on its bytes over and over in one step.
+    const uint64_t pairs = source->bytes() - 1;
+    if (pairs < static_cast<uint64_t>(config.batch_tokens))
+      throw std::invalid_argument(
+          "data file " + quoted_file_name(config.data_path) + " has " +
+          std::to_string(source->bytes()) + " bytes, " + std::to_string(pairs) +
+          " (input, target) pairs, but one step's batch of " + std::to_string(config.batch_tokens) +
+          " tokens needs " + std::to_string(config.batch_tokens + 1) +
+          " bytes; give a larger file or --batch-tokens " + std::to_string(pairs) + " or fewer");
     return source;
   }
   if (vocab < 1)

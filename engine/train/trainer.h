@@ -23,6 +23,7 @@
 #include "engine/pipeline/planner.h"
 #include "engine/schedule/generators.h"
 #include "engine/train/data.h"
+#include "engine/train/run_limits.h"
 #include "layers/model.h"
 
 namespace conveyor {

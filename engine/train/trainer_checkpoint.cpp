@@ -102,7 +102,7 @@ void agree_across_processes(PipelineExecutor& executor, std::exception_ptr local
 void check_resumable(Trainer& trainer, const Checkpoint& checkpoint) {
   const TrainingState ours = trainer_training_state(trainer);
   const TrainingState& saved = checkpoint.state();
-  const std::string manifest = (checkpoint.directory() / "manifest.json").string();
+  const std::string manifest = checkpoint_io::shown_path(checkpoint.directory() / "manifest.json");
   if (saved.model_fingerprint != ours.model_fingerprint) {
     std::string differences = model_differences(saved.model, ours.model);
     // The same description under another fingerprint: the fingerprint alone was changed.
@@ -159,7 +159,7 @@ void check_tensor_count(PipelineExecutor& executor, const Checkpoint& checkpoint
   std::vector<double> count = {static_cast<double>(checkpoint_tensor_specs(executor).size())};
   executor.sum_over_processes(count);
   if (count[0] != static_cast<double>(checkpoint.tensors().size()))
-    throw CheckpointError(checkpoint.directory().string() + " holds " +
+    throw CheckpointError(checkpoint_io::shown_path(checkpoint.directory()) + " holds " +
                           std::to_string(checkpoint.tensors().size()) + " tensors but the model " +
                           "has " + std::to_string(static_cast<int64_t>(count[0])) +
                           "; it is a checkpoint of another model");
@@ -199,8 +199,8 @@ void check_checkpoint_directory(const fs::path& dir) {
     std::ofstream out(probe);
     out << "probe\n";
     if (!out.good())
-      throw CheckpointError("cannot write into checkpoint folder " + dir.string() +
-                            "; choose a writable --save-dir");
+      throw CheckpointError("cannot write into checkpoint folder " +
+                            checkpoint_io::shown_path(dir) + "; choose a writable --save-dir");
   }
   fs::remove(probe, ec);
 }
@@ -224,8 +224,9 @@ TrainerCheckpointer::TrainerCheckpointer(Trainer& trainer, TrainerCheckpointOpti
   } catch (const CheckpointError&) {
     error = std::current_exception();
   }
-  agree_across_processes(trainer_.executor(), error,
-                         "the check of checkpoint folder " + options_.directory.string());
+  agree_across_processes(
+      trainer_.executor(), error,
+      "the check of checkpoint folder " + checkpoint_io::shown_path(options_.directory));
   trainer_.set_save_handler([this] { save(); });
 }
 
@@ -500,7 +501,7 @@ Checkpoint resume_trainer(Trainer& trainer, const fs::path& path) {
   } catch (...) {
     error = std::current_exception();
   }
-  agree_across_processes(executor, error, "opening checkpoint " + path.string());
+  agree_across_processes(executor, error, "opening checkpoint " + checkpoint_io::shown_path(path));
   Checkpoint& checkpoint = *opened;
   check_tensor_count(executor, checkpoint);
   const TrainingState& saved = checkpoint.state();
@@ -523,7 +524,7 @@ Checkpoint resume_trainer(Trainer& trainer, const fs::path& path) {
   error = nullptr;
   for (const std::exception_ptr& e : errors)
     if (e && !error) error = e;
-  agree_across_processes(executor, error, "loading checkpoint " + path.string());
+  agree_across_processes(executor, error, "loading checkpoint " + checkpoint_io::shown_path(path));
   trainer.source().restore(saved.data.position, saved.data.token);
   trainer.resume_at(saved.step);
   return std::move(checkpoint);

@@ -60,22 +60,22 @@ case $case_name in
   verify_bitflip)
     # The last bytes of rank 1's data are its i32 tensor.
     flip_byte "$shard1" $(($(stat -c %s "$shard1") - 3))
-    expect 1 "rank_1\.safetensors: checksum mismatch in tensor 'blocks\.1\.token_counts'" \
+    expect 1 "rank_1\.safetensors': checksum mismatch in tensor 'blocks\.1\.token_counts'" \
       "$conveyor" ckpt verify "$dir"
     ;;
   verify_truncated)
     truncate -s -1 "$shard1"
-    expect 1 "rank_1\.safetensors: .*truncated" "$conveyor" ckpt verify "$dir"
+    expect 1 "rank_1\.safetensors': .*truncated" "$conveyor" ckpt verify "$dir"
     ;;
   verify_header)
     # The header's shape of the bf16 tensor no longer fits its bytes.
     LC_ALL=C sed -i 's/"shape":\[3,5\]/"shape":[5,5]/' "$shard1"
-    expect 1 "rank_1\.safetensors: tensor 'blocks\.1\.gain' is BF16\[5, 5\] \(50 bytes\) but .* hold 30" \
+    expect 1 "rank_1\.safetensors': tensor 'blocks\.1\.gain' is BF16\[5, 5\] \(50 bytes\) but .* hold 30" \
       "$conveyor" ckpt verify "$dir"
     ;;
   verify_missing_shard)
     rm "$dir/step_2/rank_0.safetensors"
-    expect 1 "rank_0\.safetensors is listed in .*manifest\.json but missing" \
+    expect 1 "rank_0\.safetensors' is listed in .*manifest\.json' but missing" \
       "$conveyor" ckpt verify "$dir"
     ;;
   verify_fifo)
@@ -83,22 +83,22 @@ case $case_name in
     # reading would otherwise wait for a writer forever (timeout turns a hang into a failure).
     mv "$shard1" "$work/rank_1.safetensors"
     mkfifo "$shard1"
-    expect 1 "cannot read .*rank_1\.safetensors: it is a FIFO \(named pipe\), not a regular file" \
+    expect 1 "cannot read .*rank_1\.safetensors': it is a FIFO \(named pipe\), not a regular file" \
       timeout 20 "$conveyor" ckpt verify "$dir"
     rm "$shard1"
     # A folder there is a bad file as well: exit 1, as for any checkpoint that fails a check.
     mkdir "$shard1"
-    expect 1 "rank_1\.safetensors: .*not a regular file" timeout 20 "$conveyor" ckpt verify "$dir"
+    expect 1 "rank_1\.safetensors': .*not a regular file" timeout 20 "$conveyor" ckpt verify "$dir"
     rmdir "$shard1"
     mv "$work/rank_1.safetensors" "$shard1"
     rm "$dir/step_2/manifest.json"
     mkfifo "$dir/step_2/manifest.json"
-    expect 1 "manifest\.json: it is a FIFO \(named pipe\), not a regular file" \
+    expect 1 "manifest\.json': it is a FIFO \(named pipe\), not a regular file" \
       timeout 20 "$conveyor" ckpt inspect "$dir"
     ;;
   verify_manifest)
     sed -i 's/"step": 2/"step": 3/' "$dir/step_2/manifest.json"
-    expect 1 "manifest\.json is of step 3, but its folder is named for step 2" \
+    expect 1 "manifest\.json' is of step 3, but its folder is named for step 2" \
       "$conveyor" ckpt verify "$dir"
     ;;
   verify_unfinished)
@@ -106,7 +106,7 @@ case $case_name in
     mv "$dir/step_2" "$dir/step_2.tmp"
     rm "$dir/latest"
     expect 2 "holds no checkpoint" "$conveyor" ckpt verify "$dir"
-    expect 2 "step_2\.tmp is an unfinished save" "$conveyor" ckpt verify "$dir/step_2.tmp"
+    expect 2 "step_2\.tmp' is an unfinished save" "$conveyor" ckpt verify "$dir/step_2.tmp"
     ;;
   not_a_checkpoint)
     # A path that names no checkpoint is bad input (2) for inspect and verify alike, each with
@@ -115,29 +115,29 @@ case $case_name in
     echo "not a checkpoint" >"$work/notes.txt"
     mkfifo "$work/fifo"
     for action in inspect verify; do
-      expect 2 "^conveyor: error: no checkpoint at $work/absent: it does not exist; give DIR, DIR/latest or DIR/step_<N>$" \
+      expect 2 "^conveyor: error: no checkpoint at '$work/absent': it does not exist; give DIR, DIR/latest or DIR/step_<N>$" \
         "$conveyor" ckpt "$action" "$work/absent"
-      expect 2 "^conveyor: error: .*notes\.txt is a file, neither a checkpoint folder nor a 'latest' file naming one; give DIR, DIR/latest or DIR/step_<N>$" \
+      expect 2 "^conveyor: error: .*notes\.txt' is a file, neither a checkpoint folder nor a 'latest' file naming one; give DIR, DIR/latest or DIR/step_<N>$" \
         "$conveyor" ckpt "$action" "$work/notes.txt"
-      expect 2 "^conveyor: error: .*empty holds no checkpoint: it has neither a 'latest' file nor a manifest\.json; give a folder that checkpoints were saved into, or one of its step_<N> folders$" \
+      expect 2 "^conveyor: error: .*empty' holds no checkpoint: it has neither a 'latest' file nor a manifest\.json; give a folder that checkpoints were saved into, or one of its step_<N> folders$" \
         "$conveyor" ckpt "$action" "$work/empty"
-      expect 2 "^conveyor: error: .*fifo is neither a folder nor a regular file \(a device, pipe or socket\), so neither a checkpoint folder nor a 'latest' file; give DIR, DIR/latest or DIR/step_<N>$" \
+      expect 2 "^conveyor: error: .*fifo' is neither a folder nor a regular file \(a device, pipe or socket\), so neither a checkpoint folder nor a 'latest' file; give DIR, DIR/latest or DIR/step_<N>$" \
         timeout 20 "$conveyor" ckpt "$action" "$work/fifo"
-      expect 2 "^conveyor: error: /dev/null is neither a folder nor a regular file" \
+      expect 2 "^conveyor: error: '/dev/null' is neither a folder nor a regular file" \
         "$conveyor" ckpt "$action" /dev/null
-      expect 2 "^conveyor: error: .*manifest\.json is a file of the checkpoint folder .*step_2; give the folder itself$" \
+      expect 2 "^conveyor: error: .*manifest\.json' is a file of the checkpoint folder .*step_2'; give the folder itself$" \
         "$conveyor" ckpt "$action" "$dir/step_2/manifest.json"
     done
     truncate -s -1 "$shard1"
     for action in inspect verify; do
-      expect 1 "^conveyor: error: .*rank_1\.safetensors: .*the file is truncated$" \
+      expect 1 "^conveyor: error: .*rank_1\.safetensors': .*the file is truncated$" \
         "$conveyor" ckpt "$action" "$dir"
     done
     # demo writes a checkpoint: a folder that cannot take one is refused before anything is
     # written, as train refuses its --save-dir.
     expect 2 "^conveyor: error: cannot create checkpoint folder .*notes\.txt" \
       "$conveyor" ckpt demo "$work/notes.txt"
-    expect 2 "^conveyor: error: cannot save step 2: .*step_2 exists already" \
+    expect 2 "^conveyor: error: cannot save step 2: .*step_2' exists already" \
       "$conveyor" ckpt demo "$dir" --step 2
     ;;
   keep_last)

@@ -133,18 +133,18 @@ case $mode in
     status=$? took=$(( $(date +%s) - start ))
     [ "$status" -ne 0 ] && [ "$status" -ne 124 ] || fail "status $status: $(cat "$work/out")"
     [ "$took" -le 20 ] || fail "took ${took}s: the ranks did not agree on the failure"
-    grep -q "rank_1.safetensors: checksum mismatch in tensor '" "$work/out" ||
+    grep -q "rank_1.safetensors': checksum mismatch in tensor '" "$work/out" ||
       fail "rank 1 does not name the corrupt tensor: $(cat "$work/out")"
     # Had rank 0 read rank 1's tensors, it would name the tensor too.
     [ "$(grep -c "checksum mismatch" "$work/out")" = 1 ] ||
       fail "a process checked bytes it does not load: $(cat "$work/out")"
-    grep -q "opening checkpoint $work/ckpt failed in the process of rank 1" "$work/out" ||
+    grep -q "opening checkpoint '$work/ckpt' failed in the process of rank 1" "$work/out" ||
       fail "rank 0 does not name rank 1: $(cat "$work/out")"
     # --weights-checksum (in common) prints after the last step: no process got that far.
     grep -q "^weights xxh3 " "$work/out" && fail "the run went on after the failed resume: $(cat "$work/out")"
     timeout 60 "$cli" "${common[@]}" --steps 4 --stages 2 --resume "$work/ckpt" --transport inproc \
       >"$work/one.out" 2>&1 && fail "one process resumed from the corrupt checkpoint"
-    grep -q "rank_1.safetensors: checksum mismatch in tensor '" "$work/one.out" ||
+    grep -q "rank_1.safetensors': checksum mismatch in tensor '" "$work/one.out" ||
       fail "one process does not name the corrupt tensor: $(cat "$work/one.out")"
     echo "a corrupt tensor of rank 1: named by rank 1's process alone under mpirun (rank 0 names rank 1, ${took}s), and by one process"
     grep "conveyor: error" "$work/out"

@@ -108,7 +108,7 @@ case $case_name in
     status=$?
     echo "$output"
     [ "$status" -eq 2 ] || fail "exit status $status, expected 2"
-    grep -q "^conveyor: error: --save-dir .* would refuse this run's first save: cannot save step 2: .*step_2 exists already; remove it or save into another folder$" \
+    grep -q "^conveyor: error: --save-dir .* would refuse this run's first save: cannot save step 2: .*step_2' exists already; remove it or save into another folder$" \
       <<<"$output" || fail "the refusal does not name the first save and its folder"
     ! grep -q "^done " <<<"$output" || fail "the run trained before refusing"
     # Resumed from there it saves on.
@@ -167,14 +167,14 @@ case $case_name in
         grep -qF -- "$2" <<<"$output" || fail "$1: '$command' does not say '$2'"
       done
     }
-    refused "m['data']['position'] = 2**64 - 1" "manifest.json: manifest.data.position is 18446744073709551615, expected step x rng.batch_tokens = 2 x 512 = 1024"
+    refused "m['data']['position'] = 2**64 - 1" "manifest.json': manifest.data.position is 18446744073709551615, expected step x rng.batch_tokens = 2 x 512 = 1024"
     refused "m['stages'][0]['units'][1] += 3" "manifest.stages end at unit"
     refused "m['optimizer']['steps_taken'] = 10**15" "manifest.optimizer.steps_taken is 1000000000000000"
     refused "m['lr_schedule']['step'] = 99" "manifest.lr_schedule.step is 99"
     refused "m['data']['token'] = -1" "manifest.data.token is -1, expected an integer >= 0"
     # A token that passes every check of its own is still another token: the manifest's
     # checksum of its training state refuses it, and so any other edit of those fields.
-    refused "m['data']['token'] = (m['data']['token'] + 1) % 32" "manifest.json: the training state (step, optimizer, lr_schedule, data, rng) does not match its checksum"
+    refused "m['data']['token'] = (m['data']['token'] + 1) % 32" "manifest.json': the training state (step, optimizer, lr_schedule, data, rng) does not match its checksum"
     refused "m['rng'] = None" "does not match its checksum"
     # Only the fingerprint edited: it no longer fingerprints the model description beside it,
     # which the loader names, with both fingerprints, before any comparison with this run.

@@ -69,6 +69,17 @@ TEST(TextFormat, FilesRoundTrip) {
   EXPECT_THROW(load_schedule((dir / "conveyor_no_such_schedule.txt").string()), ScheduleError);
 }
 
+// A file name may hold a line break: the error names it escaped, on one line.
+TEST(TextFormat, ASaveThatCannotOpenItsFileNamesItOnOneLine) {
+  const std::string path = "/nonexistent/two\nlines.txt";
+  try {
+    save_schedule(path, generate_1f1b(2, 2));
+    ADD_FAILURE() << "a schedule was saved under a folder that does not exist";
+  } catch (const ScheduleError& e) {
+    EXPECT_EQ(std::string(e.what()), "cannot open '/nonexistent/two\\nlines.txt' for writing");
+  }
+}
+
 TEST(TextFormat, HandWrittenWithoutHeaderIsInferred) {
   const Schedule s = parse_text(
       "# two stages, hand-written\n"

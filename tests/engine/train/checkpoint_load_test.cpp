@@ -44,6 +44,23 @@ TEST_F(CheckpointLoad, NothingThere) {
   EXPECT_CHECKPOINT_ERROR(open_checkpoint(dir_ / "empty"), "empty", "holds no checkpoint");
 }
 
+// A folder name may hold a line break; every message names it escaped, on one line.
+TEST_F(CheckpointLoad, AFolderNamedWithALineBreakIsNamedOnOneLine) {
+  const fs::path odd = dir_ / "two\nlines";
+  const auto one_line = [](const std::string& message) {
+    EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+    EXPECT_NE(message.find("two\\nlines"), std::string::npos) << message;
+  };
+  one_line(checkpoint_error_of([&] { open_checkpoint(odd); }));
+  fs::create_directory(odd);
+  one_line(checkpoint_error_of([&] { open_checkpoint(odd); }));
+  save_demo(odd, 3);
+  one_line(checkpoint_error_of([&] { open_checkpoint(odd / "step_3" / "manifest.json"); }));
+  fs::remove(odd / "step_3" / "rank_1.safetensors");
+  one_line(checkpoint_error_of([&] { open_checkpoint(odd); }));
+  one_line(*save_refusal(odd, 3));
+}
+
 // Paths that name no checkpoint throw NotACheckpointError (a tool's bad input); a checkpoint
 // folder whose own files fail a check throws a CheckpointError of the other kind.
 TEST_F(CheckpointLoad, NamingNoCheckpointIsToldApartFromADamagedOne) {
@@ -67,7 +84,7 @@ TEST_F(CheckpointLoad, NamingNoCheckpointIsToldApartFromADamagedOne) {
 
 TEST_F(CheckpointLoad, LatestNamingAMissingFolder) {
   write_file(dir_ / "latest", "step_77\n");
-  EXPECT_CHECKPOINT_ERROR(open_checkpoint(dir_.path()), "latest names step_77", "does not exist");
+  EXPECT_CHECKPOINT_ERROR(open_checkpoint(dir_.path()), "latest' names step_77", "does not exist");
 }
 
 TEST_F(CheckpointLoad, LatestNamingSomethingElse) {
@@ -83,10 +100,10 @@ TEST_F(CheckpointLoad, AFileOfTheCheckpointNamesItsFolder) {
   save_demo(dir_.path(), 9);
   const fs::path step = dir_ / "step_9";
   EXPECT_CHECKPOINT_ERROR(open_checkpoint(step / "manifest.json"),
-                          "is a file of the checkpoint folder " + step.string(),
+                          "is a file of the checkpoint folder '" + step.string() + "'",
                           "give the folder itself");
   EXPECT_CHECKPOINT_ERROR(open_checkpoint(step / "rank_0.safetensors"),
-                          "is a file of the checkpoint folder " + step.string());
+                          "is a file of the checkpoint folder '" + step.string() + "'");
   write_file(dir_ / "notes.txt", "not a checkpoint\n");
   EXPECT_CHECKPOINT_ERROR(open_checkpoint(dir_ / "notes.txt"),
                           "is a file, neither a checkpoint folder nor a 'latest' file",
@@ -161,6 +178,14 @@ TEST_F(CheckpointLoad, ManifestFieldsAreChecked) {
       {"/model/num_units", 4, "manifest.stages end at unit 2 but manifest.model.num_units is 4"},
       {"/model/num_units", 0, "manifest.model.num_units is 0, expected an integer >= 1"},
       {"/rng/batch_tokens", 0, "manifest.rng.batch_tokens is 0, expected an integer >= 1"},
+      // Counts past the range of train's flags, which no run writes: a manifest re-sealed
+      // with fresh checksums must not pass them.
+      {"/schedule/microbatches", int64_t{1} << 40,
+       "manifest.schedule.microbatches is 1099511627776, expected an integer in [1, 65536] (the "
+       "range of train's --microbatches)"},
+      {"/schedule/microbatches", uint64_t{1} << 63, "manifest.schedule.microbatches is "},
+      {"/replicas", 2048,
+       "manifest.replicas is 2048, expected a number of replicas from 2 to 1024"},
   };
   const std::string pristine = read_file(manifest());
   for (const Case& c : cases) {
@@ -172,6 +197,33 @@ TEST_F(CheckpointLoad, ManifestFieldsAreChecked) {
   write_file(manifest(), pristine);
   edit_manifest(folder_, [](auto& m) { m.erase("rng"); });
   EXPECT_CHECKPOINT_ERROR(open_checkpoint(folder_), "manifest has no field 'rng'");
+}
+
+// Pipeline ranks and stages past train's --stages and --chunks are refused as the fields are
+// read, before any of the shards they would name is looked for.
+TEST_F(CheckpointLoad, MoreRanksOrStagesThanARunTakesAreRefused) {
+  const std::string pristine = read_file(manifest());
+  edit_manifest(folder_, [](auto& m) {
+    nlohmann::json shard = m["shards"][0];
+    m["shards"] = nlohmann::json::array();
+    for (int r = 0; r <= 1024; ++r) {
+      shard["rank"] = r;
+      shard["file"] = "rank_" + std::to_string(r) + ".safetensors";
+      m["shards"].push_back(shard);
+    }
+  });
+  EXPECT_CHECKPOINT_ERROR(open_checkpoint(folder_),
+                          "manifest.shards lists 1025 shards, 1025 pipeline ranks per replica, "
+                          "expected at most 1024 (the range of train's --stages)");
+  write_file(manifest(), pristine);
+  edit_manifest(folder_, [](auto& m) {
+    const nlohmann::json stage = m["stages"][0];
+    m["stages"] = nlohmann::json::array();
+    for (int s = 0; s <= 128; ++s) m["stages"].push_back(stage);
+  });
+  EXPECT_CHECKPOINT_ERROR(open_checkpoint(folder_),
+                          "manifest.stages has 129 stages on 2 pipeline rank(s), expected at most "
+                          "64 per rank (the range of train's --chunks)");
 }
 
 // The data token is optional: a checkpoint written before it was recorded loads without one.
@@ -347,7 +399,7 @@ TEST_F(CheckpointLoad, AFifoInPlaceOfAFileIsRefusedNotWaitedOn) {
 TEST_F(CheckpointLoad, AShardListedButMissing) {
   fs::remove(shard(1));
   EXPECT_CHECKPOINT_ERROR(open_checkpoint(dir_.path()), shard(1).string(),
-                          "is listed in " + manifest().string() + " but missing");
+                          "is listed in '" + manifest().string() + "' but missing");
 }
 
 TEST_F(CheckpointLoad, AShardPresentButNotListed) {
@@ -406,8 +458,8 @@ TEST_F(CheckpointLoad, ATensorInTwoShards) {
   });
   match_manifest_to_shards(folder_);
   EXPECT_CHECKPOINT_ERROR(open_checkpoint(folder_),
-                          "rank_1.safetensors holds tensor 'blocks.0.scale'",
-                          "rank_0.safetensors holds too");
+                          "rank_1.safetensors' holds tensor 'blocks.0.scale'",
+                          "rank_0.safetensors' holds too");
 }
 
 TEST_F(CheckpointLoad, ABadShardIsNamedEvenWhenTheManifestAgrees) {
@@ -439,7 +491,7 @@ TEST_F(CheckpointLoad, TensorsMissingExtraOrMisshapen) {
   auto extra = specs;
   extra.erase(extra.begin() + 1);
   EXPECT_CHECKPOINT_ERROR(ckpt.check_tensors(extra),
-                          "rank_0.safetensors holds tensor 'blocks.0.fc1.bias'", "does not have");
+                          "rank_0.safetensors' holds tensor 'blocks.0.fc1.bias'", "does not have");
   auto shape = specs;
   shape[0].shape = {4, 6};
   EXPECT_CHECKPOINT_ERROR(ckpt.check_tensors(shape), "tensor 'blocks.0.fc1.weight' is f32[6, 4]",

@@ -254,20 +254,31 @@ TEST(CheckpointSave, MisuseIsAnInvalidArgument) {
   writer.commit(demo_state(1, 2));
 }
 
+// A name holding a line break is shown escaped, so the message stays one line.
+TEST(CheckpointSave, AFolderNamedWithALineBreakIsNamedOnOneLine) {
+  TempDir dir;
+  write_file(dir / "a\nfile", "not a folder");
+  const std::string message =
+      checkpoint_error_of([&] { CheckpointWriter(dir / "a\nfile" / "ckpt", 1, 1); });
+  EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+  EXPECT_NE(message.find("a\\nfile/ckpt':"), std::string::npos) << message;
+  EXPECT_NE(message.find("a\\nfile' is a file, not a folder"), std::string::npos) << message;
+}
+
 TEST(CheckpointSave, AFolderThatCannotBeCreatedIsNamed) {
   TempDir dir;
   write_file(dir / "a_file", "not a folder");
   // The file in the way is named, not only the system's "Not a directory".
-  const std::string in_the_way = (dir / "a_file").string() + " is a file, not a folder";
+  const std::string in_the_way = "'" + (dir / "a_file").string() + "' is a file, not a folder";
   EXPECT_CHECKPOINT_ERROR(CheckpointWriter(dir / "a_file" / "ckpt", 1, 1), "a_file/ckpt",
                           "cannot create checkpoint folder", in_the_way);
   EXPECT_CHECKPOINT_ERROR(CheckpointWriter(dir / "a_file", 1, 1), "a_file",
                           "cannot create checkpoint folder", in_the_way);
   // Something else than a regular file is named for what it is.
   ASSERT_EQ(::mkfifo((dir / "a_pipe").c_str(), 0600), 0);
-  EXPECT_CHECKPOINT_ERROR(CheckpointWriter(dir / "a_pipe", 1, 1), "a_pipe",
-                          "cannot create checkpoint folder",
-                          (dir / "a_pipe").string() + " is a FIFO (named pipe), not a folder");
+  EXPECT_CHECKPOINT_ERROR(
+      CheckpointWriter(dir / "a_pipe", 1, 1), "a_pipe", "cannot create checkpoint folder",
+      "'" + (dir / "a_pipe").string() + "' is a FIFO (named pipe), not a folder");
 }
 
 TEST(CheckpointSave, AShardWriteErrorNamesTheFileAndKeepsThePreviousCheckpoint) {
@@ -307,7 +318,7 @@ TEST(CheckpointSave, AFullDiskMidWriteNamesTheFileAndKeepsThePreviousCheckpoint)
   const std::vector<NamedTensor> big = {{"big", random_tensor(DType::kF32, {64, 1024}, 9)}};
   // 100000 bytes: the header and part of the 256 KiB tensor get written, then the disk is full.
   EXPECT_EXIT(save_under_file_size_limit(dir.path(), big, 100000), ::testing::ExitedWithCode(0),
-              "cannot write .*step_2.tmp/rank_0.safetensors: File too large");
+              "cannot write .*step_2.tmp/rank_0.safetensors': File too large");
   const Checkpoint ckpt = open_checkpoint(dir.path());
   EXPECT_EQ(ckpt.step(), 1);
   EXPECT_FALSE(fs::exists(dir / "step_2"));

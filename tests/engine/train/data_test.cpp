@@ -10,6 +10,8 @@
 #include <map>
 #include <vector>
 
+#include "engine/train/trainer.h"
+
 namespace conveyor {
 namespace {
 
@@ -152,6 +154,34 @@ TEST(FileSource, MissingOrTinyFilesAreClearErrors) {
     f << "x";
   }
   EXPECT_THROW(FileSource{path}, std::invalid_argument);
+  std::remove(path.c_str());
+}
+
+// A batch is a run of consecutive pairs: the trainer refuses a file with fewer pairs than one
+// step's batch, naming both counts, rather than wrap around inside every batch.
+TEST(FileSource, AFileShorterThanOneBatchIsRefusedByTheTrainer) {
+  const std::string path = ::testing::TempDir() + "conveyor_three_bytes.bin";
+  {
+    std::ofstream f(path, std::ios::binary);
+    f << "abc";
+  }
+  TrainConfig config;
+  config.data_path = path;
+  config.batch_tokens = 4;
+  config.microbatches = 1;
+  try {
+    make_token_source(config, 256);
+    ADD_FAILURE() << "a 3-byte file was taken for batches of 4 tokens";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "data file '" + path +
+                  "' has 3 bytes, 2 (input, target) pairs, but one step's batch of 4 tokens "
+                  "needs 5 bytes; give a larger file or --batch-tokens 2 or fewer");
+  }
+  config.batch_tokens = 3;
+  EXPECT_THROW(make_token_source(config, 256), std::invalid_argument);
+  config.batch_tokens = 2;
+  EXPECT_EQ(make_token_source(config, 256)->vocab(), 256);
   std::remove(path.c_str());
 }
 

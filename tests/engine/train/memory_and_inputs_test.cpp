@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
@@ -286,6 +287,41 @@ TEST(TrainConfigChecks, NegativeOrNonFiniteClipIsRefused) {
   TrainConfig off;
   off.optimizer.clip_norm = 0.0;
   EXPECT_NO_THROW(off.validate());
+}
+
+// A checkpoint records the layout and its manifest takes no larger counts than the command
+// line does: a run with more is refused before it starts, not at its first save.
+TEST(TrainConfigChecks, LayoutCountsPastTheCheckpointsRangeAreRefused) {
+  const auto refusal = [](const std::function<void(TrainConfig&)>& set) {
+    TrainConfig c;
+    set(c);
+    try {
+      c.validate();
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_EQ(refusal([](TrainConfig& c) {
+              c.microbatches = kMaxMicrobatches * 2;
+              c.batch_tokens = c.microbatches;
+            }),
+            "micro-batches must be at most 65536, got 131072");
+  EXPECT_EQ(refusal([](TrainConfig& c) { c.stages = 1025; }),
+            "stages must be at most 1024, got 1025");
+  EXPECT_EQ(refusal([](TrainConfig& c) { c.chunks = 65; }), "chunks must be at most 64, got 65");
+  EXPECT_EQ(refusal([](TrainConfig& c) {
+              c.data_parallel = 2048;
+              c.microbatches = 2048;
+            }),
+            "data-parallel replicas must be at most 1024, got 2048");
+  EXPECT_EQ(refusal([](TrainConfig& c) {
+              c.stages = 1024;
+              c.chunks = 64;
+              c.microbatches = kMaxMicrobatches;
+              c.batch_tokens = kMaxMicrobatches;
+            }),
+            "accepted");
 }
 
 TEST(DataSources, FileSourceRefusesDevicesAndDirectories) {
