@@ -63,10 +63,10 @@ std::unique_ptr<Transport> make_nccl_transport_over_mpi(
   check_mpi(MPI_Comm_size(MPI_COMM_WORLD, &processes), "MPI_Comm_size");
   const int ranks = static_cast<int>(cuda_device_per_rank.size());
   if (processes != ranks)
-    throw std::invalid_argument("the pipeline has " + std::to_string(ranks) +
-                                " ranks but MPI started " + std::to_string(processes) +
-                                " processes; start one process per rank (mpirun -np " +
-                                std::to_string(ranks) + ")");
+    throw std::invalid_argument(
+        "the pipeline has " + std::to_string(ranks) + " ranks but MPI started " +
+        std::to_string(processes) + (processes == 1 ? " process" : " processes") +
+        "; start one process per rank (mpirun -np " + std::to_string(ranks) + ")");
   // Every process checks the same groups, so a bad list fails on all of them before the
   // broadcast.
   check_nccl_groups(groups, ranks);

@@ -137,10 +137,10 @@ Transports make_transports(TransportKind requested, const std::vector<Device>& d
     out.per_rank.push_back(make_mpi_transport(timeout));
     const int processes = out.per_rank[0]->size();
     if (processes != static_cast<int>(devices.size()))
-      throw ProcessCountMismatch("the pipeline has " + std::to_string(devices.size()) +
-                                 " ranks but MPI started " + std::to_string(processes) +
-                                 " processes; start one process per rank (mpirun -np " +
-                                 std::to_string(devices.size()) + ")");
+      throw ProcessCountMismatch(
+          "the pipeline has " + std::to_string(devices.size()) + " ranks but MPI started " +
+          std::to_string(processes) + (processes == 1 ? " process" : " processes") +
+          "; start one process per rank (mpirun -np " + std::to_string(devices.size()) + ")");
     return out;
   }
   if (out.kind == TransportKind::kNccl || out.kind == TransportKind::kNcclOverMpi) {

@@ -131,7 +131,7 @@ void add_run_flags(CLI::App* cmd, RunFlags& f, RunFlagsFor command) {
   // Bounded up front: the partitioner and the model walk every block.
   add_int_flag(cmd, "--layers", f.layers, 1, 4096, "Number of MLP blocks")->default_str("preset");
   add_int_flag(cmd, "--vocab", f.vocab, 2, kMaxVocab, "Vocabulary size")
-      ->default_str("preset, 256 with train --data");
+      ->default_str(command == RunFlagsFor::kTrain ? "preset, 256 with --data" : "preset");
   add_int_flag(cmd, "--hidden", f.hidden, 1, 1 << 20, "MLP hidden width")
       ->default_str("4 x d-model");
   cmd->add_option("--activation", f.activation, "gelu or relu")->default_str("preset");

@@ -347,7 +347,7 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
         "stopped at step %lld of %lld (--stop-after)%s\n", static_cast<long long>(t.last_step),
         static_cast<long long>(config.steps),
         checkpointer ? "" : "; nothing was saved to resume from: the run has no --save-dir");
-  print_summary(*trainer, config, t, signal);
+  print_summary(*trainer, config, t, signal, !f.log_json.empty());
   if (eval_loss)
     std::printf("eval   loss %.6f over %lld batch(es) (%lld tokens), exactly %a\n", *eval_loss,
                 static_cast<long long>(f.eval_batches), static_cast<long long>(eval_tokens),

@@ -30,12 +30,34 @@ std::string human_rate(double per_second) {
   return buf;
 }
 
+namespace {
+
+// A per-stage or per-rank list of a long pipeline shows its first and last kListEnds entries
+// and counts the rest: a line per run, not a screen per line.
+constexpr size_t kListEnds = 8;
+
+bool shown_in_list(size_t i, size_t n) {
+  return n <= 2 * kListEnds || i < kListEnds || i >= n - kListEnds;
+}
+
+// What stands for the entries left out, before entry `i`; empty elsewhere.
+std::string left_out_before(size_t i, size_t n) {
+  if (n <= 2 * kListEnds || i != n - kListEnds) return "";
+  return " ... (" + std::to_string(n - 2 * kListEnds) + " more)";
+}
+
+}  // namespace
+
 void print_data_parallel(Trainer& trainer) {
   const auto& sched = trainer.executor().schedule();
   if (sched.replicas == 1) return;
   std::string buckets;
-  for (int s = 0; s < sched.num_stages(); ++s)
-    buckets += (s == 0 ? "" : ",") + std::to_string(schedule::gradient_buckets(sched, s));
+  const auto stages = static_cast<size_t>(sched.num_stages());
+  for (size_t s = 0; s < stages; ++s) {
+    if (!shown_in_list(s, stages)) continue;
+    buckets += left_out_before(s, stages) + (s == 0 ? "" : ",") +
+               std::to_string(schedule::gradient_buckets(sched, static_cast<int>(s)));
+  }
   std::printf(
       "data   %d replicas x %d pipeline ranks = %d ranks (rank r: pipeline rank r mod %d of "
       "replica r div %d), %d micro-batches each, gradients summed per stage over the replicas "
@@ -66,10 +88,12 @@ void print_pipeline(Trainer& trainer) {
               : trainer.executor().uses_nccl()                           ? "nccl"
                                                                          : "in-process");
   const auto& ranges = trainer.stage_ranges();
-  for (size_t s = 0; s < ranges.size(); ++s)
-    std::printf(" %zu:[%lld,%lld)@%s", s, static_cast<long long>(ranges[s].begin),
-                static_cast<long long>(ranges[s].end),
+  for (size_t s = 0; s < ranges.size(); ++s) {
+    if (!shown_in_list(s, ranges.size())) continue;
+    std::printf("%s %zu:[%lld,%lld)@%s", left_out_before(s, ranges.size()).c_str(), s,
+                static_cast<long long>(ranges[s].begin), static_cast<long long>(ranges[s].end),
                 rank_device_text(trainer, sched.placement.rank_of(static_cast<int>(s))).c_str());
+  }
   std::printf("\n");
 }
 
@@ -88,11 +112,13 @@ void report_bubble(Trainer& trainer, PipelineStepResult& last, OutputFile* trace
         "bubble last step: measured %.3f, simulated %.3f | idle per rank, measured "
         "(simulated):",
         measured.bubble_fraction, predicted.bubble_fraction);
-    for (int r = 0; r < sched.num_ranks(); ++r) {
+    const auto ranks = static_cast<size_t>(sched.num_ranks());
+    for (size_t r = 0; r < ranks; ++r) {
+      if (!shown_in_list(r, ranks)) continue;
       const double m_idle = measured.makespan > 0 ? measured.ranks[r].idle / measured.makespan : 0;
       const double p_idle =
           predicted.makespan > 0 ? predicted.ranks[r].idle / predicted.makespan : 0;
-      std::printf(" r%d %.3f (%.3f)", r, m_idle, p_idle);
+      std::printf("%s r%zu %.3f (%.3f)", left_out_before(r, ranks).c_str(), r, m_idle, p_idle);
     }
     std::printf("\n");
     const schedule::ReductionOverlap m_reduce = reduction_overlap(sched, measured);
@@ -118,12 +144,14 @@ void report_bubble(Trainer& trainer, PipelineStepResult& last, OutputFile* trace
   }
 }
 
-void print_summary(Trainer& trainer, const TrainConfig& config, const RunTotals& t, int signal) {
+void print_summary(Trainer& trainer, const TrainConfig& config, const RunTotals& t, int signal,
+                   bool logging_steps) {
   const double tokens = static_cast<double>(t.steps * config.batch_tokens);
   if (signal != 0)
-    std::printf("interrupted at step %lld of %lld by %s; the log holds every finished step\n",
-                static_cast<long long>(t.last_step), static_cast<long long>(config.steps),
-                signal == SIGINT ? "SIGINT" : "SIGTERM");
+    std::printf("interrupted at step %lld of %lld by %s;%s\n", static_cast<long long>(t.last_step),
+                static_cast<long long>(config.steps), signal == SIGINT ? "SIGINT" : "SIGTERM",
+                logging_steps ? " the log holds every finished step"
+                              : " the step in progress finished first");
   std::printf("done   %lld steps, %.0f tokens in %.1f s (%s tok/s), allocator peak %s\n",
               static_cast<long long>(t.steps), tokens, t.seconds,
               human_rate(t.seconds > 0 ? tokens / t.seconds : 0.0).c_str(),

@@ -30,7 +30,9 @@ struct RunTotals {
   size_t peak = 0;
 };
 
-void print_summary(Trainer& trainer, const TrainConfig& config, const RunTotals& t, int signal);
+// `logging_steps`: the run writes a --log-json log (an interrupted run's line points to it).
+void print_summary(Trainer& trainer, const TrainConfig& config, const RunTotals& t, int signal,
+                   bool logging_steps);
 
 // Measured bubble of the last step per rank, next to the simulator's prediction for the
 // costs measured in that step (a one-stage run has no bubble); optionally the measured
