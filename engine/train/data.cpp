@@ -162,11 +162,13 @@ FileSource::FileSource(const std::string& path) : path_(path) {
 }
 
 void FileSource::next(int32_t* inputs, int32_t* targets, int64_t n) {
-  const uint64_t size = bytes_.size();
+  // The file holds size - 1 pairs, each byte followed by the next; wrapping after the last
+  // one never pairs the file's last byte with its first, which no text has.
+  const uint64_t pairs = bytes_.size() - 1;
   for (int64_t i = 0; i < n; ++i) {
-    const uint64_t at = (position_ + static_cast<uint64_t>(i)) % size;
+    const uint64_t at = (position_ + static_cast<uint64_t>(i)) % pairs;
     inputs[i] = bytes_[at];
-    targets[i] = bytes_[(at + 1) % size];
+    targets[i] = bytes_[at + 1];
   }
   position_ += static_cast<uint64_t>(n);
 }

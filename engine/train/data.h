@@ -71,7 +71,8 @@ class MarkovSource : public TokenSource {
   int32_t current_ = 0;
 };
 
-// Byte-level tokens (vocab 256) of a file, read in order and wrapping at the end. The file
+// Byte-level tokens (vocab 256) of a file, read in order as (byte, next byte) pairs, from the
+// first pair again after the last (a position counts pairs). The file
 // must be a regular file of at most kMaxBytes (it is held in memory).
 class FileSource : public TokenSource {
  public:
