@@ -255,7 +255,7 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
     std::string why;
     if (!mpi.active() || mpi.rank() == 0)
       if (const auto refusal = save_refusal(f.checkpoint.save_dir, first_save))
-        why = "--save-dir '" + escape_for_message(f.checkpoint.save_dir) + "'" +
+        why = "--save-dir " + quoted_file_name(f.checkpoint.save_dir) +
               " would refuse this run's first save: " + *refusal;
     why = rank_zero_text(mpi, why, "the check of --save-dir");
     if (!why.empty()) refuse_on_every_rank(mpi, why);

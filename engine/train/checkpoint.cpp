@@ -219,11 +219,12 @@ CommitResult CheckpointWriter::commit(const TrainingState& state) {
   // What is committed must load: a state the loader would reject is the caller's mistake
   // (an rng holding a NaN, which JSON writes as null, would not match its checksum).
   try {
-    const CheckpointManifest written = parse_manifest(text, shown_path(manifest_path));
-    check_manifest_counters(written, shown_path(manifest_path));
-    check_manifest_model_fingerprint(written, shown_path(manifest_path));
-    check_manifest_state_checksum(written, shown_path(manifest_path));
-    check_manifest_checksum(written, shown_path(manifest_path));
+    const std::string manifest_file = shown_path(manifest_path);
+    const CheckpointManifest written = parse_manifest(text, manifest_file);
+    check_manifest_counters(written, manifest_file);
+    check_manifest_model_fingerprint(written, manifest_file);
+    check_manifest_state_checksum(written, manifest_file);
+    check_manifest_checksum(written, manifest_file);
   } catch (const CheckpointError& e) {
     throw std::invalid_argument(std::string("commit: the training state cannot be saved: ") +
                                 e.what());

@@ -467,7 +467,7 @@ CheckpointManifest parse_manifest(std::string_view text, const std::string& file
                           " stages on " + std::to_string(ranks) +
                           " pipeline rank(s), expected at most " + std::to_string(kMaxChunks) +
                           " per rank (the range of train's --chunks)");
-  check_stages(s.stages, m.shards.size() / static_cast<size_t>(s.replicas), file);
+  check_stages(s.stages, ranks, file);
   check_stage_units(s, file);
   return m;
 }
