@@ -23,74 +23,10 @@
 #include "engine/pipeline/planner.h"
 #include "engine/schedule/generators.h"
 #include "engine/train/data.h"
-#include "engine/train/run_limits.h"
+#include "engine/train/train_config.h"
 #include "layers/model.h"
 
 namespace conveyor {
-
-// Where the ranks of a pipeline on CUDA live. kAuto: one rank per GPU (from the chosen one
-// on) when there are enough GPUs, else all ranks share the chosen GPU, each with its own
-// streams. kShared: always share. No effect on the CPU.
-enum class RankPlacement : uint8_t { kAuto, kShared };
-
-// PyTorch DDP's bucket_cap_mb: large enough that a bucket's latency is small next to its
-// transfer, small enough that summing starts before the last gradients of a large stage.
-inline constexpr double kDefaultGradientBucketMiB = 25.0;
-// Beyond 10^6 MiB (about 1 TiB) a bucket holds any stage whole; below 1 KiB the latency each
-// bucket pays would dwarf its transfer.
-inline constexpr double kMaxGradientBucketMiB = 1e6;
-inline constexpr double kMinGradientBucketMiB = 1.0 / 1024.0;
-
-struct TrainConfig {
-  // The reference model, when the trainer is not given a ModelDescription.
-  ModelConfig model;
-  OptimizerConfig optimizer;
-  int64_t steps = 200;
-  int64_t batch_tokens = 4096;  // tokens per optimizer step (the global batch)
-  int64_t microbatches = 4;
-  uint64_t seed = 1;             // of the weights and of the built-in Markov source
-  std::string data_path;         // built-in source: bytes of this file; empty: Markov chain
-  std::optional<Device> device;  // unset: the first usable GPU, else the CPU
-  bool allow_tf32 = false;
-  size_t memory_limit_bytes = 0;
-  // Threads of each CPU rank's kernels; 0: all cores, shared between the ranks (at least 1
-  // each). The bits of a run do not depend on it.
-  int cpu_threads = 0;
-
-  // Pipeline: `stages` ranks, each with `chunks` virtual stages, under `schedule`, or under
-  // the schedule in `schedule_file` when that is set; blocks per stage from `partition`.
-  int stages = 1;
-  int chunks = 1;
-  schedule::ScheduleKind schedule = schedule::ScheduleKind::k1F1B;
-  std::string schedule_file;
-  PartitionSpec partition;
-  RankPlacement placement = RankPlacement::kAuto;
-  TransportKind transport = TransportKind::kAuto;
-  std::chrono::milliseconds transport_timeout{120000};
-  // Units that re-run their forward in the backward instead of keeping its activations
-  // (engine/pipeline/recompute.h); the bits of a run do not depend on it.
-  RecomputeSpec recompute;
-
-  // Data parallelism: `data_parallel` replicas of the pipeline (stages * data_parallel ranks;
-  // rank r is pipeline rank r mod stages of replica r div stages), replica d training on the
-  // d-th contiguous slice of microbatches / data_parallel micro-batches of each step, the
-  // gradients of each stage summed over the replicas before the optimizer step.
-  int data_parallel = 1;
-  // ZeRO-1 with data_parallel > 1: each replica keeps the optimizer state of 1/D of every
-  // stage's parameters (ExecutorOptions::shard_optimizer); the weights stay those of the
-  // unsharded run. Each rank's checkpoint shard holds its part of the moments.
-  bool shard_optimizer = false;
-  // With data_parallel > 1: each stage's gradients are all-reduced in buckets of at most this
-  // many MiB, ceil(stage gradient bytes / bucket bytes) of them (0, or a bucket at least as
-  // large as the stage: one). Unset: kDefaultGradientBucketMiB for a generated schedule, and a
-  // schedule file's own buckets; set with a schedule file, the file must agree. The bits of a
-  // run do not depend on it.
-  std::optional<double> gradient_bucket_mib;
-
-  // Throws std::invalid_argument naming the first impossible setting. The reference model
-  // is checked by ModelConfig::validate (the trainer of the reference model calls both).
-  void validate() const;
-};
 
 // Training stopped because the loss or the gradient stopped being finite.
 class TrainingDiverged : public std::runtime_error {
@@ -108,54 +44,6 @@ struct StepStats {
   size_t peak_bytes = 0;        // largest peak of live allocations over the ranks' devices
   PipelineStepResult pipeline;  // measured timeline, per-rank memory
 };
-
-// The device to run on: `requested` if it is usable, or, when unset, the first GPU if one
-// is usable, else the CPU. `note` receives a one-line explanation when a CUDA build falls
-// back to the CPU. Throws std::invalid_argument for a CUDA device that is not there.
-Device resolve_device(const std::optional<Device>& requested, std::string* note = nullptr);
-
-// CPU kernel threads for each of `ranks` ranks in one process: `requested`, or with 0 the
-// machine's cores shared between the ranks (their threads run at once), at least one each.
-int cpu_threads_per_rank(int requested, int ranks);
-
-// Sets the layout of `config` to a pipelined candidate of a plan (plan(),
-// engine/pipeline/planner.h; Plan::fastest_pipeline picks one): stages, schedule, chunks,
-// micro-batches, blocks per stage and recomputation; a schedule file is dropped. A plan is of
-// one pipeline: with config.data_parallel D > 1 it was planned for one replica's share of the
-// batch (batch_tokens / D) and each replica runs the plan's micro-batches, D times as many in
-// all. Throws std::invalid_argument for a candidate that is not a pipeline, one the planner
-// rejected (saying why), or one whose partition does not fit its chunks.
-void apply_plan(const PlanCandidate& candidate, TrainConfig& config);
-
-// The schedule a config asks for: generated, or loaded from its file (then checked against
-// the config's micro-batches).
-schedule::Schedule make_schedule(const TrainConfig& config);
-
-// Per stage of `ranges`: how many buckets of at most `bucket_mib` MiB its f32 gradients are
-// all-reduced in (schedule::gradient_bucket_count; 0 MiB: one).
-std::vector<int> gradient_buckets_per_stage(const ModelDescription& model,
-                                            const std::vector<StageRange>& ranges,
-                                            double bucket_mib);
-
-// The built-in data source of a config for a model taking token ids in [0, vocab): the
-// file's bytes, or a Markov chain over the vocabulary.
-std::unique_ptr<TokenSource> make_token_source(const TrainConfig& config, int64_t vocab);
-// The same, standing where `run` (such a source) stands: what follows the trained tokens, for
-// held-out data. Restored from run's current token, so at once however far the run has gone.
-std::unique_ptr<TokenSource> make_token_source_at(const TrainConfig& config, int64_t vocab,
-                                                  const TokenSource& run);
-
-// Refuses, with the estimate and what is available, a run whose parameters, gradients,
-// optimizer state, in-flight activations, step inputs, boundary tensors and workspace
-// (estimate_rank_memory, engine/pipeline/memory_estimate.h) exceed, on
-// some device, config.memory_limit_bytes or the device's free memory, whichever is smaller
-// (a limit emulates a smaller device, never a larger one). The trainer calls
-// it before allocating anything. Throws std::invalid_argument. `one_device_per_process`:
-// every rank runs in a process of its own on a GPU of its own (NCCL over MPI), so no two
-// ranks share a device, whatever their entries in `devices` say.
-void check_memory_fits(const ModelDescription& model, const std::vector<StageRange>& ranges,
-                       const schedule::Schedule& schedule, const std::vector<Device>& devices,
-                       const TrainConfig& config, bool one_device_per_process = false);
 
 // Trainer::evaluate stopped by the executor's stop request; `signal()` is what it gave.
 class EvaluationStopped : public std::runtime_error {

@@ -1,0 +1,340 @@
+#include "engine/train/train_config.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+#include <thread>
+#include <tuple>
+#include <utility>
+
+#include "comm/transport_factory.h"
+#include "engine/pipeline/memory_estimate.h"
+#include "engine/schedule/input_file.h"
+#include "engine/schedule/text_format.h"
+#ifdef CONVEYOR_WITH_CUDA
+#include "engine/core/cuda_device_guard.h"
+#endif
+
+namespace conveyor {
+namespace {
+
+std::string format_readable(double v) {
+  std::ostringstream out;
+  out << v;
+  return out.str();
+}
+
+// Bytes the device can still give, and where that figure comes from; 0 when unknown.
+double device_available_bytes(Device device, std::string* source) {
+#ifdef CONVEYOR_WITH_CUDA
+  if (device.is_cuda()) {
+    detail::CudaDeviceGuard guard(device.index);
+    size_t free_bytes = 0, total_bytes = 0;
+    if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
+      // Unknown is an answer here; the error must not stay behind as the thread's last one,
+      // which the next kernel launch check would throw.
+      (void)cudaGetLastError();
+      return 0.0;
+    }
+    *source = "free memory of " + device.to_string();
+    return static_cast<double>(free_bytes);
+  }
+#endif
+  if (device.is_cpu()) {
+    *source = "MemAvailable of /proc/meminfo";
+    return cpu_available_bytes();
+  }
+  return 0.0;
+}
+
+}  // namespace
+
+void check_memory_fits(const ModelDescription& model, const std::vector<StageRange>& ranges,
+                       const schedule::Schedule& schedule, const std::vector<Device>& devices,
+                       const TrainConfig& config, bool one_device_per_process) {
+  const std::vector<RankMemoryEstimate> pipeline =
+      estimate_rank_memory(model, ranges, schedule, config.optimizer.kind,
+                           config.batch_tokens / config.microbatches, config.recompute);
+  // Every replica's rank r holds what the pipeline's rank r mod P does, with a sharded
+  // optimizer state 1/D of its moments (a piece of each, rounded up).
+  std::vector<RankMemoryEstimate> ranks;
+  for (size_t r = 0; r < devices.size(); ++r) ranks.push_back(pipeline[r % pipeline.size()]);
+  if (config.shard_optimizer && config.data_parallel > 1)
+    for (RankMemoryEstimate& e : ranks)
+      e.optimizer_bytes = std::ceil(e.optimizer_bytes / config.data_parallel);
+  // Ranks sharing a device share its memory.
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    double on_device = 0.0;
+    int sharing = 0;
+    for (size_t q = 0; q < ranks.size(); ++q)
+      if (devices[q] == devices[r] && (q == r || !one_device_per_process))
+        on_device += ranks[q].total(), ++sharing;
+    // A limit emulates a smaller device: one above what the device can give now would let
+    // through a run the device cannot hold, which the system then ends (on the CPU, the
+    // kernel's out-of-memory killer).
+    std::string source, below_the_limit;
+    double limit = device_available_bytes(devices[r], &source);
+    if (config.memory_limit_bytes > 0) {
+      const double cap = static_cast<double>(config.memory_limit_bytes);
+      if (limit <= 0.0 || cap <= limit) {
+        limit = cap;
+        source = "the memory limit";
+      } else {
+        below_the_limit = ", less than the memory limit (" + bytes_text(cap) + ")";
+      }
+    }
+    if (limit <= 0.0 || on_device <= limit) continue;
+    const RankMemoryEstimate& e = ranks[r];
+    // Incomplete when a unit's layer does not say what it keeps: its activations are then
+    // counted as the tensor entering it.
+    const std::string at_least = e.complete ? "" : "at least ";
+    throw std::invalid_argument(
+        "the run needs " + (e.complete ? std::string("about ") : at_least) + bytes_text(on_device) +
+        " on " + devices[r].to_string() + " (" + std::to_string(sharing) + " rank(s); rank " +
+        std::to_string(r) + ": parameters " + bytes_text(e.parameter_bytes) + ", gradients " +
+        bytes_text(e.gradient_bytes) + ", optimizer state " + bytes_text(e.optimizer_bytes) +
+        ", in-flight activations " + at_least + bytes_text(e.activation_bytes) +
+        ", the step's token ids and losses " + bytes_text(e.batch_bytes) +
+        ", boundary tensors and workspace " + bytes_text(e.transient_bytes) + ") but " + source +
+        " is " + bytes_text(limit) + below_the_limit +
+        "; use a smaller model, fewer tokens per micro-batch, more stages, or sgd");
+  }
+}
+
+int cpu_threads_per_rank(int requested, int ranks) {
+  if (requested > 0) return requested;
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return std::max(1, cores / std::max(1, ranks));
+}
+
+namespace {
+
+void check_data_parallel(const TrainConfig& c) {
+  if (c.data_parallel < 1)
+    throw std::invalid_argument("data-parallel replicas must be at least 1, got " +
+                                std::to_string(c.data_parallel));
+  if (c.shard_optimizer && c.data_parallel < 2)
+    throw std::invalid_argument(
+        "a sharded optimizer shares its state between data-parallel replicas; it needs --dp 2 "
+        "or more, got " +
+        std::to_string(c.data_parallel));
+  if (c.microbatches % c.data_parallel != 0)
+    throw std::invalid_argument(
+        std::to_string(c.microbatches) + " micro-batches cannot be shared equally by " +
+        std::to_string(c.data_parallel) +
+        " data-parallel replicas; use a micro-batch count that is a multiple of " +
+        std::to_string(c.data_parallel));
+}
+
+}  // namespace
+
+void apply_plan(const PlanCandidate& candidate, TrainConfig& config) {
+  const std::string shown = "plan candidate '" + candidate.layout + "'";
+  if (!candidate.pipelined)
+    throw std::invalid_argument(shown + " is not a pipeline; train it as " + candidate.layout +
+                                " replicas (stages 1, data_parallel " +
+                                std::to_string(candidate.peak_bytes.size()) + ")");
+  if (!candidate.rejected.empty())
+    throw std::invalid_argument(shown + " cannot run: " + candidate.rejected);
+  const size_t chunks = static_cast<size_t>(std::max(candidate.chunks, 1));
+  if (candidate.ranges.empty() || candidate.ranges.size() % chunks != 0 ||
+      candidate.microbatches < 1)
+    throw std::invalid_argument(shown + " has " + std::to_string(candidate.ranges.size()) +
+                                " stage ranges for " + std::to_string(chunks) + " chunks and " +
+                                std::to_string(candidate.microbatches) +
+                                " micro-batches; expected a whole number of ranks and at least "
+                                "one micro-batch");
+  config.stages = static_cast<int>(candidate.ranges.size() / chunks);
+  config.schedule = candidate.kind;
+  config.chunks = static_cast<int>(chunks);
+  config.schedule_file.clear();
+  config.microbatches = static_cast<int64_t>(candidate.microbatches) * config.data_parallel;
+  config.partition = PartitionSpec::explicit_blocks(blocks_of(candidate.ranges));
+  config.recompute = candidate.recompute;
+}
+
+void TrainConfig::validate() const {
+  optimizer.validate();
+  auto fail = [](const std::string& what) { throw std::invalid_argument(what); };
+  if (cpu_threads < 0)
+    fail("CPU threads must be at least 1 (or 0: all cores), got " + std::to_string(cpu_threads));
+  if (steps < 1) fail("steps must be at least 1, got " + std::to_string(steps));
+  if (batch_tokens < 1)
+    fail("batch tokens must be at least 1, got " + std::to_string(batch_tokens));
+  if (microbatches < 1)
+    fail("micro-batches must be at least 1, got " + std::to_string(microbatches));
+  if (batch_tokens % microbatches != 0)
+    fail("batch of " + std::to_string(batch_tokens) + " tokens cannot be split into " +
+         std::to_string(microbatches) + " equal micro-batches; choose a divisor of the batch");
+  if (stages < 1) fail("stages must be at least 1, got " + std::to_string(stages));
+  if (chunks < 1) fail("chunks must be at least 1, got " + std::to_string(chunks));
+  // What a checkpoint records must load again: its manifest takes no larger counts.
+  for (const auto& [what, value, max] :
+       {std::tuple{"micro-batches", microbatches, kMaxMicrobatches},
+        {"stages", int64_t{stages}, kMaxStages},
+        {"chunks", int64_t{chunks}, kMaxChunks},
+        {"data-parallel replicas", int64_t{data_parallel}, kMaxReplicas}})
+    if (value > max)
+      fail(std::string(what) + " must be at most " + std::to_string(max) + ", got " +
+           std::to_string(value));
+  // Negative clipping would silently mean "off"; only 0 says that.
+  if (!std::isfinite(optimizer.clip_norm) || optimizer.clip_norm < 0)
+    fail("clip norm must be a finite number >= 0 (0 disables clipping), got " +
+         format_readable(optimizer.clip_norm));
+  if (!std::isfinite(optimizer.lr) || !std::isfinite(optimizer.weight_decay))
+    fail("learning rate and weight decay must be finite");
+  check_data_parallel(*this);
+  if (gradient_bucket_mib) {
+    const double b = *gradient_bucket_mib;
+    if (!std::isfinite(b) || b < 0 || b > kMaxGradientBucketMiB ||
+        (b > 0 && b < kMinGradientBucketMiB))
+      fail(
+          "a gradient bucket must be 0 MiB (one bucket per stage) or from 0.0009765625 MiB "
+          "(1 KiB) to 1e6 MiB, got " +
+          format_readable(b) + " MiB");
+  }
+  if (transport_timeout.count() < 1)
+    fail("transport timeout must be at least 1 ms, got " +
+         std::to_string(transport_timeout.count()) + " ms");
+}
+
+schedule::Schedule make_schedule(const TrainConfig& config) {
+  // With data parallelism the schedule is one replica's: its share of the micro-batches.
+  const int d = std::max(config.data_parallel, 1);
+  const int m = static_cast<int>(config.microbatches) / d;
+  if (config.schedule_file.empty()) {
+    try {
+      return schedule::generate(config.schedule, config.stages, m, config.chunks, d);
+    } catch (const schedule::ScheduleError& e) {
+      if (d == 1) throw;
+      // The generator speaks of one replica's m, which no flag sets directly.
+      throw schedule::ScheduleError(
+          std::string(e.what()) + ", where m is each replica's share: " + "--microbatches " +
+          std::to_string(config.microbatches) + " over --dp " + std::to_string(d) +
+          "; --microbatches must be " + std::to_string(d) + " times such an m");
+    }
+  }
+  schedule::Schedule loaded = schedule::load_schedule(config.schedule_file);
+  if (loaded.num_microbatches != m)
+    throw std::invalid_argument("schedule file " + quoted_file_name(config.schedule_file) +
+                                " has " + std::to_string(loaded.num_microbatches) +
+                                " micro-batches but the run uses " + std::to_string(m) +
+                                (d > 1 ? " per replica (--microbatches " +
+                                             std::to_string(config.microbatches) + " over --dp " +
+                                             std::to_string(d) + ")"
+                                       : std::string(" (--microbatches)")));
+  if (loaded.replicas != d)
+    throw std::invalid_argument("schedule file " + quoted_file_name(config.schedule_file) +
+                                " is for " + std::to_string(loaded.replicas) +
+                                " data-parallel replica(s) but the run uses " + std::to_string(d) +
+                                " (--dp); dump one with `conveyor schedule --dp " +
+                                std::to_string(d) + " --dump FILE`");
+  return loaded;
+}
+
+namespace {
+
+// The weights of the units in `range`: the gradient elements its stage's all-reduce sums.
+int64_t stage_parameters(const std::vector<int64_t>& unit_params, const StageRange& range) {
+  int64_t params = 0;
+  for (int64_t u = range.begin; u < range.end; ++u) params += unit_params[static_cast<size_t>(u)];
+  return params;
+}
+
+}  // namespace
+
+std::vector<int> gradient_buckets_per_stage(const ModelDescription& model,
+                                            const std::vector<StageRange>& ranges,
+                                            double bucket_mib) {
+  const std::vector<int64_t> unit_params = model.unit_parameter_counts();
+  std::vector<int> out;
+  for (const StageRange& r : ranges) {
+    // One f32 gradient per weight, as the executor sums them.
+    const double bytes = 4.0 * static_cast<double>(stage_parameters(unit_params, r));
+    out.push_back(schedule::gradient_bucket_count(bytes, bucket_mib * 1024.0 * 1024.0));
+  }
+  return out;
+}
+
+void set_gradient_buckets(schedule::Schedule& sched, const ModelDescription& model,
+                          const std::vector<StageRange>& ranges, const TrainConfig& config) {
+  if (sched.replicas == 1) return;
+  const std::vector<int> wanted = gradient_buckets_per_stage(
+      model, ranges, config.gradient_bucket_mib.value_or(kDefaultGradientBucketMiB));
+  if (config.schedule_file.empty()) {
+    schedule::add_gradient_all_reduces(&sched, sched.replicas, wanted);
+    return;
+  }
+  // Each bucket is a slice of the stage's gradients; more buckets than elements would leave
+  // one empty, which the all-reduce refuses only at the first step.
+  const std::vector<int64_t> unit_params = model.unit_parameter_counts();
+  for (int s = 0; s < sched.num_stages(); ++s) {
+    const int64_t elements = stage_parameters(unit_params, ranges[static_cast<size_t>(s)]);
+    const int has = schedule::gradient_buckets(sched, s);
+    if (has > std::max<int64_t>(elements, 1))
+      throw std::invalid_argument(
+          "schedule file " + quoted_file_name(config.schedule_file) + " has " +
+          std::to_string(has) + " all-reduce buckets for stage " + std::to_string(s) +
+          ", which has " + std::to_string(elements) +
+          " gradient elements; a stage takes at most one bucket per gradient element");
+  }
+  if (!config.gradient_bucket_mib) return;
+  for (int s = 0; s < sched.num_stages(); ++s) {
+    const int has = schedule::gradient_buckets(sched, s);
+    if (has == wanted[static_cast<size_t>(s)]) continue;
+    throw std::invalid_argument(
+        "--bucket-mb " + format_readable(*config.gradient_bucket_mib) + " gives stage " +
+        std::to_string(s) + " " + std::to_string(wanted[static_cast<size_t>(s)]) +
+        " gradient bucket(s) but schedule file " + quoted_file_name(config.schedule_file) +
+        " has " + std::to_string(has) +
+        "; the file decides, so leave --bucket-mb out or make it agree");
+  }
+}
+
+Device resolve_device(const std::optional<Device>& requested, std::string* note) {
+  if (requested) {
+    if (requested->is_cuda() && requested->index >= cuda_device_count())
+      throw std::invalid_argument("device " + requested->to_string() + " requested but " +
+                                  std::to_string(cuda_device_count()) +
+                                  " CUDA device(s) are usable");
+    return *requested;
+  }
+  if (cuda_device_count() > 0) return Device::cuda(0);
+  if (note && built_with_cuda()) *note = "no CUDA device found; running on the CPU backend";
+  return Device::cpu();
+}
+
+std::unique_ptr<TokenSource> make_token_source(const TrainConfig& config, int64_t vocab) {
+  if (!config.data_path.empty()) {
+    auto source = std::make_unique<FileSource>(config.data_path);
+    if (vocab < source->vocab())
+      throw std::invalid_argument("data file tokens are bytes (vocab 256) but the model vocab is " +
+                                  std::to_string(vocab) + "; use --vocab 256 or more");
+    // A batch is a run of consecutive (input, target) pairs: a file with fewer would wrap
+    // around inside every batch, training on its bytes over and over in one step.
+    const uint64_t pairs = source->bytes() - 1;
+    if (pairs < static_cast<uint64_t>(config.batch_tokens))
+      throw std::invalid_argument(
+          "data file " + quoted_file_name(config.data_path) + " has " +
+          std::to_string(source->bytes()) + " bytes, " + std::to_string(pairs) +
+          " (input, target) pairs, but one step's batch of " + std::to_string(config.batch_tokens) +
+          " tokens needs " + std::to_string(config.batch_tokens + 1) +
+          " bytes; give a larger file or --batch-tokens " + std::to_string(pairs) + " or fewer");
+    return source;
+  }
+  if (vocab < 1)
+    throw std::invalid_argument(
+        "the model description does not say its vocab, so no built-in data source can be made "
+        "for it; set ModelDescription::vocab or give the trainer a TokenSource");
+  return std::make_unique<MarkovSource>(vocab, config.seed);
+}
+
+std::unique_ptr<TokenSource> make_token_source_at(const TrainConfig& config, int64_t vocab,
+                                                  const TokenSource& run) {
+  std::unique_ptr<TokenSource> source = make_token_source(config, vocab);
+  source->restore(run.position(), run.current_token());
+  return source;
+}
+
+}  // namespace conveyor
