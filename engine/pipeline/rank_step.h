@@ -189,6 +189,9 @@ class RankStep {
   Event* ready_for_send(size_t i);
   bool on_this_rank(int stage) const;
   void sample_memory();
+  // Action i ran on the host from `start` until now: its timing on a CPU rank (a CUDA rank's
+  // comes from its events at the end of the step).
+  void time_on_host(size_t i, std::chrono::steady_clock::time_point start);
 
   PipelineRank& rank_;
   const StepInputs& in_;
