@@ -1,0 +1,239 @@
+// The writer of checkpoint.h: shards into step_<N>.tmp, the manifest and the commit (rename,
+// fsync, `latest`), the old checkpoints pruned, and the refusal of a step that would overwrite
+// one.
+#include <algorithm>
+#include <stdexcept>
+#include <system_error>
+
+#include "engine/train/checkpoint.h"
+#include "engine/train/checkpoint_io.h"
+#include "engine/train/checkpoint_layout.h"
+
+namespace conveyor {
+namespace fs = std::filesystem;
+
+namespace {
+
+using checkpoint_io::shown_path;
+using checkpoint_layout::kLatestName;
+using checkpoint_layout::kManifestName;
+using checkpoint_layout::published_step;
+using checkpoint_layout::step_folder_name;
+using checkpoint_layout::step_of_folder;
+
+}  // namespace
+
+CheckpointWriter::CheckpointWriter(Joined joined, fs::path dir, int64_t step, int num_ranks,
+                                   CheckpointWriterOptions options)
+    : dir_(std::move(dir)),
+      step_(step),
+      num_ranks_(num_ranks),
+      options_(options),
+      joined_(joined.value),
+      written_(num_ranks > 0 ? num_ranks : 0),
+      started_(num_ranks > 0 ? num_ranks : 0, false) {
+  if (step < 0)
+    throw std::invalid_argument("checkpoint step must be >= 0, got " + std::to_string(step));
+  if (num_ranks < 1)
+    throw std::invalid_argument("a checkpoint needs at least one rank, got " +
+                                std::to_string(num_ranks));
+  if (options.keep_last < 0)
+    throw std::invalid_argument("keep_last must be >= 0 (0 keeps every checkpoint), got " +
+                                std::to_string(options.keep_last));
+  final_ = dir_ / step_folder_name(step);
+  temp_ = dir_ / (step_folder_name(step) + ".tmp");
+}
+
+CheckpointWriter::CheckpointWriter(fs::path dir, int64_t step, int num_ranks,
+                                   CheckpointWriterOptions options)
+    : CheckpointWriter(Joined{false}, std::move(dir), step, num_ranks, options) {
+  checkpoint_io::create_checkpoint_folder(dir_);
+  std::error_code ec;
+  if (fs::exists(final_, ec)) {
+    if (std::optional<std::string> why = save_refusal(dir_, step)) throw CheckpointError(*why);
+    // Out of the way first, as an unfinished save (which the loader ignores), then removed
+    // with the others below.
+    fs::remove_all(temp_, ec);
+    checkpoint_io::rename_path(final_, temp_);
+    checkpoint_io::sync_directory(dir_);
+  }
+  // Unfinished saves of earlier runs (a crash, a full disk) are of no use to anyone.
+  std::vector<fs::path> unfinished;
+  for (const auto& entry : fs::directory_iterator(dir_, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (step_of_folder(name, /*temp=*/true) || name == std::string(kLatestName) + ".tmp")
+      unfinished.push_back(entry.path());
+  }
+  if (ec)
+    throw CheckpointError("cannot list checkpoint folder " + shown_path(dir_) + ": " +
+                          ec.message());
+  for (const fs::path& p : unfinished) {
+    fs::remove_all(p, ec);
+    if (ec)
+      throw CheckpointError("cannot remove the unfinished save " + shown_path(p) + ": " +
+                            ec.message());
+  }
+  if (!fs::create_directory(temp_, ec) || ec)
+    throw CheckpointError("cannot create folder " + shown_path(temp_) + ": " +
+                          (ec ? ec.message() : "it exists already"));
+  owns_temp_ = true;
+}
+
+std::unique_ptr<CheckpointWriter> CheckpointWriter::join(fs::path dir, int64_t step,
+                                                         int num_ranks) {
+  std::unique_ptr<CheckpointWriter> writer(
+      new CheckpointWriter(Joined{true}, std::move(dir), step, num_ranks, {}));
+  std::error_code ec;
+  if (!fs::is_directory(writer->temp_, ec))
+    throw CheckpointError("cannot save step " + std::to_string(step) + ": " +
+                          shown_path(writer->temp_) +
+                          ", which the process of rank 0 made, is not there; every process "
+                          "must see the same --save-dir (a file system all nodes share)");
+  return writer;
+}
+
+CheckpointWriter::~CheckpointWriter() {
+  if (committed_ || !owns_temp_) return;
+  std::error_code ec;
+  fs::remove_all(temp_, ec);  // best effort; the next save removes what is left
+}
+
+std::string CheckpointWriter::shard_file_name(int rank) {
+  return "rank_" + std::to_string(rank) + ".safetensors";
+}
+
+void CheckpointWriter::check_rank(int rank, const char* call) const {
+  if (rank < 0 || rank >= num_ranks_)
+    throw std::invalid_argument(std::string(call) + ": rank " + std::to_string(rank) +
+                                " is not in [0, " + std::to_string(num_ranks_) + ")");
+}
+
+std::optional<ShardFileInfo> CheckpointWriter::written(int rank) const {
+  check_rank(rank, "written");
+  std::lock_guard lock(mutex_);
+  return written_[rank];
+}
+
+void CheckpointWriter::add_written(int rank, ShardFileInfo info) {
+  check_rank(rank, "add_written");
+  std::lock_guard lock(mutex_);
+  if (started_[rank] || written_[rank])
+    throw std::logic_error("add_written: rank " + std::to_string(rank) + " has a shard already");
+  written_[rank] = info;
+}
+
+void CheckpointWriter::write_shard(int rank, const std::vector<NamedTensor>& tensors) {
+  check_rank(rank, "write_shard");
+  {
+    std::lock_guard lock(mutex_);
+    if (committed_) throw std::logic_error("write_shard: the checkpoint is committed already");
+    if (started_[rank])
+      throw std::logic_error("write_shard: rank " + std::to_string(rank) +
+                             " has written its shard already");
+    started_[rank] = true;
+  }
+  try {
+    const ShardFileInfo info =
+        write_shard_file(temp_ / shard_file_name(rank), step_, rank, tensors);
+    std::lock_guard lock(mutex_);
+    written_[rank] = info;
+  } catch (...) {
+    std::lock_guard lock(mutex_);
+    started_[rank] = false;  // the rank may try again
+    throw;
+  }
+}
+
+CommitResult CheckpointWriter::commit(const TrainingState& state) {
+  std::lock_guard lock(mutex_);
+  if (joined_) throw std::logic_error("commit: a writer that joined a save never commits it");
+  if (committed_) throw std::logic_error("commit: the checkpoint is committed already");
+  if (state.step != step_)
+    throw std::invalid_argument("commit: the state is of step " + std::to_string(state.step) +
+                                ", this save is of step " + std::to_string(step_));
+  CheckpointManifest manifest;
+  manifest.state = state;
+  for (int r = 0; r < num_ranks_; ++r) {
+    if (!written_[r])
+      throw CheckpointError("cannot commit " + shown_path(final_) + ": rank " + std::to_string(r) +
+                            " has not written its shard");
+    manifest.shards.push_back({r, shard_file_name(r), written_[r]->bytes, written_[r]->checksum});
+  }
+  manifest.state_checksum = training_state_checksum(manifest);
+  manifest.manifest_checksum = manifest_checksum(manifest);
+  const fs::path manifest_path = temp_ / kManifestName;
+  const std::string text = manifest_to_json(manifest).dump(2) + "\n";
+  // What is committed must load: a state the loader would reject is the caller's mistake
+  // (an rng holding a NaN, which JSON writes as null, would not match its checksum).
+  try {
+    const std::string manifest_file = shown_path(manifest_path);
+    const CheckpointManifest written = parse_manifest(text, manifest_file);
+    check_manifest_counters(written, manifest_file);
+    check_manifest_model_fingerprint(written, manifest_file);
+    check_manifest_state_checksum(written, manifest_file);
+    check_manifest_checksum(written, manifest_file);
+  } catch (const CheckpointError& e) {
+    throw std::invalid_argument(std::string("commit: the training state cannot be saved: ") +
+                                e.what());
+  }
+  checkpoint_io::File file = checkpoint_io::File::create(manifest_path);
+  file.write_all(text.data(), text.size());
+  file.sync();
+  file.close();
+  checkpoint_io::sync_directory(temp_);
+  checkpoint_io::pause_for_crash_test("commit");
+  checkpoint_io::rename_path(temp_, final_);
+  checkpoint_io::sync_directory(dir_);
+  checkpoint_io::pause_for_crash_test("publish");
+  checkpoint_io::write_file_atomically(dir_ / kLatestName, step_folder_name(step_) + "\n");
+  committed_ = true;
+
+  CommitResult result;
+  result.directory = final_;
+  if (options_.keep_last == 0) return result;
+  std::vector<std::pair<int64_t, fs::path>> saved;
+  std::error_code list_error;
+  for (const auto& entry : fs::directory_iterator(dir_, list_error)) {
+    std::error_code type_error;
+    if (const auto step = step_of_folder(entry.path().filename().string(), /*temp=*/false);
+        step && entry.is_directory(type_error))
+      saved.emplace_back(*step, entry.path());
+  }
+  if (list_error)
+    result.warnings.push_back("cannot list " + shown_path(dir_) + ": " + list_error.message());
+  std::error_code ec;
+  std::sort(saved.begin(), saved.end(),
+            [](const auto& a, const auto& b) { return a.first > b.first; });
+  for (size_t i = static_cast<size_t>(options_.keep_last); i < saved.size(); ++i) {
+    if (saved[i].second == final_) continue;  // what `latest` names stays, whatever its step
+    fs::remove_all(saved[i].second, ec);
+    if (ec)
+      result.warnings.push_back("cannot remove old checkpoint " + shown_path(saved[i].second) +
+                                ": " + ec.message());
+    else
+      result.removed.push_back(saved[i].second);
+  }
+  return result;
+}
+
+std::optional<std::string> save_refusal(const fs::path& dir, int64_t step) {
+  const fs::path final_folder = dir / step_folder_name(step);
+  std::error_code ec;
+  if (!fs::exists(final_folder, ec)) return std::nullopt;
+  // A step folder newer than what `latest` names was renamed into place by a save that
+  // stopped before publishing it (a crash between the two): the run that resumed from
+  // `latest` is redoing that step and replaces it. Any other existing step is a checkpoint
+  // someone may rely on, and is never overwritten.
+  const std::optional<int64_t> published = published_step(dir);
+  const bool a_checkpoint =
+      fs::is_directory(final_folder, ec) && fs::is_regular_file(final_folder / kManifestName, ec);
+  if (a_checkpoint && !(published && *published >= step)) return std::nullopt;
+  return "cannot save step " + std::to_string(step) + ": " + shown_path(final_folder) +
+         " exists already" +
+         (!a_checkpoint        ? " and is not a checkpoint folder"
+          : *published == step ? " and is the one 'latest' names"
+                               : "") +
+         "; remove it or save into another folder";
+}
+
+}  // namespace conveyor
