@@ -162,16 +162,6 @@ PartitionSearcher::Impl::PathBound PartitionSearcher::Impl::path_bound(int known
   return out;
 }
 
-bool PartitionSearcher::Impl::drop(double value) {
-  if (value > limit()) {
-    count_dropped(value);
-    if (out.ranges.empty() || value <= out.step * (1 + kSlack))
-      least_open = std::min(least_open, value);
-    return true;
-  }
-  return !out.ranges.empty() && value >= out.step * (1 - kSlack) && !may_win_tie();
-}
-
 bool PartitionSearcher::Impl::may_win_tie() {
   std::fill(rank_compute.begin(), rank_compute.end(), 0.0);
   for (int s = 0; s < known; ++s)

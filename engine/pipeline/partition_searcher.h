@@ -262,4 +262,15 @@ struct PartitionSearcher::Impl {
   Searched search(const SearchBudget& asked, double asked_ceiling);
 };
 
+// Called for every prefix and cut the search tries: defined here so the walks inline it.
+inline bool PartitionSearcher::Impl::drop(double value) {
+  if (value > limit()) {
+    count_dropped(value);
+    if (out.ranges.empty() || value <= out.step * (1 + kSlack))
+      least_open = std::min(least_open, value);
+    return true;
+  }
+  return !out.ranges.empty() && value >= out.step * (1 - kSlack) && !may_win_tie();
+}
+
 }  // namespace conveyor::planning

@@ -45,35 +45,6 @@ StepBound::StepBound(const schedule::Schedule& schedule) : placement(schedule.pl
   for (int s = 1; s < stages; ++s) split_below[s] = split_below[s - 1] || split[s - 1];
 }
 
-double StepBound::busy(int r, const std::vector<double>& f, const std::vector<double>& i,
-                       const std::vector<double>& w, int known) const {
-  double total = 0;
-  for (int s : own[r])
-    if (s < known) total += counts[r][s].f * f[s] + counts[r][s].i * i[s] + counts[r][s].w * w[s];
-  return total;
-}
-
-double StepBound::rank(int r, const std::vector<double>& f, const std::vector<double>& i,
-                       const std::vector<double>& w, int known) const {
-  double head = 0, tail = 0, later = 0;
-  for (int s = 0; s < std::min(first[r], known); ++s) head += f[s];
-  bool complete = last[r] < known;
-  for (int s : own[r]) complete = complete && s < known;
-  if (complete) {
-    for (int s = 0; s < last[r]; ++s) tail += split[s] ? i[s] : i[s] + w[s];
-    for (int s : own[r]) later += after[r][s] * w[s];
-  }
-  return head + busy(r, f, i, w, known) + std::max(0.0, tail - later);
-}
-
-double StepBound::lone_stage(const Sums& sums, int s, int64_t b, int64_t e) const {
-  const Count& c = counts[s][s];
-  const double weight = sums.weight.over(b, e);
-  const double tail = sums.input.over(0, b) + (split_below[s] ? 0.0 : sums.weight.over(0, b));
-  return sums.forward.over(0, b) + c.f * sums.forward.over(b, e) + c.i * sums.input.over(b, e) +
-         c.w * weight + std::max(0.0, tail - after[s][s] * weight);
-}
-
 RankWork::RankWork(const schedule::Schedule& schedule, const schedule::Replay& sim, int known,
                    double extra)
     : extra_(extra), makespan_(sim.makespan()), microbatches_(schedule.num_microbatches) {

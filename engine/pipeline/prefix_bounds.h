@@ -51,6 +51,35 @@ struct StepBound {
   double lone_stage(const Sums& sums, int s, int64_t b, int64_t e) const;
 };
 
+inline double StepBound::busy(int r, const std::vector<double>& f, const std::vector<double>& i,
+                              const std::vector<double>& w, int known) const {
+  double total = 0;
+  for (int s : own[r])
+    if (s < known) total += counts[r][s].f * f[s] + counts[r][s].i * i[s] + counts[r][s].w * w[s];
+  return total;
+}
+
+inline double StepBound::rank(int r, const std::vector<double>& f, const std::vector<double>& i,
+                              const std::vector<double>& w, int known) const {
+  double head = 0, tail = 0, later = 0;
+  for (int s = 0; s < std::min(first[r], known); ++s) head += f[s];
+  bool complete = last[r] < known;
+  for (int s : own[r]) complete = complete && s < known;
+  if (complete) {
+    for (int s = 0; s < last[r]; ++s) tail += split[s] ? i[s] : i[s] + w[s];
+    for (int s : own[r]) later += after[r][s] * w[s];
+  }
+  return head + busy(r, f, i, w, known) + std::max(0.0, tail - later);
+}
+
+inline double StepBound::lone_stage(const Sums& sums, int s, int64_t b, int64_t e) const {
+  const Count& c = counts[s][s];
+  const double weight = sums.weight.over(b, e);
+  const double tail = sums.input.over(0, b) + (split_below[s] ? 0.0 : sums.weight.over(0, b));
+  return sums.forward.over(0, b) + c.f * sums.forward.over(b, e) + c.i * sums.input.over(b, e) +
+         c.w * weight + std::max(0.0, tail - after[s][s] * weight);
+}
+
 // Water filling of the extra compute over the ranks holding later stages. Rank r's action j
 // starts no earlier than its relaxed start S_j (monotone), and the rank then runs its later
 // actions one at a time, so it ends no earlier than S_j + (their relaxed durations) + c_j *
