@@ -1,10 +1,9 @@
 #include "comm/nccl.h"
 
-#include <algorithm>
 #include <set>
 #include <stdexcept>
+#include <string>
 
-#include "comm/group_arithmetic.h"
 #include "engine/core/device.h"
 
 #ifdef CONVEYOR_WITH_CUDA
@@ -12,118 +11,18 @@
 #include <nccl.h>
 
 #include <algorithm>
-#include <atomic>
-#include <cstring>
 #include <functional>
 #include <mutex>
 #include <optional>
-#include <set>
-#include <stdexcept>
-#include <thread>
 
 #include "comm/nccl_check.h"
 #include "comm/nccl_clique.h"
+#include "comm/nccl_staging.h"
 #include "engine/core/cuda_device_guard.h"
 #include "kernels/cuda_check.h"
 #endif
 
 namespace conveyor::comm {
-namespace {
-
-void check_clique_rank(int rank, int ranks, const char* what) {
-  if (ranks < 1)
-    throw std::invalid_argument("an NCCL clique needs at least one rank, got " +
-                                std::to_string(ranks));
-  if (rank < 0 || rank >= ranks)
-    throw std::invalid_argument(std::string(what) + " " + std::to_string(rank) +
-                                " is out of range for " + std::to_string(ranks) + " rank(s)");
-}
-
-}  // namespace
-
-std::string detail::describe_group(const std::vector<int>& group) {
-  std::string out = "{";
-  for (size_t i = 0; i < group.size(); ++i) {
-    if (i > 0) out += ',';
-    out += std::to_string(group[i]);
-  }
-  out += '}';
-  return out;
-}
-
-using detail::describe_group;
-
-void check_nccl_groups(const NcclGroups& groups, int ranks) {
-  check_clique_rank(0, ranks, "rank");
-  std::set<std::vector<int>> seen;
-  for (const std::vector<int>& group : groups) {
-    bool ok = group.size() >= 2;
-    for (size_t i = 0; ok && i < group.size(); ++i)
-      ok = group[i] >= 0 && group[i] < ranks && (i == 0 || group[i - 1] < group[i]);
-    if (!ok)
-      throw std::invalid_argument("an NCCL group needs at least two ascending ranks in 0.." +
-                                  std::to_string(ranks - 1) + ", got " + describe_group(group));
-    if (!seen.insert(group).second)
-      throw std::invalid_argument("the NCCL group " + describe_group(group) +
-                                  " is listed twice; list each group once");
-  }
-}
-
-int find_nccl_group(const NcclGroups& groups, const std::vector<int>& group) {
-  const auto at = std::find(groups.begin(), groups.end(), group);
-  if (at != groups.end()) return static_cast<int>(at - groups.begin());
-  std::string made;
-  for (const auto& g : groups) made += (made.empty() ? "" : ", ") + describe_group(g);
-  throw TransportError("the NCCL transport has no communicator for the group " +
-                       describe_group(group) + "; it was made for " +
-                       (made.empty() ? std::string("no groups") : "the groups " + made) +
-                       " (pass every group that makes group calls when creating it)");
-}
-
-int nccl_slot_count(int ranks, int groups) {
-  check_clique_rank(0, ranks, "rank");
-  if (groups < 0)
-    throw std::invalid_argument("an NCCL clique cannot have " + std::to_string(groups) + " groups");
-  return ranks * (ranks - 1) + 1 + groups;
-}
-
-int nccl_link_slot(int src, int dst, int ranks) {
-  check_clique_rank(src, ranks, "link source");
-  check_clique_rank(dst, ranks, "link destination");
-  if (src == dst)
-    throw std::invalid_argument("a link joins two ranks, got " + std::to_string(src) + " -> " +
-                                std::to_string(dst));
-  return src * (ranks - 1) + (dst < src ? dst : dst - 1);
-}
-
-int nccl_world_slot(int ranks) { return nccl_slot_count(ranks) - 1; }
-
-int nccl_group_slot(int group, int ranks, int groups) {
-  if (group < 0 || group >= groups)
-    throw std::invalid_argument("group " + std::to_string(group) + " is out of range for " +
-                                std::to_string(groups) + " group(s)");
-  return nccl_slot_count(ranks) + group;
-}
-
-std::vector<NcclMembership> nccl_memberships(int rank, int ranks, const NcclGroups& groups) {
-  check_clique_rank(rank, ranks, "rank");
-  check_nccl_groups(groups, ranks);
-  std::vector<NcclMembership> out;
-  out.push_back({nccl_world_slot(ranks), -1, -1, -1, ranks, rank});
-  for (int src = 0; src < ranks; ++src)
-    for (int dst = 0; dst < ranks; ++dst)
-      if (src != dst && (src == rank || dst == rank))
-        out.push_back({nccl_link_slot(src, dst, ranks), src, dst, -1, 2, rank == src ? 0 : 1});
-  const int count = static_cast<int>(groups.size());
-  for (int g = 0; g < count; ++g) {
-    const auto& group = groups[g];
-    const auto at = std::find(group.begin(), group.end(), rank);
-    if (at != group.end())
-      out.push_back({nccl_group_slot(g, ranks, count), -1, -1, g, static_cast<int>(group.size()),
-                     static_cast<int>(at - group.begin())});
-  }
-  return out;
-}
 
 #ifndef CONVEYOR_WITH_CUDA
 
@@ -161,95 +60,6 @@ size_t nccl_count(const Tensor& t) {
   return nccl_type(t.dtype()) == ncclChar ? t.nbytes() : static_cast<size_t>(t.numel());
 }
 
-// The buffers of one group call in flight: device staging, pinned host memory (so that the
-// copies stay asynchronous), and an event recorded on the group stream after the call's
-// last work, which says when the buffers are the host's again.
-struct NcclStagingSlot {
-  float* device = nullptr;
-  size_t device_floats = 0;
-  float* host = nullptr;
-  size_t host_floats = 0;
-  std::unique_ptr<Event> done;
-  bool held = false;  // by a call not finished yet
-
-  // Not held, and the group stream has passed the work of its last call (one whose handle
-  // was dropped unfinished may still be running). An event that cannot be asked is busy.
-  bool available() const {
-    if (held) return false;
-    try {
-      return done->query();
-    } catch (...) {
-      return false;
-    }
-  }
-  bool fits(size_t device_need, size_t host_need) const {
-    return device_floats >= device_need && host_floats >= host_need;
-  }
-};
-
-// Every group call in flight has a slot of its own, so that a call never overwrites the
-// staging of one started before it: the pool grows to the most calls a rank has had in flight
-// at once and reuses them. Nothing is freed before the transport goes, because cudaFree and
-// cudaFreeHost can wait for the whole device, where NCCL kernels of the pipeline's links may
-// be waiting for a peer that waits for this rank; buffers outgrown are kept until then too.
-struct NcclStaging {
-  std::vector<std::unique_ptr<NcclStagingSlot>> slots;
-  std::vector<float*> retired_device, retired_host;
-
-  // An available slot with at least these sizes (one that fits first, else one grown, else a
-  // new one), held until release_slot. With the transport's device current.
-  NcclStagingSlot& acquire(Device device, size_t device_need, size_t host_need) {
-    NcclStagingSlot* pick = nullptr;
-    for (const auto& slot : slots) {
-      if (!slot->available()) continue;
-      if (slot->fits(device_need, host_need)) {
-        pick = slot.get();
-        break;
-      }
-      if (!pick) pick = slot.get();
-    }
-    if (!pick) {
-      slots.push_back(std::make_unique<NcclStagingSlot>());
-      pick = slots.back().get();
-      pick->done = std::make_unique<Event>(device, /*timing=*/false);
-    }
-    grow(*pick, device_need, host_need);
-    pick->held = true;
-    return *pick;
-  }
-
-  // With the transport's device current, and no work left on its group stream.
-  void release() noexcept {
-    for (const auto& slot : slots) {
-      if (slot->device) retired_device.push_back(slot->device);
-      if (slot->host) retired_host.push_back(slot->host);
-    }
-    slots.clear();
-    for (float* d : retired_device) (void)cudaFree(d);
-    for (float* h : retired_host) (void)cudaFreeHost(h);
-    retired_device.clear();
-    retired_host.clear();
-  }
-
- private:
-  void grow(NcclStagingSlot& slot, size_t device_need, size_t host_need) {
-    if (device_need > slot.device_floats) {
-      float* grown = nullptr;
-      CONVEYOR_CUDA_CHECK(cudaMalloc(&grown, device_need * sizeof(float)));
-      if (slot.device) retired_device.push_back(slot.device);
-      slot.device = grown;
-      slot.device_floats = device_need;
-    }
-    if (host_need > slot.host_floats) {
-      float* grown = nullptr;
-      CONVEYOR_CUDA_CHECK(cudaMallocHost(&grown, host_need * sizeof(float)));
-      if (slot.host) retired_host.push_back(slot.host);
-      slot.host = grown;
-      slot.host_floats = host_need;
-    }
-  }
-};
-
 }  // namespace detail
 
 using conveyor::detail::CudaDeviceGuard;
@@ -259,6 +69,7 @@ using detail::nccl_count;
 using detail::nccl_type;
 using detail::NcclClique;
 using detail::NcclComm;
+using detail::with_comm;
 
 NcclTransport::NcclTransport(std::shared_ptr<NcclClique> clique, int rank)
     : clique_(std::move(clique)), rank_(rank), device_(clique_->device(rank)) {
@@ -314,31 +125,6 @@ void NcclTransport::check_tensor(const Tensor& tensor, const char* what) const {
         (tensor.defined() ? tensor.describe() : std::string("an undefined tensor")) +
         ": the NCCL transport of this rank needs tensors on cuda:" + std::to_string(device_));
 }
-
-namespace {
-
-// Runs `issue` on `comm` under its lock, with its device current; throws when aborted. When
-// `issue` finds the communicator unsettled (NcclClique::settle), the clique is aborted once
-// the lock is let go.
-template <class F>
-void with_comm(NcclComm& comm, int rank, NcclClique& clique, F&& issue) {
-  std::string reason;
-  bool peer_aborted = false;
-  try {
-    std::unique_lock lock(comm.mutex);
-    if (comm.dead || clique.aborted()) throw TransportAborted(rank, clique.abort_reason());
-    CudaDeviceGuard guard(comm.device);
-    issue(comm.handle);
-    return;
-  } catch (const detail::NcclUnsettled& failure) {
-    reason = failure.what(), peer_aborted = failure.peer_aborted;
-  }
-  clique.abort_all(reason);
-  if (peer_aborted) throw TransportAborted(rank, reason);
-  throw TransportError(reason);
-}
-
-}  // namespace
 
 void NcclTransport::send(const Tensor& tensor, int peer, const Stream& stream) {
   throw_if_aborted();
@@ -449,218 +235,6 @@ void NcclTransport::check_while_waiting(std::function<void()> check) {
   clique_->set_abort_watch(std::move(check));
 }
 
-namespace detail {
-
-// What one member moves in a group call, in floats: values[up_from, up_from + up_count) up to
-// the device at up_to; the sends and receives of device ranges to and from other members
-// (by position in the group); device[down_from, down_from + down_count) back to the host,
-// where `finish` reads it and writes the result into the caller's values.
-struct GroupExchange {
-  struct Piece {
-    int peer;  // position in the group, which is the rank in the group's communicator
-    size_t at, count;
-  };
-  size_t up_from = 0, up_count = 0, up_to = 0;
-  std::vector<Piece> sends, recvs;
-  size_t device_floats = 0;
-  size_t down_from = 0, down_count = 0;
-  std::function<void(const float* received)> finish;
-};
-
-// A group call in flight. Calls of one transport run on its group stream in start order,
-// each in a staging slot of its own, so several can be in flight: each finishes when the
-// event recorded after its own work has passed, whatever the later calls do.
-class NcclGroupCall : public PendingGroupCall {
- public:
-  // Issues `exchange` for `t`'s member of `group` on its group stream; never waits.
-  static std::unique_ptr<PendingGroupCall> start(NcclTransport& t, const std::vector<int>& group,
-                                                 std::vector<float>& values, GroupExchange exchange,
-                                                 const std::string& what) {
-    t.throw_if_aborted();
-    auto call = std::unique_ptr<NcclGroupCall>(
-        new NcclGroupCall(t, what + " of group " + describe_group(group), exchange.finish));
-    // A group of this rank alone has no communicator and nothing to move.
-    int index = -1;
-    try {
-      if (group.size() > 1) index = t.clique_->group_index(group);
-    } catch (const TransportError& e) {
-      throw TransportError("rank " + std::to_string(t.rank_) + ": " + what + ": " + e.what());
-    }
-    if (exchange.sends.empty() && exchange.recvs.empty()) {
-      call->finish_(nullptr);
-      call->done_ = true;
-      return call;
-    }
-    CudaDeviceGuard guard(t.device_);
-    // Held for good if issuing fails below: work already enqueued may still use it.
-    NcclStagingSlot& slot = t.staging_->acquire(Device::cuda(t.device_), exchange.device_floats,
-                                                exchange.up_count + exchange.down_count);
-    std::memcpy(slot.host, values.data() + exchange.up_from, exchange.up_count * sizeof(float));
-    auto stream = cuda_stream(*t.group_stream_);
-    NcclComm& comm = t.clique_->group_comm(index, t.position_in(group));
-    with_comm(comm, t.rank_, *t.clique_, [&](ncclComm_t handle) {
-      if (exchange.up_count > 0)
-        CONVEYOR_CUDA_CHECK(cudaMemcpyAsync(slot.device + exchange.up_to, slot.host,
-                                            exchange.up_count * sizeof(float),
-                                            cudaMemcpyHostToDevice, stream));
-      NcclGroup nccl_group;
-      for (const auto& piece : exchange.sends)
-        CONVEYOR_NCCL_START(
-            ncclSend(slot.device + piece.at, piece.count, ncclFloat, piece.peer, handle, stream));
-      for (const auto& piece : exchange.recvs)
-        CONVEYOR_NCCL_START(
-            ncclRecv(slot.device + piece.at, piece.count, ncclFloat, piece.peer, handle, stream));
-      nccl_group.end();
-      t.clique_->settle(t.rank_, comm, [&] { return "starting " + call->what_; });
-      if (exchange.down_count > 0)
-        CONVEYOR_CUDA_CHECK(
-            cudaMemcpyAsync(slot.host + exchange.up_count, slot.device + exchange.down_from,
-                            exchange.down_count * sizeof(float), cudaMemcpyDeviceToHost, stream));
-    });
-    slot.done->record(*t.group_stream_);
-    call->slot_ = &slot;
-    call->received_ = slot.host + exchange.up_count;
-    return call;
-  }
-
-  ~NcclGroupCall() override {
-    // A call dropped unfinished gives its slot back; the pool reuses it once its event has
-    // passed.
-    if (slot_) slot_->held = false;
-  }
-
-  bool test() override {
-    if (done_) return true;
-    t_.throw_if_aborted();
-    CudaDeviceGuard guard(t_.device_);
-    bool ready = false;
-    try {
-      ready = slot_->done->query();
-    } catch (const std::exception& e) {
-      t_.clique_->abort_all("rank " + std::to_string(t_.rank_) + ": CUDA error during " + what_ +
-                            ": " + e.what());
-      throw;
-    }
-    if (!ready) return false;
-    // An abort also ends the stream's work, with the data incomplete: it is set before any
-    // communicator is aborted, so a stream that is done because of one is seen here.
-    t_.throw_if_aborted();
-    finish_(received_);
-    done_ = true;
-    slot_->held = false;
-    slot_ = nullptr;
-    return true;
-  }
-
-  // Waits for this call's work only, not for calls started after it. NCCL cannot tell which
-  // member did not come: the error names the group.
-  void wait() override {
-    if (done_) return;
-    t_.throw_if_aborted();
-    {
-      CudaDeviceGuard guard(t_.device_);
-      t_.clique_->wait(t_.rank_, *slot_->done, what_);
-    }
-    test();
-  }
-
- private:
-  NcclGroupCall(NcclTransport& t, std::string what, std::function<void(const float*)> finish)
-      : t_(t), what_(std::move(what)), finish_(std::move(finish)) {}
-
-  NcclTransport& t_;
-  std::string what_;
-  std::function<void(const float*)> finish_;
-  NcclStagingSlot* slot_ = nullptr;  // this call's, until it finishes
-  const float* received_ = nullptr;  // in the slot's host memory
-  bool done_ = false;
-};
-
-}  // namespace detail
-
-using detail::GroupExchange;
-
-// Every member sends its values to each other member and receives theirs (the traffic of the
-// MPI transport's group sum), then adds them in group order from zero.
-std::unique_ptr<PendingGroupCall> NcclTransport::start_group_sum(std::vector<float>& values,
-                                                                 const std::vector<int>& group) {
-  check_group(group);
-  const size_t n = values.size(), me = position_in(group), members = group.size();
-  GroupExchange x;
-  x.up_count = n;
-  x.device_floats = n + members * n;  // own values, then one slot per member (own unused)
-  x.down_from = n;
-  x.down_count = members * n;
-  for (size_t j = 0; j < members && n > 0; ++j)
-    if (j != me) {
-      x.sends.push_back({static_cast<int>(j), 0, n});
-      x.recvs.push_back({static_cast<int>(j), n + j * n, n});
-    }
-  x.finish = [&values, n, me, members](const float* received) {
-    std::vector<const float*> parts;
-    for (size_t i = 0; i < members; ++i)
-      parts.push_back(i == me ? values.data() : received + i * n);
-    add_in_group_order(values.data(), n, parts);
-  };
-  return detail::NcclGroupCall::start(*this, group, values, std::move(x),
-                                      "the gradient sum over replicas");
-}
-
-// To each other member its range of this member's values; from each, its values of this
-// member's range, added to this member's own in group order from zero.
-std::unique_ptr<PendingGroupCall> NcclTransport::start_group_reduce_scatter(
-    std::vector<float>& values, const std::vector<int>& group, const std::vector<size_t>& bounds) {
-  check_ranges(values, group, bounds, "group reduce-scatter");
-  const size_t n = values.size(), me = position_in(group), members = group.size();
-  const size_t begin = bounds[me], count = bounds[me + 1] - begin;
-  GroupExchange x;
-  x.up_count = n;
-  x.device_floats = n + members * count;  // all values, then one slot per member (own unused)
-  x.down_from = n;
-  x.down_count = members * count;
-  for (size_t j = 0; j < members; ++j) {
-    if (j == me) continue;
-    if (bounds[j + 1] > bounds[j])
-      x.sends.push_back({static_cast<int>(j), bounds[j], bounds[j + 1] - bounds[j]});
-    if (count > 0) x.recvs.push_back({static_cast<int>(j), n + j * count, count});
-  }
-  x.finish = [&values, begin, count, me, members](const float* received) {
-    std::vector<const float*> parts;
-    for (size_t i = 0; i < members; ++i)
-      parts.push_back(i == me ? values.data() + begin : received + i * count);
-    add_in_group_order(values.data() + begin, count, parts);
-  };
-  return detail::NcclGroupCall::start(*this, group, values, std::move(x),
-                                      "the gradient reduce-scatter over replicas");
-}
-
-// This member's range to every other member; theirs received in place on the device, then
-// copied into the caller's values.
-std::unique_ptr<PendingGroupCall> NcclTransport::start_group_gather(
-    std::vector<float>& values, const std::vector<int>& group, const std::vector<size_t>& bounds) {
-  check_ranges(values, group, bounds, "group gather");
-  const size_t n = values.size(), me = position_in(group), members = group.size();
-  const size_t begin = bounds[me], count = bounds[me + 1] - begin;
-  GroupExchange x;
-  x.up_from = x.up_to = begin;
-  x.up_count = count;
-  x.device_floats = n;
-  x.down_count = n;
-  for (size_t j = 0; j < members; ++j) {
-    if (j == me) continue;
-    if (count > 0) x.sends.push_back({static_cast<int>(j), begin, count});
-    if (bounds[j + 1] > bounds[j])
-      x.recvs.push_back({static_cast<int>(j), bounds[j], bounds[j + 1] - bounds[j]});
-  }
-  x.finish = [&values, bounds, me](const float* received) {
-    for (size_t j = 0; j + 1 < bounds.size(); ++j)
-      if (j != me)
-        std::copy(received + bounds[j], received + bounds[j + 1], values.begin() + bounds[j]);
-  };
-  return detail::NcclGroupCall::start(*this, group, values, std::move(x),
-                                      "the weight gather over replicas");
-}
-
 namespace {
 
 void check_timeout(std::chrono::milliseconds timeout) {
@@ -679,7 +253,7 @@ void check_device(int rank, int device) {
 
 }  // namespace
 
-std::vector<std::unique_ptr<Transport>> make_nccl_transports(
+std::vector<std::unique_ptr<Transport> > make_nccl_transports(
     const std::vector<int>& cuda_device_per_rank, std::chrono::milliseconds timeout,
     const NcclGroups& groups) {
   if (cuda_device_per_rank.empty())
@@ -697,7 +271,7 @@ std::vector<std::unique_ptr<Transport>> make_nccl_transports(
                                   "rank (use the in-process transport to share a GPU)");
   }
   auto clique = std::make_shared<NcclClique>(cuda_device_per_rank, timeout, groups);
-  std::vector<std::unique_ptr<Transport>> out;
+  std::vector<std::unique_ptr<Transport> > out;
   for (int r = 0; r < clique->size(); ++r)
     out.push_back(std::make_unique<NcclTransport>(clique, r));
   return out;
@@ -708,7 +282,7 @@ std::unique_ptr<Transport> make_nccl_transport_from_ids(int rank, int ranks, int
                                                         std::chrono::milliseconds timeout,
                                                         const NcclGroups& groups) {
   check_timeout(timeout);
-  check_clique_rank(rank, ranks, "rank");
+  detail::check_clique_rank(rank, ranks, "rank");
   check_nccl_groups(groups, ranks);
   const int slots = nccl_slot_count(ranks, static_cast<int>(groups.size()));
   check_device(rank, cuda_device);

@@ -115,6 +115,8 @@ std::vector<NcclMembership> nccl_memberships(int rank, int ranks, const NcclGrou
 namespace detail {
 // "{0,2}": a group's ranks, for messages.
 std::string describe_group(const std::vector<int>& group);
+// Throws std::invalid_argument unless 0 <= rank < ranks (`what` names the rank) and ranks >= 1.
+void check_clique_rank(int rank, int ranks, const char* what);
 }  // namespace detail
 
 #ifdef CONVEYOR_WITH_CUDA

@@ -233,6 +233,27 @@ class NcclClique {
   std::string reason_;
 };
 
+// Runs `issue` on `comm` under its lock, with its device current; throws when aborted. When
+// `issue` finds the communicator unsettled (NcclClique::settle), the clique is aborted once
+// the lock is let go.
+template <class F>
+void with_comm(NcclComm& comm, int rank, NcclClique& clique, F&& issue) {
+  std::string reason;
+  bool peer_aborted = false;
+  try {
+    std::unique_lock lock(comm.mutex);
+    if (comm.dead || clique.aborted()) throw TransportAborted(rank, clique.abort_reason());
+    CudaDeviceGuard guard(comm.device);
+    issue(comm.handle);
+    return;
+  } catch (const NcclUnsettled& failure) {
+    reason = failure.what(), peer_aborted = failure.peer_aborted;
+  }
+  clique.abort_all(reason);
+  if (peer_aborted) throw TransportAborted(rank, reason);
+  throw TransportError(reason);
+}
+
 }  // namespace conveyor::comm::detail
 
 #endif  // CONVEYOR_WITH_CUDA
