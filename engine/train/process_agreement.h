@@ -1,0 +1,30 @@
+#pragma once
+// What a checkpoint's save and resume share when the ranks are processes: a phase that
+// succeeds on all of them or fails on all. Only engine/train/*.cpp include this.
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "engine/pipeline/executor.h"
+#include "engine/train/checkpoint_error.h"
+
+namespace conveyor::detail {
+
+// When the ranks are processes, a phase of a save or a resume succeeds on every process or
+// fails on all: each says whether it failed (`local`: its own error, rethrown), and one that
+// did not names the lowest rank whose process did. A process failing alone would end while
+// the others train on and wait for it until their timeout. In one process: rethrows `local`.
+inline void agree_across_processes(PipelineExecutor& executor, std::exception_ptr local,
+                                   const std::string& what) {
+  std::vector<double> failed(executor.num_world_ranks(), 0.0);
+  if (local)
+    for (int r : executor.local_ranks()) failed[r] = 1.0;
+  executor.sum_over_processes(failed);
+  if (local) std::rethrow_exception(local);
+  for (size_t r = 0; r < failed.size(); ++r)
+    if (failed[r] != 0.0)
+      throw CheckpointError(what + " failed in the process of rank " + std::to_string(r) +
+                            "; its error says why");
+}
+
+}  // namespace conveyor::detail
