@@ -5,6 +5,8 @@
 
 #ifdef CONVEYOR_WITH_CUDA
 #include <cuda_runtime_api.h>
+
+#include "engine/core/cuda_device_guard.h"
 #endif
 
 namespace conveyor {
@@ -71,6 +73,20 @@ std::string cuda_device_uuid(int index) {
   throw std::invalid_argument("cuda:" + std::to_string(index) +
                               " has no identity in a build without CUDA");
 #endif
+}
+
+CudaMemoryInfo cuda_memory_info(int index) {
+  CudaMemoryInfo info;
+#ifdef CONVEYOR_WITH_CUDA
+  detail::CudaDeviceGuard guard(index);
+  if (cudaMemGetInfo(&info.free_bytes, &info.total_bytes) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return {};
+  }
+#else
+  (void)index;
+#endif
+  return info;
 }
 
 bool built_with_cuda() {

@@ -1,5 +1,6 @@
 #pragma once
 // Where tensors live and kernels run: the CPU or CUDA device i.
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -31,6 +32,15 @@ int cuda_device_count();
 // index CUDA_VISIBLE_DEVICES gives it there. Throws std::runtime_error when the device cannot
 // be queried, std::invalid_argument in a build without CUDA.
 std::string cuda_device_uuid(int index);
+
+// The free and total bytes of CUDA device `index` (cudaMemGetInfo, with that device current),
+// both 0 when unknown: a build without CUDA, or a query that failed (its error is cleared, so
+// that the next kernel launch check does not throw it). Throws std::runtime_error only when
+// the device cannot be made current.
+struct CudaMemoryInfo {
+  size_t free_bytes = 0, total_bytes = 0;
+};
+CudaMemoryInfo cuda_memory_info(int index);
 
 // True when this binary was built with the CUDA backend.
 bool built_with_cuda();

@@ -16,11 +16,6 @@
 
 #include "comm/in_process.h"
 #include "engine/pipeline/stage.h"
-#ifdef CONVEYOR_WITH_CUDA
-#include <cuda_runtime_api.h>
-
-#include "engine/core/cuda_device_guard.h"
-#endif
 
 namespace conveyor {
 namespace {
@@ -345,20 +340,12 @@ AllReduceCost measure_allreduce(std::vector<std::unique_ptr<comm::Transport>>& t
 }
 
 double device_memory_bytes(Device device, std::string* what) {
-#ifdef CONVEYOR_WITH_CUDA
   if (device.is_cuda()) {
-    detail::CudaDeviceGuard guard(device.index);
-    size_t free_bytes = 0, total_bytes = 0;
-    if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
-      // Unknown is an answer here; the error must not stay behind as the thread's last one,
-      // which the next kernel launch check would throw.
-      (void)cudaGetLastError();
-      return 0.0;
-    }
+    const CudaMemoryInfo info = cuda_memory_info(device.index);
+    if (info.total_bytes == 0) return 0.0;
     if (what) *what = "the memory of " + device.to_string();
-    return static_cast<double>(total_bytes);
+    return static_cast<double>(info.total_bytes);
   }
-#endif
   if (device.is_cpu()) {
     const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
     if (pages <= 0 || page <= 0) return 0.0;

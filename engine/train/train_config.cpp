@@ -12,9 +12,6 @@
 #include "engine/pipeline/memory_estimate.h"
 #include "engine/schedule/input_file.h"
 #include "engine/schedule/text_format.h"
-#ifdef CONVEYOR_WITH_CUDA
-#include "engine/core/cuda_device_guard.h"
-#endif
 
 namespace conveyor {
 namespace {
@@ -27,20 +24,12 @@ std::string format_readable(double v) {
 
 // Bytes the device can still give, and where that figure comes from; 0 when unknown.
 double device_available_bytes(Device device, std::string* source) {
-#ifdef CONVEYOR_WITH_CUDA
   if (device.is_cuda()) {
-    detail::CudaDeviceGuard guard(device.index);
-    size_t free_bytes = 0, total_bytes = 0;
-    if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
-      // Unknown is an answer here; the error must not stay behind as the thread's last one,
-      // which the next kernel launch check would throw.
-      (void)cudaGetLastError();
-      return 0.0;
-    }
+    const CudaMemoryInfo info = cuda_memory_info(device.index);
+    if (info.total_bytes == 0) return 0.0;
     *source = "free memory of " + device.to_string();
-    return static_cast<double>(free_bytes);
+    return static_cast<double>(info.free_bytes);
   }
-#endif
   if (device.is_cpu()) {
     *source = "MemAvailable of /proc/meminfo";
     return cpu_available_bytes();

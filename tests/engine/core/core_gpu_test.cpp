@@ -87,6 +87,19 @@ TEST(CudaDeviceGuardGpu, RestoresTheCallersDeviceThroughNestedScopes) {
   CONVEYOR_CUDA_CHECK(cudaSetDevice(0));
 }
 
+// The free and total bytes the memory checks read, with the caller's device left current
+// and no CUDA error left behind for the next launch check.
+TEST(CudaDeviceGpu, MemoryInfoGivesFreeWithinTotalAndLeavesTheDevice) {
+  CONVEYOR_REQUIRE_GPU();
+  const int before = current_device();
+  const CudaMemoryInfo info = cuda_memory_info(cuda_device_count() - 1);
+  EXPECT_GT(info.total_bytes, 0u);
+  EXPECT_GT(info.free_bytes, 0u);
+  EXPECT_LE(info.free_bytes, info.total_bytes);
+  EXPECT_EQ(current_device(), before);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
 TEST(CudaAllocatorGpu, BlockReadByAnotherStreamIsNotReusedUntilThatStreamPasses) {
   CONVEYOR_REQUIRE_GPU();
   HostGate gate;

@@ -41,6 +41,16 @@ TEST(Device, CountNeverThrowsAndMatchesTheBuild) {
 #endif
 }
 
+TEST(Device, CudaMemoryInfoIsUnknownInABuildWithoutCuda) {
+#ifdef CONVEYOR_WITH_CUDA
+  GTEST_SKIP() << "built with CUDA (core_gpu_tests checks it on a device)";
+#else
+  const CudaMemoryInfo info = cuda_memory_info(0);
+  EXPECT_EQ(info.free_bytes, 0u);
+  EXPECT_EQ(info.total_bytes, 0u);
+#endif
+}
+
 TEST(Stream, CpuStreamsHaveUniqueIdsAndNoHandle) {
   Stream a(Device::cpu()), b(Device::cpu());
   EXPECT_NE(a.id(), 0u);
