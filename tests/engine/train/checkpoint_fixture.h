@@ -256,6 +256,18 @@ std::string checkpoint_error_of(F f) {
   return "";
 }
 
+// A saved two-rank demo checkpoint of step 6, for the loading tests to damage.
+class CheckpointLoad : public ::testing::Test {
+ protected:
+  void SetUp() override { folder_ = save_demo(dir_.path(), 6); }
+  fs::path manifest() const { return folder_ / "manifest.json"; }
+  fs::path shard(int rank) const {
+    return folder_ / ("rank_" + std::to_string(rank) + ".safetensors");
+  }
+  TempDir dir_;
+  fs::path folder_;
+};
+
 }  // namespace conveyor::testing
 
 // The CheckpointError of `statement` mentions every one of the given substrings.
