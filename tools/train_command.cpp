@@ -239,6 +239,14 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
   const int64_t first_step = trainer->steps_done() + 1;
   const int64_t last_step_to_run =
       f.checkpoint.stop_after > 0 ? std::min(f.checkpoint.stop_after, config.steps) : config.steps;
+  // A --stop-after past the run's length stops nothing; whoever gave it most likely meant a
+  // longer run, which only --steps makes (it also spans the learning-rate schedule).
+  if (f.checkpoint.stop_after > config.steps)
+    std::printf(
+        "note   --stop-after %lld is past --steps %lld: the run ends at step %lld (--steps sets "
+        "the run's length and its learning-rate schedule; --stop-after only ends it early)\n",
+        static_cast<long long>(f.checkpoint.stop_after), static_cast<long long>(config.steps),
+        static_cast<long long>(config.steps));
   const int64_t steps_run = last_step_to_run - first_step + 1;
   if (steps_run < 1)
     throw UsageError("nothing to train: the run is at step " + std::to_string(first_step - 1) +
