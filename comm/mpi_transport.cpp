@@ -73,12 +73,6 @@ class Backoff {
   int polls_ = 0;
 };
 
-std::string rank_list(const std::vector<int>& ranks) {
-  std::string out;
-  for (int r : ranks) out += (out.empty() ? "" : ", ") + std::to_string(r);
-  return out;
-}
-
 // A request left unfinished past a deadline: a receive is cancelled, and either is freed
 // (a send then goes on by itself).
 void drop(MPI_Request& request) {
@@ -320,12 +314,11 @@ class MpiTransport : public Transport {
       Backoff backoff;
       while (!test()) {
         if (Clock::now() >= deadline) {
-          std::string missing;
+          std::vector<int> missing;
           for (size_t i = 0; i < receive_from_.size(); ++i)
-            if (requests_[i] != MPI_REQUEST_NULL)
-              missing += (missing.empty() ? "" : ", ") + std::to_string(receive_from_[i]);
+            if (requests_[i] != MPI_REQUEST_NULL) missing.push_back(receive_from_[i]);
           t_.give_up(what_ + " waited " + std::to_string(t_.timeout_.count()) + " ms for rank(s) " +
-                     (missing.empty() ? std::string("(sends pending)") : missing) +
+                     (missing.empty() ? std::string("(sends pending)") : rank_list(missing)) +
                      " (did one of them stop?)");
         }
         backoff.pause();
@@ -732,12 +725,12 @@ class MpiTransport : public Transport {
     const auto deadline = Clock::now() + timeout_;
     Backoff backoff;
     for (;;) {
-      std::string missing;
+      std::vector<int> missing;
       for (int r = 0; r < size_; ++r) {
         if (arrived[r] == MPI_REQUEST_NULL) continue;
         int done = 0;
         MPI_Test(&arrived[r], &done, MPI_STATUS_IGNORE);  // done: the request is nulled
-        if (!done) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+        if (!done) missing.push_back(r);
       }
       if (missing.empty()) return;
       try {
@@ -748,7 +741,7 @@ class MpiTransport : public Transport {
       }
       if (Clock::now() >= deadline) {
         drop_pending();
-        give_up(message(missing));
+        give_up(message(rank_list(missing)));
       }
       reap_sends();
       backoff.pause();

@@ -76,4 +76,13 @@ std::map<int, std::vector<std::byte>> Transport::collect_failure_reports(
   return {};
 }
 
+std::string rank_list(const std::vector<int>& ranks) {
+  constexpr size_t kShown = 16;
+  std::string out;
+  for (size_t i = 0; i < ranks.size() && i < kShown; ++i)
+    out += (i ? ", " : "") + std::to_string(ranks[i]);
+  if (ranks.size() > kShown) out += ", ... (" + std::to_string(ranks.size()) + " in all)";
+  return out;
+}
+
 }  // namespace conveyor::comm

@@ -142,4 +142,8 @@ class Transport {
   size_t position_in(const std::vector<int>& group) const;
 };
 
+// Rank indices for a message: comma-separated, the first 16 of them, then how many there
+// are in all ("3, 5, ... (40 in all)"), so a message about many ranks stays one short line.
+std::string rank_list(const std::vector<int>& ranks);
+
 }  // namespace conveyor::comm

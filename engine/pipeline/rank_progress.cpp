@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "comm/transport.h"
 #include "engine/schedule/ascii.h"
 
 namespace conveyor {
@@ -45,16 +46,6 @@ std::string waits_on(const schedule::Schedule& schedule, const RankPosition& ran
       return "done with the step";
   }
   return "";
-}
-
-// Rank indices, comma-separated, the first 16 of them and then how many there are in all.
-std::string rank_list(const std::vector<int>& ranks) {
-  constexpr size_t kShown = 16;
-  std::string out;
-  for (size_t i = 0; i < ranks.size() && i < kShown; ++i)
-    out += (i ? ", " : "") + std::to_string(ranks[i]);
-  if (ranks.size() > kShown) out += ", ... (" + std::to_string(ranks.size()) + " in all)";
-  return out;
 }
 
 }  // namespace
@@ -164,13 +155,13 @@ std::string format_positions(const schedule::Schedule& schedule,
     out += "\n";
   }
   if (!unlisted.empty())
-    out += "rank(s) " + rank_list(unlisted) + ": known here, not listed (the " +
+    out += "rank(s) " + comm::rank_list(unlisted) + ": known here, not listed (the " +
            std::to_string(kMaxListed) + " nearest rank " + std::to_string(focus) + " are)\n";
   if (static_cast<int>(named.size()) < world) {
     std::vector<int> others;
     for (int r = 0; r < world; ++r)
       if (std::find(named.begin(), named.end(), r) == named.end()) others.push_back(r);
-    out += "rank(s) " + rank_list(others) +
+    out += "rank(s) " + comm::rank_list(others) +
            ": held by other processes, positions not known here (dead or stopped ranks "
            "cannot report; rank 0's process gathers those that can)\n";
   }
