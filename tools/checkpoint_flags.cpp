@@ -33,10 +33,10 @@ void add_checkpoint_flags(CLI::App* cmd, CheckpointFlags& f) {
 void check_checkpoint_flags(const CheckpointFlags& f, const CLI::App& cmd) {
   if (f.on_save_error != "stop" && f.on_save_error != "continue")
     throw UsageError("--on-save-error must be stop or continue, got '" +
-                     escape_for_message(f.on_save_error) + "'");
+                     escaped_for_message(f.on_save_error) + "'");
   if (!f.save_dir.empty()) {
     refuse_kernel_file_system(f.save_dir,
-                              "--save-dir folder '" + escape_for_message(f.save_dir) + "'");
+                              "--save-dir folder '" + escaped_for_message(f.save_dir) + "'");
     return;
   }
   for (const char* flag : {"--save-every", "--keep", "--on-save-error", "--async-save"})
@@ -66,7 +66,7 @@ std::unique_ptr<TrainerCheckpointer> setup_checkpoints(const CheckpointFlags& f,
       const std::string path = f.resume == "latest" ? f.save_dir : f.resume;
       const Checkpoint ckpt = resume_trainer(trainer, path);
       std::printf("resume %s at step %lld (saved with %zu stage(s), schedule %s)\n",
-                  escape_for_message(ckpt.directory().native()).c_str(),
+                  escaped_for_message(ckpt.directory().native()).c_str(),
                   static_cast<long long>(ckpt.step()), ckpt.state().stages.size(),
                   ckpt.state().schedule.c_str());
       for (const std::string& change : resume_setting_changes(trainer, ckpt.state()))

@@ -147,7 +147,7 @@ void run_inspect(const CkptFlags& flags) {
   }
 
   std::printf("checkpoint %s (format version %d), step %" PRId64 "\n",
-              escape_for_message(ckpt.directory().native()).c_str(), m.format_version, s.step);
+              escaped_for_message(ckpt.directory().native()).c_str(), m.format_version, s.step);
   std::printf("  model        %s %s\n", s.model_fingerprint.c_str(), s.model.dump().c_str());
   std::string stages;
   for (const StagePlacement& p : s.stages)
@@ -218,7 +218,7 @@ void run_verify(const CkptFlags& flags) {
   for (const ShardEntry& e : ckpt.manifest().shards) bytes += e.bytes;
   std::printf("ok: %s, step %" PRId64 ": %zu tensors in %zu shards (%" PRIu64
               " bytes), every checksum matches\n",
-              escape_for_message(ckpt.directory().native()).c_str(), ckpt.step(),
+              escaped_for_message(ckpt.directory().native()).c_str(), ckpt.step(),
               ckpt.tensors().size(), ckpt.manifest().shards.size(), bytes);
 }
 
@@ -257,7 +257,7 @@ void run_demo(const CkptFlags& flags) {
   }
   // A folder that cannot take the checkpoint (a file in the way, a step there already) is
   // refused before anything is written, as train refuses its --save-dir.
-  refuse_kernel_file_system(flags.path, "folder '" + escape_for_message(flags.path) + "'");
+  refuse_kernel_file_system(flags.path, "folder '" + escaped_for_message(flags.path) + "'");
   std::optional<CheckpointWriter> prepared;
   try {
     prepared.emplace(flags.path, flags.step, flags.ranks, CheckpointWriterOptions{flags.keep});
@@ -289,7 +289,7 @@ void run_demo(const CkptFlags& flags) {
   state.data = {"demo tokens", static_cast<uint64_t>(flags.step) * 1024};
   state.rng = {{"seed", flags.seed}};
   const CommitResult result = writer.commit(state);
-  std::printf("wrote %s (%d shards)\n", escape_for_message(result.directory.native()).c_str(),
+  std::printf("wrote %s (%d shards)\n", escaped_for_message(result.directory.native()).c_str(),
               flags.ranks);
   for (const std::string& w : result.warnings)
     std::fprintf(stderr, "conveyor: warning: %s\n", w.c_str());

@@ -65,11 +65,6 @@ inline std::string format_number(double v) {
   return buf;
 }
 
-// Text taken from the user (file names, flag values), safe to echo on one terminal line:
-// control characters and bytes that are not printable ASCII become \n, \t or \xHH. The
-// engine's messages escape the names they hold the same way.
-inline std::string escape_for_message(std::string_view text) { return escaped_for_message(text); }
-
 // Plain decimal digits, the one way a count is written on the command line: no sign, space,
 // 0x or exponent, and leading zeros do not mean octal. nullopt for anything else; digits past
 // UINT64_MAX give UINT64_MAX, which each caller's own bound refuses. Every integer and size
@@ -94,7 +89,7 @@ inline int64_t parse_int(std::string_view text, std::string_view flag, int64_t l
   const std::string range = "[" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
   auto fail = [&](const std::string& why) -> int64_t {
     throw UsageError(std::string(flag) + " expects a whole number in " + range + ", got '" +
-                     escape_for_message(text) + "'" + why);
+                     escaped_for_message(text) + "'" + why);
   };
   const bool negative = !text.empty() && text[0] == '-';
   const std::optional<uint64_t> magnitude = parse_decimal_digits(text.substr(negative ? 1 : 0));
@@ -107,7 +102,7 @@ inline int64_t parse_int(std::string_view text, std::string_view flag, int64_t l
       negative ? static_cast<int64_t>(0 - *magnitude) : static_cast<int64_t>(*magnitude);
   if (value < lo)
     throw UsageError(std::string(flag) + " must be at least " + std::to_string(lo) + ", got '" +
-                     escape_for_message(text) + "' (a whole number in " + range + ")");
+                     escaped_for_message(text) + "' (a whole number in " + range + ")");
   if (value > hi) return fail(" (out of range)");
   return value;
 }
@@ -123,7 +118,7 @@ inline double parse_float(std::string_view text, std::string_view flag, double l
       std::string(lo_open ? "(" : "[") + format_number(lo) + ", " + format_number(hi) + "]";
   auto fail = [&]() -> double {
     throw UsageError(std::string(flag) + " expects a finite number in " + range + ", got '" +
-                     escape_for_message(text) + "'");
+                     escaped_for_message(text) + "'");
   };
   std::string_view digits = text;
   // from_chars takes '-' but not '+'; "+-5" stays refused.

@@ -23,7 +23,7 @@ void print_error(const char* message) {
   std::string text;
   for (const char* c = message; *c; ++c)
     text += *c == '\n' || *c == '\\' ? std::string(1, *c)
-                                     : conveyor::cli::escape_for_message(std::string(1, *c));
+                                     : conveyor::escaped_for_message(std::string(1, *c));
   std::fprintf(stderr, "conveyor: error: %s\n", text.c_str());
 }
 
@@ -54,7 +54,7 @@ int main(int argc, char** argv) {
     if (found == nullptr) {
       const std::string of = level == &app ? "" : level->get_name() + " ";
       std::fprintf(stderr, "conveyor: error: unknown %ssubcommand '%s', expected one of: %s\n",
-                   of.c_str(), conveyor::cli::escape_for_message(argv[i]).c_str(),
+                   of.c_str(), conveyor::escaped_for_message(argv[i]).c_str(),
                    offered(level).c_str());
       return conveyor::cli::kExitUsage;
     }

@@ -103,13 +103,13 @@ void refuse_openmpi_without_pmix_under_srun(const comm::LaunchEnvironment& launc
     throw ExitRequest{kExitUsage};
   }
   const char* plugin = std::getenv("SLURM_MPI_TYPE");
-  std::string started = "(SLURM_STEP_ID=" + escape_for_message(std::getenv("SLURM_STEP_ID")) + ")";
+  std::string started = "(SLURM_STEP_ID=" + escaped_for_message(std::getenv("SLURM_STEP_ID")) + ")";
   if (launch.processes > 1)
     started = "as one of " + std::to_string(launch.processes) + " (" + launch.source + ")";
   throw UsageError(
       "srun started this process " + started + " " +
       (plugin != nullptr && std::string(plugin) != "none"
-           ? "with its " + escape_for_message(plugin) + " plugin (SLURM_MPI_TYPE), not PMIx"
+           ? "with its " + escaped_for_message(plugin) + " plugin (SLURM_MPI_TYPE), not PMIx"
            : std::string("without an MPI plugin (--mpi=none)")) +
       ", and this OpenMPI " + std::to_string(OMPI_MAJOR_VERSION) + "." +
       std::to_string(OMPI_MINOR_VERSION) + "." + std::to_string(OMPI_RELEASE_VERSION) +
@@ -155,7 +155,7 @@ ConfigField file_field(const std::string& name, const std::string& path) {
   } else {
     digest = std::string("cannot be opened: ") + std::strerror(errno);
   }
-  return {name, digest, escape_for_message(path) + ", " + digest};
+  return {name, digest, escaped_for_message(path) + ", " + digest};
 }
 
 MpiSession::MpiSession(bool wanted, std::chrono::milliseconds timeout) : timeout_(timeout) {
@@ -244,10 +244,10 @@ void check_same_configuration(const MpiSession& session, const ConfigFields& fie
     for (int r = 1; r < ranks; ++r)
       if (all[r * count + i] != all[i])
         differing += (differing.empty() ? "" : ", ") + std::string("rank ") + std::to_string(r) +
-                     " has '" + escape_for_message(values[r]) + "'";
+                     " has '" + escaped_for_message(values[r]) + "'";
     // Every rank builds this same sentence from the same table.
     refuse_on_every_rank(session, "the ranks disagree on " + field.name + ": rank 0 has '" +
-                                      escape_for_message(values[0]) + "', " + differing +
+                                      escaped_for_message(values[0]) + "', " + differing +
                                       "; start every rank with the same configuration");
   }
 #endif

@@ -62,7 +62,7 @@ std::string reason_no_file_is_made(const std::string& path, int err) {
   if (err == ENOENT || err == ENOTDIR) {
     const std::string folder = folder_of(path);
     struct stat st {};
-    const std::string shown = "'" + escape_for_message(folder) + "'";
+    const std::string shown = "'" + escaped_for_message(folder) + "'";
     if (::stat(folder.c_str(), &st) != 0) return "its folder " + shown + " does not exist";
     if (!S_ISDIR(st.st_mode)) return shown + " is not a folder";
   }
@@ -105,7 +105,7 @@ void refuse_kernel_file_system(const std::string& path, const std::string& shown
 
 OutputFile::OutputFile(const std::string& path, const std::string& flag, bool lock)
     : path_(path), flag_(flag) {
-  const std::string shown = "'" + escape_for_message(path) + "'";
+  const std::string shown = "'" + escaped_for_message(path) + "'";
   if (path.empty()) throw UsageError(flag + " needs a file name");
   refuse_kernel_file_system(path, flag + " file " + shown);
   // Not O_TRUNC: a file another run holds must not be emptied before its lock is seen.
@@ -160,7 +160,7 @@ void OutputFile::write(const std::string& text) {
     const ssize_t n = ::write(fd_, text.data() + done, text.size() - done);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0)
-      throw std::runtime_error("cannot write " + flag_ + " file '" + escape_for_message(path_) +
+      throw std::runtime_error("cannot write " + flag_ + " file '" + escaped_for_message(path_) +
                                "': " + std::strerror(n < 0 ? errno : EIO));
     done += static_cast<size_t>(n);
   }
@@ -170,7 +170,7 @@ void OutputFile::close() {
   if (fd_ < 0) return;
   const int fd = std::exchange(fd_, -1);
   if (::close(fd) != 0)
-    throw std::runtime_error("cannot write " + flag_ + " file '" + escape_for_message(path_) +
+    throw std::runtime_error("cannot write " + flag_ + " file '" + escaped_for_message(path_) +
                              "' (close failed): " + std::strerror(errno));
 }
 
@@ -194,7 +194,7 @@ std::string followed_links(std::string path) {
 
 ReplacedFile::ReplacedFile(const std::string& path, const std::string& flag)
     : path_(path), flag_(flag) {
-  const std::string shown = "'" + escape_for_message(path) + "'";
+  const std::string shown = "'" + escaped_for_message(path) + "'";
   if (path.empty()) throw UsageError(flag + " needs a file name");
   struct stat st {};
   const bool exists = ::stat(path.c_str(), &st) == 0;
@@ -224,7 +224,7 @@ ReplacedFile::ReplacedFile(const std::string& path, const std::string& flag)
                      (reason != std::strerror(err)
                           ? reason
                           : "no new file can be made in its folder '" +
-                                escape_for_message(folder_of(target)) + "' (" + reason +
+                                escaped_for_message(folder_of(target)) + "' (" + reason +
                                 "), and the file is replaced by one made there"));
   }
   temp_ = temp;
@@ -250,7 +250,7 @@ void ReplacedFile::commit(const std::string& text) {
   out_.write(text);
   out_.close();
   if (temp_.empty()) return;  // written in place (a device or a FIFO)
-  const std::string shown = "'" + escape_for_message(path_) + "'";
+  const std::string shown = "'" + escaped_for_message(path_) + "'";
   if (::rename(temp_.c_str(), target_.c_str()) != 0)
     throw std::runtime_error(
         "cannot write " + flag_ + " file " + shown +

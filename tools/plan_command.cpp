@@ -397,7 +397,7 @@ void check_planned_for(const nlohmann::json& plan, const std::string& source,
   auto shown = [](const nlohmann::json& v) {
     std::string text = v.dump();
     if (text.size() > 40) text = text.substr(0, 37) + "...";
-    return escape_for_message(text);
+    return escaped_for_message(text);
   };
   if (!was.is_object())
     throw UsageError(source +
@@ -423,7 +423,7 @@ void check_planned_for(const nlohmann::json& plan, const std::string& source,
                        shown(v) + "; plan again (conveyor plan ... --out FILE)");
     if (v == now.at(key)) continue;
     auto text = [](const nlohmann::json& j) {
-      return escape_for_message(j.is_string() ? j.get<std::string>() : j.dump());
+      return escaped_for_message(j.is_string() ? j.get<std::string>() : j.dump());
     };
     if (key == "batch_tokens" && replicas > 1) {
       const std::string d = std::to_string(replicas);
@@ -470,7 +470,7 @@ std::string json_error_text(const nlohmann::json::exception& e) {
 std::string shown_json(const nlohmann::json& v) {
   std::string text = v.dump();
   if (text.size() > 40) text = text.substr(0, 37) + "...";
-  return escape_for_message(text);
+  return escaped_for_message(text);
 }
 
 constexpr const char* kPlanAgain = "; plan again (conveyor plan ... --out FILE)";
@@ -540,7 +540,7 @@ void apply_plan_text(const std::string& text, const std::string& source, TrainCo
     const std::string kind = plan_string(plan_field(plan, source, "schedule"), source, "schedule");
     const auto parsed = schedule::parse_schedule_kind(kind);
     if (!parsed)
-      throw UsageError(source + " names schedule '" + escape_for_message(kind) + "', expected " +
+      throw UsageError(source + " names schedule '" + escaped_for_message(kind) + "', expected " +
                        schedule::schedule_kind_choices());
     // The ranges of --stages, --chunks, --microbatches and --layers.
     const auto stages = plan_integer(plan_field(plan, source, "stages"), source, "stages", 1, 1024);
@@ -576,7 +576,7 @@ void apply_plan_file(const std::string& path, TrainConfig& config, int64_t repli
   // Plans are small; a device or a pipe would be read without end (/dev/zero) or wait for a
   // writer, so only a regular file is read.
   constexpr uintmax_t kMaxPlanFileBytes = uintmax_t{1} << 20;
-  const std::string shown = "plan file '" + escape_for_message(path) + "'";
+  const std::string shown = "plan file '" + escaped_for_message(path) + "'";
   std::string text;
   try {
     text = read_input_file(path, {shown, "the JSON file `conveyor plan --out` writes",
@@ -652,7 +652,7 @@ void run_plan(const PlanFlags& f, const CLI::App& cmd) {
   config.device = device;
   out->commit(plan_text(*best, config));
   std::printf("plan   %s, %d micro-batches, partition written to %s\n", best->layout.c_str(),
-              best->microbatches, escape_for_message(f.out).c_str());
+              best->microbatches, escaped_for_message(f.out).c_str());
   const PlanCandidate& first = run.plan.candidates.front();
   if (!first.pipelined)
     std::printf(

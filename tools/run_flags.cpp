@@ -33,7 +33,7 @@ void RunFlags::apply(const CLI::App& cmd, TrainConfig& config) const {
   config.cpu_threads = threads;
   if (cmd.count("--bucket-mb")) {
     if (bucket_mb > 0 && bucket_mb < kMinGradientBucketMiB)
-      throw UsageError("--bucket-mb " + escape_for_message(bucket_mb_text) +
+      throw UsageError("--bucket-mb " + escaped_for_message(bucket_mb_text) +
                        " is less than 1 KiB, the smallest bucket accepted; give at least "
                        "0.0009765625 (1 KiB), or 0 for one bucket per stage");
     config.gradient_bucket_mib = bucket_mb;
@@ -54,8 +54,8 @@ size_t RunFlags::memory_limit_bytes() const {
   // Exact: a double times a power of two, and 2^50 bytes fit a double's mantissa.
   const double bytes =
       sized ? static_cast<double>(*memory_cap_bytes) : memory_limit_mb * 1024.0 * 1024.0;
-  const std::string given = sized ? "--memory-cap " + escape_for_message(memory_cap_text)
-                                  : "--memory-limit-mb " + escape_for_message(memory_cap_text);
+  const std::string given = sized ? "--memory-cap " + escaped_for_message(memory_cap_text)
+                                  : "--memory-limit-mb " + escaped_for_message(memory_cap_text);
   if (bytes > kMaxMemoryCapBytes)
     throw UsageError(given +
                      " is more than 1 PiB, the largest cap accepted; give the device's "
@@ -77,7 +77,7 @@ uint64_t parse_size(const std::string& text, const std::string& flag) {
                      "TB, PB: powers of 1000; KiB, MiB, GiB, TiB, PiB: powers of 1024), without "
                      "sign or exponent, such as 512MiB or 1.5GiB (rounded down to whole bytes); "
                      "got '" +
-                     escape_for_message(text) + "'" + why);
+                     escaped_for_message(text) + "'" + why);
   };
   // The number: whole digits, and a fraction after a point; either may be left out, not both.
   size_t i = std::min(text.find_first_not_of("0123456789."), text.size());
@@ -161,7 +161,7 @@ void add_run_flags(CLI::App* cmd, RunFlags& f, RunFlagsFor command) {
              throw UsageError(
                  "--memory-limit-mb expects a finite number of MiB in [0, "
                  "1073741824] (1 PiB), got '" +
-                 escape_for_message(text) + "'");
+                 escaped_for_message(text) + "'");
            }
            f.memory_cap_text = text;
          },
@@ -222,7 +222,7 @@ RecomputeSpec parse_recompute(const std::string& text, int64_t num_units,
   const std::string form = "none, stage or units:LIST (comma-separated unit indices from 0 to " +
                            last + ", each once, e.g. units:2,3,5)";
   auto fail = [&](const std::string& why) -> RecomputeSpec {
-    throw UsageError(source + " expects " + form + ", got '" + escape_for_message(text) + "'" +
+    throw UsageError(source + " expects " + form + ", got '" + escaped_for_message(text) + "'" +
                      why);
   };
   if (text == "none") return RecomputeSpec::none();
@@ -236,7 +236,7 @@ RecomputeSpec parse_recompute(const std::string& text, int64_t num_units,
     const size_t comma = text.find(',', at);
     const std::string item = text.substr(at, comma == std::string::npos ? comma : comma - at);
     const std::optional<uint64_t> index = parse_decimal_digits(item);
-    if (!index) return fail(" ('" + escape_for_message(item) + "' is not a unit index)");
+    if (!index) return fail(" ('" + escaped_for_message(item) + "' is not a unit index)");
     if (*index >= static_cast<uint64_t>(num_units))
       return fail(" (unit " + item + " is out of range)");
     const auto u = static_cast<int64_t>(*index);

@@ -57,18 +57,18 @@ Costs parse_costs(const std::string& text) {
       values.push_back(parse_float(item, "--costs", 0.0, std::numeric_limits<double>::max()));
     } catch (const UsageError&) {
       throw UsageError("--costs expects non-negative numbers F,I,W[,comm], got '" +
-                       escape_for_message(text) + "'");
+                       escaped_for_message(text) + "'");
     }
   }
   // getline drops an empty last item: "1,1,1," would read as "1,1,1".
   if (!text.empty() && text.back() == ',')
     throw UsageError("--costs expects non-negative numbers F,I,W[,comm], got '" +
-                     escape_for_message(text) + "'");
+                     escaped_for_message(text) + "'");
   if (values.size() != 3 && values.size() != 4)
     throw UsageError(
         "--costs expects 3 or 4 numbers F,I,W[,comm] (forward, input-gradient and "
         "weight-gradient time per micro-batch and stage, transfer time), got '" +
-        escape_for_message(text) + "'");
+        escaped_for_message(text) + "'");
   if (values[0] + values[1] + values[2] <= 0)
     throw UsageError("--costs: F + I + W must be positive");
   return {values[0], values[1], values[2], values.size() == 4 ? values[3] : 0.0};
@@ -132,7 +132,7 @@ class ScheduleOutput {
   explicit operator bool() const { return file_.has_value(); }
   void write(const std::string& content) {
     file_->commit(content);
-    std::printf("wrote %s\n", escape_for_message(file_->path()).c_str());
+    std::printf("wrote %s\n", escaped_for_message(file_->path()).c_str());
   }
 
  private:
@@ -221,7 +221,7 @@ void run_compare(const ScheduleOptions& o, const Costs& costs) {
 void check_load_agrees(const ScheduleOptions& o, const CLI::App& cmd, const sc::Schedule& s) {
   auto disagree = [&](const std::string& flag, const std::string& given, const std::string& has) {
     throw UsageError(flag + " " + given + " disagrees with schedule file '" +
-                     escape_for_message(o.load) + "', which has " + has +
+                     escaped_for_message(o.load) + "', which has " + has +
                      "; the file decides, so leave " + flag + " out or make it agree");
   };
   if (cmd.count("--stages") && o.stages != s.num_ranks())
@@ -235,7 +235,7 @@ void check_load_agrees(const ScheduleOptions& o, const CLI::App& cmd, const sc::
   if (cmd.count("--dp") && o.dp != s.replicas)
     disagree("--dp", std::to_string(o.dp), std::to_string(s.replicas) + " replica(s)");
   if (cmd.count("--kind") && !s.name.empty() && o.kind != s.name)
-    disagree("--kind", o.kind, "schedule '" + escape_for_message(s.name) + "'");
+    disagree("--kind", o.kind, "schedule '" + escaped_for_message(s.name) + "'");
 }
 
 void run(const ScheduleOptions& o, const CLI::App& cmd) {
@@ -261,7 +261,7 @@ void run(const ScheduleOptions& o, const CLI::App& cmd) {
       if (x.empty() || y.empty()) continue;
       if (same_file(x, y))
         throw UsageError(std::string(outputs[a].first) + " and " + outputs[b].first +
-                         " both name '" + escape_for_message(y) +
+                         " both name '" + escaped_for_message(y) +
                          "'; each writes a file of its own, so give each its own name");
     }
   ScheduleOutput dump(o.dump, "--dump"), svg_file(o.svg, "--svg"), trace(o.trace, "--trace");
@@ -274,7 +274,7 @@ void run(const ScheduleOptions& o, const CLI::App& cmd) {
       try {
         sc::validate(schedule);
       } catch (const sc::ScheduleError& e) {
-        throw UsageError("schedule file '" + escape_for_message(o.load) +
+        throw UsageError("schedule file '" + escaped_for_message(o.load) +
                          "' is not a valid schedule: " + e.what());
       }
     } else {

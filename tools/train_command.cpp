@@ -152,7 +152,7 @@ void refuse_outputs_over_inputs(const TrainFlags& f) {
     if (!error && type != std::filesystem::file_type::regular &&
         type != std::filesystem::file_type::directory)
       continue;
-    const std::string shown = "'" + escape_for_message(*path) + "'";
+    const std::string shown = "'" + escaped_for_message(*path) + "'";
     for (size_t other = o + 1; other < outputs.size(); ++other)
       if (!outputs[other].second->empty() && same_file(*path, *outputs[other].second))
         throw UsageError(std::string(flag) + " and " + outputs[other].first + " both name " +
@@ -166,7 +166,7 @@ void refuse_outputs_over_inputs(const TrainFlags& f) {
       if (!folder.empty() && in_checkpoint_layout(*path, folder))
         throw UsageError(std::string(flag) + " file " + shown +
                          " would overwrite the checkpoints of " + folder_flag + " '" +
-                         escape_for_message(*given) +
+                         escaped_for_message(*given) +
                          "' (the folder itself, its latest or a step_<N>); give " + flag +
                          " a file outside them");
   }
@@ -351,7 +351,7 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
     checkpointer->finish();
     std::printf("saved  step %lld into %s\n",
                 static_cast<long long>(checkpointer->last_saved_step()),
-                escape_for_message(f.checkpoint.save_dir).c_str());
+                escaped_for_message(f.checkpoint.save_dir).c_str());
   }
   if (signal == 0 && t.steps > 0 && t.last_step < config.steps)
     std::printf(

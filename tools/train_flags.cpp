@@ -43,7 +43,7 @@ void check_schedule_file_agrees(const TrainFlags& f, const CLI::App& cmd) {
   } catch (const schedule::ScheduleError& e) {
     throw UsageError(e.what());
   }
-  const std::string shown = "schedule file '" + escape_for_message(file) + "'";
+  const std::string shown = "schedule file '" + escaped_for_message(file) + "'";
   // The trainer validates it too, but its message would not say which input was wrong.
   try {
     schedule::validate(loaded);
@@ -60,7 +60,7 @@ void check_schedule_file_agrees(const TrainFlags& f, const CLI::App& cmd) {
     disagree("--chunks", std::to_string(f.chunks),
              std::to_string(loaded.placement.chunks) + " chunk(s) per rank");
   if (cmd.count("--schedule") && !loaded.name.empty() && f.schedule != loaded.name)
-    disagree("--schedule", f.schedule, "schedule '" + escape_for_message(loaded.name) + "'");
+    disagree("--schedule", f.schedule, "schedule '" + escaped_for_message(loaded.name) + "'");
 }
 
 schedule::ScheduleKind parse_schedule(const std::string& name) {
@@ -148,7 +148,7 @@ TrainConfig resolve_config(TrainFlags& f, const CLI::App& cmd) {
   // itself, rather than being refused for a --min-lr the user never gave.
   if (!cmd.count("--min-lr")) opt.min_lr = std::min(opt.min_lr, opt.lr);
   if (opt.kind != "adamw" && opt.kind != "sgd")
-    throw UsageError("--optimizer must be adamw or sgd, got '" + escape_for_message(opt.kind) +
+    throw UsageError("--optimizer must be adamw or sgd, got '" + escaped_for_message(opt.kind) +
                      "'");
   if (opt.min_lr > opt.lr)
     throw UsageError("--min-lr " + format_number(opt.min_lr) + " is more than --lr " +
@@ -163,7 +163,7 @@ TrainConfig resolve_config(TrainFlags& f, const CLI::App& cmd) {
   // --shard-optimizer without --dp is refused. The default, written out, changes nothing.
   if (cmd.count("--bucket-mb") && config.data_parallel < 2 &&
       f.run.bucket_mb != kDefaultGradientBucketMiB)
-    throw UsageError("--bucket-mb " + escape_for_message(f.run.bucket_mb_text) +
+    throw UsageError("--bucket-mb " + escaped_for_message(f.run.bucket_mb_text) +
                      " sizes the gradient all-reduce buckets of data-parallel replicas, but this "
                      "run has one replica; give --dp 2 or more, or leave --bucket-mb out");
   try {
@@ -233,7 +233,7 @@ void apply_planning(const TrainFlags& f, const CLI::App& cmd, const MpiSession& 
     take_planned_layout(config, share);
     // The plan decides the layout, as a schedule file does; a flag that says otherwise is
     // refused rather than ignored. Explicit block counts and --recompute win over the plan.
-    const std::string shown = "plan file '" + escape_for_message(f.plan_file) + "'";
+    const std::string shown = "plan file '" + escaped_for_message(f.plan_file) + "'";
     auto agree = [&](const char* flag, const std::string& given, const std::string& planned) {
       if (cmd.count(flag) && given != planned)
         refuse_disagreement(flag, given, shown, planned, "the plan");

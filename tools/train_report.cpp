@@ -140,7 +140,7 @@ void report_bubble(Trainer& trainer, PipelineStepResult& last, OutputFile* trace
     std::printf(
         "trace  %s (the run's steps and checkpoint saves, and the last step's measured "
         "timeline of every rank)\n",
-        escape_for_message(trace->path()).c_str());
+        escaped_for_message(trace->path()).c_str());
   }
 }
 
