@@ -74,47 +74,6 @@ class InProcessGroupCall : public PendingGroupCall {
   std::vector<bool> taken_;                     // by position: its post taken by this call
 };
 
-// One member's group sum: its own values are posted at the start; the others' are taken as
-// they come, and the sum runs in group order once all are in.
-class InProcessGroupSum : public InProcessGroupCall {
- public:
-  InProcessGroupSum(std::shared_ptr<InProcessHub> hub, int rank, std::vector<float>& values,
-                    const std::vector<int>& group, size_t me)
-      : InProcessGroupCall(std::move(hub), rank, group, me, "the gradient sum over replicas"),
-        values_(values),
-        parts_(group.size()) {
-    auto mine = std::make_shared<const std::vector<float>>(values);
-    parts_[me_] = mine;
-    hub_->post_group_values(rank_, group_, std::move(mine));
-  }
-
-  bool test() override {
-    if (done_) return true;
-    for (size_t i = 0; i < group_.size(); ++i)
-      if (!parts_[i]) parts_[i] = try_take(i);
-    for (const auto& part : parts_)
-      if (!part) return false;
-    for (size_t i = 0; i < group_.size(); ++i)
-      if (parts_[i]->size() != values_.size())
-        hub_->fail(rank_, "group sum of " + std::to_string(values_.size()) + " values, but rank " +
-                              std::to_string(group_[i]) + " gave " +
-                              std::to_string(parts_[i]->size()));
-    std::vector<const float*> parts;
-    for (const auto& part : parts_) parts.push_back(part->data());
-    add_in_group_order(values_.data(), values_.size(), parts);
-    parts_.clear();  // the others' copies are not needed any more
-    done_ = true;
-    return true;
-  }
-
- private:
-  bool arrived(size_t i) const override { return done_ || parts_[i] != nullptr; }
-
-  std::vector<float>& values_;
-  std::vector<InProcessHub::GroupValues> parts_;  // by position in the group
-  bool done_ = false;
-};
-
 // One member's reduce-scatter: each other member's range is posted to that member alone; the
 // others' parts of this member's range are taken as they come, and summed in group order,
 // with this member's own values in its place, once all are in.
@@ -254,7 +213,7 @@ class InProcessTransport : public Transport {
   std::unique_ptr<PendingGroupCall> start_group_sum(std::vector<float>& values,
                                                     const std::vector<int>& group) override {
     check_group(group);
-    return std::make_unique<InProcessGroupSum>(hub_, rank_, values, group, position_in(group));
+    return hub_->start_group_sum(rank_, values, group, position_in(group));
   }
   std::unique_ptr<PendingGroupCall> start_group_reduce_scatter(
       std::vector<float>& values, const std::vector<int>& group,
@@ -463,7 +422,7 @@ size_t InProcessHub::group_posts_held() const {
   std::lock_guard lock(mutex_);
   size_t held = 0;
   for (const GroupLink& link : group_links_) held += link.posted.size();
-  return held;
+  return held + sum_parts_held_locked();
 }
 
 void InProcessHub::fail(int rank, const std::string& what) {

@@ -16,6 +16,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/transport.h"
@@ -74,8 +75,33 @@ class InProcessHub : public std::enable_shared_from_this<InProcessHub> {
   // takes what `dst` posted for it, which stays), so nothing any call waits for goes.
   // Never throws: it runs while the dropping rank unwinds.
   void release_group_slots(int dst, const std::vector<GroupSlot>& slots) noexcept;
-  // Posts made and not yet taken, over every link: what the hub holds for group calls.
+  // Posts made and not yet taken, over every link, and the parts of group sums not yet
+  // summed: what the hub holds for group calls.
   size_t group_posts_held() const;
+
+  // Group sums (in_process_sum.cpp). The k-th sum each member starts over a group meets the
+  // others' k-th on one board: every member puts a copy of its values there when it starts,
+  // and once all are in, the sum is computed once, a range at a time, by whichever member
+  // gets to a range first (its own range first), so that each addition is made once in the
+  // process and members that test or wait at the same time share the work; each then copies
+  // the whole sum. A member never needs another's help to finish: one that tests or waits
+  // computes every range nobody has taken. Boards are met by group and number, not by
+  // posts, so sums need no order across groups.
+  std::unique_ptr<PendingGroupCall> start_group_sum(int rank, std::vector<float>& values,
+                                                    const std::vector<int>& group, size_t me);
+  struct SumBoard;
+  // Puts `mine`, the values of the member at position `me`, on its call's board.
+  std::shared_ptr<SumBoard> join_group_sum(int rank, const std::vector<int>& group, size_t me,
+                                           GroupValues mine);
+  // Computes the board's ranges nobody has taken (position `me`'s first), if every part is
+  // in; never waits for another member. Whether the sum is complete.
+  bool advance_group_sum(SumBoard& board, size_t me, int rank);
+  // Waits, up to the deadline, until the board's parts are all in and a range is free to
+  // take, or the sum is complete. False when the deadline passed.
+  bool wait_group_sum(SumBoard& board, int rank);
+  // The ranks a board waits for: the members whose values are not in, or, once all are, the
+  // members computing a range.
+  std::vector<int> group_sum_waits_for(const SumBoard& board) const;
   std::chrono::milliseconds timeout() const { return timeout_; }
   // Fails the transport for every rank, naming `rank` and `what`; throws TransportError.
   [[noreturn]] void fail(int rank, const std::string& what);
@@ -111,6 +137,12 @@ class InProcessHub : public std::enable_shared_from_this<InProcessHub> {
   }
   std::vector<GroupLink> group_links_;    // src * size + dst
   std::vector<size_t> group_bytes_sent_;  // by src
+  // The group sums' boards by (group, number), until every member has joined and the sum is
+  // complete; and, by group, how many sums the member at each position has started.
+  std::map<std::pair<std::vector<int>, uint64_t>, std::shared_ptr<SumBoard>> sum_boards_;
+  std::map<std::vector<int>, std::vector<uint64_t>> sums_started_;
+  void notify_members(const std::vector<int>& group);
+  size_t sum_parts_held_locked() const;  // values on boards not summed yet, with mutex_ held
   bool aborted_ = false;
   std::string abort_reason_;
   // All-reduce rendezvous: contributions of the current round, by rank.

@@ -64,35 +64,6 @@ void check_eval_fits(Trainer& trainer, const TrainConfig& config, int64_t eval_b
         std::to_string(have) + "; use fewer --eval-batches or --steps");
 }
 
-// Replicas in one process sum their gradients through the in-process transport, where each
-// replica adds up all D replicas' gradients of its stage: D x D additions per parameter and
-// step, against about 6 x batch tokens multiply-adds per parameter for the step's own work.
-// Past that the sum is most of the run (--dp 1024 on the tiny model: 160 s a step, where
-// --dp 1 takes 0.03 s), and the run sat silent before its first step. The run is the user's
-// to make (a slow step is still a correct one): a note says so before any work, with the
-// ways out. A sharded optimizer's reduce-scatter adds D x 1 per parameter, and ranks in
-// processes of their own sum through MPI or NCCL.
-void note_in_process_gradient_sum(const TrainConfig& config, const Device& device) {
-  const int64_t d = config.data_parallel;
-  const bool in_process = comm::launched_process_count() <= 1 &&
-                          (config.transport == TransportKind::kInProcess ||
-                           (config.transport == TransportKind::kAuto && device.is_cpu()));
-  if (d < 2 || config.shard_optimizer || !in_process) return;
-  const int64_t step_work = 6 * config.batch_tokens;
-  if (d * d <= step_work) return;
-  int64_t most = 1;
-  while ((most + 1) * (most + 1) <= step_work) ++most;
-  std::printf(
-      "note   --dp %lld replicas in one process: each adds up every replica's gradients, %lld "
-      "additions per parameter and step, more than the step's own work (about 6 x "
-      "--batch-tokens = %lld per parameter), so the sum takes most of each step; --dp %lld or "
-      "fewer, --shard-optimizer (each replica adds up its share only), --batch-tokens %lld or "
-      "more, or one process per rank under mpirun avoid it\n",
-      static_cast<long long>(d), static_cast<long long>(d * d), static_cast<long long>(step_work),
-      static_cast<long long>(most), static_cast<long long>((d * d + 5) / 6));
-  std::fflush(stdout);
-}
-
 // A process started with CONVEYOR_TEST_PAUSE_AT=<point> in its environment stops for good at
 // that point: "setup" (before the model, the data and the transport are made), "evaluation"
 // (as the held-out evaluation starts), "checksum" (before the weights' checksum over every
@@ -202,7 +173,6 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
       device,
       "--stages " + std::to_string(config.stages) + " x --dp " +
           std::to_string(config.data_parallel));
-  note_in_process_gradient_sum(config, device);
 
   // Every output file is opened (and the log locked) before any work, not after the last step.
   std::optional<OutputFile> json_log, trace;

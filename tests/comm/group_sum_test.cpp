@@ -127,9 +127,9 @@ TEST(GroupCallsInFlight, EachCallGetsItsOwnResultWhateverTheFinishOrder) {
   }
 }
 
-// A call dropped unfinished (its rank failed elsewhere) gives back the post it claimed,
-// whether the post came before the drop or after it; the peer's call still gets its sum
-// from what the dropping rank posted at the start, and the calls after it pair as before.
+// A call dropped unfinished (its rank failed elsewhere) leaves its part with its peers, who
+// still get their sum from what it gave at the start; once summed, the hub holds nothing,
+// and the calls after it meet as before.
 TEST(GroupCallsInFlight, ADroppedCallReleasesItsPostAndTheOthersStillPair) {
   auto hub = InProcessHub::create(3, 5000ms);
   auto a = hub->endpoint(0), b = hub->endpoint(1), c = hub->endpoint(2);
@@ -138,11 +138,11 @@ TEST(GroupCallsInFlight, ADroppedCallReleasesItsPostAndTheOthersStillPair) {
   std::vector<float> a1{1, 2}, b1{3, 4}, c1{5, 6};
   auto pb1 = b->start_group_sum(b1, group);
   auto pc1 = c->start_group_sum(c1, group);
-  EXPECT_EQ(hub->group_posts_held(), 4u);
+  EXPECT_EQ(hub->group_posts_held(), 2u);  // 1's and 2's values
   {
-    auto pa1 = a->start_group_sum(a1, group);  // posts to 1 and 2, and is dropped untested
+    auto pa1 = a->start_group_sum(a1, group);  // gives its values, and is dropped untested
   }
-  EXPECT_EQ(hub->group_posts_held(), 4u);  // 0's posts to 1 and 2, 1 <-> 2's; not 1's, 2's to 0
+  EXPECT_EQ(hub->group_posts_held(), 3u);  // 0's values stay for 1 and 2
   pb1->wait();
   pc1->wait();
   EXPECT_EQ(b1, (std::vector<float>{9, 12}));
@@ -153,7 +153,7 @@ TEST(GroupCallsInFlight, ADroppedCallReleasesItsPostAndTheOthersStillPair) {
   auto pb2 = b->start_group_sum(b2, group);
   {
     auto pa2 = a->start_group_sum(a2, group);
-    EXPECT_FALSE(pa2->test());  // takes 1's part, 2's has not come
+    EXPECT_FALSE(pa2->test());  // 2's part has not come
   }
   auto pc2 = c->start_group_sum(c2, group);
   pb2->wait();
