@@ -8,8 +8,8 @@
 namespace conveyor::comm {
 namespace {
 
-// What the group calls share: at its start a call claims, on the queue from each other
-// member, the number of the post that member makes for it (InProcessHub::claim_group_slot),
+// What the reduce-scatter and the gather share: at its start a call claims, on the queue from each
+// other member, the number of the post that member makes for it (InProcessHub::claim_group_slot),
 // and takes that post alone, so that calls in flight at once never take each other's parts,
 // whichever of them is tested first.
 class InProcessGroupCall : public PendingGroupCall {
@@ -23,12 +23,10 @@ class InProcessGroupCall : public PendingGroupCall {
           awaited.push_back(slots_[i]);
           missing.push_back(group_[i]);
         }
-      if (!hub_->wait_group_values(rank_, awaited, rank_)) {
-        std::string names;
-        for (int r : missing) names += (names.empty() ? "" : ", ") + std::to_string(r);
+      if (!hub_->wait_group_values(rank_, awaited, rank_))
         hub_->fail(rank_, std::string(what_) + " waited " +
-                              std::to_string(hub_->timeout().count()) + " ms for rank(s) " + names);
-      }
+                              std::to_string(hub_->timeout().count()) + " ms for rank(s) " +
+                              rank_list(missing));
     }
   }
 

@@ -43,8 +43,9 @@ class InProcessHub : public std::enable_shared_from_this<InProcessHub> {
   // The next message on the link, if it has arrived; never waits.
   std::optional<Message> try_pop(int src, int dst, int waiting_rank);
   void all_reduce(int rank, std::vector<double>& values);
-  // Group calls: each member posts its values to every other member of the group; a member's
-  // result is ready once the others' posts are in. Posts are numbered per (src, dst) in the
+  // Reduce-scatters and gathers: each member posts its values (or the range that is theirs)
+  // to the other members of the group; a member's result is ready once the others' posts are
+  // in (group sums meet on a board instead, below). Posts are numbered per (src, dst) in the
   // order src makes them. Members start their calls of a group in the same order, so the
   // k-th post from src to dst belongs to dst's k-th call with src: each call claims its
   // number on every other member's queue when it starts (claim_group_slot), and takes that
