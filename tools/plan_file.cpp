@@ -1,0 +1,231 @@
+// Plan files: what `conveyor plan --out FILE` writes for one layout (stages, schedule, chunks,
+// micro-batches, partition, recomputation, predictions, and the run it was planned for), and
+// how `conveyor train --plan FILE` reads one back, refusing a file planned for another run.
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "engine/schedule/generators.h"
+#include "engine/schedule/input_file.h"
+#include "tools/cli_common.h"
+#include "tools/plan_command.h"
+#include "tools/run_flags.h"
+
+namespace conveyor::cli {
+
+namespace {
+
+// What a plan is planned for, as the flags that set it name each field.
+nlohmann::json planned_for(const TrainConfig& config) {
+  const ModelConfig& m = config.model;
+  return {{"d_model", m.d_model},
+          {"layers", m.n_layers},
+          {"hidden", m.hidden},
+          {"vocab", m.vocab},
+          {"activation", ops::activation_name(m.activation)},
+          {"batch_tokens", config.batch_tokens},
+          {"device", config.device && config.device->is_cuda() ? "cuda" : "cpu"}};
+}
+
+// A plan's costs hold for the model, batch and device kind it was profiled with; another
+// run's would be mis-planned, or not fit. Plans written before these were recorded (no
+// planned_for at all) are not checked; a planned_for that is there must be whole.
+void check_planned_for(const nlohmann::json& plan, const std::string& source,
+                       const TrainConfig& config, int64_t replicas) {
+  if (!plan.is_object() || !plan.contains("planned_for")) return;
+  const nlohmann::json& was = plan.at("planned_for");
+  const nlohmann::json now = planned_for(config);
+  auto shown = [](const nlohmann::json& v) {
+    std::string text = v.dump();
+    if (text.size() > 40) text = text.substr(0, 37) + "...";
+    return escaped_for_message(text);
+  };
+  if (!was.is_object())
+    throw UsageError(source +
+                     ": planned_for must be an object (d_model, layers, hidden, vocab, "
+                     "activation, batch_tokens, device), got " +
+                     shown(was) + "; plan again (conveyor plan ... --out FILE)");
+  for (const auto& [key, flag] :
+       std::vector<std::pair<std::string, std::string>>{{"d_model", "--d-model"},
+                                                        {"layers", "--layers"},
+                                                        {"hidden", "--hidden"},
+                                                        {"vocab", "--vocab"},
+                                                        {"activation", "--activation"},
+                                                        {"batch_tokens", "--batch-tokens"},
+                                                        {"device", "--device"}}) {
+    const bool text_field = now.at(key).is_string();
+    const std::string expected = text_field ? "a string" : "an integer";
+    if (!was.contains(key))
+      throw UsageError(source + ": planned_for." + key + " is missing (" + expected +
+                       " is expected); plan again (conveyor plan ... --out FILE)");
+    const nlohmann::json& v = was.at(key);
+    if (text_field ? !v.is_string() : !v.is_number_integer())
+      throw UsageError(source + ": planned_for." + key + " must be " + expected + ", got " +
+                       shown(v) + "; plan again (conveyor plan ... --out FILE)");
+    if (v == now.at(key)) continue;
+    auto text = [](const nlohmann::json& j) {
+      return escaped_for_message(j.is_string() ? j.get<std::string>() : j.dump());
+    };
+    if (key == "batch_tokens" && replicas > 1) {
+      const std::string d = std::to_string(replicas);
+      throw UsageError(source + " plans one pipeline over " + text(v) + " tokens, and each of " +
+                       "this run's --dp " + d + " replicas runs its pipeline over " +
+                       text(now.at(key)) + " of the " +
+                       std::to_string(now.at(key).get<int64_t>() * replicas) +
+                       " tokens of --batch-tokens; plan one replica's share (conveyor plan " +
+                       "--batch-tokens " + text(now.at(key)) + " ... --out FILE) or give " +
+                       "--batch-tokens " + std::to_string(v.get<int64_t>() * replicas));
+    }
+    throw UsageError(source + " was planned for " + flag + " " + text(v) + " and this run has " +
+                     text(now.at(key)) + "; plan again for this run " +
+                     "(conveyor plan ... --out FILE) or give " + flag + " " + text(v));
+  }
+}
+
+}  // namespace
+
+std::string plan_text(const PlanCandidate& candidate, const TrainConfig& config) {
+  nlohmann::json plan = {{"stages", config.stages},
+                         {"schedule", schedule::schedule_kind_name(candidate.kind)},
+                         {"chunks", candidate.chunks},
+                         {"microbatches", candidate.microbatches},
+                         {"partition", blocks_of(candidate.ranges)},
+                         {"recompute", to_string(candidate.recompute)},
+                         {"predicted_step_seconds", candidate.step_seconds},
+                         {"predicted_rank_compute_seconds", candidate.busy_seconds},
+                         {"planned_for", planned_for(config)}};
+  return plan.dump(2) + "\n";
+}
+
+namespace {
+
+// nlohmann's messages start with their id ("[json.exception.parse_error.101] "): the rest
+// is the sentence.
+std::string json_error_text(const nlohmann::json::exception& e) {
+  const std::string what = e.what();
+  const size_t end = what.find("] ");
+  return what.starts_with("[json.exception.") && end != std::string::npos ? what.substr(end + 2)
+                                                                          : what;
+}
+
+std::string shown_json(const nlohmann::json& v) {
+  std::string text = v.dump();
+  if (text.size() > 40) text = text.substr(0, 37) + "...";
+  return escaped_for_message(text);
+}
+
+constexpr const char* kPlanAgain = "; plan again (conveyor plan ... --out FILE)";
+
+// A whole number of the plan within what the flag that sets it accepts: a value the run's
+// int fields would narrow (2^40 stages read as 0, 2.5 as 2) is refused as it is written.
+int64_t plan_integer(const nlohmann::json& v, const std::string& source, const std::string& key,
+                     int64_t lo, int64_t hi) {
+  bool ok = false;
+  int64_t value = 0;
+  if (v.is_number_unsigned()) {
+    const uint64_t u = v.get<uint64_t>();
+    ok = u <= static_cast<uint64_t>(hi);
+    value = ok ? static_cast<int64_t>(u) : 0;
+    ok = ok && value >= lo;
+  } else if (v.is_number_integer()) {
+    value = v.get<int64_t>();
+    ok = value >= lo && value <= hi;
+  }
+  if (!ok)
+    throw UsageError(source + ": " + key + " must be a whole number in [" + std::to_string(lo) +
+                     ", " + std::to_string(hi) + "], got " + shown_json(v) + kPlanAgain);
+  return value;
+}
+
+const nlohmann::json& plan_field(const nlohmann::json& plan, const std::string& source,
+                                 const std::string& key) {
+  if (!plan.contains(key))
+    throw UsageError(source + " has no " + key + " (a plan file holds stages, schedule, chunks, " +
+                     "microbatches and partition)" + kPlanAgain);
+  return plan.at(key);
+}
+
+std::string plan_string(const nlohmann::json& v, const std::string& source,
+                        const std::string& key) {
+  if (!v.is_string())
+    throw UsageError(source + ": " + key + " must be a string, got " + shown_json(v) + kPlanAgain);
+  return v.get<std::string>();
+}
+
+}  // namespace
+
+void apply_plan_text(const std::string& text, const std::string& source, TrainConfig& config,
+                     int64_t replicas) {
+  // A plan nests three levels deep. Printing or copying a value recurses once per level, so a
+  // file of a million '[' would overflow the stack when an error message shows it.
+  constexpr int kMaxPlanDepth = 16;
+  const auto limit_depth = [&](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
+    if (depth > kMaxPlanDepth)
+      throw UsageError(source + " nests JSON deeper than " + std::to_string(kMaxPlanDepth) +
+                       " levels; expected the file `conveyor plan --out` writes");
+    return true;
+  };
+  nlohmann::json plan;
+  try {
+    plan = nlohmann::json::parse(text, limit_depth);
+  } catch (const nlohmann::json::exception& e) {
+    throw UsageError(source + " is not JSON (" + json_error_text(e) +
+                     "); expected the file `conveyor plan --out` writes");
+  }
+  if (!plan.is_object())
+    throw UsageError(source + " holds " + shown_json(plan) +
+                     ", not the JSON object `conveyor plan --out` writes (stages, schedule, "
+                     "chunks, microbatches, partition)");
+  try {
+    check_planned_for(plan, source, config, replicas);
+    const std::string kind = plan_string(plan_field(plan, source, "schedule"), source, "schedule");
+    const auto parsed = schedule::parse_schedule_kind(kind);
+    if (!parsed)
+      throw UsageError(source + " names schedule '" + escaped_for_message(kind) + "', expected " +
+                       schedule::schedule_kind_choices());
+    // The ranges of --stages, --chunks, --microbatches and --layers.
+    const auto stages = plan_integer(plan_field(plan, source, "stages"), source, "stages", 1, 1024);
+    const auto chunks = plan_integer(plan_field(plan, source, "chunks"), source, "chunks", 1, 64);
+    const auto microbatches =
+        plan_integer(plan_field(plan, source, "microbatches"), source, "microbatches", 1, 65536);
+    const nlohmann::json& partition = plan_field(plan, source, "partition");
+    if (!partition.is_array() || partition.empty())
+      throw UsageError(source + ": partition must be a list of block counts, got " +
+                       shown_json(partition) + kPlanAgain);
+    std::vector<int64_t> blocks;
+    for (const nlohmann::json& b : partition)
+      blocks.push_back(plan_integer(b, source, "partition", 0, 4096));
+    config.stages = static_cast<int>(stages);
+    config.schedule = *parsed;
+    config.chunks = static_cast<int>(chunks);
+    config.microbatches = microbatches;
+    config.partition = PartitionSpec::explicit_blocks(std::move(blocks));
+    // Plans written before recomputation existed keep every activation.
+    config.recompute = plan.contains("recompute")
+                           ? parse_recompute(plan_string(plan.at("recompute"), source, "recompute"),
+                                             config.model.num_units(), source + " recompute")
+                           : RecomputeSpec::none();
+  } catch (const nlohmann::json::exception& e) {
+    throw UsageError(source +
+                     " is not a plan written by `conveyor plan --out` (stages, schedule, "
+                     "chunks, microbatches, partition): " +
+                     json_error_text(e));
+  }
+}
+
+void apply_plan_file(const std::string& path, TrainConfig& config, int64_t replicas) {
+  // Plans are small; a device or a pipe would be read without end (/dev/zero) or wait for a
+  // writer, so only a regular file is read.
+  constexpr uintmax_t kMaxPlanFileBytes = uintmax_t{1} << 20;
+  const std::string shown = "plan file '" + escaped_for_message(path) + "'";
+  std::string text;
+  try {
+    text = read_input_file(path, {shown, "the JSON file `conveyor plan --out` writes",
+                                  kMaxPlanFileBytes, "are accepted as a plan"});
+  } catch (const InputFileError& e) {
+    throw UsageError(e.what());
+  }
+  apply_plan_text(text, shown, config, replicas);
+}
+
+}  // namespace conveyor::cli
