@@ -67,6 +67,19 @@ int main(int argc, char** argv) {
   }
   try {
     app.parse(argc, argv);
+  } catch (const CLI::ExtrasError&) {
+    // CLI11 lists what it did not expect last first ("3 --chunks zbv --schedule"); the
+    // command line's own order reads as typed, and names the command that refused it.
+    std::string extras;
+    for (const std::string& word : app.remaining(true))
+      extras += (extras.empty() ? "" : " ") + word;
+    std::string command = "conveyor";
+    for (const CLI::App* sub = level; sub != &app; sub = sub->get_parent())
+      command.insert(8, " " + sub->get_name());
+    print_error(
+        (command + " does not take '" + extras + "'; " + command + " --help lists what it takes")
+            .c_str());
+    return conveyor::cli::kExitUsage;
   } catch (const CLI::ParseError& e) {
     // Help and version are CLI11's to print (exit 0); its parse errors (an unknown flag, a
     // missing value or argument) get the one line every other error gets.
