@@ -162,8 +162,10 @@ bool InProcessHub::advance_group_sum(SumBoard& board, size_t me, int rank) {
 bool InProcessHub::wait_group_sum(SumBoard& board, int rank) {
   std::unique_lock lock(mutex_);
   const bool ready = arrived_for_[rank].wait_for(lock, timeout_, [&] {
-    return aborted_ || board.complete() ||
-           (board.all_in() && board.open_range(0) != std::string::npos);
+    // Complete alone is not enough: a board of no values has every range done before every
+    // part is in, and a wait that returned then would spin instead of timing out.
+    return aborted_ ||
+           (board.all_in() && (board.complete() || board.open_range(0) != std::string::npos));
   });
   throw_if_aborted(rank);
   return ready;

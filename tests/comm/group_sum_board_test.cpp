@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <ctime>
 #include <numeric>
 #include <thread>
 
@@ -125,6 +126,27 @@ TEST(GroupSumBoard, AnAbortWakesAWaiter) {
   aborter.join();
   EXPECT_LT(std::chrono::steady_clock::now() - start, 30s);
   EXPECT_EQ(values, (std::vector<float>{1, 2}));
+}
+
+// A sum of no values still waits for every member, and names the one that never comes when
+// the deadline passes, instead of spinning (every range of an empty board is done at once).
+TEST(GroupSumBoard, AnEmptySumWithAMissingMemberTimesOutNamingIt) {
+  auto hub = InProcessHub::create(2, 200ms);
+  auto a = hub->endpoint(0);
+  std::vector<float> empty;
+  auto pending = a->start_group_sum(empty, {0, 1});  // rank 1 never comes
+  const auto start = std::chrono::steady_clock::now();
+  std::clock_t cpu_start = std::clock();
+  try {
+    pending->wait();
+    ADD_FAILURE() << "the sum finished without rank 1";
+  } catch (const TransportError& e) {
+    EXPECT_NE(std::string(e.what()).find("waited 200 ms for rank(s) 1"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 10s);
+  // Waiting, not spinning: well under the 200 ms of the wait in processor time.
+  EXPECT_LT(static_cast<double>(std::clock() - cpu_start) / CLOCKS_PER_SEC, 0.15);
 }
 
 // An empty part beside a non-empty one is no sum of nothing: the counts differ.
