@@ -208,6 +208,21 @@ case $case_name in
     grep -q "^conveyor: error: nothing to train: the run is at step 6 and stops at step 4 (--stop-after); raise --stop-after$" \
       <<<"$output" || fail "the refusal does not name --stop-after as the limit to raise: $output"
     ;;
+  rerun_after_keep)
+    # --keep 1 leaves only step_6; another run into the folder would save step 2, moving
+    # `latest` back, and then replace step_6 as if a crash had left it: it is refused first.
+    run --save-dir "$dir" --save-every 2 --keep 1
+    before=$(cat "$dir/step_6/manifest.json")
+    output=$("$conveyor" train "${common[@]}" "${model[@]}" --seed 2 --save-dir "$dir" \
+      --save-every 2 --keep 1 2>&1)
+    status=$?
+    echo "$output"
+    [ "$status" -eq 2 ] || fail "exit status $status, expected 2"
+    grep -q "would refuse this run's first save: cannot save step 2: 'latest' of .* names step 6, a later checkpoint" \
+      <<<"$output" || fail "the refusal does not name the later checkpoint"
+    [ "$(cat "$dir/step_6/manifest.json")" = "$before" ] || fail "step_6 was replaced"
+    [ "$(cat "$dir/latest")" = "step_6" ] || fail "latest is '$(cat "$dir/latest")', expected step_6"
+    ;;
   *) fail "unknown case" ;;
 esac
 echo "resume_cli $case_name: ok"
