@@ -207,21 +207,24 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
   check_eval_fits(*trainer, config, f.eval_batches);
   std::unique_ptr<TrainerCheckpointer> checkpointer = setup_checkpoints(f.checkpoint, *trainer);
   const int64_t first_step = trainer->steps_done() + 1;
-  const int64_t last_step_to_run =
-      f.checkpoint.stop_after > 0 ? std::min(f.checkpoint.stop_after, config.steps) : config.steps;
+  const int64_t stop_after = f.checkpoint.stop_after;
+  const bool stops_early = stop_after > 0 && stop_after < config.steps;
+  const int64_t last_step_to_run = stops_early ? stop_after : config.steps;
+  // A resumed run at or past its end: only the limit that ends it can be raised, and the
+  // refusal is the one line printed.
+  const char* const limit = stops_early ? "--stop-after" : "--steps";
+  if (last_step_to_run < first_step)
+    throw UsageError("nothing to train: the run is at step " + std::to_string(first_step - 1) +
+                     " and stops at step " + std::to_string(last_step_to_run) + " (" + limit +
+                     "); raise " + limit);
   // A --stop-after past the run's length stops nothing; whoever gave it most likely meant a
   // longer run, which only --steps makes (it also spans the learning-rate schedule).
-  if (f.checkpoint.stop_after > config.steps)
+  if (stop_after > config.steps)
     std::printf(
         "note   --stop-after %lld is past --steps %lld: the run ends at step %lld (--steps sets "
         "the run's length and its learning-rate schedule; --stop-after only ends it early)\n",
-        static_cast<long long>(f.checkpoint.stop_after), static_cast<long long>(config.steps),
+        static_cast<long long>(stop_after), static_cast<long long>(config.steps),
         static_cast<long long>(config.steps));
-  const int64_t steps_run = last_step_to_run - first_step + 1;
-  if (steps_run < 1)
-    throw UsageError("nothing to train: the run is at step " + std::to_string(first_step - 1) +
-                     " and stops at step " + std::to_string(last_step_to_run) +
-                     "; raise --steps or --stop-after");
   if (checkpointer) {
     // A first save the folder would refuse (the same command run again, into a folder whose
     // `latest` is at or past that step) is refused now, not once training has reached it:

@@ -48,9 +48,9 @@ CheckpointWriter::CheckpointWriter(fs::path dir, int64_t step, int num_ranks,
                                    CheckpointWriterOptions options)
     : CheckpointWriter(Joined{false}, std::move(dir), step, num_ranks, options) {
   checkpoint_io::create_checkpoint_folder(dir_);
+  if (std::optional<std::string> why = save_refusal(dir_, step)) throw CheckpointError(*why);
   std::error_code ec;
   if (fs::exists(final_, ec)) {
-    if (std::optional<std::string> why = save_refusal(dir_, step)) throw CheckpointError(*why);
     // Out of the way first, as an unfinished save (which the loader ignores), then removed
     // with the others below.
     fs::remove_all(temp_, ec);
@@ -218,22 +218,32 @@ CommitResult CheckpointWriter::commit(const TrainingState& state) {
 
 std::optional<std::string> save_refusal(const fs::path& dir, int64_t step) {
   const fs::path final_folder = dir / step_folder_name(step);
-  std::error_code ec;
-  if (!fs::exists(final_folder, ec)) return std::nullopt;
-  // A step folder newer than what `latest` names was renamed into place by a save that
-  // stopped before publishing it (a crash between the two): the run that resumed from
-  // `latest` is redoing that step and replaces it. Any other existing step is a checkpoint
-  // someone may rely on, and is never overwritten.
   const std::optional<int64_t> published = published_step(dir);
-  const bool a_checkpoint =
-      fs::is_directory(final_folder, ec) && fs::is_regular_file(final_folder / kManifestName, ec);
-  if (a_checkpoint && !(published && *published >= step)) return std::nullopt;
-  return "cannot save step " + std::to_string(step) + ": " + shown_path(final_folder) +
-         " exists already" +
-         (!a_checkpoint        ? " and is not a checkpoint folder"
-          : *published == step ? " and is the one 'latest' names"
-                               : "") +
-         "; remove it or save into another folder";
+  std::error_code ec;
+  if (fs::exists(final_folder, ec)) {
+    // A step folder newer than what `latest` names was renamed into place by a save that
+    // stopped before publishing it (a crash between the two): the run that resumed from
+    // `latest` is redoing that step and replaces it. Any other existing step is a checkpoint
+    // someone may rely on, and is never overwritten.
+    const bool a_checkpoint =
+        fs::is_directory(final_folder, ec) && fs::is_regular_file(final_folder / kManifestName, ec);
+    if (!a_checkpoint || (published && *published >= step))
+      return "cannot save step " + std::to_string(step) + ": " + shown_path(final_folder) +
+             " exists already" +
+             (!a_checkpoint        ? " and is not a checkpoint folder"
+              : *published == step ? " and is the one 'latest' names"
+                                   : "") +
+             "; remove it or save into another folder";
+  }
+  // A save behind the step `latest` names would move `latest` back, and the later checkpoints
+  // would then read as unpublished leftovers that the run's next saves replace: a second run
+  // into a folder whose older steps --keep had removed replaced the first run's checkpoints.
+  if (published && *published > step)
+    return "cannot save step " + std::to_string(step) + ": 'latest' of " + shown_path(dir) +
+           " names step " + std::to_string(*published) +
+           ", a later checkpoint, which this save would hide and the run's later saves "
+           "replace; resume from it or save into another folder";
+  return std::nullopt;
 }
 
 }  // namespace conveyor

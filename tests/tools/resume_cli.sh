@@ -185,6 +185,44 @@ case $case_name in
     grep -q "the model description does not match its fingerprint manifest.model_fingerprint (xxh3_64:0000000000000000; the description's is xxh3_64:[0-9a-f]\{16\}): the file was edited or corrupted" <<<"$output" ||
       fail "the refusal of an edited fingerprint does not name both"
     ;;
+  stop_after_past_steps)
+    # Resumed with a --stop-after past --steps, the run says so and trains to --steps; resumed
+    # again at its end it is refused, naming the one limit to raise, without the note.
+    run --stop-after 2 --save-dir "$dir"
+    output=$("$conveyor" train "${common[@]}" "${model[@]}" --stop-after 10 --save-dir "$dir" \
+      --resume latest --log-json "$work/rest.json" 2>&1) || fail "the resumed run failed: $output"
+    echo "$output"
+    grep -q "^note   --stop-after 10 is past --steps 6: the run ends at step 6 " <<<"$output" ||
+      fail "the --stop-after past --steps is not said"
+    [ "$(wc -l <"$work/rest.json")" -eq 4 ] || fail "expected steps 3 to 6 after step 2"
+    ! grep -q "^stopped at step" <<<"$output" || fail "a run that reached --steps says it stopped early"
+    [ "$(cat "$dir/latest")" = "step_6" ] || fail "latest is '$(cat "$dir/latest")', expected step_6"
+    output=$("$conveyor" train "${common[@]}" "${model[@]}" --stop-after 10 --resume "$dir" 2>&1)
+    status=$?
+    echo "$output"
+    [ "$status" -eq 2 ] || fail "resumed at --steps: exit status $status, expected 2"
+    grep -q "^conveyor: error: nothing to train: the run is at step 6 and stops at step 6 (--steps); raise --steps$" \
+      <<<"$output" || fail "the refusal does not name --steps as the limit to raise"
+    ! grep -q "^note   --stop-after" <<<"$output" || fail "a refused run printed the note"
+    output=$("$conveyor" train "${common[@]}" "${model[@]}" --stop-after 4 --resume "$dir" 2>&1)
+    grep -q "^conveyor: error: nothing to train: the run is at step 6 and stops at step 4 (--stop-after); raise --stop-after$" \
+      <<<"$output" || fail "the refusal does not name --stop-after as the limit to raise: $output"
+    ;;
+  rerun_after_keep)
+    # --keep 1 leaves only step_6; another run into the folder would save step 2, moving
+    # `latest` back, and then replace step_6 as if a crash had left it: it is refused first.
+    run --save-dir "$dir" --save-every 2 --keep 1
+    before=$(cat "$dir/step_6/manifest.json")
+    output=$("$conveyor" train "${common[@]}" "${model[@]}" --seed 2 --save-dir "$dir" \
+      --save-every 2 --keep 1 2>&1)
+    status=$?
+    echo "$output"
+    [ "$status" -eq 2 ] || fail "exit status $status, expected 2"
+    grep -q "would refuse this run's first save: cannot save step 2: 'latest' of .* names step 6, a later checkpoint" \
+      <<<"$output" || fail "the refusal does not name the later checkpoint"
+    [ "$(cat "$dir/step_6/manifest.json")" = "$before" ] || fail "step_6 was replaced"
+    [ "$(cat "$dir/latest")" = "step_6" ] || fail "latest is '$(cat "$dir/latest")', expected step_6"
+    ;;
   *) fail "unknown case" ;;
 esac
 echo "resume_cli $case_name: ok"

@@ -206,6 +206,21 @@ TEST(CheckpointSave, RefusesToOverwriteAStepOlderThanTheOneLatestNames) {
   EXPECT_EQ(read_file(dir / "latest"), "step_6\n");
 }
 
+TEST(CheckpointSave, RefusesAStepBehindTheOneLatestNamesEvenWhenItsFolderIsGone) {
+  // The older steps removed (as --keep does): a save of one of them would move `latest` back,
+  // and step_6 would then read as an unpublished leftover that a save of step 6 replaces.
+  TempDir dir;
+  save_demo(dir.path(), 2);
+  save_demo(dir.path(), 6);
+  fs::remove_all(dir / "step_2");
+  EXPECT_CHECKPOINT_ERROR(CheckpointWriter(dir.path(), 2, 2), "cannot save step 2",
+                          "names step 6, a later checkpoint");
+  ASSERT_TRUE(save_refusal(dir.path(), 4).has_value());
+  EXPECT_FALSE(save_refusal(dir.path(), 7).has_value());
+  EXPECT_EQ(read_file(dir / "latest"), "step_6\n");
+  EXPECT_EQ(folder_names(dir.path()), (std::vector<std::string>{"latest", "step_6"}));
+}
+
 TEST(CheckpointSave, ReplacesAStepThatWasRenamedIntoPlaceButNeverPublished) {
   TempDir dir;
   save_demo(dir.path(), 2);
