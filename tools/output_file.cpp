@@ -62,7 +62,7 @@ std::string reason_no_file_is_made(const std::string& path, int err) {
   if (err == ENOENT || err == ENOTDIR) {
     const std::string folder = folder_of(path);
     struct stat st {};
-    const std::string shown = "'" + escaped_for_message(folder) + "'";
+    const std::string shown = quoted_file_name(folder);
     if (::stat(folder.c_str(), &st) != 0) return "its folder " + shown + " does not exist";
     if (!S_ISDIR(st.st_mode)) return shown + " is not a folder";
   }
@@ -105,7 +105,7 @@ void refuse_kernel_file_system(const std::string& path, const std::string& shown
 
 OutputFile::OutputFile(const std::string& path, const std::string& flag, bool lock)
     : path_(path), flag_(flag) {
-  const std::string shown = "'" + escaped_for_message(path) + "'";
+  const std::string shown = quoted_file_name(path);
   if (path.empty()) throw UsageError(flag + " needs a file name");
   refuse_kernel_file_system(path, flag + " file " + shown);
   // Not O_TRUNC: a file another run holds must not be emptied before its lock is seen.
@@ -194,7 +194,7 @@ std::string followed_links(std::string path) {
 
 ReplacedFile::ReplacedFile(const std::string& path, const std::string& flag)
     : path_(path), flag_(flag) {
-  const std::string shown = "'" + escaped_for_message(path) + "'";
+  const std::string shown = quoted_file_name(path);
   if (path.empty()) throw UsageError(flag + " needs a file name");
   struct stat st {};
   const bool exists = ::stat(path.c_str(), &st) == 0;
@@ -250,7 +250,7 @@ void ReplacedFile::commit(const std::string& text) {
   out_.write(text);
   out_.close();
   if (temp_.empty()) return;  // written in place (a device or a FIFO)
-  const std::string shown = "'" + escaped_for_message(path_) + "'";
+  const std::string shown = quoted_file_name(path_);
   if (::rename(temp_.c_str(), target_.c_str()) != 0)
     throw std::runtime_error(
         "cannot write " + flag_ + " file " + shown +

@@ -123,7 +123,7 @@ void refuse_outputs_over_inputs(const TrainFlags& f) {
     if (!error && type != std::filesystem::file_type::regular &&
         type != std::filesystem::file_type::directory)
       continue;
-    const std::string shown = "'" + escaped_for_message(*path) + "'";
+    const std::string shown = quoted_file_name(*path);
     for (size_t other = o + 1; other < outputs.size(); ++other)
       if (!outputs[other].second->empty() && same_file(*path, *outputs[other].second))
         throw UsageError(std::string(flag) + " and " + outputs[other].first + " both name " +
