@@ -402,6 +402,8 @@ void run_plan(const PlanFlags& f, const CLI::App& cmd) {
     throw UsageError(e.what());
   }
   if (!note.empty()) std::printf("conveyor: %s\n", note.c_str());
+  for (const std::string& ignored : f.run.ignored_on(cmd, device))
+    std::printf("note   %s\n", ignored.c_str());
   // Made before the profile runs, so that a bad path fails at once; the file itself is
   // replaced only once a plan exists, so a failed run leaves an earlier plan as it was.
   std::optional<ReplacedFile> out;

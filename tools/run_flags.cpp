@@ -70,6 +70,16 @@ size_t RunFlags::memory_limit_bytes() const {
   return static_cast<size_t>(bytes);
 }
 
+std::vector<std::string> RunFlags::ignored_on(const CLI::App& cmd, Device device) const {
+  std::vector<std::string> notes;
+  if (tf32 && device.is_cpu())
+    notes.push_back("--tf32 does nothing on the CPU, whose GEMMs are fp32 throughout");
+  if (cmd.count("--threads") && device.is_cuda())
+    notes.push_back("--threads " + std::to_string(threads) +
+                    " sets the CPU kernels' threads and does nothing on " + device.to_string());
+  return notes;
+}
+
 uint64_t parse_size(const std::string& text, const std::string& flag) {
   auto fail = [&](const char* why) -> uint64_t {
     throw UsageError(flag +

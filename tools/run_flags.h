@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "engine/core/device.h"
 #include "engine/pipeline/recompute.h"
@@ -43,6 +44,9 @@ struct RunFlags {
   // --memory-cap or --memory-limit-mb (0: the device's memory); UsageError for a cap under
   // 1 KiB.
   size_t memory_limit_bytes() const;
+  // One line per flag given on `cmd` that does nothing on `device` (--tf32 on the CPU,
+  // --threads on CUDA), so that a run does not look configured in a way it is not.
+  std::vector<std::string> ignored_on(const CLI::App& cmd, Device device) const;
 };
 
 // Registers --preset, --d-model, --layers, --vocab, --hidden, --activation, --batch-tokens,

@@ -161,6 +161,8 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
   }
   if (!note.empty()) std::printf("conveyor: %s\n", note.c_str());
   device = process_device(mpi, f.run.device, device);
+  for (const std::string& ignored : f.run.ignored_on(cmd, device))
+    std::printf("note   %s\n", ignored.c_str());
   // A collective: every rank asks or none, which the agreed --device flag decides; CPU runs
   // have no GPU to share and skip its round trip.
   if (f.run.device != "cpu") check_gpus_not_shared(mpi, device);
