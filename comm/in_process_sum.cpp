@@ -106,10 +106,9 @@ std::shared_ptr<InProcessHub::SumBoard> InProcessHub::join_group_sum(int rank,
       found->values = mine->size();
       for (size_t i = 0; i <= group.size(); ++i)
         found->bounds.push_back(found->values * i / group.size());
+      // Empty ranges (fewer values than members) stay open like the others: taking one
+      // adds nothing, and no range is done before every part is in.
       found->running_by.assign(group.size(), SumBoard::kOpen);
-      for (size_t r = 0; r < group.size(); ++r)
-        if (found->bounds[r] == found->bounds[r + 1])
-          found->running_by[r] = SumBoard::kDone, ++found->ranges_done;
       found->sum.reset(new float[found->values]);
     }
     board = found;
@@ -124,10 +123,6 @@ std::shared_ptr<InProcessHub::SumBoard> InProcessHub::join_group_sum(int rank,
           board->mismatch = "group sum of " + std::to_string(board->values) + " values, but rank " +
                             std::to_string(group[i]) + " gave " +
                             std::to_string(board->parts[i]->size());
-    if (all_in && board->complete() && board->mismatch.empty()) {  // no values: nothing to add
-      for (GroupValues& part : board->parts) part.reset();
-      sum_boards_.erase({group, board->number});
-    }
   }
   if (all_in) notify_members(group);
   return board;
@@ -162,10 +157,8 @@ bool InProcessHub::advance_group_sum(SumBoard& board, size_t me, int rank) {
 bool InProcessHub::wait_group_sum(SumBoard& board, int rank) {
   std::unique_lock lock(mutex_);
   const bool ready = arrived_for_[rank].wait_for(lock, timeout_, [&] {
-    // Complete alone is not enough: a board of no values has every range done before every
-    // part is in, and a wait that returned then would spin instead of timing out.
-    return aborted_ ||
-           (board.all_in() && (board.complete() || board.open_range(0) != std::string::npos));
+    return aborted_ || board.complete() ||
+           (board.all_in() && board.open_range(0) != std::string::npos);
   });
   throw_if_aborted(rank);
   return ready;
