@@ -155,6 +155,13 @@ TrainConfig resolve_config(TrainFlags& f, const CLI::App& cmd) {
                      format_number(opt.lr) +
                      "; the learning rate decays from --lr to --min-lr, which must be in [0, "
                      "--lr]");
+  if (opt.lr * opt.weight_decay >= 1.0)
+    throw UsageError("--lr " + format_number(opt.lr) + " x --weight-decay " +
+                     format_number(opt.weight_decay) + " is " +
+                     format_number(opt.lr * opt.weight_decay) +
+                     ": each step multiplies every decayed weight by 1 - lr x weight decay, "
+                     "which zeroes or flips the weights from a product of 1 on; lower either so "
+                     "the product is below 1 (weight decays are usually 0.01 to 0.1)");
   if (f.timeout_s * 1000 < 1)
     throw UsageError("--timeout " + format_number(f.timeout_s) +
                      " is less than 1 ms, the shortest wait accepted (seconds, such as 0.5)");

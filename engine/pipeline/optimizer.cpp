@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numbers>
+#include <sstream>
 #include <stdexcept>
 
 #include "layers/ops.h"
@@ -20,6 +21,19 @@ void OptimizerConfig::validate() const {
     fail("beta1 and beta2 must be in [0, 1)");
   if (!(eps > 0.0)) fail("eps must be positive");
   if (!(weight_decay >= 0.0)) fail("weight decay must be >= 0");
+  // Both optimizers decay as p -= lr * weight_decay * p: from a product of 1 on, a step zeroes
+  // every decayed weight or flips its sign, which trains nothing.
+  if (lr * weight_decay >= 1.0) {
+    auto format_readable = [](double v) {
+      std::ostringstream out;
+      out << v;
+      return out.str();
+    };
+    fail("lr x weight decay is " + format_readable(lr * weight_decay) + " (lr " +
+         format_readable(lr) + ", weight decay " + format_readable(weight_decay) +
+         "): each step multiplies every decayed weight by 1 - lr x weight decay, which zeroes "
+         "or flips the weights from a product of 1 on; the product must be below 1");
+  }
 }
 
 double learning_rate(const OptimizerConfig& c, int64_t step, int64_t total_steps) {

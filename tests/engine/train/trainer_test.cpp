@@ -115,6 +115,25 @@ TEST(Trainer, ImpossibleConfigsAreRejected) {
   EXPECT_THROW(Trainer{c}, std::invalid_argument);
 }
 
+TEST(OptimizerConfig, DecayThatWouldZeroOrFlipTheWeightsIsRefused) {
+  OptimizerConfig c;
+  c.lr = 0.5;
+  c.weight_decay = 1.99;  // each step scales decayed weights by 0.005
+  EXPECT_NO_THROW(c.validate());
+  // Products 1 and 1.5: a step would scale them by 0 and by -0.5.
+  for (const auto& [decay, product] : {std::pair{2.0, "is 1 "}, std::pair{3.0, "is 1.5 "}}) {
+    c.weight_decay = decay;
+    try {
+      c.validate();
+      ADD_FAILURE() << "weight decay " << decay << " at lr 0.5 was accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("lr x weight decay ") + product),
+                std::string::npos)
+          << e.what();
+    }
+  }
+}
+
 TEST(LearningRate, WarmupThenCosine) {
   OptimizerConfig c;
   c.lr = 1.0;
