@@ -54,8 +54,8 @@ class InProcessHub : public std::enable_shared_from_this<InProcessHub> {
   void post_group_values(int src, const std::vector<int>& group, GroupValues values);
   // The same to one member only (a reduce-scatter sends each member its own range).
   void post_group_values_to(int src, int dst, GroupValues values);
-  // Bytes of group values `rank` has posted so far, counted once per receiving member: what
-  // a transport between processes would have sent.
+  // Bytes of group values `rank` has sent so far, counted once per receiving member: what
+  // the MPI transport would have sent (a sum: a reduce-scatter and a gather of its ranges).
   size_t group_bytes_sent(int rank) const;
   // The number of the next post from `src` to `dst` that no call of `dst` has claimed yet,
   // claimed now.

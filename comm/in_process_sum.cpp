@@ -112,8 +112,10 @@ std::shared_ptr<InProcessHub::SumBoard> InProcessHub::join_group_sum(int rank,
       found->sum.reset(new float[found->values]);
     }
     board = found;
-    // What a transport between processes sends: these values to every other member.
-    group_bytes_sent_[rank] += (group.size() - 1) * mine->size() * sizeof(float);
+    // What the MPI transport sends: every other member's range of these values, then the
+    // own range, summed, to every other member.
+    const size_t own = board->bounds[me + 1] - board->bounds[me];
+    group_bytes_sent_[rank] += (board->values - own + (group.size() - 1) * own) * sizeof(float);
     board->parts[me] = std::move(mine);
     ++board->joined;
     all_in = board->all_in();

@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <list>
 #include <map>
 #include <memory>
@@ -31,6 +32,10 @@ inline constexpr int kSumTag = 6;  // all-reduce values, after their counts
 inline constexpr int kReportTag = 16;     // after a failure: where a rank stood, to the collector
 inline constexpr int kReportAckTag = 17;  // the collector is done: a reporter may end its process
 inline constexpr int kRollCallTag = 32;   // mpi_roll_call, on MPI_COMM_WORLD
+// The second phase of group sums: a tag per sum in flight between two members, cycling
+// through kSumRangeTags of them from kFirstSumRangeTag (MPI promises tags up to 32767).
+inline constexpr int kFirstSumRangeTag = 1024;
+inline constexpr int kSumRangeTags = 16384;
 
 std::string mpi_error_text(int code);
 
@@ -49,6 +54,68 @@ class Backoff {
 
  private:
   int polls_ = 0;
+};
+
+class MpiTransport;
+
+// One group call's requests and the buffers they use (mpi_group_calls.cpp). The transport
+// holds it from the call's start until every request has completed, whether or not the
+// caller still holds the call: MPI may go on reading or writing the buffers of requests it
+// has matched, which a cancel cannot stop, so every buffer a request uses is the call's own,
+// never the caller's.
+class MpiGroupCall {
+ public:
+  MpiGroupCall(MpiTransport& transport, std::vector<int> group, size_t me, std::string what);
+  virtual ~MpiGroupCall() = default;
+
+  // Tests the requests without waiting, and posts what their completion allows (a sum's
+  // second phase); touches no memory of the caller's, so any call's wait may move every
+  // other call on. True once every request has completed. Never throws: a failure is kept.
+  virtual bool advance() = 0;
+  // Everything the result needs has arrived (sends may still be out).
+  virtual bool has_result() const = 0;
+  // Writes the result into the caller's `values`, once has_result().
+  virtual void write_result(std::vector<float>& values) const = 0;
+  // Why the call cannot finish (an MPI error, a part of the wrong length); empty if none.
+  const std::string& failure() const { return failure_; }
+  // The ranks whose messages have not come (a sum names only its first phase's until that
+  // is in: the second's wait on the same ranks).
+  virtual std::vector<int> waits_for() const { return pending_peers(0, receives_.size()); }
+  // "the gradient sum over replicas", for messages.
+  const std::string& what() const { return what_; }
+  // Cancels and frees the requests left, leaving their buffers allocated: at the transport's
+  // end, or once the call has failed.
+  void abandon();
+
+ protected:
+  // A buffer of the call's own, in place until the call is gone.
+  std::vector<float>& own_buffer(size_t floats);
+  // From and to the member at position `from` / `to` of the group.
+  void receive(std::vector<float>& into, size_t from, int tag);
+  void send(const std::vector<float>& from, size_t to, int tag);
+  // Tests every request left (a receive of the wrong length is a failure); true once all
+  // have completed.
+  bool test_requests();
+  bool received() const;
+  bool receive_pending(size_t k) const { return receives_[k].request != MPI_REQUEST_NULL; }
+  // The ranks of the receives [begin, end) not completed, ascending, each once.
+  std::vector<int> pending_peers(size_t begin, size_t end) const;
+
+  MpiTransport& t_;
+  std::vector<int> group_;
+  size_t me_;  // this rank's position in group_
+  std::string failure_;
+
+ private:
+  struct Receive {
+    MPI_Request request;
+    int peer;
+    size_t floats;
+  };
+  std::string what_;
+  std::vector<Receive> receives_;  // in the order posted
+  std::vector<MPI_Request> sends_;
+  std::vector<std::unique_ptr<std::vector<float> > > buffers_;  // what the requests use
 };
 
 class MpiTransport : public Transport {
@@ -91,23 +158,22 @@ class MpiTransport : public Transport {
   int byte_count(size_t bytes);
   // Reads an abort notice from any rank if one came, then throws if this transport is aborted.
   void throw_if_aborted();
-  // Frees the sends (and dropped group calls) that have completed.
+  // Frees the sends that have completed, and moves the group calls in flight on.
   void reap_sends();
-  // The requests of a group call dropped unfinished, kept with the buffers they use until
-  // they complete (or, at the transport's end, beyond).
-  void keep_until_done(std::vector<MPI_Request> requests,
-                       std::vector<std::unique_ptr<std::vector<float> > > buffers);
+  // Moves every group call in flight on (MpiGroupCall::advance), and lets go of those whose
+  // requests have all completed, or that failed.
+  void advance_group_calls();
 
  private:
   struct Pending {
     std::vector<std::byte> bytes;  // owned by the send until it completes
     MPI_Request request = MPI_REQUEST_NULL;
   };
-  // The requests of a group call dropped unfinished, with the buffers they use.
-  struct Dropped {
-    std::vector<MPI_Request> requests;
-    std::vector<std::unique_ptr<std::vector<float> > > buffers;
-  };
+  // Holds `call` until its requests complete, and gives the caller a handle on it.
+  std::unique_ptr<PendingGroupCall> start_call(std::shared_ptr<MpiGroupCall> call,
+                                               std::vector<float>& values);
+  // At the transport's end: every group call left is abandoned.
+  void abandon_group_calls();
 
   // A best-effort send of `bytes` that nobody waits for: left to the destructor's bounded
   // wait, dropped if MPI refuses it.
@@ -130,7 +196,9 @@ class MpiTransport : public Transport {
   int rank_ = 0;
   int size_ = 1;
   std::list<Pending> pending_;  // sends not yet complete; std::list keeps buffers in place
-  std::list<Dropped> dropped_;  // group calls dropped unfinished, until their requests complete
+  // Group calls started, held or dropped by the caller, until their requests complete.
+  std::list<std::shared_ptr<MpiGroupCall> > group_calls_;
+  std::vector<uint64_t> sums_with_;  // by rank: group sums started with it, for their tags
   bool aborted_ = false;
   std::string abort_reason_;
 };

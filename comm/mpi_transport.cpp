@@ -65,6 +65,7 @@ MpiTransport::MpiTransport(std::chrono::milliseconds timeout) : timeout_(timeout
   MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
+  sums_with_.assign(static_cast<size_t>(size_), 0);
 }
 
 MpiTransport::~MpiTransport() {
@@ -73,28 +74,22 @@ MpiTransport::~MpiTransport() {
   const auto deadline = MpiClock::now() + std::min<std::chrono::milliseconds>(
                                               timeout_, std::chrono::milliseconds(2000));
   Backoff backoff;
-  while ((!pending_.empty() || !dropped_.empty()) && MpiClock::now() < deadline) {
+  while ((!pending_.empty() || !group_calls_.empty()) && MpiClock::now() < deadline) {
     reap_sends();
     backoff.pause();
   }
+  // A run that failed leaves messages behind: sends whose receives were cancelled, or that
+  // were dropped here. Its communicator is then left allocated, not freed: MPI may give a
+  // freed communicator's context to the next one this process duplicates (a later
+  // transport), where a leftover message would match a receive of that transport's.
+  const bool clean = !aborted_ && pending_.empty() && group_calls_.empty();
   for (Pending& p : pending_) {
     MPI_Cancel(&p.request);
     MPI_Request_free(&p.request);
   }
   pending_.clear();
-  // A freed request that MPI had matched may still complete into its buffer (a cancel
-  // cannot stop it), so the dropped calls' buffers are left allocated, not freed: the
-  // process is ending, and a leak cannot corrupt what is still running.
-  for (Dropped& d : dropped_) {
-    for (MPI_Request& r : d.requests)
-      if (r != MPI_REQUEST_NULL) {
-        MPI_Cancel(&r);
-        MPI_Request_free(&r);
-      }
-    for (auto& buffer : d.buffers) (void)buffer.release();
-  }
-  dropped_.clear();
-  MPI_Comm_free(&comm_);
+  abandon_group_calls();
+  if (clean) MPI_Comm_free(&comm_);
 }
 
 void MpiTransport::send(const Tensor& tensor, int peer, const Stream&) {
@@ -277,11 +272,6 @@ void MpiTransport::abort(const std::string& reason) {
     if (r != rank_) post(bytes, r, kAbortTag);
 }
 
-void MpiTransport::keep_until_done(std::vector<MPI_Request> requests,
-                                   std::vector<std::unique_ptr<std::vector<float> > > buffers) {
-  dropped_.push_back({std::move(requests), std::move(buffers)});
-}
-
 void MpiTransport::post(const std::vector<std::byte>& bytes, int peer, int tag) {
   Pending& p = pending_.emplace_back();
   p.bytes = bytes;
@@ -337,12 +327,7 @@ void MpiTransport::reap_sends() {
     MPI_Test(&it->request, &done, MPI_STATUS_IGNORE);
     it = done ? pending_.erase(it) : std::next(it);
   }
-  for (auto it = dropped_.begin(); it != dropped_.end();) {
-    int done = 0;
-    MPI_Testall(static_cast<int>(it->requests.size()), it->requests.data(), &done,
-                MPI_STATUSES_IGNORE);
-    it = done ? dropped_.erase(it) : std::next(it);
-  }
+  advance_group_calls();
 }
 
 bool MpiTransport::try_receive(const Tensor& tensor, int peer, MpiClock::time_point deadline) {

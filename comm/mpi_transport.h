@@ -14,10 +14,12 @@
 //   rank that stops after its count is named alone (a collective would leave every waiting
 //   rank looking alike).
 // - start_group_sum / start_group_reduce_scatter / start_group_gather (data parallelism):
-//   MPI_Isend / MPI_Irecv between the group's members on tags of their own, posted when the
-//   call starts, polled with MPI_Testall against the deadline, the sums in group order here,
-//   never MPI's. Several may be in flight: MPI's non-overtaking rule pairs each call with the
-//   same call of the other members, since all start them in the same order.
+//   MPI_Isend / MPI_Irecv between the group's members on tags of their own, polled against
+//   the deadline, the sums in group order here, never MPI's. A sum is a reduce-scatter, then
+//   a gather of the summed ranges: about 2 (D - 1) / D of the values sent per member, not
+//   (D - 1) times them. Several may be in flight, paired with the same calls of the other
+//   members by their tags and start order (comm/mpi_group_calls.cpp), and every poll of the
+//   transport moves all of them on.
 // - abort(): sends the reason to every other rank on a tag of its own; their pending and
 //   later calls throw TransportAborted with it. A wait that gives up aborts the same way.
 //   MPI_Abort is never called: every rank ends with its own error.

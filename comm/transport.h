@@ -91,8 +91,8 @@ class Transport {
   // ends with the sum of every member's values[bounds[i], bounds[i+1]) in that range, added
   // in group order from zero, so its bits are those start_group_sum gives there. The rest of
   // `values` keeps this member's own values. `bounds` as for start_group_gather. Traffic: a
-  // member sends each other member j only j's range, (N - own range) values in all where the
-  // group sum sends N to each, and receives its own range from each. The default throws
+  // member sends each other member j only j's range, (N - own range) values in all, and
+  // receives its own range from each. The default throws
   // TransportError.
   virtual std::unique_ptr<PendingGroupCall> start_group_reduce_scatter(
       std::vector<float>& values, const std::vector<int>& group, const std::vector<size_t>& bounds);

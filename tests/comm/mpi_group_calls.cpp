@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <thread>
 
 #include "comm/mpi_transport.h"
@@ -61,6 +62,67 @@ TEST(MpiGroupCalls, ALaterCallTestedFirstGetsItsOwnSum) {
     EXPECT_EQ(second, std::vector<float>{21});
     p1->wait();
     EXPECT_EQ(first, std::vector<float>{3});
+  }
+}
+
+// The sum is a reduce-scatter then a gather of ranges count * i / members: with fewer values
+// than members some ranges are empty, and every value is still added once, in group order.
+TEST(MpiGroupCalls, SumsOfFewerValuesThanMembersAddEveryValueOnce) {
+  auto t = make_mpi_transport(kTimeout);
+  std::vector<int> everyone;
+  for (int r = 0; r < t->size(); ++r) everyone.push_back(r);
+  const size_t members = everyone.size(), me = static_cast<size_t>(t->rank());
+  for (size_t count : {size_t{0}, size_t{1}, size_t{2}, members - 1, members + 1}) {
+    SCOPED_TRACE(std::to_string(count) + " values");
+    const testing::PlannedGroupCall call{testing::GroupCallKind::kSum, count};
+    std::vector<float> values = testing::group_call_input(me, count, count);
+    t->start_group_sum(values, everyone)->wait();
+    const std::vector<float> want = testing::group_call_result(call, count, me, members);
+    ASSERT_EQ(values.size(), want.size());
+    EXPECT_EQ(std::memcmp(values.data(), want.data(), count * sizeof(float)), 0);
+  }
+}
+
+// A member that never comes is the one named, not the members whose second phase waits on
+// it too.
+TEST(MpiGroupCalls, AWaitNamesTheMemberThatDidNotCome) {
+  auto t = make_mpi_transport(1500ms);
+  std::vector<int> everyone;
+  for (int r = 0; r < t->size(); ++r) everyone.push_back(r);
+  const int absent = t->size() - 1;
+  if (t->rank() == absent) return;
+  std::vector<float> values(64, 1.0f);
+  try {
+    t->start_group_sum(values, everyone)->wait();
+    ADD_FAILURE() << "the sum finished without rank " << absent;
+  } catch (const TransportError& e) {  // its own wait's, or an abort of another's
+    EXPECT_NE(std::string(e.what()).find("for rank(s) " + std::to_string(absent) + " ("),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// Members whose calls differ in length are told so; before, a part shorter than its buffer
+// completed the receive and left the rest of the buffer in the sum.
+TEST(MpiGroupCalls, APartOfAnotherLengthIsAnErrorNotASum) {
+  auto t = make_mpi_transport(kTimeout);
+  if (t->rank() >= 2) return;
+  const std::vector<int> group{0, 1};
+  // Rank 0 sums 6 values (its range [0, 3)), rank 1 sums 5 (its ranges [0, 2) and [2, 5)).
+  std::vector<float> values(t->rank() == 0 ? 6 : 5, 1.0f);
+  try {
+    t->start_group_sum(values, group)->wait();
+    ADD_FAILURE() << "sums of 6 and 5 values finished";
+  } catch (const TransportAborted& e) {
+    EXPECT_EQ(t->rank(), 1) << e.what();
+    EXPECT_NE(std::string(e.what()).find("rank 1 sent 2 values where 3 were expected"),
+              std::string::npos)
+        << e.what();
+  } catch (const TransportError& e) {
+    EXPECT_EQ(t->rank(), 0) << e.what();
+    EXPECT_NE(std::string(e.what()).find("rank 1 sent 2 values where 3 were expected"),
+              std::string::npos)
+        << e.what();
   }
 }
 

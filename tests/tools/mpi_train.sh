@@ -27,8 +27,9 @@
 #                                      of replica r div 2): per-step losses, gradient norms and
 #                                      final weights equal the one-process --stages 2 --dp 2 run,
 #                                      bit for bit, with --shard-optimizer too (a reduce-scatter
-#                                      of the gradients), and -np 3 --dp 3 --shard-optimizer
-#                                      equals the one-process unsharded --dp 3 run; ranks started
+#                                      of the gradients), and -np 3 --dp 3, with and without
+#                                      --shard-optimizer, equals the one-process unsharded
+#                                      --dp 3 run; ranks started
 #                                      with another --dp are refused
 #   mpi_train.sh CONVEYOR eval         --eval-batches 2 under -np 2 --stages 2 (1f1b and
 #                                      interleaved) and -np 4 --stages 2 --dp 2: rank 0 alone
@@ -195,6 +196,11 @@ case $mode in
       --log-json "$work/shard3.jsonl" >"$work/shard3.out" 2>&1 ||
       fail "mpirun -np 3 --dp 3 --shard-optimizer failed: $(cat "$work/shard3.out")"
     same_run "$work" threads3 shard3 "of mpirun -np 3 --dp 3 --shard-optimizer"
+    # Unsharded, the MPI sum is a reduce-scatter and a gather of uneven ranges: the same bits.
+    timeout 60 "${mpirun[@]}" -np 3 "$cli" "${dp3[@]}" \
+      --log-json "$work/mpi3.jsonl" >"$work/mpi3.out" 2>&1 ||
+      fail "mpirun -np 3 --dp 3 failed: $(cat "$work/mpi3.out")"
+    same_run "$work" threads3 mpi3 "of mpirun -np 3 --dp 3"
     # The configuration hash covers --dp: a launch whose ranks disagree on it stops at start.
     timeout 60 "${mpirun[@]}" -np 2 "$cli" "${common[@]}" --stages 1 --dp 2 : \
       -np 2 "$cli" "${common[@]}" --stages 1 --dp 4 >"$work/mismatch.out" 2>&1

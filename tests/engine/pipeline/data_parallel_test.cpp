@@ -353,16 +353,20 @@ TEST(ShardedOptimizer, ReduceScattersTheGradientsAtThreeReplicasWithTheSameBits)
     ASSERT_EQ(want.size(), got.size());
     for (size_t i = 0; i < want.size(); ++i)
       EXPECT_TRUE(same_bits(want[i], got[i])) << "rank " << r << " parameter " << i;
-    // Per step, the full sum sends all N gradient elements of the rank to each of the two
-    // others; the reduce-scatter sends each other replica its range, N - own, and the
-    // gather the rank's own range to each other replica.
+    // Per step, the reduce-scatter sends each other replica its range, N - own, and the
+    // gather the rank's own range to each other replica. The unsharded sum (one per stage
+    // here) is a reduce-scatter and a gather too, over ranges N * d / D of the flat gradients
+    // instead of each parameter's pieces: about the same bytes, 2 (D - 1) / D of N.
     size_t n = 0, own = 0;
     for (Parameter* p : sharded->rank_parameters(r)) {
       n += static_cast<size_t>(p->value.numel());
       own += static_cast<size_t>(replica_piece(p->value.numel(), r / 2, kReplicas).count);
     }
     EXPECT_GT(own, n / 4) << "rank " << r;
-    EXPECT_EQ(plain_hub->group_bytes_sent(r), 3 * (kReplicas - 1) * n * sizeof(float))
+    const size_t replica = static_cast<size_t>(r / 2);
+    const size_t sum_range = n * (replica + 1) / kReplicas - n * replica / kReplicas;
+    EXPECT_EQ(plain_hub->group_bytes_sent(r),
+              3 * ((n - sum_range) + (kReplicas - 1) * sum_range) * sizeof(float))
         << "rank " << r;
     EXPECT_EQ(sharded_hub->group_bytes_sent(r),
               3 * ((n - own) + (kReplicas - 1) * own) * sizeof(float))
