@@ -12,6 +12,7 @@
 #include <list>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -88,11 +89,11 @@ class MpiGroupCall {
   void abandon();
 
  protected:
-  // A buffer of the call's own, in place until the call is gone.
-  std::vector<float>& own_buffer(size_t floats);
+  // A buffer of the call's own, uninitialised, in place until the call is gone.
+  std::span<float> own_buffer(size_t floats);
   // From and to the member at position `from` / `to` of the group.
-  void receive(std::vector<float>& into, size_t from, int tag);
-  void send(const std::vector<float>& from, size_t to, int tag);
+  void receive(std::span<float> into, size_t from, int tag);
+  void send(std::span<const float> from, size_t to, int tag);
   // Tests every request left (a receive of the wrong length is a failure); true once all
   // have completed.
   bool test_requests();
@@ -115,7 +116,7 @@ class MpiGroupCall {
   std::string what_;
   std::vector<Receive> receives_;  // in the order posted
   std::vector<MPI_Request> sends_;
-  std::vector<std::unique_ptr<std::vector<float> > > buffers_;  // what the requests use
+  std::vector<std::unique_ptr<float[]> > buffers_;  // what the requests use
 };
 
 class MpiTransport : public Transport {

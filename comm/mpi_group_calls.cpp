@@ -14,6 +14,7 @@
 #ifdef CONVEYOR_WITH_MPI
 #include <algorithm>
 #include <memory>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -27,11 +28,12 @@ MpiGroupCall::MpiGroupCall(MpiTransport& transport, std::vector<int> group, size
                            std::string what)
     : t_(transport), group_(std::move(group)), me_(me), what_(std::move(what)) {}
 
-std::vector<float>& MpiGroupCall::own_buffer(size_t floats) {
-  return *buffers_.emplace_back(std::make_unique<std::vector<float> >(floats));
+std::span<float> MpiGroupCall::own_buffer(size_t floats) {
+  // Not zeroed: a receive or a copy fills it whole.
+  return {buffers_.emplace_back(std::make_unique_for_overwrite<float[]>(floats)).get(), floats};
 }
 
-void MpiGroupCall::receive(std::vector<float>& into, size_t from, int tag) {
+void MpiGroupCall::receive(std::span<float> into, size_t from, int tag) {
   MPI_Request request;
   t_.check(MPI_Irecv(into.data(), t_.byte_count(into.size() * sizeof(float)), MPI_BYTE,
                      group_[from], tag, t_.comm(), &request),
@@ -39,7 +41,7 @@ void MpiGroupCall::receive(std::vector<float>& into, size_t from, int tag) {
   receives_.push_back({request, group_[from], into.size()});
 }
 
-void MpiGroupCall::send(const std::vector<float>& from, size_t to, int tag) {
+void MpiGroupCall::send(std::span<const float> from, size_t to, int tag) {
   MPI_Request request;
   t_.check(MPI_Isend(from.data(), t_.byte_count(from.size() * sizeof(float)), MPI_BYTE, group_[to],
                      tag, t_.comm(), &request),
@@ -106,6 +108,13 @@ void MpiGroupCall::abandon() {
 
 namespace {
 
+// Member i's range of `count` values over `members`: [bounds[i], bounds[i + 1]).
+std::vector<size_t> range_bounds(size_t count, size_t members) {
+  std::vector<size_t> bounds;
+  for (size_t i = 0; i <= members; ++i) bounds.push_back(count * i / members);
+  return bounds;
+}
+
 // The sum: a reduce-scatter (each member sums one range of the values, bounds[i] =
 // count * i / members, in group order from zero), then a gather of the summed ranges, so
 // each member sends about 2 (D - 1) / D of the values, where sending all of them to every
@@ -118,27 +127,27 @@ class SumCall : public MpiGroupCall {
           size_t me, const std::vector<int>& second_tags)
       : MpiGroupCall(transport, std::move(group), me, "the gradient sum over replicas"),
         second_tags_(second_tags),
-        mine_(own_buffer(values.size())),
-        parts_(group_.size(), nullptr),
-        ranges_(group_.size(), nullptr) {
-    std::copy(values.begin(), values.end(), mine_.begin());
-    for (size_t i = 0; i <= group_.size(); ++i)
-      bounds_.push_back(values.size() * i / group_.size());
+        bounds_(range_bounds(values.size(), group_.size())),
+        parts_(group_.size()),
+        ranges_(group_.size()) {
+    // Only the own range is read after the start: the others' are copied to be sent.
+    own_range_ = own_buffer(range_size(me_));
+    std::copy(values.begin() + bounds_[me_], values.begin() + bounds_[me_ + 1], own_range_.begin());
     // Every receive is posted now, the second phase's too: only its sends wait.
     for (size_t i = 0; i < group_.size(); ++i) {
       if (i == me_) continue;
-      parts_[i] = &own_buffer(range_size(me_));
-      receive(*parts_[i], i, kScatterTag);
+      parts_[i] = own_buffer(range_size(me_));
+      receive(parts_[i], i, kScatterTag);
     }
     for (size_t i = 0; i < group_.size(); ++i) {
       if (i == me_) continue;
-      ranges_[i] = &own_buffer(range_size(i));
-      receive(*ranges_[i], i, second_tags_[i]);
+      ranges_[i] = own_buffer(range_size(i));
+      receive(ranges_[i], i, second_tags_[i]);
     }
     for (size_t i = 0; i < group_.size(); ++i) {
       if (i == me_) continue;
-      std::vector<float>& range = own_buffer(range_size(i));
-      std::copy(mine_.begin() + bounds_[i], mine_.begin() + bounds_[i + 1], range.begin());
+      const std::span<float> range = own_buffer(range_size(i));
+      std::copy(values.begin() + bounds_[i], values.begin() + bounds_[i + 1], range.begin());
       send(range, i, kScatterTag);
     }
   }
@@ -147,13 +156,13 @@ class SumCall : public MpiGroupCall {
     const bool done = test_requests();
     if (summed_ || !failure_.empty() || !first_phase_received()) return done && summed_;
     // The first phase is in: this member's range, summed, goes to every other member.
-    summed_range_ = &own_buffer(range_size(me_));
+    // In place: element k of the own range is written after every part's element k is read.
     std::vector<const float*> parts;
     for (size_t i = 0; i < group_.size(); ++i)
-      parts.push_back(i == me_ ? mine_.data() + bounds_[me_] : parts_[i]->data());
-    add_in_group_order(summed_range_->data(), summed_range_->size(), parts);
+      parts.push_back(i == me_ ? own_range_.data() : parts_[i].data());
+    add_in_group_order(own_range_.data(), own_range_.size(), parts);
     for (size_t i = 0; i < group_.size(); ++i)
-      if (i != me_) send(*summed_range_, i, second_tags_[i]);
+      if (i != me_) send(own_range_, i, second_tags_[i]);
     summed_ = true;
     return test_requests();
   }
@@ -169,7 +178,7 @@ class SumCall : public MpiGroupCall {
 
   void write_result(std::vector<float>& values) const override {
     for (size_t i = 0; i < group_.size(); ++i) {
-      const std::vector<float>& range = i == me_ ? *summed_range_ : *ranges_[i];
+      const std::span<const float> range = i == me_ ? own_range_ : ranges_[i];
       std::copy(range.begin(), range.end(), values.begin() + bounds_[i]);
     }
   }
@@ -183,12 +192,11 @@ class SumCall : public MpiGroupCall {
     return true;
   }
 
-  std::vector<int> second_tags_;             // by position: the tag of the second phase
-  std::vector<float>& mine_;                 // a copy of this member's values
-  std::vector<size_t> bounds_;               // the ranges: [bounds_[i], bounds_[i + 1])
-  std::vector<std::vector<float>*> parts_;   // first phase: the others' parts of my range
-  std::vector<std::vector<float>*> ranges_;  // second phase: the others' summed ranges
-  std::vector<float>* summed_range_ = nullptr;
+  std::vector<int> second_tags_;          // by position: the tag of the second phase
+  std::vector<size_t> bounds_;            // the ranges: [bounds_[i], bounds_[i + 1])
+  std::vector<std::span<float>> parts_;   // first phase: the others' parts of my range
+  std::vector<std::span<float>> ranges_;  // second phase: the others' summed ranges
+  std::span<float> own_range_;            // this member's values there, then their sum
   bool summed_ = false;
 };
 
@@ -201,15 +209,15 @@ class ReduceScatterCall : public MpiGroupCall {
       : MpiGroupCall(transport, std::move(group), me, "the gradient reduce-scatter over replicas"),
         begin_(bounds[me]),
         end_(bounds[me + 1]),
-        parts_(group_.size(), nullptr) {
+        parts_(group_.size()) {
     for (size_t i = 0; i < group_.size(); ++i) {
       if (i == me_) continue;
-      parts_[i] = &own_buffer(end_ - begin_);
-      receive(*parts_[i], i, kScatterTag);
+      parts_[i] = own_buffer(end_ - begin_);
+      receive(parts_[i], i, kScatterTag);
     }
     for (size_t i = 0; i < group_.size(); ++i) {
       if (i == me_) continue;
-      std::vector<float>& range = own_buffer(bounds[i + 1] - bounds[i]);
+      const std::span<float> range = own_buffer(bounds[i + 1] - bounds[i]);
       std::copy(values.begin() + bounds[i], values.begin() + bounds[i + 1], range.begin());
       send(range, i, kScatterTag);
     }
@@ -221,13 +229,13 @@ class ReduceScatterCall : public MpiGroupCall {
   void write_result(std::vector<float>& values) const override {
     std::vector<const float*> parts;
     for (size_t i = 0; i < group_.size(); ++i)
-      parts.push_back(i == me_ ? values.data() + begin_ : parts_[i]->data());
+      parts.push_back(i == me_ ? values.data() + begin_ : parts_[i].data());
     add_in_group_order(values.data() + begin_, end_ - begin_, parts);
   }
 
  private:
-  size_t begin_, end_;                      // this member's range
-  std::vector<std::vector<float>*> parts_;  // the others' parts of the range, by position
+  size_t begin_, end_;                   // this member's range
+  std::vector<std::span<float>> parts_;  // the others' parts of the range, by position
 };
 
 // The gather: the own range to every other member, the others' received, then copied into
@@ -238,13 +246,13 @@ class GatherCall : public MpiGroupCall {
              const std::vector<size_t>& bounds, size_t me)
       : MpiGroupCall(transport, std::move(group), me, "the weight gather over replicas"),
         bounds_(bounds),
-        parts_(group_.size(), nullptr) {
+        parts_(group_.size()) {
     for (size_t i = 0; i < group_.size(); ++i) {
       if (i == me_) continue;
-      parts_[i] = &own_buffer(bounds[i + 1] - bounds[i]);
-      receive(*parts_[i], i, kGroupTag);
+      parts_[i] = own_buffer(bounds[i + 1] - bounds[i]);
+      receive(parts_[i], i, kGroupTag);
     }
-    std::vector<float>& mine = own_buffer(bounds[me + 1] - bounds[me]);
+    const std::span<float> mine = own_buffer(bounds[me + 1] - bounds[me]);
     std::copy(values.begin() + bounds[me], values.begin() + bounds[me + 1], mine.begin());
     for (size_t i = 0; i < group_.size(); ++i)
       if (i != me_) send(mine, i, kGroupTag);
@@ -254,12 +262,12 @@ class GatherCall : public MpiGroupCall {
   bool has_result() const override { return received() && failure_.empty(); }
   void write_result(std::vector<float>& values) const override {
     for (size_t i = 0; i < group_.size(); ++i)
-      if (i != me_) std::copy(parts_[i]->begin(), parts_[i]->end(), values.begin() + bounds_[i]);
+      if (i != me_) std::copy(parts_[i].begin(), parts_[i].end(), values.begin() + bounds_[i]);
   }
 
  private:
   std::vector<size_t> bounds_;
-  std::vector<std::vector<float>*> parts_;  // the others' ranges, by position in the group
+  std::vector<std::span<float>> parts_;  // the others' ranges, by position in the group
 };
 
 // What the caller holds: the call stays with the transport until its requests complete, so
