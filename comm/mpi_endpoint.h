@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/buffer_pool.h"
 #include "comm/transport.h"
 
 namespace conveyor::comm::detail {
@@ -67,7 +68,8 @@ class MpiTransport;
 class MpiGroupCall {
  public:
   MpiGroupCall(MpiTransport& transport, std::vector<int> group, size_t me, std::string what);
-  virtual ~MpiGroupCall() = default;
+  // Abandons what is left (a constructor that failed half-way leaves requests open).
+  virtual ~MpiGroupCall();
 
   // Tests the requests without waiting, and posts what their completion allows (a sum's
   // second phase); touches no memory of the caller's, so any call's wait may move every
@@ -84,9 +86,11 @@ class MpiGroupCall {
   virtual std::vector<int> waits_for() const { return pending_peers(0, receives_.size()); }
   // "the gradient sum over replicas", for messages.
   const std::string& what() const { return what_; }
-  // Cancels and frees the requests left, leaving their buffers allocated: at the transport's
-  // end, or once the call has failed.
+  // Lets go of the call: with every request complete its buffers go back to the transport's
+  // pool; else the requests left are cancelled and freed, and their buffers stay allocated
+  // (at the transport's end, or once the call has failed).
   void abandon();
+  bool requests_open() const;
 
  protected:
   // A buffer of the call's own, uninitialised, in place until the call is gone.
@@ -116,7 +120,7 @@ class MpiGroupCall {
   std::string what_;
   std::vector<Receive> receives_;  // in the order posted
   std::vector<MPI_Request> sends_;
-  std::vector<std::unique_ptr<float[]> > buffers_;  // what the requests use
+  std::vector<FloatBufferPool::Buffer> buffers_;  // what the requests use, from the pool
 };
 
 class MpiTransport : public Transport {
@@ -161,9 +165,10 @@ class MpiTransport : public Transport {
   void throw_if_aborted();
   // Frees the sends that have completed, and moves the group calls in flight on.
   void reap_sends();
-  // Moves every group call in flight on (MpiGroupCall::advance), and lets go of those whose
-  // requests have all completed, or that failed.
+  // Moves every group call in flight on (MpiGroupCall::advance), and lets go of those that
+  // failed and of those whose requests have all completed and whose handle is done with them.
   void advance_group_calls();
+  FloatBufferPool& buffer_pool() { return buffer_pool_; }
 
  private:
   struct Pending {
@@ -196,9 +201,11 @@ class MpiTransport : public Transport {
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;
   int size_ = 1;
-  std::list<Pending> pending_;  // sends not yet complete; std::list keeps buffers in place
+  std::list<Pending> pending_;   // sends not yet complete; std::list keeps buffers in place
+  FloatBufferPool buffer_pool_;  // before group_calls_: their buffers go back to it
   // Group calls started, held or dropped by the caller, until their requests complete.
   std::list<std::shared_ptr<MpiGroupCall> > group_calls_;
+  bool group_calls_open_ = false;    // some call has requests open, as of the last advance
   std::vector<uint64_t> sums_with_;  // by rank: group sums started with it, for their tags
   bool aborted_ = false;
   std::string abort_reason_;

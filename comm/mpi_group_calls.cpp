@@ -30,7 +30,7 @@ MpiGroupCall::MpiGroupCall(MpiTransport& transport, std::vector<int> group, size
 
 std::span<float> MpiGroupCall::own_buffer(size_t floats) {
   // Not zeroed: a receive or a copy fills it whole.
-  return {buffers_.emplace_back(std::make_unique_for_overwrite<float[]>(floats)).get(), floats};
+  return {buffers_.emplace_back(t_.buffer_pool().take(floats)).data.get(), floats};
 }
 
 void MpiGroupCall::receive(std::span<float> into, size_t from, int tag) {
@@ -97,13 +97,30 @@ std::vector<int> MpiGroupCall::pending_peers(size_t begin, size_t end) const {
   return ranks;
 }
 
+MpiGroupCall::~MpiGroupCall() { abandon(); }
+
+bool MpiGroupCall::requests_open() const {
+  return !received() || std::any_of(sends_.begin(), sends_.end(),
+                                    [](MPI_Request s) { return s != MPI_REQUEST_NULL; });
+}
+
 void MpiGroupCall::abandon() {
+  FloatBufferPool& pool = t_.buffer_pool();
+  if (!requests_open()) {
+    for (auto& buffer : buffers_) pool.give(std::move(buffer));
+    buffers_.clear();
+    return;
+  }
   for (Receive& r : receives_) drop(r.request);
   for (MPI_Request& s : sends_) drop(s);
   // A freed request that MPI had matched may still complete into its buffer (a cancel
-  // cannot stop it): the buffers stay allocated. The process is ending, and a leak cannot
-  // corrupt what is still running.
-  for (auto& buffer : buffers_) (void)buffer.release();
+  // cannot stop it): the buffers stay allocated, out of the pool. The rank is failing or
+  // ending, and a leak cannot corrupt what is still running.
+  for (auto& buffer : buffers_) {
+    pool.forget(buffer.capacity);
+    (void)buffer.data.release();
+  }
+  buffers_.clear();
 }
 
 namespace {
@@ -357,14 +374,21 @@ std::unique_ptr<PendingGroupCall> MpiTransport::start_group_sum(std::vector<floa
 }
 
 void MpiTransport::advance_group_calls() {
+  group_calls_open_ = false;
   for (auto it = group_calls_.begin(); it != group_calls_.end();) {
     MpiGroupCall& call = **it;
     const bool done = call.advance();
     // A call that failed is given up by its handle, or left when dropped: nothing waits
-    // for its requests any more.
+    // for its requests any more. A finished one gives its buffers back once its handle has
+    // let go of it, since the handle reads the result from them.
     const bool failed = !call.failure().empty();
-    if (failed) call.abandon();
-    it = done || failed ? group_calls_.erase(it) : std::next(it);
+    if (failed || (done && it->use_count() == 1)) {
+      call.abandon();
+      it = group_calls_.erase(it);
+      continue;
+    }
+    group_calls_open_ = group_calls_open_ || !done;
+    ++it;
   }
 }
 

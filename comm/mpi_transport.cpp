@@ -74,15 +74,16 @@ MpiTransport::~MpiTransport() {
   const auto deadline = MpiClock::now() + std::min<std::chrono::milliseconds>(
                                               timeout_, std::chrono::milliseconds(2000));
   Backoff backoff;
-  while ((!pending_.empty() || !group_calls_.empty()) && MpiClock::now() < deadline) {
-    reap_sends();
+  reap_sends();
+  while ((!pending_.empty() || group_calls_open_) && MpiClock::now() < deadline) {
     backoff.pause();
+    reap_sends();
   }
   // A run that failed leaves messages behind: sends whose receives were cancelled, or that
   // were dropped here. Its communicator is then left allocated, not freed: MPI may give a
   // freed communicator's context to the next one this process duplicates (a later
   // transport), where a leftover message would match a receive of that transport's.
-  const bool clean = !aborted_ && pending_.empty() && group_calls_.empty();
+  const bool clean = !aborted_ && pending_.empty() && !group_calls_open_;
   for (Pending& p : pending_) {
     MPI_Cancel(&p.request);
     MPI_Request_free(&p.request);
