@@ -79,7 +79,8 @@ TEST(MpiGroupCalls, SumsOfFewerValuesThanMembersAddEveryValueOnce) {
     t->start_group_sum(values, everyone)->wait();
     const std::vector<float> want = testing::group_call_result(call, count, me, members);
     ASSERT_EQ(values.size(), want.size());
-    EXPECT_EQ(std::memcmp(values.data(), want.data(), count * sizeof(float)), 0);
+    if (count > 0)  // an empty vector's data() may be null, which memcmp may not take
+      EXPECT_EQ(std::memcmp(values.data(), want.data(), count * sizeof(float)), 0);
   }
 }
 
