@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <exception>
 #include <new>
+#include <regex>
 #include <string>
 
 #include "engine/core/allocator.h"
@@ -84,6 +85,15 @@ int main(int argc, char** argv) {
     // Help and version are CLI11's to print (exit 0); its parse errors (an unknown flag, a
     // missing value or argument) get the one line every other error gets.
     if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) return app.exit(e);
+    // A flag given twice reads "--steps: At Most 1 required but received 2" in CLI11's words.
+    static const std::regex twice(R"(^(-[^:]+): At Most 1 required but received ([0-9]+)$)");
+    std::cmatch given;
+    if (std::regex_match(e.what(), given, twice)) {
+      print_error((given.str(1) + " was given " + given.str(2) +
+                   " times; give it once (a later value does not replace an earlier one)")
+                      .c_str());
+      return conveyor::cli::kExitUsage;
+    }
     print_error((std::string(e.what()) + " (see --help)").c_str());
     return conveyor::cli::kExitUsage;
   } catch (const conveyor::cli::ExitRequest& e) {

@@ -47,7 +47,7 @@ std::string step_column(const PlanCandidate& c) {
 std::string unproven_note(const PlanCandidate& c, const PlanCandidate* fastest, int fastest_rank) {
   const std::string found = " (fastest found " + milliseconds(c.step_seconds) + " ms; ";
   if (fastest && c.step_lower_bound >= fastest->step_seconds * (1 - kSlack))
-    return found + "no partition of it beats rank " + std::to_string(fastest_rank) +
+    return found + "no partition of it beats #" + std::to_string(fastest_rank) +
            ", so the search stopped there)";
   return found + "not proven fastest: the partition search ran out of budget)";
 }
@@ -66,6 +66,13 @@ std::string memory_column(const std::vector<double>& peaks) {
     out += bytes_text(peaks[r]);
   }
   return out;
+}
+
+// "#3": a row's place by step time.
+std::string row_number(int place) {
+  std::string text = "#";
+  text += std::to_string(place);
+  return text;
 }
 
 std::string feasible_row(const PlanCandidate& c, const PlanCandidate* fastest, int fastest_rank) {
@@ -99,8 +106,9 @@ std::string rejected_row(const PlanCandidate& c) {
 
 std::string format_plan(const Plan& plan) {
   std::ostringstream out;
-  out << std::left << std::setw(5) << "rank" << std::setw(20) << "layout" << std::right
-      << std::setw(5) << "m" << std::setw(14) << "step (ms)" << std::setw(9) << "bubble"
+  // Rows are numbered "#1", "#2", ... by step time: "rank" is a pipeline rank everywhere else.
+  out << std::left << std::setw(5) << "#" << std::setw(20) << "layout" << std::right << std::setw(5)
+      << "m" << std::setw(14) << "step (ms)" << std::setw(9) << "bubble"
       << "  " << std::left << std::setw(11) << "recompute"
       << "peak memory per rank / partition\n";
   int rank = 0, best_pipe_rank = 0;
@@ -112,15 +120,14 @@ std::string format_plan(const Plan& plan) {
       if (c.pipelined && !best_pipe) best_pipe = &c, best_pipe_rank = rank;
       if (!c.pipelined && !dp) dp = &c;
     }
-    out << std::left << std::setw(5) << (c.rejected.empty() ? std::to_string(rank) : "-")
+    out << std::left << std::setw(5) << (c.rejected.empty() ? row_number(rank) : std::string("-"))
         << std::setw(20) << c.layout << std::right << std::setw(5)
         << (c.microbatches > 0 ? std::to_string(c.microbatches) : "-")
         << (c.rejected.empty() ? feasible_row(c, best_pipe, best_pipe_rank) : rejected_row(c))
         << "\n";
   }
   if (best_pipe) {
-    out << "rank " << best_pipe_rank << " (" << best_pipe->layout
-        << ", m=" << best_pipe->microbatches;
+    out << "#" << best_pipe_rank << " (" << best_pipe->layout << ", m=" << best_pipe->microbatches;
     if (plan.fastest_pipeline_proven)
       out << ") is proven the fastest pipeline: no partition of another layout beats it\n";
     else
