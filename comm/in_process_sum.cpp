@@ -104,8 +104,7 @@ std::shared_ptr<InProcessHub::SumBoard> InProcessHub::join_group_sum(int rank,
       found->number = number;
       found->parts.resize(group.size());
       found->values = mine->size();
-      for (size_t i = 0; i <= group.size(); ++i)
-        found->bounds.push_back(found->values * i / group.size());
+      found->bounds = even_ranges(found->values, group.size());
       // Empty ranges (fewer values than members) stay open like the others: taking one
       // adds nothing, and no range is done before every part is in.
       found->running_by.assign(group.size(), SumBoard::kOpen);

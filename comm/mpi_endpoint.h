@@ -24,13 +24,12 @@ namespace conveyor::comm::detail {
 
 using MpiClock = std::chrono::steady_clock;
 
-inline constexpr int kMessageTag = 1;  // every pipeline message: FIFO per link
-inline constexpr int kAbortTag = 2;    // the reason a rank aborted
-inline constexpr int kCountTag = 3;    // all-reduce value counts: who has come to the all-reduce
-inline constexpr int kGroupTag = 4;    // group sums and gathers: FIFO per pair of members
-inline constexpr int kScatterTag =
-    5;                             // reduce-scatters: sized by the ranges, apart from the others
-inline constexpr int kSumTag = 6;  // all-reduce values, after their counts
+inline constexpr int kMessageTag = 1;     // every pipeline message: FIFO per link
+inline constexpr int kAbortTag = 2;       // the reason a rank aborted
+inline constexpr int kCountTag = 3;       // all-reduce value counts: who has come to the all-reduce
+inline constexpr int kGroupTag = 4;       // gathers
+inline constexpr int kScatterTag = 5;     // reduce-scatters and the first phase of group sums
+inline constexpr int kSumTag = 6;         // all-reduce values, after their counts
 inline constexpr int kReportTag = 16;     // after a failure: where a rank stood, to the collector
 inline constexpr int kReportAckTag = 17;  // the collector is done: a reporter may end its process
 inline constexpr int kRollCallTag = 32;   // mpi_roll_call, on MPI_COMM_WORLD
@@ -101,6 +100,8 @@ class MpiGroupCall {
   // Tests every request left (a receive of the wrong length is a failure); true once all
   // have completed.
   bool test_requests();
+  // MPI_Test of one request, keeping a failure; false then.
+  bool test_one(MPI_Request& request, int& done, MPI_Status* status);
   bool received() const;
   bool receive_pending(size_t k) const { return receives_[k].request != MPI_REQUEST_NULL; }
   // The ranks of the receives [begin, end) not completed, ascending, each once.
@@ -180,6 +181,8 @@ class MpiTransport : public Transport {
                                                std::vector<float>& values);
   // At the transport's end: every group call left is abandoned.
   void abandon_group_calls();
+  // Some group call has requests open (as of its last advance).
+  bool group_calls_open() const;
 
   // A best-effort send of `bytes` that nobody waits for: left to the destructor's bounded
   // wait, dropped if MPI refuses it.
@@ -205,7 +208,6 @@ class MpiTransport : public Transport {
   FloatBufferPool buffer_pool_;  // before group_calls_: their buffers go back to it
   // Group calls started, held or dropped by the caller, until their requests complete.
   std::list<std::shared_ptr<MpiGroupCall> > group_calls_;
-  bool group_calls_open_ = false;    // some call has requests open, as of the last advance
   std::vector<uint64_t> sums_with_;  // by rank: group sums started with it, for their tags
   bool aborted_ = false;
   std::string abort_reason_;

@@ -49,16 +49,21 @@ void MpiGroupCall::send(std::span<const float> from, size_t to, int tag) {
   sends_.push_back(request);
 }
 
+bool MpiGroupCall::test_one(MPI_Request& request, int& done, MPI_Status* status) {
+  if (const int code = MPI_Test(&request, &done, status); code != MPI_SUCCESS) {
+    failure_ = "MPI_Test failed: " + mpi_error_text(code);
+    return false;
+  }
+  return true;
+}
+
 bool MpiGroupCall::test_requests() {
   if (!failure_.empty()) return false;
   for (Receive& r : receives_) {
     if (r.request == MPI_REQUEST_NULL) continue;
     int done = 0;
     MPI_Status status;
-    if (const int code = MPI_Test(&r.request, &done, &status); code != MPI_SUCCESS) {
-      failure_ = "MPI_Test failed: " + mpi_error_text(code);
-      return false;
-    }
+    if (!test_one(r.request, done, &status)) return false;
     if (!done) continue;
     // A part of another length would leave the rest of the buffer as it was: the members
     // disagree on the call, which only a sum of the wrong values would show otherwise.
@@ -72,15 +77,10 @@ bool MpiGroupCall::test_requests() {
     }
   }
   for (MPI_Request& s : sends_) {
-    if (s == MPI_REQUEST_NULL) continue;
     int done = 0;
-    if (const int code = MPI_Test(&s, &done, MPI_STATUS_IGNORE); code != MPI_SUCCESS) {
-      failure_ = "MPI_Test failed: " + mpi_error_text(code);
-      return false;
-    }
+    if (s != MPI_REQUEST_NULL && !test_one(s, done, MPI_STATUS_IGNORE)) return false;
   }
-  return received() && std::all_of(sends_.begin(), sends_.end(),
-                                   [](MPI_Request s) { return s == MPI_REQUEST_NULL; });
+  return !requests_open();
 }
 
 bool MpiGroupCall::received() const {
@@ -125,13 +125,6 @@ void MpiGroupCall::abandon() {
 
 namespace {
 
-// Member i's range of `count` values over `members`: [bounds[i], bounds[i + 1]).
-std::vector<size_t> range_bounds(size_t count, size_t members) {
-  std::vector<size_t> bounds;
-  for (size_t i = 0; i <= members; ++i) bounds.push_back(count * i / members);
-  return bounds;
-}
-
 // The sum: a reduce-scatter (each member sums one range of the values, bounds[i] =
 // count * i / members, in group order from zero), then a gather of the summed ranges, so
 // each member sends about 2 (D - 1) / D of the values, where sending all of them to every
@@ -144,7 +137,7 @@ class SumCall : public MpiGroupCall {
           size_t me, const std::vector<int>& second_tags)
       : MpiGroupCall(transport, std::move(group), me, "the gradient sum over replicas"),
         second_tags_(second_tags),
-        bounds_(range_bounds(values.size(), group_.size())),
+        bounds_(even_ranges(values.size(), group_.size())),
         parts_(group_.size()),
         ranges_(group_.size()) {
     // Only the own range is read after the start: the others' are copied to be sent.
@@ -374,7 +367,6 @@ std::unique_ptr<PendingGroupCall> MpiTransport::start_group_sum(std::vector<floa
 }
 
 void MpiTransport::advance_group_calls() {
-  group_calls_open_ = false;
   for (auto it = group_calls_.begin(); it != group_calls_.end();) {
     MpiGroupCall& call = **it;
     const bool done = call.advance();
@@ -387,9 +379,13 @@ void MpiTransport::advance_group_calls() {
       it = group_calls_.erase(it);
       continue;
     }
-    group_calls_open_ = group_calls_open_ || !done;
     ++it;
   }
+}
+
+bool MpiTransport::group_calls_open() const {
+  return std::any_of(group_calls_.begin(), group_calls_.end(),
+                     [](const auto& call) { return call->requests_open(); });
 }
 
 void MpiTransport::abandon_group_calls() {

@@ -75,7 +75,7 @@ MpiTransport::~MpiTransport() {
                                               timeout_, std::chrono::milliseconds(2000));
   Backoff backoff;
   reap_sends();
-  while ((!pending_.empty() || group_calls_open_) && MpiClock::now() < deadline) {
+  while ((!pending_.empty() || group_calls_open()) && MpiClock::now() < deadline) {
     backoff.pause();
     reap_sends();
   }
@@ -83,11 +83,8 @@ MpiTransport::~MpiTransport() {
   // were dropped here. Its communicator is then left allocated, not freed: MPI may give a
   // freed communicator's context to the next one this process duplicates (a later
   // transport), where a leftover message would match a receive of that transport's.
-  const bool clean = !aborted_ && pending_.empty() && !group_calls_open_;
-  for (Pending& p : pending_) {
-    MPI_Cancel(&p.request);
-    MPI_Request_free(&p.request);
-  }
+  const bool clean = !aborted_ && pending_.empty() && !group_calls_open();
+  for (Pending& p : pending_) drop(p.request);
   pending_.clear();
   abandon_group_calls();
   if (clean) MPI_Comm_free(&comm_);
@@ -129,11 +126,7 @@ bool MpiTransport::try_recv(const Tensor& tensor, int peer, const Stream&) {
 template <class Message>
 void MpiTransport::wait_for_arrivals(std::vector<MPI_Request>& arrived, Message message) {
   auto drop_pending = [&] {
-    for (MPI_Request& r : arrived)
-      if (r != MPI_REQUEST_NULL) {
-        MPI_Cancel(&r);
-        MPI_Request_free(&r);
-      }
+    for (MPI_Request& r : arrived) drop(r);
   };
   const auto deadline = MpiClock::now() + timeout_;
   Backoff backoff;

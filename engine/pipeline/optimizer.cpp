@@ -24,15 +24,12 @@ void OptimizerConfig::validate() const {
   // Both optimizers decay as p -= lr * weight_decay * p: from a product of 1 on, a step zeroes
   // every decayed weight or flips its sign, which trains nothing.
   if (lr * weight_decay >= 1.0) {
-    auto format_readable = [](double v) {
-      std::ostringstream out;
-      out << v;
-      return out.str();
-    };
-    fail("lr x weight decay is " + format_readable(lr * weight_decay) + " (lr " +
-         format_readable(lr) + ", weight decay " + format_readable(weight_decay) +
-         "): each step multiplies every decayed weight by 1 - lr x weight decay, which zeroes "
-         "or flips the weights from a product of 1 on; the product must be below 1");
+    std::ostringstream why;
+    why << "lr x weight decay is " << lr * weight_decay << " (lr " << lr << ", weight decay "
+        << weight_decay
+        << "): each step multiplies every decayed weight by 1 - lr x weight decay, which zeroes "
+           "or flips the weights from a product of 1 on; the product must be below 1";
+    fail(why.str());
   }
 }
 

@@ -143,14 +143,7 @@ StepStats Trainer::step() {
   const double loss = result.loss_sum / static_cast<double>(config_.batch_tokens);
   if (result.diverged) {
     // A NaN's sign bit means nothing, and printed as "-nan" it reads like a value.
-    auto shown = [](double v) {
-      std::ostringstream out;
-      if (std::isnan(v))
-        out << "nan";
-      else
-        out << v;
-      return out.str();
-    };
+    auto shown = [](double v) { return std::isnan(v) ? std::fabs(v) : v; };
     std::ostringstream msg;
     msg << "loss became " << shown(loss) << " (gradient norm " << shown(result.grad_norm)
         << ") at step " << step << "; lower the learning rate (--lr)";
