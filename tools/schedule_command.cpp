@@ -147,6 +147,16 @@ constexpr int64_t kMaxScheduleCells = int64_t{1} << 22;
 // past a million (stage, micro-batch) cells the file would run to gigabytes.
 constexpr int64_t kMaxWrittenCells = int64_t{1} << 20;
 
+// Why p x m x `chunks` cells are not generated, or nothing when they are.
+std::string past_the_cells_generated(int p, int m, int chunks) {
+  const int64_t cells = int64_t{p} * m * chunks;
+  if (cells <= kMaxScheduleCells) return "";
+  return (chunks > 1 ? "--stages x --microbatches x " + std::to_string(chunks) + " chunks is "
+                     : std::string("--stages x --microbatches is ")) +
+         std::to_string(cells) + "; at most " + std::to_string(kMaxScheduleCells) +
+         " are generated";
+}
+
 // Checks p, m and the chunks `v` to generate with, before anything is generated.
 void check_pm(const ScheduleOptions& o, int v) {
   // The flags themselves are range-checked as they are parsed: 0 here is a flag left out.
@@ -158,12 +168,9 @@ void check_pm(const ScheduleOptions& o, int v) {
                        ")" + (o.compare ? "" : ", or give --load FILE"));
   if (o.chunks < 0)
     throw UsageError("--chunks must be at least 1, got " + std::to_string(o.chunks));
+  if (const std::string past = past_the_cells_generated(o.stages, o.microbatches, v); !past.empty())
+    throw UsageError(past);
   const int64_t cells = int64_t{o.stages} * o.microbatches * v;
-  if (cells > kMaxScheduleCells)
-    throw UsageError((v > 1 ? "--stages x --microbatches x " + std::to_string(v) + " chunks is "
-                            : std::string("--stages x --microbatches is ")) +
-                     std::to_string(cells) + "; at most " + std::to_string(kMaxScheduleCells) +
-                     " are generated");
   for (const auto& [flag, file] : {std::pair{"--trace", &o.trace}, std::pair{"--dump", &o.dump}})
     if (!file->empty() && cells > kMaxWrittenCells)
       throw UsageError(std::string(flag) + " writes every action, for at most " +
@@ -202,12 +209,8 @@ void run_compare(const ScheduleOptions& o, const Costs& costs) {
     std::string name = kind_name;
     if (inter) name += " v=" + std::to_string(v);
     const int chunks = inter ? v : (kind == sc::ScheduleKind::kZBV ? 2 : 1);
-    if (const int64_t cells = int64_t{p} * m * chunks; cells > kMaxScheduleCells) {
-      std::printf(
-          "%-16s n/a: --stages x --microbatches x %d chunks is %lld; at most %lld are "
-          "generated\n",
-          name.c_str(), chunks, static_cast<long long>(cells),
-          static_cast<long long>(kMaxScheduleCells));
+    if (const std::string past = past_the_cells_generated(p, m, chunks); !past.empty()) {
+      std::printf("%-16s n/a: %s\n", name.c_str(), past.c_str());
       continue;
     }
     try {
