@@ -17,6 +17,7 @@
 #include "comm/mpi_transport.h"
 #include "engine/core/test_pause.h"
 #include "engine/pipeline/memory_estimate.h"
+#include "engine/pipeline/optimizer.h"
 #include "engine/schedule/chrome_trace.h"
 #include "engine/schedule/measured_timing.h"
 #include "engine/train/checkpoint_shard.h"
@@ -227,6 +228,14 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
         "the run's length and its learning-rate schedule; --stop-after only ends it early)\n",
         static_cast<long long>(stop_after), static_cast<long long>(config.steps),
         static_cast<long long>(config.steps));
+  // The default warm-up outlasts a short run: its learning rate never reaches --lr nor decays,
+  // which reads as a too-small --lr unless it is said.
+  if (config.optimizer.warmup_steps >= config.steps)
+    std::printf(
+        "note   --warmup %lld spans the whole run (--steps %lld): the learning rate climbs to %s "
+        "at the last step and never decays to --min-lr; a shorter --warmup lets it\n",
+        static_cast<long long>(config.optimizer.warmup_steps), static_cast<long long>(config.steps),
+        format_number(learning_rate(config.optimizer, config.steps, config.steps)).c_str());
   if (checkpointer) {
     // A first save the folder would refuse (the same command run again, into a folder whose
     // `latest` is at or past that step) is refused now, not once training has reached it:
