@@ -7,6 +7,8 @@
 #include <cstddef>
 #include <map>
 #include <memory>
+#include <mutex>
+#include <utility>
 
 namespace conveyor::comm::detail {
 
@@ -35,6 +37,28 @@ class FloatBufferPool {
   size_t kept_floats_ = 0;
   size_t held_floats_ = 0;  // taken and not yet given back
   size_t peak_held_floats_ = 0;
+};
+
+// The same pool for callers on several threads (the ranks of one process): each take and
+// give holds the pool's own lock, which never waits on another.
+class LockedFloatBufferPool {
+ public:
+  FloatBufferPool::Buffer take(size_t floats) {
+    std::lock_guard lock(mutex_);
+    return pool_.take(floats);
+  }
+  void give(FloatBufferPool::Buffer buffer) {
+    std::lock_guard lock(mutex_);
+    pool_.give(std::move(buffer));
+  }
+  size_t kept_floats() const {
+    std::lock_guard lock(mutex_);
+    return pool_.kept_floats();
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  FloatBufferPool pool_;
 };
 
 }  // namespace conveyor::comm::detail

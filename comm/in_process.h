@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "comm/buffer_pool.h"
 #include "comm/transport.h"
 
 namespace conveyor::comm {
@@ -91,9 +92,9 @@ class InProcessHub : public std::enable_shared_from_this<InProcessHub> {
   std::unique_ptr<PendingGroupCall> start_group_sum(int rank, std::vector<float>& values,
                                                     const std::vector<int>& group, size_t me);
   struct SumBoard;
-  // Puts `mine`, the values of the member at position `me`, on its call's board.
+  // Puts a copy of `mine`, the values of the member at position `me`, on its call's board.
   std::shared_ptr<SumBoard> join_group_sum(int rank, const std::vector<int>& group, size_t me,
-                                           GroupValues mine);
+                                           const std::vector<float>& mine);
   // Computes the board's ranges nobody has taken (position `me`'s first), if every part is
   // in; never waits for another member. Whether the sum is complete.
   bool advance_group_sum(SumBoard& board, size_t me, int rank);
@@ -103,6 +104,8 @@ class InProcessHub : public std::enable_shared_from_this<InProcessHub> {
   // The ranks a board waits for: the members whose values are not in, or, once all are, the
   // members computing a range.
   std::vector<int> group_sum_waits_for(const SumBoard& board) const;
+  // Floats the hub keeps for later sums' copies and results, between calls.
+  size_t group_sum_floats_kept() const { return sum_buffers_->kept_floats(); }
   std::chrono::milliseconds timeout() const { return timeout_; }
   // Fails the transport for every rank, naming `rank` and `what`; throws TransportError.
   [[noreturn]] void fail(int rank, const std::string& what);
@@ -142,6 +145,11 @@ class InProcessHub : public std::enable_shared_from_this<InProcessHub> {
   // complete; and, by group, how many sums the member at each position has started.
   std::map<std::pair<std::vector<int>, uint64_t>, std::shared_ptr<SumBoard>> sum_boards_;
   std::map<std::vector<int>, std::vector<uint64_t>> sums_started_;
+  // The boards' copies and sums, kept between calls: a gradient sum of megabytes each step
+  // would otherwise map fresh pages for every member's copy and for the sum. Shared with the
+  // boards, which give their buffers back when they go.
+  std::shared_ptr<detail::LockedFloatBufferPool> sum_buffers_ =
+      std::make_shared<detail::LockedFloatBufferPool>();
   void notify_members(const std::vector<int>& group);
   size_t sum_parts_held_locked() const;  // values on boards not summed yet, with mutex_ held
   bool aborted_ = false;

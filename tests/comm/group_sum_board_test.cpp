@@ -92,6 +92,32 @@ TEST(GroupSumBoard, OneMembersTestSumsForAllAndTheOthersCopy) {
     EXPECT_EQ(std::memcmp(v->data(), want.data(), want.size() * sizeof(float)), 0);
 }
 
+// Each step sums the same gradients again: the copies and the sum of one call serve the next,
+// and what the hub keeps stays what one call held at once (three copies and the sum), with
+// the bits right every time.
+TEST(GroupSumBoard, ACallsBuffersServeTheNextAndNoMoreAreKept) {
+  auto hub = InProcessHub::create(3, 5000ms);
+  std::vector<std::unique_ptr<Transport>> ends;
+  for (int r = 0; r < 3; ++r) ends.push_back(hub->endpoint(r));
+  const std::vector<int> group{0, 1, 2};
+  EXPECT_EQ(hub->group_sum_floats_kept(), 0u);
+  int seed = 90;
+  for (size_t size : {1000, 1000, 600, 100, 1000}) {
+    SCOPED_TRACE(std::to_string(size) + " values");
+    std::vector<std::vector<float>> inputs, outputs;
+    for (int i = 0; i < 3; ++i) inputs.push_back(testing::random_floats(size, seed++, -1.0f, 1.0f));
+    outputs = inputs;
+    std::vector<std::unique_ptr<PendingGroupCall>> calls;
+    for (int i = 0; i < 3; ++i) calls.push_back(ends[i]->start_group_sum(outputs[i], group));
+    for (auto& call : calls) EXPECT_TRUE(call->test());
+    calls.clear();
+    const std::vector<float> want = reference_sum(inputs);
+    for (const auto& out : outputs)
+      EXPECT_EQ(std::memcmp(out.data(), want.data(), size * sizeof(float)), 0);
+    EXPECT_EQ(hub->group_sum_floats_kept(), 4000u);
+  }
+}
+
 // A member that never tests does not hold the others up: a waiting member sums its range too.
 TEST(GroupSumBoard, AWaiterSumsTheRangesOfMembersThatDoNotTest) {
   auto hub = InProcessHub::create(4, 5000ms);
