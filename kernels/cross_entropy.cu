@@ -20,12 +20,14 @@ struct MaxSum {
   float s;
 };
 
-// Sum of exp(x - m) over two partial states; an empty state has m = -inf, s = 0.
+// Sum of exp(x - m) over two partial states; an empty state has m = -inf, s = 0. A state
+// that saw only NaNs (and -infs) has m = -inf and s = NaN: its sum is scaled, not skipped, so
+// that the NaN reaches the row's sum as it does on the CPU (NaN x expf(-inf) is NaN).
 __device__ __forceinline__ MaxSum combine(MaxSum a, MaxSum b) {
   const float m = fmaxf(a.m, b.m);
-  if (m == -INFINITY) return {m, 0.0f};
-  const float sa = a.m == -INFINITY ? 0.0f : a.s * expf(a.m - m);
-  const float sb = b.m == -INFINITY ? 0.0f : b.s * expf(b.m - m);
+  if (m == -INFINITY) return {m, a.s + b.s};  // 0, or NaN
+  const float sa = a.s == 0.0f ? 0.0f : a.s * expf(a.m - m);
+  const float sb = b.s == 0.0f ? 0.0f : b.s * expf(b.m - m);
   return {m, sa + sb};
 }
 

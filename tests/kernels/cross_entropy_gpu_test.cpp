@@ -128,6 +128,35 @@ TEST(CrossEntropyGpu, TargetOutsideVocabGivesNaNLoss) {
   }
 }
 
+// A NaN logit makes its row's loss NaN as on the CPU, wherever it sits: alone in a thread's
+// share of the row (vocab 17: one element per thread) or beside others, on the scalar and the
+// float4 path; the other row matches the CPU.
+TEST(CrossEntropyGpu, ANaNLogitAnywhereMakesItsRowsLossNaNAsOnTheCpu) {
+  CONVEYOR_REQUIRE_GPU();
+  GpuContext gpu;
+  for (int64_t vocab : {int64_t{1}, int64_t{17}, int64_t{40}, int64_t{4097}, int64_t{32768}}) {
+    for (int64_t at : {int64_t{0}, vocab / 2, vocab - 1}) {
+      SCOPED_TRACE("vocab=" + std::to_string(vocab) + " NaN at " + std::to_string(at));
+      const int64_t n = 2;
+      auto logits = random_floats(static_cast<size_t>(n * vocab), 47, -3.0f, 3.0f);
+      logits[static_cast<size_t>(at)] = std::nanf("");
+      const std::vector<int32_t> targets = {0, static_cast<int32_t>(vocab - 1)};
+      std::vector<float> loss_ref(n), dl_ref(logits.size());
+      kernels::cpu::softmax_cross_entropy(loss_ref.data(), dl_ref.data(), logits.data(),
+                                          targets.data(), n, vocab, kIgnore, 1.0f);
+      DeviceBuffer<float> d_logits(logits), d_dlogits(logits.size()), d_loss(n);
+      DeviceBuffer<int32_t> d_targets(targets);
+      kernels::cuda::softmax_cross_entropy(gpu.ctx(), d_loss.data(), d_dlogits.data(),
+                                           d_logits.data(), d_targets.data(), n, vocab, kIgnore,
+                                           1.0f);
+      const auto loss = d_loss.download();
+      EXPECT_TRUE(std::isnan(loss_ref[0]));
+      EXPECT_TRUE(std::isnan(loss[0]));
+      EXPECT_NEAR(loss[1], loss_ref[1], 1e-5 * std::abs(loss_ref[1]) + 1e-5);
+    }
+  }
+}
+
 TEST(CrossEntropyGpu, EmptyBatchIsANoOp) {
   CONVEYOR_REQUIRE_GPU();
   GpuContext gpu;

@@ -152,6 +152,26 @@ TEST(CrossEntropy, StableForLargeLogits) {
   EXPECT_TRUE(all_close(d_shift, ref_dlogits(sd, targets, s, 1.0), 1e-4, 1e-7));
 }
 
+// A NaN logit anywhere in a row, the target's or another's, makes that row's loss NaN, so a
+// divergence check on the loss sees it; the other rows are untouched by it.
+TEST(CrossEntropy, ANaNLogitAnywhereMakesItsRowsLossNaN) {
+  for (int64_t vocab : {int64_t{1}, int64_t{5}, int64_t{17}, int64_t{40}, int64_t{1001}}) {
+    for (int64_t at : {int64_t{0}, vocab / 2, vocab - 1}) {
+      SCOPED_TRACE("vocab " + std::to_string(vocab) + ", NaN at " + std::to_string(at));
+      const Shape s{2, vocab};
+      auto logits = random_floats(s.n * s.vocab, 43 + static_cast<uint64_t>(vocab), -3.0f, 3.0f);
+      logits[static_cast<size_t>(at)] = std::nanf("");
+      const std::vector<int32_t> targets = {0, static_cast<int32_t>(vocab - 1)};
+      std::vector<float> losses(s.n), dlogits(s.n * s.vocab);
+      k::softmax_cross_entropy(losses.data(), dlogits.data(), logits.data(), targets.data(), s.n,
+                               s.vocab, kIgnore, 1.0f);
+      EXPECT_TRUE(std::isnan(losses[0]));
+      const double want = ref_losses(to_double(logits), targets, s)[1];
+      EXPECT_NEAR(losses[1], want, 1e-5 * std::abs(want) + 1e-5);
+    }
+  }
+}
+
 TEST(CrossEntropy, TargetOutsideVocabularyThrowsAndWritesNothing) {
   const Shape s{3, 8};
   const auto logits = random_floats(s.n * s.vocab, 41);
