@@ -179,6 +179,10 @@ void NcclClique::wait_until(int rank, const std::function<bool()>& finished_now,
       for (NcclComm* comm : comms_of(rank)) check_async_error(rank, *comm, what);
     return finished;
   });
+  // An abort also ends the stream's work, with the data incomplete; it is flagged before any
+  // communicator is aborted, so a stream done because of one is caught here, however the
+  // abort fell between the checks above.
+  if (done && aborted()) throw TransportAborted(rank, abort_reason());
   if (done) return;
   const std::string reason = "rank " + std::to_string(rank) + ": " + what +
                              " did not finish within " + std::to_string(timeout_.count()) + " ms";

@@ -216,19 +216,19 @@ TEST(NcclGpu, TwoRanksExchangeInFifoOrderBothWaysAtOnceAndAllReduce) {
       DeviceContext ctx(Device::cuda(r));
       Stream send(Device::cuda(r)), recv(Device::cuda(r));
       const int peer = 1 - r;
+      // Every tensor is made before the first send: making one uploads from the host and
+      // synchronizes the device, which would wait for this rank's sends, which wait for the
+      // peer's receives, which the peer, in the same wait, never posts.
+      std::vector<Tensor> inputs, got;
+      for (int k = 0; k < kMessages; ++k) {
+        inputs.push_back(random_tensor(ctx, kElements, 100 * r + k));
+        got.push_back(random_tensor(ctx, kElements, 7777 + k));  // poison
+      }
       // Both ranks post every send before any receive: with one communicator per rank
       // (NCCL orders all its operations) this would deadlock; one per link does not.
-      std::vector<std::vector<float>> sent;
-      for (int k = 0; k < kMessages; ++k) {
-        Tensor x = random_tensor(ctx, kElements, 100 * r + k);
-        sent.push_back(to_vector_f32(x));
-        t.send(x, peer, send);  // the tensor may be dropped at once
-      }
-      std::vector<Tensor> got;
-      for (int k = 0; k < kMessages; ++k) {
-        got.push_back(random_tensor(ctx, kElements, 7777 + k));  // poison
-        t.recv(got.back(), peer, recv);
-      }
+      for (const Tensor& x : inputs) t.send(x, peer, send);
+      inputs.clear();  // a sent tensor may be dropped at once
+      for (Tensor& g : got) t.recv(g, peer, recv);
       t.synchronize(send);
       t.synchronize(recv);
       for (int k = 0; k < kMessages; ++k) {
@@ -333,9 +333,10 @@ TEST(NcclGpu, RanksHoldingOnlyTheirOwnEndsExchangeAndAbortAlone) {
       DeviceContext ctx(Device::cuda(r));
       Stream send(Device::cuda(r)), recv(Device::cuda(r));
       const int peer = 1 - r;
+      // Both made before the send: making one synchronizes the device (see the exchange above).
       Tensor x = random_tensor(ctx, kElements, 10 + r);
-      t.send(x, peer, send);
       Tensor got = random_tensor(ctx, kElements, 999);  // poison
+      t.send(x, peer, send);
       t.recv(got, peer, recv);
       t.synchronize(send);
       t.synchronize(recv);
