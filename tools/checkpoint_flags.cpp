@@ -65,6 +65,7 @@ std::unique_ptr<TrainerCheckpointer> setup_checkpoints(const CheckpointFlags& f,
         throw UsageError("--resume latest needs --save-dir (the folder whose latest to resume)");
       const std::string path = f.resume == "latest" ? f.save_dir : f.resume;
       const Checkpoint ckpt = resume_trainer(trainer, path);
+      if (checkpointer) checkpointer->resumed_from(ckpt.directory());
       std::printf("resume %s at step %lld (saved with %zu stage(s), schedule %s)\n",
                   escaped_for_message(ckpt.directory().native()).c_str(),
                   static_cast<long long>(ckpt.step()), ckpt.state().stages.size(),

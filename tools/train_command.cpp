@@ -237,18 +237,17 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
         static_cast<long long>(config.optimizer.warmup_steps), static_cast<long long>(config.steps),
         format_number(learning_rate(config.optimizer, config.steps, config.steps)).c_str());
   if (checkpointer) {
-    // A first save the folder would refuse (the same command run again, into a folder whose
-    // `latest` is at or past that step) is refused now, not once training has reached it:
-    // a final save refused lost the whole run. Rank 0 looks, as it prepares the saves.
-    const int64_t every = f.checkpoint.save_every;
-    const int64_t first_save =
-        every > 0 ? std::min(last_step_to_run, (first_step + every - 1) / every * every)
-                  : last_step_to_run;
+    // A save the folder would refuse (the same command run again, into a folder whose
+    // `latest` is at or past its first save; a step folder already there that a save would
+    // meet) is refused now, not once training has reached it: a final save refused lost the
+    // whole run. Rank 0 looks, as it prepares the saves.
     std::string why;
     if (!mpi.active() || mpi.rank() == 0)
-      if (const auto refusal = save_refusal(f.checkpoint.save_dir, first_save))
+      if (const auto refusal =
+              run_save_refusal(f.checkpoint.save_dir, first_step, last_step_to_run,
+                               f.checkpoint.save_every, checkpointer->continues_folder()))
         why = "--save-dir " + quoted_file_name(f.checkpoint.save_dir) +
-              " would refuse this run's first save: " + *refusal;
+              " would refuse a save of this run: " + *refusal;
     why = rank_zero_text(mpi, why, "the check of --save-dir");
     if (!why.empty()) refuse_on_every_rank(mpi, why);
   }
@@ -271,12 +270,6 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
                                "; use a smaller model or fewer tokens per micro-batch");
     }
     run_trace.add_step(s, step_begin, RunTrace::Clock::now());
-    if (checkpointer) {
-      checkpointer->after_step();
-      if (checkpointer->last_saved_step() == s && !f.quiet)
-        std::printf("saved  step %lld (training held %.3f s)\n", static_cast<long long>(s),
-                    checkpointer->last_stall_seconds());
-    }
     ++t.steps;
     t.last_step = s;
     t.seconds += st.seconds;
@@ -302,6 +295,20 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
                   human_rate(rate).c_str(), st.lr,
                   bytes_text(static_cast<double>(st.peak_bytes)).c_str(), eta);
       std::fflush(stdout);
+    }
+    // After the step's line, which a save's line or failure follows. An async save is only
+    // started here; its failure, if any, is reported when a later save or the end waits for
+    // it.
+    if (checkpointer) {
+      checkpointer->after_step();
+      if (!f.quiet && checkpointer->last_started_step() == s) {
+        if (f.checkpoint.async_save)
+          std::printf("saving step %lld in the background (training held %.3f s)\n",
+                      static_cast<long long>(s), checkpointer->last_stall_seconds());
+        else if (checkpointer->last_saved_step() == s)
+          std::printf("saved  step %lld (training held %.3f s)\n", static_cast<long long>(s),
+                      checkpointer->last_stall_seconds());
+      }
     }
     // A signal ends the run after the step it came in (or the next one, when it came after
     // the step's all-reduce): the step in progress finishes on every rank.
@@ -331,11 +338,27 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
   }
   if (json_log) json_log->close();
   // An interrupted run saves the last finished step too, when it saves at all.
+  // A last step whose save failed (under --on-save-error continue) leaves the run's result
+  // unsaved: said here, and the exit status says it too.
+  bool last_step_unsaved = false;
   if (checkpointer) {
     checkpointer->finish();
-    std::printf("saved  step %lld into %s\n",
-                static_cast<long long>(checkpointer->last_saved_step()),
-                escaped_for_message(f.checkpoint.save_dir).c_str());
+    const long long saved = checkpointer->last_saved_step();
+    const long long last = trainer->steps_done();
+    const std::string dir = escaped_for_message(f.checkpoint.save_dir);
+    last_step_unsaved = saved != last;
+    if (!last_step_unsaved)
+      std::printf("saved  step %lld into %s\n", saved, dir.c_str());
+    else if (saved >= 0)
+      std::printf(
+          "not saved: step %lld, the run's last (see the warning); the newest checkpoint "
+          "this run saved into %s is step %lld\n",
+          last, dir.c_str(), saved);
+    else
+      std::printf(
+          "not saved: step %lld, the run's last (see the warning); this run saved no "
+          "checkpoint into %s\n",
+          last, dir.c_str());
   }
   if (signal == 0 && t.steps > 0 && t.last_step < config.steps)
     std::printf(
@@ -365,6 +388,7 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
   if (signal != 0) throw ExitRequest(signal == SIGTERM ? kExitSigterm : kExitSigint);
   pause_if_asked_at("end");
   mpi.meet_at_the_end();
+  if (last_step_unsaved) throw ExitRequest(kExitFailure);
 }
 
 }  // namespace

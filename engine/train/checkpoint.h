@@ -26,6 +26,10 @@ namespace conveyor {
 
 struct CheckpointWriterOptions {
   int keep_last = 0;  // after a commit, keep only the newest K checkpoints; 0 keeps them all
+  // The run resumed from a checkpoint of this folder and continues its run: a step folder
+  // newer than `latest` is that run's save which stopped before publishing it, and is
+  // replaced. Any other run leaves every checkpoint folder as it is.
+  bool continues_folder = false;
 };
 
 struct CommitResult {
@@ -36,9 +40,18 @@ struct CommitResult {
 
 // Why a CheckpointWriter of `step` into `dir` would be refused as `dir` stands now (its
 // DIR/step_<N> exists and is not a checkpoint folder, or is one that `latest` names or that
-// is older than it), or nullopt when it would save. Lets a run refuse at its start a save it
-// could only fail at its end.
-std::optional<std::string> save_refusal(const std::filesystem::path& dir, int64_t step);
+// is older than it, or the run does not continue the folder's run; or `latest` names a later
+// step), or nullopt when it would save. Lets a run refuse at its start a save it could only
+// fail at its end.
+std::optional<std::string> save_refusal(const std::filesystem::path& dir, int64_t step,
+                                        bool continues_folder = false);
+
+// The first refusal of the saves a run from `first_step` to `last_step` makes (every
+// `every`-th step, and the last): the first save's, and then any step folder already in
+// `dir` that one of them would meet.
+std::optional<std::string> run_save_refusal(const std::filesystem::path& dir, int64_t first_step,
+                                            int64_t last_step, int64_t every,
+                                            bool continues_folder);
 
 // One save: construct it, let every rank call write_shard (from its own thread, at the same
 // time), then call commit once. Saves into one DIR must not overlap in time.

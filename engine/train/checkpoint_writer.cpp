@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <stdexcept>
 #include <system_error>
+#include <vector>
 
 #include "engine/train/checkpoint.h"
 #include "engine/train/checkpoint_io.h"
@@ -48,7 +49,8 @@ CheckpointWriter::CheckpointWriter(fs::path dir, int64_t step, int num_ranks,
                                    CheckpointWriterOptions options)
     : CheckpointWriter(Joined{false}, std::move(dir), step, num_ranks, options) {
   checkpoint_io::create_checkpoint_folder(dir_);
-  if (std::optional<std::string> why = save_refusal(dir_, step)) throw CheckpointError(*why);
+  if (std::optional<std::string> why = save_refusal(dir_, step, options_.continues_folder))
+    throw CheckpointError(*why);
   std::error_code ec;
   if (fs::exists(final_, ec)) {
     // Out of the way first, as an unfinished save (which the loader ignores), then removed
@@ -216,24 +218,30 @@ CommitResult CheckpointWriter::commit(const TrainingState& state) {
   return result;
 }
 
-std::optional<std::string> save_refusal(const fs::path& dir, int64_t step) {
+std::optional<std::string> save_refusal(const fs::path& dir, int64_t step, bool continues_folder) {
   const fs::path final_folder = dir / step_folder_name(step);
   const std::optional<int64_t> published = published_step(dir);
   std::error_code ec;
   if (fs::exists(final_folder, ec)) {
     // A step folder newer than what `latest` names was renamed into place by a save that
     // stopped before publishing it (a crash between the two): the run that resumed from
-    // `latest` is redoing that step and replaces it. Any other existing step is a checkpoint
-    // someone may rely on, and is never overwritten.
+    // the folder is redoing that step and replaces it. Any other existing step is a
+    // checkpoint someone may rely on, and is never overwritten; a run that did not resume
+    // from the folder does not continue its run, so for it no step folder is a leftover.
     const bool a_checkpoint =
         fs::is_directory(final_folder, ec) && fs::is_regular_file(final_folder / kManifestName, ec);
-    if (!a_checkpoint || (published && *published >= step))
-      return "cannot save step " + std::to_string(step) + ": " + shown_path(final_folder) +
-             " exists already" +
-             (!a_checkpoint        ? " and is not a checkpoint folder"
-              : *published == step ? " and is the one 'latest' names"
-                                   : "") +
-             "; remove it or save into another folder";
+    const bool newer = !published || *published < step;
+    if (a_checkpoint && newer && continues_folder) return std::nullopt;
+    std::string why;
+    if (!a_checkpoint)
+      why = " and is not a checkpoint folder";
+    else if (!newer && *published == step)
+      why = " and is the one 'latest' names";
+    else if (newer)
+      why = std::string(published ? ", newer than the step 'latest' names," : " (no 'latest'),") +
+            " and this run does not continue the folder's run: it did not resume from it";
+    return "cannot save step " + std::to_string(step) + ": " + shown_path(final_folder) +
+           " exists already" + why + "; remove it or save into another folder";
   }
   // A save behind the step `latest` names would move `latest` back, and the later checkpoints
   // would then read as unpublished leftovers that the run's next saves replace: a second run
@@ -243,6 +251,31 @@ std::optional<std::string> save_refusal(const fs::path& dir, int64_t step) {
            " names step " + std::to_string(*published) +
            ", a later checkpoint, which this save would hide and the run's later saves "
            "replace; resume from it or save into another folder";
+  return std::nullopt;
+}
+
+std::optional<std::string> run_save_refusal(const fs::path& dir, int64_t first_step,
+                                            int64_t last_step, int64_t every,
+                                            bool continues_folder) {
+  if (first_step > last_step) return std::nullopt;
+  const auto saves = [&](int64_t step) {
+    return step >= first_step && step <= last_step &&
+           (step == last_step || (every > 0 && step % every == 0));
+  };
+  const int64_t first_save =
+      every > 0 ? std::min(last_step, (first_step + every - 1) / every * every) : last_step;
+  if (auto why = save_refusal(dir, first_save, continues_folder)) return why;
+  // The folders already there that a later save meets, in step order, so the refusal names
+  // the first one the run would reach.
+  std::vector<int64_t> met;
+  std::error_code list_error;
+  for (const auto& entry : fs::directory_iterator(dir, list_error))
+    if (const auto step = step_of_folder(entry.path().filename().string(), /*temp=*/false);
+        step && saves(*step))
+      met.push_back(*step);
+  std::sort(met.begin(), met.end());
+  for (int64_t step : met)
+    if (auto why = save_refusal(dir, step, continues_folder)) return why;
   return std::nullopt;
 }
 

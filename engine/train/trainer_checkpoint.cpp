@@ -142,12 +142,15 @@ void TrainerCheckpointer::after_step() {
 
 void TrainerCheckpointer::failed(const std::exception& e) {
   if (options_.on_error == SaveErrorPolicy::kStop) throw;
-  options_.warn(std::string("checkpoint not saved, training goes on: ") + e.what());
+  options_.warn(std::string(finishing_ ? "checkpoint not saved at the end of the run: "
+                                       : "checkpoint not saved, training goes on: ") +
+                e.what());
 }
 
 void TrainerCheckpointer::wait_for_background() {
   if (background_.joinable()) background_.join();
   std::exception_ptr error = std::exchange(background_error_, nullptr);
+  const int64_t step = std::exchange(background_step_, -1);
   if (pending_commit_) {
     PendingCommit pending = std::move(*pending_commit_);
     pending_commit_.reset();
@@ -160,7 +163,10 @@ void TrainerCheckpointer::wait_for_background() {
     }
     pending.timing->write_end = Clock::now();
   }
-  if (!error) return;
+  if (!error) {
+    if (step >= 0) last_saved_step_ = step;
+    return;
+  }
   try {
     std::rethrow_exception(error);
   } catch (const std::exception& e) {
@@ -176,8 +182,9 @@ std::unique_ptr<CheckpointWriter> TrainerCheckpointer::prepare(int64_t step) {
   std::exception_ptr error;
   try {
     if (commits)
-      writer = std::make_unique<CheckpointWriter>(options_.directory, step, shards,
-                                                  CheckpointWriterOptions{options_.keep_last});
+      writer = std::make_unique<CheckpointWriter>(
+          options_.directory, step, shards,
+          CheckpointWriterOptions{options_.keep_last, continues_folder_});
   } catch (...) {
     error = std::current_exception();
   }
@@ -252,10 +259,11 @@ void TrainerCheckpointer::save() {
   const auto start = Clock::now();
   wait_for_background();
   const int64_t step = trainer_.steps_done();
-  if (step == last_saved_step_) {
+  if (step == last_started_step_) {
     last_stall_seconds_ = seconds_since(start);
     return;
   }
+  last_started_step_ = step;
   PipelineExecutor& executor = trainer_.executor();
   const TrainingState state = trainer_training_state(trainer_);
   std::vector<RankShard> shards;
@@ -290,7 +298,7 @@ void TrainerCheckpointer::save() {
     return;
   }
   if (options_.async) {
-    last_saved_step_ = step;
+    background_step_ = step;  // saved once the write is waited for and did not fail
     // Processes commit together from this thread (the transport serves one thread at a
     // time), once all of them have written; one process commits from the background.
     const bool commits_in_background = executor.holds_all_ranks();
@@ -338,7 +346,13 @@ void TrainerCheckpointer::save() {
   held();
 }
 
+void TrainerCheckpointer::resumed_from(const std::filesystem::path& checkpoint) {
+  std::error_code ec;
+  continues_folder_ = std::filesystem::equivalent(checkpoint.parent_path(), options_.directory, ec);
+}
+
 void TrainerCheckpointer::finish() {
+  finishing_ = true;
   save();
   wait_for_background();
 }

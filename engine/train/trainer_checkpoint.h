@@ -69,16 +69,27 @@ class TrainerCheckpointer {
   // Call after every step: saves when the step is a multiple of `every`. With processes,
   // also commits a background save once every process has written its shards.
   void after_step();
-  // Saves the trainer's current step unless that step is saved already. Synchronous: returns
-  // once committed. Async: returns once the snapshot is taken (after waiting for the previous
+  // Saves the trainer's current step unless a save of that step was made already (a failed
+  // one is not tried again: its failure was reported once). Synchronous: returns once
+  // committed. Async: returns once the snapshot is taken (after waiting for the previous
   // save). Under kStop a failure throws CheckpointError (an async one from the next call).
   void save();
   // The end of the run: saves the last step if needed and waits for the background save.
   void finish();
+  // The trainer was resumed from `checkpoint` (a DIR/step_<N> folder). From the checkpointer's
+  // own folder, the run continues that folder's run, and its saves may replace the step
+  // folders newer than `latest` that the run's earlier saves left unpublished; from anywhere
+  // else, they replace nothing.
+  void resumed_from(const std::filesystem::path& checkpoint);
+  bool continues_folder() const { return continues_folder_; }
 
   // Seconds the last save() held the training loop (the whole save, or wait + snapshot).
   double last_stall_seconds() const { return last_stall_seconds_; }
+  // The newest step whose checkpoint is committed (-1: none yet); with async saves, as of
+  // the last wait for the background write (finish() waits for the last one).
   int64_t last_saved_step() const { return last_saved_step_; }
+  // The newest step a save was started for, committed, failed or still being written.
+  int64_t last_started_step() const { return last_started_step_; }
   // Every save of this checkpointer so far; a background save's entry is complete once the
   // next save() or finish() has waited for it.
   const std::vector<SaveTiming>& save_timings() const { return timings_; }
@@ -110,6 +121,10 @@ class TrainerCheckpointer {
   };
   std::optional<PendingCommit> pending_commit_;
   int64_t last_saved_step_ = -1;
+  int64_t last_started_step_ = -1;
+  int64_t background_step_ = -1;  // the step of the background save not yet waited for
+  bool continues_folder_ = false;
+  bool finishing_ = false;  // in finish(): no training goes on after a failure
   double last_stall_seconds_ = 0.0;
   std::vector<SaveTiming> timings_;  // appended only after the background save is joined
   // Host memory of the async snapshots (pinned on CUDA), made at the first and reused: a

@@ -60,7 +60,7 @@ error_last() {  # PATTERN COMMAND...: exit status 2, the last line matching PATT
     exit 1
   }
 }
-error_last "^conveyor: error: --save-dir '.*/two\\\\nlines' would refuse this run's first save: cannot save step 2: '.*/two\\\\nlines/step_2' exists already" \
+error_last "^conveyor: error: --save-dir '.*/two\\\\nlines' would refuse a save of this run: cannot save step 2: '.*/two\\\\nlines/step_2' exists already" \
   "${run[@]}" --stop-after 2 --save-dir "$name"
 one_line "^conveyor: error: '.*/two\\\\nlines/step_2/manifest.json' is a file of the checkpoint folder '.*/two\\\\nlines/step_2'" \
   "$cli" ckpt verify "$name/step_2/manifest.json"

@@ -108,7 +108,7 @@ case $case_name in
     status=$?
     echo "$output"
     [ "$status" -eq 2 ] || fail "exit status $status, expected 2"
-    grep -q "^conveyor: error: --save-dir .* would refuse this run's first save: cannot save step 2: .*step_2' exists already; remove it or save into another folder$" \
+    grep -q "^conveyor: error: --save-dir .* would refuse a save of this run: cannot save step 2: .*step_2' exists already; remove it or save into another folder$" \
       <<<"$output" || fail "the refusal does not name the first save and its folder"
     ! grep -q "^done " <<<"$output" || fail "the run trained before refusing"
     # Resumed from there it saves on.
@@ -218,10 +218,56 @@ case $case_name in
     status=$?
     echo "$output"
     [ "$status" -eq 2 ] || fail "exit status $status, expected 2"
-    grep -q "would refuse this run's first save: cannot save step 2: 'latest' of .* names step 6, a later checkpoint" \
+    grep -q "would refuse a save of this run: cannot save step 2: 'latest' of .* names step 6, a later checkpoint" \
       <<<"$output" || fail "the refusal does not name the later checkpoint"
     [ "$(cat "$dir/step_6/manifest.json")" = "$before" ] || fail "step_6 was replaced"
     [ "$(cat "$dir/latest")" = "step_6" ] || fail "latest is '$(cat "$dir/latest")', expected step_6"
+    ;;
+  fresh_run_into_unpublished)
+    # A step folder newer than `latest`, or in a folder without one, is replaced only by the
+    # run that resumed from the folder (its own save, unpublished); a fresh run is refused
+    # before it trains, and the folder is left as it was.
+    run --save-dir "$dir" --save-every 2
+    before=$(cat "$dir/step_6/manifest.json")
+    for latest in step_4 none; do
+      if [ "$latest" = none ]; then rm "$dir/latest"; else echo "$latest" >"$dir/latest"; fi
+      output=$("$conveyor" train "${common[@]}" "${model[@]}" --seed 2 --save-dir "$dir" 2>&1)
+      status=$?
+      echo "$output"
+      [ "$status" -eq 2 ] || fail "latest $latest: exit status $status, expected 2"
+      case $latest in
+        none) why=" (no 'latest'), and this run does not continue the folder's run: it did not resume from it" ;;
+        *) why=", newer than the step 'latest' names, and this run does not continue the folder's run: it did not resume from it" ;;
+      esac
+      grep -qF "would refuse a save of this run: cannot save step 6: '$dir/step_6' exists already$why; remove it or save into another folder" \
+        <<<"$output" || fail "latest $latest: the refusal does not say why"
+      ! grep -q "^done " <<<"$output" || fail "latest $latest: the run trained before refusing"
+      [ "$(cat "$dir/step_6/manifest.json")" = "$before" ] || fail "latest $latest: step_6 was replaced"
+    done
+    # Resumed from the folder, the run is the folder's own and replaces it.
+    echo step_4 >"$dir/latest"
+    run --save-dir "$dir" --resume latest
+    [ "$(cat "$dir/latest")" = "step_6" ] || fail "latest is '$(cat "$dir/latest")', expected step_6"
+    ;;
+  save_fails_continue)
+    # Under --on-save-error continue, saves that fail (the file size limit, with SIGXFSZ
+    # ignored: each shard write fails with EFBIG) are each reported once, training goes on,
+    # and a run whose last step is not saved says so and exits 1; with --async-save the
+    # same, no `saved` line for a write that failed.
+    for async in "" --async-save; do
+      output=$(trap '' XFSZ; ulimit -f 4; "$conveyor" train "${common[@]}" "${model[@]}" \
+        --save-dir "$dir$async" --save-every 2 --on-save-error continue $async 2>&1)
+      status=$?
+      echo "$output"
+      [ "$status" -eq 1 ] || fail "'$async': exit status $status, expected 1"
+      grep -q "^done   6 steps" <<<"$output" || fail "'$async': training did not go on"
+      [ "$(grep -c "warning: checkpoint not saved" <<<"$output")" -eq 3 ] ||
+        fail "'$async': expected one warning for each of the saves of steps 2, 4 and 6"
+      grep -q "^not saved: step 6, the run's last (see the warning); this run saved no checkpoint into " \
+        <<<"$output" || fail "'$async': the unsaved last step is not said"
+      ! grep -q "^saved " <<<"$output" || fail "'$async': a failed save is said to be saved"
+      [ ! -e "$dir$async/latest" ] || fail "'$async': latest exists"
+    done
     ;;
   *) fail "unknown case" ;;
 esac

@@ -296,6 +296,19 @@ TEST(TrainerResume, FailedSaveStopsOrContinuesAndKeepsThePreviousCheckpoint) {
   }
 }
 
+// A resume from a checkpoint of the save folder (by any spelling of its path) continues the
+// folder's run, whose unpublished saves it may replace; a resume from elsewhere does not.
+TEST(TrainerResume, OnlyAResumeFromItsOwnFolderContinuesTheFoldersRun) {
+  TempDir dir, other;
+  Trainer trainer(resume_config(2, schedule::ScheduleKind::k1F1B));
+  TrainerCheckpointer checkpointer(trainer, {dir.path()});
+  EXPECT_FALSE(checkpointer.continues_folder());
+  checkpointer.resumed_from(other.path() / "step_2");
+  EXPECT_FALSE(checkpointer.continues_folder());
+  checkpointer.resumed_from(dir.path() / "." / "step_2");
+  EXPECT_TRUE(checkpointer.continues_folder());
+}
+
 TEST(TrainerResume, SaveNowSavesTheCurrentStepOnce) {
   TempDir dir;
   Trainer trainer(resume_config(2, schedule::ScheduleKind::k1F1B));

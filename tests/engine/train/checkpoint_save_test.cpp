@@ -228,8 +228,13 @@ TEST(CheckpointSave, ReplacesAStepThatWasRenamedIntoPlaceButNeverPublished) {
   // A crash between the rename of step_4 and the update of `latest`.
   write_file(dir / "latest", "step_2\n");
   ASSERT_EQ(open_checkpoint(dir.path()).step(), 2);
+  // Only the run that resumed from the folder redoes that step; any other leaves it.
+  EXPECT_CHECKPOINT_ERROR(CheckpointWriter(dir.path(), 4, 2), "step_4",
+                          "newer than the step 'latest' names, and this run does not continue");
+  EXPECT_TRUE(fs::exists(dir / "step_4" / "manifest.json"));
+  EXPECT_FALSE(save_refusal(dir.path(), 4, /*continues_folder=*/true).has_value());
   {
-    CheckpointWriter writer(dir.path(), 4, 2);
+    CheckpointWriter writer(dir.path(), 4, 2, {.continues_folder = true});
     // The old folder is out of the way, and `latest` still names a loadable checkpoint.
     EXPECT_FALSE(fs::exists(dir / "step_4"));
     EXPECT_EQ(open_checkpoint(dir.path()).step(), 2);
