@@ -49,20 +49,23 @@ void quiet_unless_rank_zero(const MpiSession& mpi, TrainFlags& f) {
 // With --data, the held-out batches must follow the training data within the file: past its
 // end the source wraps and would evaluate on bytes the run trained on. The last pair's target
 // is the byte after its input, so the file needs one byte more than the tokens.
-void check_eval_fits(Trainer& trainer, const TrainConfig& config, int64_t eval_batches) {
+// `last_step`: the step the run ends at (--stop-after's, when it stops early), which the
+// held-out batches follow.
+void check_eval_fits(Trainer& trainer, const TrainConfig& config, int64_t last_step,
+                     int64_t eval_batches) {
   const auto* file = dynamic_cast<const FileSource*>(&trainer.source());
   if (eval_batches == 0 || file == nullptr) return;
-  const uint64_t needed = static_cast<uint64_t>(config.steps + eval_batches) *
-                          static_cast<uint64_t>(config.batch_tokens);
+  const uint64_t needed =
+      static_cast<uint64_t>(last_step + eval_batches) * static_cast<uint64_t>(config.batch_tokens);
   // One token per byte, as read when the run started (the file may have changed since).
   const uint64_t have = file->bytes();
   if (needed + 1 > have)
-    throw UsageError(
-        "--eval-batches " + std::to_string(eval_batches) + " needs " + std::to_string(needed + 1) +
-        " bytes of --data (" + std::to_string(config.steps) + " training and " +
-        std::to_string(eval_batches) + " held-out batches of " +
-        std::to_string(config.batch_tokens) + " tokens, and the last target) but the file has " +
-        std::to_string(have) + "; use fewer --eval-batches or --steps");
+    throw UsageError("--eval-batches " + std::to_string(eval_batches) + " needs " +
+                     std::to_string(needed + 1) + " bytes of --data (" + std::to_string(last_step) +
+                     " training and " + std::to_string(eval_batches) + " held-out batches of " +
+                     std::to_string(config.batch_tokens) +
+                     " tokens, and the last target) but the file has " + std::to_string(have) +
+                     "; use fewer --eval-batches or --steps");
 }
 
 // A process started with CONVEYOR_TEST_PAUSE_AT=<point> in its environment stops for good at
@@ -207,12 +210,12 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
     std::printf("recompute %s (forward re-run in the backward)\n",
                 to_string(config.recompute).c_str());
   print_data_parallel(*trainer);
-  check_eval_fits(*trainer, config, f.eval_batches);
-  std::unique_ptr<TrainerCheckpointer> checkpointer = setup_checkpoints(f.checkpoint, *trainer);
-  const int64_t first_step = trainer->steps_done() + 1;
   const int64_t stop_after = f.checkpoint.stop_after;
   const bool stops_early = stop_after > 0 && stop_after < config.steps;
   const int64_t last_step_to_run = stops_early ? stop_after : config.steps;
+  check_eval_fits(*trainer, config, last_step_to_run, f.eval_batches);
+  std::unique_ptr<TrainerCheckpointer> checkpointer = setup_checkpoints(f.checkpoint, *trainer);
+  const int64_t first_step = trainer->steps_done() + 1;
   // A resumed run at or past its end: only the limit that ends it can be raised, and the
   // refusal is the one line printed.
   const char* const limit = stops_early ? "--stop-after" : "--steps";
