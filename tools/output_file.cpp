@@ -153,7 +153,7 @@ OutputFile::~OutputFile() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-void OutputFile::write(const std::string& text) {
+void OutputFile::write(std::string_view text) {
   if (fd_ < 0) throw std::logic_error("write to a closed " + flag_ + " file");
   size_t done = 0;
   while (done < text.size()) {
@@ -246,8 +246,14 @@ ReplacedFile::~ReplacedFile() {
   if (!temp_.empty()) ::unlink(temp_.c_str());
 }
 
-void ReplacedFile::commit(const std::string& text) {
-  out_.write(text);
+void ReplacedFile::commit(std::string_view text) {
+  append(text);
+  commit();
+}
+
+void ReplacedFile::append(std::string_view piece) { out_.write(piece); }
+
+void ReplacedFile::commit() {
   out_.close();
   if (temp_.empty()) return;  // written in place (a device or a FIFO)
   const std::string shown = quoted_file_name(path_);

@@ -3,6 +3,7 @@
 // with every write checked, so a full disk or a bad path fails loudly instead of "wrote ...".
 #include <filesystem>
 #include <string>
+#include <string_view>
 
 namespace conveyor::cli {
 
@@ -38,7 +39,7 @@ class OutputFile {
   const std::string& path() const { return path_; }
   // Writes all of `text` straight to the file (unbuffered: a line is on disk when this
   // returns). Throws std::runtime_error naming the file and the system's reason.
-  void write(const std::string& text);
+  void write(std::string_view text);
   // Closes the file, reporting a failed close as write() does.
   void close();
 
@@ -64,7 +65,11 @@ class ReplacedFile {
   const std::string& path() const { return path_; }
   // Writes `text` to the temporary, closes it and renames it over the file. Throws
   // std::runtime_error naming the file and the system's reason.
-  void commit(const std::string& text);
+  void commit(std::string_view text);
+  // The same for a text written piece by piece as it is made (a document too large to hold):
+  // append() writes a piece to the temporary, commit() puts the whole in place.
+  void append(std::string_view piece);
+  void commit();
 
  private:
   std::string path_, flag_, target_, temp_;

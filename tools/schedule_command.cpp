@@ -10,6 +10,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -131,7 +132,13 @@ class ScheduleOutput {
   }
   explicit operator bool() const { return file_.has_value(); }
   void write(const std::string& content) {
-    file_->commit(content);
+    append(content);
+    finish();
+  }
+  // A text too large to hold whole (a trace of a million actions), written as it is made.
+  void append(std::string_view piece) { file_->append(piece); }
+  void finish() {
+    file_->commit();
     std::printf("wrote %s\n", escaped_for_message(file_->path()).c_str());
   }
 
@@ -143,8 +150,10 @@ class ScheduleOutput {
 // validates and simulates in a few seconds and about 1 GB; the printed timeline draws the
 // first ranks only, and --svg has caps of its own.
 constexpr int64_t kMaxScheduleCells = int64_t{1} << 22;
-// --trace and --dump write every action: a Chrome trace takes about 100 bytes per action, so
-// past a million (stage, micro-batch) cells the file would run to gigabytes.
+// --trace and --dump write every action: a Chrome trace takes about 240 bytes per action (its
+// slice, and half an arrow per transfer), 1.5 GB for 1F1B at a million (stage, micro-batch)
+// cells; past that the file would run to many gigabytes. It is written as it is made, so
+// memory stays that of the schedule and its simulation.
 constexpr int64_t kMaxWrittenCells = int64_t{1} << 20;
 
 // Why p x m x `chunks` cells are not generated, or nothing when they are.
@@ -363,7 +372,11 @@ void run(const ScheduleOptions& o, const CLI::App& cmd) {
     if (sim.makespan * 30 <= 1600) svg.px_per_unit = 30;
     svg_file.write(sc::render_svg(schedule, sim, svg));
   }
-  if (trace) trace.write(sc::chrome_trace_json(schedule, sim));
+  if (trace) {
+    sc::write_chrome_trace(schedule, sim, /*us_per_unit=*/1000.0,
+                           [&](std::string_view piece) { trace.append(piece); });
+    trace.finish();
+  }
 }
 
 }  // namespace

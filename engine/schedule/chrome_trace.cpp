@@ -1,21 +1,122 @@
 #include "engine/schedule/chrome_trace.h"
 
-#include <map>
+#include <charconv>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <stdexcept>
-#include <tuple>
 
 namespace conveyor::schedule {
+namespace {
 
-std::string chrome_trace_json(const Schedule& schedule, const SimResult& sim, double us_per_unit) {
-  return chrome_trace_json(schedule, std::vector<SimResult>{sim}, us_per_unit);
+// The document's text: appended to one piece, handed to the sink once the piece has grown to
+// kTracePieceBytes at the end of an event, so that what is held stays one piece.
+class TraceText {
+ public:
+  explicit TraceText(const TraceSink& sink) : sink_(sink) {
+    text_.reserve(kTracePieceBytes + 1024);
+  }
+  TraceText& raw(std::string_view s) {
+    text_.append(s);
+    return *this;
+  }
+  TraceText& integer(int64_t v) {
+    char buf[24];
+    const auto end = std::to_chars(buf, buf + sizeof buf, v).ptr;
+    text_.append(buf, end);
+    return *this;
+  }
+  // The shortest text that reads back as the same double; JSON has no infinity or NaN.
+  TraceText& number(double v) {
+    if (!std::isfinite(v)) return raw("null");
+    char buf[32];
+    const auto end = std::to_chars(buf, buf + sizeof buf, v).ptr;
+    text_.append(buf, end);
+    return *this;
+  }
+  TraceText& string(std::string_view s) {
+    for (const char c : s)
+      if (static_cast<unsigned char>(c) >= 0x80) {
+        // Not plain ASCII (a loaded schedule's name): nlohmann writes valid UTF-8 as it is
+        // and replaces what is not valid with U+FFFD, so the document stays JSON.
+        text_ += nlohmann::json(std::string(s))
+                     .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+        return *this;
+      }
+    text_ += '"';
+    for (const char c : s) {
+      if (c == '"' || c == '\\') {
+        text_ += '\\';
+        text_ += c;
+      } else if (static_cast<unsigned char>(c) < 0x20) {
+        char buf[8];
+        std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(c));
+        text_ += buf;
+      } else {
+        text_ += c;
+      }
+    }
+    text_ += '"';
+    return *this;
+  }
+  // Starts an event of the traceEvents array: one a line.
+  TraceText& event() {
+    if (text_.size() >= kTracePieceBytes) flush();
+    raw(first_event_ ? "\n{" : ",\n{");
+    first_event_ = false;
+    return *this;
+  }
+  void flush() {
+    if (text_.empty()) return;
+    sink_(text_);
+    text_.clear();
+  }
+
+ private:
+  const TraceSink& sink_;
+  std::string text_;
+  bool first_event_ = true;
+};
+
+// What write_chrome_trace needs of the schedule and timelines, checked before anything is
+// written: a timeline for every action, and every message inside the schedule's stages and
+// micro-batches (which its flow id is made of).
+void check_trace_input(const Schedule& schedule, std::span<const SimResult> replicas) {
+  if (replicas.empty()) throw std::invalid_argument("a trace needs at least one timeline");
+  const size_t R = schedule.ranks.size();
+  for (size_t d = 0; d < replicas.size(); ++d) {
+    bool fits = replicas[d].timing.size() == R;
+    for (size_t r = 0; fits && r < R; ++r)
+      fits = replicas[d].timing[r].size() == schedule.ranks[r].size();
+    if (!fits)
+      throw std::invalid_argument("a trace needs a time for every action: timeline " +
+                                  std::to_string(d) + " does not have the schedule's shape");
+  }
+  const int S = schedule.num_stages(), M = schedule.num_microbatches;
+  for (const auto& list : schedule.ranks)
+    for (const Action& a : list) {
+      if (!is_transfer(a.kind)) continue;
+      const MessageKey k = message_key(a);
+      if (k.producer_stage < 0 || k.producer_stage >= S || k.microbatch < 0 || k.microbatch >= M)
+        throw std::invalid_argument("a trace needs a valid schedule: " + to_string(a) +
+                                    " carries a message outside its " + std::to_string(S) +
+                                    " stages and " + std::to_string(M) + " micro-batches");
+    }
 }
 
-std::string chrome_trace_json(const Schedule& schedule, const std::vector<SimResult>& replicas,
-                              double us_per_unit) {
-  using nlohmann::json;
-  if (replicas.empty()) throw std::invalid_argument("a trace needs at least one timeline");
-  json events = json::array();
+void write_trace(const Schedule& schedule, std::span<const SimResult> replicas, double us_per_unit,
+                 const TraceSink& sink) {
+  check_trace_input(schedule, replicas);
+  TraceText out(sink);
+  out.raw("{\"displayTimeUnit\": \"ms\", \"otherData\": {\"schedule\": ")
+      .string(schedule.name)
+      .raw(", \"makespan\": ")
+      .number(replicas[0].makespan)
+      .raw(", \"bubble\": ")
+      .number(replicas[0].bubble_fraction)
+      .raw("}, \"traceEvents\": [");
   constexpr int kCompute = 0, kSend = 1, kRecv = 2, kReduce = 3;
   const char* thread_names[] = {"compute", "send", "recv", "allreduce"};
   // The reduction stream is a thread of its own, named only where the schedule has one.
@@ -29,29 +130,42 @@ std::string chrome_trace_json(const Schedule& schedule, const std::vector<SimRes
                                            std::to_string(d) + ", pipeline rank " +
                                            std::to_string(r) + ")"
                                      : "rank " + std::to_string(r);
-      events.push_back(
-          {{"ph", "M"}, {"name", "process_name"}, {"pid", pid}, {"args", {{"name", name}}}});
-      events.push_back({{"ph", "M"},
-                        {"name", "process_sort_index"},
-                        {"pid", pid},
-                        {"args", {{"sort_index", pid}}}});
+      out.event()
+          .raw("\"ph\": \"M\", \"name\": \"process_name\", \"pid\": ")
+          .integer(pid)
+          .raw(", \"args\": {\"name\": ")
+          .string(name)
+          .raw("}}");
+      out.event()
+          .raw("\"ph\": \"M\", \"name\": \"process_sort_index\", \"pid\": ")
+          .integer(pid)
+          .raw(", \"args\": {\"sort_index\": ")
+          .integer(pid)
+          .raw("}}");
       if (D > 1)
-        events.push_back({{"ph", "M"},
-                          {"name", "process_labels"},
-                          {"pid", pid},
-                          {"args", {{"labels", "replica " + std::to_string(d)}}}});
+        out.event()
+            .raw("\"ph\": \"M\", \"name\": \"process_labels\", \"pid\": ")
+            .integer(pid)
+            .raw(", \"args\": {\"labels\": \"replica ")
+            .integer(d)
+            .raw("\"}}");
       for (int t = 0; t < threads; ++t)
-        events.push_back({{"ph", "M"},
-                          {"name", "thread_name"},
-                          {"pid", pid},
-                          {"tid", t},
-                          {"args", {{"name", thread_names[t]}}}});
+        out.event()
+            .raw("\"ph\": \"M\", \"name\": \"thread_name\", \"pid\": ")
+            .integer(pid)
+            .raw(", \"tid\": ")
+            .integer(t)
+            .raw(", \"args\": {\"name\": ")
+            .string(thread_names[t])
+            .raw("}}");
     }
-  // Flow ids: one per message (replica, gradient?, producing stage, micro-batch).
-  std::map<std::pair<int, MessageKey>, int> flow_id;
+  // Flow ids: one per message (replica, gradient?, producing stage, micro-batch), numbered
+  // from those four so that both ends find it with nothing remembered in between. At most
+  // replicas x 2 x stages x micro-batches, far inside the 2^53 a viewer reads exactly.
+  const int64_t S = schedule.num_stages(), M = schedule.num_microbatches;
   auto message_id = [&](int d, const Action& a) {
-    return flow_id.try_emplace({d, message_key(a)}, static_cast<int>(flow_id.size()) + 1)
-        .first->second;
+    const MessageKey k = message_key(a);
+    return 1 + ((int64_t{d} * 2 + (k.gradient ? 1 : 0)) * S + k.producer_stage) * M + k.microbatch;
   };
   for (int d = 0; d < D; ++d)
     for (int r = 0; r < R; ++r)
@@ -64,37 +178,71 @@ std::string chrome_trace_json(const Schedule& schedule, const std::vector<SimRes
                         : is_send(a.kind)   ? kSend
                                             : kRecv;
         const double ts = t.start * us_per_unit, dur = (t.end - t.start) * us_per_unit;
-        json ev = {{"ph", "X"},
-                   {"name", to_string(a)},
-                   {"cat", kind_name(a.kind)},
-                   {"pid", pid},
-                   {"tid", tid},
-                   {"ts", ts},
-                   {"dur", dur},
-                   {"args", {{"stage", a.stage}, {"microbatch", a.microbatch}, {"position", i}}}};
-        if (is_reduce(a.kind)) ev["args"].erase("microbatch");
-        if (is_transfer(a.kind)) ev["args"]["peer"] = d * R + a.peer;
-        events.push_back(ev);
+        out.event()
+            .raw("\"ph\": \"X\", \"name\": ")
+            .string(to_string(a))
+            .raw(", \"cat\": ")
+            .string(kind_name(a.kind))
+            .raw(", \"pid\": ")
+            .integer(pid)
+            .raw(", \"tid\": ")
+            .integer(tid)
+            .raw(", \"ts\": ")
+            .number(ts)
+            .raw(", \"dur\": ")
+            .number(dur)
+            .raw(", \"args\": {\"stage\": ")
+            .integer(a.stage);
+        if (!is_reduce(a.kind)) out.raw(", \"microbatch\": ").integer(a.microbatch);
+        out.raw(", \"position\": ").integer(static_cast<int64_t>(i));
+        if (is_transfer(a.kind)) out.raw(", \"peer\": ").integer(int64_t{d} * R + a.peer);
+        out.raw("}}");
         if (is_transfer(a.kind)) {
           const bool grad = a.kind == ActionKind::kSendGrad || a.kind == ActionKind::kRecvGrad;
-          json flow = {{"ph", is_send(a.kind) ? "s" : "f"},
-                       {"name", grad ? "grad" : "act"},
-                       {"cat", "transfer"},
-                       {"id", message_id(d, a)},
-                       {"pid", pid},
-                       {"tid", tid},
-                       {"ts", ts}};
-          if (!is_send(a.kind)) flow["bp"] = "e";
-          events.push_back(flow);
+          out.event()
+              .raw(is_send(a.kind) ? "\"ph\": \"s\"" : "\"ph\": \"f\", \"bp\": \"e\"")
+              .raw(grad ? ", \"name\": \"grad\"" : ", \"name\": \"act\"")
+              .raw(", \"cat\": \"transfer\", \"id\": ")
+              .integer(message_id(d, a))
+              .raw(", \"pid\": ")
+              .integer(pid)
+              .raw(", \"tid\": ")
+              .integer(tid)
+              .raw(", \"ts\": ")
+              .number(ts)
+              .raw("}");
         }
       }
-  json doc = {{"traceEvents", events},
-              {"displayTimeUnit", "ms"},
-              {"otherData",
-               {{"schedule", schedule.name},
-                {"makespan", replicas[0].makespan},
-                {"bubble", replicas[0].bubble_fraction}}}};
-  return doc.dump(1) + "\n";
+  out.raw("\n]}\n");
+  out.flush();
+}
+
+std::string trace_string(const Schedule& schedule, std::span<const SimResult> replicas,
+                         double us_per_unit) {
+  std::string doc;
+  write_trace(schedule, replicas, us_per_unit, [&](std::string_view piece) { doc += piece; });
+  return doc;
+}
+
+}  // namespace
+
+void write_chrome_trace(const Schedule& schedule, const SimResult& sim, double us_per_unit,
+                        const TraceSink& sink) {
+  write_trace(schedule, std::span<const SimResult>(&sim, 1), us_per_unit, sink);
+}
+
+void write_chrome_trace(const Schedule& schedule, const std::vector<SimResult>& replicas,
+                        double us_per_unit, const TraceSink& sink) {
+  write_trace(schedule, replicas, us_per_unit, sink);
+}
+
+std::string chrome_trace_json(const Schedule& schedule, const SimResult& sim, double us_per_unit) {
+  return trace_string(schedule, std::span<const SimResult>(&sim, 1), us_per_unit);
+}
+
+std::string chrome_trace_json(const Schedule& schedule, const std::vector<SimResult>& replicas,
+                              double us_per_unit) {
+  return trace_string(schedule, replicas, us_per_unit);
 }
 
 }  // namespace conveyor::schedule

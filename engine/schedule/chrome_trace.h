@@ -2,7 +2,14 @@
 // Chrome trace-event JSON of a simulated schedule (opens in Perfetto or chrome://tracing):
 // one process per rank with a compute, a send and a receive thread (and an all-reduce thread
 // with replicas), and a flow arrow from every send to its receive.
+//
+// The document is written as it is made, one event a line, so a trace of millions of actions
+// takes no more memory than a piece of it: write_chrome_trace hands the text to a sink in
+// pieces of about kTracePieceBytes.
+#include <cstddef>
+#include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "engine/schedule/schedule.h"
@@ -10,14 +17,27 @@
 
 namespace conveyor::schedule {
 
-// us_per_unit: microseconds drawn for one simulator time unit.
-std::string chrome_trace_json(const Schedule& schedule, const SimResult& sim,
-                              double us_per_unit = 1000.0);
+// Receives the document's text piece by piece, in order; what it throws ends the writing.
+using TraceSink = std::function<void(std::string_view piece)>;
+// The size a piece grows to before it is handed on (it ends with a whole event).
+inline constexpr size_t kTracePieceBytes = size_t{1} << 20;
+
+// us_per_unit: microseconds drawn for one simulator time unit. The schedule must be one the
+// simulator accepts (every transfer's stage and micro-batch inside the schedule); throws
+// std::invalid_argument otherwise.
+void write_chrome_trace(const Schedule& schedule, const SimResult& sim, double us_per_unit,
+                        const TraceSink& sink);
 
 // The timelines of several replicas of the schedule on one clock (a measured step of every
 // replica: summarize_replicas), replica d's pipeline rank r as process d * P + r, named by
 // its replica and pipeline rank, so that each replica's ranks read as a group. The document's
 // makespan and bubble are replica 0's.
+void write_chrome_trace(const Schedule& schedule, const std::vector<SimResult>& replicas,
+                        double us_per_unit, const TraceSink& sink);
+
+// The whole document as one string (small schedules, and tests).
+std::string chrome_trace_json(const Schedule& schedule, const SimResult& sim,
+                              double us_per_unit = 1000.0);
 std::string chrome_trace_json(const Schedule& schedule, const std::vector<SimResult>& replicas,
                               double us_per_unit = 1000.0);
 

@@ -1,0 +1,129 @@
+// The Chrome trace of a schedule: written piece by piece (memory of one piece, whatever the
+// action count), every action once with its time, and every flow arrow joining the two ends
+// of its message; a valid document also for names that need escaping.
+#include "engine/schedule/chrome_trace.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "engine/schedule/generators.h"
+#include "engine/schedule/measured_timing.h"
+#include "engine/schedule/schedule.h"
+#include "engine/schedule/simulator.h"
+
+namespace conveyor::schedule {
+namespace {
+
+// F, I, W and transfer costs drawn from `rng`, each in [0.25, 2).
+CostModel random_costs(std::mt19937& rng) {
+  std::uniform_real_distribution<double> cost(0.25, 2.0);
+  return CostModel::uniform(cost(rng), cost(rng), cost(rng), cost(rng));
+}
+
+TEST(ChromeTrace, IsHandedOnInPiecesOfBoundedSize) {
+  std::mt19937 rng(7);
+  const Schedule s = generate(ScheduleKind::k1F1B, 16, 512);  // 47,104 actions, ~11 MB
+  const SimResult sim = simulate(s, random_costs(rng));
+  std::string joined;
+  size_t pieces = 0, largest = 0;
+  write_chrome_trace(s, sim, 1000.0, [&](std::string_view piece) {
+    ++pieces;
+    largest = std::max(largest, piece.size());
+    joined += piece;
+  });
+  // A piece ends at the first event past kTracePieceBytes: no event is near 1 KiB.
+  EXPECT_LE(largest, kTracePieceBytes + 1024);
+  EXPECT_GE(pieces, joined.size() / (kTracePieceBytes + 1024));
+  EXPECT_GT(pieces, 5u);
+  EXPECT_EQ(joined, chrome_trace_json(s, sim));
+  EXPECT_TRUE(nlohmann::json::accept(joined));
+}
+
+TEST(ChromeTrace, HoldsEveryActionOnceAndJoinsEveryMessagesEnds) {
+  std::mt19937 rng(11);
+  for (const ScheduleKind kind : {ScheduleKind::k1F1B, ScheduleKind::kZBV}) {
+    const Schedule s = generate(kind, 3, 6, kind == ScheduleKind::kZBV ? 2 : 1, /*replicas=*/2);
+    CostModel costs = random_costs(rng);
+    costs.gradient_bytes = {3.0};
+    const SimResult sim = simulate(s, costs);
+    // Two replicas on one clock, the second later, as a measured step has them.
+    std::vector<std::vector<ActionTiming>> world = sim.timing;
+    for (const auto& rank : sim.timing) {
+      world.push_back(rank);
+      for (auto& t : world.back()) t.start += 5, t.end += 5;
+    }
+    const std::vector<SimResult> replicas = summarize_replicas(s, world);
+    const double us = 250.0;
+    const auto doc = nlohmann::json::parse(chrome_trace_json(s, replicas, us));
+    const int R = s.num_ranks();
+    std::map<std::pair<int, int>, int> seen;  // (pid, position) -> slices
+    std::map<int64_t, std::vector<nlohmann::json>> flows;
+    for (const auto& ev : doc["traceEvents"]) {
+      if (ev["ph"] == "s" || ev["ph"] == "f") flows[ev["id"].get<int64_t>()].push_back(ev);
+      if (ev["ph"] != "X") continue;
+      const int pid = ev["pid"], position = ev["args"]["position"];
+      ++seen[{pid, position}];
+      const int d = pid / R, r = pid % R;
+      ASSERT_LT(static_cast<size_t>(position), s.ranks[r].size());
+      const Action& a = s.ranks[r][position];
+      const ActionTiming& t = replicas[d].timing[r][position];
+      EXPECT_EQ(ev["name"], to_string(a));
+      EXPECT_DOUBLE_EQ(ev["ts"].get<double>(), t.start * us);
+      EXPECT_DOUBLE_EQ(ev["dur"].get<double>(), (t.end - t.start) * us);
+    }
+    size_t actions = 0, transfers = 0;
+    for (const auto& list : s.ranks)
+      for (const Action& a : list) ++actions, transfers += is_transfer(a.kind);
+    EXPECT_EQ(seen.size(), 2 * actions);
+    for (const auto& [at, n] : seen) EXPECT_EQ(n, 1) << "pid " << at.first << " @" << at.second;
+    // One arrow per message of each replica: from its send, at the send's start, to its
+    // receive on the peer, in the same replica.
+    EXPECT_EQ(flows.size(), transfers);  // 2 replicas x transfers / 2 ends
+    for (const auto& [id, ends] : flows) {
+      ASSERT_EQ(ends.size(), 2u) << "flow " << id;
+      const auto& send = ends[0]["ph"] == "s" ? ends[0] : ends[1];
+      const auto& recv = ends[0]["ph"] == "s" ? ends[1] : ends[0];
+      ASSERT_EQ(send["ph"], "s");
+      ASSERT_EQ(recv["ph"], "f");
+      const int sp = send["pid"], rp = recv["pid"];
+      EXPECT_EQ(sp / R, rp / R) << "flow " << id << " crosses replicas";
+      bool found = false;
+      for (size_t i = 0; i < s.ranks[sp % R].size() && !found; ++i) {
+        const Action& a = s.ranks[sp % R][i];
+        if (!is_send(a.kind) || a.peer != rp % R) continue;
+        found = replicas[sp / R].timing[sp % R][i].start * us == send["ts"].get<double>();
+      }
+      EXPECT_TRUE(found) << "flow " << id << " starts at no send to rank " << rp;
+    }
+  }
+}
+
+TEST(ChromeTrace, EscapesTheScheduleName) {
+  Schedule s = generate(ScheduleKind::kGPipe, 2, 2);
+  const SimResult sim = simulate(s, CostModel::uniform(1, 1, 1));
+  s.name = "a \"quoted\"\\ name\n\twith\x01 é and \xff";
+  const auto doc = nlohmann::json::parse(chrome_trace_json(s, sim));
+  // Valid UTF-8 read back as it was, the byte that is not replaced by U+FFFD.
+  EXPECT_EQ(doc["otherData"]["schedule"], "a \"quoted\"\\ name\n\twith\x01 é and \xef\xbf\xbd");
+}
+
+TEST(ChromeTrace, RefusesATimelineOfAnotherShapeBeforeWriting) {
+  const Schedule s = generate(ScheduleKind::k1F1B, 3, 4);
+  SimResult sim = simulate(s, CostModel::uniform(1, 1, 1));
+  sim.timing[2].pop_back();
+  size_t written = 0;
+  EXPECT_THROW(write_chrome_trace(s, sim, 1.0, [&](std::string_view p) { written += p.size(); }),
+               std::invalid_argument);
+  EXPECT_EQ(written, 0u);
+  EXPECT_THROW(chrome_trace_json(s, std::vector<SimResult>{}), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace conveyor::schedule
