@@ -42,6 +42,7 @@ struct ScheduleOptions {
   double reduce_bandwidth = 1;  // bytes per time unit of the all-reduce
   std::string svg, trace, dump, load;
   bool compare = false;
+  int timeline_columns = 160;  // the printed timeline is scaled to fit
 };
 
 struct Costs {
@@ -156,6 +157,9 @@ constexpr int64_t kMaxScheduleCells = int64_t{1} << 22;
 // memory stays that of the schedule and its simulation.
 constexpr int64_t kMaxWrittenCells = int64_t{1} << 20;
 
+// The widest timeline printed: 64 ranks of it are a few MB of text.
+constexpr int kMaxTimelineColumns = 65536;
+
 // Why p x m x `chunks` cells are not generated, or nothing when they are.
 std::string past_the_cells_generated(int p, int m, int chunks) {
   const int64_t cells = int64_t{p} * m * chunks;
@@ -267,7 +271,8 @@ void run(const ScheduleOptions& o, const CLI::App& cmd) {
   const Costs costs = parse_costs(o.costs);
   if (o.compare) {
     // The table covers every kind and writes nothing: a flag for one schedule would be ignored.
-    for (const char* flag : {"--kind", "--load", "--svg", "--trace", "--dump"})
+    for (const char* flag :
+         {"--kind", "--load", "--svg", "--trace", "--dump", "--timeline-columns"})
       if (cmd.count(flag))
         throw UsageError(std::string("--compare prints a table of every schedule kind and writes "
                                      "no file; ") +
@@ -333,7 +338,12 @@ void run(const ScheduleOptions& o, const CLI::App& cmd) {
         "stream of their own (rows 'ar')\n\n",
         schedule.replicas, fmt(o.grad_bytes).c_str(), rate.c_str());
   }
-  std::printf("%s\n", sc::format_timeline(schedule, sim).c_str());
+  std::printf("%s", sc::format_timeline(schedule, sim, o.timeline_columns).c_str());
+  // A scaled picture hides the actions that share a cell: say how to see every one.
+  if (const int64_t unscaled = sc::timeline_columns_unscaled(schedule, sim);
+      unscaled > o.timeline_columns && unscaled <= kMaxTimelineColumns)
+    std::printf("(--timeline-columns %lld draws it unscaled)\n", static_cast<long long>(unscaled));
+  std::printf("\n");
   std::printf("makespan: %s\n", fmt(sim.makespan).c_str());
   // The closed forms are for one pipeline; the all-reduces at the end add to its makespan.
   const std::string form = schedule.replicas > 1 ? "" : closed_form(schedule.name, p, m, v, costs);
@@ -421,6 +431,10 @@ void register_schedule_command(CLI::App& app) {
                 "Read a schedule from FILE (text or CSV, a regular file of at most 64 MiB) "
                 "instead of generating one")
       ->type_name("FILE");
+  add_int_flag(cmd, "--timeline-columns", opts->timeline_columns, 1, kMaxTimelineColumns,
+               "Columns of the printed timeline: a wider one is scaled, several time units a "
+               "cell, and a cell where several actions start shows the first, marked +")
+      ->capture_default_str();
   cmd->add_flag("--compare", opts->compare,
                 "Print a table of all schedules for these p, m and costs (default off)");
   cmd->footer(std::string("Example: conveyor schedule --kind zbh1 -p 4 -m 8 --svg zbh1.svg\n") +

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <limits>
 
 namespace conveyor::schedule {
 namespace {
@@ -95,64 +97,103 @@ std::string format_step_grid(const Schedule& schedule, const std::vector<GridMar
   return step_grid(schedule, marks, marks[0].rank, marks[0].index, max_columns, max_rows);
 }
 
-std::string format_timeline(const Schedule& schedule, const SimResult& sim, int max_columns,
-                            int max_rows) {
-  const size_t all_ranks = schedule.ranks.size();
-  const size_t ranks =
-      max_rows > 0 ? std::min(all_ranks, static_cast<size_t>(max_rows)) : all_ranks;
+namespace {
+
+// The timeline's time unit: the shortest compute action (0 when there is none).
+double shortest_compute(const Schedule& schedule, const SimResult& sim) {
   double unit = 0;
   for (size_t r = 0; r < schedule.ranks.size(); ++r)
     for (size_t i = 0; i < schedule.ranks[r].size(); ++i) {
       const double d = sim.timing[r][i].end - sim.timing[r][i].start;
       if (is_compute(schedule.ranks[r][i].kind) && d > 0 && (unit == 0 || d < unit)) unit = d;
     }
+  return unit;
+}
+
+// Columns of `cell` time units that cover the makespan.
+double columns_of(double makespan, double cell) { return std::ceil(makespan / cell - 1e-9); }
+
+std::string number_text(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
+}  // namespace
+
+int64_t timeline_columns_unscaled(const Schedule& schedule, const SimResult& sim) {
+  const double unit = shortest_compute(schedule, sim);
+  if (unit == 0 || sim.makespan <= 0) return 0;
+  const double columns = columns_of(sim.makespan, unit);
+  return columns < 9e18 ? static_cast<int64_t>(columns) : std::numeric_limits<int64_t>::max();
+}
+
+std::string format_timeline(const Schedule& schedule, const SimResult& sim, int max_columns,
+                            int max_rows) {
+  const size_t all_ranks = schedule.ranks.size();
+  const size_t ranks =
+      max_rows > 0 ? std::min(all_ranks, static_cast<size_t>(max_rows)) : all_ranks;
+  const double unit = shortest_compute(schedule, sim);
   if (unit == 0 || sim.makespan <= 0) return "(empty timeline)\n";
-  if (sim.makespan / unit > max_columns) unit = sim.makespan / max_columns;
-  const int columns = static_cast<int>(std::ceil(sim.makespan / unit - 1e-9));
-  std::vector<std::vector<std::string>> grid(ranks, std::vector<std::string>(columns, "."));
-  size_t width = 1;
-  for (size_t r = 0; r < ranks; ++r)
+  // A whole number of units per cell, so that cells line up with the actions of a schedule
+  // whose times are multiples of the unit.
+  const double unscaled = columns_of(sim.makespan, unit);
+  max_columns = std::max(max_columns, 1);
+  const double scale = unscaled > max_columns ? std::ceil(unscaled / max_columns) : 1;
+  const double cell = unit * scale;
+  const int columns = static_cast<int>(columns_of(sim.makespan, cell));
+  // Rank r's row of compute actions, or of all-reduces (`reduce`): each cell shows the first
+  // action that starts in it, followed by '+' when others start there too (their labels have
+  // no room: only a scaled picture has such cells, or actions that take no time), `filler`
+  // where an action that started earlier runs on, and `empty` where none runs.
+  auto row_cells = [&](size_t r, bool reduce) {
+    const char filler = reduce ? '=' : '~';
+    std::vector<std::string> cells(columns, reduce ? " " : ".");
+    std::vector<int> starts(columns, 0);
+    std::vector<double> first_start(columns, 0);
     for (size_t i = 0; i < schedule.ranks[r].size(); ++i) {
       const Action& a = schedule.ranks[r][i];
-      if (!is_compute(a.kind)) continue;
+      if (reduce ? !is_reduce(a.kind) : !is_compute(a.kind)) continue;
       const auto& t = sim.timing[r][i];
       const int c0 =
-          std::clamp(static_cast<int>(std::floor(t.start / unit + 1e-9)), 0, columns - 1);
-      const int c1 = std::clamp(static_cast<int>(std::ceil(t.end / unit - 1e-9)), c0 + 1, columns);
-      const std::string label = compute_label(schedule, a);
-      width = std::max(width, label.size());
-      grid[r][c0] = label;
-      for (int c = c0 + 1; c < c1; ++c) grid[r][c].assign(1, '~');
-    }
-  // The gradient all-reduces run on a stream of their own: a row under each rank's.
-  std::vector<std::vector<std::string>> reduce_grid;
-  if (schedule.replicas > 1) {
-    reduce_grid.assign(ranks, std::vector<std::string>(columns, " "));
-    for (size_t r = 0; r < ranks; ++r)
-      for (size_t i = 0; i < schedule.ranks[r].size(); ++i) {
-        const Action& a = schedule.ranks[r][i];
-        if (!is_reduce(a.kind)) continue;
-        const auto& t = sim.timing[r][i];
-        const int c0 =
-            std::clamp(static_cast<int>(std::floor(t.start / unit + 1e-9)), 0, columns - 1);
-        const int c1 =
-            std::clamp(static_cast<int>(std::ceil(t.end / unit - 1e-9)), c0 + 1, columns);
-        const std::string label = to_string(a);
-        width = std::max(width, label.size());
-        reduce_grid[r][c0] = label;
-        for (int c = c0 + 1; c < c1; ++c) reduce_grid[r][c].assign(1, '=');
+          std::clamp(static_cast<int>(std::floor(t.start / cell + 1e-9)), 0, columns - 1);
+      const int c1 = std::clamp(static_cast<int>(std::ceil(t.end / cell - 1e-9)), c0 + 1, columns);
+      if (starts[c0]++ == 0 || t.start < first_start[c0]) {
+        cells[c0] = reduce ? to_string(a) : compute_label(schedule, a);
+        first_start[c0] = t.start;
       }
-  }
+      for (int c = c0 + 1; c < c1; ++c)
+        if (starts[c] == 0) cells[c].assign(1, filler);
+    }
+    for (int c = 0; c < columns; ++c)
+      if (starts[c] > 1) cells[c] += '+';
+    return cells;
+  };
+  // The gradient all-reduces run on a stream of their own: a row under each rank's. The rows
+  // are made twice, for the cell width and to print, so that a wide picture is never held
+  // whole.
+  const bool reduce_rows = schedule.replicas > 1;
+  size_t width = 1;
+  for (size_t r = 0; r < ranks; ++r)
+    for (const bool reduce : {false, true})
+      if (!reduce || reduce_rows)
+        for (const std::string& c : row_cells(r, reduce)) width = std::max(width, c.size());
   std::string out;
+  if (scale > 1)
+    out += "(one cell = " + number_text(cell) + " time units, " + number_text(scale) +
+           " x the shortest compute action, to fit " + std::to_string(max_columns) +
+           " columns (unscaled: " + number_text(unscaled) +
+           "); a cell shows the first action that starts in it, with + when others start there "
+           "too)\n";
   auto put_row = [&](const std::string& head, const std::vector<std::string>& cells) {
     out += pad(head, 6);
     for (const auto& c : cells) out += pad(c, width) + " ";
     while (!out.empty() && out.back() == ' ') out.pop_back();
     out += "\n";
   };
-  for (size_t r = 0; r < grid.size(); ++r) {
-    put_row(rank_head(r), grid[r]);
-    if (!reduce_grid.empty()) put_row("  ar:", reduce_grid[r]);
+  for (size_t r = 0; r < ranks; ++r) {
+    put_row(rank_head(r), row_cells(r, false));
+    if (reduce_rows) put_row("  ar:", row_cells(r, true));
   }
   if (ranks < all_ranks)
     out += "(ranks " + std::to_string(ranks) + ".." + std::to_string(all_ranks - 1) +

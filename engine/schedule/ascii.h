@@ -1,6 +1,7 @@
 #pragma once
 // Text pictures of a schedule: the rank x step grid (list positions) that validation errors
 // show, and the rank x time timeline that `conveyor schedule` prints.
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -28,12 +29,18 @@ struct GridMark {
 std::string format_step_grid(const Schedule& schedule, const std::vector<GridMark>& marks,
                              int max_columns = 16, int max_rows = 16);
 
-// One row per rank, one column per time unit (the shortest compute action, widened so at most
-// max_columns columns); compute actions only, labelled kind + micro-batch (kind + stage.mb
-// with several chunks per rank), continuation cells '~', idle '.'. At most max_rows ranks are
-// drawn (0: all), the first ones, and a last line says how many were left out.
+// One row per rank, one column per time unit (the shortest compute action); compute actions
+// only, labelled kind + micro-batch (kind + stage.mb with several chunks per rank) in the cell
+// where they start, continuation cells '~', idle '.'. A picture wider than max_columns (at
+// least 1) is scaled: one cell is a whole number of units, a first line says how many, and a
+// cell where several actions start shows the first of them followed by '+', so that no action
+// is drawn in a cell it does not start in. At most max_rows ranks are drawn (0: all), the
+// first ones, and a last line says how many were left out.
 std::string format_timeline(const Schedule& schedule, const SimResult& sim, int max_columns = 160,
                             int max_rows = 64);
+
+// The columns format_timeline needs at one cell per unit (0 for an empty timeline).
+int64_t timeline_columns_unscaled(const Schedule& schedule, const SimResult& sim);
 
 // "F3" or "F5.3": a compute action's label in pictures.
 std::string compute_label(const Schedule& schedule, const Action& action);
