@@ -282,12 +282,13 @@ void apply_planning(const TrainFlags& f, const CLI::App& cmd, const MpiSession& 
     const bool whole =
         constraints.schedule && constraints.microbatches &&
         (constraints.chunks || *constraints.schedule != schedule::ScheduleKind::kInterleaved);
-    if (whole) {
-      try {
-        make_schedule(config);
-      } catch (const schedule::ScheduleError& e) {
-        throw UsageError(e.what());
-      }
+    try {
+      if (whole) make_schedule(config);
+      // A chunk count the kind never takes is refused whatever the micro-batches.
+      if (constraints.schedule && constraints.chunks)
+        schedule::check_chunks(*constraints.schedule, *constraints.chunks);
+    } catch (const schedule::ScheduleError& e) {
+      throw UsageError(e.what());
     }
     const PlannedRun run = plan_training(share, device, 3, !f.quiet, constraints);
     const PlanCandidate& best = best_pipeline(run);

@@ -71,8 +71,7 @@ Schedule generate(ScheduleKind kind, int p, int m, int v, int replicas) {
   return s;
 }
 
-namespace {
-Schedule generate_pipeline(ScheduleKind kind, int p, int m, int v) {
+void check_chunks(ScheduleKind kind, int v) {
   if (kind == ScheduleKind::kZBV && v != 1 && v != 2)
     throw ScheduleError("zbv always has 2 chunks per rank in a V; --chunks " + std::to_string(v) +
                         " does not apply (leave it out or use 2)");
@@ -80,6 +79,11 @@ Schedule generate_pipeline(ScheduleKind kind, int p, int m, int v) {
     throw ScheduleError(std::string(schedule_kind_name(kind)) +
                         " has one chunk per rank; --chunks " + std::to_string(v) +
                         " is only for 'interleaved' (use chunks=1)");
+}
+
+namespace {
+Schedule generate_pipeline(ScheduleKind kind, int p, int m, int v) {
+  check_chunks(kind, v);
   switch (kind) {
     case ScheduleKind::kGPipe:
       return generate_gpipe(p, m);
