@@ -1,7 +1,9 @@
 // `conveyor ckpt`: look into checkpoints.
 //   inspect PATH   the manifest in brief and a table of the tensors (--json: all of it)
-//   verify PATH    checks every file and recomputes every checksum: exit 0 when all match,
-//                  1 naming the first bad tensor or file, 2 for usage errors
+//   verify PATH    checks every file and recomputes every checksum, and a training run's
+//                  manifest as a resume would before it compares it with the run: exit 0
+//                  when all pass, 1 naming the first bad tensor, file or field, 2 for usage
+//                  errors
 //   demo DIR       (hidden) writes a checkpoint of random tensors, for tests and trials
 // PATH is a checkpoint folder DIR (its `latest`), DIR/latest or DIR/step_<N>.
 #include <algorithm>
@@ -214,12 +216,33 @@ void run_verify(const CkptFlags& flags) {
   // Opening checks every file and recomputes every checksum; any mismatch throws, naming the
   // tensor and the file, and ends the command with status 1.
   const Checkpoint ckpt = open_for_command(flags.path);
+  const CheckpointManifest& m = ckpt.manifest();
+  // A training run's checkpoint is also held to what resuming it needs of the manifest alone,
+  // so that verify passes no manifest that train --resume refuses before it looks at the run.
+  const bool trainer = is_trainer_manifest(m);
+  if (trainer)
+    check_trainer_manifest(m, checkpoint_io::shown_path(ckpt.directory() / "manifest.json"));
   uint64_t bytes = 0;
-  for (const ShardEntry& e : ckpt.manifest().shards) bytes += e.bytes;
-  std::printf("ok: %s, step %" PRId64 ": %zu tensors in %zu shards (%" PRIu64
-              " bytes), every checksum matches\n",
+  for (const ShardEntry& e : m.shards) bytes += e.bytes;
+  // The shards' checksums are always there; the manifest's own two were added later, and a
+  // manifest without them was checked by its rules alone.
+  std::vector<std::string> absent;
+  if (!m.state_checksum) absent.push_back("state_xxh3_64");
+  if (!m.manifest_checksum) absent.push_back("manifest_xxh3_64");
+  std::string checked;
+  if (absent.empty()) {
+    checked = "every checksum matches (tensors, shard files, training state, manifest)";
+  } else {
+    checked = "every tensor's and shard file's checksum matches; the manifest has no ";
+    for (size_t i = 0; i < absent.size(); ++i) checked += (i ? " or " : "") + absent[i];
+    checked +=
+        " (written before they were recorded), so its fields were checked against the "
+        "format's rules and the shards only";
+  }
+  if (trainer) checked += "; a training run's checkpoint, with the rng.batch_tokens a resume needs";
+  std::printf("ok: %s, step %" PRId64 ": %zu tensors in %zu shards (%" PRIu64 " bytes), %s\n",
               escaped_for_message(ckpt.directory().native()).c_str(), ckpt.step(),
-              ckpt.tensors().size(), ckpt.manifest().shards.size(), bytes);
+              ckpt.tensors().size(), m.shards.size(), bytes, checked.c_str());
 }
 
 // A tensor of random values on the CPU.
@@ -318,7 +341,9 @@ void register_ckpt_command(CLI::App& app) {
   inspect->callback([flags] { run_inspect(*flags); });
 
   CLI::App* verify = ckpt->add_subcommand(
-      "verify", "Check every file and checksum: exit 0 if all match, 1 naming the first bad one");
+      "verify",
+      "Check every file and checksum, and a training run's manifest as a resume does: exit 0 if "
+      "all pass, 1 naming the first bad one");
   add_path_flag(verify, "path", flags->path, "DIR, DIR/latest or DIR/step_<N>",
                 "a checkpoint path (DIR, DIR/latest or DIR/step_<N>)")
       ->required();

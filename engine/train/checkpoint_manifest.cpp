@@ -191,6 +191,18 @@ void check_stage_units(const TrainingState& s, const std::string& file) {
                           " (the stages cut all of the model's units)");
 }
 
+// The recorded token is one of the model's when its description gives a vocab (a model that
+// does not say has none, or 0).
+void check_token_vocab(const TrainingState& s, const std::string& file) {
+  if (!s.data.token || !s.model.contains("vocab")) return;
+  const json& vocab = s.model["vocab"];
+  if (!vocab.is_number_unsigned() || vocab.get<uint64_t>() < 1) return;
+  if (static_cast<uint64_t>(*s.data.token) >= vocab.get<uint64_t>())
+    throw CheckpointError(file + ": manifest.data.token is " + std::to_string(*s.data.token) +
+                          ", expected a token id below manifest.model.vocab " + vocab.dump() +
+                          " (the next input of the model the checkpoint holds)");
+}
+
 }  // namespace
 
 void check_shard_file_name(const std::string& name, const std::string& file) {
@@ -221,6 +233,23 @@ json training_state_sections(const TrainingState& s) {
 }
 
 }  // namespace
+
+bool is_trainer_manifest(const CheckpointManifest& m) {
+  const json& model = m.state.model;
+  return model.is_object() && model.contains("name") && model.contains("num_units") &&
+         model.contains("vocab") && model.contains("unit_parameters");
+}
+
+void check_trainer_manifest(const CheckpointManifest& m, const std::string& file) {
+  // The library lets a caller keep any rng; a trainer always writes its batch size there,
+  // and a resume without it could not tell that another batch size starts elsewhere.
+  const json& rng = m.state.rng;
+  if (!rng.is_object() || !rng.contains("batch_tokens"))
+    throw CheckpointError(file + ": manifest.rng is " + excerpt(rng) +
+                          ", expected the {\"seed\", \"batch_tokens\"} a training run saves: "
+                          "without batch_tokens a resume cannot check that this run draws as "
+                          "many tokens per step as the saved one");
+}
 
 uint64_t training_state_checksum(const CheckpointManifest& m) {
   // dump() without indent writes no spaces and, an object being a sorted map, sorted keys.
@@ -469,6 +498,7 @@ CheckpointManifest parse_manifest(std::string_view text, const std::string& file
                           " per rank (the range of train's --chunks)");
   check_stages(s.stages, ranks, file);
   check_stage_units(s, file);
+  check_token_vocab(s, file);
   return m;
 }
 

@@ -82,7 +82,8 @@ struct CheckpointManifest {
 
 nlohmann::json manifest_to_json(const CheckpointManifest& manifest);
 // Parses the text of `file` and checks every field: types, ranges, the stage map against the
-// shards, the format version. Throws CheckpointError naming the file and the field.
+// shards and model.num_units, data.token against model.vocab, the format version. Throws
+// CheckpointError naming the file and the field.
 CheckpointManifest parse_manifest(std::string_view text, const std::string& file);
 // Throws CheckpointError naming the file and the field unless the counters agree with the
 // step: optimizer.steps_taken and lr_schedule.step at most step (and lr_schedule.step at most
@@ -90,6 +91,15 @@ CheckpointManifest parse_manifest(std::string_view text, const std::string& file
 // step draws), steps_taken and lr_schedule.step equal to step and data.position equal to
 // step x batch_tokens. open_checkpoint checks this after the folder's step.
 void check_manifest_counters(const CheckpointManifest& manifest, const std::string& file);
+// Whether the manifest's model is described as a Trainer describes its model (an object with
+// name, num_units, vocab and unit_parameters): the checkpoint of a training run, which
+// check_trainer_manifest applies to.
+bool is_trainer_manifest(const CheckpointManifest& manifest);
+// Throws CheckpointError naming the file and the field unless the manifest has what resuming a
+// Trainer needs of it before it compares anything with the run: an rng object with the
+// batch_tokens every step draws. resume_trainer checks this, and so does `ckpt verify` on a
+// trainer's manifest, with the same sentence.
+void check_trainer_manifest(const CheckpointManifest& manifest, const std::string& file);
 // XXH3-64 of the compact JSON of the manifest's step, optimizer, lr_schedule, data and rng
 // (docs/checkpoint-format.md spells out the bytes).
 uint64_t training_state_checksum(const CheckpointManifest& manifest);

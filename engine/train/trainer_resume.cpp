@@ -71,17 +71,8 @@ void check_resumable(Trainer& trainer, const Checkpoint& checkpoint) {
     throw CheckpointError(manifest + ": manifest.data.token is " +
                           std::to_string(*saved.data.token) + " but " + saved.data.source +
                           " has tokens in [0, " + std::to_string(trainer.source().vocab()) + ")");
-  // The library lets a caller keep any rng; a trainer always writes its batch size there,
-  // and a resume without it could not tell that another batch size starts elsewhere.
+  check_trainer_manifest(checkpoint.manifest(), manifest);
   const nlohmann::json& rng = saved.rng;
-  if (!rng.is_object() || !rng.contains("batch_tokens")) {
-    std::string seen = rng.dump();
-    if (seen.size() > 80) seen = seen.substr(0, 80) + "...";
-    throw CheckpointError(manifest + ": manifest.rng is " + seen +
-                          ", expected the {\"seed\", \"batch_tokens\"} a training run saves: "
-                          "without batch_tokens a resume cannot check that this run draws as "
-                          "many tokens per step as the saved one");
-  }
   if (rng["batch_tokens"] != trainer.config().batch_tokens)
     throw CheckpointError(manifest + " was saved by a run of " + rng["batch_tokens"].dump() +
                           " tokens per step, which fixes where each step's data starts, but "

@@ -67,6 +67,23 @@ killed_in_save() {
   [ "$(cat "$dir/latest")" = "step_6" ] || fail "latest is '$(cat "$dir/latest")', expected step_6"
 }
 
+manifest=$dir/step_2/manifest.json
+# refused EDIT PATTERN: $work/manifest.json with EDIT (python on m) in place of the manifest
+# of step 2 is refused by the resume (exit 2) and by ckpt verify (exit 1), each saying PATTERN.
+refused() {
+  python3 -c "import json,sys; m=json.load(open(sys.argv[1])); $1; json.dump(m, open(sys.argv[2], 'w'))" \
+    "$work/manifest.json" "$manifest" || fail "cannot edit the manifest"
+  local command output status want
+  for command in "train ${common[*]} ${model[*]} --resume $dir" "ckpt verify $dir"; do
+    output=$(timeout 60 "$conveyor" $command 2>&1)
+    status=$?
+    echo "$output"
+    case $command in train*) want=2 ;; *) want=1 ;; esac
+    [ "$status" -eq "$want" ] || fail "$1: '$command' exited with $status, expected $want"
+    grep -qF -- "$2" <<<"$output" || fail "$1: '$command' does not say '$2'"
+  done
+}
+
 case $case_name in
   exact_p4)
     second=(--stages 4)
@@ -153,20 +170,7 @@ case $case_name in
     # A manifest edited out of agreement with itself is refused at once (exit 2, naming the
     # file and field), never replayed or loaded: a data position of 2^64-1 would take ages.
     run --stop-after 2 --save-dir "$dir"
-    manifest=$dir/step_2/manifest.json
     cp "$manifest" "$work/manifest.json"
-    refused() {  # refused EDIT PATTERN: the manifest with EDIT (python on m) is refused
-      python3 -c "import json,sys; m=json.load(open(sys.argv[1])); $1; json.dump(m, open(sys.argv[2], 'w'))" \
-        "$work/manifest.json" "$manifest" || fail "cannot edit the manifest"
-      for command in "train ${common[*]} ${model[*]} --resume $dir" "ckpt verify $dir"; do
-        output=$(timeout 60 "$conveyor" $command 2>&1)
-        status=$?
-        echo "$output"
-        case $command in train*) want=2 ;; *) want=1 ;; esac
-        [ "$status" -eq "$want" ] || fail "$1: '$command' exited with $status, expected $want"
-        grep -qF -- "$2" <<<"$output" || fail "$1: '$command' does not say '$2'"
-      done
-    }
     refused "m['data']['position'] = 2**64 - 1" "manifest.json': manifest.data.position is 18446744073709551615, expected step x rng.batch_tokens = 2 x 512 = 1024"
     refused "m['stages'][0]['units'][1] += 3" "manifest.stages end at unit"
     refused "m['optimizer']['steps_taken'] = 10**15" "manifest.optimizer.steps_taken is 1000000000000000"
@@ -184,6 +188,26 @@ case $case_name in
     echo "$output"
     grep -q "the model description does not match its fingerprint manifest.model_fingerprint (xxh3_64:0000000000000000; the description's is xxh3_64:[0-9a-f]\{16\}): the file was edited or corrupted" <<<"$output" ||
       fail "the refusal of an edited fingerprint does not name both"
+    ;;
+  manifest_without_checksums)
+    # A manifest of before state_xxh3_64 and manifest_xxh3_64 were recorded: verify says that
+    # it checked the shards' checksums and the manifest's rules, not that every checksum
+    # matches, and refuses what a resume refuses of the manifest with the same sentence.
+    run --stop-after 2 --save-dir "$dir"
+    python3 -c "import json,sys; m=json.load(open(sys.argv[1])); del m['state_xxh3_64'], m['manifest_xxh3_64']; json.dump(m, open(sys.argv[1], 'w'))" \
+      "$manifest" || fail "cannot edit the manifest"
+    cp "$manifest" "$work/manifest.json"
+    output=$("$conveyor" ckpt verify "$dir" 2>&1) || fail "verify refused the old manifest: $output"
+    echo "$output"
+    grep -q "^ok: .*step_2, step 2: .* every tensor's and shard file's checksum matches; the manifest has no state_xxh3_64 or manifest_xxh3_64 (written before they were recorded), so its fields were checked against the format's rules and the shards only" \
+      <<<"$output" || fail "verify does not say what it checked"
+    ! grep -q "every checksum matches" <<<"$output" || fail "verify claims checksums the manifest lacks"
+    refused "m['data']['token'] = 9999" "manifest.json': manifest.data.token is 9999, expected a token id below manifest.model.vocab 32"
+    refused "m['rng'] = 'x'" "manifest.json': manifest.rng is \"x\", expected the {\"seed\", \"batch_tokens\"} a training run saves"
+    refused "m['rng'] = {'seed': 1}" "manifest.rng is {\"seed\":1}, expected"
+    cp "$work/manifest.json" "$manifest"
+    run --resume "$dir" --log-json "$work/rest.json"
+    [ "$(wc -l <"$work/rest.json")" -eq 4 ] || fail "expected steps 3 to 6 after step 2"
     ;;
   stop_after_past_steps)
     # Resumed with a --stop-after past --steps, the run says so and trains to --steps; resumed

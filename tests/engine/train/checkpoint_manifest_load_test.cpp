@@ -57,6 +57,9 @@ TEST_F(CheckpointLoad, ManifestFieldsAreChecked) {
       {"/data/token", "13", "manifest.data.token is \"13\""},
       {"/data/token", int64_t{1} << 31, "manifest.data.token is 2147483648, which is too large"},
       {"/data/extra", 1, "manifest.data has an unknown field 'extra'"},
+      // The demo's token is 13: one a model of 13 tokens does not have.
+      {"/model/vocab", 13,
+       "manifest.data.token is 13, expected a token id below manifest.model.vocab 13"},
       {"/shards/1/rank", 0, "manifest.shards[1].rank is 0, expected 1"},
       {"/shards/1/file", "../rank_1.safetensors", "not a plain file name"},
       {"/shards/1/file", "rank_0.safetensors", "which another shard also names"},
