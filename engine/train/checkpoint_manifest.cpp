@@ -203,6 +203,15 @@ void check_token_vocab(const TrainingState& s, const std::string& file) {
                           " (the next input of the model the checkpoint holds)");
 }
 
+// "xxh3_64:" and 16 lowercase hex digits, as TokenSource::contents_digest() writes it.
+bool is_contents_digest(const std::string& text) {
+  const std::string prefix = "xxh3_64:";
+  if (text.size() != prefix.size() + 16 || !text.starts_with(prefix)) return false;
+  for (size_t i = prefix.size(); i < text.size(); ++i)
+    if (!((text[i] >= '0' && text[i] <= '9') || (text[i] >= 'a' && text[i] <= 'f'))) return false;
+  return true;
+}
+
 }  // namespace
 
 void check_shard_file_name(const std::string& name, const std::string& file) {
@@ -224,6 +233,7 @@ namespace {
 json training_state_sections(const TrainingState& s) {
   json data = {{"source", s.data.source}, {"position", s.data.position}};
   if (s.data.token) data["token"] = *s.data.token;
+  if (s.data.contents) data["contents"] = *s.data.contents;
   return {
       {"step", s.step},
       {"optimizer", optimizer_to_json(s.optimizer, s.optimizer_steps)},
@@ -409,16 +419,26 @@ CheckpointManifest parse_manifest(std::string_view text, const std::string& file
   s.lr_schedule.step = lr.integer("step", 0);
   s.lr_schedule.total_steps = lr.integer("total_steps", 0);
 
-  // "token" is optional: checkpoints written before it was recorded resume by replay.
-  json data_fields = f.object("data");
+  // "token" and "contents" are optional: checkpoints written before they were recorded have
+  // neither (and resume by replay, and by comparing `source`), sources without them too.
+  const json& data_object = f.object("data");
+  json data_fields = data_object;
   data_fields.erase("token");
+  data_fields.erase("contents");
   const Fields data(data_fields, "manifest.data", file, {"source", "position"});
   s.data.source = data.string("source");
   s.data.position = data.unsigned_integer("position");
-  if (f.object("data").contains("token")) {
-    const Fields with_token(f.object("data"), "manifest.data", file,
-                            {"source", "position", "token"});
-    s.data.token = with_token.small_integer("token", 0);
+  if (data_object.contains("token")) {
+    const json token = {{"token", data_object["token"]}};  // named: Fields keeps a reference
+    s.data.token = Fields(token, "manifest.data", file, {"token"}).small_integer("token", 0);
+  }
+  if (data_object.contains("contents")) {
+    const json& contents = data_object["contents"];
+    if (!contents.is_string() || !is_contents_digest(contents.get<std::string>()))
+      throw CheckpointError(file + ": manifest.data.contents is " + excerpt(contents) +
+                            ", expected \"xxh3_64:\" and 16 lowercase hex digits (the digest of "
+                            "the data's bytes)");
+    s.data.contents = contents.get<std::string>();
   }
 
   const json& shards = f.array("shards");

@@ -28,13 +28,18 @@ struct LrSchedulePosition {
   int64_t total_steps = 0;
 };
 
-// Where the token source stands (TokenSource::describe(), position() and current_token()).
+// Where the token source stands (TokenSource::describe(), position(), current_token() and
+// contents_digest()).
 struct DataPosition {
   std::string source;
   uint64_t position = 0;
   // The token at `position`: restores a Markov source at once instead of replaying it.
   // Absent from checkpoints written before it was recorded, and for sources without one.
   std::optional<int32_t> token;
+  // "xxh3_64:<16 hex digits>" of the source's contents (a data file's bytes): a resume then
+  // compares contents, not `source`, which names the file as it was typed. Absent from
+  // checkpoints written before it was recorded, and for sources without one.
+  std::optional<std::string> contents;
 };
 
 // Everything a checkpoint records besides the tensors.

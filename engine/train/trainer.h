@@ -120,6 +120,7 @@ class Trainer {
   const ModelDescription& model() const { return model_; }
   Device device() const { return device_; }
   TokenSource& source() { return *source_; }
+  const TokenSource& source() const { return *source_; }
   PipelineExecutor& executor() { return *executor_; }
   const std::vector<StageRange>& stage_ranges() const { return ranges_; }
   const std::vector<Device>& rank_devices() const { return devices_; }

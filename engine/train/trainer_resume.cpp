@@ -63,10 +63,21 @@ void check_resumable(Trainer& trainer, const Checkpoint& checkpoint) {
     throw CheckpointError(manifest + " holds the state of optimizer " + saved.optimizer.kind +
                           " but this run uses " + ours.optimizer.kind +
                           "; resume with --optimizer " + saved.optimizer.kind);
-  if (saved.data.source != ours.data.source)
+  // A recorded digest identifies the data by its bytes, wherever the file now lies and
+  // whatever it is called; without one (a checkpoint written before it was recorded, or a
+  // source this run has no digest of) the descriptions must match.
+  const std::optional<std::string> contents = trainer.source().contents_digest();
+  if (saved.data.contents && contents) {
+    if (*saved.data.contents != *contents)
+      throw CheckpointError(manifest + " was trained on " + saved.data.source +
+                            ", whose bytes have digest " + *saved.data.contents +
+                            ", but this run reads " + ours.data.source + " with digest " +
+                            *contents + ": other data; resume with the data it was trained on");
+  } else if (saved.data.source != ours.data.source) {
     throw CheckpointError(manifest + " was trained on " + saved.data.source +
                           " but this run reads " + ours.data.source +
                           "; resume with the same data and seed");
+  }
   if (saved.data.token && *saved.data.token >= trainer.source().vocab())
     throw CheckpointError(manifest + ": manifest.data.token is " +
                           std::to_string(*saved.data.token) + " but " + saved.data.source +
@@ -130,6 +141,14 @@ std::vector<std::string> resume_setting_changes(const Trainer& trainer,
   compare("--microbatches", saved.microbatches, config.microbatches,
           " (the gradients are summed in another order, so the run departs from an "
           "uninterrupted one by rounding)");
+  // resume_trainer let the data through on equal contents; another path is said.
+  const TokenSource& source = trainer.source();
+  const std::string described = source.describe();
+  if (saved.data.contents && saved.data.contents == source.contents_digest() &&
+      saved.data.source != described)
+    out.push_back("resuming on " + described + " where the checkpoint was trained on " +
+                  saved.data.source + ": the same bytes (" + *saved.data.contents +
+                  ") under another path");
   return out;
 }
 

@@ -57,6 +57,12 @@ TEST_F(CheckpointLoad, ManifestFieldsAreChecked) {
       {"/data/token", "13", "manifest.data.token is \"13\""},
       {"/data/token", int64_t{1} << 31, "manifest.data.token is 2147483648, which is too large"},
       {"/data/extra", 1, "manifest.data has an unknown field 'extra'"},
+      {"/data/contents", "xxh3_64:12",
+       "manifest.data.contents is \"xxh3_64:12\", expected \"xxh3_64:\" and 16 lowercase hex "
+       "digits"},
+      {"/data/contents", "xxh3_64:0123456789ABCDEF", "manifest.data.contents is"},
+      {"/data/contents", "0123456789abcdef", "manifest.data.contents is"},
+      {"/data/contents", 7, "manifest.data.contents is 7"},
       // The demo's token is 13: one a model of 13 tokens does not have.
       {"/model/vocab", 13,
        "manifest.data.token is 13, expected a token id below manifest.model.vocab 13"},
@@ -135,6 +141,26 @@ TEST_F(CheckpointLoad, AManifestWithoutTheDataTokenLoads) {
   EXPECT_EQ(open_checkpoint(folder_).state().data.token, std::optional<int32_t>(13));
   edit_manifest(folder_, [](auto& m) { m["data"].erase("token"); });
   EXPECT_FALSE(open_checkpoint(folder_).state().data.token.has_value());
+}
+
+// The digest of the data's bytes is optional too, read as written, and one of the fields
+// state_xxh3_64 covers; a model without a vocab (or 0, a model that does not say) leaves the
+// token unchecked here.
+TEST_F(CheckpointLoad, TheDataContentsDigestIsOptional) {
+  EXPECT_FALSE(open_checkpoint(folder_).state().data.contents.has_value());
+  const std::string digest = "xxh3_64:0123456789abcdef";
+  edit_manifest(folder_, [&](auto& m) {
+    m["data"]["contents"] = digest;
+    m["model"]["vocab"] = 0;
+  });
+  EXPECT_EQ(open_checkpoint(folder_).state().data.contents, digest);
+  edit_manifest_only(folder_, [](auto& m) { m["data"]["contents"] = "xxh3_64:0123456789abcdee"; });
+  EXPECT_CHECKPOINT_ERROR(open_checkpoint(folder_), "does not match its checksum");
+  edit_manifest(folder_, [&](auto& m) {
+    m["data"].erase("contents");
+    m["model"]["vocab"] = 14;
+  });
+  EXPECT_FALSE(open_checkpoint(folder_).state().data.contents.has_value());
 }
 
 // The shards carry their own checksums; state_xxh3_64 covers what a resume takes from the

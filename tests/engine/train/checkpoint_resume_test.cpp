@@ -3,7 +3,9 @@
 // for bit as the run of 2N steps does; a failed save leaves the previous checkpoint in place;
 // a checkpoint of another model is refused naming the difference.
 #include <map>
+#include <memory>
 #include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -255,6 +257,76 @@ TEST(TrainerResume, AManifestWithoutRngBatchTokensIsRefused) {
                               "without batch_tokens a resume cannot check");
       EXPECT_EQ(trainer.steps_done(), 0);
     }
+  }
+}
+
+// A checkpoint that records the digest of its data file's bytes (data.contents) is matched by
+// them: the same bytes under another path resume, as the saved run would have gone on, and
+// the changed path is said; a file edited in place at the same size is refused naming both
+// digests. One without the digest (written before it was recorded) is matched by the
+// description, the file's name and size, as before.
+TEST(TrainerResume, ADataFileIsMatchedByTheDigestOfItsBytes) {
+  TempDir dir;
+  std::mt19937_64 rng(5);
+  std::string text(4096, ' ');
+  for (char& ch : text) ch = static_cast<char>('a' + rng() % 26);
+  const std::filesystem::path data = dir / "d.txt";
+  const std::filesystem::path copy = dir / "elsewhere" / "d2.txt";
+  std::filesystem::create_directories(copy.parent_path());
+  testing::write_file(data, text);
+  testing::write_file(copy, text);
+  TrainConfig c = resume_config(1, schedule::ScheduleKind::k1F1B);
+  c.model.vocab = 256;
+  c.data_path = data.string();
+  const std::string digest = *FileSource(data.string()).contents_digest();
+  {
+    Trainer trainer(c);
+    TrainerCheckpointer checkpointer(trainer, {dir / "ckpt"});
+    trainer.step();
+    checkpointer.finish();
+  }
+  const std::filesystem::path folder = dir / "ckpt" / "step_1";
+  testing::edit_manifest(folder, [&](auto& m) { m["data"]["contents"] = digest; });
+  auto resumed_on = [&](const std::filesystem::path& path) {
+    TrainConfig other = c;
+    other.data_path = path.string();
+    auto trainer = std::make_unique<Trainer>(other);
+    resume_trainer(*trainer, folder);
+    return trainer;
+  };
+  const auto original = resumed_on(data);
+  EXPECT_TRUE(resume_setting_changes(*original, open_checkpoint(folder).state()).empty());
+  const auto moved = resumed_on(copy);
+  EXPECT_EQ(moved->steps_done(), 1);
+  const std::vector<std::string> notes =
+      resume_setting_changes(*moved, open_checkpoint(folder).state());
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_NE(notes[0].find("d2.txt"), std::string::npos) << notes[0];
+  EXPECT_NE(notes[0].find("the same bytes (" + digest + ") under another path"), std::string::npos)
+      << notes[0];
+  EXPECT_EQ(original->step().loss, moved->step().loss);
+
+  text[text.size() / 2] = text[text.size() / 2] == 'a' ? 'b' : 'a';
+  testing::write_file(copy, text);
+  const std::string edited = *FileSource(copy.string()).contents_digest();
+  {
+    TrainConfig other = c;
+    other.data_path = copy.string();
+    Trainer trainer(other);
+    EXPECT_CHECKPOINT_ERROR(resume_trainer(trainer, folder), "whose bytes have digest " + digest,
+                            "with digest " + edited,
+                            "other data; resume with the data it was trained on");
+    EXPECT_EQ(trainer.steps_done(), 0);
+  }
+
+  testing::edit_manifest(folder, [](auto& m) { m["data"].erase("contents"); });
+  EXPECT_EQ(resumed_on(data)->steps_done(), 1);
+  {
+    TrainConfig other = c;
+    other.data_path = copy.string();
+    Trainer trainer(other);
+    EXPECT_CHECKPOINT_ERROR(resume_trainer(trainer, folder), "was trained on bytes of",
+                            "but this run reads bytes of", "resume with the same data and seed");
   }
 }
 

@@ -8,8 +8,12 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <optional>
+#include <random>
+#include <string>
 #include <vector>
 
+#include "engine/train/checkpoint_io.h"
 #include "engine/train/trainer.h"
 
 namespace conveyor {
@@ -145,6 +149,36 @@ TEST(FileSource, ReadsBytesInOrderAndWraps) {
   source.next(in.data(), out.data(), 1);
   EXPECT_EQ(in[0], 'b');
   std::remove(path.c_str());
+}
+
+// The digest a checkpoint records identifies the bytes: a copy under another name has the
+// same one, a file with one byte changed (the same size) another; it is XXH3-64 of the bytes.
+TEST(FileSource, TheContentsDigestFollowsTheBytesNotTheName) {
+  std::mt19937_64 rng(11);
+  std::string bytes(100000, '\0');
+  for (char& c : bytes) c = static_cast<char>(rng());
+  const std::string a = ::testing::TempDir() + "conveyor_digest_a.bin";
+  const std::string b = ::testing::TempDir() + "conveyor_digest_b.bin";
+  auto write = [](const std::string& path, const std::string& text) {
+    std::ofstream f(path, std::ios::binary | std::ios::trunc);
+    f << text;
+  };
+  write(a, bytes);
+  write(b, bytes);
+  const std::optional<std::string> digest = FileSource(a).contents_digest();
+  ASSERT_TRUE(digest.has_value());
+  EXPECT_EQ(*digest,
+            "xxh3_64:" + checkpoint_io::hex64(checkpoint_io::xxh3_64(bytes.data(), bytes.size())));
+  EXPECT_NE(FileSource(a).describe(), FileSource(b).describe());
+  EXPECT_EQ(FileSource(b).contents_digest(), digest);
+  bytes[bytes.size() / 2] ^= 1;
+  write(b, bytes);
+  EXPECT_NE(FileSource(b).contents_digest(), digest);
+  EXPECT_EQ(FileSource(b).bytes(), FileSource(a).bytes());
+  // A generated source is identified by its description (vocab, seed) alone.
+  EXPECT_FALSE(MarkovSource(8, 1).contents_digest().has_value());
+  std::remove(a.c_str());
+  std::remove(b.c_str());
 }
 
 TEST(FileSource, MissingOrTinyFilesAreClearErrors) {
