@@ -209,6 +209,47 @@ case $case_name in
     run --resume "$dir" --log-json "$work/rest.json"
     [ "$(wc -l <"$work/rest.json")" -eq 4 ] || fail "expected steps 3 to 6 after step 2"
     ;;
+  data_contents)
+    # --data is matched by the digest of the file's bytes the checkpoint records: the same
+    # bytes by another path, absolute or under another name resume, a note saying so; one
+    # byte changed in place (the same size) is refused. A checkpoint without the digest
+    # (written before it was recorded) is matched by the path as typed and the size.
+    cd "$work" || fail "cannot enter $work"
+    python3 -c "import random; r = random.Random(3); open('d.txt', 'w').write(''.join(r.choice('abcdefgh \n') for _ in range(4096)))"
+    mkdir explore && cp d.txt explore/d.txt && cp d.txt d2.txt
+    on_file=(--device cpu --steps 6 --batch-tokens 512 --microbatches 4 --vocab 256 --d-model 32 --quiet)
+    "$conveyor" train "${on_file[@]}" --data d.txt --stop-after 2 --save-dir ck >>log 2>&1 ||
+      fail "the first run failed: $(tail -5 log)"
+    grep -q '"contents": "xxh3_64:[0-9a-f]\{16\}"' ck/step_2/manifest.json ||
+      fail "the manifest records no digest of the data: $(cat ck/step_2/manifest.json)"
+    for data in ./explore/d.txt "$work/d.txt" d2.txt; do
+      output=$("$conveyor" train "${on_file[@]}" --data "$data" --resume ck 2>&1) ||
+        fail "--data $data: the resume failed: $output"
+      echo "$output"
+      grep -q "^note: resuming on bytes of '$data' (4096 tokens, vocab 256) where the checkpoint was trained on bytes of 'd.txt' (4096 tokens, vocab 256): the same bytes (xxh3_64:[0-9a-f]\{16\}) under another path$" \
+        <<<"$output" || fail "--data $data: the other name is not said"
+    done
+    output=$("$conveyor" train "${on_file[@]}" --data d.txt --resume ck 2>&1) ||
+      fail "the resume on the same file failed: $output"
+    ! grep -q "^note: " <<<"$output" || fail "a note for the same file: $output"
+    printf 'Z' | dd of=d2.txt bs=1 seek=100 conv=notrunc status=none
+    output=$("$conveyor" train "${on_file[@]}" --data d2.txt --resume ck 2>&1)
+    status=$?
+    echo "$output"
+    [ "$status" -eq 2 ] || fail "edited data: exit status $status, expected 2"
+    grep -q "^conveyor: error: .*manifest.json' was trained on bytes of 'd.txt' (4096 tokens, vocab 256), whose bytes have digest xxh3_64:[0-9a-f]\{16\}, but this run reads bytes of 'd2.txt' (4096 tokens, vocab 256) with digest xxh3_64:[0-9a-f]\{16\}: other data; resume with the data it was trained on$" \
+      <<<"$output" || fail "the refusal of other bytes is not the sentence expected"
+    python3 -c "import json,sys; m=json.load(open(sys.argv[1])); del m['data']['contents'], m['state_xxh3_64'], m['manifest_xxh3_64']; json.dump(m, open(sys.argv[1], 'w'))" \
+      ck/step_2/manifest.json || fail "cannot edit the manifest"
+    "$conveyor" train "${on_file[@]}" --data d.txt --resume ck >>log 2>&1 ||
+      fail "the checkpoint without a digest does not resume on its file: $(tail -5 log)"
+    output=$("$conveyor" train "${on_file[@]}" --data ./explore/d.txt --resume ck 2>&1)
+    status=$?
+    echo "$output"
+    [ "$status" -eq 2 ] || fail "without a digest, another path: exit status $status, expected 2"
+    grep -q "was trained on bytes of 'd.txt' (4096 tokens, vocab 256) but this run reads bytes of './explore/d.txt'" \
+      <<<"$output" || fail "without a digest, another path is not refused by name"
+    ;;
   stop_after_past_steps)
     # Resumed with a --stop-after past --steps, the run says so and trains to --steps; resumed
     # again at its end it is refused, naming the one limit to raise, without the note.
