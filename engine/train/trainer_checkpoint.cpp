@@ -72,7 +72,7 @@ TrainingState trainer_training_state(Trainer& trainer) {
   state.optimizer_steps = executor.optimizer(executor.local_ranks().front()).steps_taken();
   state.lr_schedule = {trainer.steps_done(), config.steps};
   state.data = {trainer.source().describe(), trainer.source().position(),
-                trainer.source().current_token()};
+                trainer.source().current_token(), trainer.source().contents_digest()};
   // The built-in source and the weights are functions of the seed and the position alone;
   // the batch size fixes how the next step draws.
   state.rng = {{"seed", config.seed}, {"batch_tokens", config.batch_tokens}};
