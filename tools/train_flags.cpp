@@ -35,7 +35,8 @@ namespace {
                    decider + " decides, so leave " + flag + " out or make it agree");
 }
 
-void check_schedule_file_agrees(const TrainFlags& f, const CLI::App& cmd) {
+// Returns the file's schedule, valid and agreeing with the flags given.
+schedule::Schedule check_schedule_file_agrees(const TrainFlags& f, const CLI::App& cmd) {
   const std::string& file = f.config.schedule_file;
   schedule::Schedule loaded;
   try {
@@ -61,6 +62,7 @@ void check_schedule_file_agrees(const TrainFlags& f, const CLI::App& cmd) {
              std::to_string(loaded.placement.chunks) + " chunk(s) per rank");
   if (cmd.count("--schedule") && !loaded.name.empty() && f.schedule != loaded.name)
     disagree("--schedule", f.schedule, "schedule '" + escaped_for_message(loaded.name) + "'");
+  return loaded;
 }
 
 schedule::ScheduleKind parse_schedule(const std::string& name) {
@@ -137,7 +139,17 @@ TrainConfig resolve_config(TrainFlags& f, const CLI::App& cmd) {
   // so a batch the default of 4 does not divide is not refused before planning.
   if ((f.partition == "auto" || !f.plan_file.empty()) && !cmd.count("--microbatches"))
     config.microbatches = config.data_parallel;
-  if (!config.schedule_file.empty()) check_schedule_file_agrees(f, cmd);
+  if (!config.schedule_file.empty()) {
+    // The file fixes the ranks and chunks; its micro-batches and replicas stand too where no
+    // flag gives them (one that does must agree, which make_schedule checks with the
+    // numbers), as a plan file's do: the defaults (4, 1) would only be refused.
+    const schedule::Schedule loaded = check_schedule_file_agrees(f, cmd);
+    config.stages = loaded.num_ranks();
+    config.chunks = loaded.placement.chunks;
+    if (!cmd.count("--dp")) config.data_parallel = loaded.replicas;
+    if (!cmd.count("--microbatches"))
+      config.microbatches = int64_t{loaded.num_microbatches} * config.data_parallel;
+  }
   // Byte-level tokens of a file need 256 ids unless --vocab says otherwise.
   if (!cmd.count("--vocab") && !config.data_path.empty() && config.model.vocab < 256)
     config.model.vocab = 256;
