@@ -1,6 +1,11 @@
 #include "tools/interrupt.h"
 
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
 #include <csignal>
+#include <cstring>
 
 namespace conveyor::cli {
 namespace {
@@ -11,16 +16,86 @@ extern "C" void record_signal(int signal) {
   if (received == 0) received = signal;
 }
 
-}  // namespace
+// The temporaries a signal removes, in fixed storage: a handler may not allocate or lock. A
+// slot is free (0), being filled or emptied by its owner (1), or holds a path (2); the handler
+// reads only slots that hold one.
+constexpr int kTemporarySlots = 16;
+constexpr size_t kTemporaryPathBytes = 4096;  // PATH_MAX on Linux, with its terminating zero
+struct TemporarySlot {
+  std::atomic<int> state{0};
+  char path[kTemporaryPathBytes];
+};
+TemporarySlot temporaries[kTemporarySlots];
+static_assert(std::atomic<int>::is_always_lock_free, "the handler reads the slots' states");
 
-void install_interrupt_handlers() {
+void write_text(const char* text) {
+  size_t left = std::strlen(text);
+  while (left > 0) {
+    const ssize_t n = ::write(STDERR_FILENO, text, left);
+    if (n <= 0) return;  // nothing to be done about an unwritable stderr here
+    text += n;
+    left -= static_cast<size_t>(n);
+  }
+}
+
+// Only async-signal-safe calls: unlink, write, sigaction, raise.
+extern "C" void remove_temporaries_and_end(int signal) {
+  const int saved_errno = errno;
+  int removed = 0;
+  for (TemporarySlot& slot : temporaries)
+    if (slot.state.load() == 2 && ::unlink(slot.path) == 0) ++removed;
+  write_text(signal == SIGINT ? "conveyor: interrupted by SIGINT"
+                              : "conveyor: interrupted by SIGTERM");
+  write_text(removed > 0 ? "; the unfinished output files were removed, the files they were to "
+                           "replace left as they were\n"
+                         : "\n");
+  // Ended by the signal itself, as without a handler: the parent sees a process killed by it
+  // (a shell: status 128 + signal). Pending until the handler returns, if blocked here.
   struct sigaction action {};
-  action.sa_handler = record_signal;
+  action.sa_handler = SIG_DFL;
   sigemptyset(&action.sa_mask);
-  action.sa_flags = SA_RESTART | SA_RESETHAND;
+  sigaction(signal, &action, nullptr);
+  std::raise(signal);
+  errno = saved_errno;
+}
+
+void install(void (*handler)(int), int flags, bool one_at_a_time) {
+  struct sigaction action {};
+  action.sa_handler = handler;
+  sigemptyset(&action.sa_mask);
+  if (one_at_a_time) {
+    sigaddset(&action.sa_mask, SIGINT);
+    sigaddset(&action.sa_mask, SIGTERM);
+  }
+  action.sa_flags = flags;
   sigaction(SIGINT, &action, nullptr);
   sigaction(SIGTERM, &action, nullptr);
 }
+
+}  // namespace
+
+void install_cleanup_handlers() {
+  // One handler at a time: SIGTERM waits while SIGINT's removes the files, and the reverse.
+  install(remove_temporaries_and_end, SA_RESTART, true);
+}
+
+int register_temporary_file(const std::string& path) {
+  if (path.size() >= kTemporaryPathBytes) return -1;
+  for (int i = 0; i < kTemporarySlots; ++i) {
+    int free = 0;
+    if (!temporaries[i].state.compare_exchange_strong(free, 1)) continue;
+    std::memcpy(temporaries[i].path, path.c_str(), path.size() + 1);
+    temporaries[i].state.store(2);
+    return i;
+  }
+  return -1;
+}
+
+void unregister_temporary_file(int slot) {
+  if (slot >= 0 && slot < kTemporarySlots) temporaries[slot].state.store(0);
+}
+
+void install_interrupt_handlers() { install(record_signal, SA_RESTART | SA_RESETHAND, false); }
 
 int interrupt_signal() { return received; }
 

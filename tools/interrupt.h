@@ -1,14 +1,36 @@
 #pragma once
-// SIGINT and SIGTERM during training: the handler only records the signal; every rank asks
-// for it in the step's all-reduce (PipelineExecutor::set_stop_request), so the step in
-// progress finishes on every rank and every process stops after the same step, the log is
-// complete, and the run ends with a summary and exit status 128 + signal.
+// SIGINT and SIGTERM.
+//
+// Every command: until a command takes the signals over, the handler main() installs removes
+// the temporary files output files are written to (ReplacedFile), says in one line that the
+// run was interrupted, and ends the process by the signal (status 128 + signal), so that an
+// interrupted `plan --out` or `schedule --trace` leaves its files as they were and no
+// temporary beside them.
+//
+// During training: the handler only records the signal; every rank asks for it in the step's
+// all-reduce (PipelineExecutor::set_stop_request), so the step in progress finishes on every
+// rank and every process stops after the same step, the log is complete, and the run ends with
+// a summary and exit status 128 + signal.
+#include <string>
+
 namespace conveyor::cli {
 
-// Installs the handlers (restartable system calls; a second signal of the same kind ends the
-// process at once, as without a handler).
+// Installs the handler that removes the registered temporary files and ends the process by
+// the signal. Called once, in main(), before any command runs.
+void install_cleanup_handlers();
+
+// Registers `path`, a temporary file this process has just made, to be removed if SIGINT or
+// SIGTERM ends the process before it is unregistered. Returns the slot to unregister, or -1
+// when the path is not held: longer than a slot takes, or every slot is in use (a command
+// writes a few files at a time); such a file is then only removed by its owner.
+int register_temporary_file(const std::string& path);
+// Forgets the temporary of `slot` (-1: none), once it is renamed or removed.
+void unregister_temporary_file(int slot);
+
+// Replaces the handlers above by ones that only record the signal (restartable system calls;
+// a second signal of the same kind ends the process at once, as without a handler).
 void install_interrupt_handlers();
-// The first signal received since install, or 0.
+// The first signal received since install_interrupt_handlers, or 0.
 int interrupt_signal();
 
 }  // namespace conveyor::cli

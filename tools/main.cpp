@@ -11,6 +11,7 @@
 #include "engine/core/version.h"
 #include "tools/cli_common.h"
 #include "tools/commands.h"
+#include "tools/interrupt.h"
 
 namespace {
 
@@ -31,6 +32,8 @@ void print_error(const char* message) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Before any command makes a file: an interrupt removes the temporaries of output files.
+  conveyor::cli::install_cleanup_handlers();
   CLI::App app{"Conveyor: pipeline-parallel training engine"};
   app.set_version_flag("--version", conveyor::version());
   app.require_subcommand(1);

@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "tools/cli_common.h"
+#include "tools/interrupt.h"
 
 namespace conveyor::cli {
 
@@ -228,6 +229,7 @@ ReplacedFile::ReplacedFile(const std::string& path, const std::string& flag)
                                 "), and the file is replaced by one made there"));
   }
   temp_ = temp;
+  temp_slot_ = register_temporary_file(temp_);
   // mkstemp makes the file 0600; the result gets the mode a new file would (or the old one's).
   mode_t mode = 0;
   if (exists) {
@@ -244,6 +246,7 @@ ReplacedFile::ReplacedFile(const std::string& path, const std::string& flag)
 
 ReplacedFile::~ReplacedFile() {
   if (!temp_.empty()) ::unlink(temp_.c_str());
+  unregister_temporary_file(temp_slot_);
 }
 
 void ReplacedFile::commit(std::string_view text) {
@@ -262,6 +265,8 @@ void ReplacedFile::commit() {
         "cannot write " + flag_ + " file " + shown +
         " (renaming the finished file over it failed): " + std::strerror(errno));
   temp_.clear();
+  // After the rename: a signal in between unlinks a name that is gone, harmlessly.
+  unregister_temporary_file(std::exchange(temp_slot_, -1));
 }
 
 }  // namespace conveyor::cli

@@ -52,7 +52,9 @@ class OutputFile {
 // text goes to a temporary file next to `path`, made when this is constructed (so an
 // unwritable directory fails before any work), and is renamed over `path` by commit() (over
 // the file a link names, when `path` is a link). A run that fails before commit() leaves
-// `path` as it was and removes the temporary. A device or a FIFO is written in place.
+// `path` as it was and removes the temporary, also when SIGINT or SIGTERM ends the run (the
+// temporary is registered with the handler, tools/interrupt.h). A device or a FIFO is written
+// in place.
 class ReplacedFile {
  public:
   // Throws UsageError naming `flag` when `path` is a directory or its directory cannot take a
@@ -73,6 +75,7 @@ class ReplacedFile {
 
  private:
   std::string path_, flag_, target_, temp_;
+  int temp_slot_ = -1;  // the temporary's slot in the signal handler's registry
   OutputFile out_;
 };
 
