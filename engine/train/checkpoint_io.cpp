@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -48,10 +49,10 @@ std::string shown_path(const std::filesystem::path& path) {
 
 // ------------------------------------------------------------------------------------ File
 
-File File::create(const std::filesystem::path& path) {
+File File::create(const std::filesystem::path& path, uint64_t total_bytes) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) fail("create", path, errno);
-  return File(path, fd);
+  return File(path, fd, total_bytes);
 }
 
 File File::open_for_reading(const std::filesystem::path& path) {
@@ -71,7 +72,10 @@ File File::open_for_reading(const std::filesystem::path& path) {
 }
 
 File::File(File&& other) noexcept
-    : path_(std::move(other.path_)), fd_(std::exchange(other.fd_, -1)), written_(other.written_) {}
+    : path_(std::move(other.path_)),
+      fd_(std::exchange(other.fd_, -1)),
+      written_(other.written_),
+      total_(other.total_) {}
 
 File& File::operator=(File&& other) noexcept {
   if (this != &other) {
@@ -79,6 +83,7 @@ File& File::operator=(File&& other) noexcept {
     path_ = std::move(other.path_);
     fd_ = std::exchange(other.fd_, -1);
     written_ = other.written_;
+    total_ = other.total_;
   }
   return *this;
 }
@@ -101,9 +106,12 @@ void File::write_all(const void* data, size_t bytes) {
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       const int error = n < 0 ? errno : EIO;
+      // Counted against the whole file, not this call's part of it.
+      const uint64_t written = written_ + done;
+      const uint64_t total = std::max<uint64_t>(total_, written_ + bytes);
       throw CheckpointError("cannot write " + shown_path(path_) + ": " + reason(error) + " (" +
-                            std::to_string(written_ + done) + " bytes written, " +
-                            std::to_string(bytes - done) + " more to go)");
+                            std::to_string(written) + " of " + std::to_string(total) +
+                            " bytes written, " + std::to_string(total - written) + " more to go)");
     }
     done += static_cast<size_t>(n);
   }
@@ -154,7 +162,7 @@ void rename_path(const std::filesystem::path& from, const std::filesystem::path&
 void write_file_atomically(const std::filesystem::path& path, std::string_view content) {
   std::filesystem::path temp = path;
   temp += ".tmp";
-  File file = File::create(temp);
+  File file = File::create(temp, content.size());
   file.write_all(content.data(), content.size());
   file.sync();
   file.close();

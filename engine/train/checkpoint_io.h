@@ -17,8 +17,9 @@ namespace conveyor::checkpoint_io {
 // An open file descriptor, closed on destruction.
 class File {
  public:
-  // For writing: created, or truncated if it exists.
-  static File create(const std::filesystem::path& path);
+  // For writing: created, or truncated if it exists. `total_bytes`: the size the file has once
+  // written whole, against which a failed write counts what was written and what was left.
+  static File create(const std::filesystem::path& path, uint64_t total_bytes);
   // For reading a regular file; anything else (a FIFO, a device, a folder) is refused at once
   // with a CheckpointError naming it, rather than blocking or reading forever.
   static File open_for_reading(const std::filesystem::path& path);
@@ -39,10 +40,12 @@ class File {
   void close();  // reports a failing close (NFS reports write errors there)
 
  private:
-  File(std::filesystem::path path, int fd) : path_(std::move(path)), fd_(fd) {}
+  File(std::filesystem::path path, int fd, uint64_t total_bytes = 0)
+      : path_(std::move(path)), fd_(fd), total_(total_bytes) {}
   std::filesystem::path path_;
   int fd_ = -1;
   uint64_t written_ = 0;  // bytes written so far, for error messages
+  uint64_t total_ = 0;    // the whole file's size, for error messages
 };
 
 // Makes the checkpoint folder `dir` and those above it as needed. Throws a CheckpointError

@@ -137,8 +137,10 @@ ShardFileInfo write_shard_file(const std::filesystem::path& path, int64_t step, 
     }
   }
   const std::string header = encode_safetensors_header(entries, metadata);
+  uint64_t file_bytes = header.size();
+  for (const NamedTensor& t : tensors) file_bytes += t.tensor.nbytes();
 
-  checkpoint_io::File file = checkpoint_io::File::create(path);
+  checkpoint_io::File file = checkpoint_io::File::create(path, file_bytes);
   checkpoint_io::Xxh3Stream file_hash;
   file.write_all(header.data(), header.size());
   file_hash.update(header.data(), header.size());

@@ -178,7 +178,7 @@ CommitResult CheckpointWriter::commit(const TrainingState& state) {
     throw std::invalid_argument(std::string("commit: the training state cannot be saved: ") +
                                 e.what());
   }
-  checkpoint_io::File file = checkpoint_io::File::create(manifest_path);
+  checkpoint_io::File file = checkpoint_io::File::create(manifest_path, text.size());
   file.write_all(text.data(), text.size());
   file.sync();
   file.close();

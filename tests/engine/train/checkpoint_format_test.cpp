@@ -2,7 +2,9 @@
 // bit for bit, and every kind of bad file ends in one CheckpointError naming the file and
 // the problem.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 
+#include <csignal>
 #include <cstring>
 
 #include "engine/train/checkpoint_shard.h"
@@ -333,6 +335,39 @@ TEST_F(ShardFormat, WriteToAFullDiskNamesTheFile) {
   if (!fs::exists("/dev/full")) GTEST_SKIP() << "no /dev/full on this system";
   EXPECT_CHECKPOINT_ERROR(write_shard_file("/dev/full", 1, 0, demo_tensors(0)), "/dev/full",
                           "No space left on device");
+}
+
+// A write that fails part way through the file counts what is written and what is left of the
+// whole file, not of the write() call that failed. The file-size limit stops the write at a
+// byte of our choosing, as a disk that fills up would.
+TEST_F(ShardFormat, FailedWriteCountsTheWholeFile) {
+  const auto tensors = demo_tensors(0, 5);
+  const uint64_t total = write_shard_file(dir_ / "whole.safetensors", 1, 0, tensors).bytes;
+  // 50 bytes before the end: inside the data of the third tensor from the end, after the
+  // header and several tensors were written whole.
+  ASSERT_GT(total, 100u);
+  const uint64_t limit = total - 50;
+  struct rlimit old_limit {};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old_limit), 0);
+  if (old_limit.rlim_cur != RLIM_INFINITY && old_limit.rlim_cur < limit)
+    GTEST_SKIP() << "the file-size limit is below " << limit << " bytes already";
+  struct rlimit new_limit = old_limit;
+  new_limit.rlim_cur = limit;
+  // Past the limit write() fails with EFBIG instead of the process receiving SIGXFSZ.
+  void (*old_handler)(int) = std::signal(SIGXFSZ, SIG_IGN);
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &new_limit), 0);
+  std::string message;
+  try {
+    write_shard_file(dir_ / "cut.safetensors", 1, 0, tensors);
+  } catch (const CheckpointError& e) {
+    message = e.what();
+  }
+  ::setrlimit(RLIMIT_FSIZE, &old_limit);
+  std::signal(SIGXFSZ, old_handler);
+  const std::string counts = "(" + std::to_string(limit) + " of " + std::to_string(total) +
+                             " bytes written, " + std::to_string(total - limit) + " more to go)";
+  EXPECT_NE(message.find(counts), std::string::npos) << message;
+  EXPECT_NE(message.find("cut.safetensors"), std::string::npos) << message;
 }
 
 TEST_F(ShardFormat, WriteRejectsBadNames) {
