@@ -152,6 +152,45 @@ std::string plan_string(const nlohmann::json& v, const std::string& source,
   return v.get<std::string>();
 }
 
+// A plan's layout as a whole, said in the plan's own words: the run would otherwise refuse it
+// later in those of flags the user never typed (--chunks, --stages, --microbatches).
+// `batch_tokens`: what one pipeline runs, each replica's share with `replicas` above 1.
+void check_plan_layout(const std::string& source, schedule::ScheduleKind kind, int64_t stages,
+                       int64_t chunks, int64_t microbatches, const std::vector<int64_t>& blocks,
+                       int64_t batch_tokens, int64_t replicas) {
+  const std::string name = schedule::schedule_kind_name(kind);
+  const bool zbv = kind == schedule::ScheduleKind::kZBV;
+  if (zbv && chunks != 1 && chunks != 2)
+    throw UsageError(source +
+                     ": its schedule zbv has 2 chunks per rank in a V, and its chunks is " +
+                     std::to_string(chunks) + "; expected 2" + kPlanAgain);
+  if (!zbv && kind != schedule::ScheduleKind::kInterleaved && chunks != 1)
+    throw UsageError(source + ": its schedule " + name +
+                     " has one chunk per rank, and its chunks is " + std::to_string(chunks) +
+                     "; more chunks are for 'interleaved', so chunks must be 1 here" + kPlanAgain);
+  const int64_t pipeline_stages = stages * (zbv ? 2 : chunks);
+  if (static_cast<int64_t>(blocks.size()) != pipeline_stages) {
+    std::string counts;
+    for (const int64_t b : blocks) counts += (counts.empty() ? "" : ",") + std::to_string(b);
+    throw UsageError(source + ": its partition " + counts + " has " +
+                     std::to_string(blocks.size()) + " block counts, and its stages " +
+                     std::to_string(stages) +
+                     (pipeline_stages != stages
+                          ? " x " + std::to_string(pipeline_stages / stages) + " chunks of " + name
+                          : std::string()) +
+                     " need " + std::to_string(pipeline_stages) + ", one per stage" + kPlanAgain);
+  }
+  if (batch_tokens % microbatches != 0)
+    throw UsageError(
+        source + ": its microbatches " + std::to_string(microbatches) + " cannot split " +
+        (replicas > 1
+             ? "each replica's " + std::to_string(batch_tokens) +
+                   " tokens (--batch-tokens over --dp " + std::to_string(replicas) + ")"
+             : "the batch of " + std::to_string(batch_tokens) + " tokens (--batch-tokens)") +
+        " into equal micro-batches; plan again for this batch (conveyor plan ... "
+        "--out FILE)");
+}
+
 }  // namespace
 
 void apply_plan_text(const std::string& text, const std::string& source, TrainConfig& config,
@@ -195,6 +234,8 @@ void apply_plan_text(const std::string& text, const std::string& source, TrainCo
     std::vector<int64_t> blocks;
     for (const nlohmann::json& b : partition)
       blocks.push_back(plan_integer(b, source, "partition", 0, 4096));
+    check_plan_layout(source, *parsed, stages, chunks, microbatches, blocks, config.batch_tokens,
+                      replicas);
     config.stages = static_cast<int>(stages);
     config.schedule = *parsed;
     config.chunks = static_cast<int>(chunks);

@@ -12,6 +12,7 @@
 #include "comm/mpi_transport.h"
 #include "comm/transport_factory.h"
 #include "engine/core/version.h"
+#include "engine/pipeline/partition.h"
 #include "engine/schedule/generators.h"
 #include "engine/schedule/text_format.h"
 #include "engine/schedule/validator.h"
@@ -276,6 +277,17 @@ void apply_planning(const TrainFlags& f, const CLI::App& cmd, const MpiSession& 
     // Under mpirun each process reads the file at its own path (a node's own copy, maybe).
     check_same_configuration(
         mpi, {{"the layout of --plan (each process reads the file)", layout_text(config)}});
+    // What the run refuses of the planned layout names the plan: the counts are the file's,
+    // not flags the user typed. After the processes agree on the layout, so that all refuse it
+    // alike.
+    try {
+      config.validate();
+      const schedule::Schedule planned = make_schedule(config);
+      if (given.kind != PartitionSpec::Kind::kBlocks)
+        partition_blocks(reference_model(config.model), planned.num_stages(), config.partition);
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(shown + " does not fit this run: " + e.what());
+    }
   } else if (f.partition == "auto") {
     // What is given explicitly limits the search, as it must agree with a plan file.
     // With --dp D each replica's pipeline runs 1/D of the batch in M/D micro-batches: that
