@@ -11,6 +11,7 @@
 #include "comm/nccl.h"
 #include "comm/poll.h"
 #include "comm/report_channel.h"
+#include "comm/transport_factory.h"
 
 #ifdef CONVEYOR_WITH_CUDA
 #include <nccl.h>
@@ -62,11 +63,7 @@ std::unique_ptr<Transport> make_nccl_transport_over_mpi(
   check_mpi(MPI_Comm_rank(MPI_COMM_WORLD, &rank), "MPI_Comm_rank");
   check_mpi(MPI_Comm_size(MPI_COMM_WORLD, &processes), "MPI_Comm_size");
   const int ranks = static_cast<int>(cuda_device_per_rank.size());
-  if (processes != ranks)
-    throw std::invalid_argument(
-        "the pipeline has " + std::to_string(ranks) + " ranks but MPI started " +
-        std::to_string(processes) + (processes == 1 ? " process" : " processes") +
-        "; start one process per rank (mpirun -np " + std::to_string(ranks) + ")");
+  if (processes != ranks) throw ProcessCountMismatch(ranks, processes);
   // Every process checks the same groups, so a bad list fails on all of them before the
   // broadcast.
   check_nccl_groups(groups, ranks);

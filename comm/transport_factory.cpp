@@ -99,6 +99,23 @@ bool one_rank_per_process(TransportKind requested) {
   return false;
 }
 
+namespace {
+
+std::string process_count_text(int ranks, int processes, const std::string& made_of) {
+  return (made_of.empty() ? "the pipeline has " + std::to_string(ranks) + " ranks"
+                          : "the run has " + std::to_string(ranks) + " ranks (" + made_of + ")") +
+         " but MPI started " + std::to_string(processes) +
+         (processes == 1 ? " process" : " processes") +
+         "; start one process per rank (mpirun -np " + std::to_string(ranks) + ")";
+}
+
+}  // namespace
+
+ProcessCountMismatch::ProcessCountMismatch(int ranks, int processes, const std::string& made_of)
+    : std::invalid_argument(process_count_text(ranks, processes, made_of)),
+      ranks_(ranks),
+      processes_(processes) {}
+
 TransportKind choose_transport(TransportKind requested, const std::vector<Device>& devices) {
   const bool distinct_gpus = one_gpu_per_rank(devices);
   switch (requested) {
@@ -137,10 +154,7 @@ Transports make_transports(TransportKind requested, const std::vector<Device>& d
     out.per_rank.push_back(make_mpi_transport(timeout));
     const int processes = out.per_rank[0]->size();
     if (processes != static_cast<int>(devices.size()))
-      throw ProcessCountMismatch(
-          "the pipeline has " + std::to_string(devices.size()) + " ranks but MPI started " +
-          std::to_string(processes) + (processes == 1 ? " process" : " processes") +
-          "; start one process per rank (mpirun -np " + std::to_string(devices.size()) + ")");
+      throw ProcessCountMismatch(static_cast<int>(devices.size()), processes);
     return out;
   }
   if (out.kind == TransportKind::kNccl || out.kind == TransportKind::kNcclOverMpi) {

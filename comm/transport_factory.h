@@ -3,6 +3,7 @@
 #include <chrono>
 #include <memory>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "comm/transport.h"
@@ -38,7 +39,15 @@ bool one_rank_per_process(TransportKind requested);
 // show it once.
 class ProcessCountMismatch : public std::invalid_argument {
  public:
-  using std::invalid_argument::invalid_argument;
+  // `made_of`: what the ranks are, said after their count ("1 pipeline rank x 2 data-parallel
+  // replicas"); empty for the ranks of one pipeline.
+  ProcessCountMismatch(int ranks, int processes, const std::string& made_of = "");
+  int ranks() const { return ranks_; }
+  int processes() const { return processes_; }
+
+ private:
+  int ranks_ = 0;
+  int processes_ = 0;
 };
 
 struct Transports {

@@ -7,6 +7,7 @@
 #include <exception>
 #include <map>
 #include <mutex>
+#include <string>
 #include <utility>
 
 #include "engine/pipeline/rank_step.h"
@@ -98,8 +99,17 @@ PipelineExecutor::PipelineExecutor(const ModelDescription& model, schedule::Sche
   comm::Transports transports;
   std::vector<int> held;
   if (comm::spans_processes(transport_kind_)) {
-    transports =
-        comm::make_transports(transport_kind_, devices, options.transport_timeout, replica_groups);
+    try {
+      transports = comm::make_transports(transport_kind_, devices, options.transport_timeout,
+                                         replica_groups);
+    } catch (const comm::ProcessCountMismatch& e) {
+      // The transport sees only ranks; with replicas they are not one pipeline's.
+      if (schedule_.replicas < 2) throw;
+      throw comm::ProcessCountMismatch(
+          e.ranks(), e.processes(),
+          std::to_string(p) + (p == 1 ? " pipeline rank" : " pipeline ranks") + " x " +
+              std::to_string(schedule_.replicas) + " data-parallel replicas");
+    }
     held.push_back(transports.per_rank[0]->rank());
   } else {
     for (int r = 0; r < world; ++r) held.push_back(r);

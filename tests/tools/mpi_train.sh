@@ -317,7 +317,7 @@ case $mode in
     timeout 60 "${mpirun[@]}" -np 3 "$cli" "${common[@]}" --stages 2 --dp 2 >"$work/out" 2>&1
     status=$?
     [ "$status" = 2 ] || fail "-np 3 --stages 2 --dp 2: status $status: $(cat "$work/out")"
-    [ "$(grep -c "the pipeline has 4 ranks but MPI started 3 processes" "$work/out")" = 1 ] ||
+    [ "$(grep -c "the run has 4 ranks (2 pipeline ranks x 2 data-parallel replicas) but MPI started 3 processes" "$work/out")" = 1 ] ||
       fail "the wrong process count is not said exactly once: $(cat "$work/out")"
     [ "$(grep -c "conveyor: error" "$work/out")" = 1 ] ||
       fail "other errors beside the refusal: $(cat "$work/out")"
