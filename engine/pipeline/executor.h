@@ -96,7 +96,9 @@ struct PipelineStepResult {
   // PipelineExecutor::gather_timing.
   std::vector<std::vector<schedule::ActionTiming>> timing;
   // Per rank (all P*D): peak bytes of activations held by its stages (allocator-measured,
-  // excluding tensors in transit), and peak of all live allocations.
+  // excluding tensors in transit), and peak of all live allocations. Under a transport that
+  // spans processes only the ranks this process holds (0 elsewhere), until Trainer::step
+  // gathers every rank's.
   std::vector<size_t> peak_activation_bytes;
   std::vector<size_t> peak_allocated_bytes;
 };

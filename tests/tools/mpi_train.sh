@@ -138,6 +138,10 @@ case $mode in
     [ "$(grep -c '^done ' "$work/mpi.out")" = 1 ] || fail "ranks other than 0 printed: $(cat "$work/mpi.out")"
     [ "$(numbers "$work/mpi.jsonl" | wc -l)" = 4 ] || fail "expected 4 steps in --log-json"
     for ref in one threads; do same_run "$work" "$ref" mpi "of mpirun -np $n"; done
+    # The step's allocator peak is the largest rank's, wherever that rank runs: each process
+    # measures its own, and rank 0 reports them all.
+    diff <(jq -c .peak_bytes "$work/threads.jsonl") <(jq -c .peak_bytes "$work/mpi.jsonl") ||
+      fail "the steps' peak_bytes under mpirun differ from the one-process --stages $n run's"
     echo "mpirun -np $n: $(numbers "$work/mpi.jsonl" | wc -l) steps and $(checksum "$work/mpi.out") equal to the one-process runs"
     ;;
   dp)
