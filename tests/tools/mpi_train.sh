@@ -139,9 +139,12 @@ case $mode in
     [ "$(numbers "$work/mpi.jsonl" | wc -l)" = 4 ] || fail "expected 4 steps in --log-json"
     for ref in one threads; do same_run "$work" "$ref" mpi "of mpirun -np $n"; done
     # The step's allocator peak is the largest rank's, wherever that rank runs: each process
-    # measures its own, and rank 0 reports them all.
-    diff <(jq -c .peak_bytes "$work/threads.jsonl") <(jq -c .peak_bytes "$work/mpi.jsonl") ||
-      fail "the steps' peak_bytes under mpirun differ from the one-process --stages $n run's"
+    # measures its own, and rank 0 reports them all. Within 10 % of the one-process run's
+    # (when a message arrives moves a rank's peak by a buffer or two; rank 0's own peak alone,
+    # as rank 0 reported it before, is a tenth of the largest).
+    paste <(jq .peak_bytes "$work/threads.jsonl") <(jq .peak_bytes "$work/mpi.jsonl") |
+      awk '{ if ($2 < 0.9 * $1 || $2 > 1.1 * $1) exit 1 }' ||
+      fail "the steps' peak_bytes under mpirun are not those of the one-process --stages $n run: $(jq -c .peak_bytes "$work/mpi.jsonl" | tr '\n' ' ') against $(jq -c .peak_bytes "$work/threads.jsonl" | tr '\n' ' ')"
     echo "mpirun -np $n: $(numbers "$work/mpi.jsonl" | wc -l) steps and $(checksum "$work/mpi.out") equal to the one-process runs"
     ;;
   dp)
