@@ -160,14 +160,13 @@ void check_plan_layout(const std::string& source, schedule::ScheduleKind kind, i
                        int64_t batch_tokens, int64_t replicas) {
   const std::string name = schedule::schedule_kind_name(kind);
   const bool zbv = kind == schedule::ScheduleKind::kZBV;
-  if (zbv && chunks != 1 && chunks != 2)
-    throw UsageError(source +
-                     ": its schedule zbv has 2 chunks per rank in a V, and its chunks is " +
-                     std::to_string(chunks) + "; expected 2" + kPlanAgain);
-  if (!zbv && kind != schedule::ScheduleKind::kInterleaved && chunks != 1)
+  if (!schedule::takes_chunks(kind, chunks))
     throw UsageError(source + ": its schedule " + name +
-                     " has one chunk per rank, and its chunks is " + std::to_string(chunks) +
-                     "; more chunks are for 'interleaved', so chunks must be 1 here" + kPlanAgain);
+                     (zbv ? " has 2 chunks per rank in a V, and its chunks is " +
+                                std::to_string(chunks) + "; expected 2"
+                          : " has one chunk per rank, and its chunks is " + std::to_string(chunks) +
+                                "; more chunks are for 'interleaved', so chunks must be 1 here") +
+                     kPlanAgain);
   const int64_t pipeline_stages = stages * (zbv ? 2 : chunks);
   if (static_cast<int64_t>(blocks.size()) != pipeline_stages) {
     std::string counts;

@@ -71,14 +71,24 @@ Schedule generate(ScheduleKind kind, int p, int m, int v, int replicas) {
   return s;
 }
 
+bool takes_chunks(ScheduleKind kind, int64_t v) {
+  switch (kind) {
+    case ScheduleKind::kInterleaved:
+      return true;
+    case ScheduleKind::kZBV:
+      return v == 1 || v == 2;
+    default:
+      return v == 1;
+  }
+}
+
 void check_chunks(ScheduleKind kind, int v) {
-  if (kind == ScheduleKind::kZBV && v != 1 && v != 2)
+  if (takes_chunks(kind, v)) return;
+  if (kind == ScheduleKind::kZBV)
     throw ScheduleError("zbv always has 2 chunks per rank in a V; --chunks " + std::to_string(v) +
                         " does not apply (leave it out or use 2)");
-  if (kind != ScheduleKind::kInterleaved && kind != ScheduleKind::kZBV && v != 1)
-    throw ScheduleError(std::string(schedule_kind_name(kind)) +
-                        " has one chunk per rank; --chunks " + std::to_string(v) +
-                        " is only for 'interleaved' (use chunks=1)");
+  throw ScheduleError(std::string(schedule_kind_name(kind)) + " has one chunk per rank; --chunks " +
+                      std::to_string(v) + " is only for 'interleaved' (use chunks=1)");
 }
 
 namespace {

@@ -33,9 +33,11 @@ std::string schedule_kind_choices();
 // Throws ScheduleError when the schedule is not defined for these values, saying which
 // values would work.
 Schedule generate(ScheduleKind kind, int p, int m, int v = 1, int replicas = 1);
-// The chunk count alone against the kind (zbv: 1 or 2; the others but interleaved: 1), as
-// generate() checks it first: lets a caller refuse it before any other work. Throws
-// ScheduleError.
+// Whether `kind` takes v chunks per rank: zbv 1 or 2 (it always runs 2), interleaved any,
+// the others 1. The one rule, for callers that say a refusal in their own words.
+bool takes_chunks(ScheduleKind kind, int64_t v);
+// The chunk count alone against the kind (takes_chunks), as generate() checks it first: lets
+// a caller refuse it before any other work. Throws ScheduleError.
 void check_chunks(ScheduleKind kind, int v);
 
 // GPipe (fill-drain): all forwards, then all backwards in ascending micro-batch order.
