@@ -61,6 +61,15 @@ class TraceText {
     text_ += '"';
     return *this;
   }
+  // An event's process, thread and start: `, "pid": .., "tid": .., "ts": ..`.
+  TraceText& placed(int64_t pid, int64_t tid, double ts) {
+    return raw(", \"pid\": ")
+        .integer(pid)
+        .raw(", \"tid\": ")
+        .integer(tid)
+        .raw(", \"ts\": ")
+        .number(ts);
+  }
   // Starts an event of the traceEvents array: one a line.
   TraceText& event() {
     if (text_.size() >= kTracePieceBytes) flush();
@@ -183,12 +192,7 @@ void write_trace(const Schedule& schedule, std::span<const SimResult> replicas, 
             .string(to_string(a))
             .raw(", \"cat\": ")
             .string(kind_name(a.kind))
-            .raw(", \"pid\": ")
-            .integer(pid)
-            .raw(", \"tid\": ")
-            .integer(tid)
-            .raw(", \"ts\": ")
-            .number(ts)
+            .placed(pid, tid, ts)
             .raw(", \"dur\": ")
             .number(dur)
             .raw(", \"args\": {\"stage\": ")
@@ -204,12 +208,7 @@ void write_trace(const Schedule& schedule, std::span<const SimResult> replicas, 
               .raw(grad ? ", \"name\": \"grad\"" : ", \"name\": \"act\"")
               .raw(", \"cat\": \"transfer\", \"id\": ")
               .integer(message_id(d, a))
-              .raw(", \"pid\": ")
-              .integer(pid)
-              .raw(", \"tid\": ")
-              .integer(tid)
-              .raw(", \"ts\": ")
-              .number(ts)
+              .placed(pid, tid, ts)
               .raw("}");
         }
       }
