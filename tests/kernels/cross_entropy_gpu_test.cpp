@@ -28,6 +28,21 @@ struct Shape {
 constexpr Shape kShapes[] = {{1, 1},    {3, 3},     {17, 17},   {5, 33},   {4, 127},  {8, 1000},
                              {3, 4097}, {6, 32768}, {2, 50257}, {300, 64}, {9000, 12}};
 
+struct LossesAndGradients {
+  std::vector<float> loss, dlogits;
+};
+
+// The kernel out of place over `logits` (targets.size() rows of `vocab`), grad_scale 1.
+LossesAndGradients run_on_gpu(GpuContext& gpu, const std::vector<float>& logits,
+                              const std::vector<int32_t>& targets, int64_t vocab) {
+  const auto n = static_cast<int64_t>(targets.size());
+  DeviceBuffer<float> d_logits(logits), d_dlogits(logits.size()), d_loss(n);
+  DeviceBuffer<int32_t> d_targets(targets);
+  kernels::cuda::softmax_cross_entropy(gpu.ctx(), d_loss.data(), d_dlogits.data(), d_logits.data(),
+                                       d_targets.data(), n, vocab, kIgnore, 1.0f);
+  return {d_loss.download(), d_dlogits.download()};
+}
+
 TEST(CrossEntropyGpu, MatchesCpuOutOfPlaceAndInPlace) {
   CONVEYOR_REQUIRE_GPU();
   GpuContext gpu;
@@ -105,12 +120,7 @@ TEST(CrossEntropyGpu, TargetOutsideVocabGivesNaNLoss) {
     const int64_t n = 3;
     const auto logits = random_floats(static_cast<size_t>(n * vocab), 41, -3.0f, 3.0f);
     const std::vector<int32_t> targets = {static_cast<int32_t>(vocab), -1, 5};
-    DeviceBuffer<float> d_logits(logits), d_dlogits(logits.size()), d_loss(n);
-    DeviceBuffer<int32_t> d_targets(targets);
-    kernels::cuda::softmax_cross_entropy(gpu.ctx(), d_loss.data(), d_dlogits.data(),
-                                         d_logits.data(), d_targets.data(), n, vocab, kIgnore,
-                                         1.0f);
-    const auto loss = d_loss.download();
+    const auto [loss, dlogits] = run_on_gpu(gpu, logits, targets, vocab);
     EXPECT_TRUE(std::isnan(loss[0]));
     EXPECT_TRUE(std::isnan(loss[1]));
     // The valid last row against the CPU on that row alone.
@@ -121,7 +131,6 @@ TEST(CrossEntropyGpu, TargetOutsideVocabGivesNaNLoss) {
     kernels::cpu::softmax_cross_entropy(&loss_ref, dl_ref.data(), last.data(), &targets[2], 1,
                                         vocab, kIgnore, 1.0f);
     EXPECT_NEAR(loss[2], loss_ref, 1e-5 * std::abs(loss_ref) + 1e-5);
-    const auto dlogits = d_dlogits.download();
     EXPECT_TRUE(all_close(
         std::vector<float>(dlogits.begin() + static_cast<std::ptrdiff_t>(row), dlogits.end()),
         dl_ref, 1e-4, 1e-7));
@@ -144,12 +153,7 @@ TEST(CrossEntropyGpu, ANaNLogitAnywhereMakesItsRowsLossNaNAsOnTheCpu) {
       std::vector<float> loss_ref(n), dl_ref(logits.size());
       kernels::cpu::softmax_cross_entropy(loss_ref.data(), dl_ref.data(), logits.data(),
                                           targets.data(), n, vocab, kIgnore, 1.0f);
-      DeviceBuffer<float> d_logits(logits), d_dlogits(logits.size()), d_loss(n);
-      DeviceBuffer<int32_t> d_targets(targets);
-      kernels::cuda::softmax_cross_entropy(gpu.ctx(), d_loss.data(), d_dlogits.data(),
-                                           d_logits.data(), d_targets.data(), n, vocab, kIgnore,
-                                           1.0f);
-      const auto loss = d_loss.download();
+      const std::vector<float> loss = run_on_gpu(gpu, logits, targets, vocab).loss;
       EXPECT_TRUE(std::isnan(loss_ref[0]));
       EXPECT_TRUE(std::isnan(loss[0]));
       EXPECT_NEAR(loss[1], loss_ref[1], 1e-5 * std::abs(loss_ref[1]) + 1e-5);
