@@ -352,16 +352,12 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
     last_step_unsaved = saved != last;
     if (!last_step_unsaved)
       std::printf("saved  step %lld into %s\n", saved, dir.c_str());
-    else if (saved >= 0)
-      std::printf(
-          "not saved: step %lld, the run's last (see the warning); the newest checkpoint "
-          "this run saved into %s is step %lld\n",
-          last, dir.c_str(), saved);
     else
-      std::printf(
-          "not saved: step %lld, the run's last (see the warning); this run saved no "
-          "checkpoint into %s\n",
-          last, dir.c_str());
+      std::printf("not saved: step %lld, the run's last (see the warning); %s\n", last,
+                  (saved >= 0 ? "the newest checkpoint this run saved into " + dir + " is step " +
+                                    std::to_string(saved)
+                              : "this run saved no checkpoint into " + dir)
+                      .c_str());
   }
   if (signal == 0 && t.steps > 0 && t.last_step < config.steps)
     std::printf(
