@@ -247,6 +247,21 @@ std::string hex64(uint64_t value) {
   return text;
 }
 
+namespace {
+constexpr std::string_view kXxh3Prefix = "xxh3_64:";
+}  // namespace
+
+std::string xxh3_64_text(const void* data, size_t bytes) {
+  return std::string(kXxh3Prefix) + hex64(xxh3_64(data, bytes));
+}
+
+bool is_xxh3_64_text(std::string_view text) {
+  if (!text.starts_with(kXxh3Prefix)) return false;
+  const std::string_view digits = text.substr(kXxh3Prefix.size());
+  const std::optional<uint64_t> value = parse_hex64(digits);
+  return value && hex64(*value) == digits;  // lowercase, as written
+}
+
 std::optional<uint64_t> parse_hex64(std::string_view text) {
   if (text.size() != 16) return std::nullopt;
   uint64_t value = 0;

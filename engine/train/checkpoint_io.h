@@ -81,6 +81,10 @@ class Xxh3Stream {
 // 16 lowercase hex digits, and back (nullopt unless exactly 16 hex digits).
 std::string hex64(uint64_t value);
 std::optional<uint64_t> parse_hex64(std::string_view text);
+// A digest as the manifest writes one: "xxh3_64:" and the hex64 of xxh3_64 over the bytes
+// (the model fingerprint, a data file's contents); and whether `text` is one.
+std::string xxh3_64_text(const void* data, size_t bytes);
+bool is_xxh3_64_text(std::string_view text);
 
 // `text` in single quotes for an error message, cut to a readable length and with control
 // characters as \xNN (names read from a corrupt file may be megabytes of anything).

@@ -203,15 +203,6 @@ void check_token_vocab(const TrainingState& s, const std::string& file) {
                           " (the next input of the model the checkpoint holds)");
 }
 
-// "xxh3_64:" and 16 lowercase hex digits, as TokenSource::contents_digest() writes it.
-bool is_contents_digest(const std::string& text) {
-  const std::string prefix = "xxh3_64:";
-  if (text.size() != prefix.size() + 16 || !text.starts_with(prefix)) return false;
-  for (size_t i = prefix.size(); i < text.size(); ++i)
-    if (!((text[i] >= '0' && text[i] <= '9') || (text[i] >= 'a' && text[i] <= 'f'))) return false;
-  return true;
-}
-
 }  // namespace
 
 void check_shard_file_name(const std::string& name, const std::string& file) {
@@ -269,8 +260,7 @@ uint64_t training_state_checksum(const CheckpointManifest& m) {
 
 std::string model_fingerprint(const nlohmann::json& description) {
   const std::string canonical = description.dump();  // object keys are sorted
-  return "xxh3_64:" +
-         checkpoint_io::hex64(checkpoint_io::xxh3_64(canonical.data(), canonical.size()));
+  return checkpoint_io::xxh3_64_text(canonical.data(), canonical.size());
 }
 
 namespace {
@@ -434,7 +424,7 @@ CheckpointManifest parse_manifest(std::string_view text, const std::string& file
   }
   if (data_object.contains("contents")) {
     const json& contents = data_object["contents"];
-    if (!contents.is_string() || !is_contents_digest(contents.get<std::string>()))
+    if (!contents.is_string() || !checkpoint_io::is_xxh3_64_text(contents.get<std::string>()))
       throw CheckpointError(file + ": manifest.data.contents is " + excerpt(contents) +
                             ", expected \"xxh3_64:\" and 16 lowercase hex digits (the digest of "
                             "the data's bytes)");

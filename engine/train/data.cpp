@@ -153,8 +153,7 @@ FileSource::FileSource(const std::string& path) : path_(path) {
     throw std::invalid_argument("data file " + quoted_file_name(path) + " has " +
                                 std::to_string(bytes_.size()) +
                                 " bytes; at least 2 are needed to form an (input, target) pair");
-  contents_digest_ =
-      "xxh3_64:" + checkpoint_io::hex64(checkpoint_io::xxh3_64(text.data(), text.size()));
+  contents_digest_ = checkpoint_io::xxh3_64_text(text.data(), text.size());
   std::array<uint64_t, 256> counts{};
   for (const uint8_t b : bytes_) ++counts[b];
   for (const uint64_t c : counts) {
