@@ -52,9 +52,10 @@ std::optional<int> launcher_number(const char* name, long least, const char* wha
   return static_cast<int>(n);
 }
 
-// A node-local rank: a bad one falls back to asking MPI, as an absent one does, since at worst
-// two processes then share a GPU.
-std::optional<int> local_rank_from(const char* name) {
+// A rank, or nothing for a value that is not one. A bad node-local rank falls back to asking
+// MPI, as an absent one does, since at worst two processes then share a GPU; a bad launch rank
+// makes the process speak as the first of its launch, at worst repeating a refusal.
+std::optional<int> rank_from(const char* name) {
   const char* value = std::getenv(name);
   if (value == nullptr) return std::nullopt;
   char* end = nullptr;
@@ -101,6 +102,17 @@ LaunchEnvironment launch_environment() {
 
 int launched_process_count() { return launch_environment().processes; }
 
+int launched_process_rank() {
+  // As for the node-local rank, Slurm's number counts only inside a step of its own.
+  const bool slurm_step =
+      std::getenv("SLURM_STEP_NUM_TASKS") != nullptr || std::getenv("PMIX_RANK") != nullptr;
+  for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID", "PMIX_RANK"}) {
+    if (std::string(name) == "SLURM_PROCID" && !slurm_step) continue;
+    if (const auto n = rank_from(name)) return *n;
+  }
+  return 0;
+}
+
 int node_local_rank() {
   // SLURM_LOCALID also reaches processes that mpirun starts inside an allocation, where it
   // is the batch script's, so Slurm's counts only in a step of its own.
@@ -108,7 +120,7 @@ int node_local_rank() {
       std::getenv("SLURM_STEP_NUM_TASKS") != nullptr || std::getenv("PMIX_RANK") != nullptr;
   for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"}) {
     if (std::string(name) == "SLURM_LOCALID" && !slurm_step) continue;
-    if (const auto n = local_rank_from(name)) return *n;
+    if (const auto n = rank_from(name)) return *n;
   }
 #ifdef CONVEYOR_WITH_MPI
   int initialised = 0, finalised = 0;

@@ -33,6 +33,12 @@ LaunchEnvironment launch_environment();
 // launch_environment().processes.
 int launched_process_count();
 
+// This process's rank among the processes of its launch, as the launcher numbers them:
+// OMPI_COMM_WORLD_RANK, PMI_RANK, SLURM_PROCID inside an srun step, PMIX_RANK; 0 when no
+// launcher says (a plain process) or the value is not a rank. What says which process of a
+// launch speaks for all before MPI starts.
+int launched_process_rank();
+
 // This process's rank among the processes of its node: OMPI_COMM_WORLD_LOCAL_RANK under
 // OpenMPI's mpirun, MPI_LOCALRANKID under Hydra, SLURM_LOCALID inside an srun step; else
 // from MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) when MPI is initialised (a collective: every

@@ -26,6 +26,14 @@ class UsageError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A UsageError that every process of a launch of several reaches alike (the ranks' checks
+// against each other, a launcher this build cannot run under): only the launch's first
+// process prints it, the others end with the same status silently (error_line.h).
+class RefusalOfEveryProcess : public UsageError {
+ public:
+  using UsageError::UsageError;
+};
+
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitFailure = 1;
 inline constexpr int kExitUsage = 2;

@@ -11,25 +11,11 @@
 #include "engine/core/version.h"
 #include "tools/cli_common.h"
 #include "tools/commands.h"
+#include "tools/error_line.h"
 #include "tools/interrupt.h"
 
-namespace {
-
-// One error line: control characters in the message (echoed file names) are shown escaped,
-// line breaks kept for the validator's grid that may follow the sentence. Backslashes pass
-// as they are: many messages hold names escaped already, whose \t would otherwise print as
-// \\t. What the command printed before goes out first, so that in one file or pipe the
-// error comes last.
-void print_error(const char* message) {
-  std::fflush(stdout);
-  std::string text;
-  for (const char* c = message; *c; ++c)
-    text += *c == '\n' || *c == '\\' ? std::string(1, *c)
-                                     : conveyor::escaped_for_message(std::string(1, *c));
-  std::fprintf(stderr, "conveyor: error: %s\n", text.c_str());
-}
-
-}  // namespace
+using conveyor::cli::print_error_line;
+using conveyor::cli::print_usage_error_line;
 
 int main(int argc, char** argv) {
   // Before any command makes a file: an interrupt removes the temporaries of output files.
@@ -57,16 +43,15 @@ int main(int argc, char** argv) {
       if (sub->get_name() == argv[i]) found = sub;
     if (found == nullptr) {
       const std::string of = level == &app ? "" : level->get_name() + " ";
-      std::fprintf(stderr, "conveyor: error: unknown %ssubcommand '%s', expected one of: %s\n",
-                   of.c_str(), conveyor::escaped_for_message(argv[i]).c_str(),
-                   offered(level).c_str());
+      print_usage_error_line("unknown " + of + "subcommand '" +
+                             conveyor::escaped_for_message(argv[i]) +
+                             "', expected one of: " + offered(level));
       return conveyor::cli::kExitUsage;
     }
     level = found;
   }
   if (i == argc && level != &app && !level->get_subcommands({}).empty()) {
-    std::fprintf(stderr, "conveyor: error: %s needs a subcommand, one of: %s\n",
-                 level->get_name().c_str(), offered(level).c_str());
+    print_usage_error_line(level->get_name() + " needs a subcommand, one of: " + offered(level));
     return conveyor::cli::kExitUsage;
   }
   try {
@@ -80,9 +65,8 @@ int main(int argc, char** argv) {
     std::string command = "conveyor";
     for (const CLI::App* sub = level; sub != &app; sub = sub->get_parent())
       command.insert(8, " " + sub->get_name());
-    print_error(
-        (command + " does not take '" + extras + "'; " + command + " --help lists what it takes")
-            .c_str());
+    print_usage_error_line(command + " does not take '" + extras + "'; " + command +
+                           " --help lists what it takes");
     return conveyor::cli::kExitUsage;
   } catch (const CLI::ParseError& e) {
     // Help and version are CLI11's to print (exit 0); its parse errors (an unknown flag, a
@@ -92,28 +76,31 @@ int main(int argc, char** argv) {
     static const std::regex twice(R"(^(-[^:]+): At Most 1 required but received ([0-9]+)$)");
     std::cmatch given;
     if (std::regex_match(e.what(), given, twice)) {
-      print_error((given.str(1) + " was given " + given.str(2) +
-                   " times; give it once (a later value does not replace an earlier one)")
-                      .c_str());
+      print_usage_error_line(
+          given.str(1) + " was given " + given.str(2) +
+          " times; give it once (a later value does not replace an earlier one)");
       return conveyor::cli::kExitUsage;
     }
-    print_error((std::string(e.what()) + " (see --help)").c_str());
+    print_usage_error_line(std::string(e.what()) + " (see --help)");
     return conveyor::cli::kExitUsage;
   } catch (const conveyor::cli::ExitRequest& e) {
     return e.code;
   } catch (const std::bad_alloc& e) {
     // Commands that know where they were say so themselves (train: building the model, a
     // training step); one that reaches here may have failed at any point of its work.
-    print_error((conveyor::error_sentence(e) + "; use smaller sizes or free some memory").c_str());
+    print_error_line(conveyor::error_sentence(e) + "; use smaller sizes or free some memory");
+    return conveyor::cli::kExitUsage;
+  } catch (const conveyor::cli::RefusalOfEveryProcess& e) {
+    if (!conveyor::cli::waited_for_the_first_process()) print_error_line(e.what());
     return conveyor::cli::kExitUsage;
   } catch (const conveyor::cli::UsageError& e) {
-    print_error(e.what());
+    print_usage_error_line(e.what());
     return conveyor::cli::kExitUsage;
   } catch (const std::invalid_argument& e) {
-    print_error(e.what());
+    print_usage_error_line(e.what());
     return conveyor::cli::kExitUsage;
   } catch (const std::exception& e) {
-    print_error(e.what());
+    print_error_line(e.what());
     return conveyor::cli::kExitFailure;
   }
   return 0;

@@ -90,23 +90,17 @@ bool openmpi_has_slurm_pmi() {
 // that blames its build ("OMPI was not built with SLURM's PMI support") and ends the process
 // with status 1, before check_mpi_sees_the_launch could name the flag. OpenMPI takes a process
 // for one srun started when SLURM_NODELIST and SLURM_STEP_ID are set; so does this check.
-// Every task of the step is refused alike; the one srun numbers 0 says so, the others end
-// with the same status silently, so that the sentence appears once.
+// Every task of the step is refused alike, which the one srun numbers 0 says.
 void refuse_openmpi_without_pmix_under_srun(const comm::LaunchEnvironment& launch) {
 #ifdef OMPI_MAJOR_VERSION
   if (std::getenv("SLURM_NODELIST") == nullptr || std::getenv("SLURM_STEP_ID") == nullptr ||
       std::getenv("PMIX_RANK") != nullptr || openmpi_has_slurm_pmi())
     return;
-  const char* procid = std::getenv("SLURM_PROCID");
-  if (procid != nullptr && std::string(procid) != "0") {
-    std::fflush(stdout);
-    throw ExitRequest{kExitUsage};
-  }
   const char* plugin = std::getenv("SLURM_MPI_TYPE");
   std::string started = "(SLURM_STEP_ID=" + escaped_for_message(std::getenv("SLURM_STEP_ID")) + ")";
   if (launch.processes > 1)
     started = "as one of " + std::to_string(launch.processes) + " (" + launch.source + ")";
-  throw UsageError(
+  throw RefusalOfEveryProcess(
       "srun started this process " + started + " " +
       (plugin != nullptr && std::string(plugin) != "none"
            ? "with its " + escaped_for_message(plugin) + " plugin (SLURM_MPI_TYPE), not PMIx"
@@ -125,10 +119,7 @@ void refuse_openmpi_without_pmix_under_srun(const comm::LaunchEnvironment& launc
 }  // namespace
 
 void refuse_on_every_rank(const MpiSession& session, const std::string& message) {
-  if (session.active() && session.rank() != 0) {
-    std::fflush(stdout);
-    throw ExitRequest{kExitUsage};
-  }
+  if (session.active()) throw RefusalOfEveryProcess(message);
   throw UsageError(message);
 }
 

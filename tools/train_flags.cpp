@@ -115,7 +115,7 @@ TransportKind parse_transport(const std::string& name) {
 void refuse_in_process_under_a_launcher(TransportKind transport) {
   const comm::LaunchEnvironment launch = comm::launch_environment();
   if (transport != TransportKind::kInProcess || launch.processes <= 1) return;
-  throw UsageError(
+  throw RefusalOfEveryProcess(
       "--transport inproc runs every rank as a thread of one process, but the "
       "launcher started " +
       std::string(launch.at_least ? "at least " : "") + std::to_string(launch.processes) +

@@ -213,8 +213,9 @@ TEST(TransportFactory, TheNodeLocalRankComesFromTheLauncher) {
 class NoLauncher {
  public:
   NoLauncher() {
-    for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS",
-                             "SLURM_NTASKS", "SLURM_PROCID", "PMIX_RANK"}) {
+    for (const char* name :
+         {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS",
+          "SLURM_PROCID", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"}) {
       if (const char* old = std::getenv(name)) saved_.emplace_back(name, old);
       unsetenv(name);
     }
@@ -281,6 +282,33 @@ TEST(TransportFactory, EveryLauncherSaysHowManyProcessesItStarted) {
     EXPECT_EQ(choose_transport(TransportKind::kAuto, {Device::cpu(), Device::cpu()}),
               TransportKind::kInProcess);
   }
+}
+
+TEST(TransportFactory, EveryLauncherSaysWhichProcessThisIs) {
+  NoLauncher clean;
+  EXPECT_EQ(launched_process_rank(), 0);
+  {
+    ScopedEnv rank("OMPI_COMM_WORLD_RANK", "3");  // OpenMPI's mpirun
+    EXPECT_EQ(launched_process_rank(), 3);
+  }
+  {
+    ScopedEnv rank("PMI_RANK", "2");  // Hydra, srun --mpi=pmi2
+    EXPECT_EQ(launched_process_rank(), 2);
+  }
+  {
+    ScopedEnv rank("PMIX_RANK", "1");  // srun --mpi=pmix
+    EXPECT_EQ(launched_process_rank(), 1);
+  }
+  {
+    // A task of an srun step, and the batch script's number outside one.
+    ScopedEnv procid("SLURM_PROCID", "5");
+    EXPECT_EQ(launched_process_rank(), 0);
+    ScopedEnv step("SLURM_STEP_NUM_TASKS", "8");
+    EXPECT_EQ(launched_process_rank(), 5);
+  }
+  // A value that is not a rank speaks as the first process (at worst, a refusal said twice).
+  ScopedEnv bad("OMPI_COMM_WORLD_RANK", "x");
+  EXPECT_EQ(launched_process_rank(), 0);
 }
 
 // Compares the start of a message, which goes on to say what to do.

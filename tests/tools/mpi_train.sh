@@ -10,8 +10,9 @@
 #   mpi_train.sh CONVEYOR files        an MPMD launch whose two working directories hold another
 #                                      --schedule-file (or --data) at the same path: refused at
 #                                      start, once, naming the flag; copies at two paths run
-#   mpi_train.sh CONVEYOR launch       --transport inproc under -np 2 refused; -np 3 for 4 ranks
-#                                      said once; a process with srun --mpi=pmix's environment
+#   mpi_train.sh CONVEYOR launch       --transport inproc under -np 3 refused; it, a bad flag, a
+#                                      bad partition and -np 3 for 4 ranks said once, and a bad
+#                                      flag of rank 1 alone said by rank 1; a process with srun --mpi=pmix's environment
 #                                      but no PMIx server refused, and one with the environment
 #                                      of srun --mpi=none's step (before MPI_Init, which would
 #                                      end it); one inside an allocation runs
@@ -313,13 +314,33 @@ case $mode in
     ;;
   launch)
     # Threads of one process under a launcher of several: every process would run the job.
-    timeout 60 "${mpirun[@]}" -np 2 "$cli" "${common[@]}" --stages 2 --transport inproc \
+    # Each refuses alike, and the refusal is said once.
+    timeout 60 "${mpirun[@]}" -np 3 "$cli" "${common[@]}" --stages 3 --transport inproc \
       >"$work/out" 2>&1
     status=$?
-    [ "$status" = 2 ] || fail "--transport inproc under -np 2: status $status: $(cat "$work/out")"
-    grep -q "transport inproc runs every rank as a thread of one process, but the launcher started 2 processes (OMPI_COMM_WORLD_SIZE=2)" \
-      "$work/out" || fail "--transport inproc under -np 2 not refused: $(cat "$work/out")"
+    [ "$status" = 2 ] || fail "--transport inproc under -np 3: status $status: $(cat "$work/out")"
+    grep -q "transport inproc runs every rank as a thread of one process, but the launcher started 3 processes (OMPI_COMM_WORLD_SIZE=3)" \
+      "$work/out" || fail "--transport inproc under -np 3 not refused: $(cat "$work/out")"
     grep -q "^step \|^done " "$work/out" && fail "a rank trained with --transport inproc"
+    [ "$(grep -c "conveyor: error" "$work/out")" = 1 ] ||
+      fail "--transport inproc's refusal is not said exactly once: $(cat "$work/out")"
+    # Usage errors that every process meets alike, before MPI (a flag's value) and after it
+    # (a partition the model cannot take), are said once too.
+    for bad in "--schedule nope" "--partition 9,9"; do
+      # shellcheck disable=SC2086
+      timeout 60 "${mpirun[@]}" -np 2 "$cli" "${common[@]}" --stages 2 $bad >"$work/out" 2>&1
+      status=$?
+      [ "$status" = 2 ] || fail "$bad under -np 2: status $status: $(cat "$work/out")"
+      [ "$(grep -c "conveyor: error" "$work/out")" = 1 ] ||
+        fail "$bad under -np 2 is not refused exactly once: $(cat "$work/out")"
+    done
+    # A usage error of rank 1 alone (an MPMD launch) is said by rank 1, while rank 0 waits.
+    timeout 60 "${mpirun[@]}" -np 1 "$cli" "${common[@]}" --stages 2 : \
+      -np 1 "$cli" "${common[@]}" --stages 2 --schedule nope >"$work/out" 2>&1
+    status=$?
+    [ "$status" = 2 ] || fail "a bad flag of rank 1 alone: status $status: $(cat "$work/out")"
+    grep -q "^conveyor: error: .*nope" "$work/out" ||
+      fail "a bad flag of rank 1 alone is not said: $(cat "$work/out")"
     # A process count that every rank finds wrong is said once, by rank 0.
     timeout 60 "${mpirun[@]}" -np 3 "$cli" "${common[@]}" --stages 2 --dp 2 >"$work/out" 2>&1
     status=$?
@@ -354,7 +375,7 @@ case $mode in
     timeout 60 env SLURM_NTASKS=4 SLURM_PROCID=0 SLURM_LOCALID=0 SLURM_JOB_ID=42 \
       "$cli" "${common[@]}" --stages 2 >"$work/out" 2>&1 ||
       fail "a plain process in an allocation did not run by itself: $(cat "$work/out")"
-    echo "--transport inproc under mpirun refused; a wrong -np said once; a lone srun task and a task of srun --mpi=none refused"
+    echo "--transport inproc under mpirun refused; it, a bad flag, a bad partition and a wrong -np said once; one rank's bad flag said; a lone srun task and a task of srun --mpi=none refused"
     ;;
   kill)
     signal_last_rank KILL 10
