@@ -357,6 +357,13 @@ std::string exact(double value) {
   return std::string(buf, std::to_chars(buf, buf + sizeof buf, value).ptr);
 }
 
+// A folder flag compared by whether it is given: each process may name the folder by a path
+// of its own (a shared file system mounted elsewhere), which the save and the resume check.
+ConfigField given_or_not(const std::string& flag, const std::string& path) {
+  return {flag, path.empty() ? "not given" : "given",
+          path.empty() ? "not given" : escaped_for_message(path)};
+}
+
 }  // namespace
 
 ConfigFields configuration_fields(const TrainFlags& f, const TrainConfig& c) {
@@ -389,6 +396,17 @@ ConfigFields configuration_fields(const TrainFlags& f, const TrainConfig& c) {
       {"--bucket-mb", c.gradient_bucket_mib ? exact(*c.gradient_bucket_mib) : "not given"},
       {"--eval-batches", std::to_string(f.eval_batches)},
       {"--plan", f.plan_file},
+      // What decides the collectives after the last step (the checksum's) and the saves' and
+      // resume's meetings: a rank that differs would wait in one the others never start.
+      {"--weights-checksum", f.weights_checksum ? "on" : "off"},
+      given_or_not("--save-dir", f.checkpoint.save_dir),
+      {"--save-every", std::to_string(f.checkpoint.save_every)},
+      {"--keep", std::to_string(f.checkpoint.keep)},
+      {"--on-save-error", f.checkpoint.on_save_error},
+      {"--async-save", f.checkpoint.async_save ? "on" : "off"},
+      // Which checkpoint each process opens is compared as it resumes, by its manifest.
+      given_or_not("--resume", f.checkpoint.resume),
+      {"--stop-after", std::to_string(f.checkpoint.stop_after)},
       // Last: a rank whose binary reads files or saves checkpoints otherwise may still agree
       // on every flag above.
       {"the build (Conveyor version and commit, checkpoint and schedule file formats)",

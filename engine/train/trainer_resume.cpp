@@ -45,6 +45,42 @@ std::string model_differences(const nlohmann::json& saved, const nlohmann::json&
   return out;
 }
 
+// Each process opens the checkpoint by its own path, which may name a copy on its node's own
+// disk: the copies must be one checkpoint, or the ranks would resume from different weights,
+// steps and data positions and train on as if nothing were wrong. Compared by step and
+// manifest checksum (which covers every shard's checksum) over a table of the ranks' values,
+// so every process reaches the same verdict and says the same.
+void check_one_checkpoint_in_every_process(PipelineExecutor& executor, const Checkpoint& checkpoint,
+                                           const fs::path& path) {
+  if (executor.holds_all_ranks()) return;
+  // The step, then the checksum in four 16-bit pieces: a sum of one value and zeros is exact.
+  constexpr size_t kSlots = 5;
+  const uint64_t checksum = manifest_checksum(checkpoint.manifest());
+  std::vector<double> table(static_cast<size_t>(executor.num_world_ranks()) * kSlots, 0.0);
+  for (int rank : executor.local_ranks()) {
+    double* slot = &table[static_cast<size_t>(rank) * kSlots];
+    slot[0] = static_cast<double>(checkpoint.step());
+    for (size_t i = 0; i < 4; ++i)
+      slot[1 + i] = static_cast<double>((checksum >> (16 * i)) & 0xffff);
+  }
+  executor.sum_over_processes(table);
+  auto described = [&](int rank) {
+    const double* slot = &table[static_cast<size_t>(rank) * kSlots];
+    uint64_t sum = 0;
+    for (size_t i = 0; i < 4; ++i) sum |= static_cast<uint64_t>(slot[1 + i]) << (16 * i);
+    return "step " + std::to_string(static_cast<int64_t>(slot[0])) + " (" + "manifest checksum " +
+           checkpoint_io::hex64(sum) + ")";
+  };
+  for (int rank = 1; rank < executor.num_world_ranks(); ++rank)
+    if (described(rank) != described(0))
+      throw CheckpointError(
+          "the processes opened different checkpoints at " + checkpoint_io::shown_path(path) +
+          ": the process of rank 0 one of " + described(0) + ", that of rank " +
+          std::to_string(rank) + " one of " + described(rank) +
+          "; give every process the same checkpoint (a folder they share, or the same copy on "
+          "each node)");
+}
+
 // Everything that must match before a checkpoint is loaded into the trainer.
 void check_resumable(Trainer& trainer, const Checkpoint& checkpoint) {
   const TrainingState ours = trainer_training_state(trainer);
@@ -174,6 +210,7 @@ Checkpoint resume_trainer(Trainer& trainer, const fs::path& path) {
   }
   agree_across_processes(executor, error, "opening checkpoint " + checkpoint_io::shown_path(path));
   Checkpoint& checkpoint = *opened;
+  check_one_checkpoint_in_every_process(executor, checkpoint, path);
   check_tensor_count(executor, checkpoint);
   const TrainingState& saved = checkpoint.state();
 

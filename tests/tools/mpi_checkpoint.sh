@@ -17,11 +17,16 @@
 #                                       folder the nodes do not share looks like): both ranks
 #                                       end at the first save, non-zero, well within the
 #                                       timeout, rank 1 saying why and rank 0 naming rank 1
+#   mpi_checkpoint.sh CONVEYOR copies   each process resumes from its own copy at one path (what
+#                                       each node's own disk looks like): copies of one
+#                                       checkpoint resume as the shared folder does, bit for
+#                                       bit; a copy of another run's checkpoint at the same step,
+#                                       or of another step, is refused once, naming both
 #   mpi_checkpoint.sh CONVEYOR corrupt  a byte of rank 1's shard flipped: under -np 2 only
 #                                       rank 1's process reads (and names) that tensor, rank 0
 #                                       names rank 1; one process checks every byte itself
 set -uo pipefail
-cli=$1 mode=$2
+cli=$(realpath "$1") mode=$2
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mpirun=(mpirun --allow-run-as-root --oversubscribe --bind-to none)
@@ -120,6 +125,38 @@ case $mode in
     [ ! -e "$work/a/latest" ] || fail "a checkpoint was published without rank 1's shard"
     echo "unshared --save-dir: both ranks ended in ${took}s, status $status"
     grep "conveyor: error" "$work/out"
+    ;;
+  copies)
+    run full "${mpirun[@]}" -np 2 -- --stages 2
+    run saved "${mpirun[@]}" -np 2 -- --stages 2 --stop-after 2 --save-dir "$work/ckpt" --save-every 1
+    run other "${mpirun[@]}" -np 2 -- --stages 2 --stop-after 2 --save-dir "$work/other" --lr 0.001
+    # Each process in a folder of its own, where `ckpt` is its copy.
+    in_own_folder=(bash -c 'cd "$0/rank$OMPI_COMM_WORLD_RANK" && exec "$@"' "$work")
+    copies() {
+      rm -rf "$work/rank0" "$work/rank1" && mkdir "$work/rank0" "$work/rank1"
+      cp -a "$1" "$work/rank0/ckpt" && cp -a "$2" "$work/rank1/ckpt"
+    }
+    copies "$work/ckpt" "$work/ckpt"
+    run resumed "${mpirun[@]}" -np 2 "${in_own_folder[@]}" -- --stages 2 --resume ckpt
+    cat "$work/saved.jsonl" "$work/resumed.jsonl" >"$work/joined.jsonl"
+    cp "$work/resumed.out" "$work/joined.out"
+    same_run "$work" full joined "resumed by each process from its own copy"
+    for case in "another run's checkpoint at the same step" "another step"; do
+      if [ "$case" = "another step" ]; then
+        copies "$work/ckpt" "$work/ckpt"
+        echo step_1 >"$work/rank1/ckpt/latest"
+      else
+        copies "$work/ckpt" "$work/other"
+      fi
+      timeout 60 "${mpirun[@]}" -np 2 "${in_own_folder[@]}" "$cli" "${common[@]}" --steps 4 \
+        --stages 2 --resume ckpt >"$work/out" 2>&1
+      status=$?
+      [ "$status" = 2 ] || fail "$case: status $status: $(cat "$work/out")"
+      [ "$(grep -c "conveyor: error: the processes opened different checkpoints at 'ckpt': the process of rank 0 one of step 2 (manifest checksum [0-9a-f]*), that of rank 1 one of step [12] " "$work/out")" = 1 ] ||
+        fail "$case is not refused once, naming both: $(cat "$work/out")"
+      grep -q "^weights xxh3 " "$work/out" && fail "$case: the run trained on: $(cat "$work/out")"
+    done
+    echo "own copies of one checkpoint resume bitwise; copies of two are refused once"
     ;;
   corrupt)
     run saved -- --stages 2 --stop-after 2 --save-dir "$work/ckpt" --transport inproc

@@ -6,7 +6,8 @@
 #                                      rank 0's --trace holds the run's steps and every rank's
 #                                      timeline of the last step, gathered, and the bubble is reported
 #   mpi_train.sh CONVEYOR mismatch     two ranks, one with another --seed: refused at start,
-#                                      naming --seed, by rank 0 alone
+#                                      naming --seed, by rank 0 alone; so are another
+#                                      --bucket-mb, and --stop-after or --save-dir on one rank
 #   mpi_train.sh CONVEYOR files        an MPMD launch whose two working directories hold another
 #                                      --schedule-file (or --data) at the same path: refused at
 #                                      start, once, naming the flag; copies at two paths run
@@ -274,6 +275,19 @@ case $mode in
     grep -q "disagree on --bucket-mb: rank 0 has '0.0010001', rank 1 has '2'" "$work/out" ||
       fail "the refusal does not name --bucket-mb: $(cat "$work/out")"
     echo "mismatched --bucket-mb refused at start"
+    # Flags that decide which meetings a rank goes to after the last step or around its saves:
+    # given to rank 1 alone, it would wait in one that rank 0 never starts.
+    for extra in "--stop-after 2" "--save-dir $work/saves"; do
+      flag=${extra%% *}
+      # shellcheck disable=SC2086
+      timeout 60 "${mpirun[@]}" -np 1 "$cli" "${common[@]}" --stages 2 : \
+        -np 1 "$cli" "${common[@]}" --stages 2 $extra >"$work/out" 2>&1
+      status=$?
+      [ "$status" = 2 ] || fail "$flag on rank 1 alone: status $status: $(cat "$work/out")"
+      grep -q "conveyor: error: the ranks disagree on $flag: rank 0 has '\(0\|not given\)', rank 1 has '\(2\|$work/saves\)'" \
+        "$work/out" || fail "$flag on rank 1 alone is not refused by name: $(cat "$work/out")"
+    done
+    echo "--stop-after and --save-dir of one rank refused at start"
     ;;
   files)
     # One relative path, another file behind it in each process's working directory (an MPMD
