@@ -1,9 +1,13 @@
 #include "engine/train/trainer_checkpoint.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <system_error>
 #include <utility>
@@ -111,6 +115,8 @@ TrainerCheckpointer::TrainerCheckpointer(Trainer& trainer, TrainerCheckpointOpti
   std::exception_ptr error;
   try {
     check_checkpoint_directory(options_.directory);
+    const std::vector<int> ranks = trainer_.executor().local_ranks();
+    if (std::find(ranks.begin(), ranks.end(), 0) != ranks.end()) lock_folder();
   } catch (const CheckpointError&) {
     error = std::current_exception();
   }
@@ -123,6 +129,24 @@ TrainerCheckpointer::TrainerCheckpointer(Trainer& trainer, TrainerCheckpointOpti
 TrainerCheckpointer::~TrainerCheckpointer() {
   trainer_.set_save_handler(nullptr);
   if (background_.joinable()) background_.join();
+  if (folder_lock_ >= 0) ::close(folder_lock_);  // and with it the lock
+}
+
+void TrainerCheckpointer::lock_folder() {
+  const std::string shown = checkpoint_io::shown_path(options_.directory);
+  folder_lock_ = ::open(options_.directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (folder_lock_ < 0)
+    throw CheckpointError("cannot open checkpoint folder " + shown +
+                          " to lock it: " + std::strerror(errno));
+  if (::flock(folder_lock_, LOCK_EX | LOCK_NB) == 0) return;
+  const int err = errno;
+  ::close(folder_lock_);
+  folder_lock_ = -1;
+  if (err == EWOULDBLOCK)
+    throw CheckpointError("checkpoint folder " + shown +
+                          " is being saved into by another run (it holds the folder's lock); "
+                          "give this run a folder of its own, or wait for that run to end");
+  throw CheckpointError("cannot lock checkpoint folder " + shown + ": " + std::strerror(err));
 }
 
 void TrainerCheckpointer::after_step() {

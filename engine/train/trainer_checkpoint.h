@@ -60,7 +60,9 @@ struct SaveTiming {
 // process failed) instead of a process that ends while the others wait for it.
 class TrainerCheckpointer {
  public:
-  // Checks the folder (check_checkpoint_directory) and installs Trainer::save_now.
+  // Checks the folder (check_checkpoint_directory), locks it against other checkpointers
+  // (another run saving into it is refused with a CheckpointError) and installs
+  // Trainer::save_now.
   TrainerCheckpointer(Trainer& trainer, TrainerCheckpointOptions options);
   ~TrainerCheckpointer();  // waits for a background save; its error is dropped, see finish()
   TrainerCheckpointer(const TrainerCheckpointer&) = delete;
@@ -95,6 +97,7 @@ class TrainerCheckpointer {
   const std::vector<SaveTiming>& save_timings() const { return timings_; }
 
  private:
+  void lock_folder();  // throws CheckpointError when another holds it
   struct RankShard {
     int rank = 0;
     std::vector<NamedTensor> tensors;
@@ -127,6 +130,10 @@ class TrainerCheckpointer {
   bool finishing_ = false;  // in finish(): no training goes on after a failure
   double last_stall_seconds_ = 0.0;
   std::vector<SaveTiming> timings_;  // appended only after the background save is joined
+  // The folder's lock (flock on the folder itself), held by the process of rank 0, which
+  // commits, for the checkpointer's life: a second run saving into the same folder would
+  // remove this one's unfinished step as a crash's leftover and prune its checkpoints.
+  int folder_lock_ = -1;
   // Host memory of the async snapshots (pinned on CUDA), made at the first and reused: a
   // snapshot's blocks return to it when its background write ends, before the next save.
   std::shared_ptr<CachingAllocator> snapshot_memory_;

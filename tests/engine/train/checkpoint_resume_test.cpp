@@ -397,6 +397,33 @@ TEST(TrainerResume, SaveNowSavesTheCurrentStepOnce) {
   EXPECT_EQ(ckpt.state().stages.size(), 2u);
 }
 
+// Another run saving into the folder would take this one's unfinished step for a crash's
+// leftover and remove it; the folder is locked for the checkpointer's life.
+TEST(TrainerResume, AFolderAnotherCheckpointerSavesIntoIsRefused) {
+  TempDir dir;
+  Trainer first(resume_config(1, schedule::ScheduleKind::k1F1B));
+  Trainer second(resume_config(1, schedule::ScheduleKind::k1F1B));
+  {
+    TrainerCheckpointer saving(first, {dir.path()});
+    try {
+      TrainerCheckpointer other(second, {dir.path()});
+      FAIL() << "a second checkpointer took the folder";
+    } catch (const CheckpointError& e) {
+      EXPECT_NE(std::string(e.what()).find("is being saved into by another run (it holds the "
+                                           "folder's lock)"),
+                std::string::npos)
+          << e.what();
+    }
+    first.step();
+    saving.save();
+  }
+  // Released with the first.
+  TrainerCheckpointer next(second, {dir.path()});
+  second.step();
+  second.step();  // step 1 is the first run's
+  EXPECT_NO_THROW(next.save());
+}
+
 TEST(TrainerResume, UnwritableFolderIsRefusedBeforeTheFirstStep) {
   TempDir dir;
   std::ofstream(dir / "file") << "x\n";
