@@ -37,19 +37,21 @@ class RefusalOfEveryProcess : public UsageError {
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitFailure = 1;
 inline constexpr int kExitUsage = 2;
-inline constexpr int kExitSigint = 130;
-inline constexpr int kExitSigterm = 143;
+// A command stopped by a signal ends with 128 + the signal, as a shell shows a process the
+// signal killed: 130 SIGINT, 143 SIGTERM, 129 SIGHUP, 138 SIGUSR1.
+inline constexpr int kExitInterrupted = 128;
 
 // The exit status convention, as help texts show it; `failure` says what status 1 means for
 // the command showing it.
 inline std::string exit_status_text(const std::string& failure) {
-  return "Exit status: 0 ok, 1 " + failure + ", 2 bad input, 130/143 interrupted (SIGINT/SIGTERM).";
+  return "Exit status: 0 ok, 1 " + failure +
+         ", 2 bad input, 130/143/129/138 interrupted (SIGINT/SIGTERM/SIGHUP/SIGUSR1).";
 }
 inline const std::string kExitStatusText =
     exit_status_text("training failed or diverged, or an output file could not be written");
 
 // Thrown after a command has said everything it had to say, to end with `code` (an
-// interrupted run: 130 or 143).
+// interrupted run: kExitInterrupted + the signal).
 struct ExitRequest {
   int code;
 };

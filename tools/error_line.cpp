@@ -41,6 +41,8 @@ bool waited_for_the_first_process() {
   // (no output file is unfinished by now: their owners removed them on the way out).
   std::signal(SIGTERM, SIG_DFL);
   std::signal(SIGINT, SIG_DFL);
+  std::signal(SIGHUP, SIG_DFL);
+  std::signal(SIGUSR1, SIG_DFL);
   std::this_thread::sleep_for(kPauseForTheFirstProcess);
   return true;
 }

@@ -12,6 +12,11 @@ namespace {
 
 volatile std::sig_atomic_t received = 0;
 
+// The signals that stop a command: Ctrl-C, kill's default, a closed terminal, and SIGUSR1,
+// which OpenMPI's mpirun passes on to every process at once (it turns SIGINT, SIGTERM and
+// SIGHUP into an abort of the job that kills the processes a second later).
+constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGUSR1};
+
 extern "C" void record_signal(int signal) {
   if (received == 0) received = signal;
 }
@@ -44,8 +49,8 @@ extern "C" void remove_temporaries_and_end(int signal) {
   int removed = 0;
   for (TemporarySlot& slot : temporaries)
     if (slot.state.load() == 2 && ::unlink(slot.path) == 0) ++removed;
-  write_text(signal == SIGINT ? "conveyor: interrupted by SIGINT"
-                              : "conveyor: interrupted by SIGTERM");
+  write_text("conveyor: interrupted by ");
+  write_text(signal_name(signal));
   write_text(removed > 0 ? "; the unfinished output files were removed, the files they were to "
                            "replace left as they were\n"
                          : "\n");
@@ -63,19 +68,30 @@ void install(void (*handler)(int), int flags, bool one_at_a_time) {
   struct sigaction action {};
   action.sa_handler = handler;
   sigemptyset(&action.sa_mask);
-  if (one_at_a_time) {
-    sigaddset(&action.sa_mask, SIGINT);
-    sigaddset(&action.sa_mask, SIGTERM);
-  }
+  if (one_at_a_time)
+    for (const int signal : kStopSignals) sigaddset(&action.sa_mask, signal);
   action.sa_flags = flags;
-  sigaction(SIGINT, &action, nullptr);
-  sigaction(SIGTERM, &action, nullptr);
+  for (const int signal : kStopSignals) sigaction(signal, &action, nullptr);
 }
 
 }  // namespace
 
+const char* signal_name(int signal) {
+  switch (signal) {
+    case SIGINT:
+      return "SIGINT";
+    case SIGTERM:
+      return "SIGTERM";
+    case SIGHUP:
+      return "SIGHUP";
+    case SIGUSR1:
+      return "SIGUSR1";
+  }
+  return "a signal";
+}
+
 void install_cleanup_handlers() {
-  // One handler at a time: SIGTERM waits while SIGINT's removes the files, and the reverse.
+  // One handler at a time: a second signal waits while the first's removes the files.
   install(remove_temporaries_and_end, SA_RESTART, true);
 }
 

@@ -1,5 +1,7 @@
 #pragma once
-// SIGINT and SIGTERM.
+// SIGINT, SIGTERM, SIGHUP and SIGUSR1: the signals that stop a command. SIGUSR1 is the one
+// OpenMPI's mpirun passes on to every process at once; SIGINT, SIGTERM and SIGHUP to mpirun
+// abort the job, whose processes are sent SIGTERM and killed a second later.
 //
 // Every command: until a command takes the signals over, the handler main() installs removes
 // the temporary files output files are written to (ReplacedFile), says in one line that the
@@ -19,8 +21,8 @@ namespace conveyor::cli {
 // the signal. Called once, in main(), before any command runs.
 void install_cleanup_handlers();
 
-// Registers `path`, a temporary file this process has just made, to be removed if SIGINT or
-// SIGTERM ends the process before it is unregistered. Returns the slot to unregister, or -1
+// Registers `path`, a temporary file this process has just made, to be removed if one of the
+// signals ends the process before it is unregistered. Returns the slot to unregister, or -1
 // when the path is not held: longer than a slot takes, or every slot is in use (a command
 // writes a few files at a time); such a file is then only removed by its owner.
 int register_temporary_file(const std::string& path);
@@ -32,5 +34,8 @@ void unregister_temporary_file(int slot);
 void install_interrupt_handlers();
 // The first signal received since install_interrupt_handlers, or 0.
 int interrupt_signal();
+
+// "SIGINT", "SIGTERM", "SIGHUP" or "SIGUSR1" (a string literal: safe in a signal handler).
+const char* signal_name(int signal);
 
 }  // namespace conveyor::cli

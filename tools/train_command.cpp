@@ -384,7 +384,7 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
     std::printf("weights xxh3 %016llx\n", static_cast<unsigned long long>(checksum));
   }
   std::fflush(stdout);
-  if (signal != 0) throw ExitRequest(signal == SIGTERM ? kExitSigterm : kExitSigint);
+  if (signal != 0) throw ExitRequest(kExitInterrupted + signal);
   pause_if_asked_at("end");
   mpi.meet_at_the_end();
   if (last_step_unsaved) throw ExitRequest(kExitFailure);

@@ -14,6 +14,7 @@
 #include "engine/schedule/simulator.h"
 #include "engine/train/trainer.h"
 #include "tools/cli_common.h"
+#include "tools/interrupt.h"
 #include "tools/output_file.h"
 #include "tools/run_trace.h"
 
@@ -149,7 +150,7 @@ void print_summary(Trainer& trainer, const TrainConfig& config, const RunTotals&
   const double tokens = static_cast<double>(t.steps * config.batch_tokens);
   if (signal != 0)
     std::printf("interrupted at step %lld of %lld by %s;%s\n", static_cast<long long>(t.last_step),
-                static_cast<long long>(config.steps), signal == SIGINT ? "SIGINT" : "SIGTERM",
+                static_cast<long long>(config.steps), signal_name(signal),
                 logging_steps ? " the log holds every finished step"
                               : " the step in progress finished first");
   std::printf("done   %lld steps, %.0f tokens in %.1f s (%s tok/s), allocator peak %s\n",

@@ -12,7 +12,8 @@
 #   mpi_checkpoint.sh CONVEYOR interrupt
 #                                       SIGINT to rank 1 alone mid-run: both ranks stop after
 #                                       the same step, save it, and exit with 130; the
-#                                       checkpoint is complete and `latest` names that step
+#                                       checkpoint is complete and `latest` names that step;
+#                                       so with SIGUSR1 to mpirun itself (status 138)
 #   mpi_checkpoint.sh CONVEYOR unshared rank 1 sees another --save-dir than rank 0 (what a
 #                                       folder the nodes do not share looks like): both ranks
 #                                       end at the first save, non-zero, well within the
@@ -110,6 +111,23 @@ case $mode in
     "$cli" ckpt verify "$work/ckpt" >"$work/verify.out" 2>&1 || fail "ckpt verify: $(cat "$work/verify.out")"
     grep -Eq "Exit code: +130" "$work/out" || fail "no rank ended with 130 (128 + SIGINT): $(cat "$work/out")"
     echo "SIGINT to rank 1: both ranks stopped after step $step and saved it, status $status in ${took}s"
+    # SIGUSR1 to mpirun itself, which passes it on to every process at once (SIGINT, SIGTERM
+    # and SIGHUP it turns into an abort that kills the processes a second later).
+    rm -rf "$work/ckpt" "$work/log.jsonl"
+    "${mpirun[@]}" -np 2 "$cli" "${common[@]}" --stages 2 --steps 1000000 --save-dir "$work/ckpt" \
+      --log-json "$work/log.jsonl" >"$work/out" 2>&1 &
+    launcher=$!
+    for _ in $(seq 1 300); do [ -s "$work/log.jsonl" ] && break; sleep 0.1; done
+    kill -USR1 "$launcher"
+    wait "$launcher"
+    status=$?
+    [ "$status" = 138 ] || fail "SIGUSR1 to mpirun: status $status, not 138: $(cat "$work/out")"
+    step=$(sed -n 's/^interrupted at step \([0-9]*\) .* by SIGUSR1;.*/\1/p' "$work/out")
+    [ -n "$step" ] || fail "the ranks did not stop for SIGUSR1: $(cat "$work/out")"
+    [ "$(cat "$work/ckpt/latest")" = "step_$step" ] ||
+      fail "latest names $(cat "$work/ckpt/latest" 2>&1), not step_$step: $(cat "$work/out")"
+    "$cli" ckpt verify "$work/ckpt" >"$work/verify.out" 2>&1 || fail "ckpt verify: $(cat "$work/verify.out")"
+    echo "SIGUSR1 to mpirun: both ranks stopped after step $step and saved it, status 138"
     ;;
   unshared)
     start=$(date +%s)
