@@ -467,7 +467,9 @@ void register_plan_command(CLI::App& app) {
   add_path_flag(cmd, "--out", f.out, "Write the chosen plan (JSON) for `train --plan FILE`")
       ->type_name("FILE");
   cmd->footer(std::string("Example: conveyor plan --stages 2 --d-model 128 --layers 8 --vocab "
-                          "16384 --out plan.json, then conveyor train --plan plan.json\n") +
+                          "16384 --out plan.json, then conveyor train --plan plan.json --d-model "
+                          "128 --layers 8 --vocab 16384 (a plan holds only the layout: the run "
+                          "repeats the model flags)\n") +
               exit_status_text("the plan file could not be written"));
   cmd->callback([flags, cmd] { run_plan(*flags, *cmd); });
 }
