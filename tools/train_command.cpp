@@ -421,7 +421,9 @@ void register_train_command(CLI::App& app) {
                 "Write one JSON object per step to FILE (locked; flushed every line)")
       ->type_name("FILE");
   add_int_flag(cmd, "--log-every", flags->log_every, 1, 1000000000, "Print every N steps");
-  cmd->add_flag("--quiet", flags->quiet, "Only print the summary (default off)");
+  cmd->add_flag("--quiet", flags->quiet,
+                "Leave out the per-step lines, the periodic saves' lines and --partition auto's "
+                "report; the run's header, notes and closing lines stay (default off)");
   add_int_flag(cmd, "--stages", c.stages, 1, kMaxStages, "Pipeline ranks (p)");
   add_int_flag(cmd, "--chunks", flags->chunks, 1, kMaxChunks,
                "Virtual stages per rank (interleaved; zbv always has 2)")
