@@ -399,9 +399,9 @@ void register_schedule_command(CLI::App& app) {
       ->capture_default_str();
   add_int_flag(cmd, "--stages,-p", opts->stages, 1, 1024,
                "Pipeline ranks p (stages when --chunks is 1)")
-      ->default_str("required");
+      ->default_str("required unless --load");
   add_int_flag(cmd, "--microbatches,-m", opts->microbatches, 1, 65536, "Micro-batches m per step")
-      ->default_str("required");
+      ->default_str("required unless --load");
   add_int_flag(cmd, "--chunks,-v", opts->chunks, 1, 64,
                "Chunks (virtual stages) per rank, as in `conveyor train`; zbv always has 2")
       ->default_str("2 for interleaved, else 1");
