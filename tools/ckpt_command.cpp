@@ -324,11 +324,13 @@ void register_ckpt_command(CLI::App& app) {
   auto flags = std::make_shared<CkptFlags>();
   CLI::App* ckpt = app.add_subcommand("ckpt", "Inspect and verify checkpoints");
   ckpt->require_subcommand(1);
-  ckpt->footer(
-      "Example: conveyor ckpt verify runs/ckpt/latest\nExit status: 0 every check passed, 1 a "
-      "file or checksum of the checkpoint is bad (the message names it), 2 bad input (PATH "
-      "names no checkpoint: nothing there, a file that is neither the checkpoint's folder nor "
-      "its 'latest', a folder holding none; a bad flag).");
+  // CLI11 gives a subcommand its parent's footer: each sets its own, so that its example
+  // names it.
+  const std::string exit_status =
+      "Exit status: 0 every check passed, 1 a file or checksum of the checkpoint is bad (the "
+      "message names it), 2 bad input (PATH names no checkpoint: nothing there, a file that is "
+      "neither the checkpoint's folder nor its 'latest', a folder holding none; a bad flag).";
+  ckpt->footer("Example: conveyor ckpt verify runs/ckpt/latest\n" + exit_status);
 
   CLI::App* inspect = ckpt->add_subcommand(
       "inspect", "Print a checkpoint's manifest and tensors (after checking all of it)");
@@ -338,6 +340,7 @@ void register_ckpt_command(CLI::App& app) {
   inspect->add_flag("--json", flags->json, "Print everything as one JSON document");
   add_int_flag(inspect, "--values", flags->values, 0, int64_t{1} << 31,
                "Also print the first N elements of each tensor");
+  inspect->footer("Example: conveyor ckpt inspect runs/ckpt/latest\n" + exit_status);
   inspect->callback([flags] { run_inspect(*flags); });
 
   CLI::App* verify = ckpt->add_subcommand(
@@ -347,6 +350,7 @@ void register_ckpt_command(CLI::App& app) {
   add_path_flag(verify, "path", flags->path, "DIR, DIR/latest or DIR/step_<N>",
                 "a checkpoint path (DIR, DIR/latest or DIR/step_<N>)")
       ->required();
+  verify->footer("Example: conveyor ckpt verify runs/ckpt/latest\n" + exit_status);
   verify->callback([flags] { run_verify(*flags); });
 
   CLI::App* demo = ckpt->add_subcommand("demo", "Write a checkpoint of random tensors into DIR");
