@@ -181,9 +181,13 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
           std::to_string(config.data_parallel));
 
   // Every output file is opened (and the log locked) before any work, not after the last step.
-  std::optional<OutputFile> json_log, trace;
+  // The log is written line by line as the run goes, so it is the file itself, locked against
+  // a second run; the trace is written whole at the end, in place of the file only then (a
+  // run that fails leaves the file as it was).
+  std::optional<OutputFile> json_log;
+  std::optional<ReplacedFile> trace;
   if (!f.log_json.empty()) json_log.emplace(f.log_json, "--log-json", /*lock=*/true);
-  if (!f.trace.empty()) trace.emplace(f.trace, "--trace", /*lock=*/true);
+  if (!f.trace.empty()) trace.emplace(f.trace, "--trace");
 
   std::unique_ptr<Trainer> trainer;
   pause_if_asked_at("setup");

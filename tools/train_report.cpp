@@ -98,7 +98,7 @@ void print_pipeline(Trainer& trainer) {
   std::printf("\n");
 }
 
-void report_bubble(Trainer& trainer, PipelineStepResult& last, OutputFile* trace,
+void report_bubble(Trainer& trainer, PipelineStepResult& last, ReplacedFile* trace,
                    const RunTrace& run, const std::vector<SaveTiming>& saves) {
   const auto& sched = trainer.executor().schedule();
   // Under MPI every process takes part; rank 0 prints and writes the trace.
@@ -133,11 +133,10 @@ void report_bubble(Trainer& trainer, PipelineStepResult& last, OutputFile* trace
     }
   }
   if (trace) {
-    trace->write(
+    trace->commit(
         run.to_json(schedule::chrome_trace_json(sched, summarize_replicas(sched, last.timing),
                                                 /*us_per_unit=*/1.0),
                     saves));
-    trace->close();
     std::printf(
         "trace  %s (the run's steps and checkpoint saves, and the last step's measured "
         "timeline of every rank)\n",

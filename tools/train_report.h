@@ -36,8 +36,9 @@ void print_summary(Trainer& trainer, const TrainConfig& config, const RunTotals&
 
 // Measured bubble of the last step per rank, next to the simulator's prediction for the
 // costs measured in that step (a one-stage run has no bubble); optionally the measured
-// timeline as a Chrome trace. Under MPI it first gathers every rank's timeline into `last`.
-void report_bubble(Trainer& trainer, PipelineStepResult& last, OutputFile* trace,
+// timeline as a Chrome trace, put in place of the file whole. Under MPI it first gathers every
+// rank's timeline into `last`.
+void report_bubble(Trainer& trainer, PipelineStepResult& last, ReplacedFile* trace,
                    const RunTrace& run, const std::vector<SaveTiming>& saves);
 
 }  // namespace conveyor::cli
