@@ -33,6 +33,12 @@ class RefusalOfEveryProcess : public UsageError {
  public:
   using UsageError::UsageError;
 };
+// The same for a failure (exit status 1) that every process meets alike, such as a step whose
+// all-reduced loss is not finite.
+class FailureOfEveryProcess : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
 
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitFailure = 1;

@@ -93,6 +93,9 @@ int main(int argc, char** argv) {
   } catch (const conveyor::cli::RefusalOfEveryProcess& e) {
     if (!conveyor::cli::waited_for_the_first_process()) print_error_line(e.what());
     return conveyor::cli::kExitUsage;
+  } catch (const conveyor::cli::FailureOfEveryProcess& e) {
+    if (!conveyor::cli::waited_for_the_first_process()) print_error_line(e.what());
+    return conveyor::cli::kExitFailure;
   } catch (const conveyor::cli::UsageError& e) {
     print_usage_error_line(e.what());
     return conveyor::cli::kExitUsage;

@@ -275,6 +275,10 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
     } catch (const std::bad_alloc&) {
       throw std::runtime_error("out of memory in training step " + std::to_string(s) +
                                "; use a smaller model or fewer tokens per micro-batch");
+    } catch (const TrainingDiverged& e) {
+      // Decided from the step's all-reduced loss and norm: every process stops alike.
+      if (mpi.active()) throw FailureOfEveryProcess(e.what());
+      throw;
     }
     run_trace.add_step(s, step_begin, RunTrace::Clock::now());
     ++t.steps;

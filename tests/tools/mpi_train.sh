@@ -12,7 +12,8 @@
 #                                      --schedule-file (or --data) at the same path: refused at
 #                                      start, once, naming the flag; copies at two paths run
 #   mpi_train.sh CONVEYOR launch       --transport inproc under -np 3 refused; it, a bad flag, a
-#                                      bad partition and -np 3 for 4 ranks said once, and a bad
+#                                      bad partition, -np 3 for 4 ranks and a diverging step
+#                                      said once, and a bad
 #                                      flag of rank 1 alone said by rank 1; a process with srun --mpi=pmix's environment
 #                                      but no PMIx server refused, and one with the environment
 #                                      of srun --mpi=none's step (before MPI_Init, which would
@@ -348,6 +349,13 @@ case $mode in
       [ "$(grep -c "conveyor: error" "$work/out")" = 1 ] ||
         fail "$bad under -np 2 is not refused exactly once: $(cat "$work/out")"
     done
+    # A step that diverges does so on every process (its loss and norm are all-reduced).
+    timeout 60 "${mpirun[@]}" -np 2 "$cli" "${common[@]}" --stages 2 --lr 1e30 --warmup 0 \
+      --clip 0 >"$work/out" 2>&1
+    status=$?
+    [ "$status" = 1 ] || fail "a diverging run under -np 2: status $status: $(cat "$work/out")"
+    [ "$(grep -c "conveyor: error: loss became nan" "$work/out")" = 1 ] ||
+      fail "the divergence is not said exactly once: $(cat "$work/out")"
     # A usage error of rank 1 alone (an MPMD launch) is said by rank 1, while rank 0 waits.
     timeout 60 "${mpirun[@]}" -np 1 "$cli" "${common[@]}" --stages 2 : \
       -np 1 "$cli" "${common[@]}" --stages 2 --schedule nope >"$work/out" 2>&1
