@@ -167,7 +167,7 @@ void TrainerCheckpointer::after_step() {
 void TrainerCheckpointer::failed(const std::exception& e) {
   if (options_.on_error == SaveErrorPolicy::kStop) throw;
   options_.warn(std::string(finishing_ ? "checkpoint not saved at the end of the run: "
-                                       : "checkpoint not saved, training goes on: ") +
+                                       : "checkpoint not saved; the run does not stop for it: ") +
                 e.what());
 }
 
