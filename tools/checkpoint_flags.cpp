@@ -34,6 +34,8 @@ void check_checkpoint_flags(const CheckpointFlags& f, const CLI::App& cmd) {
   if (f.on_save_error != "stop" && f.on_save_error != "continue")
     throw UsageError("--on-save-error must be stop or continue, got '" +
                      escaped_for_message(f.on_save_error) + "'");
+  if (f.resume == "latest" && f.save_dir.empty())
+    throw UsageError("--resume latest needs --save-dir (the folder whose latest to resume)");
   if (!f.save_dir.empty()) {
     refuse_kernel_file_system(f.save_dir,
                               "--save-dir folder '" + escaped_for_message(f.save_dir) + "'");
@@ -61,8 +63,6 @@ std::unique_ptr<TrainerCheckpointer> setup_checkpoints(const CheckpointFlags& f,
       checkpointer = std::make_unique<TrainerCheckpointer>(trainer, std::move(options));
     }
     if (!f.resume.empty()) {
-      if (f.resume == "latest" && f.save_dir.empty())
-        throw UsageError("--resume latest needs --save-dir (the folder whose latest to resume)");
       const std::string path = f.resume == "latest" ? f.save_dir : f.resume;
       const Checkpoint ckpt = resume_trainer(trainer, path);
       if (checkpointer) checkpointer->resumed_from(ckpt.directory());
@@ -73,6 +73,8 @@ std::unique_ptr<TrainerCheckpointer> setup_checkpoints(const CheckpointFlags& f,
       for (const std::string& change : resume_setting_changes(trainer, ckpt.state()))
         std::printf("note: %s\n", change.c_str());
     }
+  } catch (const CheckpointErrorOfEveryProcess& e) {
+    throw RefusalOfEveryProcess(e.what());
   } catch (const CheckpointError& e) {
     throw UsageError(e.what());
   }

@@ -16,6 +16,8 @@ namespace {
 // and than the processes of one launch take to start apart on a busy machine.
 constexpr std::chrono::seconds kPauseForTheFirstProcess{2};
 
+bool errors_are_own = false;
+
 bool one_of_several_but_not_the_first() {
   try {
     return comm::launched_process_count() > 1 && comm::launched_process_rank() != 0;
@@ -48,8 +50,10 @@ bool waited_for_the_first_process() {
 }
 
 void print_usage_error_line(const std::string& message) {
-  waited_for_the_first_process();
+  if (!errors_are_own) waited_for_the_first_process();
   print_error_line(message);
 }
+
+void usage_errors_are_this_process_own() { errors_are_own = true; }
 
 }  // namespace conveyor::cli

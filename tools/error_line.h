@@ -19,7 +19,15 @@ void print_error_line(const std::string& message);
 // every process is known to refuse alike. False at once in a plain process or the first.
 bool waited_for_the_first_process();
 
-// A usage error's line (exit status 2), after waited_for_the_first_process().
+// A usage error's line (exit status 2): after waited_for_the_first_process() until
+// usage_errors_are_this_process_own() was called, at once after.
 void print_usage_error_line(const std::string& message);
+
+// From the call on, a usage error is this process's own and is printed at once: what fails
+// once a run's ranks are connected may fail in one process alone (a shard of its own that is
+// corrupt), and another process's error may point to it ("failed in the process of rank 1;
+// its error says why"), so waiting would let the launcher end this process unheard. Until
+// then, errors come from the command line and the files every process reads alike.
+void usage_errors_are_this_process_own();
 
 }  // namespace conveyor::cli

@@ -25,6 +25,7 @@
 #include "tools/checkpoint_flags.h"
 #include "tools/cli_common.h"
 #include "tools/commands.h"
+#include "tools/error_line.h"
 #include "tools/interrupt.h"
 #include "tools/mpi_launch.h"
 #include "tools/output_file.h"
@@ -202,6 +203,8 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
         "out of memory while building the model, its optimizer state and the pipeline; use a "
         "smaller model or --memory-cap to see the estimate");
   }
+  // The ranks are connected: an error from here on may be one process's alone.
+  usage_errors_are_this_process_own();
   std::printf("model  %s\n", trainer->model().name.c_str());
   std::printf("data   %s\n", trainer->source().describe().c_str());
   std::printf("device %s | %lld steps x %lld tokens in %lld micro-batches | %s lr %s\n",
@@ -217,16 +220,21 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
   const int64_t stop_after = f.checkpoint.stop_after;
   const bool stops_early = stop_after > 0 && stop_after < config.steps;
   const int64_t last_step_to_run = stops_early ? stop_after : config.steps;
-  check_eval_fits(*trainer, config, last_step_to_run, f.eval_batches);
+  try {
+    check_eval_fits(*trainer, config, last_step_to_run, f.eval_batches);
+  } catch (const UsageError& e) {  // from the agreed flags and --data contents: alike everywhere
+    refuse_on_every_rank(mpi, e.what());
+  }
   std::unique_ptr<TrainerCheckpointer> checkpointer = setup_checkpoints(f.checkpoint, *trainer);
   const int64_t first_step = trainer->steps_done() + 1;
   // A resumed run at or past its end: only the limit that ends it can be raised, and the
   // refusal is the one line printed.
   const char* const limit = stops_early ? "--stop-after" : "--steps";
   if (last_step_to_run < first_step)
-    throw UsageError("nothing to train: the run is at step " + std::to_string(first_step - 1) +
-                     " and stops at step " + std::to_string(last_step_to_run) + " (" + limit +
-                     "); raise " + limit);
+    refuse_on_every_rank(mpi, "nothing to train: the run is at step " +
+                                  std::to_string(first_step - 1) + " and stops at step " +
+                                  std::to_string(last_step_to_run) + " (" + limit + "); raise " +
+                                  limit);
   // A --stop-after past the run's length stops nothing; whoever gave it most likely meant a
   // longer run, which only --steps makes (it also spans the learning-rate schedule).
   if (stop_after > config.steps)

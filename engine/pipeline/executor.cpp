@@ -249,6 +249,7 @@ PipelineStepResult PipelineExecutor::run_step(const std::vector<MicroBatchData>&
                           .update = update,
                           .start = Clock::now(),
                           .reporting_rank = ranks_.front()->index,
+                          .gather_peaks = !holds_all_ranks(),
                           .stop_request = stop_request_ ? &stop_request_ : nullptr};
   const int held_count = static_cast<int>(ranks_.size());
   std::vector<std::string> errors(held_count);

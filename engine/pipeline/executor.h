@@ -96,9 +96,8 @@ struct PipelineStepResult {
   // PipelineExecutor::gather_timing.
   std::vector<std::vector<schedule::ActionTiming>> timing;
   // Per rank (all P*D): peak bytes of activations held by its stages (allocator-measured,
-  // excluding tensors in transit), and peak of all live allocations. Under a transport that
-  // spans processes only the ranks this process holds (0 elsewhere), until Trainer::step
-  // gathers every rank's.
+  // excluding tensors in transit), and peak of all live allocations: every rank's, under a
+  // transport that spans processes too (gathered at the end of the step).
   std::vector<size_t> peak_activation_bytes;
   std::vector<size_t> peak_allocated_bytes;
 };

@@ -41,7 +41,8 @@ std::string waits_on(const schedule::Schedule& schedule, const RankPosition& ran
     }
     case Phase::kEndOfStep:
       return "past its last action, in the end of the step (transfers, the all-reduce of "
-             "losses and norms over all ranks, the update)";
+             "losses and norms over all ranks, the update; across processes, the sum of memory "
+             "peaks)";
     case Phase::kDone:
       return "done with the step";
   }

@@ -21,6 +21,22 @@ std::vector<Parameter*> PipelineRank::parameters() {
 
 namespace {
 
+// Each process measured its own rank's peaks (the others' entries are 0): one more sum gathers
+// every rank's, exactly (sizes below 2^53 are exact doubles, and x + 0 is x). Inside the step,
+// so that a peer that stalls there is reported with every rank's position, as in the step's
+// other waits.
+void gather_peaks(comm::Transport& transport, int rank, PipelineStepResult& result) {
+  const size_t world = result.peak_allocated_bytes.size();
+  std::vector<double> peaks(2 * world, 0.0);
+  peaks[rank] = static_cast<double>(result.peak_allocated_bytes[rank]);
+  peaks[world + rank] = static_cast<double>(result.peak_activation_bytes[rank]);
+  transport.all_reduce_sum(peaks);
+  for (size_t r = 0; r < world; ++r) {
+    result.peak_allocated_bytes[r] = static_cast<size_t>(peaks[r]);
+    result.peak_activation_bytes[r] = static_cast<size_t>(peaks[world + r]);
+  }
+}
+
 std::vector<int> held_stages(const PipelineRank& rank) {
   std::vector<int> held;
   for (const auto& [id, stage] : rank.stages) held.push_back(id);
@@ -113,6 +129,7 @@ void RankStep::run(PipelineStepResult& result) {
   rank_.progress.phase = RankProgress::Phase::kEndOfStep;
   finish_transfers();
   end_of_step(result);
+  if (in_.gather_peaks) gather_peaks(*rank_.transport, rank_.index, result);
   rank_.progress.phase = RankProgress::Phase::kDone;
 }
 

@@ -108,6 +108,9 @@ struct StepInputs {
   bool update = true;  // false: gradients and norms only, no optimizer step
   std::chrono::steady_clock::time_point start;  // of the step, for the timeline
   int reporting_rank = 0;  // fills the step's totals: the first rank this process holds
+  // Under a transport across processes (one rank per process): the ranks' memory peaks are
+  // summed over all of them at the end of the step, so every process reports every rank's.
+  bool gather_peaks = false;
   const std::function<int()>* stop_request = nullptr;  // PipelineExecutor::set_stop_request
 };
 

@@ -20,4 +20,12 @@ class NotACheckpointError : public CheckpointError {
   using CheckpointError::CheckpointError;
 };
 
+// A CheckpointError that several processes of a run throw with the same text: those that did
+// not fail a phase, pointing to the process that did, and every process after a check of a
+// table they all gathered. A program may say it once for the whole run.
+class CheckpointErrorOfEveryProcess : public CheckpointError {
+ public:
+  using CheckpointError::CheckpointError;
+};
+
 }  // namespace conveyor

@@ -12,7 +12,8 @@ namespace conveyor::detail {
 
 // When the ranks are processes, a phase of a save or a resume succeeds on every process or
 // fails on all: each says whether it failed (`local`: its own error, rethrown), and one that
-// did not names the lowest rank whose process did. A process failing alone would end while
+// did not names the lowest rank whose process did (CheckpointErrorOfEveryProcess: every such
+// process throws the same text). A process failing alone would end while
 // the others train on and wait for it until their timeout. In one process: rethrows `local`.
 inline void agree_across_processes(PipelineExecutor& executor, std::exception_ptr local,
                                    const std::string& what) {
@@ -23,8 +24,8 @@ inline void agree_across_processes(PipelineExecutor& executor, std::exception_pt
   if (local) std::rethrow_exception(local);
   for (size_t r = 0; r < failed.size(); ++r)
     if (failed[r] != 0.0)
-      throw CheckpointError(what + " failed in the process of rank " + std::to_string(r) +
-                            "; its error says why");
+      throw CheckpointErrorOfEveryProcess(what + " failed in the process of rank " +
+                                          std::to_string(r) + "; its error says why");
 }
 
 }  // namespace conveyor::detail

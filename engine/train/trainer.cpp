@@ -162,22 +162,6 @@ StepStats Trainer::step() {
   stats.seconds = result.seconds;
   stats.lr = lr;
   stats.grad_norm = result.grad_norm;
-  if (!executor_->holds_all_ranks()) {
-    // Each process measured its own ranks (the others' entries are 0): the step's peak is the
-    // largest rank's wherever it runs, so the processes gather every rank's, exactly (sizes
-    // below 2^53 are exact doubles, and x + 0 is x).
-    const size_t world = result.peak_allocated_bytes.size();
-    std::vector<double> peaks(2 * world);
-    for (size_t r = 0; r < world; ++r) {
-      peaks[r] = static_cast<double>(result.peak_allocated_bytes[r]);
-      peaks[world + r] = static_cast<double>(result.peak_activation_bytes[r]);
-    }
-    executor_->sum_over_processes(peaks);
-    for (size_t r = 0; r < world; ++r) {
-      result.peak_allocated_bytes[r] = static_cast<size_t>(peaks[r]);
-      result.peak_activation_bytes[r] = static_cast<size_t>(peaks[world + r]);
-    }
-  }
   for (size_t bytes : result.peak_allocated_bytes)
     stats.peak_bytes = std::max(stats.peak_bytes, bytes);
   stats.pipeline = std::move(result);

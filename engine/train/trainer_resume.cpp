@@ -73,7 +73,7 @@ void check_one_checkpoint_in_every_process(PipelineExecutor& executor, const Che
   };
   for (int rank = 1; rank < executor.num_world_ranks(); ++rank)
     if (described(rank) != described(0))
-      throw CheckpointError(
+      throw CheckpointErrorOfEveryProcess(
           "the processes opened different checkpoints at " + checkpoint_io::shown_path(path) +
           ": the process of rank 0 one of " + described(0) + ", that of rank " +
           std::to_string(rank) + " one of " + described(rank) +

@@ -287,17 +287,13 @@ TEST(TransportFactory, EveryLauncherSaysHowManyProcessesItStarted) {
 TEST(TransportFactory, EveryLauncherSaysWhichProcessThisIs) {
   NoLauncher clean;
   EXPECT_EQ(launched_process_rank(), 0);
-  {
-    ScopedEnv rank("OMPI_COMM_WORLD_RANK", "3");  // OpenMPI's mpirun
-    EXPECT_EQ(launched_process_rank(), 3);
-  }
-  {
-    ScopedEnv rank("PMI_RANK", "2");  // Hydra, srun --mpi=pmi2
-    EXPECT_EQ(launched_process_rank(), 2);
-  }
-  {
-    ScopedEnv rank("PMIX_RANK", "1");  // srun --mpi=pmix
-    EXPECT_EQ(launched_process_rank(), 1);
+  const std::vector<std::pair<const char*, int>> launchers = {
+      {"OMPI_COMM_WORLD_RANK", 3},  // OpenMPI's mpirun
+      {"PMI_RANK", 2},              // Hydra, srun --mpi=pmi2
+      {"PMIX_RANK", 1}};            // srun --mpi=pmix
+  for (const auto& [name, rank] : launchers) {
+    ScopedEnv set(name, std::to_string(rank).c_str());
+    EXPECT_EQ(launched_process_rank(), rank) << name;
   }
   {
     // A task of an srun step, and the batch script's number outside one.
