@@ -186,7 +186,7 @@ void add_run_flags(CLI::App* cmd, RunFlags& f, RunFlagsFor command) {
                   "Re-run the forward in the backward instead of keeping activations: none, "
                   "stage (every unit) or units:LIST of unit indices such as units:2,3,5")
       ->capture_default_str();
-  add_int_flag(cmd, "--threads", f.threads, 0, 4096,
+  add_int_flag(cmd, "--threads", f.threads, 0, TrainConfig::kMaxCpuThreads,
                "CPU kernel threads per rank (0: all cores, shared between the ranks)");
   // Kept as written too, so a refusal quotes the user's text (1e-400 is no double).
   cmd->add_option_function<std::string>(

@@ -146,8 +146,9 @@ void apply_plan(const PlanCandidate& candidate, TrainConfig& config) {
 void TrainConfig::validate() const {
   optimizer.validate();
   auto fail = [](const std::string& what) { throw std::invalid_argument(what); };
-  if (cpu_threads < 0)
-    fail("CPU threads must be at least 1 (or 0: all cores), got " + std::to_string(cpu_threads));
+  if (cpu_threads < 0 || cpu_threads > kMaxCpuThreads)
+    fail("CPU threads must be from 1 to " + std::to_string(kMaxCpuThreads) +
+         " (or 0: all cores), got " + std::to_string(cpu_threads));
   if (steps < 1) fail("steps must be at least 1, got " + std::to_string(steps));
   if (batch_tokens < 1)
     fail("batch tokens must be at least 1, got " + std::to_string(batch_tokens));
@@ -283,7 +284,12 @@ void set_gradient_buckets(schedule::Schedule& sched, const ModelDescription& mod
 
 Device resolve_device(const std::optional<Device>& requested, std::string* note) {
   if (requested) {
-    if (requested->is_cuda() && requested->index >= cuda_device_count())
+    // One CPU device: another index would pass for it in names ("cpu") and fail as another
+    // device in the kernels' checks.
+    if (requested->is_cpu() && requested->index != 0)
+      throw std::invalid_argument("the CPU is device index 0, got index " +
+                                  std::to_string(requested->index) + "; use Device::cpu()");
+    if (requested->is_cuda() && (requested->index < 0 || requested->index >= cuda_device_count()))
       throw std::invalid_argument("device " + requested->to_string() + " requested but " +
                                   std::to_string(cuda_device_count()) +
                                   " CUDA device(s) are usable");

@@ -45,8 +45,9 @@ struct TrainConfig {
   std::optional<Device> device;  // unset: the first usable GPU, else the CPU
   bool allow_tf32 = false;
   size_t memory_limit_bytes = 0;
-  // Threads of each CPU rank's kernels; 0: all cores, shared between the ranks (at least 1
-  // each). The bits of a run do not depend on it.
+  // Threads of each CPU rank's kernels, at most kMaxCpuThreads; 0: all cores, shared between
+  // the ranks (at least 1 each). The bits of a run do not depend on it.
+  static constexpr int kMaxCpuThreads = 4096;
   int cpu_threads = 0;
 
   // Pipeline: `stages` ranks, each with `chunks` virtual stages, under `schedule`, or under

@@ -20,6 +20,25 @@ namespace {
 // draw where every rank stood, too much to repeat in a later refusal.
 std::string first_line(const std::string& message) { return message.substr(0, message.find('\n')); }
 
+// Marks the trainer busy for a step() or evaluate(): two at once on one trainer (from two
+// threads) would share its ranks' threads and buffers, and hang or mix their numbers.
+class OneAtATime {
+ public:
+  OneAtATime(std::atomic<bool>& busy, const char* action) : busy_(busy) {
+    if (busy_.exchange(true))
+      throw std::logic_error("the trainer cannot " + std::string(action) +
+                             ": another step() or evaluate() of it is running on another "
+                             "thread; a trainer runs one at a time (two trainers may run side "
+                             "by side)");
+  }
+  ~OneAtATime() { busy_.store(false); }
+  OneAtATime(const OneAtATime&) = delete;
+  OneAtATime& operator=(const OneAtATime&) = delete;
+
+ private:
+  std::atomic<bool>& busy_;
+};
+
 }  // namespace
 
 // model_ is declared before config_, so it is built from the argument before that moves.
@@ -125,11 +144,32 @@ void Trainer::check_token_ids(const std::vector<MicroBatchData>& microbatches) c
   }
 }
 
+Trainer::~Trainer() {
+  if (destroy_handler_) destroy_handler_();
+}
+
 StepStats Trainer::step() {
+  const OneAtATime one(busy_, "run a step");
   check_usable("run a step");
   const int64_t step = steps_done_ + 1;
+  if (step > config_.steps)
+    throw std::logic_error("the trainer has run all " + std::to_string(config_.steps) +
+                           " steps of its run (TrainConfig::steps, which the learning-rate "
+                           "schedule and a checkpoint's counters span); make a trainer of more "
+                           "steps to go on (from a checkpoint of this one)");
   const std::vector<MicroBatchData> microbatches = draw_batch(*source_);
   check_token_ids(microbatches);
+  const int32_t ignored = MicroBatchInputs().ignore_index;
+  const bool any_target =
+      std::any_of(microbatches.begin(), microbatches.end(), [&](const auto& mb) {
+        return std::any_of(mb.targets.begin(), mb.targets.end(),
+                           [&](int32_t t) { return t != ignored; });
+      });
+  if (!any_target)
+    throw std::invalid_argument("every target of step " + std::to_string(step) +
+                                "'s batch is the ignored target " + std::to_string(ignored) +
+                                ": a step has nothing to learn from it (its loss would read 0); "
+                                "check the data source");
   for (int r : executor_->local_ranks()) executor_->context(r).allocator().reset_peak();
   const double lr = learning_rate(config_.optimizer, step, config_.steps);
   PipelineStepResult result;
@@ -177,6 +217,7 @@ void Trainer::resume_at(int64_t steps_done) {
 }
 
 double Trainer::evaluate(TokenSource& source, int64_t batches, int64_t tokens_at_once) {
+  const OneAtATime one(busy_, "evaluate");
   check_usable("evaluate");
   if (batches < 1)
     throw std::invalid_argument("evaluation needs at least 1 batch, got " +
@@ -302,6 +343,7 @@ double forward_losses(PipelineExecutor& executor, const ModelDescription& model,
 }  // namespace
 
 double Trainer::evaluate(const std::vector<MicroBatchData>& microbatches) {
+  const OneAtATime one(busy_, "evaluate");
   check_usable("evaluate");
   if (microbatches.empty()) throw std::invalid_argument("evaluation needs at least 1 micro-batch");
   int64_t tokens = 0;

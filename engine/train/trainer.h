@@ -6,6 +6,7 @@
 // executor under a schedule; one stage on one device is the plain single-device case
 // (schedule 1f1b with p = 1: F0 B0 F1 B1 ...). Data comes from a TokenSource: the caller's,
 // or a built-in one (a file's bytes, or a Markov chain over the model's vocabulary).
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -65,12 +66,22 @@ class Trainer {
   // description's vocab.
   Trainer(ModelDescription model, TrainConfig config,
           std::shared_ptr<TokenSource> source = nullptr);
+  // Runs the destroy handler first (set_destroy_handler).
+  ~Trainer();
+  // A TrainerCheckpointer and the executor's threads hold on to the trainer where it is.
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
 
-  // Runs the next step. The batch's ids are checked against the model's vocab first
-  // (std::invalid_argument, nothing run). A step that fails once it has started (a
-  // PipelineError, a transport error) leaves the trainer unusable: step() and evaluate()
-  // then throw std::logic_error saying so. A diverged step (TrainingDiverged) applied no
-  // update and leaves it usable.
+  // A trainer runs one step() or evaluate() at a time: one called while another runs (on
+  // another thread) throws std::logic_error. Two trainers may run side by side.
+  //
+  // Runs the next step, up to config().steps (past it, std::logic_error: the learning-rate
+  // schedule and a checkpoint's counters span those steps). The batch's ids are checked
+  // against the model's vocab first, and a batch whose every target is the ignored one is
+  // refused, as it has nothing to learn from (std::invalid_argument, nothing run). A step that
+  // fails once it has started (a PipelineError, a transport error) leaves the trainer unusable:
+  // step() and evaluate() then throw std::logic_error saying so. A diverged step (TrainingDiverged)
+  // applied no update and leaves it usable.
   StepStats step();
 
   // Mean loss per token over `batches` global batches drawn from `source` (held-out data),
@@ -110,9 +121,15 @@ class Trainer {
   const std::string& failure() const { return failure_; }
   // After restoring a checkpoint of `steps_done` steps: the next step() runs steps_done + 1.
   void resume_at(int64_t steps_done);
+  // What a restore that failed part-way (some tensors the checkpoint's, some not) records:
+  // step() and evaluate() then refuse, saying `what`.
+  void mark_unusable(std::string what) { failure_ = std::move(what); }
   // A save on request (e.g. on a signal, between steps), by whatever the caller installed
   // (engine/train/trainer_checkpoint.h installs one); without a handler it does nothing.
   void set_save_handler(std::function<void()> handler) { save_handler_ = std::move(handler); }
+  // Called by the destructor before anything is freed: a TrainerCheckpointer waits there for
+  // the background write that still reads the trainer, and forgets it.
+  void set_destroy_handler(std::function<void()> handler) { destroy_handler_ = std::move(handler); }
   void save_now() {
     if (save_handler_) save_handler_();
   }
@@ -151,6 +168,8 @@ class Trainer {
   std::unique_ptr<PipelineExecutor> executor_;
   int64_t steps_done_ = 0;
   std::function<void()> save_handler_;
+  std::function<void()> destroy_handler_;
+  std::atomic<bool> busy_{false};  // a step() or evaluate() is running
   // What failed in a step or an evaluation, which leaves the executor with micro-batches in
   // flight and its transports aborted; empty while the trainer is usable.
   std::string failure_;

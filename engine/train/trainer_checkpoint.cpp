@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <stdexcept>
 #include <system_error>
 #include <utility>
 
@@ -124,10 +125,25 @@ TrainerCheckpointer::TrainerCheckpointer(Trainer& trainer, TrainerCheckpointOpti
       trainer_.executor(), error,
       "the check of checkpoint folder " + checkpoint_io::shown_path(options_.directory));
   trainer_.set_save_handler([this] { save(); });
+  trainer_.set_destroy_handler([this] {
+    // The background write reads the trainer's executor as it commits.
+    if (background_.joinable()) background_.join();
+    trainer_gone_ = true;
+  });
+}
+
+void TrainerCheckpointer::check_trainer_alive(const char* action) const {
+  if (trainer_gone_)
+    throw std::logic_error(std::string("the checkpointer cannot ") + action +
+                           ": its trainer was destroyed (a trainer must outlive its "
+                           "checkpointer; finish() before destroying it saves the last step)");
 }
 
 TrainerCheckpointer::~TrainerCheckpointer() {
-  trainer_.set_save_handler(nullptr);
+  if (!trainer_gone_) {
+    trainer_.set_save_handler(nullptr);
+    trainer_.set_destroy_handler(nullptr);
+  }
   if (background_.joinable()) background_.join();
   if (folder_lock_ >= 0) ::close(folder_lock_);  // and with it the lock
 }
@@ -150,6 +166,7 @@ void TrainerCheckpointer::lock_folder() {
 }
 
 void TrainerCheckpointer::after_step() {
+  check_trainer_alive("save after a step");
   if (pending_commit_) {
     // Commit once every process has written its shards; all of them learn it in the same
     // step, so they all commit together (or keep training and look again after the next).
@@ -280,6 +297,7 @@ void TrainerCheckpointer::complete(CheckpointWriter& writer, const TrainingState
 }
 
 void TrainerCheckpointer::save() {
+  check_trainer_alive("save");
   const auto start = Clock::now();
   wait_for_background();
   const int64_t step = trainer_.steps_done();
@@ -376,6 +394,7 @@ void TrainerCheckpointer::resumed_from(const std::filesystem::path& checkpoint) 
 }
 
 void TrainerCheckpointer::finish() {
+  check_trainer_alive("finish");
   finishing_ = true;
   save();
   wait_for_background();

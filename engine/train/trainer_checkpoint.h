@@ -64,7 +64,10 @@ class TrainerCheckpointer {
   // (another run saving into it is refused with a CheckpointError) and installs
   // Trainer::save_now.
   TrainerCheckpointer(Trainer& trainer, TrainerCheckpointOptions options);
-  ~TrainerCheckpointer();  // waits for a background save; its error is dropped, see finish()
+  // Waits for a background save; its error is dropped, see finish(). The trainer should
+  // outlive its checkpointer; one destroyed first waits for the background write in its own
+  // destructor, and the checkpointer then refuses save() and finish() (std::logic_error).
+  ~TrainerCheckpointer();
   TrainerCheckpointer(const TrainerCheckpointer&) = delete;
   TrainerCheckpointer& operator=(const TrainerCheckpointer&) = delete;
 
@@ -98,6 +101,8 @@ class TrainerCheckpointer {
 
  private:
   void lock_folder();  // throws CheckpointError when another holds it
+  // Throws std::logic_error once the trainer was destroyed.
+  void check_trainer_alive(const char* action) const;
   struct RankShard {
     int rank = 0;
     std::vector<NamedTensor> tensors;
@@ -134,6 +139,8 @@ class TrainerCheckpointer {
   // commits, for the checkpointer's life: a second run saving into the same folder would
   // remove this one's unfinished step as a crash's leftover and prune its checkpoints.
   int folder_lock_ = -1;
+  // The trainer was destroyed first (its destructor waited for the background write).
+  bool trainer_gone_ = false;
   // Host memory of the async snapshots (pinned on CUDA), made at the first and reused: a
   // snapshot's blocks return to it when its background write ends, before the next save.
   std::shared_ptr<CachingAllocator> snapshot_memory_;

@@ -214,6 +214,15 @@ Checkpoint resume_trainer(Trainer& trainer, const fs::path& path) {
   check_tensor_count(executor, checkpoint);
   const TrainingState& saved = checkpoint.state();
 
+  // The data source first, before any tensor is touched: the caller's own source may fail to
+  // go to the saved position.
+  try {
+    trainer.source().restore(saved.data.position, saved.data.token);
+  } catch (...) {
+    error = std::current_exception();
+  }
+  agree_across_processes(executor, error, "positioning the data source at the checkpoint's step");
+
   // Every replica starts from the saved weights (a data-parallel run saves replica 0's,
   // which all replicas share) and the saved moments, whole or its range of them: the saved
   // pieces are assembled, so any (stages, replicas, sharded or not) resumes any other.
@@ -232,8 +241,15 @@ Checkpoint resume_trainer(Trainer& trainer, const fs::path& path) {
   error = nullptr;
   for (const std::exception_ptr& e : errors)
     if (e && !error) error = e;
-  agree_across_processes(executor, error, "loading checkpoint " + checkpoint_io::shown_path(path));
-  trainer.source().restore(saved.data.position, saved.data.token);
+  try {
+    agree_across_processes(executor, error,
+                           "loading checkpoint " + checkpoint_io::shown_path(path));
+  } catch (const std::exception& e) {
+    // Some tensors may hold the checkpoint's values, others not.
+    trainer.mark_unusable("loading checkpoint " + checkpoint_io::shown_path(path) +
+                          " failed part-way (" + e.what() + ")");
+    throw;
+  }
   trainer.resume_at(saved.step);
   return std::move(checkpoint);
 }

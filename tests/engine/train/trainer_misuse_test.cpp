@@ -1,0 +1,162 @@
+// What a program that links the trainer may get wrong, and the one clear error it gets for
+// each: a step past the run, a batch with nothing to learn from, two calls at once, a
+// trainer destroyed under its checkpointer, a device or thread count that cannot be, a data
+// source that cannot go back to a checkpoint's position.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+#include "checkpoint_fixture.h"
+#include "engine/train/trainer.h"
+#include "engine/train/trainer_checkpoint.h"
+
+namespace conveyor {
+namespace {
+
+using testing::TempDir;
+
+// Token t+1 = (token t + 1) mod vocab; `target` overrides every target when set, and
+// `on_next` runs before each draw (what a misbehaving program does there).
+class CountingSource : public TokenSource {
+ public:
+  int64_t vocab() const override { return 16; }
+  void next(int32_t* inputs, int32_t* targets, int64_t n) override {
+    if (on_next) on_next();
+    for (int64_t i = 0; i < n; ++i, ++position_) {
+      inputs[i] = static_cast<int32_t>(position_ % 16);
+      targets[i] = target.value_or(static_cast<int32_t>((position_ + 1) % 16));
+    }
+  }
+  uint64_t position() const override { return position_; }
+  void seek(uint64_t position) override {
+    if (refuse_seek) throw std::runtime_error("this source cannot seek");
+    position_ = position;
+  }
+  std::string describe() const override { return "counting"; }
+
+  std::optional<int32_t> target;
+  std::function<void()> on_next;
+  bool refuse_seek = false;
+
+ private:
+  uint64_t position_ = 0;
+};
+
+TrainConfig small_run(int64_t steps = 4) {
+  TrainConfig c;
+  c.model = model_preset("tiny");
+  c.model.d_model = 16;
+  c.model.hidden = 32;
+  c.model.vocab = 16;
+  c.steps = steps;
+  c.batch_tokens = 64;
+  c.microbatches = 2;
+  c.device = Device::cpu();
+  return c;
+}
+
+std::string message_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(nothing thrown)";
+}
+
+#define EXPECT_CONTAINS(text, part) \
+  EXPECT_NE(std::string(text).find(part), std::string::npos) << (text)
+
+TEST(TrainerMisuse, AStepPastTheRunIsRefused) {
+  Trainer trainer(small_run(2), std::make_shared<CountingSource>());
+  trainer.step();
+  trainer.step();
+  EXPECT_THROW(trainer.step(), std::logic_error);
+  EXPECT_CONTAINS(message_of([&] { trainer.step(); }), "has run all 2 steps of its run");
+  EXPECT_EQ(trainer.steps_done(), 2);
+}
+
+TEST(TrainerMisuse, ABatchWhoseEveryTargetIsIgnoredIsRefusedAndChangesNothing) {
+  auto source = std::make_shared<CountingSource>();
+  source->target = MicroBatchInputs().ignore_index;
+  Trainer trainer(small_run(), source);
+  EXPECT_CONTAINS(message_of([&] { trainer.step(); }),
+                  "every target of step 1's batch is the ignored target -1");
+  EXPECT_EQ(trainer.steps_done(), 0);
+  EXPECT_TRUE(trainer.failure().empty());
+  // Usable still: a batch with targets trains.
+  source->target.reset();
+  EXPECT_NO_THROW(trainer.step());
+}
+
+TEST(TrainerMisuse, AStepCalledWhileAnEvaluationRunsIsRefused) {
+  Trainer trainer(small_run(), std::make_shared<CountingSource>());
+  CountingSource held_out;
+  std::string inner;
+  // The evaluation draws its batch inside evaluate(), where this source calls step(): the
+  // same as a step on another thread during the evaluation, but always at this point.
+  held_out.on_next = [&] { inner = message_of([&] { trainer.step(); }); };
+  EXPECT_NO_THROW(trainer.evaluate(held_out, 1));
+  EXPECT_CONTAINS(inner, "another step() or evaluate() of it is running");
+  EXPECT_EQ(trainer.steps_done(), 0);
+  // Once the evaluation is over, steps run.
+  held_out.on_next = nullptr;
+  EXPECT_NO_THROW(trainer.step());
+}
+
+TEST(TrainerMisuse, ATrainerDestroyedBeforeItsCheckpointerWaitsForTheBackgroundWrite) {
+  TempDir dir;
+  auto trainer = std::make_unique<Trainer>(small_run(), std::make_shared<CountingSource>());
+  TrainerCheckpointOptions options{dir.path()};
+  options.async = true;
+  TrainerCheckpointer checkpointer(*trainer, options);
+  trainer->step();
+  checkpointer.save();
+  trainer.reset();  // the background write may still be going on
+  EXPECT_CONTAINS(message_of([&] { checkpointer.finish(); }), "its trainer was destroyed");
+  // The write it waited for was committed.
+  EXPECT_EQ(open_checkpoint(dir.path()).step(), 1);
+}
+
+TEST(TrainerMisuse, ACpuDeviceOtherThanIndexZeroIsRefused) {
+  TrainConfig c = small_run();
+  c.device = Device{DeviceKind::kCpu, 7};
+  EXPECT_CONTAINS(message_of([&] { Trainer t(c, std::make_shared<CountingSource>()); }),
+                  "the CPU is device index 0, got index 7");
+}
+
+TEST(TrainerMisuse, MoreCpuThreadsThanTheCapAreRefused) {
+  TrainConfig c = small_run();
+  c.cpu_threads = TrainConfig::kMaxCpuThreads + 1;
+  EXPECT_THROW(c.validate(), std::invalid_argument);
+  c.cpu_threads = TrainConfig::kMaxCpuThreads;
+  EXPECT_NO_THROW(c.validate());
+}
+
+TEST(TrainerMisuse, ASourceThatCannotGoToTheCheckpointsPositionLeavesTheTrainerUntouched) {
+  TempDir dir;
+  {
+    Trainer first(small_run(), std::make_shared<CountingSource>());
+    TrainerCheckpointer checkpointer(first, {dir.path()});
+    first.step();
+    first.step();
+    checkpointer.save();
+  }
+  auto source = std::make_shared<CountingSource>();
+  source->refuse_seek = true;
+  Trainer second(small_run(), source);
+  const Parameter* first_parameter = second.executor().parameters().front();
+  const std::vector<float> before = to_vector_f32(first_parameter->value);
+  EXPECT_CONTAINS(message_of([&] { resume_trainer(second, dir.path()); }),
+                  "this source cannot seek");
+  EXPECT_EQ(second.steps_done(), 0);
+  EXPECT_EQ(to_vector_f32(first_parameter->value), before);
+  EXPECT_TRUE(second.failure().empty());
+}
+
+}  // namespace
+}  // namespace conveyor
