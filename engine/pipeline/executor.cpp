@@ -187,6 +187,9 @@ size_t PipelineExecutor::optimizer_state_bytes(int rank) const {
   return held(rank).optimizer_state_bytes;
 }
 Stage& PipelineExecutor::stage(int stage) {
+  if (stage < 0 || stage >= schedule_.num_stages())
+    throw std::out_of_range("stage " + std::to_string(stage) + " is not one of the pipeline's " +
+                            std::to_string(schedule_.num_stages()) + " stages");
   return *held(schedule_.placement.rank_of(stage)).stages.at(stage);
 }
 comm::Transport& PipelineExecutor::transport(int rank) { return *held(rank).transport; }

@@ -20,6 +20,8 @@ void OptimizerConfig::validate() const {
   if (!(beta1 >= 0.0 && beta1 < 1.0) || !(beta2 >= 0.0 && beta2 < 1.0))
     fail("beta1 and beta2 must be in [0, 1)");
   if (!(eps > 0.0)) fail("eps must be positive");
+  if (!(momentum >= 0.0 && momentum < 1.0))
+    fail("momentum must be in [0, 1), got " + std::to_string(momentum));
   if (!(weight_decay >= 0.0)) fail("weight decay must be >= 0");
   // Both optimizers decay as p -= lr * weight_decay * p: from a product of 1 on, a step zeroes
   // every decayed weight or flips its sign, which trains nothing.

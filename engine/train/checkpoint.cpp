@@ -225,6 +225,14 @@ Checkpoint open_checkpoint(const fs::path& path, CheckpointCheck check) {
 
 fs::path Checkpoint::shard_path(int rank) const { return dir_ / manifest_.shards.at(rank).file; }
 
+const ShardReader& Checkpoint::shard(int rank) const {
+  if (rank < 0 || static_cast<size_t>(rank) >= shards_.size())
+    throw std::out_of_range("checkpoint " + checkpoint_io::shown_path(dir_) + " has " +
+                            std::to_string(shards_.size()) + " shard(s), none of rank " +
+                            std::to_string(rank));
+  return *shards_[rank];
+}
+
 const CheckpointTensor* Checkpoint::find(std::string_view name) const {
   const auto it =
       std::lower_bound(tensors_.begin(), tensors_.end(), name,

@@ -150,7 +150,8 @@ class Checkpoint {
   int64_t step() const { return manifest_.state.step; }
   const std::vector<CheckpointTensor>& tensors() const { return tensors_; }  // sorted by name
   const CheckpointTensor* find(std::string_view name) const;                 // null if absent
-  const ShardReader& shard(int rank) const { return *shards_.at(rank); }
+  // Throws std::out_of_range naming the shard count for a rank the checkpoint has no shard of.
+  const ShardReader& shard(int rank) const;
   std::filesystem::path shard_path(int rank) const;
 
   // Throws CheckpointError unless the checkpoint is of the model with this fingerprint.

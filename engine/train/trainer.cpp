@@ -60,6 +60,11 @@ void Trainer::build() {
   device_ = resolve_device(config_.device);
   if (!source_) {
     source_ = make_token_source(config_, model_.vocab);
+  } else if (source_->vocab() < 1) {
+    throw std::invalid_argument("the data source (" + source_->describe() +
+                                ") says its vocab() is " + std::to_string(source_->vocab()) +
+                                "; a TokenSource's vocab() is the number of token ids it draws, at "
+                                "least 1");
   } else if (model_.vocab > 0 && source_->vocab() > model_.vocab) {
     throw std::invalid_argument(
         "the data source has token ids up to " + std::to_string(source_->vocab() - 1) +

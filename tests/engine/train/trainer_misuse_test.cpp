@@ -4,6 +4,7 @@
 // source that cannot go back to a checkpoint's position.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -127,6 +128,36 @@ TEST(TrainerMisuse, ACpuDeviceOtherThanIndexZeroIsRefused) {
   c.device = Device{DeviceKind::kCpu, 7};
   EXPECT_CONTAINS(message_of([&] { Trainer t(c, std::make_shared<CountingSource>()); }),
                   "the CPU is device index 0, got index 7");
+}
+
+TEST(TrainerMisuse, ASourceOfNoVocabularyIsRefused) {
+  class Silent : public CountingSource {
+   public:
+    int64_t vocab() const override { return 0; }
+  };
+  EXPECT_CONTAINS(message_of([&] { Trainer t(small_run(), std::make_shared<Silent>()); }),
+                  "says its vocab() is 0");
+}
+
+TEST(TrainerMisuse, AnSgdMomentumOutsideZeroToOneIsRefused) {
+  TrainConfig c = small_run();
+  c.optimizer.kind = "sgd";
+  c.optimizer.momentum = std::nan("");
+  EXPECT_CONTAINS(message_of([&] { c.validate(); }), "momentum must be in [0, 1)");
+  c.optimizer.momentum = 1.0;
+  EXPECT_THROW(c.validate(), std::invalid_argument);
+}
+
+TEST(TrainerMisuse, AStageOrShardThatIsNotThereIsNamed) {
+  TempDir dir;
+  Trainer trainer(small_run(), std::make_shared<CountingSource>());
+  EXPECT_CONTAINS(message_of([&] { trainer.executor().stage(9); }),
+                  "stage 9 is not one of the pipeline's 1 stages");
+  TrainerCheckpointer checkpointer(trainer, {dir.path()});
+  trainer.step();
+  checkpointer.save();
+  EXPECT_CONTAINS(message_of([&] { open_checkpoint(dir.path()).shard(5); }),
+                  "has 1 shard(s), none of rank 5");
 }
 
 TEST(TrainerMisuse, MoreCpuThreadsThanTheCapAreRefused) {
