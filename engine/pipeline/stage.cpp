@@ -1,9 +1,31 @@
 #include "engine/pipeline/stage.h"
 
+#include <exception>
 #include <stdexcept>
 #include <string>
 
 namespace conveyor {
+namespace {
+
+// Runs a unit's forward or backward, naming the unit in a usage error it throws (its kind
+// kept, the error nested): a layer's own check ("linear weight: expected shape [8, 8], got
+// [8, 16]") does not say which unit of the model it is. Other failures (memory, a device)
+// pass as they are.
+template <class F>
+auto in_unit(int64_t index, const Layer& unit, F&& run) -> decltype(run()) {
+  const auto named = [&](const std::exception& e) {
+    return "unit " + std::to_string(index) + " ('" + unit.name() + "'): " + e.what();
+  };
+  try {
+    return run();
+  } catch (const std::invalid_argument& e) {
+    std::throw_with_nested(std::invalid_argument(named(e)));
+  } catch (const std::logic_error& e) {
+    std::throw_with_nested(std::logic_error(named(e)));
+  }
+}
+
+}  // namespace
 
 Stage::Stage(const ModelDescription& model, int64_t begin, int64_t end, DeviceContext& ctx,
              uint64_t seed, const RecomputeSpec& recompute)
@@ -59,14 +81,15 @@ int64_t Stage::tokens_of(const MicroBatchInputs& in) const {
 
 Tensor Stage::run_unit(size_t u, const Tensor& x, const MicroBatchInputs& in, SavedTensors& saved) {
   const int64_t global = begin_ + static_cast<int64_t>(u);
-  Tensor y = units_[u]->forward(ctx_, x, in, saved);
+  Tensor y = in_unit(global, *units_[u], [&] { return units_[u]->forward(ctx_, x, in, saved); });
   model_.check_boundary(global + 1, in.tokens, y, "the output of", global);
   return y;
 }
 
 Tensor Stage::unit_input_grad(size_t u, const Tensor& dy, int64_t tokens, SavedTensors& saved) {
   const int64_t global = begin_ + static_cast<int64_t>(u);
-  Tensor dx = units_[u]->backward_input(ctx_, dy, saved);
+  Tensor dx =
+      in_unit(global, *units_[u], [&] { return units_[u]->backward_input(ctx_, dy, saved); });
   if (global > 0)  // the first unit takes token ids: no gradient
     model_.check_boundary(global, tokens, dx, "the input gradient of", global);
   return dx;
@@ -129,7 +152,8 @@ Tensor Stage::backward_input(int64_t microbatch, const Tensor& dy) {
       // The same forward on the same input: the saved tensors are bitwise the ones dropped.
       Tensor x = held.run_inputs[r];
       for (size_t u = run.begin; u < run.end; ++u)
-        x = units_[u]->forward(ctx_, x, held.inputs, held.saved[u]);
+        x = in_unit(begin_ + static_cast<int64_t>(u), *units_[u],
+                    [&] { return units_[u]->forward(ctx_, x, held.inputs, held.saved[u]); });
       held.run_inputs[r] = Tensor();  // the first unit keeps it when its backward needs it
     }
     for (size_t u = run.end; u-- > run.begin;)
@@ -144,7 +168,9 @@ void Stage::backward_weight(int64_t microbatch) {
   if (!held.input_grad_done)
     throw std::logic_error("weight gradient of micro-batch " + std::to_string(microbatch) +
                            " before its input gradient");
-  for (size_t u = units_.size(); u-- > 0;) units_[u]->backward_weight(ctx_, held.saved[u]);
+  for (size_t u = units_.size(); u-- > 0;)
+    in_unit(begin_ + static_cast<int64_t>(u), *units_[u],
+            [&] { units_[u]->backward_weight(ctx_, held.saved[u]); });
   held_.erase(microbatch);
 }
 

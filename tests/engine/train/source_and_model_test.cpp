@@ -211,6 +211,24 @@ TEST(TrainerModel, AUnitOfAnotherShapeFailsTheStepAndTheTrainerStopsThere) {
   EXPECT_THROW(trainer.evaluate(trainer.source(), 1), std::logic_error);
 }
 
+// A unit that takes another width than the one it is given fails inside its own layer, whose
+// check does not know the unit: the stage names it.
+TEST(TrainerModel, AUnitThatTakesAnotherWidthIsNamedInTheError) {
+  ModelDescription model = custom_description(16);
+  model.make_unit = [inner = model.make_unit](int64_t index) -> std::unique_ptr<Layer> {
+    if (index == 2) return std::make_unique<Linear>("wide", 40, 24);
+    return inner(index);
+  };
+  Trainer trainer(model, small_run(), std::make_shared<AffineSource>(16));
+  try {
+    trainer.step();
+    FAIL() << "a unit of another input width trained";
+  } catch (const PipelineError& e) {
+    EXPECT_NE(std::string(e.what()).find("unit 2 ('wide'): "), std::string::npos)
+        << "[" << e.what() << "]";
+  }
+}
+
 TEST(TrainerModel, AnEvaluationThatFailsLeavesTheTrainerRefusingToo) {
   Trainer trainer = trainer_with_a_narrow_unit();
   std::vector<MicroBatchData> batch(1);
