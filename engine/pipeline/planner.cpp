@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -45,6 +46,15 @@ void check_options(const UnitCosts& costs, const PlanOptions& options) {
   if (options.batch_tokens < 1)
     throw PlanError("batch of " + std::to_string(options.batch_tokens) +
                     " tokens; expected at least 1");
+  // NaN would pass every comparison the cap is in, and print as "nan B".
+  const std::pair<const char*, double> amounts[] = {
+      {"memory cap", options.memory_cap},
+      {"all-reduce bandwidth", options.allreduce_bandwidth},
+      {"all-reduce latency", options.allreduce_latency}};
+  for (const auto& [what, value] : amounts)
+    if (!(value >= 0.0 && value < std::numeric_limits<double>::infinity()))
+      throw PlanError(std::string(what) + " of " + std::to_string(value) +
+                      "; expected a finite amount, at least 0 (0: none)");
 }
 
 // Every device a replica of the whole model; with `shard_optimizer` each keeps 1/p of the

@@ -69,6 +69,13 @@ MarkovSource::MarkovSource(int64_t vocab, uint64_t seed, int fanout)
   compute_entropy();
 }
 
+const std::vector<std::pair<int32_t, double>>& MarkovSource::row(int32_t state) const {
+  if (state < 0 || static_cast<size_t>(state) >= rows_.size())
+    throw std::out_of_range("Markov state " + std::to_string(state) + " is outside [0, " +
+                            std::to_string(rows_.size()) + "), the source's vocabulary");
+  return rows_[static_cast<size_t>(state)];
+}
+
 void MarkovSource::compute_entropy() {
   // Stationary distribution by power iteration on the sparse rows, damped by averaging with
   // the previous iterate so that periodic chains converge too (same fixed point).

@@ -59,7 +59,8 @@ class MarkovSource : public TokenSource {
   std::optional<double> entropy() const override { return entropy_; }
 
   // Successors of `state` and their probabilities (duplicates merged).
-  const std::vector<std::pair<int32_t, double>>& row(int32_t state) const { return rows_[state]; }
+  // Throws std::out_of_range for a state outside the vocabulary.
+  const std::vector<std::pair<int32_t, double>>& row(int32_t state) const;
 
  private:
   int32_t step_from(int32_t state, uint64_t t) const;  // with the draw of position t

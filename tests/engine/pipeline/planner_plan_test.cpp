@@ -3,6 +3,8 @@
 // table measured at each micro-batch size, and bad options.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
 #include <set>
 #include <utility>
 
@@ -293,6 +295,14 @@ TEST(Planner, BadOptionsAreErrors) {
   costs.microbatch_tokens = 0;
   options.batch_tokens = 64;
   EXPECT_THROW(plan(costs, options), PlanError);
+  // A NaN cap would pass every comparison it is in; a negative or infinite one means nothing.
+  for (const double cap : {std::nan(""), -1.0, std::numeric_limits<double>::infinity()}) {
+    options.memory_cap = cap;
+    EXPECT_THROW(plan(head_heavy(2), options), PlanError) << cap;
+  }
+  options.memory_cap = 0;
+  options.allreduce_bandwidth = std::nan("");
+  EXPECT_THROW(plan(head_heavy(2), options), PlanError);
 }
 
 }  // namespace

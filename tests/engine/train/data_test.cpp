@@ -10,6 +10,7 @@
 #include <map>
 #include <optional>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,13 @@ TEST(MarkovSource, EmpiricalCrossEntropyMatchesTheExactEntropy) {
   EXPECT_NEAR(empirical, *source.entropy(), 0.01 * *source.entropy());
   EXPECT_GT(*source.entropy(), 0.3);
   EXPECT_LT(*source.entropy(), std::log(4.0) + 1e-9);  // at most fanout successors
+}
+
+TEST(MarkovSource, ARowOutsideTheVocabularyIsRefused) {
+  MarkovSource source(64, 1);
+  EXPECT_FALSE(source.row(63).empty());
+  EXPECT_THROW(source.row(64), std::out_of_range);
+  EXPECT_THROW(source.row(-1), std::out_of_range);
 }
 
 TEST(MarkovSource, TargetsAreTheNextInputs) {
