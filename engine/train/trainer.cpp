@@ -126,6 +126,18 @@ void Trainer::check_usable(const char* action) const {
                            "Trainer (from the last checkpoint to go on)");
 }
 
+void Trainer::check_some_target(const std::vector<MicroBatchData>& microbatches,
+                                int64_t step) const {
+  const int32_t ignored = MicroBatchInputs().ignore_index;
+  for (const MicroBatchData& mb : microbatches)
+    for (const int32_t t : mb.targets)
+      if (t != ignored) return;
+  throw std::invalid_argument("every target of step " + std::to_string(step) +
+                              "'s batch is the ignored target " + std::to_string(ignored) +
+                              ": a step has nothing to learn from it (its loss would read 0); "
+                              "check the data source");
+}
+
 void Trainer::check_token_ids(const std::vector<MicroBatchData>& microbatches) const {
   if (model_.vocab <= 0) return;  // the model does not say; its own units must check
   // Checked here, once on the host: a CUDA embedding or loss kernel cannot report an id out
@@ -162,19 +174,18 @@ StepStats Trainer::step() {
                            " steps of its run (TrainConfig::steps, which the learning-rate "
                            "schedule and a checkpoint's counters span); make a trainer of more "
                            "steps to go on (from a checkpoint of this one)");
+  // A batch refused before it runs is put back, so that the source is where it was and the
+  // step can be tried again, where it went on past the batch.
+  const uint64_t drawn_from = source_->position();
+  const std::optional<int32_t> drawn_after = source_->current_token();
   const std::vector<MicroBatchData> microbatches = draw_batch(*source_);
-  check_token_ids(microbatches);
-  const int32_t ignored = MicroBatchInputs().ignore_index;
-  const bool any_target =
-      std::any_of(microbatches.begin(), microbatches.end(), [&](const auto& mb) {
-        return std::any_of(mb.targets.begin(), mb.targets.end(),
-                           [&](int32_t t) { return t != ignored; });
-      });
-  if (!any_target)
-    throw std::invalid_argument("every target of step " + std::to_string(step) +
-                                "'s batch is the ignored target " + std::to_string(ignored) +
-                                ": a step has nothing to learn from it (its loss would read 0); "
-                                "check the data source");
+  try {
+    check_token_ids(microbatches);
+    check_some_target(microbatches, step);
+  } catch (const std::invalid_argument&) {
+    source_->restore(drawn_from, drawn_after);
+    throw;
+  }
   for (int r : executor_->local_ranks()) executor_->context(r).allocator().reset_peak();
   const double lr = learning_rate(config_.optimizer, step, config_.steps);
   PipelineStepResult result;

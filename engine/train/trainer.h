@@ -78,7 +78,8 @@ class Trainer {
   // Runs the next step, up to config().steps (past it, std::logic_error: the learning-rate
   // schedule and a checkpoint's counters span those steps). The batch's ids are checked
   // against the model's vocab first, and a batch whose every target is the ignored one is
-  // refused, as it has nothing to learn from (std::invalid_argument, nothing run). A step that
+  // refused, as it has nothing to learn from (std::invalid_argument, nothing run, the source
+  // put back where it was: TokenSource::restore). A step that
   // fails once it has started (a PipelineError, a transport error) leaves the trainer unusable:
   // step() and evaluate() then throw std::logic_error saying so. A diverged step (TrainingDiverged)
   // applied no update and leaves it usable.
@@ -155,6 +156,8 @@ class Trainer {
   // Throws std::invalid_argument for an id outside the model's vocabulary (a target may be
   // the ignored one), naming the micro-batch and position.
   void check_token_ids(const std::vector<MicroBatchData>& microbatches) const;
+  // Throws std::invalid_argument when every target of the step's batch is the ignored one.
+  void check_some_target(const std::vector<MicroBatchData>& microbatches, int64_t step) const;
   // The executor's stop request, agreed over the processes (a collective under MPI): the
   // signal of the lowest process asked, or 0.
   int agreed_stop_request();

@@ -89,6 +89,7 @@ TEST(TrainerMisuse, ABatchWhoseEveryTargetIsIgnoredIsRefusedAndChangesNothing) {
                   "every target of step 1's batch is the ignored target -1");
   EXPECT_EQ(trainer.steps_done(), 0);
   EXPECT_TRUE(trainer.failure().empty());
+  EXPECT_EQ(source->position(), 0u);  // the refused batch was put back
   // Usable still: a batch with targets trains.
   source->target.reset();
   EXPECT_NO_THROW(trainer.step());
