@@ -322,8 +322,8 @@ void PipelineExecutor::sum_over_processes(std::vector<double>& values) {
 void PipelineExecutor::check_replicas_agree() {
   const int replicas = num_replicas(), stages = schedule_.num_stages();
   if (replicas == 1) return;
-  // A digest per (replica, stage) in two 32-bit halves, each exact in a double; a rank fills
-  // the slots of its stages, so the sum over the processes gathers them exactly.
+  // A digest per (replica, stage) (put_u64_in_doubles); a rank fills the slots of its stages,
+  // so the sum over the processes gathers them exactly.
   std::vector<double> slots(static_cast<size_t>(replicas) * stages * 2, 0.0);
   std::vector<std::byte> bytes;
   for (auto& rank : ranks_) {
@@ -337,9 +337,7 @@ void PipelineExecutor::check_replicas_agree() {
         XXH3_64bits_update(&state, bytes.data(), bytes.size());
       }
       const uint64_t digest = XXH3_64bits_digest(&state);
-      const size_t at = (static_cast<size_t>(rank->replica) * stages + id) * 2;
-      slots[at] = static_cast<double>(digest >> 32);
-      slots[at + 1] = static_cast<double>(digest & 0xffffffffu);
+      put_u64_in_doubles(digest, &slots[(static_cast<size_t>(rank->replica) * stages + id) * 2]);
     }
   }
   sum_over_processes(slots);
@@ -347,7 +345,7 @@ void PipelineExecutor::check_replicas_agree() {
   for (int d = 1; d < replicas; ++d)
     for (int s = 0; s < stages; ++s) {
       const size_t mine = (static_cast<size_t>(d) * stages + s) * 2, first = 2 * s;
-      if (slots[mine] == slots[first] && slots[mine + 1] == slots[first + 1]) continue;
+      if (u64_from_doubles(&slots[mine]) == u64_from_doubles(&slots[first])) continue;
       const int r = schedule_.placement.rank_of(s);
       throw ReplicasDiffer("replica " + std::to_string(d) + " (rank " + std::to_string(d * p + r) +
                            ") ends with other weights of stage " + std::to_string(s) +

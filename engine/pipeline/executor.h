@@ -28,6 +28,7 @@
 // one rank's step, engine/schedule/measured_timing.h turns the measured timeline into the
 // simulator's terms.
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -120,6 +121,17 @@ class ReplicasDiffer : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
+
+// A 64-bit value (a digest, a checksum) as two 32-bit halves in `slots`, each exact in a
+// double, so that PipelineExecutor::sum_over_processes gathers it unchanged from the one
+// process that writes it (the others leave zeros); and the value back.
+inline void put_u64_in_doubles(uint64_t value, double* slots) {
+  slots[0] = static_cast<double>(value >> 32);
+  slots[1] = static_cast<double>(value & 0xffffffffu);
+}
+inline uint64_t u64_from_doubles(const double* slots) {
+  return static_cast<uint64_t>(slots[0]) << 32 | static_cast<uint64_t>(slots[1]);
+}
 
 class PipelineExecutor {
  public:

@@ -266,23 +266,21 @@ void TrainerCheckpointer::complete(CheckpointWriter& writer, const TrainingState
   const int shards = checkpoint_shard_count(executor);
   const bool commits = holds_rank_zero(executor);
   if (!executor.holds_all_ranks()) {
-    // Each shard's size and checksum, for rank 0's manifest: the checksum in two 32-bit
-    // halves and the size below 2^53, so the doubles of the sum carry them exactly.
+    // Each shard's size and checksum, for rank 0's manifest: the size below 2^53 and the
+    // checksum in halves (put_u64_in_doubles), so the doubles of the sum carry them exactly.
     std::vector<double> info(3 * static_cast<size_t>(shards), 0.0);
     for (int r : executor.local_ranks()) {
       if (r >= shards) continue;
       const ShardFileInfo written = *writer.written(r);
       info[3 * r] = static_cast<double>(written.bytes);
-      info[3 * r + 1] = static_cast<double>(written.checksum & 0xffffffffu);
-      info[3 * r + 2] = static_cast<double>(written.checksum >> 32);
+      put_u64_in_doubles(written.checksum, &info[3 * r + 1]);
     }
     executor.sum_over_processes(info);
     if (commits)
       for (int r = 0; r < shards; ++r)
         if (!writer.written(r))
-          writer.add_written(r, {static_cast<uint64_t>(info[3 * r]),
-                                 static_cast<uint64_t>(info[3 * r + 1]) |
-                                     static_cast<uint64_t>(info[3 * r + 2]) << 32});
+          writer.add_written(
+              r, {static_cast<uint64_t>(info[3 * r]), u64_from_doubles(&info[3 * r + 1])});
   }
   std::exception_ptr commit_error;
   if (commits) {

@@ -53,26 +53,26 @@ std::string model_differences(const nlohmann::json& saved, const nlohmann::json&
 void check_one_checkpoint_in_every_process(PipelineExecutor& executor, const Checkpoint& checkpoint,
                                            const fs::path& path) {
   if (executor.holds_all_ranks()) return;
-  // The step, then the checksum in four 16-bit pieces: a sum of one value and zeros is exact.
-  constexpr size_t kSlots = 5;
-  const uint64_t checksum = manifest_checksum(checkpoint.manifest());
+  // Per rank: the step, then the checksum (put_u64_in_doubles); a sum of one value and zeros
+  // is exact.
+  constexpr size_t kSlots = 3;
   std::vector<double> table(static_cast<size_t>(executor.num_world_ranks()) * kSlots, 0.0);
   for (int rank : executor.local_ranks()) {
     double* slot = &table[static_cast<size_t>(rank) * kSlots];
     slot[0] = static_cast<double>(checkpoint.step());
-    for (size_t i = 0; i < 4; ++i)
-      slot[1 + i] = static_cast<double>((checksum >> (16 * i)) & 0xffff);
+    put_u64_in_doubles(manifest_checksum(checkpoint.manifest()), slot + 1);
   }
   executor.sum_over_processes(table);
+  auto step_of = [&](int rank) { return table[static_cast<size_t>(rank) * kSlots]; };
+  auto checksum_of = [&](int rank) {
+    return u64_from_doubles(&table[static_cast<size_t>(rank) * kSlots + 1]);
+  };
   auto described = [&](int rank) {
-    const double* slot = &table[static_cast<size_t>(rank) * kSlots];
-    uint64_t sum = 0;
-    for (size_t i = 0; i < 4; ++i) sum |= static_cast<uint64_t>(slot[1 + i]) << (16 * i);
-    return "step " + std::to_string(static_cast<int64_t>(slot[0])) + " (" + "manifest checksum " +
-           checkpoint_io::hex64(sum) + ")";
+    return "step " + std::to_string(static_cast<int64_t>(step_of(rank))) + " (manifest checksum " +
+           checkpoint_io::hex64(checksum_of(rank)) + ")";
   };
   for (int rank = 1; rank < executor.num_world_ranks(); ++rank)
-    if (described(rank) != described(0))
+    if (step_of(rank) != step_of(0) || checksum_of(rank) != checksum_of(0))
       throw CheckpointErrorOfEveryProcess(
           "the processes opened different checkpoints at " + checkpoint_io::shown_path(path) +
           ": the process of rank 0 one of " + described(0) + ", that of rank " +
