@@ -74,7 +74,7 @@ std::unique_ptr<TrainerCheckpointer> setup_checkpoints(const CheckpointFlags& f,
         std::printf("note: %s\n", change.c_str());
     }
   } catch (const CheckpointErrorOfEveryProcess& e) {
-    throw RefusalOfEveryProcess(e.what());
+    throw ErrorOfEveryProcess(e.what(), kExitUsage);
   } catch (const CheckpointError& e) {
     throw UsageError(e.what());
   }

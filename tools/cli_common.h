@@ -26,26 +26,26 @@ class UsageError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// A UsageError that every process of a launch of several reaches alike (the ranks' checks
-// against each other, a launcher this build cannot run under): only the launch's first
-// process prints it, the others end with the same status silently (error_line.h).
-class RefusalOfEveryProcess : public UsageError {
- public:
-  using UsageError::UsageError;
-};
-// The same for a failure (exit status 1) that every process meets alike, such as a step whose
-// all-reduced loss is not finite.
-class FailureOfEveryProcess : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitFailure = 1;
 inline constexpr int kExitUsage = 2;
 // A command stopped by a signal ends with 128 + the signal, as a shell shows a process the
 // signal killed: 130 SIGINT, 143 SIGTERM, 129 SIGHUP, 138 SIGUSR1.
 inline constexpr int kExitInterrupted = 128;
+
+// An error that every process of a launch of several meets alike, ending each with `status`:
+// a refusal (kExitUsage: the ranks' checks against each other, a launcher this build cannot
+// run under) or a failure (kExitFailure: a step whose all-reduced loss is not finite). Only
+// the launch's first process prints it, the others end silently (error_line.h).
+class ErrorOfEveryProcess : public std::runtime_error {
+ public:
+  ErrorOfEveryProcess(const std::string& message, int status)
+      : std::runtime_error(message), status_(status) {}
+  int status() const { return status_; }
+
+ private:
+  int status_;
+};
 
 // The exit status convention, as help texts show it; `failure` says what status 1 means for
 // the command showing it.

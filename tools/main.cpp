@@ -90,12 +90,9 @@ int main(int argc, char** argv) {
     // training step); one that reaches here may have failed at any point of its work.
     print_error_line(conveyor::error_sentence(e) + "; use smaller sizes or free some memory");
     return conveyor::cli::kExitUsage;
-  } catch (const conveyor::cli::RefusalOfEveryProcess& e) {
+  } catch (const conveyor::cli::ErrorOfEveryProcess& e) {
     if (!conveyor::cli::waited_for_the_first_process()) print_error_line(e.what());
-    return conveyor::cli::kExitUsage;
-  } catch (const conveyor::cli::FailureOfEveryProcess& e) {
-    if (!conveyor::cli::waited_for_the_first_process()) print_error_line(e.what());
-    return conveyor::cli::kExitFailure;
+    return e.status();
   } catch (const conveyor::cli::UsageError& e) {
     print_usage_error_line(e.what());
     return conveyor::cli::kExitUsage;

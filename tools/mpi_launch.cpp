@@ -100,16 +100,17 @@ void refuse_openmpi_without_pmix_under_srun(const comm::LaunchEnvironment& launc
   std::string started = "(SLURM_STEP_ID=" + escaped_for_message(std::getenv("SLURM_STEP_ID")) + ")";
   if (launch.processes > 1)
     started = "as one of " + std::to_string(launch.processes) + " (" + launch.source + ")";
-  throw RefusalOfEveryProcess(
+  throw ErrorOfEveryProcess(
       "srun started this process " + started + " " +
-      (plugin != nullptr && std::string(plugin) != "none"
-           ? "with its " + escaped_for_message(plugin) + " plugin (SLURM_MPI_TYPE), not PMIx"
-           : std::string("without an MPI plugin (--mpi=none)")) +
-      ", and this OpenMPI " + std::to_string(OMPI_MAJOR_VERSION) + "." +
-      std::to_string(OMPI_MINOR_VERSION) + "." + std::to_string(OMPI_RELEASE_VERSION) +
-      " reaches srun only through PMIx: its MPI_Init would end the process; give srun "
-      "--mpi=pmix (srun --mpi=list shows what the cluster offers), or start the job with "
-      "OpenMPI's own mpirun");
+          (plugin != nullptr && std::string(plugin) != "none"
+               ? "with its " + escaped_for_message(plugin) + " plugin (SLURM_MPI_TYPE), not PMIx"
+               : std::string("without an MPI plugin (--mpi=none)")) +
+          ", and this OpenMPI " + std::to_string(OMPI_MAJOR_VERSION) + "." +
+          std::to_string(OMPI_MINOR_VERSION) + "." + std::to_string(OMPI_RELEASE_VERSION) +
+          " reaches srun only through PMIx: its MPI_Init would end the process; give srun "
+          "--mpi=pmix (srun --mpi=list shows what the cluster offers), or start the job with "
+          "OpenMPI's own mpirun",
+      kExitUsage);
 #else
   (void)launch;
 #endif
@@ -119,7 +120,7 @@ void refuse_openmpi_without_pmix_under_srun(const comm::LaunchEnvironment& launc
 }  // namespace
 
 void refuse_on_every_rank(const MpiSession& session, const std::string& message) {
-  if (session.active()) throw RefusalOfEveryProcess(message);
+  if (session.active()) throw ErrorOfEveryProcess(message, kExitUsage);
   throw UsageError(message);
 }
 

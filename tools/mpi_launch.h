@@ -53,9 +53,9 @@ class MpiSession {
 // without the plugin of this MPI), and every process would train the whole job by itself.
 void check_mpi_sees_the_launch(const comm::LaunchEnvironment& launch, int mpi_processes);
 
-// Ends the run with `message` where every rank of the session reaches this same refusal: a
-// RefusalOfEveryProcess, which rank 0 alone prints (exit status 2 on every rank); without an
-// active session, a UsageError.
+// Ends the run with `message` where every rank of the session reaches this same refusal: an
+// ErrorOfEveryProcess of status 2, which rank 0 alone prints; without an active session, a
+// UsageError.
 [[noreturn]] void refuse_on_every_rank(const MpiSession& session, const std::string& message);
 
 // A setting the ranks must agree on: `name` as the error names it, `value` what is compared

@@ -285,7 +285,7 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
                                "; use a smaller model or fewer tokens per micro-batch");
     } catch (const TrainingDiverged& e) {
       // Decided from the step's all-reduced loss and norm: every process stops alike.
-      if (mpi.active()) throw FailureOfEveryProcess(e.what());
+      if (mpi.active()) throw ErrorOfEveryProcess(e.what(), kExitFailure);
       throw;
     }
     run_trace.add_step(s, step_begin, RunTrace::Clock::now());

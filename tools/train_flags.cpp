@@ -115,13 +115,14 @@ TransportKind parse_transport(const std::string& name) {
 void refuse_in_process_under_a_launcher(TransportKind transport) {
   const comm::LaunchEnvironment launch = comm::launch_environment();
   if (transport != TransportKind::kInProcess || launch.processes <= 1) return;
-  throw RefusalOfEveryProcess(
+  throw ErrorOfEveryProcess(
       "--transport inproc runs every rank as a thread of one process, but the "
       "launcher started " +
-      std::string(launch.at_least ? "at least " : "") + std::to_string(launch.processes) +
-      " processes (" + launch.source +
-      "), each of which would train the whole job alone; leave --transport out "
-      "(auto gives each process one rank) or run without mpirun or srun");
+          std::string(launch.at_least ? "at least " : "") + std::to_string(launch.processes) +
+          " processes (" + launch.source +
+          "), each of which would train the whole job alone; leave --transport out "
+          "(auto gives each process one rank) or run without mpirun or srun",
+      kExitUsage);
 }
 
 }  // namespace
