@@ -176,14 +176,14 @@ StepStats Trainer::step() {
                            "steps to go on (from a checkpoint of this one)");
   // A batch refused before it runs is put back, so that the source is where it was and the
   // step can be tried again, where it went on past the batch.
-  const uint64_t drawn_from = source_->position();
-  const std::optional<int32_t> drawn_after = source_->current_token();
+  const uint64_t position_at_draw = source_->position();
+  const std::optional<int32_t> token_at_draw = source_->current_token();
   const std::vector<MicroBatchData> microbatches = draw_batch(*source_);
   try {
     check_token_ids(microbatches);
     check_some_target(microbatches, step);
   } catch (const std::invalid_argument&) {
-    source_->restore(drawn_from, drawn_after);
+    source_->restore(position_at_draw, token_at_draw);
     throw;
   }
   for (int r : executor_->local_ranks()) executor_->context(r).allocator().reset_peak();

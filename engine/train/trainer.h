@@ -79,10 +79,10 @@ class Trainer {
   // schedule and a checkpoint's counters span those steps). The batch's ids are checked
   // against the model's vocab first, and a batch whose every target is the ignored one is
   // refused, as it has nothing to learn from (std::invalid_argument, nothing run, the source
-  // put back where it was: TokenSource::restore). A step that
-  // fails once it has started (a PipelineError, a transport error) leaves the trainer unusable:
-  // step() and evaluate() then throw std::logic_error saying so. A diverged step (TrainingDiverged)
-  // applied no update and leaves it usable.
+  // put back where it was: TokenSource::restore). A step that fails once it has started (a
+  // PipelineError, a transport error) leaves the trainer unusable: step() and evaluate() then
+  // throw std::logic_error saying so. A diverged step (TrainingDiverged) applied no update and
+  // leaves it usable.
   StepStats step();
 
   // Mean loss per token over `batches` global batches drawn from `source` (held-out data),

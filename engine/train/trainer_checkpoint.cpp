@@ -116,8 +116,7 @@ TrainerCheckpointer::TrainerCheckpointer(Trainer& trainer, TrainerCheckpointOpti
   std::exception_ptr error;
   try {
     check_checkpoint_directory(options_.directory);
-    const std::vector<int> ranks = trainer_.executor().local_ranks();
-    if (std::find(ranks.begin(), ranks.end(), 0) != ranks.end()) lock_folder();
+    if (holds_rank_zero(trainer_.executor())) lock_folder();  // the process that commits
   } catch (const CheckpointError&) {
     error = std::current_exception();
   }
