@@ -1,5 +1,5 @@
 # Installs the library, its public headers and a CMake package so that applications can use
-# find_package(conveyor), link conveyor::conveyor and include "engine/conveyor.h".
+# find_package(conveyor), link conveyor::conveyor and include "conveyor/engine/conveyor.h".
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
@@ -34,10 +34,39 @@ while(_pending)
   endforeach()
 endwhile()
 list(SORT CONVEYOR_PUBLIC_HEADERS)
+
+# Applications reach the headers under a conveyor/ prefix, so that an application folder named
+# engine/ or layers/ cannot stand in for ours (nor ours for its). Inside the source tree the
+# includes are relative to the source root; the public copies, generated here into
+# include/conveyor/ of the build tree, have each project include rewritten with the prefix.
+# The examples build against these copies and the install ships them, so both see the same text.
+set(CONVEYOR_PUBLIC_INCLUDE_DIR ${PROJECT_BINARY_DIR}/include)
+set(_public_root ${CONVEYOR_PUBLIC_INCLUDE_DIR}/conveyor)
+set(_generated)
 foreach(_header ${CONVEYOR_PUBLIC_HEADERS})
+  file(READ ${PROJECT_SOURCE_DIR}/${_header} _text)
+  string(REGEX REPLACE "(#[ \t]*include[ \t]*\")" "\\1conveyor/" _text "${_text}")
+  set(_copy ${_public_root}/${_header})
+  list(APPEND _generated ${_copy})
+  set(_old_text)
+  if(EXISTS ${_copy})
+    file(READ ${_copy} _old_text)
+  endif()
+  # Rewritten only when it changed, so that a reconfigure does not rebuild the examples.
+  if(NOT _text STREQUAL _old_text)
+    file(WRITE ${_copy} "${_text}")
+  endif()
   get_filename_component(_dir ${_header} DIRECTORY)
-  install(FILES ${PROJECT_SOURCE_DIR}/${_header} DESTINATION include/conveyor/${_dir})
+  install(FILES ${_copy} DESTINATION include/conveyor/${_dir})
 endforeach()
+# A header that left the public set must not linger where the examples would still find it.
+file(GLOB_RECURSE _present ${_public_root}/*)
+foreach(_copy ${_present})
+  if(NOT _copy IN_LIST _generated)
+    file(REMOVE ${_copy})
+  endif()
+endforeach()
+target_include_directories(conveyor INTERFACE $<BUILD_INTERFACE:${CONVEYOR_PUBLIC_INCLUDE_DIR}>)
 
 get_property(_layers GLOBAL PROPERTY CONVEYOR_LAYER_TARGETS)
 install(TARGETS conveyor ${_layers} EXPORT conveyorTargets ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})

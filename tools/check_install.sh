@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs a built Conveyor into a scratch prefix and checks it as an application sees it:
 #   - only public headers are installed (no *_check.h, *_guard.h or *.cuh);
-#   - every installed header compiles on its own against the installed tree;
+#   - every installed header compiles on its own against the installed tree, as
+#     "conveyor/<path>", in a project whose own folders hold headers of the same paths;
 #   - each example under examples/ builds through find_package(conveyor) and runs.
 # Usage: tools/check_install.sh BUILD_DIR WORK_DIR
 set -euo pipefail
@@ -20,9 +21,18 @@ if [[ -n "$internal" ]]; then
 fi
 [[ -f "$include/engine/conveyor.h" ]] || { echo "check_install: engine/conveyor.h missing" >&2; exit 1; }
 
-# One object per installed header, each including that header alone.
+# One object per installed header, each including that header alone. The project has a
+# header of its own at each path Conveyor's headers have (engine/core/tensor.h, ...), ahead
+# of Conveyor's on the include path: an installed header that reached one of those instead
+# of its own would stop the build.
 headers_project=$work/headers
 mkdir -p "$headers_project"
+(cd "$include" && find . -name '*.h') | while read -r header; do
+  header=${header#./}
+  mkdir -p "$headers_project/$(dirname "$header")"
+  echo "#error \"the application's own $header was taken for Conveyor's\"" \
+    >"$headers_project/$header"
+done
 {
   echo "cmake_minimum_required(VERSION 3.25)"
   echo "project(conveyor_headers LANGUAGES CXX)"
@@ -31,10 +41,11 @@ mkdir -p "$headers_project"
   (cd "$include" && find . -name '*.h' | sort) | while read -r header; do
     header=${header#./}
     source=$headers_project/${header//\//_}.cpp
-    echo "#include \"$header\"" >"$source"
+    echo "#include \"conveyor/$header\"" >"$source"
     echo "  $source"
   done
   echo ")"
+  echo "target_include_directories(headers PRIVATE \${CMAKE_CURRENT_SOURCE_DIR})"
   echo "target_link_libraries(headers PRIVATE conveyor::conveyor)"
 } >"$headers_project/CMakeLists.txt"
 cmake -S "$headers_project" -B "$work/headers-build" -DCMAKE_PREFIX_PATH="$prefix" >/dev/null

@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <vector>
 
-#include "engine/conveyor.h"
+#include "conveyor/engine/conveyor.h"
 
 namespace fs = std::filesystem;
 

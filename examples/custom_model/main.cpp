@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/conveyor.h"
+#include "conveyor/engine/conveyor.h"
 
 namespace {
 

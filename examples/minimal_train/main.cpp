@@ -2,7 +2,7 @@
 // Markov source and compare the loss with the best achievable one.
 #include <cstdio>
 
-#include "engine/conveyor.h"
+#include "conveyor/engine/conveyor.h"
 
 int main() {
   conveyor::TrainConfig config;
