@@ -25,6 +25,7 @@
 #include "tools/checkpoint_flags.h"
 #include "tools/cli_common.h"
 #include "tools/commands.h"
+#include "tools/cuda_module_loading.h"
 #include "tools/error_line.h"
 #include "tools/interrupt.h"
 #include "tools/mpi_launch.h"
@@ -149,6 +150,7 @@ void refuse_outputs_over_inputs(const TrainFlags& f) {
 }
 
 void run_train(TrainFlags& f, const CLI::App& cmd) {
+  load_cuda_kernels_eagerly_if_nccl(f);  // before CUDA starts: MPI_Init or the device's count
   check_checkpoint_flags(f.checkpoint, cmd);
   refuse_outputs_over_inputs(f);
   TrainConfig config = resolve_config(f, cmd);
