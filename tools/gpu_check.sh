@@ -302,6 +302,10 @@ fi
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 if command -v nvidia-smi >/dev/null; then nvidia-smi -L 2>&1; else echo "gpu_check: no nvidia-smi here"; fi
 if ((gpus > 0)); then note "GPUs" "$gpus"; else fail "GPUs" "none visible (nvidia-smi): no GPU"; fi
+# Where nvidia-smi sees a GPU, a gpu test that finds no usable device fails instead of
+# skipping (tests/support/test_util.h): otherwise a runtime the driver cannot serve would
+# turn the whole check into skipped tests and an "ok".
+((gpus > 0)) && export CONVEYOR_EXPECT_GPU=1
 
 # --- benchmarks (--bench) -------------------------------------------------------------
 if [[ $mode == bench ]]; then

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
@@ -53,10 +54,24 @@ template <class A, class E>
   return ::testing::AssertionSuccess();
 }
 
+// Whether a missing CUDA device is a failure rather than a reason to skip: set
+// CONVEYOR_EXPECT_GPU (to anything but "" or "0") on a machine that has a GPU, as
+// tools/gpu_check.sh does, so that a CUDA set-up this binary cannot use (a driver too old for
+// its runtime, a device hidden from it) fails every gpu test instead of skipping them all.
+inline bool gpu_expected() {
+  const char* value = std::getenv("CONVEYOR_EXPECT_GPU");
+  return value != nullptr && *value != '\0' && std::string(value) != "0";
+}
+
 }  // namespace conveyor::testing
 
-// Skips (reported as skipped by ctest) when no CUDA device is present.
-#define CONVEYOR_REQUIRE_GPU()                                                  \
-  do {                                                                          \
-    if (::conveyor::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device"; \
+// Skips (reported as skipped by ctest) when no CUDA device is usable; fails instead when one
+// is expected (gpu_expected).
+#define CONVEYOR_REQUIRE_GPU()                                                                \
+  do {                                                                                        \
+    if (::conveyor::cuda_device_count() == 0) {                                               \
+      if (::conveyor::testing::gpu_expected())                                                \
+        FAIL() << "no usable CUDA device, but CONVEYOR_EXPECT_GPU says this machine has one"; \
+      GTEST_SKIP() << "no CUDA device";                                                       \
+    }                                                                                         \
   } while (0)

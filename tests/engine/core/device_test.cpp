@@ -1,8 +1,11 @@
 // Devices, streams, events and the device context on the CPU backend.
 #include "engine/core/device.h"
 
+#include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <string>
 #include <thread>
 
 #include "engine/core/device_context.h"
@@ -85,6 +88,26 @@ TEST(Event, CudaObjectsFailClearlyWithoutADevice) {
   EXPECT_ANY_THROW(Event(Device::cuda(0)));
   EXPECT_ANY_THROW(make_cuda_allocator(0));
   EXPECT_ANY_THROW(DeviceContext(Device::cuda(0)));
+}
+
+// The gpu tests' guard: without a usable device it skips, unless the environment says this
+// machine has one (tools/gpu_check.sh), where it fails, so that a broken CUDA set-up cannot
+// pass the GPU check as a run of skipped tests.
+TEST(Device, GpuTestsFailInsteadOfSkippingWhereADeviceIsExpected) {
+  if (cuda_device_count() > 0) GTEST_SKIP() << "a CUDA device is present";
+  const char* saved = std::getenv("CONVEYOR_EXPECT_GPU");
+  const std::string kept = saved != nullptr ? saved : "";
+  for (const char* unset : {"", "0"}) {
+    ::setenv("CONVEYOR_EXPECT_GPU", unset, 1);
+    EXPECT_FALSE(conveyor::testing::gpu_expected()) << "'" << unset << "'";
+  }
+  ::setenv("CONVEYOR_EXPECT_GPU", "1", 1);
+  EXPECT_TRUE(conveyor::testing::gpu_expected());
+  EXPECT_FATAL_FAILURE(CONVEYOR_REQUIRE_GPU(), "CONVEYOR_EXPECT_GPU says this machine has one");
+  if (saved != nullptr)
+    ::setenv("CONVEYOR_EXPECT_GPU", kept.c_str(), 1);
+  else
+    ::unsetenv("CONVEYOR_EXPECT_GPU");
 }
 
 TEST(DeviceContext, CpuZerosEmptyAndLimit) {
