@@ -7,7 +7,9 @@
 //   write a layer       Layer, SavedTensors, MicroBatchInputs (layers/layer.h), Parameter and
 //                       InitSpec (layers/parameter.h), the tensor-level ops (layers/ops.h)
 //   built-in layers     Linear, Activation, LayerNorm, Embedding, MlpBlock, LossHead
-//   data                TokenSource and the built-in MarkovSource, FileSource
+//   data                TokenSource and the built-in MarkovSource, FileSource; a data file
+//                       that cannot be read (TrainConfig::data_path, FileSource) throws
+//                       InputFileError (engine/schedule/input_file.h), a std::invalid_argument
 //   train               TrainConfig, Trainer (step, evaluate), PartitionSpec, ScheduleKind
 //   checkpoints         TrainerCheckpointer and resume_trainer (engine/train/trainer_checkpoint.h);
 //                       CheckpointWriter, open_checkpoint and Checkpoint::read, tensors by
@@ -32,6 +34,7 @@
 #include "engine/pipeline/planner.h"
 #include "engine/pipeline/profile.h"
 #include "engine/schedule/generators.h"
+#include "engine/schedule/input_file.h"
 #include "engine/train/checkpoint.h"
 #include "engine/train/checkpoint_model.h"
 #include "engine/train/data.h"

@@ -59,3 +59,13 @@ for example in minimal_train custom_model checkpoint_resume; do
   echo "check_install: running $example"
   "$work/$example/$example"
 done
+# A data file that cannot be read is caught by its type, InputFileError, from the installed
+# headers: minimal_train says why and exits 2.
+status=0
+"$work/minimal_train/minimal_train" "$work" 2>"$work/minimal_train.err" || status=$?
+if [ "$status" != 2 ] || ! grep -q "^minimal_train: data file" "$work/minimal_train.err"; then
+  echo "check_install: minimal_train given a folder as its data file: status $status," \
+       "$(cat "$work/minimal_train.err")" >&2
+  exit 1
+fi
+echo "check_install: minimal_train catches InputFileError"

@@ -83,7 +83,8 @@ class MarkovSource : public TokenSource {
 class FileSource : public TokenSource {
  public:
   static constexpr uint64_t kMaxBytes = uint64_t{1} << 30;
-  explicit FileSource(const std::string& path);  // throws std::invalid_argument if unusable
+  // Throws InputFileError (engine/schedule/input_file.h) naming the file if it is unusable.
+  explicit FileSource(const std::string& path);
   int64_t vocab() const override { return 256; }
   void next(int32_t* inputs, int32_t* targets, int64_t n) override;
   uint64_t position() const override { return position_; }
