@@ -1,6 +1,7 @@
 #include "layers/model.h"
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <sstream>
 #include <stdexcept>
@@ -18,6 +19,47 @@ std::string label_of(const ModelDescription& model) {
 // At least one dimension, each at least 1: what an activation or a parameter needs.
 bool has_positive_dimensions(const Shape& shape) {
   return !shape.empty() && std::all_of(shape.begin(), shape.end(), [](int64_t d) { return d > 0; });
+}
+
+}  // namespace
+
+namespace {
+
+// A parameter as the model sees it: what names, sizes, initialises and decays it.
+std::string parameter_text(const Parameter& p) {
+  std::ostringstream out;
+  out << "'" << p.name << "' " << shape_to_string(p.shape) << " initialised "
+      << (p.init.kind == InitSpec::Kind::kUniform ? "uniform [" : "constant [") << p.init.low
+      << ", " << p.init.high << ")" << (p.weight_decay ? " decayed" : " not decayed");
+  return out.str();
+}
+
+// Each stage builds its own units and the parameter counts come from built units: a factory
+// that builds another layer on a second call (one that counts its calls, or draws at random)
+// would give stages, counts and checkpoints that disagree. `first` and `second` are two
+// builds of one unit; they must hold the same parameters and accept the same ids.
+void check_built_alike(Layer& first, Layer& second, const std::string& where) {
+  const std::vector<Parameter*> a = first.parameters(), b = second.parameters();
+  const auto refuse = [&](const std::string& difference) {
+    throw std::invalid_argument(where +
+                                " is built differently by a second call of the unit "
+                                "factory (" +
+                                difference +
+                                "); make_unit must build the same layer, with the same "
+                                "parameters, on every call: each stage builds its own units");
+  };
+  if (a.size() != b.size())
+    refuse(std::to_string(a.size()) + " parameters the first time, " + std::to_string(b.size()) +
+           " the second");
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (b[i] == nullptr) refuse("parameter " + std::to_string(i) + " is null the second time");
+    const std::string was = parameter_text(*a[i]), is = parameter_text(*b[i]);
+    if (was != is)
+      refuse("parameter " + std::to_string(i) + " is " + was + " the first time, " + is +
+             " the second");
+  }
+  if (first.accepted_ids() != second.accepted_ids())
+    refuse("the ids it accepts differ between the two");
 }
 
 }  // namespace
@@ -44,9 +86,9 @@ void ModelDescription::validate() const {
                                   shape_to_string(spec.shape) +
                                   " for one token; expected positive dimensions");
   }
-  // Every unit built once, so that a factory that fails, or a parameter that could never be
-  // allocated, initialised or saved under its name, is reported here rather than by the stage
-  // or checkpoint that first meets it.
+  // Every unit built (twice, to compare), so that a factory that fails or builds another layer
+  // each time, or a parameter that could never be allocated, initialised or saved under its
+  // name, is reported here rather than by the stage or checkpoint that first meets it.
   std::map<std::string, int64_t> unit_of_name;
   for (int64_t index = 0; index < num_units; ++index) {
     const std::unique_ptr<Layer> layer = unit(index);
@@ -76,6 +118,7 @@ void ModelDescription::validate() const {
             "; names must be unique across the model (they key initial values and "
             "checkpoints)");
     }
+    check_built_alike(*layer, *unit(index), where);
   }
 }
 
@@ -134,12 +177,37 @@ std::optional<ActivationMemory> ModelDescription::unit_memory(int64_t index, int
   return layer->activation_memory(boundary_spec(index, tokens).shape);
 }
 
+namespace {
+
+// a + b, or a refusal naming `what` where the sum leaves int64_t.
+int64_t checked_add(int64_t a, int64_t b, const std::string& what) {
+  int64_t sum = 0;
+  if (__builtin_add_overflow(a, b, &sum))
+    throw std::invalid_argument(what + " has more than " +
+                                std::to_string(std::numeric_limits<int64_t>::max()) +
+                                " parameters, more than a count can hold");
+  return sum;
+}
+
+int64_t checked_mul(int64_t a, int64_t b, const std::string& what) {
+  int64_t product = 0;
+  if (__builtin_mul_overflow(a, b, &product))
+    throw std::invalid_argument(what + " has more than " +
+                                std::to_string(std::numeric_limits<int64_t>::max()) +
+                                " parameters, more than a count can hold");
+  return product;
+}
+
+}  // namespace
+
 std::vector<int64_t> ModelDescription::unit_parameter_counts() const {
   std::vector<int64_t> counts;
   for (int64_t i = 0; i < num_units; ++i) {
     const std::unique_ptr<Layer> layer = unit(i);  // outlives the pointers to its parameters
     int64_t n = 0;
-    for (Parameter* p : layer->parameters()) n += shape_numel(p->shape);
+    for (Parameter* p : layer->parameters())
+      n = checked_add(n, shape_numel(p->shape),
+                      "unit " + std::to_string(i) + " of model '" + name + "'");
     counts.push_back(n);
   }
   return counts;
@@ -147,7 +215,7 @@ std::vector<int64_t> ModelDescription::unit_parameter_counts() const {
 
 int64_t ModelDescription::count_parameters() const {
   int64_t total = 0;
-  for (int64_t n : unit_parameter_counts()) total += n;
+  for (int64_t n : unit_parameter_counts()) total = checked_add(total, n, "model '" + name + "'");
   return total;
 }
 
@@ -230,11 +298,16 @@ std::vector<std::unique_ptr<Layer>> make_model_units(const ModelConfig& config, 
 }
 
 int64_t count_parameters(const ModelConfig& c) {
+  const std::string what = "model " + c.preset + " (d=" + std::to_string(c.d_model) +
+                           ", L=" + std::to_string(c.n_layers) + ", V=" + std::to_string(c.vocab) +
+                           ", hidden=" + std::to_string(c.hidden) + ")";
+  const auto add = [&](int64_t a, int64_t b) { return checked_add(a, b, what); };
+  const auto mul = [&](int64_t a, int64_t b) { return checked_mul(a, b, what); };
   const int64_t d = c.d_model, h = c.hidden, v = c.vocab;
-  const int64_t embed = v * d;
-  const int64_t block = 2 * d + (d * h + h) + (h * d + d);
-  const int64_t head = 2 * d + (d * v + v);
-  return embed + c.n_layers * block + head;
+  const int64_t embed = mul(v, d);
+  const int64_t block = add(add(mul(2, d), add(mul(d, h), h)), add(mul(h, d), d));
+  const int64_t head = add(mul(2, d), add(mul(d, v), v));
+  return add(add(embed, mul(c.n_layers, block)), head);
 }
 
 }  // namespace conveyor

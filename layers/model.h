@@ -44,8 +44,9 @@ struct ModelDescription {
   std::function<ActivationSpec(int64_t boundary, int64_t tokens)> activation;
 
   // Throws std::invalid_argument naming the first missing or impossible field. It builds
-  // every unit once (parameters not materialised): each must come back, and its parameters
-  // must have names, unique across the model, and positive dimensions.
+  // every unit twice (parameters not materialised): each must come back, its parameters must
+  // have names, unique across the model, and positive dimensions, and the second build must
+  // hold the same parameters (names, shapes, initialisation, decay) as the first.
   void validate() const;
   // Unit `index`, checked: the index is in range and the factory returned a layer.
   std::unique_ptr<Layer> unit(int64_t index) const;
@@ -67,7 +68,8 @@ struct ModelDescription {
   // the unit on its input: token ids [tokens] for the first unit, else activation_at(index,
   // tokens)); empty when the unit's layer does not say.
   std::optional<ActivationMemory> unit_memory(int64_t index, int64_t tokens) const;
-  // Parameters (elements) of each unit, and of the whole model.
+  // Parameters (elements) of each unit, and of the whole model; a count past int64_t is
+  // refused (std::invalid_argument), never wrapped.
   std::vector<int64_t> unit_parameter_counts() const;
   int64_t count_parameters() const;
 };

@@ -4,6 +4,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <cmath>
 #include <exception>
 #include <map>
 #include <mutex>
@@ -224,6 +225,14 @@ void PipelineExecutor::set_transports(std::vector<std::unique_ptr<comm::Transpor
 PipelineStepResult PipelineExecutor::run_step(const std::vector<MicroBatchData>& microbatches,
                                               float loss_scale, int64_t step, double lr,
                                               bool update) {
+  // A NaN rate would pass every comparison and turn each weight into NaN; a negative one
+  // climbs the loss. Refused before any rank starts, so nothing is left half done.
+  if (update && !(std::isfinite(lr) && lr >= 0.0))
+    throw std::invalid_argument("learning rate of step " + std::to_string(step) +
+                                " must be a finite number >= 0, got " + std::to_string(lr));
+  if (!std::isfinite(loss_scale))
+    throw std::invalid_argument("loss scale of step " + std::to_string(step) +
+                                " must be finite, got " + std::to_string(loss_scale));
   const int m = schedule_.num_microbatches * schedule_.replicas;
   if (static_cast<int>(microbatches.size()) != m)
     throw std::invalid_argument("the schedule has " + std::to_string(m) + " micro-batches" +

@@ -36,6 +36,11 @@ void OptimizerConfig::validate() const {
 }
 
 double learning_rate(const OptimizerConfig& c, int64_t step, int64_t total_steps) {
+  if (step < 0 || total_steps < 0)
+    throw std::invalid_argument(
+        "learning_rate: the step and the total steps must be at least 0, "
+        "got step " +
+        std::to_string(step) + " of " + std::to_string(total_steps));
   if (c.warmup_steps > 0 && step <= c.warmup_steps)
     return c.lr * static_cast<double>(step) / static_cast<double>(c.warmup_steps);
   const int64_t decay_steps = std::max<int64_t>(1, total_steps - c.warmup_steps);

@@ -27,7 +27,8 @@ struct OptimizerConfig {
   void validate() const;  // throws std::invalid_argument naming the bad field
 };
 
-// Learning rate at 1-based `step` of `total_steps`.
+// Learning rate at 1-based `step` of `total_steps` (0: before the first step). Throws
+// std::invalid_argument for a negative step or total.
 double learning_rate(const OptimizerConfig& config, int64_t step, int64_t total_steps);
 
 // Clipping factor for a gradient of global norm `norm`: min(1, clip / norm).

@@ -222,5 +222,54 @@ TEST(ModelDescription, UnitMemoryAsksEachUnitOnItsInput) {
   EXPECT_THROW(model.unit_memory(5, 7), std::out_of_range);
 }
 
+TEST(ModelDescription, ACountPastInt64IsRefusedNotWrapped) {
+  // fc1 and fc2 of one block hold 2^62 weights each: their sum, and the model's, pass 2^63.
+  ModelConfig c = model_preset("tiny");
+  c.d_model = int64_t{1} << 31;
+  c.hidden = int64_t{1} << 31;
+  c.vocab = 16;
+  try {
+    count_parameters(c);
+    ADD_FAILURE() << "a count past int64_t was returned";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("parameters, more than a count can hold"),
+              std::string::npos)
+        << e.what();
+  }
+  try {
+    reference_model(c).count_parameters();
+    ADD_FAILURE() << "a count past int64_t was returned";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("parameters, more than a count can hold"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(ModelDescription, AFactoryThatBuildsAnotherLayerOnALaterCallIsRefused) {
+  const ModelConfig c = model_preset("tiny");
+  ModelDescription model = reference_model(c);
+  // Unit 1 built a second time comes back as unit 2 (other names): what a factory that
+  // counts its calls, or draws its layers at random, does.
+  int calls_of_unit_1 = 0;
+  model.make_unit = [c, &calls_of_unit_1](int64_t i) {
+    if (i == 1 && ++calls_of_unit_1 > 1) return make_model_unit(c, 2);
+    return make_model_unit(c, i);
+  };
+  try {
+    model.validate();
+    ADD_FAILURE() << "a factory that builds another layer was taken";
+  } catch (const std::invalid_argument& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("unit 1 is built differently by a second call of the unit factory"),
+              std::string::npos)
+        << what;
+    EXPECT_NE(what.find("'blocks.0."), std::string::npos) << what;
+    EXPECT_NE(what.find("'blocks.1."), std::string::npos) << what;
+  }
+  // The reference factory builds alike every time.
+  EXPECT_NO_THROW(reference_model(c).validate());
+}
+
 }  // namespace
 }  // namespace conveyor

@@ -7,6 +7,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
+#include <limits>
 
 #include "comm/in_process.h"
 #include "engine/schedule/generators.h"
@@ -78,6 +80,27 @@ TEST(Executor, AStopRequestOfOneRankIsTheStepsAndLeavesItsBits) {
   const auto a = plain->parameters(), b = asked->parameters();
   for (size_t i = 0; i < a.size(); ++i)
     EXPECT_EQ(to_vector_f32(a[i]->value), to_vector_f32(b[i]->value)) << a[i]->name;
+}
+
+TEST(Executor, ARateThatIsNaNInfiniteOrNegativeIsRefusedBeforeTheStep) {
+  auto ex = make_executor(schedule::generate(ScheduleKind::k1F1B, 2, 2));
+  const auto mbs = make_microbatches(2, 6, 1);
+  for (const double lr : {std::nan(""), std::numeric_limits<double>::infinity(), -1e-3}) {
+    SCOPED_TRACE(lr);
+    try {
+      ex->run_step(mbs, 1.0f / 12, 1, lr);
+      ADD_FAILURE() << "rate " << lr << " was taken";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("learning rate of step 1 must be a finite number >= 0"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  EXPECT_THROW(ex->run_step(mbs, std::nanf(""), 1, 1e-2), std::invalid_argument);
+  // Nothing ran: the executor takes a step with a good rate, as a fresh one does.
+  auto fresh = make_executor(schedule::generate(ScheduleKind::k1F1B, 2, 2));
+  EXPECT_EQ(ex->run_step(mbs, 1.0f / 12, 1, 1e-2).loss_sum,
+            fresh->run_step(mbs, 1.0f / 12, 1, 1e-2).loss_sum);
 }
 
 TEST(Executor, PeakActivationsFollowTheScheduleInFlightCount) {

@@ -143,6 +143,10 @@ TEST(LearningRate, WarmupThenCosine) {
   EXPECT_DOUBLE_EQ(learning_rate(c, 10, 110), 1.0);
   EXPECT_NEAR(learning_rate(c, 60, 110), 0.55, 1e-12);
   EXPECT_NEAR(learning_rate(c, 110, 110), 0.1, 1e-12);
+  EXPECT_EQ(learning_rate(c, 0, 110), 0.0);  // before the first step
+  // A negative step was read as deep in the warm-up, a negative rate.
+  EXPECT_THROW(learning_rate(c, -5, 110), std::invalid_argument);
+  EXPECT_THROW(learning_rate(c, 5, -1), std::invalid_argument);
   EXPECT_EQ(clip_scale(c, 0.5), 1.0f);
   c.clip_norm = 1.0;
   EXPECT_FLOAT_EQ(clip_scale(c, 4.0), 0.25f);
