@@ -6,11 +6,17 @@
 #include <cerrno>
 #include <csignal>
 #include <cstring>
+#include <stdexcept>
+
+#include "comm/launch_environment.h"
 
 namespace conveyor::cli {
 namespace {
 
 volatile std::sig_atomic_t received = 0;
+
+// One process of a launch of several (mpirun, srun), read before any handler is installed.
+bool under_a_launcher = false;
 
 // The signals that stop a command: Ctrl-C, kill's default, a closed terminal, and SIGUSR1,
 // which OpenMPI's mpirun passes on to every process at once (it turns SIGINT, SIGTERM and
@@ -49,8 +55,8 @@ extern "C" void remove_temporaries_and_end(int signal) {
   int removed = 0;
   for (TemporarySlot& slot : temporaries)
     if (slot.state.load() == 2 && ::unlink(slot.path) == 0) ++removed;
-  write_text("conveyor: interrupted by ");
-  write_text(signal_name(signal));
+  write_text("conveyor: ");
+  write_text(stopped_by_text(signal));
   write_text(removed > 0 ? "; the unfinished output files were removed, the files they were to "
                            "replace left as they were\n"
                          : "\n");
@@ -90,7 +96,31 @@ const char* signal_name(int signal) {
   return "a signal";
 }
 
+bool stopped_by_the_launcher(int signal) { return signal == SIGTERM && under_a_launcher; }
+
+const char* stopped_by_text(int signal) {
+  if (stopped_by_the_launcher(signal))
+    return "stopped by SIGTERM, which the launcher sends every process when another process of "
+           "the job failed or when the job was asked to stop";
+  switch (signal) {
+    case SIGINT:
+      return "interrupted by SIGINT";
+    case SIGTERM:
+      return "interrupted by SIGTERM";
+    case SIGHUP:
+      return "interrupted by SIGHUP";
+    case SIGUSR1:
+      return "interrupted by SIGUSR1";
+  }
+  return "interrupted by a signal";
+}
+
 void install_cleanup_handlers() {
+  try {
+    under_a_launcher = comm::launched_process_count() > 1;
+  } catch (const std::invalid_argument&) {  // a damaged launcher variable, refused later
+    under_a_launcher = false;
+  }
   // One handler at a time: a second signal waits while the first's removes the files.
   install(remove_temporaries_and_end, SA_RESTART, true);
 }

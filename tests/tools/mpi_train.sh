@@ -404,6 +404,9 @@ case $mode in
     # OpenMPI's mpirun notices the death and ends the other ranks itself, naming the rank.
     grep -Eq "rank 1 .*(signal 9|Killed)|process rank 1" "$work/out" ||
       fail "the lost rank is not named: $(cat "$work/out")"
+    # The SIGTERM mpirun sends the survivors is said as the launcher's, not as the user's.
+    ! grep -Eq "interrupted (by|at step [0-9]+ of [0-9]+ by) SIGTERM" "$work/out" ||
+      fail "a survivor reads as interrupted by the user: $(cat "$work/out")"
     echo "rank 1 killed: job ended with $ended"; cat "$work/out"
     ;;
   stop)
