@@ -277,6 +277,10 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
   PipelineStepResult last_step;
   RunTotals t;
   int signal = 0;
+  // Each save is said once: a periodic one as it happens (announced_save), except one of the
+  // run's last step, said at the end with the folder and how long it held training.
+  int64_t announced_save = -1;
+  std::optional<double> last_step_save_held;
   for (int64_t s = first_step; s <= last_step_to_run; ++s) {
     StepStats st;
     const auto step_begin = RunTrace::Clock::now();
@@ -326,9 +330,13 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
         if (f.checkpoint.async_save)
           std::printf("saving step %lld in the background (training held %.3f s)\n",
                       static_cast<long long>(s), checkpointer->last_stall_seconds());
-        else if (checkpointer->last_saved_step() == s)
+        else if (checkpointer->last_saved_step() == s && s == last_step_to_run)
+          last_step_save_held = checkpointer->last_stall_seconds();
+        else if (checkpointer->last_saved_step() == s) {
           std::printf("saved  step %lld (training held %.3f s)\n", static_cast<long long>(s),
                       checkpointer->last_stall_seconds());
+          announced_save = s;
+        }
       }
     }
     // A signal ends the run after the step it came in (or the next one, when it came after
@@ -368,9 +376,12 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
     const long long last = trainer->steps_done();
     const std::string dir = escaped_for_message(f.checkpoint.save_dir);
     last_step_unsaved = saved != last;
-    if (!last_step_unsaved)
+    if (!last_step_unsaved && saved == last && last_step_save_held)
+      std::printf("saved  step %lld into %s (training held %.3f s)\n", saved, dir.c_str(),
+                  *last_step_save_held);
+    else if (!last_step_unsaved && saved != announced_save)
       std::printf("saved  step %lld into %s\n", saved, dir.c_str());
-    else
+    else if (last_step_unsaved)
       std::printf("not saved: step %lld, the run's last (see the warning); %s\n", last,
                   (saved >= 0 ? "the newest checkpoint this run saved into " + dir + " is step " +
                                     std::to_string(saved)
