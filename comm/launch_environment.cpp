@@ -132,7 +132,7 @@ int node_local_rank() {
         MPI_SUCCESS)
       throw TransportError(
           "MPI_Comm_split_type failed, so this process cannot tell its rank on its node; name "
-          "its GPU with --device cuda:N");
+          "its GPU (Device::cuda(N))");
     int rank = 0;
     MPI_Comm_rank(node, &rank);
     MPI_Comm_free(&node);

@@ -66,7 +66,7 @@ void mpi_roll_call(const std::string& what, std::chrono::milliseconds timeout) {
     if (!all)
       throw TransportError("rank 0: rank(s) " + rank_list(missing) + " did not reach " + what +
                            " within " + std::to_string(timeout.count()) +
-                           " ms (stopped, hung, or slower than --timeout allows)");
+                           " ms (stopped, hung, or slower than the transport timeout allows)");
     return;
   }
   // The others wait twice as long, so that rank 0, which started its wait at most `timeout`
@@ -84,9 +84,10 @@ void mpi_roll_call(const std::string& what, std::chrono::milliseconds timeout) {
   if (!answered) {
     drop(answer);
     (void)verdict.release();  // left to MPI with the request, should the cancel not take
-    throw TransportError("rank " + std::to_string(rank) + ": no word from rank 0 at " + what +
-                         " within " + std::to_string(2 * timeout.count()) +
-                         " ms (rank 0 is stopped, hung, or slower than --timeout allows)");
+    throw TransportError(
+        "rank " + std::to_string(rank) + ": no word from rank 0 at " + what + " within " +
+        std::to_string(2 * timeout.count()) +
+        " ms (rank 0 is stopped, hung, or slower than the transport timeout allows)");
   }
   if (*verdict != kAllHere)
     throw TransportError("rank " + std::to_string(rank) + ": another process did not reach " +

@@ -68,7 +68,8 @@ std::unique_ptr<PendingGroupCall> Transport::start_group_sum(std::vector<float>&
                                                              const std::vector<int>&) {
   throw TransportError(
       "this transport has no group sum, which data parallelism needs to add gradients over "
-      "replicas; use the in-process or the MPI transport (--transport inproc or mpi)");
+      "replicas; use the in-process or the MPI transport (TransportKind::kInProcess or "
+      "TransportKind::kMpi)");
 }
 
 std::map<int, std::vector<std::byte>> Transport::collect_failure_reports(

@@ -34,7 +34,8 @@ TransportKind check_mpi(const std::vector<Device>& devices) {
   if (!all_cpu(devices))
     throw std::invalid_argument(
         "the MPI transport carries CPU ranks only; GPU ranks across processes go over NCCL "
-        "bootstrapped over MPI (--transport nccl or auto), or use --device cpu");
+        "bootstrapped over MPI (TransportKind::kNccl or TransportKind::kAuto), or run on the CPU "
+        "(Device::cpu())");
   return TransportKind::kMpi;
 }
 
@@ -50,7 +51,8 @@ TransportKind check_nccl_over_mpi(const std::vector<Device>& devices) {
 #ifndef CONVEYOR_WITH_CUDA
   throw std::invalid_argument(
       "this build has no NCCL, so ranks cannot talk over NCCL across processes; rebuild with "
-      "the CUDA toolkit and NCCL, or run CPU ranks over MPI (--device cpu --transport mpi)");
+      "the CUDA toolkit and NCCL, or run CPU ranks over MPI (Device::cpu() with "
+      "TransportKind::kMpi)");
 #endif
   if (!mpi_built())
     throw std::invalid_argument(
@@ -58,8 +60,8 @@ TransportKind check_nccl_over_mpi(const std::vector<Device>& devices) {
         "libopenmpi-dev and reconfigure)");
   if (!all_cuda(devices))
     throw std::invalid_argument(
-        "NCCL across processes carries CUDA ranks only; use --device cuda, or --device cpu "
-        "with the MPI transport");
+        "NCCL across processes carries CUDA ranks only; use CUDA devices (Device::cuda()), or "
+        "CPU ranks (Device::cpu()) with the MPI transport");
   return TransportKind::kNcclOverMpi;
 }
 

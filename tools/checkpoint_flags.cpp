@@ -5,6 +5,7 @@
 
 #include "engine/train/checkpoint.h"
 #include "tools/cli_common.h"
+#include "tools/flag_terms.h"
 #include "tools/output_file.h"
 
 namespace conveyor::cli {
@@ -71,7 +72,7 @@ std::unique_ptr<TrainerCheckpointer> setup_checkpoints(const CheckpointFlags& f,
                   static_cast<long long>(ckpt.step()), ckpt.state().stages.size(),
                   ckpt.state().schedule.c_str());
       for (const std::string& change : resume_setting_changes(trainer, ckpt.state()))
-        std::printf("note: %s\n", change.c_str());
+        std::printf("note: %s\n", in_flag_terms(change).c_str());
     }
   } catch (const CheckpointErrorOfEveryProcess& e) {
     throw ErrorOfEveryProcess(e.what(), kExitUsage);

@@ -74,6 +74,18 @@ inline std::string schedule_choices_text() {
   return out;
 }
 
+// A --chunks that the schedule kind never takes (schedule::takes_chunks), refused in the
+// flag's words where the generator speaks of chunks per rank.
+inline void check_chunks_flag(schedule::ScheduleKind kind, int chunks) {
+  if (schedule::takes_chunks(kind, chunks)) return;
+  if (kind == schedule::ScheduleKind::kZBV)
+    throw UsageError("zbv always has 2 chunks per rank in a V; --chunks " + std::to_string(chunks) +
+                     " does not apply (leave it out or use 2)");
+  throw UsageError(std::string(schedule::schedule_kind_name(kind)) +
+                   " has one chunk per rank; --chunks " + std::to_string(chunks) +
+                   " is only for 'interleaved' (leave it out)");
+}
+
 // A number as people read it: 1e-09, 0.25, 4096 (printf's %g with 6 digits).
 inline std::string format_number(double v) {
   char buf[32];

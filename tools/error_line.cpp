@@ -8,6 +8,7 @@
 
 #include "comm/launch_environment.h"
 #include "engine/schedule/input_file.h"  // escaped_for_message
+#include "tools/flag_terms.h"
 
 namespace conveyor::cli {
 namespace {
@@ -31,7 +32,7 @@ bool one_of_several_but_not_the_first() {
 void print_error_line(const std::string& message) {
   std::fflush(stdout);
   std::string text;
-  for (const char c : message)
+  for (const char c : in_flag_terms(message))
     text += c == '\n' || c == '\\' ? std::string(1, c) : escaped_for_message(std::string(1, c));
   std::fprintf(stderr, "conveyor: error: %s\n", text.c_str());
 }

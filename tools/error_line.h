@@ -5,6 +5,7 @@
 
 namespace conveyor::cli {
 
+// The library's names of settings are shown as the flags that set them (in_flag_terms).
 // Control characters in the message (echoed file names) are shown escaped, line breaks kept
 // for the validator's grid that may follow the sentence. Backslashes pass as they are: many
 // messages hold names escaped already, whose \t would otherwise print as \\t. What the

@@ -24,6 +24,7 @@
 #include "layers/ops.h"
 #include "tools/cli_common.h"
 #include "tools/commands.h"
+#include "tools/flag_terms.h"
 #include "tools/output_file.h"
 #include "tools/run_flags.h"
 
@@ -304,7 +305,7 @@ PlannedRun plan_training(const TrainConfig& config, Device device, int repetitio
       std::printf("note   micro-batch count(s) %s not planned: %s\n", dropped.c_str(), why.c_str());
     if (!out.constraints.empty())
       std::printf("only layouts with %s (as given)\n", out.constraints.c_str());
-    std::printf("\n%s", format_plan(out.plan).c_str());
+    std::printf("\n%s", in_flag_terms(format_plan(out.plan)).c_str());
   }
   return out;
 }

@@ -313,6 +313,7 @@ void run(const ScheduleOptions& o, const CLI::App& cmd) {
         throw UsageError("unknown schedule kind '" + o.kind + "' (expected " +
                          sc::schedule_kind_choices() + ")");
       const int v = o.chunks > 0 ? o.chunks : (*kind == sc::ScheduleKind::kInterleaved ? 2 : 1);
+      if (o.chunks > 0) check_chunks_flag(*kind, o.chunks);
       check_pm(o, *kind == sc::ScheduleKind::kZBV ? 2 : v);
       schedule = make_schedule(*kind, o.stages, o.microbatches, v, costs, o.dp);
     }

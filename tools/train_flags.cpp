@@ -137,6 +137,11 @@ TrainConfig resolve_config(TrainFlags& f, const CLI::App& cmd) {
   refuse_in_process_under_a_launcher(config.transport);
   config.chunks =
       f.chunks > 0 ? f.chunks : (config.schedule == schedule::ScheduleKind::kInterleaved ? 2 : 1);
+  // Where the flags fix the schedule kind; a plan, a schedule file or --partition auto
+  // without --schedule choose it, and check --chunks against their choice.
+  if (cmd.count("--chunks") && config.schedule_file.empty() && f.plan_file.empty() &&
+      (f.partition != "auto" || cmd.count("--schedule")))
+    check_chunks_flag(config.schedule, f.chunks);
   // A plan chooses the micro-batch count; until then any count the batch allows stands in,
   // so a batch the default of 4 does not divide is not refused before planning.
   if ((f.partition == "auto" || !f.plan_file.empty()) && !cmd.count("--microbatches"))
@@ -311,7 +316,7 @@ void apply_planning(const TrainFlags& f, const CLI::App& cmd, const MpiSession& 
       if (whole) make_schedule(config);
       // A chunk count the kind never takes is refused whatever the micro-batches.
       if (constraints.schedule && constraints.chunks)
-        schedule::check_chunks(*constraints.schedule, *constraints.chunks);
+        check_chunks_flag(*constraints.schedule, *constraints.chunks);
     } catch (const schedule::ScheduleError& e) {
       throw UsageError(e.what());
     }

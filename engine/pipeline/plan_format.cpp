@@ -83,7 +83,7 @@ std::string feasible_row(const PlanCandidate& c, const PlanCandidate* fastest, i
       << std::right << memory << " / "
       << (c.pipelined         ? ranges_text(c.ranges)
           : c.shard_optimizer ? "whole model on every device, optimizer state sharded "
-                                "(--shard-optimizer)"
+                                "(TrainConfig::shard_optimizer)"
                               : "whole model on every device")
       << (c.partition_proven ? "" : unproven_note(c, fastest, fastest_rank));
   return out.str();
@@ -135,8 +135,9 @@ std::string format_plan(const Plan& plan) {
              "out of budget first\n";
   }
   const std::string replicas =
-      dp ? dp->layout +
-               (dp->shard_optimizer ? " sharing the optimizer state (--shard-optimizer)" : "")
+      dp ? dp->layout + (dp->shard_optimizer
+                             ? " sharing the optimizer state (TrainConfig::shard_optimizer)"
+                             : "")
          : std::string();
   if (dp && !best_pipe)
     out << "no pipeline layout fits; " << replicas << " does\n";

@@ -85,10 +85,10 @@ bool takes_chunks(ScheduleKind kind, int64_t v) {
 void check_chunks(ScheduleKind kind, int v) {
   if (takes_chunks(kind, v)) return;
   if (kind == ScheduleKind::kZBV)
-    throw ScheduleError("zbv always has 2 chunks per rank in a V; --chunks " + std::to_string(v) +
-                        " does not apply (leave it out or use 2)");
-  throw ScheduleError(std::string(schedule_kind_name(kind)) + " has one chunk per rank; --chunks " +
-                      std::to_string(v) + " is only for 'interleaved' (use chunks=1)");
+    throw ScheduleError("zbv always has 2 chunks per rank in a V; " + std::to_string(v) +
+                        " chunks per rank do not apply (give 1 or 2)");
+  throw ScheduleError(std::string(schedule_kind_name(kind)) + " has one chunk per rank; " +
+                      std::to_string(v) + " chunks per rank are only for 'interleaved' (give 1)");
 }
 
 namespace {

@@ -312,7 +312,7 @@ Schedule load_schedule(const std::string& path) {
   std::string text;
   try {
     text = read_input_file(path, {"schedule file " + quoted_file_name(path),
-                                  "a text or CSV file written by `conveyor schedule --dump`",
+                                  "a text or CSV file written by save_schedule",
                                   kMaxScheduleFileBytes, "are accepted"});
   } catch (const InputFileError& e) {
     throw ScheduleError(e.what());

@@ -47,14 +47,14 @@ class Fields {
       fail(key, "is " + excerpt(v) + ", expected an integer >= " + std::to_string(min));
     return v.get<int64_t>();
   }
-  // An integer in [min, max], a count a run records: `flag` names the setting that gives it,
-  // whose range it has.
-  int64_t count(const char* key, int64_t min, int64_t max, const char* flag) const {
+  // An integer in [min, max], a count a run records: `setting` names the TrainConfig field that
+  // gives it, whose range it has.
+  int64_t count(const char* key, int64_t min, int64_t max, const char* setting) const {
     const json& v = any(key);
     if (!v.is_number_integer() || v.get<int64_t>() < min || v.get<int64_t>() > max ||
         (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(max)))
       fail(key, "is " + excerpt(v) + ", expected an integer in [" + std::to_string(min) + ", " +
-                    std::to_string(max) + "] (the range of train's " + flag + ")");
+                    std::to_string(max) + "] (the range of " + setting + ")");
     return v.get<int64_t>();
   }
   int small_integer(const char* key, int min) const {
@@ -401,7 +401,7 @@ CheckpointManifest parse_manifest(std::string_view text, const std::string& file
 
   const Fields schedule(f.object("schedule"), "manifest.schedule", file, {"name", "microbatches"});
   s.schedule = schedule.string("name");
-  s.microbatches = schedule.count("microbatches", 1, kMaxMicrobatches, "--microbatches");
+  s.microbatches = schedule.count("microbatches", 1, kMaxMicrobatches, "TrainConfig::microbatches");
 
   parse_optimizer(f.object("optimizer"), file, s);
 
@@ -487,11 +487,11 @@ CheckpointManifest parse_manifest(std::string_view text, const std::string& file
     if (!replicas.is_number_unsigned() || replicas.get<uint64_t>() < 2 ||
         replicas.get<uint64_t>() > static_cast<uint64_t>(kMaxReplicas) ||
         replicas.get<uint64_t>() > m.shards.size() || m.shards.size() % replicas.get<uint64_t>())
-      throw CheckpointError(file + ": manifest.replicas is " + excerpt(replicas) +
-                            ", expected a number of replicas from 2 to " +
-                            std::to_string(kMaxReplicas) + " (train's --dp) that divides the " +
-                            std::to_string(m.shards.size()) +
-                            " shards (a checkpoint of one replica has no replicas field)");
+      throw CheckpointError(
+          file + ": manifest.replicas is " + excerpt(replicas) +
+          ", expected a number of replicas from 2 to " + std::to_string(kMaxReplicas) +
+          " (TrainConfig::data_parallel) that divides the " + std::to_string(m.shards.size()) +
+          " shards (a checkpoint of one replica has no replicas field)");
     s.replicas = replicas.get<int>();
   }
   // Each replica has a shard per pipeline rank, and each rank at most kMaxChunks stages.
@@ -500,12 +500,12 @@ CheckpointManifest parse_manifest(std::string_view text, const std::string& file
     throw CheckpointError(file + ": manifest.shards lists " + std::to_string(m.shards.size()) +
                           " shards, " + std::to_string(ranks) + " pipeline ranks per replica, " +
                           "expected at most " + std::to_string(kMaxStages) +
-                          " (the range of train's --stages)");
+                          " (the range of TrainConfig::stages)");
   if (s.stages.size() > ranks * static_cast<size_t>(kMaxChunks))
     throw CheckpointError(file + ": manifest.stages has " + std::to_string(s.stages.size()) +
                           " stages on " + std::to_string(ranks) +
                           " pipeline rank(s), expected at most " + std::to_string(kMaxChunks) +
-                          " per rank (the range of train's --chunks)");
+                          " per rank (the range of TrainConfig::chunks)");
   check_stages(s.stages, ranks, file);
   check_stage_units(s, file);
   check_token_vocab(s, file);

@@ -87,10 +87,11 @@ std::unique_ptr<CheckpointWriter> CheckpointWriter::join(fs::path dir, int64_t s
       new CheckpointWriter(Joined{true}, std::move(dir), step, num_ranks, {}));
   std::error_code ec;
   if (!fs::is_directory(writer->temp_, ec))
-    throw CheckpointError("cannot save step " + std::to_string(step) + ": " +
-                          shown_path(writer->temp_) +
-                          ", which the process of rank 0 made, is not there; every process "
-                          "must see the same --save-dir (a file system all nodes share)");
+    throw CheckpointError(
+        "cannot save step " + std::to_string(step) + ": " + shown_path(writer->temp_) +
+        ", which the process of rank 0 made, is not there; every process "
+        "must see the same TrainerCheckpointOptions::directory (a file system all "
+        "nodes share)");
   return writer;
 }
 

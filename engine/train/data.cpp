@@ -37,11 +37,13 @@ constexpr uint64_t kChainStream = 0x636861696eULL;  // draws that walk the chain
 MarkovSource::MarkovSource(int64_t vocab, uint64_t seed, int fanout)
     : vocab_(vocab), seed_(seed), fanout_(fanout) {
   if (vocab < 2 || vocab > kMaxVocab)
-    throw std::invalid_argument("Markov source vocab must be in [2, " + std::to_string(kMaxVocab) +
-                                "] (its set-up grows with the vocab and takes seconds at the "
-                                "top), got " +
-                                std::to_string(vocab) +
-                                "; use --data FILE for a larger model vocab");
+    throw std::invalid_argument(
+        "Markov source vocab must be in [2, " + std::to_string(kMaxVocab) +
+        "] (its set-up grows with the vocab and takes seconds at the "
+        "top), got " +
+        std::to_string(vocab) +
+        "; a larger model vocab needs another data source, such as a file's bytes "
+        "(TrainConfig::data_path)");
   if (fanout < 1) throw std::invalid_argument("Markov source fanout must be at least 1");
   rows_.resize(vocab);
   cdf_.resize(vocab);

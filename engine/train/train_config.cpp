@@ -105,8 +105,8 @@ void check_data_parallel(const TrainConfig& c) {
                                 std::to_string(c.data_parallel));
   if (c.shard_optimizer && c.data_parallel < 2)
     throw std::invalid_argument(
-        "a sharded optimizer shares its state between data-parallel replicas; it needs --dp 2 "
-        "or more, got " +
+        "a sharded optimizer shares its state between data-parallel replicas; it needs "
+        "TrainConfig::data_parallel 2 or more, got " +
         std::to_string(c.data_parallel));
   if (c.microbatches % c.data_parallel != 0)
     throw std::invalid_argument(
@@ -200,26 +200,27 @@ schedule::Schedule make_schedule(const TrainConfig& config) {
       if (d == 1) throw;
       // The generator speaks of one replica's m, which no flag sets directly.
       throw schedule::ScheduleError(
-          std::string(e.what()) + ", where m is each replica's share: " + "--microbatches " +
-          std::to_string(config.microbatches) + " over --dp " + std::to_string(d) +
-          "; --microbatches must be " + std::to_string(d) + " times such an m");
+          std::string(e.what()) + ", where m is each replica's share: " +
+          "TrainConfig::microbatches " + std::to_string(config.microbatches) +
+          " over TrainConfig::data_parallel " + std::to_string(d) +
+          "; TrainConfig::microbatches must be " + std::to_string(d) + " times such an m");
     }
   }
   schedule::Schedule loaded = schedule::load_schedule(config.schedule_file);
   if (loaded.num_microbatches != m)
-    throw std::invalid_argument("schedule file " + quoted_file_name(config.schedule_file) +
-                                " has " + std::to_string(loaded.num_microbatches) +
-                                " micro-batches but the run uses " + std::to_string(m) +
-                                (d > 1 ? " per replica (--microbatches " +
-                                             std::to_string(config.microbatches) + " over --dp " +
-                                             std::to_string(d) + ")"
-                                       : std::string(" (--microbatches)")));
+    throw std::invalid_argument(
+        "schedule file " + quoted_file_name(config.schedule_file) + " has " +
+        std::to_string(loaded.num_microbatches) + " micro-batches but the run uses " +
+        std::to_string(m) +
+        (d > 1 ? " per replica (TrainConfig::microbatches " + std::to_string(config.microbatches) +
+                     " over TrainConfig::data_parallel " + std::to_string(d) + ")"
+               : std::string(" (TrainConfig::microbatches)")));
   if (loaded.replicas != d)
     throw std::invalid_argument("schedule file " + quoted_file_name(config.schedule_file) +
                                 " is for " + std::to_string(loaded.replicas) +
                                 " data-parallel replica(s) but the run uses " + std::to_string(d) +
-                                " (--dp); dump one with `conveyor schedule --dp " +
-                                std::to_string(d) + " --dump FILE`");
+                                " (TrainConfig::data_parallel); write one of " + std::to_string(d) +
+                                " replicas with save_schedule");
   return loaded;
 }
 
@@ -274,11 +275,11 @@ void set_gradient_buckets(schedule::Schedule& sched, const ModelDescription& mod
     const int has = schedule::gradient_buckets(sched, s);
     if (has == wanted[static_cast<size_t>(s)]) continue;
     throw std::invalid_argument(
-        "--bucket-mb " + format_readable(*config.gradient_bucket_mib) + " gives stage " +
-        std::to_string(s) + " " + std::to_string(wanted[static_cast<size_t>(s)]) +
+        "TrainConfig::gradient_bucket_mib " + format_readable(*config.gradient_bucket_mib) +
+        " gives stage " + std::to_string(s) + " " + std::to_string(wanted[static_cast<size_t>(s)]) +
         " gradient bucket(s) but schedule file " + quoted_file_name(config.schedule_file) +
         " has " + std::to_string(has) +
-        "; the file decides, so leave --bucket-mb out or make it agree");
+        "; the file decides, so leave TrainConfig::gradient_bucket_mib unset or make it agree");
   }
 }
 
@@ -305,7 +306,8 @@ std::unique_ptr<TokenSource> make_token_source(const TrainConfig& config, int64_
     auto source = std::make_unique<FileSource>(config.data_path);
     if (vocab < source->vocab())
       throw std::invalid_argument("data file tokens are bytes (vocab 256) but the model vocab is " +
-                                  std::to_string(vocab) + "; use --vocab 256 or more");
+                                  std::to_string(vocab) +
+                                  "; use a model vocab (TrainConfig::model.vocab) of 256 or more");
     // A batch is a run of consecutive (input, target) pairs: a file with fewer would wrap
     // around inside every batch, training on its bytes over and over in one step.
     const uint64_t pairs = source->bytes() - 1;
@@ -315,7 +317,8 @@ std::unique_ptr<TokenSource> make_token_source(const TrainConfig& config, int64_
           std::to_string(source->bytes()) + " bytes, " + std::to_string(pairs) +
           " (input, target) pairs, but one step's batch of " + std::to_string(config.batch_tokens) +
           " tokens needs " + std::to_string(config.batch_tokens + 1) +
-          " bytes; give a larger file or --batch-tokens " + std::to_string(pairs) + " or fewer");
+          " bytes; give a larger file or TrainConfig::batch_tokens " + std::to_string(pairs) +
+          " or fewer");
     return source;
   }
   if (vocab < 1)

@@ -79,8 +79,9 @@ void Trainer::build() {
         "the pipeline has " + std::to_string(sched.num_stages()) + " stages (" +
         std::to_string(sched.num_ranks()) + " ranks x " + std::to_string(chunks) + " chunks of " +
         sched.name + ") but the model has " + std::to_string(model_.num_units) +
-        " units, at least one for each stage; use fewer ranks (--stages)" +
-        (config_.schedule == schedule::ScheduleKind::kZBV ? "" : " or chunks (--chunks)") +
+        " units, at least one for each stage; use fewer ranks (TrainConfig::stages)" +
+        (config_.schedule == schedule::ScheduleKind::kZBV ? ""
+                                                          : " or chunks (TrainConfig::chunks)") +
         ", or more layers");
   }
   ranges_ = conveyor::stage_ranges(model_,
@@ -202,11 +203,12 @@ StepStats Trainer::step() {
     auto shown = [](double v) { return std::isnan(v) ? std::fabs(v) : v; };
     std::ostringstream msg;
     msg << "loss became " << shown(loss) << " (gradient norm " << shown(result.grad_norm)
-        << ") at step " << step << "; lower the learning rate (--lr)";
+        << ") at step " << step << "; lower the learning rate (TrainConfig::optimizer.lr)";
     if (config_.optimizer.clip_norm > 0)
-      msg << " or the clipping norm (--clip, now " << config_.optimizer.clip_norm << ")";
+      msg << " or the clipping norm (TrainConfig::optimizer.clip_norm, now "
+          << config_.optimizer.clip_norm << ")";
     else
-      msg << " or enable clipping (--clip)";
+      msg << " or enable clipping (TrainConfig::optimizer.clip_norm)";
     throw TrainingDiverged(msg.str());
   }
   steps_done_ = step;
@@ -224,11 +226,50 @@ StepStats Trainer::step() {
   return stats;
 }
 
+void Trainer::check_not_busy(const char* member) const {
+  if (busy_.load())
+    throw std::logic_error(std::string("Trainer::") + member +
+                           " cannot be called while a step() or evaluate() of the trainer runs "
+                           "on another thread: the step changes what it reads or returns; call "
+                           "it between steps");
+}
+
+const std::string& Trainer::failure() const {
+  check_not_busy("failure()");
+  return failure_;
+}
+
+void Trainer::mark_unusable(std::string what) {
+  check_not_busy("mark_unusable()");
+  failure_ = std::move(what);
+}
+
+void Trainer::save_now() {
+  check_not_busy("save_now()");
+  if (save_handler_) save_handler_();
+}
+
+TokenSource& Trainer::source() {
+  check_not_busy("source()");
+  return *source_;
+}
+
+const TokenSource& Trainer::source() const {
+  check_not_busy("source()");
+  return *source_;
+}
+
+PipelineExecutor& Trainer::executor() {
+  check_not_busy("executor()");
+  return *executor_;
+}
+
 void Trainer::resume_at(int64_t steps_done) {
+  check_not_busy("resume_at()");
   if (steps_done < 0 || steps_done > config_.steps)
     throw std::invalid_argument("cannot resume at step " + std::to_string(steps_done) +
                                 ": the run has " + std::to_string(config_.steps) +
-                                " steps; raise --steps to train past the checkpoint");
+                                " steps; raise TrainConfig::steps to train past the checkpoint");
   steps_done_ = steps_done;
 }
 

@@ -116,30 +116,37 @@ class Trainer {
   // process).
   double evaluate(const std::vector<MicroBatchData>& microbatches);
 
-  int64_t steps_done() const { return steps_done_; }
+  // While a step() or evaluate() runs (on another thread), the members below that read or
+  // change what a step changes (the data source, the executor with its weights and buffers,
+  // the failure, the step counter's reset, a save) throw std::logic_error instead; a
+  // reference one of them returned before must not be used during a step either. What a
+  // step never changes (config, model, device, stage ranges, rank devices) and steps_done()
+  // may be read at any time, from any thread.
+
+  // Steps run so far (or resumed at).
+  int64_t steps_done() const { return steps_done_.load(); }
   // Empty while the trainer is usable; once a step or an evaluation has failed after it
   // started, what failed (step() and evaluate() then refuse with std::logic_error).
-  const std::string& failure() const { return failure_; }
+  const std::string& failure() const;
   // After restoring a checkpoint of `steps_done` steps: the next step() runs steps_done + 1.
   void resume_at(int64_t steps_done);
   // What a restore that failed part-way (some tensors the checkpoint's, some not) records:
   // step() and evaluate() then refuse, saying `what`.
-  void mark_unusable(std::string what) { failure_ = std::move(what); }
+  void mark_unusable(std::string what);
   // A save on request (e.g. on a signal, between steps), by whatever the caller installed
   // (engine/train/trainer_checkpoint.h installs one); without a handler it does nothing.
+  // Install the handlers before training starts: they are not guarded.
   void set_save_handler(std::function<void()> handler) { save_handler_ = std::move(handler); }
   // Called by the destructor before anything is freed: a TrainerCheckpointer waits there for
   // the background write that still reads the trainer, and forgets it.
   void set_destroy_handler(std::function<void()> handler) { destroy_handler_ = std::move(handler); }
-  void save_now() {
-    if (save_handler_) save_handler_();
-  }
+  void save_now();
   const TrainConfig& config() const { return config_; }
   const ModelDescription& model() const { return model_; }
   Device device() const { return device_; }
-  TokenSource& source() { return *source_; }
-  const TokenSource& source() const { return *source_; }
-  PipelineExecutor& executor() { return *executor_; }
+  TokenSource& source();
+  const TokenSource& source() const;
+  PipelineExecutor& executor();
   const std::vector<StageRange>& stage_ranges() const { return ranges_; }
   const std::vector<Device>& rank_devices() const { return devices_; }
 
@@ -153,6 +160,8 @@ class Trainer {
   double forward_loss_sum(const std::vector<MicroBatchData>& microbatches, double start);
   // Throws std::logic_error, saying what failed, once a step or an evaluation has failed.
   void check_usable(const char* action) const;
+  // Throws std::logic_error naming `member` while a step() or evaluate() runs.
+  void check_not_busy(const char* member) const;
   // Throws std::invalid_argument for an id outside the model's vocabulary (a target may be
   // the ignored one), naming the micro-batch and position.
   void check_token_ids(const std::vector<MicroBatchData>& microbatches) const;
@@ -169,7 +178,7 @@ class Trainer {
   std::vector<StageRange> ranges_;
   std::vector<Device> devices_;
   std::unique_ptr<PipelineExecutor> executor_;
-  int64_t steps_done_ = 0;
+  std::atomic<int64_t> steps_done_{0};
   std::function<void()> save_handler_;
   std::function<void()> destroy_handler_;
   std::atomic<bool> busy_{false};  // a step() or evaluate() is running

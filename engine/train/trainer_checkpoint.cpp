@@ -95,7 +95,8 @@ void check_checkpoint_directory(const fs::path& dir) {
     out << "probe\n";
     if (!out.good())
       throw CheckpointError("cannot write into checkpoint folder " +
-                            checkpoint_io::shown_path(dir) + "; choose a writable --save-dir");
+                            checkpoint_io::shown_path(dir) +
+                            "; choose a writable folder (TrainerCheckpointOptions::directory)");
   }
   fs::remove(probe, ec);
 }
@@ -195,7 +196,7 @@ void TrainerCheckpointer::wait_for_background() {
     PendingCommit pending = std::move(*pending_commit_);
     pending_commit_.reset();
     try {
-      complete(*pending.writer, pending.state, error);
+      complete(trainer_.executor(), *pending.writer, pending.state, error);
       pending.timing->committed = true;
       error = nullptr;
     } catch (...) {
@@ -257,9 +258,8 @@ void TrainerCheckpointer::write_shards(CheckpointWriter& writer,
     if (e) std::rethrow_exception(e);  // the first rank's error names its file
 }
 
-void TrainerCheckpointer::complete(CheckpointWriter& writer, const TrainingState& state,
-                                   std::exception_ptr write_error) {
-  PipelineExecutor& executor = trainer_.executor();
+void TrainerCheckpointer::complete(PipelineExecutor& executor, CheckpointWriter& writer,
+                                   const TrainingState& state, std::exception_ptr write_error) {
   const std::string step = std::to_string(state.step);
   detail::agree_across_processes(executor, write_error, "writing the shards of step " + step);
   const int shards = checkpoint_shard_count(executor);
@@ -345,14 +345,14 @@ void TrainerCheckpointer::save() {
     CheckpointWriter* target = writer.get();
     if (!commits_in_background) pending_commit_ = PendingCommit{std::move(writer), state, &timing};
     // The entry is written by the background thread alone until the next wait joins it.
-    background_ = std::thread([this, state, target, commits_in_background,
+    background_ = std::thread([this, run = &executor, state, target, commits_in_background,
                                owned = commits_in_background ? std::move(writer) : nullptr,
                                shards = std::move(shards), timing = &timing] {
       timing->write_begin = Clock::now();
       try {
         write_shards(*target, shards);
         if (commits_in_background) {
-          complete(*target, state, nullptr);
+          complete(*run, *target, state, nullptr);
           timing->committed = true;
         }
       } catch (...) {
@@ -372,7 +372,7 @@ void TrainerCheckpointer::save() {
     } catch (...) {
       write_error = std::current_exception();
     }
-    complete(*writer, state, write_error);
+    complete(executor, *writer, state, write_error);
     last_saved_step_ = step;
     timing.committed = true;
   } catch (const std::exception& e) {

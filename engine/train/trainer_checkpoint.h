@@ -111,7 +111,9 @@ class TrainerCheckpointer {
   std::unique_ptr<CheckpointWriter> prepare(int64_t step);
   void write_shards(CheckpointWriter& writer, const std::vector<RankShard>& shards);
   // Agrees on the writes (`write_error`: this process's), then commits on rank 0's process.
-  void complete(CheckpointWriter& writer, const TrainingState& state,
+  // `executor` is the trainer's, taken between steps: a background commit runs while the
+  // next step does, when Trainer::executor() refuses.
+  void complete(PipelineExecutor& executor, CheckpointWriter& writer, const TrainingState& state,
                 std::exception_ptr write_error);
   void wait_for_background();
   void failed(const std::exception& e);
@@ -157,9 +159,9 @@ Checkpoint resume_trainer(Trainer& trainer, const std::filesystem::path& path);
 // and that a resume may change (learning rate, its schedule and warm-up, weight decay,
 // clipping, the optimizer's constants, the total steps, the micro-batches, and the data
 // file's path when its bytes are the same): one sentence
-// each, e.g. "resuming with --lr 0.1 where the checkpoint was saved with 0.001", for the
-// caller to show. The batch size is not among them: resume_trainer refuses another one,
-// since it fixes where each step's tokens start.
+// each, e.g. "resuming with TrainConfig::optimizer.lr 0.1 where the checkpoint was saved with
+// 0.001", for the caller to show. The batch size is not among them: resume_trainer refuses another
+// one, since it fixes where each step's tokens start.
 std::vector<std::string> resume_setting_changes(const Trainer& trainer, const TrainingState& saved);
 
 }  // namespace conveyor

@@ -98,7 +98,7 @@ void check_resumable(Trainer& trainer, const Checkpoint& checkpoint) {
   if (saved.optimizer.kind != ours.optimizer.kind)
     throw CheckpointError(manifest + " holds the state of optimizer " + saved.optimizer.kind +
                           " but this run uses " + ours.optimizer.kind +
-                          "; resume with --optimizer " + saved.optimizer.kind);
+                          "; resume with TrainConfig::optimizer.kind " + saved.optimizer.kind);
   // A recorded digest identifies the data by its bytes, wherever the file now lies and
   // whatever it is called; without one (a checkpoint written before it was recorded, or a
   // source this run has no digest of) the descriptions must match.
@@ -125,11 +125,11 @@ void check_resumable(Trainer& trainer, const Checkpoint& checkpoint) {
                           " tokens per step, which fixes where each step's data starts, but "
                           "this run draws " +
                           std::to_string(trainer.config().batch_tokens) +
-                          "; resume with --batch-tokens " + rng["batch_tokens"].dump());
+                          "; resume with TrainConfig::batch_tokens " + rng["batch_tokens"].dump());
   if (saved.step > trainer.config().steps)
     throw CheckpointError(manifest + " is of step " + std::to_string(saved.step) +
                           " but this run has only " + std::to_string(trainer.config().steps) +
-                          " steps; raise --steps to train past the checkpoint");
+                          " steps; raise TrainConfig::steps to train past the checkpoint");
   PipelineExecutor& executor = trainer.executor();
   if (executor.holds_all_ranks())
     checkpoint.check_tensors(checkpoint_tensor_specs(executor));
@@ -163,18 +163,18 @@ std::vector<std::string> resume_setting_changes(const Trainer& trainer,
                     " where the checkpoint was saved with " + then.dump() + effect);
   };
   const OptimizerConfig& o = saved.optimizer;
-  compare("--lr", o.lr, config.optimizer.lr);
-  compare("--min-lr", o.min_lr, config.optimizer.min_lr);
-  compare("--warmup", o.warmup_steps, config.optimizer.warmup_steps);
-  compare("--weight-decay", o.weight_decay, config.optimizer.weight_decay);
-  compare("--clip", o.clip_norm, config.optimizer.clip_norm);
-  compare("beta1", o.beta1, config.optimizer.beta1);
-  compare("beta2", o.beta2, config.optimizer.beta2);
-  compare("eps", o.eps, config.optimizer.eps);
-  compare("momentum", o.momentum, config.optimizer.momentum);
-  compare("--steps", saved.lr_schedule.total_steps, config.steps,
+  compare("TrainConfig::optimizer.lr", o.lr, config.optimizer.lr);
+  compare("TrainConfig::optimizer.min_lr", o.min_lr, config.optimizer.min_lr);
+  compare("TrainConfig::optimizer.warmup_steps", o.warmup_steps, config.optimizer.warmup_steps);
+  compare("TrainConfig::optimizer.weight_decay", o.weight_decay, config.optimizer.weight_decay);
+  compare("TrainConfig::optimizer.clip_norm", o.clip_norm, config.optimizer.clip_norm);
+  compare("TrainConfig::optimizer.beta1", o.beta1, config.optimizer.beta1);
+  compare("TrainConfig::optimizer.beta2", o.beta2, config.optimizer.beta2);
+  compare("TrainConfig::optimizer.eps", o.eps, config.optimizer.eps);
+  compare("TrainConfig::optimizer.momentum", o.momentum, config.optimizer.momentum);
+  compare("TrainConfig::steps", saved.lr_schedule.total_steps, config.steps,
           " (the learning-rate schedule now spans " + std::to_string(config.steps) + " steps)");
-  compare("--microbatches", saved.microbatches, config.microbatches,
+  compare("TrainConfig::microbatches", saved.microbatches, config.microbatches,
           " (the gradients are summed in another order, so the run departs from an "
           "uninterrupted one by rounding)");
   // resume_trainer let the data through on equal contents; another path is said.

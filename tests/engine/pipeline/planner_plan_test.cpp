@@ -142,7 +142,8 @@ TEST(Planner, ReplicasSharingTheOptimizerStateFitWhereWholeOnesDoNot) {
   EXPECT_LE(sharded->peak_bytes[0], options.memory_cap);
   EXPECT_EQ(&capped.best(), sharded);
   const std::string table = format_plan(capped);
-  EXPECT_NE(table.find("optimizer state sharded (--shard-optimizer)"), std::string::npos) << table;
+  EXPECT_NE(table.find("optimizer state sharded (TrainConfig::shard_optimizer)"), std::string::npos)
+      << table;
   EXPECT_NE(table.find("pipelining loses for this model and batch: data-parallel x2 sharing the "
                        "optimizer state"),
             std::string::npos)
@@ -171,7 +172,7 @@ TEST(Planner, ReplicasSharingTheOptimizerStateFitWhereWholeOnesDoNot) {
     if (c.pipelined) EXPECT_FALSE(c.rejected.empty()) << c.layout;
   EXPECT_NE(format_plan(only_replicas)
                 .find("no pipeline layout fits; data-parallel x2 sharing the optimizer state "
-                      "(--shard-optimizer) does"),
+                      "(TrainConfig::shard_optimizer) does"),
             std::string::npos)
       << format_plan(only_replicas);
 

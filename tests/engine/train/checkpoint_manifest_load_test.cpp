@@ -92,7 +92,7 @@ TEST_F(CheckpointLoad, ManifestFieldsAreChecked) {
       // with fresh checksums must not pass them.
       {"/schedule/microbatches", int64_t{1} << 40,
        "manifest.schedule.microbatches is 1099511627776, expected an integer in [1, 65536] (the "
-       "range of train's --microbatches)"},
+       "range of TrainConfig::microbatches)"},
       {"/schedule/microbatches", uint64_t{1} << 63, "manifest.schedule.microbatches is "},
       {"/replicas", 2048,
        "manifest.replicas is 2048, expected a number of replicas from 2 to 1024"},
@@ -124,7 +124,7 @@ TEST_F(CheckpointLoad, MoreRanksOrStagesThanARunTakesAreRefused) {
   });
   EXPECT_CHECKPOINT_ERROR(open_checkpoint(folder_),
                           "manifest.shards lists 1025 shards, 1025 pipeline ranks per replica, "
-                          "expected at most 1024 (the range of train's --stages)");
+                          "expected at most 1024 (the range of TrainConfig::stages)");
   write_file(manifest(), pristine);
   edit_manifest(folder_, [](auto& m) {
     const nlohmann::json stage = m["stages"][0];
@@ -133,7 +133,7 @@ TEST_F(CheckpointLoad, MoreRanksOrStagesThanARunTakesAreRefused) {
   });
   EXPECT_CHECKPOINT_ERROR(open_checkpoint(folder_),
                           "manifest.stages has 129 stages on 2 pipeline rank(s), expected at most "
-                          "64 per rank (the range of train's --chunks)");
+                          "64 per rank (the range of TrainConfig::chunks)");
 }
 
 // The data token is optional: a checkpoint written before it was recorded loads without one.

@@ -115,7 +115,7 @@ TEST(CheckpointSave, AJoinedShardWithAWrongChecksumFailsTheLoad) {
 TEST(CheckpointSave, JoiningAFolderThatIsNotThereSaysTheFolderMustBeShared) {
   TempDir dir;
   EXPECT_CHECKPOINT_ERROR(CheckpointWriter::join(dir.path(), 3, 2), (dir / "step_3.tmp").string(),
-                          "every process must see the same --save-dir");
+                          "every process must see the same TrainerCheckpointOptions::directory");
 }
 
 TEST(CheckpointSave, TrainingStateRoundTripsExactly) {

@@ -219,7 +219,7 @@ TEST(FileSource, AFileShorterThanOneBatchIsRefusedByTheTrainer) {
     EXPECT_EQ(std::string(e.what()),
               "data file '" + path +
                   "' has 3 bytes, 2 (input, target) pairs, but one step's batch of 4 tokens "
-                  "needs 5 bytes; give a larger file or --batch-tokens 2 or fewer");
+                  "needs 5 bytes; give a larger file or TrainConfig::batch_tokens 2 or fewer");
   }
   config.batch_tokens = 3;
   EXPECT_THROW(make_token_source(config, 256), std::invalid_argument);

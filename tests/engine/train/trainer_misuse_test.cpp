@@ -10,6 +10,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "checkpoint_fixture.h"
 #include "engine/train/trainer.h"
@@ -108,6 +109,57 @@ TEST(TrainerMisuse, AStepCalledWhileAnEvaluationRunsIsRefused) {
   // Once the evaluation is over, steps run.
   held_out.on_next = nullptr;
   EXPECT_NO_THROW(trainer.step());
+}
+
+TEST(TrainerMisuse, WhatAStepChangesIsRefusedWhileItRuns) {
+  auto source = std::make_shared<CountingSource>();
+  Trainer trainer(small_run(), source);
+  bool saved = false;
+  trainer.set_save_handler([&] { saved = true; });
+  std::vector<std::string> during;
+  // The step draws its batch inside step(), where this source calls the trainer: the same as
+  // a call from another thread during the step, but always at this point.
+  source->on_next = [&] {
+    if (!during.empty()) return;  // once, at the first micro-batch's draw
+    const Trainer& seen = trainer;
+    for (const auto& call : std::vector<std::function<void()>>{
+             [&] { trainer.executor(); }, [&] { trainer.source(); }, [&] { seen.source(); },
+             [&] { seen.failure(); }, [&] { trainer.resume_at(0); },
+             [&] { trainer.mark_unusable("no"); }, [&] { trainer.save_now(); }})
+      during.push_back(message_of(call));
+    // What a step never changes stays readable.
+    EXPECT_EQ(seen.config().steps, 4);
+    EXPECT_EQ(seen.steps_done(), 0);
+    EXPECT_EQ(seen.stage_ranges().size(), 1u);
+  };
+  EXPECT_NO_THROW(trainer.step());
+  const char* members[] = {"executor()",  "source()",        "source()",  "failure()",
+                           "resume_at()", "mark_unusable()", "save_now()"};
+  ASSERT_EQ(during.size(), std::size(members));
+  for (size_t i = 0; i < during.size(); ++i)
+    EXPECT_CONTAINS(during[i], std::string("Trainer::") + members[i] +
+                                   " cannot be called while a step() or evaluate() of the "
+                                   "trainer runs");
+  // Nothing the refused calls asked for happened; between steps they all work.
+  source->on_next = nullptr;
+  EXPECT_FALSE(saved);
+  EXPECT_EQ(trainer.steps_done(), 1);
+  EXPECT_TRUE(trainer.failure().empty());
+  EXPECT_NO_THROW(trainer.executor());
+  trainer.save_now();
+  EXPECT_TRUE(saved);
+  EXPECT_NO_THROW(trainer.step());
+}
+
+TEST(TrainerMisuse, LibraryErrorsNameTheApisSettingsNotCommandLineFlags) {
+  TrainConfig c = small_run();
+  c.stages = 2;
+  c.chunks = 2;
+  c.schedule = schedule::ScheduleKind::kInterleaved;
+  c.model.n_layers = 1;  // 3 units for 4 stages
+  const std::string message = message_of([&] { Trainer t(c, std::make_shared<CountingSource>()); });
+  EXPECT_CONTAINS(message, "use fewer ranks (TrainConfig::stages) or chunks (TrainConfig::chunks)");
+  EXPECT_EQ(message.find("--"), std::string::npos) << message;
 }
 
 TEST(TrainerMisuse, ATrainerDestroyedBeforeItsCheckpointerWaitsForTheBackgroundWrite) {

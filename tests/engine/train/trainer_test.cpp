@@ -80,7 +80,8 @@ TEST(Trainer, DivergenceNamesTheStep) {
     FAIL() << "training with lr 1e30 did not diverge";
   } catch (const TrainingDiverged& e) {
     EXPECT_NE(std::string(e.what()).find("at step"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("or enable clipping (--clip)"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("or enable clipping (TrainConfig::optimizer.clip_norm)"),
+              std::string::npos)
         << e.what();
   }
 }
@@ -97,7 +98,8 @@ TEST(Trainer, DivergenceWithClippingOnSuggestsALowerNorm) {
     for (int s = 0; s < 10; ++s) trainer.step();
     FAIL() << "training with lr 1e30 did not diverge";
   } catch (const TrainingDiverged& e) {
-    EXPECT_NE(std::string(e.what()).find("or the clipping norm (--clip, now 0.5)"),
+    EXPECT_NE(std::string(e.what()).find(
+                  "or the clipping norm (TrainConfig::optimizer.clip_norm, now 0.5)"),
               std::string::npos)
         << e.what();
   }
