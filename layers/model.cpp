@@ -179,22 +179,22 @@ std::optional<ActivationMemory> ModelDescription::unit_memory(int64_t index, int
 
 namespace {
 
-// a + b, or a refusal naming `what` where the sum leaves int64_t.
+[[noreturn]] void refuse_parameter_count(const std::string& what) {
+  throw std::invalid_argument(what + " has more than " +
+                              std::to_string(std::numeric_limits<int64_t>::max()) +
+                              " parameters, more than a count can hold");
+}
+
+// a + b and a * b, or a refusal naming `what` where the result leaves int64_t.
 int64_t checked_add(int64_t a, int64_t b, const std::string& what) {
   int64_t sum = 0;
-  if (__builtin_add_overflow(a, b, &sum))
-    throw std::invalid_argument(what + " has more than " +
-                                std::to_string(std::numeric_limits<int64_t>::max()) +
-                                " parameters, more than a count can hold");
+  if (__builtin_add_overflow(a, b, &sum)) refuse_parameter_count(what);
   return sum;
 }
 
 int64_t checked_mul(int64_t a, int64_t b, const std::string& what) {
   int64_t product = 0;
-  if (__builtin_mul_overflow(a, b, &product))
-    throw std::invalid_argument(what + " has more than " +
-                                std::to_string(std::numeric_limits<int64_t>::max()) +
-                                " parameters, more than a count can hold");
+  if (__builtin_mul_overflow(a, b, &product)) refuse_parameter_count(what);
   return product;
 }
 
