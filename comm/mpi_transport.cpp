@@ -52,7 +52,7 @@ MpiTransport::MpiTransport(std::chrono::milliseconds timeout) : timeout_(timeout
   if (!initialised)
     throw TransportError(
         "the MPI transport needs MPI to be initialised first: the program must call "
-        "MPI_Init_thread (conveyor train does when started by mpirun)");
+        "MPI_Init_thread, asking for MPI_THREAD_SERIALIZED, before the trainer is built");
   int level = MPI_THREAD_SINGLE;
   MPI_Query_thread(&level);
   if (level < MPI_THREAD_SERIALIZED)

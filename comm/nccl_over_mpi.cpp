@@ -57,8 +57,8 @@ std::unique_ptr<Transport> make_nccl_transport_over_mpi(
   MPI_Initialized(&initialised);
   if (!initialised)
     throw TransportError(
-        "NCCL over MPI needs MPI to be initialised first: the program must call MPI_Init_thread "
-        "(conveyor train does when started by mpirun)");
+        "NCCL over MPI needs MPI to be initialised first: the program must call MPI_Init_thread, "
+        "asking for MPI_THREAD_SERIALIZED, before the trainer is built");
   int rank = 0, processes = 0;
   check_mpi(MPI_Comm_rank(MPI_COMM_WORLD, &rank), "MPI_Comm_rank");
   check_mpi(MPI_Comm_size(MPI_COMM_WORLD, &processes), "MPI_Comm_size");
