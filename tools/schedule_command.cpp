@@ -206,15 +206,26 @@ void refuse_reduce_flags_without_replicas(const CLI::App& cmd, int replicas) {
                        flag + " out");
 }
 
+// How fast the replicas' all-reduce runs: --reduce-bandwidth 0 prices it at nothing, not at an
+// endless 0 bytes a unit.
+std::string reduce_rate(const ScheduleOptions& o) {
+  return o.reduce_bandwidth > 0 ? "at " + fmt(o.reduce_bandwidth) + " bytes per time unit"
+                                : "in no time (--reduce-bandwidth 0: infinite)";
+}
+
 void run_compare(const ScheduleOptions& o, const Costs& costs) {
   const int p = o.stages, m = o.microbatches;
   const int v = o.chunks > 1 ? o.chunks : 2;
   // The one-chunk rows decide whether there is a table; a row of several chunks past the
   // cells generated says so in its place.
   check_pm(o, 1);
-  std::printf("p=%d ranks, m=%d micro-batches, costs F=%s I=%s W=%s comm=%s\n", p, m,
+  std::printf("p=%d ranks, m=%d micro-batches, costs F=%s I=%s W=%s comm=%s", p, m,
               fmt(costs.f).c_str(), fmt(costs.i).c_str(), fmt(costs.w).c_str(),
               fmt(costs.comm).c_str());
+  if (o.dp > 1)
+    std::printf(", %d replicas (each rank's gradients, %s bytes, all-reduced %s)", o.dp,
+                fmt(o.grad_bytes).c_str(), reduce_rate(o).c_str());
+  std::printf("\n");
   std::printf("%-16s %10s %8s %13s %10s  %s\n", "schedule", "makespan", "bubble", "peak in-flight",
               "peak held", "closed-form bubble");
   for (const auto& [kind, kind_name] : sc::schedule_kinds()) {
@@ -234,9 +245,10 @@ void run_compare(const ScheduleOptions& o, const Costs& costs) {
       for (const auto& r : sim.ranks)
         in_flight = std::max(in_flight, r.memory.peak_in_flight),
         held = std::max(held, r.memory.peak_held);
+      // The closed forms are for one pipeline: the all-reduces of replicas add to its makespan.
+      const std::string form = o.dp > 1 ? "" : closed_form(kind_name, p, m, inter ? v : 1, costs);
       std::printf("%-16s %10s %8.4f %13d %10d  %s\n", name.c_str(), fmt(sim.makespan).c_str(),
-                  sim.bubble_fraction, in_flight, held,
-                  closed_form(kind_name, p, m, inter ? v : 1, costs).c_str());
+                  sim.bubble_fraction, in_flight, held, form.c_str());
     } catch (const sc::ScheduleError& e) {
       std::printf("%-16s n/a: %s\n", name.c_str(), e.what());
     }
@@ -244,6 +256,11 @@ void run_compare(const ScheduleOptions& o, const Costs& costs) {
   std::printf(
       "(with several chunks per rank, in-flight and held count micro-batch x chunk, each "
       "1/v of a rank's activations)\n");
+  if (o.dp > 1)
+    std::printf(
+        "(no closed-form bubble with --dp %d: the closed forms are for one pipeline without the "
+        "all-reduces at its end)\n",
+        o.dp);
 }
 
 // A loaded schedule fixes p, m, v and the kind; flags given next to --load must agree.
@@ -330,10 +347,7 @@ void run(const ScheduleOptions& o, const CLI::App& cmd) {
               fmt(costs.i).c_str(), fmt(costs.w).c_str(), fmt(costs.i + costs.w).c_str(),
               v > 1 ? ", each chunk 1/v of it" : "", fmt(costs.comm).c_str());
   if (schedule.replicas > 1) {
-    // --reduce-bandwidth 0 prices the all-reduce at nothing, not at an endless 0 bytes a unit.
-    const std::string rate = o.reduce_bandwidth > 0
-                                 ? "at " + fmt(o.reduce_bandwidth) + " bytes per time unit"
-                                 : "in no time (--reduce-bandwidth 0: infinite)";
+    const std::string rate = reduce_rate(o);
     std::printf(
         "data parallel: %d replicas, each rank's gradients (%s bytes) all-reduced %s, on a "
         "stream of their own (rows 'ar')\n\n",
