@@ -341,8 +341,8 @@ void run(const ScheduleOptions& o, const CLI::App& cmd) {
   refuse_reduce_flags_without_replicas(cmd, schedule.replicas);
   const int p = schedule.num_ranks(), m = schedule.num_microbatches, v = schedule.placement.chunks;
   std::printf("schedule %s: p=%d ranks, v=%d chunk%s per rank (%s), m=%d micro-batches\n",
-              schedule.name.empty() ? "(loaded)" : schedule.name.c_str(), p, v, v == 1 ? "" : "s",
-              sc::layout_name(schedule.placement.layout), m);
+              schedule.name.empty() ? "(loaded)" : escaped_for_message(schedule.name).c_str(), p, v,
+              v == 1 ? "" : "s", sc::layout_name(schedule.placement.layout), m);
   std::printf("costs: F=%s I=%s W=%s (B=I+W=%s) per rank%s, transfer=%s\n\n", fmt(costs.f).c_str(),
               fmt(costs.i).c_str(), fmt(costs.w).c_str(), fmt(costs.i + costs.w).c_str(),
               v > 1 ? ", each chunk 1/v of it" : "", fmt(costs.comm).c_str());

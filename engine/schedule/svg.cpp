@@ -20,19 +20,56 @@ std::string num(double v) {
   return s;
 }
 
+// Length of the well-formed UTF-8 sequence of a character from 0x80 up at text[at], or 0.
+size_t utf8_sequence_length(const std::string& text, size_t at) {
+  const auto byte = [&](size_t i) { return static_cast<unsigned char>(text[i]); };
+  const unsigned char lead = byte(at);
+  const size_t n = lead >= 0xc2 && lead <= 0xdf   ? 2
+                   : lead >= 0xe0 && lead <= 0xef ? 3
+                   : lead >= 0xf0 && lead <= 0xf4 ? 4
+                                                  : 0;
+  if (n == 0 || at + n > text.size()) return 0;
+  for (size_t i = 1; i < n; ++i)
+    if ((byte(at + i) & 0xc0) != 0x80) return 0;
+  // Overlong forms, UTF-16 surrogates and code points past U+10FFFF.
+  const unsigned char second = byte(at + 1);
+  if ((lead == 0xe0 && second < 0xa0) || (lead == 0xed && second >= 0xa0) ||
+      (lead == 0xf0 && second < 0x90) || (lead == 0xf4 && second >= 0x90))
+    return 0;
+  return n;
+}
+
+// Text as XML character data. XML 1.0 allows no control characters but tab and line breaks,
+// and its text must be UTF-8: a title made of a loaded schedule's name may hold anything, so
+// a control character or a byte outside well-formed UTF-8 is written as the text \xNN, as
+// the command line shows it in messages.
 std::string escape(const std::string& text) {
   std::string out;
-  for (char c : text) {
-    if (c == '<')
+  const auto hex = [&](unsigned char u) {
+    static constexpr char kDigits[] = "0123456789abcdef";
+    out.append("\\x").append(1, kDigits[u >> 4]).append(1, kDigits[u & 0xf]);
+  };
+  for (size_t at = 0; at < text.size(); ++at) {
+    const char c = text[at];
+    const auto u = static_cast<unsigned char>(c);
+    if (c == '<') {
       out += "&lt;";
-    else if (c == '>')
+    } else if (c == '>') {
       out += "&gt;";
-    else if (c == '&')
+    } else if (c == '&') {
       out += "&amp;";
-    else if (c == '"')
+    } else if (c == '"') {
       out += "&quot;";
-    else
+    } else if (u < 0x20 || u == 0x7f) {
+      hex(u);
+    } else if (u < 0x80) {
       out += c;
+    } else if (const size_t n = utf8_sequence_length(text, at); n > 0) {
+      out.append(text, at, n);
+      at += n - 1;
+    } else {
+      hex(u);
+    }
   }
   return out;
 }
@@ -110,7 +147,7 @@ std::string render_svg(const Schedule& schedule, const SimResult& sim, const Svg
   char stats[128];
   std::snprintf(stats, sizeof stats, "makespan %s, bubble %.4f; numbers are micro-batches",
                 num(sim.makespan).c_str(), sim.bubble_fraction);
-  const bool cut = R < all_ranks;  // boxes beyond the cap are known only while drawing
+  const bool cut = R < all_ranks;  // boxes beyond the cap are counted only while drawing
   const double text_width = kCharWidth * std::max<size_t>(std::strlen(stats), cut ? 70 : 0);
 
   const double span = sim.makespan > 0 ? sim.makespan : 1;
@@ -171,6 +208,13 @@ std::string render_svg(const Schedule& schedule, const SimResult& sim, const Svg
                "\" font-size=\"" + num(font) + "\" text-anchor=\"middle\" fill=\"white\">" + label +
                "</text>";
       out += "</g>\n";
+    }
+  // The ranks past the cap draw nothing, and the note's total counts their boxes too.
+  for (int r = R; r < all_ranks; ++r)
+    for (size_t i = 0; i < schedule.ranks[r].size(); ++i) {
+      const Action& a = schedule.ranks[r][i];
+      const auto& t = sim.timing[r][i];
+      all_boxes += is_compute(a.kind) || is_reduce(a.kind) || (costed_transfers && t.end > t.start);
     }
   // Time axis and legend.
   out += "<line x1=\"" + num(left) + "\" y1=\"" + num(rows_bottom + 4) + "\" x2=\"" +

@@ -135,6 +135,39 @@ TEST(Output, SvgDrawsOneBoxPerComputeAction) {
   EXPECT_EQ(svg.rfind("</svg>"), svg.size() - 7);
 }
 
+// A title made of a loaded schedule's name may hold any bytes; the picture stays XML: no
+// control character but line breaks, only well-formed UTF-8, what is not shown as \xNN.
+TEST(Output, SvgTitleOfAnyBytesStaysXml) {
+  const Schedule s = generate(ScheduleKind::k1F1B, 2, 2);
+  SvgOptions options;
+  options.title = std::string(
+                      "a\x01"
+                      "b\x1b[31m \xff\xc3(") +
+                  "\xc3\xa9 \xed\xa0\x80 \x7f";
+  const std::string svg = render_svg(s, simulate(s, CostModel::uniform(1, 1, 1)), options);
+  EXPECT_NE(svg.find("a\\x01b\\x1b[31m \\xff\\xc3(\xc3\xa9 \\xed\\xa0\\x80 \\x7f"),
+            std::string::npos);
+  for (size_t at = 0; at < svg.size(); ++at) {
+    const auto c = static_cast<unsigned char>(svg[at]);
+    ASSERT_TRUE(c >= 0x20 || c == '\n') << "control character " << int{c} << " at " << at;
+    ASSERT_NE(c, 0x7f) << "at " << at;
+    if (c < 0x80) continue;
+    // The only non-ASCII character of the picture is the title's e-acute, C3 A9.
+    ASSERT_EQ(c, 0xc3) << "at " << at;
+    ASSERT_EQ(static_cast<unsigned char>(svg[++at]), 0xa9) << "at " << at;
+  }
+}
+
+// A picture cut at max_ranks says how many of all the ranks' boxes it drew.
+TEST(Output, SvgNoteCountsTheBoxesOfEveryRank) {
+  const Schedule s = generate(ScheduleKind::k1F1B, 4, 2);
+  SvgOptions options;
+  options.max_ranks = 2;
+  const std::string svg = render_svg(s, simulate(s, CostModel::uniform(1, 1, 1)), options);
+  EXPECT_NE(svg.find("drawn: 2 of 4 ranks, 8 of 16 actions (size cap)"), std::string::npos)
+      << svg.substr(svg.find("drawn:"), 60);
+}
+
 // Every left-aligned text of the picture ends inside the canvas, at the 7 px per character
 // the layout assumes for its 12 px labels.
 void expect_texts_inside_canvas(const std::string& svg) {
