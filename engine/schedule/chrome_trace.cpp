@@ -1,12 +1,15 @@
 #include "engine/schedule/chrome_trace.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <span>
 #include <stdexcept>
+#include <vector>
 
 namespace conveyor::schedule {
 namespace {
@@ -176,6 +179,17 @@ void write_trace(const Schedule& schedule, std::span<const SimResult> replicas, 
     const MessageKey k = message_key(a);
     return 1 + ((int64_t{d} * 2 + (k.gradient ? 1 : 0)) * S + k.producer_stage) * M + k.microbatch;
   };
+  // Each arrow ends in its receive where its send began, or at the nearer end of the receive.
+  // A measured receive is posted ahead of its send, so an arrow to the receive's start would
+  // point back in time, and a viewer drops an arrow whose end comes before its start (Perfetto
+  // does). In a simulation both begin together (rendezvous): the arrow ends at the start.
+  std::vector<double> send_start(static_cast<size_t>(D) * 2 * S * M,
+                                 std::numeric_limits<double>::quiet_NaN());
+  for (int d = 0; d < D; ++d)
+    for (int r = 0; r < R; ++r)
+      for (size_t i = 0; i < schedule.ranks[r].size(); ++i)
+        if (const Action& a = schedule.ranks[r][i]; is_send(a.kind))
+          send_start[message_id(d, a) - 1] = replicas[d].timing[r][i].start;
   for (int d = 0; d < D; ++d)
     for (int r = 0; r < R; ++r)
       for (size_t i = 0; i < schedule.ranks[r].size(); ++i) {
@@ -203,12 +217,16 @@ void write_trace(const Schedule& schedule, std::span<const SimResult> replicas, 
         out.raw("}}");
         if (is_transfer(a.kind)) {
           const bool grad = a.kind == ActionKind::kSendGrad || a.kind == ActionKind::kRecvGrad;
+          const int64_t id = message_id(d, a);
+          double at = ts;
+          if (const double sent = send_start[id - 1]; !is_send(a.kind) && !std::isnan(sent))
+            at = std::min(std::max(t.start, sent), t.end) * us_per_unit;
           out.event()
               .raw(is_send(a.kind) ? "\"ph\": \"s\"" : "\"ph\": \"f\", \"bp\": \"e\"")
               .raw(grad ? ", \"name\": \"grad\"" : ", \"name\": \"act\"")
               .raw(", \"cat\": \"transfer\", \"id\": ")
-              .integer(message_id(d, a))
-              .placed(pid, tid, ts)
+              .integer(id)
+              .placed(pid, tid, at)
               .raw("}");
         }
       }

@@ -105,6 +105,49 @@ TEST(ChromeTrace, HoldsEveryActionOnceAndJoinsEveryMessagesEnds) {
   }
 }
 
+// A measured receive is posted before its send starts (and a simulated one may wait on the
+// sender's stream): each arrow ends inside its receive, never before its send begins, where
+// a viewer would drop it.
+TEST(ChromeTrace, ArrowsEndInsideTheReceiveNotBeforeTheSend) {
+  const Schedule s = generate(ScheduleKind::k1F1B, 2, 3);
+  SimResult sim = simulate(s, CostModel::uniform(1, 1, 1, 0.5));
+  // Receives posted at 0 and taking until their message arrives, as an executor records them;
+  // one send that starts after its receive ended, as clocks of two processes may say.
+  for (size_t r = 0; r < s.ranks.size(); ++r)
+    for (size_t i = 0; i < s.ranks[r].size(); ++i)
+      if (is_recv(s.ranks[r][i].kind)) sim.timing[r][i].start = 0;
+  const ActionRef late = find_action(s, ActionKind::kSendAct, 0, 2);
+  sim.timing[late.rank][late.index].start += 100, sim.timing[late.rank][late.index].end += 100;
+  const double us = 10.0;
+  const auto doc = nlohmann::json::parse(chrome_trace_json(s, sim, us));
+  std::map<int64_t, double> sent;
+  std::vector<std::pair<int64_t, const nlohmann::json*>> ends;
+  for (const auto& ev : doc["traceEvents"]) {
+    if (ev["ph"] == "s") sent[ev["id"].get<int64_t>()] = ev["ts"].get<double>();
+    if (ev["ph"] == "f") ends.emplace_back(ev["id"].get<int64_t>(), &ev);
+  }
+  size_t late_arrows = 0;
+  for (const auto& [id, end] : ends) {
+    ASSERT_TRUE(sent.count(id)) << "flow " << id;
+    const double at = (*end)["ts"].get<double>();
+    const int pid = (*end)["pid"];
+    bool inside = false;
+    for (size_t i = 0; i < s.ranks[pid].size(); ++i) {
+      const Action& a = s.ranks[pid][i];
+      if (!is_recv(a.kind)) continue;
+      const ActionTiming& t = sim.timing[pid][i];
+      if (at >= t.start * us && at <= t.end * us) inside = true;
+    }
+    EXPECT_TRUE(inside) << "flow " << id << " ends outside every receive of rank " << pid;
+    if (sent[id] > at) {
+      ++late_arrows;  // only the send moved past its receive's end
+      continue;
+    }
+    EXPECT_EQ(at, sent[id]) << "flow " << id << " ends elsewhere than where its send began";
+  }
+  EXPECT_EQ(late_arrows, 1u);
+}
+
 TEST(ChromeTrace, EscapesTheScheduleName) {
   Schedule s = generate(ScheduleKind::kGPipe, 2, 2);
   const SimResult sim = simulate(s, CostModel::uniform(1, 1, 1));
