@@ -69,7 +69,7 @@ Costs parse_costs(const std::string& text) {
   if (values.size() != 3 && values.size() != 4)
     throw UsageError(
         "--costs expects 3 or 4 numbers F,I,W[,comm] (forward, input-gradient and "
-        "weight-gradient time per micro-batch and stage, transfer time), got '" +
+        "weight-gradient time per micro-batch on one rank, transfer time), got '" +
         escaped_for_message(text) + "'");
   if (values[0] + values[1] + values[2] <= 0)
     throw UsageError("--costs: F + I + W must be positive");
@@ -422,7 +422,7 @@ void register_schedule_command(CLI::App& app) {
       ->default_str("2 for interleaved, else 1");
   cmd->add_option("--costs", opts->costs,
                   "F,I,W[,comm]: time of forward, input-grad, weight-grad per micro-batch "
-                  "and stage, and of one transfer")
+                  "on one rank (each of its chunks 1/v of it), and of one transfer")
       ->default_str("1,1,1,0");
   add_int_flag(cmd, "--dp", opts->dp, 1, 1024,
                "Data-parallel replicas D: each stage's gradients are all-reduced after its last "
