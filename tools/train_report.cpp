@@ -84,7 +84,8 @@ std::string rank_device_text(Trainer& trainer, int rank) {
 void print_pipeline(Trainer& trainer) {
   const auto& sched = trainer.executor().schedule();
   std::printf("pipeline %d rank(s) x %d chunk(s), schedule %s, transport %s, stages (units):",
-              sched.num_ranks(), sched.placement.chunks, sched.name.c_str(),
+              sched.num_ranks(), sched.placement.chunks,
+              escaped_for_message(sched.name).c_str(),  // a --schedule-file's own name
               trainer.executor().transport_kind() == TransportKind::kMpi ? "mpi"
               : trainer.executor().uses_nccl()                           ? "nccl"
                                                                          : "in-process");
