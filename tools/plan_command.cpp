@@ -211,18 +211,7 @@ PlannedRun plan_training(const TrainConfig& config, Device device, int repetitio
     if (constraints.replicas > 1)
       out.constraints += " over --dp " + std::to_string(constraints.replicas);
   } else {
-    // About p, 2p, 4p and 8p micro-batches: each the smallest count from there to twice it
-    // that splits the batch, so that 3 stages over 4096 tokens plan 4, 8, 16 and 32, not one
-    // micro-batch, the whole batch through the stages one after another.
-    for (const int64_t target : {p, 2 * p, 4 * p, 8 * p})
-      for (int64_t m = target; m <= 2 * target && m <= config.batch_tokens; ++m)
-        if (config.batch_tokens % m == 0) {
-          if (std::find(options.microbatch_counts.begin(), options.microbatch_counts.end(), m) ==
-              options.microbatch_counts.end())
-            options.microbatch_counts.push_back(static_cast<int>(m));
-          break;
-        }
-    if (options.microbatch_counts.empty()) options.microbatch_counts.push_back(1);
+    options.microbatch_counts = default_microbatch_counts(p, config.batch_tokens);
   }
   // What the caller fixed: only those pipelined layouts are planned, so that the fastest of
   // them is the one proven fastest; the replicas stay (the verdict still says when they

@@ -256,6 +256,21 @@ Plan plan(const UnitCosts& costs, const PlanOptions& options) {
   return plan(std::vector<UnitCosts>{costs}, options);
 }
 
+std::vector<int> default_microbatch_counts(int num_ranks, int64_t batch_tokens) {
+  std::vector<int> counts;
+  for (const int64_t target : {1, 2, 4, 8}) {
+    const int64_t from = target * num_ranks;
+    for (int64_t m = from; m <= 2 * from && m <= batch_tokens; ++m)
+      if (batch_tokens % m == 0) {
+        if (std::find(counts.begin(), counts.end(), m) == counts.end())
+          counts.push_back(static_cast<int>(m));
+        break;
+      }
+  }
+  if (counts.empty()) counts.push_back(1);
+  return counts;
+}
+
 Plan plan(const std::vector<UnitCosts>& measured, const PlanOptions& options) {
   if (measured.empty()) throw PlanError("no cost table to plan from; profile the model first");
   for (const auto& table : measured) {
@@ -275,8 +290,7 @@ Plan plan(const std::vector<UnitCosts>& measured, const PlanOptions& options) {
   };
   const int p = options.num_ranks;
   std::vector<int> counts = options.microbatch_counts;
-  if (counts.empty())
-    for (int m : {p, 2 * p, 4 * p, 8 * p}) counts.push_back(m);
+  if (counts.empty()) counts = default_microbatch_counts(p, options.batch_tokens);
   Plan out;
   struct Kind {
     schedule::ScheduleKind kind;

@@ -117,7 +117,7 @@ std::vector<int64_t> blocks_of(const std::vector<StageRange>& ranges);
 struct PlanOptions {
   int num_ranks = 2;
   int64_t batch_tokens = 0;            // tokens per step, split into micro-batches
-  std::vector<int> microbatch_counts;  // empty: p, 2p, 4p, 8p (those dividing the batch)
+  std::vector<int> microbatch_counts;  // empty: default_microbatch_counts
   std::vector<int> interleaved_chunks{2};
   double memory_cap = 0;           // bytes per device; 0 = unlimited
   double allreduce_bandwidth = 0;  // bytes per second of the data-parallel all-reduce; 0 = free
@@ -179,6 +179,12 @@ struct Plan {
   // engine/train/trainer.h); null when none is.
   const PlanCandidate* fastest_pipeline() const;
 };
+
+// The micro-batch counts plan() tries unless told: about p, 2p, 4p and 8p for p ranks, each
+// the smallest count from there to twice it that splits the batch, so that 3 ranks over 4096
+// tokens try 4, 8, 16 and 32 rather than one micro-batch, the whole batch through the ranks
+// one after another; {1} when none of those splits it.
+std::vector<int> default_microbatch_counts(int num_ranks, int64_t batch_tokens);
 
 // Every schedule kind and micro-batch count of `options`, with the exact partition of each,
 // simulated with the costs scaled linearly from the measured micro-batch size to the

@@ -288,6 +288,24 @@ TEST(Planner, UsesTheTableMeasuredAtEachMicroBatchSize) {
   EXPECT_DOUBLE_EQ(step_of(both, "1f1b", 8), step_of(plan(at_256, options), "1f1b", 8));
 }
 
+TEST(Planner, DefaultMicroBatchCountsSplitTheBatch) {
+  EXPECT_EQ(default_microbatch_counts(2, 4096), (std::vector<int>{2, 4, 8, 16}));
+  // 3 does not split 4096: the smallest count up to twice each target that does.
+  EXPECT_EQ(default_microbatch_counts(3, 4096), (std::vector<int>{4, 8, 16, 32}));
+  EXPECT_EQ(default_microbatch_counts(3, 18), (std::vector<int>{3, 6, 18}));
+  EXPECT_EQ(default_microbatch_counts(4, 7), (std::vector<int>{7}));
+  EXPECT_EQ(default_microbatch_counts(5, 3), (std::vector<int>{1}));
+  // plan() without counts plans those, each splitting the batch.
+  PlanOptions options;
+  options.num_ranks = 3;
+  options.batch_tokens = 4096;
+  const Plan result = plan(head_heavy(6), options);
+  std::set<int> planned;
+  for (const PlanCandidate& c : result.candidates)
+    if (c.pipelined) planned.insert(c.microbatches);
+  EXPECT_EQ(planned, (std::set<int>{4, 8, 16, 32}));
+}
+
 TEST(Planner, BadOptionsAreErrors) {
   PlanOptions options;
   options.batch_tokens = 0;
