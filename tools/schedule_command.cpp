@@ -294,6 +294,12 @@ void run(const ScheduleOptions& o, const CLI::App& cmd) {
         throw UsageError(std::string("--compare prints a table of every schedule kind and writes "
                                      "no file; ") +
                          flag + " is for one schedule: leave it out, or leave out --compare");
+    // --chunks sets the interleaved row's v there; one chunk would make that row 1F1B's.
+    if (cmd.count("--chunks") && o.chunks < 2)
+      throw UsageError(
+          "--compare takes --chunks as the interleaved row's chunks per rank, 2 or "
+          "more (got " +
+          std::to_string(o.chunks) + "; with 1 that row is 1f1b's); leave --chunks out for 2");
     refuse_reduce_flags_without_replicas(cmd, o.dp);
     return run_compare(o, costs);
   }
@@ -418,7 +424,8 @@ void register_schedule_command(CLI::App& app) {
   add_int_flag(cmd, "--microbatches,-m", opts->microbatches, 1, 65536, "Micro-batches m per step")
       ->default_str("required unless --load");
   add_int_flag(cmd, "--chunks,-v", opts->chunks, 1, 64,
-               "Chunks (virtual stages) per rank, as in `conveyor train`; zbv always has 2")
+               "Chunks (virtual stages) per rank, as in `conveyor train`; zbv always has 2; with "
+               "--compare, the interleaved row's (2 or more)")
       ->default_str("2 for interleaved, else 1");
   cmd->add_option("--costs", opts->costs,
                   "F,I,W[,comm]: time of forward, input-grad, weight-grad per micro-batch "
