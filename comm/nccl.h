@@ -186,7 +186,6 @@ class NcclTransport : public Transport {
  private:
   friend class detail::NcclGroupCall;
   void throw_if_aborted() const;
-  void wait_with_deadline(void* stream, const std::string& what);
   void check_tensor(const Tensor& tensor, const char* what) const;
 
   std::shared_ptr<detail::NcclClique> clique_;

@@ -35,7 +35,6 @@ class OutputFile {
   OutputFile& operator=(const OutputFile&) = delete;
   ~OutputFile();
 
-  bool is_open() const { return fd_ >= 0; }
   const std::string& path() const { return path_; }
   // Writes all of `text` straight to the file (unbuffered: a line is on disk when this
   // returns). Throws std::runtime_error naming the file and the system's reason.

@@ -329,15 +329,6 @@ Searched PartitionSearcher::search(const SearchBudget& budget, double ceiling) {
 
 const Searched& PartitionSearcher::found() const { return impl_->out; }
 
-Searched search_partition(const Sums& sums, const std::vector<UnitCost>& timed,
-                          const PartitionMemory& memory_of, const schedule::Schedule& schedule,
-                          double cap, double transfer, const SearchBudget& budget,
-                          const std::vector<StageRange>& incumbent) {
-  PartitionSearcher searcher(sums, timed, memory_of, schedule, cap, transfer);
-  searcher.start_from(incumbent, budget.simulations);
-  return searcher.search(budget);
-}
-
 // The partition whose largest rank memory is smallest, by the same search over memory: what
 // a rank's known stages hold bounds its memory from below. Empty when `max_visits` ran out
 // first.

@@ -113,12 +113,6 @@ class PartitionSearcher {
   std::unique_ptr<Impl> impl_;
 };
 
-// search() once from `incumbent`, which is first improved one cut at a time.
-Searched search_partition(const Sums& sums, const std::vector<UnitCost>& timed,
-                          const PartitionMemory& memory_of, const schedule::Schedule& schedule,
-                          double cap, double transfer, const SearchBudget& budget,
-                          const std::vector<StageRange>& incumbent);
-
 // The partition whose largest rank memory is smallest. Empty when `max_visits` ran out first.
 std::vector<StageRange> leanest_partition(const Sums& sums, const PartitionMemory& memory_of,
                                           const schedule::Schedule& schedule, int64_t max_visits);

@@ -90,7 +90,6 @@ class Fields {
     if (!v.is_object()) fail(key, "is " + excerpt(v) + ", expected an object");
     return v;
   }
-  std::string path(const char* key) const { return where_ + "." + key; }
 
   [[noreturn]] void fail(const std::string& key, const std::string& problem) const {
     throw CheckpointError(file_ + ": " + (key.empty() ? where_ : where_ + "." + key) + " " +
