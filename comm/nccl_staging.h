@@ -50,7 +50,7 @@ struct NcclStaging {
   std::vector<float*> retired_device, retired_host;
 
   // An available slot with at least these sizes (one that fits first, else one grown, else a
-  // new one), held until release_slot. With the transport's device current.
+  // new one), held until its call finishes or is dropped. With the transport's device current.
   NcclStagingSlot& acquire(Device device, size_t device_need, size_t host_need) {
     NcclStagingSlot* pick = nullptr;
     for (const auto& slot : slots) {

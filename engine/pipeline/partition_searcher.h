@@ -28,7 +28,7 @@ namespace conveyor::planning {
 // the budget ran out, keeps its bound, and the least such bound is what the search proved of
 // the partitions it did not simulate.
 struct PartitionSearcher::Impl {
-  // See search_partition's budgets.
+  // See budget_scale.
   static constexpr int64_t kBudgetActions = 4096;
   // Critical paths the search keeps to bound prefixes and partitions before simulating them.
   static constexpr size_t kPaths = 32;

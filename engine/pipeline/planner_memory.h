@@ -40,8 +40,9 @@ struct RankPeaks {
   std::vector<std::vector<Transit>> transit;  // [point][index in stages]
 };
 
-// The rank's peaks over its list, as peak_activation_bytes (held until W) and transit_of count
-// them: the same additions and releases, counted per stage.
+// The rank's peaks over its list: activations with the same additions and releases as
+// peak_activation_bytes (held until W), and the boundary tensors each action adds or consumes,
+// counted per stage.
 RankPeaks rank_peaks(const std::vector<schedule::Action>& list, std::vector<int> stages,
                      int last_stage);
 
