@@ -117,7 +117,15 @@ INSTANTIATE_TEST_SUITE_P(Shapes, LinearTest,
                                            Shape{33, 127, 17}, Shape{127, 65, 31}, Shape{5, 1, 33},
                                            Shape{64, 96, 80},
                                            // Tiled: ragged row and column tiles.
-                                           Shape{300, 129, 161}, Shape{257, 70, 1100}));
+                                           Shape{300, 129, 161}, Shape{257, 70, 1100},
+                                           // Past 512 rows: two row tiles of y and dx.
+                                           Shape{530, 24, 90},
+                                           // dW in two row and two column tiles: the bias
+                                           // gradient goes with the first column tile only.
+                                           Shape{40, 600, 530},
+                                           // One tile wider than 512 (too few multiply-adds
+                                           // to split): the bias sums outgrow the stack array.
+                                           Shape{2, 3, 1000}));
 
 // dL/dx, dL/dW, dL/db of L = Σ dy ⊙ y against central differences of the double forward.
 TEST(LinearGradient, MatchesFiniteDifferences) {
