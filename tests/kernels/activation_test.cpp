@@ -129,7 +129,8 @@ TEST(Gelu, FiniteAndAccurateInTheTails) {
   EXPECT_TRUE(all_close(dx, dx_ref, 1e-6, 1e-7));
 }
 
-INSTANTIATE_TEST_SUITE_P(Sizes, ActivationTest, ::testing::Values(1, 3, 17, 33, 127, 1001));
+// 32771: two blocks of 16384 elements (the pool's tasks) and a ragged third of 3.
+INSTANTIATE_TEST_SUITE_P(Sizes, ActivationTest, ::testing::Values(1, 3, 17, 33, 127, 1001, 32771));
 
 TEST(Activation, RejectsNegativeSize) {
   std::vector<float> buf(4, 1.0f);

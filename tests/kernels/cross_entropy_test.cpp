@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "kernels/thread_pool.h"
 #include "support/kernel_test_util.h"
 #include "support/test_util.h"
 
@@ -133,6 +134,23 @@ TEST_P(CrossEntropyTest, Deterministic) {
 INSTANTIATE_TEST_SUITE_P(Shapes, CrossEntropyTest,
                          ::testing::Values(Shape{1, 1}, Shape{1, 3}, Shape{3, 17}, Shape{17, 33},
                                            Shape{5, 127}, Shape{4, 1001}));
+
+// Rows are handed out in tasks of 16384 / vocab rows: 37 rows of 1001 make tasks of 16, 16
+// and 5 rows, each row checked against the reference (finite differences over so many
+// logits would take minutes; the suite above checks them on one-task shapes).
+TEST(CrossEntropy, RowsInSeveralTasksMatchDoubleReference) {
+  const Shape s{37, 1001};
+  const auto logits = random_floats(s.n * s.vocab, 29, -6.0f, 6.0f);
+  const auto targets = make_targets(s, 30);
+  const float scale = 0.61f;
+  k::ThreadPool pool(2);
+  std::vector<float> losses(s.n, 7.0f), dlogits(s.n * s.vocab, 7.0f);
+  k::softmax_cross_entropy(losses.data(), dlogits.data(), logits.data(), targets.data(), s.n,
+                           s.vocab, kIgnore, scale, &pool);
+  const auto ld = to_double(logits);
+  EXPECT_TRUE(all_close(losses, ref_losses(ld, targets, s), 1e-5, 1e-6));
+  EXPECT_TRUE(all_close(dlogits, ref_dlogits(ld, targets, s, scale), 1e-4, 1e-7));
+}
 
 // Subtracting the row max keeps huge logits finite; the result is shift invariant.
 TEST(CrossEntropy, StableForLargeLogits) {
