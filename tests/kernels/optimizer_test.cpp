@@ -152,6 +152,35 @@ TEST(Sgd, WeightDecayOnlyWhereDecaySet) {
   EXPECT_FALSE(same_bits(run(true, 0.5f), run(true, 0.0f)));
 }
 
+// Without momentum the buffer is the gradient and may be absent: p -= lr (g + wd p) straight
+// from the scaled gradient, decay only where set. With momentum a missing buffer is refused.
+TEST(Sgd, WithoutMomentumNeedsNoBuffer) {
+  k::SgdParams params;
+  params.lr = 0.05f;
+  params.momentum = 0.0f;
+  params.weight_decay = 0.3f;
+  params.grad_scale = 1.7f;
+  std::vector<float> p[2], g[2];
+  k::OptimizerTensor tensors[2];
+  for (int t = 0; t < 2; ++t) {
+    p[t] = random_floats(kSizes[t], 70 + t);
+    g[t] = random_floats(kSizes[t], 80 + t);
+    tensors[t] = {p[t].data(), g[t].data(), nullptr, nullptr, kSizes[t], kDecay[t]};
+  }
+  const std::vector<float> p0[2] = {p[0], p[1]};
+  k::cpu::sgd_update(tensors, 2, params);
+  for (int t = 0; t < 2; ++t) {
+    SCOPED_TRACE(::testing::Message() << "tensor " << t);
+    std::vector<double> want(kSizes[t]);
+    const double wd = kDecay[t] ? params.weight_decay : 0.0;
+    for (int64_t i = 0; i < kSizes[t]; ++i)
+      want[i] = p0[t][i] - params.lr * (double(g[t][i]) * params.grad_scale + wd * p0[t][i]);
+    EXPECT_TRUE(all_close(p[t], want, 1e-6, 1e-7));
+  }
+  params.momentum = 0.9f;
+  EXPECT_THROW(k::cpu::sgd_update(tensors, 2, params), std::invalid_argument);
+}
+
 TEST(Optimizer, DeterministicAcrossRuns) {
   const int64_t n = 127;
   const auto p0 = random_floats(n, 61), g = random_floats(n, 62);
