@@ -144,6 +144,10 @@ TEST(LearningRate, WarmupThenCosine) {
   EXPECT_DOUBLE_EQ(learning_rate(c, 5, 110), 0.5);
   EXPECT_DOUBLE_EQ(learning_rate(c, 10, 110), 1.0);
   EXPECT_NEAR(learning_rate(c, 60, 110), 0.55, 1e-12);
+  // A quarter and three quarters of the decay: cos(pi/4) = sqrt(1/2) either side of the
+  // midpoint, where a straight line from 1.0 to 0.1 would give 0.775 and 0.325.
+  EXPECT_NEAR(learning_rate(c, 35, 110), 0.55 + 0.45 * std::sqrt(0.5), 1e-12);
+  EXPECT_NEAR(learning_rate(c, 85, 110), 0.55 - 0.45 * std::sqrt(0.5), 1e-12);
   EXPECT_NEAR(learning_rate(c, 110, 110), 0.1, 1e-12);
   EXPECT_EQ(learning_rate(c, 0, 110), 0.0);  // before the first step
   // A negative step was read as deep in the warm-up, a negative rate.
