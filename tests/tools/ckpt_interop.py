@@ -91,6 +91,10 @@ def main():
                     fail(f"{file}: {name} has {len(data)} bytes, inspect says {t['bytes']}")
                 checked += 1
     total = len(report["tensors"])
+    # Every tensor is read at least once, as raw bytes: fewer comparisons (none, where inspect
+    # listed nothing) would let an empty report pass.
+    if total == 0 or checked < total:
+        fail(f"{checked} comparisons for {total} tensors listed by inspect")
     print(f"ckpt_interop: {len(by_shard)} shards, {total} tensors: names, dtypes, shapes, "
           f"checksums and values agree ({checked} comparisons)")
     check_pieces(conveyor, work)
