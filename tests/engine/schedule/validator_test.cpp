@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <string>
 
 #include "engine/schedule/generators.h"
 #include "engine/schedule/text_format.h"
@@ -143,6 +144,49 @@ TEST(Validator, WrongPeer) {
 TEST(Validator, ReceiveAfterItsConsumer) {
   const auto e = rejection(replace(kGood, "RA1.0<0 F1.0", "F1.0 RA1.0<0"));
   EXPECT_EQ(e.rule(), "order");
+}
+
+// Each rule of a cell's transfers, halves of a split backward and stages on one rank, broken
+// alone: named by its own rule and sentence (left out, each check's schedule was refused by a
+// later one under another rule, or not at all).
+TEST(Validator, EachCellRuleIsNamed) {
+  // One rank holding stages 0 and 1 (two chunks): hand-overs between them are local.
+  const std::string one_rank =
+      "# conveyor schedule: ranks=1 chunks=2 layout=looped microbatches=1\n";
+  struct Case {
+    std::string text, rule, says;
+  };
+  const Case cases[] = {
+      {replace(kGood, "SA0.1>1 ", ""), "missing",
+       "no SEND_ACT sends this output of stage 0 micro-batch 1 to rank 1"},
+      {replace(kGood, "F0.0 SA0.0>1", "SA0.0>1 F0.0"), "order",
+       "SEND_ACT of stage 0 micro-batch 0 comes before the F that produces it"},
+      {replace(kGood, "RG0.0<1 ", ""), "missing",
+       "no RECV_GRAD receives the output gradient of stage 0 micro-batch 0 from rank 1"},
+      {replace(kGood, "RG0.0<1 B0.0", "B0.0 RG0.0<1"), "order",
+       "RECV_GRAD of stage 0 micro-batch 0 comes after the backward that needs it"},
+      {replace(kGood, " SG1.0>0", ""), "missing",
+       "no SEND_GRAD sends the input gradient of stage 1 micro-batch 0 to rank 0"},
+      {replace(kGood, "B1.0 SG1.0>0", "SG1.0>0 B1.0"), "order",
+       "SEND_GRAD of stage 1 micro-batch 0 comes before the backward that produces it"},
+      {replace(kGood, "B1.0", "B1.0 I1.0 W1.0"), "duplicate",
+       "stage 1 micro-batch 0 has both a full backward B and a split backward (I/W)"},
+      {replace(kGood, "B1.0", "W1.0"), "missing",
+       "W of stage 1 micro-batch 0 has no I (input-gradient backward)"},
+      {one_rank + "r0: F0.0 SA0.0>0 F1.0 B1.0 B0.0\n", "peer",
+       "stage 1 is on the same rank; hand the data over locally, without a transfer"},
+      {one_rank + "r0: F1.0 F0.0 B1.0 B0.0\n", "order",
+       "F of stage 1 micro-batch 0 comes before F of stage 0"},
+      {one_rank + "r0: F0.0 F1.0 B0.0 B1.0\n", "order",
+       "the backward of stage 0 micro-batch 0 comes before the backward of stage 1"},
+  };
+  EXPECT_NO_THROW(validate(parse_text(one_rank + "r0: F0.0 F1.0 B1.0 B0.0\n")));
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.text);
+    const auto e = rejection(c.text);
+    EXPECT_EQ(e.rule(), c.rule);
+    EXPECT_NE(std::string(e.what()).find(c.says), std::string::npos) << e.what();
+  }
 }
 
 TEST(Validator, DeadlockIsFoundBySimulation) {
