@@ -189,6 +189,37 @@ TEST(Validator, EachCellRuleIsNamed) {
   }
 }
 
+// Indices a parsed file cannot hold but a Schedule built in code can: refused by name before
+// any table is indexed with them.
+TEST(Validator, OutOfRangeMicroBatchesAndReplicasAreNamed) {
+  for (int mb : {2, -1}) {
+    Schedule s = parse_text(kGood);
+    s.ranks[0][2].microbatch = mb;  // F0.1
+    try {
+      validate(s);
+      ADD_FAILURE() << "micro-batch " << mb << " of 2 was accepted";
+    } catch (const ValidationError& e) {
+      EXPECT_EQ(e.rule(), "placement");
+      EXPECT_EQ(e.rank(), 0);
+      EXPECT_EQ(e.index(), 2);
+      EXPECT_NE(std::string(e.what()).find("micro-batch " + std::to_string(mb) +
+                                           " does not exist (micro-batches 0..1)"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  Schedule s = parse_text(kGood);
+  s.replicas = 0;
+  try {
+    validate(s);
+    ADD_FAILURE() << "replicas=0 was accepted";
+  } catch (const ValidationError& e) {
+    EXPECT_EQ(e.rule(), "shape");
+    EXPECT_NE(std::string(e.what()).find("replicas must be at least 1 (got 0)"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(Validator, DeadlockIsFoundBySimulation) {
   // FIFO holds on every link, but rank 1's receive stream first waits for the gradient from
   // rank 2, which needs the activation that rank 1 can only receive after it.
