@@ -35,6 +35,27 @@ TEST(Simulator, BandwidthAndMessageBytes) {
   EXPECT_DOUBLE_EQ(sim.makespan, 2 * 3 + 2 * 2.5);
 }
 
+// A transfer carries the tensor of the boundary between stage b and b + 1, message_bytes[b],
+// at both ends and both ways: the activation of stage 1 (sent by stage 1, received by stage
+// 2) and its gradient (sent by stage 2, received by stage 1) all cost boundary 1's bytes. An
+// all-reduce sums its own stage's gradient bytes. Sizes differ per boundary and stage, so a
+// transfer priced by its neighbour's tensor costs something else.
+TEST(Simulator, EachTransferPaysTheBytesOfItsBoundary) {
+  CostModel costs;
+  costs.latency = 0.5;
+  costs.bandwidth = 10;
+  costs.message_bytes = {10, 30, 70};
+  costs.gradient_bytes = {40, 80};
+  costs.reduce_latency = 1;
+  costs.reduce_bandwidth = 20;
+  for (const char* token : {"SA1.0>2", "RA2.0<1", "SG2.0>1", "RG1.0<2"})
+    EXPECT_DOUBLE_EQ(costs.cost(parse_action(token)), 0.5 + 30.0 / 10) << token;
+  EXPECT_DOUBLE_EQ(costs.cost(parse_action("RA1.0<0")), 0.5 + 10.0 / 10);
+  EXPECT_DOUBLE_EQ(costs.cost(parse_action("SG3.0>2")), 0.5 + 70.0 / 10);
+  EXPECT_DOUBLE_EQ(costs.cost(allreduce_grad(1)), 1 + 80.0 / 20);
+  EXPECT_DOUBLE_EQ(costs.cost(allreduce_grad(0)), 1 + 40.0 / 20);
+}
+
 // Refused with the field named, before anything runs: a NaN would pass through max() unseen
 // and a negative cost would run time backwards.
 TEST(Simulator, RefusesCostsThatAreNotFiniteOrNegative) {
