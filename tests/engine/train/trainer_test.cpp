@@ -4,9 +4,12 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <vector>
+
+#include "support/test_util.h"
 
 namespace conveyor {
 namespace {
@@ -103,6 +106,69 @@ TEST(Trainer, DivergenceWithClippingOnSuggestsALowerNorm) {
               std::string::npos)
         << e.what();
   }
+}
+
+std::vector<std::vector<float>> weights(Trainer& trainer) {
+  std::vector<std::vector<float>> out;
+  for (Parameter* p : trainer.executor().parameters()) out.push_back(to_vector_f32(p->value));
+  return out;
+}
+
+// A step whose loss or gradient norm is not finite changes no weight: the run ends on the
+// weights of the last good step.
+TEST(Trainer, ADivergedStepLeavesTheWeightsAsTheyWere) {
+  TrainConfig c = quick_config();
+  c.optimizer.kind = "sgd";
+  c.optimizer.lr = 1e30;
+  c.optimizer.min_lr = 0;
+  c.optimizer.warmup_steps = 0;
+  c.optimizer.clip_norm = 0;
+  Trainer trainer(c);
+  for (int s = 0; s < 10; ++s) {
+    const auto before = weights(trainer);
+    try {
+      trainer.step();
+    } catch (const TrainingDiverged&) {
+      EXPECT_GT(s, 0) << "the first step diverged: no good step to keep";
+      EXPECT_EQ(weights(trainer), before);
+      return;
+    }
+  }
+  FAIL() << "training with lr 1e30 did not diverge";
+}
+
+// Clipping scales the whole step by clip / norm: with SGD without momentum or decay the step
+// is lr x the scaled gradient, so a clip at a quarter of the gradient norm moves every weight
+// a quarter as far as no clip does (up to the rounding of the weights, half an ulp of each).
+TEST(Trainer, ClippingScalesTheStepByClipOverNorm) {
+  auto config = [](double clip) {
+    TrainConfig c = quick_config();
+    c.optimizer.kind = "sgd";
+    c.optimizer.momentum = 0.0;
+    c.optimizer.weight_decay = 0.0;
+    c.optimizer.warmup_steps = 0;
+    c.optimizer.clip_norm = clip;
+    return c;
+  };
+  Trainer free(config(0.0));
+  const auto start = weights(free);
+  const double norm = free.step().grad_norm;
+  ASSERT_GT(norm, 0.0);
+  Trainer clipped(config(norm / 4));
+  ASSERT_EQ(weights(clipped), start);
+  EXPECT_EQ(clipped.step().grad_norm, norm);
+  const auto free_end = weights(free), clipped_end = weights(clipped);
+  double largest_move = 0.0;
+  for (size_t i = 0; i < start.size(); ++i) {
+    std::vector<double> want(start[i].size()), got(start[i].size());
+    for (size_t j = 0; j < start[i].size(); ++j) {
+      want[j] = 0.25 * (double(start[i][j]) - free_end[i][j]);
+      got[j] = double(start[i][j]) - clipped_end[i][j];
+      largest_move = std::max(largest_move, std::abs(want[j]));
+    }
+    EXPECT_TRUE(testing::all_close(got, want, 1e-4, 5e-7)) << "parameter " << i;
+  }
+  EXPECT_GT(largest_move, 1e-4) << "the step moved no weight enough to tell";
 }
 
 TEST(Trainer, ImpossibleConfigsAreRejected) {
