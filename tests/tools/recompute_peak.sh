@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# `train --recompute` reaches the pipeline: the run's allocator peak (the "peak_bytes" of its
+# --log-json lines, each rank's allocator on the CPU, so the same every run) is lower with
+# each variant's flags than without, where the weights are the same (cli_train_recompute_bitwise).
+# Usage: recompute_peak.sh CLI WORK_DIR "VARIANT FLAGS" ... -- ARGS...
+set -u
+cli=$1 work=$2
+shift 2
+variants=()
+while [ "$#" -gt 0 ] && [ "$1" != "--" ]; do
+  variants+=("$1")
+  shift
+done
+shift  # the --
+mkdir -p "$work"
+peak() {  # the last step's peak_bytes of a run with the flags given
+  local log=$work/steps.jsonl
+  rm -f "$log"
+  "$cli" "$@" --log-json "$log" >/dev/null 2>&1 || return 1
+  tail -n 1 "$log" | grep -oE '"peak_bytes":[0-9]+' | grep -oE '[0-9]+$'
+}
+plain=$(peak "$@") || plain=
+if [ -z "$plain" ]; then
+  echo "recompute_peak: the run without recomputation failed or logged no peak_bytes" >&2
+  exit 1
+fi
+echo "without: $plain bytes"
+for v in "${variants[@]}"; do
+  # shellcheck disable=SC2086  # the variant is a list of flags
+  got=$(peak "$@" $v) || got=
+  echo "$v: ${got:-no peak} bytes"
+  if [ -z "$got" ] || [ "$got" -ge "$plain" ]; then
+    echo "recompute_peak: $v peaks at '${got}' bytes, not below the $plain bytes without it" >&2
+    exit 1
+  fi
+done
