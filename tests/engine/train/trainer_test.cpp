@@ -70,14 +70,20 @@ TEST(Trainer, TheSourceAtTheRunDrawsWhatTheRunWould) {
   }
 }
 
-TEST(Trainer, DivergenceNamesTheStep) {
+// SGD at a learning rate of 1e30 from the first step: the loss stops being finite within a
+// few steps.
+TrainConfig diverging_config(double clip_norm) {
   TrainConfig c = quick_config();
   c.optimizer.kind = "sgd";
   c.optimizer.lr = 1e30;
   c.optimizer.min_lr = 0;
   c.optimizer.warmup_steps = 0;
-  c.optimizer.clip_norm = 0;
-  Trainer trainer(c);
+  c.optimizer.clip_norm = clip_norm;
+  return c;
+}
+
+TEST(Trainer, DivergenceNamesTheStep) {
+  Trainer trainer(diverging_config(/*clip_norm=*/0));
   try {
     for (int s = 0; s < 10; ++s) trainer.step();
     FAIL() << "training with lr 1e30 did not diverge";
@@ -90,13 +96,7 @@ TEST(Trainer, DivergenceNamesTheStep) {
 }
 
 TEST(Trainer, DivergenceWithClippingOnSuggestsALowerNorm) {
-  TrainConfig c = quick_config();
-  c.optimizer.kind = "sgd";
-  c.optimizer.lr = 1e30;
-  c.optimizer.min_lr = 0;
-  c.optimizer.warmup_steps = 0;
-  c.optimizer.clip_norm = 0.5;
-  Trainer trainer(c);
+  Trainer trainer(diverging_config(/*clip_norm=*/0.5));
   try {
     for (int s = 0; s < 10; ++s) trainer.step();
     FAIL() << "training with lr 1e30 did not diverge";
@@ -117,13 +117,7 @@ std::vector<std::vector<float>> weights(Trainer& trainer) {
 // A step whose loss or gradient norm is not finite changes no weight: the run ends on the
 // weights of the last good step.
 TEST(Trainer, ADivergedStepLeavesTheWeightsAsTheyWere) {
-  TrainConfig c = quick_config();
-  c.optimizer.kind = "sgd";
-  c.optimizer.lr = 1e30;
-  c.optimizer.min_lr = 0;
-  c.optimizer.warmup_steps = 0;
-  c.optimizer.clip_norm = 0;
-  Trainer trainer(c);
+  Trainer trainer(diverging_config(/*clip_norm=*/0));
   for (int s = 0; s < 10; ++s) {
     const auto before = weights(trainer);
     try {
