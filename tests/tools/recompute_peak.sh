@@ -6,12 +6,8 @@
 set -u
 cli=$1 work=$2
 shift 2
-variants=()
-while [ "$#" -gt 0 ] && [ "$1" != "--" ]; do
-  variants+=("$1")
-  shift
-done
-shift  # the --
+source "$(dirname "${BASH_SOURCE[0]}")/variant_flags.sh"
+split_variants "$@"
 mkdir -p "$work"
 peak() {  # the last step's peak_bytes of a run with the flags given
   local log=$work/steps.jsonl
@@ -19,7 +15,7 @@ peak() {  # the last step's peak_bytes of a run with the flags given
   "$cli" "$@" --log-json "$log" >/dev/null 2>&1 || return 1
   tail -n 1 "$log" | grep -oE '"peak_bytes":[0-9]+' | grep -oE '[0-9]+$'
 }
-plain=$(peak "$@") || plain=
+plain=$(peak "${args[@]}") || plain=
 if [ -z "$plain" ]; then
   echo "recompute_peak: the run without recomputation failed or logged no peak_bytes" >&2
   exit 1
@@ -27,7 +23,7 @@ fi
 echo "without: $plain bytes"
 for v in "${variants[@]}"; do
   # shellcheck disable=SC2086  # the variant is a list of flags
-  got=$(peak "$@" $v) || got=
+  got=$(peak "${args[@]}" $v) || got=
   echo "$v: ${got:-no peak} bytes"
   if [ -z "$got" ] || [ "$got" -ge "$plain" ]; then
     echo "recompute_peak: $v peaks at '${got}' bytes, not below the $plain bytes without it" >&2

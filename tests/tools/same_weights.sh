@@ -5,16 +5,12 @@
 set -u
 cli=$1
 shift
-variants=()
-while [ "$#" -gt 0 ] && [ "$1" != "--" ]; do
-  variants+=("$1")
-  shift
-done
-shift  # the --
+source "$(dirname "${BASH_SOURCE[0]}")/variant_flags.sh"
+split_variants "$@"
 checksum() {
   "$cli" "$@" 2>&1 | grep -E '^weights xxh3 [0-9a-f]+$'
 }
-want=$(checksum "$@")
+want=$(checksum "${args[@]}")
 if [ -z "$want" ]; then
   echo "same_weights: the run printed no checksum" >&2
   exit 1
@@ -22,7 +18,7 @@ fi
 echo "reference: $want"
 for v in "${variants[@]}"; do
   # shellcheck disable=SC2086  # the variant is a list of flags
-  got=$(checksum "$@" $v)
+  got=$(checksum "${args[@]}" $v)
   echo "$v: $got"
   if [ "$got" != "$want" ]; then
     echo "same_weights: $v gives '$got', expected '$want'" >&2
