@@ -1,6 +1,6 @@
 # shellcheck shell=bash
 # Sourced by the scripts that run one command with and without variants of its flags
-# (same_weights.sh, recompute_peak.sh): their arguments "VARIANT FLAGS" ... -- ARGS...
+# (same_weights.sh, lower_peak.sh, close_steps.sh): their arguments "VARIANT FLAGS" ... -- ARGS...
 # split_variants "$@" sets `variants` to the variants and `args` to the arguments after --.
 split_variants() {
   variants=()

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# `train --recompute` reaches the pipeline: the run's allocator peak (the "peak_bytes" of its
-# --log-json lines, each rank's allocator on the CPU, so the same every run) is lower with
-# each variant's flags than without, where the weights are the same (cli_train_recompute_bitwise).
-# Usage: recompute_peak.sh CLI WORK_DIR "VARIANT FLAGS" ... -- ARGS...
+# A flag that should save memory reaches the run: the run's allocator peak (the "peak_bytes"
+# of its --log-json lines, each rank's allocator on the CPU, so the same every run) is lower
+# with each variant's flags than without. Used for --recompute and --shard-optimizer, whose
+# weights other tests show to be the same.
+# Usage: lower_peak.sh CLI WORK_DIR "VARIANT FLAGS" ... -- ARGS...
 set -u
 cli=$1 work=$2
 shift 2
@@ -17,7 +18,7 @@ peak() {  # the last step's peak_bytes of a run with the flags given
 }
 plain=$(peak "${args[@]}") || plain=
 if [ -z "$plain" ]; then
-  echo "recompute_peak: the run without recomputation failed or logged no peak_bytes" >&2
+  echo "lower_peak: the run without the variants failed or logged no peak_bytes" >&2
   exit 1
 fi
 echo "without: $plain bytes"
@@ -26,7 +27,7 @@ for v in "${variants[@]}"; do
   got=$(peak "${args[@]}" $v) || got=
   echo "$v: ${got:-no peak} bytes"
   if [ -z "$got" ] || [ "$got" -ge "$plain" ]; then
-    echo "recompute_peak: $v peaks at '${got}' bytes, not below the $plain bytes without it" >&2
+    echo "lower_peak: $v peaks at '${got}' bytes, not below the $plain bytes without it" >&2
     exit 1
   fi
 done
