@@ -33,8 +33,7 @@ void add_checkpoint_flags(CLI::App* cmd, CheckpointFlags& f) {
 
 void check_checkpoint_flags(const CheckpointFlags& f, const CLI::App& cmd) {
   if (f.on_save_error != "stop" && f.on_save_error != "continue")
-    throw UsageError("--on-save-error must be stop or continue, got '" +
-                     escaped_for_message(f.on_save_error) + "'");
+    throw not_one_of("--on-save-error", "stop or continue", f.on_save_error);
   if (f.resume == "latest" && f.save_dir.empty())
     throw UsageError("--resume latest needs --save-dir (the folder whose latest to resume)");
   if (!f.save_dir.empty()) {

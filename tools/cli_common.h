@@ -26,6 +26,13 @@ class UsageError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A flag that takes one of a few words or forms, refused naming the flag, what it takes and
+// the value seen, escaped: a line break typed into the value stays on the error's one line.
+inline UsageError not_one_of(const std::string& flag, const std::string& accepted,
+                             const std::string& value) {
+  return UsageError(flag + " must be " + accepted + ", got '" + escaped_for_message(value) + "'");
+}
+
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitFailure = 1;
 inline constexpr int kExitUsage = 2;
@@ -227,8 +234,8 @@ inline ModelConfig preset_with_overrides(const std::string& preset, int64_t d_mo
   ModelConfig model;
   try {
     model = model_preset(preset);
-  } catch (const std::invalid_argument& e) {
-    throw UsageError(e.what());
+  } catch (const std::invalid_argument&) {
+    throw not_one_of("--preset", "tiny, small or medium", preset);
   }
   if (cmd.count("--d-model")) model.d_model = d_model;
   if (cmd.count("--layers")) model.n_layers = layers;

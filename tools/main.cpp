@@ -61,7 +61,7 @@ int main(int argc, char** argv) {
     // command line's own order reads as typed, and names the command that refused it.
     std::string extras;
     for (const std::string& word : app.remaining(true))
-      extras += (extras.empty() ? "" : " ") + word;
+      extras += (extras.empty() ? "" : " ") + conveyor::escaped_for_message(word);
     std::string command = "conveyor";
     for (const CLI::App* sub = level; sub != &app; sub = sub->get_parent())
       command.insert(8, " " + sub->get_name());

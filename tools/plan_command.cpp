@@ -386,6 +386,8 @@ void run_plan(const PlanFlags& f, const CLI::App& cmd) {
   TrainConfig config;
   f.run.apply(cmd, config);
   config.stages = f.stages;
+  if (f.optimizer != "adamw" && f.optimizer != "sgd")
+    throw not_one_of("--optimizer", "adamw or sgd", f.optimizer);
   config.optimizer.kind = f.optimizer;
   config.seed = f.seed;
   try {
@@ -458,7 +460,6 @@ void register_plan_command(CLI::App& app) {
   add_run_flags(cmd, f.run, RunFlagsFor::kPlan);
   add_int_flag(cmd, "--stages", f.stages, 1, 1024, "Devices to plan for");
   cmd->add_option("--optimizer", f.optimizer, "adamw or sgd (its state counts)")
-      ->check(CLI::IsMember({"adamw", "sgd"}))
       ->capture_default_str();
   add_int_flag(cmd, "--seed", f.seed, 0, std::numeric_limits<int64_t>::max(),
                "Seed of the profiled weights");

@@ -19,7 +19,11 @@ constexpr double kMaxMemoryCapMiB = 1073741824.0;          // the same 1 PiB
 
 ModelConfig RunFlags::model(const CLI::App& cmd) const {
   ModelConfig model = preset_with_overrides(preset, d_model, layers, hidden, vocab, cmd);
-  if (cmd.count("--activation")) model.activation = ops::parse_activation(activation);
+  if (cmd.count("--activation")) {
+    if (activation != "gelu" && activation != "relu")
+      throw not_one_of("--activation", "gelu or relu", activation);
+    model.activation = ops::parse_activation(activation);
+  }
   return model;
 }
 
@@ -44,8 +48,8 @@ std::optional<Device> RunFlags::device_choice() const {
   if (device == "auto") return std::nullopt;
   try {
     return parse_device(device);
-  } catch (const std::invalid_argument& e) {
-    throw UsageError(e.what());
+  } catch (const std::invalid_argument&) {
+    throw not_one_of("--device", "auto, cpu, cuda or cuda:N (N: a GPU index, in digits)", device);
   }
 }
 

@@ -332,9 +332,7 @@ void run(const ScheduleOptions& o, const CLI::App& cmd) {
       }
     } else {
       const auto kind = sc::parse_schedule_kind(o.kind);
-      if (!kind)
-        throw UsageError("unknown schedule kind '" + o.kind + "' (expected " +
-                         sc::schedule_kind_choices() + ")");
+      if (!kind) throw not_one_of("--kind", schedule_choices_text(), o.kind);
       const int v = o.chunks > 0 ? o.chunks : (*kind == sc::ScheduleKind::kInterleaved ? 2 : 1);
       if (o.chunks > 0) check_chunks_flag(*kind, o.chunks);
       check_pm(o, *kind == sc::ScheduleKind::kZBV ? 2 : v);

@@ -68,12 +68,14 @@ schedule::Schedule check_schedule_file_agrees(const TrainFlags& f, const CLI::Ap
 
 schedule::ScheduleKind parse_schedule(const std::string& name) {
   if (const auto kind = schedule::parse_schedule_kind(name)) return *kind;
-  throw UsageError("unknown schedule '" + name + "', expected " +
-                   schedule::schedule_kind_choices());
+  throw not_one_of("--schedule", schedule_choices_text(), name);
 }
 
-// "uniform", "params", or blocks per stage such as "3,5,5,3".
+// "uniform", "params", "auto", or blocks per stage such as "3,5,5,3".
 PartitionSpec parse_partition(const std::string& text) {
+  const auto refused = [&text] {
+    return not_one_of("--partition", "uniform, params, auto or block counts such as 3,5,5,3", text);
+  };
   if (text == "auto") return PartitionSpec::uniform();  // replaced by apply_planning
   if (text == "uniform") return PartitionSpec::uniform();
   if (text == "params") return PartitionSpec::by_parameters();
@@ -84,21 +86,18 @@ PartitionSpec parse_partition(const std::string& text) {
     // Digits only, as every integer flag.
     const std::optional<uint64_t> value = parse_decimal_digits(item);
     if (!value || *value > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
-      throw UsageError("partition '" + text +
-                       "' is not uniform, params or a list of block counts such as 3,5,5,3");
+      throw refused();
     counts.push_back(static_cast<int64_t>(*value));
   }
   // getline drops an empty last item: "3,5," would run as "3,5".
-  if (counts.empty() || text.back() == ',')
-    throw UsageError("partition '" + text +
-                     "' is not uniform, params or a list of block counts such as 3,5,5,3");
+  if (counts.empty() || text.back() == ',') throw refused();
   return PartitionSpec::explicit_blocks(std::move(counts));
 }
 
 RankPlacement parse_placement(const std::string& name) {
   if (name == "auto") return RankPlacement::kAuto;
   if (name == "shared") return RankPlacement::kShared;
-  throw UsageError("placement must be auto or shared, got '" + name + "'");
+  throw not_one_of("--placement", "auto or shared", name);
 }
 
 TransportKind parse_transport(const std::string& name) {
@@ -106,8 +105,7 @@ TransportKind parse_transport(const std::string& name) {
   if (name == "inproc") return TransportKind::kInProcess;
   if (name == "nccl") return TransportKind::kNccl;
   if (name == "mpi") return TransportKind::kMpi;
-  throw UsageError("transport must be auto, inproc or nccl, or mpi under mpirun, got '" + name +
-                   "'");
+  throw not_one_of("--transport", "auto, inproc, nccl or mpi", name);
 }
 
 // Threads of one process cannot be spread over the processes of a launch: each process
@@ -167,8 +165,7 @@ TrainConfig resolve_config(TrainFlags& f, const CLI::App& cmd) {
   // itself, rather than being refused for a --min-lr the user never gave.
   if (!cmd.count("--min-lr")) opt.min_lr = std::min(opt.min_lr, opt.lr);
   if (opt.kind != "adamw" && opt.kind != "sgd")
-    throw UsageError("--optimizer must be adamw or sgd, got '" + escaped_for_message(opt.kind) +
-                     "'");
+    throw not_one_of("--optimizer", "adamw or sgd", opt.kind);
   if (opt.min_lr > opt.lr)
     throw UsageError("--min-lr " + format_number(opt.min_lr) + " is more than --lr " +
                      format_number(opt.lr) +

@@ -57,7 +57,8 @@ sizes_and_lists() {
       $command_words --recompute "$value" "$@"
   done
   for value in "cuda:+0" "cuda:-0" "cuda: 0" "cuda:0x0"; do
-    check "^conveyor: error: unknown device '" $command_words --device "$value" "$@"
+    check "^conveyor: error: --device must be auto, cpu, cuda or cuda:N" \
+      $command_words --device "$value" "$@"
   done
 }
 
@@ -69,7 +70,7 @@ case $command in
       -- --transport carrier-pigeon
     sizes_and_lists --transport carrier-pigeon
     for value in "+1,1" "1,+1" "1e0,1" "0x1,1" "1, 1" "1.0,1" "-0,1"; do
-      check "^conveyor: error: partition '.*' is not uniform, params or a list of block counts" \
+      check "^conveyor: error: --partition must be uniform, params, auto or block counts" \
         train --stages 2 --partition "$value" --transport carrier-pigeon
     done
     ;;
