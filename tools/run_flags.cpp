@@ -131,7 +131,13 @@ uint64_t parse_size(const std::string& text, const std::string& flag) {
   }();
   const auto found =
       std::find_if(units.begin(), units.end(), [&](const auto& u) { return u.first == unit; });
-  if (found == units.end()) return fail(" (unknown unit)");
+  if (found == units.end()) {
+    // "1e3KiB" reads as the unit "e3kib": say what it is.
+    const bool exponent = unit.size() > 1 && unit[0] == 'e' &&
+                          (std::isdigit(static_cast<unsigned char>(unit[1])) != 0 ||
+                           unit[1] == '+' || unit[1] == '-');
+    return fail(exponent ? " (an exponent)" : " (unknown unit)");
+  }
   const unsigned __int128 bytes = static_cast<unsigned __int128>(*whole) * found->second +
                                   static_cast<unsigned __int128>(fraction) * found->second / scale;
   // Saturated: the caller's largest size refuses it with its own bound.
