@@ -14,7 +14,7 @@ void add_checkpoint_flags(CLI::App* cmd, CheckpointFlags& f) {
   add_path_flag(cmd, "--save-dir", f.save_dir,
                 "Save checkpoints into DIR (DIR/step_<N>, DIR/latest), and at the end of the run",
                 "a folder name")
-      ->type_name("TEXT");
+      ->type_name("DIR");
   add_int_flag(cmd, "--save-every", f.save_every, 0, 1000000000,
                "Save every N steps (0: only at the end)");
   add_int_flag(cmd, "--keep", f.keep, 0, 1000000, "Keep the newest K checkpoints (0: all)");
@@ -26,7 +26,7 @@ void add_checkpoint_flags(CLI::App* cmd, CheckpointFlags& f) {
   add_path_flag(cmd, "--resume", f.resume,
                 "Resume from checkpoint DIR, DIR/step_<N>, or latest (of --save-dir)",
                 "a checkpoint (DIR, DIR/step_<N> or latest)")
-      ->type_name("TEXT");
+      ->type_name("PATH");
   add_int_flag(cmd, "--stop-after", f.stop_after, 0, 1000000000,
                "Stop after step N (the learning-rate schedule still spans --steps; 0: never)");
 }
