@@ -59,12 +59,20 @@ void print_data_parallel(Trainer& trainer) {
     buckets += left_out_before(s, stages) + (s == 0 ? "" : ",") +
                std::to_string(schedule::gradient_buckets(sched, static_cast<int>(s)));
   }
+  // Sharded, each replica receives only its part's sum and keeps only that part's state: the
+  // run says so, as nothing else it prints would show the flag took effect.
+  const bool sharded = trainer.config().shard_optimizer;
+  const std::string state = sharded ? ", each replica keeping the optimizer state of 1/" +
+                                          std::to_string(sched.replicas) +
+                                          " of every parameter (--shard-optimizer)"
+                                    : "";
   std::printf(
       "data   %d replicas x %d pipeline ranks = %d ranks (rank r: pipeline rank r mod %d of "
-      "replica r div %d), %d micro-batches each, gradients summed per stage over the replicas "
-      "in %s bucket(s)\n",
+      "replica r div %d), %d micro-batches each, gradients %s per stage over the replicas "
+      "in %s bucket(s)%s\n",
       sched.replicas, sched.num_ranks(), sched.replicas * sched.num_ranks(), sched.num_ranks(),
-      sched.num_ranks(), sched.num_microbatches, buckets.c_str());
+      sched.num_ranks(), sched.num_microbatches, sharded ? "reduce-scattered" : "summed",
+      buckets.c_str(), state.c_str());
 }
 
 namespace {
