@@ -155,8 +155,10 @@ void TrainConfig::validate() const {
   if (microbatches < 1)
     fail("micro-batches must be at least 1, got " + std::to_string(microbatches));
   if (batch_tokens % microbatches != 0)
-    fail("batch of " + std::to_string(batch_tokens) + " tokens cannot be split into " +
-         std::to_string(microbatches) + " equal micro-batches; choose a divisor of the batch");
+    fail("the batch of TrainConfig::batch_tokens " + std::to_string(batch_tokens) +
+         " cannot be split into TrainConfig::microbatches " + std::to_string(microbatches) +
+         " equal micro-batches; give a micro-batch count that divides " +
+         std::to_string(batch_tokens));
   if (stages < 1) fail("stages must be at least 1, got " + std::to_string(stages));
   if (chunks < 1) fail("chunks must be at least 1, got " + std::to_string(chunks));
   // What a checkpoint records must load again: its manifest takes no larger counts.
