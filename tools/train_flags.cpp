@@ -291,6 +291,10 @@ void apply_planning(const TrainFlags& f, const CLI::App& cmd, const MpiSession& 
     } catch (const std::invalid_argument& e) {
       throw UsageError(shown + " does not fit this run: " + e.what());
     }
+    // As --partition auto says what it planned, a run says what it took from the file (with
+    // the flags that win over it applied).
+    std::printf("plan   from '%s': %s\n", escaped_for_message(f.plan_file).c_str(),
+                layout_text(config).c_str());
   } else if (f.partition == "auto") {
     // What is given explicitly limits the search, as it must agree with a plan file.
     // With --dp D each replica's pipeline runs 1/D of the batch in M/D micro-batches: that
