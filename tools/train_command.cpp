@@ -311,7 +311,9 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
                             {"peak_bytes", st.peak_bytes}};
       json_log->write(row.dump() + "\n");
     }
-    if (!f.quiet && (s % f.log_every == 0 || s == 1 || s == config.steps)) {
+    // The first and the last step this process trains are always shown: a resumed run or one
+    // that --stop-after ends early starts or stops between the steps --log-every divides.
+    if (!f.quiet && (s % f.log_every == 0 || s == first_step || s == last_step_to_run)) {
       const double rate = st.tokens / st.seconds;
       const double eta =
           t.seconds / static_cast<double>(t.steps) * static_cast<double>(last_step_to_run - s);
