@@ -10,19 +10,7 @@ shift 3
 source "$(dirname "${BASH_SOURCE[0]}")/variant_flags.sh"
 split_variants "$@"
 mkdir -p "$work"
-# run NAME FLAGS...: NAME.steps holds "step loss grad_norm" per step, NAME.out the output.
-run() {
-  local name=$1
-  shift
-  rm -f "$work/$name.jsonl"
-  "$cli" "$@" --log-json "$work/$name.jsonl" >"$work/$name.out" 2>&1 || {
-    cat "$work/$name.out"
-    return 1
-  }
-  jq -r 'select(.step) | "\(.step) \(.loss) \(.grad_norm)"' "$work/$name.jsonl" >"$work/$name.steps"
-}
-checksum() { grep -E '^weights xxh3 [0-9a-f]+$' "$work/$1.out"; }
-run reference "${args[@]}" || {
+run_logged reference "${args[@]}" || {
   echo "close_steps: the run without the variants failed" >&2
   exit 1
 }
@@ -36,7 +24,7 @@ i=0
 for v in "${variants[@]}"; do
   i=$((i + 1))
   # shellcheck disable=SC2086  # the variant is a list of flags
-  run "variant$i" "${args[@]}" $v || {
+  run_logged "variant$i" "${args[@]}" $v || {
     echo "close_steps: $v: the run failed" >&2
     exit 1
   }
@@ -67,7 +55,7 @@ for v in "${variants[@]}"; do
     exit 1
   fi
   if awk -v t="$tolerance" 'BEGIN { exit !(t == 0) }'; then
-    want=$(checksum reference) got=$(checksum "variant$i")
+    want=$(logged_checksum reference) got=$(logged_checksum "variant$i")
     if [ "$got" != "$want" ]; then
       echo "close_steps: $v ends with '$got', the reference with '$want'" >&2
       exit 1

@@ -13,19 +13,7 @@ shift 3
 source "$(dirname "${BASH_SOURCE[0]}")/variant_flags.sh"
 split_variants "$@"
 mkdir -p "$work"
-# run NAME FLAGS...: NAME.steps holds "step loss grad_norm" per step, NAME.out the output.
-run() {
-  local name=$1
-  shift
-  rm -f "$work/$name.jsonl"
-  "$cli" "$@" --log-json "$work/$name.jsonl" >"$work/$name.out" 2>&1 || {
-    cat "$work/$name.out"
-    return 1
-  }
-  jq -r 'select(.step) | "\(.step) \(.loss) \(.grad_norm)"' "$work/$name.jsonl" >"$work/$name.steps"
-}
-checksum() { grep -E '^weights xxh3 [0-9a-f]+$' "$work/$1.out"; }
-run reference "${args[@]}" || {
+run_logged reference "${args[@]}" || {
   echo "departs_at: the run without the variants failed" >&2
   exit 1
 }
@@ -33,7 +21,7 @@ if [ "$(awk -v s="$step" '$1 == s' "$work/reference.steps" | wc -l)" -ne 1 ]; th
   echo "departs_at: the run logged no step $step (--steps must reach it)" >&2
   exit 1
 fi
-if [ -z "$(checksum reference)" ]; then
+if [ -z "$(logged_checksum reference)" ]; then
   echo "departs_at: the run printed no checksum (--weights-checksum)" >&2
   exit 1
 fi
@@ -43,7 +31,7 @@ i=0
 for v in "${variants[@]}"; do
   i=$((i + 1))
   # shellcheck disable=SC2086  # the variant is a list of flags
-  run "variant$i" "${args[@]}" $v || {
+  run_logged "variant$i" "${args[@]}" $v || {
     echo "departs_at: $v: the run failed" >&2
     exit 1
   }
@@ -69,7 +57,7 @@ for v in "${variants[@]}"; do
     }' "$work/reference.steps" "$work/variant$i.steps" >&2; then
     exit 1
   fi
-  want=$(checksum reference) got=$(checksum "variant$i")
+  want=$(logged_checksum reference) got=$(logged_checksum "variant$i")
   if [ -z "$got" ] || [ "$got" = "$want" ]; then
     echo "departs_at: $v ends with '$got', the reference with '$want': the weights should differ" >&2
     exit 1

@@ -1,6 +1,7 @@
 # shellcheck shell=bash
 # Sourced by the scripts that run one command with and without variants of its flags
-# (same_weights.sh, lower_peak.sh, close_steps.sh): their arguments "VARIANT FLAGS" ... -- ARGS...
+# (same_weights.sh, lower_peak.sh, close_steps.sh, departs_at.sh): their arguments
+# "VARIANT FLAGS" ... -- ARGS...
 # split_variants "$@" sets `variants` to the variants and `args` to the arguments after --.
 split_variants() {
   variants=()
@@ -16,3 +17,19 @@ split_variants() {
   # shellcheck disable=SC2034  # read by the script that sources this
   args=("$@")
 }
+
+# run_logged NAME FLAGS...: runs "$cli" FLAGS... --log-json into "$work" (both set by the
+# sourcing script); NAME.steps then holds "step loss grad_norm" per step, NAME.out the output.
+# On failure it prints the output and returns 1.
+run_logged() {
+  local name=$1
+  shift
+  rm -f "$work/$name.jsonl"
+  "$cli" "$@" --log-json "$work/$name.jsonl" >"$work/$name.out" 2>&1 || {
+    cat "$work/$name.out"
+    return 1
+  }
+  jq -r 'select(.step) | "\(.step) \(.loss) \(.grad_norm)"' "$work/$name.jsonl" >"$work/$name.steps"
+}
+# logged_checksum NAME: the "weights xxh3" line of run NAME's output (--weights-checksum).
+logged_checksum() { grep -E '^weights xxh3 [0-9a-f]+$' "$work/$1.out"; }
