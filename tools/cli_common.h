@@ -33,6 +33,11 @@ inline UsageError not_one_of(const std::string& flag, const std::string& accepte
   return UsageError(flag + " must be " + accepted + ", got '" + escaped_for_message(value) + "'");
 }
 
+// --optimizer takes the kinds the library's optimizer does; refused here to name the flag.
+inline void check_optimizer_flag(const std::string& kind) {
+  if (kind != "adamw" && kind != "sgd") throw not_one_of("--optimizer", "adamw or sgd", kind);
+}
+
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitFailure = 1;
 inline constexpr int kExitUsage = 2;

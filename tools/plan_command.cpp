@@ -386,8 +386,7 @@ void run_plan(const PlanFlags& f, const CLI::App& cmd) {
   TrainConfig config;
   f.run.apply(cmd, config);
   config.stages = f.stages;
-  if (f.optimizer != "adamw" && f.optimizer != "sgd")
-    throw not_one_of("--optimizer", "adamw or sgd", f.optimizer);
+  check_optimizer_flag(f.optimizer);
   config.optimizer.kind = f.optimizer;
   config.seed = f.seed;
   try {

@@ -20,9 +20,11 @@ constexpr double kMaxMemoryCapMiB = 1073741824.0;          // the same 1 PiB
 ModelConfig RunFlags::model(const CLI::App& cmd) const {
   ModelConfig model = preset_with_overrides(preset, d_model, layers, hidden, vocab, cmd);
   if (cmd.count("--activation")) {
-    if (activation != "gelu" && activation != "relu")
+    try {
+      model.activation = ops::parse_activation(activation);
+    } catch (const std::invalid_argument&) {
       throw not_one_of("--activation", "gelu or relu", activation);
-    model.activation = ops::parse_activation(activation);
+    }
   }
   return model;
 }

@@ -168,13 +168,12 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
   }
   if (!note.empty()) std::printf("conveyor: %s\n", note.c_str());
   device = process_device(mpi, f.run.device, device);
-  for (const std::string& ignored : f.run.ignored_on(cmd, device))
-    std::printf("note   %s\n", ignored.c_str());
+  std::vector<std::string> ignored = f.run.ignored_on(cmd, device);
   // As --tf32 on the CPU: said from the placement the run got, so that a run on the CPU does
   // not look as if its ranks were placed.
   if (config.placement == RankPlacement::kShared && device.is_cpu())
-    std::printf(
-        "note   --placement shared puts the ranks on one GPU and does nothing on the CPU\n");
+    ignored.push_back("--placement shared puts the ranks on one GPU and does nothing on the CPU");
+  for (const std::string& note : ignored) std::printf("note   %s\n", note.c_str());
   // A collective: every rank asks or none, which the agreed --device flag decides; CPU runs
   // have no GPU to share and skip its round trip.
   if (f.run.device != "cpu") check_gpus_not_shared(mpi, device);

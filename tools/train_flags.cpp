@@ -164,8 +164,7 @@ TrainConfig resolve_config(TrainFlags& f, const CLI::App& cmd) {
   // The default final rate is for the default peak: a smaller --lr given alone decays to
   // itself, rather than being refused for a --min-lr the user never gave.
   if (!cmd.count("--min-lr")) opt.min_lr = std::min(opt.min_lr, opt.lr);
-  if (opt.kind != "adamw" && opt.kind != "sgd")
-    throw not_one_of("--optimizer", "adamw or sgd", opt.kind);
+  check_optimizer_flag(opt.kind);
   if (opt.min_lr > opt.lr)
     throw UsageError("--min-lr " + format_number(opt.min_lr) + " is more than --lr " +
                      format_number(opt.lr) +
