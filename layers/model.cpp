@@ -276,6 +276,9 @@ ModelDescription reference_model(const ModelConfig& config) {
   model.vocab = config.vocab;
   model.make_unit = [config](int64_t index) { return make_model_unit(config, index); };
   model.activation = activation_rows(config.d_model);
+  model.unit_kind = [last = config.num_units() - 1](int64_t index) -> std::string {
+    return index == 0 ? "embedding" : index == last ? "head" : "block";
+  };
   return model;
 }
 

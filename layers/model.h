@@ -42,6 +42,10 @@ struct ModelDescription {
   // [1, num_units), for a micro-batch of `tokens` tokens. A pipeline allocates the
   // activations and gradients it receives from this.
   std::function<ActivationSpec(int64_t boundary, int64_t tokens)> activation;
+  // Optional: what unit `index` computes, one name for the units that run the same work on
+  // the same shapes ("block" for every block of the reference model), so that profile_units
+  // times them as one (engine/pipeline/identical_units.h). Empty: each unit is timed on its own.
+  std::function<std::string(int64_t index)> unit_kind;
 
   // Throws std::invalid_argument naming the first missing or impossible field. It builds
   // every unit twice (parameters not materialised): each must come back, its parameters must

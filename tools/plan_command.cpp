@@ -17,6 +17,7 @@
 
 #include "comm/transport_factory.h"
 #include "engine/core/allocator.h"
+#include "engine/pipeline/identical_units.h"
 #include "engine/pipeline/memory_estimate.h"
 #include "engine/pipeline/profile.h"
 #include "engine/schedule/generators.h"
@@ -92,12 +93,13 @@ void check_units_fit(const ModelDescription& model, const TrainConfig& config, d
   }
 }
 
-// Profiling runs each unit alone on a micro-batch of batch / m tokens, on the CPU with the
-// other ranks' copies alongside (`copies` in all), each within its share of the memory
-// `available` now. A count m whose micro-batch some unit cannot hold in that share (by the
-// trainer's estimate of the unit alone, from the model description: its parameters and
-// gradients, what it keeps, its workspace and the step's ids) is dropped from `options` and named
-// in `dropped`; UsageError when no count is left.
+// Profiling builds the first unit of each group of identical units (profile_units) and runs
+// them one at a time on a micro-batch of batch / m tokens, on the CPU with the other ranks'
+// copies alongside (`copies` in all), each within its share of the memory `available` now. A
+// count m whose micro-batch does not fit that share (by the trainer's estimate, from the model
+// description: the built units' parameters, gradients and inputs, and the largest one's run:
+// what it keeps, its workspace and the step's ids) is dropped from `options` and named in
+// `dropped`; UsageError when no count is left.
 void keep_profilable_counts(const ModelDescription& model, const TrainConfig& config,
                             double available, int copies, PlanOptions& options,
                             std::string& dropped, std::string& why) {
@@ -106,22 +108,31 @@ void keep_profilable_counts(const ModelDescription& model, const TrainConfig& co
   std::vector<int> kept;
   for (const int m : options.microbatch_counts) {
     const int64_t tokens = config.batch_tokens / m;
-    double need = 0;
-    int64_t unit = 0;
+    const std::vector<int64_t> leaders = identical_unit_leaders(model, tokens);
+    double built = 0, run = 0;
+    int64_t unit = 0, groups = 0;
     for (int64_t u = 0; u < model.num_units; ++u) {
+      if (leaders[u] != u) continue;
+      ++groups;
       // A profile counts the optimizer state without allocating it.
       const RankMemoryEstimate e =
           estimate_rank_memory(model, {{u, u + 1}}, one, config.optimizer.kind, tokens).front();
-      const double total = e.total() - e.optimizer_bytes;
-      if (total > need) need = total, unit = u;
+      const ActivationSpec in = model.boundary_spec(u, tokens),
+                           out = model.boundary_spec(u + 1, tokens);
+      built += e.parameter_bytes + e.gradient_bytes + allocated_bytes(in.shape, in.dtype) +
+               allocated_bytes(out.shape, out.dtype);
+      const double own = e.total() - e.optimizer_bytes - e.parameter_bytes - e.gradient_bytes;
+      if (own > run) run = own, unit = u;
     }
+    const double need = built + run;
     if (need * copies <= available) {
       kept.push_back(m);
       continue;
     }
     dropped += (dropped.empty() ? "" : ", ") + std::to_string(m);
     why = "a micro-batch of " + std::to_string(tokens) + " tokens needs about " + bytes_text(need) +
-          " for unit " + std::to_string(unit) + " alone" +
+          " for unit " + std::to_string(unit) + "'s run with the " + std::to_string(groups) +
+          " distinct units built" +
           (copies > 1 ? " on each of the " + std::to_string(copies) + " ranks sharing the CPU"
                       : std::string()) +
           ", and the memory available now is " + bytes_text(available);

@@ -15,6 +15,8 @@
 #include <vector>
 
 #include "comm/in_process.h"
+#include "engine/pipeline/identical_units.h"
+#include "engine/pipeline/profile_samples.h"
 #include "engine/pipeline/stage.h"
 
 namespace conveyor {
@@ -79,87 +81,134 @@ Tensor random_ids(DeviceContext& ctx, int64_t n, int64_t vocab, uint64_t seed) {
   return t;
 }
 
-// `stop` (may be null) ends the repetitions early: a neighbour's profile stops when the
-// measured one is done, its costs then partial and dropped.
-UnitCost profile_unit(const ModelDescription& model, int64_t u, DeviceContext& ctx,
-                      const ProfileOptions& options, const std::atomic<bool>* stop = nullptr) {
-  const int64_t n = options.microbatch_tokens;
-  UnitCost cost;
-  const size_t before_build = ctx.allocator().stats().allocated_bytes;
-  Stage stage(model, u, u + 1, ctx, options.seed);
-  ctx.synchronize();
-  double allocated = 0;  // a tensor of each parameter's shape, as the allocator gives it
-  for (Parameter* p : stage.parameters()) {
-    cost.parameter_bytes += static_cast<double>(p->value.nbytes());
-    allocated += static_cast<double>(CachingAllocator::round_size(p->value.nbytes()));
+// One unit built on `ctx` with seeded inputs, run a forward, input gradient and weight
+// gradient at a time; what it holds is counted into its cost at every run.
+class UnitBench {
+ public:
+  UnitBench(const ModelDescription& model, int64_t u, DeviceContext& ctx,
+            const ProfileOptions& options)
+      : ctx_(ctx),
+        before_build_(ctx.allocator().stats().allocated_bytes),
+        stage_(model, u, u + 1, ctx, options.seed),
+        first_(u == 0),
+        last_(u + 1 == model.num_units) {
+    const int64_t n = options.microbatch_tokens;
+    ctx.synchronize();
+    double allocated = 0;  // a tensor of each parameter's shape, as the allocator gives it
+    for (Parameter* p : stage_.parameters()) {
+      cost_.parameter_bytes += static_cast<double>(p->value.nbytes());
+      allocated += static_cast<double>(CachingAllocator::round_size(p->value.nbytes()));
+    }
+    cost_.optimizer_bytes = options.optimizer_slots * allocated;
+    cost_.state_bytes =
+        static_cast<double>(ctx.allocator().stats().allocated_bytes - before_build_) +
+        cost_.optimizer_bytes;
+    in_.tokens = n;
+    in_.targets = random_ids(ctx, n, model.vocab, options.seed + 17 * u + 1);
+    in_.loss_scale = 1.0f / static_cast<float>(n);
+    input_ = first_ ? random_ids(ctx, n, model.vocab, options.seed + 17 * u + 2)
+                    : random_tensor(ctx, model.activation_at(u, n), options.seed + 17 * u + 3);
+    if (!last_) dy_ = random_tensor(ctx, model.activation_at(u + 1, n), options.seed + 17 * u + 4);
+    if (!first_)
+      cost_.input_bytes = static_cast<double>(CachingAllocator::round_size(input_.nbytes()));
   }
-  cost.optimizer_bytes = options.optimizer_slots * allocated;
-  cost.state_bytes = static_cast<double>(ctx.allocator().stats().allocated_bytes - before_build) +
-                     cost.optimizer_bytes;
 
-  MicroBatchInputs in;
-  in.tokens = n;
-  in.targets = random_ids(ctx, n, model.vocab, options.seed + 17 * u + 1);
-  in.loss_scale = 1.0f / static_cast<float>(n);
-  const Tensor input =
-      u == 0 ? random_ids(ctx, n, model.vocab, options.seed + 17 * u + 2)
-             : random_tensor(ctx, model.activation_at(u, n), options.seed + 17 * u + 3);
-  const bool last = u + 1 == model.num_units;
-  const Tensor dy =
-      last ? Tensor()
-           : random_tensor(ctx, model.activation_at(u + 1, n), options.seed + 17 * u + 4);
+  struct Times {
+    double forward = 0, input_grad = 0, weight_grad = 0;
+  };
 
-  if (u > 0) cost.input_bytes = static_cast<double>(CachingAllocator::round_size(input.nbytes()));
-  std::vector<double> forward, input_grad, weight_grad;
-  for (int rep = 0; rep < options.warmup + options.repetitions; ++rep) {
-    if (stop != nullptr && stop->load()) return cost;
-    const size_t before = ctx.allocator().stats().allocated_bytes;
+  // One run as micro-batch `microbatch` on fresh copies of the inputs.
+  Times run(int64_t microbatch) {
+    const size_t before = ctx_.allocator().stats().allocated_bytes;
     // A fresh copy of the input, counted when the unit keeps it (as it does in a stage, where
     // nothing else holds it); the token ids of the first unit are a view of the step's ids.
-    Tensor x = input;
-    if (u > 0) {
-      x = ctx.empty(input.shape(), input.dtype());
-      copy_tensor(x, input, ctx.compute_stream().native());
+    Tensor x = input_;
+    if (!first_) {
+      x = ctx_.empty(input_.shape(), input_.dtype());
+      copy_tensor(x, input_, ctx_.compute_stream().native());
     }
     // Each half's peak above what was allocated when it started, or after it ended for the
     // forward (whose saved tensors stay): the unit's workspace.
-    CachingAllocator& allocator = ctx.allocator();
+    CachingAllocator& allocator = ctx_.allocator();
     auto peak_above = [&](size_t level) {
       return static_cast<double>(allocator.stats().peak_allocated_bytes) -
              static_cast<double>(level);
     };
+    Times t;
     allocator.reset_peak();
-    double f = timed(ctx, [&] { stage.forward(rep, x, in); });
+    t.forward = timed(ctx_, [&] { stage_.forward(microbatch, x, in_); });
     x = Tensor();
     // The output went to the next unit; what is still allocated is what the backward keeps.
     const size_t after_forward = allocator.stats().allocated_bytes;
-    cost.activation_bytes = static_cast<double>(after_forward) - static_cast<double>(before);
+    cost_.activation_bytes = static_cast<double>(after_forward) - static_cast<double>(before);
     double workspace = peak_above(after_forward);
     // The output gradient too is a fresh copy, counted when the unit keeps it for W (in a
     // stage it is the next unit's input gradient, which nothing else holds).
-    Tensor g = dy;
-    if (!last) {
-      g = ctx.empty(dy.shape(), dy.dtype());
-      copy_tensor(g, dy, ctx.compute_stream().native());
+    Tensor g = dy_;
+    if (!last_) {
+      g = ctx_.empty(dy_.shape(), dy_.dtype());
+      copy_tensor(g, dy_, ctx_.compute_stream().native());
     }
     allocator.reset_peak();
-    double i = timed(ctx, [&] { stage.backward_input(rep, g); });
+    t.input_grad = timed(ctx_, [&] { stage_.backward_input(microbatch, g); });
     g = Tensor();
     workspace = std::max(workspace, peak_above(after_forward));
     const size_t after_input_grad = allocator.stats().allocated_bytes;
-    cost.weight_pending_bytes =
+    cost_.weight_pending_bytes =
         std::max(0.0, static_cast<double>(after_input_grad) - static_cast<double>(after_forward));
     allocator.reset_peak();
-    double w = timed(ctx, [&] { stage.backward_weight(rep); });
-    workspace = std::max(workspace, peak_above(after_input_grad));
-    cost.workspace_bytes = workspace;
-    if (rep >= options.warmup)
-      forward.push_back(f), input_grad.push_back(i), weight_grad.push_back(w);
+    t.weight_grad = timed(ctx_, [&] { stage_.backward_weight(microbatch); });
+    cost_.workspace_bytes = std::max(workspace, peak_above(after_input_grad));
+    return t;
   }
-  cost.forward = median(forward);
-  cost.backward_input = median(input_grad);
-  cost.backward_weight = median(weight_grad);
-  return cost;
+
+  // The bytes counted so far, and no times.
+  const UnitCost& cost() const { return cost_; }
+
+ private:
+  DeviceContext& ctx_;
+  const size_t before_build_;
+  Stage stage_;
+  const bool first_, last_;
+  UnitCost cost_;
+  MicroBatchInputs in_;
+  Tensor input_, dy_;
+};
+
+// The groups of identical units (identical_units.h): each group's first unit stands for it,
+// and takes `repetitions` timed runs for each of its members.
+struct UnitGroups {
+  std::vector<int64_t> leader_of;  // per unit
+  std::vector<int64_t> leaders;    // per group
+  std::vector<int> timed_runs;     // per group
+
+  UnitGroups(const ModelDescription& model, const ProfileOptions& options) {
+    leader_of = options.pool_identical_units
+                    ? identical_unit_leaders(model, options.microbatch_tokens)
+                    : std::vector<int64_t>();
+    if (leader_of.empty())
+      for (int64_t u = 0; u < model.num_units; ++u) leader_of.push_back(u);
+    for (int64_t u = 0; u < model.num_units; ++u) {
+      if (leader_of[u] == u) leaders.push_back(u), timed_runs.push_back(0);
+      const size_t g = group_of(u);
+      timed_runs[g] += options.repetitions;
+    }
+  }
+  size_t group_of(int64_t u) const {
+    return static_cast<size_t>(std::find(leaders.begin(), leaders.end(), leader_of[u]) -
+                               leaders.begin());
+  }
+};
+
+// Every group's leader built on `ctx` (together: the runs alternate between them), in
+// `groups` order.
+std::vector<std::unique_ptr<UnitBench>> build_benches(const ModelDescription& model,
+                                                      const UnitGroups& groups, DeviceContext& ctx,
+                                                      const ProfileOptions& options) {
+  std::vector<std::unique_ptr<UnitBench>> benches;
+  for (const int64_t u : groups.leaders)
+    benches.push_back(std::make_unique<UnitBench>(model, u, ctx, options));
+  return benches;
 }
 
 // One boundary activation from rank 0 to rank 1 of an in-process hub, both on `ctx`'s device.
@@ -186,12 +235,11 @@ double transfer_seconds(const ModelDescription& model, DeviceContext& ctx,
   return median(times);
 }
 
-// The neighbours of ProfileOptions: each profiles every unit over and over on its own
-// context until `stop`. Their first failure is kept for the caller.
+// The neighbours of ProfileOptions: each runs the profile's units in its order over and over
+// on its own context until stopped. Their first failure is kept for the caller.
 class Neighbours {
  public:
-  // Returns once every neighbour has its context and starts on its first unit, so the
-  // measured copy's first unit is timed alongside them too.
+  // Returns once every neighbour has built its units and starts on its first run.
   Neighbours(const ModelDescription& model, Device device, const ProfileOptions& options)
       : errors_(static_cast<size_t>(options.neighbours)), started_(options.neighbours) {
     for (int k = 0; k < options.neighbours; ++k)
@@ -201,14 +249,15 @@ class Neighbours {
           DeviceContext ctx(device, options.neighbour_context);
           ProfileOptions own = options;
           own.seed = options.seed + 1000003 * static_cast<uint64_t>(k + 1);
+          const UnitGroups groups(model, own);
+          // Built before the measured copy starts, so a neighbour that cannot run fails
+          // every time, and its first runs are timed alongside it.
+          const auto benches = build_benches(model, groups, ctx, own);
+          const auto order = interleaved_runs(groups.timed_runs, 0);
           started_.count_down();
           counted = true;
-          // At least the first unit is built, so a neighbour that cannot run fails every
-          // time, not only when it happens to start before the measured copy ends.
-          for (int64_t u = 0;; u = (u + 1) % model.num_units) {
-            (void)profile_unit(model, u, ctx, own, &stop_);
-            if (stop_.load()) break;
-          }
+          for (int64_t run = 0; !stop_.load(); ++run)
+            (void)benches[order[run % order.size()].group]->run(run);
         } catch (...) {
           errors_[k] = std::current_exception();
           if (!counted) started_.count_down();
@@ -259,10 +308,31 @@ UnitCosts profile_units(const ModelDescription& model, DeviceContext& ctx,
                                 " neighbours; expected 0 or more");
   UnitCosts costs;
   costs.microbatch_tokens = options.microbatch_tokens;
+  const UnitGroups groups(model, options);
   Neighbours neighbours(model, ctx.device(), options);
-  for (int64_t u = 0; u < model.num_units; ++u)
-    costs.units.push_back(profile_unit(model, u, ctx, options));
+  const auto benches = build_benches(model, groups, ctx, options);
+  const size_t count = groups.leaders.size();
+  std::vector<std::vector<double>> forward(count), input_grad(count), weight_grad(count);
+  const auto order = interleaved_runs(groups.timed_runs, options.warmup);
+  for (size_t k = 0; k < order.size(); ++k) {
+    const ProfileRun& run = order[k];
+    const UnitBench::Times t = benches[run.group]->run(static_cast<int64_t>(k));
+    if (!run.timed) continue;
+    forward[run.group].push_back(t.forward);
+    input_grad[run.group].push_back(t.input_grad);
+    weight_grad[run.group].push_back(t.weight_grad);
+  }
   neighbours.finish();
+  std::vector<UnitCost> group_costs;
+  for (size_t g = 0; g < count; ++g) {
+    UnitCost c = benches[g]->cost();
+    c.forward = median(forward[g]);
+    c.backward_input = median(input_grad[g]);
+    c.backward_weight = median(weight_grad[g]);
+    group_costs.push_back(c);
+  }
+  for (int64_t u = 0; u < model.num_units; ++u)
+    costs.units.push_back(group_costs[groups.group_of(u)]);
   costs.transfer_seconds = transfer_seconds(model, ctx, options);
   return costs;
 }

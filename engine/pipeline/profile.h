@@ -21,8 +21,8 @@ namespace conveyor {
 
 struct ProfileOptions {
   int64_t microbatch_tokens = 256;
-  int warmup = 2;           // runs per unit before timing (caches, allocator, GEMM plans)
-  int repetitions = 5;      // timed runs per unit; the median is kept
+  int warmup = 2;           // runs per group of units before timing (caches, allocator, GEMM plans)
+  int repetitions = 5;      // timed runs per unit; the median of its group's is kept
   int optimizer_slots = 2;  // optimizer tensors per parameter (AdamW: 2, SGD: 1)
   uint64_t seed = 1;
   // Other ranks that will share this device's host during training (CPU ranks of one
@@ -33,12 +33,18 @@ struct ProfileOptions {
   // run on a two-core machine.
   int neighbours = 0;
   DeviceContextOptions neighbour_context;
+  // Units identical to an earlier one (identical_units.h) are timed as one group, with the
+  // runs of all its members, and given the group's cost. False: every unit on its own.
+  bool pool_identical_units = true;
 };
 
-// Each unit is built alone on `ctx` and run on seeded random inputs (fresh copies, so what a
-// unit keeps of its input or output gradient counts). Times are medians in seconds; bytes
-// come from the allocator's counters, whose peak this resets. Throws std::invalid_argument for
-// options that cannot be measured.
+// The first unit of each group of identical units is built on `ctx` (all groups' together)
+// and run on seeded random inputs (fresh copies, so what a unit keeps of its input or output
+// gradient counts): the warm-ups, then the timed runs of every group interleaved
+// (interleaved_runs), so that the machine's slow moments fall on every group alike. Times
+// are medians in seconds of the group's runs, the same for each of its units; bytes come from
+// the allocator's counters, whose peak this resets. Throws std::invalid_argument for options
+// that cannot be measured.
 UnitCosts profile_units(const ModelDescription& model, DeviceContext& ctx,
                         const ProfileOptions& options = {});
 

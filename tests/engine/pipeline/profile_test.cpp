@@ -67,6 +67,39 @@ TEST(Profile, EveryUnitIsTimedAndItsBytesCounted) {
   EXPECT_NO_THROW(result.best());
 }
 
+// The blocks are timed as one group: every block gets the same cost, to the bit, and the
+// same bytes as when each is measured on its own; the embedding and the head keep their own.
+TEST(Profile, IdenticalUnitsShareOneCost) {
+  ModelConfig config = head_heavy_config();
+  config.n_layers = 4;
+  const ModelDescription model = reference_model(config);
+  DeviceContext ctx(Device::cpu());
+  ProfileOptions options = quick_options(2);
+  const UnitCosts pooled = profile_units(model, ctx, options);
+  options.pool_identical_units = false;
+  const UnitCosts apart = profile_units(model, ctx, options);
+  ASSERT_EQ(pooled.units.size(), 6u);
+  ASSERT_EQ(apart.units.size(), 6u);
+  for (size_t u = 0; u < pooled.units.size(); ++u) {
+    SCOPED_TRACE("unit " + std::to_string(u));
+    const UnitCost& c = pooled.units[u];
+    EXPECT_GT(c.forward, 0.0);
+    if (u >= 2 && u <= 4) {
+      const UnitCost& first = pooled.units[1];
+      EXPECT_EQ(c.forward, first.forward);
+      EXPECT_EQ(c.backward_input, first.backward_input);
+      EXPECT_EQ(c.backward_weight, first.backward_weight);
+    }
+    EXPECT_EQ(c.parameter_bytes, apart.units[u].parameter_bytes);
+    EXPECT_EQ(c.state_bytes, apart.units[u].state_bytes);
+    EXPECT_EQ(c.optimizer_bytes, apart.units[u].optimizer_bytes);
+    EXPECT_EQ(c.activation_bytes, apart.units[u].activation_bytes);
+    EXPECT_EQ(c.input_bytes, apart.units[u].input_bytes);
+    EXPECT_EQ(c.workspace_bytes, apart.units[u].workspace_bytes);
+    EXPECT_EQ(c.weight_pending_bytes, apart.units[u].weight_pending_bytes);
+  }
+}
+
 TEST(Profile, BadOptionsAreErrors) {
   const ModelDescription model = reference_model(head_heavy_config());
   DeviceContext ctx(Device::cpu());
