@@ -286,17 +286,18 @@ PlannedRun plan_training(const TrainConfig& config, Device device, int repetitio
   const int64_t tokens = out.costs.microbatch_tokens;
   if (print) {
     std::printf(
-        "profile %s on %s, %lld tokens per micro-batch (median of %d; the plan also used sizes "
-        "measured for each micro-batch count)\n",
+        "profile %s on %s, %lld tokens per micro-batch (lower quartile of %d runs a unit, "
+        "identical units timed as one, +- its standard error; the plan also used sizes measured "
+        "for each micro-batch count)\n",
         model.name.c_str(), device.to_string().c_str(), static_cast<long long>(tokens),
         repetitions);
-    std::printf("%6s %10s %10s %10s %12s %12s\n", "unit", "F (ms)", "I (ms)", "W (ms)", "act (KiB)",
-                "state (KiB)");
+    std::printf("%6s %10s %10s %10s %7s %12s %12s\n", "unit", "F (ms)", "I (ms)", "W (ms)",
+                "+- (%)", "act (KiB)", "state (KiB)");
     for (size_t u = 0; u < out.costs.units.size(); ++u) {
       const UnitCost& c = out.costs.units[u];
-      std::printf("%6zu %10.3f %10.3f %10.3f %12.1f %12.1f\n", u, c.forward * 1e3,
-                  c.backward_input * 1e3, c.backward_weight * 1e3, c.activation_bytes / 1024,
-                  c.state_bytes / 1024);
+      std::printf("%6zu %10.3f %10.3f %10.3f %7.1f %12.1f %12.1f\n", u, c.forward * 1e3,
+                  c.backward_input * 1e3, c.backward_weight * 1e3, c.time_error * 100,
+                  c.activation_bytes / 1024, c.state_bytes / 1024);
     }
     std::printf("transfer of one boundary activation: %.3f ms (in-process transport)\n",
                 out.costs.transfer_seconds * 1e3);
@@ -473,7 +474,8 @@ void register_plan_command(CLI::App& app) {
       ->capture_default_str();
   add_int_flag(cmd, "--seed", f.seed, 0, std::numeric_limits<int64_t>::max(),
                "Seed of the profiled weights");
-  add_int_flag(cmd, "--repetitions", f.repetitions, 1, 1000, "Timed runs per unit (median)");
+  add_int_flag(cmd, "--repetitions", f.repetitions, 1, 1000,
+               "Timed runs per unit (lower quartile)");
   add_path_flag(cmd, "--out", f.out, "Write the chosen plan (JSON) for `train --plan FILE`")
       ->type_name("FILE");
   cmd->footer(std::string("Example: conveyor plan --stages 2 --d-model 128 --layers 8 --vocab "

@@ -40,6 +40,11 @@ struct UnitCost {
   // Left by the input gradient for the weight gradient (the output gradients W reads), held
   // from I to W when the backward is split.
   double weight_pending_bytes = 0;
+  // The relative standard error of the three times (0: known exactly), and which units share
+  // it: units timed as one (profile_units) carry the number of the first of them, and move
+  // together; -1: a unit whose error is its own.
+  double time_error = 0;
+  int64_t group = -1;
 
   double compute() const { return forward + backward_input + backward_weight; }
 };

@@ -176,8 +176,12 @@ class UnitBench {
 };
 
 // The groups of identical units (identical_units.h): each group's first unit stands for it,
-// and takes `repetitions` timed runs for each of its members.
+// and takes `repetitions` timed runs for each of its members, and for at least kLeastRuns
+// members: a unit without a twin would have five runs by default, and the spread around
+// their lower quartile (summarize_samples) then comes of two of them.
 struct UnitGroups {
+  static constexpr int kLeastRuns = 3;
+
   std::vector<int64_t> leader_of;  // per unit
   std::vector<int64_t> leaders;    // per group
   std::vector<int> timed_runs;     // per group
@@ -190,9 +194,9 @@ struct UnitGroups {
       for (int64_t u = 0; u < model.num_units; ++u) leader_of.push_back(u);
     for (int64_t u = 0; u < model.num_units; ++u) {
       if (leader_of[u] == u) leaders.push_back(u), timed_runs.push_back(0);
-      const size_t g = group_of(u);
-      timed_runs[g] += options.repetitions;
+      timed_runs[group_of(u)] += options.repetitions;
     }
+    for (int& runs : timed_runs) runs = std::max(runs, kLeastRuns * options.repetitions);
   }
   size_t group_of(int64_t u) const {
     return static_cast<size_t>(std::find(leaders.begin(), leaders.end(), leader_of[u]) -
@@ -312,7 +316,8 @@ UnitCosts profile_units(const ModelDescription& model, DeviceContext& ctx,
   Neighbours neighbours(model, ctx.device(), options);
   const auto benches = build_benches(model, groups, ctx, options);
   const size_t count = groups.leaders.size();
-  std::vector<std::vector<double>> forward(count), input_grad(count), weight_grad(count);
+  std::vector<std::vector<double>> forward(count), input_grad(count), weight_grad(count),
+      compute(count);
   const auto order = interleaved_runs(groups.timed_runs, options.warmup);
   for (size_t k = 0; k < order.size(); ++k) {
     const ProfileRun& run = order[k];
@@ -321,14 +326,17 @@ UnitCosts profile_units(const ModelDescription& model, DeviceContext& ctx,
     forward[run.group].push_back(t.forward);
     input_grad[run.group].push_back(t.input_grad);
     weight_grad[run.group].push_back(t.weight_grad);
+    compute[run.group].push_back(t.forward + t.input_grad + t.weight_grad);
   }
   neighbours.finish();
   std::vector<UnitCost> group_costs;
   for (size_t g = 0; g < count; ++g) {
     UnitCost c = benches[g]->cost();
-    c.forward = median(forward[g]);
-    c.backward_input = median(input_grad[g]);
-    c.backward_weight = median(weight_grad[g]);
+    c.forward = summarize_samples(forward[g]).quartile;
+    c.backward_input = summarize_samples(input_grad[g]).quartile;
+    c.backward_weight = summarize_samples(weight_grad[g]).quartile;
+    c.time_error = summarize_samples(compute[g]).relative_error;
+    c.group = groups.leaders[g];
     group_costs.push_back(c);
   }
   for (int64_t u = 0; u < model.num_units; ++u)

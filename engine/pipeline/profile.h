@@ -21,8 +21,10 @@ namespace conveyor {
 
 struct ProfileOptions {
   int64_t microbatch_tokens = 256;
-  int warmup = 2;           // runs per group of units before timing (caches, allocator, GEMM plans)
-  int repetitions = 5;      // timed runs per unit; the median of its group's is kept
+  int warmup = 2;  // runs per group of units before timing (caches, allocator, GEMM plans)
+  // Timed runs per unit (a group of fewer than three identical units takes as many as three
+  // would); the lower quartile of its group's runs is kept.
+  int repetitions = 5;
   int optimizer_slots = 2;  // optimizer tensors per parameter (AdamW: 2, SGD: 1)
   uint64_t seed = 1;
   // Other ranks that will share this device's host during training (CPU ranks of one
@@ -42,9 +44,11 @@ struct ProfileOptions {
 // and run on seeded random inputs (fresh copies, so what a unit keeps of its input or output
 // gradient counts): the warm-ups, then the timed runs of every group interleaved
 // (interleaved_runs), so that the machine's slow moments fall on every group alike. Times
-// are medians in seconds of the group's runs, the same for each of its units; bytes come from
-// the allocator's counters, whose peak this resets. Throws std::invalid_argument for options
-// that cannot be measured.
+// are lower quartiles in seconds of the group's runs (summarize_samples), the same for each
+// of its units, with the relative standard error of the quartile of their sum F + I + W
+// (UnitCost::time_error, the group named by UnitCost::group); bytes come from the allocator's
+// counters, whose peak this resets. Throws std::invalid_argument for options that cannot be
+// measured.
 UnitCosts profile_units(const ModelDescription& model, DeviceContext& ctx,
                         const ProfileOptions& options = {});
 

@@ -67,8 +67,9 @@ TEST(Profile, EveryUnitIsTimedAndItsBytesCounted) {
   EXPECT_NO_THROW(result.best());
 }
 
-// The blocks are timed as one group: every block gets the same cost, to the bit, and the
-// same bytes as when each is measured on its own; the embedding and the head keep their own.
+// The blocks are timed as one group: every block gets the same cost and error, to the bit,
+// and the same bytes as when each is measured on its own; the embedding and the head keep
+// their own.
 TEST(Profile, IdenticalUnitsShareOneCost) {
   ModelConfig config = head_heavy_config();
   config.n_layers = 4;
@@ -89,7 +90,13 @@ TEST(Profile, IdenticalUnitsShareOneCost) {
       EXPECT_EQ(c.forward, first.forward);
       EXPECT_EQ(c.backward_input, first.backward_input);
       EXPECT_EQ(c.backward_weight, first.backward_weight);
+      EXPECT_EQ(c.time_error, first.time_error);
     }
+    // Each unit's group is its first unit's number, so the planner moves the blocks together;
+    // timed apart, each unit is its own group.
+    EXPECT_EQ(c.group, u >= 1 && u <= 4 ? 1 : static_cast<int64_t>(u));
+    EXPECT_EQ(apart.units[u].group, static_cast<int64_t>(u));
+    EXPECT_GE(c.time_error, 0.0);
     EXPECT_EQ(c.parameter_bytes, apart.units[u].parameter_bytes);
     EXPECT_EQ(c.state_bytes, apart.units[u].state_bytes);
     EXPECT_EQ(c.optimizer_bytes, apart.units[u].optimizer_bytes);
