@@ -44,6 +44,19 @@ class LayoutSearch {
   schedule::SimResult simulate(const std::vector<StageRange>& ranges) const {
     return schedule::simulate(schedule_, cost_model(timed_, ranges, transfer_));
   }
+  // Bytes per rank of `ranges`, and whether the fullest fits the cap.
+  std::vector<double> memory(const std::vector<StageRange>& ranges) const {
+    return memory_(ranges);
+  }
+  bool fits_memory(const std::vector<StageRange>& ranges) const { return fits_cap(ranges); }
+  // The simulated step time of `ranges` with `units` in place of the costs searched (their
+  // recomputation added alike): what the step time would be were the costs measured so.
+  double step_with(const std::vector<UnitCost>& units,
+                   const std::vector<StageRange>& ranges) const {
+    return schedule::simulate(
+               schedule_, cost_model(with_recompute_time(units, recomputed_), ranges, transfer_))
+        .makespan;
+  }
 
  private:
   int64_t units_count() const { return static_cast<int64_t>(timed_.size()); }

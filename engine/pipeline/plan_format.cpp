@@ -31,13 +31,16 @@ std::string milliseconds(double seconds) {
   return out.str();
 }
 
-// The step column: the step time, or "≥ bound" for a partition not proven the fastest (the
-// sign takes three bytes and one column).
-std::string step_column(const PlanCandidate& c) {
+// The step column: the step time, "~time" for a pipeline tied with others (PlanCandidate::tied),
+// or "≥ bound" for a partition not proven the fastest (the sign takes three bytes and one
+// column).
+std::string step_column(const PlanCandidate& c, bool ties) {
   std::ostringstream out;
-  if (c.partition_proven)
-    out << std::setw(14) << milliseconds(c.step_seconds);
-  else
+  if (c.partition_proven) {
+    std::string step = c.tied && ties ? "~" : "";
+    step += milliseconds(c.step_seconds);
+    out << std::setw(14) << step;
+  } else
     out << std::setw(16) << "\u2265 " + milliseconds(c.step_lower_bound);
   return out.str();
 }
@@ -75,17 +78,22 @@ std::string row_number(int place) {
   return text;
 }
 
-std::string feasible_row(const PlanCandidate& c, const PlanCandidate* fastest, int fastest_rank) {
+std::string feasible_row(const PlanCandidate& c, const PlanCandidate* fastest, int fastest_rank,
+                         bool ties) {
   std::ostringstream out;
   const std::string memory = memory_column(c.peak_bytes);
-  out << step_column(c) << std::fixed << std::setprecision(1) << std::setw(8) << c.bubble * 100
-      << "%  " << std::left << std::setw(11) << (c.pipelined ? to_string(c.recompute) : "none")
-      << std::right << memory << " / "
+  out << step_column(c, ties) << std::fixed << std::setprecision(1) << std::setw(8)
+      << c.bubble * 100 << "%  " << std::left << std::setw(11)
+      << (c.pipelined ? to_string(c.recompute) : "none") << std::right << memory << " / "
       << (c.pipelined         ? ranges_text(c.ranges)
           : c.shard_optimizer ? "whole model on every device, optimizer state sharded "
                                 "(TrainConfig::shard_optimizer)"
                               : "whole model on every device")
-      << (c.partition_proven ? "" : unproven_note(c, fastest, fastest_rank));
+      << (c.partition_proven ? "" : unproven_note(c, fastest, fastest_rank))
+      << (c.partition_tied
+              ? " (tied with the fastest partition, " + milliseconds(c.step_lower_bound) +
+                    " ms; chosen by memory, then the earlier cuts)"
+              : "");
   return out.str();
 }
 
@@ -102,6 +110,40 @@ std::string rejected_row(const PlanCandidate& c) {
   return out;
 }
 
+// "#1 (zbh1, m=8)".
+std::string row_name(const PlanCandidate& c, int place) {
+  return row_number(place) + " (" + c.layout + ", m=" + std::to_string(c.microbatches) + ")";
+}
+
+// "#1, #2 and #4".
+std::string places_text(const std::vector<int>& places) {
+  std::string out;
+  for (size_t k = 0; k < places.size(); ++k)
+    out += (k == 0 ? "" : k + 1 == places.size() ? " and " : ", ") + row_number(places[k]);
+  return out;
+}
+
+// What the table says of the pipeline it puts first (`chosen`, at `place`): proven the fastest
+// or not, and, where others tie with it (`tied`, the places of all of them), which and why it
+// was chosen; `fastest` (at `fastest_place`) is the fastest where it gave way to `chosen`.
+std::string fastest_line(const Plan& plan, const PlanCandidate& chosen, int place,
+                         const PlanCandidate* fastest, int fastest_place,
+                         const std::vector<int>& tied) {
+  const std::string proof = plan.fastest_pipeline_proven
+                                ? " is proven the fastest pipeline: no partition of another "
+                                  "layout beats it"
+                                : " is the fastest pipeline found, not proven the fastest: a "
+                                  "partition search ran out of budget first";
+  if (tied.size() < 2) return row_name(chosen, place) + proof + "\n";
+  const std::string rows = places_text(tied) + " (marked ~)";
+  const std::string ties =
+      " differ from the fastest by less than two standard errors of the timing, too little for "
+      "the measurements to tell apart; it needs the least memory of them";
+  if (!fastest) return row_name(chosen, place) + proof + "; " + rows + ties + "\n";
+  return row_name(chosen, place) + " is chosen: " + rows + ties + "; the fastest, " +
+         row_name(*fastest, fastest_place) + "," + proof + "\n";
+}
+
 }  // namespace
 
 std::string format_plan(const Plan& plan) {
@@ -111,29 +153,30 @@ std::string format_plan(const Plan& plan) {
       << "m" << std::setw(14) << "step (ms)" << std::setw(9) << "bubble"
       << "  " << std::left << std::setw(11) << "recompute"
       << "peak memory per rank / partition\n";
-  int rank = 0, best_pipe_rank = 0;
+  const bool ties = std::count_if(plan.candidates.begin(), plan.candidates.end(),
+                                  [](const PlanCandidate& c) { return c.tied; }) > 1;
+  int rank = 0, best_pipe_rank = 0, fastest_rank = 0;
   const PlanCandidate* best_pipe = nullptr;
+  const PlanCandidate* fastest = nullptr;  // the fastest pipeline, where a tied one was chosen
   const PlanCandidate* dp = nullptr;
+  std::vector<int> tied;
   for (const auto& c : plan.candidates) {
     if (c.rejected.empty()) {
       ++rank;
       if (c.pipelined && !best_pipe) best_pipe = &c, best_pipe_rank = rank;
       if (!c.pipelined && !dp) dp = &c;
+      if (c.tied) tied.push_back(rank);
+      if (c.tied && plan.fastest_pipeline_seconds > 0 && !fastest && &c != best_pipe &&
+          c.step_seconds == plan.fastest_pipeline_seconds)
+        fastest = &c, fastest_rank = rank;
     }
     out << std::left << std::setw(5) << (c.rejected.empty() ? row_number(rank) : std::string("-"))
         << std::setw(20) << c.layout << std::right << std::setw(5)
         << (c.microbatches > 0 ? std::to_string(c.microbatches) : "-")
-        << (c.rejected.empty() ? feasible_row(c, best_pipe, best_pipe_rank) : rejected_row(c))
+        << (c.rejected.empty() ? feasible_row(c, best_pipe, best_pipe_rank, ties) : rejected_row(c))
         << "\n";
   }
-  if (best_pipe) {
-    out << "#" << best_pipe_rank << " (" << best_pipe->layout << ", m=" << best_pipe->microbatches;
-    if (plan.fastest_pipeline_proven)
-      out << ") is proven the fastest pipeline: no partition of another layout beats it\n";
-    else
-      out << ") is the fastest pipeline found, not proven the fastest: a partition search ran "
-             "out of budget first\n";
-  }
+  if (best_pipe) out << fastest_line(plan, *best_pipe, best_pipe_rank, fastest, fastest_rank, tied);
   const std::string replicas =
       dp ? dp->layout + (dp->shard_optimizer
                              ? " sharing the optimizer state (TrainConfig::shard_optimizer)"
@@ -141,7 +184,7 @@ std::string format_plan(const Plan& plan) {
          : std::string();
   if (dp && !best_pipe)
     out << "no pipeline layout fits; " << replicas << " does\n";
-  else if (dp && dp->step_seconds <= best_pipe->step_seconds)
+  else if (dp && dp->step_seconds <= (fastest ? fastest : best_pipe)->step_seconds)
     out << "pipelining loses for this model and batch: " << replicas
         << " is faster than the best pipeline (" << best_pipe->layout << ")\n";
   return out.str();

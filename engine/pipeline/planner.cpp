@@ -11,6 +11,7 @@
 #include "engine/pipeline/memory_estimate.h"
 #include "engine/pipeline/partition_search.h"
 #include "engine/pipeline/plan_format.h"
+#include "engine/pipeline/plan_ties.h"
 #include "engine/pipeline/planner_memory.h"
 #include "engine/schedule/simulator.h"
 
@@ -49,6 +50,7 @@ void check_options(const UnitCosts& costs, const PlanOptions& options) {
   // NaN would pass every comparison the cap is in, and print as "nan B".
   const std::pair<const char*, double> amounts[] = {
       {"memory cap", options.memory_cap},
+      {"time error", options.time_error.value_or(0)},
       {"all-reduce bandwidth", options.allreduce_bandwidth},
       {"all-reduce latency", options.allreduce_latency}};
   for (const auto& [what, value] : amounts)
@@ -120,6 +122,7 @@ PlanCandidate data_parallel(const UnitCosts& costs, const PlanOptions& options,
 struct PipelineRow {
   PlanCandidate candidate;
   std::unique_ptr<LayoutSearch> search;
+  std::shared_ptr<const std::vector<UnitCost>> units;  // the costs searched, before recomputation
 };
 
 // Prepares the row's search; a layout no partition fits, or none found fitting within the
@@ -197,6 +200,26 @@ double shown_step(const PlanCandidate& c) {
   return c.partition_proven ? c.step_seconds : c.step_lower_bound;
 }
 
+// Moves the candidate at `from` to `to`, when that is before it, the ones between one down.
+void move_up(std::vector<PlanCandidate>::iterator from, std::vector<PlanCandidate>::iterator to) {
+  if (from > to) std::rotate(to, from, from + 1);
+}
+
+// The first feasible candidate `in` takes, and the fastest of them; end() when none is.
+template <class In>
+std::pair<std::vector<PlanCandidate>::iterator, std::vector<PlanCandidate>::iterator>
+first_and_fastest(std::vector<PlanCandidate>& candidates, In in) {
+  auto first = candidates.end(), fastest = candidates.end();
+  for (auto it = candidates.begin(); it != candidates.end(); ++it) {
+    if (!it->rejected.empty() || !in(*it)) continue;
+    if (first == candidates.end()) first = it;
+    if (fastest == candidates.end() || it->step_seconds < fastest->step_seconds) fastest = it;
+  }
+  return {first, fastest};
+}
+
+bool is_pipeline(const PlanCandidate& c) { return c.pipelined; }
+
 // Feasible candidates first, by the step time shown, then by the fastest partition found;
 // the fastest found first of all, and the fastest pipeline before every other one, even when
 // a layout not searched to the end shows a lower bound below it.
@@ -207,17 +230,57 @@ void rank(std::vector<PlanCandidate>& candidates) {
                      if (shown_step(a) != shown_step(b)) return shown_step(a) < shown_step(b);
                      return a.step_seconds < b.step_seconds;
                    });
-  auto fastest_first = [&](auto in) {
-    auto first = candidates.end(), fastest = candidates.end();
-    for (auto it = candidates.begin(); it != candidates.end(); ++it) {
-      if (!it->rejected.empty() || !in(*it)) continue;
-      if (first == candidates.end()) first = it;
-      if (fastest == candidates.end() || it->step_seconds < fastest->step_seconds) fastest = it;
-    }
-    if (first != candidates.end()) std::rotate(first, fastest, fastest + 1);
-  };
-  fastest_first([](const PlanCandidate& c) { return c.pipelined; });
-  fastest_first([](const PlanCandidate&) { return true; });
+  const auto [first_pipeline, fastest_pipeline] = first_and_fastest(candidates, is_pipeline);
+  move_up(fastest_pipeline, first_pipeline);
+  const auto [first, fastest] =
+      first_and_fastest(candidates, [](const PlanCandidate&) { return true; });
+  move_up(fastest, first);
+}
+
+// Where pipelines tie with the fastest (the candidates ranked), the one chosen of them
+// (choose_among_tied) takes the fastest's place. The fastest pipeline's step time when it
+// gave way, else 0.
+double give_way_to_tied(std::vector<PlanCandidate>& candidates) {
+  const auto pipeline = first_and_fastest(candidates, is_pipeline).first;
+  if (pipeline == candidates.end()) return 0;
+  const double fastest = pipeline->step_seconds;
+  const auto chosen = choose_among_tied(candidates, *pipeline);
+  if (chosen == candidates.end() || chosen == pipeline) return 0;
+  move_up(chosen, pipeline);
+  return fastest;
+}
+
+// For the feasible pipelines that could tie with the fastest, the partition chosen among
+// those tied with their own fastest (partition_among_tied), and its step errors
+// (PlanCandidate::step_errors). A step time moves by at most its units' largest error, so a
+// pipeline further from the fastest than kTieErrors times that, for both, cannot tie.
+void fill_step_errors(std::vector<PipelineRow>& rows) {
+  double fastest = kInf, largest = 0;
+  for (const PipelineRow& row : rows) {
+    if (!row.candidate.rejected.empty()) continue;
+    fastest = std::min(fastest, row.candidate.step_seconds);
+    for (const UnitCost& u : *row.units) largest = std::max(largest, u.time_error);
+  }
+  for (PipelineRow& row : rows) {
+    PlanCandidate& c = row.candidate;
+    if (!c.rejected.empty() || !c.pipelined || !c.partition_proven || largest <= 0) continue;
+    if (c.step_seconds - fastest > kTieErrors * largest * (c.step_seconds + fastest)) continue;
+    const LayoutSearch& layout = *row.search;
+    TimedPartition own{c.ranges, c.peak_bytes, c.step_seconds,
+                       step_errors(layout, *row.units, c.ranges, c.step_seconds)};
+    if (own.errors.empty()) continue;
+    const TimedPartition chosen = partition_among_tied(layout, *row.units, own);
+    c.step_errors = chosen.errors;
+    if (chosen.ranges == c.ranges) continue;
+    c.partition_tied = true;
+    c.ranges = chosen.ranges;
+    c.peak_bytes = chosen.peak_bytes;
+    const auto sim = layout.simulate(chosen.ranges);
+    c.step_seconds = sim.makespan;
+    c.bubble = sim.bubble_fraction;
+    c.busy_seconds.clear();
+    for (const auto& rank : sim.ranks) c.busy_seconds.push_back(rank.busy);
+  }
 }
 
 // Whether the fastest feasible pipeline's partition is proven the fastest of its layout and
@@ -313,11 +376,14 @@ Plan plan(const std::vector<UnitCosts>& measured, const PlanOptions& options) {
     const double factor = static_cast<double>(options.batch_tokens / m) /
                           static_cast<double>(costs.microbatch_tokens);
     auto units = scaled(costs.units, factor);
+    if (options.time_error)
+      for (UnitCost& u : units) u.time_error = *options.time_error;
     // The step's token ids live where the first stage does, its targets and per-token losses
     // where the last one does, for the whole step.
     const StepInputBytes step = step_input_bytes(options.batch_tokens / m, m);
     units.front().state_bytes += step.first_unit;
     units.back().state_bytes += step.last_unit;
+    const auto shared = std::make_shared<const std::vector<UnitCost>>(units);
     for (const auto& k : kinds) {
       // On one rank every schedule runs the same actions in a row: 1F1B stands for them,
       // unless the caller asked for another.
@@ -336,6 +402,7 @@ Plan plan(const std::vector<UnitCosts>& measured, const PlanOptions& options) {
         c.chunks = k.chunks;
         c.microbatches = m;
         c.recompute = recompute;
+        c.costs_tokens = costs.microbatch_tokens;
         c.layout = schedule::schedule_kind_name(k.kind);
         if (k.kind == schedule::ScheduleKind::kInterleaved)
           c.layout += " v=" + std::to_string(k.chunks);
@@ -345,6 +412,7 @@ Plan plan(const std::vector<UnitCosts>& measured, const PlanOptions& options) {
         search.max_simulations = options.max_simulations;
         if (recompute.any())
           search.recomputed = recompute.per_unit(static_cast<int64_t>(units.size()));
+        row.units = shared;
         prepare(row, units, sched, search);
         return row;
       };
@@ -357,10 +425,17 @@ Plan plan(const std::vector<UnitCosts>& measured, const PlanOptions& options) {
     }
   }
   search_rows(rows, options.max_search_actions);
-  for (PipelineRow& row : rows) {
-    finish(row);
-    out.candidates.push_back(std::move(row.candidate));
+  for (PipelineRow& row : rows) finish(row);
+  {
+    // Proven of the fastest partitions the searches found, before a tie may take the place
+    // of one: what the proof is of.
+    std::vector<PlanCandidate> exact;
+    for (const PipelineRow& row : rows) exact.push_back(row.candidate);
+    rank(exact);
+    out.fastest_pipeline_proven = fastest_pipeline_proven(exact);
   }
+  fill_step_errors(rows);
+  for (PipelineRow& row : rows) out.candidates.push_back(std::move(row.candidate));
   if (options.include_data_parallel && p > 1) {
     const UnitCosts& costs = nearest(options.batch_tokens / p);
     PlanCandidate replicas = data_parallel(costs, options, false);
@@ -372,7 +447,7 @@ Plan plan(const std::vector<UnitCosts>& measured, const PlanOptions& options) {
     if (retry) out.candidates.push_back(data_parallel(costs, options, true));
   }
   rank(out.candidates);
-  out.fastest_pipeline_proven = fastest_pipeline_proven(out.candidates);
+  out.fastest_pipeline_seconds = give_way_to_tied(out.candidates);
   return out;
 }
 

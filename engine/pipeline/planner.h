@@ -145,6 +145,16 @@ struct PlanOptions {
   // fixed); the data-parallel ones stay.
   std::optional<schedule::ScheduleKind> schedule;
   std::optional<int> chunks;
+  // Every unit's relative time error, in place of its UnitCost::time_error.
+  std::optional<double> time_error;
+};
+
+// How far a step time moves when the times of one group of units (UnitCost::group) are off by
+// their error (UnitCost::time_error), up and down: the step time with them grown, and with them
+// shrunk, less the step time. Both, since a step time bends where its critical path changes.
+struct StepError {
+  int64_t group = -1;
+  double up = 0, down = 0;
 };
 
 struct PlanCandidate {
@@ -169,19 +179,39 @@ struct PlanCandidate {
   bool shard_optimizer = false;      // data-parallel: each replica keeps 1/p of the optimizer state
   std::string rejected;              // non-empty: why this candidate cannot run
   bool short_of_memory = false;      // data-parallel: rejected because the state does not fit
+  // The measurement's error of step_seconds, per group of units, the partition kept; filled
+  // for the pipelines that could tie with the fastest. And the micro-batch size of the cost
+  // table they were planned from: two pipelines of one table move with its groups together.
+  std::vector<StepError> step_errors;
+  int64_t costs_tokens = 0;
+  // `ranges` is not the layout's fastest partition (whose step time is step_lower_bound) but
+  // one cut away from it, tied with it and needing less memory (planning::partition_among_tied).
+  bool partition_tied = false;
+  // A pipeline, its partition proven, whose step time the measurements do not tell apart
+  // from the fastest pipeline's (the fastest included): the difference is within two of its
+  // standard errors (from step_errors). Never where the times are known exactly.
+  bool tied = false;
 };
 
 struct Plan {
   // Feasible ones first, by the step time the table shows (a lower bound where the partition
-  // was not proven the fastest), the fastest found first, and the fastest pipeline before
-  // every other pipeline.
+  // was not proven the fastest), the fastest found first, and the fastest pipeline, or the
+  // one chosen of those tied with it, before every other pipeline.
   std::vector<PlanCandidate> candidates;
-  // The fastest pipeline's step time is proven the least of every pipelined layout's.
+  // The fastest pipeline's step time is proven the least of every pipelined layout's (of the
+  // fastest partitions the searches found, before ties: PlanCandidate::partition_tied).
   bool fastest_pipeline_proven = false;
+  // The fastest pipeline's step time where the plan chose a slower one tied with it, else 0.
+  // Of the tied pipelines (PlanCandidate::tied) the plan chooses the one that needs the least
+  // peak memory on its fullest rank, then over all ranks, then the first in the order the
+  // planner lists layouts (gpipe, 1f1b, zbh1, zbv, interleaved; fewer chunks, fewer
+  // micro-batches, nothing recomputed, the earlier cuts first): keys free of the clock's
+  // noise, so that costs measured again choose the same pipeline while the ties stay ties.
+  double fastest_pipeline_seconds = 0;
   // The fastest feasible candidate; PlanError when none is.
   const PlanCandidate& best() const;
-  // The fastest feasible pipelined candidate (what a Trainer runs: apply_plan,
-  // engine/train/trainer.h); null when none is.
+  // The fastest feasible pipelined candidate, or the one chosen of those tied with it (what a
+  // Trainer runs: apply_plan, engine/train/trainer.h); null when none is.
   const PlanCandidate* fastest_pipeline() const;
 };
 
