@@ -93,54 +93,69 @@ void check_units_fit(const ModelDescription& model, const TrainConfig& config, d
   }
 }
 
-// Profiling builds the first unit of each group of identical units (profile_units) and runs
-// them one at a time on a micro-batch of batch / m tokens, on the CPU with the other ranks'
-// copies alongside (`copies` in all), each within its share of the memory `available` now. A
-// count m whose micro-batch does not fit that share (by the trainer's estimate, from the model
-// description: the built units' parameters, gradients and inputs, and the largest one's run:
-// what it keeps, its workspace and the step's ids) is dropped from `options` and named in
+// Profiling builds the first unit of each group of identical units once (profile_units) and
+// runs them one at a time on micro-batches of batch / m tokens for every count m, on the CPU
+// with the other ranks' copies alongside (`copies` in all), each within its share of the
+// memory `available` now. While the profile of the counts of `options` does not fit that
+// share (by the trainer's estimate, from the model description: the built units' parameters
+// and gradients, their inputs at every size, and the largest run: what a unit keeps, its
+// workspace and the step's ids), the count of the largest micro-batch is dropped and named in
 // `dropped`; UsageError when no count is left.
 void keep_profilable_counts(const ModelDescription& model, const TrainConfig& config,
                             double available, int copies, PlanOptions& options,
                             std::string& dropped, std::string& why) {
   if (available <= 0) return;
   const schedule::Schedule one = schedule::generate(schedule::ScheduleKind::k1F1B, 1, 1, 1);
-  std::vector<int> kept;
+  // Per count: the inputs of the units built, the largest run and its unit, the groups.
+  struct AtCount {
+    int m;
+    double state = 0, inputs = 0, run = 0;
+    int64_t unit = 0, groups = 0;
+  };
+  std::vector<AtCount> counts;
   for (const int m : options.microbatch_counts) {
     const int64_t tokens = config.batch_tokens / m;
     const std::vector<int64_t> leaders = identical_unit_leaders(model, tokens);
-    double built = 0, run = 0;
-    int64_t unit = 0, groups = 0;
+    AtCount& at = counts.emplace_back(AtCount{m});
     for (int64_t u = 0; u < model.num_units; ++u) {
       if (leaders[u] != u) continue;
-      ++groups;
+      ++at.groups;
       // A profile counts the optimizer state without allocating it.
       const RankMemoryEstimate e =
           estimate_rank_memory(model, {{u, u + 1}}, one, config.optimizer.kind, tokens).front();
       const ActivationSpec in = model.boundary_spec(u, tokens),
                            out = model.boundary_spec(u + 1, tokens);
-      built += e.parameter_bytes + e.gradient_bytes + allocated_bytes(in.shape, in.dtype) +
-               allocated_bytes(out.shape, out.dtype);
+      at.state += e.parameter_bytes + e.gradient_bytes;
+      at.inputs += allocated_bytes(in.shape, in.dtype) + allocated_bytes(out.shape, out.dtype);
       const double own = e.total() - e.optimizer_bytes - e.parameter_bytes - e.gradient_bytes;
-      if (own > run) run = own, unit = u;
+      if (own > at.run) at.run = own, at.unit = u;
     }
-    const double need = built + run;
-    if (need * copies <= available) {
-      kept.push_back(m);
-      continue;
+  }
+  while (!counts.empty()) {
+    double state = 0, inputs = 0;
+    const AtCount* largest = &counts.front();  // the largest micro-batch: the fewest of them
+    const AtCount* widest = &counts.front();   // the largest run
+    for (const AtCount& at : counts) {
+      state = std::max(state, at.state), inputs += at.inputs;
+      if (at.m < largest->m) largest = &at;
+      if (at.run > widest->run) widest = &at;
     }
-    dropped += (dropped.empty() ? "" : ", ") + std::to_string(m);
-    why = "a micro-batch of " + std::to_string(tokens) + " tokens needs about " + bytes_text(need) +
-          " for unit " + std::to_string(unit) + "'s run with the " + std::to_string(groups) +
-          " distinct units built" +
+    const double need = state + inputs + widest->run;
+    if (need * copies <= available) break;
+    dropped += (dropped.empty() ? "" : ", ") + std::to_string(largest->m);
+    why = "a micro-batch of " + std::to_string(config.batch_tokens / largest->m) +
+          " tokens needs about " + bytes_text(need) + " for unit " + std::to_string(widest->unit) +
+          "'s run with the " + std::to_string(widest->groups) + " distinct units built" +
           (copies > 1 ? " on each of the " + std::to_string(copies) + " ranks sharing the CPU"
                       : std::string()) +
           ", and the memory available now is " + bytes_text(available);
+    counts.erase(counts.begin() + (largest - counts.data()));
   }
-  if (kept.empty())
+  if (counts.empty())
     throw UsageError("cannot profile the model: " + why +
                      "; give fewer --batch-tokens, or more --microbatches (smaller micro-batches)");
-  options.microbatch_counts = kept;
+  options.microbatch_counts.clear();
+  for (const AtCount& at : counts) options.microbatch_counts.push_back(at.m);
 }
 
 }  // namespace
@@ -204,8 +219,8 @@ PlannedRun plan_training(const TrainConfig& config, Device device, int repetitio
     profile_options.neighbours = ranks - 1;
     profile_options.neighbour_context = context_options;
   }
-  // Each candidate micro-batch count is measured at its own size: times do not scale linearly
-  // once a unit's working set leaves the caches.
+  // Each candidate micro-batch count is measured at its own size, all in one profile: times do
+  // not scale linearly once a unit's working set leaves the caches.
   PlanOptions options;
   options.num_ranks = p;
   options.batch_tokens = config.batch_tokens;
@@ -240,25 +255,26 @@ PlannedRun plan_training(const TrainConfig& config, Device device, int repetitio
   check_units_fit(model, config, cap, cap_source, sharing, available);
   std::string dropped, why;
   keep_profilable_counts(model, config, available, copies, options, dropped, why);
+  // Every count's size in one profile, which interleaves them; the largest dropped while it
+  // does not fit: the estimate counts live bytes, and the allocator's share is of bytes held
+  // from the system, which its cache of freed blocks can take past the live ones.
+  std::vector<int> profiled = options.microbatch_counts;
   std::vector<UnitCosts> measured;
-  std::vector<int> profiled;
-  for (int m : options.microbatch_counts) {
-    profile_options.microbatch_tokens = config.batch_tokens / m;
-    // The estimate counts live bytes; the allocator's share is of bytes held from the system,
-    // which its cache of freed blocks can take past the live ones: a profile may still not
-    // fit.
+  while (!profiled.empty()) {
+    std::vector<int64_t> sizes;
+    for (const int m : profiled) sizes.push_back(config.batch_tokens / m);
+    const auto fewest = std::min_element(profiled.begin(), profiled.end());
+    const std::string largest = std::to_string(config.batch_tokens / *fewest);
     try {
-      measured.push_back(profile_units(model, ctx, profile_options));
-      profiled.push_back(m);
-      continue;
+      measured = profile_units(model, ctx, sizes, profile_options);
+      break;
     } catch (const OutOfMemoryError& e) {
-      why = "at micro-batches of " + std::to_string(profile_options.microbatch_tokens) +
-            " tokens, " + e.what();
+      why = "at micro-batches of " + largest + " tokens, " + e.what();
     } catch (const std::bad_alloc&) {
-      why = "at micro-batches of " + std::to_string(profile_options.microbatch_tokens) +
-            " tokens the host ran out of memory";
+      why = "at micro-batches of " + largest + " tokens the host ran out of memory";
     }
-    dropped += (dropped.empty() ? "" : ", ") + std::to_string(m);
+    dropped += (dropped.empty() ? "" : ", ") + std::to_string(*fewest);
+    profiled.erase(fewest);
   }
   if (profiled.empty())
     throw UsageError("cannot profile the model: " + why +

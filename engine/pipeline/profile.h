@@ -51,6 +51,14 @@ struct ProfileOptions {
 // measured.
 UnitCosts profile_units(const ModelDescription& model, DeviceContext& ctx,
                         const ProfileOptions& options = {});
+// The same at each of `sizes` tokens per micro-batch (options.microbatch_tokens aside), in one
+// profile: each group's unit built once, with inputs of every size, and the runs of every
+// group at every size interleaved, so that a busy minute of the machine falls on every size's
+// table alike, not on the one measured then (the planner compares layouts across them). One
+// table per size, in order.
+std::vector<UnitCosts> profile_units(const ModelDescription& model, DeviceContext& ctx,
+                                     const std::vector<int64_t>& sizes,
+                                     const ProfileOptions& options = {});
 
 // The data-parallel gradient sum as the planner models it: 2(p-1) steps of `latency` seconds
 // plus 1/p of the bytes at `bandwidth` bytes per second (PlanOptions::allreduce_*).

@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <string>
+#include <vector>
 
 namespace conveyor {
 namespace {
@@ -105,6 +107,42 @@ TEST(Profile, IdenticalUnitsShareOneCost) {
     EXPECT_EQ(c.workspace_bytes, apart.units[u].workspace_bytes);
     EXPECT_EQ(c.weight_pending_bytes, apart.units[u].weight_pending_bytes);
   }
+}
+
+// Several micro-batch sizes in one profile: a table per size, in order, each with the bytes a
+// profile of that size alone counts, and every time measured.
+TEST(Profile, EverySizeInOneProfileCountsWhatEachAloneDoes) {
+  const ModelDescription model = reference_model(head_heavy_config());
+  DeviceContext ctx(Device::cpu());
+  const ProfileOptions options = quick_options(2);
+  const std::vector<int64_t> sizes = {96, 32, 64};
+  const std::vector<UnitCosts> tables = profile_units(model, ctx, sizes, options);
+  ASSERT_EQ(tables.size(), sizes.size());
+  for (size_t s = 0; s < sizes.size(); ++s) {
+    SCOPED_TRACE("size " + std::to_string(sizes[s]));
+    ProfileOptions alone_options = options;
+    alone_options.microbatch_tokens = sizes[s];
+    DeviceContext alone_ctx(Device::cpu());
+    const UnitCosts alone = profile_units(model, alone_ctx, alone_options);
+    EXPECT_EQ(tables[s].microbatch_tokens, sizes[s]);
+    ASSERT_EQ(tables[s].units.size(), alone.units.size());
+    EXPECT_GT(tables[s].transfer_seconds, 0.0);
+    for (size_t u = 0; u < alone.units.size(); ++u) {
+      SCOPED_TRACE("unit " + std::to_string(u));
+      const UnitCost& c = tables[s].units[u];
+      EXPECT_GT(c.forward, 0.0);
+      EXPECT_GT(c.backward_weight, 0.0);
+      EXPECT_EQ(c.group, alone.units[u].group);
+      EXPECT_EQ(c.state_bytes, alone.units[u].state_bytes);
+      EXPECT_EQ(c.activation_bytes, alone.units[u].activation_bytes);
+      EXPECT_EQ(c.input_bytes, alone.units[u].input_bytes);
+      EXPECT_EQ(c.workspace_bytes, alone.units[u].workspace_bytes);
+      EXPECT_EQ(c.weight_pending_bytes, alone.units[u].weight_pending_bytes);
+    }
+  }
+  EXPECT_THROW(profile_units(model, ctx, std::vector<int64_t>{}, options), std::invalid_argument);
+  EXPECT_THROW(profile_units(model, ctx, std::vector<int64_t>{8, 0}, options),
+               std::invalid_argument);
 }
 
 TEST(Profile, BadOptionsAreErrors) {
