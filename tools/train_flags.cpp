@@ -3,6 +3,7 @@
 #include <charconv>
 #include <cstdio>
 #include <limits>
+#include <numeric>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -222,6 +223,60 @@ TrainConfig replica_share(const TrainConfig& config) {
   return share;
 }
 
+// Block counts given with --partition, refused in the words of the flags: the partitioner
+// compares them with the pipeline's stages and the model's blocks, which it names without
+// saying which flags set them. `stages_from` says what set the stage count ("--stages 2", a
+// plan file), for layouts that no flag of the run gives.
+void check_block_counts(const TrainConfig& config, const std::string& stages_from) {
+  if (config.partition.kind != PartitionSpec::Kind::kBlocks) return;
+  const std::vector<int64_t>& counts = config.partition.blocks;
+  const std::string given = "--partition " + block_counts_text(config.partition);
+  // A schedule file's chunks are its own; zbv generates 2 per rank whatever config.chunks is.
+  const bool zbv = config.schedule_file.empty() && config.schedule == schedule::ScheduleKind::kZBV;
+  const int64_t per_rank = zbv ? 2 : config.chunks;
+  const int64_t stages = int64_t{config.stages} * per_rank;
+  if (static_cast<int64_t>(counts.size()) != stages)
+    throw UsageError(given + " has " + std::to_string(counts.size()) +
+                     " block counts, but the pipeline of " + stages_from + " has " +
+                     std::to_string(stages) + (stages == 1 ? " stage" : " stages") +
+                     "; give one count per stage");
+  const int64_t blocks = config.model.n_layers;
+  const std::string model = "the model has " + std::to_string(blocks) + " blocks (--layers " +
+                            std::to_string(blocks) + ")";
+  // Each count at most the model's blocks first, so that their sum cannot overflow.
+  for (size_t s = 0; s < counts.size(); ++s)
+    if (counts[s] > blocks)
+      throw UsageError(given + " gives stage " + std::to_string(s) + " " +
+                       std::to_string(counts[s]) + " blocks, but " + model +
+                       "; the counts must add up to --layers");
+  const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
+  if (total != blocks)
+    throw UsageError(given + " places " + std::to_string(total) + " blocks, but " + model +
+                     "; the counts must add up to --layers");
+  // What else the partitioner refuses (an empty middle stage) speaks of the counts alone.
+  try {
+    partition_blocks(reference_model(config.model), static_cast<int>(stages), config.partition);
+  } catch (const std::invalid_argument& e) {
+    const std::string what = e.what();
+    throw UsageError(what.rfind("partition ", 0) == 0 ? "--" + what : given + ": " + what);
+  }
+}
+
+// What set the stage count of a pipeline that the flags lay out: --stages, times --chunks
+// where the schedule has several per rank, or the schedule file.
+std::string stages_from_flags(const TrainConfig& config) {
+  if (!config.schedule_file.empty())
+    return "--schedule-file " + quoted_file_name(config.schedule_file) + " (" +
+           std::to_string(config.stages) + " ranks x " + std::to_string(config.chunks) +
+           (config.chunks == 1 ? " chunk)" : " chunks)");
+  const std::string stages = "--stages " + std::to_string(config.stages);
+  if (config.schedule == schedule::ScheduleKind::kZBV) return stages + " x 2 chunks of zbv";
+  if (config.chunks > 1)
+    return stages + " x --chunks " + std::to_string(config.chunks) + " of " +
+           schedule::schedule_kind_name(config.schedule);
+  return stages;
+}
+
 // The planned layout of one replica's pipeline, taken by the run: every replica runs it, so
 // the run's --microbatches is D times the planned count.
 void take_planned_layout(TrainConfig& config, const TrainConfig& share) {
@@ -279,6 +334,11 @@ void apply_planning(const TrainFlags& f, const CLI::App& cmd, const MpiSession& 
     // Under mpirun each process reads the file at its own path (a node's own copy, maybe).
     check_same_configuration(
         mpi, {{"the layout of --plan (each process reads the file)", layout_text(config)}});
+    // Counts given with the plan are the user's, refused as theirs, against the plan's stages.
+    if (given.kind == PartitionSpec::Kind::kBlocks)
+      check_block_counts(config, shown + " (stages=" + std::to_string(config.stages) +
+                                     " schedule=" + schedule::schedule_kind_name(config.schedule) +
+                                     " chunks=" + std::to_string(config.chunks) + ")");
     // What the run refuses of the planned layout names the plan: the counts are the file's,
     // not flags the user typed. After the processes agree on the layout, so that all refuse it
     // alike.
@@ -338,6 +398,7 @@ void apply_planning(const TrainFlags& f, const CLI::App& cmd, const MpiSession& 
       std::printf("plan   %s, %lld micro-batches, predicted step %.3f ms\n", best.layout.c_str(),
                   static_cast<long long>(config.microbatches), best.step_seconds * 1e3);
   } else {
+    check_block_counts(config, stages_from_flags(config));
     return;
   }
   try {
