@@ -320,6 +320,11 @@ void run_demo(const CkptFlags& flags) {
 
 }  // namespace
 
+// The help of inspect's and verify's PATH, which their refusal without one repeats
+// (parse_errors.h).
+constexpr const char* kCheckpointPathText =
+    "A checkpoint folder DIR (its latest step), DIR/latest or DIR/step_<N>";
+
 void register_ckpt_command(CLI::App& app) {
   auto flags = std::make_shared<CkptFlags>();
   CLI::App* ckpt = app.add_subcommand("ckpt", "Inspect and verify checkpoints");
@@ -335,9 +340,10 @@ void register_ckpt_command(CLI::App& app) {
 
   CLI::App* inspect = ckpt->add_subcommand(
       "inspect", "Print a checkpoint's manifest and tensors (after checking all of it)");
-  add_path_flag(inspect, "path", flags->path, "DIR, DIR/latest or DIR/step_<N>",
+  add_path_flag(inspect, "PATH", flags->path, kCheckpointPathText,
                 "a checkpoint path (DIR, DIR/latest or DIR/step_<N>)")
-      ->required();
+      ->required()
+      ->type_name("");
   inspect->add_flag("--json", flags->json, "Print everything as one JSON document");
   add_int_flag(inspect, "--values", flags->values, 0, int64_t{1} << 31,
                "Also print the first N elements of each tensor");
@@ -348,15 +354,17 @@ void register_ckpt_command(CLI::App& app) {
       "verify",
       "Check every file and checksum, and a training run's manifest as a resume does: exit 0 if "
       "all pass, 1 naming the first bad one");
-  add_path_flag(verify, "path", flags->path, "DIR, DIR/latest or DIR/step_<N>",
+  add_path_flag(verify, "PATH", flags->path, kCheckpointPathText,
                 "a checkpoint path (DIR, DIR/latest or DIR/step_<N>)")
-      ->required();
+      ->required()
+      ->type_name("");
   verify->footer("Example: conveyor ckpt verify runs/ckpt/latest\n" + exit_status);
   verify->callback([flags] { run_verify(*flags); });
 
   CLI::App* demo = ckpt->add_subcommand("demo", "Write a checkpoint of random tensors into DIR");
   demo->group("");  // for tests and trials, not in the help
-  add_path_flag(demo, "dir", flags->path, "Checkpoint folder", "a folder name")->required();
+  add_path_flag(demo, "DIR", flags->path, "The checkpoint folder to write", "a folder name")
+      ->required();
   add_int_flag(demo, "--step", flags->step, 0, 1000000000, "Step of the checkpoint");
   add_int_flag(demo, "--ranks", flags->ranks, 1, 1024, "Number of shards");
   add_int_flag(demo, "--seed", flags->seed, 0, std::numeric_limits<int64_t>::max(),
