@@ -315,9 +315,14 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
                             {"peak_bytes", st.peak_bytes}};
       json_log->write(row.dump() + "\n");
     }
+    // A signal ends the run after the step it came in (or the next one, when it came after
+    // the step's all-reduce): the step in progress finishes on every rank.
+    signal = st.pipeline.stop_signal;
     // The first and the last step this process trains are always shown: a resumed run or one
-    // that --stop-after ends early starts or stops between the steps --log-every divides.
-    if (!f.quiet && (s % f.log_every == 0 || s == first_step || s == last_step_to_run)) {
+    // that --stop-after or a signal ends early starts or stops between the steps --log-every
+    // divides, and the loss of the last is that of the step an interrupted run saves.
+    if (!f.quiet &&
+        (s % f.log_every == 0 || s == first_step || s == last_step_to_run || signal != 0)) {
       const double rate = st.tokens / st.seconds;
       const double eta =
           t.seconds / static_cast<double>(t.steps) * static_cast<double>(last_step_to_run - s);
@@ -345,9 +350,6 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
         }
       }
     }
-    // A signal ends the run after the step it came in (or the next one, when it came after
-    // the step's all-reduce): the step in progress finishes on every rank.
-    signal = st.pipeline.stop_signal;
     last_step = std::move(st.pipeline);
     if (signal != 0) break;
   }

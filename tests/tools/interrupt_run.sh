@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sends SIGNAL to a training run once its JSON log has LINES lines, then checks that it ended
-# within a few seconds with STATUS, printed "interrupted at step N", and that the log holds
-# exactly the N finished steps, each line valid JSON. With SAVED_IN=DIR in the environment
+# within a few seconds with STATUS, printed "interrupted at step N" and, unless --quiet, the
+# progress line of step N once, and that the log holds exactly the N finished steps, each line
+# valid JSON. With SAVED_IN=DIR in the environment
 # (the run's --save-dir, wiped first), also that DIR/latest names step N and verifies.
 # Usage: interrupt_run.sh SIGNAL STATUS LINES LOGFILE COMMAND [ARGS...]
 set -u
@@ -31,6 +32,11 @@ fail() { echo "interrupt_run: $*" >&2; rm -f "$out"; exit 1; }
 step=$(sed -n 's/^interrupted at step \([0-9]*\) .*/\1/p' "$out")
 [ -n "$step" ] || fail "no 'interrupted at step N' line"
 grep -q '^done ' "$out" || fail "no summary"
+# The step the run stopped at shows its loss, whatever --log-every says.
+if [[ " $* " != *" --quiet "* ]]; then
+  [ "$(grep -c "^step *$step/" "$out")" -eq 1 ] ||
+    fail "the progress line of step $step is not printed once"
+fi
 n=$(wc -l <"$log")
 [ "$n" -eq "$step" ] || fail "log has $n lines, interrupted at step $step"
 python3 -c '
