@@ -169,9 +169,14 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
   if (!note.empty()) std::printf("conveyor: %s\n", note.c_str());
   device = process_device(mpi, f.run.device, device);
   std::vector<std::string> ignored = f.run.ignored_on(cmd, device);
-  // As --tf32 on the CPU: said from the placement the run got, so that a run on the CPU does
-  // not look as if its ranks were placed.
-  if (config.placement == RankPlacement::kShared && device.is_cpu())
+  // As --tf32 on the CPU: said from the placement the run got, so that a run does not look
+  // as if its ranks were placed. A process of a launch holds one rank, on the device its
+  // node-local rank picks (process_device) or the CPU: that reason holds on either.
+  if (config.placement == RankPlacement::kShared && mpi.active())
+    ignored.push_back(
+        "--placement shared puts the ranks of a process on one GPU and does nothing when each "
+        "process holds one rank (under mpirun or srun)");
+  else if (config.placement == RankPlacement::kShared && device.is_cpu())
     ignored.push_back("--placement shared puts the ranks on one GPU and does nothing on the CPU");
   for (const std::string& note : ignored) std::printf("note   %s\n", note.c_str());
   // A collective: every rank asks or none, which the agreed --device flag decides; CPU runs

@@ -53,6 +53,10 @@
 #   mpi_train.sh CONVEYOR plan         --partition auto under -np 2 runs rank 0's plan, printed
 #                                      once; --plan at a path that holds another plan for each
 #                                      process is refused, naming both layouts
+#   mpi_train.sh CONVEYOR placement    --placement shared under -np 2, where each process holds one
+#                                      rank: named in one note line (rank 0's) as doing nothing
+#                                      there, and the run's losses, norms and weights those of
+#                                      the run without it
 #   mpi_train.sh CONVEYOR setup_stop   rank 1 of -np 2 stops for good before it makes its model,
 #                                      data and transport: rank 0, making the MPI transport,
 #                                      gives up at its deadline naming rank 1; rank 0 stopped
@@ -546,6 +550,23 @@ case $mode in
       "$work/out" || fail "the differing plans are not named: $(cat "$work/out")"
     grep -q "^step \|^done " "$work/out" && fail "a rank trained despite the differing plans"
     echo "differing plan files refused at start, status $status"
+    ;;
+  placement)
+    for run in plain shared; do
+      flags=()
+      [ "$run" = shared ] && flags=(--placement shared)
+      timeout 60 "${mpirun[@]}" -np 2 "$cli" "${common[@]}" --stages 2 "${flags[@]}" \
+        --log-json "$work/$run.jsonl" >"$work/$run.out" 2>&1 ||
+        fail "mpirun -np 2 ${flags[*]} failed: $(cat "$work/$run.out")"
+    done
+    note='note   --placement shared puts the ranks of a process on one GPU and does nothing when each process holds one rank (under mpirun or srun)'
+    [ "$(grep -cxF -- "$note" "$work/shared.out")" = 1 ] ||
+      fail "--placement shared under mpirun is not named once as doing nothing: $(cat "$work/shared.out")"
+    [ "$(grep -c -- '--placement' "$work/shared.out")" = 1 ] ||
+      fail "another line names --placement: $(cat "$work/shared.out")"
+    grep -q -- '--placement' "$work/plain.out" && fail "a run without --placement names it"
+    same_run "$work" plain shared "with --placement shared"
+    echo "mpirun -np 2 --placement shared: one note, the run without it bit for bit"
     ;;
   *) fail "unknown mode $mode" ;;
 esac
