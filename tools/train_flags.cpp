@@ -462,7 +462,10 @@ ConfigFields configuration_fields(const TrainFlags& f, const TrainConfig& c) {
       {"--shard-optimizer", c.shard_optimizer ? "on" : "off"},
       {"--bucket-mb", c.gradient_bucket_mib ? exact(*c.gradient_bucket_mib) : "not given"},
       {"--eval-batches", std::to_string(f.eval_batches)},
-      {"--plan", f.plan_file},
+      // By whether it is given, as the folders below: each process may hold its own copy at a
+      // path of its own, and the layouts the processes read from their plans are compared once
+      // they have read them.
+      given_or_not("--plan", f.plan_file),
       // What decides the collectives after the last step (the checksum's) and the saves' and
       // resume's meetings: a rank that differs would wait in one the others never start.
       {"--weights-checksum", f.weights_checksum ? "on" : "off"},

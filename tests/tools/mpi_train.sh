@@ -52,7 +52,8 @@
 #                                      batches, say so, and end with status 130, no eval line
 #   mpi_train.sh CONVEYOR plan         --partition auto under -np 2 runs rank 0's plan, printed
 #                                      once; --plan at a path that holds another plan for each
-#                                      process is refused, naming both layouts
+#                                      process is refused, naming both layouts; copies of one
+#                                      plan at two paths run
 #   mpi_train.sh CONVEYOR placement    --placement shared under -np 2, where each process holds one
 #                                      rank: named in one note line (rank 0's) as doing nothing
 #                                      there, and the run's losses, norms and weights those of
@@ -550,6 +551,14 @@ case $mode in
       "$work/out" || fail "the differing plans are not named: $(cat "$work/out")"
     grep -q "^step \|^done " "$work/out" && fail "a rank trained despite the differing plans"
     echo "differing plan files refused at start, status $status"
+    # Copies of one plan at two paths: the same layout, so the run goes on.
+    cp "$work/a/plan.json" "$work/b/copy.json"
+    timeout 60 "${mpirun[@]}" -np 1 --wdir "$work/a" "$here" train --device cpu --plan plan.json \
+      --steps 1 --timeout 20 : -np 1 --wdir "$work/b" "$here" train --device cpu --plan copy.json \
+      --steps 1 --timeout 20 >"$work/copies.out" 2>&1 ||
+      fail "copies of one plan at two paths were refused: $(cat "$work/copies.out")"
+    [ "$(grep -c '^done ' "$work/copies.out")" = 1 ] || fail "the run did not end once: $(cat "$work/copies.out")"
+    echo "copies of one plan at two paths: the run ends"
     ;;
   placement)
     for run in plain shared; do
