@@ -48,18 +48,108 @@ class CpuAllocatorBackend final : public AllocatorBackend {
 }  // namespace
 
 std::string AllocatorStats::to_string() const {
+  std::string limit = limit_bytes == 0 ? std::string("none") : format_bytes(limit_bytes);
+  if (limit_bytes != 0 && limit_shared_by > 1)
+    limit += " shared by " + std::to_string(limit_shared_by) + " allocators, which reserve " +
+             format_bytes(limit_reserved_bytes) + " of it";
   return "allocated " + format_bytes(allocated_bytes) + ", peak allocated " +
          format_bytes(peak_allocated_bytes) + ", reserved " + format_bytes(reserved_bytes) +
-         ", peak reserved " + format_bytes(peak_reserved_bytes) + ", limit " +
-         (limit_bytes == 0 ? std::string("none") : format_bytes(limit_bytes)) +
+         ", peak reserved " + format_bytes(peak_reserved_bytes) + ", limit " + limit +
          ", system allocations " + std::to_string(system_allocations) + ", requests " +
          std::to_string(requests) + ", cache hits " + std::to_string(cache_hits);
 }
 
+MemoryBudget::MemoryBudget(size_t limit_bytes) : limit_(limit_bytes) {}
+
+size_t MemoryBudget::limit_bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return limit_;
+}
+
+void MemoryBudget::set_limit(size_t limit_bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  limit_ = limit_bytes;
+}
+
+size_t MemoryBudget::reserved_bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return reserved_;
+}
+
+int MemoryBudget::allocators() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return static_cast<int>(holders_.size());
+}
+
+std::shared_ptr<MemoryBudget::Holder> MemoryBudget::join(Device device, std::string name) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (has_device_ && !(device == device_))
+    throw std::invalid_argument("a memory budget serves one device: this one serves " +
+                                device_.to_string() + ", and an allocator of " +
+                                device.to_string() + " cannot draw from it");
+  has_device_ = true;
+  device_ = device;
+  auto holder = std::make_shared<Holder>();
+  holder->name = name.empty() ? "allocator " + std::to_string(joined_) : std::move(name);
+  ++joined_;
+  holders_.push_back(holder);
+  return holder;
+}
+
+void MemoryBudget::leave(const std::shared_ptr<Holder>& holder) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  // What the allocator still holds goes with it: its cache was returned to the system, and
+  // blocks it leaves live can no longer be freed through it.
+  reserved_ -= holder->reserved;
+  holder->reserved = 0;
+  std::erase(holders_, holder);
+}
+
+bool MemoryBudget::try_reserve(Holder& holder, size_t bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  // Written so as not to overflow, and false when a lowered limit is already exceeded.
+  if (limit_ != 0 && (reserved_ > limit_ || bytes > limit_ - reserved_)) return false;
+  reserved_ += bytes;
+  holder.reserved += bytes;
+  return true;
+}
+
+void MemoryBudget::release(Holder& holder, size_t bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  reserved_ -= bytes;
+  holder.reserved -= bytes;
+}
+
+std::string MemoryBudget::sharing_sentence(const Holder& holder) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (holders_.size() < 2) return "";
+  std::string text = "; the limit of " + format_bytes(limit_) + " is shared by the " +
+                     std::to_string(holders_.size()) + " allocators of " + device_.to_string() +
+                     " in this process (ranks that share a device share its cap), which hold " +
+                     format_bytes(reserved_) + " of it: ";
+  for (size_t i = 0; i < holders_.size(); ++i) {
+    const Holder& h = *holders_[i];
+    const size_t in_use = std::min(h.allocated.load(std::memory_order_relaxed), h.reserved);
+    text += (i == 0 ? "" : "; ") + h.name + (&h == &holder ? " (asking)" : "") + " holds ";
+    if (h.reserved == 0)
+      text += "nothing";
+    else
+      text += format_bytes(h.reserved) +
+              (in_use == h.reserved ? ", all in use"
+                                    : ", " + format_bytes(in_use) + " in use and the rest cached");
+  }
+  return text;
+}
+
 CachingAllocator::CachingAllocator(std::unique_ptr<AllocatorBackend> backend, size_t limit_bytes)
-    : backend_(std::move(backend)) {
+    : CachingAllocator(std::move(backend), std::make_shared<MemoryBudget>(limit_bytes)) {}
+
+CachingAllocator::CachingAllocator(std::unique_ptr<AllocatorBackend> backend,
+                                   std::shared_ptr<MemoryBudget> budget, std::string name)
+    : backend_(std::move(backend)), budget_(std::move(budget)) {
   if (!backend_) throw std::invalid_argument("CachingAllocator: backend is null");
-  stats_.limit_bytes = limit_bytes;
+  if (!budget_) throw std::invalid_argument("CachingAllocator: memory budget is null");
+  holder_ = budget_->join(backend_->device(), std::move(name));
 }
 
 CachingAllocator::~CachingAllocator() {
@@ -79,6 +169,7 @@ CachingAllocator::~CachingAllocator() {
   } catch (...) {
     // A destructor must not throw; the process is likely failing already.
   }
+  budget_->leave(holder_);
 }
 
 size_t CachingAllocator::round_size(size_t bytes) {
@@ -106,46 +197,74 @@ void* CachingAllocator::allocate(size_t bytes, void* stream) {
   }
   live_.emplace(ptr, Block{size, stream, {}});
   stats_.allocated_bytes += size;
+  holder_->allocated.store(stats_.allocated_bytes, std::memory_order_relaxed);
   stats_.peak_allocated_bytes = std::max(stats_.peak_allocated_bytes, stats_.allocated_bytes);
   return ptr;
 }
 
+bool CachingAllocator::reserve_locked(size_t size) { return budget_->try_reserve(*holder_, size); }
+
 void* CachingAllocator::allocate_from_system(size_t bytes, size_t size) {
-  const auto fits = [&] {
-    return stats_.limit_bytes == 0 || stats_.reserved_bytes + size <= stats_.limit_bytes;
-  };
   // Returning cached blocks to the system (cudaFree synchronises the device) or waiting for
   // other streams could wait for a communication kernel, which may wait for this rank: while
   // such kernels may run, a retry that would do either fails instead.
   const auto must_keep_the_cache = [&] {
     return communication_kernels_ && (!cache_.empty() || !pending_.empty());
   };
-  const auto kept = [&](const char* reason) {
-    return std::string(reason) + "; the " + format_bytes(cached_bytes_locked()) +
+  const auto kept = [&](const std::string& reason) {
+    return reason + "; the " + format_bytes(cached_bytes_locked()) +
            " of cached blocks were not returned to the system because communication kernels "
            "may run on this device, and returning them would synchronise it, which can "
            "deadlock the ranks. Call release_cache() between steps, or use less memory per step";
   };
-  if (!fits() && must_keep_the_cache())
-    throw_out_of_memory(bytes, size, kept("the memory limit would be exceeded"));
+  // The bytes are taken from the budget before the system is asked for them, so that
+  // allocators sharing it cannot together pass its limit between a check and an allocation.
+  const auto over_the_limit = [&] {
+    return "the memory limit would be exceeded" + budget_->sharing_sentence(*holder_);
+  };
+  bool reserved = reserve_locked(size);
+  if (!reserved && must_keep_the_cache()) throw_out_of_memory(bytes, size, kept(over_the_limit()));
   // Over the cap: give back what is cached, then what waits for other streams, and retry.
-  if (!fits()) release_cache_locked();
-  if (!fits() && !pending_.empty()) {
+  if (!reserved) {
+    release_cache_locked();
+    reserved = reserve_locked(size);
+  }
+  if (!reserved && !pending_.empty()) {
     synchronize_pending();
     release_cache_locked();
+    reserved = reserve_locked(size);
   }
-  if (!fits()) throw_out_of_memory(bytes, size, "the memory limit would be exceeded");
+  if (!reserved) throw_out_of_memory(bytes, size, over_the_limit());
 
+  // Given back to the budget unless the system gives the block.
+  struct Reservation {
+    MemoryBudget& budget;
+    MemoryBudget::Holder& holder;
+    size_t bytes;
+    ~Reservation() {
+      if (bytes != 0) budget.release(holder, bytes);
+    }
+    void give_back() {
+      budget.release(holder, bytes);
+      bytes = 0;
+    }
+  } reservation{*budget_, *holder_, size};
   void* ptr = backend_->system_allocate(size);
-  if (ptr == nullptr && must_keep_the_cache())
+  if (ptr == nullptr && must_keep_the_cache()) {
+    reservation.give_back();
     throw_out_of_memory(bytes, size, kept("the system has no free memory left"));
+  }
   if (ptr == nullptr) {
     release_cache_locked();
     synchronize_pending();
     release_cache_locked();
     ptr = backend_->system_allocate(size);
   }
-  if (ptr == nullptr) throw_out_of_memory(bytes, size, "the system has no free memory left");
+  if (ptr == nullptr) {
+    reservation.give_back();
+    throw_out_of_memory(bytes, size, "the system has no free memory left");
+  }
+  reservation.bytes = 0;  // the block's now
   ++stats_.system_allocations;
   stats_.reserved_bytes += size;
   stats_.peak_reserved_bytes = std::max(stats_.peak_reserved_bytes, stats_.reserved_bytes);
@@ -160,7 +279,7 @@ void CachingAllocator::throw_out_of_memory(size_t bytes, size_t size,
                         ": cannot allocate " + format_bytes(bytes) + " (request of " +
                         std::to_string(bytes) + " bytes, " + std::to_string(size) +
                         " bytes after rounding): " + reason +
-                        ". Allocator stats: " + stats_.to_string();
+                        ". Allocator stats: " + stats_locked().to_string();
   if (pending_bytes > 0)
     message += "; " + format_bytes(pending_bytes) + " of freed blocks still wait for other streams";
   throw OutOfMemoryError(message);
@@ -186,6 +305,7 @@ void CachingAllocator::deallocate(void* ptr) {
   Block block = std::move(it->second);
   live_.erase(it);
   stats_.allocated_bytes -= block.size;
+  holder_->allocated.store(stats_.allocated_bytes, std::memory_order_relaxed);
   if (events.empty()) {
     // Only the allocating stream used it (or the backend is synchronous): the stream orders
     // the old use before any new one, so the block is reusable at once on that stream.
@@ -259,6 +379,7 @@ void CachingAllocator::release_cache_locked() {
   for (auto& [key, ptrs] : cache) {
     for (void* ptr : ptrs) {
       stats_.reserved_bytes -= key.second;
+      budget_->release(*holder_, key.second);
       backend_->system_free(ptr);
     }
   }
@@ -266,7 +387,16 @@ void CachingAllocator::release_cache_locked() {
 
 AllocatorStats CachingAllocator::stats() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return stats_;
+  return stats_locked();
+}
+
+AllocatorStats CachingAllocator::stats_locked() const {
+  AllocatorStats s = stats_;
+  std::lock_guard<std::mutex> lock(budget_->mutex_);
+  s.limit_bytes = budget_->limit_;
+  s.limit_shared_by = static_cast<int>(budget_->holders_.size());
+  s.limit_reserved_bytes = budget_->reserved_;
+  return s;
 }
 
 void CachingAllocator::reset_peak() {
@@ -275,10 +405,7 @@ void CachingAllocator::reset_peak() {
   stats_.peak_reserved_bytes = stats_.reserved_bytes;
 }
 
-void CachingAllocator::set_limit(size_t limit_bytes) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  stats_.limit_bytes = limit_bytes;
-}
+void CachingAllocator::set_limit(size_t limit_bytes) { budget_->set_limit(limit_bytes); }
 
 void CachingAllocator::release_cache() {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -306,6 +433,12 @@ size_t CachingAllocator::cached_bytes_locked() const {
 
 std::shared_ptr<CachingAllocator> make_cpu_allocator(size_t limit_bytes) {
   return std::make_shared<CachingAllocator>(std::make_unique<CpuAllocatorBackend>(), limit_bytes);
+}
+
+std::shared_ptr<CachingAllocator> make_cpu_allocator(std::shared_ptr<MemoryBudget> budget,
+                                                     std::string name) {
+  return std::make_shared<CachingAllocator>(std::make_unique<CpuAllocatorBackend>(),
+                                            std::move(budget), std::move(name));
 }
 
 }  // namespace conveyor

@@ -110,25 +110,32 @@ std::shared_ptr<CachingAllocator> make_pinned_host_allocator() {
   return std::make_shared<CachingAllocator>(std::make_unique<PinnedHostBackend>());
 }
 
-std::shared_ptr<CachingAllocator> make_cuda_allocator(int index, size_t limit_bytes) {
+std::shared_ptr<CachingAllocator> make_cuda_allocator(int index,
+                                                      std::shared_ptr<MemoryBudget> budget,
+                                                      std::string name) {
   const int count = cuda_device_count();
   if (index < 0 || index >= count)
     throw std::invalid_argument("cannot create an allocator on cuda:" + std::to_string(index) +
                                 ": this machine has " + std::to_string(count) +
                                 " usable CUDA device(s)");
   return std::make_shared<CachingAllocator>(std::make_unique<CudaAllocatorBackend>(index),
-                                            limit_bytes);
+                                            std::move(budget), std::move(name));
 }
 
 #else
 
 std::shared_ptr<CachingAllocator> make_pinned_host_allocator() { return make_cpu_allocator(); }
 
-std::shared_ptr<CachingAllocator> make_cuda_allocator(int index, size_t) {
+std::shared_ptr<CachingAllocator> make_cuda_allocator(int index, std::shared_ptr<MemoryBudget>,
+                                                      std::string) {
   throw std::runtime_error("cannot create an allocator on cuda:" + std::to_string(index) +
                            ": this binary was built without the CUDA backend");
 }
 
 #endif
+
+std::shared_ptr<CachingAllocator> make_cuda_allocator(int index, size_t limit_bytes) {
+  return make_cuda_allocator(index, std::make_shared<MemoryBudget>(limit_bytes));
+}
 
 }  // namespace conveyor

@@ -20,9 +20,25 @@ Shape bytes_shape(size_t bytes) { return {static_cast<int64_t>((bytes + 3) / 4)}
 }  // namespace
 #endif
 
+namespace {
+
+// The context's cap: the shared budget it was given, or one of its own.
+std::shared_ptr<MemoryBudget> budget_of(const DeviceContextOptions& options, Device device) {
+  if (!options.memory_budget) return std::make_shared<MemoryBudget>(options.memory_limit_bytes);
+  const size_t shared = options.memory_budget->limit_bytes();
+  if (options.memory_limit_bytes != 0 && options.memory_limit_bytes != shared)
+    throw std::invalid_argument(
+        "a context of " + device.to_string() + " was given a memory limit of " +
+        std::to_string(options.memory_limit_bytes) + " bytes and a shared budget of " +
+        std::to_string(shared) + " bytes; give one, or the same limit in both");
+  return options.memory_budget;
+}
+
+}  // namespace
+
 DeviceContext::DeviceContext(Device device, DeviceContextOptions options) : device_(device) {
   if (device.is_cpu()) {
-    allocator_ = make_cpu_allocator(options.memory_limit_bytes);
+    allocator_ = make_cpu_allocator(budget_of(options, device), options.allocator_name);
     compute_stream_ = std::make_unique<Stream>(device);
     if (options.cpu_threads < 1)
       throw std::invalid_argument("cannot use " + std::to_string(options.cpu_threads) +
@@ -38,7 +54,8 @@ DeviceContext::DeviceContext(Device device, DeviceContextOptions options) : devi
                                 std::to_string(count) + " usable CUDA device(s)");
   // The rank's thread works on this device from now on: kernels launch on the current device.
   CONVEYOR_CUDA_CHECK(cudaSetDevice(device.index));
-  allocator_ = make_cuda_allocator(device.index, options.memory_limit_bytes);
+  allocator_ =
+      make_cuda_allocator(device.index, budget_of(options, device), options.allocator_name);
   compute_stream_ = std::make_unique<Stream>(device);
   CONVEYOR_CUBLAS_CHECK(cublasLtCreate(&cuda_.cublaslt));
   cuda_.stream = static_cast<cudaStream_t>(compute_stream_->native());

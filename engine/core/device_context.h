@@ -3,6 +3,7 @@
 // stream and, on CUDA, the cuBLASLt handle and workspace. One per rank (several ranks may
 // share a GPU, each with its own context and streams). Not thread-safe: one rank, one thread.
 #include <memory>
+#include <string>
 
 #include "engine/core/allocator.h"
 #include "engine/core/device.h"
@@ -15,6 +16,12 @@ namespace conveyor {
 
 struct DeviceContextOptions {
   size_t memory_limit_bytes = 0;  // 0 = no cap
+  // A cap shared with the other contexts of the same device that are given it (the ranks of
+  // a process that share a device): the allocator draws from it instead of a cap of its own,
+  // and memory_limit_bytes must then be 0 or the budget's limit. `allocator_name` says whose
+  // allocator it is when the budget runs out ("rank 2").
+  std::shared_ptr<MemoryBudget> memory_budget;
+  std::string allocator_name;
   bool allow_tf32 = false;
   size_t cublas_workspace_bytes = 32u << 20;
   // Threads of this context's CPU kernels, the rank's own thread included (CPU only; >= 1).

@@ -1,11 +1,14 @@
-// Caching allocator on the CPU: exact counters, bucket reuse, the cap, and stream-ordered
-// reuse driven by a fake backend whose events complete only when the test says so.
+// Caching allocator on the CPU: exact counters, bucket reuse, the cap (an allocator's own, or
+// one shared by the allocators of a device), and stream-ordered reuse driven by a fake backend
+// whose events complete only when the test says so.
 #include "engine/core/allocator.h"
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <map>
+#include <random>
 #include <thread>
 
 namespace conveyor {
@@ -26,6 +29,7 @@ struct FakeEvent {
 
 // What the test sees of the fake device.
 struct FakeState {
+  Device device = Device::cpu();
   size_t capacity = SIZE_MAX;  // system bytes the fake device can hand out
   size_t system_bytes = 0;
   int system_frees = 0;
@@ -48,7 +52,7 @@ class FakeBackend final : public AllocatorBackend {
     for (FakeEvent* e : s_->events) delete e;
     s_->events.clear();
   }
-  Device device() const override { return Device::cpu(); }
+  Device device() const override { return s_->device; }
   void* system_allocate(size_t bytes) override {
     if (s_->system_bytes + bytes > s_->capacity) return nullptr;
     void* p = std::aligned_alloc(64, bytes);
@@ -199,6 +203,8 @@ TEST(CachingAllocator, CapThrowsOutOfMemoryNamingRequestDeviceAndStats) {
     EXPECT_NE(msg.find(alloc->stats().to_string()), std::string::npos) << msg;
     EXPECT_NE(msg.find("allocated 4.00 MiB (4194304 B)"), std::string::npos) << msg;
     EXPECT_NE(msg.find("limit 5.00 MiB (5242880 B)"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find("shared"), std::string::npos)
+        << "the cap is this allocator's alone: " << msg;
   }
   // A failed request leaves the allocator usable and its counters unchanged.
   expect_stats(alloc->stats(), 4 * MiB, 4 * MiB, 4 * MiB, 4 * MiB, 1, 2, 0);
@@ -310,6 +316,225 @@ TEST(CachingAllocator, CapNeitherFreesNorWaitsWhileCommunicationKernelsMayRun) {
   EXPECT_EQ(f.state->system_frees, 2);
   EXPECT_EQ(f.state->synchronize_calls, 1);
   f.alloc.deallocate(c);
+}
+
+// Two allocators of one device drawing from one cap, as the ranks that share a device in one
+// process do (the executor names them "rank r").
+struct SharedFakeAllocators {
+  std::shared_ptr<MemoryBudget> budget;
+  std::shared_ptr<FakeState> a_state = std::make_shared<FakeState>();
+  std::shared_ptr<FakeState> b_state = std::make_shared<FakeState>();
+  CachingAllocator a, b;
+  explicit SharedFakeAllocators(size_t limit)
+      : budget(std::make_shared<MemoryBudget>(limit)),
+        a(std::make_unique<FakeBackend>(a_state), budget, "rank 0"),
+        b(std::make_unique<FakeBackend>(b_state), budget, "rank 1") {}
+};
+
+TEST(MemoryBudget, TwoAllocatorsOnOneBudgetCannotTogetherExceedIt) {
+  SharedFakeAllocators f(4 * MiB);
+  EXPECT_EQ(f.budget->allocators(), 2);
+  void* a = f.a.allocate(2 * MiB);
+  void* b = f.b.allocate(2 * MiB);
+  EXPECT_EQ(f.budget->reserved_bytes(), 4 * MiB);
+  // Each holds 2 of the 4 MiB: alone either would take 512 B more, together neither may.
+  EXPECT_THROW(f.b.allocate(512), OutOfMemoryError);
+  EXPECT_THROW(f.a.allocate(512), OutOfMemoryError);
+  EXPECT_EQ(f.a_state->system_bytes + f.b_state->system_bytes, 4 * MiB);
+  EXPECT_EQ(f.budget->reserved_bytes(), 4 * MiB) << "a failed request takes nothing";
+  const AllocatorStats s = f.a.stats();
+  expect_stats(s, 2 * MiB, 2 * MiB, 2 * MiB, 2 * MiB, 1, 2, 0);
+  EXPECT_EQ(s.limit_bytes, 4 * MiB);
+  EXPECT_EQ(s.limit_shared_by, 2);
+  EXPECT_EQ(s.limit_reserved_bytes, 4 * MiB);
+  // The limit is the budget's: lifting it through one allocator lifts it for both.
+  f.a.set_limit(0);
+  EXPECT_EQ(f.budget->limit_bytes(), 0u);
+  void* more = f.b.allocate(6 * MiB);
+  f.b.deallocate(more);
+  f.a.deallocate(a);
+  f.b.deallocate(b);
+}
+
+TEST(MemoryBudget, WhatOneAllocatorGivesBackTheOtherCanTake) {
+  SharedFakeAllocators f(4 * MiB);
+  void* a = f.a.allocate(3 * MiB);  // a 4 MiB block: the whole budget
+  EXPECT_THROW(f.b.allocate(1000), OutOfMemoryError);
+  f.a.deallocate(a);  // cached: still a's
+  EXPECT_THROW(f.b.allocate(1000), OutOfMemoryError) << "another allocator's cache is not taken";
+  EXPECT_EQ(f.a_state->system_frees, 0);
+  f.a.release_cache();
+  EXPECT_EQ(f.budget->reserved_bytes(), 0u);
+  void* b = f.b.allocate(1000);
+  EXPECT_EQ(f.budget->reserved_bytes(), 1 * KiB);
+  // ... and back: a cannot have its 4 MiB again while b holds 1 KiB of the budget.
+  EXPECT_THROW(f.a.allocate(3 * MiB), OutOfMemoryError);
+  f.b.deallocate(b);
+  f.b.release_cache();
+  a = f.a.allocate(3 * MiB);
+  EXPECT_EQ(f.budget->reserved_bytes(), 4 * MiB);
+  f.a.deallocate(a);
+}
+
+TEST(MemoryBudget, ARequestThatDoesNotFitReleasesTheRequestersOwnCacheAndRetries) {
+  SharedFakeAllocators f(6 * MiB);
+  void* a = f.a.allocate(2 * MiB);
+  f.a.deallocate(a);                // a's cache: 2 MiB
+  void* b = f.b.allocate(2 * MiB);  // b's, live
+  // 2 + 2 + 4 MiB pass the 6 MiB: a gives its cache back, then its request fits.
+  void* big = f.a.allocate(4 * MiB);
+  EXPECT_EQ(f.a_state->system_frees, 1);
+  EXPECT_EQ(f.b_state->system_frees, 0);
+  EXPECT_EQ(f.budget->reserved_bytes(), 6 * MiB);
+  expect_stats(f.a.stats(), 4 * MiB, 4 * MiB, 4 * MiB, 4 * MiB, 2, 2, 0);
+  // The other allocator's cache is never released for it.
+  f.b.deallocate(b);
+  EXPECT_THROW(f.a.allocate(2 * MiB), OutOfMemoryError);
+  EXPECT_EQ(f.b_state->system_frees, 0);
+  // A cache hit takes nothing more from the budget: b reuses its block at the limit.
+  EXPECT_EQ(f.b.allocate(2 * MiB), b);
+  f.a.deallocate(big);
+  f.b.deallocate(b);
+}
+
+// Under a shared cap as under an allocator's own: while communication kernels may run, the
+// requester keeps its cache (returning it would synchronise the device) and the request fails.
+TEST(MemoryBudget, TheRequestersCacheStaysWhileCommunicationKernelsMayRun) {
+  SharedFakeAllocators f(4 * MiB);
+  void* a = f.a.allocate(2 * MiB);
+  f.a.deallocate(a);
+  void* b = f.b.allocate(2 * MiB);
+  f.a.set_device_may_run_communication_kernels(true);
+  try {
+    f.a.allocate(4 * MiB);
+    FAIL() << "expected OutOfMemoryError";
+  } catch (const OutOfMemoryError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("limit would be exceeded; the limit of 4.00 MiB"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("of cached blocks were not returned"), std::string::npos) << msg;
+  }
+  EXPECT_EQ(f.a_state->system_frees, 0);
+  EXPECT_EQ(f.a.allocate(2 * MiB), a) << "the cache must survive the failed request";
+  f.a.deallocate(a);
+  f.b.deallocate(b);
+}
+
+TEST(MemoryBudget, OutOfMemoryNamesTheSharedCapAndWhatEachAllocatorHolds) {
+  SharedFakeAllocators f(3 * MiB);
+  void* a = f.a.allocate(1 * MiB);
+  f.a.deallocate(f.a.allocate(1000));  // 1 KiB of a's is cached
+  void* b = f.b.allocate(1 * MiB);
+  try {
+    f.b.allocate(2 * MiB);
+    FAIL() << "expected OutOfMemoryError";
+  } catch (const OutOfMemoryError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("out of memory on cpu: cannot allocate 2.00 MiB (2097152 B) (request of "
+                       "2097152 bytes, 2097152 bytes after rounding): the memory limit would be "
+                       "exceeded; the limit of 3.00 MiB (3145728 B) is shared by the 2 "
+                       "allocators of cpu in this process (ranks that share a device share its "
+                       "cap), which hold 2.00 MiB (2098176 B) of it: "
+                       "rank 0 holds 1.00 MiB (1049600 B), 1.00 MiB (1048576 B) in use and the "
+                       "rest cached; rank 1 (asking) holds 1.00 MiB (1048576 B), all in use. "
+                       "Allocator stats: "),
+              std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find("limit 3.00 MiB (3145728 B) shared by 2 allocators, which reserve 2.00 MiB "
+                       "(2098176 B) of it"),
+              std::string::npos)
+        << msg;
+  }
+  f.a.deallocate(a);
+  f.b.deallocate(b);
+}
+
+// Whatever it held, cached or still waiting for another stream, as it goes.
+TEST(MemoryBudget, AnAllocatorThatGoesGivesItsShareBack) {
+  auto budget = std::make_shared<MemoryBudget>(4 * MiB);
+  auto b = make_cpu_allocator(budget, "rank 1");
+  {
+    auto state = std::make_shared<FakeState>();  // synchronize_event cannot wait here
+    CachingAllocator a(std::make_unique<FakeBackend>(state), budget);  // unnamed: "allocator 1"
+    void* cached = a.allocate(1 * MiB + 1);
+    void* pending = a.allocate(1 * MiB + 1);
+    a.deallocate(cached);  // 2 MiB cached
+    a.record_stream(pending, kStreamB);
+    a.deallocate(pending);  // 2 MiB waiting for stream B
+    EXPECT_EQ(budget->allocators(), 2);
+    try {
+      b->allocate(1000);
+      FAIL() << "expected OutOfMemoryError";
+    } catch (const OutOfMemoryError& e) {
+      EXPECT_NE(std::string(e.what()).find("rank 1 (asking) holds nothing; allocator 1 holds "
+                                           "4.00 MiB (4194304 B), 0 B in use and the rest cached"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  EXPECT_EQ(budget->allocators(), 1);
+  EXPECT_EQ(budget->reserved_bytes(), 0u);
+  void* p = b->allocate(3 * MiB);
+  EXPECT_EQ(b->stats().limit_shared_by, 1);
+  b->deallocate(p);
+}
+
+TEST(MemoryBudget, ServesOneDevice) {
+  auto budget = std::make_shared<MemoryBudget>(4 * MiB);
+  auto cpu = make_cpu_allocator(budget);
+  auto state = std::make_shared<FakeState>();
+  state->device = Device::cuda(0);
+  try {
+    CachingAllocator other(std::make_unique<FakeBackend>(state), budget);
+    FAIL() << "an allocator of cuda:0 joined a budget of cpu";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("this one serves cpu, and an allocator of cuda:0 cannot "
+                                         "draw from it"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(budget->allocators(), 1);
+}
+
+// Ranks' threads allocate at once: the budget is taken before the system is asked, so no two
+// requests can both pass a check that only one of them fits.
+TEST(MemoryBudget, ConcurrentRequestsNeverTogetherPassTheLimit) {
+  constexpr size_t kLimit = 64 * KiB;
+  auto budget = std::make_shared<MemoryBudget>(kLimit);
+  std::vector<std::shared_ptr<CachingAllocator>> allocators;
+  for (int t = 0; t < 4; ++t) allocators.push_back(make_cpu_allocator(budget));
+  std::atomic<size_t> most_reserved{0};
+  std::atomic<int> refused{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      std::mt19937 rng(101 + t);
+      std::vector<void*> held;
+      for (int i = 0; i < 3000; ++i) {
+        CachingAllocator& alloc = *allocators[t];
+        if (held.size() > 8 || (!held.empty() && rng() % 3 == 0)) {
+          alloc.deallocate(held.back());
+          held.pop_back();
+          if (rng() % 4 == 0) alloc.release_cache();
+          continue;
+        }
+        try {
+          held.push_back(alloc.allocate(512 * (1 + rng() % 16)));
+        } catch (const OutOfMemoryError&) {
+          ++refused;
+        }
+        const size_t now = budget->reserved_bytes();
+        size_t seen = most_reserved.load();
+        while (now > seen && !most_reserved.compare_exchange_weak(seen, now)) {
+        }
+      }
+      for (void* p : held) allocators[t]->deallocate(p);
+    });
+  for (auto& th : threads) th.join();
+  EXPECT_LE(most_reserved.load(), kLimit);
+  EXPECT_GT(refused.load(), 0) << "the limit never bound: the test checks nothing";
+  size_t reserved = 0;
+  for (const auto& alloc : allocators) reserved += alloc->stats().reserved_bytes;
+  EXPECT_EQ(budget->reserved_bytes(), reserved);
 }
 
 TEST(CachingAllocator, SameStreamReuseIsImmediate) {

@@ -132,5 +132,28 @@ TEST(DeviceContext, CpuZerosEmptyAndLimit) {
   ctx.synchronize();
 }
 
+// Contexts given one budget draw from one cap, as the ranks that share a device do.
+TEST(DeviceContext, ContextsGivenOneBudgetShareItsCap) {
+  auto budget = std::make_shared<MemoryBudget>(1 << 20);
+  DeviceContext first(Device::cpu(), {.memory_budget = budget, .allocator_name = "rank 0"});
+  DeviceContext second(Device::cpu(), {.memory_limit_bytes = 1 << 20,  // the same: accepted
+                                       .memory_budget = budget,
+                                       .allocator_name = "rank 1"});
+  EXPECT_EQ(first.allocator().budget(), budget);
+  EXPECT_EQ(second.allocator().budget(), budget);
+  EXPECT_EQ(second.allocator().stats().limit_shared_by, 2);
+  Tensor held = first.empty({200 * 1024});  // 800 KiB of the 1 MiB
+  try {
+    second.empty({100 * 1024});  // 400 KiB: under the cap alone, not beside the first
+    FAIL() << "expected OutOfMemoryError";
+  } catch (const OutOfMemoryError& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 1 (asking) holds nothing"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(
+      DeviceContext(Device::cpu(), {.memory_limit_bytes = 2 << 20, .memory_budget = budget}),
+      std::invalid_argument);
+}
+
 }  // namespace
 }  // namespace conveyor
