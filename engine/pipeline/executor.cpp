@@ -115,6 +115,19 @@ PipelineExecutor::PipelineExecutor(const ModelDescription& model, schedule::Sche
   } else {
     for (int r = 0; r < world; ++r) held.push_back(r);
   }
+  // One cap per device, shared by the ranks this process holds on it: the memory check before
+  // the run adds up their estimates against it, so their allocators together must stay
+  // within it too. A process that holds one rank (mpirun) has the cap for that rank alone.
+  std::vector<std::pair<Device, std::shared_ptr<MemoryBudget>>> budgets;
+  const auto budget_of = [&](Device device) -> std::shared_ptr<MemoryBudget> {
+    if (options.device_options.memory_limit_bytes == 0) return nullptr;
+    for (const auto& [d, budget] : budgets)
+      if (d == device) return budget;
+    return budgets
+        .emplace_back(device,
+                      std::make_shared<MemoryBudget>(options.device_options.memory_limit_bytes))
+        .second;
+  };
   for (int r : held) {
     auto rank = std::make_unique<PipelineRank>();
     rank->index = r;
@@ -122,7 +135,12 @@ PipelineExecutor::PipelineExecutor(const ModelDescription& model, schedule::Sche
     rank->replica = r / p;
     for (int d = 0; d < schedule_.replicas; ++d) rank->replica_group.push_back(d * p + r % p);
     OnDevice on_device(devices[r]);  // the stages initialise their parameters on it
-    rank->ctx = std::make_unique<DeviceContext>(devices[r], options.device_options);
+    DeviceContextOptions context_options = options.device_options;
+    if (auto budget = budget_of(devices[r])) {
+      context_options.memory_budget = std::move(budget);
+      context_options.allocator_name = "rank " + std::to_string(r);
+    }
+    rank->ctx = std::make_unique<DeviceContext>(devices[r], context_options);
     rank->send_stream = std::make_unique<Stream>(devices[r]);
     rank->recv_stream = std::make_unique<Stream>(devices[r]);
     for (int s : schedule_.placement.stages_of(rank->pipeline_rank))

@@ -55,6 +55,8 @@ struct ExecutorOptions {
   TransportKind transport = TransportKind::kAuto;
   // How long a rank waits for a peer (transfer or all-reduce) before the run fails.
   std::chrono::milliseconds transport_timeout{120000};
+  // Every rank's context. Its memory_limit_bytes caps each device: the ranks this process
+  // holds on one device share the cap (MemoryBudget), each rank's allocator named "rank r".
   DeviceContextOptions device_options;
   // Units whose forward is re-run in the backward instead of keeping what it saves.
   RecomputeSpec recompute;

@@ -53,7 +53,10 @@ struct PipelineRank {
   int replica = 0;                 // index div P
   std::vector<int> replica_group;  // the ranks holding the same stages: pipeline_rank + d*P
   std::unique_ptr<DeviceContext> ctx;
-  std::shared_ptr<CachingAllocator> host_allocator = make_cpu_allocator();  // staging
+  // Staging of a CUDA rank's token ids in host memory. Not under the run's memory cap, as the
+  // memory estimate leaves it out too: the cap emulates a smaller device, and these blocks are
+  // the host's (a CPU rank stages its ids through its context's capped allocator instead).
+  std::shared_ptr<CachingAllocator> host_allocator = make_cpu_allocator();
   std::unique_ptr<Stream> send_stream, recv_stream;
   std::map<int, std::unique_ptr<Stage>> stages;
   std::unique_ptr<Optimizer> optimizer;

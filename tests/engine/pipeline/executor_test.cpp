@@ -216,6 +216,36 @@ TEST(Executor, TransportsSetLaterTellTheAllocatorsWhetherKernelsWaitOnPeers) {
     EXPECT_FALSE(ex->context(r).allocator().device_may_run_communication_kernels()) << r;
 }
 
+// The ranks on one device draw from one cap, the one the memory check adds their estimates up
+// against; without a cap each allocator counts alone.
+TEST(Executor, RanksOnOneDeviceShareItsMemoryCap) {
+  const ModelDescription model = reference_model(test_model());
+  const auto executor = [&](size_t limit) {
+    ExecutorOptions options;
+    options.transport_timeout = std::chrono::milliseconds(60000);
+    options.device_options.memory_limit_bytes = limit;
+    return std::make_unique<PipelineExecutor>(
+        model, schedule::generate(ScheduleKind::k1F1B, 3, 3),
+        stage_ranges(model, partition_blocks(model, 3, PartitionSpec::uniform())),
+        std::vector<Device>(3, Device::cpu()), test_optimizer(), /*seed=*/17, options);
+  };
+  constexpr size_t kCap = size_t{64} << 20;
+  auto capped = executor(kCap);
+  const auto& budget = capped->context(0).allocator().budget();
+  EXPECT_EQ(budget->limit_bytes(), kCap);
+  EXPECT_EQ(budget->allocators(), 3);
+  size_t reserved = 0;
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(capped->context(r).allocator().budget(), budget) << r;
+    reserved += capped->context(r).allocator().stats().reserved_bytes;
+  }
+  EXPECT_EQ(budget->reserved_bytes(), reserved);
+  EXPECT_GT(reserved, 0u);
+  auto uncapped = executor(0);
+  EXPECT_NE(uncapped->context(0).allocator().budget(), uncapped->context(1).allocator().budget());
+  EXPECT_EQ(uncapped->context(0).allocator().stats().limit_shared_by, 1);
+}
+
 TEST(Executor, MismatchedInputsAreClearErrors) {
   auto ex = make_executor(schedule::generate(ScheduleKind::k1F1B, 2, 2));
   EXPECT_THROW(ex->run_step(make_microbatches(3, 5, 1), 0.1f, 1, 1e-2), std::invalid_argument);

@@ -1,9 +1,11 @@
 // The memory cap proved in a real run: plans made under caps that bind (the fastest layout
 // without a cap needs more) run with every rank's allocator peak within the cap, the tightest
-// only by recomputing activations.
+// only by recomputing activations; and ranks that share a device are held to its cap together.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <memory>
+#include <string>
 
 #include "engine/pipeline/planner.h"
 #include "engine/pipeline/profile.h"
@@ -97,6 +99,91 @@ TEST(PlannedCap, EveryRankStaysWithinTheCapThePlanWasMadeFor) {
     }
   }
   EXPECT_GE(recomputing_runs, 1);
+}
+
+// A unit of a user's own that keeps a scratch buffer its activation_memory leaves out (it says
+// what the unit it wraps keeps): the check before the run cannot see the buffer.
+class UndeclaredScratch : public Layer {
+ public:
+  UndeclaredScratch(std::unique_ptr<Layer> inner, int64_t floats)
+      : inner_(std::move(inner)), floats_(floats) {}
+  const std::string& name() const override { return inner_->name(); }
+  std::vector<Parameter*> parameters() override { return inner_->parameters(); }
+  Tensor forward(DeviceContext& ctx, const Tensor& x, const MicroBatchInputs& in,
+                 SavedTensors& saved) override {
+    if (!scratch_.defined()) scratch_ = ctx.empty({floats_});
+    return inner_->forward(ctx, x, in, saved);
+  }
+  Tensor backward_input(DeviceContext& ctx, const Tensor& dy, SavedTensors& saved) override {
+    return inner_->backward_input(ctx, dy, saved);
+  }
+  void backward_weight(DeviceContext& ctx, SavedTensors& saved) override {
+    inner_->backward_weight(ctx, saved);
+  }
+  std::optional<ActivationMemory> activation_memory(const Shape& input) const override {
+    return inner_->activation_memory(input);
+  }
+  std::optional<int64_t> accepted_ids() const override { return inner_->accepted_ids(); }
+
+ private:
+  std::unique_ptr<Layer> inner_;
+  int64_t floats_;
+  Tensor scratch_;
+};
+
+// Two CPU ranks that each fit the cap alone, but not together: the check before the run adds
+// up estimates that miss the scratch, so only the allocators, drawing from one cap, can stop
+// the run, with the allocator's error naming the shared cap and what each rank holds.
+TEST(PlannedCap, RanksSharingADeviceAreHeldToItsCapTogetherWhileTheyRun) {
+  TrainConfig config;
+  config.model = model_preset("tiny");
+  config.model.d_model = 24;
+  config.model.hidden = 56;
+  config.model.vocab = 40;
+  config.model.n_layers = 2;  // units: embedding, 2 blocks, head; a block on each rank
+  config.steps = 1;
+  config.batch_tokens = 64;
+  config.microbatches = 2;
+  config.stages = 2;
+  config.device = Device::cpu();
+  ModelDescription model = reference_model(config.model);
+  const int64_t scratch_floats = int64_t{1} << 20;  // 4 MiB on each rank
+  const auto make = model.make_unit;
+  model.make_unit = [make, last = model.num_units - 1,
+                     scratch_floats](int64_t unit) -> std::unique_ptr<Layer> {
+    if (unit == 0 || unit == last) return make(unit);
+    return std::make_unique<UndeclaredScratch>(make(unit), scratch_floats);
+  };
+
+  // The most either rank reserves alone, without a cap.
+  size_t alone = 0;
+  {
+    Trainer uncapped(model, config);
+    uncapped.step();
+    for (int r = 0; r < 2; ++r)
+      alone =
+          std::max(alone, uncapped.executor().context(r).allocator().stats().peak_reserved_bytes);
+  }
+  config.memory_limit_bytes = alone + (size_t{1} << 20);
+  ASSERT_LT(config.memory_limit_bytes, size_t{2} * scratch_floats * 4)
+      << "the two scratch buffers alone must pass the cap";
+  std::unique_ptr<Trainer> trainer;
+  ASSERT_NO_THROW(trainer = std::make_unique<Trainer>(model, config))
+      << "the check before the run must let it through, or it shows nothing here";
+  try {
+    trainer->step();
+    FAIL() << "both ranks ran, each reserving up to " << alone << " bytes, under a cap of "
+           << config.memory_limit_bytes << " bytes they share";
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("out of memory on cpu"), std::string::npos) << what;
+    EXPECT_NE(what.find("the memory limit would be exceeded; the limit of "), std::string::npos)
+        << what;
+    EXPECT_NE(what.find("is shared by the 2 allocators of cpu in this process"), std::string::npos)
+        << what;
+    EXPECT_NE(what.find("rank 0 "), std::string::npos) << what;
+    EXPECT_NE(what.find("rank 1 "), std::string::npos) << what;
+  }
 }
 
 }  // namespace
