@@ -157,8 +157,9 @@ class CachingAllocator {
   void release_cache();
   Device device() const;
 
-  // Says whether kernels that wait on other ranks (NCCL) may be running on this device; set
-  // by whoever creates communicators for it, on every allocator of that device. While true, a
+  // Says whether kernels that wait on other ranks (NCCL) may be running on this device; the
+  // executor sets it on every allocator of its ranks once their transports exist, from each
+  // transport's queues_kernels_that_wait_on_peers(). While true, a
   // request that does not fit (the cap or the device) fails with OutOfMemoryError without
   // releasing the cache or waiting for other streams, since either could wait for such a
   // kernel and deadlock the ranks.
