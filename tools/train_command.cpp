@@ -1,16 +1,14 @@
-// `conveyor train`: builds a TrainConfig from a preset and flags (train_flags.h), trains,
-// prints one line per logged step and a summary (train_report.h), and optionally writes one
-// JSON object per step.
+// `conveyor train`: builds a TrainConfig from a preset and flags (train_flags.h), checks what
+// must hold before the first step (train_setup.h), trains, prints one line per logged step and
+// a summary (train_report.h), and optionally writes one JSON object per step.
 
 #include <csignal>
 #include <cstdio>
-#include <filesystem>
 #include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "comm/launch_environment.h"
@@ -34,41 +32,10 @@
 #include "tools/run_trace.h"
 #include "tools/train_flags.h"
 #include "tools/train_report.h"
+#include "tools/train_setup.h"
 
 namespace conveyor::cli {
 namespace {
-
-// Rank 0 alone prints and writes files; the others stay quiet unless they fail (errors go
-// to stderr, which stays open).
-void quiet_unless_rank_zero(const MpiSession& mpi, TrainFlags& f) {
-  if (!mpi.active() || mpi.rank() == 0) return;
-  if (std::freopen("/dev/null", "w", stdout) == nullptr)
-    throw std::runtime_error("cannot silence the output of rank " + std::to_string(mpi.rank()));
-  f.log_json.clear();
-  f.trace.clear();
-}
-
-// With --data, the held-out batches must follow the training data within the file: past its
-// end the source wraps and would evaluate on bytes the run trained on. The last pair's target
-// is the byte after its input, so the file needs one byte more than the tokens.
-// `last_step`: the step the run ends at (--stop-after's, when it stops early), which the
-// held-out batches follow.
-void check_eval_fits(Trainer& trainer, const TrainConfig& config, int64_t last_step,
-                     int64_t eval_batches) {
-  const auto* file = dynamic_cast<const FileSource*>(&trainer.source());
-  if (eval_batches == 0 || file == nullptr) return;
-  const uint64_t needed =
-      static_cast<uint64_t>(last_step + eval_batches) * static_cast<uint64_t>(config.batch_tokens);
-  // One token per byte, as read when the run started (the file may have changed since).
-  const uint64_t have = file->bytes();
-  if (needed + 1 > have)
-    throw UsageError("--eval-batches " + std::to_string(eval_batches) + " needs " +
-                     std::to_string(needed + 1) + " bytes of --data (" + std::to_string(last_step) +
-                     " training and " + std::to_string(eval_batches) + " held-out batches of " +
-                     std::to_string(config.batch_tokens) +
-                     " tokens, and the last target) but the file has " + std::to_string(have) +
-                     "; use fewer --eval-batches or --steps");
-}
 
 // A process started with CONVEYOR_TEST_PAUSE_AT=<point> in its environment stops for good at
 // that point: "setup" (before the model, the data and the transport are made), "evaluation"
@@ -86,67 +53,6 @@ double evaluate_after_training(Trainer& trainer, int64_t batches) {
       make_token_source_at(trainer.config(), trainer.model().vocab, trainer.source());
   pause_if_asked_at("evaluation");
   return trainer.evaluate(*held_out, batches);
-}
-
-// Whether `path` is checkpoint folder `root` itself or a name its checkpoints own there
-// (`latest`, step_<N>, step_<N>.tmp and what they hold). Other files in the folder, such as
-// a log kept next to the checkpoints, are the user's.
-bool in_checkpoint_layout(const std::string& path, const std::string& root) {
-  const std::filesystem::path rel = resolved_path(path).lexically_relative(resolved_path(root));
-  if (rel.empty()) return false;
-  if (rel == ".") return true;
-  const std::string first = rel.begin()->string();
-  return first == "latest" || first.rfind("step_", 0) == 0;
-}
-
-// The output files are opened, and emptied, before any work: one that names an input of the
-// run, the other output or a checkpoint would destroy it before the run reads it (a --data
-// file read as empty, a `latest` emptied before --resume reads it).
-void refuse_outputs_over_inputs(const TrainFlags& f) {
-  const std::vector<std::pair<const char*, const std::string*>> outputs = {
-      {"--log-json", &f.log_json}, {"--trace", &f.trace}};
-  const std::vector<std::pair<const char*, const std::string*>> inputs = {
-      {"--data", &f.config.data_path},
-      {"--schedule-file", &f.config.schedule_file},
-      {"--plan", &f.plan_file}};
-  // --resume DIR/latest or DIR/step_<N>: the checkpoints of DIR.
-  std::string resumed = f.checkpoint.resume == "latest" ? "" : f.checkpoint.resume;
-  if (!resumed.empty()) {
-    const std::string name = resolved_path(resumed).filename().string();
-    if (name == "latest" || name.rfind("step_", 0) == 0)
-      resumed = resolved_path(resumed).parent_path().string();
-  }
-  // (flag, its value as given, the checkpoint folder it names)
-  const std::vector<std::tuple<const char*, const std::string*, std::string>> checkpoints = {
-      {"--save-dir", &f.checkpoint.save_dir, f.checkpoint.save_dir},
-      {"--resume", &f.checkpoint.resume, resumed}};
-  for (size_t o = 0; o < outputs.size(); ++o) {
-    const auto& [flag, path] = outputs[o];
-    if (path->empty()) continue;
-    // A device or a FIFO (/dev/null for both) holds nothing to destroy.
-    std::error_code error;
-    const auto type = std::filesystem::status(*path, error).type();
-    if (!error && type != std::filesystem::file_type::regular &&
-        type != std::filesystem::file_type::directory)
-      continue;
-    const std::string shown = quoted_file_name(*path);
-    for (size_t other = o + 1; other < outputs.size(); ++other)
-      if (!outputs[other].second->empty() && same_file(*path, *outputs[other].second))
-        throw UsageError(std::string(flag) + " and " + outputs[other].first + " both name " +
-                         shown + "; each writes a file of its own, so give each its own name");
-    for (const auto& [input, input_path] : inputs)
-      if (!input_path->empty() && same_file(*path, *input_path))
-        throw UsageError(std::string(flag) + " file " + shown + " is the file " + input +
-                         " reads, which writing it would destroy; give " + flag +
-                         " a file of its own");
-    for (const auto& [folder_flag, given, folder] : checkpoints)
-      if (!folder.empty() && in_checkpoint_layout(*path, folder))
-        throw UsageError(std::string(flag) + " file " + shown +
-                         " would overwrite the checkpoints of " + folder_flag + " '" +
-                         escaped_for_message(*given) +
-                         "' (the folder itself, its latest or a step_<N>); give " + flag +
-                         " a file outside them");
-  }
 }
 
 void run_train(TrainFlags& f, const CLI::App& cmd) {
