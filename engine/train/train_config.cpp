@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "comm/transport_factory.h"
+#include "engine/core/device_context.h"
 #include "engine/pipeline/memory_estimate.h"
 #include "engine/schedule/input_file.h"
 #include "engine/schedule/text_format.h"
@@ -25,6 +26,9 @@ std::string format_readable(double v) {
 // Bytes the device can still give, and where that figure comes from; 0 when unknown.
 double device_available_bytes(Device device, std::string* source) {
   if (device.is_cuda()) {
+    // A device this machine lacks has no free memory to compare with; creating its context
+    // refuses it, naming the devices there are.
+    if (device.index >= cuda_device_count()) return 0.0;
     const CudaMemoryInfo info = cuda_memory_info(device.index);
     if (info.total_bytes == 0) return 0.0;
     *source = "free memory of " + device.to_string();
@@ -52,6 +56,12 @@ void check_memory_fits(const ModelDescription& model, const std::vector<StageRan
   if (config.shard_optimizer && config.data_parallel > 1)
     for (RankMemoryEstimate& e : ranks)
       e.optimizer_bytes = std::ceil(e.optimizer_bytes / config.data_parallel);
+  // A rank's context on a CUDA device takes its cuBLASLt workspace from the same allocator
+  // (and cap) before the first step: 32 MiB, which on a model of a few MiB is most of it.
+  for (size_t r = 0; r < ranks.size(); ++r)
+    if (devices[r].is_cuda())
+      ranks[r].transient_bytes +=
+          static_cast<double>(DeviceContextOptions{}.cublas_workspace_bytes);
   // Ranks sharing a device share its memory.
   for (size_t r = 0; r < ranks.size(); ++r) {
     double on_device = 0.0;

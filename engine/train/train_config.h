@@ -130,7 +130,8 @@ std::unique_ptr<TokenSource> make_token_source_at(const TrainConfig& config, int
 
 // Refuses, with the estimate and what is available, a run whose parameters, gradients,
 // optimizer state, in-flight activations, step inputs, boundary tensors and workspace
-// (estimate_rank_memory, engine/pipeline/memory_estimate.h) exceed, on
+// (estimate_rank_memory, engine/pipeline/memory_estimate.h; on a CUDA device also each
+// rank's cuBLASLt workspace, DeviceContextOptions::cublas_workspace_bytes) exceed, on
 // some device, config.memory_limit_bytes or the device's free memory, whichever is smaller
 // (a limit emulates a smaller device, never a larger one). The trainer calls
 // it before allocating anything. Throws std::invalid_argument. `one_device_per_process`:

@@ -90,6 +90,35 @@ TEST(MemoryEstimate, TrainerRefusesARunOverTheLimitBeforeAllocating) {
   EXPECT_NO_THROW(Trainer trainer(c));
 }
 
+// On a CUDA device each rank's context takes its cuBLASLt workspace from the capped allocator
+// before the first step, so a cap that holds the CPU's estimate but not that workspace too
+// refuses the CUDA run up front. No GPU is needed: the check refuses before any context exists,
+// and without a device only the cap bounds it.
+TEST(MemoryEstimate, CudaRanksCountTheirCublasWorkspace) {
+  const ModelDescription model = reference_model(small_model());
+  const auto schedule = schedule::generate(schedule::ScheduleKind::k1F1B, 2, 2, 1);
+  const auto ranges = stage_ranges(model, partition_blocks(model, 2, PartitionSpec::uniform()));
+  TrainConfig c;
+  c.model = small_model();
+  c.batch_tokens = 64;
+  c.microbatches = 2;
+  const double workspace = static_cast<double>(DeviceContextOptions{}.cublas_workspace_bytes);
+  const auto estimate = estimate_rank_memory(model, ranges, schedule, "adamw", 32);
+  // Both ranks on one device, with room for their estimates and one workspace, not two.
+  c.memory_limit_bytes =
+      static_cast<size_t>(estimate[0].total() + estimate[1].total() + 1.5 * workspace);
+  EXPECT_NO_THROW(check_memory_fits(model, ranges, schedule, {Device::cpu(), Device::cpu()}, c));
+  try {
+    check_memory_fits(model, ranges, schedule, {Device::cuda(0), Device::cuda(0)}, c);
+    FAIL() << "two cuBLASLt workspaces fit a cap with room for one";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("on cuda:0 (2 rank(s)"), std::string::npos) << e.what();
+  }
+  // A process per GPU: each rank alone with its workspace fits.
+  EXPECT_NO_THROW(check_memory_fits(model, ranges, schedule, {Device::cuda(0), Device::cuda(0)}, c,
+                                    /*one_device_per_process=*/true));
+}
+
 // The runs whose allocator peaks the estimate is held to: d=32, L=6, V=512, hidden 128,
 // 1024 tokens in 8 micro-batches, 2 steps on the CPU.
 TrainConfig peak_test_config(schedule::ScheduleKind kind, int stages, int chunks) {
