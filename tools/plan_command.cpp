@@ -21,6 +21,21 @@ namespace conveyor::cli {
 
 namespace {
 
+// The flags that run `replicas`, a data-parallel candidate of `run`: planned for one
+// replica's share of --dp D, each of its P replicas is one of the run's, so the run needs
+// P x D of them; each fits running its share in the candidate's micro-batches one after
+// another, and --microbatches counts those of every replica.
+std::string replica_run_flags(const PlannedRun& run, const PlanCandidate& replicas) {
+  const size_t p = replicas.peak_bytes.size();
+  const size_t all = p * static_cast<size_t>(run.replicas);
+  return "--stages 1 --dp " +
+         (run.replicas > 1 ? std::to_string(all) + " (" + std::to_string(p) + " x --dp " +
+                                 std::to_string(run.replicas) + ")"
+                           : std::to_string(p)) +
+         " --microbatches " + std::to_string(all * static_cast<size_t>(replicas.microbatches)) +
+         (replicas.shard_optimizer ? " --shard-optimizer" : "");
+}
+
 // Why no candidate of `run` is feasible (pipelined ones only when `pipelines`), and what
 // would work.
 [[noreturn]] void refuse_plan(const PlannedRun& run, bool pipelines) {
@@ -31,18 +46,9 @@ namespace {
   for (const auto& c : plan.candidates)
     if (!c.pipelined) {
       if (c.rejected.empty()) {
-        // Planned for one replica's share of --dp D: each of its P replicas is one of the
-        // run's, so the run needs P x D of them.
-        const size_t p = c.peak_bytes.size();
-        const std::string dp = run.replicas > 1
-                                   ? std::to_string(p * static_cast<size_t>(run.replicas)) + " (" +
-                                         std::to_string(p) + " x --dp " +
-                                         std::to_string(run.replicas) + ")"
-                                   : std::to_string(p);
         replicas = "; " + c.layout + (c.shard_optimizer ? " sharing the optimizer state" : "") +
-                   (run.replicas > 1 ? " fits each replica's share" : " fits") +
-                   ": run --stages 1 --dp " + dp + (c.shard_optimizer ? " --shard-optimizer" : "") +
-                   " instead";
+                   (run.replicas > 1 ? " fits each replica's share" : " fits") + ": run " +
+                   replica_run_flags(run, c) + " instead";
         break;
       }
       if (replicas.empty()) replicas = "; " + c.layout + " does not fit either: " + c.rejected;
@@ -130,9 +136,9 @@ void run_plan(const PlanFlags& f, const CLI::App& cmd) {
                         [](const PlanCandidate& c) { return c.rejected.empty(); });
       std::printf(
           "note   the model has %lld units (the embedding, the blocks and the loss head), too "
-          "few for %d pipeline stages; only %s fits: run conveyor train --stages 1 --dp %zu%s\n",
+          "few for %d pipeline stages; only %s fits: run conveyor train %s\n",
           static_cast<long long>(run.units), run.stages, first.layout.c_str(),
-          first.peak_bytes.size(), first.shard_optimizer ? " --shard-optimizer" : "");
+          replica_run_flags(run, first).c_str());
     }
     return;
   }
@@ -155,9 +161,8 @@ void run_plan(const PlanFlags& f, const CLI::App& cmd) {
   if (!first.pipelined)
     std::printf(
         "note   %s is faster, and a plan file holds only a pipeline: the file has the best "
-        "pipeline; for the replicas run conveyor train --stages 1 --dp %zu%s instead\n",
-        first.layout.c_str(), first.peak_bytes.size(),
-        first.shard_optimizer ? " --shard-optimizer" : "");
+        "pipeline; for the replicas run conveyor train %s instead\n",
+        first.layout.c_str(), replica_run_flags(run, first).c_str());
 }
 
 }  // namespace

@@ -174,12 +174,14 @@ PlannedRun plan_training(const TrainConfig& config, Device device, int repetitio
   if (spread)
     for (int r = 0; r < p; ++r) devices[static_cast<size_t>(r)] = Device::cuda(r);
   const int sharing = spread ? 1 : ranks;
-  std::string cap_source;
+  // The ranks that share a device share its memory, the cap given as much as the device's
+  // own: the check before the run, and its allocators, hold their sum to it.
+  std::string cap_source = "the memory limit given";
+  const double memory = config.memory_limit_bytes > 0
+                            ? static_cast<double>(config.memory_limit_bytes)
+                            : device_memory_bytes(device, &cap_source);
   double cap = 0;
-  if (config.memory_limit_bytes > 0) {
-    cap = static_cast<double>(config.memory_limit_bytes);
-    cap_source = "the memory limit given";
-  } else if (const double memory = device_memory_bytes(device, &cap_source); memory > 0) {
+  if (memory > 0) {
     cap = memory / sharing;
     if (sharing > 1)
       cap_source += " (" + bytes_text(memory) + ") shared by " + std::to_string(sharing) +

@@ -67,7 +67,7 @@ std::string stages_text(const schedule::Placement& placement, int rank) {
   const int more = ranks_that_fit(timed, sums, memory_of.recomputed, schedule, cap);
   std::ostringstream out;
   out << "no partition of " << timed.size() << " units into " << schedule.num_stages()
-      << " stages fits " << bytes_text(cap) << " per device under " << schedule.name << " with "
+      << " stages fits " << bytes_text(cap) << " per rank under " << schedule.name << " with "
       << schedule.num_microbatches << " micro-batches: in the most balanced partition "
       << ranges_text(balanced) << " rank " << worst << " ("
       << stages_text(schedule.placement, worst) << ") needs " << bytes_text(memory[worst]) << " ("

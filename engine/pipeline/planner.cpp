@@ -77,17 +77,28 @@ PlanCandidate data_parallel(const UnitCosts& costs, const PlanOptions& options,
     return c;
   }
   const int64_t replica_tokens = options.batch_tokens / p;
-  double state = 0, parameters = 0, compute = 0, activation = 0;
+  double state = 0, parameters = 0, compute = 0, activation = 0, workspace = 0;
   for (const auto& u : costs.units)
     state += u.state_bytes - (shard_optimizer ? u.optimizer_bytes * (p - 1) / p : 0.0),
-        parameters += u.parameter_bytes, compute += u.compute(), activation += u.activation_bytes;
+        parameters += u.parameter_bytes, compute += u.compute(), activation += u.activation_bytes,
+        workspace = std::max(workspace, u.workspace_bytes);
   // Each replica runs its share one micro-batch after another, accumulating gradients; the
-  // fewest micro-batches whose activations fit.
+  // fewest micro-batches whose activations fit, beside the step's token ids and losses (a
+  // replica holds the first unit and the last) and the largest unit's workspace, as the check
+  // before a run counts them.
   const double per_token = 1.0 / static_cast<double>(costs.microbatch_tokens);
+  // The least any count needs, for the refusal: more micro-batches hold fewer activations
+  // but more loss tensors, each rounded up by the allocator.
   c.microbatches = 0;
+  double least = std::numeric_limits<double>::infinity();
+  int least_at = 0;
   for (int m = 1; m <= replica_tokens; ++m) {
     if (replica_tokens % m) continue;
-    const double bytes = state + activation * per_token * static_cast<double>(replica_tokens / m);
+    const double tokens = static_cast<double>(replica_tokens / m);
+    const StepInputBytes step = step_input_bytes(replica_tokens / m, m);
+    const double bytes =
+        state + step.first_unit + step.last_unit + (activation + workspace) * per_token * tokens;
+    if (bytes < least) least = bytes, least_at = m;
     if (fits(bytes, options.memory_cap)) {
       c.microbatches = m;
       c.peak_bytes = std::vector<double>(p, bytes);
@@ -96,9 +107,12 @@ PlanCandidate data_parallel(const UnitCosts& costs, const PlanOptions& options,
   }
   if (c.microbatches == 0) {
     c.short_of_memory = true;
-    c.rejected = "the model's state alone (" + bytes_text(state) + ") does not fit the cap of " +
-                 bytes_text(options.memory_cap) + " on one device";
-    c.peak_bytes = std::vector<double>(p, state);
+    c.rejected = "a replica does not fit the cap of " + bytes_text(options.memory_cap) +
+                 " per rank: it needs at least " + bytes_text(least) + " (the model's state " +
+                 bytes_text(state) + ", and the step's token ids, losses and activations in " +
+                 std::to_string(least_at) + " micro-batches of its " +
+                 std::to_string(replica_tokens) + " tokens)";
+    c.peak_bytes = std::vector<double>(p, least);
     return c;
   }
   // Ring all-reduce of the gradients (one f32 gradient per weight): 2(p-1) steps, each moving

@@ -75,7 +75,7 @@ struct PartitionChoice {
 };
 
 struct PartitionSearch {
-  double memory_cap = 0;         // bytes per device; 0 = no cap
+  double memory_cap = 0;         // bytes per rank; 0 = no cap
   std::vector<bool> recomputed;  // per unit (empty: none), as recompute.h marks them
   double transfer_seconds = 0;   // one boundary transfer, as the simulator times it
   // The search's budget: partitions simulated at most, counted as work, so a schedule of n <
@@ -124,7 +124,7 @@ struct PlanOptions {
   int64_t batch_tokens = 0;            // tokens per step, split into micro-batches
   std::vector<int> microbatch_counts;  // empty: default_microbatch_counts
   std::vector<int> interleaved_chunks{2};
-  double memory_cap = 0;           // bytes per device; 0 = unlimited
+  double memory_cap = 0;           // bytes per rank (a device's share); 0 = unlimited
   double allreduce_bandwidth = 0;  // bytes per second of the data-parallel all-reduce; 0 = free
   double allreduce_latency = 0;    // seconds per all-reduce step
   // The data-parallel candidate's gradients are all-reduced in buckets of at most this many

@@ -125,10 +125,13 @@ TEST(Planner, ReplicasSharingTheOptimizerStateFitWhereWholeOnesDoNot) {
   EXPECT_TRUE(replicas(roomy, false)->rejected.empty());
   EXPECT_EQ(replicas(roomy, true), nullptr);
 
-  // A cap between the sharded and the whole state: only the sharded replicas fit, at the
-  // same predicted step time (reduce-scatter + all-gather move what the all-reduce did).
+  // A cap between the sharded and the whole state, with room for the step's token ids and
+  // losses of the micro-batches whose activations fit beside (16 of a replica's 1024 tokens):
+  // only the sharded replicas fit, at the same predicted step time (reduce-scatter +
+  // all-gather move what the all-reduce did).
   const double sharded_state = state - optimizer / 2;
-  options.memory_cap = (state + sharded_state) / 2;
+  const StepInputBytes inputs = step_input_bytes(64, 16);
+  options.memory_cap = (state + sharded_state) / 2 + inputs.first_unit + inputs.last_unit;
   const Plan capped = plan(costs, options);
   const PlanCandidate* whole = replicas(capped, false);
   const PlanCandidate* sharded = replicas(capped, true);
@@ -161,9 +164,17 @@ TEST(Planner, ReplicasSharingTheOptimizerStateFitWhereWholeOnesDoNot) {
   // at a time: only the sharded replicas fit, and the table says so.
   UnitCosts heavy = costs;
   for (auto& u : heavy.units) u.activation_bytes = u.input_bytes = 1e6;
-  // A token's activations on one replica: 6 units x 1e6 / 256 bytes, about 23 KB.
-  options.memory_cap = sharded_state + 30e3;
-  ASSERT_LT(options.memory_cap, state + 23e3);
+  // A token's activations on one replica: 6 units x 1e6 / 256 bytes, about 23 KB; with the
+  // ids, targets and losses of the step the least a whole replica needs is some 300 KB (at
+  // 256 micro-batches), which a plan under a cap too small for anything reports. A cap half
+  // way from there to the sharded replicas' least (20 KB less: half the moments).
+  options.memory_cap = 1024;
+  const Plan nothing_fits = plan(heavy, options);
+  ASSERT_NE(replicas(nothing_fits, false), nullptr);
+  const double whole_least = replicas(nothing_fits, false)->peak_bytes.at(0);
+  EXPECT_NE(replicas(nothing_fits, false)->rejected.find("needs at least"), std::string::npos)
+      << replicas(nothing_fits, false)->rejected;
+  options.memory_cap = whole_least - (state - sharded_state) / 2;
   const Plan only_replicas = plan(heavy, options);
   ASSERT_NE(replicas(only_replicas, true), nullptr);
   EXPECT_TRUE(replicas(only_replicas, true)->rejected.empty())
