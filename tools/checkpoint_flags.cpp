@@ -21,8 +21,8 @@ void add_checkpoint_flags(CLI::App* cmd, CheckpointFlags& f) {
   cmd->add_option("--on-save-error", f.on_save_error,
                   "stop (end the run) or continue (report and train on) when a save fails")
       ->capture_default_str();
-  cmd->add_flag("--async-save", f.async_save,
-                "Snapshot to host memory and write checkpoints in the background");
+  add_switch(cmd, "--async-save", f.async_save,
+             "Snapshot to host memory and write checkpoints in the background");
   add_path_flag(cmd, "--resume", f.resume,
                 "Resume from checkpoint DIR, DIR/step_<N>, or latest (of --save-dir)",
                 "a checkpoint (DIR, DIR/step_<N> or latest)")

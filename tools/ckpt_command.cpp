@@ -344,7 +344,7 @@ void register_ckpt_command(CLI::App& app) {
                 "a checkpoint path (DIR, DIR/latest or DIR/step_<N>)")
       ->required()
       ->type_name("");
-  inspect->add_flag("--json", flags->json, "Print everything as one JSON document");
+  add_switch(inspect, "--json", flags->json, "Print everything as one JSON document");
   add_int_flag(inspect, "--values", flags->values, 0, int64_t{1} << 31,
                "Also print the first N elements of each tensor");
   inspect->footer("Example: conveyor ckpt inspect runs/ckpt/latest\n" + exit_status);

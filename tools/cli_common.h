@@ -200,6 +200,14 @@ CLI::Option* add_int_flag(CLI::App* cmd, const std::string& name, T& target, int
   return opt;
 }
 
+// A switch, on when given. Given twice it is refused as every other flag is (CLI11 reads a
+// repeated switch once without a word), so a duplicated line in a script is seen.
+inline CLI::Option* add_switch(CLI::App* cmd, const std::string& name, bool& target,
+                               const std::string& description) {
+  return cmd->add_flag(name, target, description)
+      ->multi_option_policy(CLI::MultiOptionPolicy::Throw);
+}
+
 // A floating-point flag checked by parse_float at parse time.
 inline CLI::Option* add_float_flag(CLI::App* cmd, const std::string& name, double& target,
                                    double lo, double hi, bool lo_open,

@@ -193,7 +193,7 @@ void add_run_flags(CLI::App* cmd, RunFlags& f, RunFlagsFor command) {
       ->type_name("NUM")
       ->default_str("0")
       ->excludes(cap);
-  cmd->add_flag("--tf32", f.tf32, "Let fp32 GEMMs use TF32 tensor cores (default off)");
+  add_switch(cmd, "--tf32", f.tf32, "Let fp32 GEMMs use TF32 tensor cores (default off)");
   cmd->add_option("--recompute", f.recompute,
                   "Re-run the forward in the backward instead of keeping activations: none, "
                   "stage (every unit) or units:LIST of unit indices such as units:2,3,5")

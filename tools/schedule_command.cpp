@@ -455,8 +455,8 @@ void register_schedule_command(CLI::App& app) {
                "Columns of the printed timeline: a wider one is scaled, several time units a "
                "cell, and a cell where several actions start shows the first, marked +")
       ->capture_default_str();
-  cmd->add_flag("--compare", opts->compare,
-                "Print a table of all schedules for these p, m and costs (default off)");
+  add_switch(cmd, "--compare", opts->compare,
+             "Print a table of all schedules for these p, m and costs (default off)");
   cmd->footer(std::string("Example: conveyor schedule --kind zbh1 -p 4 -m 8 --svg zbh1.svg\n") +
               exit_status_text("an output file could not be written"));
   cmd->callback([opts, cmd] { run(*opts, *cmd); });

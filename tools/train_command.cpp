@@ -369,9 +369,9 @@ void register_train_command(CLI::App& app) {
                 "Write one JSON object per step to FILE (locked; flushed every line)")
       ->type_name("FILE");
   add_int_flag(cmd, "--log-every", flags->log_every, 1, 1000000000, "Print every N steps");
-  cmd->add_flag("--quiet", flags->quiet,
-                "Leave out the per-step lines, the periodic saves' lines and --partition auto's "
-                "report; the run's header, notes and closing lines stay (default off)");
+  add_switch(cmd, "--quiet", flags->quiet,
+             "Leave out the per-step lines, the periodic saves' lines and --partition auto's "
+             "report; the run's header, notes and closing lines stay (default off)");
   add_int_flag(cmd, "--stages", c.stages, 1, kMaxStages, "Pipeline ranks (p)");
   add_int_flag(cmd, "--chunks", flags->chunks, 1, kMaxChunks,
                "Virtual stages per rank (interleaved; zbv always has 2)")
@@ -410,18 +410,18 @@ void register_train_command(CLI::App& app) {
                "After the last step, print the mean loss on the N batches that follow the "
                "training data in the same source (held out; with --data they must fit in the "
                "file)");
-  cmd->add_flag("--weights-checksum", flags->weights_checksum,
-                "Print an XXH3 checksum of the final weights (to compare runs bit for bit)");
+  add_switch(cmd, "--weights-checksum", flags->weights_checksum,
+             "Print an XXH3 checksum of the final weights (to compare runs bit for bit)");
   // Data parallelism.
   add_int_flag(cmd, "--dp", c.data_parallel, 1, kMaxReplicas,
                "Data-parallel replicas D: --stages x D ranks (rank r is pipeline rank r mod "
                "--stages of replica r div --stages; under mpirun -np stages x D), each on "
                "--microbatches / D of the step's micro-batches (a multiple of D)");
-  cmd->add_flag("--shard-optimizer", c.shard_optimizer,
-                "With --dp: each replica keeps the AdamW/SGD state of 1/D of every "
-                "parameter, receives only the sum of that part of the gradients (a "
-                "reduce-scatter), and the replicas gather the updated weights (ZeRO-1; "
-                "default off)");
+  add_switch(cmd, "--shard-optimizer", c.shard_optimizer,
+             "With --dp: each replica keeps the AdamW/SGD state of 1/D of every "
+             "parameter, receives only the sum of that part of the gradients (a "
+             "reduce-scatter), and the replicas gather the updated weights (ZeRO-1; "
+             "default off)");
   cmd->footer(std::string("Example: conveyor train --stages 4 --schedule zbh1 --microbatches 8 "
                           "--log-json steps.jsonl\n") +
               kExitStatusText);
