@@ -10,10 +10,7 @@ shift 3
 source "$(dirname "${BASH_SOURCE[0]}")/variant_flags.sh"
 split_variants "$@"
 mkdir -p "$work"
-run_logged reference "${args[@]}" || {
-  echo "close_steps: the run without the variants failed" >&2
-  exit 1
-}
+run_reference
 if [ ! -s "$work/reference.steps" ]; then
   echo "close_steps: the run logged no steps" >&2
   exit 1
@@ -23,13 +20,7 @@ cat "$work/reference.steps"
 i=0
 for v in "${variants[@]}"; do
   i=$((i + 1))
-  # shellcheck disable=SC2086  # the variant is a list of flags
-  run_logged "variant$i" "${args[@]}" $v || {
-    echo "close_steps: $v: the run failed" >&2
-    exit 1
-  }
-  echo "$v:"
-  cat "$work/variant$i.steps"
+  run_variant "variant$i" "$v"
   # Each number against the reference's: |got - want| <= tolerance * |want|.
   if ! awk -v tol="$tolerance" -v what="$v" '
     NR == FNR { want[FNR] = $0; n = FNR; next }

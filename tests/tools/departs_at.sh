@@ -13,10 +13,7 @@ shift 3
 source "$(dirname "${BASH_SOURCE[0]}")/variant_flags.sh"
 split_variants "$@"
 mkdir -p "$work"
-run_logged reference "${args[@]}" || {
-  echo "departs_at: the run without the variants failed" >&2
-  exit 1
-}
+run_reference
 if [ "$(awk -v s="$step" '$1 == s' "$work/reference.steps" | wc -l)" -ne 1 ]; then
   echo "departs_at: the run logged no step $step (--steps must reach it)" >&2
   exit 1
@@ -30,13 +27,7 @@ cat "$work/reference.steps"
 i=0
 for v in "${variants[@]}"; do
   i=$((i + 1))
-  # shellcheck disable=SC2086  # the variant is a list of flags
-  run_logged "variant$i" "${args[@]}" $v || {
-    echo "departs_at: $v: the run failed" >&2
-    exit 1
-  }
-  echo "$v:"
-  cat "$work/variant$i.steps"
+  run_variant "variant$i" "$v"
   if ! awk -v at="$step" -v what="$v" '
     NR == FNR { want[$1] = $0; next }
     $1 < at && $0 != want[$1] {

@@ -33,3 +33,25 @@ run_logged() {
 }
 # logged_checksum NAME: the "weights xxh3" line of run NAME's output (--weights-checksum).
 logged_checksum() { grep -E '^weights xxh3 [0-9a-f]+$' "$work/$1.out"; }
+
+# run_reference: runs the command's arguments alone as run "reference" (run_logged); ends the
+# script if it fails.
+run_reference() {
+  run_logged reference "${args[@]}" || {
+    echo "$(basename "$0" .sh): the run without the variants failed" >&2
+    exit 1
+  }
+}
+
+# run_variant NAME FLAGS: runs the command's arguments with the variant's FLAGS appended as run
+# NAME (run_logged), ends the script if it fails, and shows its logged steps under FLAGS.
+run_variant() {
+  local name=$1 flags=$2
+  # shellcheck disable=SC2086  # the variant is a list of flags
+  run_logged "$name" "${args[@]}" $flags || {
+    echo "$(basename "$0" .sh): $flags: the run failed" >&2
+    exit 1
+  }
+  echo "$flags:"
+  cat "$work/$name.steps"
+}
