@@ -9,8 +9,12 @@
 #include <string>
 #include <vector>
 
+#include "support/unit_cost_bytes.h"
+
 namespace conveyor {
 namespace {
+
+using testing::expect_same_bytes;
 
 ModelConfig head_heavy_config() {
   ModelConfig c;
@@ -29,18 +33,6 @@ ProfileOptions quick_options(int repetitions) {
   options.repetitions = repetitions;
   options.warmup = 1;
   return options;
-}
-
-// Every byte count of `c` equals `reference`'s: what a profile counts does not depend on how
-// its timing was run.
-void expect_same_bytes(const UnitCost& c, const UnitCost& reference) {
-  EXPECT_EQ(c.parameter_bytes, reference.parameter_bytes);
-  EXPECT_EQ(c.state_bytes, reference.state_bytes);
-  EXPECT_EQ(c.optimizer_bytes, reference.optimizer_bytes);
-  EXPECT_EQ(c.activation_bytes, reference.activation_bytes);
-  EXPECT_EQ(c.input_bytes, reference.input_bytes);
-  EXPECT_EQ(c.workspace_bytes, reference.workspace_bytes);
-  EXPECT_EQ(c.weight_pending_bytes, reference.weight_pending_bytes);
 }
 
 TEST(Profile, EveryUnitIsTimedAndItsBytesCounted) {

@@ -13,9 +13,12 @@
 #include "engine/pipeline/profile.h"
 #include "layers/basic_layers.h"
 #include "layers/blocks.h"
+#include "support/unit_cost_bytes.h"
 
 namespace conveyor {
 namespace {
+
+using testing::expect_same_bytes;
 
 constexpr int64_t kVocab = 13;
 
@@ -56,16 +59,6 @@ UnitCosts measured(const ModelDescription& model, int64_t tokens, int optimizer_
   options.repetitions = 1;
   options.optimizer_slots = optimizer_slots;
   return profile_units(model, ctx, options);
-}
-
-void expect_same_bytes(const UnitCost& described, const UnitCost& measured) {
-  EXPECT_EQ(described.activation_bytes, measured.activation_bytes);
-  EXPECT_EQ(described.weight_pending_bytes, measured.weight_pending_bytes);
-  EXPECT_EQ(described.workspace_bytes, measured.workspace_bytes);
-  EXPECT_EQ(described.input_bytes, measured.input_bytes);
-  EXPECT_EQ(described.parameter_bytes, measured.parameter_bytes);
-  EXPECT_EQ(described.optimizer_bytes, measured.optimizer_bytes);
-  EXPECT_EQ(described.state_bytes, measured.state_bytes);
 }
 
 TEST(UnitMemory, EveryLayerKindSaysWhatTheAllocatorMeasures) {
