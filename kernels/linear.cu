@@ -48,10 +48,13 @@ struct Preference {
   Preference& operator=(const Preference&) = delete;
 };
 
-// Largest power of two (<= 256) dividing the address: tells the heuristic what it may assume.
+// Largest power of two (<= 16) dividing the address: tells the heuristic what it may assume.
+// No more than 16, the widest load the kernels need: the heuristic's pick, and so the bits of
+// the result, must not change with an operand's alignment beyond that (row slices of one
+// tensor start at addresses aligned to different powers of two).
 uint32_t alignment_of(const void* p) {
   const auto addr = reinterpret_cast<uintptr_t>(p);
-  uint32_t a = 256;
+  uint32_t a = 16;
   while (a > 4 && (addr % a) != 0) a >>= 1;
   return a;
 }
@@ -128,6 +131,9 @@ bool run_gemm(const CudaContext& ctx, const Gemm& g) {
   // and then fails (or faults) in cublasLtMatmul. Such a bias is added by our own kernel.
   if (g.bias != nullptr && !detail::aligned16(g.bias)) return false;
   if (ctx.allow_tf32 && try_gemm(ctx, g, CUBLAS_COMPUTE_32F_FAST_TF32)) return true;
+  // With TF32 allowed, a bias no TF32 kernel fuses is added by our kernel after a TF32 GEMM,
+  // rather than fused into a plain fp32 one many times slower on tensor-core GPUs.
+  if (g.bias != nullptr && ctx.allow_tf32) return false;
   if (try_gemm(ctx, g, CUBLAS_COMPUTE_32F)) return true;
   if (g.bias != nullptr) return false;
   throw std::runtime_error(
