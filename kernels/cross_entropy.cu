@@ -50,7 +50,16 @@ __device__ __forceinline__ MaxSum warp_combine(MaxSum st) {
   return st;
 }
 
-// No __restrict__ on logits/dlogits: they may alias.
+// (softmax - onehot) * grad_scale for one logit.
+__device__ __forceinline__ float logit_grad(float x, int64_t j, int32_t target, float row_max,
+                                            float inv_sum, float grad_scale) {
+  return (expf(x - row_max) * inv_sum - (j == target ? 1.0f : 0.0f)) * grad_scale;
+}
+
+// A thread reads the row in groups of four logits (thread t takes groups t, t + blockDim.x,
+// ...), then the vocab % 4 last ones one a thread, with vector loads (kVec) or scalar ones
+// (detail::load4): the order of the row's online sums depends on vocab alone, never on the
+// alignment. No __restrict__ on logits/dlogits: they may alias.
 template <bool kVec>
 __global__ void __launch_bounds__(kBlock)
     softmax_cross_entropy_kernel(float* __restrict__ losses, float* dlogits, const float* logits,
@@ -61,6 +70,7 @@ __global__ void __launch_bounds__(kBlock)
   __shared__ float shared_target_logit;
   const int tid = threadIdx.x;
   const int lane = tid & 31, warp = tid >> 5, warps = blockDim.x >> 5;
+  const int64_t groups = vocab / 4;
   for (int64_t row = blockIdx.x; row < n; row += gridDim.x) {
     const float* xr = logits + row * vocab;
     float* dr = dlogits + row * vocab;
@@ -74,18 +84,14 @@ __global__ void __launch_bounds__(kBlock)
     if (tid == 0) shared_target_logit = target_ok ? xr[target] : NAN;
 
     MaxSum st{-INFINITY, 0.0f};
-    if constexpr (kVec) {
-      const float4* x4 = reinterpret_cast<const float4*>(xr);
-      for (int64_t j = tid; j < vocab / 4; j += blockDim.x) {
-        const float4 v = x4[j];
-        accumulate(st, v.x);
-        accumulate(st, v.y);
-        accumulate(st, v.z);
-        accumulate(st, v.w);
-      }
-    } else {
-      for (int64_t j = tid; j < vocab; j += blockDim.x) accumulate(st, xr[j]);
+    for (int64_t j = tid; j < groups; j += blockDim.x) {
+      const float4 v = detail::load4<kVec>(xr, j);
+      accumulate(st, v.x);
+      accumulate(st, v.y);
+      accumulate(st, v.z);
+      accumulate(st, v.w);
     }
+    for (int64_t j = 4 * groups + tid; j < vocab; j += blockDim.x) accumulate(st, xr[j]);
     st = warp_combine(st);
     if (lane == 0) {
       shared_m[warp] = st.m;
@@ -100,25 +106,18 @@ __global__ void __launch_bounds__(kBlock)
     if (tid == 0) losses[row] = log_sum + row_max - shared_target_logit;
     const float inv_sum = 1.0f / total.s;
 
-    if constexpr (kVec) {
-      const float4* x4 = reinterpret_cast<const float4*>(xr);
-      float4* d4 = reinterpret_cast<float4*>(dr);
-      for (int64_t j = tid; j < vocab / 4; j += blockDim.x) {
-        const float4 v = x4[j];
-        const int64_t base = 4 * j;
-        float4 g;
-        g.x = (expf(v.x - row_max) * inv_sum - (base + 0 == target ? 1.0f : 0.0f)) * grad_scale;
-        g.y = (expf(v.y - row_max) * inv_sum - (base + 1 == target ? 1.0f : 0.0f)) * grad_scale;
-        g.z = (expf(v.z - row_max) * inv_sum - (base + 2 == target ? 1.0f : 0.0f)) * grad_scale;
-        g.w = (expf(v.w - row_max) * inv_sum - (base + 3 == target ? 1.0f : 0.0f)) * grad_scale;
-        d4[j] = g;
-      }
-    } else {
-      for (int64_t j = tid; j < vocab; j += blockDim.x) {
-        const float p = expf(xr[j] - row_max) * inv_sum;
-        dr[j] = (p - (j == target ? 1.0f : 0.0f)) * grad_scale;
-      }
+    for (int64_t j = tid; j < groups; j += blockDim.x) {
+      const float4 v = detail::load4<kVec>(xr, j);
+      const int64_t base = 4 * j;
+      detail::store4<kVec>(
+          dr, j,
+          make_float4(logit_grad(v.x, base + 0, target, row_max, inv_sum, grad_scale),
+                      logit_grad(v.y, base + 1, target, row_max, inv_sum, grad_scale),
+                      logit_grad(v.z, base + 2, target, row_max, inv_sum, grad_scale),
+                      logit_grad(v.w, base + 3, target, row_max, inv_sum, grad_scale)));
     }
+    for (int64_t j = 4 * groups + tid; j < vocab; j += blockDim.x)
+      dr[j] = logit_grad(xr[j], j, target, row_max, inv_sum, grad_scale);
     __syncthreads();  // shared state is reused by the next row
   }
 }
@@ -132,9 +131,10 @@ void softmax_cross_entropy(const CudaContext& ctx, float* losses, float* dlogits
   detail::require_at_least("softmax_cross_entropy", "vocab", vocab, 1);
   if (n == 0) return;
   const bool vec = vocab % 4 == 0 && detail::aligned16(logits) && detail::aligned16(dlogits);
-  // Narrow rows do not need 16 warps; keep at least one full warp.
-  const int64_t per_thread_items = vec ? vocab / 4 : vocab;
-  const int block = static_cast<int>(std::min<int64_t>(kBlock, (per_thread_items + 31) / 32 * 32));
+  // Narrow rows do not need 16 warps; keep at least one full warp. The block size decides
+  // which logits each thread sums, so it depends on vocab alone.
+  const int64_t groups = (vocab + 3) / 4;
+  const int block = static_cast<int>(std::min<int64_t>(kBlock, (groups + 31) / 32 * 32));
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(n, detail::kFixedSmCount * 64));
   if (vec)
     softmax_cross_entropy_kernel<true><<<grid, block, 0, ctx.stream>>>(

@@ -31,6 +31,29 @@ inline unsigned int grid_for(int64_t work_items, int block) {
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
+// Elements 4j .. 4j+3 of p: one vector load when p is 16-byte aligned (kVec), four scalar
+// loads otherwise. Kernels that read rows in groups of four through these add in the same
+// order either way, so an operand's alignment changes their speed and never their bits.
+template <bool kVec>
+__device__ __forceinline__ float4 load4(const float* p, int64_t j) {
+  if constexpr (kVec) {
+    return reinterpret_cast<const float4*>(p)[j];
+  } else {
+    return make_float4(p[4 * j], p[4 * j + 1], p[4 * j + 2], p[4 * j + 3]);
+  }
+}
+template <bool kVec>
+__device__ __forceinline__ void store4(float* p, int64_t j, float4 v) {
+  if constexpr (kVec) {
+    reinterpret_cast<float4*>(p)[j] = v;
+  } else {
+    p[4 * j] = v.x;
+    p[4 * j + 1] = v.y;
+    p[4 * j + 2] = v.z;
+    p[4 * j + 3] = v.w;
+  }
+}
+
 // Warp sums with a fixed butterfly pattern: every lane ends with the same, reproducible bits.
 template <class T>
 __device__ __forceinline__ T warp_sum(T v) {

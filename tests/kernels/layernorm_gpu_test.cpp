@@ -1,6 +1,9 @@
 // CUDA LayerNorm against the CPU: forward (y, mean, rstd), backward_input (also in place),
-// backward_weight accumulated over micro-batches, determinism, unaligned rows.
+// backward_weight accumulated over micro-batches, determinism, unaligned rows, the same bits
+// aligned or not.
 #include <gtest/gtest.h>
+
+#include <utility>
 
 #include "kernels/layernorm.h"
 #include "support/gpu_buffer.h"
@@ -63,6 +66,46 @@ TEST(LayerNormGpu, ForwardAndBackwardInputMatchCpu) {
                                               d_mean_ref.data(), d_rstd_ref.data(), d_gamma.data(),
                                               s.n, s.c);
       EXPECT_TRUE(bitwise_equal(d_dy.download(), dx));
+    }
+  }
+}
+
+// The same rows at 16-byte aligned addresses and at 4-byte ones (float4 loads, scalar loads),
+// and with only the outputs unaligned: the same bits for y, mean, rstd and dx. Widths that
+// are multiples of 4 take the float4 path when aligned; the others check the tail alone.
+TEST(LayerNormGpu, SameBitsWhateverTheAlignment) {
+  CONVEYOR_REQUIRE_GPU();
+  GpuContext gpu;
+  uint64_t seed = 1300;
+  struct Outputs {
+    std::vector<float> y, mean, rstd, dx;
+  };
+  for (const Shape& s : kShapes) {
+    SCOPED_TRACE("n=" + std::to_string(s.n) + " c=" + std::to_string(s.c));
+    const size_t total = static_cast<size_t>(s.n * s.c), c = static_cast<size_t>(s.c);
+    const auto x = random_floats(total, seed++, -2.0f, 3.0f);
+    const auto gamma = random_floats(c, seed++, 0.5f, 1.5f);
+    const auto beta = random_floats(c, seed++);
+    const auto dy = random_floats(total, seed++);
+    const auto run = [&](size_t in_pad, size_t out_pad) {
+      DeviceBuffer<float> d_x(x, in_pad), d_gamma(gamma, in_pad), d_beta(beta, in_pad),
+          d_dy(dy, in_pad), d_y(total, out_pad), d_dx(total, out_pad);
+      DeviceBuffer<float> d_mean(s.n), d_rstd(s.n);
+      kernels::cuda::layernorm_forward(gpu.ctx(), d_y.data(), d_mean.data(), d_rstd.data(),
+                                       d_x.data(), d_gamma.data(), d_beta.data(), s.n, s.c, kEps);
+      kernels::cuda::layernorm_backward_input(gpu.ctx(), d_dx.data(), d_dy.data(), d_x.data(),
+                                              d_mean.data(), d_rstd.data(), d_gamma.data(), s.n,
+                                              s.c);
+      return Outputs{d_y.download(), d_mean.download(), d_rstd.download(), d_dx.download()};
+    };
+    const Outputs aligned = run(0, 0);
+    for (const auto& [in_pad, out_pad] : {std::pair{1, 1}, std::pair{0, 1}}) {
+      SCOPED_TRACE("pads " + std::to_string(in_pad) + ", " + std::to_string(out_pad));
+      const Outputs other = run(in_pad, out_pad);
+      EXPECT_TRUE(bitwise_equal(other.y, aligned.y));
+      EXPECT_TRUE(bitwise_equal(other.mean, aligned.mean));
+      EXPECT_TRUE(bitwise_equal(other.rstd, aligned.rstd));
+      EXPECT_TRUE(bitwise_equal(other.dx, aligned.dx));
     }
   }
 }
