@@ -12,14 +12,23 @@
 
 namespace conveyor::detail {
 
+// Whether device `index` has its primary context (the one the runtime uses) already; true
+// when the driver cannot tell, so that a caller keeps the behaviour of restoring.
+bool cuda_primary_context_active(int index);
+
 class CudaDeviceGuard {
  public:
   explicit CudaDeviceGuard(int index) {
     CONVEYOR_CUDA_CHECK(cudaGetDevice(&previous_));
-    if (previous_ != index)
-      CONVEYOR_CUDA_CHECK(cudaSetDevice(index));
-    else
+    if (previous_ == index) {
       previous_ = -1;  // nothing to restore
+      return;
+    }
+    // A thread that never chose a device reads device 0 even where no context exists there,
+    // and setting a device creates its context (a few hundred MiB): restoring would claim GPU
+    // 0 for every process whose ranks are elsewhere. Such a thread stays on `index`.
+    if (!cuda_primary_context_active(previous_)) previous_ = -1;
+    CONVEYOR_CUDA_CHECK(cudaSetDevice(index));
   }
   ~CudaDeviceGuard() {
     if (previous_ >= 0) (void)cudaSetDevice(previous_);  // destructors must not throw

@@ -181,6 +181,13 @@ PipelineExecutor::~PipelineExecutor() {
   // communicators here, which also frees any of its kernels still queued on those streams
   // before ~Stream waits for them.
   for (auto& rank : ranks_) rank->transport.reset();
+  // Then every rank's tensors, before any rank's streams: a block one rank still holds after a
+  // failed step may be marked for another rank's stream (an interleaved schedule's
+  // activations), and freeing it records an event there.
+  for (auto& rank : ranks_) {
+    rank->optimizer.reset();
+    rank->stages.clear();
+  }
 }
 
 PipelineRank& PipelineExecutor::held(int rank) const {
