@@ -113,7 +113,10 @@ void RankStep::pack_bucket(const Action& a, std::vector<float>& values) {
   values.resize(range.end - range.begin);
   // On the compute stream, which made the gradients, and waiting for it alone: a wait for the
   // whole device would also wait for this rank's NCCL transfers, and a receive among them can
-  // wait for a peer that waits for a send this rank has not issued yet.
+  // wait for a peer that waits for a send this rank has not issued yet. The compute stream
+  // itself may wait for a receive: the transport's wait is bounded and hears of a lost peer,
+  // where the copies' own wait for their stream would not.
+  if (cuda_) rank_.transport->synchronize(compute_);
   for_each_segment(layout, range.begin, range.end, [&](const Tensor& part, size_t at) {
     copy_to_host(values.data() + (at - range.begin), part, part.nbytes(), compute_.native());
   });
@@ -172,6 +175,7 @@ void RankStep::finish_oldest_reduce() {
     end = std::clamp(bounds[rank_.replica + 1], range.begin, range.end);
   }
   // On the compute stream, which reads the gradients next (see pack_bucket).
+  if (cuda_) rank_.transport->synchronize(compute_);
   for_each_segment(layout, begin, end, [&](const Tensor& part, size_t at) {
     copy_from_host(part, bucket.values.data() + (at - range.begin), part.nbytes(),
                    compute_.native());
