@@ -167,7 +167,8 @@ void check_plan_layout(const std::string& source, schedule::ScheduleKind kind, i
                           : " has one chunk per rank, and its chunks is " + std::to_string(chunks) +
                                 "; more chunks are for 'interleaved', so chunks must be 1 here") +
                      kPlanAgain);
-  const int64_t pipeline_stages = stages * (zbv ? 2 : chunks);
+  const int64_t pipeline_stages =
+      stages * schedule::chunks_per_rank(kind, static_cast<int>(chunks));
   if (static_cast<int64_t>(blocks.size()) != pipeline_stages) {
     std::string counts;
     for (const int64_t b : blocks) counts += (counts.empty() ? "" : ",") + std::to_string(b);

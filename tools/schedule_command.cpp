@@ -232,7 +232,7 @@ void run_compare(const ScheduleOptions& o, const Costs& costs) {
     const bool inter = kind == sc::ScheduleKind::kInterleaved;
     std::string name = kind_name;
     if (inter) name += " v=" + std::to_string(v);
-    const int chunks = inter ? v : (kind == sc::ScheduleKind::kZBV ? 2 : 1);
+    const int chunks = sc::chunks_per_rank(kind, inter ? v : 1);
     if (const std::string past = past_the_cells_generated(p, m, chunks); !past.empty()) {
       std::printf("%-16s n/a: %s\n", name.c_str(), past.c_str());
       continue;
@@ -335,7 +335,7 @@ void run(const ScheduleOptions& o, const CLI::App& cmd) {
       if (!kind) throw not_one_of("--kind", schedule_choices_text(), o.kind);
       const int v = o.chunks > 0 ? o.chunks : (*kind == sc::ScheduleKind::kInterleaved ? 2 : 1);
       if (o.chunks > 0) check_chunks_flag(*kind, o.chunks);
-      check_pm(o, *kind == sc::ScheduleKind::kZBV ? 2 : v);
+      check_pm(o, sc::chunks_per_rank(*kind, v));
       schedule = make_schedule(*kind, o.stages, o.microbatches, v, costs, o.dp);
     }
     sim = sc::validate_and_simulate(schedule, cost_model(costs, schedule.placement.chunks, o));

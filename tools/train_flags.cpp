@@ -231,9 +231,10 @@ void check_block_counts(const TrainConfig& config, const std::string& stages_fro
   if (config.partition.kind != PartitionSpec::Kind::kBlocks) return;
   const std::vector<int64_t>& counts = config.partition.blocks;
   const std::string given = "--partition " + block_counts_text(config.partition);
-  // A schedule file's chunks are its own; zbv generates 2 per rank whatever config.chunks is.
-  const bool zbv = config.schedule_file.empty() && config.schedule == schedule::ScheduleKind::kZBV;
-  const int64_t per_rank = zbv ? 2 : config.chunks;
+  // A schedule file's chunks are its own; a generated schedule's are those its kind runs.
+  const int64_t per_rank = config.schedule_file.empty()
+                               ? schedule::chunks_per_rank(config.schedule, config.chunks)
+                               : config.chunks;
   const int64_t stages = int64_t{config.stages} * per_rank;
   if (static_cast<int64_t>(counts.size()) != stages)
     throw UsageError(given + " has " + std::to_string(counts.size()) +
@@ -270,7 +271,11 @@ std::string stages_from_flags(const TrainConfig& config) {
            std::to_string(config.stages) + " ranks x " + std::to_string(config.chunks) +
            (config.chunks == 1 ? " chunk)" : " chunks)");
   const std::string stages = "--stages " + std::to_string(config.stages);
-  if (config.schedule == schedule::ScheduleKind::kZBV) return stages + " x 2 chunks of zbv";
+  // zbv's chunks are its own, whatever --chunks says.
+  if (config.schedule == schedule::ScheduleKind::kZBV)
+    return stages + " x " +
+           std::to_string(schedule::chunks_per_rank(config.schedule, config.chunks)) +
+           " chunks of zbv";
   if (config.chunks > 1)
     return stages + " x --chunks " + std::to_string(config.chunks) + " of " +
            schedule::schedule_kind_name(config.schedule);

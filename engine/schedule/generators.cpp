@@ -82,6 +82,8 @@ bool takes_chunks(ScheduleKind kind, int64_t v) {
   }
 }
 
+int chunks_per_rank(ScheduleKind kind, int v) { return kind == ScheduleKind::kZBV ? 2 : v; }
+
 void check_chunks(ScheduleKind kind, int v) {
   if (takes_chunks(kind, v)) return;
   if (kind == ScheduleKind::kZBV)

@@ -36,6 +36,10 @@ Schedule generate(ScheduleKind kind, int p, int m, int v = 1, int replicas = 1);
 // Whether `kind` takes v chunks per rank: zbv 1 or 2 (it always runs 2), interleaved any,
 // the others 1. The one rule, for callers that say a refusal in their own words.
 bool takes_chunks(ScheduleKind kind, int64_t v);
+// The chunks per rank that `kind` runs when given `v` (one that takes_chunks accepts): zbv
+// always 2, its V, whatever v says; the others v. The one rule for callers that count a
+// layout's stages, or compare chunk counts, before any schedule exists.
+int chunks_per_rank(ScheduleKind kind, int v);
 // The chunk count alone against the kind (takes_chunks), as generate() checks it first: lets
 // a caller refuse it before any other work. Throws ScheduleError.
 void check_chunks(ScheduleKind kind, int v);

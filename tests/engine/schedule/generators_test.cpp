@@ -90,6 +90,17 @@ TEST(Generators, ZBVIsDefinedForSmallM) {
     }
 }
 
+// The chunks a caller counts before generating are those the schedule holds, for every kind
+// and every chunk count it takes (zbv's 1 included, which still runs its V of 2).
+TEST(Generators, ChunksPerRankAreThoseGenerated) {
+  for (const auto& [kind, name] : schedule_kinds())
+    for (int v = 1; v <= 4; ++v) {
+      if (!takes_chunks(kind, v)) continue;
+      EXPECT_EQ(chunks_per_rank(kind, v), generate(kind, 2, 4, v).placement.chunks)
+          << name << " v=" << v;
+    }
+}
+
 TEST(Generators, InterleavedWithOneChunkIs1F1B) {
   EXPECT_EQ(generate_interleaved(4, 8, 1), generate_1f1b(4, 8));
 }
