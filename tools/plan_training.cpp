@@ -15,6 +15,7 @@
 #include "engine/pipeline/memory_estimate.h"
 #include "engine/pipeline/profile.h"
 #include "engine/schedule/generators.h"
+#include "engine/train/train_config.h"
 #include "tools/cli_common.h"
 #include "tools/flag_terms.h"
 #include "tools/plan_command.h"
@@ -175,20 +176,28 @@ PlannedRun plan_training(const TrainConfig& config, Device device, int repetitio
     for (int r = 0; r < p; ++r) devices[static_cast<size_t>(r)] = Device::cuda(r);
   const int sharing = spread ? 1 : ranks;
   // The ranks that share a device share its memory, the cap given as much as the device's
-  // own: the check before the run, and its allocators, hold their sum to it.
+  // own: the check before the run, and its allocators, hold their sum to it. On CUDA each
+  // rank's context takes its cuBLASLt workspace from that memory too, which the check counts,
+  // so the stages are planned in what is left.
   std::string cap_source = "the memory limit given";
   const double memory = config.memory_limit_bytes > 0
                             ? static_cast<double>(config.memory_limit_bytes)
                             : device_memory_bytes(device, &cap_source);
   double cap = 0;
   if (memory > 0) {
-    cap = memory / sharing;
     if (sharing > 1)
       cap_source += " (" + bytes_text(memory) + ") shared by " + std::to_string(sharing) +
                     " ranks" +
                     (constraints.replicas > 1 ? " (" + std::to_string(p) + " stages x --dp " +
                                                     std::to_string(constraints.replicas) + ")"
                                               : std::string());
+    try {
+      const RankMemoryShare share = rank_memory_share(memory, sharing, device, cap_source);
+      cap = share.bytes;
+      cap_source = share.source;
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(e.what());
+    }
   } else {
     cap_source = "none: the device's memory is unknown";
   }

@@ -43,6 +43,33 @@ double device_available_bytes(Device device, std::string* source) {
 
 }  // namespace
 
+double rank_context_bytes(Device device) {
+  return device.is_cuda() ? static_cast<double>(DeviceContextOptions{}.cublas_workspace_bytes)
+                          : 0.0;
+}
+
+RankMemoryShare rank_memory_share(double memory, int sharing, Device device,
+                                  const std::string& memory_source) {
+  if (!(memory > 0) || sharing < 1)
+    throw std::invalid_argument("a memory share needs memory above 0 and 1 or more ranks, got " +
+                                bytes_text(memory) + " and " + std::to_string(sharing));
+  const double equal = memory / sharing;
+  const double context = rank_context_bytes(device);
+  if (context == 0) return {equal, memory_source};
+  const std::string each = sharing > 1 ? "each rank's" : "the rank's";
+  // Equal to the context leaves a share of 0, which a planner reads as no cap at all.
+  if (equal <= context)
+    throw std::invalid_argument(
+        memory_source + (sharing > 1 ? " leaves each rank " : " is ") + bytes_text(equal) +
+        ", no more than the cuBLASLt workspace (" + bytes_text(context) + ") that " + each +
+        " context on " + device.to_string() +
+        " takes from it before its stages hold anything; give more than " +
+        bytes_text(context * sharing) +
+        (sharing > 1 ? ", or fewer ranks on " + device.to_string() : std::string()));
+  return {equal - context,
+          memory_source + ", less " + each + " cuBLASLt workspace (" + bytes_text(context) + ")"};
+}
+
 void check_memory_fits(const ModelDescription& model, const std::vector<StageRange>& ranges,
                        const schedule::Schedule& schedule, const std::vector<Device>& devices,
                        const TrainConfig& config, bool one_device_per_process) {
@@ -59,9 +86,7 @@ void check_memory_fits(const ModelDescription& model, const std::vector<StageRan
   // A rank's context on a CUDA device takes its cuBLASLt workspace from the same allocator
   // (and cap) before the first step: 32 MiB, which on a model of a few MiB is most of it.
   for (size_t r = 0; r < ranks.size(); ++r)
-    if (devices[r].is_cuda())
-      ranks[r].transient_bytes +=
-          static_cast<double>(DeviceContextOptions{}.cublas_workspace_bytes);
+    ranks[r].transient_bytes += rank_context_bytes(devices[r]);
   // Ranks sharing a device share its memory.
   for (size_t r = 0; r < ranks.size(); ++r) {
     double on_device = 0.0;

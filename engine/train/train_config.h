@@ -128,10 +128,29 @@ std::unique_ptr<TokenSource> make_token_source(const TrainConfig& config, int64_
 std::unique_ptr<TokenSource> make_token_source_at(const TrainConfig& config, int64_t vocab,
                                                   const TokenSource& run);
 
+// Bytes that a rank's context on `device` takes from its allocator, and so from its cap,
+// before the first step, outside what estimate_rank_memory counts: on CUDA its cuBLASLt
+// workspace (DeviceContextOptions::cublas_workspace_bytes, which the trainer leaves at its
+// default), nothing on the CPU.
+double rank_context_bytes(Device device);
+
+// What a planner may plan each rank's stages against, so that check_memory_fits takes every
+// layout it plans: `memory` bytes (> 0; a cap, or the device's memory) of `device` shared
+// equally by the `sharing` ranks on it, less each rank's context (rank_context_bytes).
+// `source` is `memory_source` (where the memory and its sharing come from, as the caller
+// says them), with what was subtracted added. Throws std::invalid_argument when a rank's
+// equal share cannot hold its context with some room to spare, naming the figures.
+struct RankMemoryShare {
+  double bytes = 0;
+  std::string source;
+};
+RankMemoryShare rank_memory_share(double memory, int sharing, Device device,
+                                  const std::string& memory_source);
+
 // Refuses, with the estimate and what is available, a run whose parameters, gradients,
 // optimizer state, in-flight activations, step inputs, boundary tensors and workspace
 // (estimate_rank_memory, engine/pipeline/memory_estimate.h; on a CUDA device also each
-// rank's cuBLASLt workspace, DeviceContextOptions::cublas_workspace_bytes) exceed, on
+// rank's context, rank_context_bytes) exceed, on
 // some device, config.memory_limit_bytes or the device's free memory, whichever is smaller
 // (a limit emulates a smaller device, never a larger one). The trainer calls
 // it before allocating anything. Throws std::invalid_argument. `one_device_per_process`:

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <functional>
 #include <limits>
 #include <map>
@@ -117,6 +118,82 @@ TEST(MemoryEstimate, CudaRanksCountTheirCublasWorkspace) {
   // A process per GPU: each rank alone with its workspace fits.
   EXPECT_NO_THROW(check_memory_fits(model, ranges, schedule, {Device::cuda(0), Device::cuda(0)}, c,
                                     /*one_device_per_process=*/true));
+}
+
+// A planner plans each rank's stages in rank_memory_share: on CUDA the equal share of the
+// memory less each rank's cuBLASLt workspace, so that what it plans the check before the run
+// takes. Where the equal share alone would let a layout through that the check refuses (room
+// for the ranks and one workspace, not two), the share is below what the larger rank needs.
+TEST(MemoryEstimate, CudaRankShareLeavesOutEachRanksWorkspace) {
+  const ModelDescription model = reference_model(small_model());
+  const auto schedule = schedule::generate(schedule::ScheduleKind::k1F1B, 2, 2, 1);
+  const auto ranges = stage_ranges(model, partition_blocks(model, 2, PartitionSpec::uniform()));
+  TrainConfig c;
+  c.model = small_model();
+  c.batch_tokens = 64;
+  c.microbatches = 2;
+  const double workspace = rank_context_bytes(Device::cuda(0));
+  EXPECT_EQ(workspace, static_cast<double>(DeviceContextOptions{}.cublas_workspace_bytes));
+  EXPECT_EQ(rank_context_bytes(Device::cpu()), 0.0);
+  const auto estimate = estimate_rank_memory(model, ranges, schedule, "adamw", 32);
+  const double largest = std::max(estimate[0].total(), estimate[1].total());
+  const std::vector<Device> gpu = {Device::cuda(0), Device::cuda(0)};
+
+  // Room for the larger rank twice and both workspaces: planned, and the check agrees.
+  double memory = std::ceil(2 * (largest + workspace));
+  RankMemoryShare share = rank_memory_share(memory, 2, Device::cuda(0), "the cap");
+  EXPECT_GE(share.bytes, largest);
+  EXPECT_EQ(share.source, "the cap, less each rank's cuBLASLt workspace (32.0 MiB)");
+  c.memory_limit_bytes = static_cast<size_t>(memory);
+  EXPECT_NO_THROW(check_memory_fits(model, ranges, schedule, gpu, c));
+
+  // A byte short of both ranks and both workspaces: the check refuses, so the share must not
+  // hold the larger rank (the equal share alone, half the memory, would).
+  memory = std::floor(estimate[0].total() + estimate[1].total() + 2 * workspace) - 1;
+  share = rank_memory_share(memory, 2, Device::cuda(0), "the cap");
+  EXPECT_LT(share.bytes, largest);
+  EXPECT_GE(memory / 2, largest);
+  c.memory_limit_bytes = static_cast<size_t>(memory);
+  EXPECT_THROW(check_memory_fits(model, ranges, schedule, gpu, c), std::invalid_argument);
+
+  // On the CPU a rank's context takes nothing: the equal share, said as given.
+  share = rank_memory_share(memory, 2, Device::cpu(), "the cap");
+  EXPECT_DOUBLE_EQ(share.bytes, memory / 2);
+  EXPECT_EQ(share.source, "the cap");
+  // A rank alone on its GPU still gives its workspace.
+  share = rank_memory_share(memory, 1, Device::cuda(1), "the cap");
+  EXPECT_DOUBLE_EQ(share.bytes, memory - workspace);
+  EXPECT_EQ(share.source, "the cap, less the rank's cuBLASLt workspace (32.0 MiB)");
+}
+
+// Memory whose equal share cannot hold a rank's workspace (or only exactly, which would leave
+// a share of 0, read by the planner as no cap) is refused with the figures; the CPU's is not.
+TEST(MemoryEstimate, CudaRankShareRefusesMemoryThatHoldsNoMoreThanTheWorkspaces) {
+  const double mib = 1024.0 * 1024.0;
+  const double workspace = rank_context_bytes(Device::cuda(0));
+  auto refusal = [](double memory, int sharing, const std::string& source) {
+    try {
+      rank_memory_share(memory, sharing, Device::cuda(0), source);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no refusal");
+  };
+  EXPECT_EQ(refusal(48 * mib, 2, "the memory limit given (48.0 MiB) shared by 2 ranks"),
+            "the memory limit given (48.0 MiB) shared by 2 ranks leaves each rank 24.0 MiB, no "
+            "more than the cuBLASLt workspace (32.0 MiB) that each rank's context on cuda:0 takes "
+            "from it before its stages hold anything; give more than 64.0 MiB, or fewer ranks on "
+            "cuda:0");
+  EXPECT_EQ(refusal(2 * workspace, 2, "two workspaces")
+                .find("two workspaces leaves each rank "
+                      "32.0 MiB, no more than"),
+            0u);
+  EXPECT_EQ(refusal(workspace, 1, "the memory limit given"),
+            "the memory limit given is 32.0 MiB, no more than the cuBLASLt workspace (32.0 MiB) "
+            "that the rank's context on cuda:0 takes from it before its stages hold anything; "
+            "give more than 32.0 MiB");
+  EXPECT_GT(rank_memory_share(2 * workspace + 2, 2, Device::cuda(0), "a little more").bytes, 0.0);
+  EXPECT_DOUBLE_EQ(rank_memory_share(48 * mib, 2, Device::cpu(), "the cap").bytes, 24 * mib);
 }
 
 // The runs whose allocator peaks the estimate is held to: d=32, L=6, V=512, hidden 128,
