@@ -246,6 +246,9 @@ PlannedRun plan_training(const TrainConfig& config, Device device, int repetitio
   // would be faster).
   options.schedule = constraints.schedule;
   options.chunks = constraints.chunks;
+  // zbv takes --chunks 1 as its own V of 2, as a run without auto does.
+  if (constraints.schedule && constraints.chunks)
+    options.chunks = schedule::chunks_per_rank(*constraints.schedule, *constraints.chunks);
   if (constraints.schedule)
     out.constraints +=
         std::string(" --schedule ") + schedule::schedule_kind_name(*constraints.schedule);

@@ -323,7 +323,12 @@ void apply_planning(const TrainFlags& f, const CLI::App& cmd, const MpiSession& 
     agree("--stages", std::to_string(flags.stages), std::to_string(config.stages));
     agree("--schedule", schedule::schedule_kind_name(flags.schedule),
           schedule::schedule_kind_name(config.schedule));
-    agree("--chunks", std::to_string(flags.chunks), std::to_string(config.chunks));
+    // A chunk count the plan's schedule takes as its own agrees: zbv's --chunks 1 is its V of 2.
+    const bool same_chunks =
+        schedule::takes_chunks(config.schedule, flags.chunks) &&
+        schedule::chunks_per_rank(config.schedule, flags.chunks) == config.chunks;
+    if (!same_chunks)
+      agree("--chunks", std::to_string(flags.chunks), std::to_string(config.chunks));
     agree("--microbatches", std::to_string(flags.microbatches),
           replicas > 1
               ? std::to_string(share.microbatches) + " per replica, " +
