@@ -263,6 +263,20 @@ void run_compare(const ScheduleOptions& o, const Costs& costs) {
         o.dp);
 }
 
+// Whether `s` is exactly what its kind's generator makes for its p, m, v and replicas. A file's
+// name is only a label that an edited schedule keeps, and the closed form of the schedule it
+// was dumped from says nothing about what the edits made of it.
+bool is_generated_as_named(const sc::Schedule& s, const Costs& costs) {
+  const auto kind = sc::parse_schedule_kind(s.name);
+  if (!kind) return false;
+  try {
+    return make_schedule(*kind, s.num_ranks(), s.num_microbatches, s.placement.chunks, costs,
+                         s.replicas) == s;
+  } catch (const sc::ScheduleError&) {
+    return false;  // a layout the generator refuses, so not one it made
+  }
+}
+
 // A loaded schedule fixes p, m, v and the kind; flags given next to --load must agree.
 void check_load_agrees(const ScheduleOptions& o, const CLI::App& cmd, const sc::Schedule& s) {
   auto disagree = [&](const std::string& flag, const std::string& given, const std::string& has) {
@@ -365,9 +379,16 @@ void run(const ScheduleOptions& o, const CLI::App& cmd) {
   std::printf("\n");
   std::printf("makespan: %s\n", fmt(sim.makespan).c_str());
   // The closed forms are for one pipeline; the all-reduces at the end add to its makespan.
-  const std::string form = schedule.replicas > 1 ? "" : closed_form(schedule.name, p, m, v, costs);
+  std::string form = schedule.replicas > 1 ? "" : closed_form(schedule.name, p, m, v, costs);
+  const bool edited = !form.empty() && !o.load.empty() && !is_generated_as_named(schedule, costs);
+  if (edited) form.clear();
   std::printf("bubble: %.4f%s\n", sim.bubble_fraction,
               form.empty() ? "" : ("  (closed form " + form + ")").c_str());
+  if (edited)
+    std::printf(
+        "(no closed form: the file's actions are not those --kind %s generates for these p, m "
+        "and v)\n",
+        escaped_for_message(schedule.name).c_str());
   std::printf("\n%-6s %10s %10s %16s %16s\n", "rank", "busy", "idle", "peak in-flight",
               "peak held (W)");
   for (int r = 0; r < p; ++r) {
