@@ -399,6 +399,13 @@ void run(const ScheduleOptions& o, const CLI::App& cmd) {
   std::printf(
       "(peak in-flight: micro-batches between F and the end of its B or I; held: until its last "
       "use)\n");
+  // With v chunks a rank holds up to v entries per micro-batch: 11 on rank 0 of interleaved
+  // p=4 m=8 would read as more micro-batches than the step has.
+  if (v > 1)
+    std::printf(
+        "(with %d chunks per rank, in-flight and held count micro-batch x chunk, each 1/%d of a "
+        "rank's activations)\n",
+        v, v);
   if (schedule.replicas > 1) {
     std::printf("\n%-6s %10s %14s\n", "rank", "all-reduce", "ends at");
     for (int r = 0; r < p; ++r)
