@@ -51,9 +51,37 @@ CostModel measured_costs(const Schedule& sched,
           reduce += d, ++nreduce;
           break;
         default:
-          comm += d, ++ncomm;
-          break;
+          break;  // transfers: below, per message
       }
+    }
+  // A transfer's time is that of its message, from when both its send and its receive had
+  // started (the simulator's rendezvous) to when both had ended. A receive's own duration
+  // would not do: it is posted early and its wait for the sender's compute is in it, which
+  // the simulator, charging it as latency on top of that wait, would count twice. A message
+  // is one send and one receive (message_key).
+  const size_t cells = static_cast<size_t>(stages) * sched.num_microbatches;
+  std::vector<const ActionTiming*> sent(2 * cells, nullptr);
+  auto slot = [&](const Action& a) -> const ActionTiming** {
+    const MessageKey key = message_key(a);
+    if (key.producer_stage < 0 || key.producer_stage >= stages || key.microbatch < 0 ||
+        key.microbatch >= sched.num_microbatches)
+      return nullptr;
+    return &sent[(key.gradient ? cells : 0) +
+                 static_cast<size_t>(key.producer_stage) * sched.num_microbatches + key.microbatch];
+  };
+  for (int r = 0; r < sched.num_ranks(); ++r)
+    for (size_t k = 0; k < sched.ranks[r].size(); ++k)
+      if (is_send(sched.ranks[r][k].kind))
+        if (const ActionTiming** s = slot(sched.ranks[r][k])) *s = &timing[r][k];
+  for (int r = 0; r < sched.num_ranks(); ++r)
+    for (size_t k = 0; k < sched.ranks[r].size(); ++k) {
+      if (!is_recv(sched.ranks[r][k].kind)) continue;
+      const ActionTiming& recv = timing[r][k];
+      const ActionTiming** s = slot(sched.ranks[r][k]);
+      const ActionTiming* send = s ? *s : nullptr;
+      comm += send ? std::max(send->end, recv.end) - std::max(send->start, recv.start)
+                   : recv.end - recv.start;
+      ++ncomm;
     }
   CostModel costs;
   costs.forward.assign(stages, 0);

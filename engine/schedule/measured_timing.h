@@ -10,8 +10,9 @@
 namespace conveyor::schedule {
 
 // Mean measured duration of each compute kind per stage (F, and B or I and W as the schedule
-// has them), of all transfers as the latency, and of the gradient all-reduces as
-// reduce_latency. Throws std::invalid_argument when `timing`
+// has them), of each message (from when both its send and its receive had started to when
+// both had ended, so not a receive's wait for its sender) as the latency, and of the gradient
+// all-reduces as reduce_latency. Throws std::invalid_argument when `timing`
 // does not hold one entry per action of `schedule`.
 CostModel measured_costs(const Schedule& schedule,
                          const std::vector<std::vector<ActionTiming>>& timing);

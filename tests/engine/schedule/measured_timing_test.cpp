@@ -90,6 +90,33 @@ TEST(MeasuredTiming, MeansPerStageAndATimelineShiftedToStartAtZero) {
   EXPECT_EQ(summary.timing[0][3].end, 16.0);
 }
 
+TEST(MeasuredTiming, AReceivesWaitForItsSenderIsNotTransferTime) {
+  // 1F1B, p = 2, m = 1, as an executor records it: each receive is posted long before its
+  // message is sent (rank 1's at 0, rank 0's right after its send) and ends when the message
+  // is in, so its duration is mostly waiting for the other rank's compute. Each message takes
+  // 2 from its send's start. Given the costs read from this step, the simulator must give it
+  // back: the same makespan and bubble.
+  const Schedule sched = generate(ScheduleKind::k1F1B, 2, 1);
+  auto actions = [](std::initializer_list<const char*> tokens) {
+    std::vector<Action> out;
+    for (const char* t : tokens) out.push_back(parse_action(t));
+    return out;
+  };
+  ASSERT_EQ(sched.ranks[0], actions({"F0.0", "SA0.0>1", "RG0.0<1", "B0.0"}));
+  ASSERT_EQ(sched.ranks[1], actions({"RA1.0<0", "F1.0", "B1.0", "SG1.0>0"}));
+  const std::vector<std::vector<ActionTiming>> timing = {
+      {{0, 10}, {10, 12}, {12, 41}, {41, 56}},  // F0 SA0 RG0 (waits 27) B0
+      {{0, 12}, {12, 22}, {22, 39}, {39, 41}},  // RA1 (waits 10) F1 B1 SG1
+  };
+  const CostModel costs = measured_costs(sched, timing);
+  EXPECT_EQ(costs.latency, 2.0);
+  const SimResult measured = summarize_timing(sched, timing);
+  const SimResult predicted = simulate(sched, costs);
+  EXPECT_EQ(measured.makespan, 56.0);
+  EXPECT_EQ(predicted.makespan, measured.makespan);
+  EXPECT_EQ(predicted.bubble_fraction, measured.bubble_fraction);
+}
+
 TEST(MeasuredTiming, ATimelineThatDoesNotFitTheScheduleIsAClearError) {
   const Schedule sched = generate(ScheduleKind::k1F1B, 2, 2);
   std::vector<std::vector<ActionTiming>> timing(1);  // one rank short
