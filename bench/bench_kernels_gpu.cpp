@@ -1,6 +1,6 @@
 // CUDA kernel benchmarks: GEMM TFLOP/s (fp32, TF32) at 8192³ and the reference model's
 // shapes, LayerNorm, GELU, softmax-cross-entropy, AdamW and the gradient-norm reduction in GB/s,
-// each with the percent of the ceilings measured on the H200 (docs: shared GPU.md).
+// each with the percent of the ceilings measured on the H200 (docs/PERF.md, "Ceilings").
 // Timing: CUDA events around each call after a warm-up, median over the iterations; inputs
 // are fresh random data (init_uniform), far larger than the 60 MB L2.
 // Counters are computed from the median event time (not Google Benchmark's rate counters,
@@ -27,7 +27,7 @@ namespace {
 
 using conveyor::kernels::cuda::CudaContext;
 
-// Ceilings measured on the H200 (GPU.md).
+// Ceilings measured on the H200 with PyTorch (docs/PERF.md, "Ceilings", which gives how).
 constexpr double kCopyGBs = 4272.0;
 constexpr double kTf32TFlops = 399.0;
 constexpr double kFp32TFlops = 50.0;

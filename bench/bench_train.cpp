@@ -1,9 +1,10 @@
 // Whole training steps through conveyor::Trainer (data, forward, backward, all-reduce of loss
 // and gradient norms, clipping, AdamW): tokens per second and achieved TFLOP/s.
 //   CPU: the tiny preset, one stage and 4-stage 1F1B.
-//   GPU: the small preset (d=1024, L=8, V=32768; GPU.md's reference model), 16384 tokens per
-//        step in m = 16 micro-batches, fp32 and TF32, one stage and p = 4 stages sharing one
-//        GPU under 1F1B. Skipped (with an error line) when no CUDA device is usable.
+//   GPU: the small preset (d=1024, L=8, V=32768; the model of docs/PERF.md's PyTorch
+//        reference step), 16384 tokens per step in m = 16 micro-batches, fp32 and TF32, one
+//        stage and p = 4 stages sharing one GPU under 1F1B. Skipped (with an error line) when no
+//        CUDA device is usable.
 // Timing: a few warm-up steps, then the wall time of each Trainer::step() (it returns after
 // the optimizer step has finished on every rank); counters use the median step.
 //   tokens/s      tokens per step / median step time
