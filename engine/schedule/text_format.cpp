@@ -147,7 +147,16 @@ Schedule finish(const Header& h, std::vector<std::vector<Action>> ranks) {
   if (static_cast<int>(ranks.size()) > s.placement.num_ranks)
     throw ScheduleError("the schedule has a line for rank " + std::to_string(ranks.size() - 1) +
                         " but the header says ranks=" + std::to_string(s.placement.num_ranks));
+  // Every rank owns a stage, so it has actions: a rank without any is a line left out, which
+  // the validator would report as another rank's transfer to it missing.
   ranks.resize(s.placement.num_ranks);
+  for (size_t r = 0; r < ranks.size(); ++r)
+    if (ranks[r].empty())
+      throw ScheduleError("rank " + std::to_string(r) + " of " +
+                          std::to_string(s.placement.num_ranks) +
+                          " has no actions (expected a line 'r" + std::to_string(r) +
+                          ": F...' or its CSV rows; every rank runs the forwards and backwards "
+                          "of its stages)");
   const int inferred_chunks =
       std::max(1, (max_stage + s.placement.num_ranks) / s.placement.num_ranks);
   s.placement.chunks = h.chunks >= 0 ? h.chunks : inferred_chunks;

@@ -124,6 +124,22 @@ TEST(TextFormat, ErrorsNameTheLine) {
             std::string::npos);
 }
 
+// A rank the file counts but gives no actions is a line left out: said as such, in text and
+// CSV, rather than as a transfer to it missing on some other rank (the validator's view).
+TEST(TextFormat, ARankWithoutActionsIsALineLeftOut) {
+  const std::string r0 = "r0: F0.0 SA0.0>1 F0.1 SA0.1>1 RG0.0<1 B0.0 RG0.1<1 B0.1\n";
+  const std::string r1 = "r1: RA1.0<0 F1.0 B1.0 SG1.0>0 RA1.1<0 F1.1 B1.1 SG1.1>0\n";
+  const std::string header = "# conveyor schedule: name=1f1b ranks=3 chunks=1 microbatches=2\n";
+  const std::string said = "has no actions (expected a line 'r";
+  EXPECT_EQ(message_of(header + r0 + r1).find("rank 2 of 3 " + said + "2: "), 0u)
+      << message_of(header + r0 + r1);
+  EXPECT_EQ(message_of("r0: F0.0\nr2: F2.0\n").find("rank 1 of 3 " + said + "1: "), 0u);
+  EXPECT_EQ(message_of(header + r0 + "r1:\nr2: F2.0\n").find("rank 1 of 3 " + said), 0u);
+  EXPECT_EQ(message_of(header + "rank,step,kind,stage,microbatch,peer\n0,0,F,0,0,\n")
+                .find("rank 1 of 3 " + said),
+            0u);
+}
+
 // Numbers past what a schedule may hold are refused as too large (naming the limit), before
 // the counts inferred from them are computed; the stage and micro-batch limits are the
 // header's, for files without one.
