@@ -29,6 +29,21 @@ MODELS = {
 }
 
 
+def run(cmd, what, **kwargs):
+    """Runs cmd; a failure is said in one line, with the last line the command wrote, and ends
+    the comparison (a traceback through subprocess would hide why: its stderr is captured)."""
+    try:
+        return subprocess.run(cmd, check=True, capture_output=True, text=True, **kwargs).stdout
+    except FileNotFoundError:
+        sys.exit(f"compare_torch: {what}: {cmd[0]} not found")
+    except subprocess.CalledProcessError as e:
+        said = (e.stderr or e.stdout or "").strip().splitlines()
+        reason = said[-1] if said else "no output"
+        if "No module named 'torch'" in reason:
+            reason += " (install python3-torch, or give --python an interpreter that has it)"
+        sys.exit(f"compare_torch: {what} failed with exit status {e.returncode}: {reason}")
+
+
 def flags(model):
     out = []
     for key, value in model.items():
@@ -41,13 +56,12 @@ def conveyor_tokens_per_s(binary, model, threads, stages, warmup, steps):
         log = os.path.join(tmp, "steps.jsonl")
         cmd = [binary, "train", "--device", "cpu", "--quiet", "--steps", str(warmup + steps),
                "--stages", str(stages), "--log-json", log] + flags(model)
-        help_text = subprocess.run([binary, "train", "--help"], capture_output=True,
-                                   text=True).stdout
+        help_text = run([binary, "train", "--help"], f"{binary} train --help")
         if "--threads" in help_text:
             cmd += ["--threads", str(threads)]
         elif threads != 1:
             return None  # this build has no thread control: no figure rather than a wrong one
-        subprocess.run(cmd, check=True, capture_output=True)
+        run(cmd, f"{binary} train")
         with open(log) as f:
             rows = [json.loads(line) for line in f if line.strip()]
     timed = [r["seconds"] for r in rows[warmup:]]
@@ -59,7 +73,7 @@ def torch_tokens_per_s(model, threads, warmup, steps):
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_reference.py")
     cmd = [args.python, "-s", script, "--threads", str(threads), "--warmup", str(warmup),
            "--steps", str(steps)] + flags(model)
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
+    out = run(cmd, f"the PyTorch reference ({args.python} -s {script})", env=env)
     return json.loads(out.strip().splitlines()[-1])["tokens_per_s"]
 
 
