@@ -161,6 +161,19 @@ Schedule finish(const Header& h, std::vector<std::vector<Action>> ranks) {
       std::max(1, (max_stage + s.placement.num_ranks) / s.placement.num_ranks);
   s.placement.chunks = h.chunks >= 0 ? h.chunks : inferred_chunks;
   if (s.placement.chunks < 1) throw ScheduleError("chunks must be at least 1");
+  // Every stage runs its forwards and backwards: stages no action names are a header that
+  // counts more chunks than the actions use, which the validator would report as a transfer
+  // to the first of them missing.
+  const long long stages = static_cast<long long>(s.placement.num_ranks) * s.placement.chunks;
+  if (max_stage + 1 < stages)
+    throw ScheduleError(
+        "the header's chunks=" + std::to_string(s.placement.chunks) + " makes " +
+        std::to_string(stages) + " stages (" + std::to_string(s.placement.num_ranks) + " ranks x " +
+        std::to_string(s.placement.chunks) + " chunks), but the actions name " +
+        (max_stage < 0 ? std::string("no stage")
+                       : "stages 0 to " + std::to_string(max_stage) + " only") +
+        "; every stage runs its forwards and backwards (chunks=" + std::to_string(inferred_chunks) +
+        " fits these actions)");
   s.placement.layout = h.layout;
   s.num_microbatches = h.microbatches >= 0 ? h.microbatches : std::max(1, max_mb + 1);
   if (s.num_microbatches < 1) throw ScheduleError("microbatches must be at least 1");

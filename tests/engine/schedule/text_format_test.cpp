@@ -140,6 +140,20 @@ TEST(TextFormat, ARankWithoutActionsIsALineLeftOut) {
             0u);
 }
 
+// A header that counts more chunks than the actions use leaves stages without actions: named
+// as such, with the chunk count that fits, not as a transfer to the first of them missing.
+TEST(TextFormat, StagesNoActionNamesAreAChunkCountTooLarge) {
+  const std::string actions =
+      "r0: F0.0 SA0.0>1 F0.1 SA0.1>1 RG0.0<1 B0.0 RG0.1<1 B0.1\n"
+      "r1: RA1.0<0 F1.0 B1.0 SG1.0>0 RA1.1<0 F1.1 B1.1 SG1.1>0\n";
+  EXPECT_EQ(
+      message_of("# conveyor schedule: name=1f1b ranks=2 chunks=2 microbatches=2\n" + actions),
+      "the header's chunks=2 makes 4 stages (2 ranks x 2 chunks), but the actions name "
+      "stages 0 to 1 only; every stage runs its forwards and backwards (chunks=1 fits these "
+      "actions)");
+  EXPECT_EQ(message_of("# conveyor schedule: ranks=2 chunks=1\n" + actions), "no error");
+}
+
 // Numbers past what a schedule may hold are refused as too large (naming the limit), before
 // the counts inferred from them are computed; the stage and micro-batch limits are the
 // header's, for files without one.
