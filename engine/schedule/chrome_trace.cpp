@@ -119,7 +119,7 @@ void check_trace_input(const Schedule& schedule, std::span<const SimResult> repl
 }
 
 void write_trace(const Schedule& schedule, std::span<const SimResult> replicas, double us_per_unit,
-                 const TraceSink& sink) {
+                 const TraceSink& sink, const TraceProcesses& processes) {
   check_trace_input(schedule, replicas);
   TraceText out(sink);
   out.raw("{\"displayTimeUnit\": \"ms\", \"otherData\": {\"schedule\": ")
@@ -135,13 +135,16 @@ void write_trace(const Schedule& schedule, std::span<const SimResult> replicas, 
   const int threads = schedule.replicas > 1 ? 4 : 3;
   const int R = static_cast<int>(schedule.ranks.size());
   const int D = static_cast<int>(replicas.size());
+  // Replica d's rank r: d * R + r among the document's processes, numbered from first_pid.
+  auto process = [&](int d, int r) { return processes.first_pid + int64_t{d} * R + r; };
   for (int d = 0; d < D; ++d)
     for (int r = 0; r < R; ++r) {
-      const int pid = d * R + r;
-      const std::string name = D > 1 ? "rank " + std::to_string(pid) + " (replica " +
-                                           std::to_string(d) + ", pipeline rank " +
-                                           std::to_string(r) + ")"
-                                     : "rank " + std::to_string(r);
+      const int64_t pid = process(d, r);
+      const std::string name =
+          processes.name_prefix +
+          (D > 1 ? "rank " + std::to_string(d * R + r) + " (replica " + std::to_string(d) +
+                       ", pipeline rank " + std::to_string(r) + ")"
+                 : "rank " + std::to_string(r));
       out.event()
           .raw("\"ph\": \"M\", \"name\": \"process_name\", \"pid\": ")
           .integer(pid)
@@ -183,7 +186,7 @@ void write_trace(const Schedule& schedule, std::span<const SimResult> replicas, 
   // A measured receive is posted ahead of its send, so an arrow to the receive's start would
   // point back in time, and a viewer drops an arrow whose end comes before its start (Perfetto
   // does). In a simulation both begin together (rendezvous): the arrow ends at the start.
-  std::vector<double> send_start(static_cast<size_t>(D) * 2 * S * M,
+  std::vector<double> send_start(static_cast<size_t>(trace_flow_ids(schedule, D)),
                                  std::numeric_limits<double>::quiet_NaN());
   for (int d = 0; d < D; ++d)
     for (int r = 0; r < R; ++r)
@@ -193,7 +196,7 @@ void write_trace(const Schedule& schedule, std::span<const SimResult> replicas, 
   for (int d = 0; d < D; ++d)
     for (int r = 0; r < R; ++r)
       for (size_t i = 0; i < schedule.ranks[r].size(); ++i) {
-        const int pid = d * R + r;
+        const int64_t pid = process(d, r);
         const Action& a = schedule.ranks[r][i];
         const auto& t = replicas[d].timing[r][i];
         const int tid = is_compute(a.kind)  ? kCompute
@@ -213,7 +216,7 @@ void write_trace(const Schedule& schedule, std::span<const SimResult> replicas, 
             .integer(a.stage);
         if (!is_reduce(a.kind)) out.raw(", \"microbatch\": ").integer(a.microbatch);
         out.raw(", \"position\": ").integer(static_cast<int64_t>(i));
-        if (is_transfer(a.kind)) out.raw(", \"peer\": ").integer(int64_t{d} * R + a.peer);
+        if (is_transfer(a.kind)) out.raw(", \"peer\": ").integer(process(d, a.peer));
         out.raw("}}");
         if (is_transfer(a.kind)) {
           const bool grad = a.kind == ActionKind::kSendGrad || a.kind == ActionKind::kRecvGrad;
@@ -225,7 +228,7 @@ void write_trace(const Schedule& schedule, std::span<const SimResult> replicas, 
               .raw(is_send(a.kind) ? "\"ph\": \"s\"" : "\"ph\": \"f\", \"bp\": \"e\"")
               .raw(grad ? ", \"name\": \"grad\"" : ", \"name\": \"act\"")
               .raw(", \"cat\": \"transfer\", \"id\": ")
-              .integer(id)
+              .integer(processes.first_flow_id + id)
               .placed(pid, tid, at)
               .raw("}");
         }
@@ -235,31 +238,38 @@ void write_trace(const Schedule& schedule, std::span<const SimResult> replicas, 
 }
 
 std::string trace_string(const Schedule& schedule, std::span<const SimResult> replicas,
-                         double us_per_unit) {
+                         double us_per_unit, const TraceProcesses& processes) {
   std::string doc;
-  write_trace(schedule, replicas, us_per_unit, [&](std::string_view piece) { doc += piece; });
+  write_trace(
+      schedule, replicas, us_per_unit, [&](std::string_view piece) { doc += piece; }, processes);
   return doc;
 }
 
 }  // namespace
 
+int64_t trace_flow_ids(const Schedule& schedule, int replicas) {
+  return int64_t{replicas} * 2 * schedule.num_stages() * schedule.num_microbatches;
+}
+
 void write_chrome_trace(const Schedule& schedule, const SimResult& sim, double us_per_unit,
-                        const TraceSink& sink) {
-  write_trace(schedule, std::span<const SimResult>(&sim, 1), us_per_unit, sink);
+                        const TraceSink& sink, const TraceProcesses& processes) {
+  write_trace(schedule, std::span<const SimResult>(&sim, 1), us_per_unit, sink, processes);
 }
 
 void write_chrome_trace(const Schedule& schedule, const std::vector<SimResult>& replicas,
-                        double us_per_unit, const TraceSink& sink) {
-  write_trace(schedule, replicas, us_per_unit, sink);
+                        double us_per_unit, const TraceSink& sink,
+                        const TraceProcesses& processes) {
+  write_trace(schedule, replicas, us_per_unit, sink, processes);
 }
 
-std::string chrome_trace_json(const Schedule& schedule, const SimResult& sim, double us_per_unit) {
-  return trace_string(schedule, std::span<const SimResult>(&sim, 1), us_per_unit);
+std::string chrome_trace_json(const Schedule& schedule, const SimResult& sim, double us_per_unit,
+                              const TraceProcesses& processes) {
+  return trace_string(schedule, std::span<const SimResult>(&sim, 1), us_per_unit, processes);
 }
 
 std::string chrome_trace_json(const Schedule& schedule, const std::vector<SimResult>& replicas,
-                              double us_per_unit) {
-  return trace_string(schedule, replicas, us_per_unit);
+                              double us_per_unit, const TraceProcesses& processes) {
+  return trace_string(schedule, replicas, us_per_unit, processes);
 }
 
 }  // namespace conveyor::schedule

@@ -8,6 +8,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <set>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -146,6 +147,66 @@ TEST(ChromeTrace, ArrowsEndInsideTheReceiveNotBeforeTheSend) {
     EXPECT_EQ(at, sent[id]) << "flow " << id << " ends elsewhere than where its send began";
   }
   EXPECT_EQ(late_arrows, 1u);
+}
+
+// A timeline drawn beside another (a simulated step under two measured replicas): its
+// processes from first_pid, sorted by that pid and named with the prefix, its peers among its
+// own processes, its arrows numbered past every id of the other; otherwise the same events.
+TEST(ChromeTrace, NumbersASecondTimelinePastTheFirst) {
+  std::mt19937 rng(13);
+  const Schedule s = generate(ScheduleKind::k1F1B, 3, 5, 1, /*replicas=*/2);
+  CostModel costs = random_costs(rng);
+  costs.gradient_bytes = {2.0};
+  const SimResult sim = simulate(s, costs);
+  std::vector<std::vector<ActionTiming>> world = sim.timing;
+  world.insert(world.end(), sim.timing.begin(), sim.timing.end());
+  const auto measured = nlohmann::json::parse(chrome_trace_json(s, summarize_replicas(s, world)));
+  const TraceProcesses second{
+      .first_pid = 2000000, .first_flow_id = trace_flow_ids(s, 2), .name_prefix = "simulated "};
+  const auto plain = nlohmann::json::parse(chrome_trace_json(s, sim));
+  const auto drawn = nlohmann::json::parse(chrome_trace_json(s, sim, 1000.0, second));
+  std::set<int64_t> measured_ids;
+  for (const auto& ev : measured["traceEvents"])
+    if (ev.contains("id")) {
+      measured_ids.insert(ev["id"].get<int64_t>());
+      EXPECT_LE(ev["id"].get<int64_t>(), trace_flow_ids(s, 2));
+    }
+  ASSERT_EQ(plain["traceEvents"].size(), drawn["traceEvents"].size());
+  const int R = s.num_ranks();
+  size_t flows = 0;
+  for (size_t k = 0; k < drawn["traceEvents"].size(); ++k) {
+    const auto& ev = drawn["traceEvents"][k];
+    auto was = plain["traceEvents"][k];  // the same event numbered from 0
+    const int64_t pid = ev["pid"];
+    ASSERT_GE(pid, second.first_pid);
+    ASSERT_LT(pid, second.first_pid + R);
+    EXPECT_EQ(was["pid"].get<int64_t>(), pid - second.first_pid);
+    was["pid"] = pid;
+    if (ev["name"] == "process_name") {
+      EXPECT_EQ(ev["args"]["name"], "simulated rank " + std::to_string(pid - second.first_pid));
+      was["args"]["name"] = ev["args"]["name"];
+    }
+    if (ev["name"] == "process_sort_index") {
+      EXPECT_EQ(ev["args"]["sort_index"].get<int64_t>(), pid);
+      was["args"]["sort_index"] = pid;
+    }
+    if (ev.contains("args") && ev["args"].contains("peer")) {
+      EXPECT_EQ(ev["args"]["peer"].get<int64_t>(),
+                was["args"]["peer"].get<int64_t>() + second.first_pid);
+      was["args"]["peer"] = ev["args"]["peer"];
+    }
+    if (ev.contains("id")) {
+      ++flows;
+      const int64_t id = ev["id"];
+      EXPECT_EQ(id, was["id"].get<int64_t>() + second.first_flow_id);
+      EXPECT_FALSE(measured_ids.count(id)) << "flow " << id << " is also a measured arrow's";
+      EXPECT_LE(id, second.first_flow_id + trace_flow_ids(s, 1));
+      was["id"] = id;
+    }
+    EXPECT_EQ(ev, was) << "event " << k;
+  }
+  EXPECT_GT(flows, 0u);
+  EXPECT_EQ(drawn["otherData"], plain["otherData"]);
 }
 
 TEST(ChromeTrace, EscapesTheScheduleName) {
