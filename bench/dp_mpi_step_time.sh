@@ -23,8 +23,9 @@ tokens = steps[0]["tokens"]
 text = open(trace).read()
 ev = json.loads(text) if text.strip() else []  # a run that failed early leaves it empty
 ev = ev["traceEvents"] if isinstance(ev, dict) else ev
+# Measured ranks only: the trace's simulated ranks (pids from 2000000) draw all-reduces too.
 ar = [f'{e["name"]}@pid{e["pid"]} {e["dur"] / 1000:.2f} ms' for e in ev
-      if e.get("cat") == "ALLREDUCE_GRAD"]
+      if e.get("cat") == "ALLREDUCE_GRAD" and e["pid"] < 1000000]
 checksum = [l.split()[-1] for l in open(out) if "weights xxh3" in l]
 print(f"{name}: {len(steps)} steps, median step {statistics.median(secs):.4f} s "
       f"(min {secs[0]:.4f}, max {secs[-1]:.4f}), {tokens / statistics.median(secs) / 1e3:.1f}k tok/s; "

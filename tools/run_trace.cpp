@@ -8,8 +8,7 @@ namespace {
 
 using json = nlohmann::json;
 
-// The run's own process in the trace, above the ranks of the last step (pids 0..ranks-1).
-constexpr int kRunPid = 1000000;
+constexpr int64_t kRunPid = RunTrace::kRunPid;
 constexpr int kLoopTid = 0, kWriterTid = 1;
 
 json slice(const std::string& name, int tid, double begin_us, double end_us) {
@@ -40,6 +39,7 @@ void RunTrace::add_step(int64_t step, Clock::time_point begin, Clock::time_point
 }
 
 std::string RunTrace::to_json(const std::string& last_step_trace,
+                              const std::string& simulated_step_trace,
                               const std::vector<SaveTiming>& saves) const {
   json events = json::array();
   events.push_back({{"ph", "M"},
@@ -64,15 +64,19 @@ std::string RunTrace::to_json(const std::string& last_step_trace,
   }
   json doc = {{"displayTimeUnit", "ms"},
               {"otherData", {{"steps_dropped_from_the_front", dropped_}}}};
-  if (!last_step_trace.empty() && !steps_.empty()) {
-    // The last step's ranks, moved from its own origin to the run's clock.
-    json last = json::parse(last_step_trace);
+  // The last step's ranks, measured and simulated, each moved from the step's origin to the
+  // run's clock.
+  auto place_last_step = [&](const std::string& trace, const char* key) {
+    if (trace.empty() || steps_.empty()) return;
+    json last = json::parse(trace);
     for (auto& ev : last["traceEvents"]) {
       if (ev.contains("ts")) ev["ts"] = ev["ts"].get<double>() + steps_.back().begin_us;
       events.push_back(std::move(ev));
     }
-    doc["otherData"]["last_step"] = last["otherData"];
-  }
+    doc["otherData"][key] = last["otherData"];
+  };
+  place_last_step(last_step_trace, "last_step");
+  place_last_step(simulated_step_trace, "simulated_last_step");
   doc["traceEvents"] = std::move(events);
   return doc.dump(1) + "\n";
 }

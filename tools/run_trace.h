@@ -1,8 +1,10 @@
 #pragma once
 // The whole run on one clock, for `train --trace`: every step's span on the training loop,
 // every checkpoint save's hold of the loop and its write (on a thread of its own with
-// --async-save), and the last step's per-rank timeline placed where that step ran. Opened in
-// Perfetto or chrome://tracing, it shows whether a background save overlaps training.
+// --async-save), the last step's per-rank timeline placed where that step ran, and the
+// simulator's timeline of that step under its measured costs, from the same start. Opened in
+// Perfetto or chrome://tracing, it shows whether a background save overlaps training, and the
+// predicted step under the measured one.
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -22,9 +24,16 @@ class RunTrace {
   explicit RunTrace(Clock::time_point start = Clock::now()) : start_(start) {}
   void add_step(int64_t step, Clock::time_point begin, Clock::time_point end);
 
+  // The run's own process. The last step's measured ranks are the processes below it (tools
+  // such as bench/planner_accuracy.py count them as those), its simulated ranks those from
+  // kSimulatedPid, drawn after both.
+  static constexpr int64_t kRunPid = 1000000;
+  static constexpr int64_t kSimulatedPid = 2000000;
+
   // `last_step_trace`: chrome_trace_json of the last step (microseconds from its start), or
-  // empty. Returns one trace-event JSON document.
-  std::string to_json(const std::string& last_step_trace,
+  // empty; `simulated_step_trace`: chrome_trace_json of its simulation, on the same clock,
+  // with processes from kSimulatedPid, or empty. Returns one trace-event JSON document.
+  std::string to_json(const std::string& last_step_trace, const std::string& simulated_step_trace,
                       const std::vector<SaveTiming>& saves) const;
 
  private:

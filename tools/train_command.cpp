@@ -400,7 +400,8 @@ void register_train_command(CLI::App& app) {
   add_path_flag(cmd, "--trace", flags->trace,
                 "Write a Chrome trace to FILE: the run's steps and checkpoint saves (a "
                 "background save on its own thread), and the last step's measured timeline "
-                "per rank")
+                "per rank, with a pipeline's simulated timeline under it (the printed "
+                "simulated bubble's)")
       ->type_name("FILE");
   add_checkpoint_flags(cmd, flags->checkpoint);
   add_path_flag(cmd, "--plan", flags->plan_file,

@@ -118,9 +118,21 @@ void report_bubble(Trainer& trainer, PipelineStepResult& last, ReplacedFile* tra
   // The printed figures are replica 0's, the trace draws every replica.
   const auto replica0 = schedule::replica_timeline(sched, last.timing, 0);
   const schedule::SimResult measured = summarize_timing(sched, replica0);
+  // The simulated step the printed figures come from, drawn into the trace beside the
+  // measured one; a one-stage run prints none, and its trace claims none either.
+  std::string simulated_trace;
   if (sched.num_ranks() > 1) {
     const schedule::SimResult predicted =
         schedule::simulate(sched, measured_costs(sched, replica0));
+    if (trace) {
+      // Flow ids past every replica's measured ones, so that no arrow joins the two.
+      const schedule::TraceProcesses processes{
+          .first_pid = RunTrace::kSimulatedPid,
+          .first_flow_id = schedule::trace_flow_ids(sched, sched.replicas),
+          .name_prefix = "simulated "};
+      simulated_trace =
+          schedule::chrome_trace_json(sched, predicted, /*us_per_unit=*/1.0, processes);
+    }
     std::printf(
         "bubble last step: measured %.3f, simulated %.3f | idle per rank, measured "
         "(simulated):",
@@ -148,11 +160,12 @@ void report_bubble(Trainer& trainer, PipelineStepResult& last, ReplacedFile* tra
     trace->commit(
         run.to_json(schedule::chrome_trace_json(sched, summarize_replicas(sched, last.timing),
                                                 /*us_per_unit=*/1.0),
-                    saves));
+                    simulated_trace, saves));
     std::printf(
         "trace  %s (the run's steps and checkpoint saves, and the last step's measured "
-        "timeline of every rank)\n",
-        escaped_for_message(trace->path()).c_str());
+        "timeline of every rank%s)\n",
+        escaped_for_message(trace->path()).c_str(),
+        simulated_trace.empty() ? "" : " with its simulation under the measured costs");
   }
 }
 

@@ -1,7 +1,7 @@
 #pragma once
 // What `conveyor train` prints about a run: the layout before the first step (pipeline,
 // replicas), the rate of a step, and after the last one the summary and the measured bubble
-// against the simulator's (with the measured timeline as a Chrome trace when asked).
+// against the simulator's (with both timelines as a Chrome trace when asked).
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -36,8 +36,8 @@ void print_summary(Trainer& trainer, const TrainConfig& config, const RunTotals&
 
 // Measured bubble of the last step per rank, next to the simulator's prediction for the
 // costs measured in that step (a one-stage run has no bubble); optionally the measured
-// timeline as a Chrome trace, put in place of the file whole. Under MPI it first gathers every
-// rank's timeline into `last`.
+// timeline as a Chrome trace, with that simulation's timeline under it, put in place of the
+// file whole. Under MPI it first gathers every rank's timeline into `last`.
 void report_bubble(Trainer& trainer, PipelineStepResult& last, ReplacedFile* trace,
                    const RunTrace& run, const std::vector<SaveTiming>& saves);
 

@@ -4,7 +4,8 @@
 #                                      (--log-json) and the final weights' checksum equal the
 #                                      one-process runs with --stages N and --stages 1, bit for bit;
 #                                      rank 0's --trace holds the run's steps and every rank's
-#                                      timeline of the last step, gathered, and the bubble is reported
+#                                      timeline of the last step, gathered, and the bubble is reported,
+#                                      the trace drawing the simulated step the bubble comes from
 #   mpi_train.sh CONVEYOR mismatch     two ranks, one with another --seed: refused at start,
 #                                      naming --seed, by rank 0 alone; so are another
 #                                      --bucket-mb, and --stop-after or --save-dir on one rank
@@ -33,7 +34,8 @@
 #                                      of the gradients), and -np 3 --dp 3, with and without
 #                                      --shard-optimizer, equals the one-process unsharded
 #                                      --dp 3 run; ranks started
-#                                      with another --dp are refused
+#                                      with another --dp are refused; rank 0's --trace draws
+#                                      replica 0's simulated step, as its printed figures are
 #   mpi_train.sh CONVEYOR eval         --eval-batches 2 under -np 2 --stages 2 (1f1b and
 #                                      interleaved) and -np 4 --stages 2 --dp 2: rank 0 alone
 #                                      prints the eval line, and it and the --log-json record's
@@ -74,6 +76,8 @@ common=(train --device cpu --layers 4 --microbatches 4 --batch-tokens 512 --step
         --quiet --weights-checksum --timeout 20)
 # fail, numbers, checksum, same_run, eval_line
 source "$(dirname "${BASH_SOURCE[0]}")/mpi_compare.sh"
+# Checks a trace's simulated step against the printed figures (simulated_trace_check.py).
+simulated_check="$(dirname "${BASH_SOURCE[0]}")/simulated_trace_check.py"
 
 # Signals the last of N ranks ($3, default 2) with $1 two seconds into a run far longer than
 # that (exec keeps its pid), with --timeout $2 and the layout flags $4 (default --stages N);
@@ -141,6 +145,9 @@ case $mode in
       (.name | startswith(\"F\")))] | length" "$work/mpi.trace.json")" = $((4 * n)) ] ||
       fail "rank 0's --trace does not hold every rank's forwards: $(jq -c '[.traceEvents[] | select(.ph == "X") | [.pid, .tid, .name]]' "$work/mpi.trace.json")"
     grep -q "bubble last step: measured" "$work/mpi.out" || fail "no bubble reported: $(cat "$work/mpi.out")"
+    # The simulated step of the printed figures, drawn from the gathered timelines.
+    "$simulated_check" --check "$work/mpi.trace.json" "$work/mpi.out" "$n" ||
+      fail "rank 0's --trace does not hold the simulated step"
     grep -q "transport mpi" "$work/mpi.out" || fail "the MPI run did not use MPI: $(cat "$work/mpi.out")"
     # Rank 0 alone prints: one summary, not n.
     [ "$(grep -c '^done ' "$work/mpi.out")" = 1 ] || fail "ranks other than 0 printed: $(cat "$work/mpi.out")"
@@ -175,6 +182,9 @@ case $mode in
       "$work/mpi.trace.json" >/dev/null || fail "rank 2's process is not named by its replica"
     grep -q "transport mpi" "$work/mpi.out" || fail "the MPI run did not use MPI: $(cat "$work/mpi.out")"
     grep -q "2 replicas x 2 pipeline ranks" "$work/mpi.out" || fail "no replicas: $(cat "$work/mpi.out")"
+    # Replica 0's simulated step, as the printed figures are replica 0's.
+    "$simulated_check" --check "$work/mpi.trace.json" "$work/mpi.out" 2 ||
+      fail "rank 0's --trace does not hold replica 0's simulated step"
     # Every replica's weights were compared with replica 0's over MPI before the checksum.
     grep -q "^replicas agree: all 2 hold replica 0's weights, bit for bit" "$work/mpi.out" ||
       fail "the replicas' weights were not compared: $(cat "$work/mpi.out")"
