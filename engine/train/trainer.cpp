@@ -175,11 +175,19 @@ StepStats Trainer::step() {
                            " steps of its run (TrainConfig::steps, which the learning-rate "
                            "schedule and a checkpoint's counters span); make a trainer of more "
                            "steps to go on (from a checkpoint of this one)");
-  // A batch refused before it runs is put back, so that the source is where it was and the
-  // step can be tried again, where it went on past the batch.
+  // A batch refused before it runs, or one the source failed to give whole, is put back, so
+  // that the source is where it was and the step can be tried again.
   const uint64_t position_at_draw = source_->position();
   const std::optional<int32_t> token_at_draw = source_->current_token();
-  const std::vector<MicroBatchData> microbatches = draw_batch(*source_);
+  std::vector<MicroBatchData> microbatches;
+  try {
+    microbatches = draw_batch(*source_);
+  } catch (...) {
+    // A source that fails part-way has given the micro-batches before the failure: trying the
+    // step again must draw the batch from its start, not from the middle.
+    source_->restore(position_at_draw, token_at_draw);
+    throw;
+  }
   try {
     check_token_ids(microbatches);
     check_some_target(microbatches, step);

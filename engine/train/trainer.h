@@ -79,7 +79,8 @@ class Trainer {
   // schedule and a checkpoint's counters span those steps). The batch's ids are checked
   // against the model's vocab first, and a batch whose every target is the ignored one is
   // refused, as it has nothing to learn from (std::invalid_argument, nothing run, the source
-  // put back where it was: TokenSource::restore). A step that fails once it has started (a
+  // put back where it was: TokenSource::restore). An exception from the source's next() comes
+  // out as it is, the source put back the same way. A step that fails once it has started (a
   // PipelineError, a transport error) leaves the trainer unusable: step() and evaluate() then
   // throw std::logic_error saying so. A diverged step (TrainingDiverged) applied no update and
   // leaves it usable.

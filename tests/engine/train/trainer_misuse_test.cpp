@@ -1,7 +1,7 @@
 // What a program that links the trainer may get wrong, and the one clear error it gets for
-// each: a step past the run, a batch with nothing to learn from, two calls at once, a
-// trainer destroyed under its checkpointer, a device or thread count that cannot be, a data
-// source that cannot go back to a checkpoint's position.
+// each: a step past the run, a batch with nothing to learn from or that the source failed to
+// give whole, two calls at once, a trainer destroyed under its checkpointer, a device or
+// thread count that cannot be, a data source that cannot go back to a checkpoint's position.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -94,6 +94,24 @@ TEST(TrainerMisuse, ABatchWhoseEveryTargetIsIgnoredIsRefusedAndChangesNothing) {
   // Usable still: a batch with targets trains.
   source->target.reset();
   EXPECT_NO_THROW(trainer.step());
+}
+
+TEST(TrainerMisuse, ASourceThatFailsPartWayThroughABatchIsPutBackWhereTheStepBegan) {
+  auto source = std::make_shared<CountingSource>();
+  int draws = 0;
+  // The first micro-batch is given, the second fails (a file that could not be read, say).
+  source->on_next = [&] {
+    if (++draws == 2) throw std::runtime_error("the data could not be read");
+  };
+  Trainer trainer(small_run(), source);
+  EXPECT_EQ(message_of([&] { trainer.step(); }), "the data could not be read");
+  EXPECT_EQ(trainer.steps_done(), 0);
+  EXPECT_TRUE(trainer.failure().empty());
+  EXPECT_EQ(source->position(), 0u);
+  // Tried again, the step trains on the batch an untroubled run's first step has.
+  source->on_next = nullptr;
+  Trainer untroubled(small_run(), std::make_shared<CountingSource>());
+  EXPECT_EQ(trainer.step().loss, untroubled.step().loss);
 }
 
 TEST(TrainerMisuse, AStepCalledWhileAnEvaluationRunsIsRefused) {
