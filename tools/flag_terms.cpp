@@ -32,6 +32,8 @@ constexpr std::pair<std::string_view, std::string_view> kFlagOfSetting[] = {
     {"TrainConfig::data_path", "--data FILE"},
     {"TrainConfig::model.vocab", "--vocab"},
     {"TrainerCheckpointOptions::directory", "--save-dir"},
+    {"TrainerCheckpointOptions::every", "--save-every"},
+    {"TrainerCheckpointOptions::keep_last", "--keep"},
     {"Device::cpu()", "--device cpu"},
     {"Device::cuda()", "--device cuda"},
     {"Device::cuda(N)", "--device cuda:N"},

@@ -171,6 +171,8 @@ void write_file_atomically(const std::filesystem::path& path, std::string_view c
 }
 
 void create_checkpoint_folder(const std::filesystem::path& dir) {
+  // The system would say only "Invalid argument" about ''.
+  if (dir.empty()) throw CheckpointError("no checkpoint folder was given: its path is empty");
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (!ec && std::filesystem::is_directory(dir)) return;

@@ -104,12 +104,20 @@ void check_checkpoint_directory(const fs::path& dir) {
 TrainerCheckpointer::TrainerCheckpointer(Trainer& trainer, TrainerCheckpointOptions options)
     : trainer_(trainer), options_(std::move(options)) {
   check_checkpoint_names(trainer_.model());
+  // Named by the options' fields: a program sets those, and the command line shows its flags.
+  if (options_.directory.empty())
+    throw std::invalid_argument(
+        "TrainerCheckpointOptions::directory is empty; give the folder to save checkpoints into");
   if (options_.every < 0)
-    throw std::invalid_argument("save every N steps needs N >= 0, got " +
-                                std::to_string(options_.every));
+    throw std::invalid_argument(
+        "TrainerCheckpointOptions::every must be at least 0 (0: save on request and at the "
+        "end), got " +
+        std::to_string(options_.every));
   if (options_.keep_last < 0)
-    throw std::invalid_argument("keep the last K checkpoints needs K >= 0, got " +
-                                std::to_string(options_.keep_last));
+    throw std::invalid_argument(
+        "TrainerCheckpointOptions::keep_last must be at least 0 (0: keep every checkpoint), "
+        "got " +
+        std::to_string(options_.keep_last));
   if (!options_.warn)
     options_.warn = [](const std::string& text) {
       std::fprintf(stderr, "conveyor: warning: %s\n", text.c_str());

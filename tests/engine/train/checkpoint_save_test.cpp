@@ -301,6 +301,11 @@ TEST(CheckpointSave, AFolderThatCannotBeCreatedIsNamed) {
       "'" + (dir / "a_pipe").string() + "' is a FIFO (named pipe), not a folder");
 }
 
+TEST(CheckpointSave, AnEmptyFolderPathIsSaidToBeEmpty) {
+  EXPECT_EQ(checkpoint_error_of([] { CheckpointWriter("", 1, 1); }),
+            "no checkpoint folder was given: its path is empty");
+}
+
 TEST(CheckpointSave, AShardWriteErrorNamesTheFileAndKeepsThePreviousCheckpoint) {
   TempDir dir;
   save_demo(dir.path(), 1);

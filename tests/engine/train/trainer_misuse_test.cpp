@@ -194,6 +194,23 @@ TEST(TrainerMisuse, ATrainerDestroyedBeforeItsCheckpointerWaitsForTheBackgroundW
   EXPECT_EQ(open_checkpoint(dir.path()).step(), 1);
 }
 
+TEST(TrainerMisuse, CheckpointOptionsThatCannotBeAreRefusedNamingTheField) {
+  Trainer trainer(small_run(), std::make_shared<CountingSource>());
+  TempDir dir;
+  EXPECT_EQ(message_of([&] { TrainerCheckpointer c(trainer, {}); }),
+            "TrainerCheckpointOptions::directory is empty; give the folder to save checkpoints "
+            "into");
+  EXPECT_CONTAINS(
+      message_of([&] { TrainerCheckpointer c(trainer, {.directory = dir.path(), .every = -1}); }),
+      "TrainerCheckpointOptions::every must be at least 0 (0: save on request and "
+      "at the end), got -1");
+  EXPECT_CONTAINS(message_of([&] {
+                    TrainerCheckpointer c(trainer, {.directory = dir.path(), .keep_last = -2});
+                  }),
+                  "TrainerCheckpointOptions::keep_last must be at least 0 (0: keep every "
+                  "checkpoint), got -2");
+}
+
 TEST(TrainerMisuse, ACpuDeviceOtherThanIndexZeroIsRefused) {
   TrainConfig c = small_run();
   c.device = Device{DeviceKind::kCpu, 7};
