@@ -26,6 +26,7 @@ constexpr std::pair<std::string_view, std::string_view> kFlagOfSetting[] = {
     {"TrainConfig::stages", "--stages"},
     {"TrainConfig::chunks", "--chunks"},
     {"TrainConfig::data_parallel", "--dp"},
+    {"TrainConfig::cpu_threads", "--threads"},
     {"TrainConfig::shard_optimizer", "--shard-optimizer"},
     {"TrainConfig::gradient_bucket_mib unset", "--bucket-mb out"},
     {"TrainConfig::gradient_bucket_mib", "--bucket-mb"},

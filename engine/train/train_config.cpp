@@ -136,7 +136,7 @@ namespace {
 
 void check_data_parallel(const TrainConfig& c) {
   if (c.data_parallel < 1)
-    throw std::invalid_argument("data-parallel replicas must be at least 1, got " +
+    throw std::invalid_argument("TrainConfig::data_parallel must be at least 1, got " +
                                 std::to_string(c.data_parallel));
   if (c.shard_optimizer && c.data_parallel < 2)
     throw std::invalid_argument(
@@ -182,26 +182,26 @@ void TrainConfig::validate() const {
   optimizer.validate();
   auto fail = [](const std::string& what) { throw std::invalid_argument(what); };
   if (cpu_threads < 0 || cpu_threads > kMaxCpuThreads)
-    fail("CPU threads must be from 1 to " + std::to_string(kMaxCpuThreads) +
+    fail("TrainConfig::cpu_threads must be from 1 to " + std::to_string(kMaxCpuThreads) +
          " (or 0: all cores), got " + std::to_string(cpu_threads));
-  if (steps < 1) fail("steps must be at least 1, got " + std::to_string(steps));
+  if (steps < 1) fail("TrainConfig::steps must be at least 1, got " + std::to_string(steps));
   if (batch_tokens < 1)
-    fail("batch tokens must be at least 1, got " + std::to_string(batch_tokens));
+    fail("TrainConfig::batch_tokens must be at least 1, got " + std::to_string(batch_tokens));
   if (microbatches < 1)
-    fail("micro-batches must be at least 1, got " + std::to_string(microbatches));
+    fail("TrainConfig::microbatches must be at least 1, got " + std::to_string(microbatches));
   if (batch_tokens % microbatches != 0)
     fail("the batch of TrainConfig::batch_tokens " + std::to_string(batch_tokens) +
          " cannot be split into TrainConfig::microbatches " + std::to_string(microbatches) +
          " equal micro-batches; give a micro-batch count that divides " +
          std::to_string(batch_tokens));
-  if (stages < 1) fail("stages must be at least 1, got " + std::to_string(stages));
-  if (chunks < 1) fail("chunks must be at least 1, got " + std::to_string(chunks));
+  if (stages < 1) fail("TrainConfig::stages must be at least 1, got " + std::to_string(stages));
+  if (chunks < 1) fail("TrainConfig::chunks must be at least 1, got " + std::to_string(chunks));
   // What a checkpoint records must load again: its manifest takes no larger counts.
   for (const auto& [what, value, max] :
-       {std::tuple{"micro-batches", microbatches, kMaxMicrobatches},
-        {"stages", int64_t{stages}, kMaxStages},
-        {"chunks", int64_t{chunks}, kMaxChunks},
-        {"data-parallel replicas", int64_t{data_parallel}, kMaxReplicas}})
+       {std::tuple{"TrainConfig::microbatches", microbatches, kMaxMicrobatches},
+        {"TrainConfig::stages", int64_t{stages}, kMaxStages},
+        {"TrainConfig::chunks", int64_t{chunks}, kMaxChunks},
+        {"TrainConfig::data_parallel", int64_t{data_parallel}, kMaxReplicas}})
     if (value > max)
       fail(std::string(what) + " must be at most " + std::to_string(max) + ", got " +
            std::to_string(value));

@@ -395,6 +395,35 @@ TEST(TrainConfigChecks, NegativeOrNonFiniteClipIsRefused) {
   EXPECT_NO_THROW(off.validate());
 }
 
+// A program sets fields, so a count that cannot be is refused naming the field (the command
+// line shows each as its flag).
+TEST(TrainConfigChecks, CountsBelowOneAreRefusedNamingTheField) {
+  const auto refusal = [](const std::function<void(TrainConfig&)>& set) {
+    TrainConfig c;
+    set(c);
+    try {
+      c.validate();
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_EQ(refusal([](TrainConfig& c) { c.steps = 0; }),
+            "TrainConfig::steps must be at least 1, got 0");
+  EXPECT_EQ(refusal([](TrainConfig& c) { c.batch_tokens = -1; }),
+            "TrainConfig::batch_tokens must be at least 1, got -1");
+  EXPECT_EQ(refusal([](TrainConfig& c) { c.microbatches = 0; }),
+            "TrainConfig::microbatches must be at least 1, got 0");
+  EXPECT_EQ(refusal([](TrainConfig& c) { c.stages = 0; }),
+            "TrainConfig::stages must be at least 1, got 0");
+  EXPECT_EQ(refusal([](TrainConfig& c) { c.chunks = 0; }),
+            "TrainConfig::chunks must be at least 1, got 0");
+  EXPECT_EQ(refusal([](TrainConfig& c) { c.data_parallel = 0; }),
+            "TrainConfig::data_parallel must be at least 1, got 0");
+  EXPECT_EQ(
+      refusal([](TrainConfig& c) { c.cpu_threads = -1; }).rfind("TrainConfig::cpu_threads", 0), 0u);
+}
+
 // A checkpoint records the layout and its manifest takes no larger counts than the command
 // line does: a run with more is refused before it starts, not at its first save.
 TEST(TrainConfigChecks, LayoutCountsPastTheCheckpointsRangeAreRefused) {
@@ -412,15 +441,16 @@ TEST(TrainConfigChecks, LayoutCountsPastTheCheckpointsRangeAreRefused) {
               c.microbatches = kMaxMicrobatches * 2;
               c.batch_tokens = c.microbatches;
             }),
-            "micro-batches must be at most 65536, got 131072");
+            "TrainConfig::microbatches must be at most 65536, got 131072");
   EXPECT_EQ(refusal([](TrainConfig& c) { c.stages = 1025; }),
-            "stages must be at most 1024, got 1025");
-  EXPECT_EQ(refusal([](TrainConfig& c) { c.chunks = 65; }), "chunks must be at most 64, got 65");
+            "TrainConfig::stages must be at most 1024, got 1025");
+  EXPECT_EQ(refusal([](TrainConfig& c) { c.chunks = 65; }),
+            "TrainConfig::chunks must be at most 64, got 65");
   EXPECT_EQ(refusal([](TrainConfig& c) {
               c.data_parallel = 2048;
               c.microbatches = 2048;
             }),
-            "data-parallel replicas must be at most 1024, got 2048");
+            "TrainConfig::data_parallel must be at most 1024, got 2048");
   EXPECT_EQ(refusal([](TrainConfig& c) {
               c.stages = 1024;
               c.chunks = 64;
