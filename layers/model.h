@@ -29,7 +29,11 @@ struct ActivationSpec {
 };
 
 struct ModelDescription {
-  std::string name;       // shown in logs
+  // Shown in logs, and part of what a checkpoint's model fingerprint holds with the unit
+  // count, vocab and parameter counts per unit (resume_trainer refuses another): say in it
+  // what parameter shapes do not show, such as an activation function or an epsilon, as the
+  // reference model's name does ("tiny (d=64, L=2, V=64, hidden=256, gelu, ...)").
+  std::string name;
   int64_t num_units = 0;  // at least 2: the first takes token ids, the last returns the loss
   // Token ids the first unit accepts are [0, vocab); 0 when the description does not say
   // (the trainer then needs a data source of the caller's).

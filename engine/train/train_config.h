@@ -52,6 +52,8 @@ struct TrainConfig {
 
   // Pipeline: `stages` ranks, each with `chunks` virtual stages, under `schedule`, or under
   // the schedule in `schedule_file` when that is set; blocks per stage from `partition`.
+  // kInterleaved with chunks 1 is 1F1B (the command line gives it 2 unless told); kZBV always
+  // has 2 chunks per rank, with chunks 1 or 2. The other kinds take chunks 1.
   int stages = 1;
   int chunks = 1;
   schedule::ScheduleKind schedule = schedule::ScheduleKind::k1F1B;
