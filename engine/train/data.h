@@ -15,7 +15,9 @@ class TokenSource {
   virtual ~TokenSource() = default;
   // Tokens lie in [0, vocab()).
   virtual int64_t vocab() const = 0;
-  // Next n (input, target) pairs; advances the position by n.
+  // Next n (input, target) pairs; advances the position by n. All n of each must be written:
+  // a source that has run out throws (Trainer::step then puts it back where the step began,
+  // and refuses an id left unwritten).
   virtual void next(int32_t* inputs, int32_t* targets, int64_t n) = 0;
   // Tokens consumed so far, and moving there (for resuming).
   virtual uint64_t position() const = 0;

@@ -113,8 +113,10 @@ std::vector<MicroBatchData> Trainer::draw_batch(TokenSource& source) const {
   const int64_t n = config_.batch_tokens / config_.microbatches;
   std::vector<MicroBatchData> microbatches(config_.microbatches);
   for (auto& mb : microbatches) {
-    mb.tokens.resize(n);
-    mb.targets.resize(n);
+    // An id no source gives, so that one its next() leaves unwritten (a source that ran out
+    // and wrote what it had) is refused by check_token_ids instead of trained on as token 0.
+    mb.tokens.assign(n, kUnwrittenId);
+    mb.targets.assign(n, kUnwrittenId);
     source.next(mb.tokens.data(), mb.targets.data(), n);
   }
   return microbatches;
@@ -140,14 +142,21 @@ void Trainer::check_some_target(const std::vector<MicroBatchData>& microbatches,
 }
 
 void Trainer::check_token_ids(const std::vector<MicroBatchData>& microbatches) const {
-  if (model_.vocab <= 0) return;  // the model does not say; its own units must check
   // Checked here, once on the host: a CUDA embedding or loss kernel cannot report an id out
-  // of range, it would read past its table.
+  // of range, it would read past its table. A model that does not say its vocab leaves the
+  // range to its own units.
+  const bool ranged = model_.vocab > 0;
   const int32_t ignored = MicroBatchInputs().ignore_index;
   auto check = [&](const std::vector<int32_t>& ids, size_t m, bool targets) {
     for (size_t i = 0; i < ids.size(); ++i) {
       const int32_t id = ids[i];
-      if ((id >= 0 && id < model_.vocab) || (targets && id == ignored)) continue;
+      if (id == kUnwrittenId)
+        throw std::invalid_argument(
+            std::string(targets ? "the target" : "the token id") + " at position " +
+            std::to_string(i) + " of micro-batch " + std::to_string(m) +
+            " was not written by the data source; TokenSource::next must write all the pairs "
+            "it is asked for (one that has run out throws)");
+      if (!ranged || (id >= 0 && id < model_.vocab) || (targets && id == ignored)) continue;
       throw std::invalid_argument(
           std::string(targets ? "target id " : "token id ") + std::to_string(id) + " at position " +
           std::to_string(i) + " of micro-batch " + std::to_string(m) + " is outside [0, " +

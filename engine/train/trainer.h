@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -77,7 +78,8 @@ class Trainer {
   //
   // Runs the next step, up to config().steps (past it, std::logic_error: the learning-rate
   // schedule and a checkpoint's counters span those steps). The batch's ids are checked
-  // against the model's vocab first, and a batch whose every target is the ignored one is
+  // against the model's vocab first (and an id the source's next() left unwritten refused),
+  // and a batch whose every target is the ignored one is
   // refused, as it has nothing to learn from (std::invalid_argument, nothing run, the source
   // put back where it was: TokenSource::restore). An exception from the source's next() comes
   // out as it is, the source put back the same way. A step that fails once it has started (a
@@ -163,8 +165,10 @@ class Trainer {
   void check_usable(const char* action) const;
   // Throws std::logic_error naming `member` while a step() or evaluate() runs.
   void check_not_busy(const char* member) const;
+  // What draw_batch fills the ids with before the source writes them.
+  static constexpr int32_t kUnwrittenId = std::numeric_limits<int32_t>::min();
   // Throws std::invalid_argument for an id outside the model's vocabulary (a target may be
-  // the ignored one), naming the micro-batch and position.
+  // the ignored one) or left unwritten by the source, naming the micro-batch and position.
   void check_token_ids(const std::vector<MicroBatchData>& microbatches) const;
   // Throws std::invalid_argument when every target of the step's batch is the ignored one.
   void check_some_target(const std::vector<MicroBatchData>& microbatches, int64_t step) const;

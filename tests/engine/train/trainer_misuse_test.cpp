@@ -4,6 +4,7 @@
 // thread count that cannot be, a data source that cannot go back to a checkpoint's position.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <memory>
@@ -28,6 +29,7 @@ class CountingSource : public TokenSource {
   int64_t vocab() const override { return 16; }
   void next(int32_t* inputs, int32_t* targets, int64_t n) override {
     if (on_next) on_next();
+    if (writes) n = std::min(n, *writes);
     for (int64_t i = 0; i < n; ++i, ++position_) {
       inputs[i] = static_cast<int32_t>(position_ % 16);
       targets[i] = target.value_or(static_cast<int32_t>((position_ + 1) % 16));
@@ -42,6 +44,7 @@ class CountingSource : public TokenSource {
 
   std::optional<int32_t> target;
   std::function<void()> on_next;
+  std::optional<int64_t> writes;  // writes at most this many pairs of a draw (it ran out)
   bool refuse_seek = false;
 
  private:
@@ -112,6 +115,19 @@ TEST(TrainerMisuse, ASourceThatFailsPartWayThroughABatchIsPutBackWhereTheStepBeg
   source->on_next = nullptr;
   Trainer untroubled(small_run(), std::make_shared<CountingSource>());
   EXPECT_EQ(trainer.step().loss, untroubled.step().loss);
+}
+
+TEST(TrainerMisuse, IdsTheSourceLeftUnwrittenAreRefusedNotTrainedOn) {
+  auto source = std::make_shared<CountingSource>();
+  source->writes = 20;  // of the 32 pairs of each micro-batch
+  Trainer trainer(small_run(), source);
+  EXPECT_EQ(message_of([&] { trainer.step(); }),
+            "the token id at position 20 of micro-batch 0 was not written by the data source; "
+            "TokenSource::next must write all the pairs it is asked for (one that has run out "
+            "throws)");
+  EXPECT_EQ(trainer.steps_done(), 0);
+  EXPECT_TRUE(trainer.failure().empty());
+  EXPECT_EQ(source->position(), 0u);
 }
 
 TEST(TrainerMisuse, AStepCalledWhileAnEvaluationRunsIsRefused) {
