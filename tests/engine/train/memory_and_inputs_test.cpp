@@ -395,19 +395,21 @@ TEST(TrainConfigChecks, NegativeOrNonFiniteClipIsRefused) {
   EXPECT_NO_THROW(off.validate());
 }
 
+// What TrainConfig::validate says of a default configuration changed by `set`, or "accepted".
+std::string refusal(const std::function<void(TrainConfig&)>& set) {
+  TrainConfig c;
+  set(c);
+  try {
+    c.validate();
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "accepted";
+}
+
 // A program sets fields, so a count that cannot be is refused naming the field (the command
 // line shows each as its flag).
 TEST(TrainConfigChecks, CountsBelowOneAreRefusedNamingTheField) {
-  const auto refusal = [](const std::function<void(TrainConfig&)>& set) {
-    TrainConfig c;
-    set(c);
-    try {
-      c.validate();
-    } catch (const std::invalid_argument& e) {
-      return std::string(e.what());
-    }
-    return std::string("accepted");
-  };
   EXPECT_EQ(refusal([](TrainConfig& c) { c.steps = 0; }),
             "TrainConfig::steps must be at least 1, got 0");
   EXPECT_EQ(refusal([](TrainConfig& c) { c.batch_tokens = -1; }),
@@ -427,16 +429,6 @@ TEST(TrainConfigChecks, CountsBelowOneAreRefusedNamingTheField) {
 // A checkpoint records the layout and its manifest takes no larger counts than the command
 // line does: a run with more is refused before it starts, not at its first save.
 TEST(TrainConfigChecks, LayoutCountsPastTheCheckpointsRangeAreRefused) {
-  const auto refusal = [](const std::function<void(TrainConfig&)>& set) {
-    TrainConfig c;
-    set(c);
-    try {
-      c.validate();
-    } catch (const std::invalid_argument& e) {
-      return std::string(e.what());
-    }
-    return std::string("accepted");
-  };
   EXPECT_EQ(refusal([](TrainConfig& c) {
               c.microbatches = kMaxMicrobatches * 2;
               c.batch_tokens = c.microbatches;
