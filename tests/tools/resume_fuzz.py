@@ -369,8 +369,6 @@ def check_draw(cli, d, r, work, mpirun, mpi_share, signals, schedule_files):
                                                  signal.SIGUSR1]))
             kind.append(f"signal {signal.Signals(interrupt[1]).name}")
         eval_here = d.eval_batches if last else (d.eval_batches if r.random() < 0.2 else 0)
-        if interrupt:
-            eval_here = 0
         save_every = 0
         if not last and not interrupt:
             flags += ["--stop-after", str(stop)]
@@ -409,6 +407,10 @@ def check_draw(cli, d, r, work, mpirun, mpi_share, signals, schedule_files):
         if interrupt and rows:
             stop = rows[-1]["step"]
             last = stop >= d.steps
+            if not last and evaluation is not None:
+                fail(f"leg {i} was interrupted after step {stop} and still evaluated")
+            # A run interrupted while it evaluates prints no eval line either.
+            eval_here = 0
         got_steps = [row["step"] for row in rows]
         if got_steps != list(range(start + 1, stop + 1)):
             fail(f"leg {i} logged steps {got_steps}, expected {start + 1}..{stop}")
