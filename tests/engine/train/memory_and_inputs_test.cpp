@@ -91,20 +91,36 @@ TEST(MemoryEstimate, TrainerRefusesARunOverTheLimitBeforeAllocating) {
   EXPECT_NO_THROW(Trainer trainer(c));
 }
 
+// The small reference model as two uniform 1F1B ranks of two 32-token micro-batches, with
+// each rank's estimate: the layout the CUDA workspace tests hold against a cap.
+struct TwoRanksOfOneF1B {
+  ModelDescription model = reference_model(small_model());
+  schedule::Schedule schedule = schedule::generate(schedule::ScheduleKind::k1F1B, 2, 2, 1);
+  std::vector<StageRange> ranges =
+      stage_ranges(model, partition_blocks(model, 2, PartitionSpec::uniform()));
+  std::vector<RankMemoryEstimate> estimate =
+      estimate_rank_memory(model, ranges, schedule, "adamw", 32);
+  TrainConfig config = [] {
+    TrainConfig c;
+    c.model = small_model();
+    c.batch_tokens = 64;
+    c.microbatches = 2;
+    return c;
+  }();
+};
+
 // On a CUDA device each rank's context takes its cuBLASLt workspace from the capped allocator
 // before the first step, so a cap that holds the CPU's estimate but not that workspace too
 // refuses the CUDA run up front. No GPU is needed: the check refuses before any context exists,
 // and without a device only the cap bounds it.
 TEST(MemoryEstimate, CudaRanksCountTheirCublasWorkspace) {
-  const ModelDescription model = reference_model(small_model());
-  const auto schedule = schedule::generate(schedule::ScheduleKind::k1F1B, 2, 2, 1);
-  const auto ranges = stage_ranges(model, partition_blocks(model, 2, PartitionSpec::uniform()));
-  TrainConfig c;
-  c.model = small_model();
-  c.batch_tokens = 64;
-  c.microbatches = 2;
+  const TwoRanksOfOneF1B run;
+  const auto& model = run.model;
+  const auto& schedule = run.schedule;
+  const auto& ranges = run.ranges;
+  const auto& estimate = run.estimate;
+  TrainConfig c = run.config;
   const double workspace = static_cast<double>(DeviceContextOptions{}.cublas_workspace_bytes);
-  const auto estimate = estimate_rank_memory(model, ranges, schedule, "adamw", 32);
   // Both ranks on one device, with room for their estimates and one workspace, not two.
   c.memory_limit_bytes =
       static_cast<size_t>(estimate[0].total() + estimate[1].total() + 1.5 * workspace);
@@ -125,17 +141,15 @@ TEST(MemoryEstimate, CudaRanksCountTheirCublasWorkspace) {
 // takes. Where the equal share alone would let a layout through that the check refuses (room
 // for the ranks and one workspace, not two), the share is below what the larger rank needs.
 TEST(MemoryEstimate, CudaRankShareLeavesOutEachRanksWorkspace) {
-  const ModelDescription model = reference_model(small_model());
-  const auto schedule = schedule::generate(schedule::ScheduleKind::k1F1B, 2, 2, 1);
-  const auto ranges = stage_ranges(model, partition_blocks(model, 2, PartitionSpec::uniform()));
-  TrainConfig c;
-  c.model = small_model();
-  c.batch_tokens = 64;
-  c.microbatches = 2;
+  const TwoRanksOfOneF1B run;
+  const auto& model = run.model;
+  const auto& schedule = run.schedule;
+  const auto& ranges = run.ranges;
+  const auto& estimate = run.estimate;
+  TrainConfig c = run.config;
   const double workspace = rank_context_bytes(Device::cuda(0));
   EXPECT_EQ(workspace, static_cast<double>(DeviceContextOptions{}.cublas_workspace_bytes));
   EXPECT_EQ(rank_context_bytes(Device::cpu()), 0.0);
-  const auto estimate = estimate_rank_memory(model, ranges, schedule, "adamw", 32);
   const double largest = std::max(estimate[0].total(), estimate[1].total());
   const std::vector<Device> gpu = {Device::cuda(0), Device::cuda(0)};
 
