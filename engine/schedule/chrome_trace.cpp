@@ -179,8 +179,7 @@ void write_trace(const Schedule& schedule, std::span<const SimResult> replicas, 
   // replicas x 2 x stages x micro-batches, far inside the 2^53 a viewer reads exactly.
   const int64_t S = schedule.num_stages(), M = schedule.num_microbatches;
   auto message_id = [&](int d, const Action& a) {
-    const MessageKey k = message_key(a);
-    return 1 + ((int64_t{d} * 2 + (k.gradient ? 1 : 0)) * S + k.producer_stage) * M + k.microbatch;
+    return 1 + int64_t{d} * 2 * S * M + message_index(message_key(a), S, M);
   };
   // Each arrow ends in its receive where its send began, or at the nearer end of the receive.
   // A measured receive is posted ahead of its send, so an arrow to the receive's start would

@@ -59,15 +59,14 @@ CostModel measured_costs(const Schedule& sched,
   // would not do: it is posted early and its wait for the sender's compute is in it, which
   // the simulator, charging it as latency on top of that wait, would count twice. A message
   // is one send and one receive (message_key).
-  const size_t cells = static_cast<size_t>(stages) * sched.num_microbatches;
-  std::vector<const ActionTiming*> sent(2 * cells, nullptr);
+  std::vector<const ActionTiming*> sent(2 * static_cast<size_t>(stages) * sched.num_microbatches,
+                                        nullptr);
   auto slot = [&](const Action& a) -> const ActionTiming** {
     const MessageKey key = message_key(a);
     if (key.producer_stage < 0 || key.producer_stage >= stages || key.microbatch < 0 ||
         key.microbatch >= sched.num_microbatches)
       return nullptr;
-    return &sent[(key.gradient ? cells : 0) +
-                 static_cast<size_t>(key.producer_stage) * sched.num_microbatches + key.microbatch];
+    return &sent[static_cast<size_t>(message_index(key, stages, sched.num_microbatches))];
   };
   for (int r = 0; r < sched.num_ranks(); ++r)
     for (size_t k = 0; k < sched.ranks[r].size(); ++k)

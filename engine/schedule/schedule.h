@@ -99,6 +99,13 @@ inline MessageKey message_key(const Action& a) {
   }
 }
 
+// A message's place among a schedule's 2 x stages x micro-batches messages (activations,
+// then gradients), for flat tables that pair a send with its receive; the key must lie
+// within `stages` and `microbatches`.
+inline int64_t message_index(const MessageKey& k, int64_t stages, int64_t microbatches) {
+  return ((k.gradient ? stages : 0) + k.producer_stage) * microbatches + k.microbatch;
+}
+
 // Compact token: F0.3, B0.3, I0.3, W0.3 (stage.microbatch); transfers carry the peer:
 // SA0.3>1 (send act to rank 1), RA1.3<0 (recv act from rank 0), SG1.3>0, RG0.3<1; the
 // all-reduce of stage 2's gradients is AR2.
