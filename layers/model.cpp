@@ -1,10 +1,12 @@
 #include "layers/model.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <map>
 #include <sstream>
 #include <stdexcept>
+#include <utility>
 
 #include "layers/basic_layers.h"
 #include "layers/blocks.h"
@@ -19,6 +21,19 @@ std::string label_of(const ModelDescription& model) {
 // At least one dimension, each at least 1: what an activation or a parameter needs.
 bool has_positive_dimensions(const Shape& shape) {
   return !shape.empty() && std::all_of(shape.begin(), shape.end(), [](int64_t d) { return d > 0; });
+}
+
+// Empty when `init` gives finite values; else what it must be instead. Non-finite values
+// would make NaN weights without a word, and an empty range (uniform(0), say, from a bound
+// computed in integers) is refused by the kernel without the parameter's name.
+std::string init_problem(const InitSpec& init) {
+  if (init.kind == InitSpec::Kind::kConstant)
+    return std::isfinite(init.low) ? "" : "expected a finite value";
+  if (!std::isfinite(init.low) || !std::isfinite(init.high) ||
+      !std::isfinite(init.high - init.low) || !(init.low < init.high))
+    return "expected finite bounds low < high (InitSpec::uniform(bound) with a finite bound "
+           "above 0)";
+  return "";
 }
 
 }  // namespace
@@ -109,6 +124,9 @@ void ModelDescription::validate() const {
         throw std::invalid_argument(where + " gives parameter '" + p->name + "' the shape " +
                                     shape_to_string(p->shape) +
                                     "; expected positive dimensions (a single value is [1])");
+      if (const std::string problem = init_problem(p->init); !problem.empty())
+        throw std::invalid_argument(where + " gives parameter " + parameter_text(*p) + "; " +
+                                    problem);
       const auto [it, added] = unit_of_name.emplace(p->name, index);
       if (!added)
         throw std::invalid_argument(
@@ -174,7 +192,23 @@ void ModelDescription::check_boundary(int64_t boundary, int64_t tokens, const Te
 
 std::optional<ActivationMemory> ModelDescription::unit_memory(int64_t index, int64_t tokens) const {
   const std::unique_ptr<Layer> layer = unit(index);
-  return layer->activation_memory(boundary_spec(index, tokens).shape);
+  const std::optional<ActivationMemory> memory =
+      layer->activation_memory(boundary_spec(index, tokens).shape);
+  // A NaN would reach the memory check as "needs about nan B", a negative figure would let
+  // through a run that cannot fit.
+  if (memory)
+    for (const auto& [field, bytes] :
+         {std::pair{"saved", memory->saved}, std::pair{"weight_pending", memory->weight_pending},
+          std::pair{"workspace", memory->workspace}})
+      if (!(bytes >= 0.0) || !std::isfinite(bytes)) {
+        std::ostringstream got;
+        got << bytes;
+        throw std::invalid_argument(label_of(*this) + " unit " + std::to_string(index) + " ('" +
+                                    layer->name() + "') says activation_memory()." + field +
+                                    " is " + got.str() + " bytes for " + std::to_string(tokens) +
+                                    " tokens; expected a finite number of at least 0");
+      }
+  return memory;
 }
 
 namespace {
@@ -229,16 +263,23 @@ std::function<ActivationSpec(int64_t, int64_t)> activation_rows(int64_t width, D
 void ModelConfig::validate() const {
   auto positive = [](int64_t value, const char* field) {
     if (value < 1)
-      throw std::invalid_argument(std::string("model ") + field + " must be at least 1, got " +
-                                  std::to_string(value));
+      throw std::invalid_argument(std::string("ModelConfig::") + field +
+                                  " must be at least 1, got " + std::to_string(value));
   };
   positive(d_model, "d_model");
   positive(n_layers, "n_layers");
   positive(vocab, "vocab");
   positive(hidden, "hidden");
   if (vocab > (int64_t{1} << 31) - 1)
-    throw std::invalid_argument("model vocab must fit in int32, got " + std::to_string(vocab));
-  if (!(ln_eps > 0.0f)) throw std::invalid_argument("model ln_eps must be positive");
+    throw std::invalid_argument("ModelConfig::vocab must fit in int32, got " +
+                                std::to_string(vocab));
+  // An infinite epsilon normalises every row to 0: the model would learn nothing.
+  if (!(ln_eps > 0.0f) || !std::isfinite(ln_eps)) {
+    std::ostringstream got;
+    got << ln_eps;
+    throw std::invalid_argument("ModelConfig::ln_eps must be a finite number above 0, got " +
+                                got.str());
+  }
 }
 
 std::string ModelConfig::to_string() const {

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -171,6 +173,59 @@ TEST(ModelDescription, ParametersThatCouldNotBeBuiltOrSavedAreRejected) {
       << error_of(model);
 }
 
+// Non-finite initial values give NaN weights without a word; an empty range (a bound
+// computed in integers) failed only in the kernel, without the parameter's name.
+TEST(ModelDescription, InitialValuesThatAreNotFiniteOrAnEmptyRangeAreRejected) {
+  auto with_init = [](InitSpec init) {
+    Parameter p = named("w", {2, 3});
+    p.init = init;
+    return listing({}, {p});
+  };
+  EXPECT_EQ(error_of(with_init(InitSpec::uniform(0.5f))), "");
+  EXPECT_EQ(error_of(with_init(InitSpec::constant(-2.0f))), "");
+  const float inf = std::numeric_limits<float>::infinity();
+  for (const InitSpec init :
+       {InitSpec::uniform(0.0f), InitSpec::uniform(-1.0f), InitSpec::uniform(inf),
+        InitSpec::uniform(std::nanf("")), InitSpec::uniform(std::numeric_limits<float>::max())}) {
+    const std::string error = error_of(with_init(init));
+    EXPECT_NE(error.find("unit 1 gives parameter 'w' [2, 3] initialised uniform ["),
+              std::string::npos)
+        << error;
+    EXPECT_NE(error.find("; expected finite bounds low < high"), std::string::npos) << error;
+  }
+  for (const float value : {inf, -inf, std::nanf("")}) {
+    const std::string error = error_of(with_init(InitSpec::constant(value)));
+    EXPECT_NE(error.find("initialised constant ["), std::string::npos) << error;
+    EXPECT_NE(error.find("; expected a finite value"), std::string::npos) << error;
+  }
+}
+
+TEST(ModelConfig, ALayerNormEpsilonMustBeFiniteAndAboveZero) {
+  ModelConfig config = small_tiny();
+  for (const float eps : {0.0f, -1e-5f, std::numeric_limits<float>::infinity(), std::nanf("")}) {
+    config.ln_eps = eps;
+    try {
+      config.validate();
+      ADD_FAILURE() << "ln_eps " << eps << " was accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("ModelConfig::ln_eps must be a finite number above 0"),
+                std::string::npos)
+          << e.what();
+    }
+    // The layers themselves refuse it too, for models of one's own.
+    EXPECT_THROW(LayerNorm("ln", 4, eps), std::invalid_argument);
+    EXPECT_THROW(MlpBlock("block", 4, 8, ops::ActivationKind::kGelu, eps), std::invalid_argument);
+  }
+  config.ln_eps = 1e-6f;
+  EXPECT_NO_THROW(config.validate());
+  try {
+    LayerNorm("blocks.2.ln", 4, -1.0f);
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "LayerNorm 'blocks.2.ln': eps must be a finite number above 0, got -1");
+  }
+}
+
 TEST(ModelDescription, AVocabularyLargerThanAnIdTableIsRejected) {
   // embed (ids < e) -> head (targets < h), for a model of vocab 8.
   auto embed_and_head = [](int64_t e, int64_t h) {
@@ -220,6 +275,44 @@ TEST(ModelDescription, UnitMemoryAsksEachUnitOnItsInput) {
   ModelDescription linears = two_linear_units();
   EXPECT_EQ(linears.unit_memory(1, 300)->saved, allocated_bytes({300, 4}));
   EXPECT_THROW(model.unit_memory(5, 7), std::out_of_range);
+}
+
+// A layer's own memory figures reach the run's memory check: a NaN would read "needs about
+// nan B", a negative figure let through a run that cannot fit.
+class SaysItsMemory : public Linear {
+ public:
+  explicit SaysItsMemory(ActivationMemory says) : Linear("says", 4, 4), says_(says) {}
+  std::optional<ActivationMemory> activation_memory(const Shape&) const override { return says_; }
+
+ private:
+  ActivationMemory says_;
+};
+
+TEST(ModelDescription, UnitMemoryThatIsNotAFiniteCountOfBytesIsRefused) {
+  auto saying = [](ActivationMemory says) {
+    ModelDescription model = two_linear_units();
+    model.make_unit = [says](int64_t) -> std::unique_ptr<Layer> {
+      return std::make_unique<SaysItsMemory>(says);
+    };
+    return model;
+  };
+  EXPECT_EQ(saying({64, 0, 128}).unit_memory(1, 5)->workspace, 128);
+  const double nan = std::nan("");
+  const double inf = std::numeric_limits<double>::infinity();
+  for (const auto& [says, field] : {std::pair{ActivationMemory{nan, 0, 0}, "saved is nan"},
+                                    std::pair{ActivationMemory{0, -64, 0}, "weight_pending is -64"},
+                                    std::pair{ActivationMemory{0, 0, inf}, "workspace is inf"}}) {
+    try {
+      saying(says).unit_memory(1, 5);
+      ADD_FAILURE() << field << " was accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("model 'two linears' unit 1 ('says') says "
+                                                       "activation_memory().") +
+                                           field + " bytes for 5 tokens; expected a finite"),
+                std::string::npos)
+          << e.what();
+    }
+  }
 }
 
 TEST(ModelDescription, ACountPastInt64IsRefusedNotWrapped) {
