@@ -390,7 +390,7 @@ void run(const ScheduleOptions& o, const CLI::App& cmd) {
         "and v)\n",
         escaped_for_message(schedule.name).c_str());
   std::printf("\n%-6s %10s %10s %16s %16s\n", "rank", "busy", "idle", "peak in-flight",
-              "peak held (W)");
+              "peak held");
   for (int r = 0; r < p; ++r) {
     const auto& st = sim.ranks[r];
     std::printf("%-6d %10s %10s %16d %16d\n", r, fmt(st.busy).c_str(), fmt(st.idle).c_str(),
@@ -398,7 +398,7 @@ void run(const ScheduleOptions& o, const CLI::App& cmd) {
   }
   std::printf(
       "(peak in-flight: micro-batches between F and the end of its B or I; held: until its last "
-      "use)\n");
+      "use, its W when the backward is split)\n");
   // With v chunks a rank holds up to v entries per micro-batch: 11 on rank 0 of interleaved
   // p=4 m=8 would read as more micro-batches than the step has.
   if (v > 1)
