@@ -5,33 +5,66 @@
 #include <numbers>
 #include <sstream>
 #include <stdexcept>
+#include <string_view>
+#include <utility>
 
 #include "layers/ops.h"
 
 namespace conveyor {
 
-void OptimizerConfig::validate() const {
-  auto fail = [](const std::string& what) { throw std::invalid_argument("optimizer: " + what); };
-  if (kind != "adamw" && kind != "sgd") fail("kind must be adamw or sgd, got '" + kind + "'");
-  if (!(lr > 0.0)) fail("lr must be positive, got " + std::to_string(lr));
+namespace {
+
+std::string number_text(double v) {
+  std::ostringstream out;
+  out << v;
+  return out.str();
+}
+
+// The kernels read the settings as floats: a double that the conversion turns into 0, 1 or
+// infinity passes a check on the double and then divides by zero or trains nothing.
+bool float_is_finite(double v) { return std::isfinite(static_cast<float>(v)); }
+
+}  // namespace
+
+void OptimizerConfig::validate(std::string_view prefix) const {
+  const std::string name(prefix);
+  auto fail = [&](const std::string& field, double got, const std::string& expected) {
+    throw std::invalid_argument(name + field + " must be " + expected + ", got " +
+                                number_text(got));
+  };
+  if (kind != "adamw" && kind != "sgd")
+    throw std::invalid_argument(name + "kind must be adamw or sgd, got '" + kind + "'");
+  if (!(lr > 0.0) || !float_is_finite(lr) || !(static_cast<float>(lr) > 0.0f))
+    fail("lr", lr, "a number above 0 that a float holds (from about 1e-45 to 3.4e+38)");
   if (!(min_lr >= 0.0) || min_lr > lr)
-    fail("min_lr must be in [0, lr], got " + std::to_string(min_lr));
-  if (warmup_steps < 0) fail("warmup steps must be >= 0");
-  if (!(beta1 >= 0.0 && beta1 < 1.0) || !(beta2 >= 0.0 && beta2 < 1.0))
-    fail("beta1 and beta2 must be in [0, 1)");
-  if (!(eps > 0.0)) fail("eps must be positive");
-  if (!(momentum >= 0.0 && momentum < 1.0))
-    fail("momentum must be in [0, 1), got " + std::to_string(momentum));
-  if (!(weight_decay >= 0.0)) fail("weight decay must be >= 0");
+    fail("min_lr", min_lr, "in [0, lr] (lr " + number_text(lr) + ")");
+  if (warmup_steps < 0)
+    throw std::invalid_argument(name + "warmup_steps must be at least 0, got " +
+                                std::to_string(warmup_steps));
+  // A beta that a float rounds to 1 makes AdamW's bias correction 1 - beta^t zero: 0/0.
+  for (const auto& [field, beta] : {std::pair{"beta1", beta1}, std::pair{"beta2", beta2}})
+    if (!(beta >= 0.0) || !(static_cast<float>(beta) < 1.0f))
+      fail(field, beta, "in [0, 1) as a float (at most 0.99999994)");
+  // An eps that a float rounds to 0 divides a weight whose gradient is 0 by 0; an infinite
+  // one makes every update 0.
+  if (!(eps > 0.0) || !float_is_finite(eps) || !(static_cast<float>(eps) > 0.0f))
+    fail("eps", eps, "a number above 0 that a float holds (from about 1e-45 to 3.4e+38)");
+  if (!(momentum >= 0.0) || !(static_cast<float>(momentum) < 1.0f))
+    fail("momentum", momentum, "in [0, 1) as a float (at most 0.99999994)");
+  if (!(weight_decay >= 0.0) || !float_is_finite(weight_decay))
+    fail("weight_decay", weight_decay, "a finite number of at least 0");
+  // A negative norm would silently mean "off"; only 0 says that.
+  if (!(clip_norm >= 0.0) || !std::isfinite(clip_norm))
+    fail("clip_norm", clip_norm, "a finite number of at least 0 (0 disables clipping)");
   // Both optimizers decay as p -= lr * weight_decay * p: from a product of 1 on, a step zeroes
   // every decayed weight or flips its sign, which trains nothing.
   if (lr * weight_decay >= 1.0) {
     std::ostringstream why;
-    why << "lr x weight decay is " << lr * weight_decay << " (lr " << lr << ", weight decay "
-        << weight_decay
+    why << "lr x weight decay is " << lr * weight_decay << " (" << name << "lr " << lr << ", "
+        << name << "weight_decay " << weight_decay
         << "): each step multiplies every decayed weight by 1 - lr x weight decay, which zeroes "
            "or flips the weights from a product of 1 on; the product must be below 1";
-    fail(why.str());
+    throw std::invalid_argument(why.str());
   }
 }
 
@@ -50,7 +83,7 @@ double learning_rate(const OptimizerConfig& c, int64_t step, int64_t total_steps
 }
 
 float clip_scale(const OptimizerConfig& c, double norm) {
-  if (c.clip_norm <= 0.0 || !(norm > c.clip_norm)) return 1.0f;
+  if (c.clip_norm == 0.0 || !(norm > c.clip_norm)) return 1.0f;
   return static_cast<float>(c.clip_norm / norm);
 }
 

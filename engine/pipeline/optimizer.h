@@ -5,6 +5,7 @@
 // the one-stage order).
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "engine/core/device_context.h"
@@ -22,9 +23,12 @@ struct OptimizerConfig {
   double eps = 1e-8;
   double weight_decay = 0.0;
   double momentum = 0.9;   // sgd
-  double clip_norm = 1.0;  // <= 0 disables clipping
+  double clip_norm = 1.0;  // 0 disables clipping
 
-  void validate() const;  // throws std::invalid_argument naming the bad field
+  // Throws std::invalid_argument naming the bad field as `prefix` and its name ("lr"), with
+  // the value given and what is expected. Each float setting must also hold as the float the
+  // kernels read: a beta that rounds to 1 or an eps that rounds to 0 would give NaN weights.
+  void validate(std::string_view prefix = "OptimizerConfig::") const;
 };
 
 // Learning rate at 1-based `step` of `total_steps` (0: before the first step). Throws

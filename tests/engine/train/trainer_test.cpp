@@ -6,7 +6,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
+#include <limits>
 #include <memory>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "support/test_util.h"
@@ -194,6 +198,70 @@ TEST(OptimizerConfig, DecayThatWouldZeroOrFlipTheWeightsIsRefused) {
           << e.what();
     }
   }
+}
+
+// The message a config's validate() gives, or "" when it passes.
+std::string refusal(const OptimizerConfig& c, std::string_view prefix = "OptimizerConfig::") {
+  try {
+    c.validate(prefix);
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// Each setting is checked as the float the kernels read: a beta that rounds to 1 made AdamW's
+// bias correction 0 (NaN weights at the first step), an eps that rounds to 0 divided a zero
+// gradient by 0, an infinite eps or lr passed and trained nothing or gave NaN.
+TEST(OptimizerConfig, SettingsAreCheckedAsTheFloatsTheKernelsReadAndNamed) {
+  EXPECT_EQ(refusal(OptimizerConfig{}), "");
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::nan("");
+  struct Case {
+    double OptimizerConfig::*field;
+    double value;
+    const char* says;
+  };
+  for (const Case& c : std::initializer_list<Case>{
+           {&OptimizerConfig::beta2, 1.0 - 1e-8,
+            "OptimizerConfig::beta2 must be in [0, 1) as a float"},
+           {&OptimizerConfig::beta1, nan, "OptimizerConfig::beta1 must be in [0, 1)"},
+           {&OptimizerConfig::beta1, -0.1, "OptimizerConfig::beta1 must be in [0, 1)"},
+           {&OptimizerConfig::eps, 1e-46,
+            "OptimizerConfig::eps must be a number above 0 that a float holds"},
+           {&OptimizerConfig::eps, inf, "OptimizerConfig::eps must be"},
+           {&OptimizerConfig::eps, 1e39, "OptimizerConfig::eps must be"},
+           {&OptimizerConfig::lr, inf,
+            "OptimizerConfig::lr must be a number above 0 that a float holds"},
+           {&OptimizerConfig::lr, 1e39, "got 1e+39"},
+           {&OptimizerConfig::lr, 1e-50, "OptimizerConfig::lr must be"},
+           {&OptimizerConfig::lr, -1e-8, "got -1e-08"},
+           {&OptimizerConfig::momentum, 1.0 - 1e-9, "OptimizerConfig::momentum must be in [0, 1)"},
+           {&OptimizerConfig::weight_decay, nan, "OptimizerConfig::weight_decay must be a finite"},
+           {&OptimizerConfig::clip_norm, nan,
+            "OptimizerConfig::clip_norm must be a finite number of at least 0 (0 disables "
+            "clipping)"},
+           {&OptimizerConfig::clip_norm, -1.0, "OptimizerConfig::clip_norm must be"},
+           {&OptimizerConfig::min_lr, nan, "OptimizerConfig::min_lr must be in [0, lr]"}}) {
+    OptimizerConfig config;
+    config.min_lr = 0;
+    config.*c.field = c.value;
+    const std::string error = refusal(config);
+    EXPECT_NE(error.find(c.says), std::string::npos) << c.says << " | " << error;
+  }
+  OptimizerConfig config;
+  config.warmup_steps = -1;
+  EXPECT_EQ(refusal(config), "OptimizerConfig::warmup_steps must be at least 0, got -1");
+  config = OptimizerConfig{};
+  config.beta2 = 0.99999994;  // the largest float below 1
+  EXPECT_EQ(refusal(config), "");
+  config.eps = 1e-45;  // a float's smallest, subnormal, still above 0
+  EXPECT_EQ(refusal(config), "");
+  config.clip_norm = 0;  // clipping off
+  EXPECT_EQ(refusal(config), "");
+  // A trainer names the field as the config it holds it in.
+  config.beta1 = 1.0;
+  EXPECT_NE(refusal(config, "TrainConfig::optimizer.").find("TrainConfig::optimizer.beta1 must"),
+            std::string::npos);
 }
 
 TEST(LearningRate, WarmupThenCosine) {
