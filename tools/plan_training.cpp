@@ -179,15 +179,18 @@ PlannedRun plan_training(const TrainConfig& config, Device device, int repetitio
   // own: the check before the run, and its allocators, hold their sum to it. On CUDA each
   // rank's context takes its cuBLASLt workspace from that memory too, which the check counts,
   // so the stages are planned in what is left.
-  std::string cap_source = "the memory limit given";
-  const double memory = config.memory_limit_bytes > 0
-                            ? static_cast<double>(config.memory_limit_bytes)
-                            : device_memory_bytes(device, &cap_source);
+  // Planned against the figure the run's check holds it to: the memory the device can give
+  // now, or the limit given when smaller; a plan against the device's whole memory could be
+  // one the check then refuses.
+  const DeviceMemoryLimit limit = device_memory_limit(device, config.memory_limit_bytes);
+  const double memory = limit.bytes;
+  const bool given_limit = config.memory_limit_bytes > 0 && limit.note.empty();
+  std::string cap_source = given_limit ? "the memory limit given" : limit.source;
   double cap = 0;
   if (memory > 0) {
+    if (sharing > 1 || !given_limit) cap_source += " (" + bytes_text(memory) + ")" + limit.note;
     if (sharing > 1)
-      cap_source += " (" + bytes_text(memory) + ") shared by " + std::to_string(sharing) +
-                    " ranks" +
+      cap_source += " shared by " + std::to_string(sharing) + " ranks" +
                     (constraints.replicas > 1 ? " (" + std::to_string(p) + " stages x --dp " +
                                                     std::to_string(constraints.replicas) + ")"
                                               : std::string());

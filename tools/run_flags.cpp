@@ -65,16 +65,16 @@ size_t RunFlags::memory_limit_bytes() const {
   if (bytes > kMaxMemoryCapBytes)
     throw UsageError(given +
                      " is more than 1 PiB, the largest cap accepted; give the device's "
-                     "size, or 0 for the device's own memory");
+                     "size, or 0 for no cap");
   // A cap that rounds to nothing would read as "no cap" (0), and under 1 KiB no allocation of
   // the allocator's smallest block fits anyway. A size such as 0.5B rounds down to 0 bytes;
-  // only a number of zeros asks for the device's own memory (units hold no digits).
+  // only a number of zeros asks for no cap (units hold no digits).
   const bool asked_for_some = memory_cap_text.find_first_of("123456789") != std::string::npos;
   if ((bytes > 0 || asked_for_some) && bytes < kMinMemoryCapBytes)
-    throw UsageError(
-        given + (sized ? " is " + std::to_string(*memory_cap_bytes) + " bytes," : " is") +
-        " less than 1 KiB, the smallest cap accepted; give at least " +
-        (sized ? "1KiB" : "0.0009765625 MiB (1 KiB)") + ", or 0 for the device's own memory");
+    throw UsageError(given +
+                     (sized ? " is " + std::to_string(*memory_cap_bytes) + " bytes," : " is") +
+                     " less than 1 KiB, the smallest cap accepted; give at least " +
+                     (sized ? "1KiB" : "0.0009765625 MiB (1 KiB)") + ", or 0 for no cap");
   return static_cast<size_t>(bytes);
 }
 
@@ -171,8 +171,8 @@ void add_run_flags(CLI::App* cmd, RunFlags& f, RunFlagsFor command) {
                             "Cap each device's memory, emulating a smaller device: bytes with "
                             "an optional unit, B, KB, MB, GB, TB, PB (powers of 1000) or KiB, "
                             "MiB, GiB, TiB, PiB (powers of 1024), such as 512MiB or 1.5GiB (a "
-                            "fraction is rounded down to whole bytes), up to 1PiB; 0: the "
-                            "device's own memory")
+                            "fraction is rounded down to whole bytes), up to 1PiB; 0: what "
+                            "the device can give now")
                          ->type_name("SIZE");
   cmd->add_option_function<std::string>(
          "--memory-limit-mb",

@@ -1,7 +1,5 @@
 #include "engine/pipeline/profile.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <atomic>
 #include <barrier>
@@ -252,22 +250,6 @@ AllReduceCost measure_allreduce(std::vector<std::unique_ptr<comm::Transport>>& t
     cost.latency = 0;
   }
   return cost;
-}
-
-double device_memory_bytes(Device device, std::string* what) {
-  if (device.is_cuda()) {
-    const CudaMemoryInfo info = cuda_memory_info(device.index);
-    if (info.total_bytes == 0) return 0.0;
-    if (what) *what = "the memory of " + device.to_string();
-    return static_cast<double>(info.total_bytes);
-  }
-  if (device.is_cpu()) {
-    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
-    if (pages <= 0 || page <= 0) return 0.0;
-    if (what) *what = "the machine's physical memory";
-    return static_cast<double>(pages) * static_cast<double>(page);
-  }
-  return 0.0;
 }
 
 }  // namespace conveyor

@@ -76,8 +76,4 @@ struct AllReduceCost {
 AllReduceCost measure_allreduce(std::vector<std::unique_ptr<comm::Transport>>& transports,
                                 size_t bytes, int warmup = 2, int repetitions = 5);
 
-// The memory of `device` when nothing runs: a GPU's total memory, or for the CPU the
-// machine's physical memory; 0 when unknown. `what`, when given, says which it is.
-double device_memory_bytes(Device device, std::string* what = nullptr);
-
 }  // namespace conveyor

@@ -43,6 +43,16 @@ double device_available_bytes(Device device, std::string* source) {
 
 }  // namespace
 
+DeviceMemoryLimit device_memory_limit(Device device, size_t memory_limit_bytes) {
+  DeviceMemoryLimit out;
+  out.bytes = device_available_bytes(device, &out.source);
+  if (memory_limit_bytes == 0) return out;
+  const double cap = static_cast<double>(memory_limit_bytes);
+  if (out.bytes <= 0.0 || cap <= out.bytes) return {cap, "the memory limit", ""};
+  out.note = ", less than the memory limit (" + bytes_text(cap) + ")";
+  return out;
+}
+
 double rank_context_bytes(Device device) {
   return device.is_cuda() ? static_cast<double>(DeviceContextOptions{}.cublas_workspace_bytes)
                           : 0.0;
@@ -97,17 +107,9 @@ void check_memory_fits(const ModelDescription& model, const std::vector<StageRan
     // A limit emulates a smaller device: one above what the device can give now would let
     // through a run the device cannot hold, which the system then ends (on the CPU, the
     // kernel's out-of-memory killer).
-    std::string source, below_the_limit;
-    double limit = device_available_bytes(devices[r], &source);
-    if (config.memory_limit_bytes > 0) {
-      const double cap = static_cast<double>(config.memory_limit_bytes);
-      if (limit <= 0.0 || cap <= limit) {
-        limit = cap;
-        source = "the memory limit";
-      } else {
-        below_the_limit = ", less than the memory limit (" + bytes_text(cap) + ")";
-      }
-    }
+    const DeviceMemoryLimit device_limit =
+        device_memory_limit(devices[r], config.memory_limit_bytes);
+    const double limit = device_limit.bytes;
     if (limit <= 0.0 || on_device <= limit) continue;
     const RankMemoryEstimate& e = ranks[r];
     // Incomplete when a unit's layer does not say what it keeps: its activations are then
@@ -120,8 +122,8 @@ void check_memory_fits(const ModelDescription& model, const std::vector<StageRan
         bytes_text(e.gradient_bytes) + ", optimizer state " + bytes_text(e.optimizer_bytes) +
         ", in-flight activations " + at_least + bytes_text(e.activation_bytes) +
         ", the step's token ids and losses " + bytes_text(e.batch_bytes) +
-        ", boundary tensors and workspace " + bytes_text(e.transient_bytes) + ") but " + source +
-        " is " + bytes_text(limit) + below_the_limit +
+        ", boundary tensors and workspace " + bytes_text(e.transient_bytes) + ") but " +
+        device_limit.source + " is " + bytes_text(limit) + device_limit.note +
         "; use a smaller model, fewer tokens per micro-batch, more stages, or sgd");
   }
 }
@@ -179,7 +181,7 @@ void apply_plan(const PlanCandidate& candidate, TrainConfig& config) {
 }
 
 void TrainConfig::validate() const {
-  optimizer.validate();
+  optimizer.validate("TrainConfig::optimizer.");
   auto fail = [](const std::string& what) { throw std::invalid_argument(what); };
   if (cpu_threads < 0 || cpu_threads > kMaxCpuThreads)
     fail("TrainConfig::cpu_threads must be from 1 to " + std::to_string(kMaxCpuThreads) +
@@ -205,12 +207,6 @@ void TrainConfig::validate() const {
     if (value > max)
       fail(std::string(what) + " must be at most " + std::to_string(max) + ", got " +
            std::to_string(value));
-  // Negative clipping would silently mean "off"; only 0 says that.
-  if (!std::isfinite(optimizer.clip_norm) || optimizer.clip_norm < 0)
-    fail("clip norm must be a finite number >= 0 (0 disables clipping), got " +
-         format_readable(optimizer.clip_norm));
-  if (!std::isfinite(optimizer.lr) || !std::isfinite(optimizer.weight_decay))
-    fail("learning rate and weight decay must be finite");
   check_data_parallel(*this);
   if (gradient_bucket_mib) {
     const double b = *gradient_bucket_mib;
@@ -221,8 +217,10 @@ void TrainConfig::validate() const {
           "(1 KiB) to 1e6 MiB, got " +
           format_readable(b) + " MiB");
   }
-  if (transport_timeout.count() < 1)
-    fail("transport timeout must be at least 1 ms, got " +
+  // Deadlines are now() + timeout: a longer one would overflow the clock's nanoseconds.
+  if (transport_timeout.count() < 1 || transport_timeout.count() > kMaxTransportTimeoutMs)
+    fail("TrainConfig::transport_timeout must be from 1 ms to " +
+         std::to_string(kMaxTransportTimeoutMs) + " ms (10^6 s), got " +
          std::to_string(transport_timeout.count()) + " ms");
 }
 
@@ -258,6 +256,26 @@ schedule::Schedule make_schedule(const TrainConfig& config) {
                                 " data-parallel replica(s) but the run uses " + std::to_string(d) +
                                 " (TrainConfig::data_parallel); write one of " + std::to_string(d) +
                                 " replicas with save_schedule");
+  // The file decides the ranks, the chunks and the kind. A config that asks for others is
+  // refused rather than run under the file's without a word; left at their defaults, these
+  // fields ask for nothing.
+  const TrainConfig defaults;
+  const auto refuse = [&](const std::string& field, const std::string& given,
+                          const std::string& has) {
+    throw std::invalid_argument("schedule file " + quoted_file_name(config.schedule_file) +
+                                " has " + has + " but " + field + " is " + given +
+                                "; leave it at its default or give the file's");
+  };
+  if (config.stages != defaults.stages && config.stages != loaded.num_ranks())
+    refuse("TrainConfig::stages", std::to_string(config.stages),
+           std::to_string(loaded.num_ranks()) + " rank(s)");
+  if (config.chunks != defaults.chunks && config.chunks != loaded.placement.chunks)
+    refuse("TrainConfig::chunks", std::to_string(config.chunks),
+           std::to_string(loaded.placement.chunks) + " chunk(s) per rank");
+  const std::string kind = schedule::schedule_kind_name(config.schedule);
+  if (config.schedule != defaults.schedule && !loaded.name.empty() && loaded.name != kind)
+    refuse("TrainConfig::schedule", kind,
+           "the schedule '" + escaped_for_message(loaded.name) + "'");
   return loaded;
 }
 

@@ -51,7 +51,8 @@ struct TrainConfig {
   int cpu_threads = 0;
 
   // Pipeline: `stages` ranks, each with `chunks` virtual stages, under `schedule`, or under
-  // the schedule in `schedule_file` when that is set; blocks per stage from `partition`.
+  // the schedule in `schedule_file` when that is set (which decides all three: each left at
+  // its default or equal to the file's); blocks per stage from `partition`.
   // kInterleaved with chunks 1 is 1F1B (the command line gives it 2 unless told); kZBV always
   // has 2 chunks per rank, with chunks 1 or 2. The other kinds take chunks 1.
   int stages = 1;
@@ -61,7 +62,9 @@ struct TrainConfig {
   PartitionSpec partition;
   RankPlacement placement = RankPlacement::kAuto;
   TransportKind transport = TransportKind::kAuto;
+  // How long a rank waits for a peer before failing: 1 ms to kMaxTransportTimeoutMs.
   std::chrono::milliseconds transport_timeout{120000};
+  static constexpr int64_t kMaxTransportTimeoutMs = 1000000000;  // 10^6 s, about 11.6 days
   // Units that re-run their forward in the backward instead of keeping its activations
   // (engine/pipeline/recompute.h); the bits of a run do not depend on it.
   RecomputeSpec recompute;
@@ -129,6 +132,20 @@ std::unique_ptr<TokenSource> make_token_source(const TrainConfig& config, int64_
 // held-out data. Restored from run's current token, so at once however far the run has gone.
 std::unique_ptr<TokenSource> make_token_source_at(const TrainConfig& config, int64_t vocab,
                                                   const TokenSource& run);
+
+// The memory the ranks on `device` may use together: `memory_limit_bytes` (0: none) or what
+// the device can give now (its free memory on CUDA, MemAvailable on the CPU), whichever is
+// smaller, since a limit emulates a smaller device, never a larger one. check_memory_fits
+// holds a run to it, and a planner plans against it, so that the run's check takes every
+// layout planned. `bytes` is 0 when neither is known. `source` says where the figure comes
+// from ("the memory limit", "free memory of cuda:0", ...), and `note` what it is less than
+// when a limit was given above it (", less than the memory limit (8.0 GiB)"), else empty.
+struct DeviceMemoryLimit {
+  double bytes = 0;
+  std::string source;
+  std::string note;
+};
+DeviceMemoryLimit device_memory_limit(Device device, size_t memory_limit_bytes);
 
 // Bytes that a rank's context on `device` takes from its allocator, and so from its cap,
 // before the first step, outside what estimate_rank_memory counts: on CUDA its cuBLASLt

@@ -219,11 +219,11 @@ int main() {
   options.num_ranks = ranks;
   options.batch_tokens = config.batch_tokens;
   options.microbatch_counts = {2, 4, 8};
-  // Each rank's share of the device, less what its context takes (on CUDA, its cuBLASLt
-  // workspace), as the trainer's check before the run counts it.
-  options.memory_cap =
-      rank_memory_share(device_memory_bytes(*config.device), ranks, *config.device, "the device")
-          .bytes;
+  // Each rank's share of what the device can give now, less what its context takes (on CUDA, its
+  // cuBLASLt workspace), as the trainer's check before the run counts it.
+  options.memory_cap = rank_memory_share(device_memory_limit(*config.device, 0).bytes, ranks,
+                                         *config.device, "the device")
+                           .bytes;
   options.include_data_parallel = false;  // pricing replicas needs their all-reduce timed
   std::vector<UnitCosts> measured;
   for (const int m : options.microbatch_counts) {

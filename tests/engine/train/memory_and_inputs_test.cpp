@@ -16,14 +16,18 @@
 #include <utility>
 #include <vector>
 
+#include "checkpoint_fixture.h"
 #include "comm/in_process.h"
 #include "engine/pipeline/memory_estimate.h"
 #include "engine/schedule/generators.h"
+#include "engine/schedule/text_format.h"
 #include "engine/train/data.h"
 #include "engine/train/trainer.h"
 
 namespace conveyor {
 namespace {
+
+using testing::TempDir;
 
 ModelConfig small_model() {
   ModelConfig m;
@@ -464,6 +468,60 @@ TEST(TrainConfigChecks, LayoutCountsPastTheCheckpointsRangeAreRefused) {
               c.batch_tokens = kMaxMicrobatches;
             }),
             "accepted");
+}
+
+// Deadlines are now() + timeout: "wait forever" as milliseconds::max() overflowed the clock
+// and timed out at once.
+TEST(TrainConfigChecks, ATransportTimeoutPastTheLargestIsRefused) {
+  EXPECT_EQ(refusal([](TrainConfig& c) { c.transport_timeout = std::chrono::milliseconds::max(); }),
+            "TrainConfig::transport_timeout must be from 1 ms to 1000000000 ms (10^6 s), got " +
+                std::to_string(std::chrono::milliseconds::max().count()) + " ms");
+  EXPECT_EQ(refusal([](TrainConfig& c) { c.transport_timeout = std::chrono::milliseconds(0); }),
+            "TrainConfig::transport_timeout must be from 1 ms to 1000000000 ms (10^6 s), got 0 ms");
+  EXPECT_EQ(refusal([](TrainConfig& c) {
+              c.transport_timeout = std::chrono::milliseconds(TrainConfig::kMaxTransportTimeoutMs);
+            }),
+            "accepted");
+}
+
+// A schedule file decides the ranks, chunks and kind: a config asking for others was run
+// under the file's without a word.
+TEST(TrainConfigChecks, AScheduleFileRefusesOtherStagesChunksOrKind) {
+  TempDir dir;
+  TrainConfig c;
+  c.microbatches = 4;
+  c.batch_tokens = 64;
+  c.schedule_file = (dir.path() / "gpipe.txt").string();
+  schedule::save_schedule(c.schedule_file,
+                          schedule::generate(schedule::ScheduleKind::kGPipe, 2, 4, 1));
+  EXPECT_EQ(make_schedule(c).num_ranks(), 2);  // the defaults ask for nothing
+  c.stages = 2;
+  c.schedule = schedule::ScheduleKind::kGPipe;
+  EXPECT_EQ(make_schedule(c).num_ranks(), 2);  // the file's own
+  const std::string file = "schedule file '" + c.schedule_file + "' has ";
+  const auto error_of = [](const TrainConfig& config) {
+    try {
+      make_schedule(config);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  TrainConfig other = c;
+  other.stages = 4;
+  EXPECT_EQ(error_of(other), file +
+                                 "2 rank(s) but TrainConfig::stages is 4; leave it at its default "
+                                 "or give the file's");
+  other = c;
+  other.chunks = 2;
+  EXPECT_EQ(error_of(other), file +
+                                 "1 chunk(s) per rank but TrainConfig::chunks is 2; leave it at "
+                                 "its default or give the file's");
+  other = c;
+  other.schedule = schedule::ScheduleKind::kZBH1;
+  EXPECT_EQ(error_of(other), file +
+                                 "the schedule 'gpipe' but TrainConfig::schedule is zbh1; leave it "
+                                 "at its default or give the file's");
 }
 
 TEST(DataSources, FileSourceRefusesDevicesAndDirectories) {
