@@ -303,6 +303,14 @@ PipelineStepResult PipelineExecutor::run_step(const std::vector<MicroBatchData>&
       errors[r] = what;
       follow_on[r] = stopped_by_abort(e);
       stalled[r] = transport_failure(e);
+    } catch (...) {
+      // Only code of the caller's (a transport of its own) throws such a thing: a unit's is
+      // named by its stage. The step fails as for any other error, never the process.
+      const std::string what = "rank " + std::to_string(rank.index) +
+                               " threw an exception not derived from std::exception";
+      rank.transport->abort(what);
+      std::lock_guard lock(errors_mutex);
+      errors[r] = what;
     }
   });
   result.seconds = std::chrono::duration<double>(Clock::now() - inputs.start).count();

@@ -1,5 +1,7 @@
 #include "engine/pipeline/rank_threads.h"
 
+#include <utility>
+
 namespace conveyor {
 
 RankThreads::RankThreads(int ranks) {
@@ -20,13 +22,24 @@ void RankThreads::run(const std::function<void(int)>& job) {
     std::lock_guard lock(mutex_);
     job_ = &job;
     remaining_ = static_cast<int>(threads_.size());
+    escaped_ = nullptr;
     ++generation_;
   }
   start_.notify_all();
-  job(0);
+  // Rank 0's failure waits for the others too: they still run `job`, which the caller owns.
+  std::exception_ptr failure;
+  try {
+    job(0);
+  } catch (...) {
+    failure = std::current_exception();
+  }
   std::unique_lock lock(mutex_);
   done_.wait(lock, [this] { return remaining_ == 0; });
   job_ = nullptr;
+  if (!failure) failure = std::exchange(escaped_, nullptr);
+  escaped_ = nullptr;
+  lock.unlock();
+  if (failure) std::rethrow_exception(failure);
 }
 
 void RankThreads::loop(int rank) {
@@ -40,8 +53,14 @@ void RankThreads::loop(int rank) {
       seen = generation_;
       job = job_;
     }
-    (*job)(rank);
+    std::exception_ptr failure;
+    try {
+      (*job)(rank);
+    } catch (...) {
+      failure = std::current_exception();
+    }
     std::lock_guard lock(mutex_);
+    if (failure && !escaped_) escaped_ = std::move(failure);
     if (--remaining_ == 0) done_.notify_one();
   }
 }

@@ -4,6 +4,7 @@
 // each, and waking one costs about as much, so rank 0 needs neither; docs/PERF.md).
 #include <condition_variable>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -18,8 +19,9 @@ class RankThreads {
   RankThreads(const RankThreads&) = delete;
   RankThreads& operator=(const RankThreads&) = delete;
 
-  // Runs job(rank) for every rank and returns when all have finished. The job must catch
-  // its own exceptions.
+  // Runs job(rank) for every rank and returns when all have finished. The job should catch
+  // its own exceptions; one it lets out (of any type) is rethrown here once every rank's job
+  // has finished, rank 0's first, rather than ending the process on a rank's thread.
   void run(const std::function<void(int)>& job);
 
  private:
@@ -32,6 +34,7 @@ class RankThreads {
   uint64_t generation_ = 0;
   int remaining_ = 0;
   bool stopping_ = false;
+  std::exception_ptr escaped_;  // the first exception a thread's job let out this run
 };
 
 }  // namespace conveyor

@@ -10,18 +10,24 @@ namespace {
 // Runs a unit's forward or backward, naming the unit in a usage error it throws (its kind
 // kept, the error nested): a layer's own check ("linear weight: expected shape [8, 8], got
 // [8, 16]") does not say which unit of the model it is. Other failures (memory, a device)
-// pass as they are.
+// pass as they are. Anything else a layer throws (`throw 1;`) becomes a std::runtime_error:
+// the rank threads and the trainer report std::exception, and a foreign exception leaving
+// a rank thread would end the process.
 template <class F>
 auto in_unit(int64_t index, const Layer& unit, F&& run) -> decltype(run()) {
-  const auto named = [&](const std::exception& e) {
-    return "unit " + std::to_string(index) + " ('" + unit.name() + "'): " + e.what();
-  };
+  const auto prefix = [&] { return "unit " + std::to_string(index) + " ('" + unit.name() + "')"; };
   try {
     return run();
   } catch (const std::invalid_argument& e) {
-    std::throw_with_nested(std::invalid_argument(named(e)));
+    std::throw_with_nested(std::invalid_argument(prefix() + ": " + e.what()));
   } catch (const std::logic_error& e) {
-    std::throw_with_nested(std::logic_error(named(e)));
+    std::throw_with_nested(std::logic_error(prefix() + ": " + e.what()));
+  } catch (const std::exception&) {
+    throw;
+  } catch (...) {
+    throw std::runtime_error(prefix() +
+                             " threw an exception not derived from std::exception; a layer "
+                             "reports a failure with one (std::runtime_error, ...)");
   }
 }
 

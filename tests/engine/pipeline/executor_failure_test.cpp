@@ -2,6 +2,7 @@
 // stopped by the transport's typed abort error, never by the text of a message.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <new>
 #include <sstream>
@@ -11,7 +12,10 @@
 
 #include "comm/in_process.h"
 #include "engine/pipeline/executor.h"
+#include "engine/pipeline/rank_threads.h"
 #include "engine/schedule/generators.h"
+#include "layers/basic_layers.h"
+#include "layers/blocks.h"
 #include "support/executor_fixture.h"
 
 namespace conveyor {
@@ -228,6 +232,85 @@ TEST(ExecutorFailure, AStalledReplicaLeavesTheOtherWaitingInItsGradientSums) {
         << what;
   }
   EXPECT_NE(what.find(">>"), std::string::npos) << what;
+}
+
+// Passes its input and gradient through, but its input gradient throws an int, as a layer of
+// a user's may throw what is not a std::exception.
+class ThrowsAnInt : public Layer {
+ public:
+  const std::string& name() const override { return name_; }
+  std::vector<Parameter*> parameters() override { return {}; }
+  Tensor forward(DeviceContext&, const Tensor& x, const MicroBatchInputs&, SavedTensors&) override {
+    return x;
+  }
+  Tensor backward_input(DeviceContext&, const Tensor&, SavedTensors&) override { throw 1; }
+  void backward_weight(DeviceContext&, SavedTensors&) override {}
+
+ private:
+  std::string name_ = "thrower";
+};
+
+// embed -> pass -> pass -> head over two stages of two units; unit `thrower` throws an int in
+// its backward. Returns the PipelineError's text ("" and a failure when none came).
+std::string error_of_a_foreign_throw(int64_t thrower) {
+  ModelDescription model;
+  model.name = "throws an int";
+  model.num_units = 4;
+  model.vocab = 19;
+  model.activation = activation_rows(8);
+  model.make_unit = [thrower](int64_t index) -> std::unique_ptr<Layer> {
+    if (index == 0) return std::make_unique<Embedding>("embed", 19, 8);
+    if (index == 3) return std::make_unique<LossHead>("head", 8, 19);
+    if (index == thrower) return std::make_unique<ThrowsAnInt>();
+    return std::make_unique<Linear>("linear." + std::to_string(index), 8, 8);
+  };
+  ExecutorOptions options;
+  options.transport_timeout = std::chrono::milliseconds(60000);
+  PipelineExecutor ex(model, schedule::generate(schedule::ScheduleKind::k1F1B, 2, 2),
+                      {{0, 2}, {2, 4}}, {Device::cpu(), Device::cpu()}, test_optimizer(), 3,
+                      options);
+  try {
+    ex.run_step(make_microbatches(2, 5, 1), 0.1f, 1, 1e-2);
+  } catch (const PipelineError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "the step succeeded despite the throwing unit";
+  return "";
+}
+
+TEST(ExecutorFailure, AUnitThrowingWhatIsNotAStdExceptionFailsTheStep) {
+  // Unit 1 runs on rank 0, the calling thread; unit 2 on rank 1, a thread of its own, where
+  // an exception let out would end the process.
+  for (int64_t unit : {1, 2}) {
+    const std::string what = error_of_a_foreign_throw(unit);
+    EXPECT_EQ(what.rfind("rank " + std::to_string(unit - 1) + ", action ", 0), 0u) << what;
+    EXPECT_NE(what.find("unit " + std::to_string(unit) +
+                        " ('thrower') threw an exception not derived from std::exception"),
+              std::string::npos)
+        << what;
+  }
+}
+
+TEST(RankThreads, AnExceptionAJobLetsOutIsRethrownAfterEveryRankFinished) {
+  RankThreads threads(3);
+  for (int thrower : {0, 2}) {
+    std::atomic<int> finished{0};
+    try {
+      threads.run([&](int r) {
+        if (r == thrower) throw r + 10;
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        ++finished;
+      });
+      ADD_FAILURE() << "rank " << thrower << "'s exception was lost";
+    } catch (int e) {
+      EXPECT_EQ(e, thrower + 10);
+    }
+    EXPECT_EQ(finished.load(), 2) << "run returned before the other ranks finished";
+  }
+  // The threads still run jobs.
+  std::atomic<int> ran{0};
+  threads.run([&](int) { ++ran; });
+  EXPECT_EQ(ran.load(), 3);
 }
 
 }  // namespace

@@ -254,5 +254,43 @@ TEST(TrainerModel, AnEvaluationThatFailsLeavesTheTrainerRefusingToo) {
   }
 }
 
+// Passes its input through; its input gradient throws an int, not a std::exception.
+class ThrowsAnInt : public Layer {
+ public:
+  const std::string& name() const override { return name_; }
+  std::vector<Parameter*> parameters() override { return {}; }
+  Tensor forward(DeviceContext&, const Tensor& x, const MicroBatchInputs&, SavedTensors&) override {
+    return x;
+  }
+  Tensor backward_input(DeviceContext&, const Tensor&, SavedTensors&) override { throw 1; }
+  void backward_weight(DeviceContext&, SavedTensors&) override {}
+
+ private:
+  std::string name_ = "thrower";
+};
+
+TEST(TrainerModel, AUnitThrowingWhatIsNotAStdExceptionFailsTheStepLikeAnyOther) {
+  ModelDescription model = custom_description(16);
+  model.make_unit = [inner = model.make_unit](int64_t index) -> std::unique_ptr<Layer> {
+    if (index == 2) return std::make_unique<ThrowsAnInt>();
+    return inner(index);
+  };
+  TrainConfig c = small_run();
+  c.stages = 2;
+  Trainer trainer(model, c, std::make_shared<AffineSource>(16));
+  try {
+    trainer.step();
+    FAIL() << "a unit that throws trained";
+  } catch (const PipelineError& e) {
+    EXPECT_NE(std::string(e.what()).find(
+                  "unit 2 ('thrower') threw an exception not derived from std::exception"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_NE(trainer.failure().find("step 1 failed (rank 1, action "), std::string::npos)
+      << trainer.failure();
+  EXPECT_THROW(trainer.step(), std::logic_error);
+}
+
 }  // namespace
 }  // namespace conveyor
