@@ -51,7 +51,25 @@ Stage::Stage(const ModelDescription& model, int64_t begin, int64_t end, DeviceCo
       runs_.back().end = local + 1;
   }
   units_ = model.units(begin, end);
-  for (Parameter* p : parameters()) p->materialize(ctx_, seed);
+  for (auto& unit : units_) {
+    auto& kept = grads_.emplace_back();
+    for (Parameter* p : unit->parameters()) {
+      p->materialize(ctx_, seed);
+      kept.emplace_back(p, p->grad);
+    }
+  }
+}
+
+void Stage::check_gradients_kept(size_t u) const {
+  for (const auto& [p, grad] : grads_[u]) {
+    const Tensor& now = p->grad;
+    if (now.storage() == grad.storage() && now.offset() == grad.offset() &&
+        now.dtype() == grad.dtype() && now.shape() == grad.shape())
+      continue;
+    throw std::logic_error("unit " + std::to_string(begin_ + static_cast<int64_t>(u)) + " ('" +
+                           units_[u]->name() + "') replaced the gradient of '" + p->name +
+                           "'; accumulate into Parameter::grad (+=)");
+  }
 }
 
 bool Stage::recomputes() const {
@@ -174,9 +192,11 @@ void Stage::backward_weight(int64_t microbatch) {
   if (!held.input_grad_done)
     throw std::logic_error("weight gradient of micro-batch " + std::to_string(microbatch) +
                            " before its input gradient");
-  for (size_t u = units_.size(); u-- > 0;)
+  for (size_t u = units_.size(); u-- > 0;) {
     in_unit(begin_ + static_cast<int64_t>(u), *units_[u],
             [&] { units_[u]->backward_weight(ctx_, held.saved[u]); });
+    check_gradients_kept(u);
+  }
   held_.erase(microbatch);
 }
 

@@ -6,6 +6,7 @@
 // the input of their run between forward and backward; the backward rebuilds the rest.
 #include <map>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "engine/core/device_context.h"
@@ -76,11 +77,17 @@ class Stage {
   Tensor run_unit(size_t u, const Tensor& x, const MicroBatchInputs& in, SavedTensors& saved);
   // The input gradient of unit u (local index), with the boundary before it checked.
   Tensor unit_input_grad(size_t u, const Tensor& dy, int64_t tokens, SavedTensors& saved);
+  // Throws std::logic_error when unit u replaced a parameter's gradient tensor instead of
+  // accumulating into it: the optimizer and the gradient sums read the tensor materialised.
+  void check_gradients_kept(size_t u) const;
 
   ModelDescription model_;  // a copy: the boundary checks outlive the caller's
   DeviceContext& ctx_;
   int64_t begin_, end_, num_units_;
   std::vector<std::unique_ptr<Layer>> units_;
+  // Per unit, its parameters with the gradient tensor each was given: a copy, so that a
+  // replaced one cannot be freed and handed out again at the same address.
+  std::vector<std::vector<std::pair<Parameter*, Tensor>>> grads_;
   std::vector<Run> runs_;
   std::map<int64_t, Held> held_;  // by micro-batch
 };

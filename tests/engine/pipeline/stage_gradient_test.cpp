@@ -4,10 +4,15 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <memory>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "engine/core/device_context.h"
 #include "engine/pipeline/stage.h"
+#include "layers/basic_layers.h"
+#include "layers/blocks.h"
 #include "layers/model.h"
 #include "layers/ops.h"
 #include "support/test_util.h"
@@ -205,6 +210,63 @@ TEST(ModelGradient, BackwardBeforeForwardIsAnError) {
   Stage stage(reference_model(c), 0, c.num_units(), ctx, 1);
   EXPECT_THROW(stage.backward(3, Tensor()), std::logic_error);
   EXPECT_THROW(Stage(reference_model(c), 2, 2, ctx, 1), std::invalid_argument);
+}
+
+// Passes its input and gradient through; its weight gradient assigns a fresh tensor of
+// `rows` elements to its parameter's gradient (of 3) instead of adding into it.
+class ReplacesItsGradient : public Layer {
+ public:
+  explicit ReplacesItsGradient(int64_t rows) : rows_(rows) {}
+  const std::string& name() const override { return name_; }
+  std::vector<Parameter*> parameters() override { return {&weight_}; }
+  Tensor forward(DeviceContext&, const Tensor& x, const MicroBatchInputs&, SavedTensors&) override {
+    return x;
+  }
+  Tensor backward_input(DeviceContext&, const Tensor& dy, SavedTensors&) override { return dy; }
+  void backward_weight(DeviceContext& ctx, SavedTensors&) override {
+    weight_.grad = ctx.zeros({rows_});
+  }
+
+ private:
+  std::string name_ = "swap";
+  int64_t rows_;
+  Parameter weight_{"swap.weight", {3}, InitSpec::constant(1.0f), false};
+};
+
+TEST(ModelGradient, AUnitThatReplacesAGradientInsteadOfAddingIsNamed) {
+  // A smaller tensor would have the optimizer read past it; one of the same size would drop
+  // the micro-batches accumulated before.
+  for (int64_t rows : {2, 3}) {
+    ModelDescription model;
+    model.name = "replaces a gradient";
+    model.num_units = 3;
+    model.vocab = 5;
+    model.activation = activation_rows(4);
+    model.make_unit = [rows](int64_t index) -> std::unique_ptr<Layer> {
+      if (index == 0) return std::make_unique<Embedding>("embed", 5, 4);
+      if (index == 1) return std::make_unique<ReplacesItsGradient>(rows);
+      return std::make_unique<LossHead>("head", 4, 5);
+    };
+    DeviceContext ctx(Device::cpu());
+    Stage stage(model, 0, 3, ctx, 1);
+    MicroBatchInputs in;
+    const std::vector<int32_t> ids = {0, 1, 2, 3, 4, 0};
+    Tensor tokens = ctx.empty({6}, DType::kI32);
+    in.targets = ctx.empty({6}, DType::kI32);
+    copy_from_host(tokens, ids.data(), ids.size() * sizeof(int32_t));
+    copy_from_host(in.targets, ids.data(), ids.size() * sizeof(int32_t));
+    in.loss_scale = 1.0f / 6;
+    in.tokens = 6;
+    stage.forward(0, tokens, in);
+    try {
+      stage.backward(0, Tensor());
+      ADD_FAILURE() << "a replaced gradient of " << rows << " elements went unnoticed";
+    } catch (const std::logic_error& e) {
+      EXPECT_EQ(std::string(e.what()),
+                "unit 1 ('swap') replaced the gradient of 'swap.weight'; accumulate into "
+                "Parameter::grad (+=)");
+    }
+  }
 }
 
 }  // namespace
