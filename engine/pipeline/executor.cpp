@@ -74,6 +74,7 @@ PipelineExecutor::PipelineExecutor(const ModelDescription& model, schedule::Sche
   if (static_cast<int>(ranges_.size()) != schedule_.num_stages())
     throw std::invalid_argument("the schedule has " + std::to_string(schedule_.num_stages()) +
                                 " stages but the partition has " + std::to_string(ranges_.size()));
+  check_stage_ranges(ranges_, model_.num_units);
   if (static_cast<int>(devices.size()) != world)
     throw std::invalid_argument(
         "the schedule has " + std::to_string(p) + " ranks" +

@@ -5,6 +5,7 @@
 #include <numeric>
 #include <sstream>
 #include <stdexcept>
+#include <string>
 
 namespace conveyor {
 namespace {
@@ -139,6 +140,31 @@ std::vector<StageRange> stage_ranges(const ModelDescription& model,
     ranges.push_back(r);
   }
   return ranges;
+}
+
+void check_stage_ranges(const std::vector<StageRange>& ranges, int64_t num_units) {
+  const auto fail = [&](const std::string& why) {
+    throw std::invalid_argument("stage ranges must cover units [0, " + std::to_string(num_units) +
+                                ") in order; " + why);
+  };
+  if (ranges.empty()) fail("none were given");
+  int64_t next = 0;
+  for (size_t s = 0; s < ranges.size(); ++s) {
+    const StageRange& r = ranges[s];
+    const std::string stage = "stage " + std::to_string(s);
+    if (r.begin != next)
+      fail(stage + " begins at unit " + std::to_string(r.begin) +
+           (s == 0
+                ? std::string(", not at unit 0")
+                : ", where stage " + std::to_string(s - 1) + " ended at " + std::to_string(next)));
+    if (r.end <= r.begin)
+      fail(stage + " is [" + std::to_string(r.begin) + ", " + std::to_string(r.end) +
+           "), which holds no unit");
+    next = r.end;
+  }
+  if (next != num_units)
+    fail("the last stage, " + std::to_string(ranges.size() - 1) + ", ends at unit " +
+         std::to_string(next));
 }
 
 }  // namespace conveyor

@@ -41,5 +41,9 @@ std::vector<int64_t> partition_blocks(const ModelDescription& model, int num_sta
 // Unit ranges from blocks per stage.
 std::vector<StageRange> stage_ranges(const ModelDescription& model,
                                      const std::vector<int64_t>& blocks_per_stage);
+// Throws std::invalid_argument unless `ranges` are non-empty and cut units [0, num_units)
+// in order, each stage beginning where the one before ended: a gap would train without some
+// units, an overlap would build a unit (and its parameters) twice.
+void check_stage_ranges(const std::vector<StageRange>& ranges, int64_t num_units);
 
 }  // namespace conveyor

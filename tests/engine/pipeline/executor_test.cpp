@@ -9,6 +9,8 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <string>
+#include <vector>
 
 #include "comm/in_process.h"
 #include "engine/schedule/generators.h"
@@ -244,6 +246,33 @@ TEST(Executor, RanksOnOneDeviceShareItsMemoryCap) {
   auto uncapped = executor(0);
   EXPECT_NE(uncapped->context(0).allocator().budget(), uncapped->context(1).allocator().budget());
   EXPECT_EQ(uncapped->context(0).allocator().stats().limit_shared_by, 1);
+}
+
+// Ranges that skip a unit would train without it; ranges that overlap would build a unit on two
+// stages: both are refused before a rank is built, as are ranges that miss either end.
+TEST(Executor, StageRangesMustCutEveryUnitOnceInOrder) {
+  const ModelDescription model = reference_model(test_model());  // 8 units
+  const struct {
+    std::vector<StageRange> ranges;
+    std::string why;
+  } cases[] = {
+      {{{0, 2}, {3, 8}}, "stage 1 begins at unit 3, where stage 0 ended at 2"},
+      {{{0, 3}, {2, 8}}, "stage 1 begins at unit 2, where stage 0 ended at 3"},
+      {{{1, 2}, {2, 8}}, "stage 0 begins at unit 1, not at unit 0"},
+      {{{0, 2}, {2, 7}}, "the last stage, 1, ends at unit 7"},
+      {{{0, 0}, {0, 8}}, "stage 0 is [0, 0), which holds no unit"},
+  };
+  ExecutorOptions options;
+  options.transport_timeout = std::chrono::milliseconds(60000);
+  for (const auto& c : cases) {
+    try {
+      PipelineExecutor ex(model, schedule::generate(ScheduleKind::k1F1B, 2, 2), c.ranges,
+                          {Device::cpu(), Device::cpu()}, test_optimizer(), 17, options);
+      ADD_FAILURE() << "ranges were taken: " << c.why;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_EQ(std::string(e.what()), "stage ranges must cover units [0, 8) in order; " + c.why);
+    }
+  }
 }
 
 TEST(Executor, MismatchedInputsAreClearErrors) {
