@@ -304,7 +304,18 @@ void TrainerCheckpointer::complete(PipelineExecutor& executor, CheckpointWriter&
 void TrainerCheckpointer::save() {
   check_trainer_alive("save");
   const auto start = Clock::now();
-  wait_for_background();
+  wait_for_background();  // a save started before a failure holds the weights of its step
+  if (const std::string& failure = trainer_.failure(); !failure.empty()) {
+    // A failed step leaves some weights updated and some not, a partial restore some of a
+    // checkpoint's: saved, they would be published as `latest` over the last good step.
+    last_stall_seconds_ = seconds_since(start);
+    try {
+      throw std::logic_error("cannot save a checkpoint: the trainer is unusable (" + failure + ")");
+    } catch (const std::exception& e) {
+      failed(e);  // throws under kStop
+    }
+    return;
+  }
   const int64_t step = trainer_.steps_done();
   if (step == last_started_step_) {
     last_stall_seconds_ = seconds_since(start);

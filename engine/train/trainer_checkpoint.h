@@ -78,6 +78,9 @@ class TrainerCheckpointer {
   // one is not tried again: its failure was reported once). Synchronous: returns once
   // committed. Async: returns once the snapshot is taken (after waiting for the previous
   // save). Under kStop a failure throws CheckpointError (an async one from the next call).
+  // A trainer that is unusable (Trainer::failure()) is not saved: the refusal is a
+  // std::logic_error under kStop, a warning under kContinue, and the checkpoints already
+  // committed (a background save of an earlier step too) stay as they are.
   void save();
   // The end of the run: saves the last step if needed and waits for the background save.
   void finish();

@@ -368,6 +368,51 @@ TEST(TrainerResume, FailedSaveStopsOrContinuesAndKeepsThePreviousCheckpoint) {
   }
 }
 
+// A trainer whose step or restore failed part-way holds some weights of one state and some of
+// another: neither save() nor finish() publishes them over the last good checkpoint.
+TEST(TrainerResume, AnUnusableTrainerIsNotSavedAndTheLastCheckpointStays) {
+  for (const SaveErrorPolicy policy : {SaveErrorPolicy::kStop, SaveErrorPolicy::kContinue}) {
+    TempDir dir;
+    Trainer trainer(resume_config(1, schedule::ScheduleKind::k1F1B));
+    std::vector<std::string> warnings;
+    TrainerCheckpointOptions options;
+    options.directory = dir.path();
+    options.on_error = policy;
+    options.warn = [&](const std::string& w) { warnings.push_back(w); };
+    TrainerCheckpointer checkpointer(trainer, options);
+    trainer.step();
+    checkpointer.save();
+    trainer.step();
+    trainer.mark_unusable("restoring the weights failed part-way");
+    const std::string refusal =
+        "cannot save a checkpoint: the trainer is unusable (restoring the weights failed "
+        "part-way)";
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      const auto save = [&] {
+        if (attempt == 0)
+          checkpointer.save();
+        else
+          checkpointer.finish();
+      };
+      if (policy == SaveErrorPolicy::kStop) {
+        try {
+          save();
+          ADD_FAILURE() << "an unusable trainer was saved";
+        } catch (const std::logic_error& e) {
+          EXPECT_EQ(std::string(e.what()), refusal);
+        }
+      } else {
+        save();
+        ASSERT_EQ(warnings.size(), static_cast<size_t>(attempt + 1));
+        EXPECT_NE(warnings.back().find(refusal), std::string::npos) << warnings.back();
+      }
+    }
+    EXPECT_EQ(checkpointer.last_saved_step(), 1);
+    EXPECT_EQ(open_checkpoint(dir.path()).step(), 1);
+    EXPECT_FALSE(std::filesystem::exists(dir / "step_2"));
+  }
+}
+
 // A resume from a checkpoint of the save folder (by any spelling of its path) continues the
 // folder's run, whose unpublished saves it may replace; a resume from elsewhere does not.
 TEST(TrainerResume, OnlyAResumeFromItsOwnFolderContinuesTheFoldersRun) {
