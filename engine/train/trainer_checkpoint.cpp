@@ -30,15 +30,15 @@ double seconds_since(Clock::time_point start) {
 }
 
 // What identifies the model: its units and their sizes, and for the reference model every
-// field of its config (so a refusal can name the field that differs).
+// field of its config (so a refusal can name the field that differs). A trainer of a
+// description of the caller's does not use its config's model, which may not be valid.
 nlohmann::json trainer_model_description(Trainer& trainer) {
   const ModelDescription& model = trainer.model();
   nlohmann::json out = {{"name", model.name},
                         {"num_units", model.num_units},
                         {"vocab", model.vocab},
                         {"unit_parameters", model.unit_parameter_counts()}};
-  if (model.name == reference_model(trainer.config().model).name)
-    out["config"] = describe_model(trainer.config().model);
+  if (trainer.model_from_config()) out["config"] = describe_model(trainer.config().model);
   return out;
 }
 

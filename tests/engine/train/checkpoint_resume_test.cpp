@@ -368,6 +368,29 @@ TEST(TrainerResume, FailedSaveStopsOrContinuesAndKeepsThePreviousCheckpoint) {
   }
 }
 
+// A trainer of a description of the caller's does not use TrainConfig::model: an invalid one
+// neither stops its saves nor its resumes, and its checkpoints do not describe it.
+TEST(TrainerResume, ACustomModelSavesAndResumesWhateverTheUnusedConfigModel) {
+  TempDir dir;
+  TrainConfig c = resume_config(2, schedule::ScheduleKind::k1F1B);
+  ModelDescription model = reference_model(c.model);
+  model.name = "the caller's";
+  c.model.d_model = 0;  // invalid, and not used
+  Trainer first(model, c);
+  first.step();
+  {
+    TrainerCheckpointer checkpointer(first, {dir.path()});
+    checkpointer.finish();
+  }
+  const Checkpoint saved = open_checkpoint(dir.path());
+  EXPECT_EQ(saved.state().model.at("name"), "the caller's");
+  EXPECT_FALSE(saved.state().model.contains("config")) << saved.state().model.dump();
+  Trainer second(model, c);
+  resume_trainer(second, dir.path());
+  EXPECT_EQ(second.steps_done(), 1);
+  EXPECT_EQ(first.step().loss, second.step().loss);
+}
+
 // A trainer whose step or restore failed part-way holds some weights of one state and some of
 // another: neither save() nor finish() publishes them over the last good checkpoint.
 TEST(TrainerResume, AnUnusableTrainerIsNotSavedAndTheLastCheckpointStays) {
