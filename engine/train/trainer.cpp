@@ -259,7 +259,8 @@ const std::string& Trainer::failure() const {
 
 void Trainer::mark_unusable(std::string what) {
   check_not_busy("mark_unusable()");
-  failure_ = std::move(what);
+  // An empty failure_ means usable: an empty reason must still mark it.
+  failure_ = what.empty() ? "marked unusable" : std::move(what);
 }
 
 void Trainer::save_now() {

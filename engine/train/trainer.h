@@ -134,7 +134,7 @@ class Trainer {
   // After restoring a checkpoint of `steps_done` steps: the next step() runs steps_done + 1.
   void resume_at(int64_t steps_done);
   // What a restore that failed part-way (some tensors the checkpoint's, some not) records:
-  // step() and evaluate() then refuse, saying `what`.
+  // step() and evaluate() then refuse, saying `what` ("marked unusable" when it is empty).
   void mark_unusable(std::string what);
   // A save on request (e.g. on a signal, between steps), by whatever the caller installed
   // (engine/train/trainer_checkpoint.h installs one); without a handler it does nothing.

@@ -85,6 +85,15 @@ TEST(TrainerMisuse, AStepPastTheRunIsRefused) {
   EXPECT_EQ(trainer.steps_done(), 2);
 }
 
+TEST(TrainerMisuse, MarkedUnusableWithoutAReasonIsUnusableStill) {
+  Trainer trainer(small_run(), std::make_shared<CountingSource>());
+  trainer.mark_unusable("");
+  EXPECT_EQ(trainer.failure(), "marked unusable");
+  EXPECT_THROW(trainer.step(), std::logic_error);
+  EXPECT_CONTAINS(message_of([&] { trainer.step(); }), "cannot run a step: marked unusable");
+  EXPECT_EQ(trainer.steps_done(), 0);
+}
+
 TEST(TrainerMisuse, ABatchWhoseEveryTargetIsIgnoredIsRefusedAndChangesNothing) {
   auto source = std::make_shared<CountingSource>();
   source->target = MicroBatchInputs().ignore_index;
