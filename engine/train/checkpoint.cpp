@@ -338,12 +338,19 @@ void Checkpoint::read_range(const std::string& name, int64_t offset, const Tenso
   if (!dst.defined())
     throw std::invalid_argument("checkpoint read of " + in_quotes(name) +
                                 ": the destination tensor is undefined");
-  const int64_t numel = shape_numel(t.shape);
-  if (dst.dtype() != t.dtype || offset < 0 || offset + dst.numel() > numel)
+  const int64_t numel = shape_numel(t.shape), n = dst.numel();
+  // Compared without offset + n, which overflows for an offset near INT64_MAX.
+  const bool inside = offset >= 0 && n <= numel && offset <= numel - n;
+  if (dst.dtype() != t.dtype || !inside) {
+    // Past INT64_MAX the end is said as it is, in unsigned arithmetic (offset >= 0 there).
+    const std::string end =
+        offset >= 0 ? std::to_string(static_cast<uint64_t>(offset) + static_cast<uint64_t>(n))
+                    : std::to_string(offset + n);
     throw CheckpointError(shown_path(shard_path(t.rank)) + ": tensor " + in_quotes(name) + " is " +
                           describe(t.dtype, t.shape) + ", the model expects elements [" +
-                          std::to_string(offset) + ", " + std::to_string(offset + dst.numel()) +
-                          ") of it as " + dtype_name(dst.dtype()));
+                          std::to_string(offset) + ", " + end + ") of it as " +
+                          dtype_name(dst.dtype()));
+  }
   const std::vector<unsigned char> bytes = read_bytes(name, offset, offset + dst.numel());
   copy_from_host(dst, bytes.data(), bytes.size());
 }

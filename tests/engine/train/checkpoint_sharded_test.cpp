@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <limits>
 #include <map>
 #include <vector>
 
@@ -63,6 +64,11 @@ TEST(PiecedCheckpoint, PiecesAreAssembledAndRangesReadAcrossThem) {
   Tensor too_far = cpu_context().empty({5}, DType::kF32);
   EXPECT_CHECKPOINT_ERROR(ckpt.read_range("optimizer.m.w", 20, too_far), "optimizer.m.w",
                           "elements [20, 25)");
+  // An offset whose end is past INT64_MAX is refused too, not wrapped round to a small end.
+  const int64_t huge = std::numeric_limits<int64_t>::max() - 2;
+  EXPECT_CHECKPOINT_ERROR(ckpt.read_range("optimizer.m.w", huge, too_far), "optimizer.m.w",
+                          "elements [9223372036854775805, 9223372036854775810)");
+  EXPECT_CHECKPOINT_ERROR(ckpt.read_range("w", huge, too_far), "'w'", "elements [");
 }
 
 TEST(PiecedCheckpoint, EveryPieceHasItsChecksumAndRangeInTheHeader) {
