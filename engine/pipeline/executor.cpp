@@ -256,6 +256,11 @@ PipelineStepResult PipelineExecutor::run_step(const std::vector<MicroBatchData>&
   if (update && !(std::isfinite(lr) && lr >= 0.0))
     throw std::invalid_argument("learning rate of step " + std::to_string(step) +
                                 " must be a finite number >= 0, got " + std::to_string(lr));
+  // The optimizer's step counts from 1 (AdamW's bias correction divides by 1 - beta^step):
+  // step 0 would fail on every rank after the whole forward and backward had run.
+  if (update && step < 1)
+    throw std::invalid_argument("run_step's step must be at least 1, got " + std::to_string(step) +
+                                ": the optimizer's steps count from 1");
   if (!std::isfinite(loss_scale))
     throw std::invalid_argument("loss scale of step " + std::to_string(step) +
                                 " must be finite, got " + std::to_string(loss_scale));

@@ -149,7 +149,7 @@ class PipelineExecutor {
   // Runs the schedule over `microbatches` (all of the same size; D*m of them with D
   // replicas), with per-token loss gradient `loss_scale`; then, when `update`, the optimizer
   // step `step` at rate `lr`. Throws std::invalid_argument, before any rank starts, for a rate
-  // that is NaN, infinite or negative, or a loss scale that is not finite.
+  // that is NaN, infinite or negative, a step below 1, or a loss scale that is not finite.
   PipelineStepResult run_step(const std::vector<MicroBatchData>& microbatches, float loss_scale,
                               int64_t step, double lr, bool update = true);
 

@@ -105,6 +105,30 @@ TEST(Executor, ARateThatIsNaNInfiniteOrNegativeIsRefusedBeforeTheStep) {
             fresh->run_step(mbs, 1.0f / 12, 1, 1e-2).loss_sum);
 }
 
+TEST(Executor, AStepBelowOneIsRefusedBeforeTheStep) {
+  // AdamW's steps count from 1: step 0 would fail on every rank after its whole backward.
+  OptimizerConfig adamw = test_optimizer();
+  adamw.kind = "adamw";
+  const auto sched = schedule::generate(ScheduleKind::k1F1B, 2, 2);
+  auto ex = make_executor(sched, {Device::cpu(), Device::cpu()}, PartitionSpec::uniform(), adamw);
+  const auto mbs = make_microbatches(2, 6, 1);
+  for (const int64_t step : {int64_t{0}, int64_t{-3}}) {
+    try {
+      ex->run_step(mbs, 1.0f / 12, step, 1e-2);
+      ADD_FAILURE() << "step " << step << " was taken";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_EQ(std::string(e.what()), "run_step's step must be at least 1, got " +
+                                           std::to_string(step) +
+                                           ": the optimizer's steps count from 1");
+    }
+  }
+  // Nothing ran: the executor takes step 1 as a fresh one does.
+  auto fresh =
+      make_executor(sched, {Device::cpu(), Device::cpu()}, PartitionSpec::uniform(), adamw);
+  EXPECT_EQ(ex->run_step(mbs, 1.0f / 12, 1, 1e-2).loss_sum,
+            fresh->run_step(mbs, 1.0f / 12, 1, 1e-2).loss_sum);
+}
+
 TEST(Executor, PeakActivationsFollowTheScheduleInFlightCount) {
   const int p = 4;
   // Bytes one micro-batch keeps on each rank: a run that only ever holds one.
