@@ -44,7 +44,6 @@ class OneAtATime {
 // model_ is declared before config_, so it is built from the argument before that moves.
 Trainer::Trainer(TrainConfig config, std::shared_ptr<TokenSource> source)
     : model_(reference_model(config.model)),
-      model_from_config_(true),
       config_(std::move(config)),
       source_(std::move(source)) {
   build();

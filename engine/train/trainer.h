@@ -146,9 +146,6 @@ class Trainer {
   void save_now();
   const TrainConfig& config() const { return config_; }
   const ModelDescription& model() const { return model_; }
-  // Whether the model is config().model's reference model (the first constructor); with a
-  // description of the caller's, config().model is not used, not even validated.
-  bool model_from_config() const { return model_from_config_; }
   Device device() const { return device_; }
   TokenSource& source();
   const TokenSource& source() const;
@@ -180,7 +177,6 @@ class Trainer {
   int agreed_stop_request();
 
   ModelDescription model_;
-  bool model_from_config_ = false;
   TrainConfig config_;
   Device device_;
   std::shared_ptr<TokenSource> source_;

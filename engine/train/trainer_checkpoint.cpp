@@ -38,7 +38,16 @@ nlohmann::json trainer_model_description(Trainer& trainer) {
                         {"num_units", model.num_units},
                         {"vocab", model.vocab},
                         {"unit_parameters", model.unit_parameter_counts()}};
-  if (trainer.model_from_config()) out["config"] = describe_model(trainer.config().model);
+  // A description of the caller's built as reference_model(config.model) is described as
+  // the trainer of config.model is, so that either resumes the other's checkpoints.
+  bool reference = false;
+  try {
+    reference = model.name == reference_model(trainer.config().model).name;
+  } catch (const std::invalid_argument&) {
+    // config.model is not valid, so not this model's: a trainer of a description of the
+    // caller's does not use it.
+  }
+  if (reference) out["config"] = describe_model(trainer.config().model);
   return out;
 }
 

@@ -391,6 +391,23 @@ TEST(TrainerResume, ACustomModelSavesAndResumesWhateverTheUnusedConfigModel) {
   EXPECT_EQ(first.step().loss, second.step().loss);
 }
 
+// A description built as reference_model(config.model) is that config's model: its
+// checkpoints describe the config as the config's own trainer does, and resume into it.
+TEST(TrainerResume, TheReferenceModelGivenAsADescriptionResumesIntoTheConfigsTrainer) {
+  TempDir dir;
+  const TrainConfig c = resume_config(2, schedule::ScheduleKind::k1F1B);
+  Trainer first(reference_model(c.model), c);
+  first.step();
+  {
+    TrainerCheckpointer checkpointer(first, {dir.path()});
+    checkpointer.finish();
+  }
+  EXPECT_TRUE(open_checkpoint(dir.path()).state().model.contains("config"));
+  Trainer second(c);
+  resume_trainer(second, dir.path());
+  EXPECT_EQ(first.step().loss, second.step().loss);
+}
+
 // A trainer whose step or restore failed part-way holds some weights of one state and some of
 // another: neither save() nor finish() publishes them over the last good checkpoint.
 TEST(TrainerResume, AnUnusableTrainerIsNotSavedAndTheLastCheckpointStays) {
