@@ -17,6 +17,7 @@
 #include "layers/basic_layers.h"
 #include "layers/blocks.h"
 #include "support/executor_fixture.h"
+#include "support/throwing_layer.h"
 
 namespace conveyor {
 namespace {
@@ -234,21 +235,7 @@ TEST(ExecutorFailure, AStalledReplicaLeavesTheOtherWaitingInItsGradientSums) {
   EXPECT_NE(what.find(">>"), std::string::npos) << what;
 }
 
-// Passes its input and gradient through, but its input gradient throws an int, as a layer of
-// a user's may throw what is not a std::exception.
-class ThrowsAnInt : public Layer {
- public:
-  const std::string& name() const override { return name_; }
-  std::vector<Parameter*> parameters() override { return {}; }
-  Tensor forward(DeviceContext&, const Tensor& x, const MicroBatchInputs&, SavedTensors&) override {
-    return x;
-  }
-  Tensor backward_input(DeviceContext&, const Tensor&, SavedTensors&) override { throw 1; }
-  void backward_weight(DeviceContext&, SavedTensors&) override {}
-
- private:
-  std::string name_ = "thrower";
-};
+using testing::ThrowsAnInt;
 
 // embed -> pass -> pass -> head over two stages of two units; unit `thrower` throws an int in
 // its backward. Returns the PipelineError's text ("" and a failure when none came).

@@ -330,6 +330,16 @@ TEST(TrainerResume, ADataFileIsMatchedByTheDigestOfItsBytes) {
   }
 }
 
+// Saves into `dir` under `policy`, each warning appended to `warnings`.
+TrainerCheckpointOptions collecting_warnings(const TempDir& dir, SaveErrorPolicy policy,
+                                             std::vector<std::string>& warnings) {
+  TrainerCheckpointOptions options;
+  options.directory = dir.path();
+  options.on_error = policy;
+  options.warn = [&warnings](const std::string& w) { warnings.push_back(w); };
+  return options;
+}
+
 // A save that cannot be made (its folder is taken by a file): `stop` throws naming it,
 // `continue` reports it and trains on; `latest` still names the previous checkpoint.
 TEST(TrainerResume, FailedSaveStopsOrContinuesAndKeepsThePreviousCheckpoint) {
@@ -337,11 +347,8 @@ TEST(TrainerResume, FailedSaveStopsOrContinuesAndKeepsThePreviousCheckpoint) {
     TempDir dir;
     Trainer trainer(resume_config(1, schedule::ScheduleKind::k1F1B));
     std::vector<std::string> warnings;
-    TrainerCheckpointOptions options;
-    options.directory = dir.path();
+    TrainerCheckpointOptions options = collecting_warnings(dir, policy, warnings);
     options.every = 1;
-    options.on_error = policy;
-    options.warn = [&](const std::string& w) { warnings.push_back(w); };
     TrainerCheckpointer checkpointer(trainer, options);
     trainer.step();
     checkpointer.after_step();
@@ -415,10 +422,7 @@ TEST(TrainerResume, AnUnusableTrainerIsNotSavedAndTheLastCheckpointStays) {
     TempDir dir;
     Trainer trainer(resume_config(1, schedule::ScheduleKind::k1F1B));
     std::vector<std::string> warnings;
-    TrainerCheckpointOptions options;
-    options.directory = dir.path();
-    options.on_error = policy;
-    options.warn = [&](const std::string& w) { warnings.push_back(w); };
+    TrainerCheckpointOptions options = collecting_warnings(dir, policy, warnings);
     TrainerCheckpointer checkpointer(trainer, options);
     trainer.step();
     checkpointer.save();

@@ -10,6 +10,7 @@
 #include "engine/train/trainer.h"
 #include "layers/basic_layers.h"
 #include "layers/blocks.h"
+#include "support/throwing_layer.h"
 
 namespace conveyor {
 namespace {
@@ -254,20 +255,7 @@ TEST(TrainerModel, AnEvaluationThatFailsLeavesTheTrainerRefusingToo) {
   }
 }
 
-// Passes its input through; its input gradient throws an int, not a std::exception.
-class ThrowsAnInt : public Layer {
- public:
-  const std::string& name() const override { return name_; }
-  std::vector<Parameter*> parameters() override { return {}; }
-  Tensor forward(DeviceContext&, const Tensor& x, const MicroBatchInputs&, SavedTensors&) override {
-    return x;
-  }
-  Tensor backward_input(DeviceContext&, const Tensor&, SavedTensors&) override { throw 1; }
-  void backward_weight(DeviceContext&, SavedTensors&) override {}
-
- private:
-  std::string name_ = "thrower";
-};
+using testing::ThrowsAnInt;
 
 TEST(TrainerModel, AUnitThrowingWhatIsNotAStdExceptionFailsTheStepLikeAnyOther) {
   ModelDescription model = custom_description(16);
