@@ -140,8 +140,14 @@ std::string format_timeline(const Schedule& schedule, const SimResult& sim, int 
   const double unscaled = columns_of(sim.makespan, unit);
   max_columns = std::max(max_columns, 1);
   const double scale = unscaled > max_columns ? std::ceil(unscaled / max_columns) : 1;
-  const double cell = unit * scale;
-  const int columns = static_cast<int>(columns_of(sim.makespan, cell));
+  double cell = unit * scale;
+  // An action so short beside the makespan that the count of its lengths passes a double (a
+  // subnormal cost beside ordinary ones): cells cannot be a whole number of it, so the
+  // makespan is cut into max_columns equal ones.
+  const bool whole_units = std::isfinite(cell) && cell > 0;
+  if (!whole_units) cell = sim.makespan / max_columns;
+  const int columns = static_cast<int>(
+      std::clamp(columns_of(sim.makespan, cell), 1.0, static_cast<double>(max_columns)));
   // Rank r's row of compute actions, or of all-reduces (`reduce`): each cell shows the first
   // action that starts in it, followed by '+' when others start there too (their labels have
   // no room: only a scaled picture has such cells, or actions that take no time), `filler`
@@ -180,8 +186,11 @@ std::string format_timeline(const Schedule& schedule, const SimResult& sim, int 
         for (const std::string& c : row_cells(r, reduce)) width = std::max(width, c.size());
   std::string out;
   if (scale > 1)
-    out += "(one cell = " + number_text(cell) + " time units, " + number_text(scale) +
-           " x the shortest compute action, to fit " + std::to_string(max_columns) +
+    out += "(one cell = " + number_text(cell) + " time units, " +
+           (whole_units ? number_text(scale) + " x the shortest compute action"
+                        : "the shortest compute action (" + number_text(unit) +
+                              ") being too short to count cells in") +
+           ", to fit " + std::to_string(max_columns) +
            " columns (unscaled: " + number_text(unscaled) +
            "); a cell shows the first action that starts in it, with + when others start there "
            "too)\n";

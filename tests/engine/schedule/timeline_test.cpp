@@ -43,7 +43,12 @@ void expect_picture_is_the_simulation(const Schedule& s, const SimResult& sim,
   const std::vector<std::string> lines = lines_of(picture);
   ASSERT_FALSE(lines.empty());
   const std::string scaled = "(one cell = ";
-  if (lines[0].rfind(scaled, 0) == 0) {
+  const std::string uncounted = "being too short to count cells in, to fit ";
+  if (const size_t at = lines[0].find(uncounted); at != std::string::npos) {
+    // Cells of the makespan over the columns, when the shortest action is too short to count
+    // them in.
+    cell = sim.makespan / std::stod(lines[0].substr(at + uncounted.size()));
+  } else if (lines[0].rfind(scaled, 0) == 0) {
     // "(one cell = 2.5 time units, 5 x the shortest compute action, ...": the multiple, as
     // the time is rounded for reading.
     const size_t comma = lines[0].find(", ");
@@ -155,6 +160,26 @@ TEST(Timeline, AnUnscaledPictureHasNoScaleLine) {
             "(unscaled: 33); a cell shows the first action that starts in it, with + when others "
             "start there too)");
   expect_picture_is_the_simulation(s, sim, scaled);
+}
+
+// A compute action so short beside the makespan that the count of its lengths passes a
+// double (a subnormal F beside ordinary costs, or a transfer of 1e300 beside compute of
+// 1e-300): the picture took 0 columns and wrote past them.
+TEST(Timeline, AnActionTooShortToCountCellsInGivesEqualCellsOverTheMakespan) {
+  for (const CostModel& costs :
+       {CostModel::uniform(1e-310, 1, 1), CostModel::uniform(1e-300, 1e-300, 1e-300, 1e300),
+        CostModel::uniform(1e-320, 1e-320, 1e-320, 1)}) {
+    const Schedule s = generate(ScheduleKind::k1F1B, 2, 2);
+    const SimResult sim = simulate(s, costs);
+    const std::string picture = format_timeline(s, sim, 40, 0);
+    const std::vector<std::string> lines = lines_of(picture);
+    ASSERT_EQ(lines.size(), 3u) << picture;
+    EXPECT_NE(lines[0].find("being too short to count cells in, to fit 40 columns (unscaled: inf)"),
+              std::string::npos)
+        << picture;
+    EXPECT_EQ(lines[1].rfind("r0:   F0", 0), 0u) << picture;
+    expect_picture_is_the_simulation(s, sim, picture);
+  }
 }
 
 size_t count_lines(const std::string& text) {
