@@ -219,8 +219,12 @@ StepStats Trainer::step() {
     // A NaN's sign bit means nothing, and printed as "-nan" it reads like a value.
     auto shown = [](double v) { return std::isnan(v) ? std::fabs(v) : v; };
     std::ostringstream msg;
-    msg << "loss became " << shown(loss) << " (gradient norm " << shown(result.grad_norm)
-        << ") at step " << step << "; lower the learning rate (TrainConfig::optimizer.lr)";
+    // Say which went non-finite: a finite loss with a NaN norm is the gradient's doing.
+    if (std::isfinite(loss))
+      msg << "the gradient norm became " << shown(result.grad_norm) << " (loss " << loss << ")";
+    else
+      msg << "loss became " << shown(loss) << " (gradient norm " << shown(result.grad_norm) << ")";
+    msg << " at step " << step << "; lower the learning rate (TrainConfig::optimizer.lr)";
     if (config_.optimizer.clip_norm > 0)
       msg << " or the clipping norm (TrainConfig::optimizer.clip_norm, now "
           << config_.optimizer.clip_norm << ")";
