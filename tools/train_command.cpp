@@ -2,12 +2,14 @@
 // must hold before the first step (train_setup.h), trains, prints one line per logged step and
 // a summary (train_report.h), and optionally writes one JSON object per step.
 
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -52,7 +54,17 @@ double evaluate_after_training(Trainer& trainer, int64_t batches) {
   std::unique_ptr<TokenSource> held_out =
       make_token_source_at(trainer.config(), trainer.model().vocab, trainer.source());
   pause_if_asked_at("evaluation");
-  return trainer.evaluate(*held_out, batches);
+  const double loss = trainer.evaluate(*held_out, batches);
+  // The last step's own loss and gradient were finite, its update was not: the next step
+  // would have said so, and the run would not end as a success with a loss of nan.
+  if (!std::isfinite(loss)) {
+    std::ostringstream msg;
+    msg << "the held-out loss is " << (std::isnan(loss) ? std::fabs(loss) : loss)
+        << " with the weights of step " << trainer.steps_done()
+        << ": its update diverged; lower the learning rate (--lr)";
+    throw TrainingDiverged(msg.str());
+  }
+  return loss;
 }
 
 void run_train(TrainFlags& f, const CLI::App& cmd) {

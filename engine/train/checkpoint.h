@@ -30,6 +30,10 @@ struct CheckpointWriterOptions {
   // newer than `latest` is that run's save which stopped before publishing it, and is
   // replaced. Any other run leaves every checkpoint folder as it is.
   bool continues_folder = false;
+  // Refuse a shard whose f32 tensors hold a NaN or an infinity (write_shard_file): a
+  // training run's weights or optimizer state that hold one have diverged, and publishing
+  // them would put garbage where the last good checkpoint is, or remove it (keep_last).
+  bool refuse_non_finite = false;
 };
 
 struct CommitResult {
@@ -68,7 +72,8 @@ class CheckpointWriter {
   // prepares, commits or removes anything. Throws CheckpointError when the folder is not
   // there, which is what a --save-dir the processes do not share looks like.
   static std::unique_ptr<CheckpointWriter> join(std::filesystem::path dir, int64_t step,
-                                                int num_ranks);
+                                                int num_ranks,
+                                                CheckpointWriterOptions options = {});
   ~CheckpointWriter();  // without a commit, removes its .tmp folder (unless it joined)
   CheckpointWriter(const CheckpointWriter&) = delete;
   CheckpointWriter& operator=(const CheckpointWriter&) = delete;

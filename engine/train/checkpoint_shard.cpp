@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -105,10 +106,30 @@ bool parse_decimal(const std::string& text, Int& value) {
   return error == std::errc() && end == text.data() + text.size();
 }
 
+// Throws a CheckpointError naming the first element of `bytes` (f32 values) that is a NaN
+// or an infinity.
+void refuse_a_non_finite_value(const HostBytes& bytes, const std::string& name, int64_t step,
+                               int rank) {
+  const float* values = static_cast<const float*>(bytes.data());
+  const size_t count = bytes.size() / sizeof(float);
+  for (size_t i = 0; i < count; ++i) {
+    if (std::isfinite(values[i])) continue;
+    const float v = values[i];
+    throw CheckpointError("cannot save step " + std::to_string(step) + ": tensor " +
+                          in_quotes(name) + " of rank " + std::to_string(rank) + " holds " +
+                          (std::isnan(v) ? "nan"
+                           : v > 0       ? "inf"
+                                         : "-inf") +
+                          " at element " + std::to_string(i) +
+                          ": the training diverged (lower the learning rate); the checkpoints "
+                          "saved before stay as they are");
+  }
+}
+
 }  // namespace
 
 ShardFileInfo write_shard_file(const std::filesystem::path& path, int64_t step, int rank,
-                               const std::vector<NamedTensor>& tensors) {
+                               const std::vector<NamedTensor>& tensors, bool refuse_non_finite) {
   std::vector<SafetensorsEntry> entries;
   std::vector<uint64_t> checksums;
   std::map<std::string, std::string> metadata = {
@@ -122,6 +143,8 @@ ShardFileInfo write_shard_file(const std::filesystem::path& path, int64_t step, 
                                   std::to_string(rank) + " is undefined (has no storage)");
     entries.push_back({t.name, t.tensor.dtype(), t.tensor.shape()});
     const HostBytes bytes(t.tensor);
+    if (refuse_non_finite && t.tensor.dtype() == DType::kF32)
+      refuse_a_non_finite_value(bytes, t.name, step, rank);
     checksums.push_back(checkpoint_io::xxh3_64(bytes.data(), bytes.size()));
     metadata[kChecksumPrefix + t.name] = checkpoint_io::hex64(checksums.back());
     if (t.piece) {

@@ -44,9 +44,12 @@ struct ShardFileInfo {
 // Writes `tensors` (on any device; a device tensor is copied to the host one at a time) as the
 // shard of `rank` at `step` to `path`, then fsyncs it. The tensors must not change meanwhile
 // (their checksums are taken before the data is written; a change throws). I/O errors throw a
-// CheckpointError naming the file; bad names throw std::invalid_argument.
+// CheckpointError naming the file; bad names throw std::invalid_argument. With
+// `refuse_non_finite`, an f32 tensor holding a NaN or an infinity throws a CheckpointError
+// naming it, before the file is made.
 ShardFileInfo write_shard_file(const std::filesystem::path& path, int64_t step, int rank,
-                               const std::vector<NamedTensor>& tensors);
+                               const std::vector<NamedTensor>& tensors,
+                               bool refuse_non_finite = false);
 
 // The range of a global tensor that a stored piece holds, from its "piece:" metadata.
 struct PieceRange {

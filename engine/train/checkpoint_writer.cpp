@@ -81,10 +81,10 @@ CheckpointWriter::CheckpointWriter(fs::path dir, int64_t step, int num_ranks,
   owns_temp_ = true;
 }
 
-std::unique_ptr<CheckpointWriter> CheckpointWriter::join(fs::path dir, int64_t step,
-                                                         int num_ranks) {
+std::unique_ptr<CheckpointWriter> CheckpointWriter::join(fs::path dir, int64_t step, int num_ranks,
+                                                         CheckpointWriterOptions options) {
   std::unique_ptr<CheckpointWriter> writer(
-      new CheckpointWriter(Joined{true}, std::move(dir), step, num_ranks, {}));
+      new CheckpointWriter(Joined{true}, std::move(dir), step, num_ranks, options));
   std::error_code ec;
   if (!fs::is_directory(writer->temp_, ec))
     throw CheckpointError(
@@ -136,8 +136,8 @@ void CheckpointWriter::write_shard(int rank, const std::vector<NamedTensor>& ten
     started_[rank] = true;
   }
   try {
-    const ShardFileInfo info =
-        write_shard_file(temp_ / shard_file_name(rank), step_, rank, tensors);
+    const ShardFileInfo info = write_shard_file(temp_ / shard_file_name(rank), step_, rank, tensors,
+                                                options_.refuse_non_finite);
     std::lock_guard lock(mutex_);
     written_[rank] = info;
   } catch (...) {

@@ -242,7 +242,8 @@ std::unique_ptr<CheckpointWriter> TrainerCheckpointer::prepare(int64_t step) {
     if (commits)
       writer = std::make_unique<CheckpointWriter>(
           options_.directory, step, shards,
-          CheckpointWriterOptions{options_.keep_last, continues_folder_});
+          CheckpointWriterOptions{options_.keep_last, continues_folder_,
+                                  /*refuse_non_finite=*/true});
   } catch (...) {
     error = std::current_exception();
   }
@@ -250,7 +251,9 @@ std::unique_ptr<CheckpointWriter> TrainerCheckpointer::prepare(int64_t step) {
   detail::agree_across_processes(executor, error, what);
   // The others join the folder that rank 0's process has made by now.
   try {
-    if (!commits) writer = CheckpointWriter::join(options_.directory, step, shards);
+    if (!commits)
+      writer = CheckpointWriter::join(options_.directory, step, shards,
+                                      CheckpointWriterOptions{.refuse_non_finite = true});
   } catch (...) {
     error = std::current_exception();
   }

@@ -6,7 +6,9 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 
+#include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <thread>
 
 #include "tests/engine/train/checkpoint_fixture.h"
@@ -155,6 +157,43 @@ TEST(CheckpointSave, KeepsTheNewestK) {
   EXPECT_TRUE(result.warnings.empty());
   EXPECT_EQ(folder_names(dir.path()), (std::vector<std::string>{"latest", "step_10", "step_3"}));
   EXPECT_EQ(open_checkpoint(dir.path()).step(), 10);
+}
+
+// A training run whose weights or optimizer state hold a NaN or an infinity has diverged:
+// its save is refused naming the tensor, and the checkpoint before it stays `latest` (with
+// keep_last 1 it would have been removed for the garbage).
+TEST(CheckpointSave, RefusesNonFiniteValuesWhenAskedAndKeepsTheLastCheckpoint) {
+  for (const float bad :
+       {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity()}) {
+    TempDir dir;
+    CheckpointWriterOptions options;
+    options.keep_last = 1;
+    options.refuse_non_finite = true;
+    save_demo(dir.path(), 1, 1, options);  // finite values pass
+    std::vector<NamedTensor> tensors = demo_tensors(0, 2);
+    float* v = static_cast<float*>(tensors[3].tensor.raw());  // optimizer.v...
+    v[5] = bad;
+    {
+      CheckpointWriter writer(dir.path(), 2, 1, options);
+      try {
+        writer.write_shard(0, tensors);
+        ADD_FAILURE() << "a shard holding " << bad << " was written";
+      } catch (const CheckpointError& e) {
+        EXPECT_EQ(std::string(e.what()),
+                  std::string("cannot save step 2: tensor 'optimizer.v.blocks.0.fc1.weight' of "
+                              "rank 0 holds ") +
+                      (std::isnan(bad) ? "nan" : "-inf") +
+                      " at element 5: the training diverged (lower the learning rate); the "
+                      "checkpoints saved before stay as they are");
+      }
+    }
+    EXPECT_EQ(folder_names(dir.path()), (std::vector<std::string>{"latest", "step_1"}));
+    EXPECT_EQ(open_checkpoint(dir.path()).step(), 1);
+    // Not asked, the same values are saved as they are (a writer of any tensors' bytes).
+    CheckpointWriter plain(dir.path(), 3, 1);
+    plain.write_shard(0, tensors);
+    EXPECT_EQ(plain.commit(demo_state(3, 1)).directory, dir / "step_3");
+  }
 }
 
 TEST(CheckpointSave, KeepLastZeroKeepsEverything) {
