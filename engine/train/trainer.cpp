@@ -58,6 +58,7 @@ void Trainer::build() {
   config_.validate();
   model_.validate();
   device_ = resolve_device(config_.device);
+  set_accepted_ids();
   if (!source_) {
     source_ = make_token_source(config_, model_.vocab);
   } else if (source_->vocab() < 1) {
@@ -65,11 +66,8 @@ void Trainer::build() {
                                 ") says its vocab() is " + std::to_string(source_->vocab()) +
                                 "; a TokenSource's vocab() is the number of token ids it draws, at "
                                 "least 1");
-  } else if (model_.vocab > 0 && source_->vocab() > model_.vocab) {
-    throw std::invalid_argument(
-        "the data source has token ids up to " + std::to_string(source_->vocab() - 1) +
-        " but the model takes ids below " + std::to_string(model_.vocab) +
-        "; use a model of vocab " + std::to_string(source_->vocab()) + " or more");
+  } else {
+    check_source_vocab(*source_, "the data source");
   }
   schedule::Schedule sched = make_schedule(config_);
   if (sched.num_stages() > sched.num_ranks() && sched.num_stages() > model_.num_units) {
@@ -141,13 +139,44 @@ void Trainer::check_some_target(const std::vector<MicroBatchData>& microbatches,
                               "check the data source");
 }
 
+void Trainer::set_accepted_ids() {
+  if (model_.vocab > 0) {
+    token_ids_ = {model_.vocab, "the model's vocabulary"};
+    target_ids_ = token_ids_;
+    return;
+  }
+  // A model that does not say its vocab: the ids its first unit (an embedding) and its last
+  // (a loss head) say they accept, so that an id past their tables is refused on the host
+  // as a vocab would refuse it, rather than read past them by a kernel.
+  const int64_t last = model_.num_units - 1;
+  if (const std::optional<int64_t> ids = model_.unit(0)->accepted_ids())
+    token_ids_ = {*ids, "the ids unit 0 of the model accepts"};
+  if (const std::optional<int64_t> ids = model_.unit(last)->accepted_ids())
+    target_ids_ = {*ids, "the ids unit " + std::to_string(last) + " of the model accepts"};
+}
+
+void Trainer::check_source_vocab(const TokenSource& source, const std::string& label) const {
+  // Its ids are both tokens and targets: the narrower of the two ranges bounds them.
+  for (const std::optional<AcceptedIds>* range : {&token_ids_, &target_ids_}) {
+    if (!*range || source.vocab() <= (*range)->end) continue;
+    const std::string need = std::to_string(source.vocab());
+    throw std::invalid_argument(
+        label + " has token ids up to " + std::to_string(source.vocab() - 1) + " but " +
+        (model_.vocab > 0 ? "the model takes ids below " + std::to_string(model_.vocab) +
+                                "; use a model of vocab " + need + " or more"
+                          : "the model's " + std::string(range == &token_ids_ ? "first" : "last") +
+                                " unit takes ids below " + std::to_string((*range)->end) +
+                                "; use a model whose units take " + need + " ids or more"));
+  }
+}
+
 void Trainer::check_token_ids(const std::vector<MicroBatchData>& microbatches) const {
   // Checked here, once on the host: a CUDA embedding or loss kernel cannot report an id out
-  // of range, it would read past its table. A model that does not say its vocab leaves the
-  // range to its own units.
-  const bool ranged = model_.vocab > 0;
+  // of range, it would read past its table. A model that says neither its vocab nor the ids
+  // its units accept leaves the range to its own units.
   const int32_t ignored = MicroBatchInputs().ignore_index;
   auto check = [&](const std::vector<int32_t>& ids, size_t m, bool targets) {
+    const std::optional<AcceptedIds>& range = targets ? target_ids_ : token_ids_;
     for (size_t i = 0; i < ids.size(); ++i) {
       const int32_t id = ids[i];
       if (id == kUnwrittenId)
@@ -156,11 +185,11 @@ void Trainer::check_token_ids(const std::vector<MicroBatchData>& microbatches) c
             std::to_string(i) + " of micro-batch " + std::to_string(m) +
             " was not written by the data source; TokenSource::next must write all the pairs "
             "it is asked for (one that has run out throws)");
-      if (!ranged || (id >= 0 && id < model_.vocab) || (targets && id == ignored)) continue;
+      if (!range || (id >= 0 && id < range->end) || (targets && id == ignored)) continue;
       throw std::invalid_argument(
           std::string(targets ? "target id " : "token id ") + std::to_string(id) + " at position " +
           std::to_string(i) + " of micro-batch " + std::to_string(m) + " is outside [0, " +
-          std::to_string(model_.vocab) + "), the model's vocabulary" +
+          std::to_string(range->end) + "), " + range->what +
           (targets ? " (and is not the ignored target " + std::to_string(ignored) + ")"
                    : std::string()));
     }
@@ -301,10 +330,7 @@ double Trainer::evaluate(TokenSource& source, int64_t batches, int64_t tokens_at
   if (batches < 1)
     throw std::invalid_argument("evaluation needs at least 1 batch, got " +
                                 std::to_string(batches));
-  if (model_.vocab > 0 && source.vocab() > model_.vocab)
-    throw std::invalid_argument("the evaluation source has token ids up to " +
-                                std::to_string(source.vocab() - 1) +
-                                " but the model takes ids below " + std::to_string(model_.vocab));
+  check_source_vocab(source, "the evaluation source");
   if (tokens_at_once < 1)
     throw std::invalid_argument("evaluation needs at least 1 token at once, got " +
                                 std::to_string(tokens_at_once));

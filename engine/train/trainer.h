@@ -78,7 +78,8 @@ class Trainer {
   //
   // Runs the next step, up to config().steps (past it, std::logic_error: the learning-rate
   // schedule and a checkpoint's counters span those steps). The batch's ids are checked
-  // against the model's vocab first (and an id the source's next() left unwritten refused),
+  // against the model's vocab first (without one, against the ids its first and last units
+  // accept: Layer::accepted_ids), and an id the source's next() left unwritten refused,
   // and a batch whose every target is the ignored one is
   // refused, as it has nothing to learn from (std::invalid_argument, nothing run, the source
   // put back where it was: TokenSource::restore). An exception from the source's next() comes
@@ -167,8 +168,18 @@ class Trainer {
   void check_not_busy(const char* member) const;
   // What draw_batch fills the ids with before the source writes them.
   static constexpr int32_t kUnwrittenId = std::numeric_limits<int32_t>::min();
-  // Throws std::invalid_argument for an id outside the model's vocabulary (a target may be
-  // the ignored one) or left unwritten by the source, naming the micro-batch and position.
+  // Token ids [0, end) that a batch may hold; `what` names where the bound comes from.
+  struct AcceptedIds {
+    int64_t end = 0;
+    std::string what;
+  };
+  // token_ids_ and target_ids_: the model's vocab, or without one what its first and last
+  // units accept (Layer::accepted_ids), when they say.
+  void set_accepted_ids();
+  // Throws std::invalid_argument when `source` draws ids past those ranges; `label` names it.
+  void check_source_vocab(const TokenSource& source, const std::string& label) const;
+  // Throws std::invalid_argument for an id outside the accepted ranges (a target may be the
+  // ignored one) or left unwritten by the source, naming the micro-batch and position.
   void check_token_ids(const std::vector<MicroBatchData>& microbatches) const;
   // Throws std::invalid_argument when every target of the step's batch is the ignored one.
   void check_some_target(const std::vector<MicroBatchData>& microbatches, int64_t step) const;
@@ -180,6 +191,7 @@ class Trainer {
   TrainConfig config_;
   Device device_;
   std::shared_ptr<TokenSource> source_;
+  std::optional<AcceptedIds> token_ids_, target_ids_;  // unchecked when empty
   std::vector<StageRange> ranges_;
   std::vector<Device> devices_;
   std::unique_ptr<PipelineExecutor> executor_;

@@ -173,6 +173,76 @@ TEST(TrainerSource, AnIdOutsideTheVocabularyIsRefusedBeforeTheStepRuns) {
   EXPECT_TRUE(std::isfinite(trainer.step().loss));
 }
 
+// A model that does not say its vocab is checked against the ids its embedding and loss head
+// accept, as a vocab would check them: on the CPU the kernel's own error would otherwise leave
+// the trainer unusable, and on a GPU the id would read past the table.
+TEST(TrainerSource, WithoutAVocabTheIdsTheUnitsAcceptAreChecked) {
+  ModelDescription model = custom_description(16);
+  model.vocab = 0;
+  Trainer trainer(model, small_run(), std::make_shared<OnceOutOfRangeSource>());
+  try {
+    trainer.step();
+    FAIL() << "token id 16 reached an embedding of 16 rows";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("token id 16 at position 5 of micro-batch 0 is outside "
+                                         "[0, 16), the ids unit 0 of the model accepts"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(trainer.steps_done(), 0);
+  EXPECT_EQ(trainer.failure(), "");
+  EXPECT_TRUE(std::isfinite(trainer.step().loss));
+  std::vector<MicroBatchData> batch(1);
+  batch[0].tokens = {1, 2, 3};
+  batch[0].targets = {2, -1, 16};
+  try {
+    trainer.evaluate(batch);
+    FAIL() << "target id 16 was evaluated by a loss head of 16 classes";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("target id 16 at position 2 of micro-batch 0 is outside "
+                                         "[0, 16), the ids unit 3 of the model accepts"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(trainer.failure(), "");
+}
+
+TEST(TrainerSource, WithoutAVocabASourceBeyondTheUnitsIdsIsRejected) {
+  ModelDescription model = custom_description(16);
+  model.vocab = 0;
+  try {
+    Trainer trainer(model, small_run(), std::make_shared<AffineSource>(40));
+    FAIL() << "token ids up to 39 were accepted by an embedding of 16 rows";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "the data source has token ids up to 39 but the model's first unit takes ids "
+              "below 16; use a model whose units take 40 ids or more");
+  }
+  // The targets too: an embedding of 32 rows before a loss head of 16 classes.
+  model.make_unit = [inner = model.make_unit](int64_t index) -> std::unique_ptr<Layer> {
+    if (index == 0) return std::make_unique<Embedding>("embed", 32, 24);
+    return inner(index);
+  };
+  try {
+    Trainer trainer(model, small_run(), std::make_shared<AffineSource>(32));
+    FAIL() << "target ids up to 31 were accepted by a loss head of 16 classes";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "the data source has token ids up to 31 but the model's last unit takes ids "
+              "below 16; use a model whose units take 32 ids or more");
+  }
+  Trainer trainer(model, small_run(), std::make_shared<AffineSource>(16));
+  try {
+    trainer.evaluate(*std::make_shared<AffineSource>(20), 1);
+    FAIL() << "an evaluation source of ids up to 19 was accepted by a loss head of 16 classes";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("the evaluation source has token ids up to 19 but the "
+                                         "model's last unit takes ids below 16"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 // custom_description's model on two stages, its unit 2 returning rows of 12 where the
 // description says 24.
 Trainer trainer_with_a_narrow_unit() {
