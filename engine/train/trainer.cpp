@@ -127,16 +127,30 @@ void Trainer::check_usable(const char* action) const {
                            "Trainer (from the last checkpoint to go on)");
 }
 
-void Trainer::check_some_target(const std::vector<MicroBatchData>& microbatches,
-                                int64_t step) const {
+bool Trainer::has_target(const std::vector<MicroBatchData>& microbatches) {
   const int32_t ignored = MicroBatchInputs().ignore_index;
   for (const MicroBatchData& mb : microbatches)
     for (const int32_t t : mb.targets)
-      if (t != ignored) return;
+      if (t != ignored) return true;
+  return false;
+}
+
+void Trainer::check_some_target(const std::vector<MicroBatchData>& microbatches,
+                                int64_t step) const {
+  if (has_target(microbatches)) return;
   throw std::invalid_argument("every target of step " + std::to_string(step) +
-                              "'s batch is the ignored target " + std::to_string(ignored) +
+                              "'s batch is the ignored target " +
+                              std::to_string(MicroBatchInputs().ignore_index) +
                               ": a step has nothing to learn from it (its loss would read 0); "
                               "check the data source");
+}
+
+void Trainer::refuse_evaluation_without_target(const std::string& what, const char* check) {
+  throw std::invalid_argument("every target of " + what + " is the ignored target " +
+                              std::to_string(MicroBatchInputs().ignore_index) +
+                              ": an evaluation has nothing to measure (its loss would read 0); "
+                              "check the " +
+                              check);
 }
 
 void Trainer::set_accepted_ids() {
@@ -339,11 +353,19 @@ double Trainer::evaluate(TokenSource& source, int64_t batches, int64_t tokens_at
   // sum goes on in micro-batch order, so the value does not depend on the grouping.
   const int64_t at_once = std::max<int64_t>(1, tokens_at_once / config_.batch_tokens);
   double loss_sum = 0.0;
+  bool some_target = false;
   for (int64_t done = 0; done < batches;) {
     const int64_t now = std::min(at_once, batches - done);
     std::vector<MicroBatchData> microbatches;
     for (int64_t b = 0; b < now; ++b)
       for (MicroBatchData& mb : draw_batch(source)) microbatches.push_back(std::move(mb));
+    // Refused before the last group runs (the only one, usually), as a step is refused: the
+    // ignored targets count as no loss, and a mean of only those would read 0.
+    some_target = some_target || has_target(microbatches);
+    if (done + now == batches && !some_target)
+      refuse_evaluation_without_target(
+          "the evaluation's " + std::to_string(batches) + (batches == 1 ? " batch" : " batches"),
+          "evaluation source");
     loss_sum = local_loss_sum(microbatches, loss_sum);
     done += now;
     if (done < batches)
@@ -458,6 +480,11 @@ double Trainer::evaluate(const std::vector<MicroBatchData>& microbatches) {
           "an evaluation micro-batch needs as many targets as tokens, and at least one token");
     tokens += static_cast<int64_t>(mb.tokens.size());
   }
+  if (!has_target(microbatches))
+    refuse_evaluation_without_target(
+        "the " + std::to_string(microbatches.size()) +
+            (microbatches.size() == 1 ? " micro-batch" : " micro-batches") + " evaluated",
+        "batches");
   std::vector<double> total{local_loss_sum(microbatches, 0.0)};
   executor_->sum_over_processes(total);
   return total[0] / static_cast<double>(tokens);

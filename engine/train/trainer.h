@@ -116,6 +116,9 @@ class Trainer {
   static constexpr int64_t kEvaluationTokensAtOnce = int64_t{1} << 20;
   double evaluate(TokenSource& source, int64_t batches = 1,
                   int64_t tokens_at_once = kEvaluationTokensAtOnce);
+  // Both refuse batches whose every target is the ignored one, as step() does
+  // (std::invalid_argument; the trainer stays usable): there is no loss to measure.
+  //
   // The same over given micro-batches (any number, any sizes; under MPI the same on every
   // process).
   double evaluate(const std::vector<MicroBatchData>& microbatches);
@@ -181,8 +184,14 @@ class Trainer {
   // Throws std::invalid_argument for an id outside the accepted ranges (a target may be the
   // ignored one) or left unwritten by the source, naming the micro-batch and position.
   void check_token_ids(const std::vector<MicroBatchData>& microbatches) const;
+  // Whether some target of `microbatches` is not the ignored one.
+  static bool has_target(const std::vector<MicroBatchData>& microbatches);
   // Throws std::invalid_argument when every target of the step's batch is the ignored one.
   void check_some_target(const std::vector<MicroBatchData>& microbatches, int64_t step) const;
+  // Throws std::invalid_argument: every target of `what` (the batches evaluated) is ignored;
+  // `check` names what the user should look at.
+  [[noreturn]] static void refuse_evaluation_without_target(const std::string& what,
+                                                            const char* check);
   // The executor's stop request, agreed over the processes (a collective under MPI): the
   // signal of the lowest process asked, or 0.
   int agreed_stop_request();

@@ -108,6 +108,31 @@ TEST(TrainerMisuse, ABatchWhoseEveryTargetIsIgnoredIsRefusedAndChangesNothing) {
   EXPECT_NO_THROW(trainer.step());
 }
 
+TEST(TrainerMisuse, AnEvaluationWhoseEveryTargetIsIgnoredIsRefusedAsAStepIs) {
+  Trainer trainer(small_run(), std::make_shared<CountingSource>());
+  CountingSource held_out;
+  held_out.target = MicroBatchInputs().ignore_index;
+  EXPECT_EQ(message_of([&] { trainer.evaluate(held_out, 3); }),
+            "every target of the evaluation's 3 batches is the ignored target -1: an evaluation "
+            "has nothing to measure (its loss would read 0); check the evaluation source");
+  // Drawn a group at a time, the last group is refused too when no group had a target.
+  EXPECT_CONTAINS(message_of([&] { trainer.evaluate(held_out, 2, 1); }),
+                  "every target of the evaluation's 2 batches is the ignored target -1");
+  std::vector<MicroBatchData> batch(2);
+  batch[0].tokens = {1, 2};
+  batch[0].targets = {-1, -1};
+  batch[1].tokens = {3};
+  batch[1].targets = {-1};
+  EXPECT_EQ(message_of([&] { trainer.evaluate(batch); }),
+            "every target of the 2 micro-batches evaluated is the ignored target -1: an "
+            "evaluation has nothing to measure (its loss would read 0); check the batches");
+  EXPECT_TRUE(trainer.failure().empty());
+  // One target is enough, and the trainer is usable still.
+  batch[1].targets = {4};
+  EXPECT_TRUE(std::isfinite(trainer.evaluate(batch)));
+  EXPECT_NO_THROW(trainer.step());
+}
+
 TEST(TrainerMisuse, ASourceThatFailsPartWayThroughABatchIsPutBackWhereTheStepBegan) {
   auto source = std::make_shared<CountingSource>();
   int draws = 0;
