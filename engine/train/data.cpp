@@ -44,7 +44,11 @@ MarkovSource::MarkovSource(int64_t vocab, uint64_t seed, int fanout)
         std::to_string(vocab) +
         "; a larger model vocab needs another data source, such as a file's bytes "
         "(TrainConfig::data_path)");
-  if (fanout < 1) throw std::invalid_argument("Markov source fanout must be at least 1");
+  if (fanout < 1 || fanout > max_fanout(vocab))
+    throw std::invalid_argument(
+        "Markov source fanout must be from 1 to " + std::to_string(max_fanout(vocab)) +
+        " for vocab " + std::to_string(vocab) + " (its set-up draws vocab x fanout successors, " +
+        "at most " + std::to_string(kMaxTableDraws) + "), got " + std::to_string(fanout));
   rows_.resize(vocab);
   cdf_.resize(vocab);
   uint64_t draw = 0;

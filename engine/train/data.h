@@ -49,6 +49,14 @@ class MarkovSource : public TokenSource {
   // The table and its stationary distribution take about 2 s to build at this vocab on one
   // core; larger ones would stay silent for minutes before the first step.
   static constexpr int64_t kMaxVocab = int64_t{1} << 18;
+  // The table draws vocab x fanout successors: at most what the largest vocab draws at the
+  // default fanout, so that a large fanout cannot stall the set-up either.
+  static constexpr int64_t kMaxTableDraws = kMaxVocab * 4;
+  // The largest fanout for `vocab`: kMaxTableDraws / vocab (many more than vocab successors
+  // merely draw the same ones again).
+  static int64_t max_fanout(int64_t vocab) { return kMaxTableDraws / vocab; }
+  // Throws std::invalid_argument for a vocab outside [2, kMaxVocab] or a fanout outside
+  // [1, max_fanout(vocab)].
   MarkovSource(int64_t vocab, uint64_t seed, int fanout = 4);
   int64_t vocab() const override { return vocab_; }
   void next(int32_t* inputs, int32_t* targets, int64_t n) override;

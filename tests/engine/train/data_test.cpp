@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <optional>
 #include <random>
@@ -174,6 +175,32 @@ TEST(MarkovSource, RestoreRefusesATokenOutsideTheVocab) {
 TEST(MarkovSource, RejectsImpossibleSizes) {
   EXPECT_THROW(MarkovSource(1, 0), std::invalid_argument);
   EXPECT_THROW(MarkovSource(10, 0, 0), std::invalid_argument);
+}
+
+TEST(MarkovSource, AFanoutWhoseTableWouldTakeMinutesIsRefusedNamingIt) {
+  auto refusal = [](int64_t vocab, int fanout) {
+    try {
+      MarkovSource source(vocab, 0, fanout);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  EXPECT_EQ(refusal(MarkovSource::kMaxVocab, 5),
+            "Markov source fanout must be from 1 to 4 for vocab 262144 (its set-up draws vocab x "
+            "fanout successors, at most 1048576), got 5");
+  EXPECT_EQ(refusal(10, 0),
+            "Markov source fanout must be from 1 to 104857 for vocab 10 (its set-up draws vocab x "
+            "fanout successors, at most 1048576), got 0");
+  EXPECT_EQ(refusal(10, -3).substr(refusal(10, -3).size() - 6), "got -3");
+  // The bound itself builds, and more draws than states only repeat successors.
+  MarkovSource widest(256, 0, 4096);
+  EXPECT_LE(widest.row(0).size(), 256u);
+  EXPECT_NO_THROW(MarkovSource(2, 0));  // the default fanout of 4 over 2 states
+  // Without a bound this one drew 2^31 successors per state before it answered.
+  EXPECT_EQ(refusal(256, std::numeric_limits<int>::max()),
+            "Markov source fanout must be from 1 to 4096 for vocab 256 (its set-up draws vocab x "
+            "fanout successors, at most 1048576), got 2147483647");
 }
 
 TEST(FileSource, ReadsBytesInOrderAndWraps) {
