@@ -260,6 +260,7 @@ class InProcessTransport : public Transport {
 
 std::shared_ptr<InProcessHub> InProcessHub::create(int size, std::chrono::milliseconds timeout) {
   if (size < 1) throw std::invalid_argument("in-process transport needs at least one rank");
+  check_timeout(timeout, "the in-process transport's timeout");
   return std::shared_ptr<InProcessHub>(new InProcessHub(size, timeout));
 }
 

@@ -26,7 +26,8 @@ namespace conveyor::comm {
 
 class InProcessHub : public std::enable_shared_from_this<InProcessHub> {
  public:
-  // `timeout`: how long a receive or an all-reduce waits before it fails.
+  // `timeout`: how long a receive or an all-reduce waits before it fails, from 1 ms to
+  // kMaxTimeoutMs (else std::invalid_argument).
   static std::shared_ptr<InProcessHub> create(int size, std::chrono::milliseconds timeout);
   std::unique_ptr<Transport> endpoint(int rank);
   int size() const { return size_; }

@@ -360,6 +360,7 @@ bool MpiTransport::try_receive(const Tensor& tensor, int peer, MpiClock::time_po
 }  // namespace detail
 
 std::unique_ptr<Transport> make_mpi_transport(std::chrono::milliseconds timeout) {
+  check_timeout(timeout, "the MPI transport's timeout");
   return std::make_unique<detail::MpiTransport>(timeout);
 }
 

@@ -49,7 +49,8 @@ void mpi_roll_call(const std::string& what, std::chrono::milliseconds timeout);
 
 // This process's endpoint over MPI_COMM_WORLD: its rank() is the MPI rank. Throws
 // TransportError when MPI is not initialised or gives less than MPI_THREAD_SERIALIZED, and
-// std::invalid_argument in a build without MPI. `timeout` bounds every wait for a peer.
+// std::invalid_argument in a build without MPI or for a `timeout` outside 1 ms to
+// kMaxTimeoutMs. `timeout` bounds every wait for a peer.
 std::unique_ptr<Transport> make_mpi_transport(std::chrono::milliseconds timeout);
 
 }  // namespace conveyor::comm

@@ -237,12 +237,6 @@ void NcclTransport::check_while_waiting(std::function<void()> check) {
 
 namespace {
 
-void check_timeout(std::chrono::milliseconds timeout) {
-  if (timeout.count() <= 0)
-    throw std::invalid_argument("the NCCL transport timeout must be positive, got " +
-                                std::to_string(timeout.count()) + " ms");
-}
-
 void check_device(int rank, int device) {
   const int available = cuda_device_count();
   if (device < 0 || device >= available)
@@ -258,7 +252,7 @@ std::vector<std::unique_ptr<Transport> > make_nccl_transports(
     const NcclGroups& groups) {
   if (cuda_device_per_rank.empty())
     throw std::invalid_argument("the NCCL transport needs at least one rank");
-  check_timeout(timeout);
+  check_timeout(timeout, "the NCCL transport's timeout");
   check_nccl_groups(groups, static_cast<int>(cuda_device_per_rank.size()));
   std::set<int> seen;
   for (size_t r = 0; r < cuda_device_per_rank.size(); ++r) {
@@ -281,7 +275,7 @@ std::unique_ptr<Transport> make_nccl_transport_from_ids(int rank, int ranks, int
                                                         const std::vector<std::string>& unique_ids,
                                                         std::chrono::milliseconds timeout,
                                                         const NcclGroups& groups) {
-  check_timeout(timeout);
+  check_timeout(timeout, "the NCCL transport's timeout");
   detail::check_clique_rank(rank, ranks, "rank");
   check_nccl_groups(groups, ranks);
   const int slots = nccl_slot_count(ranks, static_cast<int>(groups.size()));

@@ -204,7 +204,8 @@ class NcclTransport : public Transport {
 
 // One transport per rank; rank r runs on CUDA device cuda_device_per_rank[r]. The devices
 // must exist and be distinct; a one-element list gives a one-rank communicator. `timeout`
-// bounds every wait, including the set-up exchange. `groups`: the groups of ranks that will
+// bounds every wait, including the set-up exchange (check_timeout: 1 ms to kMaxTimeoutMs, as
+// for every transport's timeout here). `groups`: the groups of ranks that will
 // make group calls, one communicator each (check_nccl_groups). Call from one thread.
 std::vector<std::unique_ptr<Transport>> make_nccl_transports(
     const std::vector<int>& cuda_device_per_rank, std::chrono::milliseconds timeout,

@@ -53,6 +53,7 @@ void check_mpi(int code, const char* call) {
 std::unique_ptr<Transport> make_nccl_transport_over_mpi(
     const std::vector<int>& cuda_device_per_rank, std::chrono::milliseconds timeout,
     const NcclGroups& groups) {
+  check_timeout(timeout, "the NCCL transport's timeout");
   int initialised = 0;
   MPI_Initialized(&initialised);
   if (!initialised)

@@ -2,6 +2,12 @@
 
 namespace conveyor::comm {
 
+void check_timeout(std::chrono::milliseconds timeout, const std::string& what) {
+  if (timeout.count() < 1 || timeout.count() > kMaxTimeoutMs)
+    throw std::invalid_argument(what + " must be from 1 ms to " + std::to_string(kMaxTimeoutMs) +
+                                " ms (10^6 s), got " + std::to_string(timeout.count()) + " ms");
+}
+
 TransportAborted::TransportAborted(int rank, const std::string& reason)
     : TransportError("rank " + std::to_string(rank) + ": pipeline aborted: " + reason),
       reason_(reason) {}

@@ -10,6 +10,7 @@
 // transport, which makes every pending and later call on every rank throw TransportAborted.
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
@@ -21,6 +22,15 @@
 #include "engine/core/tensor.h"
 
 namespace conveyor::comm {
+
+// The longest wait for a peer a transport takes, in ms (10^6 s, about 11.6 days): deadlines are
+// now() + timeout, and a much longer one overflows the clock's nanoseconds, which libstdc++'s
+// wait_for converts it to, into a deadline already past.
+inline constexpr int64_t kMaxTimeoutMs = 1000000000;
+
+// Throws std::invalid_argument unless `timeout` is from 1 ms to kMaxTimeoutMs, naming it as
+// `what` ("ExecutorOptions::transport_timeout").
+void check_timeout(std::chrono::milliseconds timeout, const std::string& what);
 
 class TransportError : public std::runtime_error {
  public:

@@ -150,6 +150,7 @@ TransportKind choose_transport(TransportKind requested, const std::vector<Device
 Transports make_transports(TransportKind requested, const std::vector<Device>& devices,
                            std::chrono::milliseconds timeout,
                            const std::vector<std::vector<int>>& groups) {
+  check_timeout(timeout, "the transport timeout");
   Transports out;
   out.kind = choose_transport(requested, devices);
   if (out.kind == TransportKind::kMpi) {

@@ -70,6 +70,7 @@ TransportKind choose_transport(TransportKind requested, const std::vector<Device
 // process holds (MPI must be initialised, and have as many processes as `devices` has ranks); over
 // NCCL it runs on devices[its rank], every process making its communicators at the same time.
 // Throws ProcessCountMismatch when MPI has another number of processes than `devices` ranks.
+// Throws std::invalid_argument for a `timeout` outside 1 ms to kMaxTimeoutMs (check_timeout).
 Transports make_transports(TransportKind requested, const std::vector<Device>& devices,
                            std::chrono::milliseconds timeout,
                            const std::vector<std::vector<int>>& groups = {});

@@ -82,6 +82,7 @@ PipelineExecutor::PipelineExecutor(const ModelDescription& model, schedule::Sche
         " but " + std::to_string(devices.size()) + " devices were given");
   // Before any rank is built, so that an impossible request fails at once.
   options.recompute.per_unit(model_.num_units);
+  comm::check_timeout(options.transport_timeout, "ExecutorOptions::transport_timeout");
   transport_kind_ = comm::choose_transport(options.transport, devices);
   transport_timeout_ = options.transport_timeout;
   // Global parameter order: unit order, then each unit's own order.

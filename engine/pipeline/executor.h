@@ -53,8 +53,10 @@ using TransportKind = comm::TransportKind;
 
 struct ExecutorOptions {
   TransportKind transport = TransportKind::kAuto;
-  // How long a rank waits for a peer (transfer or all-reduce) before the run fails.
+  // How long a rank waits for a peer (transfer or all-reduce) before the run fails: from 1 ms
+  // to kMaxTransportTimeoutMs.
   std::chrono::milliseconds transport_timeout{120000};
+  static constexpr int64_t kMaxTransportTimeoutMs = comm::kMaxTimeoutMs;
   // Every rank's context. Its memory_limit_bytes caps each device: the ranks this process
   // holds on one device share the cap (MemoryBudget), each rank's allocator named "rank r".
   DeviceContextOptions device_options;

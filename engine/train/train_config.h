@@ -64,7 +64,7 @@ struct TrainConfig {
   TransportKind transport = TransportKind::kAuto;
   // How long a rank waits for a peer before failing: 1 ms to kMaxTransportTimeoutMs.
   std::chrono::milliseconds transport_timeout{120000};
-  static constexpr int64_t kMaxTransportTimeoutMs = 1000000000;  // 10^6 s, about 11.6 days
+  static constexpr int64_t kMaxTransportTimeoutMs = ExecutorOptions::kMaxTransportTimeoutMs;
   // Units that re-run their forward in the backward instead of keeping its activations
   // (engine/pipeline/recompute.h); the bits of a run do not depend on it.
   RecomputeSpec recompute;

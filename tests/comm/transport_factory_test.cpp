@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <functional>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -96,6 +97,37 @@ TEST(TransportFactory, InProcessTransportsAreWiredRankByRankWithTheTimeout) {
   } catch (const TransportError& e) {
     EXPECT_NE(std::string(e.what()).find("within 50 ms"), std::string::npos) << e.what();
   }
+}
+
+// Deadlines are now() + timeout: a timeout past the bound overflowed the clock's nanoseconds
+// into a deadline already past, and one below 1 ms failed every wait at once.
+TEST(TransportFactory, ATimeoutOutsideOneMsToTheBoundIsRefusedByEveryTransport) {
+  auto refusal = [](const std::function<void()>& make) {
+    try {
+      make();
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  const std::vector<Device> cpus(2, Device::cpu());
+  const std::string range = " must be from 1 ms to 1000000000 ms (10^6 s), got ";
+  EXPECT_EQ(refusal([&] { make_transports(TransportKind::kAuto, cpus, 0ms); }),
+            "the transport timeout" + range + "0 ms");
+  EXPECT_EQ(refusal([&] { make_transports(TransportKind::kInProcess, cpus, -1ms); }),
+            "the transport timeout" + range + "-1 ms");
+  const auto huge = std::chrono::milliseconds::max();
+  EXPECT_EQ(refusal([&] { make_transports(TransportKind::kAuto, cpus, huge); }),
+            "the transport timeout" + range + std::to_string(huge.count()) + " ms");
+  EXPECT_EQ(refusal([&] { InProcessHub::create(2, std::chrono::milliseconds(kMaxTimeoutMs + 1)); }),
+            "the in-process transport's timeout" + range + "1000000001 ms");
+  if (mpi_built())  // refused before it asks whether MPI is initialised
+    EXPECT_EQ(refusal([&] { make_mpi_transport(0ms); }),
+              "the MPI transport's timeout" + range + "0 ms");
+  EXPECT_EQ(refusal([&] {
+              make_transports(TransportKind::kAuto, cpus, std::chrono::milliseconds(kMaxTimeoutMs));
+            }),
+            "(accepted)");
 }
 
 TEST(TransportFactory, MpiIsForCpuRanksAndOnlyWhereTheBuildHasIt) {

@@ -299,6 +299,38 @@ TEST(Executor, StageRangesMustCutEveryUnitOnceInOrder) {
   }
 }
 
+// A deadline is now() + timeout: milliseconds::max() overflowed the clock's nanoseconds into a
+// deadline already past, and 0 or less failed the first wait at once.
+TEST(Executor, ATransportTimeoutOutsideOneMsToItsBoundIsRefused) {
+  const ModelDescription model = reference_model(test_model());
+  const auto ranges = stage_ranges(model, partition_blocks(model, 2, PartitionSpec::uniform()));
+  auto refusal = [&](std::chrono::milliseconds timeout) {
+    ExecutorOptions options;
+    options.transport_timeout = timeout;
+    try {
+      PipelineExecutor ex(model, schedule::generate(ScheduleKind::k1F1B, 2, 2), ranges,
+                          {Device::cpu(), Device::cpu()}, test_optimizer(), 17, options);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  const std::string expected =
+      "ExecutorOptions::transport_timeout must be from 1 ms to 1000000000 ms (10^6 s), got ";
+  EXPECT_EQ(refusal(std::chrono::milliseconds(0)), expected + "0 ms");
+  EXPECT_EQ(refusal(std::chrono::milliseconds(-5)), expected + "-5 ms");
+  EXPECT_EQ(refusal(std::chrono::milliseconds::max()),
+            expected + std::to_string(std::chrono::milliseconds::max().count()) + " ms");
+  EXPECT_EQ(refusal(std::chrono::milliseconds(ExecutorOptions::kMaxTransportTimeoutMs + 1)),
+            expected + "1000000001 ms");
+  // The bound itself runs a step.
+  ExecutorOptions options;
+  options.transport_timeout = std::chrono::milliseconds(ExecutorOptions::kMaxTransportTimeoutMs);
+  PipelineExecutor ex(model, schedule::generate(ScheduleKind::k1F1B, 2, 2), ranges,
+                      {Device::cpu(), Device::cpu()}, test_optimizer(), 17, options);
+  EXPECT_TRUE(std::isfinite(ex.run_step(make_microbatches(2, 5, 1), 0.1f, 1, 1e-2).loss_sum));
+}
+
 TEST(Executor, MismatchedInputsAreClearErrors) {
   auto ex = make_executor(schedule::generate(ScheduleKind::k1F1B, 2, 2));
   EXPECT_THROW(ex->run_step(make_microbatches(3, 5, 1), 0.1f, 1, 1e-2), std::invalid_argument);
