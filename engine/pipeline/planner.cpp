@@ -57,6 +57,29 @@ void check_options(const UnitCosts& costs, const PlanOptions& options) {
     if (!(value >= 0.0 && value < std::numeric_limits<double>::infinity()))
       throw PlanError(std::string(what) + " of " + std::to_string(value) +
                       "; expected a finite amount, at least 0 (0: none)");
+  // Each of these was otherwise taken for something else without a word: a bucket size that
+  // is NaN or negative for one bucket, a count that cannot be run for none at all.
+  const double bucket = options.gradient_bucket_bytes;
+  if (!(bucket >= 0.0 && bucket < std::numeric_limits<double>::infinity())) {
+    std::ostringstream shown;
+    shown << bucket;
+    throw PlanError(
+        "PlanOptions::gradient_bucket_bytes must be a finite number of bytes, at "
+        "least 0 (0: one bucket), got " +
+        shown.str());
+  }
+  for (const int v : options.interleaved_chunks)
+    if (v < 2)
+      throw PlanError(
+          "PlanOptions::interleaved_chunks must list chunk counts of at least 2 "
+          "(one chunk per rank is 1F1B, planned anyway), got " +
+          std::to_string(v));
+  for (const int m : options.microbatch_counts)
+    if (m < 1 || options.batch_tokens % m != 0)
+      throw PlanError(
+          "PlanOptions::microbatch_counts must list counts of at least 1 that "
+          "divide PlanOptions::batch_tokens (" +
+          std::to_string(options.batch_tokens) + "), got " + std::to_string(m));
 }
 
 // Every device a replica of the whole model; with `shard_optimizer` each keeps 1/p of the
@@ -378,14 +401,13 @@ Plan plan(const std::vector<UnitCosts>& measured, const PlanOptions& options) {
                              {schedule::ScheduleKind::kZBH1, 1},
                              {schedule::ScheduleKind::kZBV, 2}};
   for (int v : options.interleaved_chunks)
-    if (v >= 2) kinds.push_back({schedule::ScheduleKind::kInterleaved, v});
+    kinds.push_back({schedule::ScheduleKind::kInterleaved, v});
   std::erase_if(kinds, [&](const Kind& k) {
     return (options.schedule && k.kind != *options.schedule) ||
            (options.chunks && k.chunks != *options.chunks);
   });
   std::vector<PipelineRow> rows;
   for (int m : counts) {
-    if (m < 1 || options.batch_tokens % m != 0) continue;
     const UnitCosts& costs = nearest(options.batch_tokens / m);
     const double factor = static_cast<double>(options.batch_tokens / m) /
                           static_cast<double>(costs.microbatch_tokens);

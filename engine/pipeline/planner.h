@@ -121,14 +121,16 @@ std::vector<int64_t> blocks_of(const std::vector<StageRange>& ranges);
 
 struct PlanOptions {
   int num_ranks = 2;
-  int64_t batch_tokens = 0;            // tokens per step, split into micro-batches
-  std::vector<int> microbatch_counts;  // empty: default_microbatch_counts
-  std::vector<int> interleaved_chunks{2};
-  double memory_cap = 0;           // bytes per rank (a device's share); 0 = unlimited
+  int64_t batch_tokens = 0;  // tokens per step, split into micro-batches
+  // Each at least 1 and dividing batch_tokens; empty: default_microbatch_counts.
+  std::vector<int> microbatch_counts;
+  std::vector<int> interleaved_chunks{2};  // each at least 2
+  double memory_cap = 0;                   // bytes per rank (a device's share); 0 = unlimited
   double allreduce_bandwidth = 0;  // bytes per second of the data-parallel all-reduce; 0 = free
   double allreduce_latency = 0;    // seconds per all-reduce step
   // The data-parallel candidate's gradients are all-reduced in buckets of at most this many
   // bytes (TrainConfig::gradient_bucket_mib); each bucket pays the latency again. 0: one.
+  // Finite and at least 0.
   double gradient_bucket_bytes = 0;
   bool include_data_parallel = true;
   RecomputeSpec recompute;  // of every pipelined candidate
@@ -221,6 +223,7 @@ struct Plan {
 // one after another; {1} when none of those splits it.
 std::vector<int> default_microbatch_counts(int num_ranks, int64_t batch_tokens);
 
+// Throws PlanError for options outside the ranges PlanOptions states, naming the field.
 // Every schedule kind and micro-batch count of `options`, with the exact partition of each,
 // simulated with the costs scaled linearly from the measured micro-batch size to the
 // candidate's (batch_tokens / m), and the data-parallel layout when the model fits one device.

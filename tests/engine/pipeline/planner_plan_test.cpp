@@ -4,8 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <set>
+#include <string>
 #include <utility>
 
 #include "engine/pipeline/memory_estimate.h"
@@ -333,6 +335,52 @@ TEST(Planner, BadOptionsAreErrors) {
   options.memory_cap = 0;
   options.allreduce_bandwidth = std::nan("");
   EXPECT_THROW(plan(head_heavy(2), options), PlanError);
+}
+
+// Each of these was taken for something else without a word: one bucket for a NaN or negative
+// bucket size, no candidate at all for a count or chunk count that cannot run.
+TEST(Planner, OptionsOutsideTheirRangeAreRefusedNamingTheField) {
+  const auto refusal = [](const std::function<void(PlanOptions&)>& set) {
+    PlanOptions options;
+    options.num_ranks = 2;
+    options.batch_tokens = 64;
+    set(options);
+    try {
+      plan(head_heavy(2), options);
+    } catch (const PlanError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  const std::string bucket =
+      "PlanOptions::gradient_bucket_bytes must be a finite number of bytes, at least 0 (0: one "
+      "bucket), got ";
+  EXPECT_EQ(refusal([](PlanOptions& o) { o.gradient_bucket_bytes = std::nan(""); }),
+            bucket + "nan");
+  EXPECT_EQ(refusal([](PlanOptions& o) { o.gradient_bucket_bytes = -4096; }), bucket + "-4096");
+  EXPECT_EQ(refusal([](PlanOptions& o) {
+              o.gradient_bucket_bytes = std::numeric_limits<double>::infinity();
+            }),
+            bucket + "inf");
+  const std::string chunks =
+      "PlanOptions::interleaved_chunks must list chunk counts of at least 2 (one chunk per rank "
+      "is 1F1B, planned anyway), got ";
+  EXPECT_EQ(refusal([](PlanOptions& o) { o.interleaved_chunks = {2, 1}; }), chunks + "1");
+  EXPECT_EQ(refusal([](PlanOptions& o) { o.interleaved_chunks = {-3}; }), chunks + "-3");
+  const std::string counts =
+      "PlanOptions::microbatch_counts must list counts of at least 1 that divide "
+      "PlanOptions::batch_tokens (64), got ";
+  EXPECT_EQ(refusal([](PlanOptions& o) { o.microbatch_counts = {4, 0}; }), counts + "0");
+  EXPECT_EQ(refusal([](PlanOptions& o) { o.microbatch_counts = {-2}; }), counts + "-2");
+  EXPECT_EQ(refusal([](PlanOptions& o) { o.microbatch_counts = {4, 6}; }), counts + "6");
+  // What the ranges allow plans.
+  EXPECT_EQ(refusal([](PlanOptions& o) {
+              o.gradient_bucket_bytes = 0;
+              o.interleaved_chunks = {2, 4};
+              o.microbatch_counts = {1, 4, 64};
+            }),
+            "(accepted)");
+  EXPECT_EQ(refusal([](PlanOptions& o) { o.interleaved_chunks.clear(); }), "(accepted)");
 }
 
 }  // namespace
