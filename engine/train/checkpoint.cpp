@@ -129,10 +129,17 @@ Checkpoint open_checkpoint(const fs::path& path, CheckpointCheck check) {
   if (ec)
     throw CheckpointError("cannot list checkpoint folder " + shown_path(ckpt.dir_) + ": " +
                           ec.message());
-  for (const ShardEntry& e : m.shards)
-    if (!fs::exists(ckpt.dir_ / e.file, ec))
-      throw CheckpointError(shown_path(ckpt.dir_ / e.file) + " is listed in " + manifest_file +
-                            " but missing");
+  for (const ShardEntry& e : m.shards) {
+    // Only a name that is not there is missing; one that cannot be looked at (a symbolic link
+    // loop, a folder this process may not search) says why. A link to a file is followed.
+    const fs::path shard = ckpt.dir_ / e.file;
+    const fs::file_status status = fs::status(shard, ec);
+    if (ec && ec != std::errc::no_such_file_or_directory)
+      throw CheckpointError(shown_path(shard) + " is listed in " + manifest_file +
+                            " but cannot be opened: " + ec.message());
+    if (!fs::exists(status))
+      throw CheckpointError(shown_path(shard) + " is listed in " + manifest_file + " but missing");
+  }
 
   // Every tensor whole in one shard, or in pieces that tile it: gather them by name.
   std::map<std::string, CheckpointTensor> by_name;

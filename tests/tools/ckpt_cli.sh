@@ -78,6 +78,18 @@ case $case_name in
     expect 1 "rank_0\.safetensors' is listed in .*manifest\.json' but missing" \
       "$conveyor" ckpt verify "$dir"
     ;;
+  verify_symlink)
+    # A shard that is a symbolic link to the file is read through it; a link that loops is
+    # named as such, not as missing.
+    shard0=$dir/step_2/rank_0.safetensors
+    mv "$shard0" "$work/rank_0.safetensors"
+    ln -s "$work/rank_0.safetensors" "$shard0"
+    expect 0 "every checksum matches" "$conveyor" ckpt verify "$dir"
+    rm "$shard0"
+    ln -s rank_0.safetensors "$shard0"
+    expect 1 "^conveyor: error: .*rank_0\.safetensors' is listed in .*manifest\.json' but cannot be opened: Too many levels of symbolic links$" \
+      "$conveyor" ckpt verify "$dir"
+    ;;
   verify_old_manifest)
     # Without the manifest's own checksums (manifest_xxh3_64 came after state_xxh3_64) verify
     # says what it checked. The demo's rng has no batch_tokens: no training run's checkpoint,

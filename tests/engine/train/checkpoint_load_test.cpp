@@ -121,6 +121,19 @@ TEST_F(CheckpointLoad, AShardListedButMissing) {
                           "is listed in '" + manifest().string() + "' but missing");
 }
 
+// A shard may be a symbolic link to its file; one that loops is said as such, not as missing.
+TEST_F(CheckpointLoad, AShardThatIsASymbolicLink) {
+  const fs::path kept = dir_ / "kept.safetensors";
+  fs::rename(shard(1), kept);
+  fs::create_symlink(kept, shard(1));
+  EXPECT_NO_THROW(open_checkpoint(folder_, CheckpointCheck::kEveryByte));
+  fs::remove(shard(1));
+  fs::create_symlink(shard(1).filename(), shard(1));
+  EXPECT_CHECKPOINT_ERROR(open_checkpoint(folder_), shard(1).string(),
+                          "is listed in '" + manifest().string() + "' but cannot be opened",
+                          "symbolic links");
+}
+
 TEST_F(CheckpointLoad, AShardPresentButNotListed) {
   fs::copy_file(shard(1), folder_ / "rank_2.safetensors");
   EXPECT_CHECKPOINT_ERROR(open_checkpoint(dir_.path()), "rank_2.safetensors",
