@@ -5,6 +5,7 @@
 #include <exception>
 #include <new>
 #include <string>
+#include <vector>
 
 #include "engine/core/allocator.h"
 #include "engine/core/version.h"
@@ -49,7 +50,8 @@ int main(int argc, char** argv) {
     // Help and version are CLI11's to print (exit 0); its parse errors (an unknown flag, a
     // missing value or argument) get the one line every other error gets.
     if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) return app.exit(e);
-    print_usage_error_line(conveyor::cli::parse_error_sentence(e, app, *level));
+    print_usage_error_line(conveyor::cli::parse_error_sentence(
+        e, app, *level, std::vector<std::string>(argv + i, argv + argc)));
     return conveyor::cli::kExitUsage;
   } catch (const conveyor::cli::ExitRequest& e) {
     return e.code;

@@ -1,6 +1,8 @@
 #include "tools/parse_errors.h"
 
+#include <algorithm>
 #include <cctype>
+#include <optional>
 #include <regex>
 #include <string_view>
 #include <vector>
@@ -78,6 +80,68 @@ std::string missing_argument(const CLI::App& command, const CLI::Option& argumen
   return out;
 }
 
+// The words of `typed` (what followed `command`'s name) that `command` does not take, in the
+// order typed, or nothing where CLI11 read the line in a way this does not follow. CLI11 gives
+// the word after a flag it does not know to the next free positional (`ckpt inspect --steps 1
+// DIR` takes 1 as PATH and leaves DIR over); where words are left over, a word right after an
+// unknown flag is that flag's value, as it would be were the flag known.
+std::optional<std::vector<std::string>> unexpected_words(const CLI::App& command,
+                                                         const std::vector<std::string>& typed) {
+  std::vector<size_t> unknown;  // flags `command` does not know
+  std::vector<size_t> loose;    // words neither a flag nor a known flag's value
+  bool after_separator = false;
+  for (size_t k = 0; k < typed.size(); ++k) {
+    const std::string& word = typed[k];
+    if (!after_separator && word == "--") {
+      after_separator = true;
+    } else if (after_separator || word.size() < 2 || word[0] != '-') {
+      for (const CLI::App* sub : command.get_subcommands({}))
+        if (sub->check_name(word)) return std::nullopt;
+      loose.push_back(k);
+    } else if (const CLI::Option* option =
+                   command.get_option_no_throw(word.substr(0, word.find('=')))) {
+      if (word.find('=') == std::string::npos && option->get_items_expected_min() > 0) ++k;
+    } else {
+      unknown.push_back(k);
+    }
+  }
+  size_t positionals = 0;
+  for (const CLI::Option* option : command.get_options())
+    if (option->get_positional() && !option->nonpositional())
+      positionals += static_cast<size_t>(std::max(option->get_items_expected_max(), 0));
+  size_t spare = loose.size() > positionals ? loose.size() - positionals : 0;
+  std::vector<bool> taken(typed.size(), false);  // words that are not the command's to read
+  for (size_t k : unknown) {
+    taken[k] = true;
+    const bool is_loose = std::find(loose.begin(), loose.end(), k + 1) != loose.end();
+    if (spare > 0 && typed[k].find('=') == std::string::npos && is_loose) {
+      taken[k + 1] = true;
+      --spare;
+    }
+  }
+  // The loose words left fill the positionals in order; those after them are over.
+  size_t filled = 0;
+  for (size_t k : loose)
+    if (!taken[k] && filled++ >= positionals) taken[k] = true;
+  std::vector<std::string> words;
+  for (size_t k = 0; k < typed.size(); ++k)
+    if (taken[k]) words.push_back(typed[k]);
+  return words;
+}
+
+// The same words, flags the same and as many, as CLI11's: whose reading of the line this
+// follows.
+bool same_reading(const std::vector<std::string>& a, const std::vector<std::string>& b) {
+  const auto flags = [](const std::vector<std::string>& words) {
+    std::vector<std::string> out;
+    for (const std::string& word : words)
+      if (word.size() > 1 && word[0] == '-') out.push_back(word);
+    std::sort(out.begin(), out.end());
+    return out;
+  };
+  return a.size() == b.size() && flags(a) == flags(b);
+}
+
 }  // namespace
 
 std::string command_words(const CLI::App& command) {
@@ -96,17 +160,20 @@ std::string offered_subcommands(const CLI::App& parent) {
 }
 
 std::string parse_error_sentence(const CLI::ParseError& error, const CLI::App& app,
-                                 const CLI::App& command) {
+                                 const CLI::App& command, const std::vector<std::string>& typed) {
   const std::string words = command_words(command);
   const std::string help = words + " --help lists what it takes";
   // CLI11 lists what it did not expect last first ("3 --chunks zbv --schedule"); the command
   // line's own order reads as typed.
-  const std::vector<std::string> extras = app.remaining(true);
+  std::vector<std::string> extras = app.remaining(true);
   if (!extras.empty()) {
-    std::string typed;
+    if (std::optional<std::vector<std::string>> unexpected = unexpected_words(command, typed);
+        unexpected && same_reading(*unexpected, extras))
+      extras = std::move(*unexpected);
+    std::string shown;
     for (const std::string& word : extras)
-      typed += (typed.empty() ? "" : " ") + escaped_for_message(word);
-    return words + " does not take '" + typed + "'; " + help;
+      shown += (shown.empty() ? "" : " ") + escaped_for_message(word);
+    return words + " does not take '" + shown + "'; " + help;
   }
   const std::string what = error.what();
   std::smatch m;

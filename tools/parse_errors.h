@@ -4,6 +4,7 @@
 // what was expected, with the flag or argument the user gives.
 #include <CLI/CLI.hpp>
 #include <string>
+#include <vector>
 
 namespace conveyor::cli {
 
@@ -17,8 +18,9 @@ std::string offered_subcommands(const CLI::App& parent);
 // The sentence of the error line for `error`, thrown by `app.parse` while it read `command`'s
 // flags and arguments (main.cpp finds `command` from the words before it parses). Words the
 // command does not take are named first, whatever CLI11 threw: `ckpt inspect --jsn` is said
-// as the unknown --jsn, not as the missing PATH after it.
+// as the unknown --jsn, not as the missing PATH after it. `typed` holds the words that followed
+// `command`'s name, which tell an unknown flag's value from a PATH after it.
 std::string parse_error_sentence(const CLI::ParseError& error, const CLI::App& app,
-                                 const CLI::App& command);
+                                 const CLI::App& command, const std::vector<std::string>& typed);
 
 }  // namespace conveyor::cli
