@@ -180,6 +180,31 @@ inline double parse_float(std::string_view text, std::string_view flag, double l
   return v;
 }
 
+// The smallest magnitude other than 0 that a floating-point flag takes. Under it a number
+// underflows a double (1e-400, read by parse_float as the smallest double there is) or loses
+// its precision (1e-310, a subnormal), and sums and products of it vanish without a word.
+inline constexpr double kSmallestFlagNumber = 1e-300;
+
+// `v`, read by parse_float from `text`, unless it is a number other than 0 under
+// kSmallestFlagNumber: UsageError naming the flag and the text given (its double would show
+// a value never typed). `zero_ok`: whether 0 is offered instead. Flags with a floor of their
+// own (--bucket-mb's 1 KiB) say theirs instead.
+inline double refuse_vanishing(double v, std::string_view text, std::string_view flag,
+                               bool zero_ok) {
+  if (v == 0.0 || std::fabs(v) >= kSmallestFlagNumber) return v;
+  throw UsageError(std::string(flag) + " '" + escaped_for_message(text) +
+                   "' is too small to compute with; give " + (zero_ok ? "0 or " : "") +
+                   "a number of at least " + format_number(kSmallestFlagNumber));
+}
+
+// A flag's value as typed, escaped, or `value` where the flag was left out: messages quote
+// what the user gave, not the double it became.
+inline std::string given_number(const CLI::App& cmd, const std::string& flag, double value) {
+  const CLI::Option* option = cmd.get_option_no_throw(flag);
+  if (option == nullptr || option->count() == 0) return format_number(value);
+  return escaped_for_message(option->results().front());
+}
+
 // An integer flag of any width, parsed by parse_int and checked against [lo, hi] (which must
 // fit in T, so nothing narrows silently). The help shows the range and the default.
 template <typename T>
@@ -208,7 +233,8 @@ inline CLI::Option* add_switch(CLI::App* cmd, const std::string& name, bool& tar
       ->multi_option_policy(CLI::MultiOptionPolicy::Throw);
 }
 
-// A floating-point flag checked by parse_float at parse time.
+// A floating-point flag checked by parse_float at parse time, a number too small to compute
+// with refused (refuse_vanishing).
 inline CLI::Option* add_float_flag(CLI::App* cmd, const std::string& name, double& target,
                                    double lo, double hi, bool lo_open,
                                    const std::string& description) {
@@ -216,7 +242,8 @@ inline CLI::Option* add_float_flag(CLI::App* cmd, const std::string& name, doubl
   CLI::Option* opt = cmd->add_option_function<std::string>(
       name,
       [&target, flag, lo, hi, lo_open](const std::string& text) {
-        target = parse_float(text, flag, lo, hi, lo_open);
+        target = refuse_vanishing(parse_float(text, flag, lo, hi, lo_open), text, flag,
+                                  !lo_open && lo <= 0.0);
       },
       description);
   opt->type_name("NUM")->default_str(format_number(target));

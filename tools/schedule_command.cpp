@@ -55,12 +55,14 @@ Costs parse_costs(const std::string& text) {
   std::string item;
   while (std::getline(in, item, ',')) {
     // Plain decimal, as every number flag: stod took spaces around it and hex (0x10).
+    double value = 0.0;
     try {
-      values.push_back(parse_float(item, "--costs", 0.0, std::numeric_limits<double>::max()));
+      value = parse_float(item, "--costs", 0.0, std::numeric_limits<double>::max());
     } catch (const UsageError&) {
       throw UsageError("--costs expects non-negative numbers F,I,W[,comm], got '" +
                        escaped_for_message(text) + "'");
     }
+    values.push_back(refuse_vanishing(value, item, "--costs", true));
   }
   // getline drops an empty last item: "1,1,1," would read as "1,1,1".
   if (!text.empty() && text.back() == ',')

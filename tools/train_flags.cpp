@@ -166,20 +166,21 @@ TrainConfig resolve_config(TrainFlags& f, const CLI::App& cmd) {
   // itself, rather than being refused for a --min-lr the user never gave.
   if (!cmd.count("--min-lr")) opt.min_lr = std::min(opt.min_lr, opt.lr);
   check_optimizer_flag(opt.kind);
+  const std::string lr = given_number(cmd, "--lr", opt.lr);
   if (opt.min_lr > opt.lr)
-    throw UsageError("--min-lr " + format_number(opt.min_lr) + " is more than --lr " +
-                     format_number(opt.lr) +
+    throw UsageError("--min-lr " + given_number(cmd, "--min-lr", opt.min_lr) +
+                     " is more than --lr " + lr +
                      "; the learning rate decays from --lr to --min-lr, which must be in [0, "
                      "--lr]");
   if (opt.lr * opt.weight_decay >= 1.0)
-    throw UsageError("--lr " + format_number(opt.lr) + " x --weight-decay " +
-                     format_number(opt.weight_decay) + " is " +
+    throw UsageError("--lr " + lr + " x --weight-decay " +
+                     given_number(cmd, "--weight-decay", opt.weight_decay) + " is " +
                      format_number(opt.lr * opt.weight_decay) +
                      ": each step multiplies every decayed weight by 1 - lr x weight decay, "
                      "which zeroes or flips the weights from a product of 1 on; lower either so "
                      "the product is below 1 (weight decays are usually 0.01 to 0.1)");
   if (f.timeout_s * 1000 < 1)
-    throw UsageError("--timeout " + format_number(f.timeout_s) +
+    throw UsageError("--timeout " + given_number(cmd, "--timeout", f.timeout_s) +
                      " is less than 1 ms, the shortest wait accepted (seconds, such as 0.5)");
   config.transport_timeout = std::chrono::milliseconds(static_cast<int64_t>(f.timeout_s * 1000));
   // One replica all-reduces nothing, so a bucket size would be ignored without a word, as
