@@ -44,8 +44,12 @@ int main(int argc, char** argv) {
     }
     level = found;
   }
+  std::vector<std::string> words(argv, argv + argc);
+  conveyor::cli::mark_empty_switch_values(*level, words, static_cast<size_t>(i));
+  std::vector<const char*> marked;
+  for (const std::string& word : words) marked.push_back(word.c_str());
   try {
-    app.parse(argc, argv);
+    app.parse(argc, marked.data());
   } catch (const CLI::ParseError& e) {
     // Help and version are CLI11's to print (exit 0); its parse errors (an unknown flag, a
     // missing value or argument) get the one line every other error gets.

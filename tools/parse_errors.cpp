@@ -142,7 +142,27 @@ bool same_reading(const std::vector<std::string>& a, const std::vector<std::stri
   return a.size() == b.size() && flags(a) == flags(b);
 }
 
+// Put before the value of a switch that CLI11 would read as the switch alone, so that it
+// refuses the word as one it cannot read as on or off; taken off again in the sentence.
+constexpr std::string_view kUnreadMark = "\x1f";
+
 }  // namespace
+
+void mark_empty_switch_values(const CLI::App& command, std::vector<std::string>& words,
+                              size_t first) {
+  for (size_t k = first; k < words.size() && words[k] != "--"; ++k) {
+    std::string& word = words[k];
+    const size_t equals = word.find('=');
+    if (word.size() < 3 || word[0] != '-' || equals == std::string::npos) continue;
+    const std::string value = word.substr(equals + 1);
+    if (!value.empty() && value != "{}") continue;
+    const CLI::Option* option = command.get_option_no_throw(word.substr(0, equals));
+    if (option != nullptr && option->get_items_expected_max() == 0 &&
+        option != command.get_help_ptr() && option != command.get_help_all_ptr() &&
+        option != command.get_version_ptr())
+      word.insert(equals + 1, kUnreadMark);
+  }
+}
 
 std::string command_words(const CLI::App& command) {
   std::string words;
@@ -189,9 +209,12 @@ std::string parse_error_sentence(const CLI::ParseError& error, const CLI::App& a
            " " + m.str(2) + value_kind(m.str(2)) + " (" + help + ")";
   // A switch given a value it cannot read as on or off (--tf32=maybe).
   static const std::regex not_a_switch_value(R"(^Could not convert: (-\S+) = (.*)$)");
-  if (std::regex_match(what, m, not_a_switch_value))
+  if (std::regex_match(what, m, not_a_switch_value)) {
+    std::string value = m.str(2);
+    if (value.starts_with(kUnreadMark)) value.erase(0, kUnreadMark.size());
     return m.str(1) + " is a switch: give it alone (or as " + m.str(1) + "=true or " + m.str(1) +
-           "=false), got '" + escaped_for_message(m.str(2)) + "'";
+           "=false), got '" + escaped_for_message(value) + "'";
+  }
   static const std::regex excludes(R"(^(-\S+) excludes (-\S+)$)");
   if (std::regex_match(what, m, excludes)) {
     const std::string_view both = why_exclusive(m.str(1), m.str(2));
