@@ -52,8 +52,13 @@ int main(int argc, char** argv) {
     app.parse(argc, marked.data());
   } catch (const CLI::ParseError& e) {
     // Help and version are CLI11's to print (exit 0); its parse errors (an unknown flag, a
-    // missing value or argument) get the one line every other error gets.
-    if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) return app.exit(e);
+    // missing value or argument) get the one line every other error gets. CLI11 prints the
+    // version before it looks for words it did not take: `--version --bogus` is refused as
+    // `--bogus` alone is.
+    const bool version = dynamic_cast<const CLI::CallForVersion*>(&e) != nullptr;
+    if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success) &&
+        !(version && !app.remaining(true).empty()))
+      return app.exit(e);
     print_usage_error_line(conveyor::cli::parse_error_sentence(
         e, app, *level, std::vector<std::string>(argv + i, argv + argc)));
     return conveyor::cli::kExitUsage;
