@@ -261,18 +261,15 @@ std::function<ActivationSpec(int64_t, int64_t)> activation_rows(int64_t width, D
 }
 
 void ModelConfig::validate() const {
-  auto positive = [](int64_t value, const char* field) {
-    if (value < 1)
-      throw std::invalid_argument(std::string("ModelConfig::") + field +
-                                  " must be at least 1, got " + std::to_string(value));
+  auto in_range = [](int64_t value, const char* field, int64_t max) {
+    if (value < 1 || value > max)
+      throw std::invalid_argument(std::string("ModelConfig::") + field + " must be from 1 to " +
+                                  std::to_string(max) + ", got " + std::to_string(value));
   };
-  positive(d_model, "d_model");
-  positive(n_layers, "n_layers");
-  positive(vocab, "vocab");
-  positive(hidden, "hidden");
-  if (vocab > (int64_t{1} << 31) - 1)
-    throw std::invalid_argument("ModelConfig::vocab must fit in int32, got " +
-                                std::to_string(vocab));
+  in_range(d_model, "d_model", kMaxWidth);
+  in_range(n_layers, "n_layers", kMaxLayers);
+  in_range(vocab, "vocab", kMaxVocab);
+  in_range(hidden, "hidden", kMaxHidden);
   // An infinite epsilon normalises every row to 0: the model would learn nothing.
   if (!(ln_eps > 0.0f) || !std::isfinite(ln_eps)) {
     std::ostringstream got;

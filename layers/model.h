@@ -95,6 +95,14 @@ struct ModelConfig {
   ops::ActivationKind activation = ops::ActivationKind::kGelu;
   float ln_eps = 1e-5f;
 
+  // Bounds of the fields: the partitioner and a model's validation walk every block, and the
+  // tables grow with the widths (the embedding is [vocab, d_model], beyond which the memory
+  // estimate refuses anyway), so a typo is refused before anything is built.
+  static constexpr int64_t kMaxWidth = 65536;              // d_model
+  static constexpr int64_t kMaxLayers = 4096;              // n_layers
+  static constexpr int64_t kMaxVocab = int64_t{1} << 24;   // vocab
+  static constexpr int64_t kMaxHidden = int64_t{1} << 20;  // hidden
+
   int64_t num_units() const { return n_layers + 2; }
   // Throws std::invalid_argument naming the first bad field.
   void validate() const;

@@ -10,9 +10,6 @@
 
 namespace conveyor::cli {
 
-// Token ids are i32 and the embedding is a [vocab, d_model] table: beyond this the memory
-// estimate refuses anyway, so the flag says it at once.
-constexpr int64_t kMaxVocab = int64_t{1} << 24;
 constexpr double kMinMemoryCapBytes = 1024.0;
 constexpr double kMaxMemoryCapBytes = 1125899906842624.0;  // 2^50: 1 PiB
 constexpr double kMaxMemoryCapMiB = 1073741824.0;          // the same 1 PiB
@@ -151,12 +148,13 @@ void add_run_flags(CLI::App* cmd, RunFlags& f, RunFlagsFor command) {
   cmd->add_option("--preset", f.preset,
                   "Model preset: tiny, small, medium (the model flags below override it)")
       ->capture_default_str();
-  add_int_flag(cmd, "--d-model", f.d_model, 1, 65536, "Model width")->default_str("preset");
-  // Bounded up front: the partitioner and the model walk every block.
-  add_int_flag(cmd, "--layers", f.layers, 1, 4096, "Number of MLP blocks")->default_str("preset");
-  add_int_flag(cmd, "--vocab", f.vocab, 2, kMaxVocab, "Vocabulary size")
+  add_int_flag(cmd, "--d-model", f.d_model, 1, ModelConfig::kMaxWidth, "Model width")
+      ->default_str("preset");
+  add_int_flag(cmd, "--layers", f.layers, 1, ModelConfig::kMaxLayers, "Number of MLP blocks")
+      ->default_str("preset");
+  add_int_flag(cmd, "--vocab", f.vocab, 2, ModelConfig::kMaxVocab, "Vocabulary size")
       ->default_str(command == RunFlagsFor::kTrain ? "preset, 256 with --data" : "preset");
-  add_int_flag(cmd, "--hidden", f.hidden, 1, 1 << 20, "MLP hidden width")
+  add_int_flag(cmd, "--hidden", f.hidden, 1, ModelConfig::kMaxHidden, "MLP hidden width")
       ->default_str("4 x d-model");
   cmd->add_option("--activation", f.activation, "gelu or relu")->default_str("preset");
   add_int_flag(cmd, "--batch-tokens", f.batch_tokens, 1, int64_t{1} << 31,

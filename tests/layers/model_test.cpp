@@ -329,14 +329,50 @@ TEST(ModelDescription, ACountPastInt64IsRefusedNotWrapped) {
               std::string::npos)
         << e.what();
   }
+  // The reference model refuses such widths up front; a description of one's own is counted.
+  ModelDescription big = two_linear_units();
+  big.make_unit = [](int64_t index) -> std::unique_ptr<Layer> {
+    return std::make_unique<Linear>("unit." + std::to_string(index), int64_t{1} << 31,
+                                    int64_t{1} << 31, /*bias=*/false);
+  };
   try {
-    reference_model(c).count_parameters();
+    big.count_parameters();
     ADD_FAILURE() << "a count past int64_t was returned";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("parameters, more than a count can hold"),
               std::string::npos)
         << e.what();
   }
+}
+
+// The command line's bounds, for programs too: the partitioner and validation walk every
+// block, and a typo of a width would otherwise be refused only by the memory estimate.
+TEST(ModelConfig, FieldsPastTheirBoundsAreRefusedNamingTheBound) {
+  const auto refusal = [](void (*set)(ModelConfig&)) {
+    ModelConfig c = model_preset("tiny");
+    set(c);
+    try {
+      c.validate();
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_EQ(refusal([](ModelConfig& c) { c.d_model = ModelConfig::kMaxWidth + 1; }),
+            "ModelConfig::d_model must be from 1 to 65536, got 65537");
+  EXPECT_EQ(refusal([](ModelConfig& c) { c.n_layers = 5000; }),
+            "ModelConfig::n_layers must be from 1 to 4096, got 5000");
+  EXPECT_EQ(refusal([](ModelConfig& c) { c.vocab = int64_t{1} << 31; }),
+            "ModelConfig::vocab must be from 1 to 16777216, got 2147483648");
+  EXPECT_EQ(refusal([](ModelConfig& c) { c.hidden = 0; }),
+            "ModelConfig::hidden must be from 1 to 1048576, got 0");
+  EXPECT_EQ(refusal([](ModelConfig& c) {
+              c.d_model = ModelConfig::kMaxWidth;
+              c.n_layers = ModelConfig::kMaxLayers;
+              c.vocab = ModelConfig::kMaxVocab;
+              c.hidden = ModelConfig::kMaxHidden;
+            }),
+            "accepted");
 }
 
 TEST(ModelDescription, AFactoryThatBuildsAnotherLayerOnALaterCallIsRefused) {
