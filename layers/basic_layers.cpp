@@ -2,8 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
-#include <sstream>
 #include <stdexcept>
+
+#include "engine/core/number_text.h"
 
 namespace conveyor {
 namespace {
@@ -94,12 +95,9 @@ std::optional<ActivationMemory> Activation::activation_memory(const Shape& input
 LayerNorm::LayerNorm(std::string name, int64_t width, float eps)
     : name_(std::move(name)), width_(width), eps_(eps) {
   // A negative or NaN epsilon gives NaN rows; an infinite one rows of 0 that learn nothing.
-  if (!(eps > 0.0f) || !std::isfinite(eps)) {
-    std::ostringstream got;
-    got << eps;
+  if (!(eps > 0.0f) || !std::isfinite(eps))
     throw std::invalid_argument("LayerNorm '" + name_ +
-                                "': eps must be a finite number above 0, got " + got.str());
-  }
+                                "': eps must be a finite number above 0, got " + number_text(eps));
   gamma_ = make_parameter(name_ + ".weight", {width}, InitSpec::constant(1.0f), false);
   beta_ = make_parameter(name_ + ".bias", {width}, InitSpec::constant(0.0f), false);
 }

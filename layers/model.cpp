@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <utility>
 
+#include "engine/core/number_text.h"
 #include "layers/basic_layers.h"
 #include "layers/blocks.h"
 
@@ -200,14 +201,11 @@ std::optional<ActivationMemory> ModelDescription::unit_memory(int64_t index, int
     for (const auto& [field, bytes] :
          {std::pair{"saved", memory->saved}, std::pair{"weight_pending", memory->weight_pending},
           std::pair{"workspace", memory->workspace}})
-      if (!(bytes >= 0.0) || !std::isfinite(bytes)) {
-        std::ostringstream got;
-        got << bytes;
-        throw std::invalid_argument(label_of(*this) + " unit " + std::to_string(index) + " ('" +
-                                    layer->name() + "') says activation_memory()." + field +
-                                    " is " + got.str() + " bytes for " + std::to_string(tokens) +
-                                    " tokens; expected a finite number of at least 0");
-      }
+      if (!(bytes >= 0.0) || !std::isfinite(bytes))
+        throw std::invalid_argument(
+            label_of(*this) + " unit " + std::to_string(index) + " ('" + layer->name() +
+            "') says activation_memory()." + field + " is " + number_text(bytes) + " bytes for " +
+            std::to_string(tokens) + " tokens; expected a finite number of at least 0");
   return memory;
 }
 
@@ -271,12 +269,9 @@ void ModelConfig::validate() const {
   in_range(vocab, "vocab", kMaxVocab);
   in_range(hidden, "hidden", kMaxHidden);
   // An infinite epsilon normalises every row to 0: the model would learn nothing.
-  if (!(ln_eps > 0.0f) || !std::isfinite(ln_eps)) {
-    std::ostringstream got;
-    got << ln_eps;
+  if (!(ln_eps > 0.0f) || !std::isfinite(ln_eps))
     throw std::invalid_argument("ModelConfig::ln_eps must be a finite number above 0, got " +
-                                got.str());
-  }
+                                number_text(ln_eps));
 }
 
 std::string ModelConfig::to_string() const {

@@ -8,17 +8,12 @@
 #include <string_view>
 #include <utility>
 
+#include "engine/core/number_text.h"
 #include "layers/ops.h"
 
 namespace conveyor {
 
 namespace {
-
-std::string number_text(double v) {
-  std::ostringstream out;
-  out << v;
-  return out.str();
-}
 
 // The kernels read the settings as floats: a double that the conversion turns into 0, 1 or
 // infinity passes a check on the double and then divides by zero or trains nothing.

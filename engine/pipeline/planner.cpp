@@ -5,8 +5,8 @@
 #include <limits>
 #include <memory>
 #include <optional>
-#include <sstream>
 
+#include "engine/core/number_text.h"
 #include "engine/pipeline/layout_search.h"
 #include "engine/pipeline/memory_estimate.h"
 #include "engine/pipeline/partition_search.h"
@@ -60,14 +60,11 @@ void check_options(const UnitCosts& costs, const PlanOptions& options) {
   // Each of these was otherwise taken for something else without a word: a bucket size that
   // is NaN or negative for one bucket, a count that cannot be run for none at all.
   const double bucket = options.gradient_bucket_bytes;
-  if (!(bucket >= 0.0 && bucket < std::numeric_limits<double>::infinity())) {
-    std::ostringstream shown;
-    shown << bucket;
+  if (!(bucket >= 0.0 && bucket < std::numeric_limits<double>::infinity()))
     throw PlanError(
         "PlanOptions::gradient_bucket_bytes must be a finite number of bytes, at "
         "least 0 (0: one bucket), got " +
-        shown.str());
-  }
+        number_text(bucket));
   for (const int v : options.interleaved_chunks)
     if (v < 2)
       throw PlanError(

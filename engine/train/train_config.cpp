@@ -3,25 +3,19 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <sstream>
 #include <thread>
 #include <tuple>
 #include <utility>
 
 #include "comm/transport_factory.h"
 #include "engine/core/device_context.h"
+#include "engine/core/number_text.h"
 #include "engine/pipeline/memory_estimate.h"
 #include "engine/schedule/input_file.h"
 #include "engine/schedule/text_format.h"
 
 namespace conveyor {
 namespace {
-
-std::string format_readable(double v) {
-  std::ostringstream out;
-  out << v;
-  return out.str();
-}
 
 // Bytes the device can still give, and where that figure comes from; 0 when unknown.
 double device_available_bytes(Device device, std::string* source) {
@@ -215,13 +209,9 @@ void TrainConfig::validate() const {
       fail(
           "a gradient bucket must be 0 MiB (one bucket per stage) or from 0.0009765625 MiB "
           "(1 KiB) to 1e6 MiB, got " +
-          format_readable(b) + " MiB");
+          number_text(b) + " MiB");
   }
-  // Deadlines are now() + timeout: a longer one would overflow the clock's nanoseconds.
-  if (transport_timeout.count() < 1 || transport_timeout.count() > kMaxTransportTimeoutMs)
-    fail("TrainConfig::transport_timeout must be from 1 ms to " +
-         std::to_string(kMaxTransportTimeoutMs) + " ms (10^6 s), got " +
-         std::to_string(transport_timeout.count()) + " ms");
+  comm::check_timeout(transport_timeout, "TrainConfig::transport_timeout");
 }
 
 schedule::Schedule make_schedule(const TrainConfig& config) {
@@ -330,7 +320,7 @@ void set_gradient_buckets(schedule::Schedule& sched, const ModelDescription& mod
     const int has = schedule::gradient_buckets(sched, s);
     if (has == wanted[static_cast<size_t>(s)]) continue;
     throw std::invalid_argument(
-        "TrainConfig::gradient_bucket_mib " + format_readable(*config.gradient_bucket_mib) +
+        "TrainConfig::gradient_bucket_mib " + number_text(*config.gradient_bucket_mib) +
         " gives stage " + std::to_string(s) + " " + std::to_string(wanted[static_cast<size_t>(s)]) +
         " gradient bucket(s) but schedule file " + quoted_file_name(config.schedule_file) +
         " has " + std::to_string(has) +
