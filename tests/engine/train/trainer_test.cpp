@@ -13,6 +13,7 @@
 #include <string_view>
 #include <vector>
 
+#include "support/mapped_files.h"
 #include "support/test_util.h"
 
 namespace conveyor {
@@ -43,6 +44,17 @@ TEST(Trainer, LossApproachesTheSourceEntropy) {
   EXPECT_NEAR(first, std::log(16.0), 0.3);  // untrained: close to uniform
   EXPECT_LT(last, first - 0.5);
   EXPECT_LT(last, floor * 1.25);
+}
+
+// cuBLASLt is the CUDA backend's alone, opened on its first matrix product: a CPU run does
+// not pay for loading it (a tenth of a second and some 200 MiB per process).
+TEST(Trainer, ACpuRunNeverLoadsCublasLt) {
+  TrainConfig config = quick_config();
+  config.steps = 2;
+  Trainer trainer(config);
+  trainer.step();
+  trainer.step();
+  EXPECT_FALSE(testing::process_maps_file("libcublasLt"));
 }
 
 TEST(Trainer, SameConfigGivesTheSameBits) {

@@ -1,0 +1,161 @@
+#ifdef CONVEYOR_WITH_CUDA
+#include "kernels/cublaslt_library.h"
+
+#include <cublasLt.h>
+#include <dlfcn.h>
+
+#include <stdexcept>
+
+namespace conveyor::kernels::cuda {
+
+std::vector<std::string> cublaslt_library_candidates() {
+  std::vector<std::string> files = {"libcublasLt.so." + std::to_string(CUBLAS_VER_MAJOR)};
+#ifdef CONVEYOR_CUBLASLT_FILE
+  files.emplace_back(CONVEYOR_CUBLASLT_FILE);
+#endif
+  return files;
+}
+
+void* open_first_library(const std::vector<std::string>& candidates, const std::string& what) {
+  std::string failures;
+  for (const std::string& file : candidates) {
+    if (void* handle = dlopen(file.c_str(), RTLD_NOW | RTLD_LOCAL)) return handle;
+    const char* why = dlerror();
+    failures += (failures.empty() ? "" : "; ") + file + ": " + (why ? why : "unknown error");
+  }
+  throw std::runtime_error(what + " could not be loaded (" + failures +
+                           "); install it or add its folder to LD_LIBRARY_PATH");
+}
+
+void* cublaslt_library() {
+  static void* const handle =
+      open_first_library(cublaslt_library_candidates(),
+                         "cuBLASLt, the library of the CUDA backend's matrix products,");
+  return handle;
+}
+
+namespace {
+
+// The library's own definition of `name`, of the type the header declares.
+template <typename Function>
+Function* cublaslt_function(const char* name) {
+  void* library = cublaslt_library();
+  dlerror();
+  void* symbol = dlsym(library, name);
+  if (symbol == nullptr)
+    throw std::runtime_error(std::string("the cuBLASLt library that was loaded has no ") + name +
+                             " (built against cuBLAS " + std::to_string(CUBLAS_VERSION) +
+                             "); use the CUDA toolkit's cuBLAS of that version or later");
+  return reinterpret_cast<Function*>(symbol);
+}
+
+}  // namespace
+}  // namespace conveyor::kernels::cuda
+
+// The functions of <cublasLt.h> the project calls, with the header's own signatures (a
+// mismatch does not compile). A call to one missing here fails to link: add it the same way.
+using conveyor::kernels::cuda::cublaslt_function;
+
+extern "C" {
+
+cublasStatus_t cublasLtCreate(cublasLtHandle_t* handle) {
+  static auto* const real = cublaslt_function<decltype(cublasLtCreate)>("cublasLtCreate");
+  return real(handle);
+}
+
+cublasStatus_t cublasLtDestroy(cublasLtHandle_t handle) {
+  static auto* const real = cublaslt_function<decltype(cublasLtDestroy)>("cublasLtDestroy");
+  return real(handle);
+}
+
+const char* cublasLtGetStatusName(cublasStatus_t status) {
+  static auto* const real =
+      cublaslt_function<decltype(cublasLtGetStatusName)>("cublasLtGetStatusName");
+  return real(status);
+}
+
+const char* cublasLtGetStatusString(cublasStatus_t status) {
+  static auto* const real =
+      cublaslt_function<decltype(cublasLtGetStatusString)>("cublasLtGetStatusString");
+  return real(status);
+}
+
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* desc,
+                                        cublasComputeType_t compute_type,
+                                        cudaDataType_t scale_type) {
+  static auto* const real =
+      cublaslt_function<decltype(cublasLtMatmulDescCreate)>("cublasLtMatmulDescCreate");
+  return real(desc, compute_type, scale_type);
+}
+
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t desc) {
+  static auto* const real =
+      cublaslt_function<decltype(cublasLtMatmulDescDestroy)>("cublasLtMatmulDescDestroy");
+  return real(desc);
+}
+
+cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc,
+                                              cublasLtMatmulDescAttributes_t attribute,
+                                              const void* value, size_t size) {
+  static auto* const real =
+      cublaslt_function<decltype(cublasLtMatmulDescSetAttribute)>("cublasLtMatmulDescSetAttribute");
+  return real(desc, attribute, value, size);
+}
+
+cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* layout, cudaDataType type,
+                                          uint64_t rows, uint64_t cols, int64_t ld) {
+  static auto* const real =
+      cublaslt_function<decltype(cublasLtMatrixLayoutCreate)>("cublasLtMatrixLayoutCreate");
+  return real(layout, type, rows, cols, ld);
+}
+
+cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t layout) {
+  static auto* const real =
+      cublaslt_function<decltype(cublasLtMatrixLayoutDestroy)>("cublasLtMatrixLayoutDestroy");
+  return real(layout);
+}
+
+cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t* preference) {
+  static auto* const real =
+      cublaslt_function<decltype(cublasLtMatmulPreferenceCreate)>("cublasLtMatmulPreferenceCreate");
+  return real(preference);
+}
+
+cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t preference) {
+  static auto* const real = cublaslt_function<decltype(cublasLtMatmulPreferenceDestroy)>(
+      "cublasLtMatmulPreferenceDestroy");
+  return real(preference);
+}
+
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t preference,
+                                                    cublasLtMatmulPreferenceAttributes_t attribute,
+                                                    const void* value, size_t size) {
+  static auto* const real = cublaslt_function<decltype(cublasLtMatmulPreferenceSetAttribute)>(
+      "cublasLtMatmulPreferenceSetAttribute");
+  return real(preference, attribute, value, size);
+}
+
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc,
+                                              cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+                                              cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t d,
+                                              cublasLtMatmulPreference_t preference, int requested,
+                                              cublasLtMatmulHeuristicResult_t results[],
+                                              int* returned) {
+  static auto* const real =
+      cublaslt_function<decltype(cublasLtMatmulAlgoGetHeuristic)>("cublasLtMatmulAlgoGetHeuristic");
+  return real(handle, desc, a, b, c, d, preference, requested, results, returned);
+}
+
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc, const void* alpha,
+                              const void* a, cublasLtMatrixLayout_t a_layout, const void* b,
+                              cublasLtMatrixLayout_t b_layout, const void* beta, const void* c,
+                              cublasLtMatrixLayout_t c_layout, void* d,
+                              cublasLtMatrixLayout_t d_layout, const cublasLtMatmulAlgo_t* algo,
+                              void* workspace, size_t workspace_size, cudaStream_t stream) {
+  static auto* const real = cublaslt_function<decltype(cublasLtMatmul)>("cublasLtMatmul");
+  return real(handle, desc, alpha, a, a_layout, b, b_layout, beta, c, c_layout, d, d_layout, algo,
+              workspace, workspace_size, stream);
+}
+
+}  // extern "C"
+#endif

@@ -1,0 +1,63 @@
+// cuBLASLt is opened on the first call of one of its functions, and only then: a CPU process
+// never maps it. These run without a GPU (opening the library and asking it for a status
+// name needs no device), in a build with the CUDA backend.
+#include "kernels/cublaslt_library.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <stdexcept>
+#include <string>
+
+#include "support/mapped_files.h"
+
+#ifdef CONVEYOR_WITH_CUDA
+#include <cublasLt.h>
+#endif
+
+namespace conveyor::testing {
+namespace {
+
+#ifdef CONVEYOR_WITH_CUDA
+namespace cuda = conveyor::kernels::cuda;
+
+TEST(CublasLtLibrary, OpensOnTheFirstCallAndForwardsToTheLibrarysOwnFunction) {
+  ASSERT_FALSE(process_maps_file("libcublasLt")) << "cuBLASLt was loaded before any call";
+  EXPECT_STREQ(cublasLtGetStatusName(CUBLAS_STATUS_SUCCESS), "CUBLAS_STATUS_SUCCESS");
+  EXPECT_STREQ(cublasLtGetStatusName(CUBLAS_STATUS_NOT_SUPPORTED), "CUBLAS_STATUS_NOT_SUPPORTED");
+  EXPECT_TRUE(process_maps_file("libcublasLt"));
+  // Opened once: later calls find the same library.
+  EXPECT_EQ(cuda::cublaslt_library(), cuda::cublaslt_library());
+}
+
+TEST(CublasLtLibrary, TriesTheLoadersSearchThenTheFileOfTheBuild) {
+  const std::vector<std::string> files = cuda::cublaslt_library_candidates();
+  ASSERT_EQ(files.size(), 2u);
+  EXPECT_EQ(files[0], "libcublasLt.so." + std::to_string(CUBLAS_VER_MAJOR));
+  EXPECT_TRUE(std::filesystem::exists(files[1])) << files[1];
+  // The build's own file opens alone, as when the loader's search does not know the name.
+  EXPECT_NE(cuda::open_first_library({files[1]}, "cuBLASLt"), nullptr);
+}
+
+TEST(CublasLtLibrary, NoFileThatLoadsIsOneErrorNamingEachFileAndWhy) {
+  const std::string missing = "libconveyor_no_such_library.so.1";
+  const std::string not_a_library = std::filesystem::temp_directory_path().string();
+  try {
+    cuda::open_first_library({missing, not_a_library}, "the test library");
+    FAIL() << "a missing library was opened";
+  } catch (const std::runtime_error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("the test library could not be loaded"), std::string::npos) << what;
+    EXPECT_NE(what.find(missing + ": "), std::string::npos) << what;
+    EXPECT_NE(what.find(not_a_library + ": "), std::string::npos) << what;
+    EXPECT_NE(what.find("LD_LIBRARY_PATH"), std::string::npos) << what;
+  }
+}
+#else
+TEST(CublasLtLibrary, OpensOnTheFirstCallAndForwardsToTheLibrarysOwnFunction) {
+  GTEST_SKIP() << "built without the CUDA backend: there is no cuBLASLt to open";
+}
+#endif
+
+}  // namespace
+}  // namespace conveyor::testing
