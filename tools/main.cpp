@@ -29,9 +29,16 @@ int main(int argc, char** argv) {
   conveyor::cli::register_commands(app);
   // CLI11 would only say "A subcommand is required"; name the word it did not know, at the
   // top (`conveyor trian`) and under a command of subcommands (`conveyor ckpt verfy`).
+  // The top level's own flags may come first (`conveyor --version train --bogus`): the
+  // command that did not take a word is still `conveyor train`.
   CLI::App* level = &app;
   int i = 1;
-  for (; i < argc && argv[i][0] != '-' && !level->get_subcommands({}).empty(); ++i) {
+  const auto top_level_flag = [&](const std::string& word) {
+    return level == &app && (word == "--version" || word == "--help" || word == "-h");
+  };
+  for (; i < argc && !level->get_subcommands({}).empty(); ++i) {
+    if (top_level_flag(argv[i])) continue;
+    if (argv[i][0] == '-') break;
     CLI::App* found = nullptr;
     for (CLI::App* sub : level->get_subcommands({}))
       if (sub->get_name() == argv[i]) found = sub;
@@ -52,12 +59,11 @@ int main(int argc, char** argv) {
     app.parse(argc, marked.data());
   } catch (const CLI::ParseError& e) {
     // Help and version are CLI11's to print (exit 0); its parse errors (an unknown flag, a
-    // missing value or argument) get the one line every other error gets. CLI11 prints the
-    // version before it looks for words it did not take: `--version --bogus` is refused as
-    // `--bogus` alone is.
-    const bool version = dynamic_cast<const CLI::CallForVersion*>(&e) != nullptr;
+    // missing value or argument) get the one line every other error gets. CLI11 stops for
+    // help and version before it looks for words it did not take: `--help --bogus` is
+    // refused as `--bogus` alone is, rather than passing a typo by unseen.
     if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success) &&
-        !(version && !app.remaining(true).empty()))
+        app.remaining(true).empty())
       return app.exit(e);
     print_usage_error_line(conveyor::cli::parse_error_sentence(
         e, app, *level, std::vector<std::string>(argv + i, argv + argc)));
