@@ -54,6 +54,12 @@ double evaluate_after_training(Trainer& trainer, int64_t batches) {
   std::unique_ptr<TokenSource> held_out =
       make_token_source_at(trainer.config(), trainer.model().vocab, trainer.source());
   pause_if_asked_at("evaluation");
+  // Said before it starts: a long evaluation runs without a line of its own until it ends.
+  std::printf("eval   %lld held-out batch(es) of %lld tokens, with the weights of step %lld\n",
+              static_cast<long long>(batches),
+              static_cast<long long>(trainer.config().batch_tokens),
+              static_cast<long long>(trainer.steps_done()));
+  std::fflush(stdout);
   const double loss = trainer.evaluate(*held_out, batches);
   // The last step's own loss and gradient were finite, its update was not: the next step
   // would have said so, and the run would not end as a success with a loss of nan.

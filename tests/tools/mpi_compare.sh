@@ -37,6 +37,6 @@ same_run() {
 
 # eval_line DIR NAME: the summary's eval line of DIR/NAME.out, checked to be the only one.
 eval_line() {
-  [ "$(grep -c '^eval ' "$1/$2.out")" = 1 ] || fail "not one eval line in $2: $(cat "$1/$2.out")"
-  grep '^eval ' "$1/$2.out"
+  [ "$(grep -c '^eval   loss ' "$1/$2.out")" = 1 ] || fail "not one eval line in $2: $(cat "$1/$2.out")"
+  grep '^eval   loss ' "$1/$2.out"
 }

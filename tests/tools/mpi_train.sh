@@ -504,7 +504,9 @@ case $mode in
     [ "$took" -le 40 ] || fail "took ${took}s"
     grep -q "^interrupted at step 2 of 2 by SIGINT" "$work/out" ||
       fail "no 'interrupted at step 2 of 2': $(cat "$work/out")"
-    ! grep -q "^eval " "$work/out" || fail "an interrupted evaluation printed its loss: $(cat "$work/out")"
+    grep -q "^eval   1000000 held-out batch(es) of 64 tokens, with the weights of step 2$" "$work/out" ||
+      fail "the evaluation did not say it started: $(cat "$work/out")"
+    ! grep -q "^eval   loss" "$work/out" || fail "an interrupted evaluation printed its loss: $(cat "$work/out")"
     [ "$(wc -l <"$work/eval.jsonl")" = 2 ] || fail "the log holds more than the two steps"
     echo "SIGINT to rank 1 in the evaluation: both stopped, status 130 after ${took}s"
     ;;
