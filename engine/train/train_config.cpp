@@ -350,9 +350,10 @@ std::unique_ptr<TokenSource> make_token_source(const TrainConfig& config, int64_
   if (!config.data_path.empty()) {
     auto source = std::make_unique<FileSource>(config.data_path);
     if (vocab < source->vocab())
-      throw std::invalid_argument("data file tokens are bytes (vocab 256) but the model vocab is " +
-                                  std::to_string(vocab) +
-                                  "; use a model vocab (TrainConfig::model.vocab) of 256 or more");
+      throw std::invalid_argument(
+          "data file tokens are bytes (vocab 256) but the model vocab is " + std::to_string(vocab) +
+          "; use a model vocab of 256 or more (TrainConfig::model.vocab, or "
+          "ModelDescription::vocab for a model of one's own)");
     // A batch is a run of consecutive (input, target) pairs: a file with fewer would wrap
     // around inside every batch, training on its bytes over and over in one step.
     const uint64_t pairs = source->bytes() - 1;
