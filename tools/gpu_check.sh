@@ -294,6 +294,11 @@ fi
   echo "== versions"; nvcc --version 2>&1 | tail -2; cmake --version | head -1
   ls -l /usr/lib/x86_64-linux-gnu/libnccl.so* 2>&1
   echo "== commit"; git -C "$root" log --oneline -1 2>&1
+  # Opened by the CUDA backend on its first matrix product (kernels/cublaslt_library.h), so no
+  # ldd below names it: where the loader would find it.
+  echo "== cuBLASLt"
+  for d in ${LD_LIBRARY_PATH//:/ }; do ls "$d"/libcublasLt.so.* 2>/dev/null; done
+  ldconfig -p | grep libcublasLt
   echo "== missing shared libraries"
   for b in "$build"/tests/*_gpu_tests "$build"/bench/bench_* "$build"/tools/conveyor; do
     [[ -x "$b" ]] && ldd "$b" 2>&1 | grep "not found" | sed "s|^|$(basename "$b"): |"
