@@ -99,8 +99,8 @@ TEST(InitUniform, StaysInsideSymmetricAndOneSidedBounds) {
   for (int fan_in : {1, 3, 17, 768, 3072}) {
     const float a = 1.0f / std::sqrt(static_cast<float>(fan_in));
     for (float low : {-a, 0.0f}) {
-      k::cpu::init_uniform(out.data(), n, 11, k::parameter_key("w" + std::to_string(fan_in)), low,
-                           a);
+      const std::string name = std::string("w").append(std::to_string(fan_in));
+      k::cpu::init_uniform(out.data(), n, 11, k::parameter_key(name), low, a);
       for (float v : out) {
         ASSERT_GE(v, low);
         ASSERT_LT(v, a);
