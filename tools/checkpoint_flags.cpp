@@ -5,6 +5,7 @@
 
 #include "engine/train/checkpoint.h"
 #include "tools/cli_common.h"
+#include "tools/cli_flags.h"
 #include "tools/flag_terms.h"
 #include "tools/output_file.h"
 

@@ -2,13 +2,16 @@
 // `conveyor train`'s checkpoint flags: --save-dir, --save-every, --keep, --on-save-error,
 // --async-save, --resume and --stop-after; their checks before any work, and the resume and
 // checkpointer they ask for once the trainer exists.
-#include <CLI/CLI.hpp>
 #include <cstdint>
 #include <memory>
 #include <string>
 
 #include "engine/train/trainer.h"
 #include "engine/train/trainer_checkpoint.h"
+
+namespace CLI {
+class App;  // tools/cli_flags.h includes CLI11 where flags are declared or read
+}  // namespace CLI
 
 namespace conveyor::cli {
 

@@ -26,6 +26,7 @@
 #include "engine/train/checkpoint_model.h"
 #include "engine/train/safetensors.h"
 #include "tools/cli_common.h"
+#include "tools/cli_flags.h"
 #include "tools/commands.h"
 #include "tools/output_file.h"
 

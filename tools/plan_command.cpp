@@ -13,6 +13,7 @@
 #include <string>
 
 #include "tools/cli_common.h"
+#include "tools/cli_flags.h"
 #include "tools/commands.h"
 #include "tools/output_file.h"
 #include "tools/run_flags.h"

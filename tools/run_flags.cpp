@@ -7,6 +7,7 @@
 
 #include "layers/ops.h"
 #include "tools/cli_common.h"
+#include "tools/cli_flags.h"
 
 namespace conveyor::cli {
 

@@ -3,7 +3,6 @@
 // accept the same values with the same checks: the model (--preset and what overrides it),
 // the batch, the device and its memory cap, TF32, activation recomputation, the CPU threads
 // and the data-parallel gradient buckets.
-#include <CLI/CLI.hpp>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -14,6 +13,10 @@
 #include "engine/pipeline/recompute.h"
 #include "engine/train/trainer.h"
 #include "layers/model.h"
+
+namespace CLI {
+class App;  // tools/cli_flags.h includes CLI11 where flags are declared or read
+}  // namespace CLI
 
 namespace conveyor::cli {
 

@@ -23,6 +23,7 @@
 #include "engine/schedule/text_format.h"
 #include "engine/schedule/validator.h"
 #include "tools/cli_common.h"
+#include "tools/cli_flags.h"
 #include "tools/commands.h"
 #include "tools/output_file.h"
 

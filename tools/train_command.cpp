@@ -24,6 +24,7 @@
 #include "engine/train/trainer.h"
 #include "tools/checkpoint_flags.h"
 #include "tools/cli_common.h"
+#include "tools/cli_flags.h"
 #include "tools/commands.h"
 #include "tools/cuda_module_loading.h"
 #include "tools/error_line.h"

@@ -20,6 +20,7 @@
 #include "engine/train/checkpoint_shard.h"
 #include "engine/train/trainer.h"
 #include "tools/cli_common.h"
+#include "tools/cli_flags.h"
 #include "tools/mpi_launch.h"
 #include "tools/plan_command.h"
 

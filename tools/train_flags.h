@@ -2,7 +2,6 @@
 // `conveyor train`'s flags and what they become: the TrainConfig they set (a schedule file
 // or a plan deciding part of it, with the flags given next to those checked to agree), and
 // the configuration every rank under mpirun must share.
-#include <CLI/CLI.hpp>
 #include <cstdint>
 #include <string>
 
@@ -11,6 +10,10 @@
 #include "tools/checkpoint_flags.h"
 #include "tools/mpi_launch.h"
 #include "tools/run_flags.h"
+
+namespace CLI {
+class App;  // tools/cli_flags.h includes CLI11 where flags are declared or read
+}  // namespace CLI
 
 namespace conveyor::cli {
 
