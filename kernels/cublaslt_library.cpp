@@ -4,6 +4,8 @@
 #include <cublasLt.h>
 #include <dlfcn.h>
 
+#include <atomic>
+#include <cstdlib>
 #include <stdexcept>
 
 namespace conveyor::kernels::cuda {
@@ -27,12 +29,27 @@ void* open_first_library(const std::vector<std::string>& candidates, const std::
                            "); install it or add its folder to LD_LIBRARY_PATH");
 }
 
+namespace {
+std::atomic<bool> library_torn_down{false};
+}  // namespace
+
 void* cublaslt_library() {
-  static void* const handle =
-      open_first_library(cublaslt_library_candidates(),
-                         "cuBLASLt, the library of the CUDA backend's matrix products,");
+  static void* const handle = [] {
+    void* library =
+        open_first_library(cublaslt_library_candidates(),
+                           "cuBLASLt, the library of the CUDA backend's matrix products,");
+    // At exit the library tears itself down by handlers it registered as it opened, after
+    // those of every object the program had made by then; handlers run last registered
+    // first. This one, registered after the library's, runs before them and marks the
+    // teardown, so that the destructors of those earlier objects (a handle kept in a global)
+    // skip their destroy calls instead of reaching a library that is gone.
+    std::atexit([] { library_torn_down.store(true); });
+    return library;
+  }();
   return handle;
 }
+
+bool cublaslt_torn_down() { return library_torn_down.load(); }
 
 namespace {
 
@@ -64,6 +81,7 @@ cublasStatus_t cublasLtCreate(cublasLtHandle_t* handle) {
 }
 
 cublasStatus_t cublasLtDestroy(cublasLtHandle_t handle) {
+  if (conveyor::kernels::cuda::cublaslt_torn_down()) return CUBLAS_STATUS_SUCCESS;
   static auto* const real = cublaslt_function<decltype(cublasLtDestroy)>("cublasLtDestroy");
   return real(handle);
 }
@@ -89,6 +107,7 @@ cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* desc,
 }
 
 cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t desc) {
+  if (conveyor::kernels::cuda::cublaslt_torn_down()) return CUBLAS_STATUS_SUCCESS;
   static auto* const real =
       cublaslt_function<decltype(cublasLtMatmulDescDestroy)>("cublasLtMatmulDescDestroy");
   return real(desc);
@@ -110,6 +129,7 @@ cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* layout, cudaDa
 }
 
 cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t layout) {
+  if (conveyor::kernels::cuda::cublaslt_torn_down()) return CUBLAS_STATUS_SUCCESS;
   static auto* const real =
       cublaslt_function<decltype(cublasLtMatrixLayoutDestroy)>("cublasLtMatrixLayoutDestroy");
   return real(layout);
@@ -122,6 +142,7 @@ cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t* prefer
 }
 
 cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t preference) {
+  if (conveyor::kernels::cuda::cublaslt_torn_down()) return CUBLAS_STATUS_SUCCESS;
   static auto* const real = cublaslt_function<decltype(cublasLtMatmulPreferenceDestroy)>(
       "cublasLtMatmulPreferenceDestroy");
   return real(preference);

@@ -21,5 +21,9 @@ void* open_first_library(const std::vector<std::string>& candidates, const std::
 // The cuBLASLt library of this process, opened on the first call.
 void* cublaslt_library();
 
+// Whether the process is exiting and the library tearing itself down: its destroy functions
+// then return success without a call, the process's end freeing what they would.
+bool cublaslt_torn_down();
+
 }  // namespace conveyor::kernels::cuda
 #endif

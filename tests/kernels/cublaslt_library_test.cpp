@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <stdexcept>
 #include <string>
@@ -37,6 +39,41 @@ TEST(CublasLtLibrary, TriesTheLoadersSearchThenTheFileOfTheBuild) {
   EXPECT_TRUE(std::filesystem::exists(files[1])) << files[1];
   // The build's own file opens alone, as when the loader's search does not know the name.
   EXPECT_NE(cuda::open_first_library({files[1]}, "cuBLASLt"), nullptr);
+}
+
+// Descriptors kept by objects that outlive main. One registered before the library opened is
+// destroyed at exit after the library's own teardown: its destroy call is skipped (it holds
+// storage the library never allocated, which a call that reached the library would free).
+// One made after the library opened (descriptors need no GPU) is destroyed before, for real.
+struct DescriptorHolder {
+  const char* name = "";
+  cublasLtMatmulDesc_t desc = nullptr;
+  ~DescriptorHolder() {
+    if (desc == nullptr) return;
+    const bool skipped = cuda::cublaslt_torn_down();
+    const cublasStatus_t status = cublasLtMatmulDescDestroy(desc);
+    std::fprintf(stderr, "%s: %s, status %d\n", name, skipped ? "skipped" : "destroyed",
+                 static_cast<int>(status));
+  }
+};
+
+void make_descriptors_and_exit() {
+  static cublasLtMatmulDescOpaque_t not_from_the_library;
+  static DescriptorHolder before_the_library;  // its destructor is registered now
+  before_the_library.name = "made before the library opened";
+  before_the_library.desc = &not_from_the_library;
+  cublasLtMatmulDesc_t desc = nullptr;  // opens the library
+  if (cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS)
+    std::_Exit(3);
+  static DescriptorHolder after_the_library{"made after it opened", desc};
+  std::exit(0);
+}
+
+TEST(CublasLtLibraryDeathTest, AtExitAnObjectOlderThanTheLibraryDoesNotReachIt) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");  // a fresh process: the library not yet open
+  EXPECT_EXIT(make_descriptors_and_exit(), ::testing::ExitedWithCode(0),
+              "made after it opened: destroyed, status 0\n"
+              "made before the library opened: skipped, status 0");
 }
 
 TEST(CublasLtLibrary, NoFileThatLoadsIsOneErrorNamingEachFileAndWhy) {
