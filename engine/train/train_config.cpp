@@ -76,7 +76,8 @@ RankMemoryShare rank_memory_share(double memory, int sharing, Device device,
 
 void check_memory_fits(const ModelDescription& model, const std::vector<StageRange>& ranges,
                        const schedule::Schedule& schedule, const std::vector<Device>& devices,
-                       const TrainConfig& config, bool one_device_per_process) {
+                       const TrainConfig& config, bool one_device_per_process,
+                       bool one_rank_per_process) {
   const std::vector<RankMemoryEstimate> pipeline =
       estimate_rank_memory(model, ranges, schedule, config.optimizer.kind,
                            config.batch_tokens / config.microbatches, config.recompute);
@@ -91,34 +92,47 @@ void check_memory_fits(const ModelDescription& model, const std::vector<StageRan
   // (and cap) before the first step: 32 MiB, which on a model of a few MiB is most of it.
   for (size_t r = 0; r < ranks.size(); ++r)
     ranks[r].transient_bytes += rank_context_bytes(devices[r]);
-  // Ranks sharing a device share its memory.
+  // Ranks sharing a device share its memory. CPU ranks as processes (one_rank_per_process
+  // without one_device_per_process) may share one machine's memory, as far as a process can
+  // tell, but each process's allocators hold the cap for its own rank alone.
+  const bool cap_per_process = one_rank_per_process && !one_device_per_process;
   for (size_t r = 0; r < ranks.size(); ++r) {
-    double on_device = 0.0;
-    int sharing = 0;
-    for (size_t q = 0; q < ranks.size(); ++q)
-      if (devices[q] == devices[r] && (q == r || !one_device_per_process))
-        on_device += ranks[q].total(), ++sharing;
+    double on_device = 0.0, in_process = 0.0;
+    int sharing = 0, sharing_in_process = 0;
+    for (size_t q = 0; q < ranks.size(); ++q) {
+      if (devices[q] != devices[r]) continue;
+      if (q == r || !one_device_per_process) on_device += ranks[q].total(), ++sharing;
+      if (q == r || !one_rank_per_process) in_process += ranks[q].total(), ++sharing_in_process;
+    }
+    const RankMemoryEstimate& e = ranks[r];
+    const auto refuse = [&](double needed, int held, const DeviceMemoryLimit& limit) {
+      // Incomplete when a unit's layer does not say what it keeps: its activations are then
+      // counted as the tensor entering it.
+      const std::string at_least = e.complete ? "" : "at least ";
+      throw std::invalid_argument(
+          "the run needs " + (e.complete ? std::string("about ") : at_least) + bytes_text(needed) +
+          " on " + devices[r].to_string() + " (" + std::to_string(held) + " rank(s); rank " +
+          std::to_string(r) + ": parameters " + bytes_text(e.parameter_bytes) + ", gradients " +
+          bytes_text(e.gradient_bytes) + ", optimizer state " + bytes_text(e.optimizer_bytes) +
+          ", in-flight activations " + at_least + bytes_text(e.activation_bytes) +
+          ", the step's token ids and losses " + bytes_text(e.batch_bytes) +
+          ", boundary tensors and workspace " + bytes_text(e.transient_bytes) + ") but " +
+          limit.source + " is " + bytes_text(limit.bytes) + limit.note +
+          "; use a smaller model, fewer tokens per micro-batch, more stages, or sgd");
+    };
     // A limit emulates a smaller device: one above what the device can give now would let
     // through a run the device cannot hold, which the system then ends (on the CPU, the
     // kernel's out-of-memory killer).
-    const DeviceMemoryLimit device_limit =
-        device_memory_limit(devices[r], config.memory_limit_bytes);
-    const double limit = device_limit.bytes;
-    if (limit <= 0.0 || on_device <= limit) continue;
-    const RankMemoryEstimate& e = ranks[r];
-    // Incomplete when a unit's layer does not say what it keeps: its activations are then
-    // counted as the tensor entering it.
-    const std::string at_least = e.complete ? "" : "at least ";
-    throw std::invalid_argument(
-        "the run needs " + (e.complete ? std::string("about ") : at_least) + bytes_text(on_device) +
-        " on " + devices[r].to_string() + " (" + std::to_string(sharing) + " rank(s); rank " +
-        std::to_string(r) + ": parameters " + bytes_text(e.parameter_bytes) + ", gradients " +
-        bytes_text(e.gradient_bytes) + ", optimizer state " + bytes_text(e.optimizer_bytes) +
-        ", in-flight activations " + at_least + bytes_text(e.activation_bytes) +
-        ", the step's token ids and losses " + bytes_text(e.batch_bytes) +
-        ", boundary tensors and workspace " + bytes_text(e.transient_bytes) + ") but " +
-        device_limit.source + " is " + bytes_text(limit) + device_limit.note +
-        "; use a smaller model, fewer tokens per micro-batch, more stages, or sgd");
+    if (!cap_per_process) {
+      const DeviceMemoryLimit limit = device_memory_limit(devices[r], config.memory_limit_bytes);
+      if (limit.bytes > 0.0 && on_device > limit.bytes) refuse(on_device, sharing, limit);
+      continue;
+    }
+    const DeviceMemoryLimit available = device_memory_limit(devices[r], 0);
+    if (available.bytes > 0.0 && on_device > available.bytes) refuse(on_device, sharing, available);
+    const double cap = static_cast<double>(config.memory_limit_bytes);
+    if (cap > 0.0 && in_process > cap)
+      refuse(in_process, sharing_in_process, {cap, "the memory limit", ""});
   }
 }
 

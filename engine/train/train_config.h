@@ -174,9 +174,12 @@ RankMemoryShare rank_memory_share(double memory, int sharing, Device device,
 // (a limit emulates a smaller device, never a larger one). The trainer calls
 // it before allocating anything. Throws std::invalid_argument. `one_device_per_process`:
 // every rank runs in a process of its own on a GPU of its own (NCCL over MPI), so no two
-// ranks share a device, whatever their entries in `devices` say.
+// ranks share a device, whatever their entries in `devices` say. `one_rank_per_process`:
+// every rank runs in a process of its own (MPI), whose allocators hold the limit for that
+// rank alone; ranks on one device still share the memory it can give.
 void check_memory_fits(const ModelDescription& model, const std::vector<StageRange>& ranges,
                        const schedule::Schedule& schedule, const std::vector<Device>& devices,
-                       const TrainConfig& config, bool one_device_per_process = false);
+                       const TrainConfig& config, bool one_device_per_process = false,
+                       bool one_rank_per_process = false);
 
 }  // namespace conveyor

@@ -88,13 +88,14 @@ void Trainer::build() {
   const int p = sched.num_ranks() * sched.replicas;  // every replica's ranks
   // GPU ranks as processes (NCCL over MPI): whichever rank this process holds runs on the
   // GPU the process was given; the other ranks run in other processes, on theirs.
-  const bool one_device_per_process =
-      device_.is_cuda() && comm::one_rank_per_process(config_.transport);
+  const bool one_rank_per_process = comm::one_rank_per_process(config_.transport);
+  const bool one_device_per_process = device_.is_cuda() && one_rank_per_process;
   const bool spread = device_.is_cuda() && config_.placement == RankPlacement::kAuto &&
                       !one_device_per_process && cuda_device_count() >= device_.index + p;
   for (int r = 0; r < p; ++r)
     devices_.push_back(spread ? Device::cuda(device_.index + r) : device_);
-  check_memory_fits(model_, ranges_, sched, devices_, config_, one_device_per_process);
+  check_memory_fits(model_, ranges_, sched, devices_, config_, one_device_per_process,
+                    one_rank_per_process);
   ExecutorOptions options;
   options.transport_timeout = config_.transport_timeout;
   options.transport = config_.transport;

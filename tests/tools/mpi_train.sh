@@ -60,6 +60,10 @@
 #                                      rank: named in one note line (rank 0's) as doing nothing
 #                                      there, and the run's losses, norms and weights those of
 #                                      the run without it
+#   mpi_train.sh CONVEYOR memory_cap   -np 2 with a --memory-cap that holds each rank but not
+#                                      both: runs (each process's allocators hold one rank),
+#                                      bit for bit as without the cap, where one process with
+#                                      both ranks is refused; a cap below a rank is refused
 #   mpi_train.sh CONVEYOR setup_stop   rank 1 of -np 2 stops for good before it makes its model,
 #                                      data and transport: rank 0, making the MPI transport,
 #                                      gives up at its deadline naming rank 1; rank 0 stopped
@@ -588,6 +592,27 @@ case $mode in
     grep -q -- '--placement' "$work/plain.out" && fail "a run without --placement names it"
     same_run "$work" plain shared "with --placement shared"
     echo "mpirun -np 2 --placement shared: one note, the run without it bit for bit"
+    ;;
+  memory_cap)
+    # These two ranks need about 2.6 MiB each, 5.2 MiB together.
+    timeout 60 "$cli" "${common[@]}" --stages 2 --memory-cap 4MiB >"$work/one.out" 2>&1
+    status=$?
+    [ "$status" = 2 ] && grep -q "on cpu (2 rank(s); .* but the memory limit is 4.0 MiB" "$work/one.out" ||
+      fail "one process with both ranks under a 4 MiB cap: status $status: $(cat "$work/one.out")"
+    for run in plain capped; do
+      flags=()
+      [ "$run" = capped ] && flags=(--memory-cap 4MiB)
+      timeout 60 "${mpirun[@]}" -np 2 "$cli" "${common[@]}" --stages 2 "${flags[@]}" \
+        --log-json "$work/$run.jsonl" >"$work/$run.out" 2>&1 ||
+        fail "mpirun -np 2 ${flags[*]} failed: $(cat "$work/$run.out")"
+    done
+    same_run "$work" plain capped "with --memory-cap 4MiB"
+    timeout 60 "${mpirun[@]}" -np 2 "$cli" "${common[@]}" --stages 2 --memory-cap 1MiB \
+      >"$work/out" 2>&1
+    status=$?
+    [ "$status" = 2 ] && grep -q "on cpu (1 rank(s); rank 0: .* but the memory limit is 1.0 MiB" "$work/out" ||
+      fail "mpirun -np 2 under a 1 MiB cap: status $status: $(cat "$work/out")"
+    echo "mpirun -np 2 --memory-cap 4MiB: each process holds its rank to the cap"
     ;;
   *) fail "unknown mode $mode" ;;
 esac

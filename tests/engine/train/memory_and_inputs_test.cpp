@@ -140,6 +140,35 @@ TEST(MemoryEstimate, CudaRanksCountTheirCublasWorkspace) {
                                     /*one_device_per_process=*/true));
 }
 
+// CPU ranks as MPI processes: each process's allocators hold the cap for its one rank, so a
+// cap that holds the larger rank but not both is no reason to refuse the run there, while in
+// one process, where both ranks draw from it, it is.
+TEST(MemoryEstimate, CpuRanksAsProcessesEachHoldTheCapAlone) {
+  const TwoRanksOfOneF1B run;
+  TrainConfig c = run.config;
+  const double larger = std::max(run.estimate[0].total(), run.estimate[1].total());
+  c.memory_limit_bytes = static_cast<size_t>(larger + 1024);
+  const std::vector<Device> cpu = {Device::cpu(), Device::cpu()};
+  try {
+    check_memory_fits(run.model, run.ranges, run.schedule, cpu, c);
+    FAIL() << "two ranks in one process fit a cap with room for one";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("on cpu (2 rank(s)"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(check_memory_fits(run.model, run.ranges, run.schedule, cpu, c,
+                                    /*one_device_per_process=*/false,
+                                    /*one_rank_per_process=*/true));
+  // Below the larger rank, the process holding it is refused, naming that rank alone.
+  c.memory_limit_bytes = static_cast<size_t>(larger - 1024);
+  try {
+    check_memory_fits(run.model, run.ranges, run.schedule, cpu, c, false, true);
+    FAIL() << "a cap below the larger rank was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("on cpu (1 rank(s)"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("but the memory limit is"), std::string::npos) << e.what();
+  }
+}
+
 // A planner plans each rank's stages in rank_memory_share: on CUDA the equal share of the
 // memory less each rank's cuBLASLt workspace, so that what it plans the check before the run
 // takes. Where the equal share alone would let a layout through that the check refuses (room
