@@ -474,6 +474,10 @@ ConfigFields configuration_fields(const TrainFlags& f, const TrainConfig& c) {
       {"--shard-optimizer", c.shard_optimizer ? "on" : "off"},
       {"--bucket-mb", c.gradient_bucket_mib ? exact(*c.gradient_bucket_mib) : "not given"},
       {"--eval-batches", std::to_string(f.eval_batches)},
+      // Written by rank 0's process alone: given to another process only, the file would never
+      // be written, without a word. By whether given, as only rank 0's path is used.
+      given_or_not("--log-json", f.log_json),
+      given_or_not("--trace", f.trace),
       // By whether it is given, as the folders below: each process may hold its own copy at a
       // path of its own, and the layouts the processes read from their plans are compared once
       // they have read them.

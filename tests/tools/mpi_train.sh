@@ -8,7 +8,8 @@
 #                                      the trace drawing the simulated step the bubble comes from
 #   mpi_train.sh CONVEYOR mismatch     two ranks, one with another --seed: refused at start,
 #                                      naming --seed, by rank 0 alone; so are another
-#                                      --bucket-mb, and --stop-after or --save-dir on one rank
+#                                      --bucket-mb, and --stop-after, --save-dir, --log-json or
+#                                      --trace on one rank
 #   mpi_train.sh CONVEYOR files        an MPMD launch whose two working directories hold another
 #                                      --schedule-file (or --data) at the same path: refused at
 #                                      start, once, naming the flag; copies at two paths run
@@ -296,18 +297,21 @@ case $mode in
       fail "the refusal does not name --bucket-mb: $(cat "$work/out")"
     echo "mismatched --bucket-mb refused at start"
     # Flags that decide which meetings a rank goes to after the last step or around its saves:
-    # given to rank 1 alone, it would wait in one that rank 0 never starts.
-    for extra in "--stop-after 2" "--save-dir $work/saves"; do
+    # given to rank 1 alone, it would wait in one that rank 0 never starts. Outputs that rank
+    # 0's process alone writes: given to rank 1 alone, no file would be written.
+    for extra in "--stop-after 2" "--save-dir $work/saves" "--log-json $work/one.jsonl" \
+                 "--trace $work/one.trace"; do
       flag=${extra%% *}
       # shellcheck disable=SC2086
       timeout 60 "${mpirun[@]}" -np 1 "$cli" "${common[@]}" --stages 2 : \
         -np 1 "$cli" "${common[@]}" --stages 2 $extra >"$work/out" 2>&1
       status=$?
       [ "$status" = 2 ] || fail "$flag on rank 1 alone: status $status: $(cat "$work/out")"
-      grep -q "conveyor: error: the ranks disagree on $flag: rank 0 has '\(0\|not given\)', rank 1 has '\(2\|$work/saves\)'" \
+      grep -q "conveyor: error: the ranks disagree on $flag: rank 0 has '\(0\|not given\)', rank 1 has '${extra#* }'" \
         "$work/out" || fail "$flag on rank 1 alone is not refused by name: $(cat "$work/out")"
+      [ -e "$work/one.jsonl" ] || [ -e "$work/one.trace" ] && fail "$flag of rank 1 alone wrote a file"
     done
-    echo "--stop-after and --save-dir of one rank refused at start"
+    echo "--stop-after, --save-dir, --log-json and --trace of one rank refused at start"
     ;;
   files)
     # One relative path, another file behind it in each process's working directory (an MPMD
