@@ -104,8 +104,9 @@ bool one_rank_per_process(TransportKind requested) {
 namespace {
 
 std::string process_count_text(int ranks, int processes, const std::string& made_of) {
-  return (made_of.empty() ? "the pipeline has " + std::to_string(ranks) + " ranks"
-                          : "the run has " + std::to_string(ranks) + " ranks (" + made_of + ")") +
+  return (made_of.empty()
+              ? "the pipeline has " + std::to_string(ranks) + (ranks == 1 ? " rank" : " ranks")
+              : "the run has " + std::to_string(ranks) + " ranks (" + made_of + ")") +
          " but MPI started " + std::to_string(processes) +
          (processes == 1 ? " process" : " processes") +
          "; start one process per rank (mpirun -np " + std::to_string(ranks) + ")";

@@ -43,6 +43,17 @@ class ScopedEnv {
   std::optional<std::string> old_;
 };
 
+// The count MPI started against the ranks, in words a user reads as written: one rank, one
+// process.
+TEST(TransportFactory, AProcessCountMismatchSaysBothCountsInTheirNumber) {
+  EXPECT_STREQ(ProcessCountMismatch(1, 2).what(),
+               "the pipeline has 1 rank but MPI started 2 processes; start one process per rank "
+               "(mpirun -np 1)");
+  EXPECT_STREQ(ProcessCountMismatch(2, 1).what(),
+               "the pipeline has 2 ranks but MPI started 1 process; start one process per rank "
+               "(mpirun -np 2)");
+}
+
 TEST(TransportFactory, AutoChoosesInProcessUnlessEveryRankHasAGpuOfItsOwn) {
   const Device cpu = Device::cpu();
   EXPECT_EQ(choose_transport(TransportKind::kAuto, {cpu}), TransportKind::kInProcess);
