@@ -334,6 +334,18 @@ void run(const ScheduleOptions& o, const CLI::App& cmd) {
                          " both name '" + escaped_for_message(y) +
                          "'; each writes a file of its own, so give each its own name");
     }
+  // A picture or a trace over the --load file would replace the schedule by something that
+  // does not load again; --dump over it writes the same schedule back and is allowed.
+  for (const auto& [flag, path] : {outputs[1], outputs[2]}) {
+    if (o.load.empty() || path->empty()) continue;
+    std::error_code error;
+    const auto type = std::filesystem::status(*path, error).type();
+    if (!error && type != std::filesystem::file_type::regular) continue;  // a device: nothing lost
+    if (same_file(*path, o.load))
+      throw UsageError(std::string(flag) + " file " + quoted_file_name(*path) +
+                       " is the file --load reads, which writing it would destroy; give " + flag +
+                       " a file of its own");
+  }
   ScheduleOutput dump(o.dump, "--dump"), svg_file(o.svg, "--svg"), trace(o.trace, "--trace");
   sc::Schedule schedule;
   sc::SimResult sim;
