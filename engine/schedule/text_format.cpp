@@ -311,6 +311,8 @@ Schedule parse_csv(std::string_view text) {
 }
 
 Schedule parse_schedule(std::string_view text) {
+  // Editors on Windows (Notepad, Excel's "CSV UTF-8") start a UTF-8 file with a byte-order mark.
+  if (text.starts_with("\xEF\xBB\xBF")) text.remove_prefix(3);
   for (auto raw : lines_of(text)) {
     auto line = trim(raw);
     if (line.empty() || line.front() == '#') continue;

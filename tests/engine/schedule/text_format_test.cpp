@@ -91,6 +91,18 @@ TEST(TextFormat, HandWrittenWithoutHeaderIsInferred) {
   EXPECT_NO_THROW(validate(s));
 }
 
+// A file an editor saved with a UTF-8 byte-order mark, with CRLF line ends, reads as the same
+// schedule, in either format.
+TEST(TextFormat, AByteOrderMarkAndCrlfAreTheSameFile) {
+  const Schedule s = generate_1f1b(2, 3);
+  for (const std::string& text : {dump_text(s), dump_csv(s)}) {
+    std::string edited = "\xEF\xBB\xBF";
+    for (const char c : text) edited += c == '\n' ? std::string("\r\n") : std::string(1, c);
+    EXPECT_EQ(parse_schedule(edited), s) << edited;
+    EXPECT_EQ(parse_schedule("\xEF\xBB\xBF" + text), s) << text;
+  }
+}
+
 // The message parse_schedule throws for `text`, or "no error".
 std::string message_of(const std::string& text) {
   try {
