@@ -199,14 +199,21 @@ void check_pm(const ScheduleOptions& o, int v) {
 // --grad-bytes and --reduce-bandwidth price the all-reduce of data-parallel replicas: with one
 // replica there is none, and they would change nothing without a word (as train refuses
 // --bucket-mb without --dp).
-void refuse_reduce_flags_without_replicas(const CLI::App& cmd, int replicas) {
+// A loaded file (`load`) decides the replicas, and --dp must agree with it: the way out is
+// another file, not --dp.
+void refuse_reduce_flags_without_replicas(const CLI::App& cmd, int replicas,
+                                          const std::string& load = "") {
   if (replicas > 1) return;
   for (const char* flag : {"--grad-bytes", "--reduce-bandwidth"})
     if (cmd.count(flag))
-      throw UsageError(std::string(flag) +
-                       " prices the gradient all-reduce of data-parallel replicas, and this "
-                       "schedule has one replica; give --dp 2 or more, or leave " +
-                       flag + " out");
+      throw UsageError(
+          std::string(flag) + " prices the gradient all-reduce of data-parallel replicas, and " +
+          (load.empty()
+               ? std::string("this schedule has one replica; give --dp 2 or more, or leave ") +
+                     flag + " out"
+               : "schedule file " + quoted_file_name(load) + " has one replica; leave " + flag +
+                     " out, or load a schedule of several (conveyor schedule --dp 2 "
+                     "... --dump FILE writes one)"));
 }
 
 // How fast the replicas' all-reduce runs: --reduce-bandwidth 0 prices it at nothing, not at an
@@ -371,7 +378,7 @@ void run(const ScheduleOptions& o, const CLI::App& cmd) {
   } catch (const sc::ScheduleError& e) {
     throw UsageError(e.what());
   }
-  refuse_reduce_flags_without_replicas(cmd, schedule.replicas);
+  refuse_reduce_flags_without_replicas(cmd, schedule.replicas, o.load);
   const int p = schedule.num_ranks(), m = schedule.num_microbatches, v = schedule.placement.chunks;
   std::printf("schedule %s: p=%d ranks, v=%d chunk%s per rank (%s), m=%d micro-batches\n",
               schedule.name.empty() ? "(loaded)" : escaped_for_message(schedule.name).c_str(), p, v,
