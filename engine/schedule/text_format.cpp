@@ -4,6 +4,7 @@
 #include <charconv>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <sstream>
 #include <vector>
 
@@ -75,6 +76,7 @@ struct Header {
   std::string name;
   int ranks = -1, chunks = -1, microbatches = -1, replicas = -1;
   Layout layout = Layout::kLooped;
+  std::map<std::string, std::string> given;  // key -> value, over every header line
 };
 
 void parse_header(std::string_view line, int line_no, Header* h) {
@@ -89,6 +91,10 @@ void parse_header(std::string_view line, int line_no, Header* h) {
     if (value.empty())
       throw line_error(line_no, "header entry '" + kv + "' has no value; give one or leave " +
                                     (key.empty() ? "it" : key) + " out");
+    // A later value would replace the first without a word: a file edited by hand.
+    if (const auto [at, added] = h->given.emplace(key, value); !added)
+      throw line_error(line_no, "header entry '" + key + "' is given twice (" + key + "=" +
+                                    at->second + ", then " + kv + "); give it once");
     if (key == "name")
       h->name = value;
     else if (key == "ranks")
@@ -269,7 +275,8 @@ Schedule parse_csv(std::string_view text) {
     if (!saw_columns) {
       if (line != "rank,step,kind,stage,microbatch,peer")
         throw line_error(line_no,
-                         "expected the column line 'rank,step,kind,stage,microbatch,peer'");
+                         "expected the column line 'rank,step,kind,stage,microbatch,peer', got '" +
+                             std::string(line.substr(0, 60)) + "'");
       saw_columns = true;
       continue;
     }
@@ -316,7 +323,12 @@ Schedule parse_schedule(std::string_view text) {
   for (auto raw : lines_of(text)) {
     auto line = trim(raw);
     if (line.empty() || line.front() == '#') continue;
-    return line.substr(0, 5) == "rank," ? parse_csv(text) : parse_text(text);
+    // A text line starts r<rank>; a line of commas that does not (a column line a spreadsheet
+    // recased or spaced) is CSV, so that the error names the column line expected.
+    const bool text_line = line.size() > 1 && line[0] == 'r' && line[1] >= '0' && line[1] <= '9';
+    const bool csv =
+        line.substr(0, 5) == "rank," || (!text_line && line.find(',') != std::string_view::npos);
+    return csv ? parse_csv(text) : parse_text(text);
   }
   throw ScheduleError("the schedule is empty (expected lines 'r0: F0.0 ...' or CSV rows)");
 }

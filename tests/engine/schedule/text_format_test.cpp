@@ -166,6 +166,28 @@ TEST(TextFormat, StagesNoActionNamesAreAChunkCountTooLarge) {
   EXPECT_EQ(message_of("# conveyor schedule: ranks=2 chunks=1\n" + actions), "no error");
 }
 
+// A header entry given twice, on one header line or two, is refused: the later value would
+// replace the first without a word.
+TEST(TextFormat, AHeaderEntryGivenTwiceIsRefused) {
+  const std::string actions = "r0: F0.0 B0.0\nr1: F1.0 B1.0\n";
+  EXPECT_EQ(message_of("# conveyor schedule: ranks=3 ranks=2\n" + actions),
+            "line 1: header entry 'ranks' is given twice (ranks=3, then ranks=2); give it once");
+  EXPECT_EQ(message_of("# conveyor schedule: name=a\n# conveyor schedule: name=b\n" + actions),
+            "line 2: header entry 'name' is given twice (name=a, then name=b); give it once");
+}
+
+// A CSV file whose column line a spreadsheet recased or spaced is read as CSV, and the error
+// names the column line expected, not the text format's 'r<rank>: <actions>'.
+TEST(TextFormat, AColumnLineNotAsWrittenIsNamedAsSuch) {
+  const std::string rows = "0,0,F,0,0,\n0,1,B,0,0,\n";
+  for (const std::string columns :
+       {"Rank,Step,Kind,Stage,Microbatch,Peer", "rank, step, kind, stage, microbatch, peer"})
+    EXPECT_EQ(message_of(columns + "\n" + rows),
+              "line 1: expected the column line 'rank,step,kind,stage,microbatch,peer', got '" +
+                  columns + "'");
+  EXPECT_EQ(message_of("r0: F0.0,B0.0\n").find("line 1: malformed action 'F0.0,B0.0'"), 0u);
+}
+
 // Numbers past what a schedule may hold are refused as too large (naming the limit), before
 // the counts inferred from them are computed; the stage and micro-batch limits are the
 // header's, for files without one.
