@@ -159,6 +159,12 @@ constexpr int64_t kMaxScheduleCells = int64_t{1} << 22;
 // cells; past that the file would run to many gigabytes. It is written as it is made, so
 // memory stays that of the schedule and its simulation.
 constexpr int64_t kMaxWrittenCells = int64_t{1} << 20;
+// What --dump writes, --load and train --schedule-file read back: a cell has at most 8 actions
+// (F, and B or I and W; a send and a receive each way across a link; its stage's all-reduce),
+// each a CSV row of at most 45 bytes (rank 1023, step 8388607, ALLREDUCE_GRAD, stage and
+// micro-batch 65535, peer 1023, commas and the line end); the text form is shorter.
+static_assert(kMaxWrittenCells * 8 * 45 <= sc::kMaxScheduleFileBytes,
+              "a schedule --dump writes must load again");
 
 // The widest timeline printed: 64 ranks of it are a few MB of text.
 constexpr int kMaxTimelineColumns = 65536;
@@ -498,7 +504,7 @@ void register_schedule_command(CLI::App& app) {
                 "Write the schedule to FILE as text (or CSV if the name ends in .csv)")
       ->type_name("FILE");
   add_path_flag(cmd, "--load", opts->load,
-                "Read a schedule from FILE (text or CSV, a regular file of at most 64 MiB) "
+                "Read a schedule from FILE (text or CSV, a regular file of at most 512 MiB) "
                 "instead of generating one")
       ->type_name("FILE");
   add_int_flag(cmd, "--timeline-columns", opts->timeline_columns, 1, kMaxTimelineColumns,

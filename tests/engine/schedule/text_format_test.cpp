@@ -2,6 +2,7 @@
 #include "engine/schedule/text_format.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -67,6 +68,22 @@ TEST(TextFormat, FilesRoundTrip) {
     std::remove(path.c_str());
   }
   EXPECT_THROW(load_schedule((dir / "conveyor_no_such_schedule.txt").string()), ScheduleError);
+}
+
+// What `conveyor schedule --dump` writes loads again at its size: 1F1B at p=64, m=16384, the
+// 2^20 cells --dump takes, is a text file of 73 MB.
+TEST(TextFormat, TheLargestDumpLoadsAgain) {
+  const Schedule s = generate_1f1b(64, 16384);
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("conveyor_sched_large_" + std::to_string(::getpid()) + ".txt"))
+                               .string();
+  struct Removed {
+    const std::string& path;
+    ~Removed() { std::remove(path.c_str()); }
+  } removed{path};
+  save_schedule(path, s);
+  ASSERT_GT(std::filesystem::file_size(path), 64u << 20);
+  EXPECT_TRUE(load_schedule(path) == s);
 }
 
 // A file name may hold a line break: the error names it escaped, on one line.
