@@ -37,6 +37,13 @@ for flag in --svg --trace; do
     cmp -s "$dir/same.txt" "$dir/again.txt" || fail "$flag over the --load file changed it"
   done
 done
-left=$(ls "$dir" | grep -v -x -e folder -e kept.txt -e bad.txt -e same.txt -e again.txt -e same_link.txt)
+# Two outputs, one through a link to a file not made yet: the same file, refused.
+ln -s fresh.svg "$dir/fresh_link.svg" || exit 1
+out=$("$cli" schedule -p 2 -m 2 --svg "$dir/fresh_link.svg" --trace "$dir/fresh.svg" 2>&1)
+[ $? -eq 2 ] || fail "--svg through a link to the --trace file did not exit 2: $out"
+grep -q "^conveyor: error: --svg and --trace both name '.*/fresh.svg'" <<<"$out" ||
+  fail "--svg through a link to the --trace file: $out"
+left=$(ls "$dir" | grep -v -x -e folder -e kept.txt -e bad.txt -e same.txt -e again.txt \
+  -e same_link.txt -e fresh_link.svg)
 [ -z "$left" ] || fail "files left behind: $left"
 echo "schedule_outputs: ok"
