@@ -193,6 +193,23 @@ TEST(TextFormat, AHeaderEntryGivenTwiceIsRefused) {
             "line 2: header entry 'name' is given twice (name=a, then name=b); give it once");
 }
 
+// A token of a file may be megabytes long (a line without spaces): the message shows its
+// start, one short line, in every error that quotes one.
+TEST(TextFormat, LongTokensAreShownByTheirStart) {
+  const std::string big(1 << 20, 'Q');
+  const std::string columns = "rank,step,kind,stage,microbatch,peer\n";
+  for (const std::string& text :
+       {"r0: F0.0 " + big + "\n", columns + "0,0," + big + ",0,0,\n",
+        columns + "0," + big + ",F,0,0,\n", "# conveyor schedule: " + big + "\nr0: F0.0\n",
+        "# conveyor schedule: layout=" + big + "\nr0: F0.0\n",
+        "# conveyor schedule: " + big + "=1\nr0: F0.0\n", "r" + big + ": F0.0\n",
+        "# conveyor schedule: name=" + big + " name=b\nr0: F0.0\n"}) {
+    const std::string message = message_of(text);
+    EXPECT_LT(message.size(), 300u) << message.substr(0, 300);
+    EXPECT_NE(message.find("QQQ..."), std::string::npos) << message.substr(0, 300);
+  }
+}
+
 // A CSV file whose column line a spreadsheet recased or spaced is read as CSV, and the error
 // names the column line expected, not the text format's 'r<rank>: <actions>'.
 TEST(TextFormat, AColumnLineNotAsWrittenIsNamedAsSuch) {
