@@ -79,9 +79,29 @@ std::filesystem::path resolved_path(const std::string& path) {
   return out.has_filename() ? out : out.parent_path();
 }
 
+namespace {
+
+// The file a link names, through links that name files not made yet: resolved_path() stops
+// at such a link, as the file system finds nothing behind it, while a write through it makes
+// the file it names.
+std::string through_links(const std::string& path) {
+  std::filesystem::path at = path;
+  for (int hop = 0; hop < 40; ++hop) {  // the kernel's own limit on links followed
+    std::error_code error;
+    if (!std::filesystem::is_symlink(std::filesystem::symlink_status(at, error)) || error) break;
+    const std::filesystem::path target = std::filesystem::read_symlink(at, error);
+    if (error) break;
+    at = target.is_absolute() ? target : at.parent_path() / target;
+  }
+  return at.string();
+}
+
+}  // namespace
+
 bool same_file(const std::string& a, const std::string& b) {
   std::error_code error;
-  return std::filesystem::equivalent(a, b, error) || resolved_path(a) == resolved_path(b);
+  return std::filesystem::equivalent(a, b, error) ||
+         resolved_path(through_links(a)) == resolved_path(through_links(b));
 }
 
 void refuse_kernel_file_system(const std::string& path, const std::string& shown) {

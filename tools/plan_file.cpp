@@ -1,6 +1,7 @@
 // Plan files: what `conveyor plan --out FILE` writes for one layout (stages, schedule, chunks,
 // micro-batches, partition, recomputation, predictions, and the run it was planned for), and
 // how `conveyor train --plan FILE` reads one back, refusing a file planned for another run.
+#include <algorithm>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -152,6 +153,23 @@ std::string plan_string(const nlohmann::json& v, const std::string& source,
   return v.get<std::string>();
 }
 
+// Refuses a field of `object` (the plan, or its planned_for when `prefix` says so) that is not
+// one of `known`, naming it and the fields there are.
+void refuse_unknown_fields(const nlohmann::json& object, const std::string& source,
+                           const std::string& prefix, const std::vector<std::string>& known) {
+  for (const auto& [key, value] : object.items()) {
+    if (std::find(known.begin(), known.end(), key) != known.end()) continue;
+    std::string list;
+    for (size_t k = 0; k < known.size(); ++k)
+      list += (k == 0 ? "" : k + 1 == known.size() ? " and " : ", ") + known[k];
+    const std::string name = prefix + (key.size() > 40 ? key.substr(0, 37) + "..." : key);
+    throw UsageError(
+        source + " has a field '" + escaped_for_message(name) + "' that plan files do not have (" +
+        (prefix.empty() ? "a plan" : "its " + prefix.substr(0, prefix.size() - 1)) + " holds " +
+        list + "); correct its name or plan again (conveyor plan ... --out FILE)");
+  }
+}
+
 // A plan's layout as a whole, said in the plan's own words: the run would otherwise refuse it
 // later in those of flags the user never typed (--chunks, --stages, --microbatches).
 // `batch_tokens`: what one pipeline runs, each replica's share with `replicas` above 1.
@@ -215,6 +233,16 @@ void apply_plan_text(const std::string& text, const std::string& source, TrainCo
     throw UsageError(source + " holds " + shown_json(plan) +
                      ", not the JSON object `conveyor plan --out` writes (stages, schedule, "
                      "chunks, microbatches, partition)");
+  // A misspelled field would be passed by unseen: "recomputation" would run without it, and
+  // "planned-for" without the check that the plan is this run's.
+  refuse_unknown_fields(
+      plan, source, "",
+      {"stages", "schedule", "chunks", "microbatches", "partition", "recompute",
+       "predicted_step_seconds", "predicted_rank_compute_seconds", "planned_for"});
+  if (plan.contains("planned_for") && plan.at("planned_for").is_object())
+    refuse_unknown_fields(
+        plan.at("planned_for"), source, "planned_for.",
+        {"d_model", "layers", "hidden", "vocab", "activation", "batch_tokens", "device"});
   try {
     check_planned_for(plan, source, config, replicas);
     const std::string kind = plan_string(plan_field(plan, source, "schedule"), source, "schedule");

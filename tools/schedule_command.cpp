@@ -159,6 +159,12 @@ constexpr int64_t kMaxScheduleCells = int64_t{1} << 22;
 // cells; past that the file would run to many gigabytes. It is written as it is made, so
 // memory stays that of the schedule and its simulation.
 constexpr int64_t kMaxWrittenCells = int64_t{1} << 20;
+// What --dump writes, --load and train --schedule-file read back: a cell has at most 8 actions
+// (F, and B or I and W; a send and a receive each way across a link; its stage's all-reduce),
+// each a CSV row of at most 45 bytes (rank 1023, step 8388607, ALLREDUCE_GRAD, stage and
+// micro-batch 65535, peer 1023, commas and the line end); the text form is shorter.
+static_assert(kMaxWrittenCells * 8 * 45 <= sc::kMaxScheduleFileBytes,
+              "a schedule --dump writes must load again");
 
 // The widest timeline printed: 64 ranks of it are a few MB of text.
 constexpr int kMaxTimelineColumns = 65536;
@@ -199,14 +205,21 @@ void check_pm(const ScheduleOptions& o, int v) {
 // --grad-bytes and --reduce-bandwidth price the all-reduce of data-parallel replicas: with one
 // replica there is none, and they would change nothing without a word (as train refuses
 // --bucket-mb without --dp).
-void refuse_reduce_flags_without_replicas(const CLI::App& cmd, int replicas) {
+// A loaded file (`load`) decides the replicas, and --dp must agree with it: the way out is
+// another file, not --dp.
+void refuse_reduce_flags_without_replicas(const CLI::App& cmd, int replicas,
+                                          const std::string& load = "") {
   if (replicas > 1) return;
   for (const char* flag : {"--grad-bytes", "--reduce-bandwidth"})
     if (cmd.count(flag))
-      throw UsageError(std::string(flag) +
-                       " prices the gradient all-reduce of data-parallel replicas, and this "
-                       "schedule has one replica; give --dp 2 or more, or leave " +
-                       flag + " out");
+      throw UsageError(
+          std::string(flag) + " prices the gradient all-reduce of data-parallel replicas, and " +
+          (load.empty()
+               ? std::string("this schedule has one replica; give --dp 2 or more, or leave ") +
+                     flag + " out"
+               : "schedule file " + quoted_file_name(load) + " has one replica; leave " + flag +
+                     " out, or load a schedule of several (conveyor schedule --dp 2 "
+                     "... --dump FILE writes one)"));
 }
 
 // How fast the replicas' all-reduce runs: --reduce-bandwidth 0 prices it at nothing, not at an
@@ -334,6 +347,18 @@ void run(const ScheduleOptions& o, const CLI::App& cmd) {
                          " both name '" + escaped_for_message(y) +
                          "'; each writes a file of its own, so give each its own name");
     }
+  // A picture or a trace over the --load file would replace the schedule by something that
+  // does not load again; --dump over it writes the same schedule back and is allowed.
+  for (const auto& [flag, path] : {outputs[1], outputs[2]}) {
+    if (o.load.empty() || path->empty()) continue;
+    std::error_code error;
+    const auto type = std::filesystem::status(*path, error).type();
+    if (!error && type != std::filesystem::file_type::regular) continue;  // a device: nothing lost
+    if (same_file(*path, o.load))
+      throw UsageError(std::string(flag) + " file " + quoted_file_name(*path) +
+                       " is the file --load reads, which writing it would destroy; give " + flag +
+                       " a file of its own");
+  }
   ScheduleOutput dump(o.dump, "--dump"), svg_file(o.svg, "--svg"), trace(o.trace, "--trace");
   sc::Schedule schedule;
   sc::SimResult sim;
@@ -359,7 +384,7 @@ void run(const ScheduleOptions& o, const CLI::App& cmd) {
   } catch (const sc::ScheduleError& e) {
     throw UsageError(e.what());
   }
-  refuse_reduce_flags_without_replicas(cmd, schedule.replicas);
+  refuse_reduce_flags_without_replicas(cmd, schedule.replicas, o.load);
   const int p = schedule.num_ranks(), m = schedule.num_microbatches, v = schedule.placement.chunks;
   std::printf("schedule %s: p=%d ranks, v=%d chunk%s per rank (%s), m=%d micro-batches\n",
               schedule.name.empty() ? "(loaded)" : escaped_for_message(schedule.name).c_str(), p, v,
@@ -479,7 +504,7 @@ void register_schedule_command(CLI::App& app) {
                 "Write the schedule to FILE as text (or CSV if the name ends in .csv)")
       ->type_name("FILE");
   add_path_flag(cmd, "--load", opts->load,
-                "Read a schedule from FILE (text or CSV, a regular file of at most 64 MiB) "
+                "Read a schedule from FILE (text or CSV, a regular file of at most 512 MiB) "
                 "instead of generating one")
       ->type_name("FILE");
   add_int_flag(cmd, "--timeline-columns", opts->timeline_columns, 1, kMaxTimelineColumns,

@@ -154,8 +154,22 @@ TrainConfig resolve_config(TrainFlags& f, const CLI::App& cmd) {
     config.stages = loaded.num_ranks();
     config.chunks = loaded.placement.chunks;
     if (!cmd.count("--dp")) config.data_parallel = loaded.replicas;
-    if (!cmd.count("--microbatches"))
+    if (!cmd.count("--microbatches")) {
       config.microbatches = int64_t{loaded.num_microbatches} * config.data_parallel;
+      // Said of the file: a --microbatches the user never typed cannot be the one to change.
+      if (config.batch_tokens % config.microbatches != 0)
+        throw UsageError("schedule file " + quoted_file_name(config.schedule_file) + " has " +
+                         std::to_string(loaded.num_microbatches) + " micro-batches" +
+                         (config.data_parallel > 1
+                              ? " per replica, " + std::to_string(config.microbatches) +
+                                    " over --dp " + std::to_string(config.data_parallel)
+                              : std::string()) +
+                         ", which cannot split the batch of --batch-tokens " +
+                         std::to_string(config.batch_tokens) +
+                         " into equal micro-batches; give a --batch-tokens that " +
+                         std::to_string(config.microbatches) +
+                         " divides, or a schedule file whose micro-batch count divides it");
+    }
   }
   // Byte-level tokens of a file need 256 ids unless --vocab says otherwise.
   if (!cmd.count("--vocab") && !config.data_path.empty() && config.model.vocab < 256)

@@ -92,7 +92,8 @@ std::string rank_device_text(Trainer& trainer, int rank) {
 void print_pipeline(Trainer& trainer) {
   const auto& sched = trainer.executor().schedule();
   // A --schedule-file's own name, and the file, which a generated schedule of that name is not.
-  std::string schedule = escaped_for_message(sched.name);
+  // A hand-written file need not name its schedule.
+  std::string schedule = sched.name.empty() ? "(unnamed)" : escaped_for_message(sched.name);
   if (const std::string& file = trainer.config().schedule_file; !file.empty())
     schedule += " from '" + escaped_for_message(file) + "'";
   std::printf("pipeline %d rank(s) x %d chunk(s), schedule %s, transport %s, stages (units):",

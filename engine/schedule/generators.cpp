@@ -211,6 +211,7 @@ Schedule generate_zbh1(int p, int m, double f, double i, double w) {
     for (int r = 0; r < p; ++r)
       if (!finished(r) && (t < 0 || free_at[r] < t)) t = free_at[r];
     if (t < 0) break;
+    bool acted = false;
     for (int r = 0; r < p; ++r) {
       if (finished(r) || free_at[r] > t) continue;
       auto& list = s.ranks[r];
@@ -241,12 +242,16 @@ Schedule generate_zbh1(int p, int m, double f, double i, double w) {
         continue;
       }
       ends.push_back(free_at[r]);
+      acted = true;
     }
     // Ranks with nothing to do wait for the next completion anywhere.
     if (!waiting.empty()) {
       double next = -1;
       for (double e : ends)
         if (e > t && (next < 0 || e < next)) next = e;
+      // A cost too small to change t (1 after 1e16) or an infinite one ends a pass at t itself:
+      // what it made ready can run at t, after this round, as a later pass would.
+      if (next < 0 && acted) next = t;
       if (next < 0) throw ScheduleError("internal error: zbh1 list scheduling is stuck");
       for (int r : waiting) free_at[r] = next;
       waiting.clear();

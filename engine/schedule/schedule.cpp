@@ -86,7 +86,10 @@ std::string to_string(const Action& a) {
 
 Action parse_action(std::string_view token) {
   auto fail = [&](const char* why) {
-    return ScheduleError("malformed action '" + std::string(token) + "': " + why +
+    // A token may be a whole line of a file, megabytes long: the message shows its start.
+    const std::string shown =
+        token.size() > 40 ? std::string(token.substr(0, 37)) + "..." : std::string(token);
+    return ScheduleError("malformed action '" + shown + "': " + why +
                          " (expected e.g. F0.3, B0.3, I0.3, W0.3, SA0.3>1, RA1.3<0, SG1.3>0, "
                          "RG0.3<1, AR0, AR0.1)");
   };

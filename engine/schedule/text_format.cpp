@@ -4,6 +4,7 @@
 #include <charconv>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <sstream>
 #include <vector>
 
@@ -48,6 +49,11 @@ std::vector<std::string_view> split(std::string_view s, char sep) {
 
 std::vector<std::string_view> lines_of(std::string_view text) { return split(text, '\n'); }
 
+// A file's text in a message: its start, as a token or line may be megabytes long.
+std::string shown(std::string_view text) {
+  return text.size() > 40 ? std::string(text.substr(0, 37)) + "..." : std::string(text);
+}
+
 ScheduleError line_error(int line, const std::string& what) {
   return ScheduleError("line " + std::to_string(line) + ": " + what);
 }
@@ -61,10 +67,10 @@ int to_int(std::string_view v, int line, const std::string& field,
   const bool digits = !v.empty() && ptr == v.data() + v.size() && v.front() != '-';
   // Digits past the range are a number, only too large: said so, not "not an integer".
   if (digits && (ec == std::errc::result_out_of_range || (ec == std::errc() && out > max)))
-    throw line_error(line, field + " " + std::string(v) + " is larger than supported (" +
-                               std::to_string(max) + ")");
+    throw line_error(
+        line, field + " " + shown(v) + " is larger than supported (" + std::to_string(max) + ")");
   if (!digits || ec != std::errc() || out < 0)
-    throw line_error(line, field + " must be a non-negative integer, got '" + std::string(v) + "'");
+    throw line_error(line, field + " must be a non-negative integer, got '" + shown(v) + "'");
   return out;
 }
 
@@ -75,6 +81,7 @@ struct Header {
   std::string name;
   int ranks = -1, chunks = -1, microbatches = -1, replicas = -1;
   Layout layout = Layout::kLooped;
+  std::map<std::string, std::string> given;  // key -> value, over every header line
 };
 
 void parse_header(std::string_view line, int line_no, Header* h) {
@@ -84,11 +91,17 @@ void parse_header(std::string_view line, int line_no, Header* h) {
   while (in >> kv) {
     const auto eq = kv.find('=');
     if (eq == std::string::npos)
-      throw line_error(line_no, "header entry '" + kv + "' is not key=value");
+      throw line_error(line_no, "header entry '" + shown(kv) + "' is not key=value");
     const std::string key = kv.substr(0, eq), value = kv.substr(eq + 1);
     if (value.empty())
-      throw line_error(line_no, "header entry '" + kv + "' has no value; give one or leave " +
-                                    (key.empty() ? "it" : key) + " out");
+      throw line_error(line_no, "header entry '" + shown(kv) +
+                                    "' has no value; give one or leave " +
+                                    (key.empty() ? "it" : shown(key)) + " out");
+    // A later value would replace the first without a word: a file edited by hand.
+    if (const auto [at, added] = h->given.emplace(key, value); !added)
+      throw line_error(line_no, "header entry '" + shown(key) + "' is given twice (" +
+                                    shown(key + "=" + at->second) + ", then " + shown(kv) +
+                                    "); give it once");
     if (key == "name")
       h->name = value;
     else if (key == "ranks")
@@ -105,9 +118,9 @@ void parse_header(std::string_view line, int line_no, Header* h) {
       else if (value == "v")
         h->layout = Layout::kVShape;
       else
-        throw line_error(line_no, "layout must be 'looped' or 'v', got '" + value + "'");
+        throw line_error(line_no, "layout must be 'looped' or 'v', got '" + shown(value) + "'");
     } else {
-      throw line_error(line_no, "unknown header key '" + key +
+      throw line_error(line_no, "unknown header key '" + shown(key) +
                                     "' (expected name, ranks, chunks, layout, microbatches, "
                                     "replicas)");
     }
@@ -269,7 +282,8 @@ Schedule parse_csv(std::string_view text) {
     if (!saw_columns) {
       if (line != "rank,step,kind,stage,microbatch,peer")
         throw line_error(line_no,
-                         "expected the column line 'rank,step,kind,stage,microbatch,peer'");
+                         "expected the column line 'rank,step,kind,stage,microbatch,peer', got '" +
+                             std::string(line.substr(0, 60)) + "'");
       saw_columns = true;
       continue;
     }
@@ -294,7 +308,7 @@ Schedule parse_csv(std::string_view text) {
         a.kind = static_cast<ActionKind>(k), known = true;
     if (!known)
       throw line_error(line_no,
-                       "unknown kind '" + std::string(kind) +
+                       "unknown kind '" + shown(kind) +
                            "' (expected F, B, I, W, SEND_ACT, RECV_ACT, SEND_GRAD, RECV_GRAD, "
                            "ALLREDUCE_GRAD)");
     a.stage = to_int(f[3], line_no, "stage");
@@ -311,10 +325,17 @@ Schedule parse_csv(std::string_view text) {
 }
 
 Schedule parse_schedule(std::string_view text) {
+  // Editors on Windows (Notepad, Excel's "CSV UTF-8") start a UTF-8 file with a byte-order mark.
+  if (text.starts_with("\xEF\xBB\xBF")) text.remove_prefix(3);
   for (auto raw : lines_of(text)) {
     auto line = trim(raw);
     if (line.empty() || line.front() == '#') continue;
-    return line.substr(0, 5) == "rank," ? parse_csv(text) : parse_text(text);
+    // A text line starts r<rank>; a line of commas that does not (a column line a spreadsheet
+    // recased or spaced) is CSV, so that the error names the column line expected.
+    const bool text_line = line.size() > 1 && line[0] == 'r' && line[1] >= '0' && line[1] <= '9';
+    const bool csv =
+        line.substr(0, 5) == "rank," || (!text_line && line.find(',') != std::string_view::npos);
+    return csv ? parse_csv(text) : parse_text(text);
   }
   throw ScheduleError("the schedule is empty (expected lines 'r0: F0.0 ...' or CSV rows)");
 }

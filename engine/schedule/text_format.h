@@ -27,13 +27,15 @@ std::string dump_csv(const Schedule& schedule);
 // Both throw ScheduleError naming the line and what was expected.
 Schedule parse_text(std::string_view text);
 Schedule parse_csv(std::string_view text);
-// Picks CSV when the first non-comment line starts with "rank,", text otherwise.
+// Picks CSV when the first non-comment line starts with "rank,", or holds commas and is no
+// text line ("r<rank>: ..."), text otherwise.
 Schedule parse_schedule(std::string_view text);
 
 // Files: CSV when the path ends in ".csv", text otherwise. Throw ScheduleError on I/O errors
 // (every write and the close are checked). Loading takes regular files of at most
-// kMaxScheduleFileBytes only, so a device or a huge file is refused before it is read.
-inline constexpr unsigned long long kMaxScheduleFileBytes = 64ULL << 20;
+// kMaxScheduleFileBytes only, so a device or a huge file is refused before it is read; the
+// limit holds every file `conveyor schedule --dump` writes (tools/schedule_command.cpp).
+inline constexpr unsigned long long kMaxScheduleFileBytes = 512ULL << 20;
 void save_schedule(const std::string& path, const Schedule& schedule);
 Schedule load_schedule(const std::string& path);
 

@@ -2,7 +2,7 @@
 # `conveyor schedule`'s output files: one that cannot be written is refused before any work
 # (the error alone, no schedule printed), a schedule that fails to load leaves an existing
 # output as it was, and --dump over the --load file replaces it by the whole dump, which loads
-# and dumps to itself.
+# and dumps to itself; --svg or --trace over the --load file is refused, the file kept.
 # Usage: schedule_outputs.sh CLI DIR SCHEDULE_FILE
 set -u
 cli=$1
@@ -27,6 +27,23 @@ cp "$schedule_file" "$dir/same.txt" || exit 1
 "$cli" schedule --load "$dir/same.txt" --dump "$dir/again.txt" >/dev/null ||
   fail "the dump written over the --load file does not load"
 cmp -s "$dir/same.txt" "$dir/again.txt" || fail "the dump does not dump to itself"
-left=$(ls "$dir" | grep -v -x -e folder -e kept.txt -e bad.txt -e same.txt -e again.txt)
+ln -s same.txt "$dir/same_link.txt" || exit 1
+for flag in --svg --trace; do
+  for name in same.txt same_link.txt; do
+    out=$("$cli" schedule --load "$dir/same.txt" "$flag" "$dir/$name" 2>&1)
+    [ $? -eq 2 ] || fail "$flag over the --load file ($name) did not exit 2: $out"
+    grep -q "^conveyor: error: $flag file '.*/$name' is the file --load reads" <<<"$out" ||
+      fail "$flag over the --load file ($name): $out"
+    cmp -s "$dir/same.txt" "$dir/again.txt" || fail "$flag over the --load file changed it"
+  done
+done
+# Two outputs, one through a link to a file not made yet: the same file, refused.
+ln -s fresh.svg "$dir/fresh_link.svg" || exit 1
+out=$("$cli" schedule -p 2 -m 2 --svg "$dir/fresh_link.svg" --trace "$dir/fresh.svg" 2>&1)
+[ $? -eq 2 ] || fail "--svg through a link to the --trace file did not exit 2: $out"
+grep -q "^conveyor: error: --svg and --trace both name '.*/fresh.svg'" <<<"$out" ||
+  fail "--svg through a link to the --trace file: $out"
+left=$(ls "$dir" | grep -v -x -e folder -e kept.txt -e bad.txt -e same.txt -e again.txt \
+  -e same_link.txt -e fresh_link.svg)
 [ -z "$left" ] || fail "files left behind: $left"
 echo "schedule_outputs: ok"

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
 #include <set>
 
 #include "engine/schedule/simulator.h"
@@ -42,6 +43,24 @@ TEST(Generators, AscendingCheckCatchesDescendingOrder) {
   std::string why;
   EXPECT_FALSE(weight_grads_ascending(s, &why));
   EXPECT_NE(why.find("B0.0"), std::string::npos) << why;
+}
+
+// ZB-H1's list scheduling under costs whose sums double precision cannot tell apart: a pass
+// of 1 after 1e16 ends at the time it starts, and infinite times after 1e308 + 1e308. Either
+// way the passes still get an order; an infinite makespan is the simulator's to refuse.
+TEST(Generators, ZbH1OrdersPassesWhoseTimesDoNotAdvance) {
+  for (const auto& c : {std::array{1e16, 1.0, 1.0}, std::array{1e300, 1e-300, 1e-300},
+                        std::array{1e308, 1e308, 1e308}}) {
+    Schedule s;
+    ASSERT_NO_THROW(s = generate_zbh1(4, 8, c[0], c[1], c[2])) << c[0] << "," << c[1];
+    EXPECT_NO_THROW(validate(s)) << c[0] << "," << c[1];
+  }
+  try {
+    simulate(generate_zbh1(4, 8, 1e308, 1e308, 1e308), CostModel::uniform(1e308, 1e308, 1e308));
+    ADD_FAILURE() << "an infinite makespan was simulated";
+  } catch (const ScheduleError& e) {
+    EXPECT_NE(std::string(e.what()).find("times overflow"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Generators, EveryActionExactlyOnce) {

@@ -2,6 +2,7 @@
 #include "engine/schedule/text_format.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -69,6 +70,22 @@ TEST(TextFormat, FilesRoundTrip) {
   EXPECT_THROW(load_schedule((dir / "conveyor_no_such_schedule.txt").string()), ScheduleError);
 }
 
+// What `conveyor schedule --dump` writes loads again at its size: 1F1B at p=64, m=16384, the
+// 2^20 cells --dump takes, is a text file of 73 MB.
+TEST(TextFormat, TheLargestDumpLoadsAgain) {
+  const Schedule s = generate_1f1b(64, 16384);
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("conveyor_sched_large_" + std::to_string(::getpid()) + ".txt"))
+                               .string();
+  struct Removed {
+    const std::string& path;
+    ~Removed() { std::remove(path.c_str()); }
+  } removed{path};
+  save_schedule(path, s);
+  ASSERT_GT(std::filesystem::file_size(path), 64u << 20);
+  EXPECT_TRUE(load_schedule(path) == s);
+}
+
 // A file name may hold a line break: the error names it escaped, on one line.
 TEST(TextFormat, ASaveThatCannotOpenItsFileNamesItOnOneLine) {
   const std::string path = "/nonexistent/two\nlines.txt";
@@ -89,6 +106,18 @@ TEST(TextFormat, HandWrittenWithoutHeaderIsInferred) {
   EXPECT_EQ(s.placement.chunks, 1);
   EXPECT_EQ(s.num_microbatches, 2);
   EXPECT_NO_THROW(validate(s));
+}
+
+// A file an editor saved with a UTF-8 byte-order mark, with CRLF line ends, reads as the same
+// schedule, in either format.
+TEST(TextFormat, AByteOrderMarkAndCrlfAreTheSameFile) {
+  const Schedule s = generate_1f1b(2, 3);
+  for (const std::string& text : {dump_text(s), dump_csv(s)}) {
+    std::string edited = "\xEF\xBB\xBF";
+    for (const char c : text) edited += c == '\n' ? std::string("\r\n") : std::string(1, c);
+    EXPECT_EQ(parse_schedule(edited), s) << edited;
+    EXPECT_EQ(parse_schedule("\xEF\xBB\xBF" + text), s) << text;
+  }
 }
 
 // The message parse_schedule throws for `text`, or "no error".
@@ -152,6 +181,45 @@ TEST(TextFormat, StagesNoActionNamesAreAChunkCountTooLarge) {
       "stages 0 to 1 only; every stage runs its forwards and backwards (chunks=1 fits these "
       "actions)");
   EXPECT_EQ(message_of("# conveyor schedule: ranks=2 chunks=1\n" + actions), "no error");
+}
+
+// A header entry given twice, on one header line or two, is refused: the later value would
+// replace the first without a word.
+TEST(TextFormat, AHeaderEntryGivenTwiceIsRefused) {
+  const std::string actions = "r0: F0.0 B0.0\nr1: F1.0 B1.0\n";
+  EXPECT_EQ(message_of("# conveyor schedule: ranks=3 ranks=2\n" + actions),
+            "line 1: header entry 'ranks' is given twice (ranks=3, then ranks=2); give it once");
+  EXPECT_EQ(message_of("# conveyor schedule: name=a\n# conveyor schedule: name=b\n" + actions),
+            "line 2: header entry 'name' is given twice (name=a, then name=b); give it once");
+}
+
+// A token of a file may be megabytes long (a line without spaces): the message shows its
+// start, one short line, in every error that quotes one.
+TEST(TextFormat, LongTokensAreShownByTheirStart) {
+  const std::string big(1 << 20, 'Q');
+  const std::string columns = "rank,step,kind,stage,microbatch,peer\n";
+  for (const std::string& text :
+       {"r0: F0.0 " + big + "\n", columns + "0,0," + big + ",0,0,\n",
+        columns + "0," + big + ",F,0,0,\n", "# conveyor schedule: " + big + "\nr0: F0.0\n",
+        "# conveyor schedule: layout=" + big + "\nr0: F0.0\n",
+        "# conveyor schedule: " + big + "=1\nr0: F0.0\n", "r" + big + ": F0.0\n",
+        "# conveyor schedule: name=" + big + " name=b\nr0: F0.0\n"}) {
+    const std::string message = message_of(text);
+    EXPECT_LT(message.size(), 300u) << message.substr(0, 300);
+    EXPECT_NE(message.find("QQQ..."), std::string::npos) << message.substr(0, 300);
+  }
+}
+
+// A CSV file whose column line a spreadsheet recased or spaced is read as CSV, and the error
+// names the column line expected, not the text format's 'r<rank>: <actions>'.
+TEST(TextFormat, AColumnLineNotAsWrittenIsNamedAsSuch) {
+  const std::string rows = "0,0,F,0,0,\n0,1,B,0,0,\n";
+  for (const std::string columns :
+       {"Rank,Step,Kind,Stage,Microbatch,Peer", "rank, step, kind, stage, microbatch, peer"})
+    EXPECT_EQ(message_of(columns + "\n" + rows),
+              "line 1: expected the column line 'rank,step,kind,stage,microbatch,peer', got '" +
+                  columns + "'");
+  EXPECT_EQ(message_of("r0: F0.0,B0.0\n").find("line 1: malformed action 'F0.0,B0.0'"), 0u);
 }
 
 // Numbers past what a schedule may hold are refused as too large (naming the limit), before
