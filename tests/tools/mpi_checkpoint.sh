@@ -22,7 +22,8 @@
 #                                       each node's own disk looks like): copies of one
 #                                       checkpoint resume as the shared folder does, bit for
 #                                       bit; a copy of another run's checkpoint at the same step,
-#                                       or of another step, is refused once, naming both
+#                                       or of another step, is refused once, naming both;
+#                                       two steps at two paths are refused naming each path
 #   mpi_checkpoint.sh CONVEYOR corrupt  a byte of rank 1's shard flipped: under -np 2 only
 #                                       rank 1's process reads (and names) that tensor, rank 0
 #                                       names rank 1; one process checks every byte itself
@@ -174,7 +175,15 @@ case $mode in
         fail "$case is not refused once, naming both: $(cat "$work/out")"
       grep -q "^weights xxh3 " "$work/out" && fail "$case: the run trained on: $(cat "$work/out")"
     done
-    echo "own copies of one checkpoint resume bitwise; copies of two are refused once"
+    # Two steps of one run at two paths: the refusal names each process's path.
+    timeout 60 "${mpirun[@]}" -np 2 bash -c \
+      'exec "$@" --resume "$0/ckpt/step_$((2 - OMPI_COMM_WORLD_RANK))"' "$work" \
+      "$cli" "${common[@]}" --steps 4 --stages 2 >"$work/out" 2>&1
+    status=$?
+    [ "$status" = 2 ] || fail "two steps at two paths: status $status: $(cat "$work/out")"
+    [ "$(grep -c "conveyor: error: the processes opened different checkpoints: the process of rank 0 one of step 2 (manifest checksum [0-9a-f]*) at '$work/ckpt/step_2', that of rank 1 one of step 1 (manifest checksum [0-9a-f]*) at '$work/ckpt/step_1'; " "$work/out")" = 1 ] ||
+      fail "two steps at two paths are not refused once, naming each path: $(cat "$work/out")"
+    echo "own copies of one checkpoint resume bitwise; copies of two, or two paths, are refused once"
     ;;
   corrupt)
     run saved -- --stages 2 --stop-after 2 --save-dir "$work/ckpt" --transport inproc
