@@ -182,18 +182,32 @@ PlannedRun plan_training(const TrainConfig& config, Device device, int repetitio
   // Planned against the figure the run's check holds it to: the memory the device can give
   // now, or the limit given when smaller; a plan against the device's whole memory could be
   // one the check then refuses.
-  const DeviceMemoryLimit limit = device_memory_limit(device, config.memory_limit_bytes);
+  // CPU ranks as processes: each process's allocators hold the cap for its own rank, and the
+  // memory available now is shared by every rank, as the processes may share one machine.
+  const bool cap_per_process = constraints.one_rank_per_process && device.is_cpu();
+  const DeviceMemoryLimit limit =
+      device_memory_limit(device, cap_per_process ? 0 : config.memory_limit_bytes);
   const double memory = limit.bytes;
-  const bool given_limit = config.memory_limit_bytes > 0 && limit.note.empty();
+  // The cap given, as the run holds it; with CPU ranks as processes only when each rank's
+  // share of the memory available now is not smaller.
+  const double given = static_cast<double>(config.memory_limit_bytes);
+  const bool given_limit = given > 0 && (cap_per_process ? memory <= 0 || given <= memory / sharing
+                                                         : limit.note.empty());
   std::string cap_source = given_limit ? "the memory limit given" : limit.source;
   double cap = 0;
-  if (memory > 0) {
+  if (cap_per_process && given_limit) {
+    cap = given;
+    cap_source += ", which each process holds for its own rank";
+  } else if (memory > 0) {
     if (sharing > 1 || !given_limit) cap_source += " (" + bytes_text(memory) + ")" + limit.note;
     if (sharing > 1)
       cap_source += " shared by " + std::to_string(sharing) + " ranks" +
                     (constraints.replicas > 1 ? " (" + std::to_string(p) + " stages x --dp " +
                                                     std::to_string(constraints.replicas) + ")"
                                               : std::string());
+    if (cap_per_process && given > 0)
+      cap_source += ", less than the memory limit (" + bytes_text(given) +
+                    ") each process holds for its own rank";
     try {
       const RankMemoryShare share = rank_memory_share(memory, sharing, device, cap_source);
       cap = share.bytes;

@@ -392,6 +392,7 @@ void apply_planning(const TrainFlags& f, const CLI::App& cmd, const MpiSession& 
     if (cmd.count("--chunks")) constraints.chunks = f.chunks;
     if (cmd.count("--microbatches")) constraints.microbatches = f.config.microbatches / replicas;
     constraints.replicas = static_cast<int>(replicas);
+    constraints.one_rank_per_process = wants_mpi(config);
     // A schedule the flags fix whole that cannot be generated says why, as it does without
     // auto, before profiling; the planner would only find no layout. Interleaved without
     // --chunks is left to the planner, which tries several chunk counts.

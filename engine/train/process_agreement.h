@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/transport.h"
 #include "engine/pipeline/executor.h"
 #include "engine/train/checkpoint_error.h"
 
@@ -15,12 +16,21 @@ namespace conveyor::detail {
 // did not names the lowest rank whose process did (CheckpointErrorOfEveryProcess: every such
 // process throws the same text). A process failing alone would end while
 // the others train on and wait for it until their timeout. In one process: rethrows `local`.
+// A transport error of the agreement itself (a peer that never came to it) says `what` it was.
 inline void agree_across_processes(PipelineExecutor& executor, std::exception_ptr local,
                                    const std::string& what) {
   std::vector<double> failed(executor.num_world_ranks(), 0.0);
   if (local)
     for (int r : executor.local_ranks()) failed[r] = 1.0;
-  executor.sum_over_processes(failed);
+  try {
+    executor.sum_over_processes(failed);
+  } catch (const comm::TransportAborted&) {
+    throw;  // another rank's failure, which its own message names
+  } catch (const comm::TransportError& e) {
+    // A wait given up says only that the sum's values did not come: say what the sum was.
+    throw comm::TransportError(std::string(e.what()) + ", in which the processes agree whether " +
+                               what + " succeeded");
+  }
   if (local) std::rethrow_exception(local);
   for (size_t r = 0; r < failed.size(); ++r)
     if (failed[r] != 0.0)

@@ -1,5 +1,6 @@
 // Resuming a trainer from a checkpoint (trainer_checkpoint.h): everything that must match is
 // checked before any rank loads, on every process, and the processes agree at each phase.
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <thread>
@@ -45,40 +46,72 @@ std::string model_differences(const nlohmann::json& saved, const nlohmann::json&
   return out;
 }
 
+// The path each rank's process opened (`own` in this one), by rank, of `lengths[r]` bytes for
+// rank r: a byte a double, which a sum where one process alone writes it gathers exactly. A
+// collective.
+std::vector<std::string> paths_by_rank(PipelineExecutor& executor, const std::string& own,
+                                       const std::vector<size_t>& lengths) {
+  const size_t width = std::max<size_t>(1, *std::max_element(lengths.begin(), lengths.end()));
+  std::vector<double> bytes(lengths.size() * width, 0.0);
+  for (int rank : executor.local_ranks())
+    for (size_t i = 0; i < own.size(); ++i)
+      bytes[static_cast<size_t>(rank) * width + i] = static_cast<unsigned char>(own[i]);
+  executor.sum_over_processes(bytes);
+  std::vector<std::string> paths(lengths.size());
+  for (size_t r = 0; r < lengths.size(); ++r)
+    for (size_t i = 0; i < lengths[r]; ++i)
+      paths[r] += static_cast<char>(static_cast<unsigned char>(bytes[r * width + i]));
+  return paths;
+}
+
 // Each process opens the checkpoint by its own path, which may name a copy on its node's own
 // disk: the copies must be one checkpoint, or the ranks would resume from different weights,
 // steps and data positions and train on as if nothing were wrong. Compared by step and
 // manifest checksum (which covers every shard's checksum) over a table of the ranks' values,
-// so every process reaches the same verdict and says the same.
+// so every process reaches the same verdict and says the same; the paths, which may differ
+// between processes, are then gathered too, for the verdict to name each.
 void check_one_checkpoint_in_every_process(PipelineExecutor& executor, const Checkpoint& checkpoint,
                                            const fs::path& path) {
   if (executor.holds_all_ranks()) return;
-  // Per rank: the step, then the checksum (put_u64_in_doubles); a sum of one value and zeros
-  // is exact.
-  constexpr size_t kSlots = 3;
-  std::vector<double> table(static_cast<size_t>(executor.num_world_ranks()) * kSlots, 0.0);
+  // Per rank: the step, the checksum (put_u64_in_doubles), the path's length in bytes; a sum
+  // of one value and zeros is exact.
+  constexpr size_t kSlots = 4;
+  const int ranks = executor.num_world_ranks();
+  std::vector<double> table(static_cast<size_t>(ranks) * kSlots, 0.0);
   for (int rank : executor.local_ranks()) {
     double* slot = &table[static_cast<size_t>(rank) * kSlots];
     slot[0] = static_cast<double>(checkpoint.step());
     put_u64_in_doubles(manifest_checksum(checkpoint.manifest()), slot + 1);
+    slot[3] = static_cast<double>(path.native().size());
   }
   executor.sum_over_processes(table);
   auto step_of = [&](int rank) { return table[static_cast<size_t>(rank) * kSlots]; };
   auto checksum_of = [&](int rank) {
     return u64_from_doubles(&table[static_cast<size_t>(rank) * kSlots + 1]);
   };
+  int differing = 1;  // the lowest rank whose checkpoint is not rank 0's
+  while (differing < ranks && step_of(differing) == step_of(0) &&
+         checksum_of(differing) == checksum_of(0))
+    ++differing;
+  if (differing == ranks) return;
+  std::vector<size_t> lengths(static_cast<size_t>(ranks));
+  for (int rank = 0; rank < ranks; ++rank)
+    lengths[static_cast<size_t>(rank)] =
+        static_cast<size_t>(table[static_cast<size_t>(rank) * kSlots + 3]);
+  const std::vector<std::string> paths = paths_by_rank(executor, path.native(), lengths);
+  const bool one_path = paths[0] == paths[static_cast<size_t>(differing)];
   auto described = [&](int rank) {
     return "step " + std::to_string(static_cast<int64_t>(step_of(rank))) + " (manifest checksum " +
-           checkpoint_io::hex64(checksum_of(rank)) + ")";
+           checkpoint_io::hex64(checksum_of(rank)) + ")" +
+           (one_path ? "" : " at " + checkpoint_io::shown_path(paths[static_cast<size_t>(rank)]));
   };
-  for (int rank = 1; rank < executor.num_world_ranks(); ++rank)
-    if (step_of(rank) != step_of(0) || checksum_of(rank) != checksum_of(0))
-      throw CheckpointErrorOfEveryProcess(
-          "the processes opened different checkpoints at " + checkpoint_io::shown_path(path) +
-          ": the process of rank 0 one of " + described(0) + ", that of rank " +
-          std::to_string(rank) + " one of " + described(rank) +
-          "; give every process the same checkpoint (a folder they share, or the same copy on "
-          "each node)");
+  throw CheckpointErrorOfEveryProcess(
+      "the processes opened different checkpoints" +
+      (one_path ? " at " + checkpoint_io::shown_path(paths[0]) : std::string()) +
+      ": the process of rank 0 one of " + described(0) + ", that of rank " +
+      std::to_string(differing) + " one of " + described(differing) +
+      "; give every process the same checkpoint (a folder they share, or the same copy on "
+      "each node)");
 }
 
 // Everything that must match before a checkpoint is loaded into the trainer.

@@ -18,11 +18,16 @@
 #                                       folder the nodes do not share looks like): both ranks
 #                                       end at the first save, non-zero, well within the
 #                                       timeout, rank 1 saying why and rank 0 naming rank 1
+#   mpi_checkpoint.sh CONVEYOR save_stop
+#                                       rank 1 stops for good writing its shard, or rank 0
+#                                       committing: the other gives up at its deadline, naming
+#                                       the save's agreement it waited in
 #   mpi_checkpoint.sh CONVEYOR copies   each process resumes from its own copy at one path (what
 #                                       each node's own disk looks like): copies of one
 #                                       checkpoint resume as the shared folder does, bit for
 #                                       bit; a copy of another run's checkpoint at the same step,
-#                                       or of another step, is refused once, naming both
+#                                       or of another step, is refused once, naming both;
+#                                       two steps at two paths are refused naming each path
 #   mpi_checkpoint.sh CONVEYOR corrupt  a byte of rank 1's shard flipped: under -np 2 only
 #                                       rank 1's process reads (and names) that tensor, rank 0
 #                                       names rank 1; one process checks every byte itself
@@ -144,6 +149,26 @@ case $mode in
     echo "unshared --save-dir: both ranks ended in ${took}s, status $status"
     grep "conveyor: error" "$work/out"
     ;;
+  save_stop)
+    # A rank that stops for good inside a save: the waiting rank gives up at its deadline and
+    # says which agreement of the save it waited in, not only that an all-reduce did.
+    for paused in "1 shard writing the shards" "0 commit the commit"; do
+      read -r rank point what <<<"$paused"
+      rm -rf "$work/ckpt"
+      start=$(date +%s)
+      timeout 60 "${mpirun[@]}" -np 2 bash -c \
+        'if [ "$OMPI_COMM_WORLD_RANK" = '"$rank"' ]; then export CONVEYOR_TEST_PAUSE_IN_SAVE='"$point"'; fi; exec "$@"' _ \
+        "$cli" train --device cpu --layers 4 --microbatches 4 --batch-tokens 512 --quiet --steps 4 \
+        --stages 2 --save-dir "$work/ckpt" --save-every 2 --timeout 3 >"$work/out" 2>&1
+      status=$? took=$(( $(date +%s) - start ))
+      [ "$status" -ne 0 ] && [ "$status" -ne 124 ] || fail "rank $rank paused at $point: status $status: $(cat "$work/out")"
+      [ "$took" -le 30 ] || fail "rank $rank paused at $point: took ${took}s"
+      grep -q "paused in save at $point" "$work/out" || fail "rank $rank did not reach $point: $(cat "$work/out")"
+      grep -q "rank $((1 - rank)): the all-reduce waited 3000 ms for rank(s) $rank (did rank $rank stop?), in which the processes agree whether $what of step 2 succeeded" \
+        "$work/out" || fail "rank $((1 - rank)) does not say what it waited in: $(cat "$work/out")"
+      echo "rank $rank paused at $point: $(grep 'conveyor: error' "$work/out")"
+    done
+    ;;
   copies)
     run full "${mpirun[@]}" -np 2 -- --stages 2
     run saved "${mpirun[@]}" -np 2 -- --stages 2 --stop-after 2 --save-dir "$work/ckpt" --save-every 1
@@ -174,7 +199,15 @@ case $mode in
         fail "$case is not refused once, naming both: $(cat "$work/out")"
       grep -q "^weights xxh3 " "$work/out" && fail "$case: the run trained on: $(cat "$work/out")"
     done
-    echo "own copies of one checkpoint resume bitwise; copies of two are refused once"
+    # Two steps of one run at two paths: the refusal names each process's path.
+    timeout 60 "${mpirun[@]}" -np 2 bash -c \
+      'exec "$@" --resume "$0/ckpt/step_$((2 - OMPI_COMM_WORLD_RANK))"' "$work" \
+      "$cli" "${common[@]}" --steps 4 --stages 2 >"$work/out" 2>&1
+    status=$?
+    [ "$status" = 2 ] || fail "two steps at two paths: status $status: $(cat "$work/out")"
+    [ "$(grep -c "conveyor: error: the processes opened different checkpoints: the process of rank 0 one of step 2 (manifest checksum [0-9a-f]*) at '$work/ckpt/step_2', that of rank 1 one of step 1 (manifest checksum [0-9a-f]*) at '$work/ckpt/step_1'; " "$work/out")" = 1 ] ||
+      fail "two steps at two paths are not refused once, naming each path: $(cat "$work/out")"
+    echo "own copies of one checkpoint resume bitwise; copies of two, or two paths, are refused once"
     ;;
   corrupt)
     run saved -- --stages 2 --stop-after 2 --save-dir "$work/ckpt" --transport inproc

@@ -64,7 +64,9 @@
 #   mpi_train.sh CONVEYOR memory_cap   -np 2 with a --memory-cap that holds each rank but not
 #                                      both: runs (each process's allocators hold one rank),
 #                                      bit for bit as without the cap, where one process with
-#                                      both ranks is refused; a cap below a rank is refused
+#                                      both ranks is refused; a cap below a rank is refused;
+#                                      --partition auto plans each rank against that cap and
+#                                      runs, where one process with both ranks finds no layout
 #   mpi_train.sh CONVEYOR setup_stop   rank 1 of -np 2 stops for good before it makes its model,
 #                                      data and transport: rank 0, making the MPI transport,
 #                                      gives up at its deadline naming rank 1; rank 0 stopped
@@ -617,6 +619,20 @@ case $mode in
     [ "$status" = 2 ] && grep -q "on cpu (1 rank(s); rank 0: .* but the memory limit is 1.0 MiB" "$work/out" ||
       fail "mpirun -np 2 under a 1 MiB cap: status $status: $(cat "$work/out")"
     echo "mpirun -np 2 --memory-cap 4MiB: each process holds its rank to the cap"
+    # --partition auto plans each rank against the whole cap, as the check holds it: under
+    # 4 MiB shared by both ranks (2 MiB each) no layout of this model fits, in one process.
+    auto=(train --device cpu --stages 2 --memory-cap 4MiB --partition auto --batch-tokens 4096
+          --steps 2 --timeout 20)
+    timeout 60 "$cli" "${auto[@]}" >"$work/out" 2>&1
+    status=$?
+    [ "$status" = 2 ] && grep -q "fits 2.0 MiB per rank" "$work/out" ||
+      fail "--partition auto with both ranks in one process under 4 MiB: status $status: $(cat "$work/out")"
+    timeout 60 "${mpirun[@]}" -np 2 "$cli" "${auto[@]}" >"$work/out" 2>&1 ||
+      fail "mpirun -np 2 --partition auto --memory-cap 4MiB failed: $(cat "$work/out")"
+    grep -q "^memory cap per rank: 4.0 MiB (the memory limit given, which each process holds for its own rank)$" \
+      "$work/out" || fail "the plan's cap is not each process's: $(cat "$work/out")"
+    [ "$(grep -c '^done ' "$work/out")" = 1 ] || fail "the run did not end once: $(cat "$work/out")"
+    echo "mpirun -np 2 --partition auto --memory-cap 4MiB: $(grep '^plan ' "$work/out")"
     ;;
   *) fail "unknown mode $mode" ;;
 esac
