@@ -4,6 +4,9 @@
 // thread runs everything inline. Kernels split their work into tasks whose boundaries depend
 // on the problem's shape only, never on the thread count, so every thread count gives the
 // same bits. One caller at a time (one rank, one thread); tasks must not call back into it.
+// Between jobs the workers, and the caller waiting for them, spin for a short while before
+// they sleep: a training step runs thousands of jobs a few microseconds apart, and a wake-up
+// through the kernel costs about as much as a small job.
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -48,11 +51,14 @@ class ThreadPool {
 
   std::vector<std::thread> workers_;
   std::mutex mutex_;
-  std::condition_variable wake_;
-  std::condition_variable done_;
-  uint64_t generation_ = 0;  // bumped per job, under mutex_
-  int busy_workers_ = 0;     // workers still inside the current job, under mutex_
-  bool stop_ = false;
+  std::condition_variable wake_;  // workers asleep until the next job
+  std::condition_variable done_;  // the caller asleep until the last worker is done
+  // Bumped per job under mutex_, read by spinning workers without it.
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> busy_workers_{0};  // workers still inside the current job
+  std::atomic<bool> stop_{false};     // set under mutex_
+  int sleeping_workers_ = 0;          // under mutex_
+  bool caller_sleeping_ = false;      // under mutex_
   TaskFn fn_ = nullptr;
   void* context_ = nullptr;
   int64_t tasks_ = 0;

@@ -6,7 +6,13 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
 #include <stdexcept>
+#include <thread>
 #include <vector>
 
 #include "kernels/activation.h"
@@ -41,6 +47,79 @@ TEST(ThreadPool, RethrowsATaskFailureAndStaysUsable) {
   std::atomic<int64_t> sum{0};
   pool.parallel_for(10, [&](int64_t i) { sum += i; });
   EXPECT_EQ(sum.load(), 45);
+}
+
+// A lost wake-up hangs instead of failing: this ends the test binary, naming the test, when
+// the scope it guards outlives `limit`.
+class Watchdog {
+ public:
+  Watchdog(const char* what, std::chrono::seconds limit)
+      : thread_([this, what, limit] {
+          std::unique_lock<std::mutex> lock(mutex_);
+          if (!done_cv_.wait_for(lock, limit, [this] { return done_; })) {
+            std::fprintf(stderr, "%s: still running after %lld s (a thread was never woken)\n",
+                         what, static_cast<long long>(limit.count()));
+            std::abort();
+          }
+        }) {}
+  ~Watchdog() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      done_ = true;
+    }
+    done_cv_.notify_one();
+    thread_.join();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable done_cv_;
+  bool done_ = false;
+  std::thread thread_;
+};
+
+// Between jobs the workers spin a while and then sleep; the caller, waiting for a worker,
+// does the same. Every round below takes each path: jobs back to back (spinning workers),
+// jobs after a pause longer than any spin (sleeping workers, woken), and a worker's task that
+// outlasts the caller's spin (the caller asleep, woken by the last worker).
+TEST(ThreadPool, WakesSpinningAndSleepingThreads) {
+  using std::chrono::milliseconds;
+  const Watchdog watchdog("WakesSpinningAndSleepingThreads", std::chrono::seconds(30));
+  k::ThreadPool pool(3);
+  for (int round = 0; round < 5; ++round) {
+    for (int job = 0; job < 200; ++job) {
+      std::vector<std::atomic<int>> hits(7);
+      pool.parallel_for(7, [&](int64_t i) { hits[i].fetch_add(1); });
+      for (auto& h : hits) ASSERT_EQ(h.load(), 1);
+    }
+    std::this_thread::sleep_for(milliseconds(5));
+    std::atomic<int64_t> sum{0};
+    pool.parallel_for(3, [&](int64_t i) {
+      if (i > 0) std::this_thread::sleep_for(milliseconds(3));
+      sum += i + 1;
+    });
+    EXPECT_EQ(sum.load(), 6);
+    std::this_thread::sleep_for(milliseconds(5));
+    EXPECT_THROW(pool.parallel_for(2,
+                                   [](int64_t i) {
+                                     std::this_thread::sleep_for(milliseconds(2));
+                                     if (i == 1) throw std::runtime_error("slow task failed");
+                                   }),
+                 std::runtime_error);
+  }
+}
+
+TEST(ThreadPool, StopsWhetherItsWorkersSpinOrSleep) {
+  const Watchdog watchdog("StopsWhetherItsWorkersSpinOrSleep", std::chrono::seconds(30));
+  { k::ThreadPool fresh(3); }  // workers still spinning for a first job
+  {
+    k::ThreadPool used(3);
+    used.parallel_for(5, [](int64_t) {});
+  }  // workers spinning after a job
+  {
+    k::ThreadPool idle(3);
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }  // workers asleep
 }
 
 TEST(ThreadPool, RejectsZeroThreads) { EXPECT_THROW(k::ThreadPool(0), std::invalid_argument); }
