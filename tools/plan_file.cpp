@@ -3,6 +3,7 @@
 // how `conveyor train --plan FILE` reads one back, refusing a file planned for another run.
 #include <algorithm>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -216,15 +217,31 @@ void apply_plan_text(const std::string& text, const std::string& source, TrainCo
   // A plan nests three levels deep. Printing or copying a value recurses once per level, so a
   // file of a million '[' would overflow the stack when an error message shows it.
   constexpr int kMaxPlanDepth = 16;
-  const auto limit_depth = [&](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
+  // A field given twice would keep its last value without a word ("stages": 2 edited into
+  // "stages": 3 below the first): the keys of each open object are kept to refuse it.
+  std::vector<std::set<std::string>> keys_of_open_objects;
+  const auto check_while_parsing = [&](int depth, nlohmann::json::parse_event_t event,
+                                       nlohmann::json& parsed) {
     if (depth > kMaxPlanDepth)
       throw UsageError(source + " nests JSON deeper than " + std::to_string(kMaxPlanDepth) +
                        " levels; expected the file `conveyor plan --out` writes");
+    using Event = nlohmann::json::parse_event_t;
+    if (event == Event::object_start) {
+      keys_of_open_objects.emplace_back();
+    } else if (event == Event::object_end) {
+      keys_of_open_objects.pop_back();
+    } else if (event == Event::key &&
+               !keys_of_open_objects.back().insert(parsed.get<std::string>()).second) {
+      const std::string key = parsed.get<std::string>();
+      throw UsageError(source + " gives the field '" +
+                       escaped_for_message(key.size() > 40 ? key.substr(0, 37) + "..." : key) +
+                       "' twice; give each field once");
+    }
     return true;
   };
   nlohmann::json plan;
   try {
-    plan = nlohmann::json::parse(text, limit_depth);
+    plan = nlohmann::json::parse(text, check_while_parsing);
   } catch (const nlohmann::json::exception& e) {
     throw UsageError(source + " is not JSON (" + json_error_text(e) +
                      "); expected the file `conveyor plan --out` writes");
