@@ -240,8 +240,34 @@ TEST(TrainerMisuse, ATrainerDestroyedBeforeItsCheckpointerWaitsForTheBackgroundW
   checkpointer.save();
   trainer.reset();  // the background write may still be going on
   EXPECT_CONTAINS(message_of([&] { checkpointer.finish(); }), "its trainer was destroyed");
-  // The write it waited for was committed.
+  // The write it waited for was committed, and the checkpointer says so.
   EXPECT_EQ(open_checkpoint(dir.path()).step(), 1);
+  EXPECT_EQ(checkpointer.last_saved_step(), 1);
+}
+
+// A second checkpointer replaced the first one's handlers: the trainer's end then reached
+// the second (or, once it was gone, nobody), and the first read the freed trainer.
+TEST(TrainerMisuse, ASecondCheckpointerOfOneTrainerIsRefused) {
+  TempDir dir;
+  auto trainer = std::make_unique<Trainer>(small_run(), std::make_shared<CountingSource>());
+  TrainerCheckpointer first(*trainer, {dir.path() / "first"});
+  EXPECT_EQ(message_of([&] { TrainerCheckpointer second(*trainer, {dir.path() / "second"}); }),
+            "the trainer already has a TrainerCheckpointer (or a handler of its own, "
+            "Trainer::set_destroy_handler); a trainer saves through one checkpointer at a time: "
+            "destroy the other one first");
+  trainer->step();
+  trainer.reset();  // the first checkpointer still hears of it
+  EXPECT_CONTAINS(message_of([&] { first.save(); }), "its trainer was destroyed");
+  // One after the other, as a program that saves into two folders in turn does.
+  Trainer next(small_run(), std::make_shared<CountingSource>());
+  next.step();
+  {
+    TrainerCheckpointer a(next, {dir.path() / "a"});
+    a.finish();
+  }
+  TrainerCheckpointer b(next, {dir.path() / "b"});
+  b.finish();
+  EXPECT_EQ(open_checkpoint(dir.path() / "b").step(), 1);
 }
 
 TEST(TrainerMisuse, CheckpointOptionsThatCannotBeAreRefusedNamingTheField) {
