@@ -272,6 +272,12 @@ void ModelConfig::validate() const {
   if (!(ln_eps > 0.0f) || !std::isfinite(ln_eps))
     throw std::invalid_argument("ModelConfig::ln_eps must be a finite number above 0, got " +
                                 number_text(ln_eps));
+  // A value cast from outside the enum would run as ReLU (the kernels test for GELU only)
+  // while the model's name says otherwise.
+  if (activation != ops::ActivationKind::kGelu && activation != ops::ActivationKind::kRelu)
+    throw std::invalid_argument(
+        "ModelConfig::activation must be ops::ActivationKind::kGelu or kRelu, got the value " +
+        std::to_string(static_cast<int>(activation)));
 }
 
 std::string ModelConfig::to_string() const {

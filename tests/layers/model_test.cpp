@@ -200,6 +200,21 @@ TEST(ModelDescription, InitialValuesThatAreNotFiniteOrAnEmptyRangeAreRejected) {
   }
 }
 
+TEST(ModelConfig, AnActivationOutsideTheEnumIsRefused) {
+  ModelConfig config = small_tiny();
+  config.activation = static_cast<ops::ActivationKind>(7);
+  try {
+    config.validate();
+    ADD_FAILURE() << "activation 7 was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "ModelConfig::activation must be ops::ActivationKind::kGelu or kRelu, got the "
+              "value 7");
+  }
+  config.activation = ops::ActivationKind::kRelu;
+  EXPECT_NO_THROW(config.validate());
+}
+
 TEST(ModelConfig, ALayerNormEpsilonMustBeFiniteAndAboveZero) {
   ModelConfig config = small_tiny();
   for (const float eps : {0.0f, -1e-5f, std::numeric_limits<float>::infinity(), std::nanf("")}) {
