@@ -125,6 +125,13 @@ void ModelDescription::validate() const {
         throw std::invalid_argument(where + " gives parameter '" + p->name + "' the shape " +
                                     shape_to_string(p->shape) +
                                     "; expected positive dimensions (a single value is [1])");
+      try {
+        shape_numel(p->shape);
+      } catch (const std::invalid_argument&) {
+        throw std::invalid_argument(where + " gives parameter '" + p->name + "' the shape " +
+                                    shape_to_string(p->shape) +
+                                    ", more elements than a tensor can hold");
+      }
       if (const std::string problem = init_problem(p->init); !problem.empty())
         throw std::invalid_argument(where + " gives parameter " + parameter_text(*p) + "; " +
                                     problem);

@@ -159,6 +159,13 @@ TEST(ModelDescription, ParametersThatCouldNotBeBuiltOrSavedAreRejected) {
   EXPECT_NE(error.find("unit 0 has a parameter without a name"), std::string::npos) << error;
   error = error_of(listing({}, {named("b", {4, 0})}));
   EXPECT_NE(error.find("gives parameter 'b' the shape [4, 0]"), std::string::npos) << error;
+  // 2^62 floats, whose 2^64 bytes a size_t counts as 0: an estimate of nothing, then a write
+  // past a tensor with no storage.
+  error = error_of(listing({}, {named("huge", {int64_t{1} << 31, int64_t{1} << 31})}));
+  EXPECT_NE(error.find("gives parameter 'huge' the shape [2147483648, 2147483648], more "
+                       "elements than a tensor can hold"),
+            std::string::npos)
+      << error;
   error = error_of(listing({}, {named("scalar", {})}));
   EXPECT_NE(error.find("parameter 'scalar'"), std::string::npos) << error;
   error = error_of(listing({}, {}, /*null_in_second=*/true));
@@ -331,10 +338,12 @@ TEST(ModelDescription, UnitMemoryThatIsNotAFiniteCountOfBytesIsRefused) {
 }
 
 TEST(ModelDescription, ACountPastInt64IsRefusedNotWrapped) {
-  // fc1 and fc2 of one block hold 2^62 weights each: their sum, and the model's, pass 2^63.
+  // fc1 and fc2 of each of 4 blocks hold 2^60 weights each (a tensor holds at most 2^61 - 1
+  // floats): their sum passes 2^63.
   ModelConfig c = model_preset("tiny");
-  c.d_model = int64_t{1} << 31;
-  c.hidden = int64_t{1} << 31;
+  c.d_model = int64_t{1} << 30;
+  c.hidden = int64_t{1} << 30;
+  c.n_layers = 4;
   c.vocab = 16;
   try {
     count_parameters(c);
@@ -346,9 +355,10 @@ TEST(ModelDescription, ACountPastInt64IsRefusedNotWrapped) {
   }
   // The reference model refuses such widths up front; a description of one's own is counted.
   ModelDescription big = two_linear_units();
+  big.num_units = 8;
   big.make_unit = [](int64_t index) -> std::unique_ptr<Layer> {
-    return std::make_unique<Linear>("unit." + std::to_string(index), int64_t{1} << 31,
-                                    int64_t{1} << 31, /*bias=*/false);
+    return std::make_unique<Linear>("unit." + std::to_string(index), int64_t{1} << 30,
+                                    int64_t{1} << 30, /*bias=*/false);
   };
   try {
     big.count_parameters();
