@@ -63,13 +63,18 @@ for example in minimal_train custom_model checkpoint_resume; do
   echo "check_install: running $example"
   "$work/$example/$example"
 done
-# A data file that cannot be read is caught by its type, InputFileError, from the installed
-# headers: minimal_train says why and exits 2.
-status=0
-"$work/minimal_train/minimal_train" "$work" 2>"$work/minimal_train.err" || status=$?
-if [ "$status" != 2 ] || ! grep -q "^minimal_train: data file" "$work/minimal_train.err"; then
-  echo "check_install: minimal_train given a folder as its data file: status $status," \
-       "$(cat "$work/minimal_train.err")" >&2
-  exit 1
-fi
-echo "check_install: minimal_train catches InputFileError"
+# A data file that cannot be used is caught by its type from the installed headers (a folder
+# and an empty file are InputFileErrors, a file shorter than a batch an invalid_argument):
+# minimal_train says why and exits 2, where an exception it missed would abort it.
+: >"$work/empty.txt"
+printf 'abc' >"$work/short.txt"
+for data in "$work" "$work/empty.txt" "$work/short.txt"; do
+  status=0
+  "$work/minimal_train/minimal_train" "$data" 2>"$work/minimal_train.err" || status=$?
+  if [ "$status" != 2 ] || ! grep -q "^minimal_train: data file" "$work/minimal_train.err"; then
+    echo "check_install: minimal_train given $data as its data file: status $status," \
+         "$(cat "$work/minimal_train.err")" >&2
+    exit 1
+  fi
+done
+echo "check_install: minimal_train refuses a folder, an empty and a short data file"
