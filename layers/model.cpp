@@ -86,6 +86,13 @@ void ModelDescription::validate() const {
     throw std::invalid_argument(label + " has " + std::to_string(num_units) +
                                 " units; at least 2 are needed (the first takes token ids, the "
                                 "last returns the loss)");
+  // Validation builds every unit twice and the partitioner walks them all: 2^20 units take a
+  // fraction of a second here, a count such as 2^40 (a typo) would take days before a word.
+  constexpr int64_t kMaxUnits = int64_t{1} << 20;
+  if (num_units > kMaxUnits)
+    throw std::invalid_argument(label + " has " + std::to_string(num_units) + " units; at most " +
+                                std::to_string(kMaxUnits) +
+                                " are taken (ModelDescription::num_units)");
   if (vocab < 0)
     throw std::invalid_argument(label + " has vocab " + std::to_string(vocab) +
                                 "; expected the number of token ids, or 0 when unknown");

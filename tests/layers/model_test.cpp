@@ -87,6 +87,20 @@ TEST(ModelDescription, IncompleteDescriptionsAreRejectedByName) {
   ModelDescription model = two_linear_units();
   model.num_units = 1;
   EXPECT_NE(error_of(model).find("at least 2 are needed"), std::string::npos) << error_of(model);
+  // Refused before any unit or activation is asked for: walking 2^40 of them took days before
+  // a word (a description that gives up past 2^20 makes the test fail at once, not hang).
+  model.num_units = int64_t{1} << 40;
+  model.make_unit = [](int64_t index) -> std::unique_ptr<Layer> {
+    if (index >= int64_t{1} << 20) throw std::invalid_argument("units past 2^20 were built");
+    return std::make_unique<Linear>("unit." + std::to_string(index), 4, 4);
+  };
+  model.activation = [](int64_t boundary, int64_t tokens) {
+    if (boundary >= int64_t{1} << 20) throw std::invalid_argument("boundaries past 2^20 asked");
+    return ActivationSpec{{tokens, 4}};
+  };
+  EXPECT_EQ(error_of(model),
+            "model 'two linears' has 1099511627776 units; at most 1048576 are taken "
+            "(ModelDescription::num_units)");
   model = two_linear_units();
   model.make_unit = nullptr;
   EXPECT_NE(error_of(model).find("make_unit"), std::string::npos) << error_of(model);
