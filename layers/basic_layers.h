@@ -38,7 +38,7 @@ class Activation : public Layer {
   Tensor forward(DeviceContext& ctx, const Tensor& x, const MicroBatchInputs& in,
                  SavedTensors& saved) override;
   Tensor backward_input(DeviceContext& ctx, const Tensor& dy, SavedTensors& saved) override;
-  void backward_weight(DeviceContext& ctx, SavedTensors& saved) override { saved.clear(); }
+  void backward_weight(DeviceContext& /*ctx*/, SavedTensors& saved) override { saved.clear(); }
   std::optional<ActivationMemory> activation_memory(const Shape& input) const override;
 
  private:

@@ -86,6 +86,13 @@ void ModelDescription::validate() const {
     throw std::invalid_argument(label + " has " + std::to_string(num_units) +
                                 " units; at least 2 are needed (the first takes token ids, the "
                                 "last returns the loss)");
+  // Validation builds every unit twice and the partitioner walks them all: 2^20 units take a
+  // fraction of a second here, a count such as 2^40 (a typo) would take days before a word.
+  constexpr int64_t kMaxUnits = int64_t{1} << 20;
+  if (num_units > kMaxUnits)
+    throw std::invalid_argument(label + " has " + std::to_string(num_units) + " units; at most " +
+                                std::to_string(kMaxUnits) +
+                                " are taken (ModelDescription::num_units)");
   if (vocab < 0)
     throw std::invalid_argument(label + " has vocab " + std::to_string(vocab) +
                                 "; expected the number of token ids, or 0 when unknown");
@@ -125,6 +132,13 @@ void ModelDescription::validate() const {
         throw std::invalid_argument(where + " gives parameter '" + p->name + "' the shape " +
                                     shape_to_string(p->shape) +
                                     "; expected positive dimensions (a single value is [1])");
+      try {
+        shape_numel(p->shape);
+      } catch (const std::invalid_argument&) {
+        throw std::invalid_argument(where + " gives parameter '" + p->name + "' the shape " +
+                                    shape_to_string(p->shape) +
+                                    ", more elements than a tensor can hold");
+      }
       if (const std::string problem = init_problem(p->init); !problem.empty())
         throw std::invalid_argument(where + " gives parameter " + parameter_text(*p) + "; " +
                                     problem);
@@ -272,6 +286,12 @@ void ModelConfig::validate() const {
   if (!(ln_eps > 0.0f) || !std::isfinite(ln_eps))
     throw std::invalid_argument("ModelConfig::ln_eps must be a finite number above 0, got " +
                                 number_text(ln_eps));
+  // A value cast from outside the enum would run as ReLU (the kernels test for GELU only)
+  // while the model's name says otherwise.
+  if (activation != ops::ActivationKind::kGelu && activation != ops::ActivationKind::kRelu)
+    throw std::invalid_argument(
+        "ModelConfig::activation must be ops::ActivationKind::kGelu or kRelu, got the value " +
+        std::to_string(static_cast<int>(activation)));
 }
 
 std::string ModelConfig::to_string() const {

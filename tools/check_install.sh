@@ -2,8 +2,9 @@
 # Installs a built Conveyor into a scratch prefix and checks it as an application sees it:
 #   - only public headers are installed (no *_check.h, *_guard.h or *.cuh);
 #   - every installed header compiles on its own against the installed tree, as
-#     "conveyor/<path>", in a project whose own folders hold headers of the same paths and
-#     that cannot find Eigen (a dependency of the build only);
+#     "conveyor/<path>", without a warning of -Wall -Wextra -Wpedantic, in a project whose own
+#     folders hold headers of the same paths and that cannot find Eigen (a dependency of the
+#     build only);
 #   - each example under examples/ builds through find_package(conveyor) and runs.
 # Usage: tools/check_install.sh BUILD_DIR WORK_DIR
 set -euo pipefail
@@ -48,13 +49,17 @@ done
   echo ")"
   echo "target_include_directories(headers PRIVATE \${CMAKE_CURRENT_SOURCE_DIR})"
   echo "target_link_libraries(headers PRIVATE conveyor::conveyor)"
+  # As an application that builds with warnings as errors and reaches the headers by a plain
+  # -I (not the -isystem CMake gives imported targets, which hides their warnings) sees them.
+  echo "set_target_properties(headers PROPERTIES NO_SYSTEM_FROM_IMPORTED ON)"
+  echo "target_compile_options(headers PRIVATE -Wall -Wextra -Wpedantic -Werror)"
 } >"$headers_project/CMakeLists.txt"
 # Eigen is left unfindable: the library's kernels use it, but no installed header includes it,
 # so an application must not need it to find the package.
 cmake -S "$headers_project" -B "$work/headers-build" -DCMAKE_PREFIX_PATH="$prefix" \
       -DCMAKE_DISABLE_FIND_PACKAGE_Eigen3=TRUE --no-warn-unused-cli >/dev/null
 cmake --build "$work/headers-build" -j2 >/dev/null
-echo "check_install: $(cd "$include" && find . -name '*.h' | wc -l) installed headers compile on their own"
+echo "check_install: $(cd "$include" && find . -name '*.h' | wc -l) installed headers compile on their own, without warnings"
 
 for example in minimal_train custom_model checkpoint_resume; do
   cmake -S "$root/examples/$example" -B "$work/$example" -DCMAKE_BUILD_TYPE=Release \
@@ -63,13 +68,18 @@ for example in minimal_train custom_model checkpoint_resume; do
   echo "check_install: running $example"
   "$work/$example/$example"
 done
-# A data file that cannot be read is caught by its type, InputFileError, from the installed
-# headers: minimal_train says why and exits 2.
-status=0
-"$work/minimal_train/minimal_train" "$work" 2>"$work/minimal_train.err" || status=$?
-if [ "$status" != 2 ] || ! grep -q "^minimal_train: data file" "$work/minimal_train.err"; then
-  echo "check_install: minimal_train given a folder as its data file: status $status," \
-       "$(cat "$work/minimal_train.err")" >&2
-  exit 1
-fi
-echo "check_install: minimal_train catches InputFileError"
+# A data file that cannot be used is caught by its type from the installed headers (a folder
+# and an empty file are InputFileErrors, a file shorter than a batch an invalid_argument):
+# minimal_train says why and exits 2, where an exception it missed would abort it.
+: >"$work/empty.txt"
+printf 'abc' >"$work/short.txt"
+for data in "$work" "$work/empty.txt" "$work/short.txt"; do
+  status=0
+  "$work/minimal_train/minimal_train" "$data" 2>"$work/minimal_train.err" || status=$?
+  if [ "$status" != 2 ] || ! grep -q "^minimal_train: data file" "$work/minimal_train.err"; then
+    echo "check_install: minimal_train given $data as its data file: status $status," \
+         "$(cat "$work/minimal_train.err")" >&2
+    exit 1
+  fi
+done
+echo "check_install: minimal_train refuses a folder, an empty and a short data file"

@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "engine/train/run_limits.h"
 #include "layers/ops.h"
 #include "tools/cli_common.h"
 #include "tools/cli_flags.h"
@@ -158,7 +159,7 @@ void add_run_flags(CLI::App* cmd, RunFlags& f, RunFlagsFor command) {
   add_int_flag(cmd, "--hidden", f.hidden, 1, ModelConfig::kMaxHidden, "MLP hidden width")
       ->default_str("4 x d-model");
   cmd->add_option("--activation", f.activation, "gelu or relu")->default_str("preset");
-  add_int_flag(cmd, "--batch-tokens", f.batch_tokens, 1, int64_t{1} << 31,
+  add_int_flag(cmd, "--batch-tokens", f.batch_tokens, 1, kMaxBatchTokens,
                "Tokens per optimizer step");
   cmd->add_option("--device", f.device, "auto, cpu, cuda or cuda:N")->capture_default_str();
   CLI::Option* cap = cmd->add_option_function<std::string>(

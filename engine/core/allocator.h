@@ -80,7 +80,7 @@ class AllocatorBackend {
   // Blocks the host until `event` has completed. Used only when memory runs out (so that
   // blocks waiting for other streams can be reused) and on destruction. The default does
   // nothing; such blocks then stay pending.
-  virtual void synchronize_event(void* event) {}
+  virtual void synchronize_event(void* /*event*/) {}
 };
 
 // The memory cap of one device, drawn from by every allocator given it: their reserved bytes

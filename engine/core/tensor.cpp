@@ -48,12 +48,18 @@ std::string shape_to_string(const Shape& shape) {
 }
 
 int64_t shape_numel(const Shape& shape) {
+  // The bytes of the elements, at most 4 each, must fit the int64_t and size_t that count
+  // them (Tensor::nbytes, the allocator, the memory estimates): 2^62 floats were 0 bytes,
+  // a tensor with no storage that its first write ran past.
+  constexpr int64_t kMaxElements = std::numeric_limits<int64_t>::max() / 4;
   int64_t numel = 1;
   for (int64_t d : shape) {
     if (d < 0)
       throw std::invalid_argument("shape " + shape_to_string(shape) + " has a negative dimension");
-    if (d != 0 && numel > std::numeric_limits<int64_t>::max() / d)
-      throw std::invalid_argument("shape " + shape_to_string(shape) + " has too many elements");
+    if (d != 0 && numel > kMaxElements / d)
+      throw std::invalid_argument("shape " + shape_to_string(shape) +
+                                  " has too many elements for a tensor (at most " +
+                                  std::to_string(kMaxElements) + ")");
     numel *= d;
   }
   return numel;

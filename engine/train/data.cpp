@@ -163,9 +163,9 @@ FileSource::FileSource(const std::string& path) : path_(path) {
              kMaxBytes, "are read into memory"});
   bytes_.assign(text.begin(), text.end());
   if (bytes_.size() < 2)
-    throw std::invalid_argument("data file " + quoted_file_name(path) + " has " +
-                                std::to_string(bytes_.size()) +
-                                " bytes; at least 2 are needed to form an (input, target) pair");
+    throw InputFileError("data file " + quoted_file_name(path) + " has " +
+                         std::to_string(bytes_.size()) + (bytes_.size() == 1 ? " byte" : " bytes") +
+                         "; at least 2 are needed to form an (input, target) pair");
   contents_digest_ = checkpoint_io::xxh3_64_text(text.data(), text.size());
   std::array<uint64_t, 256> counts{};
   for (const uint8_t b : bytes_) ++counts[b];

@@ -208,7 +208,8 @@ void TrainConfig::validate() const {
   if (chunks < 1) fail("TrainConfig::chunks must be at least 1, got " + std::to_string(chunks));
   // What a checkpoint records must load again: its manifest takes no larger counts.
   for (const auto& [what, value, max] :
-       {std::tuple{"TrainConfig::microbatches", microbatches, kMaxMicrobatches},
+       {std::tuple{"TrainConfig::batch_tokens", batch_tokens, kMaxBatchTokens},
+        {"TrainConfig::microbatches", microbatches, kMaxMicrobatches},
         {"TrainConfig::stages", int64_t{stages}, kMaxStages},
         {"TrainConfig::chunks", int64_t{chunks}, kMaxChunks},
         {"TrainConfig::data_parallel", int64_t{data_parallel}, kMaxReplicas}})

@@ -268,12 +268,19 @@ StepStats Trainer::step() {
       msg << "the gradient norm became " << shown(result.grad_norm) << " (loss " << loss << ")";
     else
       msg << "loss became " << shown(loss) << " (gradient norm " << shown(result.grad_norm) << ")";
-    msg << " at step " << step << "; lower the learning rate (TrainConfig::optimizer.lr)";
-    if (config_.optimizer.clip_norm > 0)
-      msg << " or the clipping norm (TrainConfig::optimizer.clip_norm, now "
+    msg << " at step " << step;
+    // The first step's loss and gradient come before any update, so no rate or clipping
+    // setting can be their cause: the model's own computation is.
+    if (step == 1)
+      msg << ", before any update, so not through the learning rate or clipping: a unit's "
+             "forward or backward gives non-finite values on the weights the run starts from";
+    else if (config_.optimizer.clip_norm > 0)
+      msg << "; lower the learning rate (TrainConfig::optimizer.lr) or the clipping norm "
+             "(TrainConfig::optimizer.clip_norm, now "
           << config_.optimizer.clip_norm << ")";
     else
-      msg << " or enable clipping (TrainConfig::optimizer.clip_norm)";
+      msg << "; lower the learning rate (TrainConfig::optimizer.lr) or enable clipping "
+             "(TrainConfig::optimizer.clip_norm)";
     throw TrainingDiverged(msg.str());
   }
   steps_done_ = step;

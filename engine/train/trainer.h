@@ -147,6 +147,9 @@ class Trainer {
   // Called by the destructor before anything is freed: a TrainerCheckpointer waits there for
   // the background write that still reads the trainer, and forgets it.
   void set_destroy_handler(std::function<void()> handler) { destroy_handler_ = std::move(handler); }
+  // Whether a destroy handler is installed: a TrainerCheckpointer refuses a trainer that has
+  // one, since replacing it would leave the first checkpointer unwarned of the trainer's end.
+  bool has_destroy_handler() const { return static_cast<bool>(destroy_handler_); }
   void save_now();
   const TrainConfig& config() const { return config_; }
   const ModelDescription& model() const { return model_; }

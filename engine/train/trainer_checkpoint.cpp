@@ -112,6 +112,14 @@ void check_checkpoint_directory(const fs::path& dir) {
 
 TrainerCheckpointer::TrainerCheckpointer(Trainer& trainer, TrainerCheckpointOptions options)
     : trainer_(trainer), options_(std::move(options)) {
+  // A second checkpointer would replace the first one's handlers, and the first would then
+  // neither hear of the trainer's end (its background write and destructor reading a freed
+  // trainer) nor keep its handlers once the second one's destructor cleared them.
+  if (trainer_.has_destroy_handler())
+    throw std::logic_error(
+        "the trainer already has a TrainerCheckpointer (or a handler of its own, "
+        "Trainer::set_destroy_handler); a trainer saves through one checkpointer at a time: "
+        "destroy the other one first");
   check_checkpoint_names(trainer_.model());
   // Named by the options' fields: a program sets those, and the command line shows its flags.
   if (options_.directory.empty())
@@ -145,6 +153,10 @@ TrainerCheckpointer::TrainerCheckpointer(Trainer& trainer, TrainerCheckpointOpti
   trainer_.set_destroy_handler([this] {
     // The background write reads the trainer's executor as it commits.
     if (background_.joinable()) background_.join();
+    // A write that committed on its own thread (one process) is saved, as wait_for_background
+    // would have recorded; one whose commit waits for the other processes never commits.
+    if (!background_error_ && !pending_commit_ && background_step_ >= 0)
+      last_saved_step_ = background_step_;
     trainer_gone_ = true;
   });
 }

@@ -62,7 +62,8 @@ class TrainerCheckpointer {
  public:
   // Checks the folder (check_checkpoint_directory), locks it against other checkpointers
   // (another run saving into it is refused with a CheckpointError) and installs
-  // Trainer::save_now.
+  // Trainer::save_now. A trainer has one checkpointer at a time: one that already has a
+  // checkpointer (or a destroy handler of its own) is refused with a std::logic_error.
   TrainerCheckpointer(Trainer& trainer, TrainerCheckpointOptions options);
   // Waits for a background save; its error is dropped, see finish(). The trainer should
   // outlive its checkpointer; one destroyed first waits for the background write in its own

@@ -3,6 +3,7 @@
 // the best achievable one.
 #include <cstdio>
 #include <memory>
+#include <stdexcept>
 
 #include "conveyor/engine/conveyor.h"
 
@@ -25,7 +26,8 @@ int main(int argc, char** argv) {
   std::unique_ptr<conveyor::Trainer> made;
   try {
     made = std::make_unique<conveyor::Trainer>(config);
-  } catch (const conveyor::InputFileError& e) {  // a missing, unreadable or too large file
+  } catch (const std::invalid_argument& e) {
+    // A data file that cannot be used (InputFileError) or is shorter than a step's batch.
     std::fprintf(stderr, "minimal_train: %s\n", e.what());
     return 2;
   }

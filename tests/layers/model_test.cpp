@@ -87,6 +87,20 @@ TEST(ModelDescription, IncompleteDescriptionsAreRejectedByName) {
   ModelDescription model = two_linear_units();
   model.num_units = 1;
   EXPECT_NE(error_of(model).find("at least 2 are needed"), std::string::npos) << error_of(model);
+  // Refused before any unit or activation is asked for: walking 2^40 of them took days before
+  // a word (a description that gives up past 2^20 makes the test fail at once, not hang).
+  model.num_units = int64_t{1} << 40;
+  model.make_unit = [](int64_t index) -> std::unique_ptr<Layer> {
+    if (index >= int64_t{1} << 20) throw std::invalid_argument("units past 2^20 were built");
+    return std::make_unique<Linear>("unit." + std::to_string(index), 4, 4);
+  };
+  model.activation = [](int64_t boundary, int64_t tokens) {
+    if (boundary >= int64_t{1} << 20) throw std::invalid_argument("boundaries past 2^20 asked");
+    return ActivationSpec{{tokens, 4}};
+  };
+  EXPECT_EQ(error_of(model),
+            "model 'two linears' has 1099511627776 units; at most 1048576 are taken "
+            "(ModelDescription::num_units)");
   model = two_linear_units();
   model.make_unit = nullptr;
   EXPECT_NE(error_of(model).find("make_unit"), std::string::npos) << error_of(model);
@@ -159,6 +173,13 @@ TEST(ModelDescription, ParametersThatCouldNotBeBuiltOrSavedAreRejected) {
   EXPECT_NE(error.find("unit 0 has a parameter without a name"), std::string::npos) << error;
   error = error_of(listing({}, {named("b", {4, 0})}));
   EXPECT_NE(error.find("gives parameter 'b' the shape [4, 0]"), std::string::npos) << error;
+  // 2^62 floats, whose 2^64 bytes a size_t counts as 0: an estimate of nothing, then a write
+  // past a tensor with no storage.
+  error = error_of(listing({}, {named("huge", {int64_t{1} << 31, int64_t{1} << 31})}));
+  EXPECT_NE(error.find("gives parameter 'huge' the shape [2147483648, 2147483648], more "
+                       "elements than a tensor can hold"),
+            std::string::npos)
+      << error;
   error = error_of(listing({}, {named("scalar", {})}));
   EXPECT_NE(error.find("parameter 'scalar'"), std::string::npos) << error;
   error = error_of(listing({}, {}, /*null_in_second=*/true));
@@ -198,6 +219,21 @@ TEST(ModelDescription, InitialValuesThatAreNotFiniteOrAnEmptyRangeAreRejected) {
     EXPECT_NE(error.find("initialised constant ["), std::string::npos) << error;
     EXPECT_NE(error.find("; expected a finite value"), std::string::npos) << error;
   }
+}
+
+TEST(ModelConfig, AnActivationOutsideTheEnumIsRefused) {
+  ModelConfig config = small_tiny();
+  config.activation = static_cast<ops::ActivationKind>(7);
+  try {
+    config.validate();
+    ADD_FAILURE() << "activation 7 was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "ModelConfig::activation must be ops::ActivationKind::kGelu or kRelu, got the "
+              "value 7");
+  }
+  config.activation = ops::ActivationKind::kRelu;
+  EXPECT_NO_THROW(config.validate());
 }
 
 TEST(ModelConfig, ALayerNormEpsilonMustBeFiniteAndAboveZero) {
@@ -316,10 +352,12 @@ TEST(ModelDescription, UnitMemoryThatIsNotAFiniteCountOfBytesIsRefused) {
 }
 
 TEST(ModelDescription, ACountPastInt64IsRefusedNotWrapped) {
-  // fc1 and fc2 of one block hold 2^62 weights each: their sum, and the model's, pass 2^63.
+  // fc1 and fc2 of each of 4 blocks hold 2^60 weights each (a tensor holds at most 2^61 - 1
+  // floats): their sum passes 2^63.
   ModelConfig c = model_preset("tiny");
-  c.d_model = int64_t{1} << 31;
-  c.hidden = int64_t{1} << 31;
+  c.d_model = int64_t{1} << 30;
+  c.hidden = int64_t{1} << 30;
+  c.n_layers = 4;
   c.vocab = 16;
   try {
     count_parameters(c);
@@ -331,9 +369,10 @@ TEST(ModelDescription, ACountPastInt64IsRefusedNotWrapped) {
   }
   // The reference model refuses such widths up front; a description of one's own is counted.
   ModelDescription big = two_linear_units();
+  big.num_units = 8;
   big.make_unit = [](int64_t index) -> std::unique_ptr<Layer> {
-    return std::make_unique<Linear>("unit." + std::to_string(index), int64_t{1} << 31,
-                                    int64_t{1} << 31, /*bias=*/false);
+    return std::make_unique<Linear>("unit." + std::to_string(index), int64_t{1} << 30,
+                                    int64_t{1} << 30, /*bias=*/false);
   };
   try {
     big.count_parameters();

@@ -20,7 +20,7 @@ one_line() {  # PATTERN COMMAND...: exit status 2, one line of output, matching 
   }
 }
 printf 'a' >"$name"
-one_line "^conveyor: error: data file '.*/two\\\\nlines' has 1 bytes" \
+one_line "^conveyor: error: data file '.*/two\\\\nlines' has 1 byte;" \
   "$cli" train --device cpu --steps 1 --data "$name"
 printf 'r0: F0.99999999\n' >"$name"
 one_line "^conveyor: error: schedule file '.*/two\\\\nlines': an action names micro-batch" \

@@ -48,6 +48,26 @@ TEST(Shape, ToStringAndNumel) {
   EXPECT_THROW(shape_numel({int64_t{1} << 40, int64_t{1} << 40}), std::invalid_argument);
 }
 
+// 2^62 floats are 2^64 bytes, which a size_t counts as 0: such a tensor had no storage and
+// its first write ran past it. Every element count whose bytes fit an int64_t is allowed.
+TEST(Shape, AnElementCountWhoseBytesCannotBeCountedIsRefused) {
+  const int64_t most = std::numeric_limits<int64_t>::max() / 4;
+  EXPECT_EQ(shape_numel({most}), most);
+  EXPECT_EQ(shape_numel({int64_t{1} << 30, int64_t{1} << 30}), int64_t{1} << 60);
+  for (const Shape& shape : {Shape{most + 1}, Shape{int64_t{1} << 31, int64_t{1} << 31}}) {
+    try {
+      shape_numel(shape);
+      ADD_FAILURE() << shape_to_string(shape) << " was taken";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_EQ(std::string(e.what()), "shape " + shape_to_string(shape) +
+                                           " has too many elements for a tensor (at most " +
+                                           std::to_string(most) + ")");
+    }
+  }
+  EXPECT_THROW(cpu_tensor({int64_t{1} << 31, int64_t{1} << 31}, DType::kF32),
+               std::invalid_argument);
+}
+
 TEST(DTypes, SizesAndNames) {
   EXPECT_EQ(dtype_size(DType::kF32), 4u);
   EXPECT_EQ(dtype_size(DType::kBF16), 2u);

@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine/schedule/input_file.h"
 #include "engine/train/checkpoint_io.h"
 #include "engine/train/trainer.h"
 
@@ -272,14 +273,25 @@ TEST(FileSource, TheContentsDigestFollowsTheBytesNotTheName) {
   std::remove(b.c_str());
 }
 
+// Each an InputFileError, as FileSource promises for a file it cannot use: a program that
+// catches that type for a bad data file gets the empty file's refusal too.
 TEST(FileSource, MissingOrTinyFilesAreClearErrors) {
-  EXPECT_THROW(FileSource("/nonexistent/conveyor/data.bin"), std::invalid_argument);
+  EXPECT_THROW(FileSource("/nonexistent/conveyor/data.bin"), InputFileError);
   const std::string path = ::testing::TempDir() + "conveyor_one_byte.bin";
-  {
-    std::ofstream f(path, std::ios::binary);
-    f << "x";
+  for (const std::string bytes : {"", "x"}) {
+    {
+      std::ofstream f(path, std::ios::binary | std::ios::trunc);
+      f << bytes;
+    }
+    try {
+      FileSource source(path);
+      ADD_FAILURE() << "a file of " << bytes.size() << " bytes was taken";
+    } catch (const InputFileError& e) {
+      EXPECT_EQ(std::string(e.what()),
+                "data file '" + path + "' has " + (bytes.empty() ? "0 bytes" : "1 byte") +
+                    "; at least 2 are needed to form an (input, target) pair");
+    }
   }
-  EXPECT_THROW(FileSource{path}, std::invalid_argument);
   std::remove(path.c_str());
 }
 

@@ -483,6 +483,15 @@ TEST(TrainConfigChecks, LayoutCountsPastTheCheckpointsRangeAreRefused) {
             "TrainConfig::microbatches must be at most 65536, got 131072");
   EXPECT_EQ(refusal([](TrainConfig& c) { c.stages = 1025; }),
             "TrainConfig::stages must be at most 1024, got 1025");
+  // The command line's bound: past it, 2^62 tokens were refused only by a tensor shape of the
+  // memory estimate that named no setting.
+  EXPECT_EQ(refusal([](TrainConfig& c) { c.batch_tokens = int64_t{1} << 62; }),
+            "TrainConfig::batch_tokens must be at most 2147483648, got 4611686018427387904");
+  EXPECT_EQ(refusal([](TrainConfig& c) {
+              c.batch_tokens = kMaxBatchTokens;
+              c.microbatches = 1;
+            }),
+            "accepted");
   EXPECT_EQ(refusal([](TrainConfig& c) { c.chunks = 65; }),
             "TrainConfig::chunks must be at most 64, got 65");
   EXPECT_EQ(refusal([](TrainConfig& c) {

@@ -16,6 +16,8 @@
 #include "checkpoint_fixture.h"
 #include "engine/train/trainer.h"
 #include "engine/train/trainer_checkpoint.h"
+#include "layers/basic_layers.h"
+#include "layers/blocks.h"
 
 namespace conveyor {
 namespace {
@@ -240,8 +242,76 @@ TEST(TrainerMisuse, ATrainerDestroyedBeforeItsCheckpointerWaitsForTheBackgroundW
   checkpointer.save();
   trainer.reset();  // the background write may still be going on
   EXPECT_CONTAINS(message_of([&] { checkpointer.finish(); }), "its trainer was destroyed");
-  // The write it waited for was committed.
+  // The write it waited for was committed, and the checkpointer says so.
   EXPECT_EQ(open_checkpoint(dir.path()).step(), 1);
+  EXPECT_EQ(checkpointer.last_saved_step(), 1);
+}
+
+// A second checkpointer replaced the first one's handlers: the trainer's end then reached
+// the second (or, once it was gone, nobody), and the first read the freed trainer.
+TEST(TrainerMisuse, ASecondCheckpointerOfOneTrainerIsRefused) {
+  TempDir dir;
+  auto trainer = std::make_unique<Trainer>(small_run(), std::make_shared<CountingSource>());
+  TrainerCheckpointer first(*trainer, {dir.path() / "first"});
+  EXPECT_EQ(message_of([&] { TrainerCheckpointer second(*trainer, {dir.path() / "second"}); }),
+            "the trainer already has a TrainerCheckpointer (or a handler of its own, "
+            "Trainer::set_destroy_handler); a trainer saves through one checkpointer at a time: "
+            "destroy the other one first");
+  trainer->step();
+  trainer.reset();  // the first checkpointer still hears of it
+  EXPECT_CONTAINS(message_of([&] { first.save(); }), "its trainer was destroyed");
+  // One after the other, as a program that saves into two folders in turn does.
+  Trainer next(small_run(), std::make_shared<CountingSource>());
+  next.step();
+  {
+    TrainerCheckpointer a(next, {dir.path() / "a"});
+    a.finish();
+  }
+  TrainerCheckpointer b(next, {dir.path() / "b"});
+  b.finish();
+  EXPECT_EQ(open_checkpoint(dir.path() / "b").step(), 1);
+}
+
+// Non-finite values on the first step come before any update: the model's doing, which the
+// learning rate or clipping cannot change.
+TEST(TrainerMisuse, AFirstStepThatIsNotFiniteBlamesTheModelNotTheLearningRate) {
+  class NanGradient : public Layer {
+   public:
+    const std::string& name() const override { return name_; }
+    std::vector<Parameter*> parameters() override { return {}; }
+    Tensor forward(DeviceContext& ctx, const Tensor& x, const MicroBatchInputs&,
+                   SavedTensors&) override {
+      Tensor y = ctx.zeros(x.shape());
+      ops::add_(ctx, y, x);
+      return y;
+    }
+    Tensor backward_input(DeviceContext& ctx, const Tensor& dy, SavedTensors&) override {
+      Tensor dx = ctx.empty(dy.shape());
+      ops::fill(ctx, dx, std::nanf(""));
+      return dx;
+    }
+    void backward_weight(DeviceContext&, SavedTensors&) override {}
+
+   private:
+    std::string name_ = "nan";
+  };
+  ModelDescription model;
+  model.name = "nan gradient";
+  model.num_units = 3;
+  model.vocab = 16;
+  model.make_unit = [](int64_t i) -> std::unique_ptr<Layer> {
+    if (i == 0) return std::make_unique<Embedding>("embed", 16, 8);
+    if (i == 1) return std::make_unique<NanGradient>();
+    return std::make_unique<LossHead>("head", 8, 16);
+  };
+  model.activation = activation_rows(8);
+  Trainer trainer(model, small_run(), std::make_shared<CountingSource>());
+  const std::string message = message_of([&] { trainer.step(); });
+  EXPECT_CONTAINS(message,
+                  "at step 1, before any update, so not through the learning rate or clipping: a "
+                  "unit's forward or backward gives non-finite values on the weights the run "
+                  "starts from");
+  EXPECT_EQ(message.find("lower the learning rate"), std::string::npos) << message;
 }
 
 TEST(TrainerMisuse, CheckpointOptionsThatCannotBeAreRefusedNamingTheField) {
