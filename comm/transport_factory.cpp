@@ -6,6 +6,7 @@
 #include "comm/in_process.h"
 #include "comm/mpi_transport.h"
 #include "comm/nccl.h"
+#include "engine/core/enum_value.h"
 
 namespace conveyor::comm {
 namespace {
@@ -80,6 +81,13 @@ const char* transport_name(TransportKind kind) {
       return "mpi";
   }
   return "unknown";
+}
+
+void check_transport_kind(TransportKind kind, const std::string& field) {
+  check_enum_value(kind,
+                   {TransportKind::kAuto, TransportKind::kInProcess, TransportKind::kNccl,
+                    TransportKind::kMpi, TransportKind::kNcclOverMpi},
+                   field, "TransportKind::kAuto, kInProcess, kNccl, kMpi or kNcclOverMpi");
 }
 
 bool spans_processes(TransportKind kind) {

@@ -25,6 +25,10 @@ enum class TransportKind { kAuto, kInProcess, kNccl, kMpi, kNcclOverMpi };
 // is nccl too: the command line asks for NCCL, the launcher makes it span processes).
 const char* transport_name(TransportKind kind);
 
+// Throws std::invalid_argument unless `kind` is one of the enum's values (one made by a cast
+// may not be), naming it as `field` ("ExecutorOptions::transport").
+void check_transport_kind(TransportKind kind, const std::string& field);
+
 // True for kinds that connect processes, each holding one rank, rather than the ranks of
 // one process.
 bool spans_processes(TransportKind kind);

@@ -81,7 +81,9 @@ PipelineExecutor::PipelineExecutor(const ModelDescription& model, schedule::Sche
         (schedule_.replicas > 1 ? " x " + std::to_string(schedule_.replicas) + " replicas" : "") +
         " but " + std::to_string(devices.size()) + " devices were given");
   // Before any rank is built, so that an impossible request fails at once.
+  options.recompute.check_kind("ExecutorOptions::recompute.kind");
   options.recompute.per_unit(model_.num_units);
+  comm::check_transport_kind(options.transport, "ExecutorOptions::transport");
   comm::check_timeout(options.transport_timeout, "ExecutorOptions::transport_timeout");
   transport_kind_ = comm::choose_transport(options.transport, devices);
   transport_timeout_ = options.transport_timeout;

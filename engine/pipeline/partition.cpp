@@ -7,6 +7,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "engine/core/enum_value.h"
+
 namespace conveyor {
 namespace {
 
@@ -109,6 +111,11 @@ std::vector<int64_t> partition_blocks(const ModelDescription& model, int num_sta
                                 " blocks into " + std::to_string(num_stages) + " stages: at most " +
                                 std::to_string(max_stages) +
                                 " (first unit + blocks + last unit, one unit each)");
+  // A kind made by a cast would match no case below and read as a partition of no stages.
+  check_enum_value(spec.kind,
+                   {PartitionSpec::Kind::kUniform, PartitionSpec::Kind::kParameters,
+                    PartitionSpec::Kind::kBlocks},
+                   "PartitionSpec::kind", "PartitionSpec::Kind::kUniform, kParameters or kBlocks");
   std::vector<int64_t> counts;
   switch (spec.kind) {
     case PartitionSpec::Kind::kUniform:

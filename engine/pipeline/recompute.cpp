@@ -2,6 +2,8 @@
 
 #include <stdexcept>
 
+#include "engine/core/enum_value.h"
+
 namespace conveyor {
 
 std::vector<bool> RecomputeSpec::per_unit(int64_t num_units) const {
@@ -18,6 +20,11 @@ std::vector<bool> RecomputeSpec::per_unit(int64_t num_units) const {
     out[static_cast<size_t>(u)] = true;
   }
   return out;
+}
+
+void RecomputeSpec::check_kind(const std::string& field) const {
+  check_enum_value(kind, {Kind::kNone, Kind::kStage, Kind::kUnits}, field,
+                   "RecomputeSpec::Kind::kNone, kStage or kUnits");
 }
 
 std::string to_string(const RecomputeSpec& spec) {

@@ -30,6 +30,9 @@ struct RecomputeSpec {
   // Per unit of a model of `num_units` units: whether it is recomputed. Throws
   // std::invalid_argument for a unit out of range or listed twice.
   std::vector<bool> per_unit(int64_t num_units) const;
+  // Throws std::invalid_argument unless `kind` is one of the enum's values (one made by a
+  // cast may not be), naming it as `field` ("TrainConfig::recompute.kind").
+  void check_kind(const std::string& field) const;
 };
 
 // "none", "stage" or "units:2,3,5".

@@ -30,6 +30,15 @@ Schedule empty_schedule(const char* name, int p, int m, int v, Layout layout) {
   return s;
 }
 
+// A kind made by a cast names no schedule; without its number the refusal would not say
+// what was given.
+void check_kind(ScheduleKind kind) {
+  for (const NamedScheduleKind& k : schedule_kinds())
+    if (k.kind == kind) return;
+  throw ScheduleError("the schedule kind " + std::to_string(static_cast<int>(kind)) +
+                      " is none of ScheduleKind::kGPipe, k1F1B, kInterleaved, kZBH1 or kZBV");
+}
+
 // One pipeline's schedule of `kind`, without data parallelism.
 Schedule generate_pipeline(ScheduleKind kind, int p, int m, int v);
 
@@ -85,6 +94,7 @@ bool takes_chunks(ScheduleKind kind, int64_t v) {
 int chunks_per_rank(ScheduleKind kind, int v) { return kind == ScheduleKind::kZBV ? 2 : v; }
 
 void check_chunks(ScheduleKind kind, int v) {
+  check_kind(kind);
   if (takes_chunks(kind, v)) return;
   if (kind == ScheduleKind::kZBV)
     throw ScheduleError("zbv always has 2 chunks per rank in a V; " + std::to_string(v) +

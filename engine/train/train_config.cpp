@@ -9,6 +9,7 @@
 
 #include "comm/transport_factory.h"
 #include "engine/core/device_context.h"
+#include "engine/core/enum_value.h"
 #include "engine/core/number_text.h"
 #include "engine/pipeline/memory_estimate.h"
 #include "engine/schedule/input_file.h"
@@ -161,6 +162,29 @@ void check_data_parallel(const TrainConfig& c) {
         std::to_string(c.data_parallel));
 }
 
+// A value made by a cast would fall through the switches that read these fields: a placement
+// ran as kShared without a word, a partition kind cut no stages at all.
+void check_enum_fields(const TrainConfig& c) {
+  check_enum_value(c.schedule,
+                   {schedule::ScheduleKind::kGPipe, schedule::ScheduleKind::k1F1B,
+                    schedule::ScheduleKind::kInterleaved, schedule::ScheduleKind::kZBH1,
+                    schedule::ScheduleKind::kZBV},
+                   "TrainConfig::schedule",
+                   "schedule::ScheduleKind::kGPipe, k1F1B, kInterleaved, kZBH1 or kZBV");
+  check_enum_value(c.partition.kind,
+                   {PartitionSpec::Kind::kUniform, PartitionSpec::Kind::kParameters,
+                    PartitionSpec::Kind::kBlocks},
+                   "TrainConfig::partition.kind",
+                   "PartitionSpec::Kind::kUniform, kParameters or kBlocks");
+  check_enum_value(c.placement, {RankPlacement::kAuto, RankPlacement::kShared},
+                   "TrainConfig::placement", "RankPlacement::kAuto or kShared");
+  comm::check_transport_kind(c.transport, "TrainConfig::transport");
+  c.recompute.check_kind("TrainConfig::recompute.kind");
+  if (c.device)
+    check_enum_value(c.device->kind, {DeviceKind::kCpu, DeviceKind::kCuda},
+                     "TrainConfig::device.kind", "DeviceKind::kCpu or kCuda");
+}
+
 }  // namespace
 
 void apply_plan(const PlanCandidate& candidate, TrainConfig& config) {
@@ -190,6 +214,7 @@ void apply_plan(const PlanCandidate& candidate, TrainConfig& config) {
 
 void TrainConfig::validate() const {
   optimizer.validate("TrainConfig::optimizer.");
+  check_enum_fields(*this);
   auto fail = [](const std::string& what) { throw std::invalid_argument(what); };
   if (cpu_threads < 0 || cpu_threads > kMaxCpuThreads)
     fail("TrainConfig::cpu_threads must be from 1 to " + std::to_string(kMaxCpuThreads) +

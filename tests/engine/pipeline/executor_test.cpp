@@ -331,6 +331,48 @@ TEST(Executor, ATransportTimeoutOutsideOneMsToItsBoundIsRefused) {
   EXPECT_TRUE(std::isfinite(ex.run_step(make_microbatches(2, 5, 1), 0.1f, 1, 1e-2).loss_sum));
 }
 
+// A program sets the options directly, so an enum value made by a cast is refused by name: a
+// recompute kind outside the enum recomputed nothing without a word.
+TEST(Executor, EnumOptionsOutsideTheirEnumsAreRefusedNamingTheField) {
+  const ModelDescription model = reference_model(test_model());
+  const auto ranges = stage_ranges(model, partition_blocks(model, 2, PartitionSpec::uniform()));
+  auto refusal = [&](const ExecutorOptions& options) {
+    try {
+      PipelineExecutor ex(model, schedule::generate(ScheduleKind::k1F1B, 2, 2), ranges,
+                          {Device::cpu(), Device::cpu()}, test_optimizer(), 17, options);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  ExecutorOptions options;
+  options.transport = static_cast<TransportKind>(9);
+  EXPECT_EQ(refusal(options),
+            "ExecutorOptions::transport must be TransportKind::kAuto, kInProcess, kNccl, kMpi or "
+            "kNcclOverMpi, got the value 9");
+  options = {};
+  options.recompute.kind = static_cast<RecomputeSpec::Kind>(9);
+  EXPECT_EQ(refusal(options),
+            "ExecutorOptions::recompute.kind must be RecomputeSpec::Kind::kNone, kStage or kUnits, "
+            "got the value 9");
+}
+
+// partition_blocks is called by programs too: a kind made by a cast said "partition  has 0
+// stages", which names neither the field nor the value.
+TEST(Partition, AKindOutsideTheEnumIsRefusedNamingTheField) {
+  const ModelDescription model = reference_model(test_model());
+  PartitionSpec spec;
+  spec.kind = static_cast<PartitionSpec::Kind>(9);
+  try {
+    partition_blocks(model, 2, spec);
+    ADD_FAILURE() << "partition kind 9 was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "PartitionSpec::kind must be PartitionSpec::Kind::kUniform, kParameters or kBlocks, "
+              "got the value 9");
+  }
+}
+
 TEST(Executor, MismatchedInputsAreClearErrors) {
   auto ex = make_executor(schedule::generate(ScheduleKind::k1F1B, 2, 2));
   EXPECT_THROW(ex->run_step(make_microbatches(3, 5, 1), 0.1f, 1, 1e-2), std::invalid_argument);

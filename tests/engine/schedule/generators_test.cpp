@@ -97,6 +97,13 @@ TEST(Generators, ErrorsSayWhichValuesWork) {
     EXPECT_NE(schedule_kind_choices().find(schedule_kind_name(kind)), std::string::npos);
   }
   EXPECT_EQ(parse_schedule_kind("ZB"), std::nullopt);
+  // A kind made by a cast: the refusal said "unknown schedule kind" without the value.
+  EXPECT_EQ(error_of(static_cast<ScheduleKind>(99), 2, 4),
+            "the schedule kind 99 is none of ScheduleKind::kGPipe, k1F1B, kInterleaved, kZBH1 or "
+            "kZBV");
+  EXPECT_EQ(error_of(static_cast<ScheduleKind>(99), 2, 4, 2),
+            "the schedule kind 99 is none of ScheduleKind::kGPipe, k1F1B, kInterleaved, kZBH1 or "
+            "kZBV");
 }
 
 TEST(Generators, ZBVIsDefinedForSmallM) {

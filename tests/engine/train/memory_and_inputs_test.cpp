@@ -473,6 +473,42 @@ TEST(TrainConfigChecks, CountsBelowOneAreRefusedNamingTheField) {
       refusal([](TrainConfig& c) { c.cpu_threads = -1; }).rfind("TrainConfig::cpu_threads", 0), 0u);
 }
 
+// A program can set an enum field to any number by a cast: a placement of 9 ran as kShared
+// without a word, a partition kind of 9 said "partition  has 0 stages".
+TEST(TrainConfigChecks, EnumValuesOutsideTheirEnumsAreRefusedNamingTheField) {
+  EXPECT_EQ(refusal([](TrainConfig& c) { c.placement = static_cast<RankPlacement>(9); }),
+            "TrainConfig::placement must be RankPlacement::kAuto or kShared, got the value 9");
+  EXPECT_EQ(refusal([](TrainConfig& c) { c.partition.kind = static_cast<PartitionSpec::Kind>(9); }),
+            "TrainConfig::partition.kind must be PartitionSpec::Kind::kUniform, kParameters or "
+            "kBlocks, got the value 9");
+  EXPECT_EQ(refusal([](TrainConfig& c) { c.schedule = static_cast<schedule::ScheduleKind>(99); }),
+            "TrainConfig::schedule must be schedule::ScheduleKind::kGPipe, k1F1B, kInterleaved, "
+            "kZBH1 or kZBV, got the value 99");
+  EXPECT_EQ(refusal([](TrainConfig& c) { c.transport = static_cast<TransportKind>(9); }),
+            "TrainConfig::transport must be TransportKind::kAuto, kInProcess, kNccl, kMpi or "
+            "kNcclOverMpi, got the value 9");
+  EXPECT_EQ(refusal([](TrainConfig& c) { c.recompute.kind = static_cast<RecomputeSpec::Kind>(9); }),
+            "TrainConfig::recompute.kind must be RecomputeSpec::Kind::kNone, kStage or kUnits, got "
+            "the value 9");
+  EXPECT_EQ(refusal([](TrainConfig& c) {
+              c.device = Device{static_cast<DeviceKind>(9), 0};
+            }),
+            "TrainConfig::device.kind must be DeviceKind::kCpu or kCuda, got the value 9");
+  // The optimizer's kind is a string, refused by OptimizerConfig::validate.
+  EXPECT_EQ(refusal([](TrainConfig& c) { c.optimizer.kind = "adam"; }),
+            "TrainConfig::optimizer.kind must be adamw or sgd, got 'adam'");
+  // Every value of each enum is taken.
+  EXPECT_EQ(refusal([](TrainConfig& c) {
+              c.placement = RankPlacement::kShared;
+              c.partition = PartitionSpec::by_parameters();
+              c.schedule = schedule::ScheduleKind::kZBV;
+              c.transport = TransportKind::kNcclOverMpi;
+              c.recompute = RecomputeSpec::every_unit();
+              c.device = Device::cpu();
+            }),
+            "accepted");
+}
+
 // A checkpoint records the layout and its manifest takes no larger counts than the command
 // line does: a run with more is refused before it starts, not at its first save.
 TEST(TrainConfigChecks, LayoutCountsPastTheCheckpointsRangeAreRefused) {
