@@ -138,9 +138,17 @@ void check_memory_fits(const ModelDescription& model, const std::vector<StageRan
 }
 
 int cpu_threads_per_rank(int requested, int ranks) {
+  // Else 0 ranks shared the cores as if they were one, and a negative request meant "all".
+  if (ranks < 1)
+    throw std::invalid_argument("cpu_threads_per_rank needs a rank count of 1 or more, got " +
+                                std::to_string(ranks));
+  if (requested < 0)
+    throw std::invalid_argument(
+        "cpu_threads_per_rank needs a thread count of 1 or more (or 0: the cores shared), got " +
+        std::to_string(requested));
   if (requested > 0) return requested;
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  return std::max(1, cores / std::max(1, ranks));
+  return std::max(1, cores / ranks);
 }
 
 namespace {

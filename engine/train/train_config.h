@@ -97,6 +97,7 @@ Device resolve_device(const std::optional<Device>& requested, std::string* note 
 
 // CPU kernel threads for each of `ranks` ranks in one process: `requested`, or with 0 the
 // machine's cores shared between the ranks (their threads run at once), at least one each.
+// Throws std::invalid_argument for fewer than 1 rank or a negative request.
 int cpu_threads_per_rank(int requested, int ranks);
 
 // Sets the layout of `config` to a pipelined candidate of a plan (plan(),

@@ -509,6 +509,31 @@ TEST(TrainConfigChecks, EnumValuesOutsideTheirEnumsAreRefusedNamingTheField) {
             "accepted");
 }
 
+// 0 ranks shared the cores as one rank would, and -1 threads meant all cores.
+TEST(TrainConfigChecks, CpuThreadsForFewerThanOneRankAreRefused) {
+  for (const int ranks : {0, -1}) {
+    try {
+      cpu_threads_per_rank(0, ranks);
+      ADD_FAILURE() << ranks << " ranks were given threads";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_EQ(
+          std::string(e.what()),
+          "cpu_threads_per_rank needs a rank count of 1 or more, got " + std::to_string(ranks));
+    }
+  }
+  try {
+    cpu_threads_per_rank(-1, 2);
+    ADD_FAILURE() << "-1 threads were taken";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "cpu_threads_per_rank needs a thread count of 1 or more (or 0: the cores shared), "
+              "got -1");
+  }
+  EXPECT_EQ(cpu_threads_per_rank(3, 2), 3);
+  EXPECT_GE(cpu_threads_per_rank(0, 1), 1);
+  EXPECT_EQ(cpu_threads_per_rank(0, 1 << 20), 1);
+}
+
 // A checkpoint records the layout and its manifest takes no larger counts than the command
 // line does: a run with more is refused before it starts, not at its first save.
 TEST(TrainConfigChecks, LayoutCountsPastTheCheckpointsRangeAreRefused) {
