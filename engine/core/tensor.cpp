@@ -96,10 +96,17 @@ Tensor Tensor::empty(const Shape& shape, DType dtype,
 int64_t Tensor::dim(int i) const {
   const int r = rank();
   const int j = i < 0 ? i + r : i;
-  if (j < 0 || j >= r)
-    throw std::out_of_range("dim(" + std::to_string(i) + ") is out of range for " + describe() +
-                            " of rank " + std::to_string(r));
-  return shape_[j];
+  if (j >= 0 && j < r) return shape_[j];
+  // "Dimensions", not "rank": in this project a rank is a pipeline's.
+  std::string allowed;
+  if (r == 1)
+    allowed = " (give 0 or -1)";
+  else if (r > 1)
+    allowed = " (give 0 to " + std::to_string(r - 1) + ", or -" + std::to_string(r) +
+              " to -1 from the last)";
+  throw std::out_of_range("Tensor::dim(" + std::to_string(i) + ") is out of range for " +
+                          describe() + " with " + std::to_string(r) +
+                          (r == 1 ? " dimension" : " dimensions") + allowed);
 }
 
 Device Tensor::device() const { return storage_ ? storage_->device() : Device::cpu(); }

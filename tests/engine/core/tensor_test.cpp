@@ -93,6 +93,17 @@ TEST(Tensor, EmptyHasShapeBytesAndDescription) {
   EXPECT_THROW(Tensor().raw(), std::invalid_argument);
 }
 
+// "of rank 2" read as a pipeline's rank 2.
+TEST(Tensor, ADimensionOutOfRangeSaysHowManyTheTensorHas) {
+  const Tensor square = cpu_tensor({4, 4}, DType::kF32);
+  EXPECT_EQ(message_of<std::out_of_range>([&] { square.dim(5); }),
+            "Tensor::dim(5) is out of range for f32[4, 4] on cpu with 2 dimensions (give 0 to 1, "
+            "or -2 to -1 from the last)");
+  const Tensor row = cpu_tensor({3}, DType::kF32);
+  EXPECT_EQ(message_of<std::out_of_range>([&] { row.dim(-2); }),
+            "Tensor::dim(-2) is out of range for f32[3] on cpu with 1 dimension (give 0 or -1)");
+}
+
 TEST(Tensor, TypedAccessChecksTheDType) {
   Tensor t = cpu_tensor({3}, DType::kBF16);
   EXPECT_NO_THROW(t.data<uint16_t>());
