@@ -84,7 +84,8 @@ void ModelDescription::validate() const {
   const std::string label = label_of(*this);
   if (num_units < 2)
     throw std::invalid_argument(label + " has " + std::to_string(num_units) +
-                                " units; at least 2 are needed (the first takes token ids, the "
+                                (num_units == 1 ? " unit" : " units") +
+                                "; at least 2 are needed (the first takes token ids, the "
                                 "last returns the loss)");
   // Validation builds every unit twice and the partitioner walks them all: 2^20 units take a
   // fraction of a second here, a count such as 2^40 (a typo) would take days before a word.

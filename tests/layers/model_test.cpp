@@ -86,7 +86,13 @@ TEST(ModelDescription, IncompleteDescriptionsAreRejectedByName) {
   EXPECT_EQ(error_of(two_linear_units()), "");
   ModelDescription model = two_linear_units();
   model.num_units = 1;
-  EXPECT_NE(error_of(model).find("at least 2 are needed"), std::string::npos) << error_of(model);
+  EXPECT_EQ(error_of(model),
+            "model 'two linears' has 1 unit; at least 2 are needed (the first takes token ids, "
+            "the last returns the loss)");
+  model.num_units = 0;
+  EXPECT_EQ(error_of(model),
+            "model 'two linears' has 0 units; at least 2 are needed (the first takes token ids, "
+            "the last returns the loss)");
   // Refused before any unit or activation is asked for: walking 2^40 of them took days before
   // a word (a description that gives up past 2^20 makes the test fail at once, not hang).
   model.num_units = int64_t{1} << 40;
