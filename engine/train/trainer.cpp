@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <sstream>
 #include <thread>
 #include <utility>
@@ -349,9 +350,13 @@ void Trainer::resume_at(int64_t steps_done) {
 double Trainer::evaluate(TokenSource& source, int64_t batches, int64_t tokens_at_once) {
   const OneAtATime one(busy_, "evaluate");
   check_usable("evaluate");
-  if (batches < 1)
-    throw std::invalid_argument("evaluation needs at least 1 batch, got " +
-                                std::to_string(batches));
+  // The mean divides by batches x batch_tokens, which must not wrap.
+  const int64_t max_batches = std::numeric_limits<int64_t>::max() / config_.batch_tokens;
+  if (batches < 1 || batches > max_batches)
+    throw std::invalid_argument(
+        "Trainer::evaluate's batches must be from 1 to " + std::to_string(max_batches) +
+        " (batches x TrainConfig::batch_tokens " + std::to_string(config_.batch_tokens) +
+        " must fit an int64_t), got " + std::to_string(batches));
   check_source_vocab(source, "the evaluation source");
   if (tokens_at_once < 1)
     throw std::invalid_argument("evaluation needs at least 1 token at once, got " +

@@ -195,6 +195,19 @@ TEST(Evaluate, BadRequestsAreClearErrors) {
   MarkovSource source(16, 1), wide(64, 1);
   EXPECT_THROW(trainer.evaluate(source, 0), std::invalid_argument);
   EXPECT_THROW(trainer.evaluate(wide, 1), std::invalid_argument);
+  // The mean divides by batches x batch_tokens: 2^62 batches of 192 tokens wrapped it. Without
+  // the bound they would run until the stop request ends them after the first group.
+  trainer.executor().set_stop_request([] { return 15; });
+  try {
+    trainer.evaluate(source, int64_t{1} << 62);
+    ADD_FAILURE() << "2^62 batches were taken";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "Trainer::evaluate's batches must be from 1 to 48038396025285290 (batches x "
+              "TrainConfig::batch_tokens 192 must fit an int64_t), got 4611686018427387904");
+  }
+  EXPECT_EQ(source.position(), 0u);
+  trainer.executor().set_stop_request(nullptr);
   EXPECT_THROW(trainer.evaluate(std::vector<MicroBatchData>{}), std::invalid_argument);
   MicroBatchData uneven;
   uneven.tokens = {1, 2, 3};
