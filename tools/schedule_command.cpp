@@ -412,11 +412,16 @@ void run(const ScheduleOptions& o, const CLI::App& cmd) {
   if (edited) form.clear();
   std::printf("bubble: %.4f%s\n", sim.bubble_fraction,
               form.empty() ? "" : ("  (closed form " + form + ")").c_str());
+  // The kind is the file's name for its schedule, which may not have been given as a flag; the
+  // ZB-H1 generator places W passes by the costs, so a file it made at other costs differs.
   if (edited)
     std::printf(
-        "(no closed form: the file's actions are not those --kind %s generates for these p, m "
-        "and v)\n",
-        escaped_for_message(schedule.name).c_str());
+        "(no closed form: the file's actions are not those the %s generator makes for these p, m "
+        "and v%s)\n",
+        escaped_for_message(schedule.name).c_str(),
+        schedule.name == "zbh1" && v == 1 ? " at F=I=W; it places the W passes by the costs, so a "
+                                            "file made at other costs differs"
+                                          : "");
   std::printf("\n%-6s %10s %10s %16s %16s\n", "rank", "busy", "idle", "peak in-flight",
               "peak held");
   for (int r = 0; r < p; ++r) {

@@ -68,6 +68,14 @@ bool parse_int(std::string_view text, int* out) {
   auto [ptr, ec] = std::from_chars(text.data(), end, *out);
   return ec == std::errc() && ptr == end && *out >= 0;
 }
+
+// Digits alone that do not fit an int: a number, only too large, not a malformed one.
+bool past_int(std::string_view text) {
+  int ignored = 0;
+  const auto* end = text.data() + text.size();
+  return !text.empty() && text.find_first_not_of("0123456789") == std::string_view::npos &&
+         std::from_chars(text.data(), end, ignored).ec == std::errc::result_out_of_range;
+}
 }  // namespace
 
 std::string to_string(const Action& a) {
@@ -85,13 +93,22 @@ std::string to_string(const Action& a) {
 }
 
 Action parse_action(std::string_view token) {
+  // A token may be a whole line of a file, megabytes long: a message shows its start.
+  auto shown = [](std::string_view text) {
+    return text.size() > 40 ? std::string(text.substr(0, 37)) + "..." : std::string(text);
+  };
   auto fail = [&](const char* why) {
-    // A token may be a whole line of a file, megabytes long: the message shows its start.
-    const std::string shown =
-        token.size() > 40 ? std::string(token.substr(0, 37)) + "..." : std::string(token);
-    return ScheduleError("malformed action '" + shown + "': " + why +
+    return ScheduleError("malformed action '" + shown(token) + "': " + why +
                          " (expected e.g. F0.3, B0.3, I0.3, W0.3, SA0.3>1, RA1.3<0, SG1.3>0, "
                          "RG0.3<1, AR0, AR0.1)");
+  };
+  // Said as the header's numbers are: which number, and the largest a file may name.
+  auto read = [&](std::string_view text, int* out, const char* field, int max, const char* why) {
+    if (parse_int(text, out)) return;
+    if (past_int(text))
+      throw ScheduleError("action '" + shown(token) + "': " + field + " " + shown(text) +
+                          " is larger than supported (" + std::to_string(max) + ")");
+    throw fail(why);
   };
   static const std::pair<const char*, ActionKind> kPrefixes[] = {
       {"SA", ActionKind::kSendAct},       {"RA", ActionKind::kRecvAct},
@@ -114,9 +131,10 @@ Action parse_action(std::string_view token) {
   if (!matched) throw fail("unknown kind");
   if (is_reduce(a.kind)) {
     const auto dot = rest.find('.');
-    if (!parse_int(rest.substr(0, dot), &a.stage) ||
-        (dot != std::string_view::npos && !parse_int(rest.substr(dot + 1), &a.microbatch)))
-      throw fail("an all-reduce names its stage and maybe its bucket, as in AR2 or AR2.1");
+    const char* why = "an all-reduce names its stage and maybe its bucket, as in AR2 or AR2.1";
+    read(rest.substr(0, dot), &a.stage, "stage", kMaxFileStage, why);
+    if (dot != std::string_view::npos)
+      read(rest.substr(dot + 1), &a.microbatch, "bucket", kMaxFileMicrobatch, why);
     return a;
   }
   if (is_transfer(a.kind)) {
@@ -124,13 +142,13 @@ Action parse_action(std::string_view token) {
     const auto at = rest.find(sep);
     if (at == std::string_view::npos)
       throw fail(is_send(a.kind) ? "a send needs '>peer'" : "a receive needs '<peer'");
-    if (!parse_int(rest.substr(at + 1), &a.peer)) throw fail("bad peer rank");
+    read(rest.substr(at + 1), &a.peer, "peer rank", kMaxFileRank, "bad peer rank");
     rest = rest.substr(0, at);
   }
   const auto dot = rest.find('.');
   if (dot == std::string_view::npos) throw fail("missing '.' between stage and micro-batch");
-  if (!parse_int(rest.substr(0, dot), &a.stage)) throw fail("bad stage");
-  if (!parse_int(rest.substr(dot + 1), &a.microbatch)) throw fail("bad micro-batch");
+  read(rest.substr(0, dot), &a.stage, "stage", kMaxFileStage, "bad stage");
+  read(rest.substr(dot + 1), &a.microbatch, "micro-batch", kMaxFileMicrobatch, "bad micro-batch");
   return a;
 }
 

@@ -110,7 +110,13 @@ inline int64_t message_index(const MessageKey& k, int64_t stages, int64_t microb
 // SA0.3>1 (send act to rank 1), RA1.3<0 (recv act from rank 0), SG1.3>0, RG0.3<1; the
 // all-reduce of stage 2's gradients is AR2.
 std::string to_string(const Action& action);
-// Parses one token; throws ScheduleError naming the token on malformed input.
+// The largest stage, micro-batch (also all-reduce bucket) and rank a schedule file may name.
+inline constexpr int kMaxFileStage = 65535;
+inline constexpr int kMaxFileMicrobatch = 1048575;
+inline constexpr int kMaxFileRank = 65535;
+
+// Parses one token; throws ScheduleError naming the token on malformed input, and on a number
+// past int, naming the limit above.
 Action parse_action(std::string_view token);
 
 // Errors in a schedule or its text form: the message says what is wrong and where.

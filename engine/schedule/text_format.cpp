@@ -74,7 +74,7 @@ int to_int(std::string_view v, int line, const std::string& field,
   return out;
 }
 
-int to_rank(std::string_view v, int line) { return to_int(v, line, "rank", 65535); }
+int to_rank(std::string_view v, int line) { return to_int(v, line, "rank", kMaxFileRank); }
 
 // Header values; -1 means "not given, infer".
 struct Header {
@@ -311,12 +311,13 @@ Schedule parse_csv(std::string_view text) {
                        "unknown kind '" + shown(kind) +
                            "' (expected F, B, I, W, SEND_ACT, RECV_ACT, SEND_GRAD, RECV_GRAD, "
                            "ALLREDUCE_GRAD)");
-    a.stage = to_int(f[3], line_no, "stage");
+    a.stage = to_int(f[3], line_no, "stage", kMaxFileStage);
     // An ALLREDUCE_GRAD covers every micro-batch: the column holds its bucket, empty for 0.
     if (!is_reduce(a.kind) || !trim(f[4]).empty())
-      a.microbatch = to_int(f[4], line_no, is_reduce(a.kind) ? "bucket" : "microbatch");
+      a.microbatch =
+          to_int(f[4], line_no, is_reduce(a.kind) ? "bucket" : "microbatch", kMaxFileMicrobatch);
     if (is_transfer(a.kind))
-      a.peer = to_int(f[5], line_no, "peer");
+      a.peer = to_int(f[5], line_no, "peer", kMaxFileRank);
     else if (!trim(f[5]).empty())
       throw line_error(line_no, "a compute or all-reduce action has no peer");
     put(&ranks, rank, line_no, a);

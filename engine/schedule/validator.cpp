@@ -1,5 +1,6 @@
 #include "engine/schedule/validator.h"
 
+#include <algorithm>
 #include <optional>
 #include <tuple>
 
@@ -107,11 +108,28 @@ void check_structure(const Schedule& s) {
                    " appears twice (stage first at position " + std::to_string(reduce_at[a.stage]) +
                    "); each stage needs exactly one of "
                    "each bucket");
-        if (a.microbatch > next_bucket[a.stage])
+        if (a.microbatch > next_bucket[a.stage]) {
+          const int want = next_bucket[a.stage];
+          const std::string of = " of the gradient all-reduce of stage " + std::to_string(a.stage);
+          // A bucket skipped for good is missing, not out of order: say which.
+          const auto& list = s.ranks[r];
+          const bool later = std::any_of(list.begin() + i + 1, list.end(), [&](const Action& b) {
+            return is_reduce(b.kind) && b.stage == a.stage && b.microbatch == want;
+          });
+          if (later)
+            fail(s, r, i, "allreduce",
+                 "bucket " + std::to_string(a.microbatch) + of + " comes before bucket " +
+                     std::to_string(want) + "; the buckets go in order from 0");
+          const bool one = a.microbatch - want == 1;
           fail(s, r, i, "allreduce",
-               "bucket " + std::to_string(a.microbatch) + " of the gradient all-reduce of stage " +
-                   std::to_string(a.stage) + " comes before bucket " +
-                   std::to_string(next_bucket[a.stage]) + "; the buckets go in order from 0");
+               "bucket " + std::to_string(a.microbatch) + of + " is there but bucket " +
+                   std::to_string(want) +
+                   " is missing; the buckets go in order from 0, each once, so " +
+                   (one ? "bucket " + std::to_string(want) + " comes"
+                        : "buckets " + std::to_string(want) + " to " +
+                              std::to_string(a.microbatch - 1) + " come") +
+                   " before it");
+        }
         if (reduce_at[a.stage] < 0) reduce_at[a.stage] = i;
         ++next_bucket[a.stage];
         continue;

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <utility>
 
 #include "engine/schedule/ascii.h"
 #include "engine/schedule/chrome_trace.h"
@@ -200,6 +201,20 @@ TEST(DataParallelSchedule, BucketsGoInOrderAfterTheLastWeightGradient) {
                                          "before bucket 0"),
               std::string::npos)
         << e.what();
+  }
+  // A bucket left out is named as missing, not as coming later.
+  for (const auto& [edit, missing] :
+       {std::pair{"AR0.1 AR0.2",
+                  "bucket 1 of the gradient all-reduce of stage 0 is there but bucket "
+                  "0 is missing; the buckets go in order from 0, each once, so "
+                  "bucket 0 comes before it"},
+        std::pair{"AR0.2",
+                  "bucket 2 of the gradient all-reduce of stage 0 is there but bucket 0 "
+                  "is missing; the buckets go in order from 0, each once, so buckets 0 "
+                  "to 1 come before it"}}) {
+    const auto e = rejection(replace(text, "AR0 AR0.1 AR0.2", edit));
+    EXPECT_EQ(e.rule(), "allreduce");
+    EXPECT_NE(std::string(e.what()).find(missing), std::string::npos) << e.what();
   }
   // Fewer buckets is another valid schedule: every replica runs the same list.
   EXPECT_NO_THROW(validate(parse_text(replace(text, " AR0.2", ""))));

@@ -244,6 +244,39 @@ TEST(TextFormat, NumbersPastTheLimitsAreTooLarge) {
             "are supported");
 }
 
+// An action's numbers past int are too large as well, not malformed: the message names the
+// number and the largest a file may hold, in text and CSV alike.
+TEST(TextFormat, ActionNumbersPastIntAreTooLarge) {
+  EXPECT_EQ(message_of("r0: F9223372036854775808.0 B0.0\n"),
+            "line 1: action 'F9223372036854775808.0': stage 9223372036854775808 is larger than "
+            "supported (65535)");
+  EXPECT_EQ(message_of("r0: F0.4294967296\n"),
+            "line 1: action 'F0.4294967296': micro-batch 4294967296 is larger than supported "
+            "(1048575)");
+  EXPECT_EQ(message_of("r0: F0.0 SA0.0>4294967296\n"),
+            "line 1: action 'SA0.0>4294967296': peer rank 4294967296 is larger than supported "
+            "(65535)");
+  EXPECT_EQ(message_of("r0: AR4294967296\n"),
+            "line 1: action 'AR4294967296': stage 4294967296 is larger than supported (65535)");
+  EXPECT_EQ(message_of("r0: AR0.4294967296\n"),
+            "line 1: action 'AR0.4294967296': bucket 4294967296 is larger than supported "
+            "(1048575)");
+  // Signs and other characters are no number at all.
+  EXPECT_EQ(message_of("r0: F-9223372036854775809.0\n")
+                .find("line 1: malformed action 'F-9223372036854775809.0': bad stage"),
+            0u);
+  EXPECT_EQ(message_of("r0: F0.99999999999x\n")
+                .find("line 1: malformed action 'F0.99999999999x': bad micro-batch"),
+            0u);
+  const std::string csv = "rank,step,kind,stage,microbatch,peer\n";
+  EXPECT_EQ(message_of(csv + "0,0,F,9223372036854775808,0,\n"),
+            "line 2: stage 9223372036854775808 is larger than supported (65535)");
+  EXPECT_EQ(message_of(csv + "0,0,F,0,4294967296,\n"),
+            "line 2: microbatch 4294967296 is larger than supported (1048575)");
+  EXPECT_EQ(message_of(csv + "0,0,SEND_ACT,0,0,4294967296\n"),
+            "line 2: peer 4294967296 is larger than supported (65535)");
+}
+
 // The buckets of an all-reduce (AR0.3) are not micro-batches: a header without `microbatches`
 // leaves the count to the forwards and backwards alone.
 TEST(TextFormat, BucketsDoNotCountAsMicrobatches) {
