@@ -156,7 +156,8 @@ class TrainerCheckpointer {
 // first checks every file, the model fingerprint, the tensors this layout expects, the data
 // source and the batch size, then reads every rank's parameters and optimizer state (one
 // thread per rank), and sets the step and the data position. Throws CheckpointError naming
-// what does not match; the trainer is untouched when a check fails.
+// what does not match; the trainer is untouched when a check fails. An unusable trainer
+// (Trainer::failure()) is refused with std::logic_error: make a new one to resume into.
 Checkpoint resume_trainer(Trainer& trainer, const std::filesystem::path& path);
 
 // The settings of this run that differ from those the checkpoint `saved` was trained with

@@ -2,6 +2,7 @@
 // checked before any rank loads, on every process, and the processes agree at each phase.
 #include <algorithm>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <utility>
@@ -232,6 +233,11 @@ Checkpoint resume_trainer(Trainer& trainer, const fs::path& path) {
     // together that is all the run loads, and none of them reads the whole checkpoint (on
     // N processes that would be N times its size, from one shared file system). Each does so
     // before any touches its model, since the first agreement below is on it.
+    // A failed step may have left a transport aborted, which no restore repairs; a resume
+    // into it would succeed and every step after it be refused.
+    if (const std::string& failure = trainer.failure(); !failure.empty())
+      throw std::logic_error("cannot resume into an unusable trainer (" + failure +
+                             "); make a new Trainer and resume into that");
     const bool whole = executor.holds_all_ranks();
     opened =
         open_checkpoint(path, whole ? CheckpointCheck::kEveryByte : CheckpointCheck::kLayoutOnly);

@@ -457,6 +457,35 @@ TEST(TrainerResume, AnUnusableTrainerIsNotSavedAndTheLastCheckpointStays) {
   }
 }
 
+// A resume into a trainer whose step failed would succeed and leave it refusing every step:
+// it is refused itself, the trainer untouched, and a new trainer resumes from the same files.
+TEST(TrainerResume, IntoAnUnusableTrainerIsRefused) {
+  TempDir dir;
+  const TrainConfig c = resume_config(1, schedule::ScheduleKind::k1F1B);
+  Trainer first(c);
+  {
+    TrainerCheckpointOptions options;
+    options.directory = dir.path();
+    TrainerCheckpointer checkpointer(first, options);
+    first.step();
+    checkpointer.save();
+  }
+  Trainer broken(c);
+  broken.mark_unusable("a step failed part-way");
+  try {
+    resume_trainer(broken, dir.path());
+    ADD_FAILURE() << "resumed into an unusable trainer";
+  } catch (const std::logic_error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "cannot resume into an unusable trainer (a step failed part-way); make a new "
+              "Trainer and resume into that");
+  }
+  EXPECT_EQ(broken.steps_done(), 0);
+  Trainer fresh(c);
+  resume_trainer(fresh, dir.path());
+  EXPECT_EQ(fresh.steps_done(), 1);
+}
+
 // A resume from a checkpoint of the save folder (by any spelling of its path) continues the
 // folder's run, whose unpublished saves it may replace; a resume from elsewhere does not.
 TEST(TrainerResume, OnlyAResumeFromItsOwnFolderContinuesTheFoldersRun) {
