@@ -29,6 +29,11 @@ nlohmann::json planned_for(const TrainConfig& config) {
           {"device", config.device && config.device->is_cuda() ? "cuda" : "cpu"}};
 }
 
+// A JSON value for a message: its start, escaped.
+std::string shown_json(const nlohmann::json& v) {
+  return escaped_for_message(message_excerpt(v.dump()));
+}
+
 // A plan's costs hold for the model, batch and device kind it was profiled with; another
 // run's would be mis-planned, or not fit. Plans written before these were recorded (no
 // planned_for at all) are not checked; a planned_for that is there must be whole.
@@ -37,16 +42,11 @@ void check_planned_for(const nlohmann::json& plan, const std::string& source,
   if (!plan.is_object() || !plan.contains("planned_for")) return;
   const nlohmann::json& was = plan.at("planned_for");
   const nlohmann::json now = planned_for(config);
-  auto shown = [](const nlohmann::json& v) {
-    std::string text = v.dump();
-    if (text.size() > 40) text = text.substr(0, 37) + "...";
-    return escaped_for_message(text);
-  };
   if (!was.is_object())
     throw UsageError(source +
                      ": planned_for must be an object (d_model, layers, hidden, vocab, "
                      "activation, batch_tokens, device), got " +
-                     shown(was) + "; plan again (conveyor plan ... --out FILE)");
+                     shown_json(was) + "; plan again (conveyor plan ... --out FILE)");
   for (const auto& [key, flag] :
        std::vector<std::pair<std::string, std::string>>{{"d_model", "--d-model"},
                                                         {"layers", "--layers"},
@@ -63,7 +63,7 @@ void check_planned_for(const nlohmann::json& plan, const std::string& source,
     const nlohmann::json& v = was.at(key);
     if (text_field ? !v.is_string() : !v.is_number_integer())
       throw UsageError(source + ": planned_for." + key + " must be " + expected + ", got " +
-                       shown(v) + "; plan again (conveyor plan ... --out FILE)");
+                       shown_json(v) + "; plan again (conveyor plan ... --out FILE)");
     if (v == now.at(key)) continue;
     auto text = [](const nlohmann::json& j) {
       return escaped_for_message(j.is_string() ? j.get<std::string>() : j.dump());
@@ -108,12 +108,6 @@ std::string json_error_text(const nlohmann::json::exception& e) {
   const size_t end = what.find("] ");
   return what.starts_with("[json.exception.") && end != std::string::npos ? what.substr(end + 2)
                                                                           : what;
-}
-
-std::string shown_json(const nlohmann::json& v) {
-  std::string text = v.dump();
-  if (text.size() > 40) text = text.substr(0, 37) + "...";
-  return escaped_for_message(text);
 }
 
 constexpr const char* kPlanAgain = "; plan again (conveyor plan ... --out FILE)";
@@ -163,7 +157,7 @@ void refuse_unknown_fields(const nlohmann::json& object, const std::string& sour
     std::string list;
     for (size_t k = 0; k < known.size(); ++k)
       list += (k == 0 ? "" : k + 1 == known.size() ? " and " : ", ") + known[k];
-    const std::string name = prefix + (key.size() > 40 ? key.substr(0, 37) + "..." : key);
+    const std::string name = prefix + message_excerpt(key);
     throw UsageError(
         source + " has a field '" + escaped_for_message(name) + "' that plan files do not have (" +
         (prefix.empty() ? "a plan" : "its " + prefix.substr(0, prefix.size() - 1)) + " holds " +
@@ -233,8 +227,7 @@ void apply_plan_text(const std::string& text, const std::string& source, TrainCo
     } else if (event == Event::key &&
                !keys_of_open_objects.back().insert(parsed.get<std::string>()).second) {
       const std::string key = parsed.get<std::string>();
-      throw UsageError(source + " gives the field '" +
-                       escaped_for_message(key.size() > 40 ? key.substr(0, 37) + "..." : key) +
+      throw UsageError(source + " gives the field '" + escaped_for_message(message_excerpt(key)) +
                        "' twice; give each field once");
     }
     return true;

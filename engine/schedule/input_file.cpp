@@ -25,6 +25,10 @@ struct ClosedOnExit {
 
 }  // namespace
 
+std::string message_excerpt(std::string_view text) {
+  return text.size() > 40 ? std::string(text.substr(0, 37)) + "..." : std::string(text);
+}
+
 std::string escaped_for_message(std::string_view text) {
   std::string out;
   for (const char ch : text) {

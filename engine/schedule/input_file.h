@@ -45,6 +45,10 @@ std::string read_input_file(const std::string& path, const InputFileRules& rules
 // backslash doubled. A file name may hold any of them; the message must stay one line.
 std::string escaped_for_message(std::string_view text);
 
+// The start of `text` for a message: text of up to 40 bytes whole, longer text cut to its
+// first 37 and "...", as a token or a line of a file may be megabytes long. Not escaped.
+std::string message_excerpt(std::string_view text);
+
 // `path` escaped as escaped_for_message does, between single quotes.
 std::string quoted_file_name(std::string_view path);
 

@@ -6,6 +6,8 @@
 #include <limits>
 #include <map>
 
+#include "engine/schedule/input_file.h"
+
 namespace conveyor::schedule {
 
 const char* kind_name(ActionKind kind) {
@@ -93,12 +95,8 @@ std::string to_string(const Action& a) {
 }
 
 Action parse_action(std::string_view token) {
-  // A token may be a whole line of a file, megabytes long: a message shows its start.
-  auto shown = [](std::string_view text) {
-    return text.size() > 40 ? std::string(text.substr(0, 37)) + "..." : std::string(text);
-  };
   auto fail = [&](const char* why) {
-    return ScheduleError("malformed action '" + shown(token) + "': " + why +
+    return ScheduleError("malformed action '" + message_excerpt(token) + "': " + why +
                          " (expected e.g. F0.3, B0.3, I0.3, W0.3, SA0.3>1, RA1.3<0, SG1.3>0, "
                          "RG0.3<1, AR0, AR0.1)");
   };
@@ -106,8 +104,9 @@ Action parse_action(std::string_view token) {
   auto read = [&](std::string_view text, int* out, const char* field, int max, const char* why) {
     if (parse_int(text, out)) return;
     if (past_int(text))
-      throw ScheduleError("action '" + shown(token) + "': " + field + " " + shown(text) +
-                          " is larger than supported (" + std::to_string(max) + ")");
+      throw ScheduleError("action '" + message_excerpt(token) + "': " + field + " " +
+                          message_excerpt(text) + " is larger than supported (" +
+                          std::to_string(max) + ")");
     throw fail(why);
   };
   static const std::pair<const char*, ActionKind> kPrefixes[] = {

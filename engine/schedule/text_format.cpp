@@ -49,11 +49,6 @@ std::vector<std::string_view> split(std::string_view s, char sep) {
 
 std::vector<std::string_view> lines_of(std::string_view text) { return split(text, '\n'); }
 
-// A file's text in a message: its start, as a token or line may be megabytes long.
-std::string shown(std::string_view text) {
-  return text.size() > 40 ? std::string(text.substr(0, 37)) + "..." : std::string(text);
-}
-
 ScheduleError line_error(int line, const std::string& what) {
   return ScheduleError("line " + std::to_string(line) + ": " + what);
 }
@@ -67,10 +62,11 @@ int to_int(std::string_view v, int line, const std::string& field,
   const bool digits = !v.empty() && ptr == v.data() + v.size() && v.front() != '-';
   // Digits past the range are a number, only too large: said so, not "not an integer".
   if (digits && (ec == std::errc::result_out_of_range || (ec == std::errc() && out > max)))
-    throw line_error(
-        line, field + " " + shown(v) + " is larger than supported (" + std::to_string(max) + ")");
+    throw line_error(line, field + " " + message_excerpt(v) + " is larger than supported (" +
+                               std::to_string(max) + ")");
   if (!digits || ec != std::errc() || out < 0)
-    throw line_error(line, field + " must be a non-negative integer, got '" + shown(v) + "'");
+    throw line_error(line,
+                     field + " must be a non-negative integer, got '" + message_excerpt(v) + "'");
   return out;
 }
 
@@ -91,17 +87,17 @@ void parse_header(std::string_view line, int line_no, Header* h) {
   while (in >> kv) {
     const auto eq = kv.find('=');
     if (eq == std::string::npos)
-      throw line_error(line_no, "header entry '" + shown(kv) + "' is not key=value");
+      throw line_error(line_no, "header entry '" + message_excerpt(kv) + "' is not key=value");
     const std::string key = kv.substr(0, eq), value = kv.substr(eq + 1);
     if (value.empty())
-      throw line_error(line_no, "header entry '" + shown(kv) +
+      throw line_error(line_no, "header entry '" + message_excerpt(kv) +
                                     "' has no value; give one or leave " +
-                                    (key.empty() ? "it" : shown(key)) + " out");
+                                    (key.empty() ? "it" : message_excerpt(key)) + " out");
     // A later value would replace the first without a word: a file edited by hand.
     if (const auto [at, added] = h->given.emplace(key, value); !added)
-      throw line_error(line_no, "header entry '" + shown(key) + "' is given twice (" +
-                                    shown(key + "=" + at->second) + ", then " + shown(kv) +
-                                    "); give it once");
+      throw line_error(line_no, "header entry '" + message_excerpt(key) + "' is given twice (" +
+                                    message_excerpt(key + "=" + at->second) + ", then " +
+                                    message_excerpt(kv) + "); give it once");
     if (key == "name")
       h->name = value;
     else if (key == "ranks")
@@ -118,9 +114,10 @@ void parse_header(std::string_view line, int line_no, Header* h) {
       else if (value == "v")
         h->layout = Layout::kVShape;
       else
-        throw line_error(line_no, "layout must be 'looped' or 'v', got '" + shown(value) + "'");
+        throw line_error(line_no,
+                         "layout must be 'looped' or 'v', got '" + message_excerpt(value) + "'");
     } else {
-      throw line_error(line_no, "unknown header key '" + shown(key) +
+      throw line_error(line_no, "unknown header key '" + message_excerpt(key) +
                                     "' (expected name, ranks, chunks, layout, microbatches, "
                                     "replicas)");
     }
@@ -308,7 +305,7 @@ Schedule parse_csv(std::string_view text) {
         a.kind = static_cast<ActionKind>(k), known = true;
     if (!known)
       throw line_error(line_no,
-                       "unknown kind '" + shown(kind) +
+                       "unknown kind '" + message_excerpt(kind) +
                            "' (expected F, B, I, W, SEND_ACT, RECV_ACT, SEND_GRAD, RECV_GRAD, "
                            "ALLREDUCE_GRAD)");
     a.stage = to_int(f[3], line_no, "stage", kMaxFileStage);
