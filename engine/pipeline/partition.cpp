@@ -100,6 +100,11 @@ std::vector<int64_t> parameter_balanced_blocks(const ModelDescription& model, in
 
 }  // namespace
 
+void PartitionSpec::check_kind(const std::string& field) const {
+  check_enum_value(kind, {Kind::kUniform, Kind::kParameters, Kind::kBlocks}, field,
+                   "PartitionSpec::Kind::kUniform, kParameters or kBlocks");
+}
+
 std::vector<int64_t> partition_blocks(const ModelDescription& model, int num_stages,
                                       const PartitionSpec& spec) {
   model.validate();
@@ -112,10 +117,7 @@ std::vector<int64_t> partition_blocks(const ModelDescription& model, int num_sta
                                 std::to_string(max_stages) +
                                 " (first unit + blocks + last unit, one unit each)");
   // A kind made by a cast would match no case below and read as a partition of no stages.
-  check_enum_value(spec.kind,
-                   {PartitionSpec::Kind::kUniform, PartitionSpec::Kind::kParameters,
-                    PartitionSpec::Kind::kBlocks},
-                   "PartitionSpec::kind", "PartitionSpec::Kind::kUniform, kParameters or kBlocks");
+  spec.check_kind("PartitionSpec::kind");
   std::vector<int64_t> counts;
   switch (spec.kind) {
     case PartitionSpec::Kind::kUniform:

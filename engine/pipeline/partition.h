@@ -10,6 +10,7 @@
 //               to the model's blocks.
 // Every stage must hold at least one unit.
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -33,6 +34,9 @@ struct PartitionSpec {
   static PartitionSpec explicit_blocks(std::vector<int64_t> per_stage) {
     return {Kind::kBlocks, std::move(per_stage)};
   }
+  // Throws std::invalid_argument unless `kind` is one of the enum's values (one made by a
+  // cast may not be), naming it as `field` ("TrainConfig::partition.kind").
+  void check_kind(const std::string& field) const;
 };
 
 // Blocks per stage for `num_stages` stages. Throws std::invalid_argument with what would work.

@@ -179,11 +179,7 @@ void check_enum_fields(const TrainConfig& c) {
                     schedule::ScheduleKind::kZBV},
                    "TrainConfig::schedule",
                    "schedule::ScheduleKind::kGPipe, k1F1B, kInterleaved, kZBH1 or kZBV");
-  check_enum_value(c.partition.kind,
-                   {PartitionSpec::Kind::kUniform, PartitionSpec::Kind::kParameters,
-                    PartitionSpec::Kind::kBlocks},
-                   "TrainConfig::partition.kind",
-                   "PartitionSpec::Kind::kUniform, kParameters or kBlocks");
+  c.partition.check_kind("TrainConfig::partition.kind");
   check_enum_value(c.placement, {RankPlacement::kAuto, RankPlacement::kShared},
                    "TrainConfig::placement", "RankPlacement::kAuto or kShared");
   comm::check_transport_kind(c.transport, "TrainConfig::transport");
