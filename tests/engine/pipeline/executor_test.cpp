@@ -301,19 +301,26 @@ TEST(Executor, StageRangesMustCutEveryUnitOnceInOrder) {
 
 // A deadline is now() + timeout: milliseconds::max() overflowed the clock's nanoseconds into a
 // deadline already past, and 0 or less failed the first wait at once.
+// What building a two-stage 1F1B executor of `model` with `options` is refused with, or
+// "(accepted)".
+std::string executor_refusal(const ModelDescription& model, const std::vector<StageRange>& ranges,
+                             const ExecutorOptions& options) {
+  try {
+    PipelineExecutor ex(model, schedule::generate(ScheduleKind::k1F1B, 2, 2), ranges,
+                        {Device::cpu(), Device::cpu()}, test_optimizer(), 17, options);
+  } catch (const std::invalid_argument& e) {
+    return std::string(e.what());
+  }
+  return std::string("(accepted)");
+}
+
 TEST(Executor, ATransportTimeoutOutsideOneMsToItsBoundIsRefused) {
   const ModelDescription model = reference_model(test_model());
   const auto ranges = stage_ranges(model, partition_blocks(model, 2, PartitionSpec::uniform()));
   auto refusal = [&](std::chrono::milliseconds timeout) {
     ExecutorOptions options;
     options.transport_timeout = timeout;
-    try {
-      PipelineExecutor ex(model, schedule::generate(ScheduleKind::k1F1B, 2, 2), ranges,
-                          {Device::cpu(), Device::cpu()}, test_optimizer(), 17, options);
-    } catch (const std::invalid_argument& e) {
-      return std::string(e.what());
-    }
-    return std::string("(accepted)");
+    return executor_refusal(model, ranges, options);
   };
   const std::string expected =
       "ExecutorOptions::transport_timeout must be from 1 ms to 1000000000 ms (10^6 s), got ";
@@ -337,13 +344,7 @@ TEST(Executor, EnumOptionsOutsideTheirEnumsAreRefusedNamingTheField) {
   const ModelDescription model = reference_model(test_model());
   const auto ranges = stage_ranges(model, partition_blocks(model, 2, PartitionSpec::uniform()));
   auto refusal = [&](const ExecutorOptions& options) {
-    try {
-      PipelineExecutor ex(model, schedule::generate(ScheduleKind::k1F1B, 2, 2), ranges,
-                          {Device::cpu(), Device::cpu()}, test_optimizer(), 17, options);
-    } catch (const std::invalid_argument& e) {
-      return std::string(e.what());
-    }
-    return std::string("(accepted)");
+    return executor_refusal(model, ranges, options);
   };
   ExecutorOptions options;
   options.transport = static_cast<TransportKind>(9);
