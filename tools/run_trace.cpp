@@ -38,6 +38,15 @@ void RunTrace::add_step(int64_t step, Clock::time_point begin, Clock::time_point
   steps_.push_back({step, us(begin), us(end)});
 }
 
+void RunTrace::add_evaluation(int64_t after_step, Clock::time_point begin, Clock::time_point end) {
+  // Those of steps dropped from the front go with them (there is at most one a step).
+  if (!steps_.empty())
+    evaluations_.erase(evaluations_.begin(),
+                       std::find_if(evaluations_.begin(), evaluations_.end(),
+                                    [&](const Step& e) { return e.step >= steps_.front().step; }));
+  evaluations_.push_back({after_step, us(begin), us(end)});
+}
+
 std::string RunTrace::to_json(const std::string& last_step_trace,
                               const std::string& simulated_step_trace,
                               const std::vector<SaveTiming>& saves) const {
@@ -54,6 +63,9 @@ std::string RunTrace::to_json(const std::string& last_step_trace,
   events.push_back(thread_name(kWriterTid, "checkpoint write"));
   for (const Step& s : steps_)
     events.push_back(slice("step " + std::to_string(s.step), kLoopTid, s.begin_us, s.end_us));
+  for (const Step& e : evaluations_)
+    events.push_back(
+        slice("evaluation after step " + std::to_string(e.step), kLoopTid, e.begin_us, e.end_us));
   for (const SaveTiming& save : saves) {
     const std::string name =
         "step_" + std::to_string(save.step) + (save.committed ? "" : " (failed)");

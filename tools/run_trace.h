@@ -1,6 +1,7 @@
 #pragma once
-// The whole run on one clock, for `train --trace`: every step's span on the training loop,
-// every checkpoint save's hold of the loop and its write (on a thread of its own with
+// The whole run on one clock, for `train --trace`: every step's and every held-out
+// evaluation's span on the training loop, every checkpoint save's hold of the loop and its write
+// (on a thread of its own with
 // --async-save), the last step's per-rank timeline placed where that step ran, and the
 // simulator's timeline of that step under its measured costs, from the same start. Opened in
 // Perfetto or chrome://tracing, it shows whether a background save overlaps training, and the
@@ -23,6 +24,8 @@ class RunTrace {
 
   explicit RunTrace(Clock::time_point start = Clock::now()) : start_(start) {}
   void add_step(int64_t step, Clock::time_point begin, Clock::time_point end);
+  // A held-out evaluation with the weights of `after_step`, on the training loop.
+  void add_evaluation(int64_t after_step, Clock::time_point begin, Clock::time_point end);
 
   // The run's own process. The last step's measured ranks are the processes below it (tools
   // such as bench/planner_accuracy.py count them as those), its simulated ranks those from
@@ -45,6 +48,7 @@ class RunTrace {
 
   Clock::time_point start_;
   std::vector<Step> steps_;
+  std::vector<Step> evaluations_;  // by the step whose weights they evaluate
   size_t dropped_ = 0;
 };
 

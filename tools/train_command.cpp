@@ -48,30 +48,68 @@ namespace {
 // other rank end by itself instead of waiting forever.
 void pause_if_asked_at(const char* point) { pause_if_asked("CONVEYOR_TEST_PAUSE_AT", point, "at"); }
 
-// Held-out loss on the `batches` batches that follow the trained ones in a fresh copy of the
-// run's source, so a resumed run evaluates on the same tokens as an uninterrupted one. A
-// collective under MPI.
-double evaluate_after_training(Trainer& trainer, int64_t batches) {
-  std::unique_ptr<TokenSource> held_out =
-      make_token_source_at(trainer.config(), trainer.model().vocab, trainer.source());
+// The run's held-out batches (make_held_out_source), the same at every evaluation, so that
+// their losses compare, within a run and across the runs that resume it. Made before the
+// first step: with --data, the file is read again, and what it holds then is what the run
+// trains on.
+class HeldOutData {
+ public:
+  explicit HeldOutData(const Trainer& trainer)
+      : source_(make_held_out_source(trainer.config(), trainer.model().vocab)),
+        start_(source_->position()),
+        start_token_(source_->current_token()) {}
+
+  TokenSource& rewound() {
+    source_->restore(start_, start_token_);
+    return *source_;
+  }
+
+ private:
+  std::unique_ptr<TokenSource> source_;
+  uint64_t start_;
+  std::optional<int32_t> start_token_;
+};
+
+// The mean loss on the run's held-out batches with the weights trained so far. A collective
+// under MPI (`under_mpi`), whose every process gets the same loss. `announce`: say it starts,
+// as a long evaluation runs without a line of its own until it ends.
+double evaluate_held_out(Trainer& trainer, HeldOutData& data, int64_t batches, bool announce,
+                         bool under_mpi) {
+  TokenSource& held_out = data.rewound();
   pause_if_asked_at("evaluation");
-  // Said before it starts: a long evaluation runs without a line of its own until it ends.
-  std::printf("eval   %lld held-out batch(es) of %lld tokens, with the weights of step %lld\n",
-              static_cast<long long>(batches),
-              static_cast<long long>(trainer.config().batch_tokens),
-              static_cast<long long>(trainer.steps_done()));
-  std::fflush(stdout);
-  const double loss = trainer.evaluate(*held_out, batches);
+  if (announce) {
+    std::printf("eval   %lld held-out batch(es) of %lld tokens, with the weights of step %lld\n",
+                static_cast<long long>(batches),
+                static_cast<long long>(trainer.config().batch_tokens),
+                static_cast<long long>(trainer.steps_done()));
+    std::fflush(stdout);
+  }
+  const double loss = trainer.evaluate(held_out, batches);
   // The last step's own loss and gradient were finite, its update was not: the next step
-  // would have said so, and the run would not end as a success with a loss of nan.
+  // would have said so, and the run would not go on, or end as a success, with a loss of nan.
   if (!std::isfinite(loss)) {
     std::ostringstream msg;
     msg << "the held-out loss is " << (std::isnan(loss) ? std::fabs(loss) : loss)
         << " with the weights of step " << trainer.steps_done()
         << ": its update diverged; lower the learning rate (--lr)";
+    // Every process has the same loss, and so stops alike: rank 0 says it.
+    if (under_mpi) throw ErrorOfEveryProcess(msg.str(), kExitFailure);
     throw TrainingDiverged(msg.str());
   }
   return loss;
+}
+
+// The --log-json record of one evaluation. It has no "step" field, so that a reader of the
+// steps' records can skip it by that.
+std::string eval_record(double loss, int64_t after_step, int64_t batches, int64_t tokens) {
+  char hex[40];
+  std::snprintf(hex, sizeof hex, "%a", loss);
+  const nlohmann::json row = {{"eval_loss", loss},
+                              {"eval_loss_hex", hex},
+                              {"eval_batches", batches},
+                              {"eval_tokens", tokens},
+                              {"eval_step", after_step}};
+  return row.dump() + "\n";
 }
 
 void run_train(TrainFlags& f, const CLI::App& cmd) {
@@ -157,10 +195,12 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
   const bool stops_early = stop_after > 0 && stop_after < config.steps;
   const int64_t last_step_to_run = stops_early ? stop_after : config.steps;
   try {
-    check_eval_fits(*trainer, config, last_step_to_run, f.eval_batches);
+    check_eval_fits(*trainer, config, f.eval_batches);
   } catch (const UsageError& e) {  // from the agreed flags and --data contents: alike everywhere
     refuse_on_every_rank(mpi, e.what());
   }
+  std::optional<HeldOutData> held_out;
+  if (f.eval_batches > 0) held_out.emplace(*trainer);
   std::unique_ptr<TrainerCheckpointer> checkpointer = setup_checkpoints(f.checkpoint, *trainer);
   const int64_t first_step = trainer->steps_done() + 1;
   // A resumed run at or past its end: only the limit that ends it can be raised, and the
@@ -215,6 +255,7 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
   // run's last step, said at the end with the folder and how long it held training.
   int64_t announced_save = -1;
   std::optional<double> last_step_save_held;
+  const int64_t eval_tokens = f.eval_batches * config.batch_tokens;
   for (int64_t s = first_step; s <= last_step_to_run; ++s) {
     StepStats st;
     const auto step_begin = RunTrace::Clock::now();
@@ -282,26 +323,40 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
     }
     last_step = std::move(st.pipeline);
     if (signal != 0) break;
+    // After every --eval-every steps, on the batches an evaluation ending the run here would
+    // take; the last step's is the run's closing one below. A signal during it ends the run
+    // as one during a step does, after the step it follows (and its save).
+    if (f.eval_every > 0 && s % f.eval_every == 0 && s != last_step_to_run) {
+      const auto eval_begin = RunTrace::Clock::now();
+      double loss;
+      try {
+        loss = evaluate_held_out(*trainer, *held_out, f.eval_batches, false, mpi.active());
+      } catch (const EvaluationStopped& e) {
+        signal = e.signal();
+        break;
+      }
+      run_trace.add_evaluation(s, eval_begin, RunTrace::Clock::now());
+      if (json_log) json_log->write(eval_record(loss, s, f.eval_batches, eval_tokens));
+      if (!f.quiet) {
+        std::printf("eval   step %lld: loss %.6f over %lld held-out batch(es), exactly %a\n",
+                    static_cast<long long>(s), loss, static_cast<long long>(f.eval_batches), loss);
+        std::fflush(stdout);
+      }
+    }
   }
   // An interrupted run stops at once: no evaluation; a signal during it ends it too (between
   // groups of batches, as the steps end after the one in progress).
   std::optional<double> eval_loss;
-  const int64_t eval_tokens = f.eval_batches * config.batch_tokens;
   if (f.eval_batches > 0 && signal == 0) {
+    const auto eval_begin = RunTrace::Clock::now();
     try {
-      eval_loss = evaluate_after_training(*trainer, f.eval_batches);
+      eval_loss = evaluate_held_out(*trainer, *held_out, f.eval_batches, true, mpi.active());
+      run_trace.add_evaluation(trainer->steps_done(), eval_begin, RunTrace::Clock::now());
     } catch (const EvaluationStopped& e) {
       signal = e.signal();
     }
-    if (eval_loss && json_log) {
-      char hex[40];
-      std::snprintf(hex, sizeof hex, "%a", *eval_loss);
-      const nlohmann::json row = {{"eval_loss", *eval_loss},
-                                  {"eval_loss_hex", hex},
-                                  {"eval_batches", f.eval_batches},
-                                  {"eval_tokens", eval_tokens}};
-      json_log->write(row.dump() + "\n");
-    }
+    if (eval_loss && json_log)
+      json_log->write(eval_record(*eval_loss, trainer->steps_done(), f.eval_batches, eval_tokens));
   }
   if (json_log) json_log->close();
   // An interrupted run saves the last finished step too, when it saves at all.
@@ -427,9 +482,12 @@ void register_train_command(CLI::App& app) {
                 "Run the plan in FILE (written by `conveyor plan --out`)")
       ->type_name("FILE");
   add_int_flag(cmd, "--eval-batches", flags->eval_batches, 0, 1000000,
-               "After the last step, print the mean loss on the N batches that follow the "
-               "training data in the same source (held out; with --data they must fit in the "
-               "file)");
+               "After the last step, print the mean loss on N held-out batches: with --data "
+               "those after the --steps training batches (they must fit in the file), else the "
+               "Markov chain on a walk of its own");
+  add_int_flag(cmd, "--eval-every", flags->eval_every, 0, 1000000000,
+               "With --eval-batches: evaluate after every N steps too, on the same held-out "
+               "batches (0: after the last step only)");
   add_switch(cmd, "--weights-checksum", flags->weights_checksum,
              "Print an XXH3 checksum of the final weights (to compare runs bit for bit)");
   // Data parallelism.

@@ -205,6 +205,12 @@ TrainConfig resolve_config(TrainFlags& f, const CLI::App& cmd) {
     throw UsageError("--bucket-mb " + escaped_for_message(f.run.bucket_mb_text) +
                      " sizes the gradient all-reduce buckets of data-parallel replicas, but this "
                      "run has one replica; give --dp 2 or more, or leave --bucket-mb out");
+  // Without held-out batches an evaluation would measure nothing, and the flag would be
+  // ignored without a word.
+  if (f.eval_every > 0 && f.eval_batches == 0)
+    throw UsageError("--eval-every " + std::to_string(f.eval_every) +
+                     " evaluates on the held-out batches of --eval-batches, which is 0; give "
+                     "--eval-batches 1 or more");
   try {
     config.model.validate();
     config.validate();
@@ -489,6 +495,7 @@ ConfigFields configuration_fields(const TrainFlags& f, const TrainConfig& c) {
       {"--shard-optimizer", c.shard_optimizer ? "on" : "off"},
       {"--bucket-mb", c.gradient_bucket_mib ? exact(*c.gradient_bucket_mib) : "not given"},
       {"--eval-batches", std::to_string(f.eval_batches)},
+      {"--eval-every", std::to_string(f.eval_every)},
       // Written by rank 0's process alone: given to another process only, the file would never
       // be written, without a word. By whether given, as only rank 0's path is used.
       given_or_not("--log-json", f.log_json),

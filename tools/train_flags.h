@@ -35,6 +35,7 @@ struct TrainFlags {
   std::string plan_file;  // --plan FILE
   bool weights_checksum = false;
   int64_t eval_batches = 0;  // held-out batches after the training data; 0: none
+  int64_t eval_every = 0;    // evaluate after every N steps as well as the last; 0: the last only
 };
 
 // The config the flags give, checked (a schedule file against the flags given next to it,

@@ -85,10 +85,10 @@ void quiet_unless_rank_zero(const MpiSession& mpi, TrainFlags& f) {
   f.trace.clear();
 }
 
-void check_eval_fits(Trainer& trainer, const TrainConfig& config, int64_t last_step,
-                     int64_t eval_batches) {
+void check_eval_fits(Trainer& trainer, const TrainConfig& config, int64_t eval_batches) {
   const auto* file = dynamic_cast<const FileSource*>(&trainer.source());
   if (eval_batches == 0 || file == nullptr) return;
+  const int64_t last_step = config.steps;
   const uint64_t needed =
       static_cast<uint64_t>(last_step + eval_batches) * static_cast<uint64_t>(config.batch_tokens);
   // One token per byte, as read when the run started (the file may have changed since).

@@ -19,12 +19,10 @@ void refuse_outputs_over_inputs(const TrainFlags& f);
 // to stderr, which stays open).
 void quiet_unless_rank_zero(const MpiSession& mpi, TrainFlags& f);
 
-// With --data, the held-out batches must follow the training data within the file: past its
-// end the source wraps and would evaluate on bytes the run trained on. The last pair's target
-// is the byte after its input, so the file needs one byte more than the tokens.
-// `last_step`: the step the run ends at (--stop-after's, when it stops early), which the
-// held-out batches follow.
-void check_eval_fits(Trainer& trainer, const TrainConfig& config, int64_t last_step,
-                     int64_t eval_batches);
+// With --data, the held-out batches must follow the --steps training batches within the file
+// (make_held_out_source): past its end the source wraps and would evaluate on bytes the run
+// trains on. The last pair's target is the byte after its input, so the file needs one byte
+// more than the tokens.
+void check_eval_fits(Trainer& trainer, const TrainConfig& config, int64_t eval_batches);
 
 }  // namespace conveyor::cli

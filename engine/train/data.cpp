@@ -31,11 +31,16 @@ float uniform01(uint64_t seed, uint64_t stream, uint64_t counter) {
 
 constexpr uint64_t kTableStream = 0x7461626c65ULL;  // draws that build the transition table
 constexpr uint64_t kChainStream = 0x636861696eULL;  // draws that walk the chain
+constexpr uint64_t kHeldOutStream = 0x68656c64ULL;  // draws of the held-out walk
+
+uint64_t walk_stream(MarkovSource::Walk walk) {
+  return walk == MarkovSource::Walk::held_out ? kHeldOutStream : kChainStream;
+}
 
 }  // namespace
 
-MarkovSource::MarkovSource(int64_t vocab, uint64_t seed, int fanout)
-    : vocab_(vocab), seed_(seed), fanout_(fanout) {
+MarkovSource::MarkovSource(int64_t vocab, uint64_t seed, int fanout, Walk walk)
+    : vocab_(vocab), seed_(seed), fanout_(fanout), walk_(walk) {
   if (vocab < 2 || vocab > kMaxVocab)
     throw std::invalid_argument(
         "Markov source vocab must be in [2, " + std::to_string(kMaxVocab) +
@@ -108,7 +113,7 @@ void MarkovSource::compute_entropy() {
 }
 
 int32_t MarkovSource::step_from(int32_t state, uint64_t t) const {
-  return step_with(state, uniform01(seed_, kChainStream, t));
+  return step_with(state, uniform01(seed_, walk_stream(walk_), t));
 }
 
 int32_t MarkovSource::step_with(int32_t state, float u) const {
@@ -131,7 +136,7 @@ void MarkovSource::seek(uint64_t position) {
   // The draws of step_from, a generator call per four positions rather than per position.
   int32_t state = 0;
   for (uint64_t block = 0; block * 4 < position; ++block) {
-    const kernels::Philox4 words = philox_block(seed_, kChainStream, block);
+    const kernels::Philox4 words = philox_block(seed_, walk_stream(walk_), block);
     const uint64_t in_block = std::min<uint64_t>(4, position - block * 4);
     for (uint64_t k = 0; k < in_block; ++k) state = step_with(state, unit_float(words.v[k]));
   }
@@ -153,7 +158,8 @@ void MarkovSource::restore(uint64_t position, std::optional<int32_t> token) {
 std::string MarkovSource::describe() const {
   std::ostringstream out;
   out << "Markov chain (vocab " << vocab_ << ", fanout " << fanout_ << ", seed " << seed_
-      << "), entropy " << entropy_ << " nats/token";
+      << (walk_ == Walk::held_out ? ", held-out walk" : "") << "), entropy " << entropy_
+      << " nats/token";
   return out.str();
 }
 

@@ -55,9 +55,15 @@ class MarkovSource : public TokenSource {
   // The largest fanout for `vocab`: kMaxTableDraws / vocab (many more than vocab successors
   // merely draw the same ones again).
   static int64_t max_fanout(int64_t vocab) { return kMaxTableDraws / vocab; }
+  // The draws that walk the chain: the training walk's, or those of a stream of their own for
+  // held-out data: the same chain (table, stationary distribution, entropy), another walk, so
+  // no stretch of training tokens is evaluated on however long the run.
+  enum class Walk { training, held_out };
   // Throws std::invalid_argument for a vocab outside [2, kMaxVocab] or a fanout outside
   // [1, max_fanout(vocab)].
-  MarkovSource(int64_t vocab, uint64_t seed, int fanout = 4);
+  static constexpr int kDefaultFanout = 4;
+  MarkovSource(int64_t vocab, uint64_t seed, int fanout = kDefaultFanout,
+               Walk walk = Walk::training);
   int64_t vocab() const override { return vocab_; }
   void next(int32_t* inputs, int32_t* targets, int64_t n) override;
   uint64_t position() const override { return position_; }
@@ -80,6 +86,7 @@ class MarkovSource : public TokenSource {
   int64_t vocab_;
   uint64_t seed_;
   int fanout_;
+  Walk walk_;
   std::vector<std::vector<std::pair<int32_t, double>>> rows_;
   std::vector<std::vector<float>> cdf_;  // per row, cumulative probabilities in row order
   double entropy_ = 0.0;

@@ -390,6 +390,17 @@ Device resolve_device(const std::optional<Device>& requested, std::string* note)
   return Device::cpu();
 }
 
+namespace {
+
+void check_markov_vocab(int64_t vocab) {
+  if (vocab < 1)
+    throw std::invalid_argument(
+        "the model description does not say its vocab, so no built-in data source can be made "
+        "for it; set ModelDescription::vocab or give the trainer a TokenSource");
+}
+
+}  // namespace
+
 std::unique_ptr<TokenSource> make_token_source(const TrainConfig& config, int64_t vocab) {
   if (!config.data_path.empty()) {
     auto source = std::make_unique<FileSource>(config.data_path);
@@ -411,11 +422,19 @@ std::unique_ptr<TokenSource> make_token_source(const TrainConfig& config, int64_
           " or fewer");
     return source;
   }
-  if (vocab < 1)
-    throw std::invalid_argument(
-        "the model description does not say its vocab, so no built-in data source can be made "
-        "for it; set ModelDescription::vocab or give the trainer a TokenSource");
+  check_markov_vocab(vocab);
   return std::make_unique<MarkovSource>(vocab, config.seed);
+}
+
+std::unique_ptr<TokenSource> make_held_out_source(const TrainConfig& config, int64_t vocab) {
+  if (!config.data_path.empty()) {
+    std::unique_ptr<TokenSource> source = make_token_source(config, vocab);
+    source->seek(static_cast<uint64_t>(config.steps) * static_cast<uint64_t>(config.batch_tokens));
+    return source;
+  }
+  check_markov_vocab(vocab);
+  return std::make_unique<MarkovSource>(vocab, config.seed, MarkovSource::kDefaultFanout,
+                                        MarkovSource::Walk::held_out);
 }
 
 std::unique_ptr<TokenSource> make_token_source_at(const TrainConfig& config, int64_t vocab,

@@ -37,10 +37,11 @@
 #                                      --dp 3 run; ranks started
 #                                      with another --dp are refused; rank 0's --trace draws
 #                                      replica 0's simulated step, as its printed figures are
-#   mpi_train.sh CONVEYOR eval         --eval-batches 2 under -np 2 --stages 2 (1f1b and
-#                                      interleaved) and -np 4 --stages 2 --dp 2: rank 0 alone
-#                                      prints the eval line, and it and the --log-json record's
-#                                      hex value equal the one-process run's, bit for bit;
+#   mpi_train.sh CONVEYOR eval         --eval-batches 2 --eval-every 1 under -np 2 --stages 2
+#                                      (1f1b and interleaved) and -np 4 --stages 2 --dp 2: rank
+#                                      0 alone prints the eval line, and it and the --log-json
+#                                      records' hex values (one per step) equal the
+#                                      one-process run's, bit for bit;
 #                                      so does a run resumed at step 2 by -np 2
 #   mpi_train.sh CONVEYOR stop_dp      as stop, for rank 3 of -np 4 --stages 2 --dp 2: the job
 #                                      ends within the timeout and a survivor names rank 3
@@ -248,10 +249,10 @@ case $mode in
       np=2
       [[ $layout == *"--dp 2"* ]] && np=4
       "$cli" "${common[@]}" --seed 7 "${flags[@]}" --transport inproc --eval-batches 2 \
-        --log-json "$work/one.jsonl" >"$work/one.out" 2>&1 ||
+        --eval-every 1 --log-json "$work/one.jsonl" >"$work/one.out" 2>&1 ||
         fail "one-process $layout run failed: $(cat "$work/one.out")"
       timeout 60 "${mpirun[@]}" -np "$np" "$cli" "${common[@]}" --seed 7 "${flags[@]}" \
-        --eval-batches 2 --log-json "$work/mpi.jsonl" >"$work/mpi.out" 2>&1 ||
+        --eval-batches 2 --eval-every 1 --log-json "$work/mpi.jsonl" >"$work/mpi.out" 2>&1 ||
         fail "mpirun -np $np $layout failed: $(cat "$work/mpi.out")"
       grep -q "transport mpi" "$work/mpi.out" || fail "the MPI run did not use MPI: $(cat "$work/mpi.out")"
       want=$(eval_line "$work" one) got=$(eval_line "$work" mpi) || exit 1
@@ -261,6 +262,7 @@ case $mode in
       [ -n "$(hex "$work/one.jsonl")" ] || fail "no eval record in --log-json"
       [ "$(hex "$work/mpi.jsonl")" = "$(hex "$work/one.jsonl")" ] ||
         fail "--log-json eval records differ for -np $np $layout"
+      [ "$(hex "$work/one.jsonl" | wc -l)" -gt 1 ] || fail "no --eval-every records in --log-json"
       same_run "$work" one mpi "of mpirun -np $np $layout"
       echo "mpirun -np $np $layout: $got"
     done

@@ -323,5 +323,77 @@ TEST(FileSource, AFileShorterThanOneBatchIsRefusedByTheTrainer) {
   std::remove(path.c_str());
 }
 
+// The held-out walk is the same chain (its transitions are the table's, its cross-entropy
+// the chain's entropy) on draws of its own: not the training walk at any offset, and the
+// same walk every time it is made.
+TEST(MarkovSource, TheHeldOutWalkIsTheSameChainOnOtherDraws) {
+  MarkovSource training(32, 5);
+  MarkovSource held_out(32, 5, MarkovSource::kDefaultFanout, MarkovSource::Walk::held_out);
+  const int64_t n = 400000;
+  std::vector<int32_t> in(n), out(n), train_in(n), train_out(n);
+  held_out.next(in.data(), out.data(), n);
+  training.next(train_in.data(), train_out.data(), n);
+  double total = 0.0;
+  for (int64_t i = 1000; i < n; ++i) {
+    double p = 0.0;
+    for (const auto& [s, q] : training.row(in[i]))
+      if (s == out[i]) p = q;
+    ASSERT_GT(p, 0.0) << "transition " << in[i] << " -> " << out[i] << " not in the table";
+    total -= std::log(p);
+  }
+  EXPECT_NEAR(total / static_cast<double>(n - 1000), *training.entropy(),
+              0.01 * *training.entropy());
+  EXPECT_EQ(*held_out.entropy(), *training.entropy());
+  // Not a stretch of the training walk: 64 tokens of it appear nowhere in the first 400000.
+  const std::vector<int32_t> probe(in.begin() + 5000, in.begin() + 5064);
+  EXPECT_EQ(std::search(train_in.begin(), train_in.end(), probe.begin(), probe.end()),
+            train_in.end());
+  MarkovSource again(32, 5, MarkovSource::kDefaultFanout, MarkovSource::Walk::held_out);
+  std::vector<int32_t> in2(1000), out2(1000);
+  again.next(in2.data(), out2.data(), 1000);
+  EXPECT_TRUE(std::equal(in2.begin(), in2.end(), in.begin()));
+  // Seek replays the held-out walk, not the training one.
+  again.seek(300);
+  again.next(in2.data(), out2.data(), 10);
+  EXPECT_TRUE(std::equal(in2.begin(), in2.begin() + 10, in.begin() + 300));
+  EXPECT_NE(held_out.describe().find("held-out walk"), std::string::npos);
+  EXPECT_EQ(training.describe().find("held-out"), std::string::npos);
+}
+
+// A run's held-out data: the bytes after its config.steps training batches of a file, the
+// held-out walk of the chain; the same each time it is made.
+TEST(HeldOutSource, FollowsTheRunsTrainingBatchesOrWalksApart) {
+  const std::string path = ::testing::TempDir() + "conveyor_held_out.bin";
+  std::string bytes(1000, '\0');
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>(i * 7 % 251);
+  {
+    std::ofstream f(path, std::ios::binary);
+    f << bytes;
+  }
+  TrainConfig config;
+  config.data_path = path;
+  config.batch_tokens = 16;
+  config.microbatches = 1;
+  config.steps = 10;
+  auto file = make_held_out_source(config, 256);
+  EXPECT_EQ(file->position(), 160u);
+  std::vector<int32_t> in(4), out(4);
+  file->next(in.data(), out.data(), 4);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(in[i], static_cast<uint8_t>(bytes[160 + i]));
+    EXPECT_EQ(out[i], static_cast<uint8_t>(bytes[161 + i]));
+  }
+  std::remove(path.c_str());
+
+  config.data_path.clear();
+  auto chain = make_held_out_source(config, 64);
+  MarkovSource walk(64, config.seed, MarkovSource::kDefaultFanout, MarkovSource::Walk::held_out);
+  std::vector<int32_t> want_in(100), want_out(100), got_in(100), got_out(100);
+  walk.next(want_in.data(), want_out.data(), 100);
+  chain->next(got_in.data(), got_out.data(), 100);
+  EXPECT_EQ(got_in, want_in);
+  EXPECT_EQ(got_out, want_out);
+}
+
 }  // namespace
 }  // namespace conveyor
