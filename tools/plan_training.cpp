@@ -165,11 +165,12 @@ PlannedRun plan_training(const TrainConfig& config, Device device, int repetitio
   // each when there are enough, else all on one device, which then shares its memory between
   // them (the P x D ranks of --dp D, not the P of the pipeline planned).
   const int ranks = p * constraints.replicas;
+  const std::string stages_by_replicas = std::to_string(p) + (p == 1 ? " stage" : " stages") +
+                                         " x --dp " + std::to_string(constraints.replicas);
   // Every rank's profile runs in this process, under a launcher too.
-  check_threads_in_process(config.cpu_threads, ranks, device,
-                           constraints.replicas > 1 ? std::to_string(p) + " stages x --dp " +
-                                                          std::to_string(constraints.replicas)
-                                                    : "--stages " + std::to_string(p));
+  check_threads_in_process(
+      config.cpu_threads, ranks, device,
+      constraints.replicas > 1 ? stages_by_replicas : "--stages " + std::to_string(p));
   const bool spread = device.is_cuda() && cuda_device_count() >= ranks;
   std::vector<Device> devices(static_cast<size_t>(p), device);
   if (spread)
@@ -202,9 +203,7 @@ PlannedRun plan_training(const TrainConfig& config, Device device, int repetitio
     if (sharing > 1 || !given_limit) cap_source += " (" + bytes_text(memory) + ")" + limit.note;
     if (sharing > 1)
       cap_source += " shared by " + std::to_string(sharing) + " ranks" +
-                    (constraints.replicas > 1 ? " (" + std::to_string(p) + " stages x --dp " +
-                                                    std::to_string(constraints.replicas) + ")"
-                                              : std::string());
+                    (constraints.replicas > 1 ? " (" + stages_by_replicas + ")" : std::string());
     if (cap_per_process && given > 0)
       cap_source += ", less than the memory limit (" + bytes_text(given) +
                     ") each process holds for its own rank";

@@ -64,16 +64,17 @@ size_t RunFlags::memory_limit_bytes() const {
   if (bytes > kMaxMemoryCapBytes)
     throw UsageError(given +
                      " is more than 1 PiB, the largest cap accepted; give the device's "
-                     "size, or 0 for no cap");
-  // A cap that rounds to nothing would read as "no cap" (0), and under 1 KiB no allocation of
-  // the allocator's smallest block fits anyway. A size such as 0.5B rounds down to 0 bytes;
-  // only a number of zeros asks for no cap (units hold no digits).
+                     "size, or 0 for what the device can give now");
+  // A cap that rounds to nothing would read as 0, what the device can give now, and under
+  // 1 KiB no allocation of the allocator's smallest block fits anyway. A size such as 0.5B
+  // rounds down to 0 bytes; only a number of zeros asks for the device's figure (units hold
+  // no digits).
   const bool asked_for_some = memory_cap_text.find_first_of("123456789") != std::string::npos;
   if ((bytes > 0 || asked_for_some) && bytes < kMinMemoryCapBytes)
-    throw UsageError(given +
-                     (sized ? " is " + std::to_string(*memory_cap_bytes) + " bytes," : " is") +
-                     " less than 1 KiB, the smallest cap accepted; give at least " +
-                     (sized ? "1KiB" : "0.0009765625 MiB (1 KiB)") + ", or 0 for no cap");
+    throw UsageError(
+        given + (sized ? " is " + std::to_string(*memory_cap_bytes) + " bytes," : " is") +
+        " less than 1 KiB, the smallest cap accepted; give at least " +
+        (sized ? "1KiB" : "0.0009765625 MiB (1 KiB)") + ", or 0 for what the device can give now");
   return static_cast<size_t>(bytes);
 }
 
