@@ -420,6 +420,10 @@ std::unique_ptr<TokenSource> make_token_source(const TrainConfig& config, int64_
 
 std::unique_ptr<TokenSource> make_token_source_at(const TrainConfig& config, int64_t vocab,
                                                   const TokenSource& run) {
+  // The bytes the run read, not the file read again: it may have been replaced, cut short or
+  // removed since, which would evaluate other bytes (or training data, wrapped) as held out.
+  if (const auto* file = dynamic_cast<const FileSource*>(&run))
+    return std::make_unique<FileSource>(*file);
   std::unique_ptr<TokenSource> source = make_token_source(config, vocab);
   source->restore(run.position(), run.current_token());
   return source;

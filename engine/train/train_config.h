@@ -130,7 +130,8 @@ void set_gradient_buckets(schedule::Schedule& sched, const ModelDescription& mod
 // file's bytes, or a Markov chain over the vocabulary.
 std::unique_ptr<TokenSource> make_token_source(const TrainConfig& config, int64_t vocab);
 // The same, standing where `run` (such a source) stands: what follows the trained tokens, for
-// held-out data. Restored from run's current token, so at once however far the run has gone.
+// held-out data. Restored from run's current token, so at once however far the run has gone;
+// a FileSource is copied, sharing the bytes run read whatever the file holds now.
 std::unique_ptr<TokenSource> make_token_source_at(const TrainConfig& config, int64_t vocab,
                                                   const TokenSource& run);
 
