@@ -156,8 +156,9 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
   const int64_t stop_after = f.checkpoint.stop_after;
   const bool stops_early = stop_after > 0 && stop_after < config.steps;
   const int64_t last_step_to_run = stops_early ? stop_after : config.steps;
+  const char* const limit = stops_early ? "--stop-after" : "--steps";
   try {
-    check_eval_fits(*trainer, config, last_step_to_run, f.eval_batches);
+    check_eval_fits(*trainer, config, last_step_to_run, limit, f.eval_batches);
   } catch (const UsageError& e) {  // from the agreed flags and --data contents: alike everywhere
     refuse_on_every_rank(mpi, e.what());
   }
@@ -165,7 +166,6 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
   const int64_t first_step = trainer->steps_done() + 1;
   // A resumed run at or past its end: only the limit that ends it can be raised, and the
   // refusal is the one line printed.
-  const char* const limit = stops_early ? "--stop-after" : "--steps";
   if (last_step_to_run < first_step)
     refuse_on_every_rank(mpi, "nothing to train: the run is at step " +
                                   std::to_string(first_step - 1) + " and stops at step " +

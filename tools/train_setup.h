@@ -23,8 +23,8 @@ void quiet_unless_rank_zero(const MpiSession& mpi, TrainFlags& f);
 // end the source wraps and would evaluate on bytes the run trained on. The last pair's target
 // is the byte after its input, so the file needs one byte more than the tokens.
 // `last_step`: the step the run ends at (--stop-after's, when it stops early), which the
-// held-out batches follow.
+// held-out batches follow; `limit` the flag that sets it, which the refusal names.
 void check_eval_fits(Trainer& trainer, const TrainConfig& config, int64_t last_step,
-                     int64_t eval_batches);
+                     const char* limit, int64_t eval_batches);
 
 }  // namespace conveyor::cli
