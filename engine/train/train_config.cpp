@@ -119,7 +119,8 @@ void check_memory_fits(const ModelDescription& model, const std::vector<StageRan
           ", the step's token ids and losses " + bytes_text(e.batch_bytes) +
           ", boundary tensors and workspace " + bytes_text(e.transient_bytes) + ") but " +
           limit.source + " is " + bytes_text(limit.bytes) + limit.note +
-          "; use a smaller model, fewer tokens per micro-batch, more stages, or sgd");
+          "; use a smaller model, fewer tokens per micro-batch or per step, more stages, or "
+          "sgd");
     };
     // A limit emulates a smaller device: one above what the device can give now would let
     // through a run the device cannot hold, which the system then ends (on the CPU, the
