@@ -156,7 +156,7 @@ void add_run_flags(CLI::App* cmd, RunFlags& f, RunFlagsFor command) {
   add_int_flag(cmd, "--layers", f.layers, 1, ModelConfig::kMaxLayers, "Number of MLP blocks")
       ->default_str("preset");
   add_int_flag(cmd, "--vocab", f.vocab, 2, ModelConfig::kMaxVocab, "Vocabulary size")
-      ->default_str(command == RunFlagsFor::kTrain ? "preset, 256 with --data" : "preset");
+      ->default_str(command == RunFlagsFor::kTrain ? "preset, at least 256 with --data" : "preset");
   add_int_flag(cmd, "--hidden", f.hidden, 1, ModelConfig::kMaxHidden, "MLP hidden width")
       ->default_str("4 x d-model");
   cmd->add_option("--activation", f.activation, "gelu or relu")->default_str("preset");

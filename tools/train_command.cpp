@@ -49,13 +49,12 @@ namespace {
 void pause_if_asked_at(const char* point) { pause_if_asked("CONVEYOR_TEST_PAUSE_AT", point, "at"); }
 
 // The run's held-out batches (make_held_out_source), the same at every evaluation, so that
-// their losses compare, within a run and across the runs that resume it. Made before the
-// first step: with --data, the file is read again, and what it holds then is what the run
-// trains on.
+// their losses compare, within a run and across the runs that resume it. With --data, the
+// bytes the run read, whatever the file holds since.
 class HeldOutData {
  public:
   explicit HeldOutData(const Trainer& trainer)
-      : source_(make_held_out_source(trainer.config(), trainer.model().vocab)),
+      : source_(make_held_out_source(trainer.config(), trainer.model().vocab, trainer.source())),
         start_(source_->position()),
         start_token_(source_->current_token()) {}
 
@@ -194,6 +193,7 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
   const int64_t stop_after = f.checkpoint.stop_after;
   const bool stops_early = stop_after > 0 && stop_after < config.steps;
   const int64_t last_step_to_run = stops_early ? stop_after : config.steps;
+  const char* const limit = stops_early ? "--stop-after" : "--steps";
   try {
     check_eval_fits(*trainer, config, f.eval_batches);
   } catch (const UsageError& e) {  // from the agreed flags and --data contents: alike everywhere
@@ -205,7 +205,6 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
   const int64_t first_step = trainer->steps_done() + 1;
   // A resumed run at or past its end: only the limit that ends it can be raised, and the
   // refusal is the one line printed.
-  const char* const limit = stops_early ? "--stop-after" : "--steps";
   if (last_step_to_run < first_step)
     refuse_on_every_rank(mpi, "nothing to train: the run is at step " +
                                   std::to_string(first_step - 1) + " and stops at step " +
@@ -344,21 +343,6 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
       }
     }
   }
-  // An interrupted run stops at once: no evaluation; a signal during it ends it too (between
-  // groups of batches, as the steps end after the one in progress).
-  std::optional<double> eval_loss;
-  if (f.eval_batches > 0 && signal == 0) {
-    const auto eval_begin = RunTrace::Clock::now();
-    try {
-      eval_loss = evaluate_held_out(*trainer, *held_out, f.eval_batches, true, mpi.active());
-      run_trace.add_evaluation(trainer->steps_done(), eval_begin, RunTrace::Clock::now());
-    } catch (const EvaluationStopped& e) {
-      signal = e.signal();
-    }
-    if (eval_loss && json_log)
-      json_log->write(eval_record(*eval_loss, trainer->steps_done(), f.eval_batches, eval_tokens));
-  }
-  if (json_log) json_log->close();
   // An interrupted run saves the last finished step too, when it saves at all.
   // A last step whose save failed (under --on-save-error continue) leaves the run's result
   // unsaved: said here, and the exit status says it too.
@@ -381,6 +365,22 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
                               : "this run saved no checkpoint into " + dir)
                       .c_str());
   }
+  // After the closing save, which an evaluation that fails or is interrupted must not cost.
+  // An interrupted run stops at once: no evaluation; a signal during it ends it too (between
+  // groups of batches, as the steps end after the one in progress).
+  std::optional<double> eval_loss;
+  if (f.eval_batches > 0 && signal == 0) {
+    const auto eval_begin = RunTrace::Clock::now();
+    try {
+      eval_loss = evaluate_held_out(*trainer, *held_out, f.eval_batches, true, mpi.active());
+      run_trace.add_evaluation(trainer->steps_done(), eval_begin, RunTrace::Clock::now());
+    } catch (const EvaluationStopped& e) {
+      signal = e.signal();
+    }
+    if (eval_loss && json_log)
+      json_log->write(eval_record(*eval_loss, trainer->steps_done(), f.eval_batches, eval_tokens));
+  }
+  if (json_log) json_log->close();
   if (signal == 0 && t.steps > 0 && t.last_step < config.steps)
     std::printf(
         "stopped at step %lld of %lld (--stop-after)%s\n", static_cast<long long>(t.last_step),

@@ -164,20 +164,20 @@ std::string MarkovSource::describe() const {
 }
 
 FileSource::FileSource(const std::string& path) : path_(path) {
-  const std::string text = read_input_file(
+  bytes_ = std::make_shared<const std::string>(read_input_file(
       path, {"data file " + quoted_file_name(path), "a regular file whose bytes are the text",
-             kMaxBytes, "are read into memory"});
-  bytes_.assign(text.begin(), text.end());
-  if (bytes_.size() < 2)
+             kMaxBytes, "are read into memory"}));
+  const std::string& text = *bytes_;
+  if (text.size() < 2)
     throw InputFileError("data file " + quoted_file_name(path) + " has " +
-                         std::to_string(bytes_.size()) + (bytes_.size() == 1 ? " byte" : " bytes") +
+                         std::to_string(text.size()) + (text.size() == 1 ? " byte" : " bytes") +
                          "; at least 2 are needed to form an (input, target) pair");
   contents_digest_ = checkpoint_io::xxh3_64_text(text.data(), text.size());
   std::array<uint64_t, 256> counts{};
-  for (const uint8_t b : bytes_) ++counts[b];
+  for (const char b : text) ++counts[static_cast<uint8_t>(b)];
   for (const uint64_t c : counts) {
     if (c == 0) continue;
-    const double p = static_cast<double>(c) / static_cast<double>(bytes_.size());
+    const double p = static_cast<double>(c) / static_cast<double>(text.size());
     unigram_entropy_ -= p * std::log(p);
   }
 }
@@ -185,17 +185,18 @@ FileSource::FileSource(const std::string& path) : path_(path) {
 void FileSource::next(int32_t* inputs, int32_t* targets, int64_t n) {
   // The file holds size - 1 pairs, each byte followed by the next; wrapping after the last
   // one never pairs the file's last byte with its first, which no text has.
-  const uint64_t pairs = bytes_.size() - 1;
+  const std::string& text = *bytes_;
+  const uint64_t pairs = text.size() - 1;
   for (int64_t i = 0; i < n; ++i) {
     const uint64_t at = (position_ + static_cast<uint64_t>(i)) % pairs;
-    inputs[i] = bytes_[at];
-    targets[i] = bytes_[at + 1];
+    inputs[i] = static_cast<uint8_t>(text[at]);
+    targets[i] = static_cast<uint8_t>(text[at + 1]);
   }
   position_ += static_cast<uint64_t>(n);
 }
 
 std::string FileSource::describe() const {
-  return "bytes of " + quoted_file_name(path_) + " (" + std::to_string(bytes_.size()) +
+  return "bytes of " + quoted_file_name(path_) + " (" + std::to_string(bytes_->size()) +
          " tokens, vocab 256)";
 }
 

@@ -96,7 +96,8 @@ class MarkovSource : public TokenSource {
 
 // Byte-level tokens (vocab 256) of a file, read in order as (byte, next byte) pairs, from the
 // first pair again after the last (a position counts pairs). The file
-// must be a regular file of at most kMaxBytes (it is held in memory).
+// must be a regular file of at most kMaxBytes (it is held in memory, once: a copy of the source
+// shares the bytes read, and draws them whatever the file holds since).
 class FileSource : public TokenSource {
  public:
   static constexpr uint64_t kMaxBytes = uint64_t{1} << 30;
@@ -114,13 +115,13 @@ class FileSource : public TokenSource {
   // reaches, a reference for the loss.
   double unigram_entropy() const { return unigram_entropy_; }
   // The file's length: its tokens, the last of which is only a target.
-  uint64_t bytes() const { return bytes_.size(); }
+  uint64_t bytes() const { return bytes_->size(); }
 
  private:
   std::string path_;
   std::string contents_digest_;
   double unigram_entropy_ = 0.0;
-  std::vector<uint8_t> bytes_;
+  std::shared_ptr<const std::string> bytes_;
   uint64_t position_ = 0;
 };
 

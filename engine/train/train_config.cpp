@@ -119,7 +119,8 @@ void check_memory_fits(const ModelDescription& model, const std::vector<StageRan
           ", the step's token ids and losses " + bytes_text(e.batch_bytes) +
           ", boundary tensors and workspace " + bytes_text(e.transient_bytes) + ") but " +
           limit.source + " is " + bytes_text(limit.bytes) + limit.note +
-          "; use a smaller model, fewer tokens per micro-batch, more stages, or sgd");
+          "; use a smaller model, fewer tokens per micro-batch or per step, more stages, or "
+          "sgd");
     };
     // A limit emulates a smaller device: one above what the device can give now would let
     // through a run the device cannot hold, which the system then ends (on the CPU, the
@@ -426,12 +427,15 @@ std::unique_ptr<TokenSource> make_token_source(const TrainConfig& config, int64_
   return std::make_unique<MarkovSource>(vocab, config.seed);
 }
 
-std::unique_ptr<TokenSource> make_held_out_source(const TrainConfig& config, int64_t vocab) {
-  if (!config.data_path.empty()) {
-    std::unique_ptr<TokenSource> source = make_token_source(config, vocab);
+std::unique_ptr<TokenSource> make_held_out_source(const TrainConfig& config, int64_t vocab,
+                                                  const TokenSource& run) {
+  if (const auto* file = dynamic_cast<const FileSource*>(&run)) {
+    auto source = std::make_unique<FileSource>(*file);
     source->seek(static_cast<uint64_t>(config.steps) * static_cast<uint64_t>(config.batch_tokens));
     return source;
   }
+  if (!config.data_path.empty())
+    throw std::invalid_argument("the run's source is not the data file of TrainConfig::data_path");
   check_markov_vocab(vocab);
   return std::make_unique<MarkovSource>(vocab, config.seed, MarkovSource::kDefaultFanout,
                                         MarkovSource::Walk::held_out);
@@ -439,6 +443,10 @@ std::unique_ptr<TokenSource> make_held_out_source(const TrainConfig& config, int
 
 std::unique_ptr<TokenSource> make_token_source_at(const TrainConfig& config, int64_t vocab,
                                                   const TokenSource& run) {
+  // The bytes the run read, not the file read again: it may have been replaced, cut short or
+  // removed since, which would evaluate other bytes (or training data, wrapped) as held out.
+  if (const auto* file = dynamic_cast<const FileSource*>(&run))
+    return std::make_unique<FileSource>(*file);
   std::unique_ptr<TokenSource> source = make_token_source(config, vocab);
   source->restore(run.position(), run.current_token());
   return source;

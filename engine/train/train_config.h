@@ -129,8 +129,9 @@ void set_gradient_buckets(schedule::Schedule& sched, const ModelDescription& mod
 // The built-in data source of a config for a model taking token ids in [0, vocab): the
 // file's bytes, or a Markov chain over the vocabulary.
 std::unique_ptr<TokenSource> make_token_source(const TrainConfig& config, int64_t vocab);
-// The same, standing where `run` (such a source) stands: what follows the trained tokens.
-// Restored from run's current token, so at once however far the run has gone.
+// The same, standing where `run` (such a source) stands: what follows the trained tokens, for
+// held-out data. Restored from run's current token, so at once however far the run has gone;
+// a FileSource is copied, sharing the bytes run read whatever the file holds now.
 std::unique_ptr<TokenSource> make_token_source_at(const TrainConfig& config, int64_t vocab,
                                                   const TokenSource& run);
 // Held-out data of a run of the built-in source: tokens that none of its config.steps
@@ -138,8 +139,10 @@ std::unique_ptr<TokenSource> make_token_source_at(const TrainConfig& config, int
 // (and of the runs that resume it) measures the same batches. For the file, those after the
 // config.steps training batches (the caller checks the file holds as many as it evaluates:
 // beyond its end the source wraps onto training data); for the Markov chain, the same chain
-// on a walk of its own (MarkovSource::Walk::held_out), from its first state.
-std::unique_ptr<TokenSource> make_held_out_source(const TrainConfig& config, int64_t vocab);
+// on a walk of its own (MarkovSource::Walk::held_out), from its first state. `run`: the run's
+// source, whose file bytes a FileSource shares, whatever the file holds now.
+std::unique_ptr<TokenSource> make_held_out_source(const TrainConfig& config, int64_t vocab,
+                                                  const TokenSource& run);
 
 // The memory the ranks on `device` may use together: `memory_limit_bytes` (0: none) or what
 // the device can give now (its free memory on CUDA, MemAvailable on the CPU), whichever is

@@ -2,7 +2,7 @@
 // forward and backward by hand, through Conveyor's tensor ops, and what it keeps for the
 // backward), a model description built from it, a data source of one's own, a plan for two
 // pipeline ranks on the CPU from the units' measured costs (schedule, micro-batch count and
-// partition), training under it, and a held-out evaluation at the end. Exits with status 1
+// partition), training under it, and an evaluation at the end. Exits with status 1
 // when the block's declared memory differs from what the allocator measures, or unless the
 // loss fell clearly.
 #include <algorithm>
@@ -266,7 +266,8 @@ int main() {
       std::printf("step %3lld | loss %.4f\n", static_cast<long long>(s), last);
   }
   // Forward only, on batches the training did not draw in this order: the text from
-  // another offset.
+  // another offset. Not held out: the training went over every character of the short text
+  // many times (a run of one's own holds data out, as --eval-batches does).
   TextSource shifted(kText, 57);
   const double evaluated = trainer.evaluate(shifted, 2);
   std::printf("loss   first %.4f, final %.4f, evaluated %.4f\n", first, last, evaluated);

@@ -3,7 +3,8 @@
 # loss after step s is the same whether it is one of --eval-every's, the closing one of a run that --stop-after ends at
 # s, or one of a run resumed from a checkpoint (under another stage count), bit for bit; the
 # last step's evaluation is the closing one alone; --quiet leaves the periodic lines out but
-# not their --log-json records; --trace shows each evaluation on the training loop.
+# not their --log-json records; --trace shows each evaluation on the training loop; a failed
+# closing evaluation keeps the closing save.
 # Usage: eval_every.sh CONVEYOR WORK [DATA_FILE]   (with DATA_FILE: --data, else the Markov chain)
 set -u
 cli=$1 work=$2
@@ -61,4 +62,11 @@ grep -q '^eval   step' "$work/resumed.out" && fail "--quiet printed a periodic e
 [ "$(record "$work/resumed.jsonl" 5)" != "" ] || fail "the resumed run has no record after step 5"
 [ "$(record "$work/resumed.jsonl" 6)" = "$(record "$work/whole.jsonl" 6)" ] ||
   fail "resumed: $(record "$work/resumed.jsonl" 6) after step 6, the whole run: $(record "$work/whole.jsonl" 6)"
+# A closing evaluation that fails comes after the closing save, which it does not cost.
+"$cli" train --device cpu --d-model 16 --layers 2 --vocab 32 --batch-tokens 64 --steps 1 \
+  --lr 1e30 --eval-batches 1 --quiet --save-dir "$work/diverged" >"$work/diverged.out" 2>&1
+status=$?
+[ $status -eq 1 ] && grep -q "held-out loss is nan" "$work/diverged.out" ||
+  fail "the diverged evaluation ended with $status: $(cat "$work/diverged.out")"
+[ -f "$work/diverged/step_1/manifest.json" ] || fail "the failed evaluation lost the save of step 1"
 echo "eval_every: after steps 2 4 6: $(record "$work/whole.jsonl" 2) $(record "$work/whole.jsonl" 4) $(closing whole); stopped and resumed alike"

@@ -375,7 +375,7 @@ TEST(HeldOutSource, FollowsTheRunsTrainingBatchesOrWalksApart) {
   config.batch_tokens = 16;
   config.microbatches = 1;
   config.steps = 10;
-  auto file = make_held_out_source(config, 256);
+  auto file = make_held_out_source(config, 256, *make_token_source(config, 256));
   EXPECT_EQ(file->position(), 160u);
   std::vector<int32_t> in(4), out(4);
   file->next(in.data(), out.data(), 4);
@@ -386,7 +386,7 @@ TEST(HeldOutSource, FollowsTheRunsTrainingBatchesOrWalksApart) {
   std::remove(path.c_str());
 
   config.data_path.clear();
-  auto chain = make_held_out_source(config, 64);
+  auto chain = make_held_out_source(config, 64, *make_token_source(config, 64));
   MarkovSource walk(64, config.seed, MarkovSource::kDefaultFanout, MarkovSource::Walk::held_out);
   std::vector<int32_t> want_in(100), want_out(100), got_in(100), got_out(100);
   walk.next(want_in.data(), want_out.data(), 100);

@@ -113,6 +113,24 @@ struct TwoRanksOfOneF1B {
   }();
 };
 
+// The step's token ids, targets and losses grow with the tokens per step, whatever the
+// micro-batch: a run refused for them is told that fewer tokens per step would fit (fewer per
+// micro-batch, at the most micro-batches, would not).
+TEST(MemoryEstimate, ARefusalForTheStepsTokenIdsNamesFewerTokensPerStep) {
+  const TwoRanksOfOneF1B run;
+  TrainConfig c = run.config;
+  c.batch_tokens = int64_t{1} << 24;  // ids and losses of 2^24 tokens: hundreds of MiB
+  c.memory_limit_bytes = size_t{64} << 20;
+  try {
+    check_memory_fits(run.model, run.ranges, run.schedule, {Device::cpu(), Device::cpu()}, c);
+    FAIL() << "the ids of 2^24 tokens fit in 64 MiB";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("fewer tokens per micro-batch or per step"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 // On a CUDA device each rank's context takes its cuBLASLt workspace from the capped allocator
 // before the first step, so a cap that holds the CPU's estimate but not that workspace too
 // refuses the CUDA run up front. No GPU is needed: the check refuses before any context exists,

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <fstream>
 #include <initializer_list>
 #include <limits>
 #include <memory>
@@ -84,6 +86,44 @@ TEST(Trainer, TheSourceAtTheRunDrawsWhatTheRunWould) {
     EXPECT_EQ(in_a, in_b) << far;
     EXPECT_EQ(out_a, out_b) << far;
   }
+}
+
+// The held-out source of a file run draws the bytes the run read: the file replaced by other
+// bytes, cut short or removed since changes nothing (read again, it evaluated the new bytes,
+// training data wrapped around, or failed after the last step).
+TEST(Trainer, TheSourceAtAFileRunDrawsTheBytesTheRunRead) {
+  const std::string path = ::testing::TempDir() + "conveyor_held_out.bin";
+  std::string bytes(4096, '\0');
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>((i * 7 + i / 13) % 256);
+  auto write = [&](const std::string& text) {
+    std::ofstream f(path, std::ios::binary | std::ios::trunc);
+    f << text;
+  };
+  write(bytes);
+  TrainConfig config = quick_config();
+  config.model.vocab = 256;
+  config.batch_tokens = 256;
+  config.data_path = path;
+  Trainer trainer(config);
+  trainer.step();
+  for (const std::string& now :
+       {std::string(bytes.size(), 'x'), bytes.substr(0, 300), std::string()}) {
+    if (now.empty())
+      std::remove(path.c_str());
+    else
+      write(now);
+    std::unique_ptr<TokenSource> held_out =
+        make_token_source_at(config, config.model.vocab, trainer.source());
+    EXPECT_EQ(held_out->position(), 256u);
+    EXPECT_EQ(held_out->contents_digest(), trainer.source().contents_digest());
+    std::vector<int32_t> in(1024), out(1024);
+    held_out->next(in.data(), out.data(), 1024);
+    for (size_t i = 0; i < in.size(); ++i) {
+      ASSERT_EQ(in[i], static_cast<uint8_t>(bytes[256 + i])) << i << " " << now.size();
+      ASSERT_EQ(out[i], static_cast<uint8_t>(bytes[257 + i])) << i << " " << now.size();
+    }
+  }
+  EXPECT_EQ(trainer.source().position(), 256u);
 }
 
 // SGD at a learning rate of 1e30 from the first step: the loss stops being finite within a
