@@ -25,6 +25,9 @@
 #   mpi_train.sh CONVEYOR stop         rank 1 stopped (SIGSTOP) mid-run, so mpirun sees nothing:
 #                                      rank 0's own deadline ends the job, naming rank 1, and
 #                                      prints its position marked in the rank x action grid
+#   mpi_train.sh CONVEYOR stop_cont    rank 0 stopped (SIGSTOP) for longer than the timeout,
+#                                      then continued: rank 1 names rank 0, and rank 0, whose
+#                                      deadline passed while it was stopped, does not blame rank 1
 #   mpi_train.sh CONVEYOR stop3        as stop with three ranks and rank 2 stopped: rank 1 gives
 #                                      up waiting for it and reports its position to rank 0,
 #                                      whose grid marks both survivors
@@ -449,6 +452,35 @@ case $mode in
       fail "rank 1 is not named as unknown here: $(cat "$work/out")"
     echo "rank 1 stopped: rank 0 gave up, job ended with $ended"
     sed -n '/^conveyor: error: rank 0/,/^rank(s) /p' "$work/out"
+    ;;
+  stop_cont)
+    # Rank 0 stopped (SIGSTOP) for longer than the timeout, then continued: rank 1 gives up
+    # naming rank 0, and rank 0, whose own deadline passed while it was stopped, does not
+    # blame rank 1 (it says rank 1's error, as aborted). mpirun's kill sequence, once rank 1
+    # has ended, continues rank 0 first; the test continues it after 8 s too. Three runs, since
+    # rank 0 stops wherever it is: in a transfer (its payload half come), a receive, compute.
+    for try in 1 2 3; do
+      rm -f "$work/log.jsonl"
+      timeout 60 "${mpirun[@]}" -np 2 bash -c \
+        'echo $$ >"'"$work"'/rank$OMPI_COMM_WORLD_RANK.pid"; exec "$@"' _ \
+        "$cli" train --device cpu --stages 2 --layers 4 --microbatches 4 --batch-tokens 512 \
+        --steps 1000000 --quiet --timeout 3 --log-json "$work/log.jsonl" >"$work/out" 2>&1 &
+      job=$!
+      for _ in $(seq 300); do [ -s "$work/log.jsonl" ] && break; sleep 0.1; done
+      [ -s "$work/log.jsonl" ] || fail "no step was logged: $(cat "$work/out")"
+      sleep "0.$((RANDOM % 10))"
+      kill -STOP "$(cat "$work/rank0.pid")"
+      sleep 8
+      kill -CONT "$(cat "$work/rank0.pid")" 2>/dev/null
+      wait "$job"
+      status=$?
+      [ "$status" -ne 0 ] && [ "$status" -ne 124 ] || fail "run $try: status $status: $(cat "$work/out")"
+      grep -Eq "conveyor: error: rank 1[,:].*(nothing arrived from rank 0 |a message from rank 0 |the all-reduce waited 3000 ms for rank\(s\) 0 )" \
+        "$work/out" || fail "run $try: rank 1 does not name rank 0: $(cat "$work/out")"
+      ! grep -Eq "rank 0: (nothing arrived from rank 1 |a message from rank 1 |[^:]* waited [0-9]+ ms for rank\(s\) 1[ ,]|rank\(s\) 1 did not reach)" \
+        "$work/out" || fail "run $try: rank 0, the one stopped, blames rank 1: $(cat "$work/out")"
+      echo "run $try: $(grep 'conveyor: error' "$work/out" | tr '\n' ' ')"
+    done
     ;;
   stop3)
     signal_last_rank STOP 3 3
