@@ -22,6 +22,8 @@
 #                                      end it); one inside an allocation runs
 #   mpi_train.sh CONVEYOR kill         rank 1 killed with SIGKILL mid-run: the job ends non-zero
 #                                      within the timeout, and the output names the lost rank
+#   mpi_train.sh CONVEYOR term         SIGTERM to rank 1 alone (not from mpirun): both ranks stop
+#                                      after the same step, the summary naming no sender
 #   mpi_train.sh CONVEYOR stop         rank 1 stopped (SIGSTOP) mid-run, so mpirun sees nothing:
 #                                      rank 0's own deadline ends the job, naming rank 1, and
 #                                      prints its position marked in the rank x action grid
@@ -436,6 +438,17 @@ case $mode in
     ! grep -Eq "interrupted (by|at step [0-9]+ of [0-9]+ by) SIGTERM" "$work/out" ||
       fail "a survivor reads as interrupted by the user: $(cat "$work/out")"
     echo "rank 1 killed: job ended with $ended"; cat "$work/out"
+    ;;
+  term)
+    # SIGTERM to rank 1 alone, by this script, not by mpirun: both ranks stop after the same
+    # step (status 143), and the summary names the signal and no sender, which the process
+    # cannot know (mpirun, a scheduler and kill send the same SIGTERM).
+    signal_last_rank TERM 20
+    grep -Eq "^stopped at step [0-9]+ of 1000000 by SIGTERM; " "$work/out" ||
+      fail "no 'stopped at step N of 1000000 by SIGTERM;': $(cat "$work/out")"
+    grep -Eq "Exit code: +143" "$work/out" || fail "no rank ended with 143: $(cat "$work/out")"
+    ! grep -q "launcher" "$work/out" || fail "the stop is said as the launcher's: $(cat "$work/out")"
+    echo "SIGTERM to rank 1: $(grep '^stopped at step' "$work/out"), job ended with $ended"
     ;;
   stop)
     signal_last_rank STOP 3
