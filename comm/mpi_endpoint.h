@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "comm/buffer_pool.h"
+#include "comm/poll.h"
 #include "comm/transport.h"
 
 namespace conveyor::comm::detail {
@@ -189,7 +190,7 @@ class MpiTransport : public Transport {
   void post(const std::vector<std::byte>& bytes, int peer, int tag);
   void check_cpu(const Tensor& tensor) const;
   // Receives the next message from `peer` into `tensor` if it has arrived; false if not.
-  bool try_receive(const Tensor& tensor, int peer, MpiClock::time_point deadline);
+  bool try_receive(const Tensor& tensor, int peer, WaitDeadline& deadline);
   // Every rank's value count, point to point before the gather: a rank with another count
   // would make the gather undefined, and a rank that never comes is named, which a pending
   // collective cannot do.

@@ -303,10 +303,10 @@ class PendingMpiGroupCall : public PendingGroupCall {
   // The deadline counts from the wait, not from the start: a call started long before it
   // is waited for (one of several in flight, behind the others) has not waited yet.
   void wait() override {
-    const auto deadline = MpiClock::now() + t_.timeout();
+    WaitDeadline deadline(t_.timeout());
     Backoff backoff;
     while (!test()) {
-      if (MpiClock::now() >= deadline) {
+      if (deadline.passed()) {
         const std::vector<int> missing = call_->waits_for();
         t_.give_up(call_->what() + " waited " + std::to_string(t_.timeout().count()) +
                    " ms for rank(s) " +

@@ -9,6 +9,7 @@
 
 #ifdef CONVEYOR_WITH_MPI
 #include "comm/mpi_endpoint.h"
+#include "comm/poll.h"
 #endif
 
 namespace conveyor::comm {
@@ -106,10 +107,10 @@ void MpiTransport::send(const Tensor& tensor, int peer, const Stream&) {
 void MpiTransport::recv(const Tensor& tensor, int peer, const Stream&) {
   check_peer(peer, "receive from");
   check_cpu(tensor);
-  const auto deadline = MpiClock::now() + timeout_;
+  WaitDeadline deadline(timeout_);
   Backoff backoff;
   while (!try_receive(tensor, peer, deadline)) {
-    if (MpiClock::now() >= deadline)
+    if (deadline.passed())
       give_up("nothing arrived from rank " + std::to_string(peer) + " within " +
               std::to_string(timeout_.count()) + " ms (did rank " + std::to_string(peer) +
               " stop?)");
@@ -120,7 +121,8 @@ void MpiTransport::recv(const Tensor& tensor, int peer, const Stream&) {
 bool MpiTransport::try_recv(const Tensor& tensor, int peer, const Stream&) {
   check_peer(peer, "receive from");
   check_cpu(tensor);
-  return try_receive(tensor, peer, MpiClock::now() + timeout_);
+  WaitDeadline deadline(timeout_);
+  return try_receive(tensor, peer, deadline);
 }
 
 template <class Message>
@@ -128,7 +130,7 @@ void MpiTransport::wait_for_arrivals(std::vector<MPI_Request>& arrived, Message 
   auto drop_pending = [&] {
     for (MPI_Request& r : arrived) drop(r);
   };
-  const auto deadline = MpiClock::now() + timeout_;
+  WaitDeadline deadline(timeout_);
   Backoff backoff;
   for (;;) {
     std::vector<int> missing;
@@ -145,7 +147,7 @@ void MpiTransport::wait_for_arrivals(std::vector<MPI_Request>& arrived, Message 
       drop_pending();
       throw;
     }
-    if (MpiClock::now() >= deadline) {
+    if (deadline.passed()) {
       drop_pending();
       give_up(message(rank_list(missing)));
     }
@@ -324,7 +326,7 @@ void MpiTransport::reap_sends() {
   advance_group_calls();
 }
 
-bool MpiTransport::try_receive(const Tensor& tensor, int peer, MpiClock::time_point deadline) {
+bool MpiTransport::try_receive(const Tensor& tensor, int peer, WaitDeadline& deadline) {
   throw_if_aborted();
   reap_sends();
   int found = 0;
@@ -344,13 +346,15 @@ bool MpiTransport::try_receive(const Tensor& tensor, int peer, MpiClock::time_po
   }
   MPI_Request request;
   check(MPI_Imrecv(tensor.raw(), bytes, MPI_BYTE, &message, &request), "MPI_Imrecv");
-  // The message is matched: only its payload is still on the way.
+  // The message is matched: only its payload is still on the way, unless its sender has
+  // given up (and may be gone), which its notice says.
   Backoff backoff;
   for (;;) {
     int done = 0;
     check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test");
     if (done) return true;
-    if (MpiClock::now() >= deadline)
+    throw_if_aborted();
+    if (deadline.passed())
       give_up("a message from rank " + std::to_string(peer) +
               " started but did not finish within " + std::to_string(timeout_.count()) + " ms");
     backoff.pause();

@@ -36,4 +36,31 @@ bool poll_until(PollClock::time_point deadline, Done&& done) {
   }
 }
 
+// A wait's deadline that counts only the time this process was there to wait. Between two
+// looks more than kAway apart the process was not running (stopped by SIGSTOP or a debugger,
+// or not scheduled), and the deadline moves on by that gap: a process that comes back from a
+// stop longer than the timeout looks again before it gives up on the peer it waited for,
+// whose message may be there, or whose notice that it gave up on this process, which is the
+// one that failed. A peer that never answers still fails the wait after `timeout` of this
+// process's own time.
+class WaitDeadline {
+ public:
+  static constexpr std::chrono::milliseconds kAway{100};
+
+  explicit WaitDeadline(std::chrono::milliseconds timeout,
+                        PollClock::time_point now = PollClock::now())
+      : deadline_(now + timeout), last_look_(now) {}
+
+  // Whether the deadline has passed at `now`, after moving it on by a gap since the last look.
+  bool passed(PollClock::time_point now = PollClock::now()) {
+    if (now - last_look_ > kAway) deadline_ += now - last_look_;
+    last_look_ = std::max(last_look_, now);
+    return now >= deadline_;
+  }
+
+ private:
+  PollClock::time_point deadline_;
+  PollClock::time_point last_look_;
+};
+
 }  // namespace conveyor::comm

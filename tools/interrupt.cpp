@@ -96,12 +96,10 @@ const char* signal_name(int signal) {
   return "a signal";
 }
 
-bool stopped_by_the_launcher(int signal) { return signal == SIGTERM && under_a_launcher; }
+bool sigterm_under_a_launcher(int signal) { return signal == SIGTERM && under_a_launcher; }
 
 const char* stopped_by_text(int signal) {
-  if (stopped_by_the_launcher(signal))
-    return "stopped by SIGTERM, which the launcher sends every process when another process of "
-           "the job failed or when the job was asked to stop";
+  if (sigterm_under_a_launcher(signal)) return "stopped by SIGTERM";
   switch (signal) {
     case SIGINT:
       return "interrupted by SIGINT";

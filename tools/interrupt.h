@@ -39,12 +39,12 @@ int interrupt_signal();
 const char* signal_name(int signal);
 
 // How a stop by `signal` is said after "conveyor: " or at the run's end: "interrupted by
-// SIGINT"; under a launcher, SIGTERM is what it sends every process when another one failed
-// as when the job was asked to stop, so "stopped by SIGTERM, ..." says both (a string
-// literal: safe in a signal handler). Whether the process is one of a launch of several is
-// read once, by install_cleanup_handlers.
+// SIGINT"; under a launcher SIGTERM is "stopped by SIGTERM", which the launcher sends when
+// another process failed, but so may a scheduler, or anyone by kill: the handler does not
+// know which, so the text names none (a string literal: safe in a signal handler). Whether
+// the process is one of a launch of several is read once, by install_cleanup_handlers.
 const char* stopped_by_text(int signal);
-// True for SIGTERM under a launcher: the stop stopped_by_text says is the launcher's.
-bool stopped_by_the_launcher(int signal);
+// True for SIGTERM under a launcher: said as a stop, not as an interruption by the user.
+bool sigterm_under_a_launcher(int signal);
 
 }  // namespace conveyor::cli

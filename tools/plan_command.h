@@ -27,14 +27,15 @@ struct PlanConstraints {
   std::optional<int> chunks;
   std::optional<int64_t> microbatches;  // of one replica's share of the batch
   int replicas = 1;  // --dp: named next to --microbatches, which is `microbatches` x this
-  // Each rank runs in a process of its own (under mpirun or srun), whose allocators on the CPU
-  // hold the memory cap for that rank alone, as the run's check before the first step counts
-  // it (check_memory_fits); the memory the machine has available is still shared by all.
+  // Each rank runs in a process of its own (under mpirun or srun), whose allocators hold the
+  // memory cap for that rank alone, as the run's check before the first step counts it
+  // (check_memory_fits); on the CPU the memory the machine has available is still shared by
+  // all, a GPU rank has its process's GPU to itself.
   bool one_rank_per_process = false;
 };
 
 // Profiles the reference model of `config` on `device` and plans for config.stages devices and
-// config.batch_tokens tokens, under config.memory_limit_bytes per device (per rank with CPU
+// config.batch_tokens tokens, under config.memory_limit_bytes per device (per rank with
 // ranks as processes), or else the device's memory (shared by the ranks that share it). Prints the
 // profile and the ranked table when `print`.
 PlannedRun plan_training(const TrainConfig& config, Device device, int repetitions, bool print,

@@ -175,7 +175,10 @@ PlannedRun plan_training(const TrainConfig& config, Device device, int repetitio
   std::vector<Device> devices(static_cast<size_t>(p), device);
   if (spread)
     for (int r = 0; r < p; ++r) devices[static_cast<size_t>(r)] = Device::cuda(r);
-  const int sharing = spread ? 1 : ranks;
+  // GPU ranks as processes each run on the GPU their process was given, however many this
+  // process sees, and hold the cap alone (the check before the run counts them so).
+  const int sharing = ranks_sharing_device_memory(device, ranks, cuda_device_count(),
+                                                  constraints.one_rank_per_process);
   // The ranks that share a device share its memory, the cap given as much as the device's
   // own: the check before the run, and its allocators, hold their sum to it. On CUDA each
   // rank's context takes its cuBLASLt workspace from that memory too, which the check counts,

@@ -174,14 +174,10 @@ void print_summary(Trainer& trainer, const TrainConfig& config, const RunTotals&
                    bool logging_steps) {
   const double tokens = static_cast<double>(t.steps * config.batch_tokens);
   if (signal != 0)
-    std::printf("%s at step %lld of %lld by %s%s;%s\n",
-                stopped_by_the_launcher(signal) ? "stopped" : "interrupted",
+    std::printf("%s at step %lld of %lld by %s;%s\n",
+                sigterm_under_a_launcher(signal) ? "stopped" : "interrupted",
                 static_cast<long long>(t.last_step), static_cast<long long>(config.steps),
                 signal_name(signal),
-                stopped_by_the_launcher(signal)
-                    ? " (which the launcher sends every process when another process of the job "
-                      "failed or when the job was asked to stop)"
-                    : "",
                 logging_steps ? " the log holds every finished step"
                               : " the step in progress finished first");
   std::printf("done   %lld steps, %.0f tokens in %.1f s (%s tok/s), allocator peak %s\n",

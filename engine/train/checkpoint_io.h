@@ -100,7 +100,9 @@ nlohmann::json parse_json_strictly(std::string_view text, const std::string& fil
                                    int max_depth = 64);
 
 // Crash tests only: when the environment variable CONVEYOR_TEST_PAUSE_IN_SAVE equals `point`
-// ("shard": a shard half written; "commit": the manifest written, the folder not yet renamed),
+// ("shard": a shard half written; "commit": the manifest written, the folder not yet renamed;
+// with processes, "sizes": before they gather the shards' sizes and checksums, and "written":
+// before they ask, after a step, whether every shard of an --async-save is written),
 // says so on stderr and waits there until the process is killed. Otherwise does nothing.
 void pause_for_crash_test(std::string_view point);
 

@@ -11,6 +11,21 @@
 
 namespace conveyor::detail {
 
+// PipelineExecutor::sum_over_processes for a part of a save or a resume: a wait given up says
+// only that the sum's values did not come, so its error goes on with `purpose` (", in which
+// the processes ..."). Another rank's failure (TransportAborted) passes as it is: its own
+// message names it.
+inline void sum_over_processes_for(PipelineExecutor& executor, std::vector<double>& values,
+                                   const std::string& purpose) {
+  try {
+    executor.sum_over_processes(values);
+  } catch (const comm::TransportAborted&) {
+    throw;
+  } catch (const comm::TransportError& e) {
+    throw comm::TransportError(std::string(e.what()) + purpose);
+  }
+}
+
 // When the ranks are processes, a phase of a save or a resume succeeds on every process or
 // fails on all: each says whether it failed (`local`: its own error, rethrown), and one that
 // did not names the lowest rank whose process did (CheckpointErrorOfEveryProcess: every such
@@ -22,15 +37,8 @@ inline void agree_across_processes(PipelineExecutor& executor, std::exception_pt
   std::vector<double> failed(executor.num_world_ranks(), 0.0);
   if (local)
     for (int r : executor.local_ranks()) failed[r] = 1.0;
-  try {
-    executor.sum_over_processes(failed);
-  } catch (const comm::TransportAborted&) {
-    throw;  // another rank's failure, which its own message names
-  } catch (const comm::TransportError& e) {
-    // A wait given up says only that the sum's values did not come: say what the sum was.
-    throw comm::TransportError(std::string(e.what()) + ", in which the processes agree whether " +
-                               what + " succeeded");
-  }
+  sum_over_processes_for(executor, failed,
+                         ", in which the processes agree whether " + what + " succeeded");
   if (local) std::rethrow_exception(local);
   for (size_t r = 0; r < failed.size(); ++r)
     if (failed[r] != 0.0)

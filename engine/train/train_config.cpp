@@ -53,6 +53,12 @@ double rank_context_bytes(Device device) {
                           : 0.0;
 }
 
+int ranks_sharing_device_memory(Device device, int ranks, int cuda_devices,
+                                bool one_rank_per_process) {
+  if (device.is_cuda() && (one_rank_per_process || cuda_devices >= ranks)) return 1;
+  return ranks;
+}
+
 RankMemoryShare rank_memory_share(double memory, int sharing, Device device,
                                   const std::string& memory_source) {
   if (!(memory > 0) || sharing < 1)

@@ -164,6 +164,17 @@ DeviceMemoryLimit device_memory_limit(Device device, size_t memory_limit_bytes);
 // default), nothing on the CPU.
 double rank_context_bytes(Device device);
 
+// How many of a run's `ranks` ranks (every replica's) on devices of `device`'s kind share one
+// device's memory, as check_memory_fits counts them, which a planner divides that memory (or
+// the cap) by: 1 where each rank has a GPU of its own, which it has when there are
+// `cuda_devices` >= `ranks`, and under a launcher (`one_rank_per_process`: NCCL over MPI,
+// one process per rank, each on the GPU it was given, which holds the cap for that rank
+// alone); else all of them. CPU ranks as processes share the machine's memory as far as one
+// process can tell, while each holds the cap for its own rank: the planner takes the cap as
+// it is there (tools/plan_training.cpp).
+int ranks_sharing_device_memory(Device device, int ranks, int cuda_devices,
+                                bool one_rank_per_process);
+
 // What a planner may plan each rank's stages against, so that check_memory_fits takes every
 // layout it plans: `memory` bytes (> 0; a cap, or the device's memory) of `device` shared
 // equally by the `sharing` ranks on it, less each rank's context (rank_context_bytes).

@@ -203,7 +203,11 @@ void TrainerCheckpointer::after_step() {
     std::vector<double> written(executor.num_world_ranks(), 0.0);
     if (background_written_.load())
       for (int r : executor.local_ranks()) written[r] = 1.0;
-    executor.sum_over_processes(written);
+    checkpoint_io::pause_for_crash_test("written");
+    detail::sum_over_processes_for(executor, written,
+                                   ", in which the processes ask whether every shard of step " +
+                                       std::to_string(pending_commit_->state.step) +
+                                       " is written (--async-save)");
     if (std::all_of(written.begin(), written.end(), [](double w) { return w != 0.0; }))
       wait_for_background();
   }
@@ -306,7 +310,11 @@ void TrainerCheckpointer::complete(PipelineExecutor& executor, CheckpointWriter&
       info[3 * r] = static_cast<double>(written.bytes);
       put_u64_in_doubles(written.checksum, &info[3 * r + 1]);
     }
-    executor.sum_over_processes(info);
+    checkpoint_io::pause_for_crash_test("sizes");
+    detail::sum_over_processes_for(
+        executor, info,
+        ", in which the processes gather the sizes and checksums of the shards of step " + step +
+            " for the manifest");
     if (commits)
       for (int r = 0; r < shards; ++r)
         if (!writer.written(r))

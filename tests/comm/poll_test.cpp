@@ -1,4 +1,5 @@
 // poll_until: asks until done, gives up after the deadline, never misses work finished by it.
+// WaitDeadline: counts only the time the process was there to wait.
 #include "comm/poll.h"
 
 #include <gtest/gtest.h>
@@ -62,6 +63,35 @@ TEST(Poll, WhatTheQuestionThrowsReachesTheCaller) {
                           }),
                std::runtime_error);
   EXPECT_EQ(asks, 3);
+}
+
+TEST(WaitDeadline, PassesAfterTheTimeoutOfLooksCloseTogether) {
+  const auto start = PollClock::now();
+  WaitDeadline deadline(3s, start);
+  // Looks 50 ms apart, closer than WaitDeadline::kAway: every moment counts.
+  auto t = start;
+  for (; t < start + 3s; t += 50ms) EXPECT_FALSE(deadline.passed(t)) << (t - start).count();
+  EXPECT_TRUE(deadline.passed(t));
+}
+
+TEST(WaitDeadline, TimeBetweenLooksFarApartDoesNotCount) {
+  // A process stopped (SIGSTOP) for 10 s in a wait of 3 s: when it looks again, it has
+  // waited 1 s of its own, and the peer's message or notice has 2 s more to be seen.
+  const auto start = PollClock::now();
+  WaitDeadline deadline(3s, start);
+  for (auto t = start; t <= start + 1s; t += 50ms) EXPECT_FALSE(deadline.passed(t));
+  EXPECT_FALSE(deadline.passed(start + 11s));
+  auto t = start + 11s;
+  for (; t < start + 13s; t += 50ms) EXPECT_FALSE(deadline.passed(t)) << (t - start).count();
+  EXPECT_TRUE(deadline.passed(t));
+}
+
+TEST(WaitDeadline, ALookAtAnEarlierTimeMovesNothing) {
+  const auto start = PollClock::now();
+  WaitDeadline deadline(100ms, start);
+  EXPECT_FALSE(deadline.passed(start + 60ms));
+  EXPECT_FALSE(deadline.passed(start + 10ms));  // another thread's older reading
+  EXPECT_TRUE(deadline.passed(start + 110ms));
 }
 
 }  // namespace

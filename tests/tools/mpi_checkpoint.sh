@@ -19,9 +19,11 @@
 #                                       end at the first save, non-zero, well within the
 #                                       timeout, rank 1 saying why and rank 0 naming rank 1
 #   mpi_checkpoint.sh CONVEYOR save_stop
-#                                       rank 1 stops for good writing its shard, or rank 0
-#                                       committing: the other gives up at its deadline, naming
-#                                       the save's agreement it waited in
+#                                       rank 1 stops for good writing its shard, before the
+#                                       shards' sizes are gathered or before an --async-save's
+#                                       "every shard written?", or rank 0 committing: the other
+#                                       gives up at its deadline, naming the save's exchange it
+#                                       waited in
 #   mpi_checkpoint.sh CONVEYOR copies   each process resumes from its own copy at one path (what
 #                                       each node's own disk looks like): copies of one
 #                                       checkpoint resume as the shared folder does, bit for
@@ -151,20 +153,28 @@ case $mode in
     ;;
   save_stop)
     # A rank that stops for good inside a save: the waiting rank gives up at its deadline and
-    # says which agreement of the save it waited in, not only that an all-reduce did.
-    for paused in "1 shard writing the shards" "0 commit the commit"; do
-      read -r rank point what <<<"$paused"
+    # says which exchange of the save it waited in, not only that an all-reduce did. Each case:
+    # the rank paused, where, extra flags, and what the other's error says it waited in.
+    cases=(
+      "1|shard||the processes agree whether writing the shards of step 2 succeeded"
+      "0|commit||the processes agree whether the commit of step 2 succeeded"
+      "1|sizes||the processes gather the sizes and checksums of the shards of step 2 for the manifest"
+      "1|written|--async-save|the processes ask whether every shard of step 2 is written (--async-save)"
+    )
+    for case in "${cases[@]}"; do
+      IFS='|' read -r rank point flags what <<<"$case"
       rm -rf "$work/ckpt"
       start=$(date +%s)
+      # shellcheck disable=SC2086 # $flags: none or one flag
       timeout 60 "${mpirun[@]}" -np 2 bash -c \
         'if [ "$OMPI_COMM_WORLD_RANK" = '"$rank"' ]; then export CONVEYOR_TEST_PAUSE_IN_SAVE='"$point"'; fi; exec "$@"' _ \
         "$cli" train --device cpu --layers 4 --microbatches 4 --batch-tokens 512 --quiet --steps 4 \
-        --stages 2 --save-dir "$work/ckpt" --save-every 2 --timeout 3 >"$work/out" 2>&1
+        --stages 2 --save-dir "$work/ckpt" --save-every 2 --timeout 3 $flags >"$work/out" 2>&1
       status=$? took=$(( $(date +%s) - start ))
       [ "$status" -ne 0 ] && [ "$status" -ne 124 ] || fail "rank $rank paused at $point: status $status: $(cat "$work/out")"
       [ "$took" -le 30 ] || fail "rank $rank paused at $point: took ${took}s"
       grep -q "paused in save at $point" "$work/out" || fail "rank $rank did not reach $point: $(cat "$work/out")"
-      grep -q "rank $((1 - rank)): the all-reduce waited 3000 ms for rank(s) $rank (did rank $rank stop?), in which the processes agree whether $what of step 2 succeeded" \
+      grep -Fq "rank $((1 - rank)): the all-reduce waited 3000 ms for rank(s) $rank (did rank $rank stop?), in which $what" \
         "$work/out" || fail "rank $((1 - rank)) does not say what it waited in: $(cat "$work/out")"
       echo "rank $rank paused at $point: $(grep 'conveyor: error' "$work/out")"
     done

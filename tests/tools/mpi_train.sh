@@ -22,9 +22,14 @@
 #                                      end it); one inside an allocation runs
 #   mpi_train.sh CONVEYOR kill         rank 1 killed with SIGKILL mid-run: the job ends non-zero
 #                                      within the timeout, and the output names the lost rank
+#   mpi_train.sh CONVEYOR term         SIGTERM to rank 1 alone (not from mpirun): both ranks stop
+#                                      after the same step, the summary naming no sender
 #   mpi_train.sh CONVEYOR stop         rank 1 stopped (SIGSTOP) mid-run, so mpirun sees nothing:
 #                                      rank 0's own deadline ends the job, naming rank 1, and
 #                                      prints its position marked in the rank x action grid
+#   mpi_train.sh CONVEYOR stop_cont    rank 0 stopped (SIGSTOP) for longer than the timeout,
+#                                      then continued: rank 1 names rank 0, and rank 0, whose
+#                                      deadline passed while it was stopped, does not blame rank 1
 #   mpi_train.sh CONVEYOR stop3        as stop with three ranks and rank 2 stopped: rank 1 gives
 #                                      up waiting for it and reports its position to rank 0,
 #                                      whose grid marks both survivors
@@ -436,6 +441,17 @@ case $mode in
       fail "a survivor reads as interrupted by the user: $(cat "$work/out")"
     echo "rank 1 killed: job ended with $ended"; cat "$work/out"
     ;;
+  term)
+    # SIGTERM to rank 1 alone, by this script, not by mpirun: both ranks stop after the same
+    # step (status 143), and the summary names the signal and no sender, which the process
+    # cannot know (mpirun, a scheduler and kill send the same SIGTERM).
+    signal_last_rank TERM 20
+    grep -Eq "^stopped at step [0-9]+ of 1000000 by SIGTERM; " "$work/out" ||
+      fail "no 'stopped at step N of 1000000 by SIGTERM;': $(cat "$work/out")"
+    grep -Eq "Exit code: +143" "$work/out" || fail "no rank ended with 143: $(cat "$work/out")"
+    ! grep -q "launcher" "$work/out" || fail "the stop is said as the launcher's: $(cat "$work/out")"
+    echo "SIGTERM to rank 1: $(grep '^stopped at step' "$work/out"), job ended with $ended"
+    ;;
   stop)
     signal_last_rank STOP 3
     # Stopped in a transfer or before the step's all-reduce, whichever rank 0 waits for.
@@ -451,6 +467,35 @@ case $mode in
       fail "rank 1 is not named as unknown here: $(cat "$work/out")"
     echo "rank 1 stopped: rank 0 gave up, job ended with $ended"
     sed -n '/^conveyor: error: rank 0/,/^rank(s) /p' "$work/out"
+    ;;
+  stop_cont)
+    # Rank 0 stopped (SIGSTOP) for longer than the timeout, then continued: rank 1 gives up
+    # naming rank 0, and rank 0, whose own deadline passed while it was stopped, does not
+    # blame rank 1 (it says rank 1's error, as aborted). mpirun's kill sequence, once rank 1
+    # has ended, continues rank 0 first; the test continues it after 8 s too. Three runs, since
+    # rank 0 stops wherever it is: in a transfer (its payload half come), a receive, compute.
+    for try in 1 2 3; do
+      rm -f "$work/log.jsonl"
+      timeout 60 "${mpirun[@]}" -np 2 bash -c \
+        'echo $$ >"'"$work"'/rank$OMPI_COMM_WORLD_RANK.pid"; exec "$@"' _ \
+        "$cli" train --device cpu --stages 2 --layers 4 --microbatches 4 --batch-tokens 512 \
+        --steps 1000000 --quiet --timeout 3 --log-json "$work/log.jsonl" >"$work/out" 2>&1 &
+      job=$!
+      for _ in $(seq 300); do [ -s "$work/log.jsonl" ] && break; sleep 0.1; done
+      [ -s "$work/log.jsonl" ] || fail "no step was logged: $(cat "$work/out")"
+      sleep "0.$((RANDOM % 10))"
+      kill -STOP "$(cat "$work/rank0.pid")"
+      sleep 8
+      kill -CONT "$(cat "$work/rank0.pid")" 2>/dev/null
+      wait "$job"
+      status=$?
+      [ "$status" -ne 0 ] && [ "$status" -ne 124 ] || fail "run $try: status $status: $(cat "$work/out")"
+      grep -Eq "conveyor: error: rank 1[,:].*(nothing arrived from rank 0 |a message from rank 0 |the all-reduce waited 3000 ms for rank\(s\) 0 )" \
+        "$work/out" || fail "run $try: rank 1 does not name rank 0: $(cat "$work/out")"
+      ! grep -Eq "rank 0: (nothing arrived from rank 1 |a message from rank 1 |[^:]* waited [0-9]+ ms for rank\(s\) 1[ ,]|rank\(s\) 1 did not reach)" \
+        "$work/out" || fail "run $try: rank 0, the one stopped, blames rank 1: $(cat "$work/out")"
+      echo "run $try: $(grep 'conveyor: error' "$work/out" | tr '\n' ' ')"
+    done
     ;;
   stop3)
     signal_last_rank STOP 3 3

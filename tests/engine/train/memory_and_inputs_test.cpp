@@ -231,6 +231,44 @@ TEST(MemoryEstimate, CudaRankShareLeavesOutEachRanksWorkspace) {
   EXPECT_EQ(share.source, "the cap, less the rank's cuBLASLt workspace (32.0 MiB)");
 }
 
+// GPU ranks as processes (NCCL over MPI) each hold the cap on the GPU of their own process,
+// however many GPUs one process sees: the planner must not divide the cap among them, or it
+// plans against half of what the check before the run then holds each rank to.
+TEST(MemoryEstimate, GpuRanksAsProcessesArePlannedAgainstTheWholeCap) {
+  const TwoRanksOfOneF1B run;
+  TrainConfig c = run.config;
+  const double workspace = rank_context_bytes(Device::cuda(0));
+  const double largest = std::max(run.estimate[0].total(), run.estimate[1].total());
+  const double smallest = std::min(run.estimate[0].total(), run.estimate[1].total());
+  // Room for the larger rank and its workspace, not for the two ranks: each process's check
+  // takes it, one process holding both ranks on one GPU refuses it.
+  const double cap = std::ceil(largest + workspace);
+  ASSERT_LT(cap, smallest + largest + 2 * workspace);
+  c.memory_limit_bytes = static_cast<size_t>(cap);
+  const std::vector<Device> one_gpu = {Device::cuda(0), Device::cuda(0)};
+  EXPECT_NO_THROW(check_memory_fits(run.model, run.ranges, run.schedule, one_gpu, c,
+                                    /*one_device_per_process=*/true,
+                                    /*one_rank_per_process=*/true));
+  EXPECT_THROW(check_memory_fits(run.model, run.ranges, run.schedule, one_gpu, c),
+               std::invalid_argument);
+
+  // Two processes that each see one GPU (one node each, or one GPU for both): 1, so the
+  // planner's share holds the larger rank, as the check does.
+  const int sharing = ranks_sharing_device_memory(Device::cuda(0), 2, /*cuda_devices=*/1,
+                                                  /*one_rank_per_process=*/true);
+  EXPECT_EQ(sharing, 1);
+  EXPECT_GE(rank_memory_share(cap, sharing, Device::cuda(0), "the cap").bytes, largest);
+  // Zero GPUs seen (a build or node without them) changes nothing.
+  EXPECT_EQ(ranks_sharing_device_memory(Device::cuda(0), 4, 0, true), 1);
+
+  // One process holding every rank: they share the GPU unless there is one per rank.
+  EXPECT_EQ(ranks_sharing_device_memory(Device::cuda(0), 2, 1, false), 2);
+  EXPECT_EQ(ranks_sharing_device_memory(Device::cuda(0), 2, 2, false), 1);
+  // CPU ranks share the machine's memory, as processes too (their cap is planned apart).
+  EXPECT_EQ(ranks_sharing_device_memory(Device::cpu(), 2, 8, false), 2);
+  EXPECT_EQ(ranks_sharing_device_memory(Device::cpu(), 2, 8, true), 2);
+}
+
 // Memory whose equal share cannot hold a rank's workspace (or only exactly, which would leave
 // a share of 0, read by the planner as no cap) is refused with the figures; the CPU's is not.
 TEST(MemoryEstimate, CudaRankShareRefusesMemoryThatHoldsNoMoreThanTheWorkspaces) {
