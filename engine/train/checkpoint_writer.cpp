@@ -223,6 +223,14 @@ std::optional<std::string> save_refusal(const fs::path& dir, int64_t step, bool 
   const fs::path final_folder = dir / step_folder_name(step);
   const std::optional<int64_t> published = published_step(dir);
   std::error_code ec;
+  // The commit renames a file over `latest`, which fails on a folder: found only after the
+  // whole save, with the step folder renamed into place but never published.
+  if (const fs::file_status latest = fs::status(dir / kLatestName, ec);
+      fs::exists(latest) && !fs::is_regular_file(latest))
+    return "cannot save step " + std::to_string(step) + ": " + shown_path(dir / kLatestName) +
+           " is " + (fs::is_directory(latest) ? "a folder" : "not a regular file") +
+           ", where a save writes the file naming the newest checkpoint; remove it or save "
+           "into another folder";
   if (fs::exists(final_folder, ec)) {
     // A step folder newer than what `latest` names was renamed into place by a save that
     // stopped before publishing it (a crash between the two): the run that resumed from

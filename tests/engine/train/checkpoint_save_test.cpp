@@ -260,6 +260,22 @@ TEST(CheckpointSave, RefusesAStepBehindTheOneLatestNamesEvenWhenItsFolderIsGone)
   EXPECT_EQ(folder_names(dir.path()), (std::vector<std::string>{"latest", "step_6"}));
 }
 
+TEST(CheckpointSave, RefusesAFolderInPlaceOfLatestBeforeWritingAShard) {
+  // The commit's rename onto `latest` would fail only after every shard was written, leaving
+  // the step folder renamed into place but never published.
+  TempDir dir;
+  save_demo(dir.path(), 2);
+  fs::remove(dir / "latest");
+  fs::create_directory(dir / "latest");
+  const std::string expected = "'" + (dir / "latest").string() +
+                               "' is a folder, where a save writes the file naming the newest "
+                               "checkpoint; remove it or save into another folder";
+  EXPECT_CHECKPOINT_ERROR(CheckpointWriter(dir.path(), 4, 2), "cannot save step 4: ", expected);
+  ASSERT_TRUE(save_refusal(dir.path(), 4).has_value());
+  EXPECT_NE(save_refusal(dir.path(), 4)->find(expected), std::string::npos);
+  EXPECT_EQ(folder_names(dir.path()), (std::vector<std::string>{"latest", "step_2"}));
+}
+
 TEST(CheckpointSave, ReplacesAStepThatWasRenamedIntoPlaceButNeverPublished) {
   TempDir dir;
   save_demo(dir.path(), 2);
