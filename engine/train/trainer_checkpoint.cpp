@@ -8,7 +8,6 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <stdexcept>
 #include <system_error>
 #include <utility>
@@ -96,18 +95,25 @@ TrainingState trainer_training_state(Trainer& trainer) {
 
 void check_checkpoint_directory(const fs::path& dir) {
   checkpoint_io::create_checkpoint_folder(dir);
-  std::error_code ec;
   // Named per process: the processes of one run probe one shared folder at the same time.
   const fs::path probe = dir / (".conveyor_write_test." + std::to_string(::getpid()));
-  {
-    std::ofstream out(probe);
-    out << "probe\n";
-    if (!out.good())
-      throw CheckpointError("cannot write into checkpoint folder " +
-                            checkpoint_io::shown_path(dir) +
-                            "; choose a writable folder (TrainerCheckpointOptions::directory)");
+  // Written unbuffered, so that a full disk or a file size limit fails here, with the
+  // system's reason, and not only at the first save, after the steps before it.
+  static constexpr char kText[] = "probe\n";
+  int error = 0;
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    error = errno;
+  } else {
+    const ssize_t n = ::write(fd, kText, sizeof kText - 1);
+    if (n != static_cast<ssize_t>(sizeof kText - 1)) error = n < 0 ? errno : ENOSPC;
+    if (::close(fd) != 0 && error == 0) error = errno;
+    ::unlink(probe.c_str());
   }
-  fs::remove(probe, ec);
+  if (error != 0)
+    throw CheckpointError("cannot write into checkpoint folder " + checkpoint_io::shown_path(dir) +
+                          ": " + std::strerror(error) +
+                          "; choose a writable folder (TrainerCheckpointOptions::directory)");
 }
 
 TrainerCheckpointer::TrainerCheckpointer(Trainer& trainer, TrainerCheckpointOptions options)

@@ -40,7 +40,7 @@ struct TrainerCheckpointOptions {
 TrainingState trainer_training_state(Trainer& trainer);
 
 // Creates `dir` if needed and checks that a file can be written in it. Throws CheckpointError
-// naming the folder otherwise.
+// naming the folder and the system's reason otherwise (a read-only or full file system).
 void check_checkpoint_directory(const std::filesystem::path& dir);
 
 // When one save held the training loop and when its files were written, on the steady clock:

@@ -11,6 +11,7 @@
 #include <limits>
 #include <thread>
 
+#include "engine/train/trainer_checkpoint.h"
 #include "tests/engine/train/checkpoint_fixture.h"
 
 namespace conveyor {
@@ -403,6 +404,32 @@ TEST(CheckpointSave, AFullDiskMidWriteNamesTheFileAndKeepsThePreviousCheckpoint)
   EXPECT_EQ(ckpt.step(), 1);
   EXPECT_FALSE(fs::exists(dir / "step_2"));
   EXPECT_FALSE(fs::exists(dir / "step_2.tmp"));
+}
+
+// In a child process: checks `dir` as a run that saves into it does, unable to write a byte (a
+// full disk), and exits 0 after printing the CheckpointError, 1 without one.
+[[noreturn]] void check_folder_unable_to_write(const fs::path& dir) {
+  ::signal(SIGXFSZ, SIG_IGN);
+  const rlimit none{0, RLIM_INFINITY};
+  ::setrlimit(RLIMIT_FSIZE, &none);
+  try {
+    check_checkpoint_directory(dir);
+  } catch (const CheckpointError& e) {
+    // Lifted again: the test reads the message from a file.
+    const rlimit any{RLIM_INFINITY, RLIM_INFINITY};
+    ::setrlimit(RLIMIT_FSIZE, &any);
+    std::fprintf(stderr, "%s\n", e.what());
+    std::exit(0);
+  }
+  std::exit(1);
+}
+
+TEST(CheckpointSave, AFolderThatTakesNoByteIsRefusedBeforeTheRunWithTheReason) {
+  TempDir dir;
+  EXPECT_EXIT(check_folder_unable_to_write(dir.path()), ::testing::ExitedWithCode(0),
+              "cannot write into checkpoint folder '.*': File too large; choose a writable "
+              "folder \\(TrainerCheckpointOptions::directory\\)");
+  EXPECT_TRUE(folder_names(dir.path()).empty());  // the probe is removed
 }
 
 }  // namespace
