@@ -99,6 +99,9 @@ class TrainerCheckpointer {
   int64_t last_saved_step() const { return last_saved_step_; }
   // The newest step a save was started for, committed, failed or still being written.
   int64_t last_started_step() const { return last_started_step_; }
+  // The step whose background write is under way or not yet waited for (-1: none); a save
+  // that failed before its write began (its folder could not be made) has none.
+  int64_t background_step() const { return background_step_; }
   // Every save of this checkpointer so far; a background save's entry is complete once the
   // next save() or finish() has waited for it.
   const std::vector<SaveTiming>& save_timings() const { return timings_; }

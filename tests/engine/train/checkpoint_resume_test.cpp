@@ -375,6 +375,36 @@ TEST(TrainerResume, FailedSaveStopsOrContinuesAndKeepsThePreviousCheckpoint) {
   }
 }
 
+// A background save that fails before its write begins (its folder is taken) has no
+// background step: `conveyor train` says "saving step N in the background" only for one that
+// has, and not after the warning that step N was not saved.
+TEST(TrainerResume, AnAsyncSaveThatCannotStartHasNoBackgroundStep) {
+  TempDir dir;
+  Trainer trainer(resume_config(1, schedule::ScheduleKind::k1F1B));
+  std::vector<std::string> warnings;
+  TrainerCheckpointOptions options = collecting_warnings(dir, SaveErrorPolicy::kContinue, warnings);
+  options.every = 1;
+  options.async = true;
+  TrainerCheckpointer checkpointer(trainer, options);
+  trainer.step();
+  checkpointer.after_step();
+  EXPECT_EQ(checkpointer.background_step(), 1);
+  std::ofstream(dir / "step_2") << "in the way\n";
+  trainer.step();
+  checkpointer.after_step();
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("step_2"), std::string::npos) << warnings[0];
+  EXPECT_EQ(checkpointer.last_started_step(), 2);
+  EXPECT_EQ(checkpointer.background_step(), -1);
+  EXPECT_EQ(checkpointer.last_saved_step(), 1);  // waited for before step 2's save
+  trainer.step();
+  checkpointer.after_step();
+  EXPECT_EQ(checkpointer.background_step(), 3);
+  checkpointer.finish();
+  EXPECT_EQ(checkpointer.last_saved_step(), 3);
+  EXPECT_EQ(open_checkpoint(dir.path()).step(), 3);
+}
+
 // A trainer of a description of the caller's does not use TrainConfig::model: an invalid one
 // neither stops its saves nor its resumes, and its checkpoints do not describe it.
 TEST(TrainerResume, ACustomModelSavesAndResumesWhateverTheUnusedConfigModel) {
