@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -200,6 +201,21 @@ void TrainerCheckpointer::lock_folder() {
   throw CheckpointError("cannot lock checkpoint folder " + shown + ": " + std::strerror(err));
 }
 
+void TrainerCheckpointer::lock_folder_again_if_replaced() {
+  checkpoint_io::create_checkpoint_folder(options_.directory);
+  struct stat held {};
+  struct stat now {};
+  // A removed folder has no links left, and its inode number may be the new one's. A lock
+  // that a failed save could not take again is taken by the next.
+  if (folder_lock_ >= 0 && ::fstat(folder_lock_, &held) == 0 && held.st_nlink > 0 &&
+      ::stat(options_.directory.c_str(), &now) == 0 && held.st_dev == now.st_dev &&
+      held.st_ino == now.st_ino)
+    return;
+  if (folder_lock_ >= 0) ::close(folder_lock_);
+  folder_lock_ = -1;
+  lock_folder();
+}
+
 void TrainerCheckpointer::after_step() {
   check_trainer_alive("save after a step");
   if (pending_commit_) {
@@ -257,11 +273,13 @@ std::unique_ptr<CheckpointWriter> TrainerCheckpointer::prepare(int64_t step) {
   std::unique_ptr<CheckpointWriter> writer;
   std::exception_ptr error;
   try {
-    if (commits)
+    if (commits) {
+      lock_folder_again_if_replaced();
       writer = std::make_unique<CheckpointWriter>(
           options_.directory, step, shards,
           CheckpointWriterOptions{options_.keep_last, continues_folder_,
                                   /*refuse_non_finite=*/true});
+    }
   } catch (...) {
     error = std::current_exception();
   }

@@ -108,6 +108,11 @@ class TrainerCheckpointer {
 
  private:
   void lock_folder();  // throws CheckpointError when another holds it
+  // The folder removed or replaced during the run (the save makes it again): the lock went
+  // with the old one, so a second run could take the new folder and remove this one's
+  // unfinished saves. Locks the folder as it is now, unless the lock is still on it; called
+  // by the process that commits before each save.
+  void lock_folder_again_if_replaced();
   // Throws std::logic_error once the trainer was destroyed.
   void check_trainer_alive(const char* action) const;
   struct RankShard {

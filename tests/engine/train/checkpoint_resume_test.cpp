@@ -572,6 +572,37 @@ TEST(TrainerResume, AFolderAnotherCheckpointerSavesIntoIsRefused) {
   EXPECT_NO_THROW(next.save());
 }
 
+// The folder removed during the run is made again by the next save, which locks it again: a
+// second run resuming from it, whose saves would remove the first one's unfinished steps, is
+// refused as while the folder stood.
+TEST(TrainerResume, AFolderRemovedDuringTheRunIsLockedAgainByTheSaveThatMakesIt) {
+  TempDir dir;
+  const std::filesystem::path folder = dir / "ckpt";
+  Trainer first(resume_config(1, schedule::ScheduleKind::k1F1B));
+  Trainer second(resume_config(1, schedule::ScheduleKind::k1F1B));
+  TrainerCheckpointOptions options;
+  options.directory = folder;
+  options.every = 1;
+  TrainerCheckpointer saving(first, options);
+  first.step();
+  saving.after_step();
+  std::filesystem::remove_all(folder);
+  first.step();
+  saving.after_step();
+  EXPECT_EQ(open_checkpoint(folder).step(), 2);
+  EXPECT_CHECKPOINT_ERROR(TrainerCheckpointer(second, options),
+                          "is being saved into by another run (it holds the folder's lock)");
+  // Taken by another run before this one's next save: that save is refused, not made.
+  std::filesystem::remove_all(folder);
+  std::filesystem::create_directory(folder);
+  {
+    TrainerCheckpointer other(second, options);
+    first.step();
+    EXPECT_CHECKPOINT_ERROR(saving.after_step(), "is being saved into by another run");
+  }
+  EXPECT_FALSE(std::filesystem::exists(folder / "latest"));
+}
+
 TEST(TrainerResume, UnwritableFolderIsRefusedBeforeTheFirstStep) {
   TempDir dir;
   std::ofstream(dir / "file") << "x\n";
