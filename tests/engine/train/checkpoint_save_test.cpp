@@ -355,6 +355,15 @@ TEST(CheckpointSave, AFolderThatCannotBeCreatedIsNamed) {
   EXPECT_CHECKPOINT_ERROR(
       CheckpointWriter(dir / "a_pipe", 1, 1), "a_pipe", "cannot create checkpoint folder",
       "'" + (dir / "a_pipe").string() + "' is a FIFO (named pipe), not a folder");
+  // A link to nothing is named with its target, not as a file that "exists".
+  fs::create_symlink("gone/ckpt", dir / "a_link");
+  EXPECT_CHECKPOINT_ERROR(CheckpointWriter(dir / "a_link", 1, 1),
+                          "cannot create checkpoint folder '" + (dir / "a_link").string() + "': '" +
+                              (dir / "a_link").string() +
+                              "' is a symbolic link to 'gone/ckpt', which does not exist");
+  EXPECT_CHECKPOINT_ERROR(CheckpointWriter(dir / "a_link" / "sub", 1, 1),
+                          "': '" + (dir / "a_link").string() +
+                              "' is a symbolic link to 'gone/ckpt', which does not exist");
 }
 
 TEST(CheckpointSave, AnEmptyFolderPathIsSaidToBeEmpty) {
