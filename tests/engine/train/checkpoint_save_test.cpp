@@ -384,6 +384,45 @@ TEST(CheckpointSave, AShardWriteErrorNamesTheFileAndKeepsThePreviousCheckpoint) 
   EXPECT_EQ(ckpt.tensors().size(), 2 * demo_tensors(0).size());
 }
 
+// A commit that cannot write the manifest or `latest` (a full disk, or here a folder in the
+// file's place) throws naming the file and leaves `latest` naming the previous checkpoint;
+// one that fails at `latest` leaves the step renamed into place, which the run's next save of
+// that step replaces.
+TEST(CheckpointSave, ACommitFailingAtTheManifestOrLatestKeepsThePreviousCheckpoint) {
+  TempDir dir;
+  save_demo(dir.path(), 1);
+  {
+    CheckpointWriter writer(dir.path(), 2, 2);
+    writer.write_shard(0, demo_tensors(0));
+    writer.write_shard(1, demo_tensors(1));
+    fs::create_directory(writer.temp_directory() / "manifest.json");
+    EXPECT_CHECKPOINT_ERROR(writer.commit(demo_state(2, 2)), "cannot create '",
+                            "step_2.tmp/manifest.json': Is a directory");
+  }
+  EXPECT_EQ(read_file(dir / "latest"), "step_1\n");
+  EXPECT_EQ(folder_names(dir.path()), (std::vector<std::string>{"latest", "step_1"}));
+  {
+    CheckpointWriter writer(dir.path(), 2, 2, {.keep_last = 1});
+    writer.write_shard(0, demo_tensors(0));
+    writer.write_shard(1, demo_tensors(1));
+    fs::create_directory(dir / "latest.tmp");
+    EXPECT_CHECKPOINT_ERROR(writer.commit(demo_state(2, 2)), "cannot create '",
+                            "latest.tmp': Is a directory");
+  }
+  EXPECT_EQ(read_file(dir / "latest"), "step_1\n");
+  EXPECT_EQ(open_checkpoint(dir.path()).step(), 1);  // not pruned by keep_last either
+  EXPECT_EQ(folder_names(dir.path()),
+            (std::vector<std::string>{"latest", "latest.tmp", "step_1", "step_2"}));
+  {
+    CheckpointWriter writer(dir.path(), 2, 2, {.keep_last = 1, .continues_folder = true});
+    writer.write_shard(0, demo_tensors(0));
+    writer.write_shard(1, demo_tensors(1));
+    writer.commit(demo_state(2, 2));
+  }
+  EXPECT_EQ(open_checkpoint(dir.path()).step(), 2);
+  EXPECT_EQ(folder_names(dir.path()), (std::vector<std::string>{"latest", "step_2"}));
+}
+
 // In a child process: saves `tensors` under a file size limit of `limit` bytes (a disk that
 // fills up mid-write) and exits 0 after printing the CheckpointError, 1 without one.
 [[noreturn]] void save_under_file_size_limit(const fs::path& dir,
