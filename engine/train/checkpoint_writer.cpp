@@ -188,7 +188,19 @@ CommitResult CheckpointWriter::commit(const TrainingState& state) {
   checkpoint_io::rename_path(temp_, final_);
   checkpoint_io::sync_directory(dir_);
   checkpoint_io::pause_for_crash_test("publish");
-  checkpoint_io::write_file_atomically(dir_ / kLatestName, step_folder_name(step_) + "\n");
+  try {
+    checkpoint_io::write_file_atomically(dir_ / kLatestName, step_folder_name(step_) + "\n");
+  } catch (const CheckpointError&) {
+    // Not published (a full disk): back to an unfinished save, which the destructor removes,
+    // so that the space of a step no one loads through `latest` is free for the next save.
+    // Once `latest` names the step (only its folder's fsync failed), the step stays.
+    std::error_code ec;
+    if (published_step(dir_) != step_) {
+      fs::remove(fs::path(dir_ / kLatestName) += ".tmp", ec);
+      fs::rename(final_, temp_, ec);
+    }
+    throw;
+  }
   committed_ = true;
 
   CommitResult result;
