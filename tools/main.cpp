@@ -1,6 +1,7 @@
 // The `conveyor` command line: `train`, `schedule`, ... Each subcommand registers itself with
 // CLI11 and runs from its callback; errors end here as one line and a non-zero exit.
 #include <CLI/CLI.hpp>
+#include <csignal>
 #include <cstdio>
 #include <exception>
 #include <new>
@@ -21,6 +22,10 @@ using conveyor::cli::print_usage_error_line;
 int main(int argc, char** argv) {
   // Before any command makes a file: an interrupt removes the temporaries of output files.
   conveyor::cli::install_cleanup_handlers();
+  // A write past the file size limit (ulimit -f) then fails with EFBIG, which the writer of a
+  // checkpoint or an output file reports naming the file, instead of killing the process
+  // without a word (and, under mpirun, the job with it).
+  std::signal(SIGXFSZ, SIG_IGN);
   CLI::App app{"Conveyor: pipeline-parallel training engine"};
   app.set_version_flag("--version", conveyor::version());
   app.require_subcommand(1);

@@ -308,10 +308,12 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
     if (checkpointer) {
       checkpointer->after_step();
       if (!f.quiet && checkpointer->last_started_step() == s) {
-        if (f.checkpoint.async_save)
-          std::printf("saving step %lld in the background (training held %.3f s)\n",
-                      static_cast<long long>(s), checkpointer->last_stall_seconds());
-        else if (checkpointer->last_saved_step() == s && s == last_step_to_run)
+        if (f.checkpoint.async_save) {
+          // Not for a save that failed before its write began: its warning said so.
+          if (checkpointer->background_step() == s)
+            std::printf("saving step %lld in the background (training held %.3f s)\n",
+                        static_cast<long long>(s), checkpointer->last_stall_seconds());
+        } else if (checkpointer->last_saved_step() == s && s == last_step_to_run)
           last_step_save_held = checkpointer->last_stall_seconds();
         else if (checkpointer->last_saved_step() == s) {
           std::printf("saved  step %lld (training held %.3f s)\n", static_cast<long long>(s),

@@ -45,8 +45,8 @@ struct CommitResult {
 // Why a CheckpointWriter of `step` into `dir` would be refused as `dir` stands now (its
 // DIR/step_<N> exists and is not a checkpoint folder, or is one that `latest` names or that
 // is older than it, or the run does not continue the folder's run; or `latest` names a later
-// step), or nullopt when it would save. Lets a run refuse at its start a save it could only
-// fail at its end.
+// step, or is a folder or other file that a save cannot replace), or nullopt when it would save.
+// Lets a run refuse at its start a save it could only fail at its end.
 std::optional<std::string> save_refusal(const std::filesystem::path& dir, int64_t step,
                                         bool continues_folder = false);
 

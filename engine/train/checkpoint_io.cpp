@@ -182,6 +182,13 @@ void create_checkpoint_folder(const std::filesystem::path& dir) {
     std::error_code status_error;
     const std::filesystem::file_status status = std::filesystem::status(at, status_error);
     struct stat st {};
+    // The system says "File exists" of a link to nothing, where nothing is to be seen.
+    if (status.type() == std::filesystem::file_type::not_found &&
+        std::filesystem::is_symlink(std::filesystem::symlink_status(at, status_error)))
+      throw CheckpointError("cannot create checkpoint folder " + shown_path(dir) + ": " +
+                            shown_path(at) + " is a symbolic link to " +
+                            shown_path(std::filesystem::read_symlink(at, status_error)) +
+                            ", which does not exist");
     if (std::filesystem::exists(status) && !std::filesystem::is_directory(status))
       throw CheckpointError(
           "cannot create checkpoint folder " + shown_path(dir) + ": " + shown_path(at) + " is " +

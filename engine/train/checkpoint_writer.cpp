@@ -188,7 +188,19 @@ CommitResult CheckpointWriter::commit(const TrainingState& state) {
   checkpoint_io::rename_path(temp_, final_);
   checkpoint_io::sync_directory(dir_);
   checkpoint_io::pause_for_crash_test("publish");
-  checkpoint_io::write_file_atomically(dir_ / kLatestName, step_folder_name(step_) + "\n");
+  try {
+    checkpoint_io::write_file_atomically(dir_ / kLatestName, step_folder_name(step_) + "\n");
+  } catch (const CheckpointError&) {
+    // Not published (a full disk): back to an unfinished save, which the destructor removes,
+    // so that the space of a step no one loads through `latest` is free for the next save.
+    // Once `latest` names the step (only its folder's fsync failed), the step stays.
+    std::error_code ec;
+    if (published_step(dir_) != step_) {
+      fs::remove(fs::path(dir_ / kLatestName) += ".tmp", ec);
+      fs::rename(final_, temp_, ec);
+    }
+    throw;
+  }
   committed_ = true;
 
   CommitResult result;
@@ -223,6 +235,14 @@ std::optional<std::string> save_refusal(const fs::path& dir, int64_t step, bool 
   const fs::path final_folder = dir / step_folder_name(step);
   const std::optional<int64_t> published = published_step(dir);
   std::error_code ec;
+  // The commit renames a file over `latest`, which fails on a folder: found only after the
+  // whole save, with the step folder renamed into place but never published.
+  if (const fs::file_status latest = fs::status(dir / kLatestName, ec);
+      fs::exists(latest) && !fs::is_regular_file(latest))
+    return "cannot save step " + std::to_string(step) + ": " + shown_path(dir / kLatestName) +
+           " is " + (fs::is_directory(latest) ? "a folder" : "not a regular file") +
+           ", where a save writes the file naming the newest checkpoint; remove it or save "
+           "into another folder";
   if (fs::exists(final_folder, ec)) {
     // A step folder newer than what `latest` names was renamed into place by a save that
     // stopped before publishing it (a crash between the two): the run that resumed from

@@ -2,13 +2,13 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <stdexcept>
 #include <system_error>
 #include <utility>
@@ -96,18 +96,25 @@ TrainingState trainer_training_state(Trainer& trainer) {
 
 void check_checkpoint_directory(const fs::path& dir) {
   checkpoint_io::create_checkpoint_folder(dir);
-  std::error_code ec;
   // Named per process: the processes of one run probe one shared folder at the same time.
   const fs::path probe = dir / (".conveyor_write_test." + std::to_string(::getpid()));
-  {
-    std::ofstream out(probe);
-    out << "probe\n";
-    if (!out.good())
-      throw CheckpointError("cannot write into checkpoint folder " +
-                            checkpoint_io::shown_path(dir) +
-                            "; choose a writable folder (TrainerCheckpointOptions::directory)");
+  // Written unbuffered, so that a full disk or a file size limit fails here, with the
+  // system's reason, and not only at the first save, after the steps before it.
+  static constexpr char kText[] = "probe\n";
+  int error = 0;
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    error = errno;
+  } else {
+    const ssize_t n = ::write(fd, kText, sizeof kText - 1);
+    if (n != static_cast<ssize_t>(sizeof kText - 1)) error = n < 0 ? errno : ENOSPC;
+    if (::close(fd) != 0 && error == 0) error = errno;
+    ::unlink(probe.c_str());
   }
-  fs::remove(probe, ec);
+  if (error != 0)
+    throw CheckpointError("cannot write into checkpoint folder " + checkpoint_io::shown_path(dir) +
+                          ": " + std::strerror(error) +
+                          "; choose a writable folder (TrainerCheckpointOptions::directory)");
 }
 
 TrainerCheckpointer::TrainerCheckpointer(Trainer& trainer, TrainerCheckpointOptions options)
@@ -194,6 +201,21 @@ void TrainerCheckpointer::lock_folder() {
   throw CheckpointError("cannot lock checkpoint folder " + shown + ": " + std::strerror(err));
 }
 
+void TrainerCheckpointer::lock_folder_again_if_replaced() {
+  checkpoint_io::create_checkpoint_folder(options_.directory);
+  struct stat held {};
+  struct stat now {};
+  // A removed folder has no links left, and its inode number may be the new one's. A lock
+  // that a failed save could not take again is taken by the next.
+  if (folder_lock_ >= 0 && ::fstat(folder_lock_, &held) == 0 && held.st_nlink > 0 &&
+      ::stat(options_.directory.c_str(), &now) == 0 && held.st_dev == now.st_dev &&
+      held.st_ino == now.st_ino)
+    return;
+  if (folder_lock_ >= 0) ::close(folder_lock_);
+  folder_lock_ = -1;
+  lock_folder();
+}
+
 void TrainerCheckpointer::after_step() {
   check_trainer_alive("save after a step");
   if (pending_commit_) {
@@ -255,11 +277,13 @@ std::unique_ptr<CheckpointWriter> TrainerCheckpointer::prepare(int64_t step) {
   std::unique_ptr<CheckpointWriter> writer;
   std::exception_ptr error;
   try {
-    if (commits)
+    if (commits) {
+      lock_folder_again_if_replaced();
       writer = std::make_unique<CheckpointWriter>(
           options_.directory, step, shards,
           CheckpointWriterOptions{options_.keep_last, continues_folder_,
                                   /*refuse_non_finite=*/true});
+    }
   } catch (...) {
     error = std::current_exception();
   }

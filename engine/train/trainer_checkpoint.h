@@ -40,7 +40,7 @@ struct TrainerCheckpointOptions {
 TrainingState trainer_training_state(Trainer& trainer);
 
 // Creates `dir` if needed and checks that a file can be written in it. Throws CheckpointError
-// naming the folder otherwise.
+// naming the folder and the system's reason otherwise (a read-only or full file system).
 void check_checkpoint_directory(const std::filesystem::path& dir);
 
 // When one save held the training loop and when its files were written, on the steady clock:
@@ -99,12 +99,20 @@ class TrainerCheckpointer {
   int64_t last_saved_step() const { return last_saved_step_; }
   // The newest step a save was started for, committed, failed or still being written.
   int64_t last_started_step() const { return last_started_step_; }
+  // The step whose background write is under way or not yet waited for (-1: none); a save
+  // that failed before its write began (its folder could not be made) has none.
+  int64_t background_step() const { return background_step_; }
   // Every save of this checkpointer so far; a background save's entry is complete once the
   // next save() or finish() has waited for it.
   const std::vector<SaveTiming>& save_timings() const { return timings_; }
 
  private:
   void lock_folder();  // throws CheckpointError when another holds it
+  // The folder removed or replaced during the run (the save makes it again): the lock went
+  // with the old one, so a second run could take the new folder and remove this one's
+  // unfinished saves. Locks the folder as it is now, unless the lock is still on it; called
+  // by the process that commits before each save.
+  void lock_folder_again_if_replaced();
   // Throws std::logic_error once the trainer was destroyed.
   void check_trainer_alive(const char* action) const;
   struct RankShard {

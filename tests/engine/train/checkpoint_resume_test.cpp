@@ -375,6 +375,36 @@ TEST(TrainerResume, FailedSaveStopsOrContinuesAndKeepsThePreviousCheckpoint) {
   }
 }
 
+// A background save that fails before its write begins (its folder is taken) has no
+// background step: `conveyor train` says "saving step N in the background" only for one that
+// has, and not after the warning that step N was not saved.
+TEST(TrainerResume, AnAsyncSaveThatCannotStartHasNoBackgroundStep) {
+  TempDir dir;
+  Trainer trainer(resume_config(1, schedule::ScheduleKind::k1F1B));
+  std::vector<std::string> warnings;
+  TrainerCheckpointOptions options = collecting_warnings(dir, SaveErrorPolicy::kContinue, warnings);
+  options.every = 1;
+  options.async = true;
+  TrainerCheckpointer checkpointer(trainer, options);
+  trainer.step();
+  checkpointer.after_step();
+  EXPECT_EQ(checkpointer.background_step(), 1);
+  std::ofstream(dir / "step_2") << "in the way\n";
+  trainer.step();
+  checkpointer.after_step();
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("step_2"), std::string::npos) << warnings[0];
+  EXPECT_EQ(checkpointer.last_started_step(), 2);
+  EXPECT_EQ(checkpointer.background_step(), -1);
+  EXPECT_EQ(checkpointer.last_saved_step(), 1);  // waited for before step 2's save
+  trainer.step();
+  checkpointer.after_step();
+  EXPECT_EQ(checkpointer.background_step(), 3);
+  checkpointer.finish();
+  EXPECT_EQ(checkpointer.last_saved_step(), 3);
+  EXPECT_EQ(open_checkpoint(dir.path()).step(), 3);
+}
+
 // A trainer of a description of the caller's does not use TrainConfig::model: an invalid one
 // neither stops its saves nor its resumes, and its checkpoints do not describe it.
 TEST(TrainerResume, ACustomModelSavesAndResumesWhateverTheUnusedConfigModel) {
@@ -540,6 +570,37 @@ TEST(TrainerResume, AFolderAnotherCheckpointerSavesIntoIsRefused) {
   second.step();
   second.step();  // step 1 is the first run's
   EXPECT_NO_THROW(next.save());
+}
+
+// The folder removed during the run is made again by the next save, which locks it again: a
+// second run resuming from it, whose saves would remove the first one's unfinished steps, is
+// refused as while the folder stood.
+TEST(TrainerResume, AFolderRemovedDuringTheRunIsLockedAgainByTheSaveThatMakesIt) {
+  TempDir dir;
+  const std::filesystem::path folder = dir / "ckpt";
+  Trainer first(resume_config(1, schedule::ScheduleKind::k1F1B));
+  Trainer second(resume_config(1, schedule::ScheduleKind::k1F1B));
+  TrainerCheckpointOptions options;
+  options.directory = folder;
+  options.every = 1;
+  TrainerCheckpointer saving(first, options);
+  first.step();
+  saving.after_step();
+  std::filesystem::remove_all(folder);
+  first.step();
+  saving.after_step();
+  EXPECT_EQ(open_checkpoint(folder).step(), 2);
+  EXPECT_CHECKPOINT_ERROR(TrainerCheckpointer(second, options),
+                          "is being saved into by another run (it holds the folder's lock)");
+  // Taken by another run before this one's next save: that save is refused, not made.
+  std::filesystem::remove_all(folder);
+  std::filesystem::create_directory(folder);
+  {
+    TrainerCheckpointer other(second, options);
+    first.step();
+    EXPECT_CHECKPOINT_ERROR(saving.after_step(), "is being saved into by another run");
+  }
+  EXPECT_FALSE(std::filesystem::exists(folder / "latest"));
 }
 
 TEST(TrainerResume, UnwritableFolderIsRefusedBeforeTheFirstStep) {

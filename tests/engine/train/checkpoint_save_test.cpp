@@ -11,6 +11,7 @@
 #include <limits>
 #include <thread>
 
+#include "engine/train/trainer_checkpoint.h"
 #include "tests/engine/train/checkpoint_fixture.h"
 
 namespace conveyor {
@@ -260,6 +261,22 @@ TEST(CheckpointSave, RefusesAStepBehindTheOneLatestNamesEvenWhenItsFolderIsGone)
   EXPECT_EQ(folder_names(dir.path()), (std::vector<std::string>{"latest", "step_6"}));
 }
 
+TEST(CheckpointSave, RefusesAFolderInPlaceOfLatestBeforeWritingAShard) {
+  // The commit's rename onto `latest` would fail only after every shard was written, leaving
+  // the step folder renamed into place but never published.
+  TempDir dir;
+  save_demo(dir.path(), 2);
+  fs::remove(dir / "latest");
+  fs::create_directory(dir / "latest");
+  const std::string expected = "'" + (dir / "latest").string() +
+                               "' is a folder, where a save writes the file naming the newest "
+                               "checkpoint; remove it or save into another folder";
+  EXPECT_CHECKPOINT_ERROR(CheckpointWriter(dir.path(), 4, 2), "cannot save step 4: ", expected);
+  ASSERT_TRUE(save_refusal(dir.path(), 4).has_value());
+  EXPECT_NE(save_refusal(dir.path(), 4)->find(expected), std::string::npos);
+  EXPECT_EQ(folder_names(dir.path()), (std::vector<std::string>{"latest", "step_2"}));
+}
+
 TEST(CheckpointSave, ReplacesAStepThatWasRenamedIntoPlaceButNeverPublished) {
   TempDir dir;
   save_demo(dir.path(), 2);
@@ -338,6 +355,15 @@ TEST(CheckpointSave, AFolderThatCannotBeCreatedIsNamed) {
   EXPECT_CHECKPOINT_ERROR(
       CheckpointWriter(dir / "a_pipe", 1, 1), "a_pipe", "cannot create checkpoint folder",
       "'" + (dir / "a_pipe").string() + "' is a FIFO (named pipe), not a folder");
+  // A link to nothing is named with its target, not as a file that "exists".
+  fs::create_symlink("gone/ckpt", dir / "a_link");
+  EXPECT_CHECKPOINT_ERROR(CheckpointWriter(dir / "a_link", 1, 1),
+                          "cannot create checkpoint folder '" + (dir / "a_link").string() + "': '" +
+                              (dir / "a_link").string() +
+                              "' is a symbolic link to 'gone/ckpt', which does not exist");
+  EXPECT_CHECKPOINT_ERROR(CheckpointWriter(dir / "a_link" / "sub", 1, 1),
+                          "': '" + (dir / "a_link").string() +
+                              "' is a symbolic link to 'gone/ckpt', which does not exist");
 }
 
 TEST(CheckpointSave, AnEmptyFolderPathIsSaidToBeEmpty) {
@@ -356,6 +382,40 @@ TEST(CheckpointSave, AShardWriteErrorNamesTheFileAndKeepsThePreviousCheckpoint) 
   const Checkpoint ckpt = open_checkpoint(dir.path());
   EXPECT_EQ(ckpt.step(), 1);
   EXPECT_EQ(ckpt.tensors().size(), 2 * demo_tensors(0).size());
+}
+
+// A commit that cannot write the manifest or `latest` (a full disk, or here a folder in the
+// file's place) throws naming the file and leaves `latest` naming the previous checkpoint.
+// The step is then an unfinished save, removed with the writer: renamed into place but not
+// published, it held the space the next save needed on a full disk.
+TEST(CheckpointSave, ACommitFailingAtTheManifestOrLatestKeepsThePreviousCheckpoint) {
+  TempDir dir;
+  save_demo(dir.path(), 1);
+  {
+    CheckpointWriter writer(dir.path(), 2, 2);
+    writer.write_shard(0, demo_tensors(0));
+    writer.write_shard(1, demo_tensors(1));
+    fs::create_directory(writer.temp_directory() / "manifest.json");
+    EXPECT_CHECKPOINT_ERROR(writer.commit(demo_state(2, 2)), "cannot create '",
+                            "step_2.tmp/manifest.json': Is a directory");
+  }
+  EXPECT_EQ(read_file(dir / "latest"), "step_1\n");
+  EXPECT_EQ(folder_names(dir.path()), (std::vector<std::string>{"latest", "step_1"}));
+  {
+    CheckpointWriter writer(dir.path(), 2, 2, {.keep_last = 1});
+    writer.write_shard(0, demo_tensors(0));
+    writer.write_shard(1, demo_tensors(1));
+    fs::create_directory(dir / "latest.tmp");
+    EXPECT_CHECKPOINT_ERROR(writer.commit(demo_state(2, 2)), "cannot create '",
+                            "latest.tmp': Is a directory");
+    EXPECT_EQ(folder_names(dir.path()),
+              (std::vector<std::string>{"latest", "step_1", "step_2.tmp"}));
+  }
+  EXPECT_EQ(read_file(dir / "latest"), "step_1\n");
+  EXPECT_EQ(open_checkpoint(dir.path()).step(), 1);  // not pruned by keep_last either
+  EXPECT_EQ(folder_names(dir.path()), (std::vector<std::string>{"latest", "step_1"}));
+  save_demo(dir.path(), 2);
+  EXPECT_EQ(open_checkpoint(dir.path()).step(), 2);
 }
 
 // In a child process: saves `tensors` under a file size limit of `limit` bytes (a disk that
@@ -387,6 +447,32 @@ TEST(CheckpointSave, AFullDiskMidWriteNamesTheFileAndKeepsThePreviousCheckpoint)
   EXPECT_EQ(ckpt.step(), 1);
   EXPECT_FALSE(fs::exists(dir / "step_2"));
   EXPECT_FALSE(fs::exists(dir / "step_2.tmp"));
+}
+
+// In a child process: checks `dir` as a run that saves into it does, unable to write a byte (a
+// full disk), and exits 0 after printing the CheckpointError, 1 without one.
+[[noreturn]] void check_folder_unable_to_write(const fs::path& dir) {
+  ::signal(SIGXFSZ, SIG_IGN);
+  const rlimit none{0, RLIM_INFINITY};
+  ::setrlimit(RLIMIT_FSIZE, &none);
+  try {
+    check_checkpoint_directory(dir);
+  } catch (const CheckpointError& e) {
+    // Lifted again: the test reads the message from a file.
+    const rlimit any{RLIM_INFINITY, RLIM_INFINITY};
+    ::setrlimit(RLIMIT_FSIZE, &any);
+    std::fprintf(stderr, "%s\n", e.what());
+    std::exit(0);
+  }
+  std::exit(1);
+}
+
+TEST(CheckpointSave, AFolderThatTakesNoByteIsRefusedBeforeTheRunWithTheReason) {
+  TempDir dir;
+  EXPECT_EXIT(check_folder_unable_to_write(dir.path()), ::testing::ExitedWithCode(0),
+              "cannot write into checkpoint folder '.*': File too large; choose a writable "
+              "folder \\(TrainerCheckpointOptions::directory\\)");
+  EXPECT_TRUE(folder_names(dir.path()).empty());  // the probe is removed
 }
 
 }  // namespace
