@@ -229,7 +229,7 @@ void TrainerCheckpointer::after_step() {
     detail::sum_over_processes_for(executor, written,
                                    ", in which the processes ask whether every shard of step " +
                                        std::to_string(pending_commit_->state.step) +
-                                       " is written (--async-save)");
+                                       " is written, its save being in the background");
     if (std::all_of(written.begin(), written.end(), [](double w) { return w != 0.0; }))
       wait_for_background();
   }

@@ -159,7 +159,7 @@ case $mode in
       "1|shard||the processes agree whether writing the shards of step 2 succeeded"
       "0|commit||the processes agree whether the commit of step 2 succeeded"
       "1|sizes||the processes gather the sizes and checksums of the shards of step 2 for the manifest"
-      "1|written|--async-save|the processes ask whether every shard of step 2 is written (--async-save)"
+      "1|written|--async-save|the processes ask whether every shard of step 2 is written, its save being in the background"
     )
     for case in "${cases[@]}"; do
       IFS='|' read -r rank point flags what <<<"$case"
