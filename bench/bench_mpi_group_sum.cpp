@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <memory>
+#include <string_view>
 #include <vector>
 
 #include "comm/mpi_transport.h"
@@ -60,7 +61,22 @@ int main(int argc, char** argv) {
   MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  // Google Benchmark prints its usage and exits on --help: on rank 0 alone, and after
+  // MPI_Finalize, so that mpirun does not take the exit for an abort.
+  for (int i = 1; i < argc; ++i) {
+    if (std::string_view(argv[i]) != "--help") continue;
+    MPI_Finalize();
+    if (rank == 0) benchmark::Initialize(&argc, argv);
+    return 0;
+  }
   benchmark::Initialize(&argc, argv);
+  // What Google Benchmark did not take is a mistyped flag: refused, as BENCHMARK_MAIN does,
+  // by every process (rank 0 names it), rather than ignored.
+  if (argc > 1) {
+    if (rank == 0) benchmark::ReportUnrecognizedArguments(argc, argv);
+    MPI_Finalize();
+    return 1;
+  }
   conveyor::comm::g_transport = conveyor::comm::make_mpi_transport(std::chrono::seconds(120));
   if (rank == 0) {
     benchmark::RunSpecifiedBenchmarks();

@@ -1,6 +1,7 @@
 // Host cost of the schedule pipeline for large p and m: generate, validate, simulate.
-// Reports actions per second; the validator runs before every training step's execution, so
-// it should stay well under a millisecond for typical sizes.
+// Reports actions per second; every executor validates its schedule when it is built, and
+// `conveyor schedule` each one it generates or loads, so typical sizes should stay well under
+// a millisecond.
 #include <benchmark/benchmark.h>
 
 #include "engine/schedule/generators.h"

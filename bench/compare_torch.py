@@ -51,12 +51,21 @@ def flags(model):
     return out
 
 
-def conveyor_tokens_per_s(binary, model, threads, stages, warmup, steps):
+def train_help(binary):
+    """`conveyor train --help`, asked before any run: a wrong --conveyor is said at once, not
+    after the PyTorch runs, and a program that is not conveyor is named as such."""
+    text = run([binary, "train", "--help"], f"{binary} train --help")
+    if "--log-json" not in text:
+        sys.exit(f"compare_torch: {binary} is not the conveyor command line: its `train --help` "
+                 "does not list --log-json")
+    return text
+
+
+def conveyor_tokens_per_s(binary, help_text, model, threads, stages, warmup, steps):
     with tempfile.TemporaryDirectory() as tmp:
         log = os.path.join(tmp, "steps.jsonl")
         cmd = [binary, "train", "--device", "cpu", "--quiet", "--steps", str(warmup + steps),
                "--stages", str(stages), "--log-json", log] + flags(model)
-        help_text = run([binary, "train", "--help"], f"{binary} train --help")
         if "--threads" in help_text:
             cmd += ["--threads", str(threads)]
         elif threads != 1:
@@ -77,16 +86,31 @@ def torch_tokens_per_s(model, threads, warmup, steps):
     return json.loads(out.strip().splitlines()[-1])["tokens_per_s"]
 
 
+def at_least(low):
+    """An argparse type: a whole number of at least `low`."""
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < low:
+            raise argparse.ArgumentTypeError(f"expected a whole number of at least {low}, "
+                                             f"got '{text}'")
+        return value
+    return parse
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--conveyor", default="build/tools/conveyor")
     ap.add_argument("--python", default="/usr/bin/python3", help="the interpreter with torch")
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
-    ap.add_argument("--threads", nargs="+", type=int, default=[1])
-    ap.add_argument("--stages", nargs="+", type=int, default=[1])
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--threads", nargs="+", type=at_least(1), default=[1])
+    ap.add_argument("--stages", nargs="+", type=at_least(1), default=[1])
+    ap.add_argument("--warmup", type=at_least(0), default=3)
+    ap.add_argument("--steps", type=at_least(1), default=20)
     args = ap.parse_args()
+    conveyor_help = train_help(args.conveyor)
 
     print(f"{'model':6} {'stages':>6} {'threads':>7} {'conveyor tok/s':>15} "
           f"{'pytorch tok/s':>14} {'ratio':>6}")
@@ -97,13 +121,13 @@ if __name__ == "__main__":
         best_torch = max(torch_by_threads.values())
         for stages in args.stages:
             for threads in args.threads:
-                ours = conveyor_tokens_per_s(args.conveyor, model, threads, stages, args.warmup,
-                                             args.steps)
+                ours = conveyor_tokens_per_s(args.conveyor, conveyor_help, model, threads,
+                                             stages, args.warmup, args.steps)
                 # The ratio is against PyTorch at the same thread count, and (last column of
                 # the doc) against its fastest thread count.
                 theirs = torch_by_threads[threads]
                 ratio = f"{ours / theirs:6.2f}" if ours else "   n/a"
                 ours_text = f"{ours:15.0f}" if ours else f"{'n/a':>15}"
                 print(f"{name:6} {stages:6d} {threads:7d} {ours_text} {theirs:14.0f} {ratio}"
-                      f"   (best PyTorch {best_torch:.0f})")
+                      f"   (best PyTorch {best_torch:.0f} tok/s)")
         sys.stdout.flush()

@@ -9,6 +9,20 @@ set -euo pipefail
 cli=${1:-build/tools/conveyor}
 steps=${2:-40}
 shift $(($# < 2 ? $# : 2))
+if ! [[ $steps =~ ^[0-9]+$ ]] || ((10#$steps < 2)); then
+  echo "dp_mpi_step_time: STEPS must be a whole number of at least 2 (the first step is left" \
+       "out of the median), got '$steps'" >&2
+  exit 2
+fi
+if [[ ! -x $cli || -d $cli ]]; then
+  echo "dp_mpi_step_time: CONVEYOR '$cli' is not an executable file (usage:" \
+       "bench/dp_mpi_step_time.sh [CONVEYOR] [STEPS] [MORE TRAIN FLAGS...])" >&2
+  exit 2
+fi
+if ! command -v mpirun >/dev/null; then
+  echo "dp_mpi_step_time: mpirun not found: install OpenMPI (tools/bootstrap.sh does)" >&2
+  exit 2
+fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 run=(train --device cpu --stages 2 --dp 2 --microbatches 8 --batch-tokens 4096 --layers 4
@@ -32,12 +46,22 @@ print(f"{name}: {len(steps)} steps, median step {statistics.median(secs):.4f} s 
       f"AR (last step): {', '.join(ar) or 'not in the trace'}; weights xxh3 {checksum[0] if checksum else '?'}")
 PY
 }
+# A run's output goes to a file the report reads; a failed run shows its last lines, which the
+# folder's removal would otherwise take with it.
+failed() {  # name, out, status
+  echo "dp_mpi_step_time: $1 failed with exit status $3; its last lines:" >&2
+  tail -n 5 "$2" >&2
+  exit "$3"
+}
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+status=0
 "$cli" "${run[@]}" --transport inproc --log-json "$work/threads.jsonl" --trace "$work/threads.trace" \
-  >"$work/threads.out" 2>&1
+  >"$work/threads.out" 2>&1 || status=$?
+((status == 0)) || failed "one process, 4 rank threads" "$work/threads.out" "$status"
 report "one process, 4 rank threads" "$work/threads.jsonl" "$work/threads.trace" "$work/threads.out"
 echo "load average between: $(cut -d' ' -f1-3 /proc/loadavg)"
 mpirun --allow-run-as-root --oversubscribe --bind-to none -np 4 "$cli" "${run[@]}" \
-  --log-json "$work/mpi.jsonl" --trace "$work/mpi.trace" >"$work/mpi.out" 2>&1
+  --log-json "$work/mpi.jsonl" --trace "$work/mpi.trace" >"$work/mpi.out" 2>&1 || status=$?
+((status == 0)) || failed "mpirun -np 4" "$work/mpi.out" "$status"
 report "mpirun -np 4" "$work/mpi.jsonl" "$work/mpi.trace" "$work/mpi.out"
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -20,7 +20,10 @@ DEFAULT_MODEL = ["--d-model", "128", "--layers", "8", "--vocab", "16384", "--bat
 
 
 def run(cmd):
-    done = subprocess.run(cmd, capture_output=True, text=True)
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True)
+    except OSError as e:  # not found, not executable: one line, not a traceback
+        sys.exit(f"planner_accuracy: cannot run {cmd[0]}: {e.strerror}")
     if done.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed ({done.returncode}): {done.stderr[-1500:]}")
     return done.stdout
@@ -52,10 +55,17 @@ def main():
         parser.error("--steps must be at least 2: the first step is left out of the median")
     model = ["--device", args.device] + (model_flags or DEFAULT_MODEL)
     work = args.workdir
+    if work.exists() and not work.is_dir():
+        parser.error(f"WORKDIR '{work}' exists and is not a folder")
     work.mkdir(parents=True, exist_ok=True)
     plan_file = work / "plan.json"
+    # A plan.json an earlier run left must not pass for this run's.
+    plan_file.unlink(missing_ok=True)
     run([args.conveyor, "plan", *model, "--stages", str(args.stages), "--repetitions",
          str(args.repetitions), "--out", str(plan_file)])
+    if not plan_file.is_file():
+        sys.exit(f"planner_accuracy: {args.conveyor} plan wrote no {plan_file}: is it the "
+                 "conveyor command line?")
     plan = json.loads(plan_file.read_text())
     same = ["--stages", str(args.stages), "--schedule", plan["schedule"], "--microbatches",
             str(plan["microbatches"])]

@@ -59,6 +59,11 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args()
+    for name in ("d_model", "layers", "vocab", "batch_tokens", "microbatches", "steps", "threads"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.warmup < 0 or args.hidden < 0:
+        ap.error("--warmup and --hidden must not be negative")
     if args.batch_tokens % args.microbatches:
         ap.error("--batch-tokens must be a multiple of --microbatches")
     hidden = args.hidden or 4 * args.d_model

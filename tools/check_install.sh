@@ -7,11 +7,37 @@
 #     build only);
 #   - each example under examples/ builds through find_package(conveyor) and runs.
 # Usage: tools/check_install.sh BUILD_DIR WORK_DIR
+# WORK_DIR is removed and made anew, so it must be new, empty or one an earlier check made (it
+# holds .conveyor_check_install): a folder of the user's, given by mistake, is refused.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+if (($# != 2)); then
+  echo "usage: tools/check_install.sh BUILD_DIR WORK_DIR (WORK_DIR is removed and made anew)" >&2
+  exit 2
+fi
 build=$1
 work=$2
+if [[ ! -f "$build/cmake_install.cmake" ]]; then
+  echo "check_install: BUILD_DIR '$build' is not a configured build folder (no cmake_install.cmake)" >&2
+  exit 2
+fi
+marker=.conveyor_check_install
+if [[ -e "$work" || -L "$work" ]]; then
+  # A check made before the marker existed left prefix/ with the installed header in it.
+  if [[ ! -d "$work" || -L "$work" ]]; then
+    echo "check_install: WORK_DIR '$work' exists and is not a folder (a link is not followed)" >&2
+    exit 2
+  fi
+  if [[ -n "$(ls -A "$work")" && ! -f "$work/$marker" &&
+        ! -f "$work/prefix/include/conveyor/engine/conveyor.h" ]]; then
+    echo "check_install: WORK_DIR '$work' already holds files this check did not write, and it" \
+         "removes WORK_DIR: give a new or empty folder" >&2
+    exit 2
+  fi
+fi
 rm -rf "$work"
+mkdir -p "$work"
+: >"$work/$marker"
 prefix=$work/prefix
 cmake --install "$build" --prefix "$prefix" >/dev/null
 include=$prefix/include/conveyor

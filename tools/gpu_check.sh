@@ -98,10 +98,16 @@ fi
 
 # ------------------------------------------------------------------------- the check
 mode=tests
+usage="usage: tools/gpu_check.sh [--bench] [BUILD_DIR] | --prepare DIR"
 case "${1:-}" in
+  -h | --help) echo "$usage"; exit 0 ;;
   --bench) mode=bench; shift ;;
-  -*) echo "usage: tools/gpu_check.sh [--bench] [BUILD_DIR] | --prepare DIR" >&2; exit 2 ;;
+  -*) echo "$usage" >&2; exit 2 ;;
 esac
+if (($# > 1)) || [[ "${1:-}" == -* ]]; then
+  echo "$usage" >&2
+  exit 2
+fi
 build=${1:-}
 out=${OUT:-$root/gpu_check_out}
 mkdir -p "$out"
@@ -242,7 +248,7 @@ nccl_root() {
 
 # --- the build ------------------------------------------------------------------------
 if [[ -n "$build" ]]; then
-  build=$(cd "$build" && pwd) || { echo "gpu_check: no build folder $1" >&2; exit 1; }
+  build=$(cd -- "$build" 2>/dev/null && pwd) || { echo "gpu_check: no build folder '$1'" >&2; exit 2; }
   [[ -d "$build/carried-lib" ]] && export LD_LIBRARY_PATH="$build/carried-lib:$LD_LIBRARY_PATH"
   # The carried OpenMPI libraries only when this machine's are missing: searched before the
   # system's, they would otherwise stand in for an installed OpenMPI its mpirun matches.

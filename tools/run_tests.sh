@@ -1,8 +1,19 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh machine: installs what is missing, builds, runs ctest.
 # GPU tests (label `gpu`) are reported as skipped when no CUDA device is present.
+# Extra arguments go to the first ctest (`-R cli_` runs a subset); the sanitizer run follows.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# Asked for help, it says what it does rather than passing --help to ctest after building
+# everything, then building and running the sanitizer run anyway.
+for arg in "$@"; do
+  if [[ $arg == -h || $arg == --help ]]; then
+    echo "usage: tools/run_tests.sh [CTEST ARGS...]: installs what is missing, builds into build/"
+    echo "(\$CONVEYOR_BUILD_DIR), runs ctest there with CTEST ARGS, then the checkpoint tests under"
+    echo "AddressSanitizer and UndefinedBehaviorSanitizer from build-asan/ (\$CONVEYOR_ASAN_BUILD_DIR)"
+    exit 0
+  fi
+done
 "$root/tools/bootstrap.sh"
 ctest --test-dir "${CONVEYOR_BUILD_DIR:-$root/build}" --output-on-failure -j"$(nproc)" "$@"
 
