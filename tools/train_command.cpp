@@ -291,8 +291,10 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
     // The first and the last step this process trains are always shown: a resumed run or one
     // that --stop-after or a signal ends early starts or stops between the steps --log-every
     // divides, and the loss of the last is that of the step an interrupted run saves.
-    if (!f.quiet &&
-        (s % f.log_every == 0 || s == first_step || s == last_step_to_run || signal != 0)) {
+    // So is one an evaluation follows, which a signal may end the run in.
+    const bool evaluates = f.eval_every > 0 && s % f.eval_every == 0 && s != last_step_to_run;
+    if (!f.quiet && (s % f.log_every == 0 || s == first_step || s == last_step_to_run ||
+                     signal != 0 || evaluates)) {
       const double rate = st.tokens / st.seconds;
       const double eta =
           t.seconds / static_cast<double>(t.steps) * static_cast<double>(last_step_to_run - s);
@@ -327,7 +329,7 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
     // After every --eval-every steps, on the batches an evaluation ending the run here would
     // take; the last step's is the run's closing one below. A signal during it ends the run
     // as one during a step does, after the step it follows (and its save).
-    if (f.eval_every > 0 && s % f.eval_every == 0 && s != last_step_to_run) {
+    if (evaluates) {
       const auto eval_begin = RunTrace::Clock::now();
       double loss;
       try {
