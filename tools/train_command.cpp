@@ -84,6 +84,9 @@ double evaluate_held_out(Trainer& trainer, HeldOutData& data, int64_t batches, b
     std::fflush(stdout);
   }
   const double loss = trainer.evaluate(held_out, batches);
+  // A signal during the last group of batches (the only one, usually) ends the run here too:
+  // unasked, it waited for the next step to end, or after the closing evaluation went unheard.
+  if (const int signal = trainer.agreed_stop_request()) throw EvaluationStopped(signal);
   // The last step's own loss and gradient were finite, its update was not: the next step
   // would have said so, and the run would not go on, or end as a success, with a loss of nan.
   if (!std::isfinite(loss)) {
