@@ -478,11 +478,12 @@ void register_train_command(CLI::App& app) {
       ->capture_default_str();
   add_float_flag(cmd, "--timeout", flags->timeout_s, 0.0, 1000000.0, true,
                  "Seconds a rank waits for a peer before failing");
-  add_path_flag(cmd, "--trace", flags->trace,
-                "Write a Chrome trace to FILE: the run's steps and checkpoint saves (a "
-                "background save on its own thread), and the last step's measured timeline "
-                "per rank, with a pipeline's simulated timeline under it (the printed "
-                "simulated bubble's)")
+  add_path_flag(
+      cmd, "--trace", flags->trace,
+      "Write a Chrome trace to FILE: the run's steps, held-out evaluations and "
+      "checkpoint saves (a background save on its own thread), and the last step's "
+      "measured timeline per rank, with a pipeline's simulated timeline under it (the printed "
+      "simulated bubble's)")
       ->type_name("FILE");
   add_checkpoint_flags(cmd, flags->checkpoint);
   add_path_flag(cmd, "--plan", flags->plan_file,
