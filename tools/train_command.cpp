@@ -84,6 +84,9 @@ double evaluate_held_out(Trainer& trainer, HeldOutData& data, int64_t batches, b
     std::fflush(stdout);
   }
   const double loss = trainer.evaluate(held_out, batches);
+  // A signal during the last group of batches (the only one, usually) ends the run here too:
+  // unasked, it waited for the next step to end, or after the closing evaluation went unheard.
+  if (const int signal = trainer.agreed_stop_request()) throw EvaluationStopped(signal);
   // The last step's own loss and gradient were finite, its update was not: the next step
   // would have said so, and the run would not go on, or end as a success, with a loss of nan.
   if (!std::isfinite(loss)) {
@@ -475,11 +478,12 @@ void register_train_command(CLI::App& app) {
       ->capture_default_str();
   add_float_flag(cmd, "--timeout", flags->timeout_s, 0.0, 1000000.0, true,
                  "Seconds a rank waits for a peer before failing");
-  add_path_flag(cmd, "--trace", flags->trace,
-                "Write a Chrome trace to FILE: the run's steps and checkpoint saves (a "
-                "background save on its own thread), and the last step's measured timeline "
-                "per rank, with a pipeline's simulated timeline under it (the printed "
-                "simulated bubble's)")
+  add_path_flag(
+      cmd, "--trace", flags->trace,
+      "Write a Chrome trace to FILE: the run's steps, held-out evaluations and "
+      "checkpoint saves (a background save on its own thread), and the last step's "
+      "measured timeline per rank, with a pipeline's simulated timeline under it (the printed "
+      "simulated bubble's)")
       ->type_name("FILE");
   add_checkpoint_flags(cmd, flags->checkpoint);
   add_path_flag(cmd, "--plan", flags->plan_file,

@@ -163,8 +163,8 @@ void report_bubble(Trainer& trainer, PipelineStepResult& last, ReplacedFile* tra
                                                 /*us_per_unit=*/1.0),
                     simulated_trace, saves));
     std::printf(
-        "trace  %s (the run's steps and checkpoint saves, and the last step's measured "
-        "timeline of every rank%s)\n",
+        "trace  %s (the run's steps, held-out evaluations and checkpoint saves, and the last "
+        "step's measured timeline of every rank%s)\n",
         escaped_for_message(trace->path()).c_str(),
         simulated_trace.empty() ? "" : " with its simulation under the measured costs");
   }

@@ -123,6 +123,12 @@ class Trainer {
   // process).
   double evaluate(const std::vector<MicroBatchData>& microbatches);
 
+  // The executor's stop request, agreed over the processes (a collective under MPI: every
+  // process asks at the same point of the run, between steps): the signal of the lowest
+  // process asked, or 0. evaluate() asks it between groups of batches, not after the last,
+  // whose loss is then complete: a caller that stops on a signal whenever it came asks after.
+  int agreed_stop_request();
+
   // While a step() or evaluate() runs (on another thread), the members below that read or
   // change what a step changes (the data source, the executor with its weights and buffers,
   // the failure, the step counter's reset, a save) throw std::logic_error instead; a
@@ -195,9 +201,6 @@ class Trainer {
   // `check` names what the user should look at.
   [[noreturn]] static void refuse_evaluation_without_target(const std::string& what,
                                                             const char* check);
-  // The executor's stop request, agreed over the processes (a collective under MPI): the
-  // signal of the lowest process asked, or 0.
-  int agreed_stop_request();
 
   ModelDescription model_;
   TrainConfig config_;

@@ -3,7 +3,8 @@
 # within a few seconds with STATUS, printed "interrupted at step N" and, unless --quiet, the
 # progress line of step N once, and that the log holds exactly the N finished steps, each line
 # valid JSON. With SAVED_IN=DIR in the environment
-# (the run's --save-dir, wiped first), also that DIR/latest names step N and verifies.
+# (the run's --save-dir, wiped first), also that DIR/latest names step N and verifies; with
+# STOPPED_AT=S, that N is S.
 # Usage: interrupt_run.sh SIGNAL STATUS LINES LOGFILE COMMAND [ARGS...]
 set -u
 signal=$1
@@ -31,6 +32,8 @@ fail() { echo "interrupt_run: $*" >&2; rm -f "$out"; exit 1; }
 [ "$elapsed" -le 10 ] || fail "took ${elapsed}s after the signal"
 step=$(sed -n 's/^interrupted at step \([0-9]*\) .*/\1/p' "$out")
 [ -n "$step" ] || fail "no 'interrupted at step N' line"
+[ -z "${STOPPED_AT:-}" ] || [ "$step" = "$STOPPED_AT" ] ||
+  fail "interrupted at step $step, expected step $STOPPED_AT"
 grep -q '^done ' "$out" || fail "no summary"
 # The step the run stopped at shows its loss, whatever --log-every says.
 if [[ " $* " != *" --quiet "* ]]; then
