@@ -258,6 +258,8 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
   int64_t announced_save = -1;
   std::optional<double> last_step_save_held;
   const int64_t eval_tokens = f.eval_batches * config.batch_tokens;
+  // The estimate of the time left counts the loop's wall time: saves and evaluations too.
+  const auto loop_begin = RunTrace::Clock::now();
   for (int64_t s = first_step; s <= last_step_to_run; ++s) {
     StepStats st;
     const auto step_begin = RunTrace::Clock::now();
@@ -299,8 +301,10 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
     if (!f.quiet && (s % f.log_every == 0 || s == first_step || s == last_step_to_run ||
                      signal != 0 || evaluates)) {
       const double rate = st.tokens / st.seconds;
+      const double looped =
+          std::chrono::duration<double>(RunTrace::Clock::now() - loop_begin).count();
       const double eta =
-          t.seconds / static_cast<double>(t.steps) * static_cast<double>(last_step_to_run - s);
+          looped / static_cast<double>(t.steps) * static_cast<double>(last_step_to_run - s);
       std::printf("step %5lld/%lld | loss %.4f | %s tok/s | lr %.2e | alloc peak %s | eta %.0fs\n",
                   static_cast<long long>(s), static_cast<long long>(config.steps), st.loss,
                   human_rate(rate).c_str(), st.lr,
