@@ -382,7 +382,7 @@ double Trainer::evaluate(TokenSource& source, int64_t batches, int64_t tokens_at
     loss_sum = local_loss_sum(microbatches, loss_sum);
     done += now;
     if (done < batches)
-      if (const int signal = agreed_stop_request()) throw EvaluationStopped(signal);
+      if (const int signal = stop_request_over_processes()) throw EvaluationStopped(signal);
   }
   std::vector<double> total{loss_sum};
   executor_->sum_over_processes(total);
@@ -504,6 +504,12 @@ double Trainer::evaluate(const std::vector<MicroBatchData>& microbatches) {
 }
 
 int Trainer::agreed_stop_request() {
+  const OneAtATime one(busy_, "ask for the agreed stop request");
+  check_usable("ask for the agreed stop request");
+  return stop_request_over_processes();
+}
+
+int Trainer::stop_request_over_processes() {
   const int asked = executor_->stop_requested();
   if (executor_->holds_all_ranks()) return asked;
   // One slot per process (each holds one rank), so the sum gathers every answer as it is.

@@ -127,6 +127,8 @@ class Trainer {
   // process asks at the same point of the run, between steps): the signal of the lowest
   // process asked, or 0. evaluate() asks it between groups of batches, not after the last,
   // whose loss is then complete: a caller that stops on a signal whenever it came asks after.
+  // Like step(), it refuses (std::logic_error) while a step() or evaluate() runs on another
+  // thread, and on an unusable trainer.
   int agreed_stop_request();
 
   // While a step() or evaluate() runs (on another thread), the members below that read or
@@ -176,6 +178,8 @@ class Trainer {
   double forward_loss_sum(const std::vector<MicroBatchData>& microbatches, double start);
   // Throws std::logic_error, saying what failed, once a step or an evaluation has failed.
   void check_usable(const char* action) const;
+  // agreed_stop_request's collective, for evaluate(), which holds the trainer.
+  int stop_request_over_processes();
   // Throws std::logic_error naming `member` while a step() or evaluate() runs.
   void check_not_busy(const char* member) const;
   // What draw_batch fills the ids with before the source writes them.

@@ -181,6 +181,28 @@ TEST(TrainerMisuse, AStepCalledWhileAnEvaluationRunsIsRefused) {
   EXPECT_NO_THROW(trainer.step());
 }
 
+// The stop request's collective is one more exchange: asked while a step runs, it would meet
+// the step's own on the transport.
+TEST(TrainerMisuse, TheAgreedStopRequestIsRefusedWhileAStepRunsAndAnsweredBetween) {
+  auto source = std::make_shared<CountingSource>();
+  Trainer trainer(small_run(), source);
+  std::string inner;
+  source->on_next = [&] {
+    if (inner.empty()) inner = message_of([&] { trainer.agreed_stop_request(); });
+  };
+  EXPECT_NO_THROW(trainer.step());
+  EXPECT_CONTAINS(inner,
+                  "the trainer cannot ask for the agreed stop request: another step() or "
+                  "evaluate() of it is running");
+  source->on_next = nullptr;
+  EXPECT_EQ(trainer.agreed_stop_request(), 0);
+  trainer.executor().set_stop_request([] { return 15; });
+  EXPECT_EQ(trainer.agreed_stop_request(), 15);
+  trainer.mark_unusable("gone");
+  EXPECT_CONTAINS(message_of([&] { trainer.agreed_stop_request(); }),
+                  "cannot ask for the agreed stop request: gone");
+}
+
 TEST(TrainerMisuse, WhatAStepChangesIsRefusedWhileItRuns) {
   auto source = std::make_shared<CountingSource>();
   Trainer trainer(small_run(), source);
