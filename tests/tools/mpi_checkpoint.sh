@@ -30,6 +30,8 @@
 #                                       bit; a copy of another run's checkpoint at the same step,
 #                                       or of another step, is refused once, naming both;
 #                                       two steps at two paths are refused naming each path
+#   mpi_checkpoint.sh CONVEYOR absent   rank 1's own --resume path names nothing: refused before
+#                                       the model is built or the run described
 #   mpi_checkpoint.sh CONVEYOR corrupt  a byte of rank 1's shard flipped: under -np 2 only
 #                                       rank 1's process reads (and names) that tensor, rank 0
 #                                       names rank 1; one process checks every byte itself
@@ -245,6 +247,22 @@ case $mode in
     grep -q "rank_1.safetensors': checksum mismatch in tensor '" "$work/one.out" ||
       fail "one process does not name the corrupt tensor: $(cat "$work/one.out")"
     echo "a corrupt tensor of rank 1: named by rank 1's process alone under mpirun (rank 0 names rank 1, ${took}s), and by one process"
+    grep "conveyor: error" "$work/out"
+    ;;
+  absent)
+    # Rank 1's own --resume names nothing (no copy on its node): it refuses before any process
+    # builds its model or describes the run, naming its path.
+    run saved -- --stages 2 --stop-after 2 --save-dir "$work/ckpt" --transport inproc
+    rm -rf "$work/rank0" "$work/rank1" && mkdir "$work/rank0" "$work/rank1"
+    cp -a "$work/ckpt" "$work/rank0/ckpt"
+    timeout 60 "${mpirun[@]}" -np 2 bash -c 'cd "$0/rank$OMPI_COMM_WORLD_RANK" && exec "$@"' "$work" \
+      "$cli" "${common[@]}" --steps 4 --stages 2 --resume ckpt >"$work/out" 2>&1
+    status=$?
+    [ "$status" = 2 ] || fail "status $status: $(cat "$work/out")"
+    grep -q "^conveyor: error: no checkpoint at 'ckpt': it does not exist; give DIR, DIR/latest or DIR/step_<N>$" \
+      "$work/out" || fail "rank 1 does not name its path: $(cat "$work/out")"
+    grep -q "^model " "$work/out" && fail "the run was described before the refusal: $(cat "$work/out")"
+    echo "rank 1's absent --resume: refused before the run was described"
     grep "conveyor: error" "$work/out"
     ;;
   *) fail "unknown mode $mode" ;;

@@ -334,6 +334,20 @@ case $case_name in
       [ ! -e "$dir$async/latest" ] || fail "'$async': latest exists"
     done
     ;;
+  no_checkpoint)
+    # A --resume that names no checkpoint is refused before the model is built and the run
+    # described: the refusal is all the run prints.
+    for given in "absent|$work/absent|no checkpoint at '$work/absent': it does not exist; give DIR, DIR/latest or DIR/step_<N>"; do
+      IFS='|' read -r what flags message <<<"$given"
+      # shellcheck disable=SC2086 # $flags: the path, or latest and --save-dir DIR
+      output=$(timeout 60 "$conveyor" train "${common[@]}" "${model[@]}" --resume $flags 2>&1)
+      status=$?
+      echo "$output"
+      [ "$status" -eq 2 ] || fail "$what: exit status $status, expected 2"
+      [ "$output" = "conveyor: error: $message" ] ||
+        fail "$what: expected the refusal alone, got: $output"
+    done
+    ;;
   *) fail "unknown case" ;;
 esac
 echo "resume_cli $case_name: ok"
