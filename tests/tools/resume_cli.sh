@@ -336,8 +336,11 @@ case $case_name in
     ;;
   no_checkpoint)
     # A --resume that names no checkpoint is refused before the model is built and the run
-    # described: the refusal is all the run prints.
-    for given in "absent|$work/absent|no checkpoint at '$work/absent': it does not exist; give DIR, DIR/latest or DIR/step_<N>"; do
+    # described: the refusal is all the run prints. A folder in the place of `latest` is said
+    # as such.
+    mkdir -p "$work/in_the_way/latest"
+    for given in "absent|$work/absent|no checkpoint at '$work/absent': it does not exist; give DIR, DIR/latest or DIR/step_<N>" \
+      "latest folder|latest --save-dir $work/in_the_way|'$work/in_the_way/latest' is a folder, where a file naming the newest checkpoint of '$work/in_the_way' is expected; remove or rename the folder, or give one of the step_<N> folders"; do
       IFS='|' read -r what flags message <<<"$given"
       # shellcheck disable=SC2086 # $flags: the path, or latest and --save-dir DIR
       output=$(timeout 60 "$conveyor" train "${common[@]}" "${model[@]}" --resume $flags 2>&1)
