@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine/core/number_text.h"
 #include "engine/core/test_pause.h"
 #include "engine/train/checkpoint_io.h"
 #include "engine/train/checkpoint_model.h"
@@ -178,8 +179,8 @@ void check_resumable(Trainer& trainer, const Checkpoint& checkpoint) {
                           "; resume with TrainConfig::batch_tokens " + rng["batch_tokens"].dump());
   if (saved.step > trainer.config().steps)
     throw CheckpointError(manifest + " is of step " + std::to_string(saved.step) +
-                          " but this run has only " + std::to_string(trainer.config().steps) +
-                          " steps; raise TrainConfig::steps to train past the checkpoint");
+                          " but this run has only " + counted(trainer.config().steps, "step") +
+                          "; raise TrainConfig::steps to train past the checkpoint");
   PipelineExecutor& executor = trainer.executor();
   if (executor.holds_all_ranks())
     checkpoint.check_tensors(checkpoint_tensor_specs(executor));
@@ -226,7 +227,7 @@ std::vector<std::string> resume_setting_changes(const Trainer& trainer,
   compare("TrainConfig::optimizer.eps", o.eps, config.optimizer.eps);
   compare("TrainConfig::optimizer.momentum", o.momentum, config.optimizer.momentum);
   compare("TrainConfig::steps", saved.lr_schedule.total_steps, config.steps,
-          " (the learning-rate schedule now spans " + std::to_string(config.steps) + " steps)");
+          " (the learning-rate schedule now spans " + counted(config.steps, "step") + ")");
   compare("TrainConfig::microbatches", saved.microbatches, config.microbatches,
           " (the gradients are summed in another order, so the run departs from an "
           "uninterrupted one by rounding)");

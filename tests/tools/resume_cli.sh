@@ -272,6 +272,12 @@ case $case_name in
     output=$("$conveyor" train "${common[@]}" "${model[@]}" --stop-after 4 --resume "$dir" 2>&1)
     grep -q "^conveyor: error: nothing to train: the run is at step 6 and stops at step 4 (--stop-after); raise --stop-after$" \
       <<<"$output" || fail "the refusal does not name --stop-after as the limit to raise: $output"
+    # A --steps below the checkpoint's step is refused by the resume; one step is one step.
+    one_step=("${common[@]}")
+    one_step[3]=1  # the value of --steps
+    output=$("$conveyor" train "${one_step[@]}" "${model[@]}" --resume "$dir" 2>&1)
+    grep -q "^conveyor: error: .*manifest.json' is of step 6 but this run has only 1 step; raise --steps to train past the checkpoint$" \
+      <<<"$output" || fail "the refusal of --steps 1 does not say it: $output"
     ;;
   rerun_after_keep)
     # --keep 1 leaves only step_6; another run into the folder would save step 2, moving
