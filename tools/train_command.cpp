@@ -413,7 +413,10 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
     std::printf("weights xxh3 %016llx\n", static_cast<unsigned long long>(checksum));
   }
   std::fflush(stdout);
-  if (signal != 0) throw ExitRequest(kExitInterrupted + signal);
+  // 128 + the signal tells a script that the run stopped with its last step saved, for
+  // --resume latest to go on from; a run whose last step is not saved ends with 1 instead,
+  // interrupted or not, so that its lost result is not taken for a clean stop.
+  if (signal != 0) throw ExitRequest(last_step_unsaved ? kExitFailure : kExitInterrupted + signal);
   pause_if_asked_at("end");
   mpi.meet_at_the_end();
   if (last_step_unsaved) throw ExitRequest(kExitFailure);

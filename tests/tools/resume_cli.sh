@@ -5,7 +5,7 @@
 # previous checkpoint loadable and `latest` naming it, and the resumed run saves that step
 # again; a checkpoint of another model is refused with exit 2 naming the difference; the same
 # command run again into the folder of its saves is refused before it trains, not at its
-# first save.
+# first save; a run whose last step is not saved exits 1, interrupted or not.
 # Usage: resume_cli.sh CONVEYOR WORKDIR CASE
 set -u
 conveyor=$1
@@ -339,6 +339,35 @@ case $case_name in
       ! grep -q "^saved " <<<"$output" || fail "'$async': a failed save is said to be saved"
       [ ! -e "$dir$async/latest" ] || fail "'$async': latest exists"
     done
+    ;;
+  save_fails_interrupted)
+    # So for a run interrupted (SIGINT) under --on-save-error continue whose closing save of
+    # its last step fails: it says so and exits 1, not 130, which would say the step was saved
+    # for --resume. Its output goes through a FIFO, which the file size limit does not cut.
+    mkfifo "$work/out.fifo"
+    cat "$work/out.fifo" >"$work/out" &
+    reader=$!
+    bash -c 'trap "" XFSZ; ulimit -f 4; exec "$@"' _ "$conveyor" train --device cpu \
+      --steps 1000000 --batch-tokens 512 --microbatches 4 --vocab 32 "${model[@]}" --log-every 1 \
+      --save-dir "$dir" --on-save-error continue >"$work/out.fifo" 2>&1 &
+    pid=$!
+    for _ in $(seq 600); do
+      [ "$(grep -c "^step " "$work/out")" -ge 3 ] && break
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 0.1
+    done
+    kill -INT "$pid"
+    wait "$pid"
+    status=$?
+    wait "$reader"
+    output=$(cat "$work/out")
+    echo "$output"
+    [ "$status" -eq 1 ] || fail "exit status $status, expected 1"
+    step=$(sed -n 's/^interrupted at step \([0-9]*\) .*/\1/p' <<<"$output")
+    [ -n "$step" ] || fail "the run was not interrupted"
+    grep -q "^not saved: step $step, the run's last (see the warning); this run saved no checkpoint into " \
+      <<<"$output" || fail "the unsaved last step is not said"
+    [ ! -e "$dir/latest" ] || fail "latest exists"
     ;;
   no_checkpoint)
     # A --resume that names no checkpoint is refused before the model is built and the run
