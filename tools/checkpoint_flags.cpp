@@ -37,6 +37,16 @@ void check_checkpoint_flags(const CheckpointFlags& f, const CLI::App& cmd) {
     throw not_one_of("--on-save-error", "stop or continue", f.on_save_error);
   if (f.resume == "latest" && f.save_dir.empty())
     throw UsageError("--resume latest needs --save-dir (the folder whose latest to resume)");
+  // A path that names no checkpoint is refused before the model is built and the run is
+  // described, as a missing input file is. Each process looks at its own path (a copy on its
+  // node's own disk); what the checkpoint holds is checked as the resume opens it.
+  if (!f.resume.empty()) {
+    try {
+      resolve_checkpoint_directory(f.resume == "latest" ? f.save_dir : f.resume);
+    } catch (const CheckpointError& e) {
+      throw UsageError(e.what());
+    }
+  }
   if (!f.save_dir.empty()) {
     refuse_kernel_file_system(f.save_dir,
                               "--save-dir folder '" + escaped_for_message(f.save_dir) + "'");

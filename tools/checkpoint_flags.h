@@ -28,7 +28,8 @@ struct CheckpointFlags {
 void add_checkpoint_flags(CLI::App* cmd, CheckpointFlags& flags);
 
 // The saving flags on their own, before any work: each of them means nothing without
-// --save-dir, and one given without it is refused rather than ignored (UsageError).
+// --save-dir, and one given without it is refused rather than ignored (UsageError); and a
+// --resume that names no checkpoint (UsageError).
 void check_checkpoint_flags(const CheckpointFlags& flags, const CLI::App& cmd);
 
 // Resumes (when asked) and makes the checkpointer (when saving, else null); checkpoint errors

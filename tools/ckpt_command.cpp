@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "engine/core/device_context.h"
+#include "engine/core/number_text.h"
 #include "engine/train/checkpoint.h"
 #include "engine/train/checkpoint_io.h"
 #include "engine/train/checkpoint_model.h"
@@ -158,10 +159,11 @@ void run_inspect(const CkptFlags& flags) {
               std::to_string(p.rank) + " (units [" + std::to_string(p.unit_begin) + ", " +
               std::to_string(p.unit_end) + "))";
   std::printf("  stages       %s\n", stages.c_str());
-  std::printf("  schedule     %s, %" PRId64 " micro-batches\n", s.schedule.c_str(), s.microbatches);
-  std::printf("  optimizer    %s, lr %g (min %g, warm-up %" PRId64 "), %" PRId64 " steps taken\n",
+  std::printf("  schedule     %s, %s\n", s.schedule.c_str(),
+              counted(s.microbatches, "micro-batch", "micro-batches").c_str());
+  std::printf("  optimizer    %s, lr %g (min %g, warm-up %" PRId64 "), %s taken\n",
               s.optimizer.kind.c_str(), s.optimizer.lr, s.optimizer.min_lr,
-              s.optimizer.warmup_steps, s.optimizer_steps);
+              s.optimizer.warmup_steps, counted(s.optimizer_steps, "step").c_str());
   std::printf("  lr schedule  step %" PRId64 " of %" PRId64 "\n", s.lr_schedule.step,
               s.lr_schedule.total_steps);
   std::printf("  data         %s, position %" PRIu64, s.data.source.c_str(), s.data.position);
@@ -209,8 +211,9 @@ void run_inspect(const CkptFlags& flags) {
     std::printf("pieces (elements of the flattened tensor):\n");
     print_table(piece_rows);
   }
-  std::printf("total: %zu tensors, %" PRIu64 " bytes of data, %zu shards of %" PRIu64 " bytes\n",
-              ckpt.tensors().size(), data_bytes, m.shards.size(), file_bytes);
+  std::printf("total: %s, %s of data, %s of %s\n", counted(ckpt.tensors().size(), "tensor").c_str(),
+              counted(data_bytes, "byte").c_str(), counted(m.shards.size(), "shard").c_str(),
+              counted(file_bytes, "byte").c_str());
 }
 
 void run_verify(const CkptFlags& flags) {
@@ -241,9 +244,11 @@ void run_verify(const CkptFlags& flags) {
         "format's rules and the shards only";
   }
   if (trainer) checked += "; a training run's checkpoint, with the rng.batch_tokens a resume needs";
-  std::printf("ok: %s, step %" PRId64 ": %zu tensors in %zu shards (%" PRIu64 " bytes), %s\n",
+  std::printf("ok: %s, step %" PRId64 ": %s in %s (%s), %s\n",
               escaped_for_message(ckpt.directory().native()).c_str(), ckpt.step(),
-              ckpt.tensors().size(), m.shards.size(), bytes, checked.c_str());
+              counted(ckpt.tensors().size(), "tensor").c_str(),
+              counted(m.shards.size(), "shard").c_str(), counted(bytes, "byte").c_str(),
+              checked.c_str());
 }
 
 // A tensor of random values on the CPU.
@@ -313,8 +318,8 @@ void run_demo(const CkptFlags& flags) {
   state.data = {"demo tokens", static_cast<uint64_t>(flags.step) * 1024};
   state.rng = {{"seed", flags.seed}};
   const CommitResult result = writer.commit(state);
-  std::printf("wrote %s (%d shards)\n", escaped_for_message(result.directory.native()).c_str(),
-              flags.ranks);
+  std::printf("wrote %s (%s)\n", escaped_for_message(result.directory.native()).c_str(),
+              counted(flags.ranks, "shard").c_str());
   for (const std::string& w : result.warnings)
     std::fprintf(stderr, "conveyor: warning: %s\n", w.c_str());
 }

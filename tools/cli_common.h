@@ -64,8 +64,9 @@ inline std::string exit_status_text(const std::string& failure) {
   return "Exit status: 0 ok, 1 " + failure +
          ", 2 bad input, 130/143/129/138 interrupted (SIGINT/SIGTERM/SIGHUP/SIGUSR1).";
 }
-inline const std::string kExitStatusText =
-    exit_status_text("training failed or diverged, or an output file could not be written");
+inline const std::string kExitStatusText = exit_status_text(
+    "training failed or diverged, a checkpoint could not be saved (under --on-save-error "
+    "continue: that of the run's last step), or an output file could not be written");
 
 // Thrown after a command has said everything it had to say, to end with `code` (an
 // interrupted run: kExitInterrupted + the signal).

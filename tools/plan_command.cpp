@@ -12,6 +12,7 @@
 #include <optional>
 #include <string>
 
+#include "engine/core/number_text.h"
 #include "tools/cli_common.h"
 #include "tools/cli_flags.h"
 #include "tools/commands.h"
@@ -156,8 +157,9 @@ void run_plan(const PlanFlags& f, const CLI::App& cmd) {
   }
   config.device = device;
   out->commit(plan_text(*best, config));
-  std::printf("plan   %s, %d micro-batches, partition written to %s\n", best->layout.c_str(),
-              best->microbatches, escaped_for_message(f.out).c_str());
+  std::printf("plan   %s, %s, partition written to %s\n", best->layout.c_str(),
+              counted(best->microbatches, "micro-batch", "micro-batches").c_str(),
+              escaped_for_message(f.out).c_str());
   const PlanCandidate& first = run.plan.candidates.front();
   if (!first.pipelined)
     std::printf(

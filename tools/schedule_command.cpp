@@ -235,9 +235,9 @@ void run_compare(const ScheduleOptions& o, const Costs& costs) {
   // The one-chunk rows decide whether there is a table; a row of several chunks past the
   // cells generated says so in its place.
   check_pm(o, 1);
-  std::printf("p=%d ranks, m=%d micro-batches, costs F=%s I=%s W=%s comm=%s", p, m,
-              fmt(costs.f).c_str(), fmt(costs.i).c_str(), fmt(costs.w).c_str(),
-              fmt(costs.comm).c_str());
+  std::printf("p=%d rank%s, m=%d micro-batch%s, costs F=%s I=%s W=%s comm=%s", p, p == 1 ? "" : "s",
+              m, m == 1 ? "" : "es", fmt(costs.f).c_str(), fmt(costs.i).c_str(),
+              fmt(costs.w).c_str(), fmt(costs.comm).c_str());
   if (o.dp > 1)
     std::printf(", %d replicas (each rank's gradients, %s bytes, all-reduced %s)", o.dp,
                 fmt(o.grad_bytes).c_str(), reduce_rate(o).c_str());
@@ -386,9 +386,10 @@ void run(const ScheduleOptions& o, const CLI::App& cmd) {
   }
   refuse_reduce_flags_without_replicas(cmd, schedule.replicas, o.load);
   const int p = schedule.num_ranks(), m = schedule.num_microbatches, v = schedule.placement.chunks;
-  std::printf("schedule %s: p=%d ranks, v=%d chunk%s per rank (%s), m=%d micro-batches\n",
-              schedule.name.empty() ? "(loaded)" : escaped_for_message(schedule.name).c_str(), p, v,
-              v == 1 ? "" : "s", sc::layout_name(schedule.placement.layout), m);
+  std::printf("schedule %s: p=%d rank%s, v=%d chunk%s per rank (%s), m=%d micro-batch%s\n",
+              schedule.name.empty() ? "(loaded)" : escaped_for_message(schedule.name).c_str(), p,
+              p == 1 ? "" : "s", v, v == 1 ? "" : "s", sc::layout_name(schedule.placement.layout),
+              m, m == 1 ? "" : "es");
   std::printf("costs: F=%s I=%s W=%s (B=I+W=%s) per rank%s, transfer=%s\n\n", fmt(costs.f).c_str(),
               fmt(costs.i).c_str(), fmt(costs.w).c_str(), fmt(costs.i + costs.w).c_str(),
               v > 1 ? ", each chunk 1/v of it" : "", fmt(costs.comm).c_str());

@@ -15,6 +15,7 @@
 
 #include "comm/launch_environment.h"
 #include "comm/mpi_transport.h"
+#include "engine/core/number_text.h"
 #include "engine/core/test_pause.h"
 #include "engine/pipeline/memory_estimate.h"
 #include "engine/pipeline/optimizer.h"
@@ -183,11 +184,10 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
   usage_errors_are_this_process_own();
   std::printf("model  %s\n", trainer->model().name.c_str());
   std::printf("data   %s\n", trainer->source().describe().c_str());
-  std::printf("device %s | %lld steps x %lld tokens in %lld micro-batches | %s lr %s\n",
-              device.to_string().c_str(), static_cast<long long>(config.steps),
-              static_cast<long long>(config.batch_tokens),
-              static_cast<long long>(config.microbatches), config.optimizer.kind.c_str(),
-              format_number(config.optimizer.lr).c_str());
+  std::printf("device %s | %s x %s in %s | %s lr %s\n", device.to_string().c_str(),
+              counted(config.steps, "step").c_str(), counted(config.batch_tokens, "token").c_str(),
+              counted(config.microbatches, "micro-batch", "micro-batches").c_str(),
+              config.optimizer.kind.c_str(), format_number(config.optimizer.lr).c_str());
   print_pipeline(*trainer);
   if (config.recompute.any())
     std::printf("recompute %s (forward re-run in the backward)\n",
@@ -417,7 +417,10 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
     std::printf("weights xxh3 %016llx\n", static_cast<unsigned long long>(checksum));
   }
   std::fflush(stdout);
-  if (signal != 0) throw ExitRequest(kExitInterrupted + signal);
+  // 128 + the signal tells a script that the run stopped with its last step saved, for
+  // --resume latest to go on from; a run whose last step is not saved ends with 1 instead,
+  // interrupted or not, so that its lost result is not taken for a clean stop.
+  if (signal != 0) throw ExitRequest(last_step_unsaved ? kExitFailure : kExitInterrupted + signal);
   pause_if_asked_at("end");
   mpi.meet_at_the_end();
   if (last_step_unsaved) throw ExitRequest(kExitFailure);

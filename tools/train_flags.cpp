@@ -12,6 +12,7 @@
 #include "comm/launch_environment.h"
 #include "comm/mpi_transport.h"
 #include "comm/transport_factory.h"
+#include "engine/core/number_text.h"
 #include "engine/core/version.h"
 #include "engine/pipeline/partition.h"
 #include "engine/schedule/generators.h"
@@ -159,7 +160,7 @@ TrainConfig resolve_config(TrainFlags& f, const CLI::App& cmd) {
       // Said of the file: a --microbatches the user never typed cannot be the one to change.
       if (config.batch_tokens % config.microbatches != 0)
         throw UsageError("schedule file " + quoted_file_name(config.schedule_file) + " has " +
-                         std::to_string(loaded.num_microbatches) + " micro-batches" +
+                         counted(loaded.num_microbatches, "micro-batch", "micro-batches") +
                          (config.data_parallel > 1
                               ? " per replica, " + std::to_string(config.microbatches) +
                                     " over --dp " + std::to_string(config.data_parallel)
@@ -259,22 +260,21 @@ void check_block_counts(const TrainConfig& config, const std::string& stages_fro
                                : config.chunks;
   const int64_t stages = int64_t{config.stages} * per_rank;
   if (static_cast<int64_t>(counts.size()) != stages)
-    throw UsageError(given + " has " + std::to_string(counts.size()) +
-                     " block counts, but the pipeline of " + stages_from + " has " +
-                     std::to_string(stages) + (stages == 1 ? " stage" : " stages") +
+    throw UsageError(given + " has " + counted(counts.size(), "block count") +
+                     ", but the pipeline of " + stages_from + " has " + counted(stages, "stage") +
                      "; give one count per stage");
   const int64_t blocks = config.model.n_layers;
-  const std::string model = "the model has " + std::to_string(blocks) + " blocks (--layers " +
-                            std::to_string(blocks) + ")";
+  const std::string model =
+      "the model has " + counted(blocks, "block") + " (--layers " + std::to_string(blocks) + ")";
   // Each count at most the model's blocks first, so that their sum cannot overflow.
   for (size_t s = 0; s < counts.size(); ++s)
     if (counts[s] > blocks)
       throw UsageError(given + " gives stage " + std::to_string(s) + " " +
-                       std::to_string(counts[s]) + " blocks, but " + model +
+                       counted(counts[s], "block") + ", but " + model +
                        "; the counts must add up to --layers");
   const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
   if (total != blocks)
-    throw UsageError(given + " places " + std::to_string(total) + " blocks, but " + model +
+    throw UsageError(given + " places " + counted(total, "block") + ", but " + model +
                      "; the counts must add up to --layers");
   // What else the partitioner refuses (an empty middle stage) speaks of the counts alone.
   try {
@@ -422,14 +422,15 @@ void apply_planning(const TrainFlags& f, const CLI::App& cmd, const MpiSession& 
     take_planned_layout(config, share);
     if (replicas > 1)
       std::printf(
-          "plan   %s, %lld micro-batches of each replica's %lld tokens (--microbatches %lld "
+          "plan   %s, %s of each replica's %lld tokens (--microbatches %lld "
           "over --dp %lld), predicted step %.3f ms\n",
-          best.layout.c_str(), static_cast<long long>(share.microbatches),
+          best.layout.c_str(), counted(share.microbatches, "micro-batch", "micro-batches").c_str(),
           static_cast<long long>(share.batch_tokens), static_cast<long long>(config.microbatches),
           static_cast<long long>(replicas), best.step_seconds * 1e3);
     else
-      std::printf("plan   %s, %lld micro-batches, predicted step %.3f ms\n", best.layout.c_str(),
-                  static_cast<long long>(config.microbatches), best.step_seconds * 1e3);
+      std::printf("plan   %s, %s, predicted step %.3f ms\n", best.layout.c_str(),
+                  counted(config.microbatches, "micro-batch", "micro-batches").c_str(),
+                  best.step_seconds * 1e3);
   } else {
     check_block_counts(config, stages_from_flags(config));
     return;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "comm/transport_factory.h"
+#include "engine/core/number_text.h"
 #include "engine/pipeline/memory_estimate.h"
 #include "engine/schedule/chrome_trace.h"
 #include "engine/schedule/measured_timing.h"
@@ -67,12 +68,13 @@ void print_data_parallel(Trainer& trainer) {
                                           " of every parameter (--shard-optimizer)"
                                     : "";
   std::printf(
-      "data   %d replicas x %d pipeline ranks = %d ranks (rank r: pipeline rank r mod %d of "
-      "replica r div %d), %d micro-batches each, gradients %s per stage over the replicas "
+      "data   %d replicas x %s = %d ranks (rank r: pipeline rank r mod %d of "
+      "replica r div %d), %s each, gradients %s per stage over the replicas "
       "in %s bucket(s)%s\n",
-      sched.replicas, sched.num_ranks(), sched.replicas * sched.num_ranks(), sched.num_ranks(),
-      sched.num_ranks(), sched.num_microbatches, sharded ? "reduce-scattered" : "summed",
-      buckets.c_str(), state.c_str());
+      sched.replicas, counted(sched.num_ranks(), "pipeline rank").c_str(),
+      sched.replicas * sched.num_ranks(), sched.num_ranks(), sched.num_ranks(),
+      counted(sched.num_microbatches, "micro-batch", "micro-batches").c_str(),
+      sharded ? "reduce-scattered" : "summed", buckets.c_str(), state.c_str());
 }
 
 namespace {
@@ -180,8 +182,8 @@ void print_summary(Trainer& trainer, const TrainConfig& config, const RunTotals&
                 signal_name(signal),
                 logging_steps ? " the log holds every finished step"
                               : " the step in progress finished first");
-  std::printf("done   %lld steps, %.0f tokens in %.1f s (%s tok/s), allocator peak %s\n",
-              static_cast<long long>(t.steps), tokens, t.seconds,
+  std::printf("done   %s, %.0f tokens in %.1f s (%s tok/s), allocator peak %s\n",
+              counted(static_cast<long long>(t.steps), "step").c_str(), tokens, t.seconds,
               human_rate(t.seconds > 0 ? tokens / t.seconds : 0.0).c_str(),
               bytes_text(static_cast<double>(t.peak)).c_str());
   if (t.steps == 0) return;
@@ -189,7 +191,8 @@ void print_summary(Trainer& trainer, const TrainConfig& config, const RunTotals&
   double tail_loss = 0.0;
   for (size_t i = t.losses.size() - tail; i < t.losses.size(); ++i)
     tail_loss += t.losses[i] / static_cast<double>(tail);
-  std::printf("loss   final %.4f, mean of last %zu steps %.4f", t.last_loss, tail, tail_loss);
+  std::printf("loss   final %.4f, mean of last %s %.4f", t.last_loss, counted(tail, "step").c_str(),
+              tail_loss);
   if (const auto entropy = trainer.source().entropy())
     std::printf(" | source entropy %.4f, gap %+.1f%%", *entropy,
                 100.0 * (tail_loss - *entropy) / *entropy);

@@ -11,6 +11,7 @@
 #include <string>
 #include <utility>
 
+#include "engine/core/number_text.h"
 #include "engine/pipeline/rank_step.h"
 #include "engine/schedule/validator.h"
 
@@ -269,7 +270,7 @@ PipelineStepResult PipelineExecutor::run_step(const std::vector<MicroBatchData>&
                                 " must be finite, got " + std::to_string(loss_scale));
   const int m = schedule_.num_microbatches * schedule_.replicas;
   if (static_cast<int>(microbatches.size()) != m)
-    throw std::invalid_argument("the schedule has " + std::to_string(m) + " micro-batches" +
+    throw std::invalid_argument("the schedule has " + counted(m, "micro-batch", "micro-batches") +
                                 (schedule_.replicas > 1
                                      ? " (" + std::to_string(schedule_.num_microbatches) +
                                            " for each of " + std::to_string(schedule_.replicas) +

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "engine/core/enum_value.h"
+#include "engine/core/number_text.h"
 
 namespace conveyor {
 namespace {
@@ -26,7 +27,7 @@ void check_counts(const ModelDescription& model, int num_stages,
   const int64_t blocks = num_blocks(model);
   if (static_cast<int>(counts.size()) != num_stages)
     throw std::invalid_argument("partition " + join(counts) + " has " +
-                                std::to_string(counts.size()) + " stages, the pipeline has " +
+                                counted(counts.size(), "stage") + ", the pipeline has " +
                                 std::to_string(num_stages));
   for (int64_t c : counts)
     if (c < 0)
@@ -36,12 +37,12 @@ void check_counts(const ModelDescription& model, int num_stages,
   for (size_t s = 0; s < counts.size(); ++s)
     if (counts[s] > blocks)
       throw std::invalid_argument("partition " + join(counts) + " gives stage " +
-                                  std::to_string(s) + " " + std::to_string(counts[s]) +
-                                  " blocks, the model has " + std::to_string(blocks));
+                                  std::to_string(s) + " " + counted(counts[s], "block") +
+                                  ", the model has " + std::to_string(blocks));
   const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
   if (total != blocks)
-    throw std::invalid_argument("partition " + join(counts) + " places " + std::to_string(total) +
-                                " blocks, the model has " + std::to_string(blocks));
+    throw std::invalid_argument("partition " + join(counts) + " places " + counted(total, "block") +
+                                ", the model has " + std::to_string(blocks));
   for (int s = 1; s + 1 < num_stages; ++s)
     if (counts[s] == 0)
       throw std::invalid_argument("partition " + join(counts) + " leaves stage " +
@@ -112,8 +113,8 @@ std::vector<int64_t> partition_blocks(const ModelDescription& model, int num_sta
   const int64_t blocks = num_blocks(model);
   const int64_t max_stages = model.num_units;
   if (num_stages > max_stages)
-    throw std::invalid_argument("cannot cut a model of " + std::to_string(blocks) +
-                                " blocks into " + std::to_string(num_stages) + " stages: at most " +
+    throw std::invalid_argument("cannot cut a model of " + counted(blocks, "block") + " into " +
+                                std::to_string(num_stages) + " stages: at most " +
                                 std::to_string(max_stages) +
                                 " (first unit + blocks + last unit, one unit each)");
   // A kind made by a cast would match no case below and read as a partition of no stages.

@@ -130,7 +130,7 @@ PlanCandidate data_parallel(const UnitCosts& costs, const PlanOptions& options,
     c.rejected = "a replica does not fit the cap of " + bytes_text(options.memory_cap) +
                  " per rank: it needs at least " + bytes_text(least) + " (the model's state " +
                  bytes_text(state) + ", and the step's token ids, losses and activations in " +
-                 std::to_string(least_at) + " micro-batches of its " +
+                 counted(least_at, "micro-batch", "micro-batches") + " of its " +
                  std::to_string(replica_tokens) + " tokens)";
     c.peak_bytes = std::vector<double>(p, least);
     return c;

@@ -92,6 +92,14 @@ fs::path resolve_checkpoint_directory(const fs::path& path) {
                               "folder to load the newest complete checkpoint");
   if (fs::exists(p / kManifestName, ec)) return p;
   if (fs::exists(p / kLatestName, ec)) return resolve_checkpoint_directory(p / kLatestName);
+  // DIR/latest of a save folder is a file; a folder by that name holding nothing a checkpoint
+  // would is in its way.
+  if (name == kLatestName)
+    throw NotACheckpointError(shown_path(p) +
+                              " is a folder, where a file naming the newest checkpoint of " +
+                              shown_path(p.has_parent_path() ? p.parent_path() : fs::path(".")) +
+                              " is expected; remove or rename the folder, or give one of the "
+                              "step_<N> folders");
   throw NotACheckpointError(shown_path(p) + " holds no checkpoint: it has neither a '" +
                             kLatestName + "' file nor a " + kManifestName +
                             "; give a folder that checkpoints were saved into, or one of its "

@@ -171,7 +171,7 @@ void check_data_parallel(const TrainConfig& c) {
         std::to_string(c.data_parallel));
   if (c.microbatches % c.data_parallel != 0)
     throw std::invalid_argument(
-        std::to_string(c.microbatches) + " micro-batches cannot be shared equally by " +
+        counted(c.microbatches, "micro-batch", "micro-batches") + " cannot be shared equally by " +
         std::to_string(c.data_parallel) +
         " data-parallel replicas; use a micro-batch count that is a multiple of " +
         std::to_string(c.data_parallel));
@@ -286,7 +286,7 @@ schedule::Schedule make_schedule(const TrainConfig& config) {
   if (loaded.num_microbatches != m)
     throw std::invalid_argument(
         "schedule file " + quoted_file_name(config.schedule_file) + " has " +
-        std::to_string(loaded.num_microbatches) + " micro-batches but the run uses " +
+        counted(loaded.num_microbatches, "micro-batch", "micro-batches") + " but the run uses " +
         std::to_string(m) +
         (d > 1 ? " per replica (TrainConfig::microbatches " + std::to_string(config.microbatches) +
                      " over TrainConfig::data_parallel " + std::to_string(d) + ")"

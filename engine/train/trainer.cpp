@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "comm/transport_factory.h"
+#include "engine/core/number_text.h"
 #include "layers/ops.h"
 #ifdef CONVEYOR_WITH_CUDA
 #include "engine/core/cuda_device_guard.h"
@@ -342,8 +343,8 @@ void Trainer::resume_at(int64_t steps_done) {
   check_not_busy("resume_at()");
   if (steps_done < 0 || steps_done > config_.steps)
     throw std::invalid_argument("cannot resume at step " + std::to_string(steps_done) +
-                                ": the run has " + std::to_string(config_.steps) +
-                                " steps; raise TrainConfig::steps to train past the checkpoint");
+                                ": the run has " + counted(config_.steps, "step") +
+                                "; raise TrainConfig::steps to train past the checkpoint");
   steps_done_ = steps_done;
 }
 

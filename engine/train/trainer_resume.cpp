@@ -8,6 +8,8 @@
 #include <utility>
 #include <vector>
 
+#include "engine/core/number_text.h"
+#include "engine/core/test_pause.h"
 #include "engine/train/checkpoint_io.h"
 #include "engine/train/checkpoint_model.h"
 #include "engine/train/process_agreement.h"
@@ -19,6 +21,15 @@ namespace fs = std::filesystem;
 namespace {
 
 using detail::agree_across_processes;
+using detail::sum_over_processes_for;
+
+// Failure tests only: with CONVEYOR_TEST_PAUSE_IN_RESUME=<point> a process stops for good
+// before the exchange of that part of a resume ("compare": the checkpoints the processes
+// opened; "paths": the paths of checkpoints that differ; "count": the tensors they load),
+// so that a test sees the others give up at their deadline, saying which exchange it was.
+void pause_in_resume_if_asked(const char* point) {
+  pause_if_asked("CONVEYOR_TEST_PAUSE_IN_RESUME", point, "in resume at");
+}
 
 // "d_model: 64 in the checkpoint, 32 in this run; ..." over the fields that differ.
 std::string model_differences(const nlohmann::json& saved, const nlohmann::json& ours,
@@ -57,7 +68,10 @@ std::vector<std::string> paths_by_rank(PipelineExecutor& executor, const std::st
   for (int rank : executor.local_ranks())
     for (size_t i = 0; i < own.size(); ++i)
       bytes[static_cast<size_t>(rank) * width + i] = static_cast<unsigned char>(own[i]);
-  executor.sum_over_processes(bytes);
+  pause_in_resume_if_asked("paths");
+  sum_over_processes_for(executor, bytes,
+                         ", in which the processes gather the paths of the checkpoints they "
+                         "opened to resume from, which differ");
   std::vector<std::string> paths(lengths.size());
   for (size_t r = 0; r < lengths.size(); ++r)
     for (size_t i = 0; i < lengths[r]; ++i)
@@ -85,7 +99,10 @@ void check_one_checkpoint_in_every_process(PipelineExecutor& executor, const Che
     put_u64_in_doubles(manifest_checksum(checkpoint.manifest()), slot + 1);
     slot[3] = static_cast<double>(path.native().size());
   }
-  executor.sum_over_processes(table);
+  pause_in_resume_if_asked("compare");
+  sum_over_processes_for(executor, table,
+                         ", in which the processes compare the checkpoints they opened to "
+                         "resume from (their steps and manifest checksums)");
   auto step_of = [&](int rank) { return table[static_cast<size_t>(rank) * kSlots]; };
   auto checksum_of = [&](int rank) {
     return u64_from_doubles(&table[static_cast<size_t>(rank) * kSlots + 1]);
@@ -162,8 +179,8 @@ void check_resumable(Trainer& trainer, const Checkpoint& checkpoint) {
                           "; resume with TrainConfig::batch_tokens " + rng["batch_tokens"].dump());
   if (saved.step > trainer.config().steps)
     throw CheckpointError(manifest + " is of step " + std::to_string(saved.step) +
-                          " but this run has only " + std::to_string(trainer.config().steps) +
-                          " steps; raise TrainConfig::steps to train past the checkpoint");
+                          " but this run has only " + counted(trainer.config().steps, "step") +
+                          "; raise TrainConfig::steps to train past the checkpoint");
   PipelineExecutor& executor = trainer.executor();
   if (executor.holds_all_ranks())
     checkpoint.check_tensors(checkpoint_tensor_specs(executor));
@@ -176,7 +193,10 @@ void check_resumable(Trainer& trainer, const Checkpoint& checkpoint) {
 void check_tensor_count(PipelineExecutor& executor, const Checkpoint& checkpoint) {
   if (executor.holds_all_ranks()) return;
   std::vector<double> count = {static_cast<double>(checkpoint_tensor_specs(executor).size())};
-  executor.sum_over_processes(count);
+  pause_in_resume_if_asked("count");
+  sum_over_processes_for(executor, count,
+                         ", in which the processes add up the tensors they load from the "
+                         "checkpoint, to compare with the count it holds");
   if (count[0] != static_cast<double>(checkpoint.tensors().size()))
     throw CheckpointError(checkpoint_io::shown_path(checkpoint.directory()) + " holds " +
                           std::to_string(checkpoint.tensors().size()) + " tensors but the model " +
@@ -207,7 +227,7 @@ std::vector<std::string> resume_setting_changes(const Trainer& trainer,
   compare("TrainConfig::optimizer.eps", o.eps, config.optimizer.eps);
   compare("TrainConfig::optimizer.momentum", o.momentum, config.optimizer.momentum);
   compare("TrainConfig::steps", saved.lr_schedule.total_steps, config.steps,
-          " (the learning-rate schedule now spans " + std::to_string(config.steps) + " steps)");
+          " (the learning-rate schedule now spans " + counted(config.steps, "step") + ")");
   compare("TrainConfig::microbatches", saved.microbatches, config.microbatches,
           " (the gradients are summed in another order, so the run departs from an "
           "uninterrupted one by rounding)");

@@ -56,6 +56,12 @@ case $case_name in
   verify_ok)
     expect 0 "ok: .*step_2, step 2: 16 tensors in 2 shards .* every checksum matches \(tensors, shard files, training state, manifest\)$" \
       "$conveyor" ckpt verify "$dir"
+    # One shard is said in the singular, by each command that counts them.
+    expect 0 "wrote .*step_2 \(1 shard\)$" "$conveyor" ckpt demo "$work/one" --step 2 --ranks 1
+    expect 0 "ok: .*step_2, step 2: [0-9]+ tensors in 1 shard \([0-9]+ bytes\), " \
+      "$conveyor" ckpt verify "$work/one"
+    expect 0 "^total: [0-9]+ tensors, [0-9]+ bytes of data, 1 shard of [0-9]+ bytes$" \
+      "$conveyor" ckpt inspect "$work/one"
     ;;
   verify_bitflip)
     # The last bytes of rank 1's data are its i32 tensor.

@@ -24,12 +24,18 @@
 #                                       "every shard written?", or rank 0 committing: the other
 #                                       gives up at its deadline, naming the save's exchange it
 #                                       waited in
+#   mpi_checkpoint.sh CONVEYOR resume_stop
+#                                       so for a rank that stops for good in the resume's
+#                                       exchanges: the checkpoints compared, their paths
+#                                       gathered, the tensors counted
 #   mpi_checkpoint.sh CONVEYOR copies   each process resumes from its own copy at one path (what
 #                                       each node's own disk looks like): copies of one
 #                                       checkpoint resume as the shared folder does, bit for
 #                                       bit; a copy of another run's checkpoint at the same step,
 #                                       or of another step, is refused once, naming both;
 #                                       two steps at two paths are refused naming each path
+#   mpi_checkpoint.sh CONVEYOR absent   rank 1's own --resume path names nothing: refused before
+#                                       the model is built or the run described
 #   mpi_checkpoint.sh CONVEYOR corrupt  a byte of rank 1's shard flipped: under -np 2 only
 #                                       rank 1's process reads (and names) that tensor, rank 0
 #                                       names rank 1; one process checks every byte itself
@@ -179,6 +185,35 @@ case $mode in
       echo "rank $rank paused at $point: $(grep 'conveyor: error' "$work/out")"
     done
     ;;
+  resume_stop)
+    # The same for a rank that stops for good inside a resume, in each of its exchanges: the
+    # checkpoints compared, their paths gathered (two steps at two paths differ), the tensors
+    # counted. Each case: the rank paused, where, each rank's step to resume, what the other's
+    # error says it waited in.
+    run saved -- --stages 2 --stop-after 2 --save-dir "$work/ckpt" --save-every 1 --transport inproc
+    cases=(
+      "1|compare|2 2|the processes compare the checkpoints they opened to resume from (their steps and manifest checksums)"
+      "0|compare|2 2|the processes compare the checkpoints they opened to resume from (their steps and manifest checksums)"
+      "1|paths|2 1|the processes gather the paths of the checkpoints they opened to resume from, which differ"
+      "1|count|2 2|the processes add up the tensors they load from the checkpoint, to compare with the count it holds"
+    )
+    for case in "${cases[@]}"; do
+      IFS='|' read -r rank point steps what <<<"$case"
+      start=$(date +%s)
+      timeout 60 "${mpirun[@]}" -np 2 bash -c \
+        'steps=($1); if [ "$OMPI_COMM_WORLD_RANK" = '"$rank"' ]; then export CONVEYOR_TEST_PAUSE_IN_RESUME='"$point"'; fi
+         exec "${@:2}" --resume "$0/step_${steps[$OMPI_COMM_WORLD_RANK]}"' "$work/ckpt" "$steps" \
+        "$cli" train --device cpu --layers 4 --microbatches 4 --batch-tokens 512 --quiet --steps 4 \
+        --stages 2 --seed 7 --timeout 3 >"$work/out" 2>&1
+      status=$? took=$(( $(date +%s) - start ))
+      [ "$status" -ne 0 ] && [ "$status" -ne 124 ] || fail "rank $rank paused at $point: status $status: $(cat "$work/out")"
+      [ "$took" -le 30 ] || fail "rank $rank paused at $point: took ${took}s"
+      grep -q "paused in resume at $point" "$work/out" || fail "rank $rank did not reach $point: $(cat "$work/out")"
+      grep -Fq "rank $((1 - rank)): the all-reduce waited 3000 ms for rank(s) $rank (did rank $rank stop?), in which $what" \
+        "$work/out" || fail "rank $((1 - rank)) does not say what it waited in: $(cat "$work/out")"
+      echo "rank $rank paused in resume at $point: $(grep 'conveyor: error' "$work/out")"
+    done
+    ;;
   copies)
     run full "${mpirun[@]}" -np 2 -- --stages 2
     run saved "${mpirun[@]}" -np 2 -- --stages 2 --stop-after 2 --save-dir "$work/ckpt" --save-every 1
@@ -245,6 +280,22 @@ case $mode in
     grep -q "rank_1.safetensors': checksum mismatch in tensor '" "$work/one.out" ||
       fail "one process does not name the corrupt tensor: $(cat "$work/one.out")"
     echo "a corrupt tensor of rank 1: named by rank 1's process alone under mpirun (rank 0 names rank 1, ${took}s), and by one process"
+    grep "conveyor: error" "$work/out"
+    ;;
+  absent)
+    # Rank 1's own --resume names nothing (no copy on its node): it refuses before any process
+    # builds its model or describes the run, naming its path.
+    run saved -- --stages 2 --stop-after 2 --save-dir "$work/ckpt" --transport inproc
+    rm -rf "$work/rank0" "$work/rank1" && mkdir "$work/rank0" "$work/rank1"
+    cp -a "$work/ckpt" "$work/rank0/ckpt"
+    timeout 60 "${mpirun[@]}" -np 2 bash -c 'cd "$0/rank$OMPI_COMM_WORLD_RANK" && exec "$@"' "$work" \
+      "$cli" "${common[@]}" --steps 4 --stages 2 --resume ckpt >"$work/out" 2>&1
+    status=$?
+    [ "$status" = 2 ] || fail "status $status: $(cat "$work/out")"
+    grep -q "^conveyor: error: no checkpoint at 'ckpt': it does not exist; give DIR, DIR/latest or DIR/step_<N>$" \
+      "$work/out" || fail "rank 1 does not name its path: $(cat "$work/out")"
+    grep -q "^model " "$work/out" && fail "the run was described before the refusal: $(cat "$work/out")"
+    echo "rank 1's absent --resume: refused before the run was described"
     grep "conveyor: error" "$work/out"
     ;;
   *) fail "unknown mode $mode" ;;

@@ -5,7 +5,7 @@
 # previous checkpoint loadable and `latest` naming it, and the resumed run saves that step
 # again; a checkpoint of another model is refused with exit 2 naming the difference; the same
 # command run again into the folder of its saves is refused before it trains, not at its
-# first save.
+# first save; a run whose last step is not saved exits 1, interrupted or not.
 # Usage: resume_cli.sh CONVEYOR WORKDIR CASE
 set -u
 conveyor=$1
@@ -272,6 +272,12 @@ case $case_name in
     output=$("$conveyor" train "${common[@]}" "${model[@]}" --stop-after 4 --resume "$dir" 2>&1)
     grep -q "^conveyor: error: nothing to train: the run is at step 6 and stops at step 4 (--stop-after); raise --stop-after$" \
       <<<"$output" || fail "the refusal does not name --stop-after as the limit to raise: $output"
+    # A --steps below the checkpoint's step is refused by the resume; one step is one step.
+    one_step=("${common[@]}")
+    one_step[3]=1  # the value of --steps
+    output=$("$conveyor" train "${one_step[@]}" "${model[@]}" --resume "$dir" 2>&1)
+    grep -q "^conveyor: error: .*manifest.json' is of step 6 but this run has only 1 step; raise --steps to train past the checkpoint$" \
+      <<<"$output" || fail "the refusal of --steps 1 does not say it: $output"
     ;;
   rerun_after_keep)
     # --keep 1 leaves only step_6; another run into the folder would save step 2, moving
@@ -332,6 +338,52 @@ case $case_name in
         <<<"$output" || fail "'$async': the unsaved last step is not said"
       ! grep -q "^saved " <<<"$output" || fail "'$async': a failed save is said to be saved"
       [ ! -e "$dir$async/latest" ] || fail "'$async': latest exists"
+    done
+    ;;
+  save_fails_interrupted)
+    # So for a run interrupted (SIGINT) under --on-save-error continue whose closing save of
+    # its last step fails: it says so and exits 1, not 130, which would say the step was saved
+    # for --resume. Its output goes through a FIFO, which the file size limit does not cut.
+    mkfifo "$work/out.fifo"
+    cat "$work/out.fifo" >"$work/out" &
+    reader=$!
+    bash -c 'trap "" XFSZ; ulimit -f 4; exec "$@"' _ "$conveyor" train --device cpu \
+      --steps 1000000 --batch-tokens 512 --microbatches 4 --vocab 32 "${model[@]}" --log-every 1 \
+      --save-dir "$dir" --on-save-error continue >"$work/out.fifo" 2>&1 &
+    pid=$!
+    for _ in $(seq 600); do
+      [ "$(grep -c "^step " "$work/out")" -ge 3 ] && break
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 0.1
+    done
+    kill -INT "$pid"
+    wait "$pid"
+    status=$?
+    wait "$reader"
+    output=$(cat "$work/out")
+    echo "$output"
+    [ "$status" -eq 1 ] || fail "exit status $status, expected 1"
+    step=$(sed -n 's/^interrupted at step \([0-9]*\) .*/\1/p' <<<"$output")
+    [ -n "$step" ] || fail "the run was not interrupted"
+    grep -q "^not saved: step $step, the run's last (see the warning); this run saved no checkpoint into " \
+      <<<"$output" || fail "the unsaved last step is not said"
+    [ ! -e "$dir/latest" ] || fail "latest exists"
+    ;;
+  no_checkpoint)
+    # A --resume that names no checkpoint is refused before the model is built and the run
+    # described: the refusal is all the run prints. A folder in the place of `latest` is said
+    # as such.
+    mkdir -p "$work/in_the_way/latest"
+    for given in "absent|$work/absent|no checkpoint at '$work/absent': it does not exist; give DIR, DIR/latest or DIR/step_<N>" \
+      "latest folder|latest --save-dir $work/in_the_way|'$work/in_the_way/latest' is a folder, where a file naming the newest checkpoint of '$work/in_the_way' is expected; remove or rename the folder, or give one of the step_<N> folders"; do
+      IFS='|' read -r what flags message <<<"$given"
+      # shellcheck disable=SC2086 # $flags: the path, or latest and --save-dir DIR
+      output=$(timeout 60 "$conveyor" train "${common[@]}" "${model[@]}" --resume $flags 2>&1)
+      status=$?
+      echo "$output"
+      [ "$status" -eq 2 ] || fail "$what: exit status $status, expected 2"
+      [ "$output" = "conveyor: error: $message" ] ||
+        fail "$what: expected the refusal alone, got: $output"
     done
     ;;
   *) fail "unknown case" ;;

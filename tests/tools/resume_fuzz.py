@@ -67,7 +67,7 @@ REL_TOL = 1e-4
 # Refusals of layouts that docs/cli.md says the command line does not take.
 EXPECTED_REFUSALS = [
     r"the pipeline has \d+ stages \(\d+ ranks x \d+ chunks of \w+\) but the model has \d+ units",
-    r"cannot cut a model of \d+ blocks into \d+ stages",
+    r"cannot cut a model of \d+ blocks? into \d+ stages",
     r"interleaved 1F1B needs the micro-batch count to be a multiple of p=\d+",
 ]
 

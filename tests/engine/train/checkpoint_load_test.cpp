@@ -26,6 +26,13 @@ TEST_F(CheckpointLoad, NothingThere) {
   EXPECT_CHECKPOINT_ERROR(open_checkpoint(dir_ / "nope"), "nope", "does not exist");
   fs::create_directory(dir_ / "empty");
   EXPECT_CHECKPOINT_ERROR(open_checkpoint(dir_ / "empty"), "empty", "holds no checkpoint");
+  // A folder where the file `latest` belongs is said as such, whichever of the two is given.
+  fs::create_directories(dir_ / "saves" / "latest");
+  for (const fs::path& given : {dir_ / "saves", dir_ / "saves" / "latest"})
+    EXPECT_CHECKPOINT_ERROR(open_checkpoint(given),
+                            "saves/latest' is a folder, where a file "
+                            "naming the newest checkpoint of '" +
+                                (dir_ / "saves").string() + "' is expected");
 }
 
 // A folder name may hold a line break; every message names it escaped, on one line.
