@@ -175,6 +175,15 @@ TrainConfig resolve_config(TrainFlags& f, const CLI::App& cmd) {
   // Byte-level tokens of a file need 256 ids unless --vocab says otherwise.
   if (!cmd.count("--vocab") && !config.data_path.empty() && config.model.vocab < 256)
     config.model.vocab = 256;
+  // Said with the flag the user typed; the source's own check names its field.
+  if (config.data_path.empty() && config.model.vocab > MarkovSource::kMaxVocab)
+    throw UsageError("--vocab " + std::to_string(config.model.vocab) +
+                     " is more than the Markov chain (the data without --data) takes, " +
+                     std::to_string(MarkovSource::kMaxVocab) +
+                     " (its set-up grows with the vocab and takes seconds at the top); give "
+                     "--vocab " +
+                     std::to_string(MarkovSource::kMaxVocab) +
+                     " or less, or train on a file's bytes (--data FILE)");
   // Said with the flags' names here; the optimizer's and the transport's own checks name
   // their fields (min_lr, "transport timeout"), not what the user typed.
   OptimizerConfig& opt = config.optimizer;
