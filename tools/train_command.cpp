@@ -196,7 +196,6 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
   const int64_t stop_after = f.checkpoint.stop_after;
   const bool stops_early = stop_after > 0 && stop_after < config.steps;
   const int64_t last_step_to_run = stops_early ? stop_after : config.steps;
-  const char* const limit = stops_early ? "--stop-after" : "--steps";
   try {
     check_eval_fits(*trainer, config, f.eval_batches);
   } catch (const UsageError& e) {  // from the agreed flags and --data contents: alike everywhere
@@ -208,6 +207,7 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
   const int64_t first_step = trainer->steps_done() + 1;
   // A resumed run at or past its end: only the limit that ends it can be raised, and the
   // refusal is the one line printed.
+  const char* const limit = stops_early ? "--stop-after" : "--steps";
   if (last_step_to_run < first_step)
     refuse_on_every_rank(mpi, "nothing to train: the run is at step " +
                                   std::to_string(first_step - 1) + " and stops at step " +
@@ -258,6 +258,17 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
   int64_t announced_save = -1;
   std::optional<double> last_step_save_held;
   const int64_t eval_tokens = f.eval_batches * config.batch_tokens;
+  // An evaluation with the weights trained so far, drawn in the trace and written to
+  // --log-json; EvaluationStopped when a signal ends it.
+  auto evaluate_and_record = [&](bool announce) {
+    const auto begin = RunTrace::Clock::now();
+    const double loss =
+        evaluate_held_out(*trainer, *held_out, f.eval_batches, announce, mpi.active());
+    run_trace.add_evaluation(trainer->steps_done(), begin, RunTrace::Clock::now());
+    if (json_log)
+      json_log->write(eval_record(loss, trainer->steps_done(), f.eval_batches, eval_tokens));
+    return loss;
+  };
   // The estimate of the time left counts the loop's wall time: saves and evaluations too.
   const auto loop_begin = RunTrace::Clock::now();
   for (int64_t s = first_step; s <= last_step_to_run; ++s) {
@@ -333,20 +344,17 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
     }
     last_step = std::move(st.pipeline);
     if (signal != 0) break;
-    // After every --eval-every steps, on the batches an evaluation ending the run here would
-    // take; the last step's is the run's closing one below. A signal during it ends the run
-    // as one during a step does, after the step it follows (and its save).
+    // After every --eval-every steps, on the run's held-out batches; the last step's is the
+    // run's closing one below. A signal during it ends the run as one during a step does,
+    // after the step it follows (and its save).
     if (evaluates) {
-      const auto eval_begin = RunTrace::Clock::now();
       double loss;
       try {
-        loss = evaluate_held_out(*trainer, *held_out, f.eval_batches, false, mpi.active());
+        loss = evaluate_and_record(false);
       } catch (const EvaluationStopped& e) {
         signal = e.signal();
         break;
       }
-      run_trace.add_evaluation(s, eval_begin, RunTrace::Clock::now());
-      if (json_log) json_log->write(eval_record(loss, s, f.eval_batches, eval_tokens));
       if (!f.quiet) {
         std::printf("eval   step %lld: loss %.6f over %lld held-out batch(es), exactly %a\n",
                     static_cast<long long>(s), loss, static_cast<long long>(f.eval_batches), loss);
@@ -381,15 +389,11 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
   // groups of batches, as the steps end after the one in progress).
   std::optional<double> eval_loss;
   if (f.eval_batches > 0 && signal == 0) {
-    const auto eval_begin = RunTrace::Clock::now();
     try {
-      eval_loss = evaluate_held_out(*trainer, *held_out, f.eval_batches, true, mpi.active());
-      run_trace.add_evaluation(trainer->steps_done(), eval_begin, RunTrace::Clock::now());
+      eval_loss = evaluate_and_record(true);
     } catch (const EvaluationStopped& e) {
       signal = e.signal();
     }
-    if (eval_loss && json_log)
-      json_log->write(eval_record(*eval_loss, trainer->steps_done(), f.eval_batches, eval_tokens));
   }
   if (json_log) json_log->close();
   if (signal == 0 && t.steps > 0 && t.last_step < config.steps)

@@ -88,22 +88,21 @@ void quiet_unless_rank_zero(const MpiSession& mpi, TrainFlags& f) {
 void check_eval_fits(Trainer& trainer, const TrainConfig& config, int64_t eval_batches) {
   const auto* file = dynamic_cast<const FileSource*>(&trainer.source());
   if (eval_batches == 0 || file == nullptr) return;
-  const int64_t last_step = config.steps;
+  const uint64_t trained = static_cast<uint64_t>(config.steps);
   const uint64_t needed =
-      static_cast<uint64_t>(last_step + eval_batches) * static_cast<uint64_t>(config.batch_tokens);
+      (trained + static_cast<uint64_t>(eval_batches)) * static_cast<uint64_t>(config.batch_tokens);
   // One token per byte, as read when the run started (the file may have changed since).
   const uint64_t have = file->bytes();
   if (needed + 1 <= have) return;
   // What would fit: the batches left after the training's, or, when the training alone takes
   // the whole file, no held-out batch at all.
   const uint64_t in_file = (have - 1) / static_cast<uint64_t>(config.batch_tokens);
-  const uint64_t trained = static_cast<uint64_t>(last_step);
   std::string fix = "the training batches alone fill it; use fewer --steps or a larger file";
   if (in_file > trained)
     fix = "use --eval-batches " + std::to_string(in_file - trained) + " or fewer, or fewer --steps";
   throw UsageError(
       "--eval-batches " + std::to_string(eval_batches) + " needs " + std::to_string(needed + 1) +
-      " bytes of --data (" + std::to_string(last_step) + " training and " +
+      " bytes of --data (" + std::to_string(trained) + " training and " +
       std::to_string(eval_batches) + " held-out batches of " + std::to_string(config.batch_tokens) +
       " tokens, and the last target) but the file has " + std::to_string(have) + "; " + fix);
 }
