@@ -72,6 +72,19 @@ run() {
     >"$work/$name.out" 2>&1 || fail "run $name failed: $(cat "$work/$name.out")"
 }
 
+# waited_in save|resume RANK POINT WHAT START: the run just ended ($status, into $work/out,
+# begun at START) had rank RANK stop for good at POINT of a save or resume; it must end with
+# an error within 30 s, and the other rank's must say it waited in the exchange WHAT.
+waited_in() {
+  local kind=$1 rank=$2 point=$3 what=$4 took=$(( $(date +%s) - $5 ))
+  [ "$status" -ne 0 ] && [ "$status" -ne 124 ] || fail "rank $rank paused at $point: status $status: $(cat "$work/out")"
+  [ "$took" -le 30 ] || fail "rank $rank paused at $point: took ${took}s"
+  grep -q "paused in $kind at $point" "$work/out" || fail "rank $rank did not reach $point: $(cat "$work/out")"
+  grep -Fq "rank $((1 - rank)): the all-reduce waited 3000 ms for rank(s) $rank (did rank $rank stop?), in which $what" \
+    "$work/out" || fail "rank $((1 - rank)) does not say what it waited in: $(cat "$work/out")"
+  echo "rank $rank paused in $kind at $point: $(grep 'conveyor: error' "$work/out")"
+}
+
 case $mode in
   save)
     run one -- --stages 2 --save-dir "$work/one" --save-every 2 --transport inproc
@@ -176,13 +189,8 @@ case $mode in
         'if [ "$OMPI_COMM_WORLD_RANK" = '"$rank"' ]; then export CONVEYOR_TEST_PAUSE_IN_SAVE='"$point"'; fi; exec "$@"' _ \
         "$cli" train --device cpu --layers 4 --microbatches 4 --batch-tokens 512 --quiet --steps 4 \
         --stages 2 --save-dir "$work/ckpt" --save-every 2 --timeout 3 $flags >"$work/out" 2>&1
-      status=$? took=$(( $(date +%s) - start ))
-      [ "$status" -ne 0 ] && [ "$status" -ne 124 ] || fail "rank $rank paused at $point: status $status: $(cat "$work/out")"
-      [ "$took" -le 30 ] || fail "rank $rank paused at $point: took ${took}s"
-      grep -q "paused in save at $point" "$work/out" || fail "rank $rank did not reach $point: $(cat "$work/out")"
-      grep -Fq "rank $((1 - rank)): the all-reduce waited 3000 ms for rank(s) $rank (did rank $rank stop?), in which $what" \
-        "$work/out" || fail "rank $((1 - rank)) does not say what it waited in: $(cat "$work/out")"
-      echo "rank $rank paused at $point: $(grep 'conveyor: error' "$work/out")"
+      status=$?
+      waited_in save "$rank" "$point" "$what" "$start"
     done
     ;;
   resume_stop)
@@ -205,13 +213,8 @@ case $mode in
          exec "${@:2}" --resume "$0/step_${steps[$OMPI_COMM_WORLD_RANK]}"' "$work/ckpt" "$steps" \
         "$cli" train --device cpu --layers 4 --microbatches 4 --batch-tokens 512 --quiet --steps 4 \
         --stages 2 --seed 7 --timeout 3 >"$work/out" 2>&1
-      status=$? took=$(( $(date +%s) - start ))
-      [ "$status" -ne 0 ] && [ "$status" -ne 124 ] || fail "rank $rank paused at $point: status $status: $(cat "$work/out")"
-      [ "$took" -le 30 ] || fail "rank $rank paused at $point: took ${took}s"
-      grep -q "paused in resume at $point" "$work/out" || fail "rank $rank did not reach $point: $(cat "$work/out")"
-      grep -Fq "rank $((1 - rank)): the all-reduce waited 3000 ms for rank(s) $rank (did rank $rank stop?), in which $what" \
-        "$work/out" || fail "rank $((1 - rank)) does not say what it waited in: $(cat "$work/out")"
-      echo "rank $rank paused in resume at $point: $(grep 'conveyor: error' "$work/out")"
+      status=$?
+      waited_in resume "$rank" "$point" "$what" "$start"
     done
     ;;
   copies)
