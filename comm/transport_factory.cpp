@@ -7,6 +7,7 @@
 #include "comm/mpi_transport.h"
 #include "comm/nccl.h"
 #include "engine/core/enum_value.h"
+#include "engine/core/number_text.h"
 
 namespace conveyor::comm {
 namespace {
@@ -112,11 +113,9 @@ bool one_rank_per_process(TransportKind requested) {
 namespace {
 
 std::string process_count_text(int ranks, int processes, const std::string& made_of) {
-  return (made_of.empty()
-              ? "the pipeline has " + std::to_string(ranks) + (ranks == 1 ? " rank" : " ranks")
-              : "the run has " + std::to_string(ranks) + " ranks (" + made_of + ")") +
-         " but MPI started " + std::to_string(processes) +
-         (processes == 1 ? " process" : " processes") +
+  return (made_of.empty() ? "the pipeline has " + counted(ranks, "rank")
+                          : "the run has " + std::to_string(ranks) + " ranks (" + made_of + ")") +
+         " but MPI started " + counted(processes, "process", "processes") +
          "; start one process per rank (mpirun -np " + std::to_string(ranks) + ")";
 }
 

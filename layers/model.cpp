@@ -83,8 +83,7 @@ void check_built_alike(Layer& first, Layer& second, const std::string& where) {
 void ModelDescription::validate() const {
   const std::string label = label_of(*this);
   if (num_units < 2)
-    throw std::invalid_argument(label + " has " + std::to_string(num_units) +
-                                (num_units == 1 ? " unit" : " units") +
+    throw std::invalid_argument(label + " has " + counted(num_units, "unit") +
                                 "; at least 2 are needed (the first takes token ids, the "
                                 "last returns the loss)");
   // Validation builds every unit twice and the partitioner walks them all: 2^20 units take a

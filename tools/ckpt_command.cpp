@@ -190,10 +190,9 @@ void run_inspect(const CkptFlags& flags) {
   std::vector<std::vector<std::string>> piece_rows = {{"name", "elements", "shard", "xxh3_64"}};
   for (const CheckpointTensor& t : ckpt.tensors()) {
     const size_t n = t.pieces.size();
-    rows.push_back(
-        {t.name, safetensors_dtype_name(t.dtype), shape_to_string(t.shape), std::to_string(t.bytes),
-         t.pieced ? std::to_string(n) + (n == 1 ? " piece" : " pieces") : m.shards[t.rank].file,
-         t.pieced ? "(per piece)" : checkpoint_io::hex64(t.checksum)});
+    rows.push_back({t.name, safetensors_dtype_name(t.dtype), shape_to_string(t.shape),
+                    std::to_string(t.bytes), t.pieced ? counted(n, "piece") : m.shards[t.rank].file,
+                    t.pieced ? "(per piece)" : checkpoint_io::hex64(t.checksum)});
     if (t.pieced)
       for (const CheckpointPiece& p : t.pieces)
         piece_rows.push_back({t.name,

@@ -11,6 +11,7 @@
 
 #include "comm/transport_factory.h"
 #include "engine/core/allocator.h"
+#include "engine/core/number_text.h"
 #include "engine/pipeline/identical_units.h"
 #include "engine/pipeline/memory_estimate.h"
 #include "engine/pipeline/profile.h"
@@ -165,8 +166,8 @@ PlannedRun plan_training(const TrainConfig& config, Device device, int repetitio
   // each when there are enough, else all on one device, which then shares its memory between
   // them (the P x D ranks of --dp D, not the P of the pipeline planned).
   const int ranks = p * constraints.replicas;
-  const std::string stages_by_replicas = std::to_string(p) + (p == 1 ? " stage" : " stages") +
-                                         " x --dp " + std::to_string(constraints.replicas);
+  const std::string stages_by_replicas =
+      counted(p, "stage") + " x --dp " + std::to_string(constraints.replicas);
   // Every rank's profile runs in this process, under a launcher too.
   check_threads_in_process(
       config.cpu_threads, ranks, device,

@@ -5,6 +5,8 @@
 #include <limits>
 #include <stdexcept>
 
+#include "engine/core/number_text.h"
+
 #ifdef CONVEYOR_WITH_CUDA
 #include <cuda_runtime_api.h>
 
@@ -105,8 +107,7 @@ int64_t Tensor::dim(int i) const {
     allowed = " (give 0 to " + std::to_string(r - 1) + ", or -" + std::to_string(r) +
               " to -1 from the last)";
   throw std::out_of_range("Tensor::dim(" + std::to_string(i) + ") is out of range for " +
-                          describe() + " with " + std::to_string(r) +
-                          (r == 1 ? " dimension" : " dimensions") + allowed);
+                          describe() + " with " + counted(r, "dimension") + allowed);
 }
 
 Device Tensor::device() const { return storage_ ? storage_->device() : Device::cpu(); }

@@ -111,10 +111,10 @@ PipelineExecutor::PipelineExecutor(const ModelDescription& model, schedule::Sche
     } catch (const comm::ProcessCountMismatch& e) {
       // The transport sees only ranks; with replicas they are not one pipeline's.
       if (schedule_.replicas < 2) throw;
-      throw comm::ProcessCountMismatch(
-          e.ranks(), e.processes(),
-          std::to_string(p) + (p == 1 ? " pipeline rank" : " pipeline ranks") + " x " +
-              std::to_string(schedule_.replicas) + " data-parallel replicas");
+      throw comm::ProcessCountMismatch(e.ranks(), e.processes(),
+                                       counted(p, "pipeline rank") + " x " +
+                                           std::to_string(schedule_.replicas) +
+                                           " data-parallel replicas");
     }
     held.push_back(transports.per_rank[0]->rank());
   } else {

@@ -8,6 +8,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "engine/core/number_text.h"
 #include "engine/schedule/input_file.h"
 #include "engine/train/checkpoint_io.h"
 #include "kernels/init.h"
@@ -170,7 +171,7 @@ FileSource::FileSource(const std::string& path) : path_(path) {
   const std::string& text = *bytes_;
   if (text.size() < 2)
     throw InputFileError("data file " + quoted_file_name(path) + " has " +
-                         std::to_string(text.size()) + (text.size() == 1 ? " byte" : " bytes") +
+                         counted(text.size(), "byte") +
                          "; at least 2 are needed to form an (input, target) pair");
   contents_digest_ = checkpoint_io::xxh3_64_text(text.data(), text.size());
   std::array<uint64_t, 256> counts{};

@@ -377,9 +377,8 @@ double Trainer::evaluate(TokenSource& source, int64_t batches, int64_t tokens_at
     // ignored targets count as no loss, and a mean of only those would read 0.
     some_target = some_target || has_target(microbatches);
     if (done + now == batches && !some_target)
-      refuse_evaluation_without_target(
-          "the evaluation's " + std::to_string(batches) + (batches == 1 ? " batch" : " batches"),
-          "evaluation source");
+      refuse_evaluation_without_target("the evaluation's " + counted(batches, "batch", "batches"),
+                                       "evaluation source");
     loss_sum = local_loss_sum(microbatches, loss_sum);
     done += now;
     if (done < batches)
@@ -496,8 +495,7 @@ double Trainer::evaluate(const std::vector<MicroBatchData>& microbatches) {
   }
   if (!has_target(microbatches))
     refuse_evaluation_without_target(
-        "the " + std::to_string(microbatches.size()) +
-            (microbatches.size() == 1 ? " micro-batch" : " micro-batches") + " evaluated",
+        "the " + counted(microbatches.size(), "micro-batch", "micro-batches") + " evaluated",
         "batches");
   std::vector<double> total{local_loss_sum(microbatches, 0.0)};
   executor_->sum_over_processes(total);
