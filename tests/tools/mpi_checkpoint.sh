@@ -80,7 +80,7 @@ waited_in() {
   [ "$status" -ne 0 ] && [ "$status" -ne 124 ] || fail "rank $rank paused at $point: status $status: $(cat "$work/out")"
   [ "$took" -le 30 ] || fail "rank $rank paused at $point: took ${took}s"
   grep -q "paused in $kind at $point" "$work/out" || fail "rank $rank did not reach $point: $(cat "$work/out")"
-  grep -Fq "rank $((1 - rank)): the all-reduce waited 3000 ms for rank(s) $rank (did rank $rank stop?), in which $what" \
+  grep -Fq "rank $((1 - rank)): the all-reduce waited 1500 ms for rank(s) $rank (did rank $rank stop?), in which $what" \
     "$work/out" || fail "rank $((1 - rank)) does not say what it waited in: $(cat "$work/out")"
   echo "rank $rank paused in $kind at $point: $(grep 'conveyor: error' "$work/out")"
 }
@@ -188,7 +188,7 @@ case $mode in
       timeout 60 "${mpirun[@]}" -np 2 bash -c \
         'if [ "$OMPI_COMM_WORLD_RANK" = '"$rank"' ]; then export CONVEYOR_TEST_PAUSE_IN_SAVE='"$point"'; fi; exec "$@"' _ \
         "$cli" train --device cpu --layers 4 --microbatches 4 --batch-tokens 512 --quiet --steps 4 \
-        --stages 2 --save-dir "$work/ckpt" --save-every 2 --timeout 3 $flags >"$work/out" 2>&1
+        --stages 2 --save-dir "$work/ckpt" --save-every 2 --timeout 1.5 $flags >"$work/out" 2>&1
       status=$?
       waited_in save "$rank" "$point" "$what" "$start"
     done
@@ -212,7 +212,7 @@ case $mode in
         'steps=($1); if [ "$OMPI_COMM_WORLD_RANK" = '"$rank"' ]; then export CONVEYOR_TEST_PAUSE_IN_RESUME='"$point"'; fi
          exec "${@:2}" --resume "$0/step_${steps[$OMPI_COMM_WORLD_RANK]}"' "$work/ckpt" "$steps" \
         "$cli" train --device cpu --layers 4 --microbatches 4 --batch-tokens 512 --quiet --steps 4 \
-        --stages 2 --seed 7 --timeout 3 >"$work/out" 2>&1
+        --stages 2 --seed 7 --timeout 1.5 >"$work/out" 2>&1
       status=$?
       waited_in resume "$rank" "$point" "$what" "$start"
     done
