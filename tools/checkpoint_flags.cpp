@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "engine/train/checkpoint.h"
+#include "engine/train/train_config.h"
 #include "tools/cli_common.h"
 #include "tools/cli_flags.h"
 #include "tools/flag_terms.h"
@@ -60,7 +61,8 @@ void check_checkpoint_flags(const CheckpointFlags& f, const CLI::App& cmd) {
                        flag + " out");
 }
 
-std::unique_ptr<TrainerCheckpointer> setup_checkpoints(const CheckpointFlags& f, Trainer& trainer) {
+std::unique_ptr<TrainerCheckpointer> setup_checkpoints(const CheckpointFlags& f, Trainer& trainer,
+                                                       int64_t eval_batches) {
   std::unique_ptr<TrainerCheckpointer> checkpointer;
   try {
     if (!f.save_dir.empty()) {
@@ -83,6 +85,15 @@ std::unique_ptr<TrainerCheckpointer> setup_checkpoints(const CheckpointFlags& f,
                   ckpt.state().schedule.c_str());
       for (const std::string& change : resume_setting_changes(trainer, ckpt.state()))
         std::printf("note: %s\n", in_flag_terms(change).c_str());
+      const int64_t saved_steps = ckpt.state().lr_schedule.total_steps;
+      const TrainConfig& config = trainer.config();
+      if (eval_batches > 0 && !config.data_path.empty() && saved_steps != config.steps)
+        std::printf(
+            "note: the held-out batches of --data follow the --steps training "
+            "batches: now those after batch %lld, where the saved run evaluated those "
+            "after batch %lld; evaluations before and after this resume do not "
+            "compare\n",
+            static_cast<long long>(config.steps), static_cast<long long>(saved_steps));
     }
   } catch (const CheckpointErrorOfEveryProcess& e) {
     throw ErrorOfEveryProcess(e.what(), kExitUsage);

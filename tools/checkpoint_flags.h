@@ -33,8 +33,10 @@ void add_checkpoint_flags(CLI::App* cmd, CheckpointFlags& flags);
 void check_checkpoint_flags(const CheckpointFlags& flags, const CLI::App& cmd);
 
 // Resumes (when asked) and makes the checkpointer (when saving, else null); checkpoint errors
-// of the resume are the user's to fix, so they end the run as usage errors.
+// of the resume are the user's to fix, so they end the run as usage errors. `eval_batches`:
+// the held-out batches the run evaluates (--eval-batches), which with --data follow the
+// --steps training batches, so a resume under another --steps says they moved.
 std::unique_ptr<TrainerCheckpointer> setup_checkpoints(const CheckpointFlags& flags,
-                                                       Trainer& trainer);
+                                                       Trainer& trainer, int64_t eval_batches);
 
 }  // namespace conveyor::cli

@@ -203,7 +203,8 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
   }
   std::optional<HeldOutData> held_out;
   if (f.eval_batches > 0) held_out.emplace(*trainer);
-  std::unique_ptr<TrainerCheckpointer> checkpointer = setup_checkpoints(f.checkpoint, *trainer);
+  std::unique_ptr<TrainerCheckpointer> checkpointer =
+      setup_checkpoints(f.checkpoint, *trainer, f.eval_batches);
   const int64_t first_step = trainer->steps_done() + 1;
   // A resumed run at or past its end: only the limit that ends it can be raised, and the
   // refusal is the one line printed.

@@ -4,7 +4,8 @@
 # s, or one of a run resumed from a checkpoint (under another stage count), bit for bit; the
 # last step's evaluation is the closing one alone; --quiet leaves the periodic lines out but
 # not their --log-json records; --trace shows each evaluation on the training loop; a failed
-# closing evaluation keeps the closing save.
+# closing evaluation keeps the closing save; a resume under another --steps says (with --data
+# only) that the held-out batches moved.
 # Usage: eval_every.sh CONVEYOR WORK [DATA_FILE]   (with DATA_FILE: --data, else the Markov chain)
 set -u
 cli=$1 work=$2
@@ -62,6 +63,17 @@ grep -q '^eval   step' "$work/resumed.out" && fail "--quiet printed a periodic e
 [ "$(record "$work/resumed.jsonl" 5)" != "" ] || fail "the resumed run has no record after step 5"
 [ "$(record "$work/resumed.jsonl" 6)" = "$(record "$work/whole.jsonl" 6)" ] ||
   fail "resumed: $(record "$work/resumed.jsonl" 6) after step 6, the whole run: $(record "$work/whole.jsonl" 6)"
+grep -q "held-out batches" "$work/resumed.out" && fail "a resume under the same --steps says the held-out batches moved"
+# Resumed under more --steps: with --data, whose held-out batches follow the training ones, a note says they moved.
+"$cli" train --device cpu --d-model 16 --layers 2 --batch-tokens 64 --microbatches 2 --steps 8 --stop-after 5 \
+  --eval-batches 2 "${data[@]}" --resume "$work/ckpt" --quiet >"$work/longer.out" 2>&1 ||
+  fail "the resume under --steps 8 failed: $(cat "$work/longer.out")"
+moved="^note: the held-out batches of --data follow the --steps training batches: now those after batch 8, where the saved run evaluated those after batch 6; "
+if [ ${#data[@]} -gt 0 ]; then
+  grep -q "$moved" "$work/longer.out" || fail "no note that the held-out batches moved: $(cat "$work/longer.out")"
+else
+  grep -q "held-out batches" "$work/longer.out" && fail "the Markov chain's held-out walk does not move: $(cat "$work/longer.out")"
+fi
 # A closing evaluation that fails comes after the closing save, which it does not cost.
 "$cli" train --device cpu --d-model 16 --layers 2 --vocab 32 --batch-tokens 64 --steps 1 \
   --lr 1e30 --eval-batches 1 --quiet --save-dir "$work/diverged" >"$work/diverged.out" 2>&1
