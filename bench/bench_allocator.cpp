@@ -62,5 +62,3 @@ void BM_AlignedAllocFree(benchmark::State& state) {
 BENCHMARK(BM_AlignedAllocFree)->Arg(512)->Arg(64 << 10)->Arg(8 << 20);
 
 }  // namespace
-
-BENCHMARK_MAIN();

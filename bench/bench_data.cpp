@@ -35,5 +35,3 @@ void BM_MarkovRestore(benchmark::State& state) {
 BENCHMARK(BM_MarkovRestore);
 
 }  // namespace
-
-BENCHMARK_MAIN();

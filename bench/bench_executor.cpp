@@ -109,5 +109,3 @@ BENCHMARK_CAPTURE(BM_ExecutorStep, one_f_one_b, sc::ScheduleKind::k1F1B)->Apply(
 BENCHMARK_CAPTURE(BM_ExecutorStep, zbh1, sc::ScheduleKind::kZBH1)->Apply(sizes);
 
 }  // namespace
-
-BENCHMARK_MAIN();

@@ -14,6 +14,7 @@
 #include <ctime>
 #include <vector>
 
+#include "bench/benchmark_flags.h"
 #include "kernels/activation.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/layernorm.h"
@@ -197,8 +198,7 @@ BENCHMARK(BM_adamw)->Arg(4 << 20)->Unit(benchmark::kMillisecond);
 }  // namespace
 
 int main(int argc, char** argv) {
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  if (const auto status = conveyor::bench::take_benchmark_flags(&argc, argv)) return *status;
   char ceiling[160];
   std::snprintf(ceiling, sizeof ceiling,
                 "%.2f GB/s (memcpy of 64 MiB, read + write counted, best of 5, per CPU second of "

@@ -13,6 +13,7 @@
 #include <functional>
 #include <vector>
 
+#include "bench/benchmark_flags.h"
 #include "engine/core/device.h"
 #include "kernels/activation.h"
 #include "kernels/cross_entropy.h"
@@ -288,12 +289,11 @@ BENCHMARK(BM_SumSquares)
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (const auto status = conveyor::bench::take_benchmark_flags(&argc, argv)) return *status;
   if (conveyor::cuda_device_count() == 0) {
     std::printf("bench_kernels_gpu: no CUDA device; nothing to measure.\n");
     return 0;
   }
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;

@@ -13,6 +13,7 @@
 #include <string_view>
 #include <vector>
 
+#include "bench/benchmark_flags.h"
 #include "comm/mpi_transport.h"
 
 namespace conveyor::comm {
@@ -69,13 +70,10 @@ int main(int argc, char** argv) {
     if (rank == 0) benchmark::Initialize(&argc, argv);
     return 0;
   }
-  benchmark::Initialize(&argc, argv);
-  // What Google Benchmark did not take is a mistyped flag: refused, as BENCHMARK_MAIN does,
-  // by every process (rank 0 names it), rather than ignored.
-  if (argc > 1) {
-    if (rank == 0) benchmark::ReportUnrecognizedArguments(argc, argv);
+  // A flag refused is refused by every process (rank 0 says why), rather than ignored.
+  if (const auto status = conveyor::bench::take_benchmark_flags(&argc, argv, rank == 0)) {
     MPI_Finalize();
-    return 1;
+    return *status;
   }
   conveyor::comm::g_transport = conveyor::comm::make_mpi_transport(std::chrono::seconds(120));
   if (rank == 0) {

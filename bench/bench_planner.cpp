@@ -86,5 +86,3 @@ BENCHMARK(BM_Plan)
     ->Unit(benchmark::kMillisecond);
 
 }  // namespace
-
-BENCHMARK_MAIN();

@@ -60,5 +60,3 @@ BENCHMARK(BM_PoolGelu)
     ->Unit(benchmark::kMicrosecond);
 
 }  // namespace
-
-BENCHMARK_MAIN();

@@ -144,5 +144,3 @@ BENCHMARK_CAPTURE(BM_TrainGpu, tf32, true)
     ->Unit(benchmark::kMillisecond);
 
 }  // namespace
-
-BENCHMARK_MAIN();

@@ -36,6 +36,8 @@ def run(cmd, what, **kwargs):
         return subprocess.run(cmd, check=True, capture_output=True, text=True, **kwargs).stdout
     except FileNotFoundError:
         sys.exit(f"compare_torch: {what}: {cmd[0]} not found")
+    except OSError as e:  # a folder, a file that is not executable
+        sys.exit(f"compare_torch: {what}: cannot run {cmd[0]}: {e.strerror}")
     except subprocess.CalledProcessError as e:
         said = (e.stderr or e.stdout or "").strip().splitlines()
         reason = said[-1] if said else "no output"

@@ -25,7 +25,12 @@ def run(cmd):
     except OSError as e:  # not found, not executable: one line, not a traceback
         sys.exit(f"planner_accuracy: cannot run {cmd[0]}: {e.strerror}")
     if done.returncode != 0:
-        sys.exit(f"{' '.join(cmd)} failed ({done.returncode}): {done.stderr[-1500:]}")
+        # The model flags go to conveyor as given: its refusal of one (status 2) is this
+        # script's, so its status is passed on, not turned into 1.
+        said = done.stderr.strip()[-1500:] or "no output"
+        print(f"planner_accuracy: {' '.join(cmd)} failed with exit status {done.returncode}: "
+              f"{said}", file=sys.stderr)
+        sys.exit(done.returncode if done.returncode > 0 else 1)
     return done.stdout
 
 
