@@ -119,11 +119,18 @@ std::string render_svg(const Schedule& schedule, const SimResult& sim, const Svg
         costed_transfers = true;
         break;
       }
-  // Each row: compute boxes, then (when transfers take time, or gradients are all-reduced) a
-  // strip for what runs on the other streams, overlapping the computes above it.
+  // Each row: compute boxes, then (when transfers take time, or gradients are all-reduced)
+  // strips for the streams that run beside the computes, one each for sends, receives and
+  // all-reduces: these overlap in time, and on one strip a receive would hide a send.
   const bool reduces = schedule.replicas > 1;
-  const double strip = costed_transfers || reduces ? std::max(3.0, std::round(row * 0.2)) : 0.0;
+  const int strips = (costed_transfers ? 2 : 0) + (reduces ? 1 : 0);
+  const double strip = strips > 0 ? std::max(3.0, std::round(row * 0.2)) : 0.0;
   const double box_height = row - 4 - (strip > 0 ? strip + 1 : 0);
+  const double row_step = row + std::max(strips - 1, 0) * strip;  // a rank's row and its strips
+  auto strip_y = [&](int r, ActionKind kind) {
+    const int lane = is_reduce(kind) ? strips - 1 : is_send(kind) ? 0 : 1;
+    return top + r * row_step + 2 + box_height + 1 + lane * strip;
+  };
 
   std::vector<LegendEntry> legend{{fill_of(ActionKind::kForward), "F forward"}};
   if (schedule.splits_backward()) {
@@ -186,7 +193,7 @@ std::string render_svg(const Schedule& schedule, const SimResult& sim, const Svg
   const double span = horizon > 0 ? horizon : 1;
   const double scale = opt.px_per_unit > 0 ? opt.px_per_unit : opt.width_px / span;  // px per unit
   const double axis = span * scale;
-  const double rows_bottom = top + R * row;
+  const double rows_bottom = top + R * row_step;
   const double height = rows_bottom + 82;
   const double width = std::max(left + axis, left + std::max(legend_width, text_width)) + right;
   std::string out;
@@ -199,11 +206,11 @@ std::string render_svg(const Schedule& schedule, const SimResult& sim, const Svg
            escape(opt.title) + "</text>\n";
   // Rows: the light background is idle time.
   for (int r = 0; r < R; ++r) {
-    const double y = top + r * row;
+    const double y = top + r * row_step;
     out += "<text x=\"" + num(left - 8) + "\" y=\"" + num(y + row * 0.62) +
            "\" font-size=\"12\" text-anchor=\"end\">rank " + std::to_string(r) + "</text>\n";
     out += "<rect x=\"" + num(left) + "\" y=\"" + num(y + 2) + "\" width=\"" + num(axis) +
-           "\" height=\"" + num(row - 4) + "\" fill=\"#eeeeee\"/>\n";
+           "\" height=\"" + num(row_step - 4) + "\" fill=\"#eeeeee\"/>\n";
   }
   // Compute boxes, and transfer strips.
   for (int r = 0; r < R; ++r)
@@ -217,12 +224,13 @@ std::string render_svg(const Schedule& schedule, const SimResult& sim, const Svg
         const char* fill = reduce ? fill_of(a.kind) : is_send(a.kind) ? kSendFill : kRecvFill;
         out += "<g><title>" + escape(to_string(a) + " [" + num(t.start) + ", " + num(t.end) + ")") +
                "</title><rect x=\"" + num(left + t.start * scale) + "\" y=\"" +
-               num(top + r * row + 2 + box_height + 1) + "\" width=\"" +
+               num(strip_y(r, a.kind)) + "\" width=\"" +
                num(std::max((end - t.start) * scale, reduce ? 1.0 : 0.0)) + "\" height=\"" +
                num(strip) + "\" fill=\"" + fill + "\"/></g>\n";
         continue;
       }
-      const double x = left + t.start * scale, w = (end - t.start) * scale, y = top + r * row + 2;
+      const double x = left + t.start * scale, w = (end - t.start) * scale,
+                   y = top + r * row_step + 2;
       const bool later_chunk = schedule.placement.chunk_of(a.stage) % 2 == 1;
       out += "<g><title>" + escape(to_string(a) + " [" + num(t.start) + ", " + num(t.end) + ")") +
              "</title>";
