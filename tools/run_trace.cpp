@@ -30,12 +30,14 @@ double RunTrace::us(Clock::time_point t) const {
   return std::chrono::duration<double, std::micro>(t - start_).count();
 }
 
-void RunTrace::add_step(int64_t step, Clock::time_point begin, Clock::time_point end) {
+void RunTrace::add_step(int64_t step, Clock::time_point begin, Clock::time_point end,
+                        double pipeline_seconds) {
   if (steps_.size() == kMaxSteps) {
     steps_.erase(steps_.begin(), steps_.begin() + kMaxSteps / 2);
     dropped_ += kMaxSteps / 2;
   }
-  steps_.push_back({step, us(begin), us(end)});
+  const double begin_us = us(begin), end_us = us(end);
+  steps_.push_back({step, begin_us, end_us, std::max(begin_us, end_us - pipeline_seconds * 1e6)});
 }
 
 void RunTrace::add_evaluation(int64_t after_step, Clock::time_point begin, Clock::time_point end) {
@@ -48,7 +50,7 @@ void RunTrace::add_evaluation(int64_t after_step, Clock::time_point begin, Clock
 }
 
 std::string RunTrace::to_json(const std::string& last_step_trace,
-                              const std::string& simulated_step_trace,
+                              const std::string& simulated_step_trace, double first_action_us,
                               const std::vector<SaveTiming>& saves) const {
   json events = json::array();
   events.push_back({{"ph", "M"},
@@ -76,13 +78,16 @@ std::string RunTrace::to_json(const std::string& last_step_trace,
   }
   json doc = {{"displayTimeUnit", "ms"},
               {"otherData", {{"steps_dropped_from_the_front", dropped_}}}};
-  // The last step's ranks, measured and simulated, each moved from the step's origin to the
-  // run's clock.
+  // The last step's ranks, measured and simulated, each moved from its first action to where
+  // that action ran on the run's clock: after the batch was drawn and the pipeline started,
+  // not at the step's begin.
   auto place_last_step = [&](const std::string& trace, const char* key) {
     if (trace.empty() || steps_.empty()) return;
+    const double origin =
+        std::min(steps_.back().pipeline_begin_us + first_action_us, steps_.back().end_us);
     json last = json::parse(trace);
     for (auto& ev : last["traceEvents"]) {
-      if (ev.contains("ts")) ev["ts"] = ev["ts"].get<double>() + steps_.back().begin_us;
+      if (ev.contains("ts")) ev["ts"] = ev["ts"].get<double>() + origin;
       events.push_back(std::move(ev));
     }
     doc["otherData"][key] = last["otherData"];

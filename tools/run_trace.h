@@ -23,7 +23,10 @@ class RunTrace {
   static constexpr size_t kMaxSteps = 20000;
 
   explicit RunTrace(Clock::time_point start = Clock::now()) : start_(start) {}
-  void add_step(int64_t step, Clock::time_point begin, Clock::time_point end);
+  // `pipeline_seconds`: the part of the step its pipeline ran (StepStats::seconds), its end;
+  // the step's batch was drawn before it.
+  void add_step(int64_t step, Clock::time_point begin, Clock::time_point end,
+                double pipeline_seconds);
   // A held-out evaluation with the weights of `after_step`, on the training loop.
   void add_evaluation(int64_t after_step, Clock::time_point begin, Clock::time_point end);
 
@@ -33,16 +36,19 @@ class RunTrace {
   static constexpr int64_t kRunPid = 1000000;
   static constexpr int64_t kSimulatedPid = 2000000;
 
-  // `last_step_trace`: chrome_trace_json of the last step (microseconds from its start), or
-  // empty; `simulated_step_trace`: chrome_trace_json of its simulation, on the same clock,
-  // with processes from kSimulatedPid, or empty. Returns one trace-event JSON document.
+  // `last_step_trace`: chrome_trace_json of the last step (microseconds from its first
+  // action), or empty; `simulated_step_trace`: chrome_trace_json of its simulation, on the
+  // same clock, with processes from kSimulatedPid, or empty; `first_action_us`: when that
+  // first action started, in microseconds from the start of the step's pipeline. Returns one
+  // trace-event JSON document.
   std::string to_json(const std::string& last_step_trace, const std::string& simulated_step_trace,
-                      const std::vector<SaveTiming>& saves) const;
+                      double first_action_us, const std::vector<SaveTiming>& saves) const;
 
  private:
   struct Step {
     int64_t step;
     double begin_us, end_us;
+    double pipeline_begin_us = 0;  // of a training step
   };
   double us(Clock::time_point t) const;
 

@@ -285,7 +285,7 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
       if (mpi.active()) throw ErrorOfEveryProcess(e.what(), kExitFailure);
       throw;
     }
-    run_trace.add_step(s, step_begin, RunTrace::Clock::now());
+    run_trace.add_step(s, step_begin, RunTrace::Clock::now(), st.seconds);
     ++t.steps;
     t.last_step = s;
     t.seconds += st.seconds;

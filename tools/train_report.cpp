@@ -1,5 +1,6 @@
 #include "tools/train_report.h"
 
+#include <algorithm>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
@@ -89,6 +90,15 @@ std::string rank_device_text(Trainer& trainer, int rank) {
   return "rank " + std::to_string(rank) + "'s GPU";
 }
 
+// When the step's first action, of any rank of any replica, started, in microseconds from the
+// start of the step's pipeline: the origin the step's trace counts from.
+double first_action_us(const std::vector<std::vector<schedule::ActionTiming>>& timing) {
+  double first = INFINITY;
+  for (const auto& rank : timing)
+    for (const auto& t : rank) first = std::min(first, t.start);
+  return std::isfinite(first) ? first : 0.0;
+}
+
 }  // namespace
 
 void print_pipeline(Trainer& trainer) {
@@ -163,7 +173,7 @@ void report_bubble(Trainer& trainer, PipelineStepResult& last, ReplacedFile* tra
     trace->commit(
         run.to_json(schedule::chrome_trace_json(sched, summarize_replicas(sched, last.timing),
                                                 /*us_per_unit=*/1.0),
-                    simulated_trace, saves));
+                    simulated_trace, first_action_us(last.timing), saves));
     std::printf(
         "trace  %s (the run's steps, held-out evaluations and checkpoint saves, and the last "
         "step's measured timeline of every rank%s)\n",

@@ -112,7 +112,6 @@ std::string render_svg(const Schedule& schedule, const SimResult& sim, const Svg
   const double left = 56, right = 16, top = opt.title.empty() ? 12 : 36, row = opt.row_height_px;
   const int all_ranks = static_cast<int>(schedule.ranks.size());
   const int R = std::min(all_ranks, std::max(opt.max_ranks, 1));
-  size_t boxes = 0, all_boxes = 0;
   bool costed_transfers = false;
   for (int r = 0; r < R && !costed_transfers; ++r)
     for (size_t i = 0; i < schedule.ranks[r].size(); ++i)
@@ -120,11 +119,18 @@ std::string render_svg(const Schedule& schedule, const SimResult& sim, const Svg
         costed_transfers = true;
         break;
       }
-  // Each row: compute boxes, then (when transfers take time, or gradients are all-reduced) a
-  // strip for what runs on the other streams, overlapping the computes above it.
+  // Each row: compute boxes, then (when transfers take time, or gradients are all-reduced)
+  // strips for the streams that run beside the computes, one each for sends, receives and
+  // all-reduces: these overlap in time, and on one strip a receive would hide a send.
   const bool reduces = schedule.replicas > 1;
-  const double strip = costed_transfers || reduces ? std::max(3.0, std::round(row * 0.2)) : 0.0;
+  const int strips = (costed_transfers ? 2 : 0) + (reduces ? 1 : 0);
+  const double strip = strips > 0 ? std::max(3.0, std::round(row * 0.2)) : 0.0;
   const double box_height = row - 4 - (strip > 0 ? strip + 1 : 0);
+  const double row_step = row + std::max(strips - 1, 0) * strip;  // a rank's row and its strips
+  auto strip_y = [&](int r, ActionKind kind) {
+    const int lane = is_reduce(kind) ? strips - 1 : is_send(kind) ? 0 : 1;
+    return top + r * row_step + 2 + box_height + 1 + lane * strip;
+  };
 
   std::vector<LegendEntry> legend{{fill_of(ActionKind::kForward), "F forward"}};
   if (schedule.splits_backward()) {
@@ -147,13 +153,47 @@ std::string render_svg(const Schedule& schedule, const SimResult& sim, const Svg
   char stats[128];
   std::snprintf(stats, sizeof stats, "makespan %s, bubble %.4f; numbers are micro-batches",
                 num(sim.makespan).c_str(), sim.bubble_fraction);
-  const bool cut = R < all_ranks;  // boxes beyond the cap are counted only while drawing
-  const double text_width = kCharWidth * std::max<size_t>(std::strlen(stats), cut ? 70 : 0);
+  // Over the box cap, every drawn rank is drawn up to the same time, `horizon`: the start of
+  // the first box past the cap in time order. Cutting rank after rank instead would leave the
+  // later ranks bare, which reads as idle.
+  auto drawn = [&](int r, size_t i) {
+    const ActionKind kind = schedule.ranks[r][i].kind;
+    const auto& t = sim.timing[r][i];
+    return is_compute(kind) || is_reduce(kind) || (costed_transfers && t.end > t.start);
+  };
+  std::vector<double> starts;
+  for (int r = 0; r < R; ++r)
+    for (size_t i = 0; i < schedule.ranks[r].size(); ++i)
+      if (drawn(r, i)) starts.push_back(sim.timing[r][i].start);
+  const bool time_cut = starts.size() > opt.max_boxes;
+  double horizon = sim.makespan;
+  if (time_cut) {
+    const auto past = starts.begin() + static_cast<std::ptrdiff_t>(opt.max_boxes);
+    std::nth_element(starts.begin(), past, starts.end());
+    horizon = *past;
+  }
+  // What was left out, said under the legend (ranks past the cap draw nothing, and the total
+  // counts their boxes too).
+  size_t all_boxes = starts.size();
+  for (int r = R; r < all_ranks; ++r)
+    for (size_t i = 0; i < schedule.ranks[r].size(); ++i) all_boxes += drawn(r, i);
+  const size_t boxes =
+      time_cut ? static_cast<size_t>(std::count_if(starts.begin(), starts.end(),
+                                                   [&](double t) { return t < horizon; }))
+               : starts.size();
+  std::string note;
+  if (R < all_ranks || time_cut)
+    note = "drawn: " + std::to_string(R) + " of " + std::to_string(all_ranks) + " ranks" +
+           (time_cut ? ", the first " + num(horizon) + " of " + num(sim.makespan) + " time units"
+                     : "") +
+           ", " + std::to_string(boxes) + " of " + std::to_string(all_boxes) +
+           " actions (size cap)";
+  const double text_width = kCharWidth * std::max(std::strlen(stats), note.size());
 
-  const double span = sim.makespan > 0 ? sim.makespan : 1;
+  const double span = horizon > 0 ? horizon : 1;
   const double scale = opt.px_per_unit > 0 ? opt.px_per_unit : opt.width_px / span;  // px per unit
   const double axis = span * scale;
-  const double rows_bottom = top + R * row;
+  const double rows_bottom = top + R * row_step;
   const double height = rows_bottom + 82;
   const double width = std::max(left + axis, left + std::max(legend_width, text_width)) + right;
   std::string out;
@@ -166,33 +206,31 @@ std::string render_svg(const Schedule& schedule, const SimResult& sim, const Svg
            escape(opt.title) + "</text>\n";
   // Rows: the light background is idle time.
   for (int r = 0; r < R; ++r) {
-    const double y = top + r * row;
+    const double y = top + r * row_step;
     out += "<text x=\"" + num(left - 8) + "\" y=\"" + num(y + row * 0.62) +
            "\" font-size=\"12\" text-anchor=\"end\">rank " + std::to_string(r) + "</text>\n";
     out += "<rect x=\"" + num(left) + "\" y=\"" + num(y + 2) + "\" width=\"" + num(axis) +
-           "\" height=\"" + num(row - 4) + "\" fill=\"#eeeeee\"/>\n";
+           "\" height=\"" + num(row_step - 4) + "\" fill=\"#eeeeee\"/>\n";
   }
   // Compute boxes, and transfer strips.
   for (int r = 0; r < R; ++r)
     for (size_t i = 0; i < schedule.ranks[r].size(); ++i) {
       const Action& a = schedule.ranks[r][i];
       const auto& t = sim.timing[r][i];
+      if (!drawn(r, i) || (time_cut && t.start >= horizon)) continue;
+      const double end = std::min(t.end, horizon);  // the picture ends at the horizon
       if (!is_compute(a.kind)) {
         const bool reduce = is_reduce(a.kind);
-        if (!reduce && (!costed_transfers || t.end <= t.start)) continue;
-        if (++all_boxes > opt.max_boxes) continue;
-        ++boxes;
         const char* fill = reduce ? fill_of(a.kind) : is_send(a.kind) ? kSendFill : kRecvFill;
         out += "<g><title>" + escape(to_string(a) + " [" + num(t.start) + ", " + num(t.end) + ")") +
                "</title><rect x=\"" + num(left + t.start * scale) + "\" y=\"" +
-               num(top + r * row + 2 + box_height + 1) + "\" width=\"" +
-               num(std::max((t.end - t.start) * scale, reduce ? 1.0 : 0.0)) + "\" height=\"" +
+               num(strip_y(r, a.kind)) + "\" width=\"" +
+               num(std::max((end - t.start) * scale, reduce ? 1.0 : 0.0)) + "\" height=\"" +
                num(strip) + "\" fill=\"" + fill + "\"/></g>\n";
         continue;
       }
-      if (++all_boxes > opt.max_boxes) continue;
-      ++boxes;
-      const double x = left + t.start * scale, w = (t.end - t.start) * scale, y = top + r * row + 2;
+      const double x = left + t.start * scale, w = (end - t.start) * scale,
+                   y = top + r * row_step + 2;
       const bool later_chunk = schedule.placement.chunk_of(a.stage) % 2 == 1;
       out += "<g><title>" + escape(to_string(a) + " [" + num(t.start) + ", " + num(t.end) + ")") +
              "</title>";
@@ -208,13 +246,6 @@ std::string render_svg(const Schedule& schedule, const SimResult& sim, const Svg
                "\" font-size=\"" + num(font) + "\" text-anchor=\"middle\" fill=\"white\">" + label +
                "</text>";
       out += "</g>\n";
-    }
-  // The ranks past the cap draw nothing, and the note's total counts their boxes too.
-  for (int r = R; r < all_ranks; ++r)
-    for (size_t i = 0; i < schedule.ranks[r].size(); ++i) {
-      const Action& a = schedule.ranks[r][i];
-      const auto& t = sim.timing[r][i];
-      all_boxes += is_compute(a.kind) || is_reduce(a.kind) || (costed_transfers && t.end > t.start);
     }
   // Time axis and legend.
   out += "<line x1=\"" + num(left) + "\" y1=\"" + num(rows_bottom + 4) + "\" x2=\"" +
@@ -239,13 +270,9 @@ std::string render_svg(const Schedule& schedule, const SimResult& sim, const Svg
   }
   out += "<text x=\"" + num(left) + "\" y=\"" + num(ly + 30) +
          "\" font-size=\"12\" fill=\"#555\">" + escape(stats) + "</text>\n";
-  if (R < all_ranks || boxes < all_boxes) {
-    char note[160];
-    std::snprintf(note, sizeof note, "drawn: %d of %d ranks, %zu of %zu actions (size cap)", R,
-                  all_ranks, boxes, all_boxes);
+  if (!note.empty())
     out += "<text x=\"" + num(left) + "\" y=\"" + num(ly + 46) +
            "\" font-size=\"12\" fill=\"#a00\">" + escape(note) + "</text>\n";
-  }
   out += "</svg>\n";
   return out;
 }

@@ -78,6 +78,14 @@ def check(events, asynchronous):
     ranks = [e for e in events if e.get("pid") in (0, 1) and e["ph"] == "X"]
     if not ranks or min(e["ts"] for e in ranks) < steps[str(STEPS)][0] - 1:
         fail("the last step's per-rank timeline is missing or not placed at the last step")
+    # Where the step ran its actions: after its batch was drawn and its pipeline started, so
+    # the first action starts after the step's span does, and the last ends within it.
+    first = min(e["ts"] for e in ranks)
+    last = max(e["ts"] + e["dur"] for e in ranks)
+    begin, end = steps[str(STEPS)]
+    if not begin < first or last > end + 0.01:
+        fail(f"the last step's actions, [{first}, {last}] us, are not where they ran, inside "
+             f"its span [{begin}, {end}] us after the batch is drawn")
 
 
 def main():
