@@ -186,7 +186,7 @@ std::string format_timeline(const Schedule& schedule, const SimResult& sim, int 
         for (const std::string& c : row_cells(r, reduce)) width = std::max(width, c.size());
   std::string out;
   if (scale > 1)
-    out += "(one cell = " + number_text(cell) + " time units, " +
+    out += "(one cell = " + number_text(cell) + (cell == 1 ? " time unit, " : " time units, ") +
            (whole_units ? number_text(scale) + " x the shortest compute action"
                         : "the shortest compute action (" + number_text(unit) +
                               ") being too short to count cells in") +
