@@ -1,6 +1,6 @@
 // Removing the checkpoints beyond the newest keep_last: a removal that fails halfway leaves a
 // folder no load takes for a checkpoint and no later save fails on, later saves remove it once
-// they can.
+// they can, and a training run says once that it cannot.
 #include <fcntl.h>
 #include <linux/fs.h>
 #include <sys/ioctl.h>
@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "checkpoint_fixture.h"
+#include "engine/train/trainer_checkpoint.h"
+#include "support/train_config.h"
 
 namespace conveyor {
 namespace {
@@ -160,6 +162,34 @@ TEST(CheckpointPrune, LaterSavesRemoveWhatAFailedRemovalLeft) {
   EXPECT_TRUE(fourth.warnings.empty());
   EXPECT_EQ(fourth.removed, std::vector<fs::path>{dir / "step_1.removing"});
   EXPECT_EQ(folder_names(dir.path()), (std::vector<std::string>{"latest", "step_3", "step_4"}));
+}
+
+// A run that saves after every step says once that an old checkpoint cannot be removed, not
+// at every save.
+TEST(CheckpointPrune, ARunSaysOnceThatAnOldCheckpointCannotBeRemoved) {
+  TempDir dir;
+  Trainer trainer(testing::small_train_config(1, 1));
+  std::vector<std::string> warnings;
+  TrainerCheckpointOptions options;
+  options.directory = dir.path();
+  options.every = 1;
+  options.keep_last = 1;
+  options.warn = [&warnings](const std::string& w) { warnings.push_back(w); };
+  TrainerCheckpointer checkpointer(trainer, options);
+  trainer.step();
+  checkpointer.after_step();
+  Unremovable stuck(dir / "step_1");
+  if (!stuck.held()) GTEST_SKIP() << "no file here can be made impossible to remove";
+  for (int i = 0; i < 3; ++i) {
+    trainer.step();
+    checkpointer.after_step();
+  }
+  EXPECT_EQ(checkpointer.last_saved_step(), 4);
+  EXPECT_EQ(
+      warnings,
+      (std::vector<std::string>{removal_warning(dir.path(), "step_1", unremovable_reason())}));
+  EXPECT_EQ(folder_names(dir.path()),
+            (std::vector<std::string>{"latest", "step_1.removing", "step_4"}));
 }
 
 }  // namespace
