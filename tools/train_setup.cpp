@@ -18,8 +18,8 @@ namespace conveyor::cli {
 namespace {
 
 // Whether `path` is checkpoint folder `root` itself or a name its checkpoints own there
-// (`latest`, step_<N>, step_<N>.tmp and what they hold). Other files in the folder, such as
-// a log kept next to the checkpoints, are the user's.
+// (`latest`, step_<N>, step_<N>.tmp, step_<N>.removing and what they hold). Other files in the
+// folder, such as a log kept next to the checkpoints, are the user's.
 bool in_checkpoint_layout(const std::string& path, const std::string& root) {
   const std::filesystem::path rel = resolved_path(path).lexically_relative(resolved_path(root));
   if (rel.empty()) return false;

@@ -21,6 +21,7 @@ using checkpoint_layout::kLatestName;
 using checkpoint_layout::kManifestName;
 using checkpoint_layout::read_latest_name;
 using checkpoint_layout::step_of_folder;
+using checkpoint_layout::step_of_removal;
 
 constexpr uint64_t kMaxManifestBytes = uint64_t{64} << 20;
 
@@ -90,6 +91,11 @@ fs::path resolve_checkpoint_directory(const fs::path& path) {
     throw NotACheckpointError(shown_path(p) +
                               " is an unfinished save (it was never committed); open its parent "
                               "folder to load the newest complete checkpoint");
+  if (step_of_removal(name))
+    throw NotACheckpointError(shown_path(p) +
+                              " is an old checkpoint whose removal did not finish (to keep only "
+                              "the newest checkpoints), so some of its files may be gone; open "
+                              "its parent folder to load the newest complete checkpoint");
   if (fs::exists(p / kManifestName, ec)) return p;
   if (fs::exists(p / kLatestName, ec)) return resolve_checkpoint_directory(p / kLatestName);
   // DIR/latest of a save folder is a file; a folder by that name holding nothing a checkpoint

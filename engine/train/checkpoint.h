@@ -4,6 +4,8 @@
 //   DIR/latest           "step_<N>": the newest complete checkpoint, replaced atomically
 //   DIR/step_<N>/        manifest.json and rank_<r>.safetensors for every rank r
 //   DIR/step_<N>.tmp/    a save in progress, or one that failed: removed by the next save
+//   DIR/step_<N>.removing/  an old checkpoint being removed (keep_last), or what is left of
+//                           one whose removal failed: removed by the next saves, never loaded
 // A save is complete once `latest` names it; a failed save leaves the previous one intact.
 // Loading checks every file and every checksum before it returns anything, and then reads
 // tensors by global name, so a rank of another stage layout finds its tensors wherever they
@@ -37,8 +39,10 @@ struct CheckpointWriterOptions {
 };
 
 struct CommitResult {
-  std::filesystem::path directory;             // DIR/step_<N>
-  std::vector<std::filesystem::path> removed;  // older checkpoints removed (keep_last)
+  std::filesystem::path directory;  // DIR/step_<N>
+  // Older checkpoints removed (keep_last), and step_<N>.removing folders that earlier
+  // removals left.
+  std::vector<std::filesystem::path> removed;
   std::vector<std::string> warnings;  // removals that failed; the new checkpoint is complete
 };
 
@@ -92,7 +96,9 @@ class CheckpointWriter {
 
   // After every rank has written: writes and fsyncs manifest.json, renames the folder to
   // DIR/step_<N>, fsyncs DIR, replaces DIR/latest atomically, then removes checkpoints beyond
-  // the newest keep_last. `state.step` must be this save's step.
+  // the newest keep_last (each renamed step_<N>.removing first) and what earlier removals
+  // left. A removal that fails is a warning of the result, never an error: the next saves try
+  // again. `state.step` must be this save's step.
   CommitResult commit(const TrainingState& state);
 
  private:
@@ -103,6 +109,8 @@ class CheckpointWriter {
   CheckpointWriter(Joined joined, std::filesystem::path dir, int64_t step, int num_ranks,
                    CheckpointWriterOptions options);
   void check_rank(int rank, const char* call) const;
+  // The removals after a commit, their failures as warnings of `result`.
+  void prune(CommitResult& result) const;
 
   std::filesystem::path dir_, temp_, final_;
   int64_t step_;

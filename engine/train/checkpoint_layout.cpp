@@ -10,20 +10,28 @@
 namespace conveyor::checkpoint_layout {
 namespace fs = std::filesystem;
 
-std::optional<int64_t> step_of_folder(const std::string& name, bool temp) {
-  std::string_view rest = name;
-  if (!rest.starts_with("step_")) return std::nullopt;
-  rest.remove_prefix(5);
-  if (temp) {
-    if (!rest.ends_with(".tmp")) return std::nullopt;
-    rest.remove_suffix(4);
-  }
-  if (rest.empty() || rest.size() > 18) return std::nullopt;
+namespace {
+
+std::optional<int64_t> step_before(std::string_view name, std::string_view suffix) {
+  if (name.size() <= 5 + suffix.size() || !name.starts_with("step_") || !name.ends_with(suffix))
+    return std::nullopt;
+  const std::string_view rest = name.substr(5, name.size() - 5 - suffix.size());
+  if (rest.size() > 18) return std::nullopt;
   for (char c : rest)
     if (c < '0' || c > '9') return std::nullopt;
   int64_t step = 0;
   std::from_chars(rest.data(), rest.data() + rest.size(), step);
   return step;
+}
+
+}  // namespace
+
+std::optional<int64_t> step_of_folder(const std::string& name, bool temp) {
+  return step_before(name, temp ? ".tmp" : "");
+}
+
+std::optional<int64_t> step_of_removal(const std::string& name) {
+  return step_before(name, kRemovalSuffix);
 }
 
 std::string step_folder_name(int64_t step) { return "step_" + std::to_string(step); }

@@ -1,7 +1,8 @@
 #pragma once
 // The names inside a checkpoint folder (docs/checkpoint-format.md): a step's folder
-// step_<N> (step_<N>.tmp while it is written), the manifest in it, and the `latest` file
-// naming the newest published one. Shared by the writer and the loader of checkpoint.h.
+// step_<N> (step_<N>.tmp while it is written, step_<N>.removing while an old one is removed),
+// the manifest in it, and the `latest` file naming the newest published one. Shared by the
+// writer and the loader of checkpoint.h.
 #include <cstdint>
 #include <filesystem>
 #include <optional>
@@ -11,9 +12,14 @@ namespace conveyor::checkpoint_layout {
 
 inline constexpr const char* kManifestName = "manifest.json";
 inline constexpr const char* kLatestName = "latest";
+// An old checkpoint is renamed step_<N>.removing before its files go, so that one whose
+// removal fails halfway is never taken for a checkpoint.
+inline constexpr const char* kRemovalSuffix = ".removing";
 
 // The step of a folder named "step_<N>" (and, with `temp`, "step_<N>.tmp"); nullopt otherwise.
 std::optional<int64_t> step_of_folder(const std::string& name, bool temp);
+// The step of a folder named "step_<N>.removing"; nullopt otherwise.
+std::optional<int64_t> step_of_removal(const std::string& name);
 
 std::string step_folder_name(int64_t step);
 

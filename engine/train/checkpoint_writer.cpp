@@ -1,8 +1,10 @@
 // The writer of checkpoint.h: shards into step_<N>.tmp, the manifest and the commit (rename,
-// fsync, `latest`), the old checkpoints pruned, and the refusal of a step that would overwrite
-// one.
+// fsync, `latest`), the old checkpoints pruned (through step_<N>.removing), and the refusal of
+// a step that would overwrite one.
 #include <algorithm>
 #include <stdexcept>
+#include <string>
+#include <string_view>
 #include <system_error>
 #include <vector>
 
@@ -18,9 +20,21 @@ namespace {
 using checkpoint_io::shown_path;
 using checkpoint_layout::kLatestName;
 using checkpoint_layout::kManifestName;
+using checkpoint_layout::kRemovalSuffix;
 using checkpoint_layout::published_step;
 using checkpoint_layout::step_folder_name;
 using checkpoint_layout::step_of_folder;
+using checkpoint_layout::step_of_removal;
+
+// A failed removal of `leftover` (DIR/step_<N>.removing), in the same words at every save that
+// meets it, so that a training run says it once.
+std::string removal_warning(const fs::path& leftover, const std::error_code& ec) {
+  const std::string left = leftover.filename().string();
+  const std::string step = left.substr(0, left.size() - std::string_view(kRemovalSuffix).size());
+  return "cannot remove old checkpoint " + shown_path(leftover.parent_path() / step) + ": " +
+         ec.message() + "; what is left of it is named " + left +
+         ", which no load takes for a checkpoint and the next saves try again to remove";
+}
 
 }  // namespace
 
@@ -205,30 +219,69 @@ CommitResult CheckpointWriter::commit(const TrainingState& state) {
 
   CommitResult result;
   result.directory = final_;
-  if (options_.keep_last == 0) return result;
-  std::vector<std::pair<int64_t, fs::path>> saved;
+  prune(result);
+  return result;
+}
+
+void CheckpointWriter::prune(CommitResult& result) const {
+  // The step folders, and what removals of earlier saves left: each is of no use to anyone.
+  std::vector<std::pair<int64_t, fs::path>> saved, left;
   std::error_code list_error;
   for (const auto& entry : fs::directory_iterator(dir_, list_error)) {
+    const std::string name = entry.path().filename().string();
     std::error_code type_error;
-    if (const auto step = step_of_folder(entry.path().filename().string(), /*temp=*/false);
-        step && entry.is_directory(type_error))
+    if (!entry.is_directory(type_error)) continue;
+    if (const auto step = step_of_folder(name, /*temp=*/false))
       saved.emplace_back(*step, entry.path());
+    else if (const auto removing = step_of_removal(name))
+      left.emplace_back(*removing, entry.path());
   }
   if (list_error)
     result.warnings.push_back("cannot list " + shown_path(dir_) + ": " + list_error.message());
+  const auto newest_first = [](const auto& a, const auto& b) { return a.first > b.first; };
+  std::sort(saved.begin(), saved.end(), newest_first);
+  std::sort(left.begin(), left.end(), newest_first);
   std::error_code ec;
-  std::sort(saved.begin(), saved.end(),
-            [](const auto& a, const auto& b) { return a.first > b.first; });
-  for (size_t i = static_cast<size_t>(options_.keep_last); i < saved.size(); ++i) {
-    if (saved[i].second == final_) continue;  // what `latest` names stays, whatever its step
-    fs::remove_all(saved[i].second, ec);
+  // First, so that a step removed again finds its leftover's name free.
+  for (const auto& [step, path] : left) {
+    fs::remove_all(path, ec);
     if (ec)
-      result.warnings.push_back("cannot remove old checkpoint " + shown_path(saved[i].second) +
-                                ": " + ec.message());
+      result.warnings.push_back(removal_warning(path, ec));
     else
-      result.removed.push_back(saved[i].second);
+      result.removed.push_back(path);
   }
-  return result;
+  if (options_.keep_last == 0) return;
+  // Renamed before their files go, and the renames made durable: a removal that fails or
+  // crashes halfway leaves a folder that no load takes for a checkpoint.
+  std::vector<std::pair<fs::path, fs::path>> renamed;  // (old name, new name)
+  for (size_t i = static_cast<size_t>(options_.keep_last); i < saved.size(); ++i) {
+    const fs::path& path = saved[i].second;
+    if (path == final_) continue;  // what `latest` names stays, whatever its step
+    fs::path leftover = path;
+    leftover += kRemovalSuffix;
+    fs::rename(path, leftover, ec);
+    if (ec)
+      result.warnings.push_back("cannot remove old checkpoint " + shown_path(path) +
+                                ", which stays whole: " + ec.message());
+    else
+      renamed.emplace_back(path, leftover);
+  }
+  if (renamed.empty()) return;
+  try {
+    checkpoint_io::sync_directory(dir_);
+  } catch (const CheckpointError& e) {
+    result.warnings.push_back(std::string(e.what()) +
+                              "; the old checkpoints renamed step_<N>.removing stay for the next "
+                              "save to remove");
+    return;
+  }
+  for (const auto& [path, leftover] : renamed) {
+    fs::remove_all(leftover, ec);
+    if (ec)
+      result.warnings.push_back(removal_warning(leftover, ec));
+    else
+      result.removed.push_back(path);
+  }
 }
 
 std::optional<std::string> save_refusal(const fs::path& dir, int64_t step, bool continues_folder) {

@@ -349,7 +349,9 @@ void TrainerCheckpointer::complete(PipelineExecutor& executor, CheckpointWriter&
   if (commits) {
     try {
       const CommitResult result = writer.commit(state);
-      for (const std::string& w : result.warnings) options_.warn(w);
+      // Each save meets a folder it cannot remove again: said once a run.
+      for (const std::string& w : result.warnings)
+        if (warned_.insert(w).second) options_.warn(w);
     } catch (...) {
       commit_error = std::current_exception();
     }

@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -32,7 +33,8 @@ struct TrainerCheckpointOptions {
   int keep_last = 0;                // 0 keeps every checkpoint
   SaveErrorPolicy on_error = SaveErrorPolicy::kStop;
   bool async = false;  // snapshot to host memory, write in the background
-  // Where a failure under kContinue, and removal warnings, are reported; stderr by default.
+  // Where a failure under kContinue, and removal warnings (each once), are reported; stderr
+  // by default.
   std::function<void(const std::string&)> warn;
 };
 
@@ -149,6 +151,7 @@ class TrainerCheckpointer {
   bool finishing_ = false;  // in finish(): no training goes on after a failure
   double last_stall_seconds_ = 0.0;
   std::vector<SaveTiming> timings_;  // appended only after the background save is joined
+  std::set<std::string> warned_;     // the commits' warnings said so far (complete())
   // The folder's lock (flock on the folder itself), held by the process of rank 0, which
   // commits, for the checkpointer's life: a second run saving into the same folder would
   // remove this one's unfinished step as a crash's leftover and prune its checkpoints.
