@@ -219,9 +219,15 @@ void print_summary(Trainer& trainer, const TrainConfig& config, const RunTotals&
     tail_loss += t.losses[i] / static_cast<double>(tail);
   std::printf("loss   final %.4f, mean of last %s %.4f", t.last_loss, counted(tail, "step").c_str(),
               tail_loss);
-  if (const auto entropy = trainer.source().entropy())
-    std::printf(" | source entropy %.4f, gap %+.1f%%", *entropy,
-                100.0 * (tail_loss - *entropy) / *entropy);
+  if (const auto entropy = trainer.source().entropy()) {
+    // A chain whose every row has one successor has entropy 0, against which a gap in percent
+    // would be infinite: its gap is said in nats.
+    if (*entropy > 0)
+      std::printf(" | source entropy %.4f, gap %+.1f%%", *entropy,
+                  100.0 * (tail_loss - *entropy) / *entropy);
+    else
+      std::printf(" | source entropy 0 (a deterministic chain), gap %+.4f nats/token", tail_loss);
+  }
   if (const auto* file = dynamic_cast<const FileSource*>(&trainer.source()))
     std::printf(" | %.3f bits/byte (the file's unigram entropy: %.3f bits/byte)",
                 tail_loss / std::log(2.0), file->unigram_entropy() / std::log(2.0));
