@@ -182,6 +182,21 @@ void report_bubble(Trainer& trainer, PipelineStepResult& last, ReplacedFile* tra
   }
 }
 
+namespace {
+
+// Three significant digits (0.0268, 1.43, 12.3, 1234): a short run's time shown as "0.0"
+// would contradict the rate printed beside it.
+std::string seconds_text(double seconds) {
+  int decimals = 0;
+  if (seconds > 0 && seconds < 100)
+    decimals = std::min(9, 2 - static_cast<int>(std::floor(std::log10(seconds))));
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", decimals, seconds);
+  return buf;
+}
+
+}  // namespace
+
 void print_summary(Trainer& trainer, const TrainConfig& config, const RunTotals& t, int signal,
                    bool logging_steps) {
   const double tokens = static_cast<double>(t.steps * config.batch_tokens);
@@ -192,8 +207,9 @@ void print_summary(Trainer& trainer, const TrainConfig& config, const RunTotals&
                 signal_name(signal),
                 logging_steps ? " the log holds every finished step"
                               : " the step in progress finished first");
-  std::printf("done   %s, %.0f tokens in %.1f s (%s tok/s), allocator peak %s\n",
-              counted(static_cast<long long>(t.steps), "step").c_str(), tokens, t.seconds,
+  std::printf("done   %s, %.0f tokens in %s s (%s tok/s), allocator peak %s\n",
+              counted(static_cast<long long>(t.steps), "step").c_str(), tokens,
+              seconds_text(t.seconds).c_str(),
               human_rate(t.seconds > 0 ? tokens / t.seconds : 0.0).c_str(),
               bytes_text(static_cast<double>(t.peak)).c_str());
   if (t.steps == 0) return;
@@ -203,9 +219,15 @@ void print_summary(Trainer& trainer, const TrainConfig& config, const RunTotals&
     tail_loss += t.losses[i] / static_cast<double>(tail);
   std::printf("loss   final %.4f, mean of last %s %.4f", t.last_loss, counted(tail, "step").c_str(),
               tail_loss);
-  if (const auto entropy = trainer.source().entropy())
-    std::printf(" | source entropy %.4f, gap %+.1f%%", *entropy,
-                100.0 * (tail_loss - *entropy) / *entropy);
+  if (const auto entropy = trainer.source().entropy()) {
+    // A chain whose every row has one successor has entropy 0, against which a gap in percent
+    // would be infinite: its gap is said in nats.
+    if (*entropy > 0)
+      std::printf(" | source entropy %.4f, gap %+.1f%%", *entropy,
+                  100.0 * (tail_loss - *entropy) / *entropy);
+    else
+      std::printf(" | source entropy 0 (a deterministic chain), gap %+.4f nats/token", tail_loss);
+  }
   if (const auto* file = dynamic_cast<const FileSource*>(&trainer.source()))
     std::printf(" | %.3f bits/byte (the file's unigram entropy: %.3f bits/byte)",
                 tail_loss / std::log(2.0), file->unigram_entropy() / std::log(2.0));
