@@ -84,12 +84,12 @@ std::unique_ptr<TrainerCheckpointer> setup_checkpoints(const CheckpointFlags& f,
                   static_cast<long long>(ckpt.step()), ckpt.state().stages.size(),
                   ckpt.state().schedule.c_str());
       for (const std::string& change : resume_setting_changes(trainer, ckpt.state()))
-        std::printf("note: %s\n", in_flag_terms(change).c_str());
+        std::printf("note   %s\n", in_flag_terms(change).c_str());
       const int64_t saved_steps = ckpt.state().lr_schedule.total_steps;
       const TrainConfig& config = trainer.config();
       if (eval_batches > 0 && !config.data_path.empty() && saved_steps != config.steps)
         std::printf(
-            "note: the held-out batches of --data follow the --steps training "
+            "note   the held-out batches of --data follow the --steps training "
             "batches: now those after batch %lld, where the saved run evaluated those "
             "after batch %lld; evaluations before and after this resume do not "
             "compare\n",

@@ -153,11 +153,11 @@ case $case_name in
     output=$("$conveyor" train "${longer[@]}" "${model[@]}" --lr 0.004 --warmup 1 --resume "$dir" 2>&1) ||
       fail "the resume with another --lr failed: $output"
     echo "$output"
-    grep -q "^note: resuming with --lr 0.004 where the checkpoint was saved with 0.002$" <<<"$output" ||
+    grep -q "^note   resuming with --lr 0.004 where the checkpoint was saved with 0.002$" <<<"$output" ||
       fail "the change of --lr is not said"
-    grep -q "^note: resuming with --steps 8 where the checkpoint was saved with 6 " <<<"$output" ||
+    grep -q "^note   resuming with --steps 8 where the checkpoint was saved with 6 " <<<"$output" ||
       fail "the change of --steps is not said"
-    [ "$(grep -c "^note: " <<<"$output")" -eq 2 ] || fail "expected exactly two notes"
+    [ "$(grep -c "^note   resuming" <<<"$output")" -eq 2 ] || fail "expected exactly two notes"
     smaller=("${common[@]}")
     smaller[5]=256  # the value of --batch-tokens
     output=$("$conveyor" train "${smaller[@]}" "${model[@]}" --resume "$dir" 2>&1)
@@ -226,12 +226,12 @@ case $case_name in
       output=$("$conveyor" train "${on_file[@]}" --data "$data" --resume ck 2>&1) ||
         fail "--data $data: the resume failed: $output"
       echo "$output"
-      grep -q "^note: resuming on bytes of '$data' (4096 tokens, vocab 256) where the checkpoint was trained on bytes of 'd.txt' (4096 tokens, vocab 256): the same bytes (xxh3_64:[0-9a-f]\{16\}) under another path$" \
+      grep -q "^note   resuming on bytes of '$data' (4096 tokens, vocab 256) where the checkpoint was trained on bytes of 'd.txt' (4096 tokens, vocab 256): the same bytes (xxh3_64:[0-9a-f]\{16\}) under another path$" \
         <<<"$output" || fail "--data $data: the other name is not said"
     done
     output=$("$conveyor" train "${on_file[@]}" --data d.txt --resume ck 2>&1) ||
       fail "the resume on the same file failed: $output"
-    ! grep -q "^note: " <<<"$output" || fail "a note for the same file: $output"
+    ! grep -q "^note   resuming" <<<"$output" || fail "a note for the same file: $output"
     printf 'Z' | dd of=d2.txt bs=1 seek=100 conv=notrunc status=none
     output=$("$conveyor" train "${on_file[@]}" --data d2.txt --resume ck 2>&1)
     status=$?
