@@ -32,6 +32,13 @@ constexpr std::pair<std::string_view, std::string_view> kFlagOfSetting[] = {
     {"TrainConfig::gradient_bucket_mib", "--bucket-mb"},
     {"TrainConfig::data_path", "--data FILE"},
     {"TrainConfig::model.vocab", "--vocab"},
+    // The model description's fields, as a resume that finds another model names them.
+    {"config.preset", "--preset"},
+    {"config.d_model", "--d-model"},
+    {"config.n_layers", "--layers"},
+    {"config.hidden", "--hidden"},
+    {"config.vocab", "--vocab"},
+    {"config.activation", "--activation"},
     {"TrainerCheckpointOptions::directory", "--save-dir"},
     {"TrainerCheckpointOptions::every", "--save-every"},
     {"TrainerCheckpointOptions::keep_last", "--keep"},
@@ -59,8 +66,10 @@ std::string in_flag_terms(const std::string& message) {
   size_t i = 0;
   while (i < message.size()) {
     bool replaced = false;
-    // A name starts a word: "schedule::save_schedule" is not read as "save_schedule".
-    if (i == 0 || !continues_a_name(message[i - 1]) || message[i - 1] == '(') {
+    // A name starts a word: "schedule::save_schedule" is not read as "save_schedule", nor
+    // "manifest.model.config.vocab" as "config.vocab".
+    if (i == 0 || (!continues_a_name(message[i - 1]) && message[i - 1] != '.') ||
+        message[i - 1] == '(') {
       for (const auto& [setting, flag] : kFlagOfSetting) {
         if (message.compare(i, setting.size(), setting) != 0) continue;
         const size_t end = i + setting.size();

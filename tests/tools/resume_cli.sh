@@ -141,7 +141,7 @@ case $case_name in
     status=$?
     echo "$output"
     [ "$status" -eq 2 ] || fail "exit status $status, expected 2"
-    grep -q "d_model 32 in the checkpoint, 16 in this run" <<<"$output" ||
+    grep -q "another model: --d-model 32 in the checkpoint, 16 in this run; --hidden 128 in the checkpoint, 64 in this run" <<<"$output" ||
       fail "the refusal does not name the difference"
     ;;
   changed_settings)
