@@ -33,6 +33,10 @@ void add_checkpoint_flags(CLI::App* cmd, CheckpointFlags& f) {
                "Stop after step N (the learning-rate schedule still spans --steps; 0: never)");
 }
 
+std::string resume_path(const CheckpointFlags& f) {
+  return f.resume == "latest" ? f.save_dir : f.resume;
+}
+
 void check_checkpoint_flags(const CheckpointFlags& f, const CLI::App& cmd) {
   if (f.on_save_error != "stop" && f.on_save_error != "continue")
     throw not_one_of("--on-save-error", "stop or continue", f.on_save_error);
@@ -43,7 +47,7 @@ void check_checkpoint_flags(const CheckpointFlags& f, const CLI::App& cmd) {
   // node's own disk); what the checkpoint holds is checked as the resume opens it.
   if (!f.resume.empty()) {
     try {
-      resolve_checkpoint_directory(f.resume == "latest" ? f.save_dir : f.resume);
+      resolve_checkpoint_directory(resume_path(f));
     } catch (const CheckpointError& e) {
       throw UsageError(e.what());
     }
@@ -76,13 +80,17 @@ std::unique_ptr<TrainerCheckpointer> setup_checkpoints(const CheckpointFlags& f,
       checkpointer = std::make_unique<TrainerCheckpointer>(trainer, std::move(options));
     }
     if (!f.resume.empty()) {
-      const std::string path = f.resume == "latest" ? f.save_dir : f.resume;
-      const Checkpoint ckpt = resume_trainer(trainer, path);
+      const Checkpoint ckpt = resume_trainer(trainer, resume_path(f));
       if (checkpointer) checkpointer->resumed_from(ckpt.directory());
       std::printf("resume %s at step %lld (saved with %zu stage(s), schedule %s)\n",
                   escaped_for_message(ckpt.directory().native()).c_str(),
                   static_cast<long long>(ckpt.step()), ckpt.state().stages.size(),
                   ckpt.state().schedule.c_str());
+      if (!f.inherited.empty()) {
+        std::string list;
+        for (const std::string& setting : f.inherited) list += (list.empty() ? "" : ", ") + setting;
+        std::printf("note   the checkpoint's settings, for the flags left out: %s\n", list.c_str());
+      }
       for (const std::string& change : resume_setting_changes(trainer, ckpt.state()))
         std::printf("note   %s\n", in_flag_terms(change).c_str());
       const int64_t saved_steps = ckpt.state().lr_schedule.total_steps;

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "engine/train/trainer.h"
 #include "engine/train/trainer_checkpoint.h"
@@ -23,7 +24,13 @@ struct CheckpointFlags {
   bool async_save = false;
   std::string resume;
   int64_t stop_after = 0;
+  // Not a flag: the settings a resume took from its checkpoint for the flags left out
+  // (inherit_resumed_settings), said after the `resume` line.
+  std::vector<std::string> inherited;
 };
+
+// The checkpoint path --resume names: the --save-dir folder for `latest`.
+std::string resume_path(const CheckpointFlags& flags);
 
 void add_checkpoint_flags(CLI::App* cmd, CheckpointFlags& flags);
 

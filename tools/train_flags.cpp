@@ -24,6 +24,7 @@
 #include "tools/cli_flags.h"
 #include "tools/mpi_launch.h"
 #include "tools/plan_command.h"
+#include "tools/resume_settings.h"
 
 namespace conveyor::cli {
 namespace {
@@ -128,9 +129,20 @@ void refuse_in_process_under_a_launcher(TransportKind transport) {
 
 }  // namespace
 
+bool microbatches_chosen_elsewhere(const TrainFlags& f, const TrainConfig& config) {
+  return !config.schedule_file.empty() || !f.plan_file.empty() || f.partition == "auto";
+}
+
 TrainConfig resolve_config(TrainFlags& f, const CLI::App& cmd) {
   TrainConfig config = f.config;
   f.run.apply(cmd, config);
+  if (!f.checkpoint.resume.empty()) {
+    f.as_given = config;
+    f.checkpoint.inherited = inherit_resumed_settings(
+        resume_path(f.checkpoint), cmd, microbatches_chosen_elsewhere(f, config), config);
+    // --recompute units:LIST counts the units of the model the run trains.
+    config.recompute = parse_recompute(f.run.recompute, config.model.num_units());
+  }
   config.schedule = parse_schedule(f.schedule);
   config.partition = parse_partition(f.partition);
   config.placement = parse_placement(f.placement);
@@ -477,8 +489,14 @@ ConfigField given_or_not(const std::string& flag, const std::string& path) {
 }  // namespace
 
 ConfigFields configuration_fields(const TrainFlags& f, const TrainConfig& c) {
-  const auto& m = c.model;
-  const auto& o = c.optimizer;
+  // A resume's settings that the command line left out come from each process's copy of the
+  // checkpoint, which the resume compares between the processes: the flags as given are
+  // compared here, so that copies of two checkpoints are refused as such.
+  const TrainConfig& g = f.as_given ? *f.as_given : c;
+  const int64_t microbatches =
+      f.as_given && !microbatches_chosen_elsewhere(f, c) ? g.microbatches : c.microbatches;
+  const auto& m = g.model;
+  const auto& o = g.optimizer;
   return {
       {"the model (--preset, --d-model, --layers, --hidden, --vocab, --activation)",
        "d_model=" + std::to_string(m.d_model) + " layers=" + std::to_string(m.n_layers) +
@@ -489,10 +507,10 @@ ConfigFields configuration_fields(const TrainFlags& f, const TrainConfig& c) {
       {"--schedule", f.schedule},
       file_field("--schedule-file", c.schedule_file),
       {"--partition", f.partition},
-      {"--batch-tokens", std::to_string(c.batch_tokens)},
-      {"--microbatches", std::to_string(c.microbatches)},
-      {"--seed", std::to_string(c.seed)},
-      {"--steps", std::to_string(c.steps)},
+      {"--batch-tokens", std::to_string(g.batch_tokens)},
+      {"--microbatches", std::to_string(microbatches)},
+      {"--seed", std::to_string(g.seed)},
+      {"--steps", std::to_string(g.steps)},
       file_field("--data", c.data_path),
       {"the optimizer (--optimizer, --lr, --min-lr, --warmup, --weight-decay, --clip)",
        o.kind + " lr=" + exact(o.lr) + " min_lr=" + exact(o.min_lr) +

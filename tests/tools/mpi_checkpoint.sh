@@ -111,6 +111,12 @@ case $mode in
     cat "$work/saved.jsonl" "$work/resumed.jsonl" >"$work/joined.jsonl"
     cp "$work/resumed.out" "$work/joined.out"
     same_run "$work" full joined "saved by mpirun -np 2, resumed in one process"
+    # --resume alone: every process takes the saved run's settings from its checkpoint.
+    timeout 60 "${mpirun[@]}" -np 2 "$cli" train --device cpu --stages 2 --quiet --weights-checksum \
+      --timeout 20 --resume "$work/by_mpi" >"$work/inherited.out" 2>&1 ||
+      fail "mpirun -np 2 with --resume alone failed: $(cat "$work/inherited.out")"
+    [ "$(grep '^weights xxh3' "$work/inherited.out")" = "$(grep '^weights xxh3' "$work/full.out")" ] ||
+      fail "mpirun -np 2 with --resume alone: other weights than the uninterrupted run's: $(cat "$work/inherited.out")"
     run saved1 -- --stages 1 --stop-after 2 --save-dir "$work/by_one"
     run resumed4 "${mpirun[@]}" -np 4 -- --stages 4 --resume "$work/by_one"
     grep -q "^resume .*step_2 at step 2 (saved with 1 stage(s)" "$work/resumed4.out" ||

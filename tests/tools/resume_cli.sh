@@ -166,6 +166,31 @@ case $case_name in
     [ "$status" -eq 2 ] || fail "another --batch-tokens: exit status $status, expected 2"
     grep -q "resume with --batch-tokens 512" <<<"$output" || fail "the refusal does not say what to do"
     ;;
+  inherited)
+    # The flags left out take the checkpoint's settings, not their defaults: `--resume DIR`
+    # alone goes on as the saved run, bitwise, and says which settings it took; a flag given
+    # still changes its setting.
+    saved=(--device cpu --steps 7 --batch-tokens 384 --microbatches 3 --vocab 48 --d-model 24
+           --layers 3 --hidden 40 --activation relu --seed 5 --optimizer sgd --lr 0.02
+           --min-lr 0.001 --warmup 2 --weight-decay 0.01 --clip 0.5 --quiet --weights-checksum)
+    "$conveyor" train "${saved[@]}" >"$work/straight.out" 2>&1 || fail "the whole run failed: $(cat "$work/straight.out")"
+    "$conveyor" train "${saved[@]}" --stop-after 3 --save-dir "$dir" >>"$work/log" 2>&1 ||
+      fail "the first part failed: $(tail -5 "$work/log")"
+    output=$("$conveyor" train --device cpu --quiet --weights-checksum --resume "$dir" 2>&1) ||
+      fail "the resume with no other flag failed: $output"
+    echo "$output"
+    [ "$(grep '^weights xxh3' <<<"$output")" = "$(grep '^weights xxh3' "$work/straight.out")" ] ||
+      fail "the resumed weights differ from the whole run's: $(grep '^weights' "$work/straight.out")"
+    grep -q "^note   the checkpoint's settings, for the flags left out: the model tiny (d=24, L=3, V=48, hidden=40, relu, [0-9]* parameters), --batch-tokens 384, --seed 5, --steps 7, --microbatches 3, --optimizer sgd, --lr 0.02, --min-lr 0.001, --warmup 2, --weight-decay 0.01, --clip 0.5$" <<<"$output" ||
+      fail "the settings taken are not said"
+    ! grep -q "^note   resuming" <<<"$output" || fail "a setting left out is said as changed"
+    output=$("$conveyor" train --device cpu --quiet --resume "$dir" --lr 0.03 --steps 8 2>&1) ||
+      fail "the resume with --lr and --steps failed: $output"
+    grep -q "^note   resuming with --lr 0.03 where the checkpoint was saved with 0.02$" <<<"$output" ||
+      fail "the --lr given is not said as a change"
+    grep -q "^note   the checkpoint's settings, for the flags left out: the model .*, --batch-tokens 384, --seed 5, --microbatches 3, --optimizer sgd, --min-lr 0.001, " <<<"$output" ||
+      fail "the settings given are said as taken"
+    ;;
   bad_manifest)
     # A manifest edited out of agreement with itself is refused at once (exit 2, naming the
     # file and field), never replayed or loaded: a data position of 2^64-1 would take ages.
