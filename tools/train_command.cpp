@@ -149,7 +149,11 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
   // have no GPU to share and skip its round trip.
   if (f.run.device != "cpu") check_gpus_not_shared(mpi, device);
   config.device = device;
-  apply_planning(f, cmd, mpi, device, config);
+  try {
+    apply_planning(f, cmd, mpi, device, config);
+  } catch (const UsageError& e) {  // a plan for another batch than the checkpoint's, say
+    throw UsageError(with_inherited_origin(e.what(), f.checkpoint.inherited));
+  }
   // Under a launcher of several processes each process holds one rank.
   check_threads_in_process(
       config.cpu_threads,

@@ -213,6 +213,11 @@ case $case_name in
     refused --min-lr 0.05
     grep -q "(--lr 0.02 is the checkpoint's, which --resume takes for the flags left out)$" <<<"$output" ||
       fail "--min-lr 0.05: the refusal does not say that --lr 0.02 is the checkpoint's: $output"
+    "$conveyor" plan --stages 2 --batch-tokens 256 --vocab 32 --d-model 16 --layers 3 \
+      --out "$work/plan256.json" >>"$work/log" 2>&1 || fail "conveyor plan failed: $(tail -5 "$work/log")"
+    refused --stages 2 --plan "$work/plan256.json"
+    grep -q "was planned for --batch-tokens 256 and this run has 384; .* (--batch-tokens 384 is the checkpoint's, which --resume takes for the flags left out)$" <<<"$output" ||
+      fail "a plan for another batch: the refusal does not say that --batch-tokens 384 is the checkpoint's: $output"
     refused --d-model 16
     grep -q "another model: .*(with --d-model given, --resume takes none of the model's settings from the checkpoint" <<<"$output" ||
       fail "--d-model alone: the refusal does not say why the model is not the checkpoint's: $output"
