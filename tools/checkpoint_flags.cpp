@@ -33,6 +33,27 @@ void add_checkpoint_flags(CLI::App* cmd, CheckpointFlags& f) {
                "Stop after step N (the learning-rate schedule still spans --steps; 0: never)");
 }
 
+namespace {
+
+// A refusal of another model, where a model flag was given: the model's other settings are
+// then the flags' defaults, not the checkpoint's, which the user may not expect.
+std::string with_model_flags_given(const CheckpointFlags& f, const std::string& message) {
+  if (f.model_flags_given.empty() ||
+      message.find("is a checkpoint of another model") == std::string::npos)
+    return message;
+  std::string flags;
+  for (size_t i = 0; i < f.model_flags_given.size(); ++i)
+    flags += (i == 0                                ? ""
+              : i + 1 == f.model_flags_given.size() ? " and "
+                                                    : ", ") +
+             f.model_flags_given[i];
+  return message + " (with " + flags +
+         " given, --resume takes none of the model's settings from the checkpoint and the "
+         "model flags left out keep their defaults; give the checkpoint's model flags, or none)";
+}
+
+}  // namespace
+
 std::string resume_path(const CheckpointFlags& f) {
   return f.resume == "latest" ? f.save_dir : f.resume;
 }
@@ -104,9 +125,9 @@ std::unique_ptr<TrainerCheckpointer> setup_checkpoints(const CheckpointFlags& f,
             static_cast<long long>(config.steps), static_cast<long long>(saved_steps));
     }
   } catch (const CheckpointErrorOfEveryProcess& e) {
-    throw ErrorOfEveryProcess(e.what(), kExitUsage);
+    throw ErrorOfEveryProcess(with_model_flags_given(f, e.what()), kExitUsage);
   } catch (const CheckpointError& e) {
-    throw UsageError(e.what());
+    throw UsageError(with_model_flags_given(f, e.what()));
   }
   return checkpointer;
 }

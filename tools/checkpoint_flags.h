@@ -27,6 +27,9 @@ struct CheckpointFlags {
   // Not a flag: the settings a resume took from its checkpoint for the flags left out
   // (inherit_resumed_settings), said after the `resume` line.
   std::vector<std::string> inherited;
+  // Not a flag: the model flags given with --resume (as "--d-model"), with which the model is
+  // the flags' and not the checkpoint's, so that a refusal of another model can say why.
+  std::vector<std::string> model_flags_given;
 };
 
 // The checkpoint path --resume names: the --save-dir folder for `latest`.

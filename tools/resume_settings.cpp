@@ -1,13 +1,17 @@
 #include "tools/resume_settings.h"
 
+#include <cctype>
+#include <charconv>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <stdexcept>
+#include <type_traits>
 
 #include "engine/train/checkpoint.h"
 #include "engine/train/checkpoint_model.h"
 #include "layers/ops.h"
 #include "tools/cli_flags.h"
+#include "tools/flag_terms.h"
 
 namespace conveyor::cli {
 namespace {
@@ -34,6 +38,30 @@ std::optional<ModelConfig> described_model(const nlohmann::json& description) {
   }
 }
 
+// A value as the flag takes it: a double in its shortest exact digits, as typed (0, not 0.0).
+template <typename T>
+std::string flag_text(const T& value) {
+  if constexpr (std::is_floating_point_v<T>) {
+    char buf[40];
+    return std::string(buf, std::to_chars(buf, buf + sizeof buf, value).ptr);
+  } else if constexpr (std::is_arithmetic_v<T>) {
+    return std::to_string(value);
+  } else {
+    return value;
+  }
+}
+
+// Whether `message` names `flag` whole (--lr, not the start of --lr-something).
+bool names_flag(const std::string& message, const std::string& flag) {
+  for (size_t at = message.find(flag); at != std::string::npos; at = message.find(flag, at + 1)) {
+    const size_t end = at + flag.size();
+    if (end == message.size() ||
+        !(std::isalnum(static_cast<unsigned char>(message[end])) || message[end] == '-'))
+      return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 std::vector<std::string> inherit_resumed_settings(const std::string& path, const CLI::App& cmd,
@@ -52,9 +80,7 @@ std::vector<std::string> inherit_resumed_settings(const std::string& path, const
   auto inherit = [&](const char* flag, auto& setting, const auto& value) {
     if (cmd.count(flag) || setting == value) return;
     setting = value;
-    const nlohmann::json shown = value;  // exact: a double's shortest round-trip digits
-    inherited.push_back(std::string(flag) + " " +
-                        (shown.is_string() ? shown.get<std::string>() : shown.dump()));
+    inherited.push_back(std::string(flag) + " " + flag_text(value));
   };
 
   bool model_given = false;
@@ -88,6 +114,31 @@ std::vector<std::string> inherit_resumed_settings(const std::string& path, const
   opt.eps = then.eps;
   opt.momentum = then.momentum;
   return inherited;
+}
+
+std::string with_inherited_origin(const std::string& message,
+                                  const std::vector<std::string>& inherited) {
+  const std::string text = in_flag_terms(message);
+  std::vector<std::string> named;
+  for (const std::string& setting : inherited) {
+    const std::string flag = setting.substr(0, setting.find(' '));
+    bool said = false;
+    if (setting.starts_with("the model ")) {  // said by any of its flags
+      for (const char* f : {"--preset", "--d-model", "--layers", "--hidden", "--vocab",
+                            "--activation", "the model"})
+        said = said || names_flag(text, f);
+    } else {
+      said = names_flag(text, flag) ||
+             (flag == "--microbatches" && text.find("micro-batch") != std::string::npos);
+    }
+    if (said) named.push_back(setting);
+  }
+  if (named.empty()) return message;
+  std::string list;
+  for (size_t i = 0; i < named.size(); ++i)
+    list += (i == 0 ? "" : i + 1 == named.size() ? " and " : ", ") + named[i];
+  return text + " (" + list + (named.size() == 1 ? " is" : " are") +
+         " the checkpoint's, which --resume takes for the flags left out)";
 }
 
 }  // namespace conveyor::cli

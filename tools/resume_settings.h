@@ -25,4 +25,9 @@ std::vector<std::string> inherit_resumed_settings(const std::string& path, const
                                                   bool microbatches_chosen_elsewhere,
                                                   TrainConfig& config);
 
+// `message`, a refusal of the settings, with the settings of `inherited` that it speaks of
+// said to be the checkpoint's: the user never typed them and would look for them in vain.
+std::string with_inherited_origin(const std::string& message,
+                                  const std::vector<std::string>& inherited);
+
 }  // namespace conveyor::cli

@@ -32,8 +32,8 @@
 #include "tools/interrupt.h"
 #include "tools/mpi_launch.h"
 #include "tools/output_file.h"
+#include "tools/resume_settings.h"
 #include "tools/run_flags.h"
-#include "tools/run_trace.h"
 #include "tools/train_flags.h"
 #include "tools/train_report.h"
 #include "tools/train_setup.h"
@@ -149,7 +149,11 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
   // have no GPU to share and skip its round trip.
   if (f.run.device != "cpu") check_gpus_not_shared(mpi, device);
   config.device = device;
-  apply_planning(f, cmd, mpi, device, config);
+  try {
+    apply_planning(f, cmd, mpi, device, config);
+  } catch (const UsageError& e) {  // a plan for another batch than the checkpoint's, say
+    throw UsageError(with_inherited_origin(e.what(), f.checkpoint.inherited));
+  }
   // Under a launcher of several processes each process holds one rank.
   check_threads_in_process(
       config.cpu_threads,
@@ -174,7 +178,7 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
   } catch (const comm::ProcessCountMismatch& e) {
     refuse_on_every_rank(mpi, e.what());
   } catch (const std::invalid_argument& e) {  // schedule, partition, placement, memory too
-    throw UsageError(e.what());
+    throw UsageError(with_inherited_origin(e.what(), f.checkpoint.inherited));
   } catch (const std::bad_alloc&) {
     throw UsageError(
         "out of memory while building the model, its optimizer state and the pipeline; use a "

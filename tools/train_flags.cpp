@@ -1,5 +1,6 @@
 #include "tools/train_flags.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cstdio>
 #include <limits>
@@ -133,16 +134,10 @@ bool microbatches_chosen_elsewhere(const TrainFlags& f, const TrainConfig& confi
   return !config.schedule_file.empty() || !f.plan_file.empty() || f.partition == "auto";
 }
 
-TrainConfig resolve_config(TrainFlags& f, const CLI::App& cmd) {
-  TrainConfig config = f.config;
-  f.run.apply(cmd, config);
-  if (!f.checkpoint.resume.empty()) {
-    f.as_given = config;
-    f.checkpoint.inherited = inherit_resumed_settings(
-        resume_path(f.checkpoint), cmd, microbatches_chosen_elsewhere(f, config), config);
-    // --recompute units:LIST counts the units of the model the run trains.
-    config.recompute = parse_recompute(f.run.recompute, config.model.num_units());
-  }
+namespace {
+
+// The flags' settings, with a resume's inherited ones in place, completed and checked.
+TrainConfig checked_config(TrainFlags& f, const CLI::App& cmd, TrainConfig config) {
   config.schedule = parse_schedule(f.schedule);
   config.partition = parse_partition(f.partition);
   config.placement = parse_placement(f.placement);
@@ -201,7 +196,12 @@ TrainConfig resolve_config(TrainFlags& f, const CLI::App& cmd) {
   OptimizerConfig& opt = config.optimizer;
   // The default final rate is for the default peak: a smaller --lr given alone decays to
   // itself, rather than being refused for a --min-lr the user never gave.
-  if (!cmd.count("--min-lr")) opt.min_lr = std::min(opt.min_lr, opt.lr);
+  if (!cmd.count("--min-lr") && opt.min_lr > opt.lr) {
+    opt.min_lr = opt.lr;
+    // Not the checkpoint's final rate after all: the resume says the change it makes.
+    std::erase_if(f.checkpoint.inherited,
+                  [](const std::string& setting) { return setting.starts_with("--min-lr "); });
+  }
   check_optimizer_flag(opt.kind);
   const std::string lr = given_number(cmd, "--lr", opt.lr);
   if (opt.min_lr > opt.lr)
@@ -240,6 +240,29 @@ TrainConfig resolve_config(TrainFlags& f, const CLI::App& cmd) {
     throw UsageError(e.what());
   }
   return config;
+}
+
+}  // namespace
+
+TrainConfig resolve_config(TrainFlags& f, const CLI::App& cmd) {
+  TrainConfig config = f.config;
+  f.run.apply(cmd, config);
+  if (!f.checkpoint.resume.empty()) {
+    f.as_given = config;
+    f.checkpoint.model_flags_given.clear();
+    for (const char* flag :
+         {"--preset", "--d-model", "--layers", "--hidden", "--vocab", "--activation"})
+      if (cmd.count(flag)) f.checkpoint.model_flags_given.push_back(flag);
+    f.checkpoint.inherited = inherit_resumed_settings(
+        resume_path(f.checkpoint), cmd, microbatches_chosen_elsewhere(f, config), config);
+    // --recompute units:LIST counts the units of the model the run trains.
+    config.recompute = parse_recompute(f.run.recompute, config.model.num_units());
+  }
+  try {
+    return checked_config(f, cmd, std::move(config));
+  } catch (const UsageError& e) {
+    throw UsageError(with_inherited_origin(e.what(), f.checkpoint.inherited));
+  }
 }
 
 // "3,5,5,3": the blocks per stage of an explicit partition.

@@ -191,6 +191,43 @@ case $case_name in
     grep -q "^note   the checkpoint's settings, for the flags left out: the model .*, --batch-tokens 384, --seed 5, --microbatches 3, --optimizer sgd, --min-lr 0.001, " <<<"$output" ||
       fail "the settings given are said as taken"
     ;;
+  inherited_refusals)
+    # A refusal that speaks of a setting the resume took from the checkpoint says so (the user
+    # never typed it); a --min-lr the given --lr lowers is not said to be the checkpoint's; a
+    # double is said as typed (0, not 0.0); a model flag given alone, with which the others
+    # keep their defaults, is said to be why another model is refused.
+    "$conveyor" train --device cpu --quiet --steps 4 --batch-tokens 384 --microbatches 3 --vocab 32 \
+      --d-model 16 --layers 3 --lr 0.02 --min-lr 0.001 --clip 0 --stop-after 2 --save-dir "$dir" \
+      >>"$work/log" 2>&1 || fail "the first part failed: $(tail -5 "$work/log")"
+    refused() {
+      output=$("$conveyor" train --device cpu --quiet --resume "$dir" "$@" 2>&1)
+      status=$?
+      [ "$status" -eq 2 ] || fail "--resume with $*: exit status $status, expected 2: $output"
+    }
+    refused --microbatches 5
+    grep -q "^conveyor: error: the batch of --batch-tokens 384 cannot be split into --microbatches 5 .* (--batch-tokens 384 is the checkpoint's, which --resume takes for the flags left out)$" <<<"$output" ||
+      fail "--microbatches 5: the refusal does not say that --batch-tokens 384 is the checkpoint's: $output"
+    refused --dp 2
+    grep -q "(--microbatches 3 is the checkpoint's, which --resume takes for the flags left out)$" <<<"$output" ||
+      fail "--dp 2: the refusal does not say that --microbatches 3 is the checkpoint's: $output"
+    refused --min-lr 0.05
+    grep -q "(--lr 0.02 is the checkpoint's, which --resume takes for the flags left out)$" <<<"$output" ||
+      fail "--min-lr 0.05: the refusal does not say that --lr 0.02 is the checkpoint's: $output"
+    "$conveyor" plan --stages 2 --batch-tokens 256 --vocab 32 --d-model 16 --layers 3 \
+      --out "$work/plan256.json" >>"$work/log" 2>&1 || fail "conveyor plan failed: $(tail -5 "$work/log")"
+    refused --stages 2 --plan "$work/plan256.json"
+    grep -q "was planned for --batch-tokens 256 and this run has 384; .* (--batch-tokens 384 is the checkpoint's, which --resume takes for the flags left out)$" <<<"$output" ||
+      fail "a plan for another batch: the refusal does not say that --batch-tokens 384 is the checkpoint's: $output"
+    refused --d-model 16
+    grep -q "another model: .*(with --d-model given, --resume takes none of the model's settings from the checkpoint" <<<"$output" ||
+      fail "--d-model alone: the refusal does not say why the model is not the checkpoint's: $output"
+    output=$("$conveyor" train --device cpu --quiet --resume "$dir" --lr 0.0005 2>&1) ||
+      fail "the resume with --lr 0.0005 failed: $output"
+    grep -q "^note   the checkpoint's settings, for the flags left out: the model .*, --batch-tokens 384, --steps 4, --microbatches 3, --clip 0$" <<<"$output" ||
+      fail "--lr 0.0005: the settings taken are not said as they are: $(grep '^note' <<<"$output")"
+    grep -q "^note   resuming with --min-lr 0.0005 where the checkpoint was saved with 0.001$" <<<"$output" ||
+      fail "--lr 0.0005: the lowered --min-lr is not said"
+    ;;
   bad_manifest)
     # A manifest edited out of agreement with itself is refused at once (exit 2, naming the
     # file and field), never replayed or loaded: a data position of 2^64-1 would take ages.
