@@ -21,6 +21,7 @@ constexpr std::pair<std::string_view, std::string_view> kFlagOfSetting[] = {
     {"TrainConfig::optimizer.eps", "eps"},
     {"TrainConfig::optimizer.momentum", "momentum"},
     {"TrainConfig::steps", "--steps"},
+    {"TrainConfig::seed", "--seed"},
     {"TrainConfig::batch_tokens", "--batch-tokens"},
     {"TrainConfig::microbatches", "--microbatches"},
     {"TrainConfig::stages", "--stages"},

@@ -161,9 +161,10 @@ void check_resumable(Trainer& trainer, const Checkpoint& checkpoint) {
                             ", but this run reads " + ours.data.source + " with digest " +
                             *contents + ": other data; resume with the data it was trained on");
   } else if (saved.data.source != ours.data.source) {
-    throw CheckpointError(manifest + " was trained on " + saved.data.source +
-                          " but this run reads " + ours.data.source +
-                          "; resume with the same data and seed");
+    throw CheckpointError(
+        manifest + " was trained on " + saved.data.source + " but this run reads " +
+        ours.data.source +
+        "; resume with the same data (TrainConfig::data_path) and seed (TrainConfig::seed)");
   }
   if (saved.data.token && *saved.data.token >= trainer.source().vocab())
     throw CheckpointError(manifest + ": manifest.data.token is " +

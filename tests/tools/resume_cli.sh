@@ -284,6 +284,10 @@ case $case_name in
       fail "the first run failed: $(tail -5 log)"
     grep -q '"contents": "xxh3_64:[0-9a-f]\{16\}"' ck/step_2/manifest.json ||
       fail "the manifest records no digest of the data: $(cat ck/step_2/manifest.json)"
+    # --data left out: --resume does not take it, and the refusal names the flag.
+    output=$("$conveyor" train "${on_file[@]}" --resume ck 2>&1)
+    [ $? -eq 2 ] && grep -q "but this run reads Markov chain .*; resume with the same data (--data FILE) and seed (--seed)$" <<<"$output" ||
+      fail "a resume without --data is not refused naming it: $output"
     for data in ./explore/d.txt "$work/d.txt" d2.txt; do
       output=$("$conveyor" train "${on_file[@]}" --data "$data" --resume ck 2>&1) ||
         fail "--data $data: the resume failed: $output"

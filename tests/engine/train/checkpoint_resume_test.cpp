@@ -325,8 +325,9 @@ TEST(TrainerResume, ADataFileIsMatchedByTheDigestOfItsBytes) {
     TrainConfig other = c;
     other.data_path = copy.string();
     Trainer trainer(other);
-    EXPECT_CHECKPOINT_ERROR(resume_trainer(trainer, folder), "was trained on bytes of",
-                            "but this run reads bytes of", "resume with the same data and seed");
+    EXPECT_CHECKPOINT_ERROR(
+        resume_trainer(trainer, folder), "was trained on bytes of", "but this run reads bytes of",
+        "resume with the same data (TrainConfig::data_path) and seed (TrainConfig::seed)");
   }
 }
 
