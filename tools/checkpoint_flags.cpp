@@ -26,7 +26,8 @@ void add_checkpoint_flags(CLI::App* cmd, CheckpointFlags& f) {
   add_switch(cmd, "--async-save", f.async_save,
              "Snapshot to host memory and write checkpoints in the background");
   add_path_flag(cmd, "--resume", f.resume,
-                "Resume from checkpoint DIR, DIR/step_<N>, or latest (of --save-dir)",
+                "Resume from checkpoint DIR, DIR/step_<N>, or latest (of --save-dir); the model, "
+                "batch, seed, steps, optimizer and micro-batches left out are the checkpoint's",
                 "a checkpoint (DIR, DIR/step_<N> or latest)")
       ->type_name("PATH");
   add_int_flag(cmd, "--stop-after", f.stop_after, 0, 1000000000,
