@@ -42,13 +42,7 @@ std::string with_model_flags_given(const CheckpointFlags& f, const std::string& 
   if (f.model_flags_given.empty() ||
       message.find("is a checkpoint of another model") == std::string::npos)
     return message;
-  std::string flags;
-  for (size_t i = 0; i < f.model_flags_given.size(); ++i)
-    flags += (i == 0                                ? ""
-              : i + 1 == f.model_flags_given.size() ? " and "
-                                                    : ", ") +
-             f.model_flags_given[i];
-  return message + " (with " + flags +
+  return message + " (with " + listed(f.model_flags_given) +
          " given, --resume takes none of the model's settings from the checkpoint and the "
          "model flags left out keep their defaults; give the checkpoint's model flags, or none)";
 }

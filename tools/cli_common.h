@@ -11,6 +11,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "engine/schedule/generators.h"
 #include "engine/schedule/input_file.h"
@@ -24,6 +25,14 @@ class UsageError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
+
+// "a", "a and b", "a, b and c": items as a sentence lists them.
+inline std::string listed(const std::vector<std::string>& items) {
+  std::string out;
+  for (size_t i = 0; i < items.size(); ++i)
+    out += (i == 0 ? "" : i + 1 == items.size() ? " and " : ", ") + items[i];
+  return out;
+}
 
 // A flag that takes one of a few words or forms, refused naming the flag, what it takes and
 // the value seen, escaped: a line break typed into the value stays on the error's one line.

@@ -154,14 +154,11 @@ void refuse_unknown_fields(const nlohmann::json& object, const std::string& sour
                            const std::string& prefix, const std::vector<std::string>& known) {
   for (const auto& [key, value] : object.items()) {
     if (std::find(known.begin(), known.end(), key) != known.end()) continue;
-    std::string list;
-    for (size_t k = 0; k < known.size(); ++k)
-      list += (k == 0 ? "" : k + 1 == known.size() ? " and " : ", ") + known[k];
     const std::string name = prefix + message_excerpt(key);
     throw UsageError(
         source + " has a field '" + escaped_for_message(name) + "' that plan files do not have (" +
         (prefix.empty() ? "a plan" : "its " + prefix.substr(0, prefix.size() - 1)) + " holds " +
-        list + "); correct its name or plan again (conveyor plan ... --out FILE)");
+        listed(known) + "); correct its name or plan again (conveyor plan ... --out FILE)");
   }
 }
 

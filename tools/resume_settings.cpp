@@ -10,6 +10,7 @@
 #include "engine/train/checkpoint.h"
 #include "engine/train/checkpoint_model.h"
 #include "layers/ops.h"
+#include "tools/cli_common.h"
 #include "tools/cli_flags.h"
 #include "tools/flag_terms.h"
 
@@ -134,10 +135,7 @@ std::string with_inherited_origin(const std::string& message,
     if (said) named.push_back(setting);
   }
   if (named.empty()) return message;
-  std::string list;
-  for (size_t i = 0; i < named.size(); ++i)
-    list += (i == 0 ? "" : i + 1 == named.size() ? " and " : ", ") + named[i];
-  return text + " (" + list + (named.size() == 1 ? " is" : " are") +
+  return text + " (" + listed(named) + (named.size() == 1 ? " is" : " are") +
          " the checkpoint's, which --resume takes for the flags left out)";
 }
 
