@@ -39,6 +39,10 @@ std::optional<ModelConfig> described_model(const nlohmann::json& description) {
   }
 }
 
+// The flags that set the model, each a field of it.
+constexpr const char* kModelFlags[] = {"--preset", "--d-model", "--layers",
+                                       "--hidden", "--vocab",   "--activation"};
+
 // A value as the flag takes it: a double in its shortest exact digits, as typed (0, not 0.0).
 template <typename T>
 std::string flag_text(const T& value) {
@@ -65,6 +69,13 @@ bool names_flag(const std::string& message, const std::string& flag) {
 
 }  // namespace
 
+std::vector<std::string> model_flags_given(const CLI::App& cmd) {
+  std::vector<std::string> given;
+  for (const char* flag : kModelFlags)
+    if (cmd.count(flag)) given.push_back(flag);
+  return given;
+}
+
 std::vector<std::string> inherit_resumed_settings(const std::string& path, const CLI::App& cmd,
                                                   bool microbatches_chosen_elsewhere,
                                                   TrainConfig& config) {
@@ -84,12 +95,9 @@ std::vector<std::string> inherit_resumed_settings(const std::string& path, const
     inherited.push_back(std::string(flag) + " " + flag_text(value));
   };
 
-  bool model_given = false;
-  for (const char* flag :
-       {"--preset", "--d-model", "--layers", "--hidden", "--vocab", "--activation"})
-    model_given = model_given || cmd.count(flag) > 0;
   if (const std::optional<ModelConfig> model = described_model(saved.model);
-      model && !model_given && describe_model(*model) != describe_model(config.model)) {
+      model && model_flags_given(cmd).empty() &&
+      describe_model(*model) != describe_model(config.model)) {
     config.model = *model;
     inherited.push_back("the model " + saved.model.value("name", std::string()));
   }
@@ -125,9 +133,8 @@ std::string with_inherited_origin(const std::string& message,
     const std::string flag = setting.substr(0, setting.find(' '));
     bool said = false;
     if (setting.starts_with("the model ")) {  // said by any of its flags
-      for (const char* f : {"--preset", "--d-model", "--layers", "--hidden", "--vocab",
-                            "--activation", "the model"})
-        said = said || names_flag(text, f);
+      said = names_flag(text, "the model");
+      for (const char* f : kModelFlags) said = said || names_flag(text, f);
     } else {
       said = names_flag(text, flag) ||
              (flag == "--microbatches" && text.find("micro-batch") != std::string::npos);

@@ -13,6 +13,10 @@ class App;  // tools/cli_flags.h includes CLI11 where flags are declared or read
 
 namespace conveyor::cli {
 
+// The model flags given on `cmd` (as "--d-model"): with any of them, the model is the flags'
+// and none of its settings the checkpoint's.
+std::vector<std::string> model_flags_given(const CLI::App& cmd);
+
 // Sets in `config` what the checkpoint at `path` (DIR, DIR/latest or DIR/step_<N>) records
 // for the settings `cmd` was not given: the model (when no model flag is given), --batch-tokens,
 // --seed, --steps, the optimizer and its schedule (--optimizer, --lr, --min-lr, --warmup,

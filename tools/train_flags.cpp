@@ -249,10 +249,7 @@ TrainConfig resolve_config(TrainFlags& f, const CLI::App& cmd) {
   f.run.apply(cmd, config);
   if (!f.checkpoint.resume.empty()) {
     f.as_given = config;
-    f.checkpoint.model_flags_given.clear();
-    for (const char* flag :
-         {"--preset", "--d-model", "--layers", "--hidden", "--vocab", "--activation"})
-      if (cmd.count(flag)) f.checkpoint.model_flags_given.push_back(flag);
+    f.checkpoint.model_flags_given = model_flags_given(cmd);
     f.checkpoint.inherited = inherit_resumed_settings(
         resume_path(f.checkpoint), cmd, microbatches_chosen_elsewhere(f, config), config);
     // --recompute units:LIST counts the units of the model the run trains.
