@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <filesystem>
@@ -149,6 +150,14 @@ struct PiecedDemo {
 
 inline fs::path save_pieced_demo(const fs::path& dir, int64_t step) {
   return PiecedDemo{}.save(dir, step);
+}
+
+// The names in a folder, sorted.
+inline std::vector<std::string> folder_names(const fs::path& dir) {
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
 }
 
 inline std::string read_file(const fs::path& path) {

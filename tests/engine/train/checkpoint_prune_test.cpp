@@ -21,13 +21,6 @@ namespace {
 
 using namespace conveyor::testing;
 
-std::vector<std::string> folder_names(const fs::path& dir) {
-  std::vector<std::string> names;
-  for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
-  std::sort(names.begin(), names.end());
-  return names;
-}
-
 // A file `folder`/extra/notes.txt that cannot be removed until release(), wherever `folder`
 // is renamed to: immutable (chattr +i) for root, whom permission bits do not stop, and for
 // anyone else in a subfolder without write permission. Or, for root only, `folder` itself

@@ -19,13 +19,6 @@ namespace {
 
 using namespace conveyor::testing;
 
-std::vector<std::string> folder_names(const fs::path& dir) {
-  std::vector<std::string> names;
-  for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
-  std::sort(names.begin(), names.end());
-  return names;
-}
-
 TEST(CheckpointSave, WritesTheDocumentedLayout) {
   TempDir dir;
   const fs::path folder = save_demo(dir.path(), 5);
