@@ -242,14 +242,16 @@ void CheckpointWriter::prune(CommitResult& result) const {
   std::sort(saved.begin(), saved.end(), newest_first);
   std::sort(left.begin(), left.end(), newest_first);
   std::error_code ec;
-  // First, so that a step removed again finds its leftover's name free.
-  for (const auto& [step, path] : left) {
-    fs::remove_all(path, ec);
+  // Removes a step_<N>.removing folder, listed in `result` as `removed`, or warns.
+  const auto remove_leftover = [&](const fs::path& leftover, const fs::path& removed) {
+    fs::remove_all(leftover, ec);
     if (ec)
-      result.warnings.push_back(removal_warning(path, ec));
+      result.warnings.push_back(removal_warning(leftover, ec));
     else
-      result.removed.push_back(path);
-  }
+      result.removed.push_back(removed);
+  };
+  // First, so that a step removed again finds its leftover's name free.
+  for (const auto& [step, path] : left) remove_leftover(path, path);
   if (options_.keep_last == 0) return;
   // Renamed before their files go, and the renames made durable: a removal that fails or
   // crashes halfway leaves a folder that no load takes for a checkpoint.
@@ -275,13 +277,7 @@ void CheckpointWriter::prune(CommitResult& result) const {
                               "save to remove");
     return;
   }
-  for (const auto& [path, leftover] : renamed) {
-    fs::remove_all(leftover, ec);
-    if (ec)
-      result.warnings.push_back(removal_warning(leftover, ec));
-    else
-      result.removed.push_back(path);
-  }
+  for (const auto& [path, leftover] : renamed) remove_leftover(leftover, path);
 }
 
 std::optional<std::string> save_refusal(const fs::path& dir, int64_t step, bool continues_folder) {
