@@ -30,6 +30,9 @@ struct CheckpointFlags {
   // Not a flag: the model flags given with --resume (as "--d-model"), with which the model is
   // the flags' and not the checkpoint's, so that a refusal of another model can say why.
   std::vector<std::string> model_flags_given;
+  // Not a flag: what the resume takes from the checkpoint (settings_left_to_checkpoint), which
+  // the processes under mpirun compare as left out rather than by the flags' defaults.
+  std::vector<std::string> left_to_checkpoint;
 };
 
 // The checkpoint path --resume names: the --save-dir folder for `latest`.

@@ -43,6 +43,12 @@ std::optional<ModelConfig> described_model(const nlohmann::json& description) {
 constexpr const char* kModelFlags[] = {"--preset", "--d-model", "--layers",
                                        "--hidden", "--vocab",   "--activation"};
 
+// The flags whose settings a resume takes from the checkpoint when they are left out, but
+// --microbatches, which a schedule file, a plan or --partition auto may choose instead.
+constexpr const char* kResumedFlags[] = {"--batch-tokens", "--seed",         "--steps",
+                                         "--optimizer",    "--lr",           "--min-lr",
+                                         "--warmup",       "--weight-decay", "--clip"};
+
 // A value as the flag takes it: a double in its shortest exact digits, as typed (0, not 0.0).
 template <typename T>
 std::string flag_text(const T& value) {
@@ -74,6 +80,17 @@ std::vector<std::string> model_flags_given(const CLI::App& cmd) {
   for (const char* flag : kModelFlags)
     if (cmd.count(flag)) given.push_back(flag);
   return given;
+}
+
+std::vector<std::string> settings_left_to_checkpoint(const CLI::App& cmd,
+                                                     bool microbatches_chosen_elsewhere) {
+  std::vector<std::string> left;
+  if (model_flags_given(cmd).empty()) left.push_back("the model");
+  for (const char* flag : kResumedFlags)
+    if (!cmd.count(flag)) left.push_back(flag);
+  if (!microbatches_chosen_elsewhere && !cmd.count("--microbatches"))
+    left.push_back("--microbatches");
+  return left;
 }
 
 std::vector<std::string> inherit_resumed_settings(const std::string& path, const CLI::App& cmd,

@@ -17,6 +17,12 @@ namespace conveyor::cli {
 // and none of its settings the checkpoint's.
 std::vector<std::string> model_flags_given(const CLI::App& cmd);
 
+// What --resume takes from the checkpoint for `cmd`: "the model" where no model flag is given,
+// and each of --batch-tokens, --seed, --steps, --optimizer, --lr, --min-lr, --warmup,
+// --weight-decay, --clip and (unless `microbatches_chosen_elsewhere`) --microbatches left out.
+std::vector<std::string> settings_left_to_checkpoint(const CLI::App& cmd,
+                                                     bool microbatches_chosen_elsewhere);
+
 // Sets in `config` what the checkpoint at `path` (DIR, DIR/latest or DIR/step_<N>) records
 // for the settings `cmd` was not given: the model (when no model flag is given), --batch-tokens,
 // --seed, --steps, the optimizer and its schedule (--optimizer, --lr, --min-lr, --warmup,

@@ -248,8 +248,9 @@ TrainConfig resolve_config(TrainFlags& f, const CLI::App& cmd) {
   TrainConfig config = f.config;
   f.run.apply(cmd, config);
   if (!f.checkpoint.resume.empty()) {
-    f.as_given = config;
     f.checkpoint.model_flags_given = model_flags_given(cmd);
+    f.checkpoint.left_to_checkpoint =
+        settings_left_to_checkpoint(cmd, microbatches_chosen_elsewhere(f, config));
     f.checkpoint.inherited = inherit_resumed_settings(
         resume_path(f.checkpoint), cmd, microbatches_chosen_elsewhere(f, config), config);
     // --recompute units:LIST counts the units of the model the run trains.
@@ -510,32 +511,41 @@ ConfigField given_or_not(const std::string& flag, const std::string& path) {
 
 ConfigFields configuration_fields(const TrainFlags& f, const TrainConfig& c) {
   // A resume's settings that the command line left out come from each process's copy of the
-  // checkpoint, which the resume compares between the processes: the flags as given are
-  // compared here, so that copies of two checkpoints are refused as such.
-  const TrainConfig& g = f.as_given ? *f.as_given : c;
-  const int64_t microbatches =
-      f.as_given && !microbatches_chosen_elsewhere(f, c) ? g.microbatches : c.microbatches;
-  const auto& m = g.model;
-  const auto& o = g.optimizer;
+  // checkpoint, which the resume compares between the processes: here they are compared as
+  // left out, so that copies of two checkpoints are refused as such, and a flag left out on
+  // one process and given on another is refused, whatever the checkpoint holds.
+  const std::vector<std::string>& left = f.checkpoint.left_to_checkpoint;
+  auto resumed = [&](std::string name, std::string value) {
+    const std::string setting = name.starts_with("the model") ? "the model" : name;
+    if (std::find(left.begin(), left.end(), setting) == left.end())
+      return ConfigField{std::move(name), std::move(value)};
+    return ConfigField{std::move(name), "not given",
+                       "not given, so --resume takes the checkpoint's"};
+  };
+  const auto& m = c.model;
+  const auto& o = c.optimizer;
   return {
-      {"the model (--preset, --d-model, --layers, --hidden, --vocab, --activation)",
-       "d_model=" + std::to_string(m.d_model) + " layers=" + std::to_string(m.n_layers) +
-           " hidden=" + std::to_string(m.hidden) + " vocab=" + std::to_string(m.vocab) +
-           " activation=" + ops::activation_name(m.activation) + " ln_eps=" + exact(m.ln_eps)},
+      resumed("the model (--preset, --d-model, --layers, --hidden, --vocab, --activation)",
+              "d_model=" + std::to_string(m.d_model) + " layers=" + std::to_string(m.n_layers) +
+                  " hidden=" + std::to_string(m.hidden) + " vocab=" + std::to_string(m.vocab) +
+                  " activation=" + ops::activation_name(m.activation) +
+                  " ln_eps=" + exact(m.ln_eps)),
       {"--stages", std::to_string(c.stages)},
       {"--chunks", std::to_string(c.chunks)},
       {"--schedule", f.schedule},
       file_field("--schedule-file", c.schedule_file),
       {"--partition", f.partition},
-      {"--batch-tokens", std::to_string(g.batch_tokens)},
-      {"--microbatches", std::to_string(microbatches)},
-      {"--seed", std::to_string(g.seed)},
-      {"--steps", std::to_string(g.steps)},
+      resumed("--batch-tokens", std::to_string(c.batch_tokens)),
+      resumed("--microbatches", std::to_string(c.microbatches)),
+      resumed("--seed", std::to_string(c.seed)),
+      resumed("--steps", std::to_string(c.steps)),
       file_field("--data", c.data_path),
-      {"the optimizer (--optimizer, --lr, --min-lr, --warmup, --weight-decay, --clip)",
-       o.kind + " lr=" + exact(o.lr) + " min_lr=" + exact(o.min_lr) +
-           " warmup=" + std::to_string(o.warmup_steps) + " weight_decay=" + exact(o.weight_decay) +
-           " clip=" + exact(o.clip_norm)},
+      resumed("--optimizer", o.kind),
+      resumed("--lr", exact(o.lr)),
+      resumed("--min-lr", exact(o.min_lr)),
+      resumed("--warmup", std::to_string(o.warmup_steps)),
+      resumed("--weight-decay", exact(o.weight_decay)),
+      resumed("--clip", exact(o.clip_norm)),
       {"--device", f.run.device},
       {"--tf32", c.allow_tf32 ? "on" : "off"},
       {"--transport", f.transport},

@@ -37,9 +37,6 @@ struct TrainFlags {
   bool weights_checksum = false;
   int64_t eval_batches = 0;  // held-out batches after the training data; 0: none
   int64_t eval_every = 0;    // evaluate after every N steps as well as the last; 0: the last only
-  // Not a flag: on a resume, the settings before those left out took the checkpoint's
-  // (inherit_resumed_settings), which is what the processes under mpirun compare.
-  std::optional<TrainConfig> as_given;
 };
 
 // Whether a schedule file, a plan or --partition auto chooses the micro-batch count when

@@ -8,7 +8,8 @@
 #   mpi_checkpoint.sh CONVEYOR resume   a checkpoint saved by -np 2 --stages 2 resumes in one
 #                                       process at --stages 1, and one saved in one process
 #                                       resumes under -np 4 --stages 4: per-step numbers and
-#                                       final weights those of the uninterrupted run, bit for bit
+#                                       final weights those of the uninterrupted run, bit for bit;
+#                                       a flag left out on one process only is refused
 #   mpi_checkpoint.sh CONVEYOR interrupt
 #                                       SIGINT to rank 1 alone mid-run: both ranks stop after
 #                                       the same step, save it, and exit with 130; the
@@ -117,6 +118,15 @@ case $mode in
       fail "mpirun -np 2 with --resume alone failed: $(cat "$work/inherited.out")"
     [ "$(grep '^weights xxh3' "$work/inherited.out")" = "$(grep '^weights xxh3' "$work/full.out")" ] ||
       fail "mpirun -np 2 with --resume alone: other weights than the uninterrupted run's: $(cat "$work/inherited.out")"
+    # A flag left out on one process and given on another, even as the flag's default: that
+    # process would take the checkpoint's value (here --lr 0.005) and the other its own.
+    run saved_lr -- --stages 1 --stop-after 2 --lr 0.005 --save-dir "$work/by_lr"
+    timeout 60 "${mpirun[@]}" -np 2 bash -c \
+      'if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then exec "$@" --lr 0.003; else exec "$@"; fi' _ \
+      "$cli" train --device cpu --stages 2 --quiet --timeout 20 --resume "$work/by_lr" \
+      >"$work/left_out.out" 2>&1 && fail "--lr left out on rank 0 only was not refused"
+    grep -Fq "the ranks disagree on --lr: rank 0 has 'not given, so --resume takes the checkpoint's', rank 1 has '0.003'" \
+      "$work/left_out.out" || fail "--lr left out on rank 0 only: $(cat "$work/left_out.out")"
     run saved1 -- --stages 1 --stop-after 2 --save-dir "$work/by_one"
     run resumed4 "${mpirun[@]}" -np 4 -- --stages 4 --resume "$work/by_one"
     grep -q "^resume .*step_2 at step 2 (saved with 1 stage(s)" "$work/resumed4.out" ||
