@@ -39,9 +39,7 @@ namespace {
 // A refusal of another model, where a model flag was given: the model's other settings are
 // then the flags' defaults, not the checkpoint's, which the user may not expect.
 std::string with_model_flags_given(const CheckpointFlags& f, const std::string& message) {
-  if (f.model_flags_given.empty() ||
-      message.find("is a checkpoint of another model") == std::string::npos)
-    return message;
+  if (f.model_flags_given.empty()) return message;
   return message + " (with " + listed(f.model_flags_given) +
          " given, --resume takes none of the model's settings from the checkpoint and the "
          "model flags left out keep their defaults; give the checkpoint's model flags, or none)";
@@ -120,9 +118,11 @@ std::unique_ptr<TrainerCheckpointer> setup_checkpoints(const CheckpointFlags& f,
             static_cast<long long>(config.steps), static_cast<long long>(saved_steps));
     }
   } catch (const CheckpointErrorOfEveryProcess& e) {
-    throw ErrorOfEveryProcess(with_model_flags_given(f, e.what()), kExitUsage);
-  } catch (const CheckpointError& e) {
+    throw ErrorOfEveryProcess(e.what(), kExitUsage);
+  } catch (const CheckpointOfAnotherModel& e) {
     throw UsageError(with_model_flags_given(f, e.what()));
+  } catch (const CheckpointError& e) {
+    throw UsageError(e.what());
   }
   return checkpointer;
 }

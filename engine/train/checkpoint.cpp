@@ -272,10 +272,10 @@ void Checkpoint::check_model(std::string_view fingerprint) const {
   if (fingerprint == manifest_.state.model_fingerprint) return;
   std::string model = manifest_.state.model.dump();
   if (model.size() > 200) model = model.substr(0, 200) + "...";
-  throw CheckpointError(shown_path(dir_ / kManifestName) +
-                        " is a checkpoint of another model: its fingerprint is " +
-                        in_quotes(manifest_.state.model_fingerprint) + ", this model's is " +
-                        in_quotes(fingerprint) + " (the checkpoint's model: " + model + ")");
+  throw CheckpointOfAnotherModel(
+      shown_path(dir_ / kManifestName) + " is a checkpoint of another model: its fingerprint is " +
+      in_quotes(manifest_.state.model_fingerprint) + ", this model's is " + in_quotes(fingerprint) +
+      " (the checkpoint's model: " + model + ")");
 }
 
 void Checkpoint::check_tensors(const std::vector<TensorSpec>& expected) const {

@@ -20,6 +20,13 @@ class NotACheckpointError : public CheckpointError {
   using CheckpointError::CheckpointError;
 };
 
+// A checkpoint whose tensors or model description are not those of the model that loads it:
+// a program that chose the model from settings of its own may say which of them did.
+class CheckpointOfAnotherModel : public CheckpointError {
+ public:
+  using CheckpointError::CheckpointError;
+};
+
 // A CheckpointError that several processes of a run throw with the same text: those that did
 // not fail a phase, pointing to the process that did, and every process after a check of a
 // table they all gathered. A program may say it once for the whole run.

@@ -144,7 +144,7 @@ void check_resumable(Trainer& trainer, const Checkpoint& checkpoint) {
       differences = "model_fingerprint " + checkpoint_io::in_quotes(saved.model_fingerprint) +
                     " in the checkpoint, '" + ours.model_fingerprint +
                     "' in this run, though the model descriptions are the same";
-    throw CheckpointError(manifest + " is a checkpoint of another model: " + differences);
+    throw CheckpointOfAnotherModel(manifest + " is a checkpoint of another model: " + differences);
   }
   if (saved.optimizer.kind != ours.optimizer.kind)
     throw CheckpointError(manifest + " holds the state of optimizer " + saved.optimizer.kind +
@@ -199,10 +199,10 @@ void check_tensor_count(PipelineExecutor& executor, const Checkpoint& checkpoint
                          ", in which the processes add up the tensors they load from the "
                          "checkpoint, to compare with the count it holds");
   if (count[0] != static_cast<double>(checkpoint.tensors().size()))
-    throw CheckpointError(checkpoint_io::shown_path(checkpoint.directory()) + " holds " +
-                          std::to_string(checkpoint.tensors().size()) + " tensors but the model " +
-                          "has " + std::to_string(static_cast<int64_t>(count[0])) +
-                          "; it is a checkpoint of another model");
+    throw CheckpointOfAnotherModel(
+        checkpoint_io::shown_path(checkpoint.directory()) + " holds " +
+        std::to_string(checkpoint.tensors().size()) + " tensors but the model " + "has " +
+        std::to_string(static_cast<int64_t>(count[0])) + "; it is a checkpoint of another model");
 }
 
 }  // namespace

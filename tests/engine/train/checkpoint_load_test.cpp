@@ -213,6 +213,7 @@ TEST_F(CheckpointLoad, AnotherModel) {
   ckpt.check_model(model_fingerprint(testing::demo_state(2, 2).model));
   EXPECT_CHECKPOINT_ERROR(ckpt.check_model("xxh3_64:fedcba9876543210"), manifest().string(),
                           "another model", "fedcba9876543210", "\"preset\":\"demo\"");
+  EXPECT_THROW(ckpt.check_model("xxh3_64:fedcba9876543210"), CheckpointOfAnotherModel);
 }
 
 TEST_F(CheckpointLoad, TensorsMissingExtraOrMisshapen) {

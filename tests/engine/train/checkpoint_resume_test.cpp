@@ -220,7 +220,7 @@ TEST(TrainerResume, CheckpointOfAnotherModelIsRefusedNamingTheDifference) {
   try {
     resume_trainer(other, dir.path());
     FAIL() << "a checkpoint of d_model 32 resumed into d_model 16";
-  } catch (const CheckpointError& e) {
+  } catch (const CheckpointOfAnotherModel& e) {
     const std::string what = e.what();
     EXPECT_NE(what.find("another model"), std::string::npos) << what;
     EXPECT_NE(what.find("d_model 32 in the checkpoint, 16 in this run"), std::string::npos) << what;
