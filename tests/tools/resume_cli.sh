@@ -288,6 +288,14 @@ case $case_name in
     output=$("$conveyor" train "${on_file[@]}" --resume ck 2>&1)
     [ $? -eq 2 ] && grep -q "but this run reads Markov chain .*; resume with the same data (--data FILE) and seed (--seed)$" <<<"$output" ||
       fail "a resume without --data is not refused naming it: $output"
+    # A checkpoint of the Markov chain resumed with --data is refused for its data, not for
+    # the vocab of 256 that --data alone gives the preset's model.
+    on_chain=(--device cpu --steps 6 --batch-tokens 512 --microbatches 4 --quiet)
+    "$conveyor" train "${on_chain[@]}" --stop-after 2 --save-dir chain >>log 2>&1 ||
+      fail "the run on the Markov chain failed: $(tail -5 log)"
+    output=$("$conveyor" train "${on_chain[@]}" --data d.txt --resume chain 2>&1)
+    [ $? -eq 2 ] && grep -q "^conveyor: error: .*manifest.json' was trained on Markov chain (vocab 64, .* but this run reads bytes of 'd.txt' (4096 tokens, vocab 256); resume with the same data (--data FILE) and seed (--seed)$" <<<"$output" ||
+      fail "a Markov checkpoint resumed with --data is not refused for its data: $output"
     for data in ./explore/d.txt "$work/d.txt" d2.txt; do
       output=$("$conveyor" train "${on_file[@]}" --data "$data" --resume ck 2>&1) ||
         fail "--data $data: the resume failed: $output"
