@@ -296,6 +296,14 @@ case $case_name in
     output=$("$conveyor" train "${on_chain[@]}" --data d.txt --resume chain 2>&1)
     [ $? -eq 2 ] && grep -q "^conveyor: error: .*manifest.json' was trained on Markov chain (vocab 64, .* but this run reads bytes of 'd.txt' (4096 tokens, vocab 256); resume with the same data (--data FILE) and seed (--seed)$" <<<"$output" ||
       fail "a Markov checkpoint resumed with --data is not refused for its data: $output"
+    # The preset's model on --data (vocab 256) is what the flags give: resumed, it is not said
+    # to be the checkpoint's.
+    "$conveyor" train "${on_chain[@]}" --data d.txt --stop-after 2 --save-dir bytes >>log 2>&1 ||
+      fail "the run on d.txt without model flags failed: $(tail -5 log)"
+    output=$("$conveyor" train "${on_chain[@]}" --data d.txt --resume bytes 2>&1) ||
+      fail "the resume on d.txt without model flags failed: $output"
+    ! grep -q "^note   the checkpoint's settings" <<<"$output" ||
+      fail "the model the flags give with --data is said to be the checkpoint's: $output"
     for data in ./explore/d.txt "$work/d.txt" d2.txt; do
       output=$("$conveyor" train "${on_file[@]}" --data "$data" --resume ck 2>&1) ||
         fail "--data $data: the resume failed: $output"
