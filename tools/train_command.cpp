@@ -203,7 +203,7 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
   try {
     check_eval_fits(*trainer, config, f.eval_batches);
   } catch (const UsageError& e) {  // from the agreed flags and --data contents: alike everywhere
-    refuse_on_every_rank(mpi, e.what());
+    refuse_on_every_rank(mpi, with_inherited_origin(e.what(), f.checkpoint.inherited));
   }
   std::optional<HeldOutData> held_out;
   if (f.eval_batches > 0) held_out.emplace(*trainer);

@@ -136,6 +136,12 @@ bool microbatches_chosen_elsewhere(const TrainFlags& f, const TrainConfig& confi
 
 namespace {
 
+// Byte-level tokens of a file need 256 ids unless --vocab says otherwise.
+void raise_vocab_for_data(const CLI::App& cmd, TrainConfig& config) {
+  if (!cmd.count("--vocab") && !config.data_path.empty() && config.model.vocab < 256)
+    config.model.vocab = 256;
+}
+
 // The flags' settings, with a resume's inherited ones in place, completed and checked.
 TrainConfig checked_config(TrainFlags& f, const CLI::App& cmd, TrainConfig config) {
   config.schedule = parse_schedule(f.schedule);
@@ -179,9 +185,7 @@ TrainConfig checked_config(TrainFlags& f, const CLI::App& cmd, TrainConfig confi
                          " divides, or a schedule file whose micro-batch count divides it");
     }
   }
-  // Byte-level tokens of a file need 256 ids unless --vocab says otherwise.
-  if (!cmd.count("--vocab") && !config.data_path.empty() && config.model.vocab < 256)
-    config.model.vocab = 256;
+  raise_vocab_for_data(cmd, config);
   // Said with the flag the user typed; the source's own check names its field.
   if (config.data_path.empty() && config.model.vocab > MarkovSource::kMaxVocab)
     throw UsageError("--vocab " + std::to_string(config.model.vocab) +
@@ -251,6 +255,9 @@ TrainConfig resolve_config(TrainFlags& f, const CLI::App& cmd) {
     f.checkpoint.model_flags_given = model_flags_given(cmd);
     f.checkpoint.left_to_checkpoint =
         settings_left_to_checkpoint(cmd, microbatches_chosen_elsewhere(f, config));
+    // The model the flags give with --data, so that a checkpoint's equal one is not said to
+    // be taken from it.
+    raise_vocab_for_data(cmd, config);
     f.checkpoint.inherited = inherit_resumed_settings(
         resume_path(f.checkpoint), cmd, microbatches_chosen_elsewhere(f, config), config);
     // --recompute units:LIST counts the units of the model the run trains.

@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine/core/number_text.h"
 #include "engine/train/data.h"
 #include "tools/cli_common.h"
 #include "tools/output_file.h"
@@ -94,12 +95,17 @@ void check_eval_fits(Trainer& trainer, const TrainConfig& config, int64_t eval_b
   // One token per byte, as read when the run started (the file may have changed since).
   const uint64_t have = file->bytes();
   if (needed + 1 <= have) return;
-  // What would fit: the batches left after the training's, or, when the training alone takes
-  // the whole file, no held-out batch at all.
-  const uint64_t in_file = (have - 1) / static_cast<uint64_t>(config.batch_tokens);
+  // What would fit: the batches left after the training's, or, when the training takes the
+  // whole file or leaves less than a batch after it, no held-out batch at all.
+  const uint64_t batch = static_cast<uint64_t>(config.batch_tokens);
+  const uint64_t pairs = have - 1;
+  const uint64_t in_file = pairs / batch;
   std::string fix = "the training batches alone fill it; use fewer --steps or a larger file";
   if (in_file > trained)
     fix = "use --eval-batches " + std::to_string(in_file - trained) + " or fewer, or fewer --steps";
+  else if (in_file == trained && pairs > trained * batch)
+    fix = "the training batches leave " + counted(pairs - trained * batch, "(input, target) pair") +
+          " after them, fewer than one held-out batch; use fewer --steps or a larger file";
   throw UsageError(
       "--eval-batches " + std::to_string(eval_batches) + " needs " + std::to_string(needed + 1) +
       " bytes of --data (" + std::to_string(trained) + " training and " +

@@ -132,24 +132,9 @@ void check_one_checkpoint_in_every_process(PipelineExecutor& executor, const Che
       "each node)");
 }
 
-// Everything that must match before a checkpoint is loaded into the trainer.
-void check_resumable(Trainer& trainer, const Checkpoint& checkpoint) {
-  const TrainingState ours = trainer_training_state(trainer);
-  const TrainingState& saved = checkpoint.state();
-  const std::string manifest = checkpoint_io::shown_path(checkpoint.directory() / "manifest.json");
-  if (saved.model_fingerprint != ours.model_fingerprint) {
-    std::string differences = model_differences(saved.model, ours.model);
-    // The same description under another fingerprint: the fingerprint alone was changed.
-    if (differences.empty())
-      differences = "model_fingerprint " + checkpoint_io::in_quotes(saved.model_fingerprint) +
-                    " in the checkpoint, '" + ours.model_fingerprint +
-                    "' in this run, though the model descriptions are the same";
-    throw CheckpointOfAnotherModel(manifest + " is a checkpoint of another model: " + differences);
-  }
-  if (saved.optimizer.kind != ours.optimizer.kind)
-    throw CheckpointError(manifest + " holds the state of optimizer " + saved.optimizer.kind +
-                          " but this run uses " + ours.optimizer.kind +
-                          "; resume with TrainConfig::optimizer.kind " + saved.optimizer.kind);
+// The checkpoint's data against the run's source.
+void check_same_data(Trainer& trainer, const TrainingState& saved, const TrainingState& ours,
+                     const std::string& manifest) {
   // A recorded digest identifies the data by its bytes, wherever the file now lies and
   // whatever it is called; without one (a checkpoint written before it was recorded, or a
   // source this run has no digest of) the descriptions must match.
@@ -170,6 +155,33 @@ void check_resumable(Trainer& trainer, const Checkpoint& checkpoint) {
     throw CheckpointError(manifest + ": manifest.data.token is " +
                           std::to_string(*saved.data.token) + " but " + saved.data.source +
                           " has tokens in [0, " + std::to_string(trainer.source().vocab()) + ")");
+}
+
+// Everything that must match before a checkpoint is loaded into the trainer.
+void check_resumable(Trainer& trainer, const Checkpoint& checkpoint) {
+  const TrainingState ours = trainer_training_state(trainer);
+  const TrainingState& saved = checkpoint.state();
+  const std::string manifest = checkpoint_io::shown_path(checkpoint.directory() / "manifest.json");
+  // A file's bytes against a generated chain (a digest on one side only) is the difference to
+  // name: the model may differ only through its vocab, which follows such data (bytes take 256
+  // ids), whereas between two chains a vocab is the model's, which is said first.
+  const bool digest_on_one_side =
+      saved.data.contents.has_value() != trainer.source().contents_digest().has_value();
+  if (digest_on_one_side) check_same_data(trainer, saved, ours, manifest);
+  if (saved.model_fingerprint != ours.model_fingerprint) {
+    std::string differences = model_differences(saved.model, ours.model);
+    // The same description under another fingerprint: the fingerprint alone was changed.
+    if (differences.empty())
+      differences = "model_fingerprint " + checkpoint_io::in_quotes(saved.model_fingerprint) +
+                    " in the checkpoint, '" + ours.model_fingerprint +
+                    "' in this run, though the model descriptions are the same";
+    throw CheckpointOfAnotherModel(manifest + " is a checkpoint of another model: " + differences);
+  }
+  if (saved.optimizer.kind != ours.optimizer.kind)
+    throw CheckpointError(manifest + " holds the state of optimizer " + saved.optimizer.kind +
+                          " but this run uses " + ours.optimizer.kind +
+                          "; resume with TrainConfig::optimizer.kind " + saved.optimizer.kind);
+  if (!digest_on_one_side) check_same_data(trainer, saved, ours, manifest);
   check_trainer_manifest(checkpoint.manifest(), manifest);
   const nlohmann::json& rng = saved.rng;
   if (rng["batch_tokens"] != trainer.config().batch_tokens)

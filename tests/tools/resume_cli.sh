@@ -288,6 +288,28 @@ case $case_name in
     output=$("$conveyor" train "${on_file[@]}" --resume ck 2>&1)
     [ $? -eq 2 ] && grep -q "but this run reads Markov chain .*; resume with the same data (--data FILE) and seed (--seed)$" <<<"$output" ||
       fail "a resume without --data is not refused naming it: $output"
+    # A checkpoint of the Markov chain resumed with --data is refused for its data, not for
+    # the vocab of 256 that --data alone gives the preset's model.
+    on_chain=(--device cpu --steps 6 --batch-tokens 512 --microbatches 4 --quiet)
+    "$conveyor" train "${on_chain[@]}" --stop-after 2 --save-dir chain >>log 2>&1 ||
+      fail "the run on the Markov chain failed: $(tail -5 log)"
+    output=$("$conveyor" train "${on_chain[@]}" --data d.txt --resume chain 2>&1)
+    [ $? -eq 2 ] && grep -q "^conveyor: error: .*manifest.json' was trained on Markov chain (vocab 64, .* but this run reads bytes of 'd.txt' (4096 tokens, vocab 256); resume with the same data (--data FILE) and seed (--seed)$" <<<"$output" ||
+      fail "a Markov checkpoint resumed with --data is not refused for its data: $output"
+    # The preset's model on --data (vocab 256) is what the flags give: resumed, it is not said
+    # to be the checkpoint's.
+    "$conveyor" train "${on_chain[@]}" --data d.txt --stop-after 2 --save-dir bytes >>log 2>&1 ||
+      fail "the run on d.txt without model flags failed: $(tail -5 log)"
+    output=$("$conveyor" train "${on_chain[@]}" --data d.txt --resume bytes 2>&1) ||
+      fail "the resume on d.txt without model flags failed: $output"
+    ! grep -q "^note   the checkpoint's settings" <<<"$output" ||
+      fail "the model the flags give with --data is said to be the checkpoint's: $output"
+    # Held-out batches past the file, with the checkpoint's --steps: the refusal says whose
+    # --steps it counts.
+    output=$("$conveyor" train --device cpu --batch-tokens 512 --microbatches 4 --vocab 256 \
+      --d-model 32 --quiet --data d.txt --eval-batches 2 --resume ck 2>&1)
+    [ $? -eq 2 ] && grep -q "^conveyor: error: --eval-batches 2 needs 4097 bytes of --data (6 training and 2 held-out batches .*, or fewer --steps (--steps 6 is the checkpoint's, which --resume takes for the flags left out)$" <<<"$output" ||
+      fail "held-out batches past the file do not say that --steps is the checkpoint's: $output"
     for data in ./explore/d.txt "$work/d.txt" d2.txt; do
       output=$("$conveyor" train "${on_file[@]}" --data "$data" --resume ck 2>&1) ||
         fail "--data $data: the resume failed: $output"
