@@ -133,8 +133,9 @@ OutputFile::OutputFile(const std::string& path, const std::string& flag, bool lo
   // Not O_TRUNC: a file another run holds must not be emptied before its lock is seen.
   fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
   if (fd_ < 0)
-    throw UsageError("cannot open " + flag + " file " + shown +
-                     " for writing: " + reason_no_file_is_made(path, errno));
+    throw UsageError("cannot open " + flag + " file " + shown + " for writing: " +
+                     (errno == EISDIR ? "it is a directory; give a file name"
+                                      : reason_no_file_is_made(path, errno)));
   struct stat st {};
   const bool regular = ::fstat(fd_, &st) == 0 && S_ISREG(st.st_mode);
   if (lock && regular && ::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
