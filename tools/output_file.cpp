@@ -124,16 +124,18 @@ void refuse_kernel_file_system(const std::string& path, const std::string& shown
                      " file system, which stores nothing written to it; give a path on a disk");
 }
 
-OutputFile::OutputFile(const std::string& path, const std::string& flag, bool lock)
-    : path_(path), flag_(flag) {
+OutputFile::OutputFile(const std::string& path, const std::string& flag, bool lock,
+                       const std::string& named_as)
+    : path_(path), flag_(flag), named_as_(named_as.empty() ? path : named_as) {
   const std::string shown = quoted_file_name(path);
   if (path.empty()) throw UsageError(flag + " needs a file name");
   refuse_kernel_file_system(path, flag + " file " + shown);
   // Not O_TRUNC: a file another run holds must not be emptied before its lock is seen.
   fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
   if (fd_ < 0)
-    throw UsageError("cannot open " + flag + " file " + shown +
-                     " for writing: " + reason_no_file_is_made(path, errno));
+    throw UsageError("cannot open " + flag + " file " + shown + " for writing: " +
+                     (errno == EISDIR ? "it is a directory; give a file name"
+                                      : reason_no_file_is_made(path, errno)));
   struct stat st {};
   const bool regular = ::fstat(fd_, &st) == 0 && S_ISREG(st.st_mode);
   if (lock && regular && ::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
@@ -155,7 +157,10 @@ OutputFile::OutputFile(const std::string& path, const std::string& flag, bool lo
 }
 
 OutputFile::OutputFile(OutputFile&& other) noexcept
-    : path_(std::move(other.path_)), flag_(std::move(other.flag_)), fd_(other.fd_) {
+    : path_(std::move(other.path_)),
+      flag_(std::move(other.flag_)),
+      named_as_(std::move(other.named_as_)),
+      fd_(other.fd_) {
   other.fd_ = -1;
 }
 
@@ -164,6 +169,7 @@ OutputFile& OutputFile::operator=(OutputFile&& other) noexcept {
     if (fd_ >= 0) ::close(fd_);
     path_ = std::move(other.path_);
     flag_ = std::move(other.flag_);
+    named_as_ = std::move(other.named_as_);
     fd_ = other.fd_;
     other.fd_ = -1;
   }
@@ -181,7 +187,8 @@ void OutputFile::write(std::string_view text) {
     const ssize_t n = ::write(fd_, text.data() + done, text.size() - done);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0)
-      throw std::runtime_error("cannot write " + flag_ + " file '" + escaped_for_message(path_) +
+      throw std::runtime_error("cannot write " + flag_ + " file '" +
+                               escaped_for_message(named_as_) +
                                "': " + std::strerror(n < 0 ? errno : EIO));
     done += static_cast<size_t>(n);
   }
@@ -191,7 +198,7 @@ void OutputFile::close() {
   if (fd_ < 0) return;
   const int fd = std::exchange(fd_, -1);
   if (::close(fd) != 0)
-    throw std::runtime_error("cannot write " + flag_ + " file '" + escaped_for_message(path_) +
+    throw std::runtime_error("cannot write " + flag_ + " file '" + escaped_for_message(named_as_) +
                              "' (close failed): " + std::strerror(errno));
 }
 
@@ -261,7 +268,8 @@ ReplacedFile::ReplacedFile(const std::string& path, const std::string& flag)
   }
   ::fchmod(fd, mode);
   ::close(fd);
-  out_ = OutputFile(temp_, flag, /*lock=*/false);
+  // A write that fails names the file given, not the temporary, which is removed.
+  out_ = OutputFile(temp_, flag, /*lock=*/false, path);
 }
 
 ReplacedFile::~ReplacedFile() {

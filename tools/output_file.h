@@ -28,7 +28,10 @@ class OutputFile {
   // Opens `path` for writing (created, truncated) on behalf of `flag` (named in errors).
   // With `lock`, takes an advisory lock (flock) on a regular file first, so a second run
   // writing the same file is refused instead of interleaving lines. Throws UsageError.
-  OutputFile(const std::string& path, const std::string& flag, bool lock);
+  // `named_as`, when given, is the file a failed write or close names: the one the user gave,
+  // for a temporary written in its place.
+  OutputFile(const std::string& path, const std::string& flag, bool lock,
+             const std::string& named_as = {});
   OutputFile(OutputFile&& other) noexcept;
   OutputFile& operator=(OutputFile&& other) noexcept;
   OutputFile(const OutputFile&) = delete;
@@ -43,7 +46,7 @@ class OutputFile {
   void close();
 
  private:
-  std::string path_, flag_;
+  std::string path_, flag_, named_as_;
   int fd_ = -1;
 };
 

@@ -32,9 +32,10 @@ double RunTrace::us(Clock::time_point t) const {
 
 void RunTrace::add_step(int64_t step, Clock::time_point begin, Clock::time_point end,
                         double pipeline_seconds) {
+  // One at a time, so that the trace holds the last kMaxSteps steps, not as few as half.
   if (steps_.size() == kMaxSteps) {
-    steps_.erase(steps_.begin(), steps_.begin() + kMaxSteps / 2);
-    dropped_ += kMaxSteps / 2;
+    steps_.pop_front();
+    ++dropped_;
   }
   const double begin_us = us(begin), end_us = us(end);
   steps_.push_back({step, begin_us, end_us, std::max(begin_us, end_us - pipeline_seconds * 1e6)});

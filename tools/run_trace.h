@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <string>
 #include <vector>
 
@@ -53,7 +54,7 @@ class RunTrace {
   double us(Clock::time_point t) const;
 
   Clock::time_point start_;
-  std::vector<Step> steps_;
+  std::deque<Step> steps_;
   std::vector<Step> evaluations_;  // by the step whose weights they evaluate
   size_t dropped_ = 0;
 };

@@ -130,11 +130,30 @@ void write_trace(const Schedule& schedule, std::span<const SimResult> replicas, 
       .number(replicas[0].bubble_fraction)
       .raw("}, \"traceEvents\": [");
   constexpr int kCompute = 0, kSend = 1, kRecv = 2, kReduce = 3;
-  const char* thread_names[] = {"compute", "send", "recv", "allreduce"};
-  // The reduction stream is a thread of its own, named only where the schedule has one.
-  const int threads = schedule.replicas > 1 ? 4 : 3;
+  const char* thread_names[] = {"compute", "send", "recv"};
   const int R = static_cast<int>(schedule.ranks.size());
   const int D = static_cast<int>(replicas.size());
+  // The reduction stream is a thread of its own, named only where the schedule has one. A
+  // measured step has several buckets in flight at once, and viewers drop slices that overlap
+  // on one thread without nesting (Perfetto does): each all-reduce takes the first of the
+  // stream's threads that is free when it starts, "allreduce", "allreduce 2", ...
+  std::vector<std::vector<int>> reduce_lanes(static_cast<size_t>(D) * R);
+  std::vector<int> lanes(static_cast<size_t>(D) * R, schedule.replicas > 1 ? 1 : 0);
+  for (int d = 0; d < D; ++d)
+    for (int r = 0; r < R; ++r) {
+      const size_t k = static_cast<size_t>(d) * R + r;
+      std::vector<double> free_from;  // per lane, when its last all-reduce ends
+      for (size_t i = 0; i < schedule.ranks[r].size(); ++i) {
+        if (!is_reduce(schedule.ranks[r][i].kind)) continue;
+        const ActionTiming& t = replicas[d].timing[r][i];
+        size_t lane = 0;
+        while (lane < free_from.size() && free_from[lane] > t.start) ++lane;
+        if (lane == free_from.size()) free_from.push_back(t.end);
+        free_from[lane] = t.end;
+        reduce_lanes[k].push_back(static_cast<int>(lane));
+      }
+      lanes[k] = std::max(lanes[k], static_cast<int>(free_from.size()));
+    }
   // Replica d's rank r: d * R + r among the document's processes, numbered from first_pid.
   auto process = [&](int d, int r) { return processes.first_pid + int64_t{d} * R + r; };
   for (int d = 0; d < D; ++d)
@@ -164,14 +183,17 @@ void write_trace(const Schedule& schedule, std::span<const SimResult> replicas, 
             .raw(", \"args\": {\"labels\": \"replica ")
             .integer(d)
             .raw("\"}}");
-      for (int t = 0; t < threads; ++t)
+      const int reduce_threads = lanes[static_cast<size_t>(d) * R + r];
+      for (int t = 0; t < kReduce + reduce_threads; ++t)
         out.event()
             .raw("\"ph\": \"M\", \"name\": \"thread_name\", \"pid\": ")
             .integer(pid)
             .raw(", \"tid\": ")
             .integer(t)
             .raw(", \"args\": {\"name\": ")
-            .string(thread_names[t])
+            .string(t < kReduce    ? thread_names[t]
+                    : t == kReduce ? "allreduce"
+                                   : "allreduce " + std::to_string(t - kReduce + 1))
             .raw("}}");
     }
   // Flow ids: one per message (replica, gradient?, producing stage, micro-batch), numbered
@@ -193,15 +215,17 @@ void write_trace(const Schedule& schedule, std::span<const SimResult> replicas, 
         if (const Action& a = schedule.ranks[r][i]; is_send(a.kind))
           send_start[message_id(d, a) - 1] = replicas[d].timing[r][i].start;
   for (int d = 0; d < D; ++d)
-    for (int r = 0; r < R; ++r)
+    for (int r = 0; r < R; ++r) {
+      size_t reduces = 0;  // of this rank's, so far
       for (size_t i = 0; i < schedule.ranks[r].size(); ++i) {
         const int64_t pid = process(d, r);
         const Action& a = schedule.ranks[r][i];
         const auto& t = replicas[d].timing[r][i];
-        const int tid = is_compute(a.kind)  ? kCompute
-                        : is_reduce(a.kind) ? kReduce
-                        : is_send(a.kind)   ? kSend
-                                            : kRecv;
+        const int tid = is_compute(a.kind) ? kCompute
+                        : is_reduce(a.kind)
+                            ? kReduce + reduce_lanes[static_cast<size_t>(d) * R + r][reduces++]
+                        : is_send(a.kind) ? kSend
+                                          : kRecv;
         const double ts = t.start * us_per_unit, dur = (t.end - t.start) * us_per_unit;
         out.event()
             .raw("\"ph\": \"X\", \"name\": ")
@@ -232,6 +256,7 @@ void write_trace(const Schedule& schedule, std::span<const SimResult> replicas, 
               .raw("}");
         }
       }
+    }
   out.raw("\n]}\n");
   out.flush();
 }

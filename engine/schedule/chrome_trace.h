@@ -1,7 +1,8 @@
 #pragma once
 // Chrome trace-event JSON of a simulated schedule (opens in Perfetto or chrome://tracing):
 // one process per rank with a compute, a send and a receive thread (and an all-reduce thread
-// with replicas), and a flow arrow from every send to its receive.
+// with replicas, one more for each further all-reduce in flight at once, as viewers drop
+// slices that overlap on one thread), and a flow arrow from every send to its receive.
 //
 // The document is written as it is made, one event a line, so a trace of millions of actions
 // takes no more memory than a piece of it: write_chrome_trace hands the text to a sink in

@@ -209,6 +209,69 @@ TEST(ChromeTrace, NumbersASecondTimelinePastTheFirst) {
   EXPECT_EQ(drawn["otherData"], plain["otherData"]);
 }
 
+// Checks that no two slices of one thread overlap (a viewer drops those that do without
+// nesting: Perfetto does), that every thread is named, and that the all-reduces are on
+// threads 3 .. 3 + lanes - 1 of each rank, named "allreduce", "allreduce 2", ...
+void expect_all_reduces_on_lanes(const nlohmann::json& doc, int ranks, int reduces, int lanes) {
+  using Thread = std::pair<int64_t, int64_t>;
+  std::map<Thread, std::string> names;
+  std::map<Thread, std::vector<std::pair<double, double>>> slices;
+  int seen = 0;
+  for (const auto& ev : doc["traceEvents"]) {
+    const Thread thread(ev["pid"].get<int64_t>(), ev.value("tid", int64_t{-1}));
+    if (ev["name"] == "thread_name") names[thread] = ev["args"]["name"];
+    if (ev["ph"] != "X") continue;
+    const double ts = ev["ts"];
+    slices[thread].emplace_back(ts, ts + ev["dur"].get<double>());
+    if (ev["cat"] == kind_name(ActionKind::kAllReduceGrad)) {
+      ++seen;
+      EXPECT_GE(thread.second, 3);
+      EXPECT_LT(thread.second, 3 + lanes) << ev["name"];
+    }
+  }
+  EXPECT_EQ(seen, reduces);
+  for (int64_t pid = 0; pid < ranks; ++pid)
+    for (int lane = 0; lane < lanes; ++lane) {
+      const std::string want = lane == 0 ? "allreduce" : "allreduce " + std::to_string(lane + 1);
+      EXPECT_EQ(names[Thread(pid, 3 + lane)], want);
+    }
+  EXPECT_EQ(names.size(), static_cast<size_t>(ranks * (3 + lanes)));
+  for (auto& [thread, on] : slices) {
+    EXPECT_TRUE(names.count(thread)) << "tid " << thread.second << " has no name";
+    std::sort(on.begin(), on.end());
+    for (size_t k = 1; k < on.size(); ++k)
+      EXPECT_LE(on[k - 1].second, on[k].first + 1e-6)
+          << "slices overlap on pid " << thread.first << " tid " << thread.second;
+  }
+}
+
+// A measured step has several all-reduce buckets in flight at once: those that overlap go on
+// threads of their own. A simulation, whose buckets take the link one after the other, keeps
+// them all on the one "allreduce" thread.
+TEST(ChromeTrace, PutsAllReducesInFlightTogetherOnThreadsOfTheirOwn) {
+  std::mt19937 rng(17);
+  Schedule s = generate(ScheduleKind::k1F1B, 2, 4);
+  add_gradient_all_reduces(&s, 2, {4});
+  CostModel costs = random_costs(rng);
+  costs.gradient_bytes = {3.0};
+  const SimResult sim = simulate(s, costs);
+  expect_all_reduces_on_lanes(nlohmann::json::parse(chrome_trace_json(s, sim)), 2, 8, 1);
+  // Each bucket issued a little after the one before and summed over a longer time, as the
+  // executor starts them: all four in flight together.
+  SimResult measured = sim;
+  for (size_t r = 0; r < s.ranks.size(); ++r) {
+    double issued = -1;
+    for (size_t i = 0; i < s.ranks[r].size(); ++i)
+      if (is_reduce(s.ranks[r][i].kind)) {
+        ActionTiming& t = measured.timing[r][i];
+        issued = issued < 0 ? t.start : issued + 0.125;
+        t.start = issued;
+        t.end = issued + 2;
+      }
+  }
+  expect_all_reduces_on_lanes(nlohmann::json::parse(chrome_trace_json(s, measured)), 2, 8, 4);
+}
+
 TEST(ChromeTrace, EscapesTheScheduleName) {
   Schedule s = generate(ScheduleKind::kGPipe, 2, 2);
   const SimResult sim = simulate(s, CostModel::uniform(1, 1, 1));
