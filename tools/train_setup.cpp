@@ -49,6 +49,16 @@ void refuse_outputs_over_inputs(const TrainFlags& f) {
   const std::vector<std::tuple<const char*, const std::string*, std::string>> checkpoints = {
       {"--save-dir", &f.checkpoint.save_dir, f.checkpoint.save_dir},
       {"--resume", &f.checkpoint.resume, resumed}};
+  // A save replaces its step_<N> folder whole and --keep removes old ones: a file the run
+  // reads from inside them would be lost with them.
+  for (const auto& [input, input_path] : inputs)
+    if (!input_path->empty() && !f.checkpoint.save_dir.empty() &&
+        in_checkpoint_layout(*input_path, f.checkpoint.save_dir))
+      throw UsageError(std::string(input) + " file " + quoted_file_name(*input_path) +
+                       " lies in the checkpoints of --save-dir '" +
+                       escaped_for_message(f.checkpoint.save_dir) +
+                       "' (its latest or a step_<N>), which a save or --keep deletes; move it "
+                       "outside them");
   for (size_t o = 0; o < outputs.size(); ++o) {
     const auto& [flag, path] = outputs[o];
     if (path->empty()) continue;

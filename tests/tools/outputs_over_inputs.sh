@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `train --log-json` and `--trace` that name a file the run reads (--data, --schedule-file,
 # --plan), each other, or the checkpoints of --save-dir or --resume are refused with exit 2
-# before anything is opened, and the file they name is left as it was. A log kept next to the
+# before anything is opened, and the file they name is left as it was; so is an input inside
+# the checkpoints of --save-dir, which a save or --keep would delete. A log kept next to the
 # checkpoints, outside their latest and step_<N>, is the user's and still written.
 # Usage: outputs_over_inputs.sh CLI DIR SCHEDULE_FILE
 set -u
@@ -45,6 +46,15 @@ refuse "--log-json file '.*/ckpt/step_2/manifest.json' would overwrite the check
   --steps 4 --resume "$dir/ckpt/step_2" --log-json "$dir/ckpt/step_2/manifest.json"
 refuse "--trace file '.*/ckpt' would overwrite the checkpoints of --save-dir" \
   --steps 4 --save-dir "$dir/ckpt" --trace "$dir/ckpt"
+# An input inside the checkpoints a save replaces or --keep removes.
+cp "$dir/data.txt" "$dir/ckpt/step_2/corpus.txt" && cp "$dir/plan.json" "$dir/ckpt/step_2/plan.json" || exit 1
+before=$(sums)
+refuse "--data file '.*/ckpt/step_2/corpus.txt' lies in the checkpoints of --save-dir '.*/ckpt' \(its latest or a step_<N>\), which a save or --keep deletes" \
+  --steps 4 --save-every 2 --keep 1 --save-dir "$dir/ckpt" --data "$dir/ckpt/step_2/corpus.txt"
+refuse "--plan file '.*/ckpt/step_2/plan.json' lies in the checkpoints of --save-dir" \
+  --steps 4 --save-dir "$dir/ckpt" --plan "$dir/ckpt/step_2/plan.json"
+rm "$dir/ckpt/step_2/corpus.txt" "$dir/ckpt/step_2/plan.json"
+before=$(sums)
 # Both thrown away: nothing to destroy.
 "$cli" train "${small[@]}" --steps 1 --log-json /dev/null --trace /dev/null >/dev/null ||
   fail "--log-json and --trace both /dev/null were refused"
