@@ -4,6 +4,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "engine/core/enum_value.h"
 #include "kernels/activation.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/elementwise.h"
@@ -45,6 +46,12 @@ void check_f32_rank(DeviceContext& ctx, const Tensor& t, int rank, std::string_v
   if (t.rank() != rank)
     throw std::invalid_argument(std::string(what) + ": expected a " + std::to_string(rank) +
                                 "-d tensor, got " + t.describe());
+}
+
+// A kind cast from outside the enum would run as ReLU: the kernels test for GELU only.
+void check_activation_kind(ActivationKind kind) {
+  check_enum_value(kind, {ActivationKind::kGelu, ActivationKind::kRelu}, "activation kind",
+                   "ops::ActivationKind::kGelu or kRelu");
 }
 
 float* f32(const Tensor& t) { return t.data<float>(); }
@@ -150,6 +157,7 @@ const char* activation_name(ActivationKind kind) {
 }
 
 void activation_forward(DeviceContext& ctx, ActivationKind kind, const Tensor& y, const Tensor& x) {
+  check_activation_kind(kind);
   check_operand(ctx, x, DType::kF32, "activation input");
   check_f32(ctx, y, x.shape(), "activation output");
   const int64_t n = x.numel();
@@ -161,6 +169,7 @@ void activation_forward(DeviceContext& ctx, ActivationKind kind, const Tensor& y
 
 void activation_backward(DeviceContext& ctx, ActivationKind kind, const Tensor& dx,
                          const Tensor& dy, const Tensor& x) {
+  check_activation_kind(kind);
   check_operand(ctx, x, DType::kF32, "activation input");
   check_operand(ctx, dy, DType::kF32, "activation output gradient");
   check_operand(ctx, dx, DType::kF32, "activation input gradient");

@@ -6,7 +6,7 @@
 // Every op checks its tensor operands before it runs: an operand that is undefined, or has
 // the wrong dtype, shape (or rank) or device, throws std::invalid_argument with a sentence
 // naming the operand (e.g. "linear weight", "layernorm rstd"), what was expected and what
-// was seen.
+// was seen. The activation ops refuse an ActivationKind cast from outside the enum.
 #include <cstdint>
 #include <string_view>
 #include <vector>

@@ -196,6 +196,25 @@ TEST_F(OpsTest, InitialisationChecksItsTensor) {
                         [&](const std::vector<Tensor>& a) { ops::fill(ctx_, a[0], 0.25f); });
 }
 
+TEST_F(OpsTest, AnActivationKindOutsideTheEnumIsRefused) {
+  const auto kind = static_cast<ActivationKind>(7);
+  const Tensor x = random({4, 6}, 1), dy = random({4, 6}, 2), y = random({4, 6}, 3);
+  const std::string says =
+      "activation kind must be ops::ActivationKind::kGelu or kRelu, got the value 7";
+  try {
+    ops::activation_forward(ctx_, kind, y, x);
+    ADD_FAILURE() << "activation kind 7 ran forward";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()), says);
+  }
+  try {
+    ops::activation_backward(ctx_, kind, y, dy, x);
+    ADD_FAILURE() << "activation kind 7 ran backward";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()), says);
+  }
+}
+
 TEST_F(OpsTest, UnknownActivationNameIsAClearError) {
   EXPECT_EQ(ops::parse_activation("gelu"), ActivationKind::kGelu);
   EXPECT_EQ(ops::parse_activation("relu"), ActivationKind::kRelu);
