@@ -1,10 +1,12 @@
 #include "layers/ops.h"
 
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
 #include <string>
 
 #include "engine/core/enum_value.h"
+#include "engine/core/number_text.h"
 #include "kernels/activation.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/elementwise.h"
@@ -190,6 +192,12 @@ void layernorm_forward(DeviceContext& ctx, const Tensor& y, const Tensor& mean, 
   check_statistics(ctx, mean, rstd, n);
   check_f32(ctx, gamma, {c}, "layernorm weight");
   check_f32(ctx, beta, {c}, "layernorm bias");
+  // A negative, zero or NaN epsilon gives NaN rows (a constant row divides by 0); an infinite
+  // one rows of 0 that learn nothing. The LayerNorm layer refuses it when built; a layer of
+  // one's own passes it here.
+  if (!(eps > 0.0f) || !std::isfinite(eps))
+    throw std::invalid_argument("layernorm eps: expected a finite number above 0, got " +
+                                number_text(eps));
   CONVEYOR_DISPATCH_WITH_POOL(ctx, layernorm_forward, f32(y), f32(mean), f32(rstd), f32(x),
                               f32(gamma), f32(beta), n, c, eps);
 }

@@ -6,7 +6,8 @@
 // Every op checks its tensor operands before it runs: an operand that is undefined, or has
 // the wrong dtype, shape (or rank) or device, throws std::invalid_argument with a sentence
 // naming the operand (e.g. "linear weight", "layernorm rstd"), what was expected and what
-// was seen. The activation ops refuse an ActivationKind cast from outside the enum.
+// was seen. The activation ops refuse an ActivationKind cast from outside the enum, and
+// layernorm_forward an eps that is not a finite number above 0.
 #include <cstdint>
 #include <string_view>
 #include <vector>

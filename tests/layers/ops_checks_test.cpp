@@ -2,6 +2,9 @@
 // names it, the expectation and the value seen.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
+
 #include "tests/layers/ops_fixture.h"
 
 namespace conveyor::testing {
@@ -213,6 +216,16 @@ TEST_F(OpsTest, AnActivationKindOutsideTheEnumIsRefused) {
   } catch (const std::invalid_argument& e) {
     EXPECT_EQ(std::string(e.what()), says);
   }
+}
+
+TEST_F(OpsTest, LayerNormEpsilonMustBeFiniteAndAboveZero) {
+  const Tensor x = random({6, 7}, 1), gamma = random({7}, 2), beta = random({7}, 3);
+  const Tensor y = random({6, 7}, 4), mean = random({6}, 5), rstd = random({6}, 6);
+  for (const float eps : {0.0f, -1e-5f, std::numeric_limits<float>::infinity(), std::nanf("")})
+    EXPECT_TRUE(rejects([&] { ops::layernorm_forward(ctx_, y, mean, rstd, x, gamma, beta, eps); },
+                        "layernorm eps", {"expected a finite number above 0, got "}))
+        << "eps " << eps;
+  EXPECT_NO_THROW(ops::layernorm_forward(ctx_, y, mean, rstd, x, gamma, beta, 1e-6f));
 }
 
 TEST_F(OpsTest, UnknownActivationNameIsAClearError) {
