@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "engine/core/enum_value.h"
 #include "engine/core/number_text.h"
@@ -48,6 +50,19 @@ void check_f32_rank(DeviceContext& ctx, const Tensor& t, int rank, std::string_v
   if (t.rank() != rank)
     throw std::invalid_argument(std::string(what) + ": expected a " + std::to_string(rank) +
                                 "-d tensor, got " + t.describe());
+}
+
+// A GEMM reads its inputs while it writes its output, on either backend: an output over an
+// input (y = x W written in place) would give wrong values without a word.
+void check_apart(const Tensor& out, std::string_view out_what, const Tensor& in,
+                 std::string_view in_what) {
+  if (!out.defined() || !in.defined()) return;
+  const auto begin = [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.raw()); };
+  if (begin(out) < begin(in) + in.nbytes() && begin(in) < begin(out) + out.nbytes())
+    throw std::invalid_argument(std::string(out_what) + ": shares memory with the " +
+                                std::string(in_what) + " " + in.describe() +
+                                ", which the op reads while it writes; give the output a tensor "
+                                "of its own");
 }
 
 // A kind cast from outside the enum would run as ReLU: the kernels test for GELU only.
@@ -115,6 +130,9 @@ void linear_forward(DeviceContext& ctx, const Tensor& y, const Tensor& x, const 
     check_f32(ctx, bias, {out}, "linear bias");
     b = f32(bias);
   }
+  check_apart(y, "linear output", x, "linear input");
+  check_apart(y, "linear output", weight, "linear weight");
+  check_apart(y, "linear output", bias, "linear bias");
   CONVEYOR_DISPATCH_WITH_POOL(ctx, linear_forward, f32(y), f32(x), f32(weight), b, n, in, out);
 }
 
@@ -126,6 +144,8 @@ void linear_backward_input(DeviceContext& ctx, const Tensor& dx, const Tensor& d
   const int64_t n = dy.dim(0);
   check_shape(dy, {n, out}, "linear output gradient");
   check_f32(ctx, dx, {n, in}, "linear input gradient");
+  check_apart(dx, "linear input gradient", dy, "linear output gradient");
+  check_apart(dx, "linear input gradient", weight, "linear weight");
   CONVEYOR_DISPATCH_WITH_POOL(ctx, linear_backward_input, f32(dx), f32(dy), f32(weight), n, in,
                               out);
 }
@@ -142,6 +162,11 @@ void linear_backward_weight(DeviceContext& ctx, const Tensor& dweight, const Ten
   if (dbias.defined()) {
     check_f32(ctx, dbias, {out}, "linear bias gradient");
     db = f32(dbias);
+  }
+  for (const auto& [grad, what] :
+       {std::pair{dweight, "linear weight gradient"}, std::pair{dbias, "linear bias gradient"}}) {
+    check_apart(grad, what, dy, "linear output gradient");
+    check_apart(grad, what, x, "linear input");
   }
   CONVEYOR_DISPATCH_WITH_POOL(ctx, linear_backward_weight, f32(dweight), db, f32(dy), f32(x), n, in,
                               out);
