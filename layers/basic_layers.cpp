@@ -4,6 +4,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "engine/core/enum_value.h"
 #include "engine/core/number_text.h"
 
 namespace conveyor {
@@ -67,7 +68,11 @@ std::optional<ActivationMemory> Linear::activation_memory(const Shape& input) co
 }
 
 Activation::Activation(std::string name, ops::ActivationKind kind)
-    : name_(std::move(name)), kind_(kind) {}
+    : name_(std::move(name)), kind_(kind) {
+  // Refused when the model is built, not at its first forward; the name says which layer.
+  check_enum_value(kind, {ops::ActivationKind::kGelu, ops::ActivationKind::kRelu},
+                   "Activation '" + name_ + "': kind", "ops::ActivationKind::kGelu or kRelu");
+}
 
 Tensor Activation::forward(DeviceContext& ctx, const Tensor& x, const MicroBatchInputs&,
                            SavedTensors& saved) {

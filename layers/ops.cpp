@@ -1,9 +1,14 @@
 #include "layers/ops.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
+#include "engine/core/enum_value.h"
+#include "engine/core/number_text.h"
 #include "kernels/activation.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/elementwise.h"
@@ -45,6 +50,25 @@ void check_f32_rank(DeviceContext& ctx, const Tensor& t, int rank, std::string_v
   if (t.rank() != rank)
     throw std::invalid_argument(std::string(what) + ": expected a " + std::to_string(rank) +
                                 "-d tensor, got " + t.describe());
+}
+
+// A GEMM reads its inputs while it writes its output, on either backend: an output over an
+// input (y = x W written in place) would give wrong values without a word.
+void check_apart(const Tensor& out, std::string_view out_what, const Tensor& in,
+                 std::string_view in_what) {
+  if (!out.defined() || !in.defined()) return;
+  const auto begin = [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.raw()); };
+  if (begin(out) < begin(in) + in.nbytes() && begin(in) < begin(out) + out.nbytes())
+    throw std::invalid_argument(std::string(out_what) + ": shares memory with the " +
+                                std::string(in_what) + " " + in.describe() +
+                                ", which the op reads while it writes; give the output a tensor "
+                                "of its own");
+}
+
+// A kind cast from outside the enum would run as ReLU: the kernels test for GELU only.
+void check_activation_kind(ActivationKind kind) {
+  check_enum_value(kind, {ActivationKind::kGelu, ActivationKind::kRelu}, "activation kind",
+                   "ops::ActivationKind::kGelu or kRelu");
 }
 
 float* f32(const Tensor& t) { return t.data<float>(); }
@@ -106,6 +130,9 @@ void linear_forward(DeviceContext& ctx, const Tensor& y, const Tensor& x, const 
     check_f32(ctx, bias, {out}, "linear bias");
     b = f32(bias);
   }
+  check_apart(y, "linear output", x, "linear input");
+  check_apart(y, "linear output", weight, "linear weight");
+  check_apart(y, "linear output", bias, "linear bias");
   CONVEYOR_DISPATCH_WITH_POOL(ctx, linear_forward, f32(y), f32(x), f32(weight), b, n, in, out);
 }
 
@@ -117,6 +144,8 @@ void linear_backward_input(DeviceContext& ctx, const Tensor& dx, const Tensor& d
   const int64_t n = dy.dim(0);
   check_shape(dy, {n, out}, "linear output gradient");
   check_f32(ctx, dx, {n, in}, "linear input gradient");
+  check_apart(dx, "linear input gradient", dy, "linear output gradient");
+  check_apart(dx, "linear input gradient", weight, "linear weight");
   CONVEYOR_DISPATCH_WITH_POOL(ctx, linear_backward_input, f32(dx), f32(dy), f32(weight), n, in,
                               out);
 }
@@ -134,6 +163,11 @@ void linear_backward_weight(DeviceContext& ctx, const Tensor& dweight, const Ten
     check_f32(ctx, dbias, {out}, "linear bias gradient");
     db = f32(dbias);
   }
+  for (const auto& [grad, what] :
+       {std::pair{dweight, "linear weight gradient"}, std::pair{dbias, "linear bias gradient"}}) {
+    check_apart(grad, what, dy, "linear output gradient");
+    check_apart(grad, what, x, "linear input");
+  }
   CONVEYOR_DISPATCH_WITH_POOL(ctx, linear_backward_weight, f32(dweight), db, f32(dy), f32(x), n, in,
                               out);
 }
@@ -150,6 +184,7 @@ const char* activation_name(ActivationKind kind) {
 }
 
 void activation_forward(DeviceContext& ctx, ActivationKind kind, const Tensor& y, const Tensor& x) {
+  check_activation_kind(kind);
   check_operand(ctx, x, DType::kF32, "activation input");
   check_f32(ctx, y, x.shape(), "activation output");
   const int64_t n = x.numel();
@@ -161,6 +196,7 @@ void activation_forward(DeviceContext& ctx, ActivationKind kind, const Tensor& y
 
 void activation_backward(DeviceContext& ctx, ActivationKind kind, const Tensor& dx,
                          const Tensor& dy, const Tensor& x) {
+  check_activation_kind(kind);
   check_operand(ctx, x, DType::kF32, "activation input");
   check_operand(ctx, dy, DType::kF32, "activation output gradient");
   check_operand(ctx, dx, DType::kF32, "activation input gradient");
@@ -181,6 +217,12 @@ void layernorm_forward(DeviceContext& ctx, const Tensor& y, const Tensor& mean, 
   check_statistics(ctx, mean, rstd, n);
   check_f32(ctx, gamma, {c}, "layernorm weight");
   check_f32(ctx, beta, {c}, "layernorm bias");
+  // A negative, zero or NaN epsilon gives NaN rows (a constant row divides by 0); an infinite
+  // one rows of 0 that learn nothing. The LayerNorm layer refuses it when built; a layer of
+  // one's own passes it here.
+  if (!(eps > 0.0f) || !std::isfinite(eps))
+    throw std::invalid_argument("layernorm eps: expected a finite number above 0, got " +
+                                number_text(eps));
   CONVEYOR_DISPATCH_WITH_POOL(ctx, layernorm_forward, f32(y), f32(mean), f32(rstd), f32(x),
                               f32(gamma), f32(beta), n, c, eps);
 }

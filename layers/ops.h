@@ -6,7 +6,9 @@
 // Every op checks its tensor operands before it runs: an operand that is undefined, or has
 // the wrong dtype, shape (or rank) or device, throws std::invalid_argument with a sentence
 // naming the operand (e.g. "linear weight", "layernorm rstd"), what was expected and what
-// was seen.
+// was seen. The linear ops (GEMMs, which read their inputs while they write) also refuse an
+// output that shares memory with an input. The activation ops refuse an ActivationKind cast from
+// outside the enum, and layernorm_forward an eps that is not a finite number above 0.
 #include <cstdint>
 #include <string_view>
 #include <vector>

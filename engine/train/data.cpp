@@ -48,8 +48,10 @@ MarkovSource::MarkovSource(int64_t vocab, uint64_t seed, int fanout, Walk walk)
         "] (its set-up grows with the vocab and takes seconds at the "
         "top), got " +
         std::to_string(vocab) +
-        "; a larger model vocab needs another data source, such as a file's bytes "
-        "(TrainConfig::data_path)");
+        (vocab < 2 ? "; a chain needs 2 states, so a model of fewer token ids needs a data source "
+                     "of one's own (a TokenSource given to the trainer)"
+                   : "; a larger model vocab needs another data source, such as a file's bytes "
+                     "(TrainConfig::data_path)"));
   if (fanout < 1 || fanout > max_fanout(vocab))
     throw std::invalid_argument(
         "Markov source fanout must be from 1 to " + std::to_string(max_fanout(vocab)) +

@@ -242,6 +242,21 @@ TEST(ModelConfig, AnActivationOutsideTheEnumIsRefused) {
   EXPECT_NO_THROW(config.validate());
 }
 
+TEST(ModelDescription, ALayerOfAnActivationOutsideTheEnumIsRefused) {
+  // A model of one's own builds its layers itself, past ModelConfig::validate.
+  const auto kind = static_cast<ops::ActivationKind>(7);
+  try {
+    Activation("blocks.0.act", kind);
+    ADD_FAILURE() << "activation 7 was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "Activation 'blocks.0.act': kind must be ops::ActivationKind::kGelu or kRelu, got "
+              "the value 7");
+  }
+  EXPECT_THROW(MlpBlock("blocks.0", 4, 8, kind, 1e-5f), std::invalid_argument);
+  EXPECT_NO_THROW(Activation("act", ops::ActivationKind::kRelu));
+}
+
 TEST(ModelConfig, ALayerNormEpsilonMustBeFiniteAndAboveZero) {
   ModelConfig config = small_tiny();
   for (const float eps : {0.0f, -1e-5f, std::numeric_limits<float>::infinity(), std::nanf("")}) {

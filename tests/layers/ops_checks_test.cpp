@@ -2,6 +2,9 @@
 // names it, the expectation and the value seen.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
+
 #include "tests/layers/ops_fixture.h"
 
 namespace conveyor::testing {
@@ -194,6 +197,64 @@ TEST_F(OpsTest, InitialisationChecksItsTensor) {
       [&](const std::vector<Tensor>& a) { ops::init_uniform(ctx_, a[0], 7, 11, -0.5f, 0.5f); });
   expect_operand_checks({{"filled tensor", random({5, 2}, 2), {}}},
                         [&](const std::vector<Tensor>& a) { ops::fill(ctx_, a[0], 0.25f); });
+}
+
+// A GEMM reads its inputs while it writes its output: an output over an input would give
+// wrong values without a word, on either backend.
+TEST_F(OpsTest, LinearOutputsMustNotShareMemoryWithTheirInputs) {
+  const Tensor x = random({4, 4}, 1), w = random({4, 4}, 2), b = random({4}, 3);
+  const std::vector<float> x_before = values(x), w_before = values(w);
+  const Tensor separate = random({4, 4}, 4);
+  EXPECT_TRUE(rejects([&] { ops::linear_forward(ctx_, x, x, w, b); }, "linear output",
+                      {"shares memory with the linear input f32[4, 4] on cpu",
+                       "give the output a tensor of its own"}));
+  EXPECT_TRUE(rejects([&] { ops::linear_forward(ctx_, w, x, w, b); }, "linear output",
+                      {"shares memory with the linear weight"}));
+  EXPECT_TRUE(rejects([&] { ops::linear_backward_input(ctx_, x, x, w); }, "linear input gradient",
+                      {"shares memory with the linear output gradient"}));
+  EXPECT_TRUE(rejects([&] { ops::linear_backward_weight(ctx_, x, Tensor(), separate, x); },
+                      "linear weight gradient", {"shares memory with the linear input"}));
+  EXPECT_TRUE(rejects([&] { ops::linear_backward_weight(ctx_, separate, x.view(0, {4}), x, w); },
+                      "linear bias gradient", {"shares memory with the linear output gradient"}));
+  // Refused before anything was written.
+  EXPECT_EQ(values(x), x_before);
+  EXPECT_EQ(values(w), w_before);
+
+  // Rows of one buffer: overlapping ones are refused, adjacent ones are two tensors.
+  const Tensor rows = random({8, 4}, 5);
+  EXPECT_TRUE(rejects(
+      [&] { ops::linear_forward(ctx_, rows.slice_rows(0, 4), rows.slice_rows(3, 4), w, b); },
+      "linear output", {"shares memory with the linear input"}));
+  EXPECT_NO_THROW(ops::linear_forward(ctx_, rows.slice_rows(0, 4), rows.slice_rows(4, 4), w, b));
+}
+
+TEST_F(OpsTest, AnActivationKindOutsideTheEnumIsRefused) {
+  const auto kind = static_cast<ActivationKind>(7);
+  const Tensor x = random({4, 6}, 1), dy = random({4, 6}, 2), y = random({4, 6}, 3);
+  const std::string says =
+      "activation kind must be ops::ActivationKind::kGelu or kRelu, got the value 7";
+  try {
+    ops::activation_forward(ctx_, kind, y, x);
+    ADD_FAILURE() << "activation kind 7 ran forward";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()), says);
+  }
+  try {
+    ops::activation_backward(ctx_, kind, y, dy, x);
+    ADD_FAILURE() << "activation kind 7 ran backward";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()), says);
+  }
+}
+
+TEST_F(OpsTest, LayerNormEpsilonMustBeFiniteAndAboveZero) {
+  const Tensor x = random({6, 7}, 1), gamma = random({7}, 2), beta = random({7}, 3);
+  const Tensor y = random({6, 7}, 4), mean = random({6}, 5), rstd = random({6}, 6);
+  for (const float eps : {0.0f, -1e-5f, std::numeric_limits<float>::infinity(), std::nanf("")})
+    EXPECT_TRUE(rejects([&] { ops::layernorm_forward(ctx_, y, mean, rstd, x, gamma, beta, eps); },
+                        "layernorm eps", {"expected a finite number above 0, got "}))
+        << "eps " << eps;
+  EXPECT_NO_THROW(ops::layernorm_forward(ctx_, y, mean, rstd, x, gamma, beta, 1e-6f));
 }
 
 TEST_F(OpsTest, UnknownActivationNameIsAClearError) {

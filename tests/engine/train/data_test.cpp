@@ -178,6 +178,30 @@ TEST(MarkovSource, RejectsImpossibleSizes) {
   EXPECT_THROW(MarkovSource(10, 0, 0), std::invalid_argument);
 }
 
+TEST(MarkovSource, AVocabOutsideItsRangeIsRefusedWithTheWayOutOfThatSide) {
+  auto refusal = [](int64_t vocab) {
+    try {
+      MarkovSource source(vocab, 0);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  const std::string range =
+      "Markov source vocab must be in [2, 262144] (its set-up grows with the vocab and takes "
+      "seconds at the top), got ";
+  // A model of one token id has no larger vocab to be told about.
+  for (const int64_t vocab : {int64_t{1}, int64_t{0}, int64_t{-4}})
+    EXPECT_EQ(refusal(vocab),
+              range + std::to_string(vocab) +
+                  "; a chain needs 2 states, so a model of fewer token ids needs "
+                  "a data source of one's own (a TokenSource given to the trainer)");
+  EXPECT_EQ(refusal(MarkovSource::kMaxVocab + 1),
+            range +
+                "262145; a larger model vocab needs another data source, such as a file's "
+                "bytes (TrainConfig::data_path)");
+}
+
 TEST(MarkovSource, AFanoutWhoseTableWouldTakeMinutesIsRefusedNamingIt) {
   auto refusal = [](int64_t vocab, int fanout) {
     try {
