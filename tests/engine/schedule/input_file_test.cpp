@@ -64,9 +64,34 @@ TEST_F(InputFile, ReadsEveryByteOfARegularFile) {
 TEST_F(InputFile, AMissingFileIsSaidSo) {
   const std::string path = (dir_ / "absent.txt").string();
   EXPECT_EQ(refusal(path), "cannot read test file '" + path + "': no such file");
-  // Under something that is not a folder, as the system says "Not a directory".
-  const std::string under_a_file = write("plain", "x") + "/absent.txt";
-  EXPECT_EQ(refusal(under_a_file), "cannot read test file '" + under_a_file + "': no such file");
+}
+
+// The system says "No such file or directory" or "Not a directory" of each; the message says
+// what is there instead.
+TEST_F(InputFile, APathUnderAFileNamesTheFile) {
+  const std::string plain = write("plain", "x");
+  for (const std::string& under_a_file : {plain + "/absent.txt", plain + "/"})
+    EXPECT_EQ(refusal(under_a_file), "cannot read test file '" + under_a_file + "': '" + plain +
+                                         "' is a file, not a folder");
+}
+
+TEST_F(InputFile, ALinkToNothingNamesWhereItLeads) {
+  const std::string link = (dir_ / "link").string();
+  fs::create_symlink("gone/file.txt", link);
+  const std::string why =
+      "'" + link + "' is a symbolic link to 'gone/file.txt', which does not exist";
+  EXPECT_EQ(refusal(link), "cannot read test file '" + link + "': " + why);
+  EXPECT_EQ(refusal(link + "/x"), "cannot read test file '" + link + "/x': " + why);
+  // Through a chain of links, to where the last one leads.
+  const std::string first = (dir_ / "first").string();
+  fs::create_symlink("link", first);
+  EXPECT_EQ(refusal(first), "cannot read test file '" + first + "': '" + first +
+                                "' is a symbolic link to '" + (dir_ / "gone/file.txt").string() +
+                                "', which does not exist");
+  // A link to a file that is there reads that file.
+  fs::create_symlink("plain", dir_ / "good");
+  write("plain", "x");
+  EXPECT_EQ(read_input_file((dir_ / "good").string(), rules(link)), "x");
 }
 
 TEST_F(InputFile, ADirectoryIsRefusedWithWhatToGive) {
