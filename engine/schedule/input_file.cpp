@@ -145,6 +145,21 @@ std::string read_input_file(const std::string& path, const InputFileRules& rules
   if (!S_ISREG(st.st_mode)) not_regular();
   const auto size = static_cast<uint64_t>(st.st_size);
   if (size > rules.max_bytes) too_large(std::to_string(size));
+  // A file whose size the kernel does not report (those of /proc) is asked for a byte past the
+  // limit first: one that has it is refused before up to the limit is read into memory for
+  // nothing (/proc/self/pagemap holds many GiB). One that cannot be read at an offset is read
+  // from the start, the loop below holding it to the limit.
+  if (size == 0) {
+    // From a multiple of 8 bytes, as files of 8-byte entries (pagemap) take no other offset.
+    const uint64_t at = rules.max_bytes / 8 * 8;
+    char bytes[16];
+    ssize_t n = 0;
+    do {
+      n = ::pread(fd, bytes, sizeof bytes, static_cast<off_t>(at));
+    } while (n < 0 && errno == EINTR);
+    if (n > 0 && at + static_cast<uint64_t>(n) > rules.max_bytes)
+      too_large("more than " + std::to_string(rules.max_bytes));
+  }
   // To the end, not to the size: files of /proc report 0 bytes and hold more.
   std::string content;
   content.reserve(size);
