@@ -168,6 +168,8 @@ void run_inspect(const CkptFlags& flags) {
               s.lr_schedule.total_steps);
   std::printf("  data         %s, position %" PRIu64, s.data.source.c_str(), s.data.position);
   if (s.data.token) std::printf(", token %" PRId32, *s.data.token);
+  // The digest a --data resume is matched by, whatever name the file had.
+  if (s.data.contents) std::printf(", contents %s", s.data.contents->c_str());
   std::printf("\n");
   std::printf("  rng          %s\n", s.rng.dump().c_str());
   if (s.replicas > 1)

@@ -57,15 +57,15 @@ std::string folder_of(const std::string& path) {
 }
 
 // Why a file cannot be made at `path`, given the error `err` of the attempt: a missing folder,
-// or a file where a folder should be, named as such (the system says only "No such file or
-// directory" or "Not a directory"); otherwise the system's reason.
+// a file where a folder should be or a link to nothing, named as such (the system says only
+// "No such file or directory" or "Not a directory"); otherwise the system's reason.
 std::string reason_no_file_is_made(const std::string& path, int err) {
   if (err == ENOENT || err == ENOTDIR) {
+    if (std::string why = why_not_found(path); !why.empty()) return why;
     const std::string folder = folder_of(path);
     struct stat st {};
-    const std::string shown = quoted_file_name(folder);
-    if (::stat(folder.c_str(), &st) != 0) return "its folder " + shown + " does not exist";
-    if (!S_ISDIR(st.st_mode)) return shown + " is not a folder";
+    if (::stat(folder.c_str(), &st) != 0)
+      return "its folder " + quoted_file_name(folder) + " does not exist";
   }
   return std::strerror(err);
 }

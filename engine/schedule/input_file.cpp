@@ -6,6 +6,8 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
+#include <iterator>
 
 namespace conveyor {
 namespace {
@@ -23,7 +25,59 @@ struct ClosedOnExit {
   ~ClosedOnExit() { ::close(fd); }
 };
 
+// "a FIFO (named pipe)", "a character device", ...: what is there instead of a folder.
+std::string kind_of(mode_t mode) {
+  if (S_ISREG(mode)) return "a file";
+  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "a special file";
+}
+
+// Where the symbolic link `link` ends: its target as written for one link, else the last
+// link's target joined to the folder it is read from.
+std::string link_end(const std::filesystem::path& link) {
+  std::error_code error;
+  std::filesystem::path at = link;
+  std::filesystem::path to = std::filesystem::read_symlink(at, error);
+  if (error) return {};
+  bool chained = false;
+  for (int hop = 1; hop < 40; ++hop) {  // the kernel's own limit on links followed
+    const std::filesystem::path next = to.is_absolute() ? to : at.parent_path() / to;
+    struct stat st {};
+    if (::lstat(next.c_str(), &st) != 0 || !S_ISLNK(st.st_mode)) break;
+    at = next;
+    to = std::filesystem::read_symlink(at, error);
+    if (error) return {};
+    chained = true;
+  }
+  return (chained && !to.is_absolute() ? at.parent_path() / to : to).string();
+}
+
 }  // namespace
+
+std::string why_not_found(const std::string& path) {
+  const std::filesystem::path whole = path;
+  std::filesystem::path at;
+  for (auto part = whole.begin(); part != whole.end(); ++part) {
+    if (part->empty()) break;  // the end of a path that ends in '/'
+    at /= *part;
+    struct stat st {};
+    if (::lstat(at.c_str(), &st) != 0) return {};
+    if (S_ISLNK(st.st_mode) && ::stat(at.c_str(), &st) != 0) {
+      if (errno != ENOENT && errno != ENOTDIR) return {};
+      const std::string end = link_end(at);
+      if (end.empty()) return {};
+      return quoted_file_name(at.native()) + " is a symbolic link to " + quoted_file_name(end) +
+             ", which does not exist";
+    }
+    const bool goes_on = std::next(part) != whole.end();
+    if (goes_on && !S_ISDIR(st.st_mode))
+      return quoted_file_name(at.native()) + " is " + kind_of(st.st_mode) + ", not a folder";
+  }
+  return {};
+}
 
 std::string message_excerpt(std::string_view text) {
   return text.size() > 40 ? std::string(text.substr(0, 37)) + "..." : std::string(text);
@@ -74,7 +128,10 @@ std::string read_input_file(const std::string& path, const InputFileRules& rules
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) {
     const int err = errno;
-    if (err == ENOENT || err == ENOTDIR) fail("cannot read " + shown + ": no such file");
+    if (err == ENOENT || err == ENOTDIR) {
+      const std::string why = why_not_found(path);
+      fail("cannot read " + shown + ": " + (why.empty() ? "no such file" : why));
+    }
     unreadable(err);
   }
   if (S_ISDIR(st.st_mode)) fail(shown + " is a directory; give " + rules.expected);
@@ -88,6 +145,21 @@ std::string read_input_file(const std::string& path, const InputFileRules& rules
   if (!S_ISREG(st.st_mode)) not_regular();
   const auto size = static_cast<uint64_t>(st.st_size);
   if (size > rules.max_bytes) too_large(std::to_string(size));
+  // A file whose size the kernel does not report (those of /proc) is asked for a byte past the
+  // limit first: one that has it is refused before up to the limit is read into memory for
+  // nothing (/proc/self/pagemap holds many GiB). One that cannot be read at an offset is read
+  // from the start, the loop below holding it to the limit.
+  if (size == 0) {
+    // From a multiple of 8 bytes, as files of 8-byte entries (pagemap) take no other offset.
+    const uint64_t at = rules.max_bytes / 8 * 8;
+    char bytes[16];
+    ssize_t n = 0;
+    do {
+      n = ::pread(fd, bytes, sizeof bytes, static_cast<off_t>(at));
+    } while (n < 0 && errno == EINTR);
+    if (n > 0 && at + static_cast<uint64_t>(n) > rules.max_bytes)
+      too_large("more than " + std::to_string(rules.max_bytes));
+  }
   // To the end, not to the size: files of /proc report 0 bytes and hold more.
   std::string content;
   content.reserve(size);

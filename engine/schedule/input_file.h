@@ -40,6 +40,14 @@ class InputFileError : public std::invalid_argument {
 // `rules.shown` does.
 std::string read_input_file(const std::string& path, const InputFileRules& rules);
 
+// Why `path`, which the system did not find (ENOENT or ENOTDIR), is not there, when more can
+// be said than that a name is missing: "'a/link' is a symbolic link to 'gone', which does not
+// exist", or "'a/file' is a file, not a folder" for a file where the path goes on (a path
+// ending in '/' goes on after its last name, which must then be a folder too). Empty when a
+// name along the path is simply absent, or the path is there after all. Each component is
+// looked at by name, so a link is followed only where the path goes through it.
+std::string why_not_found(const std::string& path);
+
 // `text` taken from a user (a file name, a flag's value) made safe for one message line: a
 // line break, a tab, other control characters and bytes past ASCII as \n, \t and \xHH, a
 // backslash doubled. A file name may hold any of them; the message must stay one line.

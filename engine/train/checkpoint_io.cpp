@@ -176,26 +176,10 @@ void create_checkpoint_folder(const std::filesystem::path& dir) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (!ec && std::filesystem::is_directory(dir)) return;
-  std::filesystem::path at;
-  for (const std::filesystem::path& part : dir) {
-    at /= part;
-    std::error_code status_error;
-    const std::filesystem::file_status status = std::filesystem::status(at, status_error);
-    struct stat st {};
-    // The system says "File exists" of a link to nothing, where nothing is to be seen.
-    if (status.type() == std::filesystem::file_type::not_found &&
-        std::filesystem::is_symlink(std::filesystem::symlink_status(at, status_error)))
-      throw CheckpointError("cannot create checkpoint folder " + shown_path(dir) + ": " +
-                            shown_path(at) + " is a symbolic link to " +
-                            shown_path(std::filesystem::read_symlink(at, status_error)) +
-                            ", which does not exist");
-    if (std::filesystem::exists(status) && !std::filesystem::is_directory(status))
-      throw CheckpointError(
-          "cannot create checkpoint folder " + shown_path(dir) + ": " + shown_path(at) + " is " +
-          (::stat(at.c_str(), &st) == 0 && !S_ISREG(st.st_mode) ? file_kind(st.st_mode)
-                                                                : std::string("a file")) +
-          ", not a folder");
-  }
+  // A link to nothing, of which the system says "File exists", or a file in the way.
+  const std::string why = why_not_found((dir / "").string());
+  if (!why.empty())
+    throw CheckpointError("cannot create checkpoint folder " + shown_path(dir) + ": " + why);
   throw CheckpointError("cannot create checkpoint folder " + shown_path(dir) + ": " +
                         (ec ? ec.message() : "it is not a folder"));
 }

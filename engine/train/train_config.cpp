@@ -419,14 +419,24 @@ std::unique_ptr<TokenSource> make_token_source(const TrainConfig& config, int64_
     // A batch is a run of consecutive (input, target) pairs: a file with fewer would wrap
     // around inside every batch, training on its bytes over and over in one step.
     const uint64_t pairs = source->bytes() - 1;
-    if (pairs < static_cast<uint64_t>(config.batch_tokens))
+    if (pairs < static_cast<uint64_t>(config.batch_tokens)) {
+      // The batch suggested must still split into the run's micro-batches.
+      const auto m = static_cast<uint64_t>(config.microbatches);
+      const uint64_t fits = pairs / m * m;
+      const std::string fix =
+          fits == 0 ? "give a larger file, or at most " + std::to_string(pairs) +
+                          " TrainConfig::microbatches and a TrainConfig::batch_tokens of " +
+                          std::to_string(pairs) + " or fewer that they divide"
+          : m == 1 ? "give a larger file or TrainConfig::batch_tokens " + std::to_string(fits) +
+                         " or fewer"
+                   : "give a larger file or TrainConfig::batch_tokens " + std::to_string(fits) +
+                         " or fewer, a multiple of TrainConfig::microbatches " + std::to_string(m);
       throw std::invalid_argument(
           "data file " + quoted_file_name(config.data_path) + " has " +
           std::to_string(source->bytes()) + " bytes, " + std::to_string(pairs) +
           " (input, target) pairs, but one step's batch of " + std::to_string(config.batch_tokens) +
-          " tokens needs " + std::to_string(config.batch_tokens + 1) +
-          " bytes; give a larger file or TrainConfig::batch_tokens " + std::to_string(pairs) +
-          " or fewer");
+          " tokens needs " + std::to_string(config.batch_tokens + 1) + " bytes; " + fix);
+    }
     return source;
   }
   check_markov_vocab(vocab);

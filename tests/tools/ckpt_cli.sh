@@ -53,6 +53,16 @@ case $case_name in
     expect 0 "total: 16 tensors, 1068 bytes of data, 2 shards" "$conveyor" ckpt inspect "$dir"
     expect 0 "\"xxh3_64\": \"[0-9a-f]{16}\"" "$conveyor" ckpt inspect "$dir" --json
     ;;
+  inspect_data)
+    # The data line shows the digest a --data resume is matched by, as the manifest holds it.
+    seq 1 1000 >"$work/data.txt"
+    expect 0 "done +1 step" "$conveyor" train --device cpu --data "$work/data.txt" --steps 1 \
+      --batch-tokens 64 --microbatches 1 --quiet --save-dir "$work/run"
+    digest=$(grep -Eo '"contents": *"xxh3_64:[0-9a-f]{16}"' "$work/run/step_1/manifest.json" |
+      grep -Eo 'xxh3_64:[0-9a-f]{16}')
+    [ -n "$digest" ] || fail "the manifest holds no data.contents"
+    expect 0 "^  data +.*, position 64, contents $digest$" "$conveyor" ckpt inspect "$work/run"
+    ;;
   verify_ok)
     expect 0 "ok: .*step_2, step 2: 16 tensors in 2 shards .* every checksum matches \(tensors, shard files, training state, manifest\)$" \
       "$conveyor" ckpt verify "$dir"

@@ -3,6 +3,7 @@
 #include "engine/schedule/input_file.h"
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -64,9 +65,34 @@ TEST_F(InputFile, ReadsEveryByteOfARegularFile) {
 TEST_F(InputFile, AMissingFileIsSaidSo) {
   const std::string path = (dir_ / "absent.txt").string();
   EXPECT_EQ(refusal(path), "cannot read test file '" + path + "': no such file");
-  // Under something that is not a folder, as the system says "Not a directory".
-  const std::string under_a_file = write("plain", "x") + "/absent.txt";
-  EXPECT_EQ(refusal(under_a_file), "cannot read test file '" + under_a_file + "': no such file");
+}
+
+// The system says "No such file or directory" or "Not a directory" of each; the message says
+// what is there instead.
+TEST_F(InputFile, APathUnderAFileNamesTheFile) {
+  const std::string plain = write("plain", "x");
+  for (const std::string& under_a_file : {plain + "/absent.txt", plain + "/"})
+    EXPECT_EQ(refusal(under_a_file), "cannot read test file '" + under_a_file + "': '" + plain +
+                                         "' is a file, not a folder");
+}
+
+TEST_F(InputFile, ALinkToNothingNamesWhereItLeads) {
+  const std::string link = (dir_ / "link").string();
+  fs::create_symlink("gone/file.txt", link);
+  const std::string why =
+      "'" + link + "' is a symbolic link to 'gone/file.txt', which does not exist";
+  EXPECT_EQ(refusal(link), "cannot read test file '" + link + "': " + why);
+  EXPECT_EQ(refusal(link + "/x"), "cannot read test file '" + link + "/x': " + why);
+  // Through a chain of links, to where the last one leads.
+  const std::string first = (dir_ / "first").string();
+  fs::create_symlink("link", first);
+  EXPECT_EQ(refusal(first), "cannot read test file '" + first + "': '" + first +
+                                "' is a symbolic link to '" + (dir_ / "gone/file.txt").string() +
+                                "', which does not exist");
+  // A link to a file that is there reads that file.
+  fs::create_symlink("plain", dir_ / "good");
+  write("plain", "x");
+  EXPECT_EQ(read_input_file((dir_ / "good").string(), rules(link)), "x");
 }
 
 TEST_F(InputFile, ADirectoryIsRefusedWithWhatToGive) {
@@ -111,6 +137,40 @@ TEST_F(InputFile, AFileWhoseSizeIsNotReportedIsReadWithinTheLimit) {
   EXPECT_NE(text.find("Name:"), std::string::npos) << text;
   EXPECT_NE(refusal(path, 16).find("' has more than 16 bytes; at most 16 bytes are read here"),
             std::string::npos);
+}
+
+// /proc/self/pagemap reports 0 bytes and holds many GiB: it is refused without the first 512 MiB
+// read into memory, which the child that tries it would then have held.
+TEST_F(InputFile, AFileWhoseSizeIsNotReportedIsRefusedBeforeTheLimitIsRead) {
+  const std::string path = "/proc/self/pagemap";
+  if (::access(path.c_str(), R_OK) != 0) GTEST_SKIP() << path << " cannot be read here";
+  constexpr uint64_t kLimit = uint64_t{512} << 20;
+  int pipe_ends[2];
+  ASSERT_EQ(::pipe(pipe_ends), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::close(pipe_ends[0]);
+    std::string said = "read";
+    try {
+      read_input_file(path, rules(path, kLimit));
+    } catch (const std::exception& e) {
+      said = e.what();
+    }
+    [[maybe_unused]] const ssize_t n = ::write(pipe_ends[1], said.data(), said.size());
+    ::_exit(0);
+  }
+  ::close(pipe_ends[1]);
+  std::string said;
+  char buffer[512];
+  for (ssize_t n; (n = ::read(pipe_ends[0], buffer, sizeof buffer)) > 0;) said.append(buffer, n);
+  ::close(pipe_ends[0]);
+  int status = 0;
+  struct rusage usage {};
+  ASSERT_EQ(::wait4(child, &status, 0, &usage), child);
+  EXPECT_EQ(said, "test file '" + path +
+                      "' has more than 536870912 bytes; at most 512 MiB are read here");
+  EXPECT_LT(usage.ru_maxrss, 256 << 10) << "KiB resident at most in the child";
 }
 
 TEST_F(InputFile, AnUnreadableFileGivesTheSystemsReason) {
