@@ -116,6 +116,44 @@ std::string bad_value(std::string_view arg) {
   return {};
 }
 
+// The flags bad_value checks, each of which Google Benchmark also reads from the environment
+// variable of its name in capitals (BENCHMARK_FORMAT for --benchmark_format) when the command
+// line leaves it out.
+constexpr std::array<const char*, 14> kCheckedFlags = {"benchmark_min_time",
+                                                       "benchmark_min_warmup_time",
+                                                       "benchmark_repetitions",
+                                                       "v",
+                                                       "benchmark_format",
+                                                       "benchmark_out_format",
+                                                       "benchmark_time_unit",
+                                                       "benchmark_color",
+                                                       "benchmark_list_tests",
+                                                       "benchmark_enable_random_interleaving",
+                                                       "benchmark_report_aggregates_only",
+                                                       "benchmark_display_aggregates_only",
+                                                       "benchmark_counters_tabular",
+                                                       "benchmark_out"};
+
+// What is wrong with the environment's value of a checked flag the command line leaves out,
+// said of the variable; empty when every such value is right (or empty, which is as unset).
+std::string bad_environment_value(int argc, char** argv) {
+  for (const char* name : kCheckedFlags) {
+    bool given = false;
+    for (int i = 1; i < argc && !given; ++i) given = flag_value(argv[i], name, true).has_value();
+    std::string variable(name);
+    std::transform(variable.begin(), variable.end(), variable.begin(),
+                   [](unsigned char c) { return static_cast<char>(std::toupper(c)); });
+    const char* value = std::getenv(variable.c_str());
+    if (given || value == nullptr || *value == '\0') continue;
+    const std::string flag = std::string("--") + name;
+    const std::string bad = bad_value(flag + "=" + value);
+    if (!bad.empty())
+      return variable + " in the environment, which stands for " + flag + "," +
+             bad.substr(flag.size());
+  }
+  return {};
+}
+
 std::string program_name(const char* argv0) {
   return std::filesystem::path(argv0 != nullptr ? argv0 : "benchmark").filename().string();
 }
@@ -139,6 +177,7 @@ std::optional<int> take_benchmark_flags(int* argc, char** argv, bool report) {
     if (const std::string bad = bad_value(arg); !bad.empty()) return refuse(bad);
     if (const auto v = flag_value(arg, "benchmark_filter")) filter = *v;
   }
+  if (const std::string bad = bad_environment_value(*argc, argv); !bad.empty()) return refuse(bad);
   // Counted before benchmark::Initialize reads --benchmark_out, which a run, even one that
   // runs nothing, opens and empties.
   CountOnly selected;
