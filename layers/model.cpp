@@ -37,6 +37,16 @@ std::string init_problem(const InitSpec& init) {
   return "";
 }
 
+// Units [begin, end) of `count`: an empty or reversed range is a caller's slip (a stage holds
+// at least one unit), refused rather than answered with no units. `what` names the call.
+void check_unit_range(int64_t begin, int64_t end, int64_t count, const char* what) {
+  if (begin >= 0 && begin < end && end <= count) return;
+  throw std::out_of_range(std::string(what) + "(begin " + std::to_string(begin) + ", end " +
+                          std::to_string(end) + ") is not a non-empty range of the model's " +
+                          std::to_string(count) +
+                          " units; expected 0 <= begin < end <= " + std::to_string(count));
+}
+
 }  // namespace
 
 namespace {
@@ -168,6 +178,7 @@ std::unique_ptr<Layer> ModelDescription::unit(int64_t index) const {
 }
 
 std::vector<std::unique_ptr<Layer>> ModelDescription::units(int64_t begin, int64_t end) const {
+  check_unit_range(begin, end, num_units, "ModelDescription::units");
   std::vector<std::unique_ptr<Layer>> out;
   for (int64_t i = begin; i < end; ++i) out.push_back(unit(i));
   return out;
@@ -348,6 +359,7 @@ std::unique_ptr<Layer> make_model_unit(const ModelConfig& config, int64_t index)
 
 std::vector<std::unique_ptr<Layer>> make_model_units(const ModelConfig& config, int64_t begin,
                                                      int64_t end) {
+  check_unit_range(begin, end, config.num_units(), "make_model_units");
   std::vector<std::unique_ptr<Layer>> units;
   for (int64_t i = begin; i < end; ++i) units.push_back(make_model_unit(config, i));
   return units;

@@ -9,8 +9,11 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "engine/core/device_context.h"
+#include "engine/core/tensor.h"
 #include "layers/basic_layers.h"
 #include "layers/blocks.h"
 
@@ -59,6 +62,33 @@ TEST(ModelDescription, TheReferenceModelIsOne) {
   EXPECT_THROW(model.activation_at(0, 7), std::out_of_range);
   config.d_model = 0;
   EXPECT_THROW(reference_model(config), std::invalid_argument);
+}
+
+// An empty or reversed range is a slip of the caller's arithmetic: it used to come back as no
+// units at all, where a range past either end was refused.
+TEST(ModelDescription, AnEmptyOrReversedRangeOfUnitsIsRefused) {
+  const ModelConfig config = small_tiny();
+  const ModelDescription model = reference_model(config);
+  EXPECT_EQ(model.units(0, 5).size(), 5u);
+  EXPECT_EQ(make_model_units(config, 4, 5).size(), 1u);
+  for (const auto& [begin, end] :
+       std::vector<std::pair<int64_t, int64_t>>{{3, 1}, {2, 2}, {0, 0}, {-1, 2}, {4, 6}}) {
+    const std::string range = "(begin " + std::to_string(begin) + ", end " + std::to_string(end) +
+                              ") is not a non-empty range of the model's 5 units; expected 0 "
+                              "<= begin < end <= 5";
+    try {
+      model.units(begin, end);
+      ADD_FAILURE() << "units(" << begin << ", " << end << ") was not refused";
+    } catch (const std::out_of_range& e) {
+      EXPECT_EQ(e.what(), "ModelDescription::units" + range);
+    }
+    try {
+      make_model_units(config, begin, end);
+      ADD_FAILURE() << "make_model_units(" << begin << ", " << end << ") was not refused";
+    } catch (const std::out_of_range& e) {
+      EXPECT_EQ(e.what(), "make_model_units" + range);
+    }
+  }
 }
 
 ModelDescription two_linear_units() {
