@@ -28,6 +28,9 @@ bool has_positive_dimensions(const Shape& shape) {
 // would make NaN weights without a word, and an empty range (uniform(0), say, from a bound
 // computed in integers) is refused by the kernel without the parameter's name.
 std::string init_problem(const InitSpec& init) {
+  if (!known_init_kind(init.kind))
+    return "expected InitSpec::kind to be InitSpec::Kind::kUniform or kConstant, got the value " +
+           std::to_string(static_cast<int>(init.kind));
   if (init.kind == InitSpec::Kind::kConstant)
     return std::isfinite(init.low) ? "" : "expected a finite value";
   if (!std::isfinite(init.low) || !std::isfinite(init.high) ||
@@ -55,8 +58,10 @@ namespace {
 std::string parameter_text(const Parameter& p) {
   std::ostringstream out;
   out << "'" << p.name << "' " << shape_to_string(p.shape) << " initialised "
-      << (p.init.kind == InitSpec::Kind::kUniform ? "uniform [" : "constant [") << p.init.low
-      << ", " << p.init.high << ")" << (p.weight_decay ? " decayed" : " not decayed");
+      << (p.init.kind == InitSpec::Kind::kUniform    ? "uniform ["
+          : p.init.kind == InitSpec::Kind::kConstant ? "constant ["
+                                                     : "by an unknown kind [")
+      << p.init.low << ", " << p.init.high << ")" << (p.weight_decay ? " decayed" : " not decayed");
   return out.str();
 }
 

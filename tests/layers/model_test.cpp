@@ -257,6 +257,34 @@ TEST(ModelDescription, InitialValuesThatAreNotFiniteOrAnEmptyRangeAreRejected) {
   }
 }
 
+// A kind cast from outside the enum was filled with `low` by materialize, and refused by the
+// model's check as if it were a uniform range.
+TEST(ModelDescription, AnInitialisationKindOutsideTheEnumIsRefused) {
+  Parameter p = named("w", {2, 3});
+  p.init = {static_cast<InitSpec::Kind>(7), 0.0f, 0.0f};
+  const std::string error = error_of(listing({}, {p}));
+  EXPECT_NE(error.find("unit 1 gives parameter 'w' [2, 3] initialised by an unknown kind [0, 0)"),
+            std::string::npos)
+      << error;
+  EXPECT_NE(error.find("; expected InitSpec::kind to be InitSpec::Kind::kUniform or kConstant, "
+                       "got the value 7"),
+            std::string::npos)
+      << error;
+  DeviceContext ctx(Device::cpu());
+  try {
+    p.materialize(ctx, 1);
+    ADD_FAILURE() << "InitSpec::Kind 7 was materialised";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "InitSpec::kind of parameter 'w' must be InitSpec::Kind::kUniform or kConstant, "
+              "got the value 7");
+  }
+  EXPECT_FALSE(p.value.defined());
+  p.init = InitSpec::constant(-2.0f);
+  p.materialize(ctx, 1);
+  EXPECT_EQ(to_vector_f32(p.value), std::vector<float>(6, -2.0f));
+}
+
 TEST(ModelConfig, AnActivationOutsideTheEnumIsRefused) {
   ModelConfig config = small_tiny();
   config.activation = static_cast<ops::ActivationKind>(7);
