@@ -28,6 +28,9 @@ bool has_positive_dimensions(const Shape& shape) {
 // would make NaN weights without a word, and an empty range (uniform(0), say, from a bound
 // computed in integers) is refused by the kernel without the parameter's name.
 std::string init_problem(const InitSpec& init) {
+  if (!known_init_kind(init.kind))
+    return "expected InitSpec::kind to be InitSpec::Kind::kUniform or kConstant, got the value " +
+           std::to_string(static_cast<int>(init.kind));
   if (init.kind == InitSpec::Kind::kConstant)
     return std::isfinite(init.low) ? "" : "expected a finite value";
   if (!std::isfinite(init.low) || !std::isfinite(init.high) ||
@@ -35,6 +38,16 @@ std::string init_problem(const InitSpec& init) {
     return "expected finite bounds low < high (InitSpec::uniform(bound) with a finite bound "
            "above 0)";
   return "";
+}
+
+// Units [begin, end) of `count`: an empty or reversed range is a caller's slip (a stage holds
+// at least one unit), refused rather than answered with no units. `what` names the call.
+void check_unit_range(int64_t begin, int64_t end, int64_t count, const char* what) {
+  if (begin >= 0 && begin < end && end <= count) return;
+  throw std::out_of_range(std::string(what) + "(begin " + std::to_string(begin) + ", end " +
+                          std::to_string(end) + ") is not a non-empty range of the model's " +
+                          std::to_string(count) +
+                          " units; expected 0 <= begin < end <= " + std::to_string(count));
 }
 
 }  // namespace
@@ -45,8 +58,10 @@ namespace {
 std::string parameter_text(const Parameter& p) {
   std::ostringstream out;
   out << "'" << p.name << "' " << shape_to_string(p.shape) << " initialised "
-      << (p.init.kind == InitSpec::Kind::kUniform ? "uniform [" : "constant [") << p.init.low
-      << ", " << p.init.high << ")" << (p.weight_decay ? " decayed" : " not decayed");
+      << (p.init.kind == InitSpec::Kind::kUniform    ? "uniform ["
+          : p.init.kind == InitSpec::Kind::kConstant ? "constant ["
+                                                     : "by an unknown kind [")
+      << p.init.low << ", " << p.init.high << ")" << (p.weight_decay ? " decayed" : " not decayed");
   return out.str();
 }
 
@@ -168,6 +183,7 @@ std::unique_ptr<Layer> ModelDescription::unit(int64_t index) const {
 }
 
 std::vector<std::unique_ptr<Layer>> ModelDescription::units(int64_t begin, int64_t end) const {
+  check_unit_range(begin, end, num_units, "ModelDescription::units");
   std::vector<std::unique_ptr<Layer>> out;
   for (int64_t i = begin; i < end; ++i) out.push_back(unit(i));
   return out;
@@ -348,6 +364,7 @@ std::unique_ptr<Layer> make_model_unit(const ModelConfig& config, int64_t index)
 
 std::vector<std::unique_ptr<Layer>> make_model_units(const ModelConfig& config, int64_t begin,
                                                      int64_t end) {
+  check_unit_range(begin, end, config.num_units(), "make_model_units");
   std::vector<std::unique_ptr<Layer>> units;
   for (int64_t i = begin; i < end; ++i) units.push_back(make_model_unit(config, i));
   return units;

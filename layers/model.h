@@ -58,7 +58,7 @@ struct ModelDescription {
   void validate() const;
   // Unit `index`, checked: the index is in range and the factory returned a layer.
   std::unique_ptr<Layer> unit(int64_t index) const;
-  // Units [begin, end).
+  // Units [begin, end); throws std::out_of_range unless 0 <= begin < end <= num_units.
   std::vector<std::unique_ptr<Layer>> units(int64_t begin, int64_t end) const;
   // The activation at `boundary` for `tokens` tokens, checked against the range.
   ActivationSpec activation_at(int64_t boundary, int64_t tokens) const;
@@ -119,7 +119,7 @@ ModelDescription reference_model(const ModelConfig& config);
 
 // Unit `index` of the reference model (see above), with parameters not yet materialised.
 std::unique_ptr<Layer> make_model_unit(const ModelConfig& config, int64_t index);
-// Units [begin, end).
+// Units [begin, end); throws std::out_of_range unless 0 <= begin < end <= config.num_units().
 std::vector<std::unique_ptr<Layer>> make_model_units(const ModelConfig& config, int64_t begin,
                                                      int64_t end);
 // Number of parameters of the whole reference model.

@@ -1,11 +1,18 @@
 #include "layers/parameter.h"
 
+#include <string>
+
+#include "engine/core/enum_value.h"
 #include "kernels/init.h"
 #include "layers/ops.h"
 
 namespace conveyor {
 
 void Parameter::materialize(DeviceContext& ctx, uint64_t seed) {
+  // Checked first: a kind outside the enum would otherwise fill the value with `low`.
+  check_enum_value(init.kind, {InitSpec::Kind::kUniform, InitSpec::Kind::kConstant},
+                   "InitSpec::kind of parameter '" + name + "'",
+                   "InitSpec::Kind::kUniform or kConstant");
   value = ctx.empty(shape);
   grad = ctx.zeros(shape);
   if (init.kind == InitSpec::Kind::kUniform)

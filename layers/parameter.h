@@ -20,6 +20,11 @@ struct InitSpec {
   static InitSpec constant(float value) { return {Kind::kConstant, value, value}; }
 };
 
+// Whether `kind` is one of InitSpec::Kind's values (a cast can put any int there).
+inline bool known_init_kind(InitSpec::Kind kind) {
+  return kind == InitSpec::Kind::kUniform || kind == InitSpec::Kind::kConstant;
+}
+
 struct Parameter {
   std::string name;
   Shape shape;
@@ -29,6 +34,7 @@ struct Parameter {
   Tensor grad;  // accumulates (+=) over the micro-batches of a step
 
   // Allocates value and grad on `ctx`, initialises value from (seed, name) and zeroes grad.
+  // Throws std::invalid_argument for an init.kind outside InitSpec::Kind.
   void materialize(DeviceContext& ctx, uint64_t seed);
 };
 

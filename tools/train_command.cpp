@@ -84,7 +84,12 @@ double evaluate_held_out(Trainer& trainer, HeldOutData& data, int64_t batches, b
                 static_cast<long long>(trainer.steps_done()));
     std::fflush(stdout);
   }
-  const double loss = trainer.evaluate(held_out, batches);
+  double loss = 0.0;
+  try {
+    loss = trainer.evaluate(held_out, batches);
+  } catch (const TrainingDiverged& e) {
+    loss = e.loss();  // said below, in the command's terms, once a signal has been asked for
+  }
   // A signal during the last group of batches (the only one, usually) ends the run here too:
   // unasked, it waited for the next step to end, or after the closing evaluation went unheard.
   if (const int signal = trainer.agreed_stop_request()) throw EvaluationStopped(signal);

@@ -40,6 +40,12 @@ uint64_t walk_stream(MarkovSource::Walk walk) {
 
 }  // namespace
 
+void TokenSource::check_count(int64_t n) const {
+  if (n < 0)
+    throw std::invalid_argument("TokenSource::next's count n must be 0 or more, got " +
+                                std::to_string(n) + " (from the source " + describe() + ")");
+}
+
 MarkovSource::MarkovSource(int64_t vocab, uint64_t seed, int fanout, Walk walk)
     : vocab_(vocab), seed_(seed), fanout_(fanout), walk_(walk) {
   if (vocab < 2 || vocab > kMaxVocab)
@@ -126,6 +132,7 @@ int32_t MarkovSource::step_with(int32_t state, float u) const {
 }
 
 void MarkovSource::next(int32_t* inputs, int32_t* targets, int64_t n) {
+  check_count(n);
   for (int64_t i = 0; i < n; ++i) {
     const int32_t following = step_from(current_, position_);
     inputs[i] = current_;
@@ -186,6 +193,7 @@ FileSource::FileSource(const std::string& path) : path_(path) {
 }
 
 void FileSource::next(int32_t* inputs, int32_t* targets, int64_t n) {
+  check_count(n);
   // The file holds size - 1 pairs, each byte followed by the next; wrapping after the last
   // one never pairs the file's last byte with its first, which no text has.
   const std::string& text = *bytes_;

@@ -17,7 +17,8 @@ class TokenSource {
   virtual int64_t vocab() const = 0;
   // Next n (input, target) pairs; advances the position by n. All n of each must be written:
   // a source that has run out throws (Trainer::step then puts it back where the step began,
-  // and refuses an id left unwritten).
+  // and refuses an id left unwritten). n = 0 gives nothing and stays where it is; the sources
+  // here refuse a negative n (check_count).
   virtual void next(int32_t* inputs, int32_t* targets, int64_t n) = 0;
   // Tokens consumed so far, and moving there (for resuming).
   virtual uint64_t position() const = 0;
@@ -37,6 +38,11 @@ class TokenSource {
   virtual std::optional<std::string> contents_digest() const { return std::nullopt; }
   // The best achievable mean loss (nats/token) of a model that sees one token, when known.
   virtual std::optional<double> entropy() const { return std::nullopt; }
+
+ protected:
+  // For next(): throws std::invalid_argument, naming the source, for a negative n, which would
+  // otherwise move an unsigned position back by wrapping it, or do nothing without a word.
+  void check_count(int64_t n) const;
 };
 
 // A stationary Markov chain over `vocab` states generated from `seed`: each state moves to

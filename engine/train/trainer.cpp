@@ -224,6 +224,11 @@ Trainer::~Trainer() {
 StepStats Trainer::step() {
   const OneAtATime one(busy_, "run a step");
   check_usable("run a step");
+  if (!diverged_.empty())
+    throw std::logic_error("the trainer cannot run a step: the " + diverged_ +
+                           ", which applied no update, so the same step would diverge again on "
+                           "the same weights and batch; restore a checkpoint into the trainer "
+                           "(resume_trainer) or build a new Trainer");
   const int64_t step = steps_done_ + 1;
   if (step > config_.steps)
     throw std::logic_error("the trainer has run all " + std::to_string(config_.steps) +
@@ -262,15 +267,21 @@ StepStats Trainer::step() {
   }
   const double loss = result.loss_sum / static_cast<double>(config_.batch_tokens);
   if (result.diverged) {
+    // The step did not happen: its batch is the next step's, as for a batch refused above,
+    // so that a checkpoint of the last good step saved now resumes on the right batch.
+    source_->restore(position_at_draw, token_at_draw);
     // A NaN's sign bit means nothing, and printed as "-nan" it reads like a value.
     auto shown = [](double v) { return std::isnan(v) ? std::fabs(v) : v; };
-    std::ostringstream msg;
+    std::ostringstream what;
     // Say which went non-finite: a finite loss with a NaN norm is the gradient's doing.
     if (std::isfinite(loss))
-      msg << "the gradient norm became " << shown(result.grad_norm) << " (loss " << loss << ")";
+      what << "gradient norm became " << shown(result.grad_norm) << " (loss " << loss << ")";
     else
-      msg << "loss became " << shown(loss) << " (gradient norm " << shown(result.grad_norm) << ")";
-    msg << " at step " << step;
+      what << "loss became " << shown(loss) << " (gradient norm " << shown(result.grad_norm) << ")";
+    what << " at step " << step;
+    diverged_ = what.str();
+    std::ostringstream msg;
+    msg << (std::isfinite(loss) ? "the " : "") << diverged_;
     // The first step's loss and gradient come before any update, so no rate or clipping
     // setting can be their cause: the model's own computation is.
     if (step == 1)
@@ -283,7 +294,7 @@ StepStats Trainer::step() {
     else
       msg << "; lower the learning rate (TrainConfig::optimizer.lr) or enable clipping "
              "(TrainConfig::optimizer.clip_norm)";
-    throw TrainingDiverged(msg.str());
+    throw TrainingDiverged(msg.str(), loss);
   }
   steps_done_ = step;
 
@@ -346,6 +357,7 @@ void Trainer::resume_at(int64_t steps_done) {
                                 ": the run has " + counted(config_.steps, "step") +
                                 "; raise TrainConfig::steps to train past the checkpoint");
   steps_done_ = steps_done;
+  diverged_.clear();
 }
 
 double Trainer::evaluate(TokenSource& source, int64_t batches, int64_t tokens_at_once) {
@@ -386,7 +398,22 @@ double Trainer::evaluate(TokenSource& source, int64_t batches, int64_t tokens_at
   }
   std::vector<double> total{loss_sum};
   executor_->sum_over_processes(total);
-  return total[0] / static_cast<double>(batches * config_.batch_tokens);
+  return evaluated_mean(total[0], batches * config_.batch_tokens);
+}
+
+double Trainer::evaluated_mean(double loss_sum, int64_t tokens) const {
+  const double loss = loss_sum / static_cast<double>(tokens);
+  if (std::isfinite(loss)) return loss;
+  // Every process has the same sum, so every process throws alike.
+  std::ostringstream msg;
+  msg << "the evaluation's mean loss is " << (std::isnan(loss) ? std::fabs(loss) : loss);
+  if (steps_done_ == 0)
+    msg << " with the weights the run starts from: a unit's forward gives non-finite values on "
+           "them";
+  else
+    msg << " with the weights of step " << steps_done_
+        << ", whose update diverged; lower the learning rate (TrainConfig::optimizer.lr)";
+  throw TrainingDiverged(msg.str(), loss);
 }
 
 namespace {
@@ -499,7 +526,7 @@ double Trainer::evaluate(const std::vector<MicroBatchData>& microbatches) {
         "batches");
   std::vector<double> total{local_loss_sum(microbatches, 0.0)};
   executor_->sum_over_processes(total);
-  return total[0] / static_cast<double>(tokens);
+  return evaluated_mean(total[0], tokens);
 }
 
 int Trainer::agreed_stop_request() {

@@ -30,10 +30,18 @@
 
 namespace conveyor {
 
-// Training stopped because the loss or the gradient stopped being finite.
+// Training stopped because the loss or the gradient stopped being finite: a step's, or an
+// evaluation's. loss() is the mean loss seen (finite when only a step's gradient norm was
+// not; NaN when the thrower did not say).
 class TrainingDiverged : public std::runtime_error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit TrainingDiverged(const std::string& message,
+                            double loss = std::numeric_limits<double>::quiet_NaN())
+      : std::runtime_error(message), loss_(loss) {}
+  double loss() const { return loss_; }
+
+ private:
+  double loss_;
 };
 
 struct StepStats {
@@ -86,7 +94,9 @@ class Trainer {
   // out as it is, the source put back the same way. A step that fails once it has started (a
   // PipelineError, a transport error) leaves the trainer unusable: step() and evaluate() then
   // throw std::logic_error saying so. A diverged step (TrainingDiverged) applied no update and
-  // leaves it usable.
+  // puts the source back where the step began: the weights are those of steps_done(), which
+  // may still be evaluated and saved, but the same step on them would diverge again, so step()
+  // refuses (std::logic_error) until a checkpoint is restored into the trainer (resume_at).
   StepStats step();
 
   // Mean loss per token over `batches` global batches drawn from `source` (held-out data),
@@ -117,7 +127,9 @@ class Trainer {
   double evaluate(TokenSource& source, int64_t batches = 1,
                   int64_t tokens_at_once = kEvaluationTokensAtOnce);
   // Both refuse batches whose every target is the ignored one, as step() does
-  // (std::invalid_argument; the trainer stays usable): there is no loss to measure.
+  // (std::invalid_argument; the trainer stays usable): there is no loss to measure. A loss
+  // that is not finite (weights an update ruined) throws TrainingDiverged, as a step does;
+  // the trainer stays usable.
   //
   // The same over given micro-batches (any number, any sizes; under MPI the same on every
   // process).
@@ -143,7 +155,8 @@ class Trainer {
   // Empty while the trainer is usable; once a step or an evaluation has failed after it
   // started, what failed (step() and evaluate() then refuse with std::logic_error).
   const std::string& failure() const;
-  // After restoring a checkpoint of `steps_done` steps: the next step() runs steps_done + 1.
+  // After restoring a checkpoint of `steps_done` steps: the next step() runs steps_done + 1,
+  // even after a diverged step, whose weights the checkpoint's replaced.
   void resume_at(int64_t steps_done);
   // What a restore that failed part-way (some tensors the checkpoint's, some not) records:
   // step() and evaluate() then refuse, saying `what` ("marked unusable" when it is empty).
@@ -178,6 +191,8 @@ class Trainer {
   double forward_loss_sum(const std::vector<MicroBatchData>& microbatches, double start);
   // Throws std::logic_error, saying what failed, once a step or an evaluation has failed.
   void check_usable(const char* action) const;
+  // The mean of an evaluation's `loss_sum` over `tokens`; TrainingDiverged when not finite.
+  double evaluated_mean(double loss_sum, int64_t tokens) const;
   // agreed_stop_request's collective, for evaluate(), which holds the trainer.
   int stop_request_over_processes();
   // Throws std::logic_error naming `member` while a step() or evaluate() runs.
@@ -221,6 +236,8 @@ class Trainer {
   // What failed in a step or an evaluation, which leaves the executor with micro-batches in
   // flight and its transports aborted; empty while the trainer is usable.
   std::string failure_;
+  // The step that diverged and how, until a resume_at(): step() refuses to run it again.
+  std::string diverged_;
 };
 
 }  // namespace conveyor

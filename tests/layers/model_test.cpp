@@ -9,8 +9,11 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "engine/core/device_context.h"
+#include "engine/core/tensor.h"
 #include "layers/basic_layers.h"
 #include "layers/blocks.h"
 
@@ -59,6 +62,33 @@ TEST(ModelDescription, TheReferenceModelIsOne) {
   EXPECT_THROW(model.activation_at(0, 7), std::out_of_range);
   config.d_model = 0;
   EXPECT_THROW(reference_model(config), std::invalid_argument);
+}
+
+// An empty or reversed range is a slip of the caller's arithmetic: it used to come back as no
+// units at all, where a range past either end was refused.
+TEST(ModelDescription, AnEmptyOrReversedRangeOfUnitsIsRefused) {
+  const ModelConfig config = small_tiny();
+  const ModelDescription model = reference_model(config);
+  EXPECT_EQ(model.units(0, 5).size(), 5u);
+  EXPECT_EQ(make_model_units(config, 4, 5).size(), 1u);
+  for (const auto& [begin, end] :
+       std::vector<std::pair<int64_t, int64_t>>{{3, 1}, {2, 2}, {0, 0}, {-1, 2}, {4, 6}}) {
+    const std::string range = "(begin " + std::to_string(begin) + ", end " + std::to_string(end) +
+                              ") is not a non-empty range of the model's 5 units; expected 0 "
+                              "<= begin < end <= 5";
+    try {
+      model.units(begin, end);
+      ADD_FAILURE() << "units(" << begin << ", " << end << ") was not refused";
+    } catch (const std::out_of_range& e) {
+      EXPECT_EQ(e.what(), "ModelDescription::units" + range);
+    }
+    try {
+      make_model_units(config, begin, end);
+      ADD_FAILURE() << "make_model_units(" << begin << ", " << end << ") was not refused";
+    } catch (const std::out_of_range& e) {
+      EXPECT_EQ(e.what(), "make_model_units" + range);
+    }
+  }
 }
 
 ModelDescription two_linear_units() {
@@ -225,6 +255,34 @@ TEST(ModelDescription, InitialValuesThatAreNotFiniteOrAnEmptyRangeAreRejected) {
     EXPECT_NE(error.find("initialised constant ["), std::string::npos) << error;
     EXPECT_NE(error.find("; expected a finite value"), std::string::npos) << error;
   }
+}
+
+// A kind cast from outside the enum was filled with `low` by materialize, and refused by the
+// model's check as if it were a uniform range.
+TEST(ModelDescription, AnInitialisationKindOutsideTheEnumIsRefused) {
+  Parameter p = named("w", {2, 3});
+  p.init = {static_cast<InitSpec::Kind>(7), 0.0f, 0.0f};
+  const std::string error = error_of(listing({}, {p}));
+  EXPECT_NE(error.find("unit 1 gives parameter 'w' [2, 3] initialised by an unknown kind [0, 0)"),
+            std::string::npos)
+      << error;
+  EXPECT_NE(error.find("; expected InitSpec::kind to be InitSpec::Kind::kUniform or kConstant, "
+                       "got the value 7"),
+            std::string::npos)
+      << error;
+  DeviceContext ctx(Device::cpu());
+  try {
+    p.materialize(ctx, 1);
+    ADD_FAILURE() << "InitSpec::Kind 7 was materialised";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "InitSpec::kind of parameter 'w' must be InitSpec::Kind::kUniform or kConstant, "
+              "got the value 7");
+  }
+  EXPECT_FALSE(p.value.defined());
+  p.init = InitSpec::constant(-2.0f);
+  p.materialize(ctx, 1);
+  EXPECT_EQ(to_vector_f32(p.value), std::vector<float>(6, -2.0f));
 }
 
 TEST(ModelConfig, AnActivationOutsideTheEnumIsRefused) {

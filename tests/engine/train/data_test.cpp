@@ -419,5 +419,40 @@ TEST(HeldOutSource, FollowsTheRunsTrainingBatchesOrWalksApart) {
   EXPECT_EQ(got_out, want_out);
 }
 
+// A negative count called directly (the trainer never asks for one) wrapped a file source's
+// unsigned position round and was a silent no-op for the chain; 0 reads nothing.
+TEST(TokenSource, ANegativeCountIsRefusedAndZeroReadsNothing) {
+  const std::string path = ::testing::TempDir() + "conveyor_count.bin";
+  {
+    std::ofstream f(path, std::ios::binary);
+    f << "abcde";
+  }
+  FileSource file(path);
+  MarkovSource chain(16, 1);
+  for (TokenSource* source : std::vector<TokenSource*>{&file, &chain}) {
+    std::vector<int32_t> in(3), out(3);
+    source->next(in.data(), out.data(), 2);
+    const std::optional<int32_t> token = source->current_token();
+    const std::vector<int32_t> in_before = in, out_before = out;
+    for (const int64_t n : {int64_t{-1}, std::numeric_limits<int64_t>::min()}) {
+      try {
+        source->next(in.data(), out.data(), n);
+        ADD_FAILURE() << source->describe() << " took a count of " << n;
+      } catch (const std::invalid_argument& e) {
+        EXPECT_EQ(std::string(e.what()), "TokenSource::next's count n must be 0 or more, got " +
+                                             std::to_string(n) + " (from the source " +
+                                             source->describe() + ")");
+      }
+      EXPECT_EQ(source->position(), 2u) << source->describe();
+    }
+    source->next(in.data(), out.data(), 0);
+    EXPECT_EQ(source->position(), 2u) << source->describe();
+    EXPECT_EQ(source->current_token(), token) << source->describe();
+    EXPECT_EQ(in, in_before) << source->describe();
+    EXPECT_EQ(out, out_before) << source->describe();
+  }
+  std::remove(path.c_str());
+}
+
 }  // namespace
 }  // namespace conveyor

@@ -187,6 +187,69 @@ TEST(Trainer, ADivergedStepLeavesTheWeightsAsTheyWere) {
   FAIL() << "training with lr 1e30 did not diverge";
 }
 
+// A diverged step applied no update, so running it again diverged again without end, each
+// time on the next batch; an evaluation of the weights an update ruined returned NaN.
+TEST(Trainer, AfterADivergedStepTheStepIsRefusedAndEvaluationSaysWhy) {
+  Trainer trainer(diverging_config(/*clip_norm=*/0));
+  std::string diverged;
+  uint64_t position = 0;
+  for (int s = 0; s < 10 && diverged.empty(); ++s) {
+    position = trainer.source().position();
+    try {
+      trainer.step();
+    } catch (const TrainingDiverged& e) {
+      diverged = e.what();
+    }
+  }
+  ASSERT_FALSE(diverged.empty()) << "training with lr 1e30 did not diverge";
+  const int64_t good = trainer.steps_done();
+  ASSERT_GT(good, 0) << diverged;
+  const std::string at = " at step " + std::to_string(good + 1);
+  ASSERT_NE(diverged.find(at), std::string::npos) << diverged;
+  // Put back where the step began: a save of the last good step resumes on the right batch.
+  EXPECT_EQ(trainer.source().position(), position);
+
+  const std::string how = diverged.substr(0, diverged.find(at) + at.size());
+  for (int again = 0; again < 2; ++again) {
+    try {
+      trainer.step();
+      ADD_FAILURE() << "a step ran after " << diverged;
+    } catch (const std::logic_error& e) {
+      EXPECT_EQ(std::string(e.what()),
+                "the trainer cannot run a step: " + (how.starts_with("the ") ? how : "the " + how) +
+                    ", which applied no update, so the same step would diverge again on the "
+                    "same weights and batch; restore a checkpoint into the trainer "
+                    "(resume_trainer) or build a new Trainer");
+    }
+    EXPECT_EQ(trainer.steps_done(), good);
+    EXPECT_EQ(trainer.source().position(), position);
+  }
+
+  MarkovSource held_out(trainer.config().model.vocab, 5);
+  const std::string says = " with the weights of step " + std::to_string(good) +
+                           ", whose update diverged; lower the learning rate "
+                           "(TrainConfig::optimizer.lr)";
+  try {
+    const double loss = trainer.evaluate(held_out, 1);
+    ADD_FAILURE() << "the evaluation returned " << loss;
+  } catch (const TrainingDiverged& e) {
+    EXPECT_FALSE(std::isfinite(e.loss()));
+    EXPECT_TRUE(std::string_view(e.what()).starts_with("the evaluation's mean loss is "))
+        << e.what();
+    EXPECT_TRUE(std::string_view(e.what()).ends_with(says)) << e.what();
+    EXPECT_EQ(std::string(e.what()).find("-nan"), std::string::npos) << e.what();
+  }
+  MicroBatchData mb;
+  mb.tokens = {1, 2, 3, 4};
+  mb.targets = {2, 3, 4, 5};
+  EXPECT_THROW(trainer.evaluate({mb}), TrainingDiverged);
+  EXPECT_TRUE(trainer.failure().empty());
+
+  // A restore replaces the weights: the step may run again (and, on these, diverge again).
+  trainer.resume_at(good);
+  EXPECT_THROW(trainer.step(), TrainingDiverged);
+}
+
 // Clipping scales the whole step by clip / norm: with SGD without momentum or decay the step
 // is lr x the scaled gradient, so a clip at a quarter of the gradient norm moves every weight
 // a quarter as far as no clip does (up to the rounding of the weights, half an ulp of each).
