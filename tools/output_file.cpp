@@ -182,14 +182,20 @@ OutputFile::~OutputFile() {
 
 void OutputFile::write(std::string_view text) {
   if (fd_ < 0) throw std::logic_error("write to a closed " + flag_ + " file");
+  // Where this text starts, in a regular file (-1 for a device or a FIFO).
+  const off_t start = ::lseek(fd_, 0, SEEK_CUR);
   size_t done = 0;
   while (done < text.size()) {
     const ssize_t n = ::write(fd_, text.data() + done, text.size() - done);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0)
+    if (n <= 0) {
+      const int err = n < 0 ? errno : EIO;
+      // A full disk or the file size limit takes part of a text first: cut it off again, so
+      // that a log ends in its last whole line, not half of the next one.
+      if (done > 0 && start >= 0 && ::ftruncate(fd_, start) == 0) ::lseek(fd_, start, SEEK_SET);
       throw std::runtime_error("cannot write " + flag_ + " file '" +
-                               escaped_for_message(named_as_) +
-                               "': " + std::strerror(n < 0 ? errno : EIO));
+                               escaped_for_message(named_as_) + "': " + std::strerror(err));
+    }
     done += static_cast<size_t>(n);
   }
 }

@@ -40,7 +40,8 @@ class OutputFile {
 
   const std::string& path() const { return path_; }
   // Writes all of `text` straight to the file (unbuffered: a line is on disk when this
-  // returns). Throws std::runtime_error naming the file and the system's reason.
+  // returns). Throws std::runtime_error naming the file and the system's reason; a regular
+  // file is first cut back to where the text began, so that it holds none of a failed text.
   void write(std::string_view text);
   // Closes the file, reporting a failed close as write() does.
   void close();

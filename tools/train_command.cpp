@@ -2,6 +2,7 @@
 // must hold before the first step (train_setup.h), trains, prints one line per logged step and
 // a summary (train_report.h), and optionally writes one JSON object per step.
 
+#include <atomic>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
@@ -119,6 +120,10 @@ std::string eval_record(double loss, int64_t after_step, int64_t batches, int64_
                               {"eval_step", after_step}};
   return row.dump() + "\n";
 }
+
+// What the stop request gives, in place of a signal, once rank 0 could not write its
+// --log-json file: every process then stops after the same step and saves it, as on a signal.
+constexpr int kStopForFailedOutput = -1;
 
 void run_train(TrainFlags& f, const CLI::App& cmd) {
   load_cuda_kernels_eagerly_if_nccl(f);  // before CUDA starts: MPI_Init or the device's count
@@ -257,8 +262,32 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
   std::fflush(stdout);
 
   install_interrupt_handlers();
+  // The first failed write of the --log-json file (rank 0's: the only one that writes it). The
+  // run stops as on a signal, with the last finished step saved, and fails with this error.
+  std::string output_error;
+  std::atomic<bool> output_failed{false};
+  auto write_log = [&](const std::string& text) {
+    if (!json_log || output_failed.load()) return;
+    try {
+      json_log->write(text);
+    } catch (const std::runtime_error& e) {
+      output_error = e.what();
+      output_failed.store(true);
+    }
+  };
   // Asked by every rank in each step's all-reduce, so all processes stop after the same step.
-  trainer->executor().set_stop_request([] { return interrupt_signal(); });
+  trainer->executor().set_stop_request([&output_failed] {
+    return output_failed.load() ? kStopForFailedOutput : interrupt_signal();
+  });
+  // Stopping for a failed output: at once in one process; under MPI after the step whose
+  // all-reduce carried rank 0's request, the others knowing of the failure only from it.
+  bool output_stop = false;
+  const bool one_process = trainer->executor().holds_all_ranks();
+  auto stop_for_output = [&](int request) {
+    if (request == kStopForFailedOutput) output_stop = true;
+    if (one_process && output_failed.load()) output_stop = true;
+    return request == kStopForFailedOutput ? 0 : request;
+  };
   RunTrace run_trace;
   PipelineStepResult last_step;
   RunTotals t;
@@ -275,8 +304,7 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
     const double loss =
         evaluate_held_out(*trainer, *held_out, f.eval_batches, announce, mpi.active());
     run_trace.add_evaluation(trainer->steps_done(), begin, RunTrace::Clock::now());
-    if (json_log)
-      json_log->write(eval_record(loss, trainer->steps_done(), f.eval_batches, eval_tokens));
+    write_log(eval_record(loss, trainer->steps_done(), f.eval_batches, eval_tokens));
     return loss;
   };
   // The estimate of the time left counts the loop's wall time: saves and evaluations too.
@@ -309,18 +337,18 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
                             {"lr", st.lr},
                             {"grad_norm", st.grad_norm},
                             {"peak_bytes", st.peak_bytes}};
-      json_log->write(row.dump() + "\n");
+      write_log(row.dump() + "\n");
     }
     // A signal ends the run after the step it came in (or the next one, when it came after
     // the step's all-reduce): the step in progress finishes on every rank.
-    signal = st.pipeline.stop_signal;
+    signal = stop_for_output(st.pipeline.stop_signal);
     // The first and the last step this process trains are always shown: a resumed run or one
     // that --stop-after or a signal ends early starts or stops between the steps --log-every
     // divides, and the loss of the last is that of the step an interrupted run saves.
     // So is one an evaluation follows, which a signal may end the run in.
     const bool evaluates = f.eval_every > 0 && s % f.eval_every == 0 && s != last_step_to_run;
     if (!f.quiet && (s % f.log_every == 0 || s == first_step || s == last_step_to_run ||
-                     signal != 0 || evaluates)) {
+                     signal != 0 || output_stop || evaluates)) {
       const double rate = st.tokens / st.seconds;
       const double looped =
           std::chrono::duration<double>(RunTrace::Clock::now() - loop_begin).count();
@@ -353,7 +381,7 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
       }
     }
     last_step = std::move(st.pipeline);
-    if (signal != 0) break;
+    if (signal != 0 || output_stop) break;
     // After every --eval-every steps, on the run's held-out batches; the last step's is the
     // run's closing one below. A signal during it ends the run as one during a step does,
     // after the step it follows (and its save).
@@ -362,7 +390,12 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
       try {
         loss = evaluate_and_record(false);
       } catch (const EvaluationStopped& e) {
-        signal = e.signal();
+        signal = stop_for_output(e.signal());
+        break;
+      }
+      // Its record was the write that failed.
+      if (one_process && output_failed.load()) {
+        output_stop = true;
         break;
       }
       if (!f.quiet) {
@@ -377,7 +410,17 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
   // unsaved: said here, and the exit status says it too.
   bool last_step_unsaved = false;
   if (checkpointer) {
-    checkpointer->finish();
+    try {
+      checkpointer->finish();
+    } catch (const std::exception& e) {
+      // The save of a run stopped by a failed write: both failures are said, the first
+      // first. The checkpoints committed before stay as they were.
+      if (output_error.empty()) throw;
+      throw std::runtime_error(
+          output_error + "; the run stopped after step " + std::to_string(trainer->steps_done()) +
+          ", whose save failed too (" + e.what() + "); --save-dir " +
+          quoted_file_name(f.checkpoint.save_dir) + " keeps the checkpoints it held");
+    }
     const long long saved = checkpointer->last_saved_step();
     const long long last = trainer->steps_done();
     const std::string dir = escaped_for_message(f.checkpoint.save_dir);
@@ -398,14 +441,28 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
   // An interrupted run stops at once: no evaluation; a signal during it ends it too (between
   // groups of batches, as the steps end after the one in progress).
   std::optional<double> eval_loss;
-  if (f.eval_batches > 0 && signal == 0) {
+  if (f.eval_batches > 0 && signal == 0 && !output_stop) {
     try {
       eval_loss = evaluate_and_record(true);
     } catch (const EvaluationStopped& e) {
-      signal = e.signal();
+      signal = stop_for_output(e.signal());
     }
   }
-  if (json_log) json_log->close();
+  if (json_log && !output_failed.load()) {
+    try {
+      json_log->close();
+    } catch (const std::runtime_error& e) {
+      output_error = e.what();
+    }
+  }
+  // Only rank 0 knows whether its file was written: every process learns it here, so that
+  // all of them end alike, with status 1 (the others silently).
+  if (mpi.active()) output_error = rank_zero_text(mpi, output_error, "the check of --log-json");
+  if (!output_error.empty())
+    throw ErrorOfEveryProcess(
+        output_error + (output_stop ? "; the run stopped after step " + std::to_string(t.last_step)
+                                    : std::string()),
+        kExitFailure);
   if (signal == 0 && t.steps > 0 && t.last_step < config.steps)
     std::printf(
         "stopped at step %lld of %lld (--stop-after)%s\n", static_cast<long long>(t.last_step),

@@ -13,6 +13,7 @@
 
 #include "engine/core/number_text.h"
 #include "engine/pipeline/rank_step.h"
+#include "engine/schedule/measured_timing.h"
 #include "engine/schedule/validator.h"
 
 namespace conveyor {
@@ -364,6 +365,9 @@ void PipelineExecutor::gather_timing(PipelineStepResult& result) {
     for (size_t i = 0; i < result.timing[r].size(); ++i)
       result.timing[r][i] = {values[offset[r] + 2 * i], values[offset[r] + 2 * i + 1]};
   }
+  // Each process counted from its own start of the step: on one clock only once the
+  // transfers between them say how far apart those starts were.
+  schedule::align_to_transfers(schedule_, result.timing);
 }
 
 void PipelineExecutor::sum_over_processes(std::vector<double>& values) {

@@ -159,8 +159,9 @@ class PipelineExecutor {
   // it holds only: this fills `result.timing` with every rank of every replica. A collective:
   // every process calls it with the result of the same step. Each rank's timeline counts
   // from its own process's start of the step; the processes start a step together, after
-  // the previous step's global sum, so they differ by that sum's exit skew. Nothing to do
-  // when this process holds every rank.
+  // the previous step's global sum, so they differ by that sum's exit skew, which
+  // schedule::align_to_transfers then takes out as far as the transfers show it. Nothing to
+  // do when this process holds every rank.
   void gather_timing(PipelineStepResult& result);
   // With a transport that spans processes: the element-wise sum of `values` over the
   // processes, added in rank order, so an element that one process alone sets (the others

@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace conveyor::schedule {
 namespace {
@@ -165,6 +167,78 @@ std::vector<SimResult> summarize_replicas(const Schedule& sched,
   for (int d = 0; d < sched.replicas; ++d)
     out.push_back(summarize_from(sched, replica_timeline(sched, world, d), first));
   return out;
+}
+
+std::vector<double> align_to_transfers(const Schedule& sched,
+                                       std::vector<std::vector<ActionTiming>>& world) {
+  const auto p = static_cast<size_t>(sched.num_ranks());
+  for (int d = 0; d < sched.replicas; ++d) check_parallel(sched, replica_timeline(sched, world, d));
+  // Each pair as (the later end's rank and action, the earlier start's): the end, moved with
+  // its rank, may not come before the start, moved with its own.
+  struct Pair {
+    size_t end_rank, end_action, start_rank, start_action;
+  };
+  std::vector<Pair> pairs;
+  const int stages = sched.num_stages(), m = sched.num_microbatches;
+  std::vector<size_t> sender(2 * static_cast<size_t>(stages) * m), position(sender.size());
+  for (size_t d = 0; d < static_cast<size_t>(sched.replicas); ++d) {
+    std::fill(sender.begin(), sender.end(), SIZE_MAX);
+    // The message a transfer carries, or SIZE_MAX for a compute or an all-reduce.
+    auto slot = [&](const Action& a) -> size_t {
+      if (!is_transfer(a.kind)) return SIZE_MAX;
+      const MessageKey key = message_key(a);
+      if (key.producer_stage < 0 || key.producer_stage >= stages || key.microbatch < 0 ||
+          key.microbatch >= m)
+        return SIZE_MAX;
+      return static_cast<size_t>(message_index(key, stages, m));
+    };
+    for (size_t r = 0; r < p; ++r)
+      for (size_t k = 0; k < sched.ranks[r].size(); ++k)
+        if (const Action& a = sched.ranks[r][k]; is_send(a.kind) && slot(a) != SIZE_MAX)
+          sender[slot(a)] = d * p + r, position[slot(a)] = k;
+    for (size_t r = 0; r < p; ++r)
+      for (size_t k = 0; k < sched.ranks[r].size(); ++k)
+        if (const Action& a = sched.ranks[r][k];
+            is_recv(a.kind) && slot(a) != SIZE_MAX && sender[slot(a)] != SIZE_MAX)
+          pairs.push_back({d * p + r, k, sender[slot(a)], position[slot(a)]});
+  }
+  // A replica's rank runs the same actions as replica 0's: its k-th is an all-reduce of the
+  // same gradients, which ends nowhere before it began everywhere.
+  std::vector<std::pair<size_t, size_t>> reduces;
+  for (size_t r = 0; r < p; ++r)
+    for (size_t k = 0; k < sched.ranks[r].size(); ++k)
+      if (is_reduce(sched.ranks[r][k].kind) && sched.replicas > 1) reduces.emplace_back(r, k);
+  // The least shifts at or above zero that make every pair hold, as shortest paths are found
+  // (Bellman-Ford): each pass raises the ends that come too early; one pass more than there
+  // are ranks without settling means a cycle of contradicting pairs. The comparison is the
+  // one applying the shifts makes, so that no end lands a rounding error before its start.
+  std::vector<double> shift(world.size(), 0.0);
+  bool settled = false;
+  auto end_at_or_after = [&](size_t rank, size_t action, double start) {
+    const double end = world[rank][action].end;
+    if (end + shift[rank] >= start) return;
+    double s = start - end;
+    while (end + s < start) s = std::nextafter(s, INFINITY);
+    shift[rank] = s;
+    settled = false;
+  };
+  for (size_t pass = 0; pass <= world.size() && !settled; ++pass) {
+    settled = true;
+    for (const Pair& q : pairs)
+      end_at_or_after(q.end_rank, q.end_action,
+                      world[q.start_rank][q.start_action].start + shift[q.start_rank]);
+    for (const auto& [r, k] : reduces) {
+      double latest = -INFINITY;
+      for (size_t d = 0; d < static_cast<size_t>(sched.replicas); ++d)
+        latest = std::max(latest, world[d * p + r][k].start + shift[d * p + r]);
+      for (size_t d = 0; d < static_cast<size_t>(sched.replicas); ++d)
+        end_at_or_after(d * p + r, k, latest);
+    }
+  }
+  if (!settled) return {};
+  for (size_t r = 0; r < world.size(); ++r)
+    for (ActionTiming& t : world[r]) t.start += shift[r], t.end += shift[r];
+  return shift;
 }
 
 ReductionOverlap reduction_overlap(const Schedule& sched, const SimResult& result) {

@@ -33,6 +33,18 @@ std::vector<std::vector<ActionTiming>> replica_timeline(
 std::vector<SimResult> summarize_replicas(const Schedule& schedule,
                                           const std::vector<std::vector<ActionTiming>>& world);
 
+// Puts the ranks of `world` (every replica's, as for replica_timeline) on one clock when each
+// was measured on a clock of its own: one process per rank, each counting from its own start
+// of the step, which the processes reach some microseconds apart. The transfers themselves
+// say how far apart at least: a receive cannot end before its send began, nor an all-reduce
+// end on one replica before it began on another. Each rank's timeline is moved later by the
+// least amount that makes every such pair hold (a rank that no pair contradicts stays where
+// it is), and the shifts are returned, in the timeline's unit. Pairs that contradict each
+// other around a cycle, which timelines on offset clocks cannot give, leave `world` as it
+// was and return no shifts. Same precondition as replica_timeline.
+std::vector<double> align_to_transfers(const Schedule& schedule,
+                                       std::vector<std::vector<ActionTiming>>& world);
+
 // How much of the gradient all-reduces (AR actions) a timeline hides behind compute: the
 // time of all-reduce (in the timeline's unit), summed over the actions, and the part of them during
 // which some rank of the timeline was computing (the union of all ranks' compute intervals, so a

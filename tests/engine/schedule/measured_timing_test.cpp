@@ -5,7 +5,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <stdexcept>
+#include <string>
+#include <vector>
 
 #include "engine/schedule/generators.h"
 #include "support/test_util.h"
@@ -180,6 +183,89 @@ TEST(MeasuredTiming, HiddenAllReduceTimeAgreesWithASweepOverTime) {
       reduction_overlap(plain, simulate(plain, CostModel::uniform(1, 1, 1, 0)));
   EXPECT_EQ(none.reduce_time, 0.0);
   EXPECT_EQ(none.hidden_fraction(), 0.0);
+}
+
+// Every receive of `world` (replicas of `s`, as the executor numbers its ranks) ends at or
+// after its send began; every all-reduce ends on each replica at or after it began on all.
+void expect_causal(const Schedule& s, const std::vector<std::vector<ActionTiming>>& world) {
+  const int p = s.num_ranks();
+  for (int d = 0; d < s.replicas; ++d)
+    for (int r = 0; r < p; ++r)
+      for (size_t k = 0; k < s.ranks[r].size(); ++k) {
+        const Action& a = s.ranks[r][k];
+        if (is_recv(a.kind)) {
+          const int from = d * p + a.peer;
+          for (size_t j = 0; j < s.ranks[a.peer].size(); ++j)
+            if (is_send(s.ranks[a.peer][j].kind) &&
+                message_key(s.ranks[a.peer][j]) == message_key(a))
+              EXPECT_GE(world[d * p + r][k].end, world[from][j].start)
+                  << "replica " << d << " rank " << r << " " << to_string(a);
+        }
+        if (is_reduce(a.kind))
+          for (int e = 0; e < s.replicas; ++e)
+            EXPECT_GE(world[d * p + r][k].end, world[e * p + r][k].start)
+                << "replica " << d << " rank " << r << " " << to_string(a);
+      }
+}
+
+// Processes that start a step some microseconds apart, each counting from its own start: a
+// rank's whole timeline is early by its skew. The least shifts that make every transfer
+// causal again are at most those skews, and a timeline on one clock is left as it is.
+TEST(MeasuredTiming, AlignmentToTheTransfersUndoesEachProcesssOwnStart) {
+  for (auto kind : {ScheduleKind::k1F1B, ScheduleKind::kInterleaved, ScheduleKind::kZBV})
+    for (int replicas : {1, 3}) {
+      SCOPED_TRACE(std::string(schedule_kind_name(kind)) + " x" + std::to_string(replicas));
+      const int v = kind == ScheduleKind::kInterleaved ? 2 : 1;
+      const Schedule s = generate(kind, 4, 8, v, replicas);
+      CostModel costs = random_costs(s.num_stages(), s.splits_backward(), 43);
+      costs.reduce_latency = 0.3;
+      const SimResult sim = simulate(s, costs);
+      std::vector<std::vector<ActionTiming>> truth;
+      for (int d = 0; d < replicas; ++d)
+        truth.insert(truth.end(), sim.timing.begin(), sim.timing.end());
+
+      std::vector<std::vector<ActionTiming>> same = truth;
+      const std::vector<double> none = align_to_transfers(s, same);
+      ASSERT_EQ(none.size(), truth.size());
+      for (double shift : none) EXPECT_EQ(shift, 0.0);
+      for (size_t r = 0; r < truth.size(); ++r)
+        for (size_t k = 0; k < truth[r].size(); ++k) {
+          EXPECT_EQ(same[r][k].start, truth[r][k].start);
+          EXPECT_EQ(same[r][k].end, truth[r][k].end);
+        }
+
+      // Skews of several transfer times, so that arrows point back in time.
+      const auto skews = testing::random_floats(truth.size(), 44 + replicas, 0.0f, 6.0f);
+      std::vector<std::vector<ActionTiming>> world = truth;
+      for (size_t r = 0; r < world.size(); ++r)
+        for (ActionTiming& t : world[r]) t.start -= skews[r], t.end -= skews[r];
+      const std::vector<double> shifts = align_to_transfers(s, world);
+      ASSERT_EQ(shifts.size(), world.size());
+      double moved = 0;
+      for (size_t r = 0; r < world.size(); ++r) {
+        EXPECT_GE(shifts[r], 0.0) << "rank " << r;
+        EXPECT_LE(shifts[r], skews[r] + 1e-9) << "rank " << r;
+        moved = std::max(moved, shifts[r]);
+        for (size_t k = 0; k < world[r].size(); ++k)
+          EXPECT_DOUBLE_EQ(world[r][k].start, truth[r][k].start - skews[r] + shifts[r]);
+      }
+      EXPECT_GT(moved, 0.0);
+      expect_causal(s, world);
+    }
+}
+
+// Two receives that each end before their send began, one each way: no shift of one clock
+// against the other explains both, and the timeline is left as measured.
+TEST(MeasuredTiming, TransfersThatContradictEachOtherMoveNothing) {
+  const Schedule s = generate(ScheduleKind::k1F1B, 2, 1);  // r0: F SA RG B, r1: RA F B SG
+  std::vector<std::vector<ActionTiming>> world = {
+      {{0, 1}, {1, 2}, {2, 9}, {9, 10}},
+      {{0, 0.5}, {3, 4}, {4, 5}, {12, 13}},
+  };
+  const auto measured = world;
+  EXPECT_TRUE(align_to_transfers(s, world).empty());
+  for (size_t r = 0; r < world.size(); ++r)
+    for (size_t k = 0; k < world[r].size(); ++k) EXPECT_EQ(world[r][k].end, measured[r][k].end);
 }
 
 }  // namespace
