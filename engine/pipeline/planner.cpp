@@ -51,6 +51,7 @@ void check_options(const UnitCosts& costs, const PlanOptions& options) {
   // NaN would pass every comparison the cap is in, and print as "nan B".
   const std::pair<const char*, double> amounts[] = {
       {"memory cap", options.memory_cap},
+      {"memory cap reserve", options.cap_reserve},
       {"time error", options.time_error.value_or(0)},
       {"all-reduce bandwidth", options.allreduce_bandwidth},
       {"all-reduce latency", options.allreduce_latency}};
@@ -457,6 +458,8 @@ Plan plan(const std::vector<UnitCosts>& measured, const PlanOptions& options) {
           c.layout += " v=" + std::to_string(k.chunks);
         PartitionSearch search;
         search.memory_cap = options.memory_cap;
+        search.cap_shared_by_ranks = options.cap_shared_by_ranks;
+        search.cap_reserve = options.cap_reserve;
         search.transfer_seconds = costs.transfer_seconds * factor;
         search.max_simulations = options.max_simulations;
         if (recompute.any())
