@@ -200,6 +200,9 @@ PlannedRun plan_training(const TrainConfig& config, Device device, int repetitio
                                                          : limit.note.empty());
   std::string cap_source = given_limit ? "the memory limit given" : limit.source;
   double cap = 0;
+  // Whether the cap is an equal share of one device that more stages would divide further
+  // (all ranks on the CPU, or on one GPU): the stages a layout would fit on are counted so.
+  bool cap_shared = false;
   if (cap_per_process && given_limit) {
     cap = given;
     cap_source += ", which each process holds for its own rank";
@@ -215,6 +218,7 @@ PlannedRun plan_training(const TrainConfig& config, Device device, int repetitio
       const RankMemoryShare share = rank_memory_share(memory, sharing, device, cap_source);
       cap = share.bytes;
       cap_source = share.source;
+      cap_shared = device.is_cpu() || sharing > 1;
     } catch (const std::invalid_argument& e) {
       throw UsageError(e.what());
     }
@@ -247,6 +251,8 @@ PlannedRun plan_training(const TrainConfig& config, Device device, int repetitio
   options.num_ranks = p;
   options.batch_tokens = config.batch_tokens;
   options.memory_cap = cap;
+  options.cap_shared_by_ranks = cap_shared;
+  options.cap_reserve = rank_context_bytes(device);
   options.recompute = config.recompute;
   PlannedRun out;
   out.units = model.num_units;

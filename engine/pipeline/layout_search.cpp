@@ -30,20 +30,26 @@ std::optional<schedule::Schedule> with_ranks(const schedule::Schedule& schedule,
   }
 }
 
-// The fewest ranks, up to four times as many, on which some partition fits the cap; 0: none.
+// The fewest ranks, up to four times as many, on which some partition fits the cap (each
+// rank's share of it, when the ranks share one device); 0: none.
 int ranks_that_fit(const std::vector<UnitCost>& timed, const Sums& sums,
                    const std::vector<bool>& recomputed, const schedule::Schedule& schedule,
-                   double cap) {
+                   double cap, const PartitionSearch& search) {
   const int64_t n = static_cast<int64_t>(timed.size());
   for (int p = schedule.num_ranks() + 1; p <= 4 * schedule.num_ranks(); ++p) {
     if (static_cast<int64_t>(p) * schedule.placement.chunks > n) break;
+    const double share =
+        search.cap_shared_by_ranks
+            ? (cap + search.cap_reserve) * schedule.num_ranks() / p - search.cap_reserve
+            : cap;
+    if (!(share > 0)) break;  // 0 would read as no cap at all
     const auto more = with_ranks(schedule, p);
     if (!more) continue;
     const MemoryModel memory_of(sums, timed, recomputed, *more);
     const auto lean = leanest_partition(sums, memory_of, *more, 2000);
     if (lean.empty()) continue;
     const auto memory = memory_of(lean);
-    if (fits(*std::max_element(memory.begin(), memory.end()), cap)) return p;
+    if (fits(*std::max_element(memory.begin(), memory.end()), share)) return p;
   }
   return 0;
 }
@@ -58,13 +64,14 @@ std::string stages_text(const schedule::Placement& placement, int rank) {
 
 [[noreturn]] void throw_no_fit(const std::vector<UnitCost>& timed, const Sums& sums,
                                const MemoryModel& memory_of, const schedule::Schedule& schedule,
-                               double cap, const std::vector<StageRange>& balanced) {
+                               double cap, const PartitionSearch& search,
+                               const std::vector<StageRange>& balanced) {
   const auto memory = memory_of(balanced);
   const int worst =
       static_cast<int>(std::max_element(memory.begin(), memory.end()) - memory.begin());
   const auto held = schedule::in_flight_per_rank(schedule);
   const auto leanest = leanest_partition(sums, memory_of, schedule, 20000);
-  const int more = ranks_that_fit(timed, sums, memory_of.recomputed, schedule, cap);
+  const int more = ranks_that_fit(timed, sums, memory_of.recomputed, schedule, cap, search);
   std::ostringstream out;
   out << "no partition of " << timed.size() << " units into " << schedule.num_stages()
       << " stages fits " << bytes_text(cap) << " per rank under " << schedule.name << " with "
@@ -117,6 +124,7 @@ LayoutSearch::LayoutSearch(const std::vector<UnitCost>& units, const schedule::S
       memory_(sums_, timed_, recomputed_, schedule_),
       searcher_(sums_, timed_, memory_, schedule_, search.memory_cap, search.transfer_seconds),
       cap_(search.memory_cap),
+      search_(search),
       transfer_(search.transfer_seconds),
       // Relaxed simulations cost what a full one does but prune whole subtrees, so they
       // get a larger share of the budget than the completions.
@@ -142,7 +150,7 @@ int64_t LayoutSearch::search(double ceiling, int64_t actions, int64_t share) {
 PartitionChoice LayoutSearch::choice() const {
   const Searched& found = searcher_.found();
   if (found.ranges.empty()) {
-    if (proven()) throw_no_fit(timed_, sums_, memory_, schedule_, cap_, balanced_);
+    if (proven()) throw_no_fit(timed_, sums_, memory_, schedule_, cap_, search_, balanced_);
     throw PlanError("no partition of " + std::to_string(units_count()) + " units into " +
                     std::to_string(schedule_.num_stages()) + " stages fitting " + bytes_text(cap_) +
                     " was found within " + std::to_string(budget_.simulations) +
@@ -165,13 +173,13 @@ std::vector<StageRange> LayoutSearch::first_incumbent() const {
     const auto within = min_max_partition(units_count(), stages, [&](int s, int64_t b, int64_t e) {
       return fits(memory_.stage(s, b, e), cap_) ? sums_.compute.over(b, e) : kInf;
     });
-    if (within.empty()) throw_no_fit(timed_, sums_, memory_, schedule_, cap_, balanced_);
+    if (within.empty()) throw_no_fit(timed_, sums_, memory_, schedule_, cap_, search_, balanced_);
     return within;
   }
   if (fits_cap(balanced_)) return balanced_;
   const auto leanest = leanest_partition(sums_, memory_, schedule_, budget_.visits);
   if (!leanest.empty() && !fits_cap(leanest))
-    throw_no_fit(timed_, sums_, memory_, schedule_, cap_, balanced_);
+    throw_no_fit(timed_, sums_, memory_, schedule_, cap_, search_, balanced_);
   return leanest;
 }
 

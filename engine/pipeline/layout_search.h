@@ -78,7 +78,9 @@ class LayoutSearch {
   const Sums sums_;
   const MemoryModel memory_;
   PartitionSearcher searcher_;
-  const double cap_, transfer_;
+  const double cap_;
+  const PartitionSearch search_;  // the options it was made with: the cap's sharing
+  const double transfer_;
   const SearchBudget budget_;
   std::vector<StageRange> balanced_;
   double root_bound_ = 0;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -50,6 +51,7 @@ void check_options(const UnitCosts& costs, const PlanOptions& options) {
   // NaN would pass every comparison the cap is in, and print as "nan B".
   const std::pair<const char*, double> amounts[] = {
       {"memory cap", options.memory_cap},
+      {"memory cap reserve", options.cap_reserve},
       {"time error", options.time_error.value_or(0)},
       {"all-reduce bandwidth", options.allreduce_bandwidth},
       {"all-reduce latency", options.allreduce_latency}};
@@ -83,8 +85,11 @@ void check_options(const UnitCosts& costs, const PlanOptions& options) {
 // optimizer state (ZeRO stage 1, --shard-optimizer). Its traffic is a reduce-scatter of the
 // gradients and an all-gather of the updated weights, p - 1 ring steps of 1/p of them each:
 // the 2(p - 1) steps of the ring all-reduce it replaces, so the step time is the same.
-PlanCandidate data_parallel(const UnitCosts& costs, const PlanOptions& options,
-                            bool shard_optimizer) {
+// `costs` is the table measured at a replica's share of the batch; `nearest` gives the one
+// measured nearest a smaller micro-batch, whose allocations round up differently.
+PlanCandidate data_parallel(const UnitCosts& costs,
+                            const std::function<const UnitCosts&(int64_t)>& nearest,
+                            const PlanOptions& options, bool shard_optimizer) {
   const int p = options.num_ranks;
   PlanCandidate c;
   c.layout = "data-parallel x" + std::to_string(p);
@@ -97,16 +102,30 @@ PlanCandidate data_parallel(const UnitCosts& costs, const PlanOptions& options,
     return c;
   }
   const int64_t replica_tokens = options.batch_tokens / p;
-  double state = 0, parameters = 0, compute = 0, activation = 0, workspace = 0;
+  double state = 0, parameters = 0, compute = 0;
   for (const auto& u : costs.units)
     state += u.state_bytes - (shard_optimizer ? u.optimizer_bytes * (p - 1) / p : 0.0),
-        parameters += u.parameter_bytes, compute += u.compute(), activation += u.activation_bytes,
-        workspace = std::max(workspace, u.workspace_bytes);
-  // Each replica runs its share one micro-batch after another, accumulating gradients; the
-  // fewest micro-batches whose activations fit, beside the step's token ids and losses (a
-  // replica holds the first unit and the last) and the largest unit's workspace, as the check
-  // before a run counts them.
+        parameters += u.parameter_bytes, compute += u.compute();
+  // Each replica runs its share one micro-batch after another, accumulating gradients: a
+  // one-rank 1F1B (the run's default schedule), which holds one micro-batch at a time. The
+  // fewest micro-batches that fit, beside the step's token ids and losses (a replica holds the
+  // first unit and the last), counted as the check before a run counts them: the pipeline's
+  // memory model on one stage, whose backward holds what the weight gradients read and whose
+  // largest workspace comes on top. Its activation bytes scale with the tokens, so its peak is
+  // taken per token of the table nearest the micro-batch, without the state.
   const double per_token = 1.0 / static_cast<double>(costs.microbatch_tokens);
+  const schedule::Schedule one_rank = schedule::generate(schedule::ScheduleKind::k1F1B, 1, 1);
+  std::vector<std::pair<const UnitCosts*, double>> held_per_token;
+  auto held = [&](int64_t tokens) {
+    const UnitCosts* table = &nearest(tokens);
+    for (const auto& [known, bytes] : held_per_token)
+      if (known == table) return bytes * static_cast<double>(tokens);
+    std::vector<UnitCost> one_token =
+        scaled(table->units, 1.0 / static_cast<double>(table->microbatch_tokens));
+    for (auto& u : one_token) u.state_bytes = 0;
+    held_per_token.emplace_back(table, rank_memory(one_token, c.ranges, one_rank)[0]);
+    return held_per_token.back().second * static_cast<double>(tokens);
+  };
   // The least any count needs, for the refusal: more micro-batches hold fewer activations
   // but more loss tensors, each rounded up by the allocator.
   c.microbatches = 0;
@@ -114,10 +133,8 @@ PlanCandidate data_parallel(const UnitCosts& costs, const PlanOptions& options,
   int least_at = 0;
   for (int m = 1; m <= replica_tokens; ++m) {
     if (replica_tokens % m) continue;
-    const double tokens = static_cast<double>(replica_tokens / m);
     const StepInputBytes step = step_input_bytes(replica_tokens / m, m);
-    const double bytes =
-        state + step.first_unit + step.last_unit + (activation + workspace) * per_token * tokens;
+    const double bytes = state + step.first_unit + step.last_unit + held(replica_tokens / m);
     if (bytes < least) least = bytes, least_at = m;
     if (fits(bytes, options.memory_cap)) {
       c.microbatches = m;
@@ -441,6 +458,8 @@ Plan plan(const std::vector<UnitCosts>& measured, const PlanOptions& options) {
           c.layout += " v=" + std::to_string(k.chunks);
         PartitionSearch search;
         search.memory_cap = options.memory_cap;
+        search.cap_shared_by_ranks = options.cap_shared_by_ranks;
+        search.cap_reserve = options.cap_reserve;
         search.transfer_seconds = costs.transfer_seconds * factor;
         search.max_simulations = options.max_simulations;
         if (recompute.any())
@@ -471,13 +490,13 @@ Plan plan(const std::vector<UnitCosts>& measured, const PlanOptions& options) {
   for (PipelineRow& row : rows) out.candidates.push_back(std::move(row.candidate));
   if (options.include_data_parallel && p > 1) {
     const UnitCosts& costs = nearest(options.batch_tokens / p);
-    PlanCandidate replicas = data_parallel(costs, options, false);
+    PlanCandidate replicas = data_parallel(costs, nearest, options, false);
     // Short of memory: replicas that share the optimizer state may fit.
     double optimizer = 0;
     for (const auto& u : costs.units) optimizer += u.optimizer_bytes;
     const bool retry = replicas.short_of_memory && optimizer > 0;
     out.candidates.push_back(std::move(replicas));
-    if (retry) out.candidates.push_back(data_parallel(costs, options, true));
+    if (retry) out.candidates.push_back(data_parallel(costs, nearest, options, true));
   }
   rank(out.candidates);
   out.fastest_pipeline_seconds = give_way_to_tied(out.candidates);

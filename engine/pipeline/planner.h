@@ -75,7 +75,13 @@ struct PartitionChoice {
 };
 
 struct PartitionSearch {
-  double memory_cap = 0;         // bytes per rank; 0 = no cap
+  double memory_cap = 0;  // bytes per rank; 0 = no cap
+  // Whether memory_cap is each rank's equal share of one device's memory, less what each
+  // rank's context takes from it first (`cap_reserve`, CUDA's cuBLASLt workspace): with more
+  // ranks on the device each gets less, (memory_cap + cap_reserve) x ranks / more -
+  // cap_reserve, which is what the count of stages that would fit is judged against.
+  bool cap_shared_by_ranks = false;
+  double cap_reserve = 0;
   std::vector<bool> recomputed;  // per unit (empty: none), as recompute.h marks them
   double transfer_seconds = 0;   // one boundary transfer, as the simulator times it
   // The search's budget: partitions simulated at most, counted as work, so a schedule of n <
@@ -126,6 +132,10 @@ struct PlanOptions {
   std::vector<int> microbatch_counts;
   std::vector<int> interleaved_chunks{2};  // each at least 2
   double memory_cap = 0;                   // bytes per rank (a device's share); 0 = unlimited
+  // As PartitionSearch has them: whether the cap is a share of one device that more ranks
+  // would divide further.
+  bool cap_shared_by_ranks = false;
+  double cap_reserve = 0;
   double allreduce_bandwidth = 0;  // bytes per second of the data-parallel all-reduce; 0 = free
   double allreduce_latency = 0;    // seconds per all-reduce step
   // The data-parallel candidate's gradients are all-reduced in buckets of at most this many

@@ -340,6 +340,37 @@ TEST(Planner, ImpossibleCapSaysHowManyStagesWouldFit) {
   EXPECT_EQ(hopeless.find("every rank fits"), std::string::npos) << hopeless;
 }
 
+// When the cap is the ranks' shares of one device (the CPU), more stages divide it further:
+// the count suggested is one whose ranks fit their smaller shares, or none is suggested.
+TEST(Planner, ImpossibleSharedCapCountsStagesAgainstTheirShares) {
+  const auto units = random_units(8, 47);
+  const auto two = schedule::generate(ScheduleKind::k1F1B, 2, 4);
+  const auto three = schedule::generate(ScheduleKind::k1F1B, 3, 4);
+  const double lean2 = leanest_need(units, two), lean3 = leanest_need(units, three);
+  const double cap = 0.5 * (lean2 + lean3);
+  for (const double reserve : {0.0, 0.1 * lean3}) {
+    SCOPED_TRACE("reserve " + std::to_string(reserve));
+    PartitionSearch shared = unbounded(cap);
+    shared.cap_shared_by_ranks = true;
+    shared.cap_reserve = reserve;
+    std::string what;
+    try {
+      best_partition(units, two, shared);
+      ADD_FAILURE() << "a cap below every partition's need was accepted";
+    } catch (const PlanError& e) {
+      what = e.what();
+    }
+    // Three ranks' shares are two thirds of two ranks' (the reserve aside), too little here.
+    ASSERT_GT(lean3, (cap + reserve) * 2 / 3 - reserve);
+    EXPECT_EQ(what.find("with 3 stages"), std::string::npos) << what;
+    const auto with = what.find("; with ");
+    if (with == std::string::npos) continue;
+    const int more = std::stoi(what.substr(with + 7));
+    const auto sched = schedule::generate(ScheduleKind::k1F1B, more, 4);
+    EXPECT_LE(leanest_need(units, sched), (cap + reserve) * 2 / more - reserve) << what;
+  }
+}
+
 TEST(Planner, TooFewUnitsForTheStagesIsAnError) {
   EXPECT_THROW(best_partition(random_units(3, 5), schedule::generate(ScheduleKind::k1F1B, 4, 4)),
                PlanError);
