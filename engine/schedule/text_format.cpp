@@ -5,6 +5,7 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <vector>
 
@@ -36,6 +37,24 @@ std::string_view trim(std::string_view s) {
   return s;
 }
 
+// What follows "# conveyor schedule:" when `line` is the header, typed as dump_text writes it
+// or by hand with other blanks ("#conveyor schedule:", tabs); nullopt for any other line.
+std::optional<std::string_view> header_entries(std::string_view line) {
+  const auto blank = [](char c) { return c == ' ' || c == '\t'; };
+  const auto skip_blanks = [&](std::string_view s) {
+    while (!s.empty() && blank(s.front())) s.remove_prefix(1);
+    return s;
+  };
+  if (!line.starts_with('#')) return std::nullopt;
+  std::string_view rest = skip_blanks(line.substr(1));
+  if (!rest.starts_with("conveyor")) return std::nullopt;
+  rest.remove_prefix(std::string_view("conveyor").size());
+  if (rest.empty() || !blank(rest.front())) return std::nullopt;
+  rest = skip_blanks(rest);
+  if (!rest.starts_with("schedule:")) return std::nullopt;
+  return rest.substr(std::string_view("schedule:").size());
+}
+
 std::vector<std::string_view> split(std::string_view s, char sep) {
   std::vector<std::string_view> out;
   size_t start = 0;
@@ -48,6 +67,11 @@ std::vector<std::string_view> split(std::string_view s, char sep) {
 }
 
 std::vector<std::string_view> lines_of(std::string_view text) { return split(text, '\n'); }
+
+// "line N <what>", for what is wrong with the line as a whole.
+ScheduleError line_error_at(int line, const std::string& what) {
+  return ScheduleError("line " + std::to_string(line) + " " + what);
+}
 
 ScheduleError line_error(int line, const std::string& what) {
   return ScheduleError("line " + std::to_string(line) + ": " + what);
@@ -80,9 +104,8 @@ struct Header {
   std::map<std::string, std::string> given;  // key -> value, over every header line
 };
 
-void parse_header(std::string_view line, int line_no, Header* h) {
-  line.remove_prefix(kHeader.size());
-  std::istringstream in{std::string(line)};
+void parse_header(std::string_view entries, int line_no, Header* h) {
+  std::istringstream in{std::string(entries)};
   std::string kv;
   while (in >> kv) {
     const auto eq = kv.find('=');
@@ -193,6 +216,32 @@ Schedule finish(const Header& h, std::vector<std::vector<Action>> ranks) {
   return s;
 }
 
+// Bytes no line of a schedule holds, said before they are misread: UTF-16 (PowerShell's '>',
+// Notepad's "Unicode"), a NUL byte, which would also end any message quoting it, and line
+// ends of a lone carriage return (classic Mac OS), which make the file one comment line.
+void refuse_what_is_not_text(std::string_view text) {
+  for (const std::string_view mark : {std::string_view("\xFF\xFE"), std::string_view("\xFE\xFF")})
+    if (text.starts_with(mark))
+      throw ScheduleError(std::string("the file is UTF-16 (it starts with the byte-order mark ") +
+                          (mark[0] == '\xFF' ? "FF FE" : "FE FF") +
+                          "); save it as UTF-8 or ASCII text");
+  int line = 1;
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] == '\n') ++line;
+    if (text[i] == '\0')
+      throw line_error_at(line, "holds a NUL byte; a schedule file is text (UTF-8 or ASCII)");
+    // CRLF, and the CRs of a CRCRLF some tools write, end a line; a CR followed by more of it
+    // does not.
+    size_t next = i;
+    while (next < text.size() && text[next] == '\r') ++next;
+    if (next > i && next < text.size() && text[next] != '\n')
+      throw line_error_at(line,
+                          "ends in a carriage return without a line feed (classic Mac OS line "
+                          "ends); save the file with LF or CRLF line ends");
+    if (next > i) i = next - 1;
+  }
+}
+
 void put(std::vector<std::vector<Action>>* ranks, int rank, int line, Action a) {
   if (static_cast<int>(ranks->size()) <= rank) ranks->resize(rank + 1);
   (*ranks)[rank].push_back(a);
@@ -233,8 +282,8 @@ Schedule parse_text(std::string_view text) {
     ++line_no;
     auto line = trim(raw);
     if (line.empty()) continue;
-    if (line.substr(0, kHeader.size()) == kHeader) {
-      parse_header(line, line_no, &h);
+    if (const auto entries = header_entries(line)) {
+      parse_header(*entries, line_no, &h);
       continue;
     }
     if (line.front() == '#') continue;
@@ -271,8 +320,8 @@ Schedule parse_csv(std::string_view text) {
     ++line_no;
     auto line = trim(raw);
     if (line.empty()) continue;
-    if (line.substr(0, kHeader.size()) == kHeader) {
-      parse_header(line, line_no, &h);
+    if (const auto entries = header_entries(line)) {
+      parse_header(*entries, line_no, &h);
       continue;
     }
     if (line.front() == '#') continue;
@@ -323,6 +372,7 @@ Schedule parse_csv(std::string_view text) {
 }
 
 Schedule parse_schedule(std::string_view text) {
+  refuse_what_is_not_text(text);
   // Editors on Windows (Notepad, Excel's "CSV UTF-8") start a UTF-8 file with a byte-order mark.
   if (text.starts_with("\xEF\xBB\xBF")) text.remove_prefix(3);
   for (auto raw : lines_of(text)) {

@@ -120,6 +120,25 @@ TEST(TextFormat, AByteOrderMarkAndCrlfAreTheSameFile) {
   }
 }
 
+// A header typed by hand, with a tab or without the space after '#', is still the header: read
+// as a comment, its chunks=2 layout=v would be lost and the V's stages refused as misplaced.
+TEST(TextFormat, AHeaderSpacedByHandIsStillTheHeader) {
+  const Schedule s = generate_zbv(2, 3);
+  const std::string text = dump_text(s);
+  const std::string header = "# conveyor schedule:";
+  ASSERT_EQ(text.substr(0, header.size()), header);
+  const std::string body = text.substr(header.size());
+  for (const std::string& typed :
+       {"#conveyor schedule:", "#\tconveyor\tschedule:", "#  conveyor  schedule:"}) {
+    const std::string edited = typed + body;
+    EXPECT_EQ(parse_schedule(edited), s) << edited;
+  }
+  std::string tabbed = text.substr(0, text.find('\n'));
+  for (char& c : tabbed)
+    if (c == ' ') c = '\t';
+  EXPECT_EQ(parse_schedule(tabbed + text.substr(text.find('\n'))), s) << tabbed;
+}
+
 // The message parse_schedule throws for `text`, or "no error".
 std::string message_of(const std::string& text) {
   try {
@@ -128,6 +147,39 @@ std::string message_of(const std::string& text) {
     return e.what();
   }
   return "no error";
+}
+
+// A file that is not ASCII or UTF-8 text is said to be so, whole: a NUL byte would end the
+// message at it, and UTF-16 (PowerShell's '>', Notepad's "Unicode") holds one in every
+// character.
+TEST(TextFormat, UTF16AndNulBytesAreRefusedAsNotText) {
+  const std::string text = dump_text(generate_1f1b(2, 2));
+  std::string utf16 = "\xFF\xFE";
+  for (const char c : text) utf16 += std::string(1, c) + '\0';
+  EXPECT_EQ(message_of(utf16),
+            "the file is UTF-16 (it starts with the byte-order mark FF FE); save it as UTF-8 or "
+            "ASCII text");
+  std::string big_endian = "\xFE\xFF";
+  for (const char c : text) big_endian += std::string(1, '\0') + c;
+  EXPECT_EQ(message_of(big_endian),
+            "the file is UTF-16 (it starts with the byte-order mark FE FF); save it as UTF-8 or "
+            "ASCII text");
+  EXPECT_EQ(message_of("r0: F0.0\nr0: F0.0" + std::string(1, '\0') + " B0.0\n"),
+            "line 2 holds a NUL byte; a schedule file is text (UTF-8 or ASCII)");
+}
+
+// Line ends of a lone carriage return (classic Mac OS) make the whole file one line, which
+// would read as one comment: an empty schedule.
+TEST(TextFormat, LoneCarriageReturnsAreRefused) {
+  std::string text = dump_text(generate_1f1b(2, 2));
+  for (char& c : text)
+    if (c == '\n') c = '\r';
+  EXPECT_EQ(message_of(text),
+            "line 1 ends in a carriage return without a line feed (classic Mac OS line ends); "
+            "save the file with LF or CRLF line ends");
+  EXPECT_EQ(message_of("r0: F0.0\r\nr0: F0.0\rB0.0\n"),
+            "line 2 ends in a carriage return without a line feed (classic Mac OS line ends); "
+            "save the file with LF or CRLF line ends");
 }
 
 TEST(TextFormat, ErrorsNameTheLine) {
