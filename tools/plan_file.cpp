@@ -279,7 +279,7 @@ void apply_plan_text(const std::string& text, const std::string& source, TrainCo
     // Plans written before recomputation existed keep every activation.
     config.recompute = plan.contains("recompute")
                            ? parse_recompute(plan_string(plan.at("recompute"), source, "recompute"),
-                                             config.model.num_units(), source + " recompute")
+                                             config.model.num_units(), source + ": recompute")
                            : RecomputeSpec::none();
   } catch (const nlohmann::json::exception& e) {
     throw UsageError(source +

@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "engine/core/number_text.h"
 #include "engine/train/run_limits.h"
 #include "layers/ops.h"
 #include "tools/cli_common.h"
@@ -71,10 +72,10 @@ size_t RunFlags::memory_limit_bytes() const {
   // no digits).
   const bool asked_for_some = memory_cap_text.find_first_of("123456789") != std::string::npos;
   if ((bytes > 0 || asked_for_some) && bytes < kMinMemoryCapBytes)
-    throw UsageError(
-        given + (sized ? " is " + std::to_string(*memory_cap_bytes) + " bytes," : " is") +
-        " less than 1 KiB, the smallest cap accepted; give at least " +
-        (sized ? "1KiB" : "0.0009765625 MiB (1 KiB)") + ", or 0 for what the device can give now");
+    throw UsageError(given + (sized ? " is " + counted(*memory_cap_bytes, "byte") + "," : " is") +
+                     " less than 1 KiB, the smallest cap accepted; give at least " +
+                     (sized ? "1KiB" : "0.0009765625 MiB (1 KiB)") +
+                     ", or 0 for what the device can give now");
   return static_cast<size_t>(bytes);
 }
 

@@ -472,7 +472,8 @@ void apply_planning(const TrainFlags& f, const CLI::App& cmd, const MpiSession& 
     if (replicas > 1)
       std::printf(
           "plan   %s, %s of each replica's %lld tokens (--microbatches %lld "
-          "over --dp %lld), predicted step %.3f ms\n",
+          "over --dp %lld), predicted step %.3f ms of each replica's pipeline, before the "
+          "gradients' all-reduce between the replicas\n",
           best.layout.c_str(), counted(share.microbatches, "micro-batch", "micro-batches").c_str(),
           static_cast<long long>(share.batch_tokens), static_cast<long long>(config.microbatches),
           static_cast<long long>(replicas), best.step_seconds * 1e3);
