@@ -55,7 +55,8 @@ Schedule generate_interleaved(int p, int m, int v);
 // ZB-H1 (Qi et al. 2023): backward split into I and W; I as early as 1F1B's B, at most p-r
 // micro-batches between F and I on rank r and at most p + ceil((p-r)/2) between F and W, W deferred
 // to fill the bubbles. Order found by list scheduling under the given per-micro-batch costs (unit
-// costs by default; generate() uses those).
+// costs by default; generate() uses those), once with I before F and once with F before I; the
+// shorter is kept, I first on a tie.
 Schedule generate_zbh1(int p, int m, double f = 1, double i = 1, double w = 1);
 
 // ZB-V (Qi et al. 2023, section 6): two chunks per rank in a V (rank r holds stages r and
