@@ -151,6 +151,7 @@ class TextSource : public TokenSource {
   TextSource(std::string text, uint64_t start) : text_(std::move(text)), position_(start) {}
   int64_t vocab() const override { return 128; }  // ASCII
   void next(int32_t* inputs, int32_t* targets, int64_t n) override {
+    check_count(n);  // a negative n would wrap the unsigned position
     for (int64_t i = 0; i < n; ++i, ++position_) {
       inputs[i] = static_cast<unsigned char>(text_[position_ % text_.size()]);
       targets[i] = static_cast<unsigned char>(text_[(position_ + 1) % text_.size()]);

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <future>
 #include <random>
 #include <string>
@@ -20,6 +21,29 @@ namespace conveyor {
 namespace {
 
 namespace fs = std::filesystem;
+
+// What `body` says, run in a forked child (a read that must not touch this process: one done
+// as another user, or one whose memory is measured); `usage` receives the child's resource use.
+std::string said_in_child(const std::function<std::string()>& body, struct rusage* usage) {
+  int pipe_ends[2];
+  if (::pipe(pipe_ends) != 0) return "cannot make a pipe";
+  const pid_t child = ::fork();
+  if (child < 0) return "cannot fork";
+  if (child == 0) {
+    ::close(pipe_ends[0]);
+    const std::string said = body();
+    [[maybe_unused]] const ssize_t n = ::write(pipe_ends[1], said.data(), said.size());
+    ::_exit(0);
+  }
+  ::close(pipe_ends[1]);
+  std::string said;
+  char buffer[512];
+  for (ssize_t n; (n = ::read(pipe_ends[0], buffer, sizeof buffer)) > 0;) said.append(buffer, n);
+  ::close(pipe_ends[0]);
+  int status = 0;
+  ::wait4(child, &status, 0, usage);
+  return said;
+}
 
 // A fresh folder, removed with what it holds.
 class InputFile : public ::testing::Test {
@@ -145,29 +169,17 @@ TEST_F(InputFile, AFileWhoseSizeIsNotReportedIsRefusedBeforeTheLimitIsRead) {
   const std::string path = "/proc/self/pagemap";
   if (::access(path.c_str(), R_OK) != 0) GTEST_SKIP() << path << " cannot be read here";
   constexpr uint64_t kLimit = uint64_t{512} << 20;
-  int pipe_ends[2];
-  ASSERT_EQ(::pipe(pipe_ends), 0);
-  const pid_t child = ::fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    ::close(pipe_ends[0]);
-    std::string said = "read";
-    try {
-      read_input_file(path, rules(path, kLimit));
-    } catch (const std::exception& e) {
-      said = e.what();
-    }
-    [[maybe_unused]] const ssize_t n = ::write(pipe_ends[1], said.data(), said.size());
-    ::_exit(0);
-  }
-  ::close(pipe_ends[1]);
-  std::string said;
-  char buffer[512];
-  for (ssize_t n; (n = ::read(pipe_ends[0], buffer, sizeof buffer)) > 0;) said.append(buffer, n);
-  ::close(pipe_ends[0]);
-  int status = 0;
   struct rusage usage {};
-  ASSERT_EQ(::wait4(child, &status, 0, &usage), child);
+  const std::string said = said_in_child(
+      [&] {
+        try {
+          read_input_file(path, rules(path, kLimit));
+        } catch (const std::exception& e) {
+          return std::string(e.what());
+        }
+        return std::string("read");
+      },
+      &usage);
   EXPECT_EQ(said, "test file '" + path +
                       "' has more than 536870912 bytes; at most 512 MiB are read here");
   EXPECT_LT(usage.ru_maxrss, 256 << 10) << "KiB resident at most in the child";
@@ -183,31 +195,18 @@ TEST_F(InputFile, AnUnreadableFileGivesTheSystemsReason) {
   // Root reads a file of mode 000 all the same: the read is tried by a child process that has
   // become the unprivileged user `nobody` (65534), in a folder it may look into.
   ASSERT_EQ(::chmod(dir_.c_str(), 0755), 0);
-  int pipe_ends[2];
-  ASSERT_EQ(::pipe(pipe_ends), 0);
-  const pid_t child = ::fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    ::close(pipe_ends[0]);
-    std::string said = "cannot become nobody";
-    if (::setgid(65534) == 0 && ::setuid(65534) == 0) {
-      try {
-        read_input_file(path, rules(path));
-        said = "read";
-      } catch (const InputFileError& e) {
-        said = e.what();
-      }
-    }
-    [[maybe_unused]] const ssize_t n = ::write(pipe_ends[1], said.data(), said.size());
-    ::_exit(0);
-  }
-  ::close(pipe_ends[1]);
-  std::string said;
-  char buffer[512];
-  for (ssize_t n; (n = ::read(pipe_ends[0], buffer, sizeof buffer)) > 0;) said.append(buffer, n);
-  ::close(pipe_ends[0]);
-  int status = 0;
-  ::waitpid(child, &status, 0);
+  const std::string said = said_in_child(
+      [&] {
+        if (::setgid(65534) != 0 || ::setuid(65534) != 0)
+          return std::string("cannot become nobody");
+        try {
+          read_input_file(path, rules(path));
+        } catch (const InputFileError& e) {
+          return std::string(e.what());
+        }
+        return std::string("read");
+      },
+      nullptr);
   if (said == "cannot become nobody") GTEST_SKIP() << "this root may not change its user id";
   EXPECT_EQ(said, "cannot read test file '" + path + "': Permission denied");
 }
