@@ -25,16 +25,6 @@ struct ClosedOnExit {
   ~ClosedOnExit() { ::close(fd); }
 };
 
-// "a FIFO (named pipe)", "a character device", ...: what is there instead of a folder.
-std::string kind_of(mode_t mode) {
-  if (S_ISREG(mode)) return "a file";
-  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
-  if (S_ISCHR(mode)) return "a character device";
-  if (S_ISBLK(mode)) return "a block device";
-  if (S_ISSOCK(mode)) return "a socket";
-  return "a special file";
-}
-
 // Where the symbolic link `link` ends: its target as written for one link, else the last
 // link's target joined to the folder it is read from.
 std::string link_end(const std::filesystem::path& link) {
@@ -57,6 +47,16 @@ std::string link_end(const std::filesystem::path& link) {
 
 }  // namespace
 
+std::string file_kind(mode_t mode) {
+  if (S_ISREG(mode)) return "a file";
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "a special file";
+}
+
 std::string why_not_found(const std::string& path) {
   const std::filesystem::path whole = path;
   std::filesystem::path at;
@@ -74,7 +74,7 @@ std::string why_not_found(const std::string& path) {
     }
     const bool goes_on = std::next(part) != whole.end();
     if (goes_on && !S_ISDIR(st.st_mode))
-      return quoted_file_name(at.native()) + " is " + kind_of(st.st_mode) + ", not a folder";
+      return quoted_file_name(at.native()) + " is " + file_kind(st.st_mode) + ", not a folder";
   }
   return {};
 }

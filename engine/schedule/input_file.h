@@ -4,6 +4,8 @@
 // because that is the one layer the schedule loader, the trainer's data source and the
 // command line may all include (engine/schedule includes only itself); nothing in it is
 // about schedules.
+#include <sys/types.h>
+
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -39,6 +41,11 @@ class InputFileError : public std::invalid_argument {
 // cannot slip a FIFO past. Throws InputFileError with one sentence naming the file as
 // `rules.shown` does.
 std::string read_input_file(const std::string& path, const InputFileRules& rules);
+
+// What a file of type `mode` (a stat's st_mode) is, for a message: "a file", "a directory",
+// "a FIFO (named pipe)", "a character device", "a block device", "a socket", else "a special
+// file".
+std::string file_kind(mode_t mode);
 
 // Why `path`, which the system did not find (ENOENT or ENOTDIR), is not there, when more can
 // be said than that a name is missing: "'a/link' is a symbolic link to 'gone', which does not

@@ -31,16 +31,6 @@ std::string reason(int error) { return std::error_code(error, std::generic_categ
   throw CheckpointError("cannot " + what + " " + shown_path(path) + ": " + reason(error));
 }
 
-// "a FIFO", "a directory", ...: what a file that should be a regular one is instead.
-std::string file_kind(mode_t mode) {
-  if (S_ISDIR(mode)) return "a directory";
-  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
-  if (S_ISCHR(mode)) return "a character device";
-  if (S_ISBLK(mode)) return "a block device";
-  if (S_ISSOCK(mode)) return "a socket";
-  return "a special file";
-}
-
 }  // namespace
 
 std::string shown_path(const std::filesystem::path& path) {

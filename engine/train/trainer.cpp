@@ -22,6 +22,10 @@ namespace {
 // draw where every rank stood, too much to repeat in a later refusal.
 std::string first_line(const std::string& message) { return message.substr(0, message.find('\n')); }
 
+// A value for a divergence's message: a NaN's sign bit means nothing, and printed as "-nan"
+// it reads like a value.
+double shown(double value) { return std::isnan(value) ? std::fabs(value) : value; }
+
 // Marks the trainer busy for a step() or evaluate(): two at once on one trainer (from two
 // threads) would share its ranks' threads and buffers, and hang or mix their numbers.
 class OneAtATime {
@@ -270,8 +274,6 @@ StepStats Trainer::step() {
     // The step did not happen: its batch is the next step's, as for a batch refused above,
     // so that a checkpoint of the last good step saved now resumes on the right batch.
     source_->restore(position_at_draw, token_at_draw);
-    // A NaN's sign bit means nothing, and printed as "-nan" it reads like a value.
-    auto shown = [](double v) { return std::isnan(v) ? std::fabs(v) : v; };
     std::ostringstream what;
     // Say which went non-finite: a finite loss with a NaN norm is the gradient's doing.
     if (std::isfinite(loss))
@@ -406,7 +408,7 @@ double Trainer::evaluated_mean(double loss_sum, int64_t tokens) const {
   if (std::isfinite(loss)) return loss;
   // Every process has the same sum, so every process throws alike.
   std::ostringstream msg;
-  msg << "the evaluation's mean loss is " << (std::isnan(loss) ? std::fabs(loss) : loss);
+  msg << "the evaluation's mean loss is " << shown(loss);
   if (steps_done_ == 0)
     msg << " with the weights the run starts from: a unit's forward gives non-finite values on "
            "them";
