@@ -27,6 +27,13 @@ TEST_F(CheckpointLoad, ManifestWithADuplicateKey) {
   EXPECT_CHECKPOINT_ERROR(open_checkpoint(folder_), manifest().string(), "'step' appears twice");
 }
 
+TEST_F(CheckpointLoad, ManifestWithANulByte) {
+  const std::string text = read_file(manifest());
+  write_file(manifest(), text + std::string("\0{\"step\": 7}", 13));
+  EXPECT_CHECKPOINT_ERROR(open_checkpoint(folder_), manifest().string(),
+                          "a NUL byte at byte " + std::to_string(text.size()) + " of its JSON");
+}
+
 TEST_F(CheckpointLoad, UnknownManifestVersion) {
   edit_manifest(folder_, [](auto& m) { m["format_version"] = 2; });
   EXPECT_CHECKPOINT_ERROR(open_checkpoint(folder_), manifest().string(), "unknown format version 2",
