@@ -40,6 +40,16 @@ TEST_F(CheckpointLoad, UnknownManifestVersion) {
                           "reads version 1");
 }
 
+// A version of the wrong type or none is said as such, not as a version this build lacks.
+TEST_F(CheckpointLoad, ManifestVersionThatIsNotAnInteger) {
+  edit_manifest(folder_, [](auto& m) { m["format_version"] = "1"; });
+  EXPECT_CHECKPOINT_ERROR(open_checkpoint(folder_), manifest().string(),
+                          "manifest.format_version is \"1\", expected the integer 1");
+  edit_manifest(folder_, [](auto& m) { m.erase("format_version"); });
+  EXPECT_CHECKPOINT_ERROR(open_checkpoint(folder_), manifest().string(),
+                          "manifest has no field 'format_version'");
+}
+
 TEST_F(CheckpointLoad, NotAManifest) {
   write_file(manifest(), R"({"hello": "world"})");
   EXPECT_CHECKPOINT_ERROR(open_checkpoint(folder_), "not a Conveyor checkpoint manifest");
