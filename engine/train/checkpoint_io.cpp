@@ -283,6 +283,11 @@ std::string in_quotes(std::string_view text) {
 
 nlohmann::json parse_json_strictly(std::string_view text, const std::string& file, int max_depth) {
   using nlohmann::json;
+  // The parser takes a NUL byte for the end of the input, so whatever follows one would pass
+  // unread; JSON text never holds one (a string spells it \u0000).
+  if (const size_t nul = text.find('\0'); nul != std::string_view::npos)
+    throw CheckpointError(file + ": a NUL byte at byte " + std::to_string(nul) +
+                          " of its JSON, which JSON text never holds: the file is corrupt");
   // One set of keys per object being parsed, innermost last.
   std::vector<std::unordered_set<std::string>> open_objects;
   auto check = [&](int depth, json::parse_event_t event, json& parsed) {

@@ -265,8 +265,13 @@ CheckpointManifest parse_manifest(std::string_view text, const std::string& file
   if (!root.contains("format") || root["format"] != "conveyor")
     throw CheckpointError(file +
                           ": no \"format\": \"conveyor\": not a Conveyor checkpoint manifest");
-  const json& version = root.contains("format_version") ? root["format_version"] : json();
-  if (!version.is_number_integer() || version.get<int64_t>() != kCheckpointFormatVersion)
+  if (!root.contains("format_version"))
+    throw CheckpointError(file + ": manifest has no field 'format_version'");
+  const json& version = root["format_version"];
+  if (!version.is_number_integer())
+    throw CheckpointError(file + ": manifest.format_version is " + excerpt(version) +
+                          ", expected the integer " + std::to_string(kCheckpointFormatVersion));
+  if (version.get<int64_t>() != kCheckpointFormatVersion)
     throw CheckpointError(file + ": unknown format version " + excerpt(version) +
                           " (this build reads version " + std::to_string(kCheckpointFormatVersion) +
                           ")");

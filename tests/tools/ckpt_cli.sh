@@ -63,6 +63,49 @@ case $case_name in
     [ -n "$digest" ] || fail "the manifest holds no data.contents"
     expect 0 "^  data +.*, position 64, contents $digest$" "$conveyor" ckpt inspect "$work/run"
     ;;
+  inspect_control)
+    # Names and strings a hand put into the headers or the manifest are shown with their
+    # control characters escaped, as errors show them: none reaches the terminal.
+    python3 - "$shard1" <<'EOF' || fail "cannot edit the shard"
+import json, struct, sys
+path = sys.argv[1]
+data = open(path, "rb").read()
+n = struct.unpack("<Q", data[:8])[0]
+header = json.loads(data[8:8 + n])
+bad = "blocks.1.ga\u001b[2Jin\n"
+header[bad] = header.pop("blocks.1.gain")
+header["__metadata__"]["xxh3_64:" + bad] = header["__metadata__"].pop("xxh3_64:blocks.1.gain")
+text = json.dumps(header, separators=(",", ":")).encode()
+text += b" " * (-len(text) % 8)
+open(path, "wb").write(struct.pack("<Q", len(text)) + text + data[8 + n:])
+EOF
+    # The manifest without its own checksums, listing the shard's new size; its checksum,
+    # which python3 cannot compute here, is the one verify reports.
+    edit() {
+      python3 -c "import json,sys; p=sys.argv[1]; m=json.load(open(p)); exec(sys.argv[2]); json.dump(m, open(p, 'w'))" \
+        "$manifest" "$1" || fail "cannot edit the manifest"
+    }
+    manifest=$dir/step_2/manifest.json
+    edit "del m['state_xxh3_64'], m['manifest_xxh3_64']; m['shards'][1]['bytes'] = $(stat -c %s "$shard1")
+m['schedule']['name'] = '1f1b\x1b[2J\nx'; m['data']['source'] = 'demo\x07 tokens'"
+    sum=$("$conveyor" ckpt verify "$dir" 2>&1 | grep -Eo "has XXH3-64 [0-9a-f]{16}" | grep -Eo "[0-9a-f]{16}")
+    [ -n "$sum" ] || fail "verify names no checksum of the edited shard"
+    edit "m['shards'][1]['xxh3_64'] = '$sum'"
+    output=$("$conveyor" ckpt inspect "$dir") || fail "inspect refused the edited checkpoint"
+    echo "$output"
+    ! grep -q $'[\x01-\x08\x0b-\x1f]' <<<"$output" || fail "inspect printed a control character"
+    grep -qF '  schedule     1f1b\x1b[2J\nx, 4 micro-batches' <<<"$output" || fail "the schedule is not escaped"
+    grep -qF '  data         demo\x07 tokens, position' <<<"$output" || fail "the data source is not escaped"
+    grep -qF '  blocks.1.ga\x1b[2Jin\n ' <<<"$output" || fail "the tensor name is not escaped"
+    [ "$(wc -l <<<"$output")" -eq 31 ] || fail "inspect printed $(wc -l <<<"$output") lines, expected 31"
+    # So does the resume line of train.
+    expect 0 "done +1 step" "$conveyor" train --device cpu --steps 1 --batch-tokens 64 \
+      --microbatches 1 --quiet --save-dir "$work/run"
+    manifest=$work/run/step_1/manifest.json
+    edit "del m['state_xxh3_64'], m['manifest_xxh3_64']; m['schedule']['name'] = '1f1b\x1b[2J'"
+    expect 0 "^resume .*step_1 at step 1 \(saved with 1 stage\(s\), schedule 1f1b\\\\x1b\[2J\)$" \
+      "$conveyor" train --device cpu --steps 2 --batch-tokens 64 --microbatches 1 --resume "$work/run"
+    ;;
   verify_ok)
     expect 0 "ok: .*step_2, step 2: 16 tensors in 2 shards .* every checksum matches \(tensors, shard files, training state, manifest\)$" \
       "$conveyor" ckpt verify "$dir"

@@ -141,6 +141,18 @@ TEST_F(ShardFormat, MalformedHeaderJson) {
   EXPECT_CHECKPOINT_ERROR(ShardReader{path}, path.string(), "malformed JSON");
 }
 
+// JSON text never holds a NUL byte, and the parser would take one for the end of the input:
+// the bytes after it, which the safetensors package refuses, would pass unread.
+TEST_F(ShardFormat, NulByteInTheHeader) {
+  const std::string data = data_of(24);
+  const std::string good = shard_with(R"("a":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]})",
+                                      data, {{"a", {0, 24}}});
+  const auto [header, _] = split_safetensors(good);
+  const fs::path path = write(raw_safetensors(header + std::string("\0junk", 5), data));
+  EXPECT_CHECKPOINT_ERROR(ShardReader{path}, path.string(),
+                          "a NUL byte at byte " + std::to_string(header.size()) + " of its JSON");
+}
+
 TEST_F(ShardFormat, HeaderThatIsNotAnObject) {
   const fs::path path = write(raw_safetensors("[1, 2, 3]", ""));
   EXPECT_CHECKPOINT_ERROR(ShardReader{path}, path.string(), "does not begin with '{'");

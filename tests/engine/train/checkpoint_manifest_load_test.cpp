@@ -27,10 +27,27 @@ TEST_F(CheckpointLoad, ManifestWithADuplicateKey) {
   EXPECT_CHECKPOINT_ERROR(open_checkpoint(folder_), manifest().string(), "'step' appears twice");
 }
 
+TEST_F(CheckpointLoad, ManifestWithANulByte) {
+  const std::string text = read_file(manifest());
+  write_file(manifest(), text + std::string("\0{\"step\": 7}", 13));
+  EXPECT_CHECKPOINT_ERROR(open_checkpoint(folder_), manifest().string(),
+                          "a NUL byte at byte " + std::to_string(text.size()) + " of its JSON");
+}
+
 TEST_F(CheckpointLoad, UnknownManifestVersion) {
   edit_manifest(folder_, [](auto& m) { m["format_version"] = 2; });
   EXPECT_CHECKPOINT_ERROR(open_checkpoint(folder_), manifest().string(), "unknown format version 2",
                           "reads version 1");
+}
+
+// A version of the wrong type or none is said as such, not as a version this build lacks.
+TEST_F(CheckpointLoad, ManifestVersionThatIsNotAnInteger) {
+  edit_manifest(folder_, [](auto& m) { m["format_version"] = "1"; });
+  EXPECT_CHECKPOINT_ERROR(open_checkpoint(folder_), manifest().string(),
+                          "manifest.format_version is \"1\", expected the integer 1");
+  edit_manifest(folder_, [](auto& m) { m.erase("format_version"); });
+  EXPECT_CHECKPOINT_ERROR(open_checkpoint(folder_), manifest().string(),
+                          "manifest has no field 'format_version'");
 }
 
 TEST_F(CheckpointLoad, NotAManifest) {
