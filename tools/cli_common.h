@@ -186,7 +186,9 @@ inline double parse_float(std::string_view text, std::string_view flag, double l
     v = std::copysign(std::numeric_limits<double>::denorm_min(), digits[0] == '-' ? -1.0 : 1.0);
   }
   if (!std::isfinite(v) || v < lo || v > hi || (lo_open && v == lo)) return fail();
-  return v;
+  // "-0" is 0, within a range from 0; its sign would be shown back as a negative value
+  // (costs F=-0, --clip -0 inherited on resume).
+  return v == 0.0 ? 0.0 : v;
 }
 
 // The smallest magnitude other than 0 that a floating-point flag takes. Under it a number

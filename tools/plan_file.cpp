@@ -133,6 +133,15 @@ int64_t plan_integer(const nlohmann::json& v, const std::string& source, const s
   return value;
 }
 
+// A predicted time of the plan, which the run only shows: a damaged one is a damaged file,
+// refused as its other fields are.
+void check_plan_seconds(const nlohmann::json& v, const std::string& source,
+                        const std::string& key) {
+  if (!v.is_number() || v.get<double>() < 0)
+    throw UsageError(source + ": " + key + " must be a number of seconds, at least 0, got " +
+                     shown_json(v) + kPlanAgain);
+}
+
 const nlohmann::json& plan_field(const nlohmann::json& plan, const std::string& source,
                                  const std::string& key) {
   if (!plan.contains(key))
@@ -271,6 +280,16 @@ void apply_plan_text(const std::string& text, const std::string& source, TrainCo
       blocks.push_back(plan_integer(b, source, "partition", 0, 4096));
     check_plan_layout(source, *parsed, stages, chunks, microbatches, blocks, config.batch_tokens,
                       replicas);
+    if (plan.contains("predicted_step_seconds"))
+      check_plan_seconds(plan.at("predicted_step_seconds"), source, "predicted_step_seconds");
+    if (plan.contains("predicted_rank_compute_seconds")) {
+      const nlohmann::json& ranks = plan.at("predicted_rank_compute_seconds");
+      if (!ranks.is_array())
+        throw UsageError(source + ": predicted_rank_compute_seconds must be a list of seconds, " +
+                         "one per rank, got " + shown_json(ranks) + kPlanAgain);
+      for (const nlohmann::json& r : ranks)
+        check_plan_seconds(r, source, "predicted_rank_compute_seconds");
+    }
     config.stages = static_cast<int>(stages);
     config.schedule = *parsed;
     config.chunks = static_cast<int>(chunks);

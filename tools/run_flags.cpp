@@ -172,7 +172,8 @@ void add_run_flags(CLI::App* cmd, RunFlags& f, RunFlagsFor command) {
                             },
                             "Cap each device's memory, emulating a smaller device: bytes with "
                             "an optional unit, B, KB, MB, GB, TB, PB (powers of 1000) or KiB, "
-                            "MiB, GiB, TiB, PiB (powers of 1024), such as 512MiB or 1.5GiB (a "
+                            "MiB, GiB, TiB, PiB (powers of 1024), case-insensitive and with or "
+                            "without the B (512M, 512mi), such as 512MiB or 1.5GiB (a "
                             "fraction is rounded down to whole bytes), up to 1PiB; 0: what "
                             "the device can give now")
                          ->type_name("SIZE");

@@ -85,6 +85,21 @@ std::string fmt(double v) {
   return buf;
 }
 
+// `v`, a time of a simulation whose makespan is `makespan` over `actions` actions, in at most
+// 6 significant digits and none finer than the makespan holds: each action's end rounds to
+// the makespan's last bit, so with costs 1e13 apart an idle time of 6.6 read 6.60156.
+std::string fmt_time(double v, double makespan, size_t actions) {
+  const double resolution =
+      static_cast<double>(actions) * (std::nextafter(makespan, HUGE_VAL) - makespan);
+  if (v == 0 || !(resolution > 0)) return fmt(v);
+  const int digits = static_cast<int>(std::floor(std::log10(std::fabs(v)))) + 1 +
+                     static_cast<int>(std::ceil(-std::log10(resolution)));
+  if (digits < 1) return "0";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.*g", std::min(digits, 6), v);
+  return buf;
+}
+
 // The closed-form bubble for this kind and these costs where docs/schedules.md has one.
 std::string closed_form(const std::string& kind, int p, int m, int v, const Costs& c) {
   if (c.comm != 0) return "";
@@ -425,10 +440,13 @@ void run(const ScheduleOptions& o, const CLI::App& cmd) {
                                           : "");
   std::printf("\n%-6s %10s %10s %16s %16s\n", "rank", "busy", "idle", "peak in-flight",
               "peak held");
+  size_t actions = 0;
+  for (const auto& list : schedule.ranks) actions += list.size();
   for (int r = 0; r < p; ++r) {
     const auto& st = sim.ranks[r];
-    std::printf("%-6d %10s %10s %16d %16d\n", r, fmt(st.busy).c_str(), fmt(st.idle).c_str(),
-                st.memory.peak_in_flight, st.memory.peak_held);
+    std::printf("%-6d %10s %10s %16d %16d\n", r, fmt_time(st.busy, sim.makespan, actions).c_str(),
+                fmt_time(st.idle, sim.makespan, actions).c_str(), st.memory.peak_in_flight,
+                st.memory.peak_held);
   }
   std::printf(
       "(peak in-flight: micro-batches between F and the end of its B or I; held: until its last "

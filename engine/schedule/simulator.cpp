@@ -188,7 +188,8 @@ double Replay::run(const CostModel& costs) {
     t[s.action] = {start, end};
     end_[s.rank] = std::max(end_[s.rank], end);
     if (s.type == ReplayStep::kCompute) {
-      busy_[s.rank] += end - start;
+      // The cost itself: end - start loses the digits of a short action late in a long run.
+      busy_[s.rank] += per_slot_[s.stage];
     } else if (s.type == ReplayStep::kReduce) {
       reduce_[s.rank] += end - start;
     } else {

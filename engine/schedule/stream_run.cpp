@@ -115,7 +115,8 @@ bool StreamRun<kTimed>::run_computes(int r) {
       end = ready + cost(a);
       q.timing[q.compute] = {ready, end};
       q.compute_free = end;
-      q.busy += end - ready;
+      // The cost itself: end - ready loses the digits of a short action late in a long run.
+      q.busy += cost(a);
       q.end = std::max(q.end, end);
       if (q.last_use) count_activations(q, a, q.compute);
     }

@@ -287,6 +287,8 @@ Schedule parse_text(std::string_view text) {
       continue;
     }
     if (line.front() == '#') continue;
+    // A '#' after the actions starts a comment, as on a line of its own: no action holds one.
+    line = trim(line.substr(0, line.find('#')));
     const auto colon = line.find(':');
     if (line.front() != 'r' || colon == std::string_view::npos)
       throw line_error(
@@ -325,6 +327,12 @@ Schedule parse_csv(std::string_view text) {
       continue;
     }
     if (line.front() == '#') continue;
+    // A spreadsheet would read a comment after a row as a cell of its own.
+    if (line.find('#') != std::string_view::npos)
+      throw line_error(line_no,
+                       "a comment in a CSV file takes a whole line starting with '#', "
+                       "got '" +
+                           message_excerpt(line) + "'");
     if (!saw_columns) {
       if (line != "rank,step,kind,stage,microbatch,peer")
         throw line_error(line_no,
@@ -375,7 +383,9 @@ Schedule parse_schedule(std::string_view text) {
   refuse_what_is_not_text(text);
   // Editors on Windows (Notepad, Excel's "CSV UTF-8") start a UTF-8 file with a byte-order mark.
   if (text.starts_with("\xEF\xBB\xBF")) text.remove_prefix(3);
+  int line_no = 0;
   for (auto raw : lines_of(text)) {
+    ++line_no;
     auto line = trim(raw);
     if (line.empty() || line.front() == '#') continue;
     // A text line starts r<rank>; a line of commas that does not (a column line a spreadsheet
@@ -383,6 +393,12 @@ Schedule parse_schedule(std::string_view text) {
     const bool text_line = line.size() > 1 && line[0] == 'r' && line[1] >= '0' && line[1] <= '9';
     const bool csv =
         line.substr(0, 5) == "rank," || (!text_line && line.find(',') != std::string_view::npos);
+    // Spreadsheets in locales with a decimal comma save CSV with ';' between the fields.
+    if (!csv && !text_line && line.find(';') != std::string_view::npos)
+      throw line_error(line_no,
+                       "the fields are separated by ';', and a schedule's CSV separates "
+                       "them by ',' (rank,step,kind,stage,microbatch,peer); got '" +
+                           message_excerpt(line) + "'");
     return csv ? parse_csv(text) : parse_text(text);
   }
   throw ScheduleError("the schedule is empty (expected lines 'r0: F0.0 ...' or CSV rows)");

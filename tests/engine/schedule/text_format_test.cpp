@@ -274,6 +274,31 @@ TEST(TextFormat, AColumnLineNotAsWrittenIsNamedAsSuch) {
   EXPECT_EQ(message_of("r0: F0.0,B0.0\n").find("line 1: malformed action 'F0.0,B0.0'"), 0u);
 }
 
+// CSV saved by a spreadsheet in a locale with a decimal comma separates its fields by ';':
+// said so, with or without the column line, not read as a text line that lacks 'r<rank>:'.
+TEST(TextFormat, SemicolonSeparatedCsvIsNamedAsSuch) {
+  EXPECT_EQ(message_of("# conveyor schedule: ranks=1\nrank;step;kind;stage;microbatch;peer\n"
+                       "0;0;F;0;0;\n0;1;B;0;0;\n"),
+            "line 2: the fields are separated by ';', and a schedule's CSV separates them by ',' "
+            "(rank,step,kind,stage,microbatch,peer); got 'rank;step;kind;stage;microbatch;peer'");
+  EXPECT_EQ(message_of("0;0;F;0;0;\n").find("line 1: the fields are separated by ';'"), 0u);
+}
+
+// A '#' starts a comment after a rank's actions as on a line of its own; in CSV, where a
+// spreadsheet would make it a cell, a comment takes a whole line.
+TEST(TextFormat, CommentsAfterActionsAndInCsv) {
+  const Schedule plain = parse_schedule("r0: F0.0 B0.0\nr1: F1.0 B1.0\n");
+  EXPECT_EQ(parse_schedule("r0: F0.0 B0.0  # warm-up\nr1: F1.0 B1.0#x\n# end\n"), plain);
+  EXPECT_EQ(message_of("r0: # nothing yet\nr1: F1.0 B1.0\n").find("rank 0 of 2 has no actions"),
+            0u);
+  EXPECT_EQ(message_of("rank,step,kind,stage,microbatch,peer\n0,0,F,0,0, # warm-up\n"),
+            "line 2: a comment in a CSV file takes a whole line starting with '#', got "
+            "'0,0,F,0,0, # warm-up'");
+  EXPECT_EQ(message_of("# a comment\nrank,step,kind,stage,microbatch,peer\n0,0,F,0,0,\n"
+                       "0,1,B,0,0,\n"),
+            "no error");
+}
+
 // Numbers past what a schedule may hold are refused as too large (naming the limit), before
 // the counts inferred from them are computed; the stage and micro-batch limits are the
 // header's, for files without one.
