@@ -13,6 +13,7 @@
 #include "engine/pipeline/memory_estimate.h"
 #include "engine/schedule/chrome_trace.h"
 #include "engine/schedule/measured_timing.h"
+#include "engine/schedule/schedule.h"
 #include "engine/schedule/simulator.h"
 #include "engine/train/trainer.h"
 #include "tools/cli_common.h"
@@ -121,6 +122,18 @@ void print_pipeline(Trainer& trainer) {
                 rank_device_text(trainer, sched.placement.rank_of(static_cast<int>(s))).c_str());
   }
   std::printf("\n");
+  // Every generated schedule adds each stage's weight gradients in ascending micro-batch
+  // order, which is what makes runs of any schedule bitwise alike; a file may not, and then
+  // its run is its own.
+  std::string why;
+  if (const std::string& file = trainer.config().schedule_file;
+      !file.empty() && !schedule::weight_grads_ascending(sched, &why))
+    std::printf(
+        "note   schedule file '%s' applies weight gradients out of micro-batch order (%s): "
+        "they add up in another order than under any generated schedule, so from step 2 on the "
+        "losses and weights may differ in their last bits from those of other schedules, and a "
+        "resume without this file does not go on bit for bit\n",
+        escaped_for_message(file).c_str(), why.c_str());
 }
 
 void report_bubble(Trainer& trainer, PipelineStepResult& last, ReplacedFile* trace,

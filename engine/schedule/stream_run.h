@@ -204,6 +204,7 @@ class StreamRun {
   void prepare(int r, bool checked);
   void find_reduces(int r);
   DeadlockError deadlock();
+  std::string send_waits_for(int r, int h) const;
 
   // stream_run.cpp: the streams at work. Declared inline, as members defined in the class
   // are: they are the run's inner loop, and the compiler inlines into run() more readily what

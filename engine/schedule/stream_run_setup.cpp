@@ -174,6 +174,29 @@ void StreamRun<kTimed>::find_reduces(int r) {
   q.reduce_end = static_cast<int>(reduces_.size());
 }
 
+// A stuck send waits for its tensor when the compute that makes it has not run, which the
+// message names, since the receiver may well be at that receive already; else for the
+// receiver to reach its receive.
+template <bool kTimed>
+std::string StreamRun<kTimed>::send_waits_for(int r, int h) const {
+  const Streams& q = streams_[r];
+  const Action& a = q.actions[h];
+  const bool act = a.kind == ActionKind::kSendAct;
+  if (done_.done(cell(a), act ? Done::kForwardDone : Done::kGradientDone))
+    return "waits for rank " + std::to_string(a.peer) + " to post the matching receive";
+  // The producer stands before the send and has not run: between the compute head and it.
+  for (int i = q.compute; i < h; ++i) {
+    const Action& p = q.actions[i];
+    const bool makes =
+        act ? p.kind == ActionKind::kForward
+            : p.kind == ActionKind::kBackward || p.kind == ActionKind::kBackwardInput;
+    if (makes && p.stage == a.stage && p.microbatch == a.microbatch)
+      return "waits for its tensor from " + to_string(p) + " (position " + std::to_string(i) +
+             "), which has not run";
+  }
+  return "waits for its tensor, which no compute before it has made";
+}
+
 template <bool kTimed>
 DeadlockError StreamRun<kTimed>::deadlock() {
   std::vector<StuckAction> stuck;
@@ -185,8 +208,7 @@ DeadlockError StreamRun<kTimed>::deadlock() {
       const Action& a = q.actions[h];
       std::string why = is_compute(a.kind)  ? "waits for its input"
                         : is_reduce(a.kind) ? "waits for the weight gradients of its stage"
-                        : is_send(a.kind)   ? "waits for rank " + std::to_string(a.peer) +
-                                                " to post the matching receive"
+                        : is_send(a.kind)   ? send_waits_for(r, h)
                                           : "waits for rank " + std::to_string(a.peer) + " to send";
       stuck.push_back({r, h, why});
     }

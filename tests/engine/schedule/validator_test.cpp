@@ -232,6 +232,40 @@ TEST(Validator, DeadlockIsFoundBySimulation) {
   EXPECT_NE(std::string(e.what()).find("deadlock"), std::string::npos);
 }
 
+TEST(Validator, DeadlockSaysASendWaitsForItsTensorWhenItsComputeHasNotRun) {
+  // Rank 0 needs the gradient of micro-batch 0 before its F0.1; rank 1 needs micro-batch 1's
+  // activation before its B1.0. Both receivers stand at the receives of the stuck sends, so
+  // the sends wait for the computes that make their tensors, not for a receive.
+  const auto e = rejection(
+      "r0: F0.0 SA0.0>1 RG0.0<1 B0.0 F0.1 SA0.1>1 RG0.1<1 B0.1\n"
+      "r1: RA1.0<0 F1.0 RA1.1<0 F1.1 B1.0 SG1.0>0 B1.1 SG1.1>0\n");
+  EXPECT_EQ(e.rule(), "deadlock");
+  const std::string what = e.what();
+  EXPECT_NE(what.find("rank 0 position 5 SA0.1>1 waits for its tensor from F0.1 (position 4), "
+                      "which has not run"),
+            std::string::npos)
+      << what;
+  EXPECT_NE(what.find("rank 1 position 5 SG1.0>0 waits for its tensor from B1.0 (position 4), "
+                      "which has not run"),
+            std::string::npos)
+      << what;
+  EXPECT_EQ(what.find("post the matching receive"), std::string::npos) << what;
+}
+
+TEST(Validator, DeadlockSaysASendWaitsForTheReceiverWhenItsTensorIsMade) {
+  // SA0.0's tensor is made, but rank 1's receive stream waits first for RG1.0 from rank 2.
+  const auto e = rejection(
+      "r0: F0.0 SA0.0>1 RG0.0<1 B0.0\n"
+      "r1: RG1.0<2 RA1.0<0 F1.0 SA1.0>2 B1.0 SG1.0>0\n"
+      "r2: RA2.0<1 F2.0 B2.0 SG2.0>1\n");
+  const std::string what = e.what();
+  EXPECT_NE(what.find("SA0.0>1 waits for rank 1 to post the matching receive"), std::string::npos)
+      << what;
+  EXPECT_NE(what.find("SA1.0>2 waits for its tensor from F1.0 (position 2), which has not run"),
+            std::string::npos)
+      << what;
+}
+
 TEST(Validator, WrongRankCount) {
   Schedule s = generate_1f1b(2, 2);
   s.ranks.pop_back();
