@@ -89,7 +89,13 @@ TEST_F(CheckpointLoad, ManifestFieldsAreChecked) {
       {"/shards/0/xxh3_64", "12", "manifest.shards[0].xxh3_64 is \"12\", expected 16 hex digits"},
       {"/shards/0/bytes", 1.5, "manifest.shards[0].bytes is 1.5"},
       {"/shards", nlohmann::json::array(), "manifest.shards is empty"},
-      {"/stages/1/rank", 2, "runs on rank 2, but there are 2 shards"},
+      {"/stages/1/rank", 2,
+       "manifest.stages[1] runs on rank 2, expected a rank below 2: the 2 shards make 2 pipeline "
+       "ranks"},
+      // Two replicas of the demo's 2 shards have one pipeline rank each.
+      {"/replicas", 2,
+       "manifest.stages[1] runs on rank 1, expected a rank below 1: the 2 shards make 1 pipeline "
+       "rank in each of 2 replicas"},
       {"/stages/1/units", {2, 2}, "stages[1] holds units [2, 2)"},
       {"/stages/1/stage", 3, "stages[1] is stage 3, expected stage 1"},
       {"/stages/1/rank", 0, "place no stage on rank 1"},
