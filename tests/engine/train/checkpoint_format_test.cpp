@@ -310,6 +310,13 @@ TEST_F(ShardFormat, MissingChecksum) {
   const fs::path path = written_demo();
   edit_shard_header(path, [](auto& h) { h["__metadata__"].erase("xxh3_64:blocks.0.fc1.bias"); });
   EXPECT_CHECKPOINT_ERROR(ShardReader{path}, path.string(), "'blocks.0.fc1.bias' has no checksum");
+  // The entry a name with a line break needs is shown escaped, on the error's one line.
+  edit_shard_header(path, [](auto& h) {
+    h["a\nb"] = h["blocks.0.fc1.bias"];
+    h.erase("blocks.0.fc1.bias");
+  });
+  EXPECT_CHECKPOINT_ERROR(ShardReader{path},
+                          "has no checksum in the metadata (no entry 'xxh3_64:a\\x0ab')");
 }
 
 TEST_F(ShardFormat, ChecksumOfATensorThatIsNotThere) {

@@ -68,6 +68,7 @@ TEST_F(CheckpointLoad, ManifestFieldsAreChecked) {
       {"/model_fingerprint", "", "model_fingerprint is empty"},
       {"/schedule/microbatches", 0, "manifest.schedule.microbatches is 0"},
       {"/optimizer/kind", "lion", "kind must be adamw or sgd"},
+      {"/optimizer/kind", "li\non", "kind must be adamw or sgd, got 'li\\non'"},
       {"/optimizer/lr", nullptr, "manifest.optimizer.lr is null, expected a finite number"},
       {"/data/position", -5, "manifest.data.position is -5"},
       {"/data/token", -1, "manifest.data.token is -1, expected an integer >= 0"},
@@ -257,6 +258,11 @@ TEST_F(CheckpointLoad, AnEditedModelDescriptionIsRefusedByItsFingerprint) {
   write_file(manifest(), pristine);
   edit_manifest_only(folder_, [](auto& m) { m["model_fingerprint"] = "xxh3]64:0123"; });
   EXPECT_CHECKPOINT_ERROR(open_checkpoint(folder_), "does not match its fingerprint");
+  // One holding a line break is shown escaped, on the error's one line.
+  write_file(manifest(), pristine);
+  edit_manifest_only(folder_, [](auto& m) { m["model_fingerprint"] = "xxh3_64:\n\x1b[2J"; });
+  EXPECT_CHECKPOINT_ERROR(open_checkpoint(folder_),
+                          "manifest.model_fingerprint (xxh3_64:\\n\\x1b[2J; the description's is");
   // Another layout of the same description is no edit.
   write_file(manifest(), nlohmann::json::parse(pristine).dump(4));
   EXPECT_NO_THROW(open_checkpoint(folder_));
