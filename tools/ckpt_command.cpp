@@ -8,6 +8,7 @@
 // PATH is a checkpoint folder DIR (its `latest`), DIR/latest or DIR/step_<N>.
 #include <algorithm>
 #include <cinttypes>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -59,7 +60,16 @@ Checkpoint open_for_command(const std::string& path) {
   }
 }
 
-// The first `count` elements of tensor `t`, as numbers (bf16 widened to float exactly).
+// A float element for JSON: a number, or for NaN and the infinities, which JSON has no number
+// for (nlohmann::json writes all three as null), the string the text output prints.
+json float_value(float v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  return v;
+}
+
+// The first `count` elements of tensor `t`, as numbers (bf16 widened to float exactly) or, for
+// NaN and the infinities, float_value's strings.
 json leading_values(const Checkpoint& ckpt, const CheckpointTensor& t, int64_t count) {
   json out = json::array();
   if (count <= 0) return out;
@@ -69,11 +79,11 @@ json leading_values(const Checkpoint& ckpt, const CheckpointTensor& t, int64_t c
     if (t.dtype == DType::kF32) {
       float v;
       std::memcpy(&v, bytes.data() + 4 * i, 4);
-      out.push_back(v);
+      out.push_back(float_value(v));
     } else if (t.dtype == DType::kBF16) {
       uint16_t v;
       std::memcpy(&v, bytes.data() + 2 * i, 2);
-      out.push_back(bf16_to_float(v));
+      out.push_back(float_value(bf16_to_float(v)));
     } else {
       int32_t v;
       std::memcpy(&v, bytes.data() + 4 * i, 4);
@@ -105,7 +115,9 @@ std::string number_list(const json& values) {
   std::string text;
   for (const json& v : values) {
     char buf[32];
-    if (v.is_number_float())
+    if (v.is_string())
+      std::snprintf(buf, sizeof buf, "%s", v.get<std::string>().c_str());
+    else if (v.is_number_float())
       std::snprintf(buf, sizeof buf, "%.9g", v.get<double>());
     else
       std::snprintf(buf, sizeof buf, "%" PRId64, v.get<int64_t>());
@@ -358,7 +370,8 @@ void register_ckpt_command(CLI::App& app) {
       ->type_name("");
   add_switch(inspect, "--json", flags->json, "Print everything as one JSON document");
   add_int_flag(inspect, "--values", flags->values, 0, int64_t{1} << 31,
-               "Also print the first N elements of each tensor");
+               "Also print the first N elements of each tensor (with --json, NaN and "
+               "infinities as \"nan\", \"inf\", \"-inf\")");
   inspect->footer("Example: conveyor ckpt inspect runs/ckpt/latest\n" + exit_status);
   inspect->callback([flags] { run_inspect(*flags); });
 

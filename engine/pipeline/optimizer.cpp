@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "engine/core/number_text.h"
+#include "engine/schedule/input_file.h"
 #include "layers/ops.h"
 
 namespace conveyor {
@@ -28,7 +29,8 @@ void OptimizerConfig::validate(std::string_view prefix) const {
                                 number_text(got));
   };
   if (kind != "adamw" && kind != "sgd")
-    throw std::invalid_argument(name + "kind must be adamw or sgd, got '" + kind + "'");
+    throw std::invalid_argument(name + "kind must be adamw or sgd, got '" +
+                                escaped_for_message(kind) + "'");
   if (!(lr > 0.0) || !float_is_finite(lr) || !(static_cast<float>(lr) > 0.0f))
     fail("lr", lr, "a number above 0 that a float holds (from about 1e-45 to 3.4e+38)");
   if (!(min_lr >= 0.0) || min_lr > lr)

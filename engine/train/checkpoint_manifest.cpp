@@ -10,6 +10,7 @@
 #include <set>
 #include <stdexcept>
 
+#include "engine/core/number_text.h"
 #include "engine/train/checkpoint_error.h"
 #include "engine/train/run_limits.h"
 
@@ -130,9 +131,10 @@ void parse_optimizer(const json& value, const std::string& file, TrainingState& 
   }
 }
 
-// Stages 0..S-1 in order, cutting units [0, U) into consecutive ranges, each on a rank that
-// has a shard; every rank holds at least one stage.
-void check_stages(const std::vector<StagePlacement>& stages, size_t num_ranks,
+// Stages 0..S-1 in order, cutting units [0, U) into consecutive ranges, each on one of the
+// `num_ranks` pipeline ranks (`num_shards` over the replicas); every rank holds at least one
+// stage.
+void check_stages(const std::vector<StagePlacement>& stages, size_t num_ranks, size_t num_shards,
                   const std::string& file) {
   if (stages.empty()) throw CheckpointError(file + ": manifest.stages is empty");
   std::vector<bool> rank_used(num_ranks, false);
@@ -144,8 +146,13 @@ void check_stages(const std::vector<StagePlacement>& stages, size_t num_ranks,
       throw CheckpointError(where + " is stage " + std::to_string(p.stage) + ", expected stage " +
                             std::to_string(s) + " (stages are listed in order)");
     if (static_cast<size_t>(p.rank) >= num_ranks)
-      throw CheckpointError(where + " runs on rank " + std::to_string(p.rank) + ", but there are " +
-                            std::to_string(num_ranks) + " shards");
+      throw CheckpointError(
+          where + " runs on rank " + std::to_string(p.rank) + ", expected a rank below " +
+          std::to_string(num_ranks) + ": the " + counted(num_shards, "shard") + " make " +
+          counted(num_ranks, "pipeline rank") +
+          (num_shards == num_ranks
+               ? std::string()
+               : " in each of " + std::to_string(num_shards / num_ranks) + " replicas"));
     if (p.unit_begin != next_unit || p.unit_end <= p.unit_begin)
       throw CheckpointError(where + " holds units [" + std::to_string(p.unit_begin) + ", " +
                             std::to_string(p.unit_end) +
@@ -401,7 +408,7 @@ CheckpointManifest parse_manifest(std::string_view text, const std::string& file
                           " stages on " + std::to_string(ranks) +
                           " pipeline rank(s), expected at most " + std::to_string(kMaxChunks) +
                           " per rank (the range of TrainConfig::chunks)");
-  check_stages(s.stages, ranks, file);
+  check_stages(s.stages, ranks, m.shards.size(), file);
   check_stage_units(s, file);
   check_token_vocab(s, file);
   return m;

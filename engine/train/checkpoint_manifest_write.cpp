@@ -70,8 +70,9 @@ void check_manifest_model_fingerprint(const CheckpointManifest& m, const std::st
   const std::string computed = model_fingerprint(m.state.model);
   if (computed != stored)
     throw CheckpointError(file + ": the model description does not match its fingerprint " +
-                          "manifest.model_fingerprint (" + stored + "; the description's is " +
-                          computed + "): the file was edited or corrupted");
+                          "manifest.model_fingerprint (" + checkpoint_io::shown_text(stored) +
+                          "; the description's is " + computed +
+                          "): the file was edited or corrupted");
 }
 
 void check_manifest_state_checksum(const CheckpointManifest& m, const std::string& file) {

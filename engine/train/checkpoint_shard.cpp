@@ -251,7 +251,8 @@ ShardReader::ShardReader(const std::filesystem::path& path, CheckpointCheck chec
   for (size_t i = 0; i < tensors_.size(); ++i)
     if (!has_checksum[i])
       throw CheckpointError(name + ": tensor " + in_quotes(tensors_[i].name) +
-                            " has no checksum in the metadata (xxh3_64:" + tensors_[i].name + ")");
+                            " has no checksum in the metadata (no entry " +
+                            in_quotes(kChecksumPrefix + tensors_[i].name) + ")");
   if (check == CheckpointCheck::kEveryByte) verify_data(header.data_start);
 }
 

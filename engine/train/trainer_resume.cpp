@@ -42,7 +42,7 @@ std::string model_differences(const nlohmann::json& saved, const nlohmann::json&
     return out;
   }
   for (const auto& [key, value] : saved.items()) {
-    const std::string name = prefix.empty() ? key : prefix + "." + key;
+    const std::string name = checkpoint_io::shown_text(prefix.empty() ? key : prefix + "." + key);
     if (!ours.contains(key))
       add(name + " only in the checkpoint");
     else if (value != ours[key]) {
@@ -139,21 +139,21 @@ void check_same_data(Trainer& trainer, const TrainingState& saved, const Trainin
   // whatever it is called; without one (a checkpoint written before it was recorded, or a
   // source this run has no digest of) the descriptions must match.
   const std::optional<std::string> contents = trainer.source().contents_digest();
+  const std::string saved_source = checkpoint_io::shown_text(saved.data.source);
   if (saved.data.contents && contents) {
     if (*saved.data.contents != *contents)
-      throw CheckpointError(manifest + " was trained on " + saved.data.source +
+      throw CheckpointError(manifest + " was trained on " + saved_source +
                             ", whose bytes have digest " + *saved.data.contents +
                             ", but this run reads " + ours.data.source + " with digest " +
                             *contents + ": other data; resume with the data it was trained on");
   } else if (saved.data.source != ours.data.source) {
     throw CheckpointError(
-        manifest + " was trained on " + saved.data.source + " but this run reads " +
-        ours.data.source +
+        manifest + " was trained on " + saved_source + " but this run reads " + ours.data.source +
         "; resume with the same data (TrainConfig::data_path) and seed (TrainConfig::seed)");
   }
   if (saved.data.token && *saved.data.token >= trainer.source().vocab())
     throw CheckpointError(manifest + ": manifest.data.token is " +
-                          std::to_string(*saved.data.token) + " but " + saved.data.source +
+                          std::to_string(*saved.data.token) + " but " + saved_source +
                           " has tokens in [0, " + std::to_string(trainer.source().vocab()) + ")");
 }
 
@@ -250,8 +250,8 @@ std::vector<std::string> resume_setting_changes(const Trainer& trainer,
   if (saved.data.contents && saved.data.contents == source.contents_digest() &&
       saved.data.source != described)
     out.push_back("resuming on " + described + " where the checkpoint was trained on " +
-                  saved.data.source + ": the same bytes (" + *saved.data.contents +
-                  ") under another path");
+                  checkpoint_io::shown_text(saved.data.source) + ": the same bytes (" +
+                  *saved.data.contents + ") under another path");
   return out;
 }
 

@@ -106,6 +106,35 @@ m['schedule']['name'] = '1f1b\x1b[2J\nx'; m['data']['source'] = 'demo\x07 tokens
     expect 0 "^resume .*step_1 at step 1 \(saved with 1 stage\(s\), schedule 1f1b\\\\x1b\[2J\)$" \
       "$conveyor" train --device cpu --steps 2 --batch-tokens 64 --microbatches 1 --resume "$work/run"
     ;;
+  inspect_nonfinite)
+    # NaN and the infinities, which JSON has no numbers for, are strings in --json, as the
+    # text shows them, while finite elements stay numbers. The checksums are put right after
+    # the edit with the values verify reports: the tensor's first, then the shard file's.
+    bias=blocks.1.fc1.bias
+    python3 - "$shard1" "$bias" <<'EOF' || fail "cannot edit the shard"
+import json, struct, sys
+path, name = sys.argv[1], sys.argv[2]
+data = bytearray(open(path, "rb").read())
+n = struct.unpack("<Q", data[:8])[0]
+begin = 8 + n + json.loads(data[8:8 + n])[name]["data_offsets"][0]
+data[begin:begin + 16] = struct.pack("<4f", float("nan"), float("inf"), -float("inf"), 1.5)
+open(path, "wb").write(bytes(data))
+EOF
+    old=$(grep -aEo "\"xxh3_64:$bias\":\"[0-9a-f]{16}\"" "$shard1" | grep -Eo "[0-9a-f]{16}")
+    new=$("$conveyor" ckpt verify "$dir" 2>&1 | grep -Eo "its bytes hash to [0-9a-f]{16}" | grep -Eo "[0-9a-f]{16}$")
+    [ -n "$old" ] && [ -n "$new" ] || fail "no tensor checksum to put right"
+    LC_ALL=C sed -i "s/\"xxh3_64:$bias\":\"$old\"/\"xxh3_64:$bias\":\"$new\"/" "$shard1"
+    sum=$("$conveyor" ckpt verify "$dir" 2>&1 | grep -Eo "has XXH3-64 [0-9a-f]{16}" | grep -Eo "[0-9a-f]{16}")
+    [ -n "$sum" ] || fail "verify names no checksum of the edited shard"
+    python3 -c "import json,sys; p=sys.argv[1]; m=json.load(open(p)); del m['state_xxh3_64'], m['manifest_xxh3_64']; m['shards'][1]['xxh3_64'] = sys.argv[2]; json.dump(m, open(p, 'w'))" \
+      "$dir/step_2/manifest.json" "$sum" || fail "cannot edit the manifest"
+    expect 0 "^  $bias +F32 +\[8\] +32 +rank_1\.safetensors +$new +nan inf -inf 1\.5$" \
+      "$conveyor" ckpt inspect "$dir" --values 4
+    output=$("$conveyor" ckpt inspect "$dir" --json --values 4) || fail "inspect --json refused the checkpoint"
+    values=$(python3 -c "import json,sys; print(json.dumps([t['values'] for t in json.load(sys.stdin)['tensors'] if t['name'] == sys.argv[1]][0]))" \
+      "$bias" <<<"$output") || fail "inspect --json printed no values of $bias"
+    [ "$values" = '["nan", "inf", "-inf", 1.5]' ] || fail "inspect --json gave $bias the values $values"
+    ;;
   verify_ok)
     expect 0 "ok: .*step_2, step 2: 16 tensors in 2 shards .* every checksum matches \(tensors, shard files, training state, manifest\)$" \
       "$conveyor" ckpt verify "$dir"

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 
+#include <cctype>
 #include <csignal>
 #include <cstring>
 
@@ -310,6 +311,13 @@ TEST_F(ShardFormat, MissingChecksum) {
   const fs::path path = written_demo();
   edit_shard_header(path, [](auto& h) { h["__metadata__"].erase("xxh3_64:blocks.0.fc1.bias"); });
   EXPECT_CHECKPOINT_ERROR(ShardReader{path}, path.string(), "'blocks.0.fc1.bias' has no checksum");
+  // The entry a name with a line break needs is shown escaped, on the error's one line.
+  edit_shard_header(path, [](auto& h) {
+    h["a\nb"] = h["blocks.0.fc1.bias"];
+    h.erase("blocks.0.fc1.bias");
+  });
+  EXPECT_CHECKPOINT_ERROR(ShardReader{path},
+                          "has no checksum in the metadata (no entry 'xxh3_64:a\\x0ab')");
 }
 
 TEST_F(ShardFormat, ChecksumOfATensorThatIsNotThere) {
@@ -341,6 +349,26 @@ TEST_F(ShardFormat, StepThatIsNotANumber) {
   edit_shard_header(path, [](auto& h) { h["__metadata__"]["step"] = "-3"; });
   EXPECT_CHECKPOINT_ERROR(ShardReader{path}, path.string(), "step '-3'",
                           "not a non-negative integer");
+}
+
+// The step, the rank and the checksums are read for their values, as docs/checkpoint-format.md
+// says: a leading zero and upper-case hex digits are taken, the data still checked against them.
+TEST_F(ShardFormat, StepRankAndChecksumsAreReadForTheirValues) {
+  const fs::path path = written_demo();
+  edit_shard_header(path, [](auto& h) {
+    auto& m = h["__metadata__"];
+    m["step"] = "03";
+    m["rank"] = "00";
+    for (auto& [key, value] : m.items()) {
+      if (!key.starts_with("xxh3_64:")) continue;
+      std::string sum = value;
+      for (char& c : sum) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+      value = sum;
+    }
+  });
+  const ShardReader reader(path);
+  EXPECT_EQ(reader.step(), 3);
+  EXPECT_EQ(reader.rank(), 0);
 }
 
 TEST_F(ShardFormat, WriteToAFullDiskNamesTheFile) {

@@ -68,6 +68,7 @@ TEST_F(CheckpointLoad, ManifestFieldsAreChecked) {
       {"/model_fingerprint", "", "model_fingerprint is empty"},
       {"/schedule/microbatches", 0, "manifest.schedule.microbatches is 0"},
       {"/optimizer/kind", "lion", "kind must be adamw or sgd"},
+      {"/optimizer/kind", "li\non", "kind must be adamw or sgd, got 'li\\non'"},
       {"/optimizer/lr", nullptr, "manifest.optimizer.lr is null, expected a finite number"},
       {"/data/position", -5, "manifest.data.position is -5"},
       {"/data/token", -1, "manifest.data.token is -1, expected an integer >= 0"},
@@ -89,7 +90,13 @@ TEST_F(CheckpointLoad, ManifestFieldsAreChecked) {
       {"/shards/0/xxh3_64", "12", "manifest.shards[0].xxh3_64 is \"12\", expected 16 hex digits"},
       {"/shards/0/bytes", 1.5, "manifest.shards[0].bytes is 1.5"},
       {"/shards", nlohmann::json::array(), "manifest.shards is empty"},
-      {"/stages/1/rank", 2, "runs on rank 2, but there are 2 shards"},
+      {"/stages/1/rank", 2,
+       "manifest.stages[1] runs on rank 2, expected a rank below 2: the 2 shards make 2 pipeline "
+       "ranks"},
+      // Two replicas of the demo's 2 shards have one pipeline rank each.
+      {"/replicas", 2,
+       "manifest.stages[1] runs on rank 1, expected a rank below 1: the 2 shards make 1 pipeline "
+       "rank in each of 2 replicas"},
       {"/stages/1/units", {2, 2}, "stages[1] holds units [2, 2)"},
       {"/stages/1/stage", 3, "stages[1] is stage 3, expected stage 1"},
       {"/stages/1/rank", 0, "place no stage on rank 1"},
@@ -251,6 +258,11 @@ TEST_F(CheckpointLoad, AnEditedModelDescriptionIsRefusedByItsFingerprint) {
   write_file(manifest(), pristine);
   edit_manifest_only(folder_, [](auto& m) { m["model_fingerprint"] = "xxh3]64:0123"; });
   EXPECT_CHECKPOINT_ERROR(open_checkpoint(folder_), "does not match its fingerprint");
+  // One holding a line break is shown escaped, on the error's one line.
+  write_file(manifest(), pristine);
+  edit_manifest_only(folder_, [](auto& m) { m["model_fingerprint"] = "xxh3_64:\n\x1b[2J"; });
+  EXPECT_CHECKPOINT_ERROR(open_checkpoint(folder_),
+                          "manifest.model_fingerprint (xxh3_64:\\n\\x1b[2J; the description's is");
   // Another layout of the same description is no edit.
   write_file(manifest(), nlohmann::json::parse(pristine).dump(4));
   EXPECT_NO_THROW(open_checkpoint(folder_));

@@ -229,6 +229,35 @@ TEST(TrainerResume, CheckpointOfAnotherModelIsRefusedNamingTheDifference) {
   EXPECT_TRUE(before == full_state(other));
 }
 
+// Strings of a hand-edited manifest that a resume refusal quotes (the data source, a field of
+// the model description) are shown with their control characters escaped, so that the
+// message stays one line.
+TEST(TrainerResume, AHandEditedManifestsStringsAreShownEscaped) {
+  TempDir dir;
+  const TrainConfig c = resume_config(1, schedule::ScheduleKind::k1F1B);
+  {
+    Trainer trainer(c);
+    trainer.step();
+    TrainerCheckpointer checkpointer(trainer, {dir.path()});
+    checkpointer.finish();
+  }
+  const std::filesystem::path folder = dir / "step_1";
+  const std::string pristine = testing::read_file(folder / "manifest.json");
+  testing::edit_manifest(folder, [](auto& m) { m["data"]["source"] = "a\nline\x1b[2J"; });
+  {
+    Trainer trainer(c);
+    EXPECT_CHECKPOINT_ERROR(resume_trainer(trainer, dir.path()),
+                            "was trained on a\\nline\\x1b[2J but this run reads Markov chain");
+  }
+  testing::write_file(folder / "manifest.json", pristine);
+  testing::edit_manifest(folder, [](auto& m) { m["model"]["x\ny"] = 1; });
+  {
+    Trainer trainer(c);
+    EXPECT_CHECKPOINT_ERROR(resume_trainer(trainer, dir.path()),
+                            "another model: x\\ny only in the checkpoint");
+  }
+}
+
 // The batch size fixes where each step's data starts, so a trainer's resume needs the
 // rng.batch_tokens its manifest records: a manifest without it (rng null, or an object of
 // the caller's without the field) is refused, whatever this run's --batch-tokens, where the
