@@ -7,7 +7,6 @@
 #include "engine/train/train_config.h"
 #include "tools/cli_common.h"
 #include "tools/cli_flags.h"
-#include "tools/error_line.h"
 #include "tools/flag_terms.h"
 #include "tools/output_file.h"
 
@@ -100,7 +99,7 @@ std::unique_ptr<TrainerCheckpointer> setup_checkpoints(const CheckpointFlags& f,
       std::printf("resume %s at step %lld (saved with %zu stage(s), schedule %s)\n",
                   escaped_for_message(ckpt.directory().native()).c_str(),
                   static_cast<long long>(ckpt.step()), ckpt.state().stages.size(),
-                  escaped_for_output(ckpt.state().schedule).c_str());
+                  escaped_keeping_backslashes(ckpt.state().schedule).c_str());
       if (!f.inherited.empty()) {
         std::string list;
         for (const std::string& setting : f.inherited) list += (list.empty() ? "" : ", ") + setting;

@@ -30,7 +30,6 @@
 #include "tools/cli_common.h"
 #include "tools/cli_flags.h"
 #include "tools/commands.h"
-#include "tools/error_line.h"
 #include "tools/output_file.h"
 
 namespace conveyor::cli {
@@ -174,15 +173,16 @@ void run_inspect(const CkptFlags& flags) {
   std::printf("  stages       %s\n", stages.c_str());
   // The manifest's and the headers' strings may hold any character a hand or a corruption put
   // there: control characters are shown escaped, as in errors, so none reaches the terminal.
-  std::printf("  schedule     %s, %s\n", escaped_for_output(s.schedule).c_str(),
+  std::printf("  schedule     %s, %s\n", escaped_keeping_backslashes(s.schedule).c_str(),
               counted(s.microbatches, "micro-batch", "micro-batches").c_str());
   std::printf("  optimizer    %s, lr %g (min %g, warm-up %" PRId64 "), %s taken\n",
-              escaped_for_output(s.optimizer.kind).c_str(), s.optimizer.lr, s.optimizer.min_lr,
-              s.optimizer.warmup_steps, counted(s.optimizer_steps, "step").c_str());
+              escaped_keeping_backslashes(s.optimizer.kind).c_str(), s.optimizer.lr,
+              s.optimizer.min_lr, s.optimizer.warmup_steps,
+              counted(s.optimizer_steps, "step").c_str());
   std::printf("  lr schedule  step %" PRId64 " of %" PRId64 "\n", s.lr_schedule.step,
               s.lr_schedule.total_steps);
-  std::printf("  data         %s, position %" PRIu64, escaped_for_output(s.data.source).c_str(),
-              s.data.position);
+  std::printf("  data         %s, position %" PRIu64,
+              escaped_keeping_backslashes(s.data.source).c_str(), s.data.position);
   if (s.data.token) std::printf(", token %" PRId32, *s.data.token);
   // The digest a --data resume is matched by, whatever name the file had.
   if (s.data.contents) std::printf(", contents %s", s.data.contents->c_str());
@@ -208,13 +208,13 @@ void run_inspect(const CkptFlags& flags) {
   std::vector<std::vector<std::string>> piece_rows = {{"name", "elements", "shard", "xxh3_64"}};
   for (const CheckpointTensor& t : ckpt.tensors()) {
     const size_t n = t.pieces.size();
-    rows.push_back({escaped_for_output(t.name), safetensors_dtype_name(t.dtype),
+    rows.push_back({escaped_keeping_backslashes(t.name), safetensors_dtype_name(t.dtype),
                     shape_to_string(t.shape), std::to_string(t.bytes),
                     t.pieced ? counted(n, "piece") : m.shards[t.rank].file,
                     t.pieced ? "(per piece)" : checkpoint_io::hex64(t.checksum)});
     if (t.pieced)
       for (const CheckpointPiece& p : t.pieces)
-        piece_rows.push_back({escaped_for_output(t.name),
+        piece_rows.push_back({escaped_keeping_backslashes(t.name),
                               "[" + std::to_string(p.begin) + ", " + std::to_string(p.end) + ")",
                               m.shards[p.rank].file, checkpoint_io::hex64(p.checksum)});
     data_bytes += t.bytes;

@@ -29,13 +29,6 @@ bool one_of_several_but_not_the_first() {
 
 }  // namespace
 
-std::string escaped_for_output(std::string_view text) {
-  std::string out;
-  for (const char c : text)
-    out += c == '\\' ? std::string(1, c) : escaped_for_message(std::string(1, c));
-  return out;
-}
-
 void print_error_line(const std::string& message) {
   std::fflush(stdout);
   std::string text;

@@ -2,7 +2,6 @@
 // The one line every failure of the command line ends with: "conveyor: error: ..." on stderr,
 // said once for a launch of several processes that all refuse alike.
 #include <string>
-#include <string_view>
 
 namespace conveyor::cli {
 
@@ -12,11 +11,6 @@ namespace conveyor::cli {
 // messages hold names escaped already, whose \t would otherwise print as \\t. What the
 // command printed before goes out first, so that in one file or pipe the error comes last.
 void print_error_line(const std::string& message);
-
-// `text` from a file (a checkpoint's tensor names, its manifest's strings) for a line of
-// output: control characters and line breaks escaped as in errors, backslashes as they are,
-// so that a name escaped already is not escaped twice.
-std::string escaped_for_output(std::string_view text);
 
 // True, after a pause, in a process that is one of several of a launch (mpirun, srun) and not
 // its first: there every process read the same command line, so the first most likely refuses

@@ -83,7 +83,9 @@ std::string message_excerpt(std::string_view text) {
   return text.size() > 40 ? std::string(text.substr(0, 37)) + "..." : std::string(text);
 }
 
-std::string escaped_for_message(std::string_view text) {
+namespace {
+
+std::string escaped(std::string_view text, bool double_backslashes) {
   std::string out;
   for (const char ch : text) {
     const auto c = static_cast<unsigned char>(ch);
@@ -92,7 +94,7 @@ std::string escaped_for_message(std::string_view text) {
     } else if (c == '\t') {
       out += "\\t";
     } else if (c == '\\') {
-      out += "\\\\";
+      out += double_backslashes ? "\\\\" : "\\";
     } else if (c < 0x20 || c >= 0x7f) {
       static constexpr char kDigits[] = "0123456789abcdef";
       out.append("\\x").append(1, kDigits[c >> 4]).append(1, kDigits[c & 0xf]);
@@ -102,6 +104,12 @@ std::string escaped_for_message(std::string_view text) {
   }
   return out;
 }
+
+}  // namespace
+
+std::string escaped_for_message(std::string_view text) { return escaped(text, true); }
+
+std::string escaped_keeping_backslashes(std::string_view text) { return escaped(text, false); }
 
 std::string quoted_file_name(std::string_view path) {
   std::string out = "'";

@@ -60,6 +60,12 @@ std::string why_not_found(const std::string& path);
 // backslash doubled. A file name may hold any of them; the message must stay one line.
 std::string escaped_for_message(std::string_view text);
 
+// `text` read back from a file that Conveyor wrote (a checkpoint's data source, tensor names,
+// schedule name), escaped as escaped_for_message does but with each backslash kept as it is:
+// a description that names a file was escaped when written, and escaping it again would show
+// it, and compare it, as another text.
+std::string escaped_keeping_backslashes(std::string_view text);
+
 // The start of `text` for a message: text of up to 40 bytes whole, longer text cut to its
 // first 37 and "...", as a token or a line of a file may be megabytes long. Not escaped.
 std::string message_excerpt(std::string_view text);

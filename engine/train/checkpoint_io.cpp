@@ -265,16 +265,6 @@ std::optional<uint64_t> parse_hex64(std::string_view text) {
 
 // ------------------------------------------------------------------------------------- JSON
 
-std::string shown_text(std::string_view text) {
-  std::string out;
-  for (const char c : text)
-    if (c == '\\')
-      out += c;
-    else
-      out += escaped_for_message(std::string_view(&c, 1));
-  return out;
-}
-
 std::string in_quotes(std::string_view text) {
   constexpr size_t kMax = 160;
   std::string out = "'";

@@ -90,12 +90,6 @@ bool is_xxh3_64_text(std::string_view text);
 // characters as \xNN (names read from a corrupt file may be megabytes of anything).
 std::string in_quotes(std::string_view text);
 
-// A string a checkpoint holds (a data source's description, an optimizer kind) for a message,
-// unquoted: control characters and line breaks escaped as escaped_for_message does, but
-// backslashes as they are, since a description that names a file was escaped when written and
-// is then shown as it was, not escaped twice.
-std::string shown_text(std::string_view text);
-
 // `path` as every checkpoint message names it: quoted, with a line break or another control
 // character escaped (quoted_file_name), so that the message stays on one line.
 std::string shown_path(const std::filesystem::path& path);

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <string>
 
+#include "engine/schedule/input_file.h"
 #include "engine/train/checkpoint_error.h"
 #include "engine/train/checkpoint_io.h"
 #include "engine/train/checkpoint_manifest.h"
@@ -70,7 +71,7 @@ void check_manifest_model_fingerprint(const CheckpointManifest& m, const std::st
   const std::string computed = model_fingerprint(m.state.model);
   if (computed != stored)
     throw CheckpointError(file + ": the model description does not match its fingerprint " +
-                          "manifest.model_fingerprint (" + checkpoint_io::shown_text(stored) +
+                          "manifest.model_fingerprint (" + escaped_keeping_backslashes(stored) +
                           "; the description's is " + computed +
                           "): the file was edited or corrupted");
 }

@@ -10,6 +10,7 @@
 
 #include "engine/core/number_text.h"
 #include "engine/core/test_pause.h"
+#include "engine/schedule/input_file.h"
 #include "engine/train/checkpoint_io.h"
 #include "engine/train/checkpoint_model.h"
 #include "engine/train/process_agreement.h"
@@ -42,7 +43,7 @@ std::string model_differences(const nlohmann::json& saved, const nlohmann::json&
     return out;
   }
   for (const auto& [key, value] : saved.items()) {
-    const std::string name = checkpoint_io::shown_text(prefix.empty() ? key : prefix + "." + key);
+    const std::string name = escaped_keeping_backslashes(prefix.empty() ? key : prefix + "." + key);
     if (!ours.contains(key))
       add(name + " only in the checkpoint");
     else if (value != ours[key]) {
@@ -139,7 +140,7 @@ void check_same_data(Trainer& trainer, const TrainingState& saved, const Trainin
   // whatever it is called; without one (a checkpoint written before it was recorded, or a
   // source this run has no digest of) the descriptions must match.
   const std::optional<std::string> contents = trainer.source().contents_digest();
-  const std::string saved_source = checkpoint_io::shown_text(saved.data.source);
+  const std::string saved_source = escaped_keeping_backslashes(saved.data.source);
   if (saved.data.contents && contents) {
     if (*saved.data.contents != *contents)
       throw CheckpointError(manifest + " was trained on " + saved_source +
@@ -250,7 +251,7 @@ std::vector<std::string> resume_setting_changes(const Trainer& trainer,
   if (saved.data.contents && saved.data.contents == source.contents_digest() &&
       saved.data.source != described)
     out.push_back("resuming on " + described + " where the checkpoint was trained on " +
-                  checkpoint_io::shown_text(saved.data.source) + ": the same bytes (" +
+                  escaped_keeping_backslashes(saved.data.source) + ": the same bytes (" +
                   *saved.data.contents + ") under another path");
   return out;
 }
