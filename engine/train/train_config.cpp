@@ -293,10 +293,10 @@ schedule::Schedule make_schedule(const TrainConfig& config) {
                : std::string(" (TrainConfig::microbatches)")));
   if (loaded.replicas != d)
     throw std::invalid_argument("schedule file " + quoted_file_name(config.schedule_file) +
-                                " is for " + std::to_string(loaded.replicas) +
-                                " data-parallel replica(s) but the run uses " + std::to_string(d) +
-                                " (TrainConfig::data_parallel); write one of " + std::to_string(d) +
-                                " replicas with save_schedule");
+                                " is for " + counted(loaded.replicas, "data-parallel replica") +
+                                " but the run uses " + std::to_string(d) +
+                                " (TrainConfig::data_parallel); write one for " +
+                                counted(d, "replica") + " with save_schedule");
   // The file decides the ranks, the chunks and the kind. A config that asks for others is
   // refused rather than run under the file's without a word; left at their defaults, these
   // fields ask for nothing.
