@@ -9,6 +9,7 @@
 #include <sstream>
 #include <vector>
 
+#include "engine/schedule/generators.h"
 #include "engine/schedule/input_file.h"
 
 namespace conveyor::schedule {
@@ -147,6 +148,39 @@ void parse_header(std::string_view entries, int line_no, Header* h) {
   }
 }
 
+// A name is a label an edited file keeps, but a generated kind's name also says the shape its
+// readers rely on (a checkpoint records it, the planner's advice generates the kind again at
+// other sizes): chunks per rank, a V for zbv's two chunks, and a backward split into I and W
+// for the zero-bubble kinds. A file that cannot have it is refused rather than run under it.
+void check_name_fits_shape(const Schedule& s) {
+  const std::optional<ScheduleKind> kind = parse_schedule_kind(s.name);
+  if (!kind) return;
+  const int chunks = s.placement.chunks;
+  const std::string tail =
+      "; a file named after a kind has its shape, so give this one another name or none";
+  const std::string named = "the header's name=" + s.name + " is a kind ";
+  if (!takes_chunks(*kind, chunks) || chunks_per_rank(*kind, chunks) != chunks) {
+    const int wants = chunks_per_rank(*kind, 1);
+    throw ScheduleError(named + "of " + std::to_string(wants) + " chunk" + (wants == 1 ? "" : "s") +
+                        " per rank, but the file has " + std::to_string(chunks) + tail);
+  }
+  const Layout layout = *kind == ScheduleKind::kZBV ? Layout::kVShape : Layout::kLooped;
+  // With one chunk per rank both layouts place stage r on rank r.
+  if (chunks > 1 && s.placement.layout != layout)
+    throw ScheduleError(named + "laid out " +
+                        (layout == Layout::kVShape ? "in a V" : layout_name(layout)) +
+                        " (layout=" + layout_name(layout) +
+                        "), but the file has layout=" + layout_name(s.placement.layout) + tail);
+  if (*kind != ScheduleKind::kZBH1 && *kind != ScheduleKind::kZBV) return;
+  for (const auto& list : s.ranks)
+    for (const Action& a : list)
+      if (a.kind == ActionKind::kBackwardInput || a.kind == ActionKind::kBackwardWeight) return;
+  throw ScheduleError(named +
+                      "whose backward is split into I and W, but the file has no I or W "
+                      "action" +
+                      tail);
+}
+
 Schedule finish(const Header& h, std::vector<std::vector<Action>> ranks) {
   // An all-reduce's second number is its bucket, not a micro-batch: it says nothing of how many
   // micro-batches there are.
@@ -213,6 +247,7 @@ Schedule finish(const Header& h, std::vector<std::vector<Action>> ranks) {
   s.replicas = h.replicas >= 0 ? h.replicas : 1;
   if (s.replicas < 1) throw ScheduleError("replicas must be at least 1");
   s.ranks = std::move(ranks);
+  check_name_fits_shape(s);
   return s;
 }
 

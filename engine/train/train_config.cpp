@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <thread>
 #include <tuple>
 #include <utility>
@@ -12,6 +13,7 @@
 #include "engine/core/enum_value.h"
 #include "engine/core/number_text.h"
 #include "engine/pipeline/memory_estimate.h"
+#include "engine/schedule/generators.h"
 #include "engine/schedule/input_file.h"
 #include "engine/schedule/text_format.h"
 
@@ -81,10 +83,16 @@ RankMemoryShare rank_memory_share(double memory, int sharing, Device device,
           memory_source + ", less " + each + " cuBLASLt workspace (" + bytes_text(context) + ")"};
 }
 
-void check_memory_fits(const ModelDescription& model, const std::vector<StageRange>& ranges,
-                       const schedule::Schedule& schedule, const std::vector<Device>& devices,
-                       const TrainConfig& config, bool one_device_per_process,
-                       bool one_rank_per_process) {
+namespace {
+
+// What the first rank that does not fit needs against which limit, said in a clause; nothing
+// when every rank fits.
+std::optional<std::string> memory_shortfall(const ModelDescription& model,
+                                            const std::vector<StageRange>& ranges,
+                                            const schedule::Schedule& schedule,
+                                            const std::vector<Device>& devices,
+                                            const TrainConfig& config, bool one_device_per_process,
+                                            bool one_rank_per_process) {
   const std::vector<RankMemoryEstimate> pipeline =
       estimate_rank_memory(model, ranges, schedule, config.optimizer.kind,
                            config.batch_tokens / config.microbatches, config.recompute);
@@ -116,7 +124,7 @@ void check_memory_fits(const ModelDescription& model, const std::vector<StageRan
       // Incomplete when a unit's layer does not say what it keeps: its activations are then
       // counted as the tensor entering it.
       const std::string at_least = e.complete ? "" : "at least ";
-      throw std::invalid_argument(
+      return std::optional<std::string>(
           "the run needs " + (e.complete ? std::string("about ") : at_least) + bytes_text(needed) +
           " on " + devices[r].to_string() + " (" + std::to_string(held) + " rank(s); rank " +
           std::to_string(r) + ": parameters " + bytes_text(e.parameter_bytes) + ", gradients " +
@@ -124,24 +132,55 @@ void check_memory_fits(const ModelDescription& model, const std::vector<StageRan
           ", in-flight activations " + at_least + bytes_text(e.activation_bytes) +
           ", the step's token ids and losses " + bytes_text(e.batch_bytes) +
           ", boundary tensors and workspace " + bytes_text(e.transient_bytes) + ") but " +
-          limit.source + " is " + bytes_text(limit.bytes) + limit.note +
-          "; use a smaller model, fewer tokens per micro-batch or per step, more stages, or "
-          "sgd");
+          limit.source + " is " + bytes_text(limit.bytes) + limit.note);
     };
     // A limit emulates a smaller device: one above what the device can give now would let
     // through a run the device cannot hold, which the system then ends (on the CPU, the
     // kernel's out-of-memory killer).
     if (!cap_per_process) {
       const DeviceMemoryLimit limit = device_memory_limit(devices[r], config.memory_limit_bytes);
-      if (limit.bytes > 0.0 && on_device > limit.bytes) refuse(on_device, sharing, limit);
+      if (limit.bytes > 0.0 && on_device > limit.bytes) return refuse(on_device, sharing, limit);
       continue;
     }
     const DeviceMemoryLimit available = device_memory_limit(devices[r], 0);
-    if (available.bytes > 0.0 && on_device > available.bytes) refuse(on_device, sharing, available);
+    if (available.bytes > 0.0 && on_device > available.bytes)
+      return refuse(on_device, sharing, available);
     const double cap = static_cast<double>(config.memory_limit_bytes);
     if (cap > 0.0 && in_process > cap)
-      refuse(in_process, sharing_in_process, {cap, "the memory limit", ""});
+      return refuse(in_process, sharing_in_process, {cap, "the memory limit", ""});
   }
+  return std::nullopt;
+}
+
+}  // namespace
+
+void check_memory_fits(const ModelDescription& model, const std::vector<StageRange>& ranges,
+                       const schedule::Schedule& schedule, const std::vector<Device>& devices,
+                       const TrainConfig& config, bool one_device_per_process,
+                       bool one_rank_per_process) {
+  const std::optional<std::string> shortfall = memory_shortfall(
+      model, ranges, schedule, devices, config, one_device_per_process, one_rank_per_process);
+  if (!shortfall) return;
+  // A schedule holding more micro-batches' activations than 1F1B (GPipe's m, an edited file's
+  // order) may be all that keeps the run from fitting; on one chunk per rank 1F1B runs on the
+  // same stages, so whether it fits is known, not guessed.
+  std::string fewer_activations;
+  if (schedule.placement.chunks == 1) {
+    try {
+      const schedule::Schedule one_f_one_b =
+          schedule::generate(schedule::ScheduleKind::k1F1B, schedule.num_ranks(),
+                             schedule.num_microbatches, 1, schedule.replicas);
+      if (!memory_shortfall(model, ranges, one_f_one_b, devices, config, one_device_per_process,
+                            one_rank_per_process))
+        fewer_activations = "a schedule that holds fewer activations at once (1f1b fits), ";
+    } catch (const schedule::ScheduleError&) {
+      // Too large to generate: the advice goes without it.
+    }
+  }
+  throw std::invalid_argument(*shortfall +
+                              "; use a smaller model, fewer tokens per micro-batch or per step, "
+                              "more stages, " +
+                              fewer_activations + "or sgd");
 }
 
 int cpu_threads_per_rank(int requested, int ranks) {
@@ -293,10 +332,10 @@ schedule::Schedule make_schedule(const TrainConfig& config) {
                : std::string(" (TrainConfig::microbatches)")));
   if (loaded.replicas != d)
     throw std::invalid_argument("schedule file " + quoted_file_name(config.schedule_file) +
-                                " is for " + std::to_string(loaded.replicas) +
-                                " data-parallel replica(s) but the run uses " + std::to_string(d) +
-                                " (TrainConfig::data_parallel); write one of " + std::to_string(d) +
-                                " replicas with save_schedule");
+                                " is for " + counted(loaded.replicas, "data-parallel replica") +
+                                " but the run uses " + std::to_string(d) +
+                                " (TrainConfig::data_parallel); write one for " +
+                                counted(d, "replica") + " with save_schedule");
   // The file decides the ranks, the chunks and the kind. A config that asks for others is
   // refused rather than run under the file's without a word; left at their defaults, these
   // fields ask for nothing.

@@ -176,8 +176,9 @@ Checkpoint resume_trainer(Trainer& trainer, const std::filesystem::path& path);
 // clipping, the optimizer's constants, the total steps, the micro-batches, and the data
 // file's path when its bytes are the same): one sentence
 // each, e.g. "resuming with TrainConfig::optimizer.lr 0.1 where the checkpoint was saved with
-// 0.001", for the caller to show. The batch size is not among them: resume_trainer refuses another
-// one, since it fixes where each step's tokens start.
+// 0.001" (a count a schedule file fixes is said as the file's), for the caller to show. The batch
+// size is not among them: resume_trainer refuses another one, since it fixes where each step's
+// tokens start.
 std::vector<std::string> resume_setting_changes(const Trainer& trainer, const TrainingState& saved);
 
 }  // namespace conveyor

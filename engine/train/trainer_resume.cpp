@@ -242,9 +242,22 @@ std::vector<std::string> resume_setting_changes(const Trainer& trainer,
   compare("TrainConfig::optimizer.momentum", o.momentum, config.optimizer.momentum);
   compare("TrainConfig::steps", saved.lr_schedule.total_steps, config.steps,
           " (the learning-rate schedule now spans " + counted(config.steps, "step") + ")");
-  compare("TrainConfig::microbatches", saved.microbatches, config.microbatches,
-          " (the gradients are summed in another order, so the run departs from an "
-          "uninterrupted one by rounding)");
+  const std::string reordered =
+      " (the gradients are summed in another order, so the run departs from an uninterrupted "
+      "one by rounding)";
+  if (config.schedule_file.empty()) {
+    compare("TrainConfig::microbatches", saved.microbatches, config.microbatches, reordered);
+  } else if (saved.microbatches != config.microbatches) {
+    // The file fixes the count (make_schedule), which no setting of the caller's chose.
+    const int d = config.data_parallel;
+    out.push_back("resuming with " + counted(config.microbatches, "micro-batch", "micro-batches") +
+                  " from schedule file " + quoted_file_name(config.schedule_file) +
+                  (d > 1 ? " (" + std::to_string(config.microbatches / d) + " for each of " +
+                               std::to_string(d) + " replicas)"
+                         : std::string()) +
+                  " where the checkpoint was saved with " + std::to_string(saved.microbatches) +
+                  reordered);
+  }
   // resume_trainer let the data through on equal contents; another path is said.
   const TokenSource& source = trainer.source();
   const std::string described = source.describe();

@@ -23,6 +23,10 @@ std::vector<Schedule> sample_schedules() {
       out.push_back(generate_zbv(p, m));
       if (m % p == 0)
         for (int v : {2, 3}) out.push_back(generate_interleaved(p, m, v));
+      // interleaved at v=1 is 1F1B under its own name; data parallelism adds all-reduces.
+      out.push_back(generate(ScheduleKind::kInterleaved, p, m, 1));
+      out.push_back(generate(ScheduleKind::kZBV, p, m, 1, 2));
+      out.push_back(generate(ScheduleKind::kZBH1, p, m, 1, 3));
     }
   return out;
 }
@@ -233,6 +237,50 @@ TEST(TextFormat, StagesNoActionNamesAreAChunkCountTooLarge) {
       "stages 0 to 1 only; every stage runs its forwards and backwards (chunks=1 fits these "
       "actions)");
   EXPECT_EQ(message_of("# conveyor schedule: ranks=2 chunks=1\n" + actions), "no error");
+}
+
+// A header naming a generated kind promises that kind's shape, which the name's readers
+// (the report, a checkpoint, the planner's advice that regenerates the kind) rely on: a file
+// that cannot have it is refused, naming the entry and what the kind needs.
+TEST(TextFormat, AKindNameTheFileCannotBeIsRefused) {
+  const std::string looped =
+      "r0: F0.0 SA0.0>1 F0.1 SA0.1>1 RG0.0<1 B0.0 RG0.1<1 B0.1\n"
+      "r1: RA1.0<0 F1.0 B1.0 SG1.0>0 RA1.1<0 F1.1 B1.1 SG1.1>0\n";
+  const std::string tail =
+      "; a file named after a kind has its shape, so give this one another name or none";
+  EXPECT_EQ(message_of("# conveyor schedule: name=zbv ranks=2 chunks=1 microbatches=2\n" + looped),
+            "the header's name=zbv is a kind of 2 chunks per rank, but the file has 1" + tail);
+  EXPECT_EQ(message_of("# conveyor schedule: name=zbh1 ranks=2 microbatches=2\n" + looped),
+            "the header's name=zbh1 is a kind whose backward is split into I and W, but the "
+            "file has no I or W action" +
+                tail);
+  // The same file as interleaved v=1, or nameless, or under a name of its own, loads.
+  for (const char* name : {"1f1b", "interleaved", "gpipe", "mine"})
+    EXPECT_EQ(message_of(std::string("# conveyor schedule: name=") + name + "\n" + looped),
+              "no error")
+        << name;
+  EXPECT_EQ(message_of(looped), "no error");
+
+  const Schedule zbv = generate_zbv(2, 2);
+  std::string as_1f1b = dump_text(zbv);
+  as_1f1b.replace(as_1f1b.find("name=zbv"), 8, "name=1f1b");
+  EXPECT_EQ(message_of(as_1f1b),
+            "the header's name=1f1b is a kind of 1 chunk per rank, but the file has 2" + tail);
+  std::string looped_zbv = dump_text(zbv);
+  looped_zbv.replace(looped_zbv.find("layout=v"), 8, "layout=looped");
+  EXPECT_EQ(message_of(looped_zbv)
+                .find("the header's name=zbv is a kind laid out in a V "
+                      "(layout=v), but the file has layout=looped" +
+                      tail),
+            0u)
+      << message_of(looped_zbv);
+  std::string v_interleaved = dump_text(generate_interleaved(2, 2, 2));
+  v_interleaved.replace(v_interleaved.find("layout=looped"), 13, "layout=v");
+  EXPECT_EQ(message_of(v_interleaved)
+                .find("the header's name=interleaved is a kind laid out "
+                      "looped (layout=looped), but the file has layout=v"),
+            0u)
+      << message_of(v_interleaved);
 }
 
 // A header entry given twice, on one header line or two, is refused: the later value would

@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "checkpoint_fixture.h"
+#include "engine/schedule/generators.h"
+#include "engine/schedule/text_format.h"
 #include "engine/train/checkpoint_model.h"
 #include "engine/train/trainer_checkpoint.h"
 #include "support/train_config.h"
@@ -358,6 +360,35 @@ TEST(TrainerResume, ADataFileIsMatchedByTheDigestOfItsBytes) {
         resume_trainer(trainer, folder), "was trained on bytes of", "but this run reads bytes of",
         "resume with the same data (TrainConfig::data_path) and seed (TrainConfig::seed)");
   }
+}
+
+// A schedule file fixes the micro-batch count, so a resume under one of another count says it
+// came from the file, not as a setting the caller gave.
+TEST(TrainerResume, MicrobatchesOfAScheduleFileAreSaidAsTheFiles) {
+  TempDir dir;
+  TrainConfig c = resume_config(2, schedule::ScheduleKind::k1F1B);
+  c.microbatches = 2;
+  {
+    Trainer trainer(c);
+    TrainerCheckpointer checkpointer(trainer, {dir / "ckpt"});
+    trainer.step();
+    checkpointer.finish();
+  }
+  const std::filesystem::path file = dir / "f4.txt";
+  schedule::save_schedule(file.string(), schedule::generate_1f1b(2, 4));
+  TrainConfig from_file = c;
+  from_file.microbatches = 4;
+  from_file.schedule_file = file.string();
+  Trainer trainer(from_file);
+  const std::filesystem::path folder = dir / "ckpt" / "step_1";
+  resume_trainer(trainer, folder);
+  const std::vector<std::string> notes =
+      resume_setting_changes(trainer, open_checkpoint(folder).state());
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_EQ(notes[0].find("resuming with 4 micro-batches from schedule file '" + file.string() +
+                          "' where the checkpoint was saved with 2 (the gradients are summed"),
+            0u)
+      << notes[0];
 }
 
 // Saves into `dir` under `policy`, each warning appended to `warnings`.

@@ -131,6 +131,45 @@ TEST(MemoryEstimate, ARefusalForTheStepsTokenIdsNamesFewerTokensPerStep) {
   }
 }
 
+// GPipe holds every micro-batch's activations where 1F1B holds at most p: a GPipe run refused
+// where 1F1B on the same stages would fit is told so; one where 1F1B would not fit either, or
+// a 1F1B run, is not.
+TEST(MemoryEstimate, ARefusalThat1F1BWouldFitNamesIt) {
+  const TwoRanksOfOneF1B run;
+  TrainConfig c = run.config;
+  c.microbatches = 8;
+  c.batch_tokens = 8 * 32;
+  const auto both = [&](schedule::ScheduleKind kind) {
+    const schedule::Schedule s = schedule::generate(kind, 2, 8, 1);
+    const auto e = estimate_rank_memory(run.model, run.ranges, s, "adamw", 32);
+    return e[0].total() + e[1].total();
+  };
+  const double gpipe = both(schedule::ScheduleKind::kGPipe);
+  const double one_f_one_b = both(schedule::ScheduleKind::k1F1B);
+  ASSERT_LT(one_f_one_b, gpipe);
+  const std::vector<Device> cpu = {Device::cpu(), Device::cpu()};
+  const auto refusal = [&](schedule::ScheduleKind kind, double cap) {
+    c.memory_limit_bytes = static_cast<size_t>(cap);
+    try {
+      check_memory_fits(run.model, run.ranges, schedule::generate(kind, 2, 8, 1), cpu, c);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no refusal");
+  };
+  const std::string hint =
+      "more stages, a schedule that holds fewer activations at once (1f1b "
+      "fits), or sgd";
+  const double between = (gpipe + one_f_one_b) / 2;
+  EXPECT_NE(refusal(schedule::ScheduleKind::kGPipe, between).find(hint), std::string::npos)
+      << refusal(schedule::ScheduleKind::kGPipe, between);
+  EXPECT_EQ(refusal(schedule::ScheduleKind::k1F1B, between), "no refusal");
+  const std::string below = refusal(schedule::ScheduleKind::kGPipe, one_f_one_b / 2);
+  EXPECT_NE(below.find("more stages, or sgd"), std::string::npos) << below;
+  const std::string under_1f1b = refusal(schedule::ScheduleKind::k1F1B, one_f_one_b / 2);
+  EXPECT_NE(under_1f1b.find("more stages, or sgd"), std::string::npos) << under_1f1b;
+}
+
 // On a CUDA device each rank's context takes its cuBLASLt workspace from the capped allocator
 // before the first step, so a cap that holds the CPU's estimate but not that workspace too
 // refuses the CUDA run up front. No GPU is needed: the check refuses before any context exists,
