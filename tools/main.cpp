@@ -1,8 +1,13 @@
 // The `conveyor` command line: `train`, `schedule`, ... Each subcommand registers itself with
 // CLI11 and runs from its callback; errors end here as one line and a non-zero exit.
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <new>
 #include <string>
@@ -19,7 +24,37 @@
 using conveyor::cli::print_error_line;
 using conveyor::cli::print_usage_error_line;
 
+namespace {
+
+// A standard stream closed by the caller (`>&-`) leaves its descriptor free, and the first
+// file the command opens (the --log-json file, a checkpoint's shard) would take it: every
+// line printed would then go into that file. /dev/null stands in for the closed stream, so
+// what is printed there is dropped, as closing it asked. Returns the system's reason when
+// /dev/null cannot be opened, empty otherwise.
+std::string open_closed_standard_streams() {
+  for (int fd = STDIN_FILENO; fd <= STDERR_FILENO; ++fd) {
+    if (::fcntl(fd, F_GETFD) != -1 || errno != EBADF) continue;
+    // The lowest free descriptor: this one, as those below it are open.
+    const int opened = ::open("/dev/null", fd == STDIN_FILENO ? O_RDONLY : O_WRONLY);
+    if (opened == fd) continue;
+    const std::string why = opened < 0 ? std::strerror(errno) : "it did not open as that stream";
+    if (opened >= 0) ::close(opened);
+    return why;
+  }
+  return "";
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
+  // Before any file is opened: none may take the descriptor of a closed stdout or stderr.
+  if (const std::string why = open_closed_standard_streams(); !why.empty()) {
+    print_error_line(
+        "a standard stream (stdin, stdout or stderr) is closed, and '/dev/null' "
+        "cannot stand in for it: " +
+        why);
+    return conveyor::cli::kExitFailure;
+  }
   // Before any command makes a file: an interrupt removes the temporaries of output files.
   conveyor::cli::install_cleanup_handlers();
   // A write past the file size limit (ulimit -f) then fails with EFBIG, which the writer of a
