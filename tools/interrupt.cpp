@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <csignal>
 #include <cstring>
+#include <iterator>
 #include <stdexcept>
 
 #include "comm/launch_environment.h"
@@ -22,6 +23,12 @@ bool under_a_launcher = false;
 // which OpenMPI's mpirun passes on to every process at once (it turns SIGINT, SIGTERM and
 // SIGHUP into an abort of the job that kills the processes a second later).
 constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGUSR1};
+
+// The stop signals the process started with ignored, which stay so: nohup's SIGHUP asks the
+// run to outlive its terminal. Not SIGINT, which a shell without job control ignores in every
+// command it starts with `&`, against the terminal's Ctrl-C, and which scripts still send to
+// such a run to stop it.
+bool ignored_at_start[std::size(kStopSignals)] = {};
 
 extern "C" void record_signal(int signal) {
   if (received == 0) received = signal;
@@ -77,7 +84,8 @@ void install(void (*handler)(int), int flags, bool one_at_a_time) {
   if (one_at_a_time)
     for (const int signal : kStopSignals) sigaddset(&action.sa_mask, signal);
   action.sa_flags = flags;
-  for (const int signal : kStopSignals) sigaction(signal, &action, nullptr);
+  for (size_t i = 0; i < std::size(kStopSignals); ++i)
+    if (!ignored_at_start[i]) sigaction(kStopSignals[i], &action, nullptr);
 }
 
 }  // namespace
@@ -118,6 +126,12 @@ void install_cleanup_handlers() {
     under_a_launcher = comm::launched_process_count() > 1;
   } catch (const std::invalid_argument&) {  // a damaged launcher variable, refused later
     under_a_launcher = false;
+  }
+  for (size_t i = 0; i < std::size(kStopSignals); ++i) {
+    struct sigaction current {};
+    ignored_at_start[i] = kStopSignals[i] != SIGINT &&
+                          sigaction(kStopSignals[i], nullptr, &current) == 0 &&
+                          current.sa_handler == SIG_IGN;
   }
   // One handler at a time: a second signal waits while the first's removes the files.
   install(remove_temporaries_and_end, SA_RESTART, true);

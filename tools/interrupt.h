@@ -1,7 +1,9 @@
 #pragma once
 // SIGINT, SIGTERM, SIGHUP and SIGUSR1: the signals that stop a command. SIGUSR1 is the one
 // OpenMPI's mpirun passes on to every process at once; SIGINT, SIGTERM and SIGHUP to mpirun
-// abort the job, whose processes are sent SIGTERM and killed a second later.
+// abort the job, whose processes are sent SIGTERM and killed a second later. One the process
+// started with ignored (nohup's SIGHUP) stays ignored, SIGINT excepted (a shell ignores it in
+// the commands it starts with `&`).
 //
 // Every command: until a command takes the signals over, the handler main() installs removes
 // the temporary files output files are written to (ReplacedFile), says in one line that the
