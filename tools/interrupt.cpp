@@ -19,10 +19,12 @@ volatile std::sig_atomic_t received = 0;
 // One process of a launch of several (mpirun, srun), read before any handler is installed.
 bool under_a_launcher = false;
 
-// The signals that stop a command: Ctrl-C, kill's default, a closed terminal, and SIGUSR1,
+// The signals that stop a command: Ctrl-C, kill's default, a closed terminal, SIGUSR1,
 // which OpenMPI's mpirun passes on to every process at once (it turns SIGINT, SIGTERM and
-// SIGHUP into an abort of the job that kills the processes a second later).
-constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGUSR1};
+// SIGHUP into an abort of the job that kills the processes a second later), and SIGPIPE, a
+// write to a pipe whose reader has gone (`conveyor train ... | head`), whose default would end
+// a run without its save and leave the temporaries of output files behind.
+constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGPIPE};
 
 // The stop signals the process started with ignored, which stay so: nohup's SIGHUP asks the
 // run to outlive its terminal. Not SIGINT, which a shell without job control ignores in every
@@ -62,11 +64,15 @@ extern "C" void remove_temporaries_and_end(int signal) {
   int removed = 0;
   for (TemporarySlot& slot : temporaries)
     if (slot.state.load() == 2 && ::unlink(slot.path) == 0) ++removed;
-  write_text("conveyor: ");
-  write_text(stopped_by_text(signal));
-  write_text(removed > 0 ? "; the unfinished output files were removed, the files they were to "
-                           "replace left as they were\n"
-                         : "\n");
+  // A reader that went away is the usual end of `conveyor schedule | head`: said only when
+  // there is something to say about files.
+  if (signal != SIGPIPE || removed > 0) {
+    write_text("conveyor: ");
+    write_text(stopped_by_text(signal));
+    write_text(removed > 0 ? "; the unfinished output files were removed, the files they were "
+                             "to replace left as they were\n"
+                           : "\n");
+  }
   // Ended by the signal itself, as without a handler: the parent sees a process killed by it
   // (a shell: status 128 + signal). Pending until the handler returns, if blocked here.
   struct sigaction action {};
@@ -83,9 +89,13 @@ void install(void (*handler)(int), int flags, bool one_at_a_time) {
   sigemptyset(&action.sa_mask);
   if (one_at_a_time)
     for (const int signal : kStopSignals) sigaddset(&action.sa_mask, signal);
-  action.sa_flags = flags;
-  for (size_t i = 0; i < std::size(kStopSignals); ++i)
-    if (!ignored_at_start[i]) sigaction(kStopSignals[i], &action, nullptr);
+  for (size_t i = 0; i < std::size(kStopSignals); ++i) {
+    if (ignored_at_start[i]) continue;
+    // A run's own writes to the closed pipe raise SIGPIPE again until it ends, which must not
+    // end it before its save.
+    action.sa_flags = kStopSignals[i] == SIGPIPE ? flags & ~SA_RESETHAND : flags;
+    sigaction(kStopSignals[i], &action, nullptr);
+  }
 }
 
 }  // namespace
@@ -100,6 +110,8 @@ const char* signal_name(int signal) {
       return "SIGHUP";
     case SIGUSR1:
       return "SIGUSR1";
+    case SIGPIPE:
+      return "SIGPIPE";
   }
   return "a signal";
 }
@@ -117,6 +129,8 @@ const char* stopped_by_text(int signal) {
       return "interrupted by SIGHUP";
     case SIGUSR1:
       return "interrupted by SIGUSR1";
+    case SIGPIPE:
+      return "stopped by SIGPIPE, its output having been closed";
   }
   return "interrupted by a signal";
 }
