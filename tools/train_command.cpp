@@ -193,6 +193,11 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
     throw UsageError(
         "out of memory while building the model, its optimizer state and the pipeline; use a "
         "smaller model or --memory-cap to see the estimate");
+  } catch (const OutOfMemoryError& e) {  // the allocator's, its request and stats said
+    throw UsageError(
+        "out of memory while building the model, its optimizer state and the "
+        "pipeline (" +
+        std::string(e.what()) + "); use a smaller model or --memory-cap to see the estimate");
   }
   // The ranks are connected: an error from here on may be one process's alone.
   usage_errors_are_this_process_own();
