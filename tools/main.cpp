@@ -128,5 +128,14 @@ int main(int argc, char** argv) {
     print_error_line(e.what());
     return conveyor::cli::kExitFailure;
   }
+  // What the command printed is its result (a schedule, a plan, a run's numbers): lost on a
+  // full disk or device, it is a failed output, not a success the caller cannot tell apart.
+  errno = 0;
+  if (std::fflush(stdout) != 0 || std::ferror(stdout) != 0) {
+    print_error_line(std::string("cannot write stdout: ") +
+                     (errno != 0 ? std::strerror(errno) : "an earlier write failed") +
+                     "; what the command printed there is incomplete");
+    return conveyor::cli::kExitFailure;
+  }
   return 0;
 }
