@@ -1,6 +1,8 @@
 // The `conveyor` command line: `train`, `schedule`, ... Each subcommand registers itself with
 // CLI11 and runs from its callback; errors end here as one line and a non-zero exit.
 #include <fcntl.h>
+#include <pthread.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -11,6 +13,7 @@
 #include <exception>
 #include <new>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "engine/core/allocator.h"
@@ -44,9 +47,34 @@ std::string open_closed_standard_streams() {
   return "";
 }
 
-}  // namespace
+// The stack every thread gets at least: the kernels' matrix products keep blocks of up to
+// 128 KiB on the stack (Eigen), which a small `ulimit -s` (the default size of new threads,
+// and the main thread's limit) turned into a segmentation fault mid-step. 8 MiB is Linux's
+// usual limit.
+constexpr size_t kThreadStackBytes = size_t{8} << 20;
 
-int main(int argc, char** argv) {
+// Gives the threads made from now on kThreadStackBytes at least, and raises the main
+// thread's limit to it as far as the hard limit lets it. False when the main thread's stack
+// stays smaller.
+bool make_room_on_the_stacks() {
+  pthread_attr_t attr;
+  if (::pthread_getattr_default_np(&attr) == 0) {
+    size_t bytes = 0;
+    if (::pthread_attr_getstacksize(&attr, &bytes) == 0 && bytes < kThreadStackBytes &&
+        ::pthread_attr_setstacksize(&attr, kThreadStackBytes) == 0)
+      ::pthread_setattr_default_np(&attr);
+    ::pthread_attr_destroy(&attr);
+  }
+  rlimit stack{};
+  if (::getrlimit(RLIMIT_STACK, &stack) != 0 || stack.rlim_cur == RLIM_INFINITY ||
+      stack.rlim_cur >= kThreadStackBytes)
+    return true;
+  if (stack.rlim_max != RLIM_INFINITY && stack.rlim_max < kThreadStackBytes) return false;
+  stack.rlim_cur = kThreadStackBytes;
+  return ::setrlimit(RLIMIT_STACK, &stack) == 0;
+}
+
+int run_command(int argc, char** argv) {
   // Before any file is opened: none may take the descriptor of a closed stdout or stderr.
   if (const std::string why = open_closed_standard_streams(); !why.empty()) {
     print_error_line(
@@ -138,4 +166,15 @@ int main(int argc, char** argv) {
     return conveyor::cli::kExitFailure;
   }
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Under a hard stack limit below the kernels' needs, the command runs on a thread of its own,
+  // whose stack is not bound by that limit.
+  if (make_room_on_the_stacks()) return run_command(argc, argv);
+  int status = conveyor::cli::kExitFailure;
+  std::thread([&] { status = run_command(argc, argv); }).join();
+  return status;
 }
