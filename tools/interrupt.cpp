@@ -22,9 +22,11 @@ bool under_a_launcher = false;
 // The signals that stop a command: Ctrl-C, kill's default, a closed terminal, SIGUSR1,
 // which OpenMPI's mpirun passes on to every process at once (it turns SIGINT, SIGTERM and
 // SIGHUP into an abort of the job that kills the processes a second later), and SIGPIPE, a
-// write to a pipe whose reader has gone (`conveyor train ... | head`), whose default would end
-// a run without its save and leave the temporaries of output files behind.
-constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGPIPE};
+// write to a pipe whose reader has gone (`conveyor train ... | head`), and SIGXCPU, the soft
+// CPU time limit reached (`ulimit -t`, a batch system's warning before its hard limit's
+// SIGKILL): each one's default would end a run without its save and leave the temporaries
+// of output files behind.
+constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGPIPE, SIGXCPU};
 
 // The stop signals the process started with ignored, which stay so: nohup's SIGHUP asks the
 // run to outlive its terminal. Not SIGINT, which a shell without job control ignores in every
@@ -91,9 +93,11 @@ void install(void (*handler)(int), int flags, bool one_at_a_time) {
     for (const int signal : kStopSignals) sigaddset(&action.sa_mask, signal);
   for (size_t i = 0; i < std::size(kStopSignals); ++i) {
     if (ignored_at_start[i]) continue;
-    // A run's own writes to the closed pipe raise SIGPIPE again until it ends, which must not
-    // end it before its save.
-    action.sa_flags = kStopSignals[i] == SIGPIPE ? flags & ~SA_RESETHAND : flags;
+    // A run's own writes to the closed pipe raise SIGPIPE again until it ends, and the kernel
+    // sends SIGXCPU again every second of CPU time past the soft limit: neither may end the
+    // run before its save.
+    const bool repeated = kStopSignals[i] == SIGPIPE || kStopSignals[i] == SIGXCPU;
+    action.sa_flags = repeated ? flags & ~SA_RESETHAND : flags;
     sigaction(kStopSignals[i], &action, nullptr);
   }
 }
@@ -112,6 +116,8 @@ const char* signal_name(int signal) {
       return "SIGUSR1";
     case SIGPIPE:
       return "SIGPIPE";
+    case SIGXCPU:
+      return "SIGXCPU";
   }
   return "a signal";
 }
@@ -131,6 +137,8 @@ const char* stopped_by_text(int signal) {
       return "interrupted by SIGUSR1";
     case SIGPIPE:
       return "stopped by SIGPIPE, its output having been closed";
+    case SIGXCPU:
+      return "stopped by SIGXCPU, its CPU time limit (ulimit -t) reached";
   }
   return "interrupted by a signal";
 }
