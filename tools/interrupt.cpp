@@ -21,7 +21,7 @@ bool under_a_launcher = false;
 
 // The signals that stop a command: Ctrl-C, kill's default, a closed terminal, SIGUSR1,
 // which OpenMPI's mpirun passes on to every process at once (it turns SIGINT, SIGTERM and
-// SIGHUP into an abort of the job that kills the processes a second later), and SIGPIPE, a
+// SIGHUP into an abort of the job that kills the processes a second later), SIGPIPE, a
 // write to a pipe whose reader has gone (`conveyor train ... | head`), and SIGXCPU, the soft
 // CPU time limit reached (`ulimit -t`, a batch system's warning before its hard limit's
 // SIGKILL): each one's default would end a run without its save and leave the temporaries
