@@ -50,7 +50,7 @@ inline constexpr int kExitOk = 0;
 inline constexpr int kExitFailure = 1;
 inline constexpr int kExitUsage = 2;
 // A command stopped by a signal ends with 128 + the signal, as a shell shows a process the
-// signal killed: 130 SIGINT, 143 SIGTERM, 129 SIGHUP, 138 SIGUSR1.
+// signal killed: 130 SIGINT, 143 SIGTERM, 129 SIGHUP, 138 SIGUSR1, 141 SIGPIPE, 152 SIGXCPU.
 inline constexpr int kExitInterrupted = 128;
 
 // An error that every process of a launch of several meets alike, ending each with `status`:
@@ -71,7 +71,8 @@ class ErrorOfEveryProcess : public std::runtime_error {
 // the command showing it.
 inline std::string exit_status_text(const std::string& failure) {
   return "Exit status: 0 ok, 1 " + failure +
-         ", 2 bad input, 130/143/129/138 interrupted (SIGINT/SIGTERM/SIGHUP/SIGUSR1).";
+         ", 2 bad input, 130/143/129/138/141/152 interrupted "
+         "(SIGINT/SIGTERM/SIGHUP/SIGUSR1/SIGPIPE/SIGXCPU).";
 }
 inline const std::string kExitStatusText = exit_status_text(
     "training failed or diverged, a checkpoint could not be saved (under --on-save-error "

@@ -1,13 +1,16 @@
 #pragma once
-// SIGINT, SIGTERM, SIGHUP and SIGUSR1: the signals that stop a command. SIGUSR1 is the one
-// OpenMPI's mpirun passes on to every process at once; SIGINT, SIGTERM and SIGHUP to mpirun
-// abort the job, whose processes are sent SIGTERM and killed a second later.
+// SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGPIPE and SIGXCPU: the signals that stop a command.
+// SIGUSR1 is the one OpenMPI's mpirun passes on to every process at once; SIGINT, SIGTERM and
+// SIGHUP to mpirun abort the job, whose processes are sent SIGTERM and killed a second later.
+// SIGPIPE comes from a write to a pipe whose reader has gone (`| head`), SIGXCPU from the soft
+// CPU time limit (`ulimit -t`). One the process started with ignored (nohup's SIGHUP) stays
+// ignored, SIGINT excepted (a shell ignores it in the commands it starts with `&`).
 //
 // Every command: until a command takes the signals over, the handler main() installs removes
 // the temporary files output files are written to (ReplacedFile), says in one line that the
-// run was interrupted, and ends the process by the signal (status 128 + signal), so that an
-// interrupted `plan --out` or `schedule --trace` leaves its files as they were and no
-// temporary beside them.
+// run was interrupted (after SIGPIPE only when it removed files), and ends the process by the
+// signal (status 128 + signal), so that an interrupted `plan --out` or `schedule --trace` leaves
+// its files as they were and no temporary beside them.
 //
 // During training: the handler only records the signal; every rank asks for it in the step's
 // all-reduce (PipelineExecutor::set_stop_request), so the step in progress finishes on every
@@ -30,12 +33,14 @@ int register_temporary_file(const std::string& path);
 void unregister_temporary_file(int slot);
 
 // Replaces the handlers above by ones that only record the signal (restartable system calls;
-// a second signal of the same kind ends the process at once, as without a handler).
+// a second signal of the same kind ends the process at once, as without a handler, but for
+// SIGPIPE and SIGXCPU, which come again by themselves).
 void install_interrupt_handlers();
 // The first signal received since install_interrupt_handlers, or 0.
 int interrupt_signal();
 
-// "SIGINT", "SIGTERM", "SIGHUP" or "SIGUSR1" (a string literal: safe in a signal handler).
+// "SIGINT", "SIGTERM", "SIGHUP", "SIGUSR1", "SIGPIPE" or "SIGXCPU" (a string literal: safe in a
+// signal handler).
 const char* signal_name(int signal);
 
 // How a stop by `signal` is said after "conveyor: " or at the run's end: "interrupted by

@@ -1,11 +1,19 @@
 // The `conveyor` command line: `train`, `schedule`, ... Each subcommand registers itself with
 // CLI11 and runs from its callback; errors end here as one line and a non-zero exit.
+#include <fcntl.h>
+#include <pthread.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <new>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "engine/core/allocator.h"
@@ -19,7 +27,62 @@
 using conveyor::cli::print_error_line;
 using conveyor::cli::print_usage_error_line;
 
-int main(int argc, char** argv) {
+namespace {
+
+// A standard stream closed by the caller (`>&-`) leaves its descriptor free, and the first
+// file the command opens (the --log-json file, a checkpoint's shard) would take it: every
+// line printed would then go into that file. /dev/null stands in for the closed stream, so
+// what is printed there is dropped, as closing it asked. Returns the system's reason when
+// /dev/null cannot be opened, empty otherwise.
+std::string open_closed_standard_streams() {
+  for (int fd = STDIN_FILENO; fd <= STDERR_FILENO; ++fd) {
+    if (::fcntl(fd, F_GETFD) != -1 || errno != EBADF) continue;
+    // The lowest free descriptor: this one, as those below it are open.
+    const int opened = ::open("/dev/null", fd == STDIN_FILENO ? O_RDONLY : O_WRONLY);
+    if (opened == fd) continue;
+    const std::string why = opened < 0 ? std::strerror(errno) : "it did not open as that stream";
+    if (opened >= 0) ::close(opened);
+    return why;
+  }
+  return "";
+}
+
+// The stack every thread gets at least: the kernels' matrix products keep blocks of up to
+// 128 KiB on the stack (Eigen), which a small `ulimit -s` (the default size of new threads,
+// and the main thread's limit) turned into a segmentation fault mid-step. 8 MiB is Linux's
+// usual limit.
+constexpr size_t kThreadStackBytes = size_t{8} << 20;
+
+// Gives the threads made from now on kThreadStackBytes at least, and raises the main
+// thread's limit to it as far as the hard limit lets it. False when the main thread's stack
+// stays smaller.
+bool make_room_on_the_stacks() {
+  pthread_attr_t attr;
+  if (::pthread_getattr_default_np(&attr) == 0) {
+    size_t bytes = 0;
+    if (::pthread_attr_getstacksize(&attr, &bytes) == 0 && bytes < kThreadStackBytes &&
+        ::pthread_attr_setstacksize(&attr, kThreadStackBytes) == 0)
+      ::pthread_setattr_default_np(&attr);
+    ::pthread_attr_destroy(&attr);
+  }
+  rlimit stack{};
+  if (::getrlimit(RLIMIT_STACK, &stack) != 0 || stack.rlim_cur == RLIM_INFINITY ||
+      stack.rlim_cur >= kThreadStackBytes)
+    return true;
+  if (stack.rlim_max != RLIM_INFINITY && stack.rlim_max < kThreadStackBytes) return false;
+  stack.rlim_cur = kThreadStackBytes;
+  return ::setrlimit(RLIMIT_STACK, &stack) == 0;
+}
+
+int run_command(int argc, char** argv) {
+  // Before any file is opened: none may take the descriptor of a closed stdout or stderr.
+  if (const std::string why = open_closed_standard_streams(); !why.empty()) {
+    print_error_line(
+        "a standard stream (stdin, stdout or stderr) is closed, and '/dev/null' "
+        "cannot stand in for it: " +
+        why);
+    return conveyor::cli::kExitFailure;
+  }
   // Before any command makes a file: an interrupt removes the temporaries of output files.
   conveyor::cli::install_cleanup_handlers();
   // A write past the file size limit (ulimit -f) then fails with EFBIG, which the writer of a
@@ -93,5 +156,25 @@ int main(int argc, char** argv) {
     print_error_line(e.what());
     return conveyor::cli::kExitFailure;
   }
+  // What the command printed is its result (a schedule, a plan, a run's numbers): lost on a
+  // full disk or device, it is a failed output, not a success the caller cannot tell apart.
+  errno = 0;
+  if (std::fflush(stdout) != 0 || std::ferror(stdout) != 0) {
+    print_error_line(std::string("cannot write stdout: ") +
+                     (errno != 0 ? std::strerror(errno) : "an earlier write failed") +
+                     "; what the command printed there is incomplete");
+    return conveyor::cli::kExitFailure;
+  }
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Under a hard stack limit below the kernels' needs, the command runs on a thread of its own,
+  // whose stack is not bound by that limit.
+  if (make_room_on_the_stacks()) return run_command(argc, argv);
+  int status = conveyor::cli::kExitFailure;
+  std::thread([&] { status = run_command(argc, argv); }).join();
+  return status;
 }

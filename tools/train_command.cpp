@@ -193,6 +193,11 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
     throw UsageError(
         "out of memory while building the model, its optimizer state and the pipeline; use a "
         "smaller model or --memory-cap to see the estimate");
+  } catch (const OutOfMemoryError& e) {  // the allocator's, its request and stats said
+    throw UsageError(
+        "out of memory while building the model, its optimizer state and the "
+        "pipeline (" +
+        std::string(e.what()) + "); use a smaller model or --memory-cap to see the estimate");
   }
   // The ranks are connected: an error from here on may be one process's alone.
   usage_errors_are_this_process_own();
@@ -495,6 +500,14 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
     std::printf("weights xxh3 %016llx\n", static_cast<unsigned long long>(checksum));
   }
   std::fflush(stdout);
+  // The summary went to the closed pipe: where the run stopped is said where it can be read.
+  if (signal == SIGPIPE && (!mpi.active() || mpi.rank() == 0))
+    std::fprintf(stderr,
+                 "conveyor: stdout was closed (SIGPIPE); the run stopped after step %lld%s\n",
+                 static_cast<long long>(t.last_step),
+                 checkpointer && !last_step_unsaved
+                     ? (", saved into " + quoted_file_name(f.checkpoint.save_dir)).c_str()
+                     : "");
   // 128 + the signal tells a script that the run stopped with its last step saved, for
   // --resume latest to go on from; a run whose last step is not saved ends with 1 instead,
   // interrupted or not, so that its lost result is not taken for a clean stop.

@@ -9,8 +9,10 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <new>
 #include <stdexcept>
 #include <system_error>
+#include <thread>
 #include <utility>
 
 #include "engine/core/allocator.h"
@@ -304,15 +306,27 @@ std::unique_ptr<CheckpointWriter> TrainerCheckpointer::prepare(int64_t step) {
 void TrainerCheckpointer::write_shards(CheckpointWriter& writer,
                                        const std::vector<RankShard>& shards) {
   std::vector<std::exception_ptr> errors(shards.size());
+  auto write = [&](size_t i) {
+    try {
+      writer.write_shard(shards[i].rank, shards[i].tensors);
+    } catch (const std::bad_alloc& e) {  // "std::bad_alloc" alone would not say whose
+      errors[i] = std::make_exception_ptr(std::runtime_error(
+          "cannot write " +
+          checkpoint_io::shown_path(writer.temp_directory() /
+                                    CheckpointWriter::shard_file_name(shards[i].rank)) +
+          ": " + error_sentence(e)));
+    } catch (...) {
+      errors[i] = std::current_exception();
+    }
+  };
   std::vector<std::thread> threads;
-  for (size_t i = 0; i < shards.size(); ++i)
-    threads.emplace_back([&, i] {
-      try {
-        writer.write_shard(shards[i].rank, shards[i].tensors);
-      } catch (...) {
-        errors[i] = std::current_exception();
-      }
-    });
+  for (size_t i = 0; i < shards.size(); ++i) {
+    try {
+      threads.emplace_back(write, i);
+    } catch (const std::system_error&) {
+      write(i);  // no thread to be had (a memory or process limit): written by this one
+    }
+  }
   for (std::thread& t : threads) t.join();
   for (const std::exception_ptr& e : errors)
     if (e) std::rethrow_exception(e);  // the first rank's error names its file
@@ -396,7 +410,22 @@ void TrainerCheckpointer::save() {
   for (int r : executor.local_ranks()) {
     if (r >= shard_count) continue;
     std::vector<NamedTensor> tensors = rank_checkpoint_tensors(executor, r);
-    shards.push_back({r, host ? host_snapshot(tensors, host) : std::move(tensors)});
+    if (!host) {
+      shards.push_back({r, std::move(tensors)});
+      continue;
+    }
+    try {
+      shards.push_back({r, host_snapshot(tensors, host)});
+    } catch (const std::exception& e) {
+      // The allocator's sentence alone does not say what the memory was for.
+      if (dynamic_cast<const OutOfMemoryError*>(&e) == nullptr &&
+          dynamic_cast<const std::bad_alloc*>(&e) == nullptr)
+        throw;
+      throw std::runtime_error("cannot save step " + std::to_string(step) +
+                               ": the host copy of its weights, which an asynchronous save "
+                               "writes from, does not fit in memory: " +
+                               error_sentence(e));
+    }
   }
   timings_.push_back({step, options_.async, false, start, {}, {}, {}});
   SaveTiming& timing = timings_.back();
@@ -422,22 +451,30 @@ void TrainerCheckpointer::save() {
     CheckpointWriter* target = writer.get();
     if (!commits_in_background) pending_commit_ = PendingCommit{std::move(writer), state, &timing};
     // The entry is written by the background thread alone until the next wait joins it.
-    background_ = std::thread([this, run = &executor, state, target, commits_in_background,
-                               owned = commits_in_background ? std::move(writer) : nullptr,
-                               shards = std::move(shards), timing = &timing] {
-      timing->write_begin = Clock::now();
-      try {
-        write_shards(*target, shards);
-        if (commits_in_background) {
-          complete(*run, *target, state, nullptr);
-          timing->committed = true;
+    try {
+      background_ = std::thread([this, run = &executor, state, target, commits_in_background,
+                                 owned = commits_in_background ? std::move(writer) : nullptr,
+                                 shards = std::move(shards), timing = &timing] {
+        timing->write_begin = Clock::now();
+        try {
+          write_shards(*target, shards);
+          if (commits_in_background) {
+            complete(*run, *target, state, nullptr);
+            timing->committed = true;
+          }
+        } catch (...) {
+          background_error_ = std::current_exception();
         }
-      } catch (...) {
-        background_error_ = std::current_exception();
-      }
-      if (commits_in_background) timing->write_end = Clock::now();
-      background_written_ = true;
-    });
+        if (commits_in_background) timing->write_end = Clock::now();
+        background_written_ = true;
+      });
+    } catch (const std::system_error& e) {
+      background_step_ = -1;
+      pending_commit_.reset();
+      throw std::runtime_error(
+          "cannot save step " + std::to_string(step) +
+          ": cannot start the thread that writes it in the background: " + e.what());
+    }
     held();
     return;
   }

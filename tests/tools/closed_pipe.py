@@ -1,0 +1,74 @@
+#!/usr/bin/env python3
+"""Commands whose stdout is a pipe with no reader left end as on the other stop signals.
+
+`train`: its reader closes the pipe once step 2's progress line came; the run stops after the
+step in progress, saves it, says so on stderr and exits 141 (128 + SIGPIPE), not killed by
+SIGPIPE with nothing saved. `schedule --trace --svg`: into a pipe already closed, it ends by
+SIGPIPE with no temporary of its files left behind.
+
+Usage: closed_pipe.py CONVEYOR WORKDIR
+"""
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+
+cli, work = sys.argv[1], sys.argv[2]
+shutil.rmtree(work, ignore_errors=True)
+os.makedirs(work)
+
+
+def fail(why):
+    print(f"closed_pipe: {why}", file=sys.stderr)
+    sys.exit(1)
+
+
+# train: the pipe is closed once the run is training.
+save_dir = os.path.join(work, "ck")
+run = subprocess.Popen(
+    [cli, "train", "--device", "cpu", "--steps", "100000", "--batch-tokens", "64",
+     "--microbatches", "1", "--log-every", "1", "--save-dir", save_dir,
+     "--save-every", "100000"],
+    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+for line in run.stdout:
+    print(line, end="")
+    if re.match(r"^step +2/", line):
+        break
+else:
+    fail("the run ended before step 2")
+run.stdout.close()
+try:
+    err = run.stderr.read()
+    status = run.wait(timeout=120)
+except subprocess.TimeoutExpired:
+    run.kill()
+    fail("the run went on for 120 s after its stdout was closed")
+print(err, end="")
+if status != 128 + signal.SIGPIPE:
+    fail(f"train: status {status}, expected {128 + signal.SIGPIPE} (-13: killed by SIGPIPE)")
+said = re.search(r"^conveyor: stdout was closed \(SIGPIPE\); the run stopped after step "
+                 r"(\d+), saved into '.*ck'$", err, re.M)
+if not said:
+    fail("train: no line on stderr saying where the run stopped")
+latest = open(os.path.join(save_dir, "latest")).read().strip()
+if latest != f"step_{said.group(1)}":
+    fail(f"train: latest names {latest}, the run stopped after step {said.group(1)}")
+if subprocess.run([cli, "ckpt", "verify", save_dir], stdout=subprocess.DEVNULL).returncode:
+    fail("train: the saved step does not verify")
+
+# schedule: stdout's reader is gone before the command starts.
+out = os.path.join(work, "schedule")
+os.makedirs(out)
+read_end, write_end = os.pipe()
+os.close(read_end)
+status = subprocess.run(
+    [cli, "schedule", "-p", "16", "-m", "32", "--trace", os.path.join(out, "t.json"),
+     "--svg", os.path.join(out, "s.svg")], stdout=write_end).returncode
+os.close(write_end)
+if status != -signal.SIGPIPE:
+    fail(f"schedule: status {status}, expected to end by SIGPIPE")
+left = [name for name in os.listdir(out) if ".tmp." in name]
+if left:
+    fail(f"schedule: temporaries left behind: {left}")
