@@ -76,7 +76,7 @@ inline std::string exit_status_text(const std::string& failure) {
 }
 inline const std::string kExitStatusText = exit_status_text(
     "training failed or diverged, a checkpoint could not be saved (under --on-save-error "
-    "continue: that of the run's last step), or an output file could not be written");
+    "continue: that of the run's last step), or an output file or stdout could not be written");
 
 // Thrown after a command has said everything it had to say, to end with `code` (an
 // interrupted run: kExitInterrupted + the signal).

@@ -74,6 +74,23 @@ bool make_room_on_the_stacks() {
   return ::setrlimit(RLIMIT_STACK, &stack) == 0;
 }
 
+// The status of a command that did its work: what it printed is its result (a schedule, a
+// plan, a run's numbers, its help), and lost on a full disk or device it is a failed output,
+// not a success the caller cannot tell apart.
+int stdout_status() {
+  errno = 0;
+  if (std::fflush(stdout) == 0 && std::ferror(stdout) == 0) return conveyor::cli::kExitOk;
+  // A reader gone after a run's last step, too late to stop it: the end of
+  // `conveyor train ... | head`, as a SIGPIPE during the run ends it, without the error of a
+  // full disk.
+  if (conveyor::cli::interrupt_signal() == SIGPIPE)
+    return conveyor::cli::kExitInterrupted + SIGPIPE;
+  print_error_line(std::string("cannot write stdout: ") +
+                   (errno != 0 ? std::strerror(errno) : "an earlier write failed") +
+                   "; what the command printed there is incomplete");
+  return conveyor::cli::kExitFailure;
+}
+
 int run_command(int argc, char** argv) {
   // Before any file is opened: none may take the descriptor of a closed stdout or stderr.
   if (const std::string why = open_closed_standard_streams(); !why.empty()) {
@@ -131,8 +148,10 @@ int run_command(int argc, char** argv) {
     // help and version before it looks for words it did not take: `--help --bogus` is
     // refused as `--bogus` alone is, rather than passing a typo by unseen.
     if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success) &&
-        app.remaining(true).empty())
-      return app.exit(e);
+        app.remaining(true).empty()) {
+      const int status = app.exit(e);
+      return status == conveyor::cli::kExitOk ? stdout_status() : status;
+    }
     print_usage_error_line(conveyor::cli::parse_error_sentence(
         e, app, *level, std::vector<std::string>(argv + i, argv + argc)));
     return conveyor::cli::kExitUsage;
@@ -156,16 +175,7 @@ int run_command(int argc, char** argv) {
     print_error_line(e.what());
     return conveyor::cli::kExitFailure;
   }
-  // What the command printed is its result (a schedule, a plan, a run's numbers): lost on a
-  // full disk or device, it is a failed output, not a success the caller cannot tell apart.
-  errno = 0;
-  if (std::fflush(stdout) != 0 || std::ferror(stdout) != 0) {
-    print_error_line(std::string("cannot write stdout: ") +
-                     (errno != 0 ? std::strerror(errno) : "an earlier write failed") +
-                     "; what the command printed there is incomplete");
-    return conveyor::cli::kExitFailure;
-  }
-  return 0;
+  return stdout_status();
 }
 
 }  // namespace

@@ -189,7 +189,7 @@ void register_plan_command(CLI::App& app) {
                           "16384 --out plan.json, then conveyor train --plan plan.json --d-model "
                           "128 --layers 8 --vocab 16384 (a plan holds only the layout: the run "
                           "repeats the model flags)\n") +
-              exit_status_text("the plan file could not be written"));
+              exit_status_text("the plan file or stdout could not be written"));
   cmd->callback([flags, cmd] { run_plan(*flags, *cmd); });
 }
 

@@ -538,7 +538,7 @@ void register_schedule_command(CLI::App& app) {
   add_switch(cmd, "--compare", opts->compare,
              "Print a table of all schedules for these p, m and costs (default off)");
   cmd->footer(std::string("Example: conveyor schedule --kind zbh1 -p 4 -m 8 --svg zbh1.svg\n") +
-              exit_status_text("an output file could not be written"));
+              exit_status_text("an output file or stdout could not be written"));
   cmd->callback([opts, cmd] { run(*opts, *cmd); });
 }
 

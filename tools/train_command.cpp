@@ -241,13 +241,14 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
         "the run's length and its learning-rate schedule; --stop-after only ends it early)\n",
         static_cast<long long>(stop_after), static_cast<long long>(config.steps),
         static_cast<long long>(config.steps));
-  // Evaluations past the run's end never come: only the closing one runs, as without the flag.
-  if (f.eval_every > config.steps)
+  // Evaluations past the run's end, or the step --stop-after ends it at, never come: only the
+  // closing one runs, as without the flag.
+  if (f.eval_every > last_step_to_run)
     std::printf(
-        "note   --eval-every %lld is past --steps %lld: no evaluation runs before the closing one "
+        "note   --eval-every %lld is past %s %lld: no evaluation runs before the closing one "
         "after step %lld\n",
-        static_cast<long long>(f.eval_every), static_cast<long long>(config.steps),
-        static_cast<long long>(config.steps));
+        static_cast<long long>(f.eval_every), limit, static_cast<long long>(last_step_to_run),
+        static_cast<long long>(last_step_to_run));
   // The default warm-up outlasts a short run: its learning rate never reaches --lr nor decays,
   // which reads as a too-small --lr unless it is said.
   if (config.optimizer.warmup_steps >= config.steps)

@@ -307,19 +307,26 @@ void TrainerCheckpointer::write_shards(CheckpointWriter& writer,
                                        const std::vector<RankShard>& shards) {
   std::vector<std::exception_ptr> errors(shards.size());
   auto write = [&](size_t i) {
+    // Nested: the message of a bad_alloc needs memory too, and an exception that left a
+    // writing thread would end the process.
     try {
-      writer.write_shard(shards[i].rank, shards[i].tensors);
-    } catch (const std::bad_alloc& e) {  // "std::bad_alloc" alone would not say whose
-      errors[i] = std::make_exception_ptr(std::runtime_error(
-          "cannot write " +
-          checkpoint_io::shown_path(writer.temp_directory() /
-                                    CheckpointWriter::shard_file_name(shards[i].rank)) +
-          ": " + error_sentence(e)));
+      try {
+        writer.write_shard(shards[i].rank, shards[i].tensors);
+      } catch (const std::bad_alloc& e) {  // "std::bad_alloc" alone would not say whose
+        throw std::runtime_error(
+            "cannot write " +
+            checkpoint_io::shown_path(writer.temp_directory() /
+                                      CheckpointWriter::shard_file_name(shards[i].rank)) +
+            ": " + error_sentence(e));
+      }
     } catch (...) {
       errors[i] = std::current_exception();
     }
   };
   std::vector<std::thread> threads;
+  // Before any thread starts: a vector that grew past its room, out of memory, would throw
+  // with threads running, and destroying a running std::thread ends the process.
+  threads.reserve(shards.size());
   for (size_t i = 0; i < shards.size(); ++i) {
     try {
       threads.emplace_back(write, i);

@@ -4,7 +4,8 @@
 `train`: its reader closes the pipe once step 2's progress line came; the run stops after the
 step in progress, saves it, says so on stderr and exits 141 (128 + SIGPIPE), not killed by
 SIGPIPE with nothing saved. `schedule --trace --svg`: into a pipe already closed, it ends by
-SIGPIPE with no temporary of its files left behind.
+SIGPIPE with no temporary of its files left behind. A run whose reader goes away after its
+last step ends with 141 too.
 
 Usage: closed_pipe.py CONVEYOR WORKDIR
 """
@@ -25,27 +26,33 @@ def fail(why):
     sys.exit(1)
 
 
+def train_until(flags, step):
+    """Runs `conveyor train FLAGS`, closes its stdout once the line of step STEP came, and
+    returns its status and stderr."""
+    run = subprocess.Popen(
+        [cli, "train", "--device", "cpu", "--batch-tokens", "64", "--log-every", "1"] + flags,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in run.stdout:
+        print(line, end="")
+        if re.match(rf"^step +{step}/", line):
+            break
+    else:
+        fail(f"train {' '.join(flags)}: the run ended before step {step}")
+    run.stdout.close()
+    try:
+        err = run.stderr.read()
+        status = run.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        run.kill()
+        fail(f"train {' '.join(flags)}: the run went on for 120 s after its stdout was closed")
+    print(err, end="")
+    return status, err
+
+
 # train: the pipe is closed once the run is training.
 save_dir = os.path.join(work, "ck")
-run = subprocess.Popen(
-    [cli, "train", "--device", "cpu", "--steps", "100000", "--batch-tokens", "64",
-     "--microbatches", "1", "--log-every", "1", "--save-dir", save_dir,
-     "--save-every", "100000"],
-    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-for line in run.stdout:
-    print(line, end="")
-    if re.match(r"^step +2/", line):
-        break
-else:
-    fail("the run ended before step 2")
-run.stdout.close()
-try:
-    err = run.stderr.read()
-    status = run.wait(timeout=120)
-except subprocess.TimeoutExpired:
-    run.kill()
-    fail("the run went on for 120 s after its stdout was closed")
-print(err, end="")
+status, err = train_until(["--steps", "100000", "--microbatches", "1", "--save-dir", save_dir,
+                           "--save-every", "100000"], 2)
 if status != 128 + signal.SIGPIPE:
     fail(f"train: status {status}, expected {128 + signal.SIGPIPE} (-13: killed by SIGPIPE)")
 said = re.search(r"^conveyor: stdout was closed \(SIGPIPE\); the run stopped after step "
@@ -57,6 +64,16 @@ if latest != f"step_{said.group(1)}":
     fail(f"train: latest names {latest}, the run stopped after step {said.group(1)}")
 if subprocess.run([cli, "ckpt", "verify", save_dir], stdout=subprocess.DEVNULL).returncode:
     fail("train: the saved step does not verify")
+
+# train: the reader goes away after the last step's line, while the run prints its summary:
+# the run is done and cannot stop, and ends as a SIGPIPE during it does (141), not as a full
+# disk's "cannot write stdout" (1). 0 where the summary was in the pipe before the reader left.
+status, err = train_until(["--steps", "3", "--stages", "2", "--microbatches", "2",
+                           "--weights-checksum"], 3)
+if status not in (0, 128 + signal.SIGPIPE) or err:
+    fail(f"train, the reader gone after the last step: status {status}, expected "
+         f"{128 + signal.SIGPIPE} (or 0, the summary in the pipe before it left)")
+print(f"train, the reader gone after the last step: status {status}")
 
 # schedule: stdout's reader is gone before the command starts.
 out = os.path.join(work, "schedule")

@@ -206,15 +206,19 @@ TEST(TrainerResume, FarIntoTheDataResumesWithoutReplayingTheSource) {
   EXPECT_TRUE(full_state(first) == full_state(second));
 }
 
+// Trains one step of `c` and saves it into `dir`; returns the folder of step 1.
+std::filesystem::path save_first_step(const TrainConfig& c, const std::filesystem::path& dir) {
+  Trainer trainer(c);
+  trainer.step();
+  TrainerCheckpointer checkpointer(trainer, {dir});
+  checkpointer.finish();
+  return dir / "step_1";
+}
+
 TEST(TrainerResume, CheckpointOfAnotherModelIsRefusedNamingTheDifference) {
   TempDir dir;
   TrainConfig c = resume_config(1, schedule::ScheduleKind::k1F1B);
-  {
-    Trainer trainer(c);
-    trainer.step();
-    TrainerCheckpointer checkpointer(trainer, {dir.path()});
-    checkpointer.finish();
-  }
+  save_first_step(c, dir.path());
   c.model.d_model = 16;
   c.model.hidden = 32;
   Trainer other(c);
@@ -237,13 +241,7 @@ TEST(TrainerResume, CheckpointOfAnotherModelIsRefusedNamingTheDifference) {
 TEST(TrainerResume, AHandEditedManifestsStringsAreShownEscaped) {
   TempDir dir;
   const TrainConfig c = resume_config(1, schedule::ScheduleKind::k1F1B);
-  {
-    Trainer trainer(c);
-    trainer.step();
-    TrainerCheckpointer checkpointer(trainer, {dir.path()});
-    checkpointer.finish();
-  }
-  const std::filesystem::path folder = dir / "step_1";
+  const std::filesystem::path folder = save_first_step(c, dir.path());
   const std::string pristine = testing::read_file(folder / "manifest.json");
   testing::edit_manifest(folder, [](auto& m) { m["data"]["source"] = "a\nline\x1b[2J"; });
   {
@@ -267,13 +265,7 @@ TEST(TrainerResume, AHandEditedManifestsStringsAreShownEscaped) {
 TEST(TrainerResume, AManifestWithoutRngBatchTokensIsRefused) {
   TempDir dir;
   const TrainConfig c = resume_config(1, schedule::ScheduleKind::k1F1B);
-  {
-    Trainer trainer(c);
-    trainer.step();
-    TrainerCheckpointer checkpointer(trainer, {dir.path()});
-    checkpointer.finish();
-  }
-  const std::filesystem::path folder = dir / "step_1";
+  const std::filesystem::path folder = save_first_step(c, dir.path());
   const std::string pristine = testing::read_file(folder / "manifest.json");
   for (const nlohmann::json& rng : {nlohmann::json(nullptr), nlohmann::json{{"seed", c.seed}}}) {
     SCOPED_TRACE(rng.dump());
@@ -310,13 +302,7 @@ TEST(TrainerResume, ADataFileIsMatchedByTheDigestOfItsBytes) {
   c.model.vocab = 256;
   c.data_path = data.string();
   const std::string digest = *FileSource(data.string()).contents_digest();
-  {
-    Trainer trainer(c);
-    TrainerCheckpointer checkpointer(trainer, {dir / "ckpt"});
-    trainer.step();
-    checkpointer.finish();
-  }
-  const std::filesystem::path folder = dir / "ckpt" / "step_1";
+  const std::filesystem::path folder = save_first_step(c, dir / "ckpt");
   testing::edit_manifest(folder, [&](auto& m) { m["data"]["contents"] = digest; });
   auto resumed_on = [&](const std::filesystem::path& path) {
     TrainConfig other = c;
@@ -368,19 +354,13 @@ TEST(TrainerResume, MicrobatchesOfAScheduleFileAreSaidAsTheFiles) {
   TempDir dir;
   TrainConfig c = resume_config(2, schedule::ScheduleKind::k1F1B);
   c.microbatches = 2;
-  {
-    Trainer trainer(c);
-    TrainerCheckpointer checkpointer(trainer, {dir / "ckpt"});
-    trainer.step();
-    checkpointer.finish();
-  }
+  const std::filesystem::path folder = save_first_step(c, dir / "ckpt");
   const std::filesystem::path file = dir / "f4.txt";
   schedule::save_schedule(file.string(), schedule::generate_1f1b(2, 4));
   TrainConfig from_file = c;
   from_file.microbatches = 4;
   from_file.schedule_file = file.string();
   Trainer trainer(from_file);
-  const std::filesystem::path folder = dir / "ckpt" / "step_1";
   resume_trainer(trainer, folder);
   const std::vector<std::string> notes =
       resume_setting_changes(trainer, open_checkpoint(folder).state());
