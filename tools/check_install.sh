@@ -78,7 +78,8 @@ done
   # As an application that builds with warnings as errors and reaches the headers by a plain
   # -I (not the -isystem CMake gives imported targets, which hides their warnings) sees them.
   echo "set_target_properties(headers PROPERTIES NO_SYSTEM_FROM_IMPORTED ON)"
-  echo "target_compile_options(headers PRIVATE -Wall -Wextra -Wpedantic -Werror)"
+  echo "target_compile_options(headers PRIVATE -Wall -Wextra -Wpedantic -Wshadow -Wconversion"
+  echo "                       -Wsign-conversion -Werror)"
 } >"$headers_project/CMakeLists.txt"
 # Eigen is left unfindable: the library's kernels use it, but no installed header includes it,
 # so an application must not need it to find the package.
@@ -86,6 +87,34 @@ cmake -S "$headers_project" -B "$work/headers-build" -DCMAKE_PREFIX_PATH="$prefi
       -DCMAKE_DISABLE_FIND_PACKAGE_Eigen3=TRUE --no-warn-unused-cli >/dev/null
 cmake --build "$work/headers-build" -j2 >/dev/null
 echo "check_install: $(cd "$include" && find . -name '*.h' | wc -l) installed headers compile on their own, without warnings"
+
+# The components are the build's optional backends: one it lacks, or one that does not
+# exist, is refused at configure time with the reason.
+components=$work/components
+mkdir -p "$components"
+cat >"$components/CMakeLists.txt" <<'EOF'
+cmake_minimum_required(VERSION 3.25)
+project(conveyor_components LANGUAGES CXX)
+find_package(conveyor COMPONENTS nope)
+message(STATUS "component nope: ${conveyor_FOUND}")
+find_package(conveyor COMPONENTS cuda)
+message(STATUS "component cuda: ${conveyor_FOUND}")
+EOF
+output=$(cmake -S "$components" -B "$work/components-build" -DCMAKE_PREFIX_PATH="$prefix" 2>&1)
+wants=("conveyor has no component 'nope' (its components are cuda and mpi)" "component nope: 0")
+if grep -q '^set(CONVEYOR_WITH_CUDA ON)$' "$(find "$prefix" -name conveyorConfig.cmake)"; then
+  wants+=("component cuda: 1")
+else
+  wants+=("this conveyor was built without the CUDA backend" "component cuda: 0")
+fi
+for want in "${wants[@]}"; do
+  if ! grep -qF -- "$want" <<<"$output"; then
+    echo "$output" >&2
+    echo "check_install: find_package(conveyor COMPONENTS ...) did not say \"$want\"" >&2
+    exit 1
+  fi
+done
+echo "check_install: find_package(conveyor COMPONENTS ...) knows cuda and mpi, and says why not"
 
 for example in minimal_train custom_model checkpoint_resume; do
   cmake -S "$root/examples/$example" -B "$work/$example" -DCMAKE_BUILD_TYPE=Release \

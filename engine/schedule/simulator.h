@@ -13,6 +13,7 @@
 // overlapping the computes that follow. Every replica runs the same lists at the same times,
 // so one replica is simulated; the rank's end, and the makespan, include its all-reduces.
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -120,7 +121,7 @@ class Replay {
   // timing() and the rank summaries then hold that run.
   double run(const CostModel& costs);
   const ActionTiming& timing(int rank, int position) const {
-    return timing_[first_[rank] + position];
+    return timing_[static_cast<std::size_t>(first_[static_cast<std::size_t>(rank)] + position)];
   }
   double makespan() const { return makespan_; }
   // The last run as simulate() reports it, memory left empty.

@@ -2,9 +2,12 @@
 // read a tensor back by its global name, then resume a one-stage trainer from the checkpoint
 // (names are global, so the layout may differ) and check that both continue alike.
 // Usage: checkpoint_resume [DIR]   (default: a folder under the system's temp folder)
+// DIR is removed and made anew, so it must be new, empty or one an earlier run made.
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <string>
 #include <vector>
 
 #include "conveyor/engine/conveyor.h"
@@ -12,9 +15,54 @@
 namespace fs = std::filesystem;
 
 int main(int argc, char** argv) {
+  const char* const usage = "usage: checkpoint_resume [DIR] (DIR is removed and made anew)\n";
+  if (argc == 2 && (std::strcmp(argv[1], "-h") == 0 || std::strcmp(argv[1], "--help") == 0)) {
+    std::fputs(usage, stdout);
+    return 0;
+  }
+  if (argc > 2) {
+    std::fprintf(stderr, "checkpoint_resume: takes at most one folder, got %d arguments; %s",
+                 argc - 1, usage);
+    return 2;
+  }
   const fs::path dir =
       argc > 1 ? fs::path(argv[1]) : fs::temp_directory_path() / "conveyor_checkpoint_resume";
-  fs::remove_all(dir);
+  // A folder given by mistake (the current one, a home folder) must not be emptied: only an
+  // empty one or one this example made is taken, which holds its marker or, from a version
+  // before the marker, just the step-3 checkpoint.
+  const std::string marker = ".conveyor_checkpoint_resume";
+  std::error_code ec;
+  const fs::file_status status = fs::symlink_status(dir, ec);
+  if (fs::exists(status)) {
+    if (!fs::is_directory(status)) {
+      std::fprintf(stderr,
+                   "checkpoint_resume: '%s' exists and is not a folder (a link is not "
+                   "followed); give a new or empty folder\n",
+                   dir.c_str());
+      return 2;
+    }
+    bool ours = true;
+    for (const fs::directory_entry& entry : fs::directory_iterator(dir, ec)) {
+      const std::string name = entry.path().filename().string();
+      ours = ours && (name == marker || name == "latest" || name == "step_3");
+    }
+    if (ec || !ours) {
+      std::fprintf(stderr,
+                   "checkpoint_resume: folder '%s' already holds files this example did not "
+                   "write, and it removes the folder it is given; give a new or empty folder\n",
+                   dir.c_str());
+      return 2;
+    }
+  }
+  try {
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+  } catch (const fs::filesystem_error& e) {
+    std::fprintf(stderr, "checkpoint_resume: cannot make folder '%s' anew: %s\n", dir.c_str(),
+                 e.code().message().c_str());
+    return 2;
+  }
+  std::ofstream(dir / marker).put('\n');
 
   conveyor::TrainConfig config;
   config.model = conveyor::model_preset("tiny");
