@@ -16,6 +16,11 @@ for arg in "$@"; do
     exit 0
   fi
 done
+# Tests, benchmarks and examples on, ahead of the caller's flags: a build folder that
+# tools/train.sh configured has them off in its cache, and ctest would find no test there and
+# pass.
+export CONVEYOR_CMAKE_ARGS="-DCONVEYOR_BUILD_TESTS=ON -DCONVEYOR_BUILD_BENCH=ON \
+-DCONVEYOR_BUILD_EXAMPLES=ON${CONVEYOR_CMAKE_ARGS:+ $CONVEYOR_CMAKE_ARGS}"
 "$root/tools/bootstrap.sh"
 build=${CONVEYOR_BUILD_DIR:-$root/build}
 ctest --test-dir "$build" --output-on-failure -j"$(nproc)" -LE serial "$@"
