@@ -2,12 +2,24 @@
 // Markov source, or on the bytes of the file given as the argument, and compare the loss with
 // the best achievable one.
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <stdexcept>
 
 #include "conveyor/engine/conveyor.h"
 
 int main(int argc, char** argv) {
+  const char* const usage = "usage: minimal_train [DATA_FILE] (its bytes are the tokens)\n";
+  if (argc == 2 && (std::strcmp(argv[1], "-h") == 0 || std::strcmp(argv[1], "--help") == 0)) {
+    std::fputs(usage, stdout);
+    return 0;
+  }
+  // A second argument would be left unread: the user meant something the example does not do.
+  if (argc > 2) {
+    std::fprintf(stderr, "minimal_train: takes at most one data file, got %d arguments; %s",
+                 argc - 1, usage);
+    return 2;
+  }
   conveyor::TrainConfig config;
   config.model = conveyor::model_preset("tiny");
   if (argc > 1) {
