@@ -242,13 +242,20 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
         static_cast<long long>(stop_after), static_cast<long long>(config.steps),
         static_cast<long long>(config.steps));
   // Evaluations past the run's end, or the step --stop-after ends it at, never come: only the
-  // closing one runs, as without the flag.
+  // closing one runs, as without the flag. A resumed run starts past the multiples before it.
   if (f.eval_every > last_step_to_run)
     std::printf(
         "note   --eval-every %lld is past %s %lld: no evaluation runs before the closing one "
         "after step %lld\n",
         static_cast<long long>(f.eval_every), limit, static_cast<long long>(last_step_to_run),
         static_cast<long long>(last_step_to_run));
+  else if (f.eval_every > 0 &&
+           (first_step + f.eval_every - 1) / f.eval_every * f.eval_every > last_step_to_run)
+    std::printf(
+        "note   --eval-every %lld has no multiple from step %lld, where the resumed run starts, "
+        "to %s %lld: no evaluation runs before the closing one after step %lld\n",
+        static_cast<long long>(f.eval_every), static_cast<long long>(first_step), limit,
+        static_cast<long long>(last_step_to_run), static_cast<long long>(last_step_to_run));
   // The default warm-up outlasts a short run: its learning rate never reaches --lr nor decays,
   // which reads as a too-small --lr unless it is said.
   if (config.optimizer.warmup_steps >= config.steps)
