@@ -475,12 +475,15 @@ void TrainerCheckpointer::save() {
         if (commits_in_background) timing->write_end = Clock::now();
         background_written_ = true;
       });
-    } catch (const std::system_error& e) {
+    } catch (const std::exception& e) {
+      // No thread runs (the system refused one, or its state could not be allocated): the
+      // save is undone, so that the next wait finds nothing pending.
       background_step_ = -1;
       pending_commit_.reset();
-      throw std::runtime_error(
-          "cannot save step " + std::to_string(step) +
-          ": cannot start the thread that writes it in the background: " + e.what());
+      const bool memory = dynamic_cast<const std::bad_alloc*>(&e) != nullptr;
+      throw std::runtime_error("cannot save step " + std::to_string(step) +
+                               ": cannot start the thread that writes it in the background: " +
+                               (memory ? std::string("out of memory") : std::string(e.what())));
     }
     held();
     return;
