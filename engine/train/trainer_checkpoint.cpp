@@ -480,10 +480,9 @@ void TrainerCheckpointer::save() {
       // save is undone, so that the next wait finds nothing pending.
       background_step_ = -1;
       pending_commit_.reset();
-      const bool memory = dynamic_cast<const std::bad_alloc*>(&e) != nullptr;
-      throw std::runtime_error("cannot save step " + std::to_string(step) +
-                               ": cannot start the thread that writes it in the background: " +
-                               (memory ? std::string("out of memory") : std::string(e.what())));
+      throw std::runtime_error(
+          "cannot save step " + std::to_string(step) +
+          ": cannot start the thread that writes it in the background: " + error_sentence(e));
     }
     held();
     return;
