@@ -183,6 +183,12 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
 
   std::unique_ptr<Trainer> trainer;
   pause_if_asked_at("setup");
+  const auto out_of_memory_building = [](const std::string& detail) {
+    return UsageError(
+        "out of memory while building the model, its optimizer state and the "
+        "pipeline" +
+        detail + "; use a smaller model or --memory-cap to see the estimate");
+  };
   try {
     trainer = std::make_unique<Trainer>(config);
   } catch (const comm::ProcessCountMismatch& e) {
@@ -190,14 +196,9 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
   } catch (const std::invalid_argument& e) {  // schedule, partition, placement, memory too
     throw UsageError(with_inherited_origin(e.what(), f.checkpoint.inherited));
   } catch (const std::bad_alloc&) {
-    throw UsageError(
-        "out of memory while building the model, its optimizer state and the pipeline; use a "
-        "smaller model or --memory-cap to see the estimate");
+    throw out_of_memory_building("");
   } catch (const OutOfMemoryError& e) {  // the allocator's, its request and stats said
-    throw UsageError(
-        "out of memory while building the model, its optimizer state and the "
-        "pipeline (" +
-        std::string(e.what()) + "); use a smaller model or --memory-cap to see the estimate");
+    throw out_of_memory_building(" (" + std::string(e.what()) + ")");
   }
   // The ranks are connected: an error from here on may be one process's alone.
   usage_errors_are_this_process_own();
@@ -243,19 +244,18 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
         static_cast<long long>(config.steps));
   // Evaluations past the run's end, or the step --stop-after ends it at, never come: only the
   // closing one runs, as without the flag. A resumed run starts past the multiples before it.
-  if (f.eval_every > last_step_to_run)
+  if (f.eval_every > 0 &&
+      (first_step + f.eval_every - 1) / f.eval_every * f.eval_every > last_step_to_run) {
+    const std::string where = f.eval_every > last_step_to_run
+                                  ? "is past"
+                                  : "has no multiple from step " + std::to_string(first_step) +
+                                        ", where the resumed run starts, to";
     std::printf(
-        "note   --eval-every %lld is past %s %lld: no evaluation runs before the closing one "
-        "after step %lld\n",
-        static_cast<long long>(f.eval_every), limit, static_cast<long long>(last_step_to_run),
-        static_cast<long long>(last_step_to_run));
-  else if (f.eval_every > 0 &&
-           (first_step + f.eval_every - 1) / f.eval_every * f.eval_every > last_step_to_run)
-    std::printf(
-        "note   --eval-every %lld has no multiple from step %lld, where the resumed run starts, "
-        "to %s %lld: no evaluation runs before the closing one after step %lld\n",
-        static_cast<long long>(f.eval_every), static_cast<long long>(first_step), limit,
+        "note   --eval-every %lld %s %s %lld: no evaluation runs before the closing one after "
+        "step %lld\n",
+        static_cast<long long>(f.eval_every), where.c_str(), limit,
         static_cast<long long>(last_step_to_run), static_cast<long long>(last_step_to_run));
+  }
   // The default warm-up outlasts a short run: its learning rate never reaches --lr nor decays,
   // which reads as a too-small --lr unless it is said.
   if (config.optimizer.warmup_steps >= config.steps)
