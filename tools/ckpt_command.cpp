@@ -359,8 +359,8 @@ void register_ckpt_command(CLI::App& app) {
       "Exit status: 0 every check passed, 1 a file or checksum of the checkpoint is bad (the "
       "message names it) or stdout could not be written, 2 bad input (PATH names no checkpoint: "
       "nothing there, a file that is "
-      "neither the checkpoint's folder nor its 'latest', a folder holding none; a bad flag), "
-      "130/143/129/138/141/152 interrupted (SIGINT/SIGTERM/SIGHUP/SIGUSR1/SIGPIPE/SIGXCPU).";
+      "neither the checkpoint's folder nor its 'latest', a folder holding none; a bad flag), " +
+      std::string(kInterruptedStatusText) + ".";
   ckpt->footer("Example: conveyor ckpt verify runs/ckpt/latest\n" + exit_status);
 
   CLI::App* inspect = ckpt->add_subcommand(

@@ -67,12 +67,13 @@ class ErrorOfEveryProcess : public std::runtime_error {
   int status_;
 };
 
+// The statuses of a command a stop signal ended, as every help text lists them.
+inline constexpr const char* kInterruptedStatusText =
+    "130/143/129/138/141/152 interrupted (SIGINT/SIGTERM/SIGHUP/SIGUSR1/SIGPIPE/SIGXCPU)";
 // The exit status convention, as help texts show it; `failure` says what status 1 means for
 // the command showing it.
 inline std::string exit_status_text(const std::string& failure) {
-  return "Exit status: 0 ok, 1 " + failure +
-         ", 2 bad input, 130/143/129/138/141/152 interrupted "
-         "(SIGINT/SIGTERM/SIGHUP/SIGUSR1/SIGPIPE/SIGXCPU).";
+  return "Exit status: 0 ok, 1 " + failure + ", 2 bad input, " + kInterruptedStatusText + ".";
 }
 inline const std::string kExitStatusText = exit_status_text(
     "training failed or diverged, a checkpoint could not be saved (under --on-save-error "
