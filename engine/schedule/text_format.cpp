@@ -16,6 +16,8 @@ namespace conveyor::schedule {
 namespace {
 
 constexpr std::string_view kHeader = "# conveyor schedule:";
+// The CSV form's column line, which its writer prints and its reader requires.
+constexpr std::string_view kCsvColumns = "rank,step,kind,stage,microbatch,peer";
 
 std::string header_line(const Schedule& s) {
   std::string out(kHeader);
@@ -296,7 +298,7 @@ std::string dump_text(const Schedule& s) {
 
 std::string dump_csv(const Schedule& s) {
   std::string out = header_line(s);
-  out += "rank,step,kind,stage,microbatch,peer\n";
+  out.append(kCsvColumns).append("\n");
   for (size_t r = 0; r < s.ranks.size(); ++r)
     for (size_t i = 0; i < s.ranks[r].size(); ++i) {
       const auto& a = s.ranks[r][i];
@@ -369,10 +371,9 @@ Schedule parse_csv(std::string_view text) {
                        "got '" +
                            message_excerpt(line) + "'");
     if (!saw_columns) {
-      if (line != "rank,step,kind,stage,microbatch,peer")
-        throw line_error(line_no,
-                         "expected the column line 'rank,step,kind,stage,microbatch,peer', got '" +
-                             std::string(line.substr(0, 60)) + "'");
+      if (line != kCsvColumns)
+        throw line_error(line_no, "expected the column line '" + std::string(kCsvColumns) +
+                                      "', got '" + std::string(line.substr(0, 60)) + "'");
       saw_columns = true;
       continue;
     }
@@ -432,8 +433,8 @@ Schedule parse_schedule(std::string_view text) {
     if (!csv && !text_line && line.find(';') != std::string_view::npos)
       throw line_error(line_no,
                        "the fields are separated by ';', and a schedule's CSV separates "
-                       "them by ',' (rank,step,kind,stage,microbatch,peer); got '" +
-                           message_excerpt(line) + "'");
+                       "them by ',' (" +
+                           std::string(kCsvColumns) + "); got '" + message_excerpt(line) + "'");
     return csv ? parse_csv(text) : parse_text(text);
   }
   throw ScheduleError("the schedule is empty (expected lines 'r0: F0.0 ...' or CSV rows)");
