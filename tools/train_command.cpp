@@ -3,9 +3,11 @@
 // a summary (train_report.h), and optionally writes one JSON object per step.
 
 #include <atomic>
+#include <cerrno>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -279,7 +281,6 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
     why = rank_zero_text(mpi, why, "the check of --save-dir");
     if (!why.empty()) refuse_on_every_rank(mpi, why);
   }
-  std::fflush(stdout);
 
   install_interrupt_handlers();
   // The first failed write of the --log-json file (rank 0's: the only one that writes it). The
@@ -295,6 +296,23 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
       output_failed.store(true);
     }
   };
+  // Stdout that takes no more of the run's lines (a full disk; a reader gone while SIGPIPE is
+  // ignored, as the process may start with it) fails the run as a failed --log-json write
+  // does: its lines are its record, and a run going on unseen to its end would hide their
+  // loss. Rank 0's stdout only: the others' is /dev/null.
+  auto check_stdout = [&] {
+    errno = 0;
+    const bool written = std::fflush(stdout) == 0 && std::ferror(stdout) == 0;
+    // After the flush, whose write to a closed pipe raises SIGPIPE. A run stopping for a signal
+    // stops for it alone: SIGPIPE or a closed terminal's SIGHUP comes with the failed writes.
+    if (written || output_failed.load() || interrupt_signal() != 0) return;
+    output_error = std::string("cannot write stdout: ") +
+                   (errno != 0 ? std::strerror(errno) : "an earlier write failed");
+    output_failed.store(true);
+  };
+  // The lines said so far, before the first step: a stdout that fails them stops the run after
+  // it.
+  check_stdout();
   // Asked by every rank in each step's all-reduce, so all processes stop after the same step.
   trainer->executor().set_stop_request([&output_failed] {
     return output_failed.load() ? kStopForFailedOutput : interrupt_signal();
@@ -378,7 +396,7 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
                   static_cast<long long>(s), static_cast<long long>(config.steps), st.loss,
                   human_rate(rate).c_str(), st.lr,
                   bytes_text(static_cast<double>(st.peak_bytes)).c_str(), eta);
-      std::fflush(stdout);
+      check_stdout();
     }
     // After the step's line, which a save's line or failure follows. An async save is only
     // started here; its failure, if any, is reported when a later save or the end waits for
@@ -400,6 +418,8 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
         }
       }
     }
+    check_stdout();
+    if (one_process && output_failed.load()) output_stop = true;
     last_step = std::move(st.pipeline);
     if (signal != 0 || output_stop) break;
     // After every --eval-every steps, on the run's held-out batches; the last step's is the
@@ -421,7 +441,11 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
       if (!f.quiet) {
         std::printf("eval   step %lld: loss %.6f over %lld held-out batch(es), exactly %a\n",
                     static_cast<long long>(s), loss, static_cast<long long>(f.eval_batches), loss);
-        std::fflush(stdout);
+        check_stdout();
+        if (one_process && output_failed.load()) {
+          output_stop = true;
+          break;
+        }
       }
     }
   }
@@ -477,7 +501,8 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
   }
   // Only rank 0 knows whether its file was written: every process learns it here, so that
   // all of them end alike, with status 1 (the others silently).
-  if (mpi.active()) output_error = rank_zero_text(mpi, output_error, "the check of --log-json");
+  if (mpi.active())
+    output_error = rank_zero_text(mpi, output_error, "the check of stdout and --log-json");
   if (!output_error.empty())
     throw ErrorOfEveryProcess(
         output_error + (output_stop ? "; the run stopped after step " + std::to_string(t.last_step)

@@ -26,12 +26,14 @@ def fail(why):
     sys.exit(1)
 
 
-def train_until(flags, step):
+def train_until(flags, step, sigpipe_ignored=False):
     """Runs `conveyor train FLAGS`, closes its stdout once the line of step STEP came, and
-    returns its status and stderr."""
+    returns its status and stderr. `sigpipe_ignored`: the run starts with SIGPIPE ignored, as
+    Python itself runs."""
     run = subprocess.Popen(
         [cli, "train", "--device", "cpu", "--batch-tokens", "64", "--log-every", "1"] + flags,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        restore_signals=not sigpipe_ignored)
     for line in run.stdout:
         print(line, end="")
         if re.match(rf"^step +{step}/", line):
@@ -64,6 +66,20 @@ if latest != f"step_{said.group(1)}":
     fail(f"train: latest names {latest}, the run stopped after step {said.group(1)}")
 if subprocess.run([cli, "ckpt", "verify", save_dir], stdout=subprocess.DEVNULL).returncode:
     fail("train: the saved step does not verify")
+
+# train, started with SIGPIPE ignored: its writes to the closed pipe fail without the signal,
+# and the run stops as on any stdout that refuses its lines, saving the step (status 1).
+save_dir = os.path.join(work, "ck_ignored")
+status, err = train_until(["--steps", "100000", "--microbatches", "1", "--save-dir", save_dir,
+                           "--save-every", "100000"], 2, sigpipe_ignored=True)
+said = re.search(r"^conveyor: error: cannot write stdout: Broken pipe; the run stopped after "
+                 r"step (\d+)$", err, re.M)
+if status != 1 or not said:
+    fail(f"train, SIGPIPE ignored: status {status}, expected 1 and the broken pipe said")
+latest = open(os.path.join(save_dir, "latest")).read().strip()
+if latest != f"step_{said.group(1)}":
+    fail(f"train, SIGPIPE ignored: latest names {latest}, the run stopped after step "
+         f"{said.group(1)}")
 
 # train: the reader goes away after the last step's line, while the run prints its summary:
 # the run is done and cannot stop, and ends as a SIGPIPE during it does (141), not as a full
