@@ -130,8 +130,11 @@ OutputFile::OutputFile(const std::string& path, const std::string& flag, bool lo
   const std::string shown = quoted_file_name(path);
   if (path.empty()) throw UsageError(flag + " needs a file name");
   refuse_kernel_file_system(path, flag + " file " + shown);
-  // Not O_TRUNC: a file another run holds must not be emptied before its lock is seen.
-  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  // Not O_TRUNC: a file another run holds must not be emptied before its lock is seen, nor
+  // one the command is refused before writing. O_EXCL first, to know whether it is made here.
+  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  made_here_ = fd_ >= 0;
+  if (fd_ < 0 && errno == EEXIST) fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
   if (fd_ < 0)
     throw UsageError("cannot open " + flag + " file " + shown + " for writing: " +
                      (errno == EISDIR ? "it is a directory; give a file name"
@@ -148,40 +151,62 @@ OutputFile::OutputFile(const std::string& path, const std::string& flag, bool lo
                        "another file name or wait for that run to end");
     throw UsageError("cannot lock " + flag + " file " + shown + ": " + std::strerror(err));
   }
-  if (regular && ::ftruncate(fd_, 0) != 0) {
-    const int err = errno;
-    ::close(fd_);
-    fd_ = -1;
-    throw UsageError("cannot truncate " + flag + " file " + shown + ": " + std::strerror(err));
-  }
+  truncate_pending_ = regular && !made_here_;
+  if (made_here_) made_slot_ = register_temporary_file(path_);
 }
 
 OutputFile::OutputFile(OutputFile&& other) noexcept
     : path_(std::move(other.path_)),
       flag_(std::move(other.flag_)),
       named_as_(std::move(other.named_as_)),
-      fd_(other.fd_) {
-  other.fd_ = -1;
-}
+      fd_(std::exchange(other.fd_, -1)),
+      truncate_pending_(std::exchange(other.truncate_pending_, false)),
+      made_here_(std::exchange(other.made_here_, false)),
+      made_slot_(std::exchange(other.made_slot_, -1)) {}
 
 OutputFile& OutputFile::operator=(OutputFile&& other) noexcept {
   if (this != &other) {
-    if (fd_ >= 0) ::close(fd_);
+    discard();
     path_ = std::move(other.path_);
     flag_ = std::move(other.flag_);
     named_as_ = std::move(other.named_as_);
-    fd_ = other.fd_;
-    other.fd_ = -1;
+    fd_ = std::exchange(other.fd_, -1);
+    truncate_pending_ = std::exchange(other.truncate_pending_, false);
+    made_here_ = std::exchange(other.made_here_, false);
+    made_slot_ = std::exchange(other.made_slot_, -1);
   }
   return *this;
 }
 
-OutputFile::~OutputFile() {
-  if (fd_ >= 0) ::close(fd_);
+OutputFile::~OutputFile() { discard(); }
+
+void OutputFile::discard() {
+  if (fd_ < 0) return;
+  ::close(std::exchange(fd_, -1));
+  // Neither written nor closed: the command failed before its output began.
+  if (made_here_) {
+    ::unlink(path_.c_str());
+    unregister_temporary_file(std::exchange(made_slot_, -1));
+    made_here_ = false;
+  }
+}
+
+void OutputFile::begin_contents() {
+  if (made_here_) {
+    unregister_temporary_file(made_slot_);
+    made_here_ = false;
+    made_slot_ = -1;
+  }
+  if (!truncate_pending_) return;
+  if (::ftruncate(fd_, 0) != 0)
+    throw std::runtime_error("cannot truncate " + flag_ + " file '" +
+                             escaped_for_message(named_as_) + "': " + std::strerror(errno));
+  truncate_pending_ = false;
 }
 
 void OutputFile::write(std::string_view text) {
   if (fd_ < 0) throw std::logic_error("write to a closed " + flag_ + " file");
+  begin_contents();
   // Where this text starts, in a regular file (-1 for a device or a FIFO).
   const off_t start = ::lseek(fd_, 0, SEEK_CUR);
   size_t done = 0;
@@ -202,6 +227,7 @@ void OutputFile::write(std::string_view text) {
 
 void OutputFile::close() {
   if (fd_ < 0) return;
+  begin_contents();
   const int fd = std::exchange(fd_, -1);
   if (::close(fd) != 0)
     throw std::runtime_error("cannot write " + flag_ + " file '" + escaped_for_message(named_as_) +

@@ -25,7 +25,10 @@ bool same_file(const std::string& a, const std::string& b);
 class OutputFile {
  public:
   OutputFile() = default;
-  // Opens `path` for writing (created, truncated) on behalf of `flag` (named in errors).
+  // Opens `path` for writing (created) on behalf of `flag` (named in errors). A regular
+  // file's old contents are cut off by the first write or the close, not here: a command
+  // refused or interrupted before it writes anything leaves the file as it was, and one it
+  // made is removed again (also when a signal ends the process, tools/interrupt.h).
   // With `lock`, takes an advisory lock (flock) on a regular file first, so a second run
   // writing the same file is refused instead of interleaving lines. Throws UsageError.
   // `named_as`, when given, is the file a failed write or close names: the one the user gave,
@@ -47,8 +50,16 @@ class OutputFile {
   void close();
 
  private:
+  // The first write's or the close's: cuts off the old contents, and the file is kept.
+  void begin_contents();
+  // Closes a file neither written nor closed, removing it when it was made here.
+  void discard();
+
   std::string path_, flag_, named_as_;
   int fd_ = -1;
+  bool truncate_pending_ = false;  // a regular file whose old contents are still there
+  bool made_here_ = false;         // made by the constructor, removed unless written or closed
+  int made_slot_ = -1;             // its slot in the signal handler's registry
 };
 
 // An output file that holds either its old contents or the whole new text, never a part: the
