@@ -80,7 +80,8 @@ void check_checkpoint_flags(const CheckpointFlags& f, const CLI::App& cmd) {
 }
 
 std::unique_ptr<TrainerCheckpointer> setup_checkpoints(const CheckpointFlags& f, Trainer& trainer,
-                                                       int64_t eval_batches) {
+                                                       int64_t eval_batches,
+                                                       const std::string& microbatches_origin) {
   std::unique_ptr<TrainerCheckpointer> checkpointer;
   try {
     if (!f.save_dir.empty()) {
@@ -105,7 +106,8 @@ std::unique_ptr<TrainerCheckpointer> setup_checkpoints(const CheckpointFlags& f,
         for (const std::string& setting : f.inherited) list += (list.empty() ? "" : ", ") + setting;
         std::printf("note   the checkpoint's settings, for the flags left out: %s\n", list.c_str());
       }
-      for (const std::string& change : resume_setting_changes(trainer, ckpt.state()))
+      for (const std::string& change :
+           resume_setting_changes(trainer, ckpt.state(), microbatches_origin))
         std::printf("note   %s\n", in_flag_terms(change).c_str());
       const int64_t saved_steps = ckpt.state().lr_schedule.total_steps;
       const TrainConfig& config = trainer.config();

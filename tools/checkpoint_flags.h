@@ -49,7 +49,10 @@ void check_checkpoint_flags(const CheckpointFlags& flags, const CLI::App& cmd);
 // of the resume are the user's to fix, so they end the run as usage errors. `eval_batches`:
 // the held-out batches the run evaluates (--eval-batches), which with --data follow the
 // --steps training batches, so a resume under another --steps says they moved.
+// `microbatches_origin`: what chose the micro-batch count, when no --microbatches did
+// ("chosen by --partition auto"), for a resume under another count to say so.
 std::unique_ptr<TrainerCheckpointer> setup_checkpoints(const CheckpointFlags& flags,
-                                                       Trainer& trainer, int64_t eval_batches);
+                                                       Trainer& trainer, int64_t eval_batches,
+                                                       const std::string& microbatches_origin);
 
 }  // namespace conveyor::cli

@@ -225,8 +225,14 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
   }
   std::optional<HeldOutData> held_out;
   if (f.eval_batches > 0) held_out.emplace(*trainer);
+  // A count the plan chose is the plan's to say, not a --microbatches never typed.
+  std::string microbatches_origin;
+  if (!cmd.count("--microbatches") && !f.plan_file.empty())
+    microbatches_origin = "from --plan " + quoted_file_name(f.plan_file);
+  else if (!cmd.count("--microbatches") && f.partition == "auto")
+    microbatches_origin = "chosen by --partition auto";
   std::unique_ptr<TrainerCheckpointer> checkpointer =
-      setup_checkpoints(f.checkpoint, *trainer, f.eval_batches);
+      setup_checkpoints(f.checkpoint, *trainer, f.eval_batches, microbatches_origin);
   const int64_t first_step = trainer->steps_done() + 1;
   // A resumed run at or past its end: only the limit that ends it can be raised, and the
   // refusal is the one line printed.

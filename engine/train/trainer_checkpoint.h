@@ -178,7 +178,10 @@ Checkpoint resume_trainer(Trainer& trainer, const std::filesystem::path& path);
 // each, e.g. "resuming with TrainConfig::optimizer.lr 0.1 where the checkpoint was saved with
 // 0.001" (a count a schedule file fixes is said as the file's), for the caller to show. The batch
 // size is not among them: resume_trainer refuses another one, since it fixes where each step's
-// tokens start.
-std::vector<std::string> resume_setting_changes(const Trainer& trainer, const TrainingState& saved);
+// tokens start. `microbatches_origin`, when given, is where the caller's micro-batch count came
+// from (a plan it chose, say), said in place of the setting: "resuming with 8 micro-batches
+// <origin> where the checkpoint was saved with 4".
+std::vector<std::string> resume_setting_changes(const Trainer& trainer, const TrainingState& saved,
+                                                const std::string& microbatches_origin = {});
 
 }  // namespace conveyor

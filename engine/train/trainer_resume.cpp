@@ -220,8 +220,8 @@ void check_tensor_count(PipelineExecutor& executor, const Checkpoint& checkpoint
 
 }  // namespace
 
-std::vector<std::string> resume_setting_changes(const Trainer& trainer,
-                                                const TrainingState& saved) {
+std::vector<std::string> resume_setting_changes(const Trainer& trainer, const TrainingState& saved,
+                                                const std::string& microbatches_origin) {
   const TrainConfig& config = trainer.config();
   std::vector<std::string> out;
   auto compare = [&](const std::string& setting, const nlohmann::json& then,
@@ -245,19 +245,21 @@ std::vector<std::string> resume_setting_changes(const Trainer& trainer,
   const std::string reordered =
       " (the gradients are summed in another order, so the run departs from an uninterrupted "
       "one by rounding)";
-  if (config.schedule_file.empty()) {
+  // A schedule file fixes the count (make_schedule), which no setting of the caller's chose.
+  const int d = config.data_parallel;
+  const std::string origin =
+      !config.schedule_file.empty()
+          ? "from schedule file " + quoted_file_name(config.schedule_file) +
+                (d > 1 ? " (" + std::to_string(config.microbatches / d) + " for each of " +
+                             std::to_string(d) + " replicas)"
+                       : std::string())
+          : microbatches_origin;
+  if (origin.empty())
     compare("TrainConfig::microbatches", saved.microbatches, config.microbatches, reordered);
-  } else if (saved.microbatches != config.microbatches) {
-    // The file fixes the count (make_schedule), which no setting of the caller's chose.
-    const int d = config.data_parallel;
+  else if (saved.microbatches != config.microbatches)
     out.push_back("resuming with " + counted(config.microbatches, "micro-batch", "micro-batches") +
-                  " from schedule file " + quoted_file_name(config.schedule_file) +
-                  (d > 1 ? " (" + std::to_string(config.microbatches / d) + " for each of " +
-                               std::to_string(d) + " replicas)"
-                         : std::string()) +
-                  " where the checkpoint was saved with " + std::to_string(saved.microbatches) +
-                  reordered);
-  }
+                  " " + origin + " where the checkpoint was saved with " +
+                  std::to_string(saved.microbatches) + reordered);
   // resume_trainer let the data through on equal contents; another path is said.
   const TokenSource& source = trainer.source();
   const std::string described = source.describe();

@@ -371,6 +371,32 @@ TEST(TrainerResume, MicrobatchesOfAScheduleFileAreSaidAsTheFiles) {
       << notes[0];
 }
 
+// A count the caller's plan chose is said as the plan's, given as its origin; without one the
+// setting is named.
+TEST(TrainerResume, MicrobatchesOfAnOriginAreSaidAsItsChoice) {
+  TempDir dir;
+  TrainConfig c = resume_config(2, schedule::ScheduleKind::k1F1B);
+  c.microbatches = 2;
+  const std::filesystem::path folder = save_first_step(c, dir / "ckpt");
+  TrainConfig planned = c;
+  planned.microbatches = 4;
+  Trainer trainer(planned);
+  resume_trainer(trainer, folder);
+  const TrainingState saved = open_checkpoint(folder).state();
+  const std::vector<std::string> notes = resume_setting_changes(trainer, saved, "from the plan");
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_EQ(notes[0].find("resuming with 4 micro-batches from the plan where the checkpoint was "
+                          "saved with 2 (the gradients are summed"),
+            0u)
+      << notes[0];
+  const std::vector<std::string> named = resume_setting_changes(trainer, saved);
+  ASSERT_EQ(named.size(), 1u);
+  EXPECT_EQ(named[0].find("resuming with TrainConfig::microbatches 4 where the checkpoint was "
+                          "saved with 2"),
+            0u)
+      << named[0];
+}
+
 // Saves into `dir` under `policy`, each warning appended to `warnings`.
 TrainerCheckpointOptions collecting_warnings(const TempDir& dir, SaveErrorPolicy policy,
                                              std::vector<std::string>& warnings) {
