@@ -177,10 +177,21 @@ void check_memory_fits(const ModelDescription& model, const std::vector<StageRan
       // Too large to generate: the advice goes without it.
     }
   }
+  // Replicas that each keep the whole optimizer state can keep 1/D of it each instead; whether
+  // that alone is enough is known, not guessed.
+  std::string shared_state;
+  if (config.data_parallel > 1 && !config.shard_optimizer) {
+    TrainConfig sharded = config;
+    sharded.shard_optimizer = true;
+    const bool fits = !memory_shortfall(model, ranges, schedule, devices, sharded,
+                                        one_device_per_process, one_rank_per_process);
+    shared_state = "the optimizer state shared by the replicas (TrainConfig::shard_optimizer" +
+                   std::string(fits ? ", which fits" : "") + "), ";
+  }
   throw std::invalid_argument(*shortfall +
                               "; use a smaller model, fewer tokens per micro-batch or per step, "
                               "more stages, " +
-                              fewer_activations + "or sgd");
+                              fewer_activations + shared_state + "or sgd");
 }
 
 int cpu_threads_per_rank(int requested, int ranks) {
