@@ -333,6 +333,14 @@ schedule::Schedule make_schedule(const TrainConfig& config) {
     }
   }
   schedule::Schedule loaded = schedule::load_schedule(config.schedule_file);
+  // Replicas first: each replica's share of the micro-batches is counted with the run's
+  // replica count, which a file for another count makes the wrong divisor.
+  if (loaded.replicas != d)
+    throw std::invalid_argument("schedule file " + quoted_file_name(config.schedule_file) +
+                                " is for " + counted(loaded.replicas, "data-parallel replica") +
+                                " but the run uses " + std::to_string(d) +
+                                " (TrainConfig::data_parallel); write one for " +
+                                counted(d, "replica") + " with save_schedule");
   if (loaded.num_microbatches != m)
     throw std::invalid_argument(
         "schedule file " + quoted_file_name(config.schedule_file) + " has " +
@@ -341,12 +349,6 @@ schedule::Schedule make_schedule(const TrainConfig& config) {
         (d > 1 ? " per replica (TrainConfig::microbatches " + std::to_string(config.microbatches) +
                      " over TrainConfig::data_parallel " + std::to_string(d) + ")"
                : std::string(" (TrainConfig::microbatches)")));
-  if (loaded.replicas != d)
-    throw std::invalid_argument("schedule file " + quoted_file_name(config.schedule_file) +
-                                " is for " + counted(loaded.replicas, "data-parallel replica") +
-                                " but the run uses " + std::to_string(d) +
-                                " (TrainConfig::data_parallel); write one for " +
-                                counted(d, "replica") + " with save_schedule");
   // The file decides the ranks, the chunks and the kind. A config that asks for others is
   // refused rather than run under the file's without a word; left at their defaults, these
   // fields ask for nothing.
