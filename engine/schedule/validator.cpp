@@ -101,13 +101,19 @@ void check_structure(const Schedule& s) {
                "replicas=D in the header)");
         // Buckets 0, 1, ... of the stage, each once and in order: the members of a replica
         // group start their sums in the same order.
-        if (a.microbatch < next_bucket[a.stage])
+        if (a.microbatch < next_bucket[a.stage]) {
+          // The place of this bucket's first copy, not of the stage's bucket 0.
+          const auto& list = s.ranks[r];
+          const auto same = std::find_if(list.begin(), list.begin() + i, [&](const Action& b) {
+            return is_reduce(b.kind) && b.stage == a.stage && b.microbatch == a.microbatch;
+          });
+          const int64_t first = same == list.begin() + i ? reduce_at[a.stage] : same - list.begin();
           fail(s, r, i, "allreduce",
                "the gradient all-reduce of stage " + std::to_string(a.stage) +
                    (a.microbatch > 0 ? " (bucket " + std::to_string(a.microbatch) + ")" : "") +
-                   " appears twice (stage first at position " + std::to_string(reduce_at[a.stage]) +
-                   "); each stage needs exactly one of "
-                   "each bucket");
+                   " appears twice (first at position " + std::to_string(first) +
+                   "); each stage needs exactly one of each bucket");
+        }
         if (a.microbatch > next_bucket[a.stage]) {
           const int want = next_bucket[a.stage];
           const std::string of = " of the gradient all-reduce of stage " + std::to_string(a.stage);

@@ -177,10 +177,21 @@ void check_memory_fits(const ModelDescription& model, const std::vector<StageRan
       // Too large to generate: the advice goes without it.
     }
   }
+  // Replicas that each keep the whole optimizer state can keep 1/D of it each instead; whether
+  // that alone is enough is known, not guessed.
+  std::string shared_state;
+  if (config.data_parallel > 1 && !config.shard_optimizer) {
+    TrainConfig sharded = config;
+    sharded.shard_optimizer = true;
+    const bool fits = !memory_shortfall(model, ranges, schedule, devices, sharded,
+                                        one_device_per_process, one_rank_per_process);
+    shared_state = "the optimizer state shared by the replicas (TrainConfig::shard_optimizer" +
+                   std::string(fits ? ", which fits" : "") + "), ";
+  }
   throw std::invalid_argument(*shortfall +
                               "; use a smaller model, fewer tokens per micro-batch or per step, "
                               "more stages, " +
-                              fewer_activations + "or sgd");
+                              fewer_activations + shared_state + "or sgd");
 }
 
 int cpu_threads_per_rank(int requested, int ranks) {
@@ -322,6 +333,14 @@ schedule::Schedule make_schedule(const TrainConfig& config) {
     }
   }
   schedule::Schedule loaded = schedule::load_schedule(config.schedule_file);
+  // Replicas first: each replica's share of the micro-batches is counted with the run's
+  // replica count, which a file for another count makes the wrong divisor.
+  if (loaded.replicas != d)
+    throw std::invalid_argument("schedule file " + quoted_file_name(config.schedule_file) +
+                                " is for " + counted(loaded.replicas, "data-parallel replica") +
+                                " but the run uses " + std::to_string(d) +
+                                " (TrainConfig::data_parallel); write one for " +
+                                counted(d, "replica") + " with save_schedule");
   if (loaded.num_microbatches != m)
     throw std::invalid_argument(
         "schedule file " + quoted_file_name(config.schedule_file) + " has " +
@@ -330,12 +349,6 @@ schedule::Schedule make_schedule(const TrainConfig& config) {
         (d > 1 ? " per replica (TrainConfig::microbatches " + std::to_string(config.microbatches) +
                      " over TrainConfig::data_parallel " + std::to_string(d) + ")"
                : std::string(" (TrainConfig::microbatches)")));
-  if (loaded.replicas != d)
-    throw std::invalid_argument("schedule file " + quoted_file_name(config.schedule_file) +
-                                " is for " + counted(loaded.replicas, "data-parallel replica") +
-                                " but the run uses " + std::to_string(d) +
-                                " (TrainConfig::data_parallel); write one for " +
-                                counted(d, "replica") + " with save_schedule");
   // The file decides the ranks, the chunks and the kind. A config that asks for others is
   // refused rather than run under the file's without a word; left at their defaults, these
   // fields ask for nothing.

@@ -188,10 +188,12 @@ TEST(DataParallelSchedule, BucketsGoInOrderAfterTheLastWeightGradient) {
   EXPECT_NE(text.find("B0.1 AR0 AR0.1 AR0.2"), std::string::npos) << text;
   EXPECT_EQ(parse_text(text), s);
   EXPECT_EQ(parse_csv(dump_csv(s)), s);
-  {  // a bucket twice
+  {  // a bucket twice: the first copy's place is named, not that of the stage's bucket 0
     const auto e = rejection(replace(text, "AR0.1 AR0.2", "AR0.1 AR0.1 AR0.2"));
     EXPECT_EQ(e.rule(), "allreduce");
-    EXPECT_NE(std::string(e.what()).find("stage 0 (bucket 1) appears twice"), std::string::npos)
+    EXPECT_EQ(e.index(), 10);
+    EXPECT_NE(std::string(e.what()).find("stage 0 (bucket 1) appears twice (first at position 9)"),
+              std::string::npos)
         << e.what();
   }
   {  // out of order

@@ -170,6 +170,51 @@ TEST(MemoryEstimate, ARefusalThat1F1BWouldFitNamesIt) {
   EXPECT_NE(under_1f1b.find("more stages, or sgd"), std::string::npos) << under_1f1b;
 }
 
+// Replicas that each keep the whole AdamW state are told they can share it, and that sharing
+// alone fits where it does; sharded replicas, and a single pipeline, are not.
+TEST(MemoryEstimate, ARefusalOfReplicasNamesTheShardedOptimizerState) {
+  const TwoRanksOfOneF1B run;
+  TrainConfig c = run.config;
+  c.data_parallel = 2;
+  c.microbatches = 4;
+  const schedule::Schedule s =
+      schedule::generate(schedule::ScheduleKind::k1F1B, 2, 2, 1, c.data_parallel);
+  const std::vector<Device> cpu(4, Device::cpu());
+  const auto refusal = [&](bool shard, double cap) {
+    c.shard_optimizer = shard;
+    c.memory_limit_bytes = static_cast<size_t>(cap);
+    try {
+      check_memory_fits(run.model, run.ranges, s, cpu, c);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no refusal");
+  };
+  // The least cap each layout fits, to a byte: sharded, each rank keeps half its moments.
+  const auto least_cap = [&](bool shard) {
+    double fits = 1 << 30, refused = 1;
+    while (fits - refused > 1) {
+      const double mid = std::floor((fits + refused) / 2);
+      (refusal(shard, mid) == "no refusal" ? fits : refused) = mid;
+    }
+    return fits;
+  };
+  const double whole = least_cap(false), shared = least_cap(true);
+  ASSERT_LT(shared, whole);
+  const double between = (whole + shared) / 2;
+  EXPECT_EQ(refusal(true, between), "no refusal");
+  const std::string hint =
+      "the optimizer state shared by the replicas (TrainConfig::shard_optimizer, which fits), "
+      "or sgd";
+  EXPECT_NE(refusal(false, between).find(hint), std::string::npos) << refusal(false, between);
+  const std::string below = refusal(false, shared / 2);
+  EXPECT_NE(below.find("the optimizer state shared by the replicas "
+                       "(TrainConfig::shard_optimizer), or sgd"),
+            std::string::npos)
+      << below;
+  EXPECT_EQ(refusal(true, shared / 2).find("shard_optimizer"), std::string::npos);
+}
+
 // On a CUDA device each rank's context takes its cuBLASLt workspace from the capped allocator
 // before the first step, so a cap that holds the CPU's estimate but not that workspace too
 // refuses the CUDA run up front. No GPU is needed: the check refuses before any context exists,
