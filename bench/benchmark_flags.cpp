@@ -220,4 +220,9 @@ std::optional<int> take_benchmark_flags(int* argc, char** argv, bool report) {
   return std::nullopt;
 }
 
+bool gpu_expected() {
+  const char* value = std::getenv("CONVEYOR_EXPECT_GPU");
+  return value != nullptr && *value != '\0' && std::string_view(value) != "0";
+}
+
 }  // namespace conveyor::bench
