@@ -291,7 +291,12 @@ BENCHMARK(BM_SumSquares)
 int main(int argc, char** argv) {
   if (const auto status = conveyor::bench::take_benchmark_flags(&argc, argv)) return *status;
   if (conveyor::cuda_device_count() == 0) {
-    std::printf("bench_kernels_gpu: no CUDA device; nothing to measure.\n");
+    if (conveyor::bench::gpu_expected()) {
+      std::fprintf(stderr, "bench_kernels_gpu: %s\n", conveyor::bench::kExpectedGpuMissing);
+      return 1;
+    }
+    // On stderr: stdout may be the --benchmark_format=json document a script reads.
+    std::fprintf(stderr, "bench_kernels_gpu: no CUDA device; nothing to measure.\n");
     return 0;
   }
   benchmark::RunSpecifiedBenchmarks();

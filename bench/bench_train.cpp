@@ -18,11 +18,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "bench/benchmark_flags.h"
 #include "engine/core/device.h"
 #include "engine/schedule/measured_timing.h"
 #include "engine/train/trainer.h"
@@ -121,6 +124,11 @@ BENCHMARK(BM_TrainCpu)
 // GPU: small preset, 16384 tokens per step in 16 micro-batches of 1024 tokens.
 void BM_TrainGpu(benchmark::State& state, bool tf32) {
   if (conveyor::cuda_device_count() == 0) {
+    // An error row would leave the exit status 0, and tools/gpu_check.sh would say "ok".
+    if (conveyor::bench::gpu_expected()) {
+      std::fprintf(stderr, "bench_train: %s\n", conveyor::bench::kExpectedGpuMissing);
+      std::exit(1);
+    }
     state.SkipWithError("no CUDA device");
     return;
   }

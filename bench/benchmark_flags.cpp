@@ -73,6 +73,20 @@ bool seconds(std::string_view text) {
   return !s.empty() && *end == '\0' && std::isfinite(value) && value >= 0;
 }
 
+// A value Google Benchmark reads as --benchmark_context: empty, or comma-separated pieces of
+// one '=' each (it leaves any other value in argv, which would be refused as unknown).
+bool key_value_pairs(std::string_view text) {
+  if (text.empty()) return true;
+  size_t start = 0;
+  while (true) {
+    const size_t comma = text.find(',', start);
+    const std::string_view piece = text.substr(start, comma - start);
+    if (std::count(piece.begin(), piece.end(), '=') != 1) return false;
+    if (comma == std::string_view::npos) return true;
+    start = comma + 1;
+  }
+}
+
 // What is wrong with the value of one of Google Benchmark's flags in `arg`, as "expects ...,
 // got ..." after the flag's name; empty when the value is right or `arg` is not such a flag.
 std::string bad_value(std::string_view arg) {
@@ -95,6 +109,8 @@ std::string bad_value(std::string_view arg) {
   if (const auto v = flag_value(arg, "benchmark_color");
       v && (v->empty() || !(boolean(*v) || *v == "auto")))
     return "--benchmark_color expects auto, true or false, " + got(*v);
+  if (const auto v = flag_value(arg, "benchmark_context"); v && !key_value_pairs(*v))
+    return "--benchmark_context expects key=value pairs separated by commas, " + got(*v);
   for (const char* name : {"benchmark_list_tests", "benchmark_enable_random_interleaving",
                            "benchmark_report_aggregates_only", "benchmark_display_aggregates_only",
                            "benchmark_counters_tabular"})
@@ -119,7 +135,7 @@ std::string bad_value(std::string_view arg) {
 // The flags bad_value checks, each of which Google Benchmark also reads from the environment
 // variable of its name in capitals (BENCHMARK_FORMAT for --benchmark_format) when the command
 // line leaves it out.
-constexpr std::array<const char*, 14> kCheckedFlags = {"benchmark_min_time",
+constexpr std::array<const char*, 15> kCheckedFlags = {"benchmark_min_time",
                                                        "benchmark_min_warmup_time",
                                                        "benchmark_repetitions",
                                                        "v",
@@ -132,6 +148,7 @@ constexpr std::array<const char*, 14> kCheckedFlags = {"benchmark_min_time",
                                                        "benchmark_report_aggregates_only",
                                                        "benchmark_display_aggregates_only",
                                                        "benchmark_counters_tabular",
+                                                       "benchmark_context",
                                                        "benchmark_out"};
 
 // What is wrong with the environment's value of a checked flag the command line leaves out,
@@ -201,6 +218,11 @@ std::optional<int> take_benchmark_flags(int* argc, char** argv, bool report) {
                   ": the flags are --benchmark_NAME=VALUE, listed by --help");
   }
   return std::nullopt;
+}
+
+bool gpu_expected() {
+  const char* value = std::getenv("CONVEYOR_EXPECT_GPU");
+  return value != nullptr && *value != '\0' && std::string_view(value) != "0";
 }
 
 }  // namespace conveyor::bench

@@ -15,4 +15,14 @@ namespace conveyor::bench {
 // false keeps stderr quiet (the ranks of an MPI run other than the first), the status stays.
 std::optional<int> take_benchmark_flags(int* argc, char** argv, bool report = true);
 
+// Whether CONVEYOR_EXPECT_GPU is set (to anything but "" or "0"), as tools/gpu_check.sh sets it
+// where nvidia-smi sees a GPU: there a GPU benchmark that finds no usable device fails, as the
+// gpu tests do, instead of reporting an error row or nothing and exiting 0.
+bool gpu_expected();
+
+// The sentence a GPU benchmark ends with, exit status 1, when gpu_expected() and it finds no
+// usable device.
+inline constexpr const char* kExpectedGpuMissing =
+    "no usable CUDA device, but CONVEYOR_EXPECT_GPU says this machine has one";
+
 }  // namespace conveyor::bench

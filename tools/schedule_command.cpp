@@ -349,7 +349,8 @@ void run(const ScheduleOptions& o, const CLI::App& cmd) {
     return run_compare(o, costs);
   }
   // Each output flag writes a file of its own: a name given twice would end with the second
-  // file over the first and "wrote" printed for both.
+  // file over the first and "wrote" printed for both. A device or a FIFO (/dev/null for all)
+  // is written in place and keeps nothing to lose, as train's outputs may share one.
   const std::vector<std::pair<const char*, const std::string*>> outputs = {
       {"--dump", &o.dump}, {"--svg", &o.svg}, {"--trace", &o.trace}};
   for (size_t a = 0; a < outputs.size(); ++a)
@@ -357,6 +358,11 @@ void run(const ScheduleOptions& o, const CLI::App& cmd) {
       const std::string& x = *outputs[a].second;
       const std::string& y = *outputs[b].second;
       if (x.empty() || y.empty()) continue;
+      std::error_code error;
+      const auto type = std::filesystem::status(x, error).type();
+      if (!error && type != std::filesystem::file_type::regular &&
+          type != std::filesystem::file_type::directory)
+        continue;
       if (same_file(x, y))
         throw UsageError(std::string(outputs[a].first) + " and " + outputs[b].first +
                          " both name '" + escaped_for_message(y) +
