@@ -153,6 +153,19 @@ TEST(Evaluate, AStopRequestEndsItBetweenGroupsOfBatches) {
   EXPECT_EQ(stopped.position(), 2u * 192u);  // one pair of batches drawn, then stopped
 }
 
+// By default a stop request is asked after at most 2^16 tokens of batches: a signal during a
+// long evaluation waits for a few steps' compute, not for 2^20 tokens (85 steps of 4096).
+TEST(Evaluate, ADefaultEvaluationAsksForAStopAfterAtMost65536Tokens) {
+  TrainConfig c = eval_run(1, schedule::ScheduleKind::k1F1B);
+  Trainer trainer(c);
+  trainer.executor().set_stop_request([] { return 2; });
+  MarkovSource stopped(c.model.vocab, c.seed + 7);
+  const int64_t batches = (int64_t{1} << 20) / c.batch_tokens;
+  EXPECT_THROW(trainer.evaluate(stopped, batches), EvaluationStopped);
+  EXPECT_LE(stopped.position(), uint64_t{1} << 16);
+  EXPECT_GT(stopped.position(), (uint64_t{1} << 16) - c.batch_tokens);
+}
+
 struct Snapshot {
   std::vector<std::vector<float>> values, grads, state;
   std::vector<int64_t> steps_taken;
