@@ -123,9 +123,10 @@ class Trainer {
   // (PipelineExecutor::set_stop_request) is asked, on every process at the same point, and
   // when it asks on any, every process throws EvaluationStopped with the signal of the
   // lowest one asked: a long evaluation ends on a signal as a step does. The default keeps a
-  // group to about the compute of five steps of 4096 tokens (a backward costs two forwards),
-  // where 2^20 tokens took that of 85, minutes to hours on the CPU for a model above the tiny
-  // preset; more batches at once gain little once a group fills the pipeline.
+  // group to about the compute of five steps of 4096 tokens (a backward costs two forwards):
+  // a group of 2^20 would run minutes to hours on the CPU for a model above the tiny preset
+  // before a signal is heard, and more batches at once gain little once a group fills the
+  // pipeline.
   static constexpr int64_t kEvaluationTokensAtOnce = int64_t{1} << 16;
   double evaluate(TokenSource& source, int64_t batches = 1,
                   int64_t tokens_at_once = kEvaluationTokensAtOnce);
