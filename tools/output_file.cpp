@@ -104,10 +104,13 @@ bool same_file(const std::string& a, const std::string& b) {
          resolved_path(through_links(a)) == resolved_path(through_links(b));
 }
 
-void refuse_kernel_file_system(const std::string& path, const std::string& shown) {
+bool written_in_place(const std::string& path) {
   struct stat st {};
-  const bool exists = ::stat(path.c_str(), &st) == 0;
-  if (exists && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) return;
+  return ::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode);
+}
+
+void refuse_kernel_file_system(const std::string& path, const std::string& shown) {
+  if (written_in_place(path)) return;
   // A path not made yet: the nearest folder above it that exists, where it would be made.
   std::filesystem::path at = path.empty() ? "." : path;
   struct statfs fs {};

@@ -21,6 +21,9 @@ std::filesystem::path resolved_path(const std::string& path);
 // Whether `a` and `b` name one file: the same inode when both exist, else the same resolved
 // path. What two output flags, or an output and an input, must not share.
 bool same_file(const std::string& a, const std::string& b);
+// Whether `path` is a device or a FIFO (/dev/null for both): written in place, it holds no
+// contents a write would destroy, so outputs may share it and it may be an input's too.
+bool written_in_place(const std::string& path);
 
 class OutputFile {
  public:

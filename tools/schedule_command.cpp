@@ -358,11 +358,7 @@ void run(const ScheduleOptions& o, const CLI::App& cmd) {
       const std::string& x = *outputs[a].second;
       const std::string& y = *outputs[b].second;
       if (x.empty() || y.empty()) continue;
-      std::error_code error;
-      const auto type = std::filesystem::status(x, error).type();
-      if (!error && type != std::filesystem::file_type::regular &&
-          type != std::filesystem::file_type::directory)
-        continue;
+      if (written_in_place(x)) continue;
       if (same_file(x, y))
         throw UsageError(std::string(outputs[a].first) + " and " + outputs[b].first +
                          " both name '" + escaped_for_message(y) +
@@ -372,9 +368,7 @@ void run(const ScheduleOptions& o, const CLI::App& cmd) {
   // does not load again; --dump over it writes the same schedule back and is allowed.
   for (const auto& [flag, path] : {outputs[1], outputs[2]}) {
     if (o.load.empty() || path->empty()) continue;
-    std::error_code error;
-    const auto type = std::filesystem::status(*path, error).type();
-    if (!error && type != std::filesystem::file_type::regular) continue;  // a device: nothing lost
+    if (written_in_place(*path)) continue;
     if (same_file(*path, o.load))
       throw UsageError(std::string(flag) + " file " + quoted_file_name(*path) +
                        " is the file --load reads, which writing it would destroy; give " + flag +

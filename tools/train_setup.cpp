@@ -62,12 +62,7 @@ void refuse_outputs_over_inputs(const TrainFlags& f) {
   for (size_t o = 0; o < outputs.size(); ++o) {
     const auto& [flag, path] = outputs[o];
     if (path->empty()) continue;
-    // A device or a FIFO (/dev/null for both) holds nothing to destroy.
-    std::error_code error;
-    const auto type = std::filesystem::status(*path, error).type();
-    if (!error && type != std::filesystem::file_type::regular &&
-        type != std::filesystem::file_type::directory)
-      continue;
+    if (written_in_place(*path)) continue;
     const std::string shown = quoted_file_name(*path);
     for (size_t other = o + 1; other < outputs.size(); ++other)
       if (!outputs[other].second->empty() && same_file(*path, *outputs[other].second))
