@@ -1,10 +1,17 @@
 #!/usr/bin/env bash
 # Installs the Debian packages Conveyor needs (only those missing), then configures and
-# builds into build/ (or $CONVEYOR_BUILD_DIR). Extra CMake flags: $CONVEYOR_CMAKE_ARGS.
+# builds into build/ (or $CONVEYOR_BUILD_DIR). Extra CMake flags: $CONVEYOR_CMAKE_ARGS, split
+# at white space as the shell splits words (no quoting inside it).
 # The CUDA backend is built when a CUDA toolkit and NCCL are found (CONVEYOR_CUDA=AUTO).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${CONVEYOR_BUILD_DIR:-$root/build}
+# Before any package is installed: CMake would only say it cannot make the folder.
+if [ -e "$build" ] && [ ! -d "$build" ]; then
+  echo "bootstrap: the build folder '$build' is not a folder; give a folder" \
+       "(made if missing), or move that file away" >&2
+  exit 2
+fi
 
 # What the library and the command line need; tools/train.sh builds no more.
 packages=(cmake make g++ libeigen3-dev libcli11-dev nlohmann-json3-dev libxxhash-dev openmpi-bin
@@ -61,7 +68,13 @@ if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
 fi
 
 # shellcheck disable=SC2086
-cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release ${CONVEYOR_CMAKE_ARGS:-}
+if ! cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release ${CONVEYOR_CMAKE_ARGS:-}; then
+  # CMake keeps every -D given in the folder's cache, a wrong one too, for the next configure.
+  echo "bootstrap: configuring '$build' failed (CMake said why, above); its CMakeCache.txt" \
+       "keeps the -D settings of this and earlier runs (CONVEYOR_CMAKE_ARGS='${CONVEYOR_CMAKE_ARGS:-}')," \
+       "so correct them there or remove '$build' to start anew" >&2
+  exit 1
+fi
 cmake --build "$build" -j"$(nproc)"
 
 # The checkpoint interop test reads shards with Python's safetensors and numpy (from PyPI;
