@@ -173,8 +173,12 @@ void run_inspect(const CkptFlags& flags) {
   std::printf("  stages       %s\n", stages.c_str());
   // The manifest's and the headers' strings may hold any character a hand or a corruption put
   // there: control characters are shown escaped, as in errors, so none reaches the terminal.
-  std::printf("  schedule     %s, %s\n", escaped_keeping_backslashes(s.schedule).c_str(),
-              counted(s.microbatches, "micro-batch", "micro-batches").c_str());
+  // The replica count, when recorded: a resume under another sums the gradients in another
+  // order.
+  const std::string replicas =
+      s.data_parallel ? " over " + counted(*s.data_parallel, "data-parallel replica") : "";
+  std::printf("  schedule     %s, %s%s\n", escaped_keeping_backslashes(s.schedule).c_str(),
+              counted(s.microbatches, "micro-batch", "micro-batches").c_str(), replicas.c_str());
   std::printf("  optimizer    %s, lr %g (min %g, warm-up %" PRId64 "), %s taken\n",
               escaped_keeping_backslashes(s.optimizer.kind).c_str(), s.optimizer.lr,
               s.optimizer.min_lr, s.optimizer.warmup_steps,

@@ -284,7 +284,7 @@ CheckpointManifest parse_manifest(std::string_view text, const std::string& file
                           ")");
 
   // "replicas", "state_xxh3_64" and "manifest_xxh3_64" are the optional fields at this level
-  // (data.token the other, below).
+  // (schedule.data_parallel, data.token and data.contents the others, below).
   json fields = root;
   fields.erase("replicas");
   fields.erase("state_xxh3_64");
@@ -301,9 +301,20 @@ CheckpointManifest parse_manifest(std::string_view text, const std::string& file
   if (s.model_fingerprint.empty()) f.fail("model_fingerprint", "is empty");
   s.rng = f.any("rng");
 
-  const Fields schedule(f.object("schedule"), "manifest.schedule", file, {"name", "microbatches"});
+  // "data_parallel" is optional: checkpoints written before it was recorded have none.
+  const json& schedule_object = f.object("schedule");
+  json schedule_fields = schedule_object;
+  schedule_fields.erase("data_parallel");
+  const Fields schedule(schedule_fields, "manifest.schedule", file, {"name", "microbatches"});
   s.schedule = schedule.string("name");
   s.microbatches = schedule.count("microbatches", 1, kMaxMicrobatches, "TrainConfig::microbatches");
+  if (schedule_object.contains("data_parallel")) {
+    // Named: Fields keeps a reference.
+    const json replicas = {{"data_parallel", schedule_object["data_parallel"]}};
+    s.data_parallel = static_cast<int>(
+        Fields(replicas, "manifest.schedule", file, {"data_parallel"})
+            .count("data_parallel", 1, kMaxReplicas, "TrainConfig::data_parallel"));
+  }
 
   parse_optimizer(f.object("optimizer"), file, s);
 

@@ -52,6 +52,10 @@ struct TrainingState {
   std::vector<StagePlacement> stages;  // model units -> stage -> rank, by stage
   std::string schedule;                // e.g. "1f1b", or a schedule file
   int64_t microbatches = 1;
+  // TrainConfig::data_parallel of the run that saved: another count sums the gradients in
+  // another order. Absent from checkpoints written before it was recorded, and from those of
+  // writers that are no training run.
+  std::optional<int> data_parallel;
   OptimizerConfig optimizer;    // kind and hyper-parameters
   int64_t optimizer_steps = 0;  // Optimizer::steps_taken()
   LrSchedulePosition lr_schedule;

@@ -118,6 +118,7 @@ json manifest_to_json(const CheckpointManifest& m) {
   out["model_fingerprint"] = s.model_fingerprint;
   out["stages"] = stages;
   out["schedule"] = {{"name", s.schedule}, {"microbatches", s.microbatches}};
+  if (s.data_parallel) out["schedule"]["data_parallel"] = *s.data_parallel;
   out["shards"] = shards;
   if (m.state_checksum) out["state_xxh3_64"] = checkpoint_io::hex64(*m.state_checksum);
   if (m.manifest_checksum) out["manifest_xxh3_64"] = checkpoint_io::hex64(*m.manifest_checksum);

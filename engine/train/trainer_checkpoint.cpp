@@ -83,6 +83,7 @@ TrainingState trainer_training_state(Trainer& trainer) {
   state.stages = stage_placements(executor.schedule(), trainer.stage_ranges());
   state.schedule = executor.schedule().name;
   state.microbatches = config.microbatches;
+  state.data_parallel = config.data_parallel;
   state.optimizer = config.optimizer;
   // Every rank's optimizer has taken the same steps; ask one this process holds.
   state.optimizer_steps = executor.optimizer(executor.local_ranks().front()).steps_taken();

@@ -260,6 +260,9 @@ std::vector<std::string> resume_setting_changes(const Trainer& trainer, const Tr
     out.push_back("resuming with " + counted(config.microbatches, "micro-batch", "micro-batches") +
                   " " + origin + " where the checkpoint was saved with " +
                   std::to_string(saved.microbatches) + reordered);
+  // A checkpoint written before the count was recorded says nothing of it.
+  if (saved.data_parallel)
+    compare("TrainConfig::data_parallel", *saved.data_parallel, config.data_parallel, reordered);
   // resume_trainer let the data through on equal contents; another path is said.
   const TokenSource& source = trainer.source();
   const std::string described = source.describe();

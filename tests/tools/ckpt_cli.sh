@@ -63,6 +63,18 @@ case $case_name in
     [ -n "$digest" ] || fail "the manifest holds no data.contents"
     expect 0 "^  data +.*, position 64, contents $digest$" "$conveyor" ckpt inspect "$work/run"
     ;;
+  inspect_replicas)
+    # A training run's replica count, which a resume compares with its own, is on the
+    # schedule line and in the JSON; the demo's writer records none and shows none.
+    expect 0 "done +2 steps" "$conveyor" train --device cpu --steps 2 --batch-tokens 64 \
+      --microbatches 2 --dp 2 --quiet --save-dir "$work/run"
+    expect 0 "^  schedule +1f1b, 2 micro-batches over 2 data-parallel replicas$" \
+      "$conveyor" ckpt inspect "$work/run"
+    expect 0 '^    "data_parallel": 2,$' "$conveyor" ckpt inspect "$work/run" --json
+    output=$("$conveyor" ckpt inspect "$dir") || fail "inspect failed on the demo"
+    grep -q "^  schedule     1f1b, 4 micro-batches$" <<<"$output" ||
+      fail "the demo's schedule line is not '1f1b, 4 micro-batches': $output"
+    ;;
   inspect_control)
     # Names and strings a hand put into the headers or the manifest are shown with their
     # control characters escaped, as errors show them: none reaches the terminal.

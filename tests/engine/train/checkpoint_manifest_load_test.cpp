@@ -120,6 +120,15 @@ TEST_F(CheckpointLoad, ManifestFieldsAreChecked) {
       {"/schedule/microbatches", uint64_t{1} << 63, "manifest.schedule.microbatches is "},
       {"/replicas", 2048,
        "manifest.replicas is 2048, expected a number of replicas from 2 to 1024"},
+      {"/schedule/data_parallel", 0,
+       "manifest.schedule.data_parallel is 0, expected an integer in [1, 1024] (the range of "
+       "TrainConfig::data_parallel)"},
+      {"/schedule/data_parallel", -1, "manifest.schedule.data_parallel is -1, expected an integer"},
+      {"/schedule/data_parallel", "2",
+       "manifest.schedule.data_parallel is \"2\", expected an integer"},
+      {"/schedule/data_parallel", 1025,
+       "manifest.schedule.data_parallel is 1025, expected an integer in [1, 1024]"},
+      {"/schedule/data_parallel", 1.5, "manifest.schedule.data_parallel is 1.5"},
   };
   const std::string pristine = read_file(manifest());
   for (const Case& c : cases) {

@@ -397,6 +397,42 @@ TEST(TrainerResume, MicrobatchesOfAnOriginAreSaidAsItsChoice) {
       << named[0];
 }
 
+// The manifest records the replica count, and a resume under another says it, the gradients
+// being summed in another order; the same count says nothing. A checkpoint written before the
+// count was recorded resumes under any count without a word.
+TEST(TrainerResume, AnotherDataParallelCountIsSaid) {
+  TempDir dir;
+  const TrainConfig two = testing::small_train_config(1, 2);
+  const std::filesystem::path folder = save_first_step(two, dir / "ckpt");
+  EXPECT_EQ(open_checkpoint(folder).state().data_parallel, 2);
+  TrainConfig one = two;
+  one.data_parallel = 1;
+  {
+    Trainer trainer(one);
+    resume_trainer(trainer, folder);
+    const std::vector<std::string> notes =
+        resume_setting_changes(trainer, open_checkpoint(folder).state());
+    ASSERT_EQ(notes.size(), 1u);
+    EXPECT_EQ(notes[0],
+              "resuming with TrainConfig::data_parallel 1 where the checkpoint was saved with 2 "
+              "(the gradients are summed in another order, so the run departs from an "
+              "uninterrupted one by rounding)");
+  }
+  {
+    Trainer trainer(two);
+    resume_trainer(trainer, folder);
+    EXPECT_TRUE(resume_setting_changes(trainer, open_checkpoint(folder).state()).empty());
+  }
+  testing::edit_manifest(folder, [](auto& m) { m["schedule"].erase("data_parallel"); });
+  Trainer trainer(one);
+  const Checkpoint ckpt = resume_trainer(trainer, folder);
+  EXPECT_FALSE(ckpt.state().data_parallel.has_value());
+  EXPECT_TRUE(resume_setting_changes(trainer, ckpt.state()).empty());
+  EXPECT_EQ(trainer.steps_done(), 1);
+  trainer.step();
+  EXPECT_EQ(trainer.steps_done(), 2);
+}
+
 // Saves into `dir` under `policy`, each warning appended to `warnings`.
 TrainerCheckpointOptions collecting_warnings(const TempDir& dir, SaveErrorPolicy policy,
                                              std::vector<std::string>& warnings) {
