@@ -11,7 +11,6 @@
 #include <vector>
 
 #include "engine/core/number_text.h"
-#include "engine/train/data.h"
 #include "tools/cli_common.h"
 #include "tools/output_file.h"
 
@@ -91,14 +90,13 @@ void quiet_unless_rank_zero(const MpiSession& mpi, TrainFlags& f) {
   f.trace.clear();
 }
 
-void check_eval_fits(Trainer& trainer, const TrainConfig& config, int64_t eval_batches) {
-  const auto* file = dynamic_cast<const FileSource*>(&trainer.source());
-  if (eval_batches == 0 || file == nullptr) return;
+void check_eval_fits(const TrainConfig& config, int64_t eval_batches, uint64_t file_bytes) {
+  if (eval_batches == 0) return;
   const uint64_t trained = static_cast<uint64_t>(config.steps);
   const uint64_t needed =
       (trained + static_cast<uint64_t>(eval_batches)) * static_cast<uint64_t>(config.batch_tokens);
-  // One token per byte, as read when the run started (the file may have changed since).
-  const uint64_t have = file->bytes();
+  // One token per byte.
+  const uint64_t have = file_bytes;
   if (needed + 1 <= have) return;
   // What would fit: the batches left after the training's, or, when the training takes the
   // whole file or leaves less than a batch after it, no held-out batch at all.
