@@ -308,7 +308,7 @@ case $case_name in
     # --steps it counts.
     output=$("$conveyor" train --device cpu --batch-tokens 512 --microbatches 4 --vocab 256 \
       --d-model 32 --quiet --data d.txt --eval-batches 2 --resume ck 2>&1)
-    [ $? -eq 2 ] && grep -q "^conveyor: error: --eval-batches 2 needs 4097 bytes of --data (6 training and 2 held-out batches .*, or fewer --steps (--steps 6 is the checkpoint's, which --resume takes for the flags left out)$" <<<"$output" ||
+    [ $? -eq 2 ] && grep -q "^conveyor: error: --eval-batches 2 needs 4097 bytes of --data (6 training batches and 2 held-out batches .*, or fewer --steps (--steps 6 is the checkpoint's, which --resume takes for the flags left out)$" <<<"$output" ||
       fail "held-out batches past the file do not say that --steps is the checkpoint's: $output"
     for data in ./explore/d.txt "$work/d.txt" d2.txt; do
       output=$("$conveyor" train "${on_file[@]}" --data "$data" --resume ck 2>&1) ||
