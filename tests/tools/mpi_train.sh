@@ -356,7 +356,7 @@ case $mode in
       >"$work/out" 2>&1
     status=$?
     [ "$status" = 2 ] || fail "--data /dev/zero under -np 2: status $status: $(cat "$work/out")"
-    grep -q "data file '/dev/zero' is not a regular file" "$work/out" ||
+    grep -q "data file '/dev/zero' is a character device, not a regular file" "$work/out" ||
       fail "--data /dev/zero under -np 2 not refused by name: $(cat "$work/out")"
     echo "another schedule file or data file at the same path refused at start; copies run"
     ;;
