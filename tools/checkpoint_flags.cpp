@@ -111,10 +111,11 @@ std::unique_ptr<TrainerCheckpointer> setup_checkpoints(const CheckpointFlags& f,
         std::printf("note   %s\n", in_flag_terms(change).c_str());
       const int64_t saved_steps = ckpt.state().lr_schedule.total_steps;
       const TrainConfig& config = trainer.config();
+      // Said of the saved run's held-out batches, not its evaluations: it may have run none.
       if (eval_batches > 0 && !config.data_path.empty() && saved_steps != config.steps)
         std::printf(
             "note   the held-out batches of --data follow the --steps training "
-            "batches: now those after batch %lld, where the saved run evaluated those "
+            "batches: now those after batch %lld, where the saved run's were those "
             "after batch %lld; evaluations before and after this resume do not "
             "compare\n",
             static_cast<long long>(config.steps), static_cast<long long>(saved_steps));

@@ -25,6 +25,7 @@
 #include "engine/schedule/chrome_trace.h"
 #include "engine/schedule/measured_timing.h"
 #include "engine/train/checkpoint_shard.h"
+#include "engine/train/data.h"
 #include "engine/train/trainer.h"
 #include "tools/checkpoint_flags.h"
 #include "tools/cli_common.h"
@@ -191,8 +192,24 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
         "pipeline" +
         detail + "; use a smaller model or --memory-cap to see the estimate");
   };
+  // The --data file is read before the model is built, so that held-out batches it cannot
+  // hold are refused at once, not after the seconds a large model takes to build.
+  std::shared_ptr<TokenSource> data;
   try {
-    trainer = std::make_unique<Trainer>(config);
+    if (!config.data_path.empty()) data = make_token_source(config, config.model.vocab);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(with_inherited_origin(e.what(), f.checkpoint.inherited));
+  }
+  if (data) {
+    const uint64_t bytes = dynamic_cast<const FileSource&>(*data).bytes();
+    try {
+      check_eval_fits(config, f.eval_batches, bytes);
+    } catch (const UsageError& e) {  // from the agreed flags and --data contents: alike everywhere
+      refuse_on_every_rank(mpi, with_inherited_origin(e.what(), f.checkpoint.inherited));
+    }
+  }
+  try {
+    trainer = std::make_unique<Trainer>(config, data);
   } catch (const comm::ProcessCountMismatch& e) {
     refuse_on_every_rank(mpi, e.what());
   } catch (const std::invalid_argument& e) {  // schedule, partition, placement, memory too
@@ -218,11 +235,6 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
   const int64_t stop_after = f.checkpoint.stop_after;
   const bool stops_early = stop_after > 0 && stop_after < config.steps;
   const int64_t last_step_to_run = stops_early ? stop_after : config.steps;
-  try {
-    check_eval_fits(*trainer, config, f.eval_batches);
-  } catch (const UsageError& e) {  // from the agreed flags and --data contents: alike everywhere
-    refuse_on_every_rank(mpi, with_inherited_origin(e.what(), f.checkpoint.inherited));
-  }
   std::optional<HeldOutData> held_out;
   if (f.eval_batches > 0) held_out.emplace(*trainer);
   // A count the plan chose is the plan's to say, not a --microbatches never typed.

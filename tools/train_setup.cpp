@@ -11,7 +11,6 @@
 #include <vector>
 
 #include "engine/core/number_text.h"
-#include "engine/train/data.h"
 #include "tools/cli_common.h"
 #include "tools/output_file.h"
 
@@ -91,31 +90,38 @@ void quiet_unless_rank_zero(const MpiSession& mpi, TrainFlags& f) {
   f.trace.clear();
 }
 
-void check_eval_fits(Trainer& trainer, const TrainConfig& config, int64_t eval_batches) {
-  const auto* file = dynamic_cast<const FileSource*>(&trainer.source());
-  if (eval_batches == 0 || file == nullptr) return;
+void check_eval_fits(const TrainConfig& config, int64_t eval_batches, uint64_t file_bytes) {
+  if (eval_batches == 0) return;
   const uint64_t trained = static_cast<uint64_t>(config.steps);
   const uint64_t needed =
       (trained + static_cast<uint64_t>(eval_batches)) * static_cast<uint64_t>(config.batch_tokens);
-  // One token per byte, as read when the run started (the file may have changed since).
-  const uint64_t have = file->bytes();
+  // One token per byte.
+  const uint64_t have = file_bytes;
   if (needed + 1 <= have) return;
   // What would fit: the batches left after the training's, or, when the training takes the
-  // whole file or leaves less than a batch after it, no held-out batch at all.
+  // whole file, more than it, or leaves less than a batch after it, no held-out batch at all.
   const uint64_t batch = static_cast<uint64_t>(config.batch_tokens);
   const uint64_t pairs = have - 1;
   const uint64_t in_file = pairs / batch;
-  std::string fix = "the training batches alone fill it; use fewer --steps or a larger file";
+  const uint64_t training_pairs = trained * batch;
+  std::string fix;
   if (in_file > trained)
     fix = "use --eval-batches " + std::to_string(in_file - trained) + " or fewer, or fewer --steps";
-  else if (in_file == trained && pairs > trained * batch)
-    fix = "the training batches leave " + counted(pairs - trained * batch, "(input, target) pair") +
+  else if (training_pairs < pairs)
+    fix = "the training batches leave " + counted(pairs - training_pairs, "(input, target) pair") +
           " after them, fewer than one held-out batch; use fewer --steps or a larger file";
+  else if (training_pairs == pairs)
+    fix = "the training batches alone fill it; use fewer --steps or a larger file";
+  else
+    fix = "the training batches alone need " + std::to_string(training_pairs) +
+          " (input, target) pairs, more than its " + std::to_string(pairs) +
+          "; use fewer --steps or a larger file";
   throw UsageError(
       "--eval-batches " + std::to_string(eval_batches) + " needs " + std::to_string(needed + 1) +
-      " bytes of --data (" + std::to_string(trained) + " training and " +
-      std::to_string(eval_batches) + " held-out batches of " + std::to_string(config.batch_tokens) +
-      " tokens, and the last target) but the file has " + std::to_string(have) + "; " + fix);
+      " bytes of --data (" + counted(trained, "training batch", "training batches") + " and " +
+      counted(eval_batches, "held-out batch", "held-out batches") + " of " +
+      std::to_string(config.batch_tokens) + " tokens each, and the last target) but the file has " +
+      std::to_string(have) + "; " + fix);
 }
 
 }  // namespace conveyor::cli

@@ -4,7 +4,7 @@
 // and held-out batches must fit in --data.
 #include <cstdint>
 
-#include "engine/train/trainer.h"
+#include "engine/train/train_config.h"
 #include "tools/mpi_launch.h"
 #include "tools/train_flags.h"
 
@@ -20,9 +20,10 @@ void refuse_outputs_over_inputs(const TrainFlags& f);
 void quiet_unless_rank_zero(const MpiSession& mpi, TrainFlags& f);
 
 // With --data, the held-out batches must follow the --steps training batches within the file
-// (make_held_out_source): past its end the source wraps and would evaluate on bytes the run
-// trains on. The last pair's target is the byte after its input, so the file needs one byte
-// more than the tokens.
-void check_eval_fits(Trainer& trainer, const TrainConfig& config, int64_t eval_batches);
+// of `file_bytes` bytes (make_held_out_source): past its end the source wraps and would
+// evaluate on bytes the run trains on. The last pair's target is the byte after its input, so
+// the file needs one byte more than the tokens. From the config and the file's length alone,
+// so that it is refused before the model is built.
+void check_eval_fits(const TrainConfig& config, int64_t eval_batches, uint64_t file_bytes);
 
 }  // namespace conveyor::cli

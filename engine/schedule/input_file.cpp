@@ -124,8 +124,8 @@ std::string read_input_file(const std::string& path, const InputFileRules& rules
   const auto unreadable = [&](int err) {
     fail("cannot read " + shown + ": " + std::strerror(err));
   };
-  const auto not_regular = [&] {
-    fail(shown + " is not a regular file (a device, pipe or socket); give " + rules.expected +
+  const auto not_regular = [&](mode_t mode) {
+    fail(shown + " is " + file_kind(mode) + ", not a regular file; give " + rules.expected +
          " (at most " + size_text(rules.max_bytes) + ")");
   };
   const auto too_large = [&](const std::string& size) {
@@ -143,14 +143,14 @@ std::string read_input_file(const std::string& path, const InputFileRules& rules
     unreadable(err);
   }
   if (S_ISDIR(st.st_mode)) fail(shown + " is a directory; give " + rules.expected);
-  if (!S_ISREG(st.st_mode)) not_regular();
+  if (!S_ISREG(st.st_mode)) not_regular(st.st_mode);
   // O_NONBLOCK: should a FIFO have taken the name since, the open does not wait for a writer;
   // the descriptor is checked again, and a regular file reads the same with it.
   const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) unreadable(errno);
   const ClosedOnExit closer{fd};
   if (::fstat(fd, &st) != 0) unreadable(errno);
-  if (!S_ISREG(st.st_mode)) not_regular();
+  if (!S_ISREG(st.st_mode)) not_regular(st.st_mode);
   const auto size = static_cast<uint64_t>(st.st_size);
   if (size > rules.max_bytes) too_large(std::to_string(size));
   // A file whose size the kernel does not report (those of /proc) is asked for a byte past the

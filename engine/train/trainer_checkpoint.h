@@ -174,8 +174,9 @@ Checkpoint resume_trainer(Trainer& trainer, const std::filesystem::path& path);
 // The settings of this run that differ from those the checkpoint `saved` was trained with
 // and that a resume may change (learning rate, its schedule and warm-up, weight decay,
 // clipping, the optimizer's constants, the total steps, the micro-batches, the data-parallel
-// replicas when the checkpoint records them, and the data file's path when its bytes are the
-// same): one sentence
+// replicas when the checkpoint records them, the data file's path when its bytes are the
+// same, and the seed on data other than the Markov chain, where it changes nothing): one
+// sentence
 // each, e.g. "resuming with TrainConfig::optimizer.lr 0.1 where the checkpoint was saved with
 // 0.001" (a count a schedule file fixes is said as the file's), for the caller to show. The batch
 // size is not among them: resume_trainer refuses another one, since it fixes where each step's

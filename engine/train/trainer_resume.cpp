@@ -13,6 +13,7 @@
 #include "engine/schedule/input_file.h"
 #include "engine/train/checkpoint_io.h"
 #include "engine/train/checkpoint_model.h"
+#include "engine/train/data.h"
 #include "engine/train/process_agreement.h"
 #include "engine/train/trainer_checkpoint.h"
 
@@ -266,6 +267,15 @@ std::vector<std::string> resume_setting_changes(const Trainer& trainer, const Tr
   // resume_trainer let the data through on equal contents; another path is said.
   const TokenSource& source = trainer.source();
   const std::string described = source.describe();
+  // The seed draws the initial weights, which the checkpoint's replace, and the Markov chain,
+  // whose seed resume_trainer holds to the saved one; on any other data it does nothing.
+  const nlohmann::json& rng = saved.rng;
+  if (dynamic_cast<const MarkovSource*>(&source) == nullptr && rng.contains("seed") &&
+      rng["seed"].is_number_integer())
+    compare("TrainConfig::seed", rng["seed"], config.seed,
+            ", to no effect: the seed draws the initial weights and the Markov chain's tokens, "
+            "and this run takes its weights from the checkpoint and its tokens from " +
+                described);
   if (saved.data.contents && saved.data.contents == source.contents_digest() &&
       saved.data.source != described)
     out.push_back("resuming on " + described + " where the checkpoint was trained on " +

@@ -68,7 +68,7 @@ grep -q "held-out batches" "$work/resumed.out" && fail "a resume under the same 
 "$cli" train --device cpu --d-model 16 --layers 2 --batch-tokens 64 --microbatches 2 --steps 8 --stop-after 5 \
   --eval-batches 2 "${data[@]}" --resume "$work/ckpt" --quiet >"$work/longer.out" 2>&1 ||
   fail "the resume under --steps 8 failed: $(cat "$work/longer.out")"
-moved="^note   the held-out batches of --data follow the --steps training batches: now those after batch 8, where the saved run evaluated those after batch 6; "
+moved="^note   the held-out batches of --data follow the --steps training batches: now those after batch 8, where the saved run's were those after batch 6; "
 if [ ${#data[@]} -gt 0 ]; then
   grep -q "$moved" "$work/longer.out" || fail "no note that the held-out batches moved: $(cat "$work/longer.out")"
 else

@@ -14,8 +14,9 @@
 #                                      --schedule-file (or --data) at the same path: refused at
 #                                      start, once, naming the flag; copies at two paths run
 #   mpi_train.sh CONVEYOR launch       --transport inproc under -np 3 refused; it, a bad flag, a
-#                                      bad partition, -np 3 for 4 ranks and a diverging step
-#                                      said once, and a bad
+#                                      bad partition, --eval-batches past the end of --data
+#                                      (before the model is built), -np 3 for 4 ranks and a
+#                                      diverging step said once, and a bad
 #                                      flag of rank 1 alone said by rank 1; a process with srun --mpi=pmix's environment
 #                                      but no PMIx server refused, and one with the environment
 #                                      of srun --mpi=none's step (before MPI_Init, which would
@@ -355,7 +356,7 @@ case $mode in
       >"$work/out" 2>&1
     status=$?
     [ "$status" = 2 ] || fail "--data /dev/zero under -np 2: status $status: $(cat "$work/out")"
-    grep -q "data file '/dev/zero' is not a regular file" "$work/out" ||
+    grep -q "data file '/dev/zero' is a character device, not a regular file" "$work/out" ||
       fail "--data /dev/zero under -np 2 not refused by name: $(cat "$work/out")"
     echo "another schedule file or data file at the same path refused at start; copies run"
     ;;
@@ -381,6 +382,18 @@ case $mode in
       [ "$(grep -c "conveyor: error" "$work/out")" = 1 ] ||
         fail "$bad under -np 2 is not refused exactly once: $(cat "$work/out")"
     done
+    # Held-out batches past the end of --data (3000 bytes; 4 steps and 2 held-out batches of 512
+    # tokens need 3073): every process, agreeing on the file, meets the refusal alike, and
+    # before its model is built (which --memory-cap refuses).
+    head -c 3000 /dev/urandom >"$work/data.bin"
+    timeout 60 "${mpirun[@]}" -np 2 "$cli" "${common[@]}" --stages 2 --data "$work/data.bin" \
+      --eval-batches 2 --memory-cap 10KiB >"$work/out" 2>&1
+    status=$?
+    [ "$status" = 2 ] || fail "--eval-batches past --data under -np 2: status $status: $(cat "$work/out")"
+    grep -q "^conveyor: error: --eval-batches 2 needs 3073 bytes of --data" "$work/out" ||
+      fail "--eval-batches past --data under -np 2 not refused first: $(cat "$work/out")"
+    [ "$(grep -c "conveyor: error" "$work/out")" = 1 ] ||
+      fail "--eval-batches past --data under -np 2 is not refused exactly once: $(cat "$work/out")"
     # A step that diverges does so on every process (its loss and norm are all-reduced).
     timeout 60 "${mpirun[@]}" -np 2 "$cli" "${common[@]}" --stages 2 --lr 1e30 --warmup 0 \
       --clip 0 >"$work/out" 2>&1
@@ -429,7 +442,7 @@ case $mode in
     timeout 60 env SLURM_NTASKS=4 SLURM_PROCID=0 SLURM_LOCALID=0 SLURM_JOB_ID=42 \
       "$cli" "${common[@]}" --stages 2 >"$work/out" 2>&1 ||
       fail "a plain process in an allocation did not run by itself: $(cat "$work/out")"
-    echo "--transport inproc under mpirun refused; it, a bad flag, a bad partition and a wrong -np said once; one rank's bad flag said; a lone srun task and a task of srun --mpi=none refused"
+    echo "--transport inproc under mpirun refused; it, a bad flag, a bad partition, held-out batches past --data and a wrong -np said once; one rank's bad flag said; a lone srun task and a task of srun --mpi=none refused"
     ;;
   kill)
     signal_last_rank KILL 10

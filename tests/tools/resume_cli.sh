@@ -275,7 +275,8 @@ case $case_name in
     # --data is matched by the digest of the file's bytes the checkpoint records: the same
     # bytes by another path, absolute or under another name resume, a note saying so; one
     # byte changed in place (the same size) is refused. A checkpoint without the digest
-    # (written before it was recorded) is matched by the path as typed and the size.
+    # (written before it was recorded) is matched by the path as typed and the size. Another
+    # --seed is said to change nothing.
     cd "$work" || fail "cannot enter $work"
     python3 -c "import random; r = random.Random(3); open('d.txt', 'w').write(''.join(r.choice('abcdefgh \n') for _ in range(4096)))"
     mkdir explore && cp d.txt explore/d.txt && cp d.txt d2.txt
@@ -308,7 +309,7 @@ case $case_name in
     # --steps it counts.
     output=$("$conveyor" train --device cpu --batch-tokens 512 --microbatches 4 --vocab 256 \
       --d-model 32 --quiet --data d.txt --eval-batches 2 --resume ck 2>&1)
-    [ $? -eq 2 ] && grep -q "^conveyor: error: --eval-batches 2 needs 4097 bytes of --data (6 training and 2 held-out batches .*, or fewer --steps (--steps 6 is the checkpoint's, which --resume takes for the flags left out)$" <<<"$output" ||
+    [ $? -eq 2 ] && grep -q "^conveyor: error: --eval-batches 2 needs 4097 bytes of --data (6 training batches and 2 held-out batches .*, or fewer --steps (--steps 6 is the checkpoint's, which --resume takes for the flags left out)$" <<<"$output" ||
       fail "held-out batches past the file do not say that --steps is the checkpoint's: $output"
     for data in ./explore/d.txt "$work/d.txt" d2.txt; do
       output=$("$conveyor" train "${on_file[@]}" --data "$data" --resume ck 2>&1) ||
@@ -320,6 +321,17 @@ case $case_name in
     output=$("$conveyor" train "${on_file[@]}" --data d.txt --resume ck 2>&1) ||
       fail "the resume on the same file failed: $output"
     ! grep -q "^note   resuming" <<<"$output" || fail "a note for the same file: $output"
+    # Another --seed: it drew the weights, which are the checkpoint's, and the data are the
+    # file's, so the run is the one under the saved seed (1), and a note says so.
+    same=$("$conveyor" train "${on_file[@]}" --data d.txt --resume ck --seed 1 2>&1) ||
+      fail "the resume under the saved --seed failed: $same"
+    ! grep -q "^note   resuming" <<<"$same" || fail "a note for the saved --seed: $same"
+    output=$("$conveyor" train "${on_file[@]}" --data d.txt --resume ck --seed 2 2>&1) ||
+      fail "the resume under another --seed failed: $output"
+    grep -q "^note   resuming with --seed 2 where the checkpoint was saved with 1, to no effect: the seed draws the initial weights and the Markov chain's tokens, and this run takes its weights from the checkpoint and its tokens from bytes of 'd.txt' (4096 tokens, vocab 256)$" \
+      <<<"$output" || fail "another --seed is not said to change nothing: $output"
+    [ "$(grep "^loss " <<<"$output")" = "$(grep "^loss " <<<"$same")" ] ||
+      fail "another --seed changed the resumed run: $output, against $same"
     printf 'Z' | dd of=d2.txt bs=1 seek=100 conv=notrunc status=none
     output=$("$conveyor" train "${on_file[@]}" --data d2.txt --resume ck 2>&1)
     status=$?

@@ -132,13 +132,13 @@ TEST_F(InputFile, AFifoIsRefusedAtOnceWithoutWaitingForAWriter) {
   ASSERT_EQ(result.wait_for(std::chrono::seconds(10)), std::future_status::ready)
       << "reading a FIFO waited for a writer";
   EXPECT_EQ(result.get(), "test file '" + path +
-                              "' is not a regular file (a device, pipe or socket); give a file "
+                              "' is a FIFO (named pipe), not a regular file; give a file "
                               "of test bytes (at most 1 MiB)");
 }
 
 TEST_F(InputFile, ADeviceIsRefusedNotReadWithoutEnd) {
   EXPECT_EQ(refusal("/dev/zero"),
-            "test file '/dev/zero' is not a regular file (a device, pipe or socket); give a file "
+            "test file '/dev/zero' is a character device, not a regular file; give a file "
             "of test bytes (at most 1 MiB)");
 }
 

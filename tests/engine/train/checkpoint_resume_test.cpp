@@ -348,6 +348,39 @@ TEST(TrainerResume, ADataFileIsMatchedByTheDigestOfItsBytes) {
   }
 }
 
+// On a data file the seed only drew the initial weights, which the checkpoint's replace: a
+// resume under another seed goes on bit for bit as under the saved one, and says the seed
+// changes nothing.
+TEST(TrainerResume, AnotherSeedOnADataFileIsSaidToChangeNothing) {
+  TempDir dir;
+  std::mt19937_64 rng(11);
+  std::string text(4096, ' ');
+  for (char& ch : text) ch = static_cast<char>(rng() % 256);
+  const std::filesystem::path data = dir / "d.bin";
+  testing::write_file(data, text);
+  TrainConfig c = resume_config(1, schedule::ScheduleKind::k1F1B);
+  c.model.vocab = 256;
+  c.data_path = data.string();
+  c.seed = 3;
+  const std::filesystem::path folder = save_first_step(c, dir / "ckpt");
+  const TrainingState saved = open_checkpoint(folder).state();
+  Trainer same(c);
+  resume_trainer(same, folder);
+  EXPECT_TRUE(resume_setting_changes(same, saved).empty());
+  TrainConfig other = c;
+  other.seed = 4;
+  Trainer reseeded(other);
+  resume_trainer(reseeded, folder);
+  const std::vector<std::string> notes = resume_setting_changes(reseeded, saved);
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_EQ(notes[0],
+            "resuming with TrainConfig::seed 4 where the checkpoint was saved with 3, to no "
+            "effect: the seed draws the initial weights and the Markov chain's tokens, and this "
+            "run takes its weights from the checkpoint and its tokens from " +
+                reseeded.source().describe());
+  EXPECT_EQ(same.step().loss, reseeded.step().loss);
+}
+
 // A schedule file fixes the micro-batch count, so a resume under one of another count says it
 // came from the file, not as a setting the caller gave.
 TEST(TrainerResume, MicrobatchesOfAScheduleFileAreSaidAsTheFiles) {
