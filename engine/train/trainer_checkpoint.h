@@ -176,11 +176,10 @@ Checkpoint resume_trainer(Trainer& trainer, const std::filesystem::path& path);
 // clipping, the optimizer's constants, the total steps, the micro-batches, the data-parallel
 // replicas when the checkpoint records them, the data file's path when its bytes are the
 // same, and the seed on data other than the Markov chain, where it changes nothing): one
-// sentence
-// each, e.g. "resuming with TrainConfig::optimizer.lr 0.1 where the checkpoint was saved with
-// 0.001" (a count a schedule file fixes is said as the file's), for the caller to show. The batch
-// size is not among them: resume_trainer refuses another one, since it fixes where each step's
-// tokens start. `microbatches_origin`, when given, is where the caller's micro-batch count came
+// sentence each, e.g. "resuming with TrainConfig::optimizer.lr 0.1 where the checkpoint was
+// saved with 0.001" (a count a schedule file fixes is said as the file's), for the caller to
+// show. The batch size is not among them: resume_trainer refuses another one, since it fixes
+// where each step's tokens start. `microbatches_origin`, when given, is where the caller's micro-batch count came
 // from (a plan it chose, say), said in place of the setting: "resuming with 8 micro-batches
 // <origin> where the checkpoint was saved with 4".
 std::vector<std::string> resume_setting_changes(const Trainer& trainer, const TrainingState& saved,
