@@ -46,12 +46,13 @@ class RunTrace {
                       double first_action_us, const std::vector<SaveTiming>& saves) const;
 
  private:
+  // Times in nanoseconds from start_: the clock's own ticks, which the trace writes exactly.
   struct Step {
     int64_t step;
-    double begin_us, end_us;
-    double pipeline_begin_us = 0;  // of a training step
+    int64_t begin_ns, end_ns;
+    int64_t pipeline_begin_ns = 0;  // of a training step
   };
-  double us(Clock::time_point t) const;
+  int64_t ns(Clock::time_point t) const;
 
   Clock::time_point start_;
   std::deque<Step> steps_;

@@ -11,6 +11,8 @@
 #include <stdexcept>
 #include <vector>
 
+#include "engine/schedule/trace_time.h"
+
 namespace conveyor::schedule {
 namespace {
 
@@ -64,14 +66,19 @@ class TraceText {
     text_ += '"';
     return *this;
   }
+  // A time of the document's grid, as exact text.
+  TraceText& time(const TraceGrid& grid, int64_t ticks) {
+    grid.append(text_, ticks);
+    return *this;
+  }
   // An event's process, thread and start: `, "pid": .., "tid": .., "ts": ..`.
-  TraceText& placed(int64_t pid, int64_t tid, double ts) {
+  TraceText& placed(int64_t pid, int64_t tid, const TraceGrid& grid, int64_t ts) {
     return raw(", \"pid\": ")
         .integer(pid)
         .raw(", \"tid\": ")
         .integer(tid)
         .raw(", \"ts\": ")
-        .number(ts);
+        .time(grid, ts);
   }
   // Starts an event of the traceEvents array: one a line.
   TraceText& event() {
@@ -92,10 +99,17 @@ class TraceText {
   bool first_event_ = true;
 };
 
+std::string number_text(double v) {
+  char buf[32];
+  return std::string(buf, std::to_chars(buf, buf + sizeof buf, v).ptr);
+}
+
 // What write_chrome_trace needs of the schedule and timelines, checked before anything is
 // written: a timeline for every action, and every message inside the schedule's stages and
-// micro-batches (which its flow id is made of).
-void check_trace_input(const Schedule& schedule, std::span<const SimResult> replicas) {
+// micro-batches (which its flow id is made of), and finite times. Returns the grid that holds
+// them all.
+TraceGrid check_trace_input(const Schedule& schedule, std::span<const SimResult> replicas,
+                            double us_per_unit) {
   if (replicas.empty()) throw std::invalid_argument("a trace needs at least one timeline");
   const size_t R = schedule.ranks.size();
   for (size_t d = 0; d < replicas.size(); ++d) {
@@ -116,11 +130,27 @@ void check_trace_input(const Schedule& schedule, std::span<const SimResult> repl
                                     " carries a message outside its " + std::to_string(S) +
                                     " stages and " + std::to_string(M) + " micro-batches");
     }
+  double largest = 0;
+  for (size_t d = 0; d < replicas.size(); ++d)
+    for (size_t r = 0; r < R; ++r)
+      for (size_t i = 0; i < schedule.ranks[r].size(); ++i) {
+        const ActionTiming& t = replicas[d].timing[r][i];
+        const double start = t.start * us_per_unit, end = t.end * us_per_unit;
+        if (!std::isfinite(start) || !std::isfinite(end))
+          throw std::invalid_argument(
+              "a trace needs times that are finite numbers of microseconds: " +
+              to_string(schedule.ranks[r][i]) + " of rank " + std::to_string(r) + " in timeline " +
+              std::to_string(d) + " runs from " + number_text(t.start) + " to " +
+              number_text(t.end) + " units of " + number_text(us_per_unit) +
+              " us; use smaller costs");
+        largest = std::max({largest, std::fabs(start), std::fabs(end)});
+      }
+  return TraceGrid(largest);
 }
 
 void write_trace(const Schedule& schedule, std::span<const SimResult> replicas, double us_per_unit,
                  const TraceSink& sink, const TraceProcesses& processes) {
-  check_trace_input(schedule, replicas);
+  const TraceGrid grid = check_trace_input(schedule, replicas, us_per_unit);
   TraceText out(sink);
   out.raw("{\"displayTimeUnit\": \"ms\", \"otherData\": {\"schedule\": ")
       .string(schedule.name)
@@ -226,15 +256,18 @@ void write_trace(const Schedule& schedule, std::span<const SimResult> replicas, 
                             ? kReduce + reduce_lanes[static_cast<size_t>(d) * R + r][reduces++]
                         : is_send(a.kind) ? kSend
                                           : kRecv;
-        const double ts = t.start * us_per_unit, dur = (t.end - t.start) * us_per_unit;
+        // Start and end each on the grid: a slice that ends where the next begins is
+        // written to end there. A zero-cost action lasts 0.
+        const int64_t ts = grid.ticks(t.start * us_per_unit);
+        const int64_t end = std::max(ts, grid.ticks(t.end * us_per_unit));
         out.event()
             .raw("\"ph\": \"X\", \"name\": ")
             .string(to_string(a))
             .raw(", \"cat\": ")
             .string(kind_name(a.kind))
-            .placed(pid, tid, ts)
+            .placed(pid, tid, grid, ts)
             .raw(", \"dur\": ")
-            .number(dur)
+            .time(grid, end - ts)
             .raw(", \"args\": {\"stage\": ")
             .integer(a.stage);
         if (!is_reduce(a.kind)) out.raw(", \"microbatch\": ").integer(a.microbatch);
@@ -244,15 +277,16 @@ void write_trace(const Schedule& schedule, std::span<const SimResult> replicas, 
         if (is_transfer(a.kind)) {
           const bool grad = a.kind == ActionKind::kSendGrad || a.kind == ActionKind::kRecvGrad;
           const int64_t id = message_id(d, a);
-          double at = ts;
+          int64_t at = ts;
           if (const double sent = send_start[id - 1]; !is_send(a.kind) && !std::isnan(sent))
-            at = std::min(std::max(t.start, sent), t.end) * us_per_unit;
+            at = std::clamp(grid.ticks(std::min(std::max(t.start, sent), t.end) * us_per_unit), ts,
+                            end);
           out.event()
               .raw(is_send(a.kind) ? "\"ph\": \"s\"" : "\"ph\": \"f\", \"bp\": \"e\"")
               .raw(grad ? ", \"name\": \"grad\"" : ", \"name\": \"act\"")
               .raw(", \"cat\": \"transfer\", \"id\": ")
               .integer(processes.first_flow_id + id)
-              .placed(pid, tid, at)
+              .placed(pid, tid, grid, at)
               .raw("}");
         }
       }

@@ -5,10 +5,14 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <regex>
 #include <set>
+#include <sstream>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -27,6 +31,10 @@ CostModel random_costs(std::mt19937& rng) {
   std::uniform_real_distribution<double> cost(0.25, 2.0);
   return CostModel::uniform(cost(rng), cost(rng), cost(rng), cost(rng));
 }
+
+// A time of the trace in whole nanoseconds, the grid it is written on.
+int64_t ns(double us) { return std::llround(us * 1000); }
+int64_t ns(const nlohmann::json& us) { return ns(us.get<double>()); }
 
 TEST(ChromeTrace, IsHandedOnInPiecesOfBoundedSize) {
   std::mt19937 rng(7);
@@ -76,8 +84,8 @@ TEST(ChromeTrace, HoldsEveryActionOnceAndJoinsEveryMessagesEnds) {
       const Action& a = s.ranks[r][position];
       const ActionTiming& t = replicas[d].timing[r][position];
       EXPECT_EQ(ev["name"], to_string(a));
-      EXPECT_DOUBLE_EQ(ev["ts"].get<double>(), t.start * us);
-      EXPECT_DOUBLE_EQ(ev["dur"].get<double>(), (t.end - t.start) * us);
+      EXPECT_EQ(ns(ev["ts"]), ns(t.start * us));
+      EXPECT_EQ(ns(ev["dur"]), ns(t.end * us) - ns(t.start * us));
     }
     size_t actions = 0, transfers = 0;
     for (const auto& list : s.ranks)
@@ -99,7 +107,7 @@ TEST(ChromeTrace, HoldsEveryActionOnceAndJoinsEveryMessagesEnds) {
       for (size_t i = 0; i < s.ranks[sp % R].size() && !found; ++i) {
         const Action& a = s.ranks[sp % R][i];
         if (!is_send(a.kind) || a.peer != rp % R) continue;
-        found = replicas[sp / R].timing[sp % R][i].start * us == send["ts"].get<double>();
+        found = ns(replicas[sp / R].timing[sp % R][i].start * us) == ns(send["ts"]);
       }
       EXPECT_TRUE(found) << "flow " << id << " starts at no send to rank " << rp;
     }
@@ -209,6 +217,74 @@ TEST(ChromeTrace, NumbersASecondTimelinePastTheFirst) {
   EXPECT_EQ(drawn["otherData"], plain["otherData"]);
 }
 
+// Each slice's start and duration as written: whole nanoseconds in exact decimal
+// microseconds (what a viewer reads, Perfetto in nanoseconds), by (pid, tid) in the order
+// written, as (start, end) in nanoseconds.
+std::map<std::pair<int64_t, int64_t>, std::vector<std::pair<int64_t, int64_t>>> written_slices(
+    const std::string& trace) {
+  static const std::regex slice(
+      R"("ph": "X", .*"pid": (\d+), "tid": (\d+), "ts": ([^,]*), "dur": ([^,]*),)");
+  static const std::regex microseconds(R"((\d+)(?:\.(\d{1,3}))?)");
+  auto nanoseconds = [](const std::string& text) -> int64_t {
+    std::smatch m;
+    if (!std::regex_match(text, m, microseconds)) {
+      ADD_FAILURE() << "'" << text << "' is not a whole number of nanoseconds, at least 0";
+      return -1;
+    }
+    const std::string fraction = (m[2].str() + "000").substr(0, 3);
+    return std::stoll(m[1]) * 1000 + std::stoll(fraction);
+  };
+  std::map<std::pair<int64_t, int64_t>, std::vector<std::pair<int64_t, int64_t>>> slices;
+  std::istringstream lines(trace);
+  for (std::string line; std::getline(lines, line);) {
+    std::smatch m;
+    if (!std::regex_search(line, m, slice)) continue;
+    const int64_t ts = nanoseconds(m[3]);
+    slices[{std::stoll(m[1]), std::stoll(m[2])}].emplace_back(ts, ts + nanoseconds(m[4]));
+  }
+  return slices;
+}
+
+// Slices that follow each other on one thread do not overlap as written: each start and end
+// is rounded to one grid, so one that ends where the next begins is written to end there,
+// where start plus duration computed each in floating point overshot it (by 1e-9 us at a
+// million us) and viewers nest or move slices that overlap. Zero-cost actions last 0, none
+// starts before 0.
+TEST(ChromeTrace, SlicesOfOneThreadEndWhereTheNextBeginsNotPast) {
+  std::mt19937 rng(19);
+  // Costs of a tenth, whose sums carry rounding noise, as `schedule --costs 1,1,1,0.1` has;
+  // zero costs; costs drawn at random; a unit of a nanosecond, which rounding collapses.
+  const Schedule s = generate(ScheduleKind::kInterleaved, 4, 16, 2);
+  const SimResult tenths = simulate(s, CostModel::uniform(0.5, 0.5, 0.5, 0.1));
+  const SimResult zero = simulate(s, CostModel::uniform(0, 0.3, 0, 0.1));
+  const SimResult drawn = simulate(s, random_costs(rng));
+  for (const auto& [timeline, us] : {std::pair{&tenths, 1000.0},
+                                     {&tenths, 0.001},
+                                     {&zero, 1000.0},
+                                     {&drawn, 1000.0},
+                                     {&drawn, 3e4}}) {
+    const std::string trace = chrome_trace_json(s, *timeline, us);
+    size_t seen = 0, touching = 0;
+    for (auto& [thread, on] : written_slices(trace)) {
+      seen += on.size();
+      std::sort(on.begin(), on.end());
+      for (size_t k = 0; k < on.size(); ++k) {
+        EXPECT_GE(on[k].first, 0);
+        EXPECT_GE(on[k].second, on[k].first);
+        if (k == 0) continue;
+        EXPECT_GE(on[k].first, on[k - 1].second)
+            << "pid " << thread.first << " tid " << thread.second << " slice " << k << " at " << us
+            << " us a unit";
+        touching += on[k].first == on[k - 1].second;
+      }
+    }
+    size_t actions = 0;
+    for (const auto& list : s.ranks) actions += list.size();
+    EXPECT_EQ(seen, actions);
+    EXPECT_GT(touching, actions / 4);
+  }
+}
+
 // Checks that no two slices of one thread overlap (a viewer drops those that do without
 // nesting: Perfetto does), that every thread is named, and that the all-reduces are on
 // threads 3 .. 3 + lanes - 1 of each rank, named "allreduce", "allreduce 2", ...
@@ -290,6 +366,19 @@ TEST(ChromeTrace, RefusesATimelineOfAnotherShapeBeforeWriting) {
                std::invalid_argument);
   EXPECT_EQ(written, 0u);
   EXPECT_THROW(chrome_trace_json(s, std::vector<SimResult>{}), std::invalid_argument);
+  // A time that is no number of microseconds (costs near the largest double, drawn 1000 us a
+  // unit): refused with the action named, not written as null.
+  SimResult overflowing = simulate(s, CostModel::uniform(1e306, 1, 1));
+  try {
+    write_chrome_trace(s, overflowing, 1000.0, [&](std::string_view p) { written += p.size(); });
+    ADD_FAILURE() << "a time of 1e309 us was written";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("F0.0 of rank 0 in timeline 0 runs from 0 to 1e+306 "
+                                         "units of 1000 us; use smaller costs"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(written, 0u);
 }
 
 }  // namespace
