@@ -1,5 +1,7 @@
 #include "engine/train/checkpoint.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <map>
 #include <set>
@@ -7,6 +9,7 @@
 #include <system_error>
 #include <unordered_map>
 
+#include "engine/schedule/input_file.h"
 #include "engine/train/checkpoint_io.h"
 #include "engine/train/checkpoint_layout.h"
 
@@ -81,11 +84,13 @@ fs::path resolve_checkpoint_directory(const fs::path& path) {
                             " does not exist");
     return target;
   }
-  if (!fs::is_directory(status))
-    throw NotACheckpointError(shown_path(p) +
-                              " is neither a folder nor a regular file (a device, pipe or "
-                              "socket), so neither a checkpoint folder nor a 'latest' file; give "
-                              "DIR, DIR/latest or DIR/step_<N>");
+  if (!fs::is_directory(status)) {
+    struct stat st {};
+    const std::string kind = ::stat(p.c_str(), &st) == 0 ? file_kind(st.st_mode) : "a special file";
+    throw NotACheckpointError(shown_path(p) + " is " + kind +
+                              ", neither a folder nor a regular file, so neither a checkpoint "
+                              "folder nor a 'latest' file; give DIR, DIR/latest or DIR/step_<N>");
+  }
   const std::string name = p.filename().string();
   if (name.ends_with(".tmp"))
     throw NotACheckpointError(shown_path(p) +

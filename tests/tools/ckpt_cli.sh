@@ -249,9 +249,9 @@ EOF
         "$conveyor" ckpt "$action" "$work/notes.txt"
       expect 2 "^conveyor: error: .*empty' holds no checkpoint: it has neither a 'latest' file nor a manifest\.json; give a folder that checkpoints were saved into, or one of its step_<N> folders$" \
         "$conveyor" ckpt "$action" "$work/empty"
-      expect 2 "^conveyor: error: .*fifo' is neither a folder nor a regular file \(a device, pipe or socket\), so neither a checkpoint folder nor a 'latest' file; give DIR, DIR/latest or DIR/step_<N>$" \
+      expect 2 "^conveyor: error: .*fifo' is a FIFO \(named pipe\), neither a folder nor a regular file, so neither a checkpoint folder nor a 'latest' file; give DIR, DIR/latest or DIR/step_<N>$" \
         timeout 20 "$conveyor" ckpt "$action" "$work/fifo"
-      expect 2 "^conveyor: error: '/dev/null' is neither a folder nor a regular file" \
+      expect 2 "^conveyor: error: '/dev/null' is a character device, neither a folder nor a regular file" \
         "$conveyor" ckpt "$action" /dev/null
       expect 2 "^conveyor: error: .*manifest\.json' is a file of the checkpoint folder .*step_2'; give the folder itself$" \
         "$conveyor" ckpt "$action" "$dir/step_2/manifest.json"
