@@ -273,14 +273,14 @@ void TrainerCheckpointer::wait_for_background() {
   }
 }
 
-std::unique_ptr<CheckpointWriter> TrainerCheckpointer::prepare(int64_t step) {
+std::unique_ptr<CheckpointWriter> TrainerCheckpointer::prepare(int64_t step,
+                                                               std::exception_ptr error) {
   PipelineExecutor& executor = trainer_.executor();
   const int shards = checkpoint_shard_count(executor);
   const bool commits = holds_rank_zero(executor);
   std::unique_ptr<CheckpointWriter> writer;
-  std::exception_ptr error;
   try {
-    if (commits) {
+    if (commits && !error) {
       lock_folder_again_if_replaced();
       writer = std::make_unique<CheckpointWriter>(
           options_.directory, step, shards,
@@ -415,6 +415,9 @@ void TrainerCheckpointer::save() {
   }
   const auto host = options_.async ? snapshot_memory_ : nullptr;
   const int shard_count = checkpoint_shard_count(executor);
+  // A snapshot that does not fit fails this save as a write that fails does, on every process
+  // alike (prepare agrees on it): under SaveErrorPolicy::kContinue training goes on.
+  std::exception_ptr snapshot_error;
   for (int r : executor.local_ranks()) {
     if (r >= shard_count) continue;
     std::vector<NamedTensor> tensors = rank_checkpoint_tensors(executor, r);
@@ -425,14 +428,20 @@ void TrainerCheckpointer::save() {
     try {
       shards.push_back({r, host_snapshot(tensors, host)});
     } catch (const std::exception& e) {
-      // The allocator's sentence alone does not say what the memory was for.
       if (dynamic_cast<const OutOfMemoryError*>(&e) == nullptr &&
           dynamic_cast<const std::bad_alloc*>(&e) == nullptr)
         throw;
-      throw std::runtime_error("cannot save step " + std::to_string(step) +
-                               ": the host copy of its weights, which an asynchronous save "
-                               "writes from, does not fit in memory: " +
-                               error_sentence(e));
+      // The allocator's sentence alone does not say what the memory was for.
+      snapshot_error = std::make_exception_ptr(
+          std::runtime_error("cannot save step " + std::to_string(step) +
+                             ": the host copy of its weights, which an asynchronous save "
+                             "writes from, does not fit in memory: " +
+                             error_sentence(e)));
+      // The copies made so far go back to the system, for training to use: kept in the
+      // snapshots' cache, they would leave the next step short of the memory this one had.
+      shards.clear();
+      snapshot_memory_->release_cache();
+      break;
     }
   }
   timings_.push_back({step, options_.async, false, start, {}, {}, {}});
@@ -443,7 +452,7 @@ void TrainerCheckpointer::save() {
   };
   std::unique_ptr<CheckpointWriter> writer;
   try {
-    writer = prepare(step);
+    writer = prepare(step, snapshot_error);
   } catch (const std::exception& e) {
     timing.write_begin = timing.write_end = Clock::now();
     held();

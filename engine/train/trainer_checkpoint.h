@@ -122,7 +122,9 @@ class TrainerCheckpointer {
     std::vector<NamedTensor> tensors;
   };
   // The phases of a save; prepare and complete are collectives when the ranks are processes.
-  std::unique_ptr<CheckpointWriter> prepare(int64_t step);
+  // `error`: this process's failure before the save could start (its snapshot), which every
+  // process then fails the save with.
+  std::unique_ptr<CheckpointWriter> prepare(int64_t step, std::exception_ptr error);
   void write_shards(CheckpointWriter& writer, const std::vector<RankShard>& shards);
   // Agrees on the writes (`write_error`: this process's), then commits on rank 0's process.
   // `executor` is the trainer's, taken between steps: a background commit runs while the
@@ -179,9 +181,9 @@ Checkpoint resume_trainer(Trainer& trainer, const std::filesystem::path& path);
 // sentence each, e.g. "resuming with TrainConfig::optimizer.lr 0.1 where the checkpoint was
 // saved with 0.001" (a count a schedule file fixes is said as the file's), for the caller to
 // show. The batch size is not among them: resume_trainer refuses another one, since it fixes
-// where each step's tokens start. `microbatches_origin`, when given, is where the caller's micro-batch count came
-// from (a plan it chose, say), said in place of the setting: "resuming with 8 micro-batches
-// <origin> where the checkpoint was saved with 4".
+// where each step's tokens start. `microbatches_origin`, when given, is where the caller's
+// micro-batch count came from (a plan it chose, say), said in place of the setting: "resuming with
+// 8 micro-batches <origin> where the checkpoint was saved with 4".
 std::vector<std::string> resume_setting_changes(const Trainer& trainer, const TrainingState& saved,
                                                 const std::string& microbatches_origin = {});
 
