@@ -9,6 +9,7 @@
 
 #include "engine/core/allocator.h"
 #include "engine/core/tensor.h"
+#include "engine/pipeline/optimizer.h"
 #include "layers/layer.h"
 
 namespace conveyor {
@@ -90,6 +91,7 @@ std::vector<UnitCost> described_unit_costs(const ModelDescription& model, int64_
     const std::unique_ptr<Layer> layer = model.unit(u);  // outlives the pointers to its parameters
     double allocated = 0;  // one value or one gradient of each parameter
     for (Parameter* p : layer->parameters()) {
+      cost.parameter_elements.push_back(shape_numel(p->shape));
       cost.parameter_bytes += 4.0 * static_cast<double>(shape_numel(p->shape));
       allocated += allocated_bytes(p->shape);
     }
@@ -175,6 +177,48 @@ std::vector<RankMemoryEstimate> estimate_rank_memory(const ModelDescription& mod
     e.transient_bytes = totals[r] - (e.parameter_bytes + e.gradient_bytes + e.optimizer_bytes +
                                      e.activation_bytes + e.batch_bytes);
     e.complete = complete;
+  }
+  return out;
+}
+
+double sharded_optimizer_bytes(const UnitCost& unit, int replica, int replicas) {
+  if (replicas < 1 || replica < 0 || replica >= replicas)
+    throw std::invalid_argument("sharded optimizer state: replica " + std::to_string(replica) +
+                                " is not one of " + std::to_string(replicas) +
+                                " replicas; expected 0 to replicas - 1, with at least one");
+  double whole = 0, piece = 0;
+  for (const int64_t n : unit.parameter_elements) {
+    whole += allocated_bytes({n});
+    piece += allocated_bytes({replica_piece(n, replica, replicas).count});
+  }
+  if (whole == 0) return unit.optimizer_bytes / replicas;
+  // optimizer_bytes is a whole number of tensors (slots) of each parameter's shape.
+  return unit.optimizer_bytes / whole * piece;
+}
+
+std::vector<RankMemoryEstimate> estimate_replica_memory(
+    const ModelDescription& model, const std::vector<StageRange>& ranges,
+    const schedule::Schedule& schedule, const std::string& optimizer_kind,
+    int64_t microbatch_tokens, int replicas, bool shard_optimizer, const RecomputeSpec& recompute) {
+  if (replicas < 1)
+    throw std::invalid_argument("memory estimate: " + std::to_string(replicas) +
+                                " replicas; expected at least 1");
+  const std::vector<RankMemoryEstimate> pipeline =
+      estimate_rank_memory(model, ranges, schedule, optimizer_kind, microbatch_tokens, recompute);
+  const size_t p = pipeline.size();
+  std::vector<RankMemoryEstimate> out;
+  for (int d = 0; d < replicas; ++d) out.insert(out.end(), pipeline.begin(), pipeline.end());
+  if (!shard_optimizer || replicas == 1) return out;
+  const std::vector<UnitCost> units =
+      described_unit_costs(model, microbatch_tokens, optimizer_kind);
+  for (int d = 0; d < replicas; ++d) {
+    for (size_t r = 0; r < p; ++r) out[d * p + r].optimizer_bytes = 0;
+    for (size_t s = 0; s < ranges.size(); ++s) {
+      const auto r = static_cast<size_t>(schedule.placement.rank_of(static_cast<int>(s)));
+      for (int64_t u = ranges[s].begin; u < ranges[s].end; ++u)
+        out[d * p + r].optimizer_bytes +=
+            sharded_optimizer_bytes(units[static_cast<size_t>(u)], d, replicas);
+    }
   }
   return out;
 }

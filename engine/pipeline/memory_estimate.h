@@ -105,6 +105,25 @@ std::vector<RankMemoryEstimate> estimate_rank_memory(
     int64_t microbatch_tokens, const RecomputeSpec& recompute = {},
     const std::vector<double>& unit_saved_bytes = {});
 
+// What replica `replica` of `replicas` keeps of `unit`'s optimizer state when the replicas shard
+// it (ZeRO-1): its piece of each parameter (replica_piece), each allocated, and so rounded up, on
+// its own. More than 1/replicas of the whole state when pieces are small (a bias of 64 elements
+// keeps 512 bytes a slot on every replica) or cross a large block's rounding (a piece of 2.5
+// MiB takes 4). A unit that does not list its parameters (UnitCost::parameter_elements) is
+// counted an even share.
+double sharded_optimizer_bytes(const UnitCost& unit, int replica, int replicas);
+
+// Per rank of `replicas` copies of `schedule`'s pipeline (rank r: pipeline rank r mod P of
+// replica r div P), what estimate_rank_memory counts for its pipeline rank; with
+// `shard_optimizer` the optimizer state of its replica's pieces (sharded_optimizer_bytes).
+std::vector<RankMemoryEstimate> estimate_replica_memory(const ModelDescription& model,
+                                                        const std::vector<StageRange>& ranges,
+                                                        const schedule::Schedule& schedule,
+                                                        const std::string& optimizer_kind,
+                                                        int64_t microbatch_tokens, int replicas,
+                                                        bool shard_optimizer,
+                                                        const RecomputeSpec& recompute = {});
+
 // Bytes the CPU can still give: MemAvailable of /proc/meminfo, 0 when unknown.
 double cpu_available_bytes();
 

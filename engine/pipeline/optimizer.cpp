@@ -79,6 +79,11 @@ double learning_rate(const OptimizerConfig& c, int64_t step, int64_t total_steps
   return c.min_lr + 0.5 * (c.lr - c.min_lr) * (1.0 + std::cos(std::numbers::pi * progress));
 }
 
+ParameterShard replica_piece(int64_t numel, int replica, int replicas) {
+  const int64_t begin = numel * replica / replicas, end = numel * (replica + 1) / replicas;
+  return {begin, end - begin};
+}
+
 float clip_scale(const OptimizerConfig& c, double norm) {
   if (c.clip_norm == 0.0 || !(norm > c.clip_norm)) return 1.0f;
   return static_cast<float>(c.clip_norm / norm);

@@ -45,6 +45,13 @@ struct ParameterShard {
   int64_t count = 0;
 };
 
+// ZeRO-1: replica d of D (`replica` of `replicas`) owns the elements [n*d/D, n*(d+1)/D) of every
+// parameter of n elements (maybe none). Cut per parameter, not over a stage's flattened
+// parameters, so the pieces do not depend on how the model is cut into stages: the global
+// gradient norm is summed from the pieces' squares in (parameter, replica) order, the same
+// number whatever the stage count, sharded or not.
+ParameterShard replica_piece(int64_t numel, int replica, int replicas);
+
 class Optimizer {
  public:
   // `shards` empty: every element of every parameter, with state of the parameters' shapes.

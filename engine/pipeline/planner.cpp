@@ -81,12 +81,13 @@ void check_options(const UnitCosts& costs, const PlanOptions& options) {
           std::to_string(options.batch_tokens) + "), got " + std::to_string(m));
 }
 
-// Every device a replica of the whole model; with `shard_optimizer` each keeps 1/p of the
-// optimizer state (ZeRO stage 1, --shard-optimizer). Its traffic is a reduce-scatter of the
-// gradients and an all-gather of the updated weights, p - 1 ring steps of 1/p of them each:
-// the 2(p - 1) steps of the ring all-reduce it replaces, so the step time is the same.
-// `costs` is the table measured at a replica's share of the batch; `nearest` gives the one
-// measured nearest a smaller micro-batch, whose allocations round up differently.
+// Every device a replica of the whole model; with `shard_optimizer` each keeps its piece of
+// every parameter's optimizer state (ZeRO stage 1, --shard-optimizer), about 1/p of it, each
+// piece rounded up by the allocator (sharded_optimizer_bytes). Its traffic is a reduce-scatter of
+// the gradients and an all-gather of the updated weights, p - 1 ring steps of 1/p of them each: the
+// 2(p - 1) steps of the ring all-reduce it replaces, so the step time is the same. `costs` is the
+// table measured at a replica's share of the batch; `nearest` gives the one measured nearest a
+// smaller micro-batch, whose allocations round up differently.
 PlanCandidate data_parallel(const UnitCosts& costs,
                             const std::function<const UnitCosts&(int64_t)>& nearest,
                             const PlanOptions& options, bool shard_optimizer) {
@@ -104,8 +105,16 @@ PlanCandidate data_parallel(const UnitCosts& costs,
   const int64_t replica_tokens = options.batch_tokens / p;
   double state = 0, parameters = 0, compute = 0;
   for (const auto& u : costs.units)
-    state += u.state_bytes - (shard_optimizer ? u.optimizer_bytes * (p - 1) / p : 0.0),
-        parameters += u.parameter_bytes, compute += u.compute();
+    state += u.state_bytes, parameters += u.parameter_bytes, compute += u.compute();
+  // Sharded, replica d keeps its pieces of the optimizer state, each rounded up on its own:
+  // the pieces of replicas differ by an element, and so may their bytes.
+  std::vector<double> replica_state(static_cast<size_t>(p), state);
+  if (shard_optimizer)
+    for (int d = 0; d < p; ++d)
+      for (const auto& u : costs.units)
+        replica_state[static_cast<size_t>(d)] -=
+            u.optimizer_bytes - sharded_optimizer_bytes(u, d, p);
+  state = *std::max_element(replica_state.begin(), replica_state.end());
   // Each replica runs its share one micro-batch after another, accumulating gradients: a
   // one-rank 1F1B (the run's default schedule), which holds one micro-batch at a time. The
   // fewest micro-batches that fit, beside the step's token ids and losses (a replica holds the
@@ -138,7 +147,7 @@ PlanCandidate data_parallel(const UnitCosts& costs,
     if (bytes < least) least = bytes, least_at = m;
     if (fits(bytes, options.memory_cap)) {
       c.microbatches = m;
-      c.peak_bytes = std::vector<double>(p, bytes);
+      for (const double own : replica_state) c.peak_bytes.push_back(bytes - state + own);
       break;
     }
   }

@@ -45,6 +45,9 @@ struct UnitCost {
   // together; -1: a unit whose error is its own.
   double time_error = 0;
   int64_t group = -1;
+  // The element count of each of the unit's parameters, in order: a sharded optimizer keeps a
+  // piece of each (sharded_optimizer_bytes), which the allocator rounds up on its own.
+  std::vector<int64_t> parameter_elements;
 
   double compute() const { return forward + backward_input + backward_weight; }
 };

@@ -77,13 +77,6 @@ struct PipelineRank {
   std::vector<Parameter*> parameters();
 };
 
-// ZeRO-1: replica d of D (`replica` of `replicas`) owns the elements [n*d/D, n*(d+1)/D) of every
-// parameter of n elements (maybe none). Cut per parameter, not over a stage's flattened
-// parameters, so the pieces do not depend on how the model is cut into stages: the global
-// gradient norm is summed from the pieces' squares in (parameter, replica) order, the same
-// number whatever the stage count, sharded or not.
-ParameterShard replica_piece(int64_t numel, int replica, int replicas);
-
 // A stage's parameters packed by replica, for the reduce-scatter and the gather: replica 0's
 // pieces of every parameter in order, then replica 1's, and so on, so that each replica's
 // elements are one range. Returns where each replica's range starts, and the end.

@@ -11,11 +11,6 @@ namespace conveyor {
 
 using Clock = std::chrono::steady_clock;
 
-ParameterShard replica_piece(int64_t numel, int replica, int replicas) {
-  const int64_t begin = numel * replica / replicas, end = numel * (replica + 1) / replicas;
-  return {begin, end - begin};
-}
-
 std::vector<size_t> packed_shard_bounds(const std::vector<Parameter*>& params, int replicas) {
   std::vector<size_t> bounds{0};
   for (int d = 0; d < replicas; ++d) {

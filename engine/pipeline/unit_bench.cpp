@@ -113,6 +113,7 @@ UnitBench::UnitBench(const ModelDescription& model, int64_t u, DeviceContext& ct
   double allocated = 0;  // a tensor of each parameter's shape, as the allocator gives it
   for (Parameter* p : stage_.parameters()) {
     built.parameter_bytes += static_cast<double>(p->value.nbytes());
+    built.parameter_elements.push_back(p->value.numel());
     allocated += static_cast<double>(CachingAllocator::round_size(p->value.nbytes()));
   }
   built.optimizer_bytes = options.optimizer_slots * allocated;

@@ -93,16 +93,13 @@ std::optional<std::string> memory_shortfall(const ModelDescription& model,
                                             const std::vector<Device>& devices,
                                             const TrainConfig& config, bool one_device_per_process,
                                             bool one_rank_per_process) {
-  const std::vector<RankMemoryEstimate> pipeline =
-      estimate_rank_memory(model, ranges, schedule, config.optimizer.kind,
-                           config.batch_tokens / config.microbatches, config.recompute);
   // Every replica's rank r holds what the pipeline's rank r mod P does, with a sharded
-  // optimizer state 1/D of its moments (a piece of each, rounded up).
+  // optimizer state its replica's piece of each parameter, each rounded up on its own.
+  const std::vector<RankMemoryEstimate> replicas = estimate_replica_memory(
+      model, ranges, schedule, config.optimizer.kind, config.batch_tokens / config.microbatches,
+      config.data_parallel, config.shard_optimizer, config.recompute);
   std::vector<RankMemoryEstimate> ranks;
-  for (size_t r = 0; r < devices.size(); ++r) ranks.push_back(pipeline[r % pipeline.size()]);
-  if (config.shard_optimizer && config.data_parallel > 1)
-    for (RankMemoryEstimate& e : ranks)
-      e.optimizer_bytes = std::ceil(e.optimizer_bytes / config.data_parallel);
+  for (size_t r = 0; r < devices.size(); ++r) ranks.push_back(replicas[r % replicas.size()]);
   // A rank's context on a CUDA device takes its cuBLASLt workspace from the same allocator
   // (and cap) before the first step: 32 MiB, which on a model of a few MiB is most of it.
   for (size_t r = 0; r < ranks.size(); ++r)

@@ -17,6 +17,7 @@ inline void expect_same_bytes(const UnitCost& got, const UnitCost& want) {
   EXPECT_EQ(got.input_bytes, want.input_bytes);
   EXPECT_EQ(got.workspace_bytes, want.workspace_bytes);
   EXPECT_EQ(got.weight_pending_bytes, want.weight_pending_bytes);
+  EXPECT_EQ(got.parameter_elements, want.parameter_elements);
 }
 
 }  // namespace conveyor::testing

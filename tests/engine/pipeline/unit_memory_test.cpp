@@ -5,12 +5,15 @@
 // 1 MiB, 2 MiB above). The rule is the allocator's: each tensor is rounded up on its own.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "engine/pipeline/memory_estimate.h"
+#include "engine/pipeline/optimizer.h"
 #include "engine/pipeline/profile.h"
+#include "engine/pipeline/stage.h"
 #include "layers/basic_layers.h"
 #include "layers/blocks.h"
 #include "support/unit_cost_bytes.h"
@@ -59,6 +62,46 @@ UnitCosts measured(const ModelDescription& model, int64_t tokens, int optimizer_
   options.repetitions = 1;
   options.optimizer_slots = optimizer_slots;
   return profile_units(model, ctx, options);
+}
+
+// Each replica's sharded optimizer state, as sharded_optimizer_bytes counts it from the
+// description, against what an Optimizer of the replica's pieces allocates: equal to the byte
+// for every replica of 2, 3 and 5, on parameters whose pieces round up at 512 B (norms and
+// biases of 12 elements, some pieces empty) and at 2 MiB (a weight of 5 MiB, in pieces of 2.5,
+// 1.7 and 1 MiB), each of which takes more than an even share of the whole state somewhere.
+TEST(UnitMemory, ShardedOptimizerStateIsWhatEachReplicaAllocates) {
+  const int64_t wide = 5 * 1024 * 1024 / (4 * 8);  // the widening weight of 8 x wide: 5 MiB
+  for (const int64_t width : {int64_t{12}, wide})
+    for (const std::string optimizer : {"adamw", "sgd"}) {
+      const ModelDescription model = every_layer_kind(width);
+      const std::vector<UnitCost> units = described_unit_costs(model, 1, optimizer);
+      double most_over_share = 0;  // the largest piece's bytes over an even share
+      for (int64_t u = 0; u < model.num_units; ++u)
+        for (const int replicas : {2, 3, 5})
+          for (int d = 0; d < replicas; ++d) {
+            SCOPED_TRACE("width " + std::to_string(width) + ", " + optimizer + ", unit " +
+                         std::to_string(u) + ", replica " + std::to_string(d) + " of " +
+                         std::to_string(replicas));
+            DeviceContext ctx(Device::cpu());
+            Stage stage(model, u, u + 1, ctx, 1);
+            std::vector<ParameterShard> shards;
+            for (const Parameter* p : stage.parameters())
+              shards.push_back(replica_piece(p->value.numel(), d, replicas));
+            OptimizerConfig config;
+            config.kind = optimizer;
+            const size_t before = ctx.allocator().stats().allocated_bytes;
+            const Optimizer sharded(ctx, stage.parameters(), config, shards);
+            const double allocated =
+                static_cast<double>(ctx.allocator().stats().allocated_bytes - before);
+            const UnitCost& unit = units[static_cast<size_t>(u)];
+            const double counted = sharded_optimizer_bytes(unit, d, replicas);
+            EXPECT_EQ(counted, allocated);
+            if (unit.optimizer_bytes > 0)
+              most_over_share =
+                  std::max(most_over_share, counted / (unit.optimizer_bytes / replicas));
+          }
+      EXPECT_GT(most_over_share, 1.25) << "width " << width << ", " << optimizer;
+    }
 }
 
 TEST(UnitMemory, EveryLayerKindSaysWhatTheAllocatorMeasures) {
