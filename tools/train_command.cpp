@@ -33,6 +33,7 @@
 #include "tools/commands.h"
 #include "tools/cuda_module_loading.h"
 #include "tools/error_line.h"
+#include "tools/held_out_evaluation.h"
 #include "tools/interrupt.h"
 #include "tools/mpi_launch.h"
 #include "tools/output_file.h"
@@ -52,77 +53,6 @@ namespace {
 // processes go on into what waits for it: what the failure tests stop or kill, to see every
 // other rank end by itself instead of waiting forever.
 void pause_if_asked_at(const char* point) { pause_if_asked("CONVEYOR_TEST_PAUSE_AT", point, "at"); }
-
-// The run's held-out batches (make_held_out_source), the same at every evaluation, so that
-// their losses compare, within a run and across the runs that resume it. With --data, the
-// bytes the run read, whatever the file holds since.
-class HeldOutData {
- public:
-  explicit HeldOutData(const Trainer& trainer)
-      : source_(make_held_out_source(trainer.config(), trainer.model().vocab, trainer.source())),
-        start_(source_->position()),
-        start_token_(source_->current_token()) {}
-
-  TokenSource& rewound() {
-    source_->restore(start_, start_token_);
-    return *source_;
-  }
-
- private:
-  std::unique_ptr<TokenSource> source_;
-  uint64_t start_;
-  std::optional<int32_t> start_token_;
-};
-
-// The mean loss on the run's held-out batches with the weights trained so far. A collective
-// under MPI (`under_mpi`), whose every process gets the same loss. `announce`: say it starts,
-// as a long evaluation runs without a line of its own until it ends.
-double evaluate_held_out(Trainer& trainer, HeldOutData& data, int64_t batches, bool announce,
-                         bool under_mpi) {
-  TokenSource& held_out = data.rewound();
-  pause_if_asked_at("evaluation");
-  if (announce) {
-    std::printf("eval   %lld held-out batch(es) of %lld tokens, with the weights of step %lld\n",
-                static_cast<long long>(batches),
-                static_cast<long long>(trainer.config().batch_tokens),
-                static_cast<long long>(trainer.steps_done()));
-    std::fflush(stdout);
-  }
-  double loss = 0.0;
-  try {
-    loss = trainer.evaluate(held_out, batches);
-  } catch (const TrainingDiverged& e) {
-    loss = e.loss();  // said below, in the command's terms, once a signal has been asked for
-  }
-  // A signal during the last group of batches (the only one, usually) ends the run here too:
-  // unasked, it waited for the next step to end, or after the closing evaluation went unheard.
-  if (const int signal = trainer.agreed_stop_request()) throw EvaluationStopped(signal);
-  // The last step's own loss and gradient were finite, its update was not: the next step
-  // would have said so, and the run would not go on, or end as a success, with a loss of nan.
-  if (!std::isfinite(loss)) {
-    std::ostringstream msg;
-    msg << "the held-out loss is " << (std::isnan(loss) ? std::fabs(loss) : loss)
-        << " with the weights of step " << trainer.steps_done()
-        << ": its update diverged; lower the learning rate (--lr)";
-    // Every process has the same loss, and so stops alike: rank 0 says it.
-    if (under_mpi) throw ErrorOfEveryProcess(msg.str(), kExitFailure);
-    throw TrainingDiverged(msg.str());
-  }
-  return loss;
-}
-
-// The --log-json record of one evaluation. It has no "step" field, so that a reader of the
-// steps' records can skip it by that.
-std::string eval_record(double loss, int64_t after_step, int64_t batches, int64_t tokens) {
-  char hex[40];
-  std::snprintf(hex, sizeof hex, "%a", loss);
-  const nlohmann::json row = {{"eval_loss", loss},
-                              {"eval_loss_hex", hex},
-                              {"eval_batches", batches},
-                              {"eval_tokens", tokens},
-                              {"eval_step", after_step}};
-  return row.dump() + "\n";
-}
 
 // What the stop request gives, in place of a signal, once rank 0 could not write its
 // --log-json file: every process then stops after the same step and saves it, as on a signal.
@@ -357,8 +287,10 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
   // --log-json; EvaluationStopped when a signal ends it.
   auto evaluate_and_record = [&](bool announce) {
     const auto begin = RunTrace::Clock::now();
+    TokenSource& batches = held_out->rewound();
+    pause_if_asked_at("evaluation");
     const double loss =
-        evaluate_held_out(*trainer, *held_out, f.eval_batches, announce, mpi.active());
+        evaluate_held_out(*trainer, batches, f.eval_batches, announce, mpi.active());
     run_trace.add_evaluation(trainer->steps_done(), begin, RunTrace::Clock::now());
     write_log(eval_record(loss, trainer->steps_done(), f.eval_batches, eval_tokens));
     return loss;
