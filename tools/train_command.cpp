@@ -58,16 +58,11 @@ void pause_if_asked_at(const char* point) { pause_if_asked("CONVEYOR_TEST_PAUSE_
 // --log-json file: every process then stops after the same step and saves it, as on a signal.
 constexpr int kStopForFailedOutput = -1;
 
-void run_train(TrainFlags& f, const CLI::App& cmd) {
-  load_cuda_kernels_eagerly_if_nccl(f);  // before CUDA starts: MPI_Init or the device's count
-  check_checkpoint_flags(f.checkpoint, cmd);
-  refuse_outputs_over_inputs(f);
-  TrainConfig config = resolve_config(f, cmd);
-  // Before the trainer, which builds this rank's MPI transport; after it, MPI_Finalize.
-  MpiSession mpi(wants_mpi(config), config.transport_timeout);
-  // Only under MPI: the fields read every file the run names.
-  if (mpi.active()) check_same_configuration(mpi, configuration_fields(f, config));
-  quiet_unless_rank_zero(mpi, f);
+// The device this process trains on (said, and checked against the other processes' under
+// MPI), then the plan that cuts the pipeline on it (--plan, --partition auto) and the threads
+// its ranks take. Sets config.device.
+Device place_and_plan(const TrainFlags& f, const CLI::App& cmd, const MpiSession& mpi,
+                      TrainConfig& config) {
   std::string note;
   Device device;
   try {
@@ -104,6 +99,20 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
       device,
       "--stages " + std::to_string(config.stages) + " x --dp " +
           std::to_string(config.data_parallel));
+  return device;
+}
+
+void run_train(TrainFlags& f, const CLI::App& cmd) {
+  load_cuda_kernels_eagerly_if_nccl(f);  // before CUDA starts: MPI_Init or the device's count
+  check_checkpoint_flags(f.checkpoint, cmd);
+  refuse_outputs_over_inputs(f);
+  TrainConfig config = resolve_config(f, cmd);
+  // Before the trainer, which builds this rank's MPI transport; after it, MPI_Finalize.
+  MpiSession mpi(wants_mpi(config), config.transport_timeout);
+  // Only under MPI: the fields read every file the run names.
+  if (mpi.active()) check_same_configuration(mpi, configuration_fields(f, config));
+  quiet_unless_rank_zero(mpi, f);
+  const Device device = place_and_plan(f, cmd, mpi, config);
 
   // Every output file is opened (and the log locked) before any work, not after the last step.
   // The log is written line by line as the run goes, so it is the file itself, locked against
