@@ -112,7 +112,7 @@ signal_last_rank() {
 }
 
 # Rank $3 of two pauses for good at point $4 (default evaluation: as its evaluation starts,
-# after two training steps; see CONVEYOR_TEST_PAUSE_AT in tools/train_command.cpp), with
+# after two training steps; see CONVEYOR_TEST_PAUSE_AT in tools/training_run.cpp), with
 # --timeout $1; with $2 = kill, it is then killed with SIGKILL. The job must end non-zero, by
 # itself, within 30 s. Output in $work/out.
 pause_rank_at() {
