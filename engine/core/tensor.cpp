@@ -285,6 +285,10 @@ void copy_from_host(const Tensor& dst, const void* src, size_t bytes, void* stre
     throw std::invalid_argument("copy_from_host: " + std::to_string(bytes) + " bytes given for " +
                                 dst.describe() + " which holds " + std::to_string(dst.nbytes()) +
                                 " bytes");
+  if (src == nullptr && bytes > 0)
+    throw std::invalid_argument("copy_from_host: the host source pointer is null for " +
+                                std::to_string(bytes) + " bytes into " + dst.describe() +
+                                "; give host memory holding them");
   copy_bytes(dst.raw(), dst.device(), src, Device::cpu(), bytes, stream);
 }
 
@@ -294,6 +298,10 @@ void copy_to_host(void* dst, const Tensor& src, size_t bytes, void* stream) {
     throw std::invalid_argument("copy_to_host: room for " + std::to_string(bytes) +
                                 " bytes given for " + src.describe() + " which holds " +
                                 std::to_string(src.nbytes()) + " bytes");
+  if (dst == nullptr && bytes > 0)
+    throw std::invalid_argument("copy_to_host: the host destination pointer is null for " +
+                                std::to_string(bytes) + " bytes of " + src.describe() +
+                                "; give host memory with room for them");
   copy_bytes(dst, Device::cpu(), src.raw(), src.device(), bytes, stream);
 }
 

@@ -205,6 +205,13 @@ TEST(Copies, CpuRoundTripsAndMismatchErrors) {
   float out[3];
   EXPECT_THROW(copy_to_host(out, a, sizeof(out)), std::invalid_argument);
   EXPECT_THROW(to_vector_i32(a), std::invalid_argument);
+  // A null host pointer is refused, not written through.
+  EXPECT_EQ(message_of<std::invalid_argument>([&] { copy_from_host(a, nullptr, a.nbytes()); }),
+            "copy_from_host: the host source pointer is null for 48 bytes into f32[3, 4] on cpu; "
+            "give host memory holding them");
+  EXPECT_EQ(message_of<std::invalid_argument>([&] { copy_to_host(nullptr, a, a.nbytes()); }),
+            "copy_to_host: the host destination pointer is null for 48 bytes of f32[3, 4] on cpu; "
+            "give host memory with room for them");
 
   const auto ints = conveyor::testing::random_ints(6, 5, -1000, 1000);
   Tensor i = cpu_tensor({6}, DType::kI32);
