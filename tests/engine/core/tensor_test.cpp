@@ -149,6 +149,16 @@ TEST(Tensor, SliceRowsSelectsRowsAndChecksBounds) {
   EXPECT_NE(msg.find("3 rows"), std::string::npos) << msg;
   EXPECT_THROW(t.slice_rows(-1, 1), std::out_of_range);
   EXPECT_THROW(t.slice_rows(0, -1), std::out_of_range);
+  // The end of a range past int64_t is said as it is, not wrapped.
+  const int64_t most = std::numeric_limits<int64_t>::max();
+  EXPECT_NE(message_of<std::out_of_range>([&] {
+              t.slice_rows(3, most);
+            }).find("rows [3, 9223372036854775810)"),
+            std::string::npos);
+  EXPECT_NE(message_of<std::out_of_range>([&] {
+              t.slice_rows(std::numeric_limits<int64_t>::min(), -2);
+            }).find("rows [-9223372036854775808, -9223372036854775810)"),
+            std::string::npos);
   EXPECT_THROW(cpu_tensor({}).slice_rows(0, 1), std::invalid_argument);
 }
 
