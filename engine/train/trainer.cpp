@@ -365,6 +365,12 @@ void Trainer::resume_at(int64_t steps_done) {
 double Trainer::evaluate(TokenSource& source, int64_t batches, int64_t tokens_at_once) {
   const OneAtATime one(busy_, "evaluate");
   check_usable("evaluate");
+  // Its batches would be the next steps' own, which the training would then skip.
+  if (&source == source_.get())
+    throw std::invalid_argument(
+        "Trainer::evaluate was given the trainer's own training source (Trainer::source()), "
+        "whose next batches the steps would then skip; give a source of held-out data "
+        "(make_held_out_source for the built-in ones)");
   // The mean divides by batches x batch_tokens, which must not wrap.
   const int64_t max_batches = std::numeric_limits<int64_t>::max() / config_.batch_tokens;
   if (batches < 1 || batches > max_batches)

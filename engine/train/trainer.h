@@ -127,6 +127,9 @@ class Trainer {
   // a group of 2^20 would run minutes to hours on the CPU for a model above the tiny preset
   // before a signal is heard, and more batches at once gain little once a group fills the
   // pipeline.
+  //
+  // `source` is not the trainer's own (Trainer::source(), std::invalid_argument): evaluating
+  // on it would draw the next steps' batches, and the training would skip them.
   static constexpr int64_t kEvaluationTokensAtOnce = int64_t{1} << 16;
   double evaluate(TokenSource& source, int64_t batches = 1,
                   int64_t tokens_at_once = kEvaluationTokensAtOnce);
