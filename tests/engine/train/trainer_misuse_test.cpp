@@ -351,6 +351,13 @@ TEST(TrainerMisuse, CheckpointOptionsThatCannotBeAreRefusedNamingTheField) {
                   }),
                   "TrainerCheckpointOptions::keep_last must be at least 0 (0: keep every "
                   "checkpoint), got -2");
+  // A policy cast from outside the enum went on past a failed save as kContinue does.
+  EXPECT_EQ(message_of([&] {
+              TrainerCheckpointer c(
+                  trainer, {.directory = dir.path(), .on_error = static_cast<SaveErrorPolicy>(7)});
+            }),
+            "TrainerCheckpointOptions::on_error must be SaveErrorPolicy::kStop or kContinue, got "
+            "the value 7");
 }
 
 TEST(TrainerMisuse, ACpuDeviceOtherThanIndexZeroIsRefused) {
