@@ -132,6 +132,7 @@ TrainerCheckpointer::TrainerCheckpointer(Trainer& trainer, TrainerCheckpointOpti
         "Trainer::set_destroy_handler); a trainer saves through one checkpointer at a time: "
         "destroy the other one first");
   check_checkpoint_names(trainer_.model());
+  check_checkpoint_source(trainer_.source());
   // Named by the options' fields: a program sets those, and the command line shows its flags.
   if (options_.directory.empty())
     throw std::invalid_argument(

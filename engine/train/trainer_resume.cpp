@@ -286,6 +286,7 @@ std::vector<std::string> resume_setting_changes(const Trainer& trainer, const Tr
 
 Checkpoint resume_trainer(Trainer& trainer, const fs::path& path) {
   check_checkpoint_names(trainer.model());
+  check_checkpoint_source(trainer.source());
   PipelineExecutor& executor = trainer.executor();
   std::optional<Checkpoint> opened;
   std::exception_ptr error;
