@@ -791,6 +791,24 @@ class DescribedSource : public TokenSource {
   std::string text_;
 };
 
+// The config's data fields make only the built-in sources: the refusal of a caller's source
+// that describes itself otherwise named them, which that source does not read.
+TEST(TrainerResume, ASourceOfTheCallersDescribedOtherwiseIsNamedAsSuch) {
+  TempDir dir;
+  const TrainConfig c = resume_config(1, schedule::ScheduleKind::k1F1B);
+  {
+    Trainer trainer(c, std::make_shared<DescribedSource>(c.model.vocab, "mine"));
+    TrainerCheckpointer checkpointer(trainer, {dir.path()});
+    trainer.step();
+    checkpointer.finish();
+  }
+  Trainer trainer(c, std::make_shared<DescribedSource>(c.model.vocab, "another"));
+  EXPECT_CHECKPOINT_ERROR(resume_trainer(trainer, dir.path()),
+                          "was trained on mine but this run reads another; resume with the same "
+                          "data: a TokenSource whose describe() is the checkpoint's");
+  EXPECT_EQ(trainer.steps_done(), 0);
+}
+
 // The manifest and the shards' headers are JSON, which holds UTF-8 alone: such a name or
 // description failed the first save, after the steps before it, with the JSON library's error.
 TEST(TrainerResume, NamesAndDescriptionsThatAreNotUtf8AreRefusedBeforeTheFirstStep) {
