@@ -1,5 +1,6 @@
 #include "layers/parameter.h"
 
+#include <stdexcept>
 #include <string>
 
 #include "engine/core/enum_value.h"
@@ -22,6 +23,13 @@ void Parameter::materialize(DeviceContext& ctx, uint64_t seed) {
 }
 
 void zero_grads(DeviceContext& ctx, const std::vector<Parameter*>& params) {
+  // All checked before any is zeroed, so that a refused call leaves every gradient as it was.
+  for (size_t i = 0; i < params.size(); ++i)
+    if (params[i] == nullptr)
+      throw std::invalid_argument("zero_grads: parameter " + std::to_string(i) + " of the " +
+                                  std::to_string(params.size()) +
+                                  " given is null; expected pointers to parameters (as "
+                                  "Layer::parameters() returns them)");
   for (Parameter* p : params) ctx.fill_zero(p->grad);
 }
 

@@ -38,7 +38,8 @@ struct Parameter {
   void materialize(DeviceContext& ctx, uint64_t seed);
 };
 
-// Zeroes every gradient (start of a step).
+// Zeroes every gradient (start of a step). Throws std::invalid_argument, zeroing none, when a
+// pointer is null.
 void zero_grads(DeviceContext& ctx, const std::vector<Parameter*>& params);
 
 }  // namespace conveyor

@@ -40,10 +40,12 @@ DeviceContext::DeviceContext(Device device, DeviceContextOptions options) : devi
   if (device.is_cpu()) {
     allocator_ = make_cpu_allocator(budget_of(options, device), options.allocator_name);
     compute_stream_ = std::make_unique<Stream>(device);
-    if (options.cpu_threads < 1)
-      throw std::invalid_argument("cannot use " + std::to_string(options.cpu_threads) +
-                                  " CPU threads on " + device.to_string() +
-                                  ": expected at least 1");
+    // Checked before the pool starts them: a million threads exhausted the machine.
+    if (options.cpu_threads < 1 || options.cpu_threads > DeviceContextOptions::kMaxCpuThreads)
+      throw std::invalid_argument("DeviceContextOptions::cpu_threads must be from 1 to " +
+                                  std::to_string(DeviceContextOptions::kMaxCpuThreads) + " on " +
+                                  device.to_string() + ", got " +
+                                  std::to_string(options.cpu_threads));
     cpu_pool_ = std::make_unique<kernels::cpu::ThreadPool>(options.cpu_threads);
     return;
   }

@@ -24,8 +24,10 @@ struct DeviceContextOptions {
   std::string allocator_name;
   bool allow_tf32 = false;
   size_t cublas_workspace_bytes = 32u << 20;
-  // Threads of this context's CPU kernels, the rank's own thread included (CPU only; >= 1).
-  // Kernels split work by shape only, so the bits do not depend on it.
+  // Threads of this context's CPU kernels, the rank's own thread included (CPU only; from 1
+  // to kMaxCpuThreads, else the context throws std::invalid_argument). Kernels split work by
+  // shape only, so the bits do not depend on it.
+  static constexpr int kMaxCpuThreads = 4096;
   int cpu_threads = 1;
 };
 

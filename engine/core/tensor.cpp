@@ -15,6 +15,22 @@
 #endif
 
 namespace conveyor {
+namespace {
+
+// a + b written out exactly: the end of a range a caller gave may lie past int64_t.
+std::string exact_sum(int64_t a, int64_t b) {
+  __int128 sum = static_cast<__int128>(a) + b;
+  const bool negative = sum < 0;
+  std::string digits;
+  do {
+    const int digit = static_cast<int>(sum % 10);
+    digits.insert(digits.begin(), static_cast<char>('0' + (negative ? -digit : digit)));
+    sum /= 10;
+  } while (sum != 0);
+  return negative ? "-" + digits : digits;
+}
+
+}  // namespace
 
 size_t dtype_size(DType dtype) {
   switch (dtype) {
@@ -138,9 +154,9 @@ Tensor Tensor::slice_rows(int64_t begin, int64_t count) const {
   const int64_t rows = shape_[0];
   if (begin < 0 || count < 0 || begin > rows || count > rows - begin)
     throw std::out_of_range("slice_rows(" + std::to_string(begin) + ", " + std::to_string(count) +
-                            "): rows [" + std::to_string(begin) + ", " +
-                            std::to_string(begin + count) + ") are not within the " +
-                            std::to_string(rows) + " rows of " + describe());
+                            "): rows [" + std::to_string(begin) + ", " + exact_sum(begin, count) +
+                            ") are not within the " + std::to_string(rows) + " rows of " +
+                            describe());
   Shape shape = shape_;
   shape[0] = 1;
   const int64_t row_numel = shape_numel(shape);
@@ -285,6 +301,10 @@ void copy_from_host(const Tensor& dst, const void* src, size_t bytes, void* stre
     throw std::invalid_argument("copy_from_host: " + std::to_string(bytes) + " bytes given for " +
                                 dst.describe() + " which holds " + std::to_string(dst.nbytes()) +
                                 " bytes");
+  if (src == nullptr && bytes > 0)
+    throw std::invalid_argument("copy_from_host: the host source pointer is null for " +
+                                std::to_string(bytes) + " bytes into " + dst.describe() +
+                                "; give host memory holding them");
   copy_bytes(dst.raw(), dst.device(), src, Device::cpu(), bytes, stream);
 }
 
@@ -294,6 +314,10 @@ void copy_to_host(void* dst, const Tensor& src, size_t bytes, void* stream) {
     throw std::invalid_argument("copy_to_host: room for " + std::to_string(bytes) +
                                 " bytes given for " + src.describe() + " which holds " +
                                 std::to_string(src.nbytes()) + " bytes");
+  if (dst == nullptr && bytes > 0)
+    throw std::invalid_argument("copy_to_host: the host destination pointer is null for " +
+                                std::to_string(bytes) + " bytes of " + src.describe() +
+                                "; give host memory with room for them");
   copy_bytes(dst, Device::cpu(), src.raw(), src.device(), bytes, stream);
 }
 

@@ -115,6 +115,8 @@ void copy_tensor(const Tensor& dst, const Tensor& src, void* stream = nullptr);
 // every device involved is waited for, all of its streams; with one, the copy is ordered on
 // that stream and only it is waited for, which a rank whose other streams may hold transfers
 // waiting on a peer (NCCL) needs, since a wait for those could wait on this rank itself.
+// `bytes` must be the tensor's nbytes(), and the host pointer non-null unless it is 0
+// (std::invalid_argument otherwise).
 std::vector<float> to_vector_f32(const Tensor& t);
 std::vector<int32_t> to_vector_i32(const Tensor& t);
 void copy_from_host(const Tensor& dst, const void* src, size_t bytes, void* stream = nullptr);

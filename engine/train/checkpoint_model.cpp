@@ -2,6 +2,7 @@
 
 #include <stdexcept>
 
+#include "engine/schedule/input_file.h"
 #include "engine/train/checkpoint_io.h"
 
 namespace conveyor {
@@ -13,16 +14,48 @@ std::vector<std::string> optimizer_state_names(const std::string& kind,
   throw std::invalid_argument("optimizer kind must be adamw or sgd, got '" + kind + "'");
 }
 
+namespace {
+
+// Whether `text` can stand in a checkpoint's JSON (the manifest, a shard's header): UTF-8.
+bool is_json_text(const std::string& text) {
+  try {
+    (void)nlohmann::json(text).dump();
+    return true;
+  } catch (const nlohmann::json::type_error&) {
+    return false;
+  }
+}
+
+}  // namespace
+
 void check_checkpoint_names(const ModelDescription& model) {
+  if (!is_json_text(model.name))
+    throw std::invalid_argument("ModelDescription::name '" + escaped_for_message(model.name) +
+                                "' is not valid UTF-8, which a checkpoint's manifest (JSON) "
+                                "must hold; give the model a UTF-8 name");
   for (int64_t index = 0; index < model.num_units; ++index) {
     const std::unique_ptr<Layer> unit = model.unit(index);
-    for (const Parameter* p : unit->parameters())
+    for (const Parameter* p : unit->parameters()) {
       if (p->name.rfind("optimizer.", 0) == 0 || p->name == "__metadata__")
         throw std::invalid_argument(
             "parameter '" + p->name + "' of unit " + std::to_string(index) +
             " cannot be checkpointed under its name: names beginning \"optimizer.\" hold "
             "optimizer state, and \"__metadata__\" is the safetensors header's; rename it");
+      if (!is_json_text(p->name))
+        throw std::invalid_argument("parameter '" + escaped_for_message(p->name) + "' of unit " +
+                                    std::to_string(index) +
+                                    " cannot be checkpointed under its name: it is not valid "
+                                    "UTF-8, which a shard's header (JSON) must hold; rename it");
+    }
   }
+}
+
+void check_checkpoint_source(const TokenSource& source) {
+  const std::string described = source.describe();
+  if (!is_json_text(described))
+    throw std::invalid_argument("the data source's describe() '" + escaped_for_message(described) +
+                                "' is not valid UTF-8, which a checkpoint's manifest (JSON) "
+                                "must hold; describe the source in UTF-8");
 }
 
 std::vector<NamedTensor> checkpoint_tensors(Optimizer& optimizer, bool with_parameters) {

@@ -14,6 +14,7 @@
 #include "engine/pipeline/partition.h"
 #include "engine/schedule/schedule.h"
 #include "engine/train/checkpoint.h"
+#include "engine/train/data.h"
 #include "layers/model.h"
 
 namespace conveyor {
@@ -22,11 +23,14 @@ namespace conveyor {
 std::vector<std::string> optimizer_state_names(const std::string& kind,
                                                const std::string& parameter);
 
-// Throws std::invalid_argument for a parameter of `model` whose name a checkpoint could not
-// hold as itself: one beginning "optimizer." (it would stand for, or collide with, the
-// optimizer state of another) or the safetensors header's "__metadata__". Checked when a run
-// that saves or resumes starts, not at its first save.
+// Throws std::invalid_argument for a model whose name the checkpoint's manifest (JSON) could not
+// hold, not being valid UTF-8, or a parameter whose name a checkpoint could not hold as itself:
+// one beginning "optimizer." (it would stand for, or collide with, the optimizer state of
+// another), the safetensors header's "__metadata__", or one that is not valid UTF-8 (the
+// header is JSON). Checked when a run that saves or resumes starts, not at its first save.
 void check_checkpoint_names(const ModelDescription& model);
+// The same for the data source's describe(), which the manifest records.
+void check_checkpoint_source(const TokenSource& source);
 
 // What a rank's shard holds: the optimizer's parameters (values, unless `with_parameters` is
 // false), then its state; a sharded optimizer's state as pieces of the parameters' shapes

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "engine/core/device.h"
+#include "engine/core/device_context.h"
 #include "engine/pipeline/executor.h"
 #include "engine/pipeline/optimizer.h"
 #include "engine/pipeline/partition.h"
@@ -47,7 +48,7 @@ struct TrainConfig {
   size_t memory_limit_bytes = 0;
   // Threads of each CPU rank's kernels, at most kMaxCpuThreads; 0: all cores, shared between
   // the ranks (at least 1 each). The bits of a run do not depend on it.
-  static constexpr int kMaxCpuThreads = 4096;
+  static constexpr int kMaxCpuThreads = DeviceContextOptions::kMaxCpuThreads;
   int cpu_threads = 0;
 
   // Pipeline: `stages` ranks, each with `chunks` virtual stages, under `schedule`, or under

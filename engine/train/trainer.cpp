@@ -22,6 +22,17 @@ namespace {
 // draw where every rank stood, too much to repeat in a later refusal.
 std::string first_line(const std::string& message) { return message.substr(0, message.find('\n')); }
 
+// The sentence of the exception being handled.
+std::string current_error() {
+  try {
+    throw;
+  } catch (const std::exception& e) {
+    return error_sentence(e);
+  } catch (...) {
+    return "an exception that is not a std::exception";
+  }
+}
+
 // A value for a divergence's message: a NaN's sign bit means nothing, and printed as "-nan"
 // it reads like a value.
 double shown(double value) { return std::isnan(value) ? std::fabs(value) : value; }
@@ -130,8 +141,26 @@ std::vector<MicroBatchData> Trainer::draw_batch(TokenSource& source) const {
 void Trainer::check_usable(const char* action) const {
   if (!failure_.empty())
     throw std::logic_error("the trainer cannot " + std::string(action) + ": " + failure_ +
-                           ", which left its stages and transports unusable; build a new "
-                           "Trainer (from the last checkpoint to go on)");
+                           "; build a new Trainer (from the last checkpoint to go on)");
+}
+
+void Trainer::put_back_source(uint64_t position, std::optional<int32_t> token, int64_t step,
+                              const std::string& why) {
+  try {
+    source_->restore(position, token);
+  } catch (const std::exception& e) {
+    // Where the source stands now is unknown: the next steps would train on other tokens than
+    // their own, without a word.
+    failure_ = "step " + std::to_string(step) +
+               "'s data source could not be put back where the step began (" +
+               first_line(error_sentence(e)) + ")";
+    throw std::runtime_error("step " + std::to_string(step) + " stopped (" + first_line(why) +
+                             ") and its data source could not be put back where the step "
+                             "began (" +
+                             first_line(error_sentence(e)) +
+                             "): the steps after it would read other tokens than their own; "
+                             "build a new Trainer (from the last checkpoint to go on)");
+  }
 }
 
 bool Trainer::has_target(const std::vector<MicroBatchData>& microbatches) {
@@ -249,14 +278,14 @@ StepStats Trainer::step() {
   } catch (...) {
     // A source that fails part-way has given the micro-batches before the failure: trying the
     // step again must draw the batch from its start, not from the middle.
-    source_->restore(position_at_draw, token_at_draw);
+    put_back_source(position_at_draw, token_at_draw, step, current_error());
     throw;
   }
   try {
     check_token_ids(microbatches);
     check_some_target(microbatches, step);
-  } catch (const std::invalid_argument&) {
-    source_->restore(position_at_draw, token_at_draw);
+  } catch (const std::invalid_argument& e) {
+    put_back_source(position_at_draw, token_at_draw, step, e.what());
     throw;
   }
   for (int r : executor_->local_ranks()) executor_->context(r).allocator().reset_peak();
@@ -266,14 +295,15 @@ StepStats Trainer::step() {
     result = executor_->run_step(microbatches, 1.0f / static_cast<float>(config_.batch_tokens),
                                  step, lr);
   } catch (const std::exception& e) {
-    failure_ = "step " + std::to_string(step) + " failed (" + first_line(e.what()) + ")";
+    failure_ = "step " + std::to_string(step) + " failed (" + first_line(e.what()) +
+               "), which left its stages and transports unusable";
     throw;
   }
   const double loss = result.loss_sum / static_cast<double>(config_.batch_tokens);
   if (result.diverged) {
     // The step did not happen: its batch is the next step's, as for a batch refused above,
     // so that a checkpoint of the last good step saved now resumes on the right batch.
-    source_->restore(position_at_draw, token_at_draw);
+    put_back_source(position_at_draw, token_at_draw, step, "it diverged");
     std::ostringstream what;
     // Say which went non-finite: a finite loss with a NaN norm is the gradient's doing.
     if (std::isfinite(loss))
@@ -365,6 +395,12 @@ void Trainer::resume_at(int64_t steps_done) {
 double Trainer::evaluate(TokenSource& source, int64_t batches, int64_t tokens_at_once) {
   const OneAtATime one(busy_, "evaluate");
   check_usable("evaluate");
+  // Its batches would be the next steps' own, which the training would then skip.
+  if (&source == source_.get())
+    throw std::invalid_argument(
+        "Trainer::evaluate was given the trainer's own training source (Trainer::source()), "
+        "whose next batches the steps would then skip; give a source of held-out data "
+        "(make_held_out_source for the built-in ones)");
   // The mean divides by batches x batch_tokens, which must not wrap.
   const int64_t max_batches = std::numeric_limits<int64_t>::max() / config_.batch_tokens;
   if (batches < 1 || batches > max_batches)
@@ -555,7 +591,8 @@ double Trainer::local_loss_sum(const std::vector<MicroBatchData>& microbatches, 
   try {
     return forward_loss_sum(microbatches, start);
   } catch (const std::exception& e) {
-    failure_ = "an evaluation failed (" + first_line(e.what()) + ")";
+    failure_ = "an evaluation failed (" + first_line(e.what()) +
+               "), which left its stages and transports unusable";
     throw;
   }
 }

@@ -91,12 +91,14 @@ class Trainer {
   // and a batch whose every target is the ignored one is
   // refused, as it has nothing to learn from (std::invalid_argument, nothing run, the source
   // put back where it was: TokenSource::restore). An exception from the source's next() comes
-  // out as it is, the source put back the same way. A step that fails once it has started (a
-  // PipelineError, a transport error) leaves the trainer unusable: step() and evaluate() then
-  // throw std::logic_error saying so. A diverged step (TrainingDiverged) applied no update and
-  // puts the source back where the step began: the weights are those of steps_done(), which
-  // may still be evaluated and saved, but the same step on them would diverge again, so step()
-  // refuses (std::logic_error) until a checkpoint is restored into the trainer (resume_at).
+  // out as it is, the source put back the same way; a source that cannot be put back (its
+  // restore() throws) leaves the trainer unusable, and a std::runtime_error says both. A step that
+  // fails once it has started (a PipelineError, a transport error) leaves the trainer unusable:
+  // step() and evaluate() then throw std::logic_error saying so. A diverged step (TrainingDiverged)
+  // applied no update and puts the source back where the step began: the weights are those of
+  // steps_done(), which may still be evaluated and saved, but the same step on them would diverge
+  // again, so step() refuses (std::logic_error) until a checkpoint is restored into the trainer
+  // (resume_at).
   StepStats step();
 
   // Mean loss per token over `batches` global batches drawn from `source` (held-out data),
@@ -127,6 +129,9 @@ class Trainer {
   // a group of 2^20 would run minutes to hours on the CPU for a model above the tiny preset
   // before a signal is heard, and more batches at once gain little once a group fills the
   // pipeline.
+  //
+  // `source` is not the trainer's own (Trainer::source(), std::invalid_argument): evaluating
+  // on it would draw the next steps' batches, and the training would skip them.
   static constexpr int64_t kEvaluationTokensAtOnce = int64_t{1} << 16;
   double evaluate(TokenSource& source, int64_t batches = 1,
                   int64_t tokens_at_once = kEvaluationTokensAtOnce);
@@ -195,6 +200,11 @@ class Trainer {
   double forward_loss_sum(const std::vector<MicroBatchData>& microbatches, double start);
   // Throws std::logic_error, saying what failed, once a step or an evaluation has failed.
   void check_usable(const char* action) const;
+  // Moves the training source back to where step `step` began, after `why` stopped it. When
+  // the source cannot go back, the trainer becomes unusable (the next steps would read other
+  // tokens) and std::runtime_error says both.
+  void put_back_source(uint64_t position, std::optional<int32_t> token, int64_t step,
+                       const std::string& why);
   // The mean of an evaluation's `loss_sum` over `tokens`; TrainingDiverged when not finite.
   double evaluated_mean(double loss_sum, int64_t tokens) const;
   // agreed_stop_request's collective, for evaluate(), which holds the trainer.

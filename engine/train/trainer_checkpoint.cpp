@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "engine/core/allocator.h"
+#include "engine/core/enum_value.h"
 #include "engine/train/checkpoint_io.h"
 #include "engine/train/checkpoint_model.h"
 #include "engine/train/process_agreement.h"
@@ -131,6 +132,7 @@ TrainerCheckpointer::TrainerCheckpointer(Trainer& trainer, TrainerCheckpointOpti
         "Trainer::set_destroy_handler); a trainer saves through one checkpointer at a time: "
         "destroy the other one first");
   check_checkpoint_names(trainer_.model());
+  check_checkpoint_source(trainer_.source());
   // Named by the options' fields: a program sets those, and the command line shows its flags.
   if (options_.directory.empty())
     throw std::invalid_argument(
@@ -145,6 +147,9 @@ TrainerCheckpointer::TrainerCheckpointer(Trainer& trainer, TrainerCheckpointOpti
         "TrainerCheckpointOptions::keep_last must be at least 0 (0: keep every checkpoint), "
         "got " +
         std::to_string(options_.keep_last));
+  // A value cast from outside the enum went on past a failed save as kContinue does.
+  check_enum_value(options_.on_error, {SaveErrorPolicy::kStop, SaveErrorPolicy::kContinue},
+                   "TrainerCheckpointOptions::on_error", "SaveErrorPolicy::kStop or kContinue");
   if (!options_.warn)
     options_.warn = [](const std::string& text) {
       std::fprintf(stderr, "conveyor: warning: %s\n", text.c_str());

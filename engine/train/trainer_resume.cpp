@@ -149,9 +149,17 @@ void check_same_data(Trainer& trainer, const TrainingState& saved, const Trainin
                             ", but this run reads " + ours.data.source + " with digest " +
                             *contents + ": other data; resume with the data it was trained on");
   } else if (saved.data.source != ours.data.source) {
+    // The config's data fields make only the built-in sources; a source of the caller's is
+    // the same data when it describes itself the same.
+    const TokenSource& source = trainer.source();
+    const bool built_in = dynamic_cast<const MarkovSource*>(&source) != nullptr ||
+                          dynamic_cast<const FileSource*>(&source) != nullptr;
     throw CheckpointError(
         manifest + " was trained on " + saved_source + " but this run reads " + ours.data.source +
-        "; resume with the same data (TrainConfig::data_path) and seed (TrainConfig::seed)");
+        (built_in ? "; resume with the same data (TrainConfig::data_path) and seed "
+                    "(TrainConfig::seed)"
+                  : "; resume with the same data: a TokenSource whose describe() is the "
+                    "checkpoint's"));
   }
   if (saved.data.token && *saved.data.token >= trainer.source().vocab())
     throw CheckpointError(manifest + ": manifest.data.token is " +
@@ -286,6 +294,7 @@ std::vector<std::string> resume_setting_changes(const Trainer& trainer, const Tr
 
 Checkpoint resume_trainer(Trainer& trainer, const fs::path& path) {
   check_checkpoint_names(trainer.model());
+  check_checkpoint_source(trainer.source());
   PipelineExecutor& executor = trainer.executor();
   std::optional<Checkpoint> opened;
   std::exception_ptr error;

@@ -285,6 +285,28 @@ TEST(ModelDescription, AnInitialisationKindOutsideTheEnumIsRefused) {
   EXPECT_EQ(to_vector_f32(p.value), std::vector<float>(6, -2.0f));
 }
 
+// A null pointer among the parameters was dereferenced (a segfault); now none is zeroed.
+TEST(Parameter, ZeroGradsRefusesANullParameterAndZeroesNone) {
+  DeviceContext ctx(Device::cpu());
+  Parameter p = named("w", {2, 3});
+  p.init = InitSpec::uniform(1.0f);
+  p.materialize(ctx, 1);
+  ops::add_(ctx, p.grad, p.value);
+  const std::vector<float> before = to_vector_f32(p.grad);
+  ASSERT_NE(before, std::vector<float>(6, 0.0f));
+  try {
+    zero_grads(ctx, {&p, nullptr});
+    ADD_FAILURE() << "a null parameter was zeroed";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "zero_grads: parameter 1 of the 2 given is null; expected pointers to parameters "
+              "(as Layer::parameters() returns them)");
+  }
+  EXPECT_EQ(to_vector_f32(p.grad), before);
+  zero_grads(ctx, {&p});
+  EXPECT_EQ(to_vector_f32(p.grad), std::vector<float>(6, 0.0f));
+}
+
 TEST(ModelConfig, AnActivationOutsideTheEnumIsRefused) {
   ModelConfig config = small_tiny();
   config.activation = static_cast<ops::ActivationKind>(7);

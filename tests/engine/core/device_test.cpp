@@ -133,6 +133,23 @@ TEST(DeviceContext, CpuZerosEmptyAndLimit) {
 }
 
 // Contexts given one budget draw from one cap, as the ranks that share a device do.
+// A count past the bound is refused before any thread starts: a million exhausted the machine.
+TEST(DeviceContext, CpuThreadsOutsideTheirBoundsAreRefused) {
+  for (const int threads : {0, -1, DeviceContextOptions::kMaxCpuThreads + 1}) {
+    try {
+      DeviceContext ctx(Device::cpu(), {.cpu_threads = threads});
+      ADD_FAILURE() << threads << " CPU threads were accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_EQ(std::string(e.what()),
+                "DeviceContextOptions::cpu_threads must be from 1 to 4096 "
+                "on cpu, got " +
+                    std::to_string(threads));
+    }
+  }
+  DeviceContext most(Device::cpu(), {.cpu_threads = DeviceContextOptions::kMaxCpuThreads});
+  EXPECT_EQ(most.device(), Device::cpu());
+}
+
 TEST(DeviceContext, ContextsGivenOneBudgetShareItsCap) {
   auto budget = std::make_shared<MemoryBudget>(1 << 20);
   DeviceContext first(Device::cpu(), {.memory_budget = budget, .allocator_name = "rank 0"});

@@ -149,6 +149,16 @@ TEST(Tensor, SliceRowsSelectsRowsAndChecksBounds) {
   EXPECT_NE(msg.find("3 rows"), std::string::npos) << msg;
   EXPECT_THROW(t.slice_rows(-1, 1), std::out_of_range);
   EXPECT_THROW(t.slice_rows(0, -1), std::out_of_range);
+  // The end of a range past int64_t is said as it is, not wrapped.
+  const int64_t most = std::numeric_limits<int64_t>::max();
+  EXPECT_NE(message_of<std::out_of_range>([&] {
+              t.slice_rows(3, most);
+            }).find("rows [3, 9223372036854775810)"),
+            std::string::npos);
+  EXPECT_NE(message_of<std::out_of_range>([&] {
+              t.slice_rows(std::numeric_limits<int64_t>::min(), -2);
+            }).find("rows [-9223372036854775808, -9223372036854775810)"),
+            std::string::npos);
   EXPECT_THROW(cpu_tensor({}).slice_rows(0, 1), std::invalid_argument);
 }
 
@@ -205,6 +215,13 @@ TEST(Copies, CpuRoundTripsAndMismatchErrors) {
   float out[3];
   EXPECT_THROW(copy_to_host(out, a, sizeof(out)), std::invalid_argument);
   EXPECT_THROW(to_vector_i32(a), std::invalid_argument);
+  // A null host pointer is refused, not written through.
+  EXPECT_EQ(message_of<std::invalid_argument>([&] { copy_from_host(a, nullptr, a.nbytes()); }),
+            "copy_from_host: the host source pointer is null for 48 bytes into f32[3, 4] on cpu; "
+            "give host memory holding them");
+  EXPECT_EQ(message_of<std::invalid_argument>([&] { copy_to_host(nullptr, a, a.nbytes()); }),
+            "copy_to_host: the host destination pointer is null for 48 bytes of f32[3, 4] on cpu; "
+            "give host memory with room for them");
 
   const auto ints = conveyor::testing::random_ints(6, 5, -1000, 1000);
   Tensor i = cpu_tensor({6}, DType::kI32);

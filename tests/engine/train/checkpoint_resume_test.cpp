@@ -774,5 +774,81 @@ TEST(TrainerResume, AParameterNamedLikeCheckpointStateIsRefusedBeforeTheFirstSte
   }
 }
 
+// A source of the caller's: the chain's tokens under a description of its own.
+class DescribedSource : public TokenSource {
+ public:
+  DescribedSource(int64_t vocab, std::string text) : chain_(vocab, 1), text_(std::move(text)) {}
+  int64_t vocab() const override { return chain_.vocab(); }
+  void next(int32_t* inputs, int32_t* targets, int64_t n) override {
+    chain_.next(inputs, targets, n);
+  }
+  uint64_t position() const override { return chain_.position(); }
+  void seek(uint64_t position) override { chain_.seek(position); }
+  std::string describe() const override { return text_; }
+
+ private:
+  MarkovSource chain_;
+  std::string text_;
+};
+
+// The config's data fields make only the built-in sources: the refusal of a caller's source
+// that describes itself otherwise named them, which that source does not read.
+TEST(TrainerResume, ASourceOfTheCallersDescribedOtherwiseIsNamedAsSuch) {
+  TempDir dir;
+  const TrainConfig c = resume_config(1, schedule::ScheduleKind::k1F1B);
+  {
+    Trainer trainer(c, std::make_shared<DescribedSource>(c.model.vocab, "mine"));
+    TrainerCheckpointer checkpointer(trainer, {dir.path()});
+    trainer.step();
+    checkpointer.finish();
+  }
+  Trainer trainer(c, std::make_shared<DescribedSource>(c.model.vocab, "another"));
+  EXPECT_CHECKPOINT_ERROR(resume_trainer(trainer, dir.path()),
+                          "was trained on mine but this run reads another; resume with the same "
+                          "data: a TokenSource whose describe() is the checkpoint's");
+  EXPECT_EQ(trainer.steps_done(), 0);
+}
+
+// The manifest and the shards' headers are JSON, which holds UTF-8 alone: such a name or
+// description failed the first save, after the steps before it, with the JSON library's error.
+TEST(TrainerResume, NamesAndDescriptionsThatAreNotUtf8AreRefusedBeforeTheFirstStep) {
+  const TrainConfig c = resume_config(1, schedule::ScheduleKind::k1F1B);
+  const auto refusal = [](Trainer& trainer) {
+    TempDir dir;
+    std::string message;
+    try {
+      TrainerCheckpointer checkpointer(trainer, {dir.path()});
+      ADD_FAILURE() << "a checkpointer was made";
+    } catch (const std::invalid_argument& e) {
+      message = e.what();
+    }
+    EXPECT_THROW(resume_trainer(trainer, dir.path()), std::invalid_argument);
+    EXPECT_TRUE(std::filesystem::is_empty(dir.path()));
+    return message;
+  };
+  ModelDescription named = reference_model(c.model);
+  named.name = "tiny \xfe";
+  Trainer of_named(named, c);
+  EXPECT_EQ(refusal(of_named),
+            "ModelDescription::name 'tiny \\xfe' is not valid UTF-8, which a checkpoint's "
+            "manifest (JSON) must hold; give the model a UTF-8 name");
+
+  ModelDescription renamed = reference_model(c.model);
+  renamed.make_unit = [inner = renamed.make_unit, last = renamed.num_units - 1](int64_t index) {
+    std::unique_ptr<Layer> unit = inner(index);
+    if (index == last) unit->parameters().front()->name = "head\xc3.weight";
+    return unit;
+  };
+  Trainer of_renamed(renamed, c);
+  EXPECT_EQ(refusal(of_renamed),
+            "parameter 'head\\xc3.weight' of unit 3 cannot be checkpointed under its name: it is "
+            "not valid UTF-8, which a shard's header (JSON) must hold; rename it");
+
+  Trainer of_described(c, std::make_shared<DescribedSource>(c.model.vocab, "chain \xff"));
+  EXPECT_EQ(refusal(of_described),
+            "the data source's describe() 'chain \\xff' is not valid UTF-8, which a "
+            "checkpoint's manifest (JSON) must hold; describe the source in UTF-8");
+}
+
 }  // namespace
 }  // namespace conveyor

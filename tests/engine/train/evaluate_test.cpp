@@ -221,6 +221,19 @@ TEST(Evaluate, BadRequestsAreClearErrors) {
   }
   EXPECT_EQ(source.position(), 0u);
   trainer.executor().set_stop_request(nullptr);
+  // The training source itself: its next batches would be evaluated and then skipped.
+  trainer.step();
+  const uint64_t training_position = trainer.source().position();
+  try {
+    trainer.evaluate(trainer.source(), 1);
+    ADD_FAILURE() << "the training source was evaluated";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "Trainer::evaluate was given the trainer's own training source "
+              "(Trainer::source()), whose next batches the steps would then skip; give a source "
+              "of held-out data (make_held_out_source for the built-in ones)");
+  }
+  EXPECT_EQ(trainer.source().position(), training_position);
   EXPECT_THROW(trainer.evaluate(std::vector<MicroBatchData>{}), std::invalid_argument);
   MicroBatchData uneven;
   uneven.tokens = {1, 2, 3};

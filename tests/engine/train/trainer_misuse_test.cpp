@@ -336,6 +336,31 @@ TEST(TrainerMisuse, AFirstStepThatIsNotFiniteBlamesTheModelNotTheLearningRate) {
   EXPECT_EQ(message.find("lower the learning rate"), std::string::npos) << message;
 }
 
+// A source that fails part-way through a batch and cannot seek back stands past tokens the
+// step never trained on: the seek's error came out alone, and the next step trained on from
+// there.
+TEST(TrainerMisuse, ASourceThatCannotBePutBackLeavesTheTrainerUnusable) {
+  auto source = std::make_shared<CountingSource>();
+  Trainer trainer(small_run(), source);
+  trainer.step();
+  int draws = 0;
+  source->on_next = [&] {
+    if (++draws == 2) throw std::runtime_error("the stream broke");
+  };
+  source->refuse_seek = true;
+  EXPECT_EQ(message_of([&] { trainer.step(); }),
+            "step 2 stopped (the stream broke) and its data source could not be put back where "
+            "the step began (this source cannot seek): the steps after it would read other "
+            "tokens than their own; build a new Trainer (from the last checkpoint to go on)");
+  source->on_next = nullptr;
+  source->refuse_seek = false;
+  EXPECT_EQ(message_of([&] { trainer.step(); }),
+            "the trainer cannot run a step: step 2's data source could not be put back where the "
+            "step began (this source cannot seek); build a new Trainer (from the last "
+            "checkpoint to go on)");
+  EXPECT_EQ(trainer.steps_done(), 1);
+}
+
 TEST(TrainerMisuse, CheckpointOptionsThatCannotBeAreRefusedNamingTheField) {
   Trainer trainer(small_run(), std::make_shared<CountingSource>());
   TempDir dir;
@@ -351,6 +376,13 @@ TEST(TrainerMisuse, CheckpointOptionsThatCannotBeAreRefusedNamingTheField) {
                   }),
                   "TrainerCheckpointOptions::keep_last must be at least 0 (0: keep every "
                   "checkpoint), got -2");
+  // A policy cast from outside the enum went on past a failed save as kContinue does.
+  EXPECT_EQ(message_of([&] {
+              TrainerCheckpointer c(
+                  trainer, {.directory = dir.path(), .on_error = static_cast<SaveErrorPolicy>(7)});
+            }),
+            "TrainerCheckpointOptions::on_error must be SaveErrorPolicy::kStop or kContinue, got "
+            "the value 7");
 }
 
 TEST(TrainerMisuse, ACpuDeviceOtherThanIndexZeroIsRefused) {
