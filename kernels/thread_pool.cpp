@@ -3,6 +3,7 @@
 #include <chrono>
 #include <stdexcept>
 #include <string>
+#include <system_error>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -45,16 +46,29 @@ ThreadPool::ThreadPool(int threads) {
     throw std::invalid_argument("a CPU thread pool needs at least 1 thread, got " +
                                 std::to_string(threads));
   workers_.reserve(static_cast<size_t>(threads - 1));
-  for (int i = 1; i < threads; ++i) workers_.emplace_back([this] { loop(); });
+  try {
+    for (int i = 1; i < threads; ++i) workers_.emplace_back([this] { loop(); });
+  } catch (const std::system_error& e) {
+    // The system refused a thread (a process or memory limit): the ones started are stopped
+    // and joined, as a running std::thread destroyed unjoined would end the process.
+    const size_t started = workers_.size();
+    stop_workers();
+    throw std::runtime_error("cannot start CPU thread " + std::to_string(started + 2) + " of " +
+                             std::to_string(threads) + ": " + e.what() +
+                             "; use fewer threads or raise the process's limits");
+  }
 }
 
-ThreadPool::~ThreadPool() {
+ThreadPool::~ThreadPool() { stop_workers(); }
+
+void ThreadPool::stop_workers() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stop_.store(true, std::memory_order_release);
   }
   wake_.notify_all();
   for (auto& t : workers_) t.join();
+  workers_.clear();
 }
 
 void ThreadPool::work() {

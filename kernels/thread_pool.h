@@ -20,7 +20,9 @@ namespace conveyor::kernels::cpu {
 
 class ThreadPool {
  public:
-  explicit ThreadPool(int threads);  // threads >= 1, the caller included
+  // threads >= 1, the caller included. Throws std::runtime_error when the system refuses a
+  // thread, with the ones started already ended.
+  explicit ThreadPool(int threads);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
@@ -46,8 +48,9 @@ class ThreadPool {
  private:
   using TaskFn = void (*)(void*, int64_t);
   void run(int64_t tasks, TaskFn fn, void* context);
-  void work();  // takes tasks of the current job until none are left
-  void loop();  // a worker's life
+  void work();          // takes tasks of the current job until none are left
+  void loop();          // a worker's life
+  void stop_workers();  // asks every worker to end and joins it
 
   std::vector<std::thread> workers_;
   std::mutex mutex_;

@@ -4,6 +4,8 @@
 #include "kernels/thread_pool.h"
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -189,6 +191,34 @@ void expect_same(const Outputs& a, const Outputs& b) {
   EXPECT_TRUE(same_bits(a.dgelu, b.dgelu));
   EXPECT_TRUE(same_bits(a.ce_loss, b.ce_loss));
   EXPECT_TRUE(same_bits(a.ce_dlogits, b.ce_dlogits));
+}
+
+// In a child process: under an address-space limit a little above what the process maps,
+// a pool of 64 threads runs out of room for their stacks part-way. Exits 0 when the pool
+// refused with its sentence, the threads it started ended (a running std::thread destroyed
+// unjoined would abort the process instead).
+[[noreturn]] void start_threads_under_an_address_space_limit() {
+  long pages = 0;
+  if (std::FILE* statm = std::fopen("/proc/self/statm", "r")) {
+    if (std::fscanf(statm, "%ld", &pages) != 1) pages = 0;
+    std::fclose(statm);
+  }
+  const rlim_t mapped = static_cast<rlim_t>(pages) * static_cast<rlim_t>(sysconf(_SC_PAGESIZE));
+  const rlimit limit{mapped + (24u << 20), mapped + (24u << 20)};
+  if (pages == 0 || setrlimit(RLIMIT_AS, &limit) != 0) std::exit(2);
+  try {
+    k::ThreadPool pool(64);
+  } catch (const std::runtime_error& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    std::exit(0);
+  }
+  std::exit(1);  // all 64 started: the limit was too loose to test anything
+}
+
+TEST(ThreadPool, ARefusedThreadEndsTheOnesStartedAndSaysSo) {
+  EXPECT_EXIT(start_threads_under_an_address_space_limit(), ::testing::ExitedWithCode(0),
+              "cannot start CPU thread [0-9]+ of 64: .*; use fewer threads or raise the "
+              "process's limits");
 }
 
 TEST(ThreadPoolKernels, OneTwoAndThreeThreadsGiveTheSameBits) {
