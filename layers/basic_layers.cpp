@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
+#include <string>
 
 #include "engine/core/enum_value.h"
 #include "engine/core/number_text.h"
@@ -19,6 +20,14 @@ Parameter make_parameter(const std::string& name, Shape shape, InitSpec init, bo
   return p;
 }
 
+// A layer's size, refused below 1 as the layer is made: an empty or negative shape would
+// fail later, in a kernel or an allocation, without naming the layer.
+void check_size(const std::string& layer, const char* size, int64_t value) {
+  if (value < 1)
+    throw std::invalid_argument(layer + ": " + size + " must be at least 1, got " +
+                                std::to_string(value));
+}
+
 // Slots in SavedTensors.
 enum Slot : size_t { kInput = 0, kOutputGrad = 1, kMean = 2, kRstd = 3 };
 
@@ -26,6 +35,8 @@ enum Slot : size_t { kInput = 0, kOutputGrad = 1, kMean = 2, kRstd = 3 };
 
 Linear::Linear(std::string name, int64_t in, int64_t out, bool bias)
     : name_(std::move(name)), in_(in), out_(out), has_bias_(bias) {
+  check_size("Linear '" + name_ + "'", "in (its input width)", in);
+  check_size("Linear '" + name_ + "'", "out (its output width)", out);
   const float bound = 1.0f / std::sqrt(static_cast<float>(in));
   weight_ = make_parameter(name_ + ".weight", {out, in}, InitSpec::uniform(bound), true);
   if (has_bias_) bias_ = make_parameter(name_ + ".bias", {out}, InitSpec::uniform(bound), false);
@@ -99,6 +110,7 @@ std::optional<ActivationMemory> Activation::activation_memory(const Shape& input
 
 LayerNorm::LayerNorm(std::string name, int64_t width, float eps)
     : name_(std::move(name)), width_(width), eps_(eps) {
+  check_size("LayerNorm '" + name_ + "'", "width", width);
   // A negative or NaN epsilon gives NaN rows; an infinite one rows of 0 that learn nothing.
   if (!(eps > 0.0f) || !std::isfinite(eps))
     throw std::invalid_argument("LayerNorm '" + name_ +
@@ -146,6 +158,8 @@ std::optional<ActivationMemory> LayerNorm::activation_memory(const Shape& input)
 
 Embedding::Embedding(std::string name, int64_t vocab, int64_t width)
     : name_(std::move(name)), vocab_(vocab), width_(width) {
+  check_size("Embedding '" + name_ + "'", "vocab", vocab);
+  check_size("Embedding '" + name_ + "'", "width", width);
   // U(-a, a) has standard deviation a/√3: a = 0.02·√3 gives std 0.02.
   table_ = make_parameter(name_ + ".weight", {vocab, width},
                           InitSpec::uniform(0.02f * std::sqrt(3.0f)), true);

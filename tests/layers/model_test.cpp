@@ -540,5 +540,32 @@ TEST(ModelDescription, AFactoryThatBuildsAnotherLayerOnALaterCallIsRefused) {
   EXPECT_NO_THROW(reference_model(c).validate());
 }
 
+// A layer of a size below 1 is refused as it is made, naming the layer and the size: used
+// directly, outside a model's validation, it failed later in a kernel or allocation.
+TEST(Layers, SizesBelowOneAreRefusedNamingTheLayer) {
+  const auto refusal = [](auto make) -> std::string {
+    try {
+      make();
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+    return "not refused";
+  };
+  EXPECT_EQ(refusal([] { Linear("fc", -1, 4); }),
+            "Linear 'fc': in (its input width) must be at least 1, got -1");
+  EXPECT_EQ(refusal([] { Linear("fc", 4, 0); }),
+            "Linear 'fc': out (its output width) must be at least 1, got 0");
+  EXPECT_EQ(refusal([] { LayerNorm("ln", 0, 1e-5f); }),
+            "LayerNorm 'ln': width must be at least 1, got 0");
+  EXPECT_EQ(refusal([] { Embedding("emb", 0, 4); }),
+            "Embedding 'emb': vocab must be at least 1, got 0");
+  EXPECT_EQ(refusal([] { Embedding("emb", 8, -3); }),
+            "Embedding 'emb': width must be at least 1, got -3");
+  // Blocks made of them say which of their layers.
+  EXPECT_EQ(refusal([] { LossHead("head", 4, 0, 1e-5f); }),
+            "Linear 'head.proj': out (its output width) must be at least 1, got 0");
+  EXPECT_EQ(refusal([] { Linear("fc", 1, 1); }), "not refused");
+}
+
 }  // namespace
 }  // namespace conveyor
