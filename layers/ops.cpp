@@ -282,6 +282,11 @@ void softmax_cross_entropy(DeviceContext& ctx, const Tensor& losses, const Tenso
   check_shape(targets, {n}, "cross-entropy targets");
   check_f32(ctx, losses, {n}, "cross-entropy losses");
   check_f32(ctx, dlogits, {n, vocab}, "cross-entropy logit gradient");
+  // Every gradient is scaled by it: a NaN or infinite one gives a step of NaN, found only at
+  // the gradient norm.
+  if (!std::isfinite(grad_scale))
+    throw std::invalid_argument("cross-entropy grad_scale: expected a finite number, got " +
+                                number_text(grad_scale));
   CONVEYOR_DISPATCH_WITH_POOL(ctx, softmax_cross_entropy, f32(losses), f32(dlogits), f32(logits),
                               i32(targets), n, vocab, ignore_index, grad_scale);
 }

@@ -257,6 +257,17 @@ TEST_F(OpsTest, LayerNormEpsilonMustBeFiniteAndAboveZero) {
   EXPECT_NO_THROW(ops::layernorm_forward(ctx_, y, mean, rstd, x, gamma, beta, 1e-6f));
 }
 
+TEST_F(OpsTest, CrossEntropyGradScaleMustBeFinite) {
+  const Tensor losses = random({6}, 1), dlogits = random({6, 11}, 2), logits = random({6, 11}, 3);
+  const Tensor targets = random({6}, 4, DType::kI32, 10);
+  for (const float scale : {std::numeric_limits<float>::infinity(), std::nanf("")})
+    EXPECT_TRUE(rejects(
+        [&] { ops::softmax_cross_entropy(ctx_, losses, dlogits, logits, targets, -100, scale); },
+        "cross-entropy grad_scale", {"expected a finite number, got "}))
+        << "grad_scale " << scale;
+  EXPECT_NO_THROW(ops::softmax_cross_entropy(ctx_, losses, dlogits, logits, targets, -100, 0.0f));
+}
+
 TEST_F(OpsTest, UnknownActivationNameIsAClearError) {
   EXPECT_EQ(ops::parse_activation("gelu"), ActivationKind::kGelu);
   EXPECT_EQ(ops::parse_activation("relu"), ActivationKind::kRelu);
