@@ -25,23 +25,26 @@ std::string excerpt(const json& value) {
   return text.size() <= 80 ? text : text.substr(0, 80) + "...";
 }
 
-// The fields of one JSON object of the manifest: exactly `names`, each read with its type
+// The fields of one JSON object of the manifest: every one of `names`, any of `optional`
+// (fields that checkpoints written before them lack) and no other, each read with its type
 // checked. `where` names the object in messages ("manifest", "shards[1]").
 class Fields {
  public:
   Fields(const json& value, std::string where, const std::string& file,
-         std::initializer_list<const char*> names)
+         std::initializer_list<const char*> names, std::initializer_list<const char*> optional = {})
       : value_(value), where_(std::move(where)), file_(file) {
     if (!value.is_object()) fail("", "is " + excerpt(value) + ", expected an object");
     for (const auto& [key, _] : value.items()) {
       bool known = false;
       for (const char* n : names) known = known || key == n;
+      for (const char* n : optional) known = known || key == n;
       if (!known) fail("", "has an unknown field " + in_quotes(key));
     }
     for (const char* n : names)
       if (!value.contains(n)) fail("", "has no field '" + std::string(n) + "'");
   }
 
+  bool has(const char* key) const { return value_.contains(key); }
   const json& any(const char* key) const { return value_.at(key); }
 
   int64_t integer(const char* key, int64_t min) const {
@@ -285,13 +288,10 @@ CheckpointManifest parse_manifest(std::string_view text, const std::string& file
 
   // "replicas", "state_xxh3_64" and "manifest_xxh3_64" are the optional fields at this level
   // (schedule.data_parallel, data.token and data.contents the others, below).
-  json fields = root;
-  fields.erase("replicas");
-  fields.erase("state_xxh3_64");
-  fields.erase("manifest_xxh3_64");
-  const Fields f(fields, "manifest", file,
+  const Fields f(root, "manifest", file,
                  {"format", "format_version", "step", "model", "model_fingerprint", "stages",
-                  "schedule", "optimizer", "lr_schedule", "data", "rng", "shards"});
+                  "schedule", "optimizer", "lr_schedule", "data", "rng", "shards"},
+                 {"replicas", "state_xxh3_64", "manifest_xxh3_64"});
   CheckpointManifest m;
   m.format_version = kCheckpointFormatVersion;
   TrainingState& s = m.state;
@@ -302,19 +302,13 @@ CheckpointManifest parse_manifest(std::string_view text, const std::string& file
   s.rng = f.any("rng");
 
   // "data_parallel" is optional: checkpoints written before it was recorded have none.
-  const json& schedule_object = f.object("schedule");
-  json schedule_fields = schedule_object;
-  schedule_fields.erase("data_parallel");
-  const Fields schedule(schedule_fields, "manifest.schedule", file, {"name", "microbatches"});
+  const Fields schedule(f.object("schedule"), "manifest.schedule", file, {"name", "microbatches"},
+                        {"data_parallel"});
   s.schedule = schedule.string("name");
   s.microbatches = schedule.count("microbatches", 1, kMaxMicrobatches, "TrainConfig::microbatches");
-  if (schedule_object.contains("data_parallel")) {
-    // Named: Fields keeps a reference.
-    const json replicas = {{"data_parallel", schedule_object["data_parallel"]}};
+  if (schedule.has("data_parallel"))
     s.data_parallel = static_cast<int>(
-        Fields(replicas, "manifest.schedule", file, {"data_parallel"})
-            .count("data_parallel", 1, kMaxReplicas, "TrainConfig::data_parallel"));
-  }
+        schedule.count("data_parallel", 1, kMaxReplicas, "TrainConfig::data_parallel"));
 
   parse_optimizer(f.object("optimizer"), file, s);
 
@@ -324,19 +318,13 @@ CheckpointManifest parse_manifest(std::string_view text, const std::string& file
 
   // "token" and "contents" are optional: checkpoints written before they were recorded have
   // neither (and resume by replay, and by comparing `source`), sources without them too.
-  const json& data_object = f.object("data");
-  json data_fields = data_object;
-  data_fields.erase("token");
-  data_fields.erase("contents");
-  const Fields data(data_fields, "manifest.data", file, {"source", "position"});
+  const Fields data(f.object("data"), "manifest.data", file, {"source", "position"},
+                    {"token", "contents"});
   s.data.source = data.string("source");
   s.data.position = data.unsigned_integer("position");
-  if (data_object.contains("token")) {
-    const json token = {{"token", data_object["token"]}};  // named: Fields keeps a reference
-    s.data.token = Fields(token, "manifest.data", file, {"token"}).small_integer("token", 0);
-  }
-  if (data_object.contains("contents")) {
-    const json& contents = data_object["contents"];
+  if (data.has("token")) s.data.token = data.small_integer("token", 0);
+  if (data.has("contents")) {
+    const json& contents = data.any("contents");
     if (!contents.is_string() || !checkpoint_io::is_xxh3_64_text(contents.get<std::string>()))
       throw CheckpointError(file + ": manifest.data.contents is " + excerpt(contents) +
                             ", expected \"xxh3_64:\" and 16 lowercase hex digits (the digest of "
