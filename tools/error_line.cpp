@@ -1,8 +1,10 @@
 #include "tools/error_line.h"
 
+#include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <stdexcept>
 #include <thread>
 
@@ -11,6 +13,13 @@
 #include "tools/flag_terms.h"
 
 namespace conveyor::cli {
+
+std::optional<std::string> stdout_write_error() {
+  errno = 0;
+  if (std::fflush(stdout) == 0 && std::ferror(stdout) == 0) return std::nullopt;
+  return std::string("cannot write stdout: ") +
+         (errno != 0 ? std::strerror(errno) : "an earlier write failed");
+}
 namespace {
 
 // Longer than a launcher takes to end a job once a process failed (milliseconds for mpirun)

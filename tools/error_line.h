@@ -1,9 +1,15 @@
 #pragma once
 // The one line every failure of the command line ends with: "conveyor: error: ..." on stderr,
 // said once for a launch of several processes that all refuse alike.
+#include <optional>
 #include <string>
 
 namespace conveyor::cli {
+
+// Flushes stdout; when that or an earlier write there failed, the sentence that says so:
+// "cannot write stdout: " and the system's reason ("an earlier write failed" where it is
+// gone). What a command printed there is its result, which a full disk or a closed pipe lost.
+std::optional<std::string> stdout_write_error();
 
 // The library's names of settings are shown as the flags that set them (in_flag_terms).
 // Control characters in the message (echoed file names) are shown escaped, line breaks kept

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <exception>
 #include <new>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -78,16 +79,14 @@ bool make_room_on_the_stacks() {
 // plan, a run's numbers, its help), and lost on a full disk or device it is a failed output,
 // not a success the caller cannot tell apart.
 int stdout_status() {
-  errno = 0;
-  if (std::fflush(stdout) == 0 && std::ferror(stdout) == 0) return conveyor::cli::kExitOk;
+  const std::optional<std::string> error = conveyor::cli::stdout_write_error();
+  if (!error) return conveyor::cli::kExitOk;
   // A reader gone after a run's last step, too late to stop it: the end of
   // `conveyor train ... | head`, as a SIGPIPE during the run ends it, without the error of a
   // full disk.
   if (conveyor::cli::interrupt_signal() == SIGPIPE)
     return conveyor::cli::kExitInterrupted + SIGPIPE;
-  print_error_line(std::string("cannot write stdout: ") +
-                   (errno != 0 ? std::strerror(errno) : "an earlier write failed") +
-                   "; what the command printed there is incomplete");
+  print_error_line(*error + "; what the command printed there is incomplete");
   return conveyor::cli::kExitFailure;
 }
 

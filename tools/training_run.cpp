@@ -1,7 +1,6 @@
 #include "tools/training_run.h"
 
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -223,13 +222,11 @@ void TrainingRun::write_log(const std::string& text) {
 // does: its lines are its record, and a run going on unseen to its end would hide their
 // loss. Rank 0's stdout only: the others' is /dev/null.
 void TrainingRun::check_stdout() {
-  errno = 0;
-  const bool written = std::fflush(stdout) == 0 && std::ferror(stdout) == 0;
+  std::optional<std::string> error = stdout_write_error();
   // After the flush, whose write to a closed pipe raises SIGPIPE. A run stopping for a signal
   // stops for it alone: SIGPIPE or a closed terminal's SIGHUP comes with the failed writes.
-  if (written || output_failed_.load() || interrupt_signal() != 0) return;
-  output_error_ = std::string("cannot write stdout: ") +
-                  (errno != 0 ? std::strerror(errno) : "an earlier write failed");
+  if (!error || output_failed_.load() || interrupt_signal() != 0) return;
+  output_error_ = std::move(*error);
   output_failed_.store(true);
 }
 
